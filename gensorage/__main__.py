@@ -1,0 +1,5 @@
+import sys
+
+from gensorage.cli import main
+
+sys.exit(main())

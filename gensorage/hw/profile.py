@@ -1,0 +1,60 @@
+"""Hardware profile: the numbers the benefit formulas and the cost model read (data only, no behaviour)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class MemLevel:
+    """One level of the memory hierarchy.
+
+    ``bandwidth_Bps`` is the aggregate bandwidth of the level over the whole chip (bytes/second);
+    ``latency_cycles`` the load-to-use latency in SM cycles; ``capacity_bytes`` the capacity visible to the
+    scope that owns the level (chip for DRAM/L2, one SM for shared memory and registers).
+    """
+
+    name: str  # "dram" | "l2" | "shared" | "register"
+    bandwidth_Bps: float
+    latency_cycles: float
+    capacity_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class HwProfile:
+    """A GPU as the construction tuner sees it. Loaded from ``configs/hw/<name>.toml`` by ``gensorage.hw``."""
+
+    name: str  # short name: "a100", "h100", "h200", "rtx4090", "orin-nano"
+    display_name: str
+    arch: str  # CUDA arch for codegen, e.g. "sm_90"
+    sm_count: int
+    clock_hz: float  # boost SM clock
+    warp_size: int
+    max_threads_per_block: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    registers_per_sm: int  # 32-bit registers
+    max_registers_per_thread: int
+    shared_mem_per_sm: int  # bytes
+    shared_mem_per_block: int  # bytes (opt-in maximum)
+    l2_bytes: int
+    shared_banks: int
+    bank_width_bytes: int
+    transaction_bytes: int  # global-memory transaction (sector) size
+    dram_bytes: int
+    levels: tuple[MemLevel, ...]  # ordered from DRAM (outermost) to registers (innermost)
+    # peak FLOP/s per dtype: {"float16": {"cuda": ..., "tensor": ...}, "float32": {...}, ...}
+    peak_flops: tuple[tuple[str, float, float], ...]  # (dtype, without tensor cores, with tensor cores; 0 if none)
+    sources: tuple[tuple[str, str], ...] = field(default=())  # (field, where the value comes from)
+
+    def level(self, name: str) -> MemLevel:
+        for lv in self.levels:
+            if lv.name == name:
+                return lv
+        raise KeyError(name)
+
+    def flops(self, dtype: str, tensor_cores: bool = False) -> float:
+        for dt, cuda, tensor in self.peak_flops:
+            if dt == dtype:
+                return tensor if (tensor_cores and tensor > 0) else cuda
+        raise KeyError(dtype)

@@ -1,0 +1,35 @@
+"""The ETIR schedule state of Gensor (§III): tile sizes per memory level per axis, virtual threads, level.
+
+Levels are numbered from the innermost: level 0 is the register tile (T_0, what one thread computes),
+level 1 the shared-memory tile (T_1, what one thread block computes / stages per reduction step), and the
+outermost level L = ``len(tiles) - 1`` holds the full extents (T_L = the axis extent). For a spatial axis,
+the grid has ceil(extent / T_1) blocks along it and a block has T_1 / T_0 threads along it; for a reduction
+axis, T_1 is the chunk staged in shared memory per step and T_0 the chunk reduced per thread step.
+``vthreads[a]`` splits the register tile of spatial axis ``a`` into that many strided virtual threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    axes: tuple[str, ...]  # axis names, in the workload's axis order
+    tiles: tuple[tuple[int, ...], ...]  # tiles[level][axis], level 0 = registers ... level L = full extent
+    vthreads: tuple[int, ...]  # per axis (1 for reduction axes)
+    level: int  # current memory level of the construction (the level the next action refines)
+
+    def tile(self, level: int, axis: str) -> int:
+        return self.tiles[level][self.axes.index(axis)]
+
+    def to_json(self) -> dict[str, object]:
+        return {"axes": list(self.axes), "tiles": [list(t) for t in self.tiles],
+                "vthreads": list(self.vthreads), "level": self.level}
+
+    @staticmethod
+    def from_json(data: dict[str, object]) -> Schedule:
+        axes = tuple(str(a) for a in data["axes"])  # type: ignore[union-attr]
+        tiles = tuple(tuple(int(x) for x in t) for t in data["tiles"])  # type: ignore[union-attr]
+        vthreads = tuple(int(v) for v in data["vthreads"])  # type: ignore[union-attr]
+        return Schedule(axes=axes, tiles=tiles, vthreads=vthreads, level=int(data["level"]))  # type: ignore[arg-type]

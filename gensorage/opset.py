@@ -1,0 +1,251 @@
+"""The tensor operators shared by programs and µGraphs: names, attributes, shape inference, semantics.
+
+Data (:class:`Op`, attribute tuples) is kept apart from behaviour (:func:`infer_shape`, :func:`apply`). Attributes
+are stored as a sorted tuple of ``(name, value)`` pairs so nodes that hold them stay hashable.
+
+Semantics (numpy conventions):
+
+- ``matmul``: the last two dims multiply, leading dims broadcast (``numpy.matmul`` with ndim >= 2).
+- ``add``/``sub``/``mul``/``div``: elementwise with numpy broadcasting.
+- ``exp``/``sqrt``/``relu``/``silu``/``gelu``: elementwise; ``gelu`` is the exact erf form.
+- ``scale(factor)``: multiply by a scalar constant.
+- ``sum(dim, keepdim=True, group=None)``: sum along ``dim``; with ``group=g`` every ``g`` consecutive elements
+  are summed (the dim shrinks by a factor ``g``, Mirage's Sum(d_r, k_r)); ``keepdim=False`` drops a fully
+  reduced dim.
+- ``reshape(shape)``: row-major reshape, same element count.
+- ``repeat(dim, times)``: ``numpy.repeat`` along ``dim`` — each slice repeated ``times`` times consecutively
+  (what GQA's K/V head replication needs: query head i reads K head i // times).
+- ``concat(dim)``: concatenation of all inputs along ``dim``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import Any, TypeVar, assert_never
+
+from gensorage.arith import Arith
+from gensorage.errors import ProgramError, UnsupportedOpError
+
+V = TypeVar("V")
+Shape = tuple[int, ...]
+Attrs = tuple[tuple[str, Any], ...]
+
+
+class Op(StrEnum):
+    MATMUL = "matmul"
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    EXP = "exp"
+    SQRT = "sqrt"
+    SCALE = "scale"
+    RELU = "relu"
+    SILU = "silu"
+    GELU = "gelu"
+    SUM = "sum"
+    RESHAPE = "reshape"
+    REPEAT = "repeat"
+    CONCAT = "concat"
+
+
+BINARY_ELEMENTWISE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
+UNARY_ELEMENTWISE = frozenset({Op.EXP, Op.SQRT, Op.SCALE, Op.RELU, Op.SILU, Op.GELU})
+ELEMENTWISE = BINARY_ELEMENTWISE | UNARY_ELEMENTWISE
+ACTIVATIONS = frozenset({Op.RELU, Op.SILU, Op.GELU})
+# Ops outside the Lax fragment (verified by treating them as uninterpreted functions; see gensorage.verify).
+NON_LAX = ACTIVATIONS
+ARITY: Mapping[Op, int | None] = {
+    **{op: 2 for op in BINARY_ELEMENTWISE},
+    **{op: 1 for op in UNARY_ELEMENTWISE},
+    Op.MATMUL: 2,
+    Op.SUM: 1,
+    Op.RESHAPE: 1,
+    Op.REPEAT: 1,
+    Op.CONCAT: None,  # two or more
+}
+
+
+def parse_op(name: str) -> Op:
+    """The :class:`Op` called ``name``; an unknown name is an :class:`UnsupportedOpError` listing the known ones."""
+    try:
+        return Op(name)
+    except ValueError:
+        known = ", ".join(o.value for o in Op)
+        raise UnsupportedOpError(f"unsupported op '{name}' (known ops: {known})") from None
+
+
+def freeze_attrs(attrs: Mapping[str, Any] | None) -> Attrs:
+    """Attributes as a sorted tuple of pairs, lists turned into tuples (hashable, canonical)."""
+    if not attrs:
+        return ()
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+
+
+def attr(attrs: Attrs, name: str, default: Any = None) -> Any:
+    for k, v in attrs:
+        if k == name:
+            return v
+    return default
+
+
+def broadcast_shapes(a: Shape, b: Shape) -> Shape | None:
+    """numpy broadcast of two shapes, or None if they do not broadcast."""
+    out: list[int] = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x != y and x != 1 and y != 1:
+            return None
+        out.append(max(x, y))
+    return tuple(reversed(out))
+
+
+def _fail(op: Op, shapes: Sequence[Shape], why: str) -> ProgramError:
+    shown = ", ".join(str(list(s)) for s in shapes)
+    return ProgramError(f"{op.value}: {why} (input shapes {shown})")
+
+
+def _norm_dim(op: Op, shapes: Sequence[Shape], dim: Any, ndim: int) -> int:
+    if not isinstance(dim, int) or isinstance(dim, bool) or not -ndim <= dim < ndim:
+        raise _fail(op, shapes, f"dim {dim!r} out of range for a {ndim}-d tensor")
+    return dim % ndim
+
+
+def infer_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs = ()) -> Shape:
+    """Output shape of ``op`` on inputs of ``shapes``; a mismatch raises :class:`ProgramError` naming op and shapes."""
+    arity = ARITY[op]
+    if arity is not None and len(shapes) != arity:
+        raise _fail(op, shapes, f"expects {arity} input(s), got {len(shapes)}")
+    if any(d <= 0 for s in shapes for d in s):
+        raise _fail(op, shapes, "every dimension must be positive")
+    if op in BINARY_ELEMENTWISE:
+        out = broadcast_shapes(shapes[0], shapes[1])
+        if out is None:
+            raise _fail(op, shapes, "shapes do not broadcast")
+        return out
+    if op in UNARY_ELEMENTWISE:
+        if op is Op.SCALE and not isinstance(attr(attrs, "factor"), int | float):
+            raise _fail(op, shapes, "needs a numeric 'factor'")
+        return shapes[0]
+    match op:
+        case Op.MATMUL:
+            return _matmul_shape(op, shapes)
+        case Op.SUM:
+            return _sum_shape(op, shapes, attrs)
+        case Op.RESHAPE:
+            new = attr(attrs, "shape")
+            if not isinstance(new, tuple) or not new or not all(isinstance(d, int) and d > 0 for d in new):
+                raise _fail(op, shapes, f"bad target shape {new!r}")
+            if math.prod(new) != math.prod(shapes[0]):
+                raise _fail(op, shapes, f"cannot reshape to {list(new)}: element counts differ")
+            return new
+        case Op.REPEAT:
+            s = shapes[0]
+            dim = _norm_dim(op, shapes, attr(attrs, "dim"), len(s))
+            times = attr(attrs, "times")
+            if not isinstance(times, int) or times < 1:
+                raise _fail(op, shapes, f"'times' must be a positive integer, got {times!r}")
+            return s[:dim] + (s[dim] * times,) + s[dim + 1 :]
+        case Op.CONCAT:
+            return _concat_shape(op, shapes, attrs)
+        case _:
+            raise _fail(op, shapes, "unhandled op")
+
+
+def _matmul_shape(op: Op, shapes: Sequence[Shape]) -> Shape:
+    a, b = shapes
+    if len(a) < 2 or len(b) < 2:
+        raise _fail(op, shapes, "both operands need at least 2 dims")
+    if a[-1] != b[-2]:
+        raise _fail(op, shapes, f"inner dims differ ({a[-1]} vs {b[-2]})")
+    batch = broadcast_shapes(a[:-2], b[:-2])
+    if batch is None:
+        raise _fail(op, shapes, "batch dims do not broadcast")
+    return batch + (a[-2], b[-1])
+
+
+def _sum_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    s = shapes[0]
+    dim = _norm_dim(op, shapes, attr(attrs, "dim"), len(s))
+    keepdim = attr(attrs, "keepdim", True)
+    group = attr(attrs, "group")
+    if group is None or group == s[dim]:
+        return s[:dim] + ((1,) if keepdim else ()) + s[dim + 1 :]
+    if not isinstance(group, int) or group < 1 or s[dim] % group:
+        raise _fail(op, shapes, f"group {group!r} must divide dim {dim} of size {s[dim]}")
+    if not keepdim:
+        raise _fail(op, shapes, "keepdim=False needs a full reduction")
+    return s[:dim] + (s[dim] // group,) + s[dim + 1 :]
+
+
+def _concat_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs) -> Shape:
+    if len(shapes) < 2:
+        raise _fail(op, shapes, "needs at least 2 inputs")
+    first = shapes[0]
+    dim = _norm_dim(op, shapes, attr(attrs, "dim"), len(first))
+    for s in shapes[1:]:
+        if len(s) != len(first) or any(x != y for i, (x, y) in enumerate(zip(s, first, strict=True)) if i != dim):
+            raise _fail(op, shapes, f"all inputs must match except along dim {dim}")
+    return first[:dim] + (sum(s[dim] for s in shapes),) + first[dim + 1 :]
+
+
+def apply(op: Op, arith: Arith[V], inputs: Sequence[V], attrs: Attrs = ()) -> V:
+    """Compute ``op`` on ``inputs`` in ``arith`` (shapes are assumed checked by :func:`infer_shape`)."""
+    match op:
+        case Op.ADD:
+            return arith.add(inputs[0], inputs[1])
+        case Op.SUB:
+            return arith.sub(inputs[0], inputs[1])
+        case Op.MUL:
+            return arith.mul(inputs[0], inputs[1])
+        case Op.DIV:
+            return arith.div(inputs[0], inputs[1])
+        case Op.EXP:
+            return arith.exp(inputs[0])
+        case Op.SQRT:
+            return arith.sqrt(inputs[0])
+        case Op.SCALE:
+            return arith.scale(inputs[0], float(attr(attrs, "factor")))
+        case Op.RELU | Op.SILU | Op.GELU:
+            return arith.activation(op.value, inputs[0])  # type: ignore[arg-type]
+        case Op.MATMUL:
+            return arith.matmul(inputs[0], inputs[1])
+        case Op.SUM:
+            return _apply_sum(arith, inputs[0], attrs)
+        case Op.RESHAPE:
+            return arith.reshape(inputs[0], tuple(attr(attrs, "shape")))
+        case Op.REPEAT:
+            x = inputs[0]
+            dim = int(attr(attrs, "dim")) % len(arith.shape(x))
+            return arith.repeat(x, dim, int(attr(attrs, "times")))
+        case Op.CONCAT:
+            dim = int(attr(attrs, "dim")) % len(arith.shape(inputs[0]))
+            return arith.concat(inputs, dim)
+        case _:
+            assert_never(op)
+
+
+def _apply_sum(arith: Arith[V], x: V, attrs: Attrs) -> V:
+    shape = arith.shape(x)
+    dim = int(attr(attrs, "dim")) % len(shape)
+    keepdim = bool(attr(attrs, "keepdim", True))
+    group = attr(attrs, "group")
+    if group is None or group == shape[dim]:
+        return arith.reduce_sum(x, dim, keepdim)
+    # Group sum: split dim into (n/group, group) and reduce the inner factor.
+    split = shape[:dim] + (shape[dim] // group, group) + shape[dim + 1 :]
+    return arith.reduce_sum(arith.reshape(x, split), dim + 1, False)
+
+
+def check_supported(op_name: str) -> Op:
+    """Alias of :func:`parse_op` for callers validating user input."""
+    return parse_op(op_name)
+
+
+__all__ = [
+    "ACTIVATIONS", "ARITY", "BINARY_ELEMENTWISE", "ELEMENTWISE", "NON_LAX", "UNARY_ELEMENTWISE", "Attrs", "Op",
+    "Shape", "apply", "attr", "broadcast_shapes", "check_supported", "freeze_attrs", "infer_shape", "parse_op",
+]
