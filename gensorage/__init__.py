@@ -3,8 +3,38 @@
 Mirage-style multi-level µGraphs found by exhaustive search and verified by probabilistic identity testing,
 with schedules built by Gensor-style Markov construction from a hardware profile, and TVM TIR as the code
 generator. See docs/how-it-works.md.
+
+Top-level names are imported lazily so ``import gensorage`` stays cheap (TVM and Z3 load only when used).
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, tuple[str, str]] = {
+    "Program": ("gensorage.program", "Program"),
+    "load_program": ("gensorage.program", "load_program"),
+    "KernelGraph": ("gensorage.ugraph", "KernelGraph"),
+    "UGraph": ("gensorage.ugraph", "UGraph"),
+    "equivalent": ("gensorage.verify", "equivalent"),
+    "tune": ("gensorage.tune", "tune"),
+    "superoptimize": ("gensorage.superopt", "superoptimize"),
+    "load_profile": ("gensorage.hw", "load_profile"),
+}
+_SUBMODULES = ("ops", "hw", "markov", "ugraph", "verify", "program", "exhaustive", "codegen", "errors", "opset")
+
+__all__ = ["__version__", *_EXPORTS, *_SUBMODULES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module, attr = _EXPORTS[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"gensorage.{name}")
+    raise AttributeError(f"module 'gensorage' has no attribute {name!r}")

@@ -1,0 +1,92 @@
+"""Gensor-style Markov construction of GPU schedules from a hardware profile, without measurement.
+
+``construct(workload, hw)`` walks the construction graph (states: tilings per memory level with virtual
+threads; edges: tile / inverse tile / cache / vThread, with benefit-normalized probabilities) and returns the
+best schedule of its top results under the analytic cost model. ``METHODS`` maps a method name to a callable
+with the same signature and result type: the Markov constructor and the baselines it is compared with.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gensorage.errors import ScheduleError
+from gensorage.hw.profile import HwProfile
+from gensorage.markov.anneal import anneal
+from gensorage.markov.cost_model import predict_time, space_time
+from gensorage.markov.outcome import SearchOutcome
+from gensorage.markov.schedule import Schedule
+from gensorage.markov.space import ScheduleSpace, space_for
+from gensorage.ops.workload import Workload
+
+__all__ = ["METHODS", "Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_time", "space_for"]
+
+ANNEAL_DEFAULTS: dict[str, int] = {"walks": 8, "population": 4, "rounds": 12, "patience": 2, "top_k": 10}
+
+
+def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:
+    """Build a schedule for ``workload`` on ``hw`` by Gensor's Markov construction.
+
+    Parameters
+    ----------
+    workload, hw
+        The loop nest and the GPU profile.
+    seed
+        Seeds the ``numpy.random.Generator`` of the walks; the result is a function of the inputs and the seed.
+    **opts
+        ``chains`` (int, default 16): independent annealing walks whose top results are pooled;
+        ``top_k`` (int, default 10): how many ranked results the search keeps.
+
+    Returns
+    -------
+    SearchOutcome
+        The best-scoring state, its predicted time, ``method="markov"``, the number of states scored,
+        the wall time and the improvement trace.
+
+    Raises
+    ------
+    ScheduleError
+        When no state the walks reached fits the hardware, or an option is unknown or out of range.
+    """
+    params = {k: int(opts.pop(k, v)) for k, v in ANNEAL_DEFAULTS.items()}
+    if opts:
+        raise ScheduleError(f"construct: unknown option(s) {', '.join(sorted(opts))}")
+    if min(params.values()) < 1:
+        raise ScheduleError(f"construct: options must be >= 1, got {params}")
+    start = time.perf_counter()
+    space = space_for(workload, hw)
+    result = anneal(space, lambda s: space_time(space, s), seed=seed, **params)
+    if not result.ranked:
+        raise ScheduleError(f"{workload.key()}: no schedule reached by the construction fits {hw.name}")
+    value, best = result.ranked[0]
+    return SearchOutcome(schedule=best, predicted_time_s=value, method="markov", evaluated=result.evaluated,
+                         elapsed_s=time.perf_counter() - start, trace=result.trace)
+
+
+# The baselines import this package's modules, so they are bound lazily to avoid an import cycle.
+def _roller(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:
+    from gensorage.baselines import roller
+
+    return roller.construct(workload, hw, seed=seed, **opts)
+
+
+def _optuna(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:
+    from gensorage.baselines import optuna_search
+
+    return optuna_search.search(workload, hw, seed=seed, **opts)
+
+
+def _random(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:
+    from gensorage.baselines import random_search
+
+    return random_search.search(workload, hw, seed=seed, **opts)
+
+
+METHODS: dict[str, Callable[..., SearchOutcome]] = {
+    "markov": construct,
+    "roller": _roller,
+    "optuna": _optuna,
+    "random": _random,
+}

@@ -6,6 +6,21 @@ outermost level L = ``len(tiles) - 1`` holds the full extents (T_L = the axis ex
 the grid has ceil(extent / T_1) blocks along it and a block has T_1 / T_0 threads along it; for a reduction
 axis, T_1 is the chunk staged in shared memory per step and T_0 the chunk reduced per thread step.
 ``vthreads[a]`` splits the register tile of spatial axis ``a`` into that many strided virtual threads.
+
+Exact convention the tuner guarantees for every schedule it returns (``gensorage.markov.space.ScheduleSpace.fits``):
+
+- ``tiles`` has ``L + 1 = 3`` rows on a GPU (registers, shared memory, full extent) and ``tiles[L]`` equals the
+  axis extents; for every axis ``1 <= T_0 <= T_1 <= extent``. ``T_0`` need not divide ``T_1``: an axis then has
+  ``ceil(T_1 / T_0)`` threads per block and the edge threads / blocks are guarded (wasted work, counted by the
+  cost model).
+- Threads per block = prod over spatial axes of ``ceil(T_1 / T_0)``; the last spatial axis is the fastest-varying
+  one (``threadIdx.x`` and, for the grid, ``blockIdx.x``). Reduction axes get no threads.
+- ``vthreads[a]`` is a power of two that divides ``T_0`` of spatial axis ``a`` (1 for reduction axes): along ``a``
+  the block tile is laid out as ``[vthreads, threads, T_0 / vthreads]``, so a thread owns ``vthreads`` strided
+  chunks of ``T_0 / vthreads`` elements, the chunks ``threads * T_0 / vthreads`` apart.
+- ``level`` is where the Markov construction stands: 0 while the register tile is being refined, 1 while the
+  shared-memory tile is, and ``L`` once the construction is finished. It does not change what the schedule
+  computes or how it is lowered.
 """
 
 from __future__ import annotations

@@ -1,0 +1,568 @@
+"""Workloads from computations a user brings: a TE compute (:func:`from_te`) or a TIR PrimFunc
+(:func:`from_prim_func`).
+
+What can be analysed: a function whose body is one block (besides the implicit root) under plain serial
+loops, with spatial and reduction iterators bound one-to-one to those loops, whose update is
+``out[s...] = out[s...] (+ | * | max | min) expr`` with a constant init, where the output is indexed by the
+spatial iterators (each once) and every input load is affine in the iterators with integer coefficients. Axes
+are the block iterators (``v_`` prefix dropped), spatial then reduce; accesses come from the loads'
+``tvm.sym.detect_linear_equation`` decomposition. Anything else raises :class:`UnsupportedOpError`.
+
+``reference`` of such a workload interprets the block's expression with numpy in float64 over the whole
+iteration space (in chunks of the first spatial axis) and reduces it, so it needs no TVM build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gensorage.errors import ProgramError, UnsupportedOpError
+from gensorage.ops.data import SUPPORTED_DTYPES
+from gensorage.ops.workload import Access, Axis, Workload
+
+_REDUCERS: dict[str, tuple[Callable[..., np.ndarray], Callable[[Any, Any], Any]]] = {
+    "sum": (np.sum, np.add),
+    "prod": (np.prod, np.multiply),
+    "max": (np.max, np.maximum),
+    "min": (np.min, np.minimum),
+}
+_MATH_CALLS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "tirx.exp": np.exp, "tirx.exp2": np.exp2, "tirx.log": np.log, "tirx.log2": np.log2,
+    "tirx.log10": np.log10, "tirx.sqrt": np.sqrt, "tirx.rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "tirx.tanh": np.tanh, "tirx.sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "tirx.sin": np.sin,
+    "tirx.cos": np.cos, "tirx.fabs": np.abs, "tirx.floor": np.floor, "tirx.ceil": np.ceil,
+    "tirx.trunc": np.trunc, "tirx.round": np.round, "tirx.nearbyint": np.round,
+}
+_IF_THEN_ELSE = "prim.if_then_else"
+_CHUNK_ELEMENTS = 1 << 22  # bound on the temporaries of the reference interpreter (x 8 bytes each)
+
+
+@dataclass(frozen=True, slots=True)
+class _Param:
+    var: Any
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Nest:
+    """The analysed block: iterators in block order and the pieces of its reduction update."""
+
+    iter_vars: tuple[Any, ...]
+    names: tuple[str, ...]
+    extents: tuple[int, ...]
+    kinds: tuple[str, ...]
+    out: _Param
+    out_perm: tuple[int, ...]  # out_perm[d] = position (in block order) of the iterator indexing output dim d
+    reducer: str
+    init: float
+    expr: Any  # the update expression without the accumulator
+    block_name: str
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
+
+
+def _tvm() -> Any:
+    import tvm
+
+    return tvm
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------------------
+
+
+def from_te(inputs: Sequence[Any], output: Any, name: str | None = None) -> Workload:
+    """Workload of a TE computation: ``output`` computed from the placeholders ``inputs``.
+
+    Parameters
+    ----------
+    inputs
+        The ``te.placeholder`` tensors, in the order the built function should take them.
+    output
+        The ``te.compute`` tensor (one reduction, e.g. ``te.sum``).
+    name
+        Workload name; defaults to the output's op name.
+
+    Returns
+    -------
+    Workload
+        See :func:`from_prim_func`.
+
+    Raises
+    ------
+    UnsupportedOpError
+        The computation is not a single affine reduction block (see the module docstring).
+    """
+    from tvm import te
+
+    try:
+        func = te.create_prim_func([*inputs, output])
+    except Exception as exc:  # TVM reports a missing placeholder etc. as its own error types
+        raise UnsupportedOpError(f"cannot make a PrimFunc from the TE computation: {_first_line(exc)}") from exc
+    return from_prim_func(func, name=name or str(output.op.name))
+
+
+def from_prim_func(func: Any, name: str | None = None) -> Workload:
+    """Workload of a TIR PrimFunc with one reduction block (inputs first, output last).
+
+    Parameters
+    ----------
+    func
+        A ``tvm.tirx.PrimFunc`` (or an ``IRModule`` holding exactly one).
+    name
+        Workload name; defaults to the block's name.
+
+    Returns
+    -------
+    Workload
+        Axes and accesses read from the block; ``flops`` = floating-point operations of one update (the
+        reduction's combine included, casts and index arithmetic excluded) x the iteration count; ``dtype`` =
+        the inputs' dtype; ``params`` = the axis extents plus ``sig``, a hash of the function text that keeps
+        ``key()`` distinct between different computations of the same name and loop nest; ``build`` returns
+        ``func``; ``reference`` interprets it with numpy in float64.
+
+    Raises
+    ------
+    UnsupportedOpError
+        Several blocks, already-scheduled loops, a non-affine index, symbolic shapes, an unsupported dtype or
+        expression node, or a block that is not a reduction.
+    """
+    func = _as_prim_func(func)
+    params = _buffer_params(func)
+    realize, loops = _single_block(func)
+    nest = _analyse_block(realize, loops, params)
+    inputs = _input_accesses(nest, params)
+    out_acc = Access(tensor=nest.out.name, shape=nest.out.shape, dtype=nest.out.dtype,
+                     index=tuple(((nest.names[p], 1),) for p in nest.out_perm),
+                     offset=tuple(0 for _ in nest.out.shape), is_output=True)
+    axes = tuple(Axis(n, e, "spatial") for n, e, k in zip(nest.names, nest.extents, nest.kinds, strict=True)
+                 if k == "spatial")
+    axes += tuple(Axis(n, e, "reduce") for n, e, k in zip(nest.names, nest.extents, nest.kinds, strict=True)
+                  if k == "reduce")
+    flops = (1 + _count_flops(nest.expr)) * math.prod(nest.extents)
+    dtypes = {a.dtype for a in inputs}
+    dtype = inputs[0].dtype if len(dtypes) != 1 else dtypes.pop()
+    sig = int(hashlib.sha256(func.script().encode()).hexdigest()[:12], 16)
+    in_params = [p for p in params if p.name != nest.out.name]
+
+    def build() -> Any:
+        return func
+
+    def reference(*arrays: Any) -> np.ndarray:
+        return _interpret(nest, in_params, arrays)
+
+    return Workload(name=name or nest.block_name, params=tuple((a.name, a.extent) for a in axes) + (("sig", sig),),
+                    axes=axes, accesses=(*inputs, out_acc), flops=int(flops), dtype=dtype, build=build,
+                    reference=reference)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Structure: parameters, the single block, its loops
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _as_prim_func(func: Any) -> Any:
+    tvm = _tvm()
+    if isinstance(func, tvm.IRModule):
+        funcs = [f for _, f in func.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+        if len(funcs) != 1:
+            raise UnsupportedOpError(f"expected an IRModule with one PrimFunc, found {len(funcs)}")
+        return funcs[0]
+    if not isinstance(func, tvm.tirx.PrimFunc):
+        raise UnsupportedOpError(f"expected a tvm.tirx.PrimFunc, got {type(func).__name__}")
+    return func
+
+
+def _buffer_params(func: Any) -> list[_Param]:
+    from tvm.tirx.buffer import BufferType
+
+    IntImm = _tvm().tirx.IntImm
+    out = []
+    for p in func.params:
+        ty = getattr(p, "ty", None)
+        if not isinstance(ty, BufferType):
+            raise UnsupportedOpError(f"parameter {p.name} is not a buffer; scalar parameters are not supported")
+        if not all(isinstance(s, IntImm) for s in ty.shape):
+            raise UnsupportedOpError(f"buffer {p.name} has a symbolic shape {list(ty.shape)}; "
+                                     "only static shapes are supported")
+        dtype = str(ty.dtype)
+        if dtype not in SUPPORTED_DTYPES:
+            raise UnsupportedOpError(f"buffer {p.name} has dtype {dtype}; supported: {', '.join(SUPPORTED_DTYPES)}")
+        out.append(_Param(p, str(p.name), tuple(int(s) for s in ty.shape), dtype))
+    return out
+
+
+def _single_block(func: Any) -> tuple[Any, tuple[Any, ...]]:
+    """The one non-root block realize of ``func`` and the loops around it."""
+    found: list[tuple[Any, tuple[Any, ...]]] = []
+    _walk(func.body, (), found, top=True)
+    if not found:
+        raise UnsupportedOpError("the function has no computation block")
+    if len(found) > 1:
+        names = ", ".join(r.block.name_hint for r, _ in found)
+        raise UnsupportedOpError(f"the function has {len(found)} blocks ({names}); only a single reduction block "
+                                 "is supported (inline producers or pass the reduction alone)")
+    return found[0]
+
+
+def _walk(stmt: Any, loops: tuple[Any, ...], found: list[tuple[Any, tuple[Any, ...]]], *, top: bool = False) -> None:
+    from tvm import s_tir, tirx
+
+    if isinstance(stmt, s_tir.SBlockRealize):
+        block = stmt.block
+        if top and not loops and not block.iter_vars and block.name_hint == "root":
+            _walk(block.body, loops, found)
+        else:
+            found.append((stmt, loops))
+    elif isinstance(stmt, tirx.For):
+        if int(stmt.kind) != 0 or stmt.thread_binding is not None:
+            raise UnsupportedOpError(f"loop {stmt.loop_var.name} is already scheduled (not a plain serial loop)")
+        _walk(stmt.body, (*loops, stmt), found)
+    elif isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            _walk(s, loops, found)
+    else:
+        raise UnsupportedOpError(f"unsupported statement {type(stmt).__name__} outside a block")
+
+
+def _int(expr: Any) -> int | None:
+    IntImm = _tvm().tirx.IntImm
+    return int(expr.value) if isinstance(expr, IntImm) else None
+
+
+def _check_bindings(realize: Any, loops: tuple[Any, ...]) -> None:
+    """Every block iterator must be bound to its own loop, running from 0 over the iterator's extent."""
+    if _int(realize.predicate) != 1:
+        raise UnsupportedOpError("the block has a predicate (already scheduled); pass the unscheduled function")
+    used: set[int] = set()
+    for iv, value in zip(realize.block.iter_vars, realize.iter_values, strict=True):
+        pos = next((i for i, lp in enumerate(loops) if value.same_as(lp.loop_var)), None)
+        if pos is None or pos in used:
+            raise UnsupportedOpError(f"block iterator {iv.var.name} is not bound to a loop of its own "
+                                     "(already scheduled?); pass the unscheduled function")
+        used.add(pos)
+        lp = loops[pos]
+        if _int(lp.min) != 0 or _int(lp.extent) != _int(iv.dom.extent) or lp.step is not None and _int(lp.step) != 1:
+            raise UnsupportedOpError(f"loop {lp.loop_var.name} does not run over iterator {iv.var.name}'s domain")
+    if len(used) != len(loops):
+        raise UnsupportedOpError("the block sits under loops that bind no iterator")
+
+
+def _axis_name(var_name: str) -> str:
+    # te.create_prim_func names block iterators "v_<loop>"; the axis is the loop's name.
+    return var_name[2:] if var_name.startswith("v_") and len(var_name) > 2 else var_name
+
+
+def _iterators(block: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
+    names, extents, kinds = [], [], []
+    for iv in block.iter_vars:
+        kind = {0: "spatial", 2: "reduce"}.get(int(iv.iter_type))
+        if kind is None:
+            raise UnsupportedOpError(f"block iterator {iv.var.name} is neither spatial nor a reduction")
+        if _int(iv.dom.min) != 0 or _int(iv.dom.extent) is None or _int(iv.dom.extent) < 1:
+            raise UnsupportedOpError(f"block iterator {iv.var.name} has domain {iv.dom}; expected [0, n) with "
+                                     "a static n")
+        names.append(_axis_name(str(iv.var.name)))
+        extents.append(_int(iv.dom.extent) or 0)
+        kinds.append(kind)
+    if len(set(names)) != len(names):
+        raise UnsupportedOpError(f"block iterator names {names} are not distinct")
+    if "reduce" not in kinds:
+        raise UnsupportedOpError("the block has no reduction iterator; only reductions are supported")
+    return tuple(names), tuple(extents), tuple(kinds)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The reduction update
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _analyse_block(realize: Any, loops: tuple[Any, ...], params: list[_Param]) -> _Nest:
+    from tvm import tirx
+
+    block = realize.block
+    _check_bindings(realize, loops)
+    names, extents, kinds = _iterators(block)
+    if len(block.alloc_buffers) or len(block.match_buffers):
+        raise UnsupportedOpError("the block allocates or matches buffers; not supported")
+    body, init = block.body, block.init
+    if not isinstance(body, tirx.BufferStore):
+        raise UnsupportedOpError("the block body is not a single buffer store")
+    if not isinstance(init, tirx.BufferStore) or not init.buffer.same_as(body.buffer):
+        raise UnsupportedOpError("the block has no init of its output; only reductions are supported")
+    out = next((p for p in params if p.var.same_as(body.buffer)), None)
+    if out is None:
+        raise UnsupportedOpError("the block writes a buffer that is not a function parameter")
+    if not params[-1].var.same_as(out.var):
+        raise UnsupportedOpError(f"the output buffer {out.name} must be the last parameter")
+    ivars = tuple(iv.var for iv in block.iter_vars)
+    out_perm = _output_perm(body.indices, ivars, kinds, extents, out)
+    reducer, expr = _split_update(body.value, out, body.indices)
+    init_value = _const(init.value)
+    if init_value is None or not _same_indices(init.indices, body.indices):
+        raise UnsupportedOpError("the reduction init is not a constant store to the output element")
+    _check_interpretable(expr, ivars)
+    return _Nest(ivars, names, extents, kinds, out, out_perm, reducer, init_value, expr, str(block.name_hint))
+
+
+def _output_perm(indices: Sequence[Any], ivars: tuple[Any, ...], kinds: tuple[str, ...],
+                 extents: tuple[int, ...], out: _Param) -> tuple[int, ...]:
+    perm = []
+    for idx in indices:
+        pos = next((i for i, v in enumerate(ivars) if idx.same_as(v)), None)
+        if pos is None or kinds[pos] != "spatial":
+            raise UnsupportedOpError(f"output {out.name} index {idx} is not a spatial iterator")
+        perm.append(pos)
+    spatial = [i for i, k in enumerate(kinds) if k == "spatial"]
+    if sorted(perm) != spatial:
+        raise UnsupportedOpError(f"output {out.name} must be indexed by each spatial iterator exactly once")
+    if tuple(extents[p] for p in perm) != out.shape:
+        raise UnsupportedOpError(f"output {out.name} shape {out.shape} does not match the iterator extents")
+    return tuple(perm)
+
+
+def _same_indices(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    return len(a) == len(b) and all(x.same_as(y) for x, y in zip(a, b, strict=True))
+
+
+def _const(expr: Any) -> float | None:
+    from tvm import tirx
+
+    return float(expr.value) if isinstance(expr, tirx.IntImm | tirx.FloatImm) else None
+
+
+def _split_update(value: Any, out: _Param, indices: Sequence[Any]) -> tuple[str, Any]:
+    """Recognise ``out = out (op) expr`` and return (reducer name, expr)."""
+    from tvm import ir, tirx
+
+    kind = {tirx.Add: "sum", tirx.Mul: "prod", tirx.Max: "max", tirx.Min: "min"}.get(type(value))
+    if kind is not None:
+        for acc, other in ((value.a, value.b), (value.b, value.a)):
+            if isinstance(acc, ir.expr.TensorLoad) and acc.source.same_as(out.var) \
+                    and _same_indices(acc.indices, indices):
+                return kind, other
+    raise UnsupportedOpError(f"the update of {out.name} is not 'out = out + | * | max | min expr' "
+                             "over the same element")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Accesses and flops
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _children(expr: Any) -> list[Any]:
+    from tvm import ir, tirx
+
+    if isinstance(expr, ir.prim.expr.BinaryOpExpr | ir.prim.expr.CmpExpr) or isinstance(expr, tirx.And | tirx.Or):
+        return [expr.a, expr.b]
+    if isinstance(expr, tirx.Not):
+        return [expr.a]
+    if isinstance(expr, tirx.Cast):
+        return [expr.value]
+    if isinstance(expr, tirx.Select):
+        return [expr.condition, expr.true_value, expr.false_value]
+    if isinstance(expr, ir.expr.Call):
+        return list(expr.args)
+    if isinstance(expr, ir.expr.TensorLoad):
+        return list(expr.indices)
+    return []
+
+
+def _loads(expr: Any) -> list[Any]:
+    from tvm import ir
+
+    out = [expr] if isinstance(expr, ir.expr.TensorLoad) else []
+    for c in _children(expr):
+        out += _loads(c)
+    return out
+
+
+def _affine(idx: Any, ivars: tuple[Any, ...], names: tuple[str, ...], tensor: str) -> tuple[
+        tuple[tuple[str, int], ...], int]:
+    from tvm import sym
+
+    coeffs = [_int(c) for c in sym.detect_linear_equation(idx, list(ivars))]
+    if len(coeffs) != len(ivars) + 1 or any(c is None for c in coeffs):
+        raise UnsupportedOpError(f"index {idx} of {tensor} is not affine in the loop axes with integer "
+                                 "coefficients")
+    terms = tuple((n, int(c)) for n, c in zip(names, coeffs[:-1], strict=True) if c)
+    return terms, int(coeffs[-1] or 0)
+
+
+def _input_accesses(nest: _Nest, params: list[_Param]) -> list[Access]:
+    seen: dict[str, Access] = {}
+    for load in _loads(nest.expr):
+        p = next((q for q in params if q.var.same_as(load.source)), None)
+        if p is None:
+            raise UnsupportedOpError(f"the block reads {load.source}, which is not a function parameter")
+        if p is nest.out:
+            raise UnsupportedOpError(f"the update reads the output {p.name} outside the accumulation")
+        dims = [_affine(i, nest.iter_vars, nest.names, p.name) for i in load.indices]
+        acc = Access(tensor=p.name, shape=p.shape, dtype=p.dtype, index=tuple(d[0] for d in dims),
+                     offset=tuple(d[1] for d in dims))
+        if p.name in seen and seen[p.name] != acc:
+            raise UnsupportedOpError(f"tensor {p.name} is read with two different index patterns; "
+                                     "one access per tensor is supported")
+        seen[p.name] = acc
+    accesses = []
+    for p in params[:-1]:
+        if p.name not in seen:
+            raise UnsupportedOpError(f"parameter {p.name} is never read by the block")
+        accesses.append(seen[p.name])
+    return accesses
+
+
+def _is_float(expr: Any) -> bool:
+    return str(getattr(expr, "ty", "")).startswith(("float", "bfloat"))
+
+
+def _count_flops(expr: Any) -> int:
+    """Floating-point operations in one evaluation of ``expr`` (casts, loads and index math are free)."""
+    from tvm import ir, tirx
+
+    if isinstance(expr, ir.expr.Call) and expr.op.name == _IF_THEN_ELSE:
+        return _count_flops(expr.args[0]) + max(_count_flops(expr.args[1]), _count_flops(expr.args[2]))
+    if isinstance(expr, tirx.Select):
+        return _count_flops(expr.condition) + max(_count_flops(expr.true_value), _count_flops(expr.false_value))
+    if isinstance(expr, ir.expr.TensorLoad):
+        return 0
+    own = 1 if (isinstance(expr, ir.prim.expr.BinaryOpExpr | ir.expr.Call) and _is_float(expr)) else 0
+    return own + sum(_count_flops(c) for c in _children(expr))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The numpy float64 reference
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _check_interpretable(expr: Any, ivars: tuple[Any, ...]) -> None:
+    """Reject, at analysis time, expression nodes the reference interpreter cannot evaluate."""
+    from tvm import ir, tirx
+
+    ok_types = (ir.prim.expr.BinaryOpExpr, ir.prim.expr.CmpExpr, tirx.And, tirx.Or, tirx.Not, tirx.Cast,
+                tirx.Select, ir.expr.TensorLoad, tirx.IntImm, tirx.FloatImm)
+    if isinstance(expr, ir.expr.Call):
+        if expr.op.name != _IF_THEN_ELSE and expr.op.name not in _MATH_CALLS:
+            raise UnsupportedOpError(f"call to {expr.op.name} is not supported in a workload expression")
+    elif isinstance(expr, tirx.Var):
+        if not any(expr.same_as(v) for v in ivars):
+            raise UnsupportedOpError(f"free variable {expr.name} in the block expression")
+    elif isinstance(expr, ir.prim.expr.BinaryOpExpr) and type(expr).__name__ in ("LShift", "RShift", "BitwiseAnd",
+                                                                                   "BitwiseOr", "BitwiseXor"):
+        raise UnsupportedOpError(f"bitwise operation {type(expr).__name__} is not supported")
+    elif not isinstance(expr, ok_types):
+        raise UnsupportedOpError(f"expression node {type(expr).__name__} is not supported")
+    for c in _children(expr):
+        _check_interpretable(c, ivars)
+
+
+class _Interp:
+    """Evaluates a block expression over a grid of iterator values (numpy broadcasting, float64 data)."""
+
+    def __init__(self, env: dict[str, np.ndarray], buffers: dict[str, np.ndarray]) -> None:
+        self.env = env
+        self.buffers = buffers
+
+    def eval(self, e: Any) -> Any:  # noqa: C901 - one dispatch over node types
+        from tvm import ir, tirx
+
+        if isinstance(e, tirx.IntImm):
+            return np.int64(e.value)
+        if isinstance(e, tirx.FloatImm):
+            return np.float64(e.value)
+        if isinstance(e, tirx.Var):
+            return self.env[str(e.name)]
+        if isinstance(e, ir.expr.TensorLoad):
+            return self._load(e)
+        if isinstance(e, tirx.Cast):
+            return self._cast(self.eval(e.value), str(e.ty))
+        if isinstance(e, tirx.Select):
+            return np.where(self.eval(e.condition), self.eval(e.true_value), self.eval(e.false_value))
+        if isinstance(e, ir.expr.Call):
+            args = [self.eval(a) for a in e.args]
+            if e.op.name == _IF_THEN_ELSE:
+                return np.where(args[0], args[1], args[2])
+            return _MATH_CALLS[e.op.name](np.asarray(args[0], dtype=np.float64))
+        if isinstance(e, tirx.Not):
+            return np.logical_not(self.eval(e.a))
+        return self._binary(type(e).__name__, self.eval(e.a), self.eval(e.b), _is_float(e))
+
+    def _load(self, e: Any) -> np.ndarray:
+        arr = self.buffers[str(e.source.name)]
+        idx = np.broadcast_arrays(*[np.asarray(self.eval(i), dtype=np.int64) for i in e.indices])
+        # Out-of-range indices only occur in branches an if_then_else discards; clip so the gather is defined.
+        clipped = tuple(np.clip(ix, 0, n - 1) for ix, n in zip(idx, arr.shape, strict=True))
+        return arr[clipped]
+
+    @staticmethod
+    def _cast(v: Any, dtype: str) -> Any:
+        if dtype.startswith(("float", "bfloat")):
+            return np.asarray(v, dtype=np.float64)
+        if dtype == "bool":
+            return np.asarray(v) != 0
+        return np.trunc(v).astype(np.int64)
+
+    @staticmethod
+    def _binary(op: str, a: Any, b: Any, is_float: bool) -> Any:
+        simple: dict[str, Callable[[Any, Any], Any]] = {
+            "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Min": np.minimum, "Max": np.maximum,
+            "FloorDiv": np.floor_divide, "FloorMod": np.mod, "EQ": np.equal, "NE": np.not_equal,
+            "LT": np.less, "LE": np.less_equal, "GT": np.greater, "GE": np.greater_equal,
+            "And": np.logical_and, "Or": np.logical_or,
+        }
+        if op in simple:
+            return simple[op](a, b)
+        if op == "Div":
+            return np.true_divide(a, b) if is_float else np.trunc(np.true_divide(a, b)).astype(np.int64)
+        if op == "Mod":
+            return np.fmod(a, b)
+        raise UnsupportedOpError(f"expression node {op} is not supported")
+
+
+def _interpret(nest: _Nest, in_params: list[_Param], arrays: Sequence[Any]) -> np.ndarray:
+    if len(arrays) != len(in_params):
+        raise ProgramError(f"reference takes {len(in_params)} arrays ({', '.join(p.name for p in in_params)}), "
+                           f"got {len(arrays)}")
+    buffers = {}
+    for p, a in zip(in_params, arrays, strict=True):
+        arr = np.asarray(a, dtype=np.float64)
+        if arr.shape != p.shape:
+            raise ProgramError(f"input {p.name} has shape {arr.shape}, expected {p.shape}")
+        buffers[p.name] = arr
+    n = len(nest.extents)
+    spatial = [i for i, k in enumerate(nest.kinds) if k == "spatial"]
+    reduce_pos = tuple(i for i, k in enumerate(nest.kinds) if k == "reduce")
+    # Output dims in spatial-block order -> output order.
+    perm = [spatial.index(p) for p in nest.out_perm]
+    out = np.empty(nest.out.shape, dtype=np.float64)
+    first = spatial[0]
+    per_slice = max(1, math.prod(nest.extents) // nest.extents[first])
+    chunk = max(1, _CHUNK_ELEMENTS // per_slice)
+    reduce_fn, combine = _REDUCERS[nest.reducer]
+    names = [str(v.name) for v in nest.iter_vars]
+    for start in range(0, nest.extents[first], chunk):
+        stop = min(start + chunk, nest.extents[first])
+        env = {}
+        shape = []
+        for i, (nm, ext) in enumerate(zip(names, nest.extents, strict=True)):
+            values = np.arange(start, stop) if i == first else np.arange(ext)
+            env[nm] = values.reshape([-1 if j == i else 1 for j in range(n)])
+            shape.append(len(values))
+        value = np.broadcast_to(np.asarray(_Interp(env, buffers).eval(nest.expr), dtype=np.float64), shape)
+        reduced = combine(nest.init, reduce_fn(value, axis=reduce_pos))
+        sl: list[slice] = [slice(None)] * len(perm)
+        sl[nest.out_perm.index(first)] = slice(start, stop)
+        out[tuple(sl)] = np.transpose(reduced, perm)
+    return out

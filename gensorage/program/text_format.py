@@ -1,0 +1,698 @@
+"""The ``.gsp`` ("gensorage program") text form of a :class:`~gensorage.program.Program`.
+
+A file is parsed as data by the tokenizer and recursive-descent parser below (nothing is ever evaluated as
+Python). Grammar, one statement per line (a line break inside brackets continues the statement)::
+
+    # comment
+    program NAME                          # optional; defaults to the file's stem
+    param NAME = EXPR                     # integer parameter; later params and dims may use it
+    input NAME [DIM, DIM, ...] [DTYPE]    # DTYPE: float16 (default), bfloat16, float32, float64
+    NAME = EXPR                           # a tensor computation
+    output NAME [, NAME ...]
+
+An expression is a number, a parameter, a tensor name, a call ``op(arg, ..., key=value)``, a list
+``[e, ...]``, or ``+ - * /`` and unary minus on those. Numbers are exact rationals until a ``sqrt`` or a float
+needs them as floats, so a dim such as ``d/8`` must divide exactly. Between tensors ``+ - * /`` are the
+elementwise ops; a tensor times (or divided by) a number is ``scale``. Op arguments are the tensors first, then
+attributes by position (``sum(x, 2)``, ``repeat(k, 0, 8)``, ``scale(s, 1/d)``, ``reshape(x, [a, b])``) or by
+keyword (``dim=``, ``keepdim=``, ``group=``, ``times=``, ``factor=``, ``shape=``); ``concat`` takes its tensors
+positionally or as a list. ``sqrt`` of a number is a number.
+
+Errors are :class:`~gensorage.errors.ConfigError` (syntax, names, parameters) or the builder's
+:class:`~gensorage.errors.ProgramError` / :class:`~gensorage.errors.UnsupportedOpError` (shapes, ops), each
+with a one-line ``file:line:`` message.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from gensorage import opset
+from gensorage.errors import ConfigError, GensorageError
+from gensorage.opset import Op
+from gensorage.program.program import DEFAULT_DTYPE, DTYPES, Program, Tensor
+
+KEYWORDS = frozenset({"program", "param", "input", "output", "true", "false"})
+# Attributes an op takes by position, after its tensor arguments.
+POSITIONAL_ATTRS: Mapping[Op, tuple[str, ...]] = {
+    Op.SUM: ("dim", "keepdim", "group"),
+    Op.REPEAT: ("dim", "times"),
+    Op.CONCAT: ("dim",),
+    Op.SCALE: ("factor",),
+    Op.RESHAPE: ("shape",),
+}
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+Number = Fraction | float
+Value = Tensor | Number | bool | list[Any]
+
+# ---------------------------------------------------------------------------------------------- tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    kind: str  # "name", "number", "op" (punctuation), "newline", "eof"
+    text: str
+    line: int
+
+
+_TOKEN_RE = re.compile(
+    r"(?P<ws>[ \t\r\f]+)|(?P<comment>\#[^\n]*)|(?P<newline>\n)"
+    r"|(?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[()\[\],=+\-*/])"
+)
+
+
+def tokenize(text: str, source: str) -> list[Token]:
+    """Tokens of ``text``; newlines inside brackets are dropped so a statement may span lines."""
+    tokens: list[Token] = []
+    line, pos, depth = 1, 0, 0
+    while pos < len(text):
+        m = _TOKEN_RE.match(text, pos)
+        if m is None:
+            raise ConfigError(f"{source}:{line}: unexpected character {text[pos]!r}")
+        kind = m.lastgroup or ""
+        value = m.group()
+        pos = m.end()
+        if kind == "newline":
+            if depth == 0:
+                tokens.append(Token("newline", "\n", line))
+            line += 1
+        elif kind in ("number", "name", "op"):
+            if value in "([":
+                depth += 1
+            elif value in ")]":
+                depth = max(0, depth - 1)
+            tokens.append(Token(kind, value, line))
+    tokens.append(Token("newline", "\n", line))
+    tokens.append(Token("eof", "", line))
+    return tokens
+
+
+# ---------------------------------------------------------------------------------------------- syntax tree
+
+
+@dataclass(frozen=True, slots=True)
+class Num:
+    value: Number
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    id: str
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    func: str
+    args: tuple[Expr, ...]
+    kwargs: tuple[tuple[str, Expr], ...]
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListExpr:
+    items: tuple[Expr, ...]
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class BinOp:
+    op: str
+    left: Expr
+    right: Expr
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class Neg:
+    operand: Expr
+    line: int
+
+
+Expr = Num | Name | Call | ListExpr | BinOp | Neg
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    kind: str  # "program", "param", "input", "assign", "output"
+    line: int
+    name: str = ""
+    expr: Expr | None = None
+    dims: tuple[Expr, ...] = ()
+    dtype: str | None = None
+    names: tuple[str, ...] = ()
+
+
+class _Parser:
+    def __init__(self, tokens: list[Token], source: str) -> None:
+        self.tokens = tokens
+        self.pos = 0
+        self.source = source
+
+    def error(self, msg: str, tok: Token | None = None) -> ConfigError:
+        tok = tok or self.peek()
+        return ConfigError(f"{self.source}:{tok.line}: {msg}")
+
+    def peek(self, k: int = 0) -> Token:
+        return self.tokens[min(self.pos + k, len(self.tokens) - 1)]
+
+    def next(self) -> Token:
+        tok = self.peek()
+        self.pos += 1
+        return tok
+
+    def expect(self, text: str, what: str) -> Token:
+        tok = self.next()
+        if tok.text != text or tok.kind not in ("op", "newline"):
+            raise self.error(f"expected {what}, found {_shown(tok)}", tok)
+        return tok
+
+    def expect_name(self, what: str) -> Token:
+        tok = self.next()
+        if tok.kind != "name":
+            raise self.error(f"expected {what}, found {_shown(tok)}", tok)
+        return tok
+
+    def end_of_statement(self) -> None:
+        tok = self.next()
+        if tok.kind != "newline":
+            raise self.error(f"unexpected {_shown(tok)} after the end of the statement", tok)
+
+    # statements
+
+    def statements(self) -> list[Statement]:
+        out: list[Statement] = []
+        while self.peek().kind != "eof":
+            if self.peek().kind == "newline":
+                self.next()
+                continue
+            out.append(self.statement())
+        return out
+
+    def statement(self) -> Statement:
+        tok = self.peek()
+        if tok.kind != "name":
+            raise self.error(f"expected a statement (program, param, input, output or NAME = ...), found {_shown(tok)}")
+        handler = {"program": self.program_stmt, "param": self.param_stmt, "input": self.input_stmt,
+                   "output": self.output_stmt}.get(tok.text)
+        if handler is not None:
+            self.next()
+            stmt = handler(tok.line)
+        else:
+            stmt = self.assign_stmt()
+        self.end_of_statement()
+        return stmt
+
+    def program_stmt(self, line: int) -> Statement:
+        return Statement("program", line, name=self.expect_name("a program name after 'program'").text)
+
+    def param_stmt(self, line: int) -> Statement:
+        name = self.expect_name("a parameter name after 'param'")
+        self.check_name(name)
+        self.expect("=", "'=' after the parameter name")
+        return Statement("param", line, name=name.text, expr=self.expr())
+
+    def input_stmt(self, line: int) -> Statement:
+        name = self.expect_name("an input name after 'input'")
+        self.check_name(name)
+        open_tok = self.next()
+        if open_tok.text != "[":
+            raise self.error(f"expected '[' starting the shape of input '{name.text}', found {_shown(open_tok)}",
+                             open_tok)
+        dims = self.list_items("]")
+        if not dims:
+            raise self.error(f"input '{name.text}' needs at least one dimension", open_tok)
+        dtype = None
+        if self.peek().kind == "name":
+            dtype = self.next().text
+        return Statement("input", line, name=name.text, dims=dims, dtype=dtype)
+
+    def output_stmt(self, line: int) -> Statement:
+        names = [self.expect_name("a tensor name after 'output'").text]
+        while self.peek().text == "," and self.peek().kind == "op":
+            self.next()
+            names.append(self.expect_name("a tensor name after ','").text)
+        return Statement("output", line, names=tuple(names))
+
+    def assign_stmt(self) -> Statement:
+        name = self.next()
+        self.check_name(name)
+        eq = self.next()
+        if eq.text != "=":
+            raise self.error(f"expected '=' after '{name.text}' (a statement is NAME = expression), found "
+                             f"{_shown(eq)}", eq)
+        return Statement("assign", name.line, name=name.text, expr=self.expr())
+
+    def check_name(self, tok: Token) -> None:
+        if tok.text in KEYWORDS:
+            raise self.error(f"'{tok.text}' is a keyword and cannot name a tensor or parameter", tok)
+
+    # expressions
+
+    def expr(self) -> Expr:
+        left = self.term()
+        while self.peek().kind == "op" and self.peek().text in "+-":
+            op = self.next()
+            left = BinOp(op.text, left, self.term(), op.line)
+        return left
+
+    def term(self) -> Expr:
+        left = self.unary()
+        while self.peek().kind == "op" and self.peek().text in "*/":
+            op = self.next()
+            left = BinOp(op.text, left, self.unary(), op.line)
+        return left
+
+    def unary(self) -> Expr:
+        tok = self.peek()
+        if tok.kind == "op" and tok.text in "+-":
+            self.next()
+            operand = self.unary()
+            return operand if tok.text == "+" else Neg(operand, tok.line)
+        return self.atom()
+
+    def atom(self) -> Expr:
+        tok = self.next()
+        if tok.kind == "number":
+            return Num(Fraction(tok.text), tok.line)
+        if tok.kind == "name":
+            if self.peek().text == "(" and self.peek().kind == "op":
+                self.next()
+                return self.call(tok)
+            return Name(tok.text, tok.line)
+        if tok.text == "(":
+            inner = self.expr()
+            self.expect(")", "')'")
+            return inner
+        if tok.text == "[":
+            return ListExpr(self.list_items("]"), tok.line)
+        raise self.error(f"expected a value, found {_shown(tok)}", tok)
+
+    def list_items(self, close: str) -> tuple[Expr, ...]:
+        items: list[Expr] = []
+        while not (self.peek().kind == "op" and self.peek().text == close):
+            items.append(self.expr())
+            if not (self.peek().kind == "op" and self.peek().text == ","):
+                break
+            self.next()
+        self.expect(close, f"',' or '{close}'")
+        return tuple(items)
+
+    def call(self, func: Token) -> Call:
+        args: list[Expr] = []
+        kwargs: list[tuple[str, Expr]] = []
+        while not (self.peek().kind == "op" and self.peek().text == ")"):
+            if self.peek().kind == "name" and self.peek(1).text == "=" and self.peek(1).kind == "op":
+                key = self.next()
+                self.next()
+                if any(k == key.text for k, _ in kwargs):
+                    raise self.error(f"{func.text}: argument '{key.text}' given twice", key)
+                kwargs.append((key.text, self.expr()))
+            else:
+                if kwargs:
+                    raise self.error(f"{func.text}: positional argument after a keyword argument")
+                args.append(self.expr())
+            if not (self.peek().kind == "op" and self.peek().text == ","):
+                break
+            self.next()
+        self.expect(")", f"',' or ')' closing the call to {func.text}")
+        return Call(func.text, tuple(args), tuple(kwargs), func.line)
+
+
+def _shown(tok: Token) -> str:
+    if tok.kind == "eof":
+        return "end of input"
+    if tok.kind == "newline":
+        return "end of line"
+    return f"'{tok.text}'"
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+class _Builder:
+    """Executes parsed statements against a :class:`Program`."""
+
+    def __init__(self, source: str, name: str, overrides: Mapping[str, int]) -> None:
+        self.source = source
+        self.program = Program(name=name)
+        self.overrides = dict(overrides)
+        self.params: dict[str, int] = {}
+        self.tensors: dict[str, Tensor] = {}
+        self.line = 0
+
+    def error(self, msg: str, line: int | None = None) -> ConfigError:
+        return ConfigError(f"{self.source}:{self.line if line is None else line}: {msg}")
+
+    def run(self, stmts: list[Statement]) -> Program:
+        # Names assigned anywhere in the file are off limits for generated (nested-call) names.
+        self.program._reserve(s.name for s in stmts if s.kind in ("assign", "input"))
+        for i, stmt in enumerate(stmts):
+            self.line = stmt.line
+            if stmt.kind == "program" and i != 0:
+                raise self.error("'program' must be the first statement")
+            try:
+                self.execute(stmt)
+            except ConfigError:
+                raise
+            except GensorageError as exc:  # builder errors: same class, with the location in front
+                raise type(exc)(f"{self.source}:{stmt.line}: {exc}") from None
+        unknown = sorted(set(self.overrides) - set(self.params))
+        if unknown:
+            known = ", ".join(self.params) or "none"
+            raise ConfigError(f"{self.source}: unknown parameter(s) {', '.join(unknown)} (known: {known})")
+        if not self.program.outputs:
+            raise ConfigError(f"{self.source}:{self.line}: program has no 'output' statement")
+        self.program.params = dict(self.params)
+        return self.program
+
+    def execute(self, stmt: Statement) -> None:
+        match stmt.kind:
+            case "program":
+                self.program.name = stmt.name
+            case "param":
+                self.define_param(stmt)
+            case "input":
+                self.define_input(stmt)
+            case "assign":
+                self.define_tensor(stmt)
+            case "output":
+                for name in stmt.names:
+                    if name not in self.tensors:
+                        raise self.error(f"output: undefined tensor '{name}'")
+                    self.program.output(self.tensors[name])
+
+    def check_new_name(self, name: str) -> None:
+        if name in self.params or name in self.tensors:
+            raise self.error(f"duplicate name '{name}' (already defined)")
+
+    def define_param(self, stmt: Statement) -> None:
+        self.check_new_name(stmt.name)
+        assert stmt.expr is not None
+        if stmt.name in self.overrides:
+            value = self.overrides[stmt.name]
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise self.error(f"parameter '{stmt.name}' override must be an integer, got {value!r}")
+        else:
+            value = self.integer(self.number(stmt.expr), f"parameter '{stmt.name}'")
+        self.params[stmt.name] = value
+
+    def define_input(self, stmt: Statement) -> None:
+        self.check_new_name(stmt.name)
+        dims = []
+        for d in stmt.dims:
+            v = self.integer(self.number(d), f"dimension {_expr_text(d)} of input '{stmt.name}'")
+            if v <= 0:
+                raise self.error(f"dimension {_expr_text(d)} of input '{stmt.name}' is {v}; dims must be positive")
+            dims.append(v)
+        dtype = stmt.dtype or DEFAULT_DTYPE
+        if dtype not in DTYPES:
+            raise self.error(f"input '{stmt.name}': unknown dtype '{dtype}' (supported: {', '.join(DTYPES)})")
+        self.tensors[stmt.name] = self.program.input(stmt.name, tuple(dims), dtype)
+
+    def define_tensor(self, stmt: Statement) -> None:
+        self.check_new_name(stmt.name)
+        assert stmt.expr is not None
+        value = self.eval(stmt.expr, stmt.name)
+        if not isinstance(value, Tensor):
+            raise self.error(f"'{stmt.name}' must be a tensor computation, got the number {_num_text(value)} "
+                             "(use 'param' for numbers)")
+        if value.name != stmt.name:
+            raise self.error(f"'{stmt.name} = {_expr_text(stmt.expr)}' only renames a tensor; aliases are not "
+                             "supported")
+        self.tensors[stmt.name] = value
+
+    # values
+
+    def number(self, e: Expr) -> Number:
+        v = self.eval(e, None)
+        if isinstance(v, bool) or not isinstance(v, Fraction | float):
+            raise self.error(f"expected a number, got {_kind(v)} in '{_expr_text(e)}'", e.line)
+        return v
+
+    def integer(self, v: Any, what: str) -> int:
+        if isinstance(v, Fraction) and v.denominator == 1:
+            return int(v)
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise self.error(f"{what} must be an integer, got {_num_text(v)}")
+
+    def eval(self, e: Expr, name: str | None) -> Value:
+        match e:
+            case Num(value=value):
+                return value
+            case Name(id=ident):
+                return self.lookup(ident, e.line)
+            case ListExpr(items=items):
+                return [self.eval(x, None) for x in items]
+            case Neg(operand=operand):
+                v = self.eval(operand, None)
+                if isinstance(v, Tensor):
+                    return self.program.scale(v, -1.0, name=name)
+                return -self.arith_operand(v, "-", e.line)
+            case BinOp():
+                return self.binop(e, name)
+            case Call():
+                return self.call(e, name)
+        raise AssertionError(e)
+
+    def lookup(self, ident: str, line: int) -> Value:
+        if ident in ("true", "false"):
+            return ident == "true"
+        if ident in self.params:
+            return Fraction(self.params[ident])
+        if ident in self.tensors:
+            return self.tensors[ident]
+        raise self.error(f"undefined name '{ident}'", line)
+
+    def arith_operand(self, v: Value, op: str, line: int) -> Number:
+        if isinstance(v, bool) or not isinstance(v, Fraction | float):
+            raise self.error(f"'{op}' cannot take {_kind(v)}", line)
+        return v
+
+    def binop(self, e: BinOp, name: str | None) -> Value:
+        a = self.eval(e.left, None)
+        b = self.eval(e.right, None)
+        p = self.program
+        if isinstance(a, Tensor) and isinstance(b, Tensor):
+            method = {"+": p.add, "-": p.sub, "*": p.mul, "/": p.div}[e.op]
+            return method(a, b, name=name)
+        if isinstance(a, Tensor) or isinstance(b, Tensor):
+            return self.tensor_number(e, a, b, name)
+        x = self.arith_operand(a, e.op, e.line)
+        y = self.arith_operand(b, e.op, e.line)
+        if e.op == "/" and y == 0:
+            raise self.error(f"division by zero in '{_expr_text(e)}'", e.line)
+        if e.op == "+":
+            return x + y
+        if e.op == "-":
+            return x - y
+        return x * y if e.op == "*" else x / y
+
+    def tensor_number(self, e: BinOp, a: Value, b: Value, name: str | None) -> Tensor:
+        if e.op == "*":
+            t, k = (a, b) if isinstance(a, Tensor) else (b, a)
+            return self.program.scale(t, float(self.arith_operand(k, "*", e.line)), name=name)  # type: ignore[arg-type]
+        if e.op == "/" and isinstance(a, Tensor):
+            k = self.arith_operand(b, "/", e.line)
+            if k == 0:
+                raise self.error(f"division by zero in '{_expr_text(e)}'", e.line)
+            return self.program.scale(a, float(1 / k), name=name)
+        raise self.error(f"'{_expr_text(e)}': a tensor can only be multiplied or divided by a number "
+                         "(there is no op adding a constant or dividing by a tensor's reciprocal)", e.line)
+
+    def call(self, e: Call, name: str | None) -> Value:
+        if e.func == "sqrt" and len(e.args) == 1 and not e.kwargs:
+            v = self.eval(e.args[0], None)
+            if not isinstance(v, Tensor):
+                x = self.arith_operand(v, "sqrt", e.line)
+                if x < 0:
+                    raise self.error(f"sqrt of a negative number in '{_expr_text(e)}'", e.line)
+                return math.sqrt(x)
+            return self.program.sqrt(v, name=name)
+        op = opset.parse_op(e.func)
+        args = [self.eval(a, None) for a in e.args]
+        kwargs = {k: self.eval(v, None) for k, v in e.kwargs}
+        if op in (Op.MUL, Op.DIV) and len(args) == 2 and not kwargs and _one_tensor(args):
+            return self.tensor_number(BinOp("*" if op is Op.MUL else "/", e.args[0], e.args[1], e.line),
+                                      args[0], args[1], name)
+        if op is Op.CONCAT and args and isinstance(args[0], list):
+            args = list(args[0]) + args[1:]
+        tensors: list[Tensor] = []
+        while args and isinstance(first := args[0], Tensor):
+            tensors.append(first)
+            args.pop(0)
+        if any(isinstance(a, Tensor) for a in args):
+            raise self.error(f"{op.value}: tensor arguments must come before attributes", e.line)
+        attrs = self.attrs(op, args, kwargs, e.line)
+        return self.program.apply(op, tensors, attrs, name=name)
+
+    def attrs(self, op: Op, args: list[Value], kwargs: dict[str, Value], line: int) -> dict[str, Any]:
+        names = POSITIONAL_ATTRS.get(op, ())
+        if len(args) > len(names):
+            raise self.error(f"{op.value}: too many arguments (after its tensors it takes "
+                             f"{', '.join(names) or 'nothing'})", line)
+        raw = dict(zip(names, args, strict=False))
+        for k, v in kwargs.items():
+            if k in raw:
+                raise self.error(f"{op.value}: argument '{k}' given twice", line)
+            raw[k] = v
+        return {k: self.attr_value(op, k, v, line) for k, v in raw.items()}
+
+    def attr_value(self, op: Op, key: str, v: Value, line: int) -> Any:
+        what = f"{op.value}: '{key}'"
+        if key == "keepdim":
+            if not isinstance(v, bool):
+                raise self.error(f"{what} must be true or false, got {_kind(v)}", line)
+            return v
+        if key == "factor":
+            return float(self.arith_operand(v, op.value, line))
+        if key == "shape":
+            if not isinstance(v, list):
+                raise self.error(f"{what} must be a list like [a, b], got {_kind(v)}", line)
+            return tuple(self.integer(x, f"{what} entry") for x in v)
+        if isinstance(v, bool | list | Tensor):
+            raise self.error(f"{what} must be an integer, got {_kind(v)}", line)
+        return self.integer(v, what)
+
+
+def _one_tensor(args: list[Value]) -> bool:
+    return sum(isinstance(a, Tensor) for a in args) == 1
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, Tensor):
+        return f"tensor '{v.name}'"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, list):
+        return "a list"
+    return f"the number {_num_text(v)}"
+
+
+def _num_text(v: Any) -> str:
+    if isinstance(v, Fraction):
+        return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
+    return repr(v)
+
+
+def _expr_text(e: Expr) -> str:
+    match e:
+        case Num(value=v):
+            return _num_text(v)
+        case Name(id=ident):
+            return ident
+        case ListExpr(items=items):
+            return "[" + ", ".join(_expr_text(x) for x in items) + "]"
+        case Neg(operand=operand):
+            return "-" + _expr_text(operand)
+        case BinOp(op=op, left=left, right=right):
+            return f"{_expr_text(left)}{op}{_expr_text(right)}"
+        case Call(func=func, args=args, kwargs=kwargs):
+            parts = [_expr_text(a) for a in args] + [f"{k}={_expr_text(v)}" for k, v in kwargs]
+            return f"{func}({', '.join(parts)})"
+    return "?"
+
+
+# ---------------------------------------------------------------------------------------------- public API
+
+
+def parse_program(text: str, params: Mapping[str, int] | None = None, source: str = "<string>",
+                  default_name: str = "program") -> Program:
+    """Parse ``.gsp`` text into a :class:`Program`.
+
+    Parameters
+    ----------
+    text : str
+        The program text.
+    params : mapping of str to int, optional
+        Overrides for the file's ``param`` defaults; a name the file does not declare is an error.
+    source : str
+        Shown in front of error messages (``source:line: ...``).
+    default_name : str
+        Program name when the text has no ``program`` statement.
+
+    Raises
+    ------
+    ConfigError
+        Syntax errors, undefined or duplicate names, bad parameters, a program without outputs.
+    ProgramError, UnsupportedOpError
+        Shape/dtype errors and unknown ops, with the location in front.
+    """
+    try:
+        stmts = _Parser(tokenize(text, source), source).statements()
+        return _Builder(source, default_name, params or {}).run(stmts)
+    except RecursionError:
+        raise ConfigError(f"{source}: expressions nested too deeply") from None
+
+
+def load_program(path: str | Path, params: Mapping[str, int] | None = None) -> Program:
+    """Read and parse a ``.gsp`` file (see :func:`parse_program`); the program is named after the file's stem
+    unless it has a ``program`` statement."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read program file: {exc}") from None
+    return parse_program(text, params=params, source=str(path), default_name=path.stem)
+
+
+def dump_program(p: Program) -> str:
+    """The ``.gsp`` text of ``p``: every node in creation order with concrete shapes.
+
+    ``parse_program(dump_program(p)).key() == p.key()``. Tensor names that are not identifiers (or are keywords)
+    are replaced by fresh ones.
+    """
+    names = _dump_names(p)
+    lines = [f"program {p.name if _IDENT.match(p.name) and p.name not in KEYWORDS else 'program_'}"]
+    if p.params:
+        lines.append("# instantiated with " + ", ".join(f"{k}={v}" for k, v in p.params.items()))
+    for n in p.nodes:
+        if n.op is None:
+            dims = ", ".join(str(d) for d in n.shape)
+            lines.append(f"input {names[n.id]} [{dims}] {n.dtype}")
+            continue
+        args = [names[i] for i in n.inputs]
+        args += [f"{k}={_dump_attr(v)}" for k, v in n.attrs]
+        lines.append(f"{names[n.id]} = {n.op.value}({', '.join(args)})")
+    if p.outputs:
+        lines.append("output " + ", ".join(names[t.id] for t in p.outputs))
+    return "\n".join(lines) + "\n"
+
+
+def _dump_names(p: Program) -> dict[int, str]:
+    ok = {n.id: n.name for n in p.nodes if _IDENT.match(n.name) and n.name not in KEYWORDS}
+    taken = set(ok.values())
+    names: dict[int, str] = {}
+    for n in p.nodes:
+        if n.id in ok:
+            names[n.id] = ok[n.id]
+            continue
+        k = 0
+        candidate = f"t{n.id}"
+        while candidate in taken:
+            k += 1
+            candidate = f"t{n.id}_{k}"
+        taken.add(candidate)
+        names[n.id] = candidate
+    return names
+
+
+def _dump_attr(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, tuple):
+        return "[" + ", ".join(str(x) for x in v) + "]"
+    return repr(v)  # float repr round-trips exactly; the tokenizer reads 1e-05 and 0.125 alike
+
+
+__all__ = ["dump_program", "load_program", "parse_program", "tokenize"]

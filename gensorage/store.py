@@ -1,0 +1,275 @@
+"""An embedded SQLite store for results that are expensive to recompute.
+
+One file (default ``$GENSORAGE_HOME/store.sqlite``, ``GENSORAGE_HOME`` defaulting to ``~/.cache/gensorage``)
+holds:
+
+* ``schedules``: tuned schedules keyed by (workload key, hw name, method, seed, method options, gensorage
+  version), with the predicted time, the construction wall time and the creation time;
+* any number of generic key/value tables (``Store.get(kind, key)`` / ``Store.put(kind, key, value)``, values
+  are JSON), one SQLite table per ``kind``, so other parts (µGraph structures, search checkpoints) can share
+  the file.
+
+The database runs in WAL mode with a busy timeout and every write is its own ``BEGIN IMMEDIATE``
+transaction, so several processes can read and write the same file concurrently. A file that is not a
+SQLite database, or a SQLite database that gensorage did not create, raises :class:`StoreError` naming the
+path and the reason; it is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from gensorage.errors import StoreError
+
+FORMAT_MARKER = "gensorage-store"
+SCHEMA_VERSION = 1
+DEFAULT_BUSY_TIMEOUT_MS = 30_000
+_KIND_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+
+JsonValue = Any  # anything json.dumps accepts
+
+
+def gensorage_home() -> Path:
+    """``$GENSORAGE_HOME``, or ``~/.cache/gensorage`` when unset."""
+    env = os.environ.get("GENSORAGE_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "gensorage"
+
+
+def default_store_path() -> Path:
+    """``$GENSORAGE_HOME/store.sqlite``."""
+    return gensorage_home() / "store.sqlite"
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleKey:
+    """What identifies a tuning result: the same key always yields the same schedule."""
+
+    workload: str  # Workload.key()
+    hw: str
+    method: str
+    seed: int
+    options: str  # canonical JSON of the method options ("{}" for none)
+    version: str  # gensorage version
+
+    @staticmethod
+    def make(workload: str, hw: str, method: str, seed: int, options: dict[str, Any] | None = None,
+             version: str | None = None) -> ScheduleKey:
+        if version is None:
+            from gensorage import __version__ as version
+        opts = json.dumps(options or {}, sort_keys=True, separators=(",", ":"))
+        return ScheduleKey(workload, hw, method, int(seed), opts, str(version))
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    key: ScheduleKey
+    schedule: dict[str, Any]  # Schedule.to_json()
+    predicted_time_s: float
+    construction_time_s: float
+    created_at: float  # Unix time
+
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS gensorage_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS schedules (
+        workload TEXT NOT NULL, hw TEXT NOT NULL, method TEXT NOT NULL, seed INTEGER NOT NULL,
+        options TEXT NOT NULL, version TEXT NOT NULL,
+        schedule TEXT NOT NULL, predicted_time_s REAL NOT NULL, construction_time_s REAL NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (workload, hw, method, seed, options, version))""",
+)
+
+
+class Store:
+    """A gensorage result store backed by one SQLite file (see the module docstring).
+
+    Parameters
+    ----------
+    path
+        The database file; ``None`` means :func:`default_store_path`. Parent directories are created.
+    busy_timeout_ms
+        How long a writer waits for another process's transaction before failing.
+
+    Raises
+    ------
+    StoreError
+        The file is not a SQLite database, is a database gensorage did not create, has a newer schema, or
+        cannot be opened.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *,
+                 busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+        self.path = Path(path).expanduser() if path is not None else default_store_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit mode; writes open their own IMMEDIATE transactions.
+            self._conn = sqlite3.connect(str(self.path), timeout=busy_timeout_ms / 1000, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot open store ({exc})") from exc
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path}: not a usable gensorage store ({exc})") from exc
+        except StoreError:
+            self._conn.close()
+            raise
+        self._tables: set[str] = set()
+
+    # ------------------------------------------------------------------------------------------ setup
+    def _open(self) -> None:
+        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "gensorage_meta" not in tables:
+            raise StoreError(f"{self.path}: a SQLite database that is not a gensorage store "
+                             f"(tables: {', '.join(sorted(tables)[:5])})")
+        mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            raise StoreError(f"{self.path}: cannot switch the store to WAL mode (got {mode})")
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        with self._write():
+            for stmt in _SCHEMA:
+                self._conn.execute(stmt)
+            self._conn.execute("INSERT OR IGNORE INTO gensorage_meta VALUES ('format', ?)", (FORMAT_MARKER,))
+            self._conn.execute("INSERT OR IGNORE INTO gensorage_meta VALUES ('schema_version', ?)",
+                               (str(SCHEMA_VERSION),))
+        meta = dict(self._conn.execute("SELECT name, value FROM gensorage_meta").fetchall())
+        if meta.get("format") != FORMAT_MARKER:
+            raise StoreError(f"{self.path}: not a gensorage store (format marker {meta.get('format')!r})")
+        if int(meta.get("schema_version", "0")) > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: store schema {meta['schema_version']} is newer than this "
+                             f"gensorage understands ({SCHEMA_VERSION})")
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """One IMMEDIATE transaction: takes the write lock up front so concurrent writers queue (busy
+        timeout) instead of failing with a lock upgrade deadlock."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -------------------------------------------------------------------------------- generic tables
+    def _table(self, kind: str, *, create: bool) -> str | None:
+        if not _KIND_RE.match(kind):
+            raise StoreError(f"invalid store table name {kind!r} (lowercase letters, digits and _, "
+                             f"starting with a letter)")
+        name = f"kv_{kind}"
+        if name in self._tables:
+            return name
+        exists = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                    (name,)).fetchone()
+        if not exists and not create:
+            return None
+        if not exists:
+            with self._write():
+                self._conn.execute(f"CREATE TABLE IF NOT EXISTS {name} (key TEXT PRIMARY KEY, "
+                                   "value TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL)")
+        self._tables.add(name)
+        return name
+
+    def put(self, kind: str, key: str, value: JsonValue) -> None:
+        """Store ``value`` (JSON-serialisable) under ``key`` in table ``kind`` (created on first use)."""
+        try:
+            text = json.dumps(value, sort_keys=True)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"value for {kind}/{key} is not JSON-serialisable: {exc}") from exc
+        table = self._table(kind, create=True)
+        now = time.time()
+        try:
+            with self._write():
+                self._conn.execute(
+                    f"INSERT INTO {table} (key, value, created_at, updated_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                    (key, text, now, now))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot write {kind}/{key} ({exc})") from exc
+
+    def get(self, kind: str, key: str) -> JsonValue | None:
+        """The value stored under ``key`` in table ``kind``, or None."""
+        table = self._table(kind, create=False)
+        if table is None:
+            return None
+        try:
+            row = self._conn.execute(f"SELECT value FROM {table} WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot read {kind}/{key} ({exc})") from exc
+        return None if row is None else _loads(row[0], f"{self.path}: {kind}/{key}")
+
+    def delete(self, kind: str, key: str) -> bool:
+        """Remove ``key`` from table ``kind``; True if it was there."""
+        table = self._table(kind, create=False)
+        if table is None:
+            return False
+        with self._write():
+            cur = self._conn.execute(f"DELETE FROM {table} WHERE key = ?", (key,))
+        return cur.rowcount > 0
+
+    def keys(self, kind: str) -> list[str]:
+        """All keys of table ``kind``, sorted."""
+        table = self._table(kind, create=False)
+        if table is None:
+            return []
+        return [r[0] for r in self._conn.execute(f"SELECT key FROM {table} ORDER BY key")]
+
+    # ------------------------------------------------------------------------------------ schedules
+    def put_schedule(self, record: ScheduleRecord) -> None:
+        """Insert or replace the schedule stored under ``record.key``."""
+        k = record.key
+        try:
+            with self._write():
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (k.workload, k.hw, k.method, k.seed, k.options, k.version, json.dumps(record.schedule),
+                     float(record.predicted_time_s), float(record.construction_time_s), record.created_at))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot write schedule ({exc})") from exc
+
+    def get_schedule(self, key: ScheduleKey) -> ScheduleRecord | None:
+        """The schedule stored under ``key``, or None."""
+        try:
+            row = self._conn.execute(
+                "SELECT schedule, predicted_time_s, construction_time_s, created_at FROM schedules "
+                "WHERE workload = ? AND hw = ? AND method = ? AND seed = ? AND options = ? AND version = ?",
+                (key.workload, key.hw, key.method, key.seed, key.options, key.version)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot read schedules ({exc})") from exc
+        if row is None:
+            return None
+        sched = _loads(row[0], f"{self.path}: schedule of {key.workload}")
+        if not isinstance(sched, dict):
+            raise StoreError(f"{self.path}: schedule of {key.workload} is not a JSON object")
+        return ScheduleRecord(key, sched, float(row[1]), float(row[2]), float(row[3]))
+
+    def count_schedules(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM schedules").fetchone()[0])
+
+
+def _loads(text: str, where: str) -> JsonValue:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"{where}: stored value is not valid JSON ({exc})") from exc

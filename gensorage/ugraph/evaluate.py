@@ -1,0 +1,180 @@
+"""The literal µGraph evaluator: runs every block of every grid and every for-loop iteration.
+
+Values are opaque: only :class:`gensorage.arith.Arith` methods touch them, so the same walk serves float64
+numerics, the finite-field identity test and abstract arithmetics. Partitioning is followed literally — each
+iterator's tile is cut out with ``arith.slice`` per imap (x, y, z in order) and fmap, accumulators combine
+iterations with ``arith.accumulate`` (or concatenate them), and every output is assembled with ``arith.concat``
+of the blocks' saver tiles in grid order — so a wrong imap, fmap or omap gives a wrong answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from gensorage import opset
+from gensorage.arith import Arith, Float64Arith
+from gensorage.errors import UGraphError
+from gensorage.ugraph.ir import (
+    Accumulator,
+    BlockGraph,
+    BlockOp,
+    GraphDefinedOp,
+    InputIterator,
+    KernelGraph,
+    KernelOp,
+    OutputSaver,
+    ThreadGraph,
+)
+from gensorage.ugraph.validate import loop_phases, validate
+
+V = TypeVar("V")
+
+
+def _part(arith: Arith[V], x: V, axis: int, parts: int, index: int) -> V:
+    """Chunk ``index`` of ``parts`` equal chunks of ``x`` along ``axis``."""
+    if parts == 1:
+        return x
+    size = arith.shape(x)[axis]
+    if size % parts:
+        raise UGraphError(f"cannot split a dim of size {size} into {parts} equal parts")
+    step = size // parts
+    return arith.slice(x, axis, index * step, (index + 1) * step)
+
+
+def _concat(arith: Arith[V], parts: Sequence[V], axis: int) -> V:
+    return parts[0] if len(parts) == 1 else arith.concat(parts, axis)
+
+
+def _block_tile(arith: Arith[V], x: V, it: InputIterator, grid: Sequence[int], bidx: Sequence[int]) -> V:
+    for g, d in enumerate(it.imap):
+        if d is not None:
+            x = _part(arith, x, d, grid[g], bidx[g])
+    return x
+
+
+def _thread(arith: Arith[V], tg: ThreadGraph, args: Sequence[V]) -> tuple[V, ...]:
+    local = list(args)
+    for top in tg.ops:
+        local.append(opset.apply(top.op, arith, [local[r.node] for r in top.inputs], top.attrs))
+    return tuple(local[r.node] for r in tg.outputs)
+
+
+def _compute(arith: Arith[V], node: BlockOp | ThreadGraph, vals: dict[int, tuple[V, ...]]) -> tuple[V, ...]:
+    args = [vals[r.node][r.out] for r in node.inputs]
+    if isinstance(node, BlockOp):
+        return (opset.apply(node.op, arith, args, node.attrs),)
+    return _thread(arith, node, args)
+
+
+def _run_one_block(
+    arith: Arith[V], block: BlockGraph, args: Sequence[V], bidx: Sequence[int], phases: Sequence[str]
+) -> list[V]:
+    """The saver tiles block ``bidx`` writes, in saver order."""
+    nodes = block.nodes
+    tiles = {j: _block_tile(arith, args[n.input], n, block.grid, bidx)
+             for j, n in enumerate(nodes) if isinstance(n, InputIterator)}
+    accs: dict[int, Any] = {j: (None if n.fmap is None else []) for j, n in enumerate(nodes)
+                            if isinstance(n, Accumulator)}
+    vals: dict[int, tuple[V, ...]] = {}
+    for i in range(block.forloop):
+        for j, node in enumerate(nodes):
+            if phases[j] != "body":
+                continue
+            if isinstance(node, InputIterator):
+                tile = tiles[j] if node.fmap is None else _part(arith, tiles[j], node.fmap, block.forloop, i)
+                vals[j] = (tile,)
+            else:
+                assert isinstance(node, BlockOp | ThreadGraph)
+                vals[j] = _compute(arith, node, vals)
+        for j, acc in accs.items():
+            node = nodes[j]
+            assert isinstance(node, Accumulator)
+            x = vals[node.input.node][node.input.out]
+            if node.fmap is None:
+                accs[j] = arith.accumulate(acc, x, node.kind)
+            else:
+                acc.append(x)
+    outs: list[V] = []
+    for j, node in enumerate(nodes):
+        if isinstance(node, Accumulator):
+            acc = accs[j]
+            vals[j] = (acc if node.fmap is None else _concat(arith, acc, node.fmap),)
+        elif isinstance(node, OutputSaver):
+            outs.append(vals[node.input.node][node.input.out])
+        elif phases[j] == "post":
+            assert isinstance(node, BlockOp | ThreadGraph)
+            vals[j] = _compute(arith, node, vals)
+    return outs
+
+
+def _assemble(arith: Arith[V], tiles: dict[tuple[int, ...], V], grid: Sequence[int], omap: Sequence[int]) -> V:
+    """Concatenate the blocks' tiles: along ``omap[0]`` over x (outermost), then y, then z."""
+
+    def build(prefix: tuple[int, ...]) -> V:
+        g = len(prefix)
+        if g == len(grid):
+            return tiles[prefix]
+        return _concat(arith, [build(prefix + (b,)) for b in range(grid[g])], omap[g])
+
+    return build(())
+
+
+def run_block_graph(arith: Arith[V], block: BlockGraph, args: Sequence[V]) -> list[V]:
+    """Outputs of a graph-defined kernel op with block graph ``block`` on kernel inputs ``args``."""
+    phases = loop_phases(block)
+    savers = block.savers
+    per_block: list[dict[tuple[int, ...], V]] = [{} for _ in savers]
+    for bidx in itertools.product(*(range(n) for n in block.grid)):
+        for s, tile in enumerate(_run_one_block(arith, block, args, bidx, phases)):
+            per_block[s][bidx] = tile
+    return [_assemble(arith, per_block[s], block.grid, sv.omap) for s, sv in enumerate(savers)]
+
+
+def evaluate(g: KernelGraph, arith: Arith[V], inputs: Sequence[V], *, check: bool = True) -> list[V]:
+    """Evaluate µGraph ``g`` on ``inputs`` (one per kernel input, in order) in ``arith``.
+
+    Parameters
+    ----------
+    g : KernelGraph
+        The µGraph.
+    arith : Arith
+        The arithmetic values live in.
+    inputs : sequence
+        One value per ``g.inputs``, of the declared shape.
+    check : bool
+        Validate ``g`` (without a hardware profile) first; skip only for graphs already validated.
+
+    Returns
+    -------
+    list
+        One value per ``g.outputs``.
+    """
+    if check:
+        validate(g)
+    if len(inputs) != len(g.inputs):
+        raise UGraphError(f"µGraph takes {len(g.inputs)} inputs, got {len(inputs)}")
+    for spec, v in zip(g.inputs, inputs, strict=True):
+        if tuple(arith.shape(v)) != spec.shape:
+            raise UGraphError(f"input {spec.name}: expected shape {list(spec.shape)}, got {list(arith.shape(v))}")
+    values: list[tuple[V, ...]] = [(v,) for v in inputs]
+    for node in g.ops:
+        args = [values[r.node][r.out] for r in node.inputs]
+        if isinstance(node, KernelOp):
+            values.append((opset.apply(node.op, arith, args, node.attrs),))
+        elif isinstance(node, GraphDefinedOp):
+            values.append(tuple(run_block_graph(arith, node.block, args)))
+        else:
+            raise UGraphError(f"not a kernel op: {type(node).__name__}")
+    return [values[r.node][r.out] for r in g.outputs]
+
+
+def run(g: KernelGraph, *arrays: np.ndarray) -> list[np.ndarray]:
+    """Evaluate ``g`` on numpy arrays in float64 (:class:`gensorage.arith.Float64Arith`)."""
+    return evaluate(g, Float64Arith(), [np.asarray(a, dtype=np.float64) for a in arrays])
+
+
+__all__ = ["evaluate", "run", "run_block_graph"]

@@ -1,0 +1,270 @@
+"""Shape and dtype inference for every tensor of a µGraph, checking each operator's spec on the way.
+
+Kernel tensors have full shapes; a block-level tensor's shape is the per-block, per-iteration tile (an
+accumulator's is the accumulated tile). Every violation is a :class:`UGraphError` whose message names the kernel
+node (``%n``, its index in ``inputs + ops``), the block node (``#j``) and the thread op where relevant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gensorage import opset
+from gensorage.errors import ProgramError, UGraphError
+from gensorage.opset import ELEMENTWISE, Op, Shape
+from gensorage.ugraph.ir import (
+    GRID_AXES,
+    Accumulator,
+    BlockGraph,
+    BlockNode,
+    BlockOp,
+    GraphDefinedOp,
+    InputIterator,
+    KernelGraph,
+    KernelOp,
+    OutputSaver,
+    Ref,
+    ThreadGraph,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    shape: Shape
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    """Inferred tiles of one block graph.
+
+    ``nodes[j]``: output tiles of block node ``j`` (empty for savers); ``threads[j]``: for a thread graph node,
+    the tiles of its local values (``inputs + ops``), else ``()``; ``outputs``: the full kernel-level outputs.
+    """
+
+    nodes: tuple[tuple[TensorInfo, ...], ...]
+    threads: tuple[tuple[TensorInfo, ...], ...]
+    outputs: tuple[TensorInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphInfo:
+    """``nodes[n]``: output tensors of kernel node ``n`` (inputs first); ``blocks[k]``: op ``k``'s block info."""
+
+    nodes: tuple[tuple[TensorInfo, ...], ...]
+    blocks: tuple[BlockInfo | None, ...]
+
+    def of(self, ref: Ref) -> TensorInfo:
+        return self.nodes[ref.node][ref.out]
+
+
+def node_kind(node: object) -> str:
+    """Short name of a node kind for messages and text."""
+    match node:
+        case KernelOp() | BlockOp():
+            return node.op.value
+        case GraphDefinedOp():
+            return "graph-defined"
+        case InputIterator():
+            return "iterator"
+        case ThreadGraph():
+            return "thread graph"
+        case Accumulator():
+            return "accumulator"
+        case OutputSaver():
+            return "saver"
+        case _:
+            return type(node).__name__
+
+
+def kernel_where(g: KernelGraph, k: int) -> str:
+    return f"kernel op %{len(g.inputs) + k} ({node_kind(g.ops[k])})"
+
+
+def block_where(g: KernelGraph, k: int, j: int) -> str:
+    node = g.ops[k]
+    assert isinstance(node, GraphDefinedOp)
+    return f"{kernel_where(g, k)}, block node #{j} ({node_kind(node.block.nodes[j])})"
+
+
+def resolve(ref: Ref, infos: Sequence[tuple[TensorInfo, ...]], where: str) -> TensorInfo:
+    """The tensor ``ref`` names among the nodes before the current one (``infos``), or a UGraphError."""
+    if not 0 <= ref.node < len(infos):
+        raise UGraphError(f"{where}: reference to node {ref.node} is not an earlier node (0..{len(infos) - 1})")
+    outs = infos[ref.node]
+    if not 0 <= ref.out < len(outs):
+        raise UGraphError(f"{where}: reference to output {ref.out} of node {ref.node}, which has {len(outs)}")
+    return outs[ref.out]
+
+
+def _op_shape(op: Op, args: Sequence[TensorInfo], attrs: opset.Attrs, where: str) -> TensorInfo:
+    try:
+        shape = opset.infer_shape(op, [a.shape for a in args], attrs)
+    except ProgramError as e:
+        raise UGraphError(f"{where}: {e}") from None
+    return TensorInfo(shape, args[0].dtype if args else "float32")
+
+
+def _check_dim(dim: object, ndim: int, what: str, where: str) -> int:
+    if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < ndim:
+        raise UGraphError(f"{where}: {what} {dim!r} is not a dim of a {ndim}-d tensor")
+    return dim
+
+
+def iterator_tile(it: InputIterator, shape: Shape, grid: Sequence[int], forloop: int, where: str) -> Shape:
+    """Tile of ``shape`` one block loads per iteration under ``it``'s imap and fmap."""
+    if len(it.imap) != len(grid):
+        raise UGraphError(f"{where}: imap has {len(it.imap)} entries for a {len(grid)}-d grid")
+    tile = list(shape)
+    for g, d in enumerate(it.imap):
+        if d is None:
+            continue
+        _check_dim(d, len(tile), f"imap {GRID_AXES[g]} dim", where)
+        if tile[d] % grid[g]:
+            raise UGraphError(
+                f"{where}: imap {GRID_AXES[g]}->{d} does not divide: dim {d} of size {tile[d]} over {grid[g]} blocks"
+            )
+        tile[d] //= grid[g]
+    if it.fmap is not None:
+        if forloop == 1:
+            raise UGraphError(f"{where}: fmap {it.fmap} given but the block graph has no for-loop")
+        d = _check_dim(it.fmap, len(tile), "fmap dim", where)
+        if tile[d] % forloop:
+            raise UGraphError(
+                f"{where}: fmap {d} does not divide: tile dim of size {tile[d]} over {forloop} iterations"
+            )
+        tile[d] //= forloop
+    return tuple(tile)
+
+
+def thread_shapes(tg: ThreadGraph, args: Sequence[TensorInfo], where: str) -> tuple[TensorInfo, ...]:
+    """Tiles of a thread graph's local values (inputs then ops); its ops must be elementwise."""
+    if not tg.ops:
+        raise UGraphError(f"{where}: a thread graph needs at least one op")
+    if not tg.outputs:
+        raise UGraphError(f"{where}: a thread graph needs at least one output")
+    local: list[tuple[TensorInfo, ...]] = [(a,) for a in args]
+    for i, top in enumerate(tg.ops):
+        here = f"{where}, thread op {i} ({top.op.value})"
+        if top.op not in ELEMENTWISE:
+            raise UGraphError(f"{here}: only elementwise ops may run in a thread graph")
+        ins = [resolve(r, local, here) for r in top.inputs]
+        local.append((_op_shape(top.op, ins, top.attrs, here),))
+    for r in tg.outputs:
+        resolve(r, local, f"{where}, thread output")
+        if r.node < len(args):
+            raise UGraphError(f"{where}: thread output {r.node} is an input, not a computed value")
+    return tuple(t for (t,) in local)
+
+
+def _accum_tile(acc: Accumulator, arg: TensorInfo, forloop: int, where: str) -> TensorInfo:
+    if acc.kind not in ("sum", "max"):
+        raise UGraphError(f"{where}: accumulator kind {acc.kind!r} is not 'sum' or 'max'")
+    if acc.fmap is None:
+        return arg
+    if acc.kind != "sum":
+        raise UGraphError(f"{where}: a concatenating accumulator (fmap {acc.fmap}) takes kind 'sum'")
+    d = _check_dim(acc.fmap, len(arg.shape), "accumulator fmap dim", where)
+    shape = arg.shape[:d] + (arg.shape[d] * forloop,) + arg.shape[d + 1 :]
+    return TensorInfo(shape, arg.dtype)
+
+
+def saver_output(sv: OutputSaver, tile: TensorInfo, grid: Sequence[int], where: str) -> TensorInfo:
+    """Full output of a saver: its tile's dims multiplied by the grid dims mapped onto them."""
+    if len(sv.omap) != len(grid):
+        raise UGraphError(f"{where}: omap has {len(sv.omap)} entries for a {len(grid)}-d grid")
+    shape = list(tile.shape)
+    for g, d in enumerate(sv.omap):
+        _check_dim(d, len(shape), f"omap {GRID_AXES[g]} dim", where)
+        shape[d] *= grid[g]
+    if len(set(sv.omap)) != len(sv.omap):
+        raise UGraphError(f"{where}: omap {list(sv.omap)} maps two grid dims to one output dim")
+    return TensorInfo(tuple(shape), tile.dtype)
+
+
+def block_shapes(
+    g: KernelGraph, k: int, block: BlockGraph, args: Sequence[TensorInfo]
+) -> BlockInfo:
+    """Infer every tile of op ``k``'s block graph given its kernel inputs ``args``."""
+    here = kernel_where(g, k)
+    if not 1 <= len(block.grid) <= 3:
+        raise UGraphError(f"{here}: grid {list(block.grid)} must have 1 to 3 dims")
+    if any(n < 1 for n in block.grid):
+        raise UGraphError(f"{here}: grid {list(block.grid)} has a dim below 1")
+    if block.forloop < 1:
+        raise UGraphError(f"{here}: for-loop trip count {block.forloop} is below 1")
+    infos: list[tuple[TensorInfo, ...]] = []
+    threads: list[tuple[TensorInfo, ...]] = []
+    outputs: list[TensorInfo] = []
+    for j, node in enumerate(block.nodes):
+        where = block_where(g, k, j)
+        local: tuple[TensorInfo, ...] = ()
+        outs: tuple[TensorInfo, ...]
+        match node:
+            case InputIterator():
+                if not 0 <= node.input < len(args):
+                    raise UGraphError(f"{where}: input {node.input} out of range (op has {len(args)} inputs)")
+                src = args[node.input]
+                outs = (TensorInfo(iterator_tile(node, src.shape, block.grid, block.forloop, where), src.dtype),)
+            case BlockOp():
+                ins = [resolve(r, infos, where) for r in node.inputs]
+                outs = (_op_shape(node.op, ins, node.attrs, where),)
+            case ThreadGraph():
+                ins = [resolve(r, infos, where) for r in node.inputs]
+                local = thread_shapes(node, ins, where)
+                outs = tuple(local[r.node] for r in node.outputs)
+            case Accumulator():
+                outs = (_accum_tile(node, resolve(node.input, infos, where), block.forloop, where),)
+            case OutputSaver():
+                outputs.append(saver_output(node, resolve(node.input, infos, where), block.grid, where))
+                outs = ()
+            case _:
+                raise UGraphError(f"{where}: not a block node: {type(node).__name__}")
+        infos.append(outs)
+        threads.append(local)
+    if not outputs:
+        raise UGraphError(f"{here}: block graph has no output saver")
+    return BlockInfo(tuple(infos), tuple(threads), tuple(outputs))
+
+
+def infer(g: KernelGraph) -> GraphInfo:
+    """Shapes and dtypes of every tensor of ``g``; raises :class:`UGraphError` at the first spec violation."""
+    infos: list[tuple[TensorInfo, ...]] = []
+    names: set[str] = set()
+    for i, spec in enumerate(g.inputs):
+        if spec.name in names:
+            raise UGraphError(f"kernel input %{i}: duplicate name {spec.name!r}")
+        names.add(spec.name)
+        if not spec.shape or any(d < 1 for d in spec.shape):
+            raise UGraphError(f"kernel input %{i} ({spec.name}): bad shape {list(spec.shape)}")
+        infos.append((TensorInfo(spec.shape, spec.dtype),))
+    blocks: list[BlockInfo | None] = []
+    for k, node in enumerate(g.ops):
+        where = kernel_where(g, k)
+        if isinstance(node, KernelOp):
+            ins = [resolve(r, infos, where) for r in node.inputs]
+            infos.append((_op_shape(node.op, ins, node.attrs, where),))
+            blocks.append(None)
+        elif isinstance(node, GraphDefinedOp):
+            ins = [resolve(r, infos, where) for r in node.inputs]
+            info = block_shapes(g, k, node.block, ins)
+            infos.append(info.outputs)
+            blocks.append(info)
+        else:
+            raise UGraphError(f"{where}: not a kernel op: {type(node).__name__}")
+    if not g.outputs:
+        raise UGraphError("kernel graph has no outputs")
+    for r in g.outputs:
+        resolve(r, infos, "kernel graph outputs")
+    return GraphInfo(tuple(infos), tuple(blocks))
+
+
+def block_node_kinds(nodes: Sequence[BlockNode]) -> tuple[str, ...]:
+    return tuple(node_kind(n) for n in nodes)
+
+
+__all__ = [
+    "BlockInfo", "GraphInfo", "TensorInfo", "block_shapes", "infer", "iterator_tile", "node_kind", "resolve",
+    "saver_output", "thread_shapes",
+]

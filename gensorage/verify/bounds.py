@@ -1,0 +1,361 @@
+"""Abstract arithmetic for the bounds the trial count needs, and the Lax check.
+
+Every element of a Lax program's output can be written (Mirage, later version, §5.1) as ``P / P'`` with
+``P = Σ_i f_i/g_i · exp(h_i/u_i)``. Clearing the inner denominators, a value here is ``N / D`` where
+
+    N = Σ_{i ≤ kn} c_i · exp(e_i),   D = Σ_{j ≤ kd} c'_j · exp(e'_j),   e = h / u,
+
+with polynomial coefficients ``c`` (degree ≤ ``dn`` in N, ≤ ``dd`` in D) and exponents ``h/u`` (degrees
+≤ ``eh``, ``eu``). :class:`Bound` holds upper bounds for one tensor (the maximum over its elements):
+
+- ``kn``, ``kd``: exponential term counts (1 and 1 for a plain rational function);
+- ``dn``, ``dd``, ``eh``, ``eu``: total-degree bounds;
+- ``wn``, ``wd``, ``wh``, ``wu``: log2 of bounds on the sum of absolute integer coefficients (the later
+  paper's theorem assumes coefficients in [-w, w] with q > 2w; scale factors n/d multiply N by n and D by d);
+- ``nexp``, ``dexp``: whether N / D contain a term with a non-constant exponent;
+- ``exped``: some exp lies on a path into the tensor (a second exp on it is not Lax).
+
+Rules (``a + b = (Na·Db + Nb·Da)/(Da·Db)``, ``a·b = Na·Nb/(Da·Db)``, ``a/b = Na·Db/(Da·Nb)``): term counts
+multiply and add accordingly, degrees and log-coefficients add, and exponents combine (``e + e'``, degrees
+``max(eh + eu', eh' + eu), eu + eu'``) whenever two exp-bearing parts multiply. A sum of n equal-bound terms
+(reduce_sum over n, matmul with inner dim K = n) is the add rule applied n - 1 times, in closed form. sqrt and
+the activations are *fresh variables* of degree 1 (their true algebraic relation to the input is ignored); this
+is a heuristic the theorems do not cover, and the results say so.
+
+:class:`BoundsArith` also records, for the degenerate-trial event, the sum over every divisor element of its
+numerator degree, and the element counts used to size trial batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from gensorage.arith import AccumKind, Activation
+from gensorage.errors import NotLaxError
+from gensorage.verify.field import rational_of
+
+
+#: Term counts saturate here: a count this large means "astronomically many" (no feasible trial count), and
+#: keeping exact powers such as kd^K for K in the thousands, compounded over layers, would exhaust memory.
+K_CAP = 1 << 1024
+
+
+def _sat(x: int) -> int:
+    return x if x < K_CAP else K_CAP
+
+
+def _sat_pow(base: int, e: int) -> int:
+    if base <= 1 or e == 0:
+        return 1 if e == 0 else base
+    if e * math.log2(base) >= 1024:
+        return K_CAP
+    return _sat(base**e)
+
+
+def _log2_add(x: float, y: float) -> float:
+    """log2(2^x + 2^y) without overflow."""
+    hi, lo = max(x, y), min(x, y)
+    return hi + math.log2(1.0 + 2.0 ** (lo - hi))
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """Bounds for every element of one tensor (see the module docstring)."""
+
+    kn: int = 1
+    kd: int = 1
+    dn: int = 1
+    dd: int = 0
+    eh: int = 0
+    eu: int = 0
+    wn: float = 0.0
+    wd: float = 0.0
+    wh: float = 0.0
+    wu: float = 0.0
+    nexp: bool = False
+    dexp: bool = False
+    exped: bool = False
+
+    @property
+    def has_exp(self) -> bool:
+        return self.nexp or self.dexp
+
+    @property
+    def degree(self) -> int:
+        """Largest degree of any polynomial in the representation."""
+        return max(self.dn, self.dd, self.eh, self.eu)
+
+    @property
+    def log2_coeff(self) -> float:
+        """log2 of the largest coefficient-sum bound of any polynomial in the representation."""
+        return max(self.wn, self.wd, self.wh, self.wu)
+
+
+#: An input element: the polynomial x (degree 1, coefficient 1).
+VARIABLE = Bound()
+
+
+def _exponent(a: Bound, b: Bound, combine: bool) -> dict[str, float | int]:
+    """Exponent bounds of a product of parts of ``a`` and ``b``; ``combine``: two exp-bearing parts multiply."""
+    if not combine:
+        return {"eh": max(a.eh, b.eh), "eu": max(a.eu, b.eu), "wh": max(a.wh, b.wh), "wu": max(a.wu, b.wu)}
+    return {
+        "eh": max(a.eh + b.eu, b.eh + a.eu),
+        "eu": a.eu + b.eu,
+        "wh": _log2_add(a.wh + b.wu, b.wh + a.wu),
+        "wu": a.wu + b.wu,
+    }
+
+
+def bound_add(a: Bound, b: Bound) -> Bound:
+    """``a ± b = (Na·Db ± Nb·Da) / (Da·Db)``."""
+    plain = not (a.has_exp or b.has_exp)
+    combine = (a.nexp and b.dexp) or (b.nexp and a.dexp) or (a.dexp and b.dexp)
+    return Bound(
+        kn=1 if plain else _sat(a.kn * b.kd + b.kn * a.kd),
+        kd=1 if plain else _sat(a.kd * b.kd),
+        dn=max(a.dn + b.dd, b.dn + a.dd),
+        dd=a.dd + b.dd,
+        wn=_log2_add(a.wn + b.wd, b.wn + a.wd),
+        wd=a.wd + b.wd,
+        nexp=a.has_exp or b.has_exp,
+        dexp=a.dexp or b.dexp,
+        exped=a.exped or b.exped,
+        **_exponent(a, b, combine),  # type: ignore[arg-type]
+    )
+
+
+def bound_mul(a: Bound, b: Bound) -> Bound:
+    """``a · b = (Na·Nb) / (Da·Db)``."""
+    combine = (a.nexp and b.nexp) or (a.dexp and b.dexp)
+    return Bound(
+        kn=_sat(a.kn * b.kn),
+        kd=_sat(a.kd * b.kd),
+        dn=a.dn + b.dn,
+        dd=a.dd + b.dd,
+        wn=a.wn + b.wn,
+        wd=a.wd + b.wd,
+        nexp=a.nexp or b.nexp,
+        dexp=a.dexp or b.dexp,
+        exped=a.exped or b.exped,
+        **_exponent(a, b, combine),  # type: ignore[arg-type]
+    )
+
+
+def bound_div(a: Bound, b: Bound) -> Bound:
+    """``a / b = (Na·Db) / (Da·Nb)``."""
+    combine = (a.nexp and b.dexp) or (a.dexp and b.nexp)
+    return Bound(
+        kn=_sat(a.kn * b.kd),
+        kd=_sat(a.kd * b.kn),
+        dn=a.dn + b.dd,
+        dd=a.dd + b.dn,
+        wn=a.wn + b.wd,
+        wd=a.wd + b.wn,
+        nexp=a.nexp or b.dexp,
+        dexp=a.dexp or b.nexp,
+        exped=a.exped or b.exped,
+        **_exponent(a, b, combine),  # type: ignore[arg-type]
+    )
+
+
+def bound_sum(a: Bound, n: int) -> Bound:
+    """Bound of a sum of ``n`` terms each bounded by ``a`` (the add rule n - 1 times, closed form)."""
+    if n <= 1:
+        return a
+    log_n = math.log2(n)
+    plain = not a.has_exp
+    exps = {"eh": a.eh, "eu": a.eu, "wh": a.wh, "wu": a.wu}
+    if a.dexp:  # each addition multiplies an exp-bearing denominator into the other side
+        exps = {"eh": a.eh + (n - 1) * a.eu, "eu": n * a.eu, "wh": log_n + a.wh + (n - 1) * a.wu, "wu": n * a.wu}
+    return replace(
+        a,
+        kn=1 if plain else _sat(n * a.kn * _sat_pow(a.kd, n - 1)),
+        kd=1 if plain else _sat_pow(a.kd, n),
+        dn=a.dn + (n - 1) * a.dd,
+        dd=n * a.dd,
+        wn=log_n + a.wn + (n - 1) * a.wd,
+        wd=n * a.wd,
+        nexp=a.has_exp,
+        **exps,  # type: ignore[arg-type]
+    )
+
+
+def bound_exp(a: Bound) -> Bound:
+    """``exp(N/D)`` of an exp-free ``a``: one term with exponent ``h/u = N/D``."""
+    if a.exped or a.has_exp:
+        raise NotLaxError(
+            "not in the Lax fragment: two exps on one path through exp (its input already depends on an exp)"
+        )
+    return Bound(kn=1, kd=1, dn=0, dd=0, eh=a.dn, eu=a.dd, wn=0.0, wd=0.0, wh=a.wn, wu=a.wd, nexp=True,
+                 dexp=False, exped=True)
+
+
+def bound_scale(a: Bound, factor: float) -> Bound:
+    """``a · n/d``: N gains the factor n, D the factor d."""
+    r = rational_of(factor)
+    return replace(a, wn=a.wn + math.log2(max(abs(r.numerator), 1)), wd=a.wd + math.log2(r.denominator))
+
+
+def fresh(exped: bool = False) -> Bound:
+    """An opaque result (sqrt, activation) treated as a fresh degree-1 variable."""
+    return replace(VARIABLE, exped=exped)
+
+
+def bound_join(bounds: Sequence[Bound]) -> Bound:
+    """A bound valid for every element of a concatenation (field-wise maximum)."""
+    return Bound(**{f.name: max(getattr(b, f.name) for b in bounds) for f in fields(Bound)})
+
+
+@dataclass(frozen=True, slots=True)
+class BoundValue:
+    """A tensor in :class:`BoundsArith`: its logical shape and the bound of its elements."""
+
+    shape: tuple[int, ...]
+    bound: Bound
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class DiffBound:
+    """Bounds on ``A - B = (Na·Db - Nb·Da) / (Da·Db)`` for one pair of outputs."""
+
+    k: int
+    degree: int
+    numerator_degree: int
+    denominator_degree: int
+    log2_coeff: float
+    has_exp: bool
+
+
+def difference(a: Bound, b: Bound) -> DiffBound:
+    """The difference bound of two outputs (cross-multiplied)."""
+    d = bound_add(a, b)
+    return DiffBound(
+        k=d.kn if d.has_exp else 1,
+        degree=d.degree,
+        numerator_degree=d.dn,
+        denominator_degree=d.dd,
+        log2_coeff=d.log2_coeff,
+        has_exp=d.has_exp,
+    )
+
+
+class BoundsArith:
+    """The :class:`gensorage.arith.Arith` of :class:`BoundValue`; run a program through it to get its bounds.
+
+    Attributes
+    ----------
+    divisor_degree_p, divisor_degree_q : int
+        Σ over every divisor element of its numerator degree, for zero tests mod p (all divisors) and mod q
+        (divisors not downstream of an exp). P[some divisor vanishes] ≤ these / p and / q (Schwartz–Zippel).
+    exp_divisor : bool
+        Some divisor contains exp terms (its vanishing is not bounded by a degree).
+    opaque : set of str
+        Ops evaluated as fresh variables (``sqrt``, activations).
+    total_numel : int
+        Elements of every value computed (an upper bound on what an evaluation holds at once).
+    """
+
+    name = "bounds"
+
+    def __init__(self) -> None:
+        self.divisor_degree_p = 0
+        self.divisor_degree_q = 0
+        self.exp_divisor = False
+        self.opaque: set[str] = set()
+        self.total_numel = 0
+        self.ops = 0
+
+    def variable(self, shape: Sequence[int]) -> BoundValue:
+        """An input tensor: independent variables."""
+        return self._new(tuple(int(s) for s in shape), VARIABLE)
+
+    def _new(self, shape: tuple[int, ...], bound: Bound) -> BoundValue:
+        v = BoundValue(shape, bound)
+        self.total_numel += v.numel
+        self.ops += 1
+        return v
+
+    def _binary(self, a: BoundValue, b: BoundValue, bound: Bound) -> BoundValue:
+        return self._new(tuple(np.broadcast_shapes(a.shape, b.shape)), bound)
+
+    def shape(self, a: BoundValue) -> tuple[int, ...]:
+        return a.shape
+
+    def add(self, a: BoundValue, b: BoundValue) -> BoundValue:
+        return self._binary(a, b, bound_add(a.bound, b.bound))
+
+    def sub(self, a: BoundValue, b: BoundValue) -> BoundValue:
+        return self._binary(a, b, bound_add(a.bound, b.bound))
+
+    def mul(self, a: BoundValue, b: BoundValue) -> BoundValue:
+        return self._binary(a, b, bound_mul(a.bound, b.bound))
+
+    def div(self, a: BoundValue, b: BoundValue) -> BoundValue:
+        degree = b.numel * b.bound.dn
+        self.divisor_degree_p += degree
+        if not b.bound.exped:
+            self.divisor_degree_q += degree
+        self.exp_divisor |= b.bound.nexp
+        return self._binary(a, b, bound_div(a.bound, b.bound))
+
+    def exp(self, a: BoundValue) -> BoundValue:
+        return self._new(a.shape, bound_exp(a.bound))
+
+    def sqrt(self, a: BoundValue) -> BoundValue:
+        self.opaque.add("sqrt")
+        return self._new(a.shape, fresh(a.bound.exped))
+
+    def scale(self, a: BoundValue, factor: float) -> BoundValue:
+        return self._new(a.shape, bound_scale(a.bound, factor))
+
+    def activation(self, kind: Activation, a: BoundValue) -> BoundValue:
+        self.opaque.add(kind)
+        return self._new(a.shape, fresh(False))
+
+    def matmul(self, a: BoundValue, b: BoundValue) -> BoundValue:
+        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        k = a.shape[-1]
+        return self._new(batch + (a.shape[-2], b.shape[-1]), bound_sum(bound_mul(a.bound, b.bound), k))
+
+    def reduce_sum(self, a: BoundValue, axis: int, keepdims: bool) -> BoundValue:
+        shape = a.shape[:axis] + ((1,) if keepdims else ()) + a.shape[axis + 1 :]
+        return self._new(shape, bound_sum(a.bound, a.shape[axis]))
+
+    def reduce_max(self, a: BoundValue, axis: int, keepdims: bool) -> BoundValue:
+        raise NotLaxError("reduce_max has no finite-field semantics (max is outside the Lax fragment)")
+
+    def accumulate(self, acc: BoundValue | None, x: BoundValue, kind: AccumKind) -> BoundValue:
+        if kind != "sum":
+            raise NotLaxError(f"accumulate({kind}) has no finite-field semantics (outside the Lax fragment)")
+        return x if acc is None else self.add(acc, x)
+
+    def reshape(self, a: BoundValue, shape: tuple[int, ...]) -> BoundValue:
+        return self._new(tuple(shape), a.bound)
+
+    def repeat(self, a: BoundValue, axis: int, times: int) -> BoundValue:
+        shape = a.shape[:axis] + (a.shape[axis] * times,) + a.shape[axis + 1 :]
+        return self._new(shape, a.bound)
+
+    def concat(self, parts: Sequence[BoundValue], axis: int) -> BoundValue:
+        first = parts[0].shape
+        shape = first[:axis] + (sum(p.shape[axis] for p in parts),) + first[axis + 1 :]
+        return self._new(shape, bound_join([p.bound for p in parts]))
+
+    def slice(self, a: BoundValue, axis: int, start: int, stop: int) -> BoundValue:
+        shape = a.shape[:axis] + (stop - start,) + a.shape[axis + 1 :]
+        return self._new(shape, a.bound)
+
+
+__all__ = [
+    "K_CAP", "VARIABLE", "Bound", "BoundValue", "BoundsArith", "DiffBound", "bound_add", "bound_div", "bound_exp",
+    "bound_join", "bound_mul", "bound_scale", "bound_sum", "difference", "fresh",
+]

@@ -1,0 +1,356 @@
+"""Finite-field arithmetic for the probabilistic identity test (Mirage Table 3, later version with sqrt).
+
+A value is a pair of residues ``(x_p, x_q)`` in ``Z_p × Z_q`` with ``q | p - 1`` for every element, held for
+many independent trials at once: :attr:`FieldValue.data` is an int64 array of shape ``(2, T, *logical_shape)``
+(component, trial, logical dims). Every op is vectorised over both components and all trials.
+
+- add / sub / mul: componentwise mod p and mod q.
+- div: multiply by the modular inverse (Fermat, ``y^(m-2)``). A zero divisor element makes that *trial*
+  degenerate (the event E of the theorems): :attr:`FieldArith.degenerate` is set for it and the caller discards
+  the trial. The q component of a divisor is checked only while it is meaningful (see "taint" below).
+- exp: ``(ω^(x_q) mod p, —)`` with one random ``ω ≠ 1`` of multiplicative order q per trial. The result has no
+  meaningful Z_q value, so the value is *tainted*: its q component is zero filler, and a second exp on a tainted
+  value (two exps on one path) raises :class:`~gensorage.errors.NotLaxError`. Taint propagates to everything
+  computed from a tainted value.
+- sqrt: ``x^((m+1)/4) mod m`` per component (p ≡ q ≡ 3 mod 4). For a quadratic residue this is a square root;
+  for a non-residue it is the square root of ``-x``. Either way it is a deterministic function of ``x`` (and a
+  multiplicative one), so equivalent programs still agree.
+- scale(f): multiply by the exact rational ``Fraction(f).limit_denominator(10**9)`` mapped into both fields; the
+  same float factor gives the same field constant on both sides.
+- relu / silu / gelu (outside the Lax fragment): an *uninterpreted function*. The result is a keyed
+  pseudo-random function (splitmix64) of the input's p residue, giving a fresh untainted ``(p, q)`` pair. Equal
+  inputs give equal outputs, so programs that agree for *every* function in the activation's place are accepted;
+  that implies agreement for the real activation. Only ``x_p`` is hashed: ``x_q`` is filler once a value is
+  tainted, and whether a value is tainted may differ between equivalent programs.
+- matmul / reduce_sum: exact. Matmul splits both operands into 16-bit limbs and multiplies limbs in float64
+  BLAS (exact while K · (2^16 - 1)^2 < 2^53, i.e. K < 2^21; longer K is chunked), then recombines mod m.
+- reduce_max / accumulate(max): no field semantics; :class:`~gensorage.errors.NotLaxError`.
+- reshape / repeat / concat / slice: act on the logical axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from gensorage.arith import AccumKind, Activation
+from gensorage.errors import NotLaxError, VerificationError
+from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q, is_prime
+
+# Largest inner dimension one float64 limb product can sum exactly: K * (2^16 - 1)^2 < 2^53.
+_MATMUL_CHUNK = 1 << 21
+_LIMB = 16
+_LIMB_MASK = (1 << _LIMB) - 1
+# exp gathers ω^e from three tables of 2^10 entries (e < 2^30).
+_EXP_BITS = 10
+_SCALE_MAX_DENOMINATOR = 10**9
+ACTIVATION_KINDS: tuple[Activation, ...] = ("relu", "silu", "gelu")
+
+
+class FieldValue:
+    """Residues ``data[0] ∈ Z_p`` and ``data[1] ∈ Z_q`` (int64, shape ``(2, T, *shape)``), plus the taint flag.
+
+    ``tainted`` is True when some exp lies on a path into this value: then ``data[1]`` is filler and must not
+    be used (not exponentiated again, not compared).
+    """
+
+    __slots__ = ("data", "tainted")
+
+    def __init__(self, data: np.ndarray, tainted: bool = False) -> None:
+        self.data = data
+        self.tainted = tainted
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.data.shape[2:])
+
+    @property
+    def trials(self) -> int:
+        return int(self.data.shape[1])
+
+    def __repr__(self) -> str:
+        return f"FieldValue(shape={self.shape}, trials={self.trials}, tainted={self.tainted})"
+
+
+def rational_of(factor: float) -> Fraction:
+    """The exact rational a scale factor stands for: ``Fraction(factor).limit_denominator(10**9)``."""
+    return Fraction(factor).limit_denominator(_SCALE_MAX_DENOMINATOR)
+
+
+def field_constant(factor: float, m: int) -> int:
+    """``factor`` as an element of ``Z_m`` (via :func:`rational_of`); ``m`` must not divide the denominator."""
+    r = rational_of(factor)
+    if r.denominator % m == 0:
+        raise VerificationError(f"scale factor {factor!r} = {r} has a denominator divisible by the modulus {m}")
+    return r.numerator * pow(r.denominator, -1, m) % m
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def check_moduli(p: int, q: int) -> None:
+    """Raise ``ValueError`` unless p, q are primes ≡ 3 (mod 4), ``q | p - 1`` and ``p < 2^31``."""
+    if not (is_prime(p) and is_prime(q)):
+        raise ValueError(f"p={p} and q={q} must both be prime")
+    if (p - 1) % q:
+        raise ValueError(f"q={q} must divide p-1={p - 1}")
+    if p % 4 != 3 or q % 4 != 3:
+        raise ValueError(f"p={p} and q={q} must be ≡ 3 (mod 4) for square roots by a single power")
+    if p >= 1 << 31:
+        raise ValueError(f"p={p} must be below 2^31 so products of residues fit in int64")
+
+
+class FieldArith:
+    """The :class:`gensorage.arith.Arith` of ``Z_p × Z_q`` over ``trials`` independent random trials.
+
+    Parameters
+    ----------
+    trials : int
+        Number of trials T held in every value (the leading axis after the component axis).
+    rng : numpy.random.Generator
+        Source of ω (one per trial), of the inputs drawn by :meth:`random_input`, and of activation keys when
+        ``keys`` is not given.
+    p, q : int
+        The moduli (default: the safe-prime pair of :mod:`gensorage.verify.primes`).
+    keys : mapping, optional
+        Per-activation hash keys; pass the same keys to every arithmetic whose results are compared.
+    """
+
+    name = "field"
+
+    def __init__(
+        self,
+        trials: int,
+        rng: np.random.Generator,
+        *,
+        p: int = DEFAULT_P,
+        q: int = DEFAULT_Q,
+        keys: Mapping[str, int] | None = None,
+    ) -> None:
+        check_moduli(p, q)
+        if trials < 1:
+            raise ValueError(f"trials must be positive, got {trials}")
+        self.p, self.q, self.trials, self.rng = p, q, trials, rng
+        # ω = g^((p-1)/q) for g uniform in [2, p-2]; g ≠ ±1 is exactly what makes ω ≠ 1.
+        g = rng.integers(2, p - 1, size=trials, dtype=np.int64)
+        self.omega = _powmod(g, (p - 1) // q, p)
+        #: Per trial: some divisor element was zero (the trial must be discarded).
+        self.degenerate = np.zeros(trials, dtype=bool)
+        if keys is None:
+            keys = {k: int(rng.integers(0, 2**63)) for k in ACTIVATION_KINDS}
+        self.keys = dict(keys)
+        self._mods: dict[int, np.ndarray] = {}
+        self._scale_cache: dict[float, np.ndarray] = {}
+        self._exp_tables: list[np.ndarray] | None = None
+
+    # ------------------------------------------------------------------------------------ construction
+
+    def mod(self, ndim: int) -> np.ndarray:
+        """``[p, q]`` shaped ``(2, 1, ..., 1)`` to broadcast against a value of ``ndim`` logical dims."""
+        m = self._mods.get(ndim)
+        if m is None:
+            m = np.array([self.p, self.q], dtype=np.int64).reshape((2,) + (1,) * (ndim + 1))
+            self._mods[ndim] = m
+        return m
+
+    def random_input(self, shape: Sequence[int]) -> FieldValue:
+        """A value uniform in ``Z_p × Z_q`` per element and trial."""
+        shape = tuple(int(s) for s in shape)
+        data = np.empty((2, self.trials) + shape, dtype=np.int64)
+        data[0] = self.rng.integers(0, self.p, size=(self.trials,) + shape, dtype=np.int64)
+        data[1] = self.rng.integers(0, self.q, size=(self.trials,) + shape, dtype=np.int64)
+        return FieldValue(data)
+
+    def value(self, p_part: np.ndarray, q_part: np.ndarray) -> FieldValue:
+        """A value from explicit residues of shape ``(T, *shape)`` (reduced mod p and mod q)."""
+        pp = np.asarray(p_part, dtype=np.int64)
+        qq = np.asarray(q_part, dtype=np.int64)
+        if pp.shape != qq.shape or pp.ndim < 1 or pp.shape[0] != self.trials:
+            raise ValueError(f"residue arrays must both have shape (T={self.trials}, ...), got {pp.shape}, {qq.shape}")
+        return FieldValue(np.stack([pp % self.p, qq % self.q]))
+
+    def equal(self, a: FieldValue, b: FieldValue) -> np.ndarray:
+        """Per trial: do ``a`` and ``b`` agree everywhere? (q components only where both are untainted.)"""
+        return self.mismatch(a, b).reshape(self.trials, -1).any(axis=1) == 0
+
+    def mismatch(self, a: FieldValue, b: FieldValue) -> np.ndarray:
+        """Boolean ``(T, *shape)``: where ``a`` and ``b`` differ."""
+        if a.shape != b.shape:
+            raise ValueError(f"cannot compare values of shapes {a.shape} and {b.shape}")
+        diff = a.data[0] != b.data[0]
+        if not (a.tainted or b.tainted):
+            diff |= a.data[1] != b.data[1]
+        return diff
+
+    # ------------------------------------------------------------------------------------ helpers
+
+    def _align(self, a: FieldValue, b: FieldValue) -> tuple[np.ndarray, np.ndarray, int]:
+        """Both data arrays with equal logical rank (singleton dims inserted after the trial axis)."""
+        ra, rb = a.data.ndim - 2, b.data.ndim - 2
+        x, y = a.data, b.data
+        if ra < rb:
+            x = x.reshape(x.shape[:2] + (1,) * (rb - ra) + x.shape[2:])
+        elif rb < ra:
+            y = y.reshape(y.shape[:2] + (1,) * (ra - rb) + y.shape[2:])
+        return x, y, max(ra, rb)
+
+    def _pow(self, x: np.ndarray, exps: tuple[int, int]) -> np.ndarray:
+        """``x[c] ** exps[c] mod m_c`` per component by square-and-multiply (exponents are public constants)."""
+        out = np.empty_like(x)
+        out[0] = _powmod(x[0], exps[0], self.p)
+        out[1] = _powmod(x[1], exps[1], self.q)
+        return out
+
+    def _exp_table(self) -> list[np.ndarray]:
+        """``tables[j][t, i] = ω_t^(i · 2^(10 j)) mod p`` for j = 0, 1, 2 (built by doubling)."""
+        if self._exp_tables is None:
+            p = self.p
+            tables: list[np.ndarray] = []
+            step = self.omega.reshape(-1, 1)  # ω^(2^(10 j)), advanced by squaring
+            for _ in range(3):
+                tab = np.ones((self.trials, 1), dtype=np.int64)
+                power = step
+                for _ in range(_EXP_BITS):
+                    tab = np.concatenate([tab, tab * power % p], axis=1)
+                    power = power * power % p
+                tables.append(tab)
+                step = power
+            self._exp_tables = tables
+        return self._exp_tables
+
+    # ------------------------------------------------------------------------------------ Arith protocol
+
+    def shape(self, a: FieldValue) -> tuple[int, ...]:
+        return a.shape
+
+    def add(self, a: FieldValue, b: FieldValue) -> FieldValue:
+        x, y, nd = self._align(a, b)
+        return FieldValue((x + y) % self.mod(nd), a.tainted or b.tainted)
+
+    def sub(self, a: FieldValue, b: FieldValue) -> FieldValue:
+        x, y, nd = self._align(a, b)
+        return FieldValue((x - y) % self.mod(nd), a.tainted or b.tainted)
+
+    def mul(self, a: FieldValue, b: FieldValue) -> FieldValue:
+        x, y, nd = self._align(a, b)
+        return FieldValue(x * y % self.mod(nd), a.tainted or b.tainted)
+
+    def div(self, a: FieldValue, b: FieldValue) -> FieldValue:
+        zero = b.data[0] == 0
+        if not b.tainted:
+            zero |= b.data[1] == 0
+        self.degenerate |= zero.reshape(self.trials, -1).any(axis=1)
+        inv = FieldValue(self._pow(b.data, (self.p - 2, self.q - 2)), b.tainted)
+        return self.mul(a, inv)
+
+    def exp(self, a: FieldValue) -> FieldValue:
+        if a.tainted:
+            raise NotLaxError(
+                "not in the Lax fragment: two exps on one path through exp (its input already depends on an exp)"
+            )
+        e = a.data[1]
+        tables = self._exp_table()
+        offset = (np.arange(self.trials, dtype=np.int64) << _EXP_BITS).reshape((-1,) + (1,) * (e.ndim - 1))
+        mask = (1 << _EXP_BITS) - 1
+        out = np.take(tables[0], offset + (e & mask))
+        for j in (1, 2):
+            out = out * np.take(tables[j], offset + ((e >> (_EXP_BITS * j)) & mask)) % self.p
+        return FieldValue(np.stack([out, np.zeros_like(out)]), True)
+
+    def sqrt(self, a: FieldValue) -> FieldValue:
+        return FieldValue(self._pow(a.data, ((self.p + 1) // 4, (self.q + 1) // 4)), a.tainted)
+
+    def scale(self, a: FieldValue, factor: float) -> FieldValue:
+        c = self._scale_cache.get(factor)
+        if c is None:
+            c = np.array([field_constant(factor, self.p), field_constant(factor, self.q)], dtype=np.int64)
+            self._scale_cache[factor] = c
+        nd = a.data.ndim - 2
+        return FieldValue(a.data * c.reshape((2,) + (1,) * (nd + 1)) % self.mod(nd), a.tainted)
+
+    def activation(self, kind: Activation, a: FieldValue) -> FieldValue:
+        key = self.keys.get(kind)
+        if key is None:
+            raise NotLaxError(f"activation '{kind}' has no finite-field substitute")
+        h = _mix64(a.data[0].astype(np.uint64) + np.uint64(key))
+        h2 = _mix64(h ^ np.uint64(0x9E3779B97F4A7C15))
+        out = np.stack([(h % np.uint64(self.p)).astype(np.int64), (h2 % np.uint64(self.q)).astype(np.int64)])
+        return FieldValue(out, False)
+
+    def matmul(self, a: FieldValue, b: FieldValue) -> FieldValue:
+        x, y, nd = self._align(a, b)
+        m = self.mod(nd)
+        k = x.shape[-1]
+        acc: np.ndarray | None = None
+        for start in range(0, k, _MATMUL_CHUNK):
+            part = _limb_matmul(x[..., start : start + _MATMUL_CHUNK], y[..., start : start + _MATMUL_CHUNK, :], m)
+            acc = part if acc is None else (acc + part) % m
+        assert acc is not None
+        return FieldValue(acc, a.tainted or b.tainted)
+
+    def reduce_sum(self, a: FieldValue, axis: int, keepdims: bool) -> FieldValue:
+        # Residues are < 2^31, so any sum of fewer than 2^32 of them fits in int64.
+        s = np.sum(a.data, axis=axis + 2, keepdims=keepdims)
+        return FieldValue(s % self.mod(s.ndim - 2), a.tainted)
+
+    def reduce_max(self, a: FieldValue, axis: int, keepdims: bool) -> FieldValue:
+        raise NotLaxError("reduce_max has no finite-field semantics (max is outside the Lax fragment)")
+
+    def accumulate(self, acc: FieldValue | None, x: FieldValue, kind: AccumKind) -> FieldValue:
+        if kind != "sum":
+            raise NotLaxError(f"accumulate({kind}) has no finite-field semantics (outside the Lax fragment)")
+        return x if acc is None else self.add(acc, x)
+
+    def reshape(self, a: FieldValue, shape: tuple[int, ...]) -> FieldValue:
+        return FieldValue(a.data.reshape(a.data.shape[:2] + tuple(shape)), a.tainted)
+
+    def repeat(self, a: FieldValue, axis: int, times: int) -> FieldValue:
+        return FieldValue(np.repeat(a.data, times, axis=axis + 2), a.tainted)
+
+    def concat(self, parts: Sequence[FieldValue], axis: int) -> FieldValue:
+        data = np.concatenate([v.data for v in parts], axis=axis + 2)
+        return FieldValue(data, any(v.tainted for v in parts))
+
+    def slice(self, a: FieldValue, axis: int, start: int, stop: int) -> FieldValue:
+        index = (slice(None),) * (axis + 2) + (slice(start, stop),)
+        return FieldValue(a.data[index], a.tainted)
+
+
+def _powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:
+    """``x ** e mod m`` elementwise for residues ``x < m < 2^31`` (square-and-multiply on a public exponent)."""
+    base = x % m
+    acc = np.ones_like(base)
+    while e:
+        if e & 1:
+            acc = acc * base % m
+        e >>= 1
+        if e:
+            base = base * base % m
+    return acc
+
+
+def _limb_matmul(x: np.ndarray, y: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``x @ y mod m`` for residues < 2^31 and inner dim ≤ 2^21, exactly, via 16-bit limbs in float64 BLAS.
+
+    With ``x = x1·2^16 + x0`` and ``y = y1·2^16 + y0`` one float64 matmul of the stacked limbs
+    ``[x0; x1] @ [y0, y1]`` yields all four limb products; each entry is a sum of at most 2^21 products below
+    2^32, hence an exact integer below 2^53.
+    """
+    rows, cols = x.shape[-2], y.shape[-1]
+    xs = np.concatenate([x & _LIMB_MASK, x >> _LIMB], axis=-2).astype(np.float64)
+    ys = np.concatenate([y & _LIMB_MASK, y >> _LIMB], axis=-1).astype(np.float64)
+    c = np.matmul(xs, ys).astype(np.int64)
+    c00, c01 = c[..., :rows, :cols], c[..., :rows, cols:]
+    c10, c11 = c[..., rows:, :cols], c[..., rows:, cols:]
+    r32 = np.array([(1 << 32) % int(v) for v in m.ravel()], dtype=np.int64).reshape(m.shape)
+    # (c11 mod m)·(2^32 mod m) < 2^62, ((c01 + c10) mod m)·2^16 < 2^47, c00 < 2^53: the sum stays below 2^63.
+    return ((c11 % m) * r32 + ((c01 + c10) % m) * (1 << _LIMB) + c00) % m
+
+
+__all__ = ["ACTIVATION_KINDS", "FieldArith", "FieldValue", "check_moduli", "field_constant", "rational_of"]
