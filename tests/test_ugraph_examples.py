@@ -122,7 +122,7 @@ PAPER_SCALE: list[tuple[Callable[..., Any], dict[str, int]]] = [
     (rmsnorm_matmul, {"batch": 16, "hidden": 1024, "out": 4096, "blocks": 128, "forloop": 16}),
     (gqa, {"kv_heads": 8, "group": 8, "q_len": 1, "kv_len": 2000, "head_dim": 64, "kv_splits": 10,
            "forloop": 20, "out_splits": 8}),
-    (lora, {"m": 16, "k": 1024, "n": 4096, "rank": 16, "n_blocks": 128, "m_blocks": 1}),
+    (lora, {"m": 16, "k": 1024, "n": 4096, "rank": 16, "n_blocks": 256, "m_blocks": 1}),
     (gated_mlp, {"m": 16, "k": 4096, "n": 4096, "blocks": 64, "forloop": 64}),
     (flash_attention, {"heads": 32, "q_len": 1024, "kv_len": 1024, "head_dim": 64, "q_blocks": 16,
                        "forloop": 16}),

@@ -51,7 +51,7 @@ def repo_config_dir() -> Path:
     return Path(gensorage.__file__).resolve().parents[1] / "configs"
 
 
-def _search_dirs(kind: str) -> list[Path]:
+def config_search_dirs(kind: str) -> list[Path]:
     """Folders searched for ``kind`` ("hw" or "ops") config files, in priority order."""
     dirs = []
     env = os.environ.get(ENV_CONFIG_DIR)
@@ -64,7 +64,7 @@ def _search_dirs(kind: str) -> list[Path]:
 def list_profiles() -> list[str]:
     """Names of the hardware profiles found in ``$GENSORAGE_CONFIG_DIR/hw/`` and the repo's ``configs/hw/``."""
     names: set[str] = set()
-    for d in _search_dirs("hw"):
+    for d in config_search_dirs("hw"):
         if d.is_dir():
             names.update(p.stem for p in d.glob("*.toml") if p.is_file())
     return sorted(names)
@@ -83,7 +83,7 @@ def resolve_profile_path(name_or_path: str | os.PathLike[str]) -> Path:
             raise ConfigError(f"hardware profile file {path} does not exist")
         return path
     name = os.fspath(name_or_path)
-    for d in _search_dirs("hw"):
+    for d in config_search_dirs("hw"):
         candidate = d / f"{name}.toml"
         if candidate.is_file():
             return candidate

@@ -29,6 +29,7 @@ MAX_VTHREAD = 8  # largest virtual-thread count per axis (TVM's usual bound; mor
 REGISTER_OVERHEAD = 16
 REGISTER_GRANULE = 8  # registers are allocated per thread in multiples of 8 (256 per warp)
 SHARED_RESERVED_PER_BLOCK = 1024  # bytes the CUDA runtime reserves per resident block (sm_80+)
+_MEMO_LIMIT = 200_000  # entries per memo table before it is dropped (bounds memory on long searches)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -120,8 +121,12 @@ class ScheduleSpace:
         tensors = tuple(_compile_access(workload, i, pos, red) for i in range(len(workload.accesses)))
         self.inputs: tuple[TensorInfo, ...] = tuple(t for t in tensors if not t.is_output)
         self.output: TensorInfo = next(t for t in tensors if t.is_output)
+        self.tensors: tuple[TensorInfo, ...] = (*self.inputs, self.output)
         self.candidates: tuple[tuple[int, ...], ...] = tuple(_candidates(e) for e in self.extents)
         self.acc_bytes = accumulator_bytes(workload.dtype)
+        # Memo tables: the walks and the cost model revisit the same tiles many times.
+        self._elems: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._fits: dict[tuple[object, ...], bool] = {}
 
     # ----------------------------------------------------------------------------------------- states
     def initial(self) -> Schedule:
@@ -139,9 +144,12 @@ class ScheduleSpace:
 
     def well_formed(self, s: Schedule) -> bool:
         """Tile order, candidate membership and virtual-thread legality (no hardware limits)."""
+        return 0 <= s.level <= LAST and self._tiles_ok(s)
+
+    def _tiles_ok(self, s: Schedule) -> bool:
         if s.axes != self.axes or len(s.tiles) != NUM_LEVELS or s.tiles[LAST] != self.extents:
             return False
-        if not 0 <= s.level <= LAST or len(s.vthreads) != len(self.axes):
+        if len(s.vthreads) != len(self.axes) or any(len(t) != len(self.axes) for t in s.tiles):
             return False
         for a, ext in enumerate(self.extents):
             t0, t1, v = s.tiles[0][a], s.tiles[1][a], s.vthreads[a]
@@ -163,10 +171,20 @@ class ScheduleSpace:
             n *= min(size, span)
         return n
 
+    def elems(self, tile: tuple[int, ...]) -> tuple[int, ...]:
+        """:meth:`tensor_elems` of every tensor (inputs in order, then the output) for ``tile``, memoized."""
+        hit = self._elems.get(tile)
+        if hit is None:
+            if len(self._elems) > _MEMO_LIMIT:
+                self._elems.clear()
+            hit = self._elems[tile] = tuple(self.tensor_elems(t, tile) for t in self.tensors)
+        return hit
+
     def register_bytes(self, t0: tuple[int, ...]) -> int:
         """Per-thread register footprint F_0: input fragments of the register tile plus the accumulators."""
-        inputs = sum(self.tensor_elems(t, t0) * t.elem_bytes for t in self.inputs)
-        return inputs + self.tensor_elems(self.output, t0) * self.acc_bytes
+        e = self.elems(t0)
+        inputs = sum(n * t.elem_bytes for n, t in zip(e, self.inputs, strict=False))
+        return inputs + e[-1] * self.acc_bytes
 
     def shared_bytes(self, t1: tuple[int, ...]) -> int:
         """Per-block shared-memory footprint F_1: the input tiles staged per reduction step.
@@ -174,7 +192,8 @@ class ScheduleSpace:
         The output tile is accumulated in registers and written straight to global memory, so it takes no
         shared memory.
         """
-        return sum(self.tensor_elems(t, t1) * t.elem_bytes for t in self.inputs)
+        e = self.elems(t1)
+        return sum(n * t.elem_bytes for n, t in zip(e, self.inputs, strict=False))
 
     def footprint(self, s: Schedule, level: int) -> int:
         """F at ``level`` in bytes (0: per thread in registers, 1: per block in shared memory)."""
@@ -205,15 +224,12 @@ class ScheduleSpace:
         job, which the cost model accounts for separately).
         """
         counts = self.tile_counts(s, level)
-        tile = s.tiles[level]
         n_sp = math.prod(counts[a] for a in self.spatial)
         n_red = math.prod(counts[a] for a in self.reduce)
         out: list[tuple[TensorInfo, int]] = []
-        for t in self.inputs:
+        for t, n in zip(self.tensors, self.elems(s.tiles[level]), strict=True):
             loads = n_sp * (n_red if t.uses_reduce else 1)
-            out.append((t, loads * self.tensor_elems(t, tile) * t.elem_bytes))
-        o = self.output
-        out.append((o, n_sp * self.tensor_elems(o, tile) * o.elem_bytes))
+            out.append((t, loads * n * t.elem_bytes))
         return tuple(out)
 
     def traffic(self, s: Schedule, level: int) -> int:
@@ -245,7 +261,13 @@ class ScheduleSpace:
 
     def fits(self, s: Schedule) -> bool:
         """Whether ``s`` is a legal schedule of this workload that one SM can run (threads, registers, shared)."""
-        return self.well_formed(s) and self.fits_resources(self.resources(s))
+        key = (s.axes, s.tiles, s.vthreads)
+        hit = self._fits.get(key)
+        if hit is None:
+            if len(self._fits) > _MEMO_LIMIT:
+                self._fits.clear()
+            hit = self._fits[key] = self._tiles_ok(s) and self.fits_resources(self.resources(s))
+        return hit and 0 <= s.level <= LAST
 
     # ------------------------------------------------------------------------------------- helpers
     def max_vthread(self, t0: int) -> int:

@@ -1,3 +1,6 @@
+# The IR constructors normalise bare node indices, (node, out) pairs and attribute dicts; the field annotations
+# give the normalised types, so mypy flags the shorthand used throughout this file.
+# mypy: disable-error-code="arg-type"
 """Hand-built µGraphs of the papers' figures, each with the program it computes.
 
 Every builder takes the shape parameters (and the schedule: grid and for-loop sizes, which must divide the
@@ -15,7 +18,6 @@ from collections.abc import Callable
 
 from gensorage.opset import Op
 from gensorage.program import Program
-from gensorage.ugraph.rewrite import drop_loop
 from gensorage.ugraph.ir import (
     Accumulator,
     BlockGraph,
@@ -31,6 +33,7 @@ from gensorage.ugraph.ir import (
     ThreadGraph,
     ThreadOp,
 )
+from gensorage.ugraph.rewrite import drop_loop
 
 Example = tuple[Program, KernelGraph]
 

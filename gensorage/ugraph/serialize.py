@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gensorage.errors import UGraphError
-from gensorage.opset import Attrs, Op
+from gensorage.opset import Attrs, Op, freeze_attrs
 from gensorage.ugraph.ir import (
     Accumulator,
     BlockGraph,
@@ -141,7 +141,7 @@ def _refs(v: Any, where: str) -> tuple[Ref, ...]:
     return tuple(_read_ref(x, f"{where}[{i}]") for i, x in enumerate(_list(v, where)))
 
 
-def _read_op(d: Any, where: str) -> tuple[Op, tuple[Ref, ...], dict[str, Any]]:
+def _read_op(d: Any, where: str) -> tuple[Op, tuple[Ref, ...], Attrs]:
     name = _str(_get(d, "op", where), f"{where}.op")
     try:
         op = Op(name)
@@ -155,7 +155,7 @@ def _read_op(d: Any, where: str) -> tuple[Op, tuple[Ref, ...], dict[str, Any]]:
             isinstance(val, list) and all(isinstance(x, int | float) and not isinstance(x, bool) for x in val))
         if not ok:
             raise UGraphError(f"{where}.attrs.{k}: unsupported value {val!r}")
-    return op, _refs(_get(d, "inputs", where), f"{where}.inputs"), dict(attrs)
+    return op, _refs(_get(d, "inputs", where), f"{where}.inputs"), freeze_attrs(dict(attrs))
 
 
 def _read_block_node(d: Any, where: str) -> BlockNode:

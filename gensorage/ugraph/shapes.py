@@ -17,7 +17,6 @@ from gensorage.ugraph.ir import (
     GRID_AXES,
     Accumulator,
     BlockGraph,
-    BlockNode,
     BlockOp,
     GraphDefinedOp,
     InputIterator,
@@ -258,10 +257,6 @@ def infer(g: KernelGraph) -> GraphInfo:
     for r in g.outputs:
         resolve(r, infos, "kernel graph outputs")
     return GraphInfo(tuple(infos), tuple(blocks))
-
-
-def block_node_kinds(nodes: Sequence[BlockNode]) -> tuple[str, ...]:
-    return tuple(node_kind(n) for n in nodes)
 
 
 __all__ = [
