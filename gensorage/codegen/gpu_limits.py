@@ -8,10 +8,10 @@ The MetaSchedule postproc itself is not used because initialising its tuning con
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.tir_walk import walk
 from gensorage.errors import ScheduleError
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def _thread_count(func: Any) -> int:
     from tvm import tirx
 
     extents: dict[str, int] = {}
-    for node in _walk(func.body):
+    for node in walk(func.body):
         if isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
             tag = node.node.thread_tag
             if tag.startswith("threadIdx") and isinstance(node.value, tirx.IntImm):
@@ -124,20 +124,3 @@ def _thread_count(func: Any) -> int:
     for e in extents.values():
         n *= e
     return n
-
-
-def _walk(stmt: Any) -> Iterator[Any]:
-    """Statements of a lowered body, pre-order (TVM 0.27 exposes no Python statement visitor)."""
-    stack = [stmt]
-    while stack:
-        node = stack.pop()
-        if node is None:
-            continue
-        yield node
-        seq = getattr(node, "seq", None)
-        if seq is not None:
-            stack.extend(reversed(list(seq)))
-        for attr in ("else_case", "then_case", "body"):
-            child = getattr(node, attr, None)
-            if child is not None and not isinstance(child, (int, float, str)):
-                stack.append(child)

@@ -373,11 +373,12 @@ def _apply_tiling(sch: Any, main: Any, tilings: Sequence[AxisTiling], *, gpu: bo
         if gpu:
             _check_block_wide(sch, c, [tx, vt])
     caches = [c for c, _ in stages]
+    wrapped = _compact_windows(sch, caches, depth)
     if gpu and _shared_bytes(sch, caches, depth) > STATIC_SHARED_LIMIT_BYTES:
         for c in caches:
             sch.set_scope(c, 0, "shared.dyn")
-    for c, plain_copy in stages:
-        _cooperative_fetch(sch, c, depth, nthreads, vectorize=plain_copy and gpu, bind=gpu)
+    for (c, plain_copy), wrap in zip(stages, wrapped, strict=True):
+        _cooperative_fetch(sch, c, depth, nthreads, vectorize=plain_copy and gpu and not wrap, bind=gpu)
     for lp in (*inner_r, *inner_s):
         sch.unroll(lp)
     sch.decompose_reduction(main, outer_r[0])
@@ -418,6 +419,56 @@ def _check_block_wide(sch: Any, stage: Any, thread_loops: Sequence[Any]) -> None
 def _cache_loops(sch: Any, cache: Any, depth: int) -> list[Any]:
     """The loops compute_at created around a cache block, below the ``depth`` loops it shares with main."""
     return list(sch.get_loops(cache))[depth:]
+
+
+def _compact_windows(sch: Any, stages: Sequence[Any], depth: int) -> list[bool]:
+    """Make each shared stage's allocation exactly its per-step window; returns which stages were wrapped.
+
+    TVM sizes a stage's buffer by ``CompactBufferAllocation``, which gives up (keeps the whole input) when
+    the stage's clamped writes and the guarded reads of the consumer meet on a strided index, as in a padded
+    or edge-predicated convolution. Such a dimension is wrapped: indexed modulo its window extent, which is
+    injective within a window (every step writes and reads one window of consecutive indices), so the
+    buffer shrinks to the window without changing what is computed.
+    """
+    from tvm import tirx
+
+    allocated = _compacted_shapes(sch.mod)
+    out = []
+    for c in stages:
+        buf = sch.get(c).writes[0].source
+        window = [_extent(sch, lp) for lp in _cache_loops(sch, c, depth)]
+        shape = allocated.get(str(buf.name))
+        if shape is None or len(shape) != len(window) or all(s <= w for s, w in zip(shape, window, strict=True)):
+            out.append(False)
+            continue
+        wrap = [s > w for s, w in zip(shape, window, strict=True)]
+
+        def index_map(*idx: Any, _wrap: list[bool] = wrap, _window: list[int] = window) -> list[Any]:
+            return [tirx.floormod(i, w) if f else i for i, f, w in zip(idx, _wrap, _window, strict=True)]
+
+        sch.transform_layout(c, ("write", 0), index_map, assume_injective_transform=True)
+        out.append(True)
+    return out
+
+
+def _compacted_shapes(mod: Any) -> dict[str, tuple[int, ...]]:
+    """Buffer shapes after TVM's own allocation planning and compaction (the build's first passes)."""
+    import tvm
+    from tvm import s_tir
+
+    from gensorage.codegen.tir_walk import allocated_shapes
+
+    passes = tvm.ir.transform.Sequential([
+        s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.CompactBufferAllocation(),
+    ])
+    shapes: dict[str, tuple[int, ...]] = {}
+    for func in passes(mod).functions.values():
+        shapes.update(allocated_shapes(func))
+    return shapes
 
 
 def _shared_bytes(sch: Any, caches: Sequence[Any], depth: int) -> int:

@@ -87,7 +87,7 @@ def parse_nvidia_smi_csv(text: str) -> list[DetectedGpu]:
 
     Lines that do not have at least a name and a memory column are skipped (e.g. "No devices were found").
     """
-    gpus = []
+    gpus: list[DetectedGpu] = []
     for line in text.splitlines():
         cols = [c.strip() for c in line.split(",")]
         if len(cols) < 2 or not cols[0]:
@@ -162,7 +162,7 @@ def _probe_smi() -> tuple[list[DetectedGpu], str | None]:
 
 def probe() -> Probe:
     """Query NVML, then ``nvidia-smi``; the first method that finds a GPU wins."""
-    notes = []
+    notes: list[str] = []
     for method in (_probe_nvml, _probe_smi):
         gpus, note = method()
         if gpus:

@@ -123,10 +123,12 @@ class ScheduleSpace:
         self.output: TensorInfo = next(t for t in tensors if t.is_output)
         self.tensors: tuple[TensorInfo, ...] = (*self.inputs, self.output)
         self.candidates: tuple[tuple[int, ...], ...] = tuple(_candidates(e) for e in self.extents)
+        self._legal = tuple(frozenset(c) for c in self.candidates)
         self.acc_bytes = accumulator_bytes(workload.dtype)
         # Memo tables: the walks and the cost model revisit the same tiles many times.
         self._elems: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._fits: dict[tuple[object, ...], bool] = {}
+        self._traffic: dict[tuple[object, ...], int] = {}
 
     # ----------------------------------------------------------------------------------------- states
     def initial(self) -> Schedule:
@@ -153,7 +155,7 @@ class ScheduleSpace:
             return False
         for a, ext in enumerate(self.extents):
             t0, t1, v = s.tiles[0][a], s.tiles[1][a], s.vthreads[a]
-            if not 1 <= t0 <= t1 <= ext:
+            if not 1 <= t0 <= t1 <= ext or t0 not in self._legal[a] or t1 not in self._legal[a]:
                 return False
             if v < 1 or v & (v - 1) or t0 % v or v > MAX_VTHREAD or (self.is_reduce[a] and v != 1):
                 return False
@@ -233,8 +235,14 @@ class ScheduleSpace:
         return tuple(out)
 
     def traffic(self, s: Schedule, level: int) -> int:
-        """Q at ``level``: total bytes loaded into (and stored out of) that level's tiles."""
-        return sum(b for _, b in self.tensor_traffic(s, level))
+        """Q at ``level``: total bytes loaded into (and stored out of) that level's tiles (memoized)."""
+        key = (s.tiles, level)
+        hit = self._traffic.get(key)
+        if hit is None:
+            if len(self._traffic) > _MEMO_LIMIT:
+                self._traffic.clear()
+            hit = self._traffic[key] = sum(b for _, b in self.tensor_traffic(s, level))
+        return hit
 
     # --------------------------------------------------------------------------- hardware resources
     def threads(self, s: Schedule) -> int:

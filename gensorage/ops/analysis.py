@@ -69,7 +69,9 @@ class _Nest:
 
 def _first_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:300]
+    # TVM puts the useful message on a line naming the error, after a traceback and metadata.
+    msg = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "")
+    return msg[:300] or type(exc).__name__
 
 
 def _tvm() -> Any:
@@ -107,11 +109,27 @@ def from_te(inputs: Sequence[Any], output: Any, name: str | None = None) -> Work
     """
     from tvm import te
 
+    given = list(inputs)
+    for ph in _placeholders(output):
+        if not any(ph.same_as(t) for t in given):
+            raise UnsupportedOpError(f"placeholder {ph.op.name} used by {output.op.name} is not among the inputs")
     try:
-        func = te.create_prim_func([*inputs, output])
+        func = te.create_prim_func([*given, output])
     except Exception as exc:  # TVM reports a missing placeholder etc. as its own error types
         raise UnsupportedOpError(f"cannot make a PrimFunc from the TE computation: {_first_line(exc)}") from exc
     return from_prim_func(func, name=name or str(output.op.name))
+
+
+def _placeholders(tensor: Any) -> list[Any]:
+    """The placeholder tensors a TE tensor depends on."""
+    from tvm import te
+
+    if isinstance(tensor.op, te.PlaceholderOp):
+        return [tensor]
+    out: list[Any] = []
+    for t in getattr(tensor.op, "input_tensors", []):
+        out += [p for p in _placeholders(t) if not any(p.same_as(q) for q in out)]
+    return out
 
 
 def from_prim_func(func: Any, name: str | None = None) -> Workload:
@@ -271,11 +289,12 @@ def _iterators(block: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str,
         kind = {0: "spatial", 2: "reduce"}.get(int(iv.iter_type))
         if kind is None:
             raise UnsupportedOpError(f"block iterator {iv.var.name} is neither spatial nor a reduction")
-        if _int(iv.dom.min) != 0 or _int(iv.dom.extent) is None or _int(iv.dom.extent) < 1:
+        extent = _int(iv.dom.extent)
+        if _int(iv.dom.min) != 0 or extent is None or extent < 1:
             raise UnsupportedOpError(f"block iterator {iv.var.name} has domain {iv.dom}; expected [0, n) with "
                                      "a static n")
         names.append(_axis_name(str(iv.var.name)))
-        extents.append(_int(iv.dom.extent) or 0)
+        extents.append(extent)
         kinds.append(kind)
     if len(set(names)) != len(names):
         raise UnsupportedOpError(f"block iterator names {names} are not distinct")
@@ -394,11 +413,12 @@ def _affine(idx: Any, ivars: tuple[Any, ...], names: tuple[str, ...], tensor: st
     from tvm import sym
 
     coeffs = [_int(c) for c in sym.detect_linear_equation(idx, list(ivars))]
-    if len(coeffs) != len(ivars) + 1 or any(c is None for c in coeffs):
+    ints = [c for c in coeffs if c is not None]
+    if len(coeffs) != len(ivars) + 1 or len(ints) != len(coeffs):
         raise UnsupportedOpError(f"index {idx} of {tensor} is not affine in the loop axes with integer "
                                  "coefficients")
-    terms = tuple((n, int(c)) for n, c in zip(names, coeffs[:-1], strict=True) if c)
-    return terms, int(coeffs[-1] or 0)
+    terms = tuple((n, c) for n, c in zip(names, ints[:-1], strict=True) if c)
+    return terms, ints[-1]
 
 
 def _input_accesses(nest: _Nest, params: list[_Param]) -> list[Access]:

@@ -59,6 +59,8 @@ def _is_int(v: object) -> bool:
 
 def _shape_value(v: object, where: str, key: str, *, optional: bool) -> int | tuple[int, int]:
     if _is_int(v):
+        if not optional and v < 1:  # type: ignore[operator]
+            raise _bad(where, key, f"must be a positive integer, got {v}")
         return v  # type: ignore[return-value]
     if optional and isinstance(v, list | tuple) and len(v) == 2 and all(_is_int(x) for x in v):
         return (int(v[0]), int(v[1]))

@@ -26,12 +26,15 @@ from gensorage.ugraph.ir import (
     node_inputs,
     num_outputs,
 )
+from gensorage.ugraph.rewrite import drop_loop
+from gensorage.ugraph.serialize import from_json, to_json
 from gensorage.ugraph.shapes import GraphInfo, infer
+from gensorage.ugraph.text import to_text
 from gensorage.ugraph.validate import is_valid, loop_phases, validate
 
 __all__ = [
     "Accumulator", "BlockGraph", "BlockNode", "BlockOp", "GraphDefinedOp", "GraphInfo", "InputIterator",
     "KernelGraph", "KernelNode", "KernelOp", "OutputSaver", "Ref", "TensorSpec", "ThreadGraph", "ThreadOp",
-    "UGraph", "evaluate", "from_program", "infer", "is_valid", "loop_phases", "node_inputs", "num_outputs", "run",
-    "validate", "wrap_kernel_op",
+    "UGraph", "drop_loop", "evaluate", "from_json", "from_program", "infer", "is_valid", "loop_phases",
+    "node_inputs", "num_outputs", "run", "to_json", "to_text", "validate", "wrap_kernel_op",
 ]

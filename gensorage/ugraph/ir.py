@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from gensorage.arith import Arith
     from gensorage.hw.profile import HwProfile
+    from gensorage.ugraph.shapes import GraphInfo
 
 AccumKind = Literal["sum", "max"]
 GRID_AXES = ("x", "y", "z")
@@ -259,10 +260,11 @@ class KernelGraph:
 
         return run(self, *arrays)
 
-    def validate(self, hw: HwProfile | None = None) -> None:
+    def validate(self, hw: HwProfile | None = None) -> GraphInfo:
+        """Check validity (Definition 2.1); see :func:`gensorage.ugraph.validate.validate`."""
         from gensorage.ugraph.validate import validate
 
-        validate(self, hw)
+        return validate(self, hw)
 
     def is_valid(self, hw: HwProfile | None = None) -> bool:
         from gensorage.ugraph.validate import is_valid
