@@ -6,11 +6,11 @@ import json
 import os
 import stat
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
-import gensorage.hw.detect as detect_mod
 from gensorage.cli import main
 from gensorage.errors import ConfigError
 from gensorage.hw import (
@@ -25,6 +25,8 @@ from gensorage.hw import (
 )
 from gensorage.hw.loader import LEVEL_NAMES, repo_config_dir
 
+# gensorage.hw exports the function ``detect``, which shadows the submodule of the same name as an attribute.
+detect_mod = sys.modules["gensorage.hw.detect"]
 PROFILES = ("a100", "h100", "h200", "rtx4090", "orin-nano")
 A100_TOML = (repo_config_dir() / "hw" / "a100.toml").read_text()
 
@@ -221,6 +223,40 @@ def _fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> N
     exe.write_text("#!/bin/sh\n" + script)
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ.get("PATH", ""))
+
+
+def _fake_nvml(monkeypatch: pytest.MonkeyPatch, *, init_error: bool = False) -> None:
+    """A stand-in for the pynvml module with the calls detect() makes (names as in nvidia-ml-py)."""
+    mod = types.ModuleType("pynvml")
+
+    def init() -> None:
+        if init_error:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    mod.nvmlInit = init  # type: ignore[attr-defined]
+    mod.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetCount = lambda: 2  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetName = lambda h: b"NVIDIA H200" if h == 0 else "NVIDIA A100-SXM4-80GB"  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=150754820096)  # type: ignore[attr-defined]
+    mod.nvmlDeviceGetCudaComputeCapability = lambda h: (9, 0) if h == 0 else (8, 0)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+
+
+def test_detect_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_nvml(monkeypatch)
+    gpus = probe().gpus
+    assert [(g.name, g.profile, g.compute_capability, g.source) for g in gpus] == [
+        ("NVIDIA H200", "h200", (9, 0), "nvml"), ("NVIDIA A100-SXM4-80GB", None, (8, 0), "nvml")]
+    assert detect() == gpus[0] and gpus[0].memory_bytes == 150754820096
+
+
+def test_nvml_failure_falls_back_to_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_nvml(monkeypatch, init_error=True)
+    _fake_smi(tmp_path, monkeypatch, 'echo "NVIDIA A100-SXM4-40GB, 40960 MiB, 8.0"\n')
+    found = probe()
+    assert found.gpus[0].profile == "a100" and found.gpus[0].source == "nvidia-smi"
+    assert found.notes == ("NVML unavailable: NVML Shared Library Not Found",)
 
 
 def test_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,8 +13,21 @@ from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import space_time
 from gensorage.markov.outcome import SearchOutcome
 from gensorage.markov.schedule import Schedule
-from gensorage.markov.space import space_for
+from gensorage.markov.space import ScheduleSpace, space_for
 from gensorage.ops.workload import Workload
+
+
+# What TPE is told for a schedule that does not fit (it is still scored inf): far above any kernel time and
+# graded by how far the block overshoots the SM, so TPE can tell nearly-fitting samples from hopeless ones.
+_PENALTY_S = 1e3
+
+
+def _penalty(space: ScheduleSpace, s: Schedule) -> float:
+    hw = space.hw
+    r = space.resources(s)
+    over = max(r.threads / hw.max_threads_per_block, r.registers_per_thread / hw.max_registers_per_thread,
+               r.registers_per_thread * r.threads / hw.registers_per_sm, r.shared_bytes / hw.shared_mem_per_block)
+    return _PENALTY_S * max(1.0, over)
 
 
 def search(workload: Workload, hw: HwProfile, seed: int = 0, trials: int = 100) -> SearchOutcome:
@@ -53,7 +66,7 @@ def search(workload: Workload, hw: HwProfile, seed: int = 0, trials: int = 100) 
         if value < best[0][0]:
             best[0] = (value, s)
             trace.append((time.perf_counter() - start, value))
-        return value
+        return value if math.isfinite(value) else _penalty(space, s)
 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

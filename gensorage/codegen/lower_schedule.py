@@ -297,8 +297,8 @@ def _loop_axes(sch: Any, main: Any, tilings: Sequence[AxisTiling]) -> list[AxisT
     from tvm import s_tir
 
     loops = sch.get_loops(main)
-    realize = sch.get(loops[-1]).body if loops else None
-    if not isinstance(realize, s_tir.SBlockRealize):
+    realize = _realize(sch, main)
+    if not loops or not isinstance(sch.get(loops[-1]).body, s_tir.SBlockRealize):
         raise ScheduleError("main block is not directly nested in its loops")
     block = realize.block
     loop_vars = [sch.get(lp).loop_var for lp in loops]
@@ -373,15 +373,34 @@ def _apply_tiling(sch: Any, main: Any, tilings: Sequence[AxisTiling], *, gpu: bo
         if gpu:
             _check_block_wide(sch, c, [tx, vt])
     caches = [c for c, _ in stages]
-    wrapped = _compact_windows(sch, caches, depth)
-    if gpu and _shared_bytes(sch, caches, depth) > STATIC_SHARED_LIMIT_BYTES:
+    windows = [_window(sch, c, depth) for c in caches]
+    wrapped = _wrap_overallocated(sch, caches, windows, [False] * len(caches))
+    if gpu and _shared_bytes(sch, caches, windows) > STATIC_SHARED_LIMIT_BYTES:
         for c in caches:
             sch.set_scope(c, 0, "shared.dyn")
-    for (c, plain_copy), wrap in zip(stages, wrapped, strict=True):
-        _cooperative_fetch(sch, c, depth, nthreads, vectorize=plain_copy and gpu and not wrap, bind=gpu)
+    vectorized = [_cooperative_fetch(sch, c, depth, nthreads, vectorize=plain and gpu and not wrap, bind=gpu)
+                  for (c, plain), wrap in zip(stages, wrapped, strict=True)]
     for lp in (*inner_r, *inner_s):
         sch.unroll(lp)
     sch.decompose_reduction(main, outer_r[0])
+    # The later steps add predicates that can defeat TVM's compaction again; re-check the final module.
+    skip = [w or v > 1 for w, v in zip(wrapped, vectorized, strict=True)]
+    _wrap_overallocated(sch, caches, windows, skip)
+
+
+def _realize(sch: Any, block: Any) -> Any:
+    """The SBlockRealize of ``block`` (its iteration bindings and predicate)."""
+    from tvm import s_tir
+
+    from gensorage.codegen.tir_walk import walk
+
+    loops = sch.get_loops(block)
+    scope = sch.get(loops[-1]) if loops else sch.get(sch.get_sblock("root"))
+    target = sch.get(block)
+    for node in walk(scope.body):
+        if isinstance(node, s_tir.SBlockRealize) and node.block.same_as(target):
+            return node
+    raise ScheduleError(f"block {target.name_hint!r} not found under its loops")
 
 
 def _extent(sch: Any, loop: Any) -> int:
@@ -407,8 +426,7 @@ def _check_block_wide(sch: Any, stage: Any, thread_loops: Sequence[Any]) -> None
     """A shared stage must cover the block's tile: its indices may not depend on thread or vthread ids."""
     from tvm.tirx.analysis import undefined_vars
 
-    loops = sch.get_loops(stage)
-    realize = sch.get(loops[-1]).body
+    realize = _realize(sch, stage)
     used = {v.name for e in realize.iter_values for v in undefined_vars(e)}
     for lp in thread_loops:
         name = sch.get(lp).loop_var.name
@@ -421,34 +439,58 @@ def _cache_loops(sch: Any, cache: Any, depth: int) -> list[Any]:
     return list(sch.get_loops(cache))[depth:]
 
 
-def _compact_windows(sch: Any, stages: Sequence[Any], depth: int) -> list[bool]:
+def _wrap_overallocated(sch: Any, stages: Sequence[Any], windows: Sequence[list[int]],
+                        skip: Sequence[bool]) -> list[bool]:
     """Make each shared stage's allocation exactly its per-step window; returns which stages were wrapped.
 
-    TVM sizes a stage's buffer by ``CompactBufferAllocation``, which gives up (keeps the whole input) when
-    the stage's clamped writes and the guarded reads of the consumer meet on a strided index, as in a padded
-    or edge-predicated convolution. Such a dimension is wrapped: indexed modulo its window extent, which is
-    injective within a window (every step writes and reads one window of consecutive indices), so the
-    buffer shrinks to the window without changing what is computed.
+    TVM sizes a stage's buffer by ``CompactBufferAllocation``, which gives up (keeps the whole input
+    dimension) when the stage's clamped writes and the consumer's guarded reads meet on a strided index, as
+    in a padded or edge-predicated convolution. Such a dimension is wrapped: indexed modulo its window
+    extent, which is injective within a window (each step writes and reads one window of consecutive
+    indices), so the buffer shrinks to the window without changing what is computed.
     """
     from tvm import tirx
 
     allocated = _compacted_shapes(sch.mod)
     out = []
-    for c in stages:
-        buf = sch.get(c).writes[0].source
-        window = [_extent(sch, lp) for lp in _cache_loops(sch, c, depth)]
-        shape = allocated.get(str(buf.name))
-        if shape is None or len(shape) != len(window) or all(s <= w for s, w in zip(shape, window, strict=True)):
+    for c, window, done in zip(stages, windows, skip, strict=True):
+        shape = allocated.get(str(sch.get(c).writes[0].source.name))
+        if done or shape is None or len(shape) != len(window) or \
+                all(0 <= s <= w for s, w in zip(shape, window, strict=True)):
             out.append(False)
             continue
-        wrap = [s > w for s, w in zip(shape, window, strict=True)]
-
-        def index_map(*idx: Any, _wrap: list[bool] = wrap, _window: list[int] = window) -> list[Any]:
-            return [tirx.floormod(i, w) if f else i for i, f, w in zip(idx, _wrap, _window, strict=True)]
-
+        wrap = [not 0 <= s <= w for s, w in zip(shape, window, strict=True)]
+        index_map = tirx.IndexMap.from_func(_wrapper(wrap, window), ndim=len(window), index_dtype="int32")
         sch.transform_layout(c, ("write", 0), index_map, assume_injective_transform=True)
         out.append(True)
     return out
+
+
+def _wrapper(wrap: Sequence[bool], window: Sequence[int]) -> Any:
+    from tvm import tirx
+
+    def index_map(*idx: Any) -> list[Any]:
+        return [tirx.floormod(i, w) if f else i for i, f, w in zip(idx, wrap, window, strict=True)]
+
+    return index_map
+
+
+def _window(sch: Any, stage: Any, depth: int) -> list[int]:
+    """Per dimension of the stage's buffer, how many consecutive indices one step writes.
+
+    compute_at creates one loop per non-unit dimension of the region; a dimension bound to no such loop
+    has a window of one index.
+    """
+    from tvm.tirx.analysis import undefined_vars
+
+    loops = _cache_loops(sch, stage, depth)
+    extents = {sch.get(lp).loop_var.name: _extent(sch, lp) for lp in loops}
+    realize = _realize(sch, stage)
+    window = []
+    for value in realize.iter_values:
+        names = [v.name for v in undefined_vars(value) if v.name in extents]
+        window.append(int(np.prod([extents[n] for n in names], dtype=np.int64)) if names else 1)
+    return window
 
 
 def _compacted_shapes(mod: Any) -> dict[str, tuple[int, ...]]:
@@ -471,10 +513,10 @@ def _compacted_shapes(mod: Any) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _shared_bytes(sch: Any, caches: Sequence[Any], depth: int) -> int:
+def _shared_bytes(sch: Any, caches: Sequence[Any], windows: Sequence[list[int]]) -> int:
     total = 0
-    for c in caches:
-        elems = int(np.prod([_extent(sch, lp) for lp in _cache_loops(sch, c, depth)], dtype=np.int64))
+    for c, window in zip(caches, windows, strict=True):
+        elems = int(np.prod(window, dtype=np.int64))
         total += elems * _dtype_bytes(sch.get(c).writes[0].source.dtype)
     return total
 
@@ -486,9 +528,13 @@ def _dtype_bytes(dtype: Any) -> int:
     return max(1, int(dt.bits) * int(dt.lanes) // 8)
 
 
-def _cooperative_fetch(sch: Any, cache: Any, depth: int, nthreads: int, *, vectorize: bool, bind: bool) -> None:
-    """All threads of the block fill the stage: fuse its loops, split by threads (and a vector width)."""
+def _cooperative_fetch(sch: Any, cache: Any, depth: int, nthreads: int, *, vectorize: bool, bind: bool) -> int:
+    """All threads of the block fill the stage: fuse its loops, split by threads (and a vector width).
+
+    Returns the vector width used (1 when scalar)."""
     loops = _cache_loops(sch, cache, depth)
+    if not loops:  # a one-element stage: give it a loop so one thread (not all) fills it
+        loops = [sch.add_unit_loop(cache)]
     # A computed stage (padding) has a condition per element and an offset source index: keep it scalar.
     vec = _vector_width(sch, cache, loops, nthreads) if vectorize else 1
     fused = sch.fuse(*loops)
@@ -499,6 +545,7 @@ def _cooperative_fetch(sch: Any, cache: Any, depth: int, nthreads: int, *, vecto
         _, t = sch.split(fused, [None, nthreads])
     if bind:
         sch.bind(t, "threadIdx.x")
+    return vec
 
 
 def _vector_width(sch: Any, cache: Any, loops: Sequence[Any], nthreads: int) -> int:
@@ -508,9 +555,7 @@ def _vector_width(sch: Any, cache: Any, loops: Sequence[Any], nthreads: int) -> 
 
     if not loops:
         return 1
-    realize = sch.get(loops[-1]).body
-    if not isinstance(realize, s_tir.SBlockRealize):
-        return 1
+    realize = _realize(sch, cache)
     if not (isinstance(realize.predicate, tirx.IntImm) and int(realize.predicate) == 1):
         return 1  # imperfect tile or clamped region: lanes could fall out of bounds
     block = realize.block

@@ -5,8 +5,9 @@ one function defines what "better" means in the benchmark. The model, per thread
 
 - occupancy: resident blocks per SM from threads, registers (allocated per warp) and shared memory;
 - wave quantization: ``waves = ceil(blocks / (SMs * blocks_per_SM))``, each wave as slow as a full one;
-- per SM and wave, the slowest of: compute (peak FLOP/s scaled by lane use, ILP/latency hiding and issue slots
-  taken by shared-memory loads), shared-memory traffic (times the bank-conflict degree of the warp's access),
+- per SM and wave, the slowest of: compute (peak FLOP/s scaled by lane use and ILP/latency hiding, or the issue
+  slots of all instructions: math, shared-memory loads, the cooperative global->shared copy, whichever is
+  slower), shared-memory traffic (times the bank-conflict degree of the warp's access),
   L2 traffic (global->shared loads, rounded up to 32-byte sectors), register-operand traffic, and the latency
   chain of one block (one global round trip and two barriers per reduction chunk plus its own instruction
   stream);
@@ -232,45 +233,37 @@ def space_breakdown(space: ScheduleSpace, s: Schedule) -> CostBreakdown | None:
     for a, e in enumerate(space.extents):
         padded *= -(-e // t1[a]) * -(-t1[a] // t0[a]) * t0[a] / e
     block_flops = space.workload.flops * padded / blocks
+    chunks = math.prod(-(-space.extents[a] // t1[a]) for a in space.reduce)  # reduction chunks per block
+    steps = math.prod(space.tile_counts(s, 0)[a] for a in space.reduce)  # register steps per thread
 
-    # Shared-memory reads: per-thread fragments (CUDA cores) or per-warp fragments (tensor cores).
-    counts0 = space.tile_counts(s, 0)
-    n_red0 = math.prod(counts0[a] for a in space.reduce)
-    reg_loads = 0.0  # bytes read from shared memory per block, conflicts included
-    lds_elems = 0  # per-thread shared-memory load instructions per reduction step (CUDA cores)
-    conflicts: list[int] = []
-    if tc:
-        lanes = space.warp_lanes(s)
-        warp_tile = tuple(lanes[a] * t0[a] if not space.is_reduce[a] else t0[a] for a in range(len(t0)))
-        for t in space.inputs:
-            steps = n_red0 if t.uses_reduce else 1
-            reg_loads += warps * steps * space.tensor_elems(t, warp_tile) * t.elem_bytes
-    else:
-        for t in space.inputs:
-            steps = n_red0 if t.uses_reduce else 1
-            elems = space.tensor_elems(t, t0)
-            deg = bank_conflict(space, s, t)
-            conflicts.append(deg)
-            reg_loads += res.threads * steps * elems * t.elem_bytes * deg
-            lds_elems += elems if t.uses_reduce else 0
+    # Shared-memory reads (bytes per block, conflicts included) and the instructions issuing them.
+    reg_loads, lds_instr, conflicts = _shared_reads(space, s, tc, res.threads, warps, steps)
     l1_traffic = space.tensor_traffic(s, 1)
     shared_writes = sum(b for t, b in l1_traffic if not t.is_output) / blocks
     l2_bytes = sum(b / _sector_efficiency(space, t, t1) for t, b in l1_traffic) / blocks
+    # Cooperative global->shared copy: one load and one store instruction per element and thread.
+    fetch_elems = sum(n * (chunks if t.uses_reduce else 1)
+                      for t, n in zip(space.inputs, space.elems(t1), strict=False))
+    fetch_instr = 2 * -(-fetch_elems // res.threads)
 
-    # Compute throughput of one SM for this block shape.
+    # Compute: the FLOP rate the block shape sustains, and the issue slots all its instructions take.
+    thread_fmas = block_flops / res.threads / 2
+    peak_sm = _peak(hw, space.workload.dtype, tc) / hw.sm_count
     lane_eff = res.threads / (warps * hw.warp_size)
     warps_per_scheduler = resident * warps / SCHEDULERS_PER_SM
     acc = math.prod(t0[a] for a in space.spatial)
-    red0 = math.prod(t0[a] for a in space.reduce)
     if tc:
         ilp_eff = min(1.0, warps_per_scheduler * max(1.0, acc / 4) / MMA_DEPENDENT_CYCLES)
-        issue_eff = 1.0
+        math_instr = thread_fmas / 64  # one m16n8k16 mma.sync = 16*8*16 multiply-adds per warp, 64 per thread
     else:
         ilp_eff = min(1.0, warps_per_scheduler * acc / FMA_DEPENDENT_CYCLES)
-        fmas = acc * red0
-        issue_eff = fmas / (fmas + lds_elems)
-    peak_sm = _peak(hw, space.workload.dtype, tc) / hw.sm_count
-    compute_s = resident * block_flops / (peak_sm * lane_eff * ilp_eff * issue_eff)
+        # Packed types (half2) do several multiply-adds per lane and instruction; read it off the peak.
+        per_instr = max(1.0, peak_sm / hw.clock_hz / 2 / (SCHEDULERS_PER_SM * hw.warp_size))
+        math_instr = thread_fmas / per_instr
+    thread_instr = math_instr + lds_instr + fetch_instr
+    flop_s = block_flops / (peak_sm * lane_eff * ilp_eff)
+    issue_s = warps * thread_instr / (SCHEDULERS_PER_SM * hw.clock_hz)
+    compute_s = resident * max(flop_s, issue_s)
 
     shared_bw = hw.level("shared").bandwidth_Bps / hw.sm_count
     shared_s = resident * (reg_loads + shared_writes) / shared_bw
@@ -282,15 +275,12 @@ def space_breakdown(space: ScheduleSpace, s: Schedule) -> CostBreakdown | None:
     dram = _dram_bytes(space, s, waves, min(blocks, hw.sm_count * bps), int(total_l2))
     dram_s = dram / hw.level("dram").bandwidth_Bps
 
-    # Latency chain of one block: per reduction chunk a global round trip, a shared load, two barriers.
-    chunks = math.prod(-(-space.extents[a] // t1[a]) for a in space.reduce)
+    # Latency chain of one block: per reduction chunk a global round trip, a shared load and two barriers,
+    # plus its own instruction stream (a warp issues at most one instruction per cycle).
     l2_lat, dram_lat = hw.level("l2").latency_cycles, hw.level("dram").latency_cycles
     miss = min(1.0, dram / total_l2) if total_l2 > 0 else 1.0
     global_lat = l2_lat + miss * (dram_lat - l2_lat)
     per_chunk = global_lat + hw.level("shared").latency_cycles + 2 * SYNC_CYCLES
-    thread_fmas = block_flops / res.threads / 2
-    # One m16n8k16 mma.sync does 16*8*16 multiply-adds for the warp: 64 per thread.
-    thread_instr = thread_fmas / 64 if tc else thread_fmas / issue_eff
     latency_s = (chunks * per_chunk + thread_instr) / hw.clock_hz
 
     wave_s = max(compute_s, shared_s, l2_s, register_s, latency_s)
@@ -300,6 +290,33 @@ def space_breakdown(space: ScheduleSpace, s: Schedule) -> CostBreakdown | None:
                          tensor_cores=tc, compute_s=compute_s, shared_s=shared_s, l2_s=l2_s,
                          register_s=register_s, latency_s=latency_s, dram_s=dram_s,
                          bank_conflict=mean_conflict, total_s=total)
+
+
+def _shared_reads(space: ScheduleSpace, s: Schedule, tc: bool, threads: int, warps: int,
+                  steps: int) -> tuple[float, float, list[int]]:
+    """(bytes read from shared memory per block incl. conflicts, load instructions per thread, degrees).
+
+    CUDA cores: every thread loads its own fragment of each input per register step, one scalar load per
+    element. Tensor cores: a warp loads the fragments of its warp tile once per step with 16-byte ldmatrix rows.
+    """
+    t0 = s.tiles[0]
+    reads, instr = 0.0, 0.0
+    conflicts: list[int] = []
+    if tc:
+        lanes = space.warp_lanes(s)
+        warp_tile = tuple(t0[a] if space.is_reduce[a] else lanes[a] * t0[a] for a in range(len(t0)))
+        for t in space.inputs:
+            n = (steps if t.uses_reduce else 1) * space.tensor_elems(t, warp_tile) * t.elem_bytes
+            reads += warps * n
+            instr += n / (space.hw.warp_size * 16)
+        return reads, instr, conflicts
+    for t, elems in zip(space.inputs, space.elems(t0), strict=False):
+        n = (steps if t.uses_reduce else 1) * elems
+        deg = bank_conflict(space, s, t)
+        conflicts.append(deg)
+        reads += threads * n * t.elem_bytes * deg
+        instr += n
+    return reads, instr, conflicts
 
 
 def _peak(hw: HwProfile, dtype: str, tensor_cores: bool) -> float:

@@ -495,7 +495,7 @@ class _Interp:
         self.env = env
         self.buffers = buffers
 
-    def eval(self, e: Any) -> Any:  # noqa: C901 - one dispatch over node types
+    def eval(self, e: Any) -> Any:
         from tvm import ir, tirx
 
         if isinstance(e, tirx.IntImm):

@@ -1,0 +1,322 @@
+"""The incremental SQLite checkpoint of an exhaustive µGraph search.
+
+One file per search (see :func:`default_checkpoint_path`) records which of the search's tasks are done, with
+their statistics and every candidate µGraph they found. A task's candidates and its ``done`` mark are written
+in ONE transaction, so the file is consistent whenever the process dies (``kill -9``, power loss): a task is
+either completely recorded or not at all, and a resumed search re-runs exactly the tasks not marked done.
+
+Tables
+------
+``meta``
+    ``(name, value)``: ``format`` (:data:`FORMAT_MARKER`), ``format_version``, ``spec_key``, ``spec`` (the
+    search spec as JSON), ``tasks_digest`` (hash of the enumerated task list), ``num_tasks``,
+    ``gensorage_version``, ``created_at``, ``updated_at`` (Unix times).
+``tasks``
+    ``(idx, status, task, stats, elapsed_s, updated_at)``: one row per task, ``status`` ``'pending'`` or
+    ``'done'``; ``stats`` (JSON) and ``elapsed_s`` are set when it is done.
+``candidates``
+    ``(task_idx, position, predicted_time_s, ugraph, equivalence, found_in_task)``: the candidates of done
+    tasks; ``position`` is the candidate's place in its task's result, so loading reproduces the exact order
+    the task returned (the final ranking is recomputed from them, so no rank is stored).
+
+Durability: WAL journal with ``synchronous = FULL``. WAL alone already makes every committed transaction
+survive a killed *process* (the WAL frames are in the OS page cache); FULL adds an fsync per commit so that a
+task once reported done also survives an OS crash or power loss. Commits happen once per finished task
+(seconds to minutes apart), so the fsync costs nothing measurable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from gensorage.errors import StoreError
+
+FORMAT_MARKER = "gensorage-search-checkpoint"
+FORMAT_VERSION = 1
+BUSY_TIMEOUT_MS = 30_000
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS tasks (
+        idx INTEGER PRIMARY KEY, status TEXT NOT NULL CHECK (status IN ('pending', 'done')),
+        task TEXT NOT NULL, stats TEXT, elapsed_s REAL, updated_at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS candidates (
+        task_idx INTEGER NOT NULL REFERENCES tasks(idx), position INTEGER NOT NULL,
+        predicted_time_s REAL NOT NULL, ugraph TEXT NOT NULL, equivalence TEXT NOT NULL,
+        found_in_task INTEGER NOT NULL,
+        PRIMARY KEY (task_idx, position))""",
+)
+
+
+def checkpoint_dir() -> Path:
+    """``$GENSORAGE_HOME/checkpoints`` (``GENSORAGE_HOME`` defaults to ``~/.cache/gensorage``)."""
+    from gensorage.store import gensorage_home
+
+    return gensorage_home() / "checkpoints"
+
+
+def default_checkpoint_path(spec_key: str) -> Path:
+    """Where a search with this spec key keeps its work when no checkpoint path is given."""
+    return checkpoint_dir() / f"{spec_key}.sqlite"
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateRow:
+    """One stored candidate, in JSON form (the runner converts to and from the search core's types)."""
+
+    task_index: int
+    position: int
+    ugraph: dict[str, Any]  # KernelGraph.to_json()
+    predicted_time_s: float
+    equivalence: dict[str, Any]
+    found_in_task: int
+
+
+@dataclass(frozen=True, slots=True)
+class DoneTask:
+    """A task marked done: its statistics (``Stats`` as a dict) and the seconds it took."""
+
+    index: int
+    stats: dict[str, Any]
+    elapsed_s: float
+
+
+class Checkpoint:
+    """An open search checkpoint (see the module docstring); create it with :meth:`open`.
+
+    Raises
+    ------
+    StoreError
+        From :meth:`open`: the file is not a SQLite database, is not a gensorage search checkpoint, has a newer
+        format, or was made for a different search (spec key, task list) or gensorage version.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._conn = conn
+
+    # ------------------------------------------------------------------------------------------ open
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, spec_key: str, spec_json: Any, tasks: Sequence[Any],
+             version: str | None = None) -> Checkpoint:
+        """Open the checkpoint at ``path`` for the search ``spec_key``, creating it (all tasks pending) if new.
+
+        Parameters
+        ----------
+        path
+            The SQLite file; parent directories are created.
+        spec_key, spec_json
+            The search spec's stable key and its JSON form (stored for humans and tools).
+        tasks
+            The search's tasks as JSON values, in index order (task ``i`` is ``tasks[i]``). Their digest is
+            stored so a checkpoint written by a different task enumeration is refused instead of mixed.
+        version
+            The gensorage version (default: the running one); results of another version are refused.
+        """
+        if version is None:
+            from gensorage import __version__ as version
+        p = Path(path).expanduser()
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit mode: every write below opens its own explicit transaction.
+            conn = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{p}: cannot open search checkpoint ({exc})") from exc
+        ckpt = cls(p, conn)
+        try:
+            ckpt._setup(spec_key, spec_json, [_dumps(t, f"task {i}") for i, t in enumerate(tasks)], str(version))
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StoreError(f"{p}: not a usable search checkpoint ({exc})") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return ckpt
+
+    def _setup(self, spec_key: str, spec_json: Any, task_texts: list[str], version: str) -> None:
+        conn = self._conn
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "meta" not in tables:
+            raise StoreError(f"{self.path}: a SQLite database that is not a gensorage search checkpoint "
+                             f"(tables: {', '.join(sorted(tables)[:5])})")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            raise StoreError(f"{self.path}: cannot switch the checkpoint to WAL mode (got {mode})")
+        conn.execute("PRAGMA synchronous = FULL")
+        digest = _digest(task_texts)
+        with self._write():
+            if not tables:
+                self._create(spec_key, spec_json, task_texts, digest, version)
+        self._check(spec_key, digest, len(task_texts), version)
+
+    def _create(self, spec_key: str, spec_json: Any, task_texts: list[str], digest: str, version: str) -> None:
+        now = time.time()
+        for stmt in _SCHEMA:
+            self._conn.execute(stmt)
+        meta = {
+            "format": FORMAT_MARKER, "format_version": str(FORMAT_VERSION), "spec_key": spec_key,
+            "spec": _dumps(spec_json, "spec"), "tasks_digest": digest, "num_tasks": str(len(task_texts)),
+            "gensorage_version": version, "created_at": repr(now), "updated_at": repr(now),
+        }
+        self._conn.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
+        self._conn.executemany("INSERT INTO tasks (idx, status, task, updated_at) VALUES (?, 'pending', ?, ?)",
+                               [(i, t, now) for i, t in enumerate(task_texts)])
+
+    def _check(self, spec_key: str, digest: str, num_tasks: int, version: str) -> None:
+        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        missing = {"meta", "tasks", "candidates"} - tables
+        meta = self.meta() if "meta" in tables else {}
+        if meta.get("format") != FORMAT_MARKER:
+            raise StoreError(f"{self.path}: not a gensorage search checkpoint "
+                             f"(format marker {meta.get('format')!r})")
+        if missing:
+            raise StoreError(f"{self.path}: damaged search checkpoint (missing tables {sorted(missing)})")
+        fv = meta.get("format_version", "")
+        if not fv.isdigit() or int(fv) > FORMAT_VERSION:
+            raise StoreError(f"{self.path}: checkpoint format {fv!r} is not one this gensorage reads "
+                             f"(up to {FORMAT_VERSION})")
+        if meta.get("spec_key") != spec_key:
+            raise StoreError(f"{self.path}: checkpoint belongs to a different search (spec key "
+                             f"{meta.get('spec_key')}, this search is {spec_key}); pass another checkpoint path "
+                             "or delete the file")
+        if meta.get("gensorage_version") != version:
+            raise StoreError(f"{self.path}: checkpoint was written by gensorage {meta.get('gensorage_version')}, "
+                             f"this is {version}; its results may differ, so delete it or use another path")
+        if meta.get("tasks_digest") != digest or meta.get("num_tasks") != str(num_tasks):
+            raise StoreError(f"{self.path}: checkpoint was made for a different task list "
+                             f"({meta.get('num_tasks')} tasks, digest {meta.get('tasks_digest')}; this search has "
+                             f"{num_tasks} tasks, digest {digest}); delete it or use another path")
+        rows = self._conn.execute("SELECT COUNT(*), MIN(idx), MAX(idx) FROM tasks").fetchone()
+        if rows[0] != num_tasks or (num_tasks and (rows[1] != 0 or rows[2] != num_tasks - 1)):
+            raise StoreError(f"{self.path}: damaged search checkpoint (task rows {rows[0]}, expected {num_tasks})")
+
+    # --------------------------------------------------------------------------------------- access
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """One IMMEDIATE transaction (write lock taken up front, so a second process waits, not deadlocks)."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def meta(self) -> dict[str, str]:
+        """The ``meta`` table as a dict."""
+        return dict(self._conn.execute("SELECT name, value FROM meta").fetchall())
+
+    def done_tasks(self) -> dict[int, DoneTask]:
+        """Every task marked done, by index."""
+        out: dict[int, DoneTask] = {}
+        try:
+            rows = self._conn.execute(
+                "SELECT idx, stats, elapsed_s FROM tasks WHERE status = 'done' ORDER BY idx").fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot read tasks ({exc})") from exc
+        for idx, stats, elapsed in rows:
+            value = _loads(stats, f"{self.path}: stats of task {idx}")
+            if not isinstance(value, dict):
+                raise StoreError(f"{self.path}: stats of task {idx} is not a JSON object")
+            out[int(idx)] = DoneTask(int(idx), value, float(elapsed))
+        return out
+
+    def pending_tasks(self) -> list[int]:
+        """Indices of the tasks not marked done, ascending."""
+        return [int(r[0]) for r in
+                self._conn.execute("SELECT idx FROM tasks WHERE status = 'pending' ORDER BY idx")]
+
+    def candidates(self) -> list[CandidateRow]:
+        """Every stored candidate, ordered by (task index, position)."""
+        try:
+            rows = self._conn.execute(
+                "SELECT c.task_idx, c.position, c.ugraph, c.predicted_time_s, c.equivalence, c.found_in_task "
+                "FROM candidates c JOIN tasks t ON t.idx = c.task_idx WHERE t.status = 'done' "
+                "ORDER BY c.task_idx, c.position").fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot read candidates ({exc})") from exc
+        out: list[CandidateRow] = []
+        for task, pos, ug, t, eq, found in rows:
+            where = f"{self.path}: candidate {pos} of task {task}"
+            ugraph, equivalence = _loads(ug, where), _loads(eq, where)
+            if not isinstance(ugraph, dict) or not isinstance(equivalence, dict):
+                raise StoreError(f"{where}: stored µGraph or equivalence is not a JSON object")
+            out.append(CandidateRow(int(task), int(pos), ugraph, float(t), equivalence, int(found)))
+        return out
+
+    def commit_task(self, index: int, *, stats: dict[str, Any], elapsed_s: float,
+                    candidates: Sequence[CandidateRow]) -> bool:
+        """Record task ``index`` as done with its statistics and candidates, in one transaction.
+
+        Returns False (and writes nothing) if the task was already done, e.g. by a second process sharing the
+        file, so results are never duplicated.
+        """
+        stats_text = _dumps(stats, f"stats of task {index}")
+        rows = [(index, c.position, float(c.predicted_time_s), _dumps(c.ugraph, "µGraph"),
+                 _dumps(c.equivalence, "equivalence"), int(c.found_in_task)) for c in candidates]
+        now = time.time()
+        try:
+            with self._write():
+                status = self._conn.execute("SELECT status FROM tasks WHERE idx = ?", (index,)).fetchone()
+                if status is None:
+                    raise StoreError(f"{self.path}: no task {index} in this checkpoint")
+                if status[0] == "done":
+                    return False
+                self._conn.execute("DELETE FROM candidates WHERE task_idx = ?", (index,))
+                self._conn.executemany("INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?)", rows)
+                self._conn.execute("UPDATE tasks SET status = 'done', stats = ?, elapsed_s = ?, updated_at = ? "
+                                   "WHERE idx = ?", (stats_text, float(elapsed_s), now, index))
+                self._conn.execute("UPDATE meta SET value = ? WHERE name = 'updated_at'", (repr(now),))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot record task {index} ({exc})") from exc
+        return True
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _digest(texts: Sequence[str]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+def _loads(text: str | None, where: str) -> Any:
+    if text is None:
+        raise StoreError(f"{where}: missing value")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"{where}: stored value is not valid JSON ({exc})") from exc
+
+
+__all__ = ["FORMAT_MARKER", "FORMAT_VERSION", "CandidateRow", "Checkpoint", "DoneTask", "checkpoint_dir",
+           "default_checkpoint_path"]

@@ -1,0 +1,545 @@
+"""Running an exhaustive µGraph search for hours: process pool, checkpoint, time budget, Ctrl-C, progress.
+
+:func:`run_search` splits the search into the core's tasks (:func:`enumerate_tasks`), runs them on a pool of
+worker processes in index order and commits each finished task to a SQLite :class:`~.checkpoint.Checkpoint`
+as soon as it completes. Because a task's result depends only on ``(spec, task)``, and the final answer is
+``rank_candidates`` over the candidates of all done tasks taken in (task, position) order *as read back from
+the checkpoint*, the result is the same for 1 worker or N, and after any number of kills and resumes.
+
+Stopping:
+
+* a time budget stops dispatching new tasks and asks the running ones to stop (a shared event their
+  ``should_stop`` polls); they return ``complete=False`` and are not marked done, so a later run redoes them;
+* the first Ctrl-C (SIGINT) does the same and :func:`run_search` then raises :class:`SearchInterrupted`
+  carrying the partial result; workers ignore SIGINT so only the parent decides. A second Ctrl-C aborts at
+  once (running tasks are killed; everything already committed stays);
+* ``kill -9`` of the parent loses only the running tasks; workers notice their parent is gone and stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import multiprocessing
+import operator
+import os
+import queue as queue_mod
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from gensorage.errors import ConfigError
+from gensorage.exhaustive.checkpoint import CandidateRow, Checkpoint, default_checkpoint_path
+from gensorage.exhaustive.progress import ProgressReporter, Snapshot, format_seconds
+
+# Parent loop tick: how often it wakes to drain progress, check the budget and redraw.
+TICK_S = 0.2
+# How often a worker's should_stop really looks at the shared event and its parent (the core may call
+# should_stop per state, and Event.is_set takes a lock).
+STOP_POLL_S = 0.05
+# How often a worker forwards its running task's statistics to the parent.
+WORKER_PROGRESS_S = 0.5
+# After a stop request, how long running tasks get to return before they are killed.
+STOP_GRACE_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class SearchCore:
+    """The search core the runner drives (by default :mod:`gensorage.exhaustive`).
+
+    Every member must be picklable by reference (module-level functions and classes), since worker processes
+    receive it.
+    """
+
+    enumerate_tasks: Callable[[Any], Sequence[Any]]
+    run_task: Callable[..., Any]
+    rank_candidates: Callable[[Sequence[Any]], list[Any]]
+    candidate_type: Callable[..., Any]
+    stats_type: Callable[..., Any]
+
+
+def default_core() -> SearchCore:
+    """The real exhaustive-search core of :mod:`gensorage.exhaustive`."""
+    from gensorage.exhaustive import generator, spec
+
+    return SearchCore(
+        enumerate_tasks=generator.enumerate_tasks,
+        run_task=generator.run_task,
+        rank_candidates=generator.rank_candidates,
+        candidate_type=generator.Candidate,
+        stats_type=spec.Stats if hasattr(spec, "Stats") else generator.Stats,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """What a search found (all of it, when resumed: done tasks of earlier runs count too).
+
+    ``candidates`` are ranked best first by the core's ``rank_candidates``; ``stats`` sums the statistics of
+    the done tasks; ``complete`` says every task is done; ``elapsed_s`` is this run's wall time;
+    ``tasks_resumed`` the tasks that were already done when this run started; ``stopped_by`` is
+    ``"time budget"``, ``"interrupt"`` or None.
+    """
+
+    best: Any | None
+    candidates: tuple[Any, ...]
+    stats: Any
+    tasks_done: int
+    tasks_total: int
+    complete: bool
+    elapsed_s: float
+    checkpoint_path: Path
+    tasks_resumed: int = 0
+    stopped_by: str | None = None
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the search; ``result`` holds what was found and saved (resume by running it again)."""
+
+    def __init__(self, result: SearchResult) -> None:
+        super().__init__(
+            f"search interrupted: {result.tasks_done}/{result.tasks_total} tasks done and saved in "
+            f"{result.checkpoint_path}; run the same search again with this checkpoint to resume")
+        self.result = result
+
+
+def default_workers() -> int:
+    """The cores this process may use (its CPU affinity where the OS tells it, else ``os.cpu_count()``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# ================================================================================================ the API
+
+
+def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, workers: int | None = None,
+               time_budget_s: float | None = None, progress: bool = True, core: SearchCore | None = None,
+               progress_stream: Any = None) -> SearchResult:
+    """Run (or resume) the exhaustive search ``spec``, keeping every finished task in a checkpoint.
+
+    Parameters
+    ----------
+    spec
+        A ``SearchSpec`` (``key()``, ``to_json()``).
+    checkpoint
+        The SQLite checkpoint file; None means ``$GENSORAGE_HOME/checkpoints/<spec key>.sqlite``. An existing
+        file for the same spec is resumed: only tasks not marked done run.
+    workers
+        Worker processes (default: the usable cores). With 1 the tasks run in this process.
+    time_budget_s
+        Stop after this many seconds of wall time (tasks still running are not kept); None means no limit.
+    progress
+        Print a header and live progress to stderr (``progress_stream`` overrides the stream).
+    core
+        The search core (default :func:`default_core`); tests pass their own.
+
+    Returns
+    -------
+    SearchResult
+        ``complete`` is False when the time budget stopped the search before every task was done.
+
+    Raises
+    ------
+    SearchInterrupted
+        Ctrl-C; ``.result`` holds the partial result, everything finished is in the checkpoint.
+    StoreError
+        The checkpoint is corrupt, foreign, or belongs to a different search.
+    ConfigError
+        ``workers`` < 1 or a non-positive time budget.
+    """
+    start = time.monotonic()
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be at least 1 (got {workers})")
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise ConfigError(f"time budget must be a positive number of seconds (got {time_budget_s})")
+    core = core if core is not None else default_core()
+    n_workers = workers if workers is not None else default_workers()
+    tasks = list(core.enumerate_tasks(spec))
+    for i, t in enumerate(tasks):
+        if getattr(t, "index", None) != i:
+            raise RuntimeError(f"search core bug: task {i} of the enumeration has index {getattr(t, 'index', None)}")
+    path = Path(checkpoint).expanduser() if checkpoint is not None else default_checkpoint_path(spec.key())
+    reporter = ProgressReporter(enabled=progress, stream=progress_stream)
+    with Checkpoint.open(path, spec_key=spec.key(), spec_json=spec.to_json(),
+                         tasks=[_to_json(t) for t in tasks]) as ckpt:
+        run = _Run(core, spec, tasks, ckpt, reporter, start, time_budget_s)
+        pending = ckpt.pending_tasks()
+        n_workers = min(n_workers, max(1, len(pending)))
+        reporter.message(_header(spec, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s))
+        with _Interrupts() as interrupts:
+            run.interrupts = interrupts
+            try:
+                if pending and n_workers == 1:
+                    run.run_inline(pending)
+                elif pending:
+                    run.run_pool(pending, n_workers)
+            except KeyboardInterrupt:
+                # A second Ctrl-C: workers are gone, every committed task stays committed.
+                run.stopped_by = "interrupt"
+        result = run.result()
+        reporter.finish(run.snapshot())
+        if result.stopped_by == "time budget":
+            reporter.message(f"search: time budget of {format_seconds(time_budget_s)} reached; "
+                             f"{result.tasks_done}/{result.tasks_total} tasks done, saved in {path}")
+    if result.stopped_by == "interrupt":
+        raise SearchInterrupted(result)
+    return result
+
+
+def _header(spec: Any, path: Path, total: int, done: int, workers: int, budget: float | None) -> str:
+    parts = [f"gensorage search {spec.key()}: {total} tasks"]
+    if done:
+        parts.append(f"{done} already done (resuming)")
+    parts.append(f"{workers} worker{'s' if workers != 1 else ''}")
+    if budget is not None:
+        parts.append(f"time budget {format_seconds(budget)}")
+    return ", ".join(parts) + f"; checkpoint {path}"
+
+
+# ============================================================================================ one run
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """A task's result as plain data, built where the task ran."""
+
+    index: int
+    complete: bool
+    stats: dict[str, Any]
+    rows: list[CandidateRow]
+    elapsed_s: float
+
+
+@dataclass(slots=True)
+class _Run:
+    core: SearchCore
+    spec: Any
+    tasks: list[Any]
+    ckpt: Checkpoint
+    reporter: ProgressReporter
+    start: float
+    budget_s: float | None
+    interrupts: _Interrupts | None = None
+    stopped_by: str | None = None
+    committed: dict[str, Any] = field(default_factory=dict)  # summed stats of done tasks
+    partial: dict[int, dict[str, Any]] = field(default_factory=dict)  # running tasks' stats so far
+    done: int = 0
+    resumed: int = 0
+    done_this_run: int = 0
+    best_time: float | None = None
+
+    def __post_init__(self) -> None:
+        done = self.ckpt.done_tasks()
+        for d in done.values():
+            self.committed = _add(self.committed, d.stats)
+        self.done = self.resumed = len(done)
+        times = [r.predicted_time_s for r in self.ckpt.candidates()]
+        self.best_time = min(times) if times else None
+
+    # ------------------------------------------------------------------------------------ stopping
+    def stop_reason(self) -> str | None:
+        if self.stopped_by is None:
+            if self.interrupts is not None and self.interrupts.count:
+                self.stopped_by = "interrupt"
+            elif self.budget_s is not None and time.monotonic() - self.start >= self.budget_s:
+                self.stopped_by = "time budget"
+        return self.stopped_by
+
+    # ------------------------------------------------------------------------------------- inline
+    def run_inline(self, pending: Sequence[int]) -> None:
+        """Run the tasks one after another in this process (one worker: no process start-up cost)."""
+        should_stop = _Throttled(lambda: self.stop_reason() is not None)
+        for idx in pending:
+            if self.stop_reason():
+                return
+            t0 = time.perf_counter()
+            res = self.core.run_task(self.spec, self.tasks[idx], should_stop=should_stop,
+                                     on_progress=functools.partial(self._inline_progress, idx))
+            self.record(_encode(idx, res, time.perf_counter() - t0))
+
+    def _inline_progress(self, idx: int, stats: Any) -> None:
+        self.partial[idx] = _stats_dict(stats)
+        self.reporter.update(self.snapshot())
+
+    # --------------------------------------------------------------------------------------- pool
+    def run_pool(self, pending: Sequence[int], n_workers: int) -> None:
+        """Run the tasks on ``n_workers`` spawned processes, at most one task per worker at a time."""
+        ctx = multiprocessing.get_context("spawn")
+        stop_event = ctx.Event()
+        progress_q: Any = ctx.Queue()
+        todo = deque(pending)
+        inflight: dict[Future[_Outcome], int] = {}
+        stop_since: float | None = None
+        executor = ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx, initializer=_init_worker,
+                                       initargs=(stop_event, progress_q, os.getpid()))
+        clean = False
+        try:
+            while True:
+                if self.stop_reason() and stop_since is None:
+                    stop_event.set()
+                    stop_since = time.monotonic()
+                while stop_since is None and todo and len(inflight) < n_workers:
+                    idx = todo.popleft()
+                    inflight[_submit(executor, _worker_run, self.core, self.spec, self.tasks[idx])] = idx
+                if not inflight:
+                    break
+                finished, _ = wait(inflight, timeout=TICK_S, return_when=FIRST_COMPLETED)
+                self._drain(progress_q)
+                for fut in sorted(finished, key=inflight.__getitem__):
+                    del inflight[fut]
+                    self.record(fut.result())
+                if stop_since is not None and time.monotonic() - stop_since > STOP_GRACE_S:
+                    break  # tasks that ignore should_stop are killed below
+                self.reporter.update(self.snapshot())
+            clean = not inflight
+        finally:
+            stop_event.set()
+            if not clean:
+                _terminate(executor)
+            executor.shutdown(wait=True, cancel_futures=True)
+            progress_q.close()
+            progress_q.join_thread()
+
+    def _drain(self, q: Any) -> None:
+        while True:
+            try:
+                idx, stats = q.get_nowait()
+            except queue_mod.Empty:
+                return
+            except (OSError, ValueError, EOFError):
+                return
+            self.partial[idx] = stats
+
+    # ------------------------------------------------------------------------------------ results
+    def record(self, out: _Outcome) -> None:
+        """Commit a finished task (its candidates and done mark in one transaction); drop an unfinished one."""
+        self.partial.pop(out.index, None)
+        if not out.complete:
+            return
+        ctx = self.interrupts.critical() if self.interrupts is not None else _nullcontext()
+        with ctx:
+            fresh = self.ckpt.commit_task(out.index, stats=out.stats, elapsed_s=out.elapsed_s,
+                                          candidates=out.rows)
+        if not fresh:
+            return
+        self.committed = _add(self.committed, out.stats)
+        self.done += 1
+        self.done_this_run += 1
+        times = [r.predicted_time_s for r in out.rows]
+        if times and (self.best_time is None or min(times) < self.best_time):
+            self.best_time = min(times)
+
+    def snapshot(self) -> Snapshot:
+        live = functools.reduce(_add, self.partial.values(), self.committed)
+        return Snapshot(stats=live, tasks_done=self.done, tasks_total=len(self.tasks),
+                        tasks_done_this_run=self.done_this_run, tasks_running=len(self.partial),
+                        best_time_s=self.best_time, elapsed_s=time.monotonic() - self.start)
+
+    def result(self) -> SearchResult:
+        """The result as read back from the checkpoint (so a fresh run and a resumed one are identical)."""
+        core = self.core
+        cands = [_decode_candidate(core, r) for r in self.ckpt.candidates()]
+        ranked = tuple(core.rank_candidates(cands))
+        done = self.ckpt.done_tasks()
+        stats = functools.reduce(operator.add, (_decode_stats(core, done[i].stats) for i in sorted(done)),
+                                 core.stats_type())
+        return SearchResult(
+            best=ranked[0] if ranked else None, candidates=ranked, stats=stats, tasks_done=len(done),
+            tasks_total=len(self.tasks), complete=len(done) == len(self.tasks),
+            elapsed_s=time.monotonic() - self.start, checkpoint_path=self.ckpt.path, tasks_resumed=self.resumed,
+            stopped_by=self.stopped_by if len(done) < len(self.tasks) else None)
+
+
+# ======================================================================================== the workers
+
+_worker_stop: Any = None
+_worker_progress: Any = None
+_worker_parent: int | None = None
+
+
+def _init_worker(stop_event: Any, progress_q: Any, parent_pid: int) -> None:
+    global _worker_stop, _worker_progress, _worker_parent
+    # Only the parent decides what Ctrl-C means; it reaches the whole process group, workers included.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_stop, _worker_progress, _worker_parent = stop_event, progress_q, parent_pid
+    # Progress messages are disposable; never let a full pipe delay the worker's exit.
+    progress_q.cancel_join_thread()
+
+
+def _worker_should_stop() -> bool:
+    # A parent killed with -9 cannot set the event; reparenting (ppid changes) tells the worker instead.
+    return bool(_worker_stop is not None and _worker_stop.is_set()) or os.getppid() != _worker_parent
+
+
+def _worker_run(core: SearchCore, spec: Any, task: Any) -> _Outcome:
+    idx = int(task.index)
+    last = [0.0]
+
+    def on_progress(stats: Any) -> None:
+        now = time.monotonic()
+        if now - last[0] >= WORKER_PROGRESS_S and _worker_progress is not None:
+            last[0] = now
+            try:
+                _worker_progress.put_nowait((idx, _stats_dict(stats)))
+            except (OSError, ValueError, queue_mod.Full):
+                pass  # progress is best-effort; the result is what counts
+
+    t0 = time.perf_counter()
+    res = core.run_task(spec, task, should_stop=_Throttled(_worker_should_stop), on_progress=on_progress)
+    return _encode(idx, res, time.perf_counter() - t0)
+
+
+class _Throttled:
+    """``should_stop`` for the core: consults ``check`` at most every :data:`STOP_POLL_S`; once True, stays."""
+
+    __slots__ = ("_check", "_next", "_stopped")
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        self._check = check
+        self._next = 0.0
+        self._stopped = False
+
+    def __call__(self) -> bool:
+        if self._stopped:
+            return True
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + STOP_POLL_S
+            self._stopped = bool(self._check())
+        return self._stopped
+
+
+def _submit(executor: ProcessPoolExecutor, fn: Callable[..., _Outcome], *args: Any) -> Future[_Outcome]:
+    """``executor.submit``, with SIGINT ignored meanwhile: submit may spawn a worker, and a child started
+    while SIGINT is ignored ignores it from its first instruction (before its initializer could)."""
+    if threading.current_thread() is not threading.main_thread():
+        return executor.submit(fn, *args)
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return executor.submit(fn, *args)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _terminate(executor: ProcessPoolExecutor) -> None:
+    """Kill the pool's workers now (tasks that did not honour the stop request, or a forced abort)."""
+    terminate = getattr(executor, "terminate_workers", None)  # Python >= 3.14
+    if callable(terminate):
+        terminate()
+        return
+    # Older Pythons have no public way; the pool's process table is the only handle on its workers.
+    for proc in list((getattr(executor, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            proc.terminate()
+
+
+# ======================================================================================== Ctrl-C
+
+
+class _Interrupts:
+    """SIGINT while a search runs: the first sets ``count`` (a clean stop), the second raises KeyboardInterrupt
+    (an abort), but never inside a checkpoint commit: it is held back until the commit is over."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._in_commit = False
+        self._deferred = False
+        self._old: Any = None
+        self._installed = False
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count >= 2:
+            if self._in_commit:
+                self._deferred = True
+            else:
+                raise KeyboardInterrupt
+
+    @contextmanager
+    def critical(self) -> Iterator[None]:
+        self._in_commit = True
+        try:
+            yield
+        finally:
+            self._in_commit = False
+        if self._deferred:
+            self._deferred = False
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def _nullcontext() -> Iterator[None]:
+    yield
+
+
+# ======================================================================================== conversions
+
+
+def _to_json(obj: Any) -> Any:
+    to_json = getattr(obj, "to_json", None)
+    if callable(to_json):
+        return to_json()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    raise TypeError(f"{type(obj).__name__} has no JSON form")
+
+
+def _stats_dict(stats: Any) -> dict[str, Any]:
+    value = _to_json(stats)
+    if not isinstance(value, dict):
+        raise TypeError(f"statistics {type(stats).__name__} do not convert to a JSON object")
+    return value
+
+
+def _decode_stats(core: SearchCore, d: dict[str, Any]) -> Any:
+    from_json = getattr(core.stats_type, "from_json", None)
+    return from_json(d) if callable(from_json) else core.stats_type(**d)
+
+
+def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Field-wise sum of two statistics dicts (numeric fields; others keep the first value seen)."""
+    out = dict(a)
+    for k, v in b.items():
+        if k in out and isinstance(v, int | float) and isinstance(out[k], int | float):
+            out[k] = out[k] + v
+        elif k not in out:
+            out[k] = v
+    return out
+
+
+def _encode(index: int, res: Any, elapsed_s: float) -> _Outcome:
+    if res.task_index != index:
+        raise RuntimeError(f"search core bug: task {index} returned the result of task {res.task_index}")
+    rows = [CandidateRow(index, pos, c.ugraph.to_json(), float(c.predicted_time_s), dict(c.equivalence),
+                         int(c.found_in_task)) for pos, c in enumerate(res.candidates)]
+    return _Outcome(index, bool(res.complete), _stats_dict(res.stats), rows, float(elapsed_s))
+
+
+def _decode_candidate(core: SearchCore, row: CandidateRow) -> Any:
+    from gensorage.ugraph import KernelGraph
+
+    return core.candidate_type(ugraph=KernelGraph.from_json(row.ugraph), predicted_time_s=row.predicted_time_s,
+                               equivalence=row.equivalence, found_in_task=row.found_in_task)
+
+
+__all__ = ["SearchCore", "SearchInterrupted", "SearchResult", "default_core", "default_workers", "run_search"]

@@ -1,0 +1,337 @@
+"""The search runner: process pool, checkpoint/resume under kill -9, time budget, Ctrl-C, progress.
+
+Most tests drive the runner with a toy core (below) whose tasks are fast, deterministic and can be slowed down
+on purpose, so kills and budgets land mid-search; one test runs the real exhaustive core at tiny limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gensorage.errors import ConfigError
+from gensorage.exhaustive.runner import SearchCore, SearchInterrupted, SearchResult, run_search
+from gensorage.program import Program
+from gensorage.ugraph import KernelGraph, from_program
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+
+# ============================================================================================ toy core
+
+
+@dataclass(frozen=True)
+class ToySpec:
+    """``n_tasks`` tasks of ``per_task`` states each; every state sleeps ``sleep_s``."""
+
+    n_tasks: int = 6
+    per_task: int = 12
+    sleep_s: float = 0.0
+    seed: int = 0
+    fail_task: int = -1  # this task raises (a core error must reach the caller)
+    log_dir: str = ""  # each completed run_task drops a file here (to count what was re-run)
+
+    def key(self) -> str:
+        text = json.dumps(self.to_json(), sort_keys=True)
+        return "toy-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        del d["log_dir"]  # where logs go does not change the search
+        return d
+
+
+@dataclass(frozen=True)
+class ToyTask:
+    index: int
+    start: int
+
+
+@dataclass(frozen=True)
+class ToyStats:
+    states: int = 0
+    pruned_expr: int = 0
+    solver_queries: int = 0
+    cache_hits: int = 0
+    verified: int = 0
+
+    def __add__(self, other: ToyStats) -> ToyStats:
+        return ToyStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other),
+                                                 strict=True)))
+
+
+@dataclass(frozen=True)
+class ToyCandidate:
+    ugraph: KernelGraph
+    predicted_time_s: float
+    equivalence: dict[str, Any]
+    found_in_task: int
+
+
+@dataclass(frozen=True)
+class ToyResult:
+    task_index: int
+    candidates: tuple[ToyCandidate, ...]
+    stats: ToyStats
+    complete: bool
+
+
+def toy_enumerate(spec: ToySpec) -> list[ToyTask]:
+    return [ToyTask(i, i * spec.per_task) for i in range(spec.n_tasks)]
+
+
+def _hash(seed: int, i: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:8], "little")
+
+
+@functools.lru_cache(maxsize=None)
+def _graph(width: int) -> KernelGraph:
+    p = Program("toy")
+    p.output(p.exp(p.input("X", (2, width))))
+    return from_program(p)
+
+
+def toy_run_task(spec: ToySpec, task: ToyTask, *, should_stop: Callable[[], bool] = lambda: False,
+                 on_progress: Callable[[ToyStats], None] | None = None) -> ToyResult:
+    if task.index == spec.fail_task:
+        raise ValueError(f"toy failure in task {task.index}")
+    stats, cands = ToyStats(), []
+    for i in range(task.start, task.start + spec.per_task):
+        if should_stop():
+            return ToyResult(task.index, tuple(cands), stats, False)
+        if spec.sleep_s:
+            time.sleep(spec.sleep_s)
+        h = _hash(spec.seed, i)
+        stats = stats + ToyStats(1, h % 3, h % 2, (h >> 3) % 2, int(h % 4 == 0))
+        if h % 4 == 0:
+            cands.append(ToyCandidate(_graph(1 + h % 9), 1e-6 * (1 + (h >> 8) % 500),
+                                      {"trials": 2, "prime": 2_147_483_647, "state": i}, task.index))
+        if on_progress is not None:
+            on_progress(stats)
+    if spec.log_dir:
+        Path(spec.log_dir, f"task{task.index}-{os.getpid()}-{time.monotonic_ns()}").touch()
+    return ToyResult(task.index, tuple(cands), stats, True)
+
+
+def toy_rank(cands: list[ToyCandidate]) -> list[ToyCandidate]:
+    return sorted(cands, key=lambda c: (c.predicted_time_s, c.found_in_task, c.equivalence["state"]))
+
+
+TOY = SearchCore(enumerate_tasks=toy_enumerate, run_task=toy_run_task, rank_candidates=toy_rank,
+                 candidate_type=ToyCandidate, stats_type=ToyStats)
+
+
+# ============================================================================================ helpers
+
+
+def summary(r: SearchResult) -> tuple[Any, ...]:
+    """Everything that must not depend on workers, kills or resumes."""
+    cands = [(json.dumps(c.ugraph.to_json(), sort_keys=True), c.predicted_time_s, c.equivalence, c.found_in_task)
+             for c in r.candidates]
+    return (cands, r.stats, r.tasks_done, r.tasks_total, r.complete)
+
+
+def expected(spec: ToySpec) -> tuple[list[Any], ToyStats]:
+    """The answer computed without the runner: every task in order, ranked."""
+    results = [toy_run_task(spec, t) for t in toy_enumerate(spec)]
+    cands = toy_rank([c for r in results for c in r.candidates])
+    stats = functools.reduce(lambda a, b: a + b, (r.stats for r in results), ToyStats())
+    return [(c.predicted_time_s, c.found_in_task, c.equivalence["state"]) for c in cands], stats
+
+
+def done_count(path: Path) -> int:
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM tasks WHERE status = 'done'").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+def spawn_search(spec: ToySpec, ckpt: Path, workers: int, *, budget: float | None = None) -> subprocess.Popen[str]:
+    """A separate Python process running the toy search (to kill it)."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "import json\n"
+        "from test_runner import TOY, ToySpec\n"
+        "from gensorage.exhaustive.runner import run_search, SearchInterrupted\n"
+        "spec = ToySpec(**json.loads(sys.argv[2]))\n"
+        "budget = None if sys.argv[5] == 'none' else float(sys.argv[5])\n"
+        "try:\n"
+        "    r = run_search(spec, checkpoint=sys.argv[3], workers=int(sys.argv[4]), core=TOY, time_budget_s=budget)\n"
+        "except SearchInterrupted as exc:\n"
+        "    print('INTERRUPTED', exc.result.tasks_done, flush=True); sys.exit(130)\n"
+        "print('DONE', r.tasks_done, r.complete, flush=True)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(TESTS), json.dumps(dataclasses.asdict(spec)), str(ckpt), str(workers),
+         "none" if budget is None else str(budget)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_done(path: Path, at_least: int, proc: subprocess.Popen[str], timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n = done_count(path) if path.exists() else 0
+        if n >= at_least:
+            return n
+        if proc.poll() is not None:
+            raise AssertionError(f"search exited early: {proc.communicate()}")
+        time.sleep(0.02)
+    raise AssertionError(f"no {at_least} tasks done within {timeout} s")
+
+
+# ============================================================================================== tests
+
+
+def test_one_worker_and_two_workers_match_the_direct_answer(tmp_path: Path) -> None:
+    spec = ToySpec(n_tasks=5, per_task=15)
+    r1 = run_search(spec, checkpoint=tmp_path / "a.sqlite", workers=1, core=TOY, progress=False)
+    r2 = run_search(spec, checkpoint=tmp_path / "b.sqlite", workers=2, core=TOY, progress=False)
+    assert summary(r1) == summary(r2)
+    want_cands, want_stats = expected(spec)
+    assert [(c.predicted_time_s, c.found_in_task, c.equivalence["state"]) for c in r1.candidates] == want_cands
+    assert r1.stats == want_stats and r1.complete and r1.tasks_done == 5
+    assert r1.best is r1.candidates[0]
+    assert r1.stopped_by is None and r1.tasks_resumed == 0
+
+
+def test_resume_reruns_only_tasks_not_done(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    spec = ToySpec(n_tasks=6, per_task=10, sleep_s=0.02, log_dir=str(logs))
+    ckpt = tmp_path / "c.sqlite"
+    first = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False, time_budget_s=0.5)
+    assert not first.complete and first.stopped_by == "time budget"
+    assert 0 < first.tasks_done < 6
+    second = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False)
+    assert second.complete and second.tasks_resumed == first.tasks_done
+    runs = sorted(p.name.split("-")[0] for p in logs.iterdir())
+    assert runs == [f"task{i}" for i in range(6)]  # each task completed exactly once over both runs
+    # A finished checkpoint answers at once, without running anything.
+    again = run_search(spec, checkpoint=ckpt, workers=2, core=TOY, progress=False)
+    assert summary(again) == summary(second) and again.tasks_resumed == 6
+    assert len(list(logs.iterdir())) == 6
+    fresh = run_search(spec, checkpoint=tmp_path / "fresh.sqlite", workers=1, core=TOY, progress=False)
+    assert summary(second) == summary(fresh)
+
+
+def test_kill_9_at_any_moment_then_resume_gives_the_same_result(tmp_path: Path) -> None:
+    spec = ToySpec(n_tasks=8, per_task=8, sleep_s=0.03)
+    reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY, progress=False)
+    ckpt = tmp_path / "killed.sqlite"
+    done = 0
+    # Kill twice (the second run resumes the first's file), each time right after a new task commits,
+    # once with the pool and once inline, then let a third run finish.
+    for workers in (2, 1):
+        proc = spawn_search(spec, ckpt, workers)
+        done = wait_for_done(ckpt, done + 1, proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert proc.returncode == -signal.SIGKILL
+    assert done < spec.n_tasks
+    resumed = run_search(spec, checkpoint=ckpt, workers=2, core=TOY, progress=False)
+    assert resumed.tasks_resumed >= 2
+    assert summary(resumed) == summary(reference)
+
+
+def test_time_budget_stops_and_keeps_only_finished_tasks(tmp_path: Path) -> None:
+    spec = ToySpec(n_tasks=4, per_task=40, sleep_s=0.05)  # 2 s per task
+    t0 = time.monotonic()
+    r = run_search(spec, checkpoint=tmp_path / "t.sqlite", workers=2, core=TOY, progress=False,
+                   time_budget_s=0.3)
+    took = time.monotonic() - t0
+    assert not r.complete and r.stopped_by == "time budget"
+    assert r.tasks_done == 0 and r.candidates == () and r.best is None
+    assert took < 15  # stopped running tasks instead of finishing them (8 s of work)
+    assert done_count(tmp_path / "t.sqlite") == 0
+
+
+def test_sigint_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
+    spec = ToySpec(n_tasks=6, per_task=10, sleep_s=0.04)
+    ckpt = tmp_path / "i.sqlite"
+    proc = spawn_search(spec, ckpt, 2)
+    wait_for_done(ckpt, 1, proc)
+    # Ctrl-C reaches the whole foreground process group: parent and workers alike.
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert out.startswith("INTERRUPTED")
+    assert "Traceback" not in err  # workers ignored the signal
+    saved = int(out.split()[1])
+    assert 1 <= saved == done_count(ckpt) < spec.n_tasks
+    resumed = run_search(spec, checkpoint=ckpt, workers=2, core=TOY, progress=False)
+    reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY, progress=False)
+    assert resumed.tasks_resumed == saved and summary(resumed) == summary(reference)
+
+
+def test_interrupt_in_process_raises_with_partial_result(tmp_path: Path) -> None:
+    spec = ToySpec(n_tasks=4, per_task=10)
+    calls = []
+
+    def interrupting_run_task(spec: ToySpec, task: ToyTask, **kw: Any) -> ToyResult:
+        calls.append(task.index)
+        if task.index == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C while task 2 runs: task 2 is dropped
+            time.sleep(0.1)
+        return toy_run_task(spec, task, **kw)
+
+    core = dataclasses.replace(TOY, run_task=interrupting_run_task)
+    with pytest.raises(SearchInterrupted) as info:
+        run_search(spec, checkpoint=tmp_path / "x.sqlite", workers=1, core=core, progress=False)
+    res = info.value.result
+    assert res.tasks_done == 2 and not res.complete and res.stopped_by == "interrupt"
+    assert calls == [0, 1, 2]
+    assert "resume" in str(info.value) and str(tmp_path / "x.sqlite") in str(info.value)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+
+def test_core_error_propagates_and_keeps_finished_tasks(tmp_path: Path) -> None:
+    spec = ToySpec(n_tasks=5, per_task=5, fail_task=3)
+    with pytest.raises(ValueError, match="toy failure in task 3"):
+        run_search(spec, checkpoint=tmp_path / "f.sqlite", workers=2, core=TOY, progress=False)
+    assert 3 <= done_count(tmp_path / "f.sqlite") <= 4
+
+
+def test_progress_goes_to_stderr_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = ToySpec(n_tasks=3, per_task=5)
+    run_search(spec, checkpoint=tmp_path / "p.sqlite", workers=1, core=TOY, progress=True)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert str(tmp_path / "p.sqlite") in err  # the header says where the work is kept
+    assert "tasks 3/3" in err and "states 15" in err and "ETA 0:00" in err
+    run_search(spec, checkpoint=tmp_path / "q.sqlite", workers=1, core=TOY, progress=False)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_default_checkpoint_lives_under_gensorage_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path / "home"))
+    spec = ToySpec(n_tasks=2, per_task=3)
+    r = run_search(spec, workers=1, core=TOY, progress=False)
+    assert r.checkpoint_path == tmp_path / "home" / "checkpoints" / f"{spec.key()}.sqlite"
+    assert r.checkpoint_path.is_file()
+
+
+def test_bad_arguments_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="workers"):
+        run_search(ToySpec(), checkpoint=tmp_path / "w.sqlite", workers=0, core=TOY)
+    with pytest.raises(ConfigError, match="time budget"):
+        run_search(ToySpec(), checkpoint=tmp_path / "w.sqlite", time_budget_s=0, core=TOY)
