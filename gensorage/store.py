@@ -77,6 +77,7 @@ class ScheduleRecord:
     predicted_time_s: float
     construction_time_s: float
     created_at: float  # Unix time
+    evaluated: int | None = None  # schedules the method scored, when known
 
 
 _SCHEMA = (
@@ -85,7 +86,7 @@ _SCHEMA = (
         workload TEXT NOT NULL, hw TEXT NOT NULL, method TEXT NOT NULL, seed INTEGER NOT NULL,
         options TEXT NOT NULL, version TEXT NOT NULL,
         schedule TEXT NOT NULL, predicted_time_s REAL NOT NULL, construction_time_s REAL NOT NULL,
-        created_at REAL NOT NULL,
+        created_at REAL NOT NULL, evaluated INTEGER,
         PRIMARY KEY (workload, hw, method, seed, options, version))""",
 )
 
@@ -242,9 +243,10 @@ class Store:
         try:
             with self._write():
                 self._conn.execute(
-                    "INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (k.workload, k.hw, k.method, k.seed, k.options, k.version, json.dumps(record.schedule),
-                     float(record.predicted_time_s), float(record.construction_time_s), record.created_at))
+                     float(record.predicted_time_s), float(record.construction_time_s), record.created_at,
+                     record.evaluated))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot write schedule ({exc})") from exc
 
@@ -252,7 +254,7 @@ class Store:
         """The schedule stored under ``key``, or None."""
         try:
             row = self._conn.execute(
-                "SELECT schedule, predicted_time_s, construction_time_s, created_at FROM schedules "
+                "SELECT schedule, predicted_time_s, construction_time_s, created_at, evaluated FROM schedules "
                 "WHERE workload = ? AND hw = ? AND method = ? AND seed = ? AND options = ? AND version = ?",
                 (key.workload, key.hw, key.method, key.seed, key.options, key.version)).fetchone()
         except sqlite3.Error as exc:
@@ -262,7 +264,8 @@ class Store:
         sched = _loads(row[0], f"{self.path}: schedule of {key.workload}")
         if not isinstance(sched, dict):
             raise StoreError(f"{self.path}: schedule of {key.workload} is not a JSON object")
-        return ScheduleRecord(key, sched, float(row[1]), float(row[2]), float(row[3]))
+        return ScheduleRecord(key, sched, float(row[1]), float(row[2]), float(row[3]),
+                              None if row[4] is None else int(row[4]))
 
     def count_schedules(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM schedules").fetchone()[0])

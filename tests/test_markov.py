@@ -196,10 +196,10 @@ def test_annealing_constants() -> None:
 
 def test_benefit_is_zero_where_the_successor_does_not_fit() -> None:
     space = space_for(ops.gemm(4096, 4096, 4096), H100)
-    s = space.make((8, 8, 1), (32, 1024, 8), level=1)  # 4 x 128 = 512 threads; doubling rows -> 1024 fits
+    s = space.make((4, 4, 1), (16, 512, 8), level=1)  # 4 x 128 = 512 threads; doubling rows -> 1024 fits
     w, nxt = benefit(space, s, Action("tile", 0), t=0)
     assert w > 0 and nxt is not None
-    s2 = space.make((8, 8, 1), (64, 1024, 8), level=1)  # 1024 threads: one more row step -> 2048
+    s2 = space.make((4, 4, 1), (32, 512, 8), level=1)  # 1024 threads: one more row step -> 2048
     assert benefit(space, s2, Action("tile", 0), t=0) == (0.0, None)
     w_cache, _ = benefit(space, s2, Action("cache", -1), t=10)
     assert w_cache == pytest.approx(caching_benefit(space, s2) * cache_weight(10))

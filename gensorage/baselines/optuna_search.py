@@ -16,7 +16,6 @@ from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import ScheduleSpace, space_for
 from gensorage.ops.workload import Workload
 
-
 # What TPE is told for a schedule that does not fit (it is still scored inf): far above any kernel time and
 # graded by how far the block overshoots the SM, so TPE can tell nearly-fitting samples from hopeless ones.
 _PENALTY_S = 1e3

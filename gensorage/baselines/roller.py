@@ -2,11 +2,12 @@
 
 Greedy and single-objective, as the Gensor paper characterizes it: level by level from the registers outwards,
 the tile grows along the axis whose growth most raises the level's compute-to-memory-traffic ratio
-(``flops / Q_level``), never shrinks (no inverse tiling), and stops when no growth raises the ratio or fits.
+(``flops / Q_level``), never shrinks (no inverse tiling), and stops when no growth raises the ratio or fits,
+or when the ratio reaches the hardware's FLOP/byte balance point for the level (Roller's saturation rule).
 Tiles are aligned to the hardware: sizes step through power-of-two multiples of the level below, a block's
-reduction chunk starts at one full memory transaction of every input it is contiguous in, a block keeps the
-grid at least one block per SM where the workload allows, and the block is grown to whole warps at the end.
-No virtual threads. The cost model scores only the final schedule.
+tile starts at one full memory transaction along every input's contiguous dimension, growth keeps at
+least four warps per SM and one block per SM where the workload allows (scale-out), and the block is grown to
+whole warps at the end. No virtual threads. The cost model scores only the final schedule.
 """
 
 from __future__ import annotations
@@ -33,11 +34,16 @@ def _next_aligned(space: ScheduleSpace, axis: int, current: int, base: int) -> i
     return None
 
 
-def _grow(space: ScheduleSpace, s: Schedule, level: int, ok: Callable[[Schedule], bool]) -> Schedule:
-    """Greedy growth of the level-``level`` tile by the compute-to-traffic ratio."""
+def _grow(space: ScheduleSpace, s: Schedule, level: int, ok: Callable[[Schedule], bool],
+          saturation: float) -> Schedule:
+    """Greedy growth of the level-``level`` tile by the compute-to-traffic ratio.
+
+    Stops when no aligned growth fits and raises the ratio, or once the ratio reaches ``saturation`` (the
+    FLOP/byte balance point of the hardware for this level: more reuse cannot make it faster).
+    """
     flops = space.workload.flops
     ratio = flops / space.traffic(s, level)
-    while True:
+    while ratio < saturation:
         best: tuple[float, Schedule] | None = None
         for a in range(len(space.axes)):
             t = list(s.tiles[level])
@@ -57,26 +63,48 @@ def _grow(space: ScheduleSpace, s: Schedule, level: int, ok: Callable[[Schedule]
         if best is None:
             return s
         ratio, s = best
+    return s
 
 
-def _align_reduce(space: ScheduleSpace, s: Schedule) -> Schedule:
-    """Start each reduction axis's block chunk at one memory transaction of the inputs contiguous in it."""
-    t1 = list(s.tiles[1])
-    for a in space.reduce:
-        for t in space.inputs:
-            last = t.dims[-1] if t.dims else ()
-            if any(ax == a for ax, _ in last):
-                need = -(-space.hw.transaction_bytes // t.elem_bytes)
-                fitting = [c for c in space.candidates[a] if c >= max(need, t1[a]) and c % s.tiles[0][a] == 0]
-                if fitting:
-                    t1[a] = max(t1[a], fitting[0])
-    aligned = space.make(s.tiles[0], tuple(t1), s.vthreads, 1)
-    return aligned if space.fits(aligned) else s
+def _parallel_units(space: ScheduleSpace, s: Schedule, level: int) -> int:
+    """Threads (level 0) or blocks (level 1) the schedule launches."""
+    counts = space.tile_counts(s, level)
+    return math.prod(counts[a] for a in space.spatial)
+
+
+def _keeps_parallelism(space: ScheduleSpace, start: Schedule, level: int, floor: int) -> Callable[[Schedule], bool]:
+    """Roller's scale-out rule: growth may not drop the parallel units below ``floor`` (unless already below)."""
+    need = min(floor, _parallel_units(space, start, level))
+    return lambda cand: space.fits(cand) and _parallel_units(space, cand, level) >= need
+
+
+def _align_transactions(space: ScheduleSpace, s: Schedule) -> Schedule:
+    """Grow the block tile until every input's contiguous run covers one memory transaction, where it fits.
+
+    For each input, the axes indexing its last dimension grow (reduction axes first: that costs no
+    parallelism) through aligned sizes until the run spans ``transaction_bytes`` or the axes are exhausted.
+    """
+    for t in space.inputs:
+        if not t.dims or not t.dims[-1]:
+            continue
+        need = -(-space.hw.transaction_bytes // t.elem_bytes)
+        order = sorted(t.dims[-1], key=lambda ac: not space.is_reduce[ac[0]])
+        for a, _ in order:
+            while space.tensor_elems_dim(t, -1, s.tiles[1]) < need:
+                nxt = _next_aligned(space, a, s.tiles[1][a], s.tiles[0][a])
+                if nxt is None:
+                    break
+                cand = space.make(s.tiles[0], s.tiles[1][:a] + (nxt,) + s.tiles[1][a + 1:], s.vthreads, 1)
+                if not space.fits(cand):
+                    break
+                s = cand
+    return s
 
 
 def _align_warps(space: ScheduleSpace, s: Schedule) -> Schedule:
-    """Grow the block (fastest spatial axis first) until it holds whole warps, while it fits."""
+    """Grow the block (fastest spatial axis first) to whole warps, while it fits and keeps the grid wide."""
     warp = space.hw.warp_size
+    keep = _keeps_parallelism(space, s, 1, space.hw.sm_count)
     while space.threads(s) % warp:
         for a in reversed(space.spatial):
             nxt = _next_aligned(space, a, s.tiles[1][a], s.tiles[0][a])
@@ -84,7 +112,7 @@ def _align_warps(space: ScheduleSpace, s: Schedule) -> Schedule:
                 continue
             t1 = s.tiles[1][:a] + (nxt,) + s.tiles[1][a + 1:]
             cand = space.make(s.tiles[0], t1, s.vthreads, 1)
-            if space.fits(cand):
+            if keep(cand):
                 s = cand
                 break
         else:
@@ -122,15 +150,13 @@ def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: object) 
     s = space.initial()
     if not space.fits(s):
         raise ScheduleError(f"{workload.key()}: the smallest tiling does not fit {hw.name}")
-    s = _grow(space, s, 0, space.fits)
-    s = _align_reduce(space, Schedule(axes=s.axes, tiles=s.tiles, vthreads=s.vthreads, level=1))
-
-    def enough_blocks(cand: Schedule) -> bool:
-        blocks = math.prod(space.tile_counts(cand, 1)[a] for a in space.spatial)
-        current = math.prod(space.tile_counts(s, 1)[a] for a in space.spatial)
-        return space.fits(cand) and (blocks >= hw.sm_count or blocks >= current)
-
-    s = _grow(space, s, 1, enough_blocks)
+    peak = hw.flops(workload.dtype, tensor_cores=True)
+    # Registers: keep at least one warp per scheduler on every SM; saturate at the shared-memory balance.
+    warps = 4 * hw.warp_size * hw.sm_count
+    s = _grow(space, s, 0, _keeps_parallelism(space, s, 0, warps), peak / hw.level("shared").bandwidth_Bps)
+    s = _align_transactions(space, Schedule(axes=s.axes, tiles=s.tiles, vthreads=s.vthreads, level=1))
+    # Blocks: keep at least one block per SM; saturate at the DRAM balance.
+    s = _grow(space, s, 1, _keeps_parallelism(space, s, 1, hw.sm_count), peak / hw.level("dram").bandwidth_Bps)
     s = _align_warps(space, s)
     s = Schedule(axes=s.axes, tiles=s.tiles, vthreads=s.vthreads, level=len(s.tiles) - 1)
     value = space_time(space, s)

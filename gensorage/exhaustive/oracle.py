@@ -229,15 +229,31 @@ class Canon:
     def divide(self, num: Elem, den: Elem) -> Elem | None | _Undecided:
         """The ``q`` with ``den * q == num`` (unique: positive coefficients cancel), None if there is none.
 
-        Only fraction-free operands with positive coefficients are divided; anything else is undecided.
+        A ``den`` that is one fraction ``P/H`` (or a polynomial ``P``) maps ``Σ_G Q_G/G`` to ``Σ_G (P*Q_G)/(H*G)``,
+        one-to-one, so every fraction ``N_K/K`` of ``num`` needs ``N_K = P*Q_G`` and ``K = H*G``: a polynomial
+        division and a recursive one. A ``den`` adding fractions over several denominators, or non-positive
+        coefficients, is undecided.
         """
-        if len(num.parts) != 1 or len(den.parts) != 1 or num.parts[0][0] is not None or den.parts[0][0] is not None:
+        if not den.vars <= num.vars:
+            return None  # a product keeps every variable of its factors
+        if len(den.parts) != 1:
             return UNDECIDED
-        q = poly_divide(num.parts[0][1], den.parts[0][1])
-        if q is UNDECIDED or q is None:
-            return q
-        assert isinstance(q, list)
-        return self.elem({None: q})
+        h, p = den.parts[0]
+        groups: dict[Elem | None, list[Mono]] = {}
+        for k, poly in num.parts:
+            g: Any = k
+            if h is not None:
+                if k is None:
+                    return None
+                g = None if k is h else self.divide(k, h)
+                if g is UNDECIDED or (g is None and k is not h):
+                    return g
+            q = poly_divide(poly, p)
+            if q is UNDECIDED or q is None:
+                return q
+            assert isinstance(q, list)
+            groups[g] = q
+        return self.elem(groups)
 
 
 class _Undecided:

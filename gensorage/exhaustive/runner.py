@@ -86,7 +86,8 @@ class SearchResult:
     ``candidates`` are ranked best first by the core's ``rank_candidates``; ``stats`` sums the statistics of
     the done tasks; ``complete`` says every task is done; ``elapsed_s`` is this run's wall time;
     ``tasks_resumed`` the tasks that were already done when this run started; ``stopped_by`` is
-    ``"time budget"``, ``"interrupt"`` or None.
+    ``"time budget"``, ``"interrupt"``, ``"error"`` or None; ``run_stats`` sums (as a dict) the statistics of
+    every task this run ran, finished or stopped, so it says how much work a budget-limited run did.
     """
 
     best: Any | None
@@ -99,6 +100,7 @@ class SearchResult:
     checkpoint_path: Path
     tasks_resumed: int = 0
     stopped_by: str | None = None
+    run_stats: dict[str, Any] = field(default_factory=dict)
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -232,6 +234,7 @@ class _Run:
     interrupts: _Interrupts | None = None
     stopped_by: str | None = None
     committed: dict[str, Any] = field(default_factory=dict)  # summed stats of done tasks
+    run_stats: dict[str, Any] = field(default_factory=dict)  # summed stats of every task run here
     partial: dict[int, dict[str, Any]] = field(default_factory=dict)  # running tasks' stats so far
     done: int = 0
     resumed: int = 0
@@ -268,7 +271,7 @@ class _Run:
             self.record(_encode(idx, res, time.perf_counter() - t0))
 
     def _inline_progress(self, idx: int, stats: Any) -> None:
-        self.partial[idx] = _stats_dict(stats)
+        self.partial[idx] = stats_to_dict(stats)
         self.reporter.update(self.snapshot())
 
     # --------------------------------------------------------------------------------------- pool
@@ -280,6 +283,7 @@ class _Run:
         todo = deque(pending)
         inflight: dict[Future[_Outcome], int] = {}
         stop_since: float | None = None
+        error: Exception | None = None
         executor = ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx, initializer=_init_worker,
                                        initargs=(stop_event, progress_q, os.getpid()))
         clean = False
@@ -294,14 +298,21 @@ class _Run:
                 if not inflight:
                     break
                 finished, _ = wait(inflight, timeout=TICK_S, return_when=FIRST_COMPLETED)
-                self._drain(progress_q)
+                self._drain(progress_q, set(inflight.values()))
                 for fut in sorted(finished, key=inflight.__getitem__):
                     del inflight[fut]
-                    self.record(fut.result())
+                    try:
+                        self.record(fut.result())
+                    except Exception as exc:
+                        # Keep what the other running tasks finish (they are asked to stop), then raise.
+                        error = error or exc
+                        self.stopped_by = self.stopped_by or "error"
                 if stop_since is not None and time.monotonic() - stop_since > STOP_GRACE_S:
                     break  # tasks that ignore should_stop are killed below
                 self.reporter.update(self.snapshot())
             clean = not inflight
+            if error is not None:
+                raise error
         finally:
             stop_event.set()
             if not clean:
@@ -310,7 +321,8 @@ class _Run:
             progress_q.close()
             progress_q.join_thread()
 
-    def _drain(self, q: Any) -> None:
+    def _drain(self, q: Any, running: set[int]) -> None:
+        """Take the workers' progress messages; late ones of tasks already returned are dropped."""
         while True:
             try:
                 idx, stats = q.get_nowait()
@@ -318,12 +330,14 @@ class _Run:
                 return
             except (OSError, ValueError, EOFError):
                 return
-            self.partial[idx] = stats
+            if idx in running:
+                self.partial[idx] = stats
 
     # ------------------------------------------------------------------------------------ results
     def record(self, out: _Outcome) -> None:
         """Commit a finished task (its candidates and done mark in one transaction); drop an unfinished one."""
         self.partial.pop(out.index, None)
+        self.run_stats = _add(self.run_stats, out.stats)
         if not out.complete:
             return
         ctx = self.interrupts.critical() if self.interrupts is not None else _nullcontext()
@@ -357,7 +371,8 @@ class _Run:
             best=ranked[0] if ranked else None, candidates=ranked, stats=stats, tasks_done=len(done),
             tasks_total=len(self.tasks), complete=len(done) == len(self.tasks),
             elapsed_s=time.monotonic() - self.start, checkpoint_path=self.ckpt.path, tasks_resumed=self.resumed,
-            stopped_by=self.stopped_by if len(done) < len(self.tasks) else None)
+            stopped_by=self.stopped_by if len(done) < len(self.tasks) else None,
+            run_stats=functools.reduce(_add, self.partial.values(), self.run_stats))
 
 
 # ======================================================================================== the workers
@@ -390,7 +405,7 @@ def _worker_run(core: SearchCore, spec: Any, task: Any) -> _Outcome:
         if now - last[0] >= WORKER_PROGRESS_S and _worker_progress is not None:
             last[0] = now
             try:
-                _worker_progress.put_nowait((idx, _stats_dict(stats)))
+                _worker_progress.put_nowait((idx, stats_to_dict(stats)))
             except (OSError, ValueError, queue_mod.Full):
                 pass  # progress is best-effort; the result is what counts
 
@@ -504,7 +519,8 @@ def _to_json(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} has no JSON form")
 
 
-def _stats_dict(stats: Any) -> dict[str, Any]:
+def stats_to_dict(stats: Any) -> dict[str, Any]:
+    """A search core's ``Stats`` as a JSON object (its ``to_json()``, else its dataclass fields)."""
     value = _to_json(stats)
     if not isinstance(value, dict):
         raise TypeError(f"statistics {type(stats).__name__} do not convert to a JSON object")
@@ -532,7 +548,7 @@ def _encode(index: int, res: Any, elapsed_s: float) -> _Outcome:
         raise RuntimeError(f"search core bug: task {index} returned the result of task {res.task_index}")
     rows = [CandidateRow(index, pos, c.ugraph.to_json(), float(c.predicted_time_s), dict(c.equivalence),
                          int(c.found_in_task)) for pos, c in enumerate(res.candidates)]
-    return _Outcome(index, bool(res.complete), _stats_dict(res.stats), rows, float(elapsed_s))
+    return _Outcome(index, bool(res.complete), stats_to_dict(res.stats), rows, float(elapsed_s))
 
 
 def _decode_candidate(core: SearchCore, row: CandidateRow) -> Any:
@@ -542,4 +558,5 @@ def _decode_candidate(core: SearchCore, row: CandidateRow) -> Any:
                                equivalence=row.equivalence, found_in_task=row.found_in_task)
 
 
-__all__ = ["SearchCore", "SearchInterrupted", "SearchResult", "default_core", "default_workers", "run_search"]
+__all__ = ["SearchCore", "SearchInterrupted", "SearchResult", "default_core", "default_workers", "run_search",
+           "stats_to_dict"]

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gensorage.errors import ScheduleError
+
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
@@ -44,7 +46,24 @@ class Schedule:
 
     @staticmethod
     def from_json(data: dict[str, object]) -> Schedule:
-        axes = tuple(str(a) for a in data["axes"])  # type: ignore[union-attr]
-        tiles = tuple(tuple(int(x) for x in t) for t in data["tiles"])  # type: ignore[union-attr]
-        vthreads = tuple(int(v) for v in data["vthreads"])  # type: ignore[union-attr]
-        return Schedule(axes=axes, tiles=tiles, vthreads=vthreads, level=int(data["level"]))  # type: ignore[arg-type]
+        """Inverse of :meth:`to_json`; raises :class:`ScheduleError` on malformed data."""
+        try:
+            axes = tuple(str(a) for a in _items(data["axes"]))
+            tiles = tuple(tuple(_int(x) for x in _items(t)) for t in _items(data["tiles"]))
+            vthreads = tuple(_int(v) for v in _items(data["vthreads"]))
+            level = _int(data["level"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ScheduleError(f"malformed schedule JSON: {exc!r}") from None
+        return Schedule(axes=axes, tiles=tiles, vthreads=vthreads, level=level)
+
+
+def _items(x: object) -> list[object]:
+    if not isinstance(x, list | tuple):
+        raise TypeError(f"expected a list, got {type(x).__name__}")
+    return list(x)
+
+
+def _int(x: object) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"expected an integer, got {x!r}")
+    return x

@@ -173,6 +173,11 @@ class ScheduleSpace:
             n *= min(size, span)
         return n
 
+    @staticmethod
+    def tensor_elems_dim(t: TensorInfo, dim: int, tile: tuple[int, ...]) -> int:
+        """Extent of dimension ``dim`` of ``t`` that one tile touches (the span of its index, capped)."""
+        return min(t.shape[dim], 1 + sum(c * (tile[a] - 1) for a, c in t.dims[dim]))
+
     def elems(self, tile: tuple[int, ...]) -> tuple[int, ...]:
         """:meth:`tensor_elems` of every tensor (inputs in order, then the output) for ``tile``, memoized."""
         hit = self._elems.get(tile)

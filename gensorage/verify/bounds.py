@@ -32,12 +32,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
-import numpy as np
-
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import NotLaxError
+from gensorage.opset import broadcast_shapes
 from gensorage.verify.field import rational_of
-
 
 #: Term counts saturate here: a count this large means "astronomically many" (no feasible trial count), and
 #: keeping exact powers such as kd^K for K in the thousands, compounded over layers, would exhaust memory.
@@ -163,12 +161,18 @@ def bound_div(a: Bound, b: Bound) -> Bound:
     )
 
 
-def bound_sum(a: Bound, n: int) -> Bound:
-    """Bound of a sum of ``n`` terms each bounded by ``a`` (the add rule n - 1 times, closed form)."""
+def bound_sum(a: Bound, n: int, shared: bool = False) -> Bound:
+    """Bound of a sum of ``n`` terms each bounded by ``a``.
+
+    With ``shared`` the terms have one common denominator (``Σ N_i / D = (Σ N_i) / D``); otherwise the add rule
+    is applied n - 1 times (closed form).
+    """
     if n <= 1:
         return a
     log_n = math.log2(n)
     plain = not a.has_exp
+    if shared:
+        return replace(a, kn=1 if plain else _sat(n * a.kn), wn=log_n + a.wn)
     exps = {"eh": a.eh, "eu": a.eu, "wh": a.wh, "wu": a.wu}
     if a.dexp:  # each addition multiplies an exp-bearing denominator into the other side
         exps = {"eh": a.eh + (n - 1) * a.eu, "eu": n * a.eu, "wh": log_n + a.wh + (n - 1) * a.wu, "wu": n * a.wu}
@@ -211,12 +215,22 @@ def bound_join(bounds: Sequence[Bound]) -> Bound:
     return Bound(**{f.name: max(getattr(b, f.name) for b in bounds) for f in fields(Bound)})
 
 
+def trivial_denominator(b: Bound) -> bool:
+    """The denominator is a constant (no variables, no exp): the same for every element it could meet."""
+    return b.kd == 1 and b.dd == 0 and not b.dexp
+
+
 @dataclass(frozen=True, slots=True)
 class BoundValue:
-    """A tensor in :class:`BoundsArith`: its logical shape and the bound of its elements."""
+    """A tensor in :class:`BoundsArith`: logical shape, element bound, and denominator sharing.
+
+    ``shared[j]`` is True when the denominator of an element does not change along axis ``j`` (it comes from a
+    tensor broadcast along ``j``, like a softmax row sum), so a sum along ``j`` keeps one common denominator.
+    """
 
     shape: tuple[int, ...]
     bound: Bound
+    shared: tuple[bool, ...]
 
     @property
     def numel(self) -> int:
@@ -248,6 +262,35 @@ def difference(a: Bound, b: Bound) -> DiffBound:
     )
 
 
+def _padded(v: BoundValue, ndim: int) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """Shape and sharing of ``v`` left-padded to ``ndim`` axes (absent axes broadcast: size 1, shared)."""
+    pad = ndim - len(v.shape)
+    return (1,) * pad + v.shape, (True,) * pad + v.shared
+
+
+def _reshape_shared(old: tuple[int, ...], shared: tuple[bool, ...], new: tuple[int, ...]) -> tuple[bool, ...]:
+    """Sharing after a row-major reshape: axes are matched in groups of equal size product."""
+    out = [True] * len(new)
+    i = j = 0
+    while i < len(old) or j < len(new):
+        gi, gj, pi, pj = [i], [j], old[i] if i < len(old) else 1, new[j] if j < len(new) else 1
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                gi.append(i)
+                pi *= old[i]
+                i += 1
+            else:
+                gj.append(j)
+                pj *= new[j]
+                j += 1
+        ok = all(shared[x] or old[x] == 1 for x in gi if x < len(old))
+        for y in gj:
+            if y < len(new):
+                out[y] = ok or new[y] == 1
+    return tuple(out)
+
+
 class BoundsArith:
     """The :class:`gensorage.arith.Arith` of :class:`BoundValue`; run a program through it to get its bounds.
 
@@ -272,20 +315,26 @@ class BoundsArith:
         self.exp_divisor = False
         self.opaque: set[str] = set()
         self.total_numel = 0
-        self.ops = 0
 
     def variable(self, shape: Sequence[int]) -> BoundValue:
         """An input tensor: independent variables."""
-        return self._new(tuple(int(s) for s in shape), VARIABLE)
+        shape_t = tuple(int(s) for s in shape)
+        return self._new(shape_t, VARIABLE, (True,) * len(shape_t))
 
-    def _new(self, shape: tuple[int, ...], bound: Bound) -> BoundValue:
-        v = BoundValue(shape, bound)
+    def _new(self, shape: tuple[int, ...], bound: Bound, shared: Sequence[bool]) -> BoundValue:
+        if trivial_denominator(bound):
+            shared = (True,) * len(shape)
+        v = BoundValue(shape, bound, tuple(shared))
         self.total_numel += v.numel
-        self.ops += 1
         return v
 
-    def _binary(self, a: BoundValue, b: BoundValue, bound: Bound) -> BoundValue:
-        return self._new(tuple(np.broadcast_shapes(a.shape, b.shape)), bound)
+    def _binary(self, a: BoundValue, b: BoundValue, bound: Bound, divide: bool = False) -> BoundValue:
+        shape = broadcast_shapes(a.shape, b.shape) or a.shape  # shapes were checked by the evaluator
+        _, sa = _padded(a, len(shape))
+        shape_b, sb = _padded(b, len(shape))
+        # a/b's denominator is Da·Nb: it is constant along j only where b itself is (broadcast along j).
+        right = [d == 1 for d in shape_b] if divide else sb
+        return self._new(shape, bound, [x and y for x, y in zip(sa, right, strict=True)])
 
     def shape(self, a: BoundValue) -> tuple[int, ...]:
         return a.shape
@@ -305,30 +354,38 @@ class BoundsArith:
         if not b.bound.exped:
             self.divisor_degree_q += degree
         self.exp_divisor |= b.bound.nexp
-        return self._binary(a, b, bound_div(a.bound, b.bound))
+        return self._binary(a, b, bound_div(a.bound, b.bound), divide=True)
 
     def exp(self, a: BoundValue) -> BoundValue:
-        return self._new(a.shape, bound_exp(a.bound))
+        return self._new(a.shape, bound_exp(a.bound), a.shared)
 
     def sqrt(self, a: BoundValue) -> BoundValue:
         self.opaque.add("sqrt")
-        return self._new(a.shape, fresh(a.bound.exped))
+        return self._new(a.shape, fresh(a.bound.exped), a.shared)
 
     def scale(self, a: BoundValue, factor: float) -> BoundValue:
-        return self._new(a.shape, bound_scale(a.bound, factor))
+        return self._new(a.shape, bound_scale(a.bound, factor), a.shared)
 
     def activation(self, kind: Activation, a: BoundValue) -> BoundValue:
         self.opaque.add(kind)
-        return self._new(a.shape, fresh(False))
+        return self._new(a.shape, fresh(False), a.shared)
 
     def matmul(self, a: BoundValue, b: BoundValue) -> BoundValue:
-        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        batch = broadcast_shapes(a.shape[:-2], b.shape[:-2]) or ()
+        nd = len(batch) + 2
+        _, sa = _padded(a, nd)
+        _, sb = _padded(b, nd)
         k = a.shape[-1]
-        return self._new(batch + (a.shape[-2], b.shape[-1]), bound_sum(bound_mul(a.bound, b.bound), k))
+        # Σ_k a_ik b_kj shares one denominator when neither factor's denominator varies along k.
+        common = sa[-1] and sb[-2]
+        shared = [x and y for x, y in zip(sa[:-2], sb[:-2], strict=True)] + [sa[-2], sb[-1]]
+        bound = bound_sum(bound_mul(a.bound, b.bound), k, common)
+        return self._new(batch + (a.shape[-2], b.shape[-1]), bound, shared)
 
     def reduce_sum(self, a: BoundValue, axis: int, keepdims: bool) -> BoundValue:
         shape = a.shape[:axis] + ((1,) if keepdims else ()) + a.shape[axis + 1 :]
-        return self._new(shape, bound_sum(a.bound, a.shape[axis]))
+        shared = a.shared[:axis] + ((True,) if keepdims else ()) + a.shared[axis + 1 :]
+        return self._new(shape, bound_sum(a.bound, a.shape[axis], a.shared[axis]), shared)
 
     def reduce_max(self, a: BoundValue, axis: int, keepdims: bool) -> BoundValue:
         raise NotLaxError("reduce_max has no finite-field semantics (max is outside the Lax fragment)")
@@ -339,23 +396,26 @@ class BoundsArith:
         return x if acc is None else self.add(acc, x)
 
     def reshape(self, a: BoundValue, shape: tuple[int, ...]) -> BoundValue:
-        return self._new(tuple(shape), a.bound)
+        new = tuple(int(d) for d in shape)
+        return self._new(new, a.bound, _reshape_shared(a.shape, a.shared, new))
 
     def repeat(self, a: BoundValue, axis: int, times: int) -> BoundValue:
         shape = a.shape[:axis] + (a.shape[axis] * times,) + a.shape[axis + 1 :]
-        return self._new(shape, a.bound)
+        return self._new(shape, a.bound, a.shared)
 
     def concat(self, parts: Sequence[BoundValue], axis: int) -> BoundValue:
         first = parts[0].shape
         shape = first[:axis] + (sum(p.shape[axis] for p in parts),) + first[axis + 1 :]
-        return self._new(shape, bound_join([p.bound for p in parts]))
+        shared = [all(p.shared[j] for p in parts) and j != axis for j in range(len(first))]
+        return self._new(shape, bound_join([p.bound for p in parts]), shared)
 
     def slice(self, a: BoundValue, axis: int, start: int, stop: int) -> BoundValue:
         shape = a.shape[:axis] + (stop - start,) + a.shape[axis + 1 :]
-        return self._new(shape, a.bound)
+        return self._new(shape, a.bound, a.shared)
 
 
 __all__ = [
-    "K_CAP", "VARIABLE", "Bound", "BoundValue", "BoundsArith", "DiffBound", "bound_add", "bound_div", "bound_exp",
-    "bound_join", "bound_mul", "bound_scale", "bound_sum", "difference", "fresh",
+    "K_CAP", "VARIABLE", "Bound", "BoundValue", "BoundsArith", "DiffBound", "bound_add", "bound_div",
+    "bound_exp", "bound_join", "bound_mul", "bound_scale", "bound_sum", "difference", "fresh",
+    "trivial_denominator",
 ]

@@ -32,6 +32,8 @@ from gensorage.verify.trials import TrialPlan, format_count, plan_trials
 BATCH_BYTES = 64 << 20
 #: Largest batch (trials per vectorised evaluation).
 MAX_BATCH = 4096
+#: Trials in the first batch: most non-equivalent candidates fail there, at the cost of a small batch.
+FIRST_BATCH = 8
 # Bytes per element per trial: two int64 residues, times headroom for temporaries (matmul limbs, pow).
 _BYTES_PER_ELEMENT = 16 * 3
 
@@ -286,8 +288,8 @@ def equivalent(
         Stop after this many passing trials even if the bound needs more; the result then reports the δ
         actually reached in ``achieved_delta``.
     batch : int, optional
-        Trials per vectorised evaluation; by default the first batch is 1 trial (cheap rejection) and later
-        ones are sized so a batch stays within ``BATCH_BYTES``.
+        Trials per vectorised evaluation; by default batches are sized so a batch stays within ``BATCH_BYTES``.
+        The first batch has at most ``FIRST_BATCH`` trials (cheap rejection).
     p, q : int
         Field moduli (primes ≡ 3 mod 4 with ``q | p - 1``, ``p < 2^31``).
 
@@ -320,7 +322,7 @@ def equivalent(
     rng = np.random.default_rng(seed)
     keys = {k: int(rng.integers(0, 2**63)) for k in ACTIVATION_KINDS}
     passed = degenerate = 0
-    size = 1 if batch is None else full
+    size = min(FIRST_BATCH, full) if batch is None else full
 
     def result(ok: bool, ce: Counterexample | None = None) -> EquivalenceResult:
         return EquivalenceResult(

@@ -43,8 +43,8 @@ from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q, is_prime
 _MATMUL_CHUNK = 1 << 21
 _LIMB = 16
 _LIMB_MASK = (1 << _LIMB) - 1
-# exp gathers ω^e from three tables of 2^10 entries (e < 2^30).
-_EXP_BITS = 10
+# exp splits the exponent e < 2^30 into limbs and gathers ω^limb from one table per limb.
+_EXP_BITS = 30
 _SCALE_MAX_DENOMINATOR = 10**9
 ACTIVATION_KINDS: tuple[Activation, ...] = ("relu", "silu", "gelu")
 
@@ -147,7 +147,7 @@ class FieldArith:
         self.keys = dict(keys)
         self._mods: dict[int, np.ndarray] = {}
         self._scale_cache: dict[float, np.ndarray] = {}
-        self._exp_tables: list[np.ndarray] | None = None
+        self._exp_tables: dict[int, list[np.ndarray]] = {}
 
     # ------------------------------------------------------------------------------------ construction
 
@@ -207,22 +207,23 @@ class FieldArith:
         out[1] = _powmod(x[1], exps[1], self.q)
         return out
 
-    def _exp_table(self) -> list[np.ndarray]:
-        """``tables[j][t, i] = ω_t^(i · 2^(10 j)) mod p`` for j = 0, 1, 2 (built by doubling)."""
-        if self._exp_tables is None:
+    def _exp_tables_for(self, width: int) -> list[np.ndarray]:
+        """``tables[j][t, i] = ω_t^(i · 2^(width·j)) mod p`` for the limbs of a 30-bit exponent (by doubling)."""
+        tables = self._exp_tables.get(width)
+        if tables is None:
             p = self.p
-            tables: list[np.ndarray] = []
-            step = self.omega.reshape(-1, 1)  # ω^(2^(10 j)), advanced by squaring
-            for _ in range(3):
+            tables = []
+            step = self.omega.reshape(-1, 1)  # ω^(2^(width·j)), advanced by squaring
+            for _ in range(-(-_EXP_BITS // width)):
                 tab = np.ones((self.trials, 1), dtype=np.int64)
                 power = step
-                for _ in range(_EXP_BITS):
+                for _ in range(width):
                     tab = np.concatenate([tab, tab * power % p], axis=1)
                     power = power * power % p
                 tables.append(tab)
                 step = power
-            self._exp_tables = tables
-        return self._exp_tables
+            self._exp_tables[width] = tables
+        return tables
 
     # ------------------------------------------------------------------------------------ Arith protocol
 
@@ -255,12 +256,13 @@ class FieldArith:
                 "not in the Lax fragment: two exps on one path through exp (its input already depends on an exp)"
             )
         e = a.data[1]
-        tables = self._exp_table()
-        offset = (np.arange(self.trials, dtype=np.int64) << _EXP_BITS).reshape((-1,) + (1,) * (e.ndim - 1))
-        mask = (1 << _EXP_BITS) - 1
+        width = _limb_width(e.size // self.trials)
+        tables = self._exp_tables_for(width)
+        offset = (np.arange(self.trials, dtype=np.int64) << width).reshape((-1,) + (1,) * (e.ndim - 1))
+        mask = (1 << width) - 1
         out = np.take(tables[0], offset + (e & mask))
-        for j in (1, 2):
-            out = out * np.take(tables[j], offset + ((e >> (_EXP_BITS * j)) & mask)) % self.p
+        for j in range(1, len(tables)):
+            out = out * np.take(tables[j], offset + ((e >> (width * j)) & mask)) % self.p
         return FieldValue(np.stack([out, np.zeros_like(out)]), True)
 
     def sqrt(self, a: FieldValue) -> FieldValue:
@@ -320,6 +322,15 @@ class FieldArith:
     def slice(self, a: FieldValue, axis: int, start: int, stop: int) -> FieldValue:
         index = (slice(None),) * (axis + 2) + (slice(start, stop),)
         return FieldValue(a.data[index], a.tainted)
+
+
+def _limb_width(elements: int) -> int:
+    """Exponent limb width for exp on ``elements`` values per trial: table cost L·2^w vs gathers E·(2L - 1)."""
+    def cost(w: int) -> int:
+        limbs = -(-_EXP_BITS // w)
+        return limbs * (1 << w) + elements * (2 * limbs - 1)
+
+    return min((4, 5, 6, 8, 10), key=cost)
 
 
 def _powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:

@@ -1,0 +1,138 @@
+"""``gensorage search``: exhaustive µGraph search for a tensor program, resumable, on all local cores.
+
+Examples::
+
+    gensorage search gqa_incdec --param n=64 --param d=16 --max-block-ops 5
+    gensorage search my_prog.gsp --hw a100 --workers 2 --time-budget 3600 --checkpoint run.sqlite
+    gensorage search rmsnorm --no-prune --no-canonical --json --top 3
+
+The best µGraph (text form) and a summary go to stdout, live progress to stderr. Work is committed to a
+checkpoint after every finished task; running the same command again resumes it. Exit codes: 0 found (search
+complete), 1 nothing found or the time budget ran out first, 130 interrupted, other codes for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gensorage.errors import ConfigError
+
+EXIT_NOT_FOUND = 1
+EXIT_INTERRUPTED = 130
+SCHEDULES = ("markov", "enumerate")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "search", help="exhaustive µGraph search for a program (resumable, uses all cores)",
+        description="Search the µGraphs equivalent to a program (Mirage's exhaustive generator with abstract-"
+                    "expression pruning and canonical forms), verify them and rank them by predicted time. "
+                    "Every finished task is saved in a checkpoint; running the same command again resumes.")
+    p.add_argument("program", metavar="PROGRAM", help="a .gsp file, or the name of a bundled program config")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override an integer 'param' of the program (repeatable)")
+    p.add_argument("--hw", default="h100", help="hardware profile name or .toml path (default h100)")
+    p.add_argument("--max-kernel-ops", type=int, metavar="N", help="most operators in the kernel graph")
+    p.add_argument("--max-block-ops", type=int, metavar="N", help="most operators in one block graph")
+    p.add_argument("--no-prune", action="store_true", help="disable abstract-expression pruning")
+    p.add_argument("--no-canonical", action="store_true", help="disable the canonical-form restriction")
+    p.add_argument("--schedule", choices=SCHEDULES, default="markov",
+                   help="how kernels' schedules are chosen: Markov construction or enumeration (default markov)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: all usable cores)")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop after this many seconds")
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="checkpoint file (default $GENSORAGE_HOME/checkpoints/<spec key>.sqlite)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (no progress)")
+    p.add_argument("--top", type=int, default=1, metavar="K", help="show the K best µGraphs (default 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_search)
+
+
+def build_spec(args: argparse.Namespace) -> Any:
+    """The ``SearchSpec`` the arguments describe (program loaded, hw profile resolved, limits set)."""
+    from gensorage.cli.program import load_source, parse_params
+    from gensorage.exhaustive.spec import spec_from_args
+
+    program = load_source(args.program, parse_params(args.param))
+    return spec_from_args(program, args)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from gensorage.exhaustive.runner import SearchInterrupted, run_search
+
+    if args.top < 1:
+        raise ConfigError(f"--top must be at least 1 (got {args.top})")
+    spec = build_spec(args)
+    try:
+        result = run_search(spec, checkpoint=args.checkpoint, workers=args.workers,
+                            time_budget_s=args.time_budget, progress=not (args.json or args.quiet))
+    except SearchInterrupted as exc:
+        r = exc.result
+        print(f"gensorage: interrupted: {r.tasks_done}/{r.tasks_total} tasks done, saved in {r.checkpoint_path}; "
+              f"run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if args.json:
+        print(json.dumps(result_json(spec, result, args.top), indent=2))
+    else:
+        print(result_text(result, args.top))
+    if not result.complete:
+        print(f"gensorage: search incomplete: the time budget ran out with {result.tasks_done}/"
+              f"{result.tasks_total} tasks done; run the same command again to continue from "
+              f"{result.checkpoint_path}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    if result.best is None:
+        print("gensorage: the search found no µGraph within these limits", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    return 0
+
+
+def _stats_json(stats: Any) -> dict[str, Any]:
+    from gensorage.exhaustive.runner import stats_to_dict
+
+    return stats_to_dict(stats)
+
+
+def _candidate_json(c: Any) -> dict[str, Any]:
+    return {"predicted_time_s": c.predicted_time_s, "found_in_task": c.found_in_task,
+            "equivalence": c.equivalence, "ugraph": c.ugraph.to_json(), "text": c.ugraph.to_text()}
+
+
+def result_json(spec: Any, result: Any, top: int) -> dict[str, Any]:
+    return {
+        "spec": spec.to_json(), "spec_key": spec.key(),
+        "complete": result.complete, "tasks_done": result.tasks_done, "tasks_total": result.tasks_total,
+        "elapsed_s": result.elapsed_s, "checkpoint": str(result.checkpoint_path),
+        "stats": _stats_json(result.stats), "num_candidates": len(result.candidates),
+        "best": _candidate_json(result.best) if result.best is not None else None,
+        "top": [_candidate_json(c) for c in result.candidates[:top]],
+    }
+
+
+def result_text(result: Any, top: int) -> str:
+    from gensorage.exhaustive.progress import format_count, format_seconds, format_time
+
+    lines: list[str] = []
+    for rank, c in enumerate(result.candidates[:top], start=1):
+        lines.append(f"# µGraph #{rank}: predicted {format_time(c.predicted_time_s)} (found in task "
+                     f"{c.found_in_task}; equivalence {json.dumps(c.equivalence, sort_keys=True)})")
+        lines.append(c.ugraph.to_text().rstrip("\n"))
+        lines.append("")
+    if not result.candidates:
+        lines.append("# no µGraph found")
+    st = _stats_json(result.stats)
+
+    def g(name: str) -> str:
+        return format_count(st.get(name, 0) or 0)
+
+    lines.append(
+        f"# {len(result.candidates)} candidates; tasks {result.tasks_done}/{result.tasks_total}"
+        f"{'' if result.complete else ' (incomplete)'}; states {g('states')}; pruned by expression "
+        f"{g('pruned_expr')}, shape {g('pruned_shape')}, memory {g('pruned_memory')}; solver queries "
+        f"{g('solver_queries')}, cache hits {g('cache_hits')}, timeouts {g('solver_timeouts')}; verified "
+        f"{g('verified')}, rejected {g('rejected')}, unstable {g('unstable')}; this run "
+        f"{format_seconds(result.elapsed_s)}; checkpoint {result.checkpoint_path}")
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""How many threads a graph-defined kernel's block runs, and how its dominant matmul is tiled over them.
+
+Mapping from the Markov construction (Gensor) to a block graph
+------------------------------------------------------------
+A block graph fixes what one thread block computes; the thread-level schedule inside it is still open. The
+block's *dominant op* is its largest matmul (most multiply-adds, first on ties). Its per-block tile — output
+``[batch, m, n]`` and inner dim ``k`` as inferred for one iteration — is turned into a construction workload
+(:func:`gensorage.ops.gemm` without batch dims, :func:`gensorage.ops.batch_matmul` with them flattened) and
+:func:`gensorage.markov.construct` schedules it for the hardware profile. From the schedule:
+
+- register tile ``T0`` per spatial axis: the output elements one thread accumulates in registers;
+- virtual threads: along an axis a thread owns ``vthreads`` strided chunks of ``T0 / vthreads`` elements
+  (the ``[vthreads, threads, T0 / vthreads]`` layout of :mod:`gensorage.markov.schedule`), laid out directly in
+  the emitted index arithmetic;
+- constructor block tile ``T1``: threads per block = ``prod(ceil(T1 / T0))`` over the spatial axes, exactly the
+  constructor's thread count. The µGraph block's tile may be larger than ``T1`` (the constructor assumed a grid
+  of ``ceil(extent / T1)`` blocks); the block then walks those ``T1`` tiles one after another with the same
+  threads. The constructor's reduction tiles do not apply: the whole ``k`` tile is already in shared memory
+  (an input iterator loaded it), so a thread reduces it in one pass.
+
+Every other phase of the block (loads, elementwise ops, reductions, other matmuls, thread graphs, saves) spreads
+its elements cyclically over the same threads.
+
+Fallback (no matmul in the block graph, or a dtype the constructor does not model): one thread per element of
+the largest tile any phase iterates over, rounded up to a multiple of the warp size and capped at the
+profile's ``max_threads_per_block``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gensorage.hw.profile import HwProfile
+from gensorage.markov.schedule import Schedule
+from gensorage.ops.data import SUPPORTED_DTYPES
+from gensorage.ops.workload import Workload
+
+_CACHE: dict[tuple[str, HwProfile, int], Schedule] = {}
+_CACHE_LIMIT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulTiling:
+    """Thread/register tiling of one block matmul with output tile ``(batch, m, n)`` (see the module docstring).
+
+    Attributes are per spatial axis ``(b, i, j)``; ``k`` is the reduction extent.
+    """
+
+    extents: tuple[int, int, int]
+    k: int
+    t0: tuple[int, int, int]
+    t1: tuple[int, int, int]
+    vthreads: tuple[int, int, int]
+    workload: str
+
+    @property
+    def threads_per_axis(self) -> tuple[int, int, int]:
+        b, i, j = (-(-t1 // t0) for t1, t0 in zip(self.t1, self.t0, strict=True))
+        return b, i, j
+
+    @property
+    def threads(self) -> int:
+        return math.prod(self.threads_per_axis)
+
+    @property
+    def steps(self) -> tuple[int, int, int]:
+        """``T1`` tiles per axis the block walks (``ceil(extent / T1)``)."""
+        b, i, j = (-(-e // t1) for e, t1 in zip(self.extents, self.t1, strict=True))
+        return b, i, j
+
+    def describe(self) -> str:
+        return (f"markov construct on {self.workload}: register tile T0={list(self.t0)}, block tile "
+                f"T1={list(self.t1)}, vthreads={list(self.vthreads)} -> {self.threads} threads")
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadChoice:
+    """Threads per block, the block node tiled by the constructor (None: fallback rule), and why."""
+
+    threads: int
+    matmul_node: int | None
+    tiling: MatmulTiling | None
+    rule: str
+
+
+def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:
+    """The construction workload of a matmul tile (``gemm`` for ``batch == 1``, else ``batch_matmul``)."""
+    from gensorage import ops
+
+    dt = dtype if dtype in SUPPORTED_DTYPES else "float32"
+    return ops.gemm(m, n, k, dt) if batch == 1 else ops.batch_matmul(batch, m, n, k, dt)
+
+
+def construct_schedule(workload: Workload, hw: HwProfile, seed: int = 0) -> Schedule:
+    """:func:`gensorage.markov.construct`'s schedule for ``workload`` (memoised per workload, profile and seed)."""
+    from gensorage.markov import construct
+
+    key = (workload.key(), hw, seed)
+    hit = _CACHE.get(key)
+    if hit is None:
+        if len(_CACHE) >= _CACHE_LIMIT:
+            _CACHE.clear()
+        hit = _CACHE[key] = construct(workload, hw, seed=seed).schedule
+    return hit
+
+
+def matmul_tiling(batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile, seed: int = 0) -> MatmulTiling:
+    """Construct the tiling of a ``(batch, m, n, k)`` block matmul on ``hw``."""
+    wl = matmul_workload(batch, m, n, k, dtype)
+    s = construct_schedule(wl, hw, seed)
+    pos = {a: i for i, a in enumerate(s.axes)}
+
+    def pick(level: tuple[int, ...], axis: str) -> int:
+        return level[pos[axis]] if axis in pos else 1
+
+    t0 = (pick(s.tiles[0], "b"), pick(s.tiles[0], "i"), pick(s.tiles[0], "j"))
+    t1 = (pick(s.tiles[1], "b"), pick(s.tiles[1], "i"), pick(s.tiles[1], "j"))
+    v = (pick(s.vthreads, "b"), pick(s.vthreads, "i"), pick(s.vthreads, "j"))
+    return MatmulTiling((batch, m, n), k, t0, t1, v, wl.key())
+
+
+def fallback_threads(largest_tile: int, hw: HwProfile) -> int:
+    """One thread per element of the largest tile, a multiple of the warp size, at most the block limit."""
+    warp = hw.warp_size
+    want = -(-max(1, largest_tile) // warp) * warp
+    cap = max(warp, hw.max_threads_per_block // warp * warp)
+    return min(want, cap)
+
+
+__all__ = [
+    "MatmulTiling", "ThreadChoice", "construct_schedule", "fallback_threads", "matmul_tiling", "matmul_workload",
+]

@@ -1,0 +1,355 @@
+"""A whole µGraph compiled to TVM kernels, with a host-side runner for the CPU (llvm) and CUDA.
+
+Every kernel op becomes one or more PrimFuncs (:mod:`gensorage.codegen.ugraph_tir` for graph-defined ops,
+:mod:`gensorage.codegen.predefined` for pre-defined ones); all of them go into one ``IRModule`` built with one
+``tvm.compile``. The runner launches them in kernel-graph order, allocating every intermediate tensor once;
+a kernel that sees a tensor under another shape (batch dims flattened, a reshape) gets a view of it.
+
+Usage::
+
+    cg = compile_ugraph(ugraph, load_profile("h100"))
+    cg.cuda_source()            # CUDA C of every kernel
+    cg.run(x, w1, w2)           # the llvm build of the same kernels, on numpy arrays
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gensorage.codegen.block_threads import ThreadChoice
+from gensorage.codegen.predefined import ScheduledKernel, emit_predefined, is_alias
+from gensorage.codegen.scalar import FloatScalar, Scalar
+from gensorage.codegen.ugraph_tir import (
+    TARGETS,
+    KernelParam,
+    KernelText,
+    Target,
+    compute_dtype,
+    emit_graph_defined,
+    plan_threads,
+)
+from gensorage.errors import DeviceError, ProgramError, ScheduleError, UnsupportedOpError
+from gensorage.hw.profile import HwProfile
+from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
+from gensorage.ugraph.shapes import GraphInfo
+from gensorage.ugraph.validate import validate
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One lowered kernel: its PrimFunc, TVMScript, parameters and launch shape.
+
+    ``component`` is set for field-mode kernels that compute one residue of their output (0: mod p, 1: mod q);
+    their tensor parameters are views of that component.
+    """
+
+    name: str
+    op_index: int
+    func: Any
+    script: str
+    params: tuple[KernelParam, ...]
+    grid: tuple[int, ...] | None
+    threads: int
+    rule: str
+    component: int | None = None
+
+
+def _parse(text: str, name: str) -> Any:
+    import tvm
+
+    try:
+        return tvm.script.from_source(text)
+    except Exception as exc:  # a generator bug; say which kernel and keep the parser's diagnostic
+        raise UnsupportedOpError(f"internal error: emitted TVMScript for {name} does not parse: {exc}") from exc
+
+
+def _kernel_name(g: KernelGraph, k: int) -> str:
+    op = g.ops[k]
+    kind = "graph" if isinstance(op, GraphDefinedOp) else op.op.value
+    return f"kernel{k}_{kind}"
+
+
+def lower_ugraph(g: KernelGraph, info: GraphInfo, hw: HwProfile, plans: dict[int, ThreadChoice], *,
+                 target: Target, scalar: Scalar, seed: int = 0) -> list[Kernel]:
+    """Every kernel of ``g`` for ``target`` in ``scalar``'s arithmetic, in launch order."""
+    kernels: list[Kernel] = []
+    for k, op in enumerate(g.ops):
+        name = _kernel_name(g, k)
+        if isinstance(op, GraphDefinedOp):
+            kt = emit_graph_defined(g, k, info, plans[k], target=target, scalar=scalar, name=name)
+            kernels.append(_from_text(kt))
+            continue
+        assert isinstance(op, KernelOp)
+        for item in emit_predefined(g, k, info, hw, target=target, scalar=scalar, name=name, seed=seed):
+            if isinstance(item, KernelText):
+                kernels.append(_from_text(item))
+            else:
+                kernels.append(_from_scheduled(item))
+    return kernels
+
+
+def _from_text(kt: KernelText) -> Kernel:
+    return Kernel(kt.name, kt.op_index, _parse(kt.text, kt.name), kt.text, kt.params, kt.grid, kt.threads, kt.rule)
+
+
+def _from_scheduled(sk: ScheduledKernel) -> Kernel:
+    return Kernel(sk.name, sk.op_index, sk.func, sk.func.script(), sk.params, None, sk.threads, sk.rule,
+                  sk.component)
+
+
+def ir_module(kernels: Sequence[Kernel]) -> Any:
+    import tvm
+
+    return tvm.IRModule({k.name: k.func for k in kernels})
+
+
+def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) -> Any:
+    """``tvm.compile`` of all kernels in one module (an Executable indexed by kernel name)."""
+    import tvm
+
+    from gensorage.codegen.cuda_build import cuda_target
+
+    mod = ir_module(kernels)
+    try:
+        return tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
+    except Exception as exc:  # TVM's own error classes; the generated code is at fault, name the first line
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        raise ScheduleError(f"{target} build of the µGraph kernels failed: {lines[-1] if lines else exc}") from exc
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def _view(t: Any, shape: tuple[int, ...], component: int | None = None) -> Any:
+    """``t`` seen with ``shape`` (same elements, row-major); for ``component`` c, the c-th half of a field tensor."""
+    if component is None:
+        return t if tuple(t.shape) == shape else t._create_view(shape)
+    itemsize = 8  # field tensors are int64
+    half = math.prod(t.shape[1:])
+    return t._create_view(shape, relative_byte_offset=component * half * itemsize)
+
+
+def execute(g: KernelGraph, info: GraphInfo, kernels: Sequence[Kernel], ex: Any, inputs: Sequence[Any], dev: Any,
+            scalar: Scalar, field_params: Any = None) -> list[Any]:
+    """Launch ``kernels`` (compiled into ``ex``) on device tensors ``inputs``; returns the output tensors."""
+    import tvm
+
+    values: dict[Ref, Any] = {Ref(i): t for i, t in enumerate(inputs)}
+    by_op: dict[int, list[Kernel]] = {}
+    for kern in kernels:
+        by_op.setdefault(kern.op_index, []).append(kern)
+    for k, op in enumerate(g.ops):
+        node = len(g.inputs) + k
+        if isinstance(op, KernelOp) and is_alias(op):
+            out = info.nodes[node][0]
+            values[Ref(node)] = _view(values[op.inputs[0]], scalar.buf_shape(out.shape))
+            continue
+        for o, t in enumerate(info.nodes[node]):
+            values[Ref(node, o)] = tvm.runtime.empty(scalar.buf_shape(t.shape), scalar.buf_dtype(t.dtype), dev)
+        for kern in by_op.get(k, []):
+            args = []
+            for p in kern.params:
+                if p.role == "field":
+                    args.append(field_params)
+                else:
+                    assert p.ref is not None
+                    args.append(_view(values[p.ref], p.shape, kern.component))
+            ex[kern.name](*args)
+    return [values[r] for r in g.outputs]
+
+
+def _check_arrays(g: KernelGraph, arrays: Sequence[Any]) -> list[np.ndarray]:
+    if len(arrays) != len(g.inputs):
+        names = ", ".join(s.name for s in g.inputs)
+        raise ProgramError(f"µGraph takes {len(g.inputs)} inputs ({names}), got {len(arrays)}")
+    out = []
+    for spec, a in zip(g.inputs, arrays, strict=True):
+        arr = np.asarray(a)
+        if tuple(arr.shape) != spec.shape:
+            raise ProgramError(f"input {spec.name}: shape {list(arr.shape)} != expected {list(spec.shape)}")
+        out.append(np.ascontiguousarray(arr, dtype=_numpy_dtype(spec.dtype)))
+    return out
+
+
+def _numpy_dtype(dtype: str) -> Any:
+    from gensorage.ops.data import numpy_dtype
+
+    return numpy_dtype(dtype)
+
+
+# ------------------------------------------------------------------------------------------------ public API
+
+
+class CompiledUGraph:
+    """The kernels of a µGraph for a hardware profile; build outputs are made on first use and kept.
+
+    Use :func:`compile_ugraph` to make one.
+    """
+
+    def __init__(self, ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", seed: int = 0) -> None:
+        if target not in TARGETS:
+            raise UnsupportedOpError(f"unknown target {target!r} (expected 'cuda' or 'llvm')")
+        self.ugraph = ugraph
+        self.hw = hw
+        self.target: Target = target
+        self.seed = seed
+        self.info = validate(ugraph, hw)
+        self.compute = compute_dtype(ugraph, self.info)
+        self.plans = {k: plan_threads(ugraph, k, self.info, hw, seed) for k, op in enumerate(ugraph.ops)
+                      if isinstance(op, GraphDefinedOp)}
+        self._kernels: dict[Target, list[Kernel]] = {}
+        self._executables: dict[Target, Any] = {}
+        self.kernels(target)
+
+    def kernels(self, target: Target | None = None) -> list[Kernel]:
+        """The float kernels for ``target`` (default: the compile target), in launch order."""
+        t = target or self.target
+        if t not in self._kernels:
+            self._kernels[t] = lower_ugraph(self.ugraph, self.info, self.hw, self.plans, target=t,
+                                            scalar=FloatScalar(self.compute), seed=self.seed)
+            if t == "cuda":
+                self._check_limits(self._kernels[t])
+        return self._kernels[t]
+
+    def _check_limits(self, kernels: list[Kernel]) -> None:
+        from gensorage.codegen.gpu_limits import verify_gpu_limits
+
+        for kern in kernels:
+            try:
+                verify_gpu_limits(ir_module([kern]), self.hw)
+            except ScheduleError as exc:
+                raise UnsupportedOpError(f"{kern.name}: {exc}") from exc
+
+    def executable(self, target: Target) -> Any:
+        if target not in self._executables:
+            self._executables[target] = compile_kernels(self.kernels(target), target, self.hw)
+        return self._executables[target]
+
+    def tir(self, target: Target | None = None) -> str:
+        """TVMScript of every kernel (the compile target's variant by default)."""
+        return "\n\n".join(k.script for k in self.kernels(target))
+
+    def cuda_source(self) -> str:
+        """CUDA C source of all kernels (``tvm.compile`` for the profile's arch; no GPU needed)."""
+        return str(self.executable("cuda").mod.imports[0].inspect_source())
+
+    def cubin(self) -> bytes | None:
+        """The CUDA source compiled by nvcc for the profile's arch; None when nvcc is not available."""
+        from gensorage.codegen.cuda_build import build_cubin as nvcc_cubin
+
+        return nvcc_cubin(self.cuda_source(), self.hw.arch)
+
+    def run(self, *arrays: Any, target: str = "cpu") -> list[Any]:
+        """Run the kernels on ``arrays`` (one per µGraph input).
+
+        ``target="cpu"`` runs the llvm build on numpy arrays and returns numpy arrays. ``target="cuda"`` runs
+        the CUDA build on GPU 0; it accepts numpy arrays or DLPack tensors (e.g. torch) and returns numpy arrays
+        for numpy inputs, DLPack-capable TVM tensors otherwise. Raises :class:`DeviceError` without a GPU.
+        """
+        if target in ("cpu", "llvm"):
+            return self._run_cpu(arrays)
+        if target == "cuda":
+            return self._run_cuda(arrays)
+        raise UnsupportedOpError(f"unknown run target {target!r} (expected 'cpu' or 'cuda')")
+
+    def _run_cpu(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        import tvm
+
+        dev = tvm.cpu(0)
+        inputs = [tvm.runtime.tensor(a, device=dev) for a in _check_arrays(self.ugraph, arrays)]
+        outs = execute(self.ugraph, self.info, self.kernels("llvm"), self.executable("llvm"), inputs, dev,
+                       FloatScalar(self.compute))
+        return [np.asarray(o.numpy()) for o in outs]
+
+    def _run_cuda(self, arrays: Sequence[Any]) -> list[Any]:
+        import tvm
+
+        from gensorage.codegen.cuda_build import cuda_device_available
+
+        reason = cuda_device_available()
+        if reason is not None:
+            raise DeviceError(f"cannot run the µGraph on CUDA: {reason}")
+        _prefer_nvcc()
+        dev = tvm.cuda(0)
+        numpy_in = all(isinstance(a, np.ndarray) for a in arrays)
+        if numpy_in:
+            inputs = [tvm.runtime.tensor(a, device=dev) for a in _check_arrays(self.ugraph, arrays)]
+        else:
+            inputs = [tvm.runtime.from_dlpack(a) for a in arrays]
+            for spec, t in zip(self.ugraph.inputs, inputs, strict=True):
+                if tuple(t.shape) != spec.shape or str(t.dtype) != spec.dtype:
+                    raise ProgramError(f"input {spec.name}: got {list(t.shape)} {t.dtype}, expected "
+                                       f"{list(spec.shape)} {spec.dtype}")
+        outs = execute(self.ugraph, self.info, self.kernels("cuda"), self.executable("cuda"), inputs, dev,
+                       FloatScalar(self.compute))
+        dev.sync()
+        return [np.asarray(o.numpy()) for o in outs] if numpy_in else outs
+
+    def describe(self) -> str:
+        """One line per kernel: name, launch shape and how its threads were chosen."""
+        lines = []
+        for k in self.kernels():
+            grid = "scheduled" if k.grid is None else "x".join(str(n) for n in k.grid)
+            lines.append(f"{k.name}: grid {grid}, {k.threads} threads/block; {k.rule}")
+        return "\n".join(lines)
+
+
+def _prefer_nvcc() -> None:
+    from gensorage.codegen import cuda_build
+
+    cuda_build._prefer_nvcc_when_nvrtc_missing()
+
+
+def compile_ugraph(ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", *, seed: int = 0) -> CompiledUGraph:
+    """Lower every kernel op of ``ugraph`` to TVM TIR for ``hw``.
+
+    Parameters
+    ----------
+    ugraph : KernelGraph
+        A valid µGraph (checked against ``hw``'s memory limits).
+    hw : HwProfile
+        The GPU profile: thread limits, shared memory, arch (``hw.arch``) for CUDA code generation.
+    target : {"cuda", "llvm"}
+        Which variant to lower eagerly (the other is lowered on demand); ``cuda`` kernels are also checked
+        against ``hw``'s per-block limits.
+    seed : int
+        Seed of the Markov construction that picks threads and register tiles.
+
+    Returns
+    -------
+    CompiledUGraph
+
+    Raises
+    ------
+    UGraphError
+        ``ugraph`` is invalid.
+    UnsupportedOpError
+        A construct the generator cannot emit correctly (it never emits a wrong kernel instead).
+    """
+    return CompiledUGraph(ugraph, hw, target, seed)
+
+
+def run_cpu(ugraph: KernelGraph, hw: HwProfile, *arrays: np.ndarray, seed: int = 0) -> list[np.ndarray]:
+    """Run the llvm build of ``ugraph``'s kernels on numpy arrays; returns the outputs."""
+    return compile_ugraph(ugraph, hw, "llvm", seed=seed).run(*arrays, target="cpu")
+
+
+def build_cuda(ugraph: KernelGraph, hw: HwProfile, *, seed: int = 0) -> str:
+    """CUDA C source of every kernel of ``ugraph`` for ``hw.arch``."""
+    return compile_ugraph(ugraph, hw, "cuda", seed=seed).cuda_source()
+
+
+def build_cubin(ugraph: KernelGraph, hw: HwProfile, *, seed: int = 0) -> bytes | None:
+    """nvcc-compiled cubin of :func:`build_cuda`'s source; None when nvcc is not available."""
+    return compile_ugraph(ugraph, hw, "cuda", seed=seed).cubin()
+
+
+__all__ = [
+    "CompiledUGraph", "Kernel", "build_cubin", "build_cuda", "compile_kernels", "compile_ugraph", "execute",
+    "ir_module", "lower_ugraph", "run_cpu",
+]

@@ -1,0 +1,293 @@
+"""Pre-defined kernel ops of a µGraph lowered to TVM PrimFuncs.
+
+- ``matmul`` (2-D or batched, numpy broadcasting over batch dims): the construction tuner's kernel. The tile
+  workload (:func:`gensorage.codegen.block_threads.matmul_workload`: ``gemm`` or ``batch_matmul`` with the
+  batch dims flattened) is scheduled by :func:`gensorage.markov.construct`, and the schedule is applied by
+  :func:`gensorage.codegen.lower_schedule.lower` to a PrimFunc with the same axes whose loads follow the
+  broadcast and whose write-back casts to the tensor's dtype (16-bit inputs accumulate in float32). In field
+  mode the same schedule is applied to an int64 reduction of ``truncmod(a * b, m)`` with a ``mod m`` epilogue,
+  once per modulus (component).
+- elementwise ops, ``sum`` (full or grouped), ``repeat`` and ``concat``: one thread per output element,
+  ``threads`` from the fallback rule of :mod:`gensorage.codegen.block_threads`, blocks along x.
+- ``reshape``: no kernel: the output is a view of the input (row-major, contiguous).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from gensorage.codegen.block_threads import construct_schedule, fallback_threads, matmul_workload
+from gensorage.codegen.scalar import FIELD_PARAMS, Scalar
+from gensorage.codegen.tir_text import Ix, Writer, broadcast_index, index_text, unravel
+from gensorage.codegen.ugraph_tir import KernelParam, KernelText, Target, _shape
+from gensorage.errors import ScheduleError, UnsupportedOpError
+from gensorage.hw.profile import HwProfile
+from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
+from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
+from gensorage.ugraph.shapes import GraphInfo
+
+# Every thread of an elementwise kernel handles one element; CUDA allows 2^31 - 1 blocks along x.
+_MAX_BLOCKS_X = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledKernel:
+    """A kernel lowered by :mod:`gensorage.codegen.lower_schedule` (a PrimFunc rather than text)."""
+
+    name: str
+    op_index: int
+    func: Any
+    params: tuple[KernelParam, ...]
+    threads: int
+    rule: str
+    component: int | None = None  # field mode: which residue (0: mod p, 1: mod q) this kernel computes
+
+
+def is_alias(op: KernelOp) -> bool:
+    """Ops that need no kernel (their output is a view of their input)."""
+    return op.op is Op.RESHAPE
+
+
+# ------------------------------------------------------------------------------------------- matmul
+
+
+@dataclass(frozen=True, slots=True)
+class _MatmulShape:
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+    out: tuple[int, ...]
+
+    @property
+    def batch(self) -> tuple[int, ...]:
+        return self.out[:-2]
+
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        return math.prod(self.batch), self.out[-2], self.out[-1], self.a[-1]
+
+    def flat(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The kernel's view of an operand: batch dims flattened into one (none for 2-D matmuls)."""
+        return shape if not self.batch else (math.prod(shape[:-2]), *shape[-2:])
+
+
+def _batch_index(b: Any, batch: tuple[int, ...], operand: tuple[int, ...]) -> Any:
+    """Flat batch index into ``operand``'s batch dims (numpy-broadcast against ``batch``) for output batch ``b``."""
+    from tvm import tirx
+
+    if operand == batch:
+        return b
+    lead = len(batch) - len(operand)
+    flat: Any = tirx.const(0, "int32")
+    stride = 1
+    for d in reversed(range(len(operand))):
+        if operand[d] != 1:
+            inner = math.prod(batch[lead + d + 1:])
+            flat = flat + tirx.floormod(tirx.floordiv(b, inner), batch[lead + d]) * stride
+        stride *= operand[d]
+    return flat
+
+
+def _matmul_build(ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | None) -> Any:
+    """Build function of the lowered workload: broadcast loads, reduction, cast (float) or mod (field) epilogue."""
+    from tvm import te, tirx
+
+    def build() -> Any:
+        in_dtype = "int64" if modulus is not None else dtype
+        a = te.placeholder(ms.flat(ms.a), in_dtype, name="A")
+        bt = te.placeholder(ms.flat(ms.b), in_dtype, name="B")
+        _, m, n, kdim = ms.dims
+        k = te.reduce_axis((0, kdim), name="k")
+        acc = "int64" if modulus is not None else ("float32" if dtype in ("float16", "bfloat16") else dtype)
+
+        def term(x: Any, y: Any) -> Any:
+            if modulus is not None:
+                return tirx.truncmod(x * y, tirx.const(modulus, "int64"))
+            return x.astype(acc) * y.astype(acc)
+
+        if ms.batch:
+            def body(b: Any, i: Any, j: Any) -> Any:
+                ai = (_batch_index(b, ms.batch, ms.a[:-2]), i, k) if len(ms.a) > 2 else (i, k)
+                bi = (_batch_index(b, ms.batch, ms.b[:-2]), k, j) if len(ms.b) > 2 else (k, j)
+                return te.sum(term(a[ai], bt[bi]), axis=k)
+
+            c = te.compute((math.prod(ms.batch), m, n), body, name="C")
+        else:
+            c = te.compute((m, n), lambda i, j: te.sum(term(a[i, k], bt[k, j]), axis=k), name="C")
+        if modulus is not None:
+            d = te.compute(c.shape, lambda *ix: tirx.truncmod(c[ix], tirx.const(modulus, "int64")), name="D")
+        elif out_dtype != acc:
+            d = te.compute(c.shape, lambda *ix: c[ix].astype(out_dtype), name="D")
+        else:
+            d = c
+        return te.create_prim_func([a, bt, d])
+
+    return build
+
+
+def _matmul_kernels(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target,
+                    scalar: Scalar, name: str, seed: int) -> list[ScheduledKernel]:
+    from gensorage.codegen.lower_schedule import lower
+
+    op = g.ops[k]
+    assert isinstance(op, KernelOp)
+    ta, tb = (info.of(r) for r in op.inputs)
+    out = info.nodes[len(g.inputs) + k][0]
+    ms = _MatmulShape(ta.shape, tb.shape, out.shape)
+    base = matmul_workload(*ms.dims, ta.dtype)
+    schedule = construct_schedule(base, hw, seed)
+    rule = (f"markov construct on {base.key()}: T0={list(schedule.tiles[0])}, T1={list(schedule.tiles[1])}, "
+            f"vthreads={list(schedule.vthreads)}")
+    from gensorage.codegen.lower_schedule import threads_per_block
+
+    threads = threads_per_block(base, schedule)
+    mods: list[int | None] = [None] if not scalar.field else list(scalar.mods)  # type: ignore[attr-defined]
+    kernels = []
+    for c, m in enumerate(mods):
+        wl = dataclasses.replace(base, build=_matmul_build(ms, ta.dtype, out.dtype, m))
+        try:
+            mod = lower(wl, schedule, target, hw=hw if target == "cuda" else None)
+        except ScheduleError as exc:
+            raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
+        kname = name if m is None else f"{name}_c{c}"
+        func = mod["main"].with_attr("global_symbol", kname)
+        dt = "int64" if m is not None else None
+        params = (
+            KernelParam("A", "input", op.inputs[0], ms.flat(ta.shape), dt or ta.dtype),
+            KernelParam("B", "input", op.inputs[1], ms.flat(tb.shape), dt or tb.dtype),
+            KernelParam("C", "output", Ref(len(g.inputs) + k), ms.flat(out.shape), dt or out.dtype),
+        )
+        kernels.append(ScheduledKernel(kname, k, func, params, threads, rule, None if m is None else c))
+    return kernels
+
+
+# ------------------------------------------------------------------------------------------- simple kernels
+
+
+def _simple(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar,
+            name: str) -> KernelText:
+    """One thread per output element: ``out[unravel(bx * threads + tx)] = f(inputs)``."""
+    op = g.ops[k]
+    assert isinstance(op, KernelOp)
+    out = info.nodes[len(g.inputs) + k][0]
+    n = math.prod(out.shape)
+    nt = fallback_threads(n, hw)
+    blocks = -(-n // nt)
+    if blocks > _MAX_BLOCKS_X:
+        raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} ({op.op.value}) needs {blocks} blocks")
+    gpu = target == "cuda"
+    w = Writer(1)
+    bloop = f'T.thread_binding({blocks}, thread="blockIdx.x")' if gpu else f"T.parallel({blocks})"
+    tloop = f'T.thread_binding({nt}, thread="threadIdx.x")' if gpu else f"T.serial({nt})"
+    with w.block(f"for bx in {bloop}:"), w.block(f"for tx in {tloop}:"):
+        w.line(f"f = {Ix.var('bx') * nt + Ix.var('tx')}")
+        with w.block(f"if f < {n}:") if blocks * nt > n else nullcontext():
+            idx = unravel(Ix.var("f"), out.shape)
+            _element(w, op, [info.of(r) for r in op.inputs], out, idx, scalar)
+    params = [KernelParam(f"in{i}", "input", r, scalar.buf_shape(info.of(r).shape), scalar.buf_dtype(info.of(r).dtype))
+              for i, r in enumerate(op.inputs)]
+    params.append(KernelParam("out0", "output", Ref(len(g.inputs) + k), scalar.buf_shape(out.shape),
+                              scalar.buf_dtype(out.dtype)))
+    if scalar.field:
+        params.append(KernelParam("F", "field", None, (FIELD_PARAMS,), "int64"))
+    sig = ", ".join(f'{p.name}: T.Buffer({_shape(p.shape)}, "{p.dtype}")' for p in params)
+    text = (f"@T.prim_func\ndef {name}({sig}):\n"
+            f'    T.func_attr({{"global_symbol": "{name}", "tir.noalias": True}})\n' + w.text())
+    rule = f"fallback (pre-defined {op.op.value}): {nt} threads, one output element each"
+    return KernelText(name, k, text, tuple(params), (blocks,), nt, rule)
+
+
+def _element(w: Writer, op: KernelOp, ins: list[Any], out: Any, idx: list[Ix], sc: Scalar) -> None:
+    """Statements computing output element ``idx`` of kernel op ``op`` into ``out0``."""
+
+    def load(i: int, at: list[Ix]) -> Any:
+        return sc.load(f"in{i}", index_text(at), sc.buf_dtype(ins[i].dtype))
+
+    def store(v: Any) -> None:
+        for c, e in enumerate(sc.store(v, sc.buf_dtype(out.dtype))):
+            w.line(f"{sc.at('out0', c, index_text(idx))} = {e}")
+
+    if op.op in BINARY_ELEMENTWISE or op.op in UNARY_ELEMENTWISE:
+        args = [load(i, broadcast_index(idx, t.shape)) for i, t in enumerate(ins)]
+        store(sc.op(w, op.op, op.attrs, args))
+    elif op.op is Op.SUM:
+        _sum_element(w, op, ins[0].shape, idx, sc, load, store)
+    elif op.op is Op.REPEAT:
+        dim = int(attr(op.attrs, "dim")) % len(out.shape)
+        src = list(idx)
+        src[dim] = idx[dim].floordiv(int(attr(op.attrs, "times")), out.shape[dim])
+        store(load(0, src))
+    elif op.op is Op.CONCAT:
+        _concat_element(w, op, ins, idx, load, store)
+    else:
+        raise UnsupportedOpError(f"pre-defined kernel op '{op.op.value}' has no code generator")
+
+
+def _sum_element(w: Writer, op: KernelOp, shape: tuple[int, ...], idx: list[Ix], sc: Scalar, load: Any,
+                 store: Any) -> None:
+    dim = int(attr(op.attrs, "dim")) % len(shape)
+    keep = bool(attr(op.attrs, "keepdim", True))
+    group = attr(op.attrs, "group")
+    full = group is None or group == shape[dim]
+    count = shape[dim] if full else int(group)
+    w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
+    for c, e in enumerate(sc.zero().comps):
+        w.line(f"{sc.at('acc', c, '0')} = {e}")
+    with w.loop("g", count) as gi:
+        if full and keep:
+            src = idx[:dim] + [gi] + idx[dim + 1:]
+        elif full:
+            src = idx[:dim] + [gi] + idx[dim:]
+        else:
+            src = idx[:dim] + [idx[dim] * count + gi] + idx[dim + 1:]
+        nxt = sc.plus(sc.load("acc", "0", sc.acc_dtype), load(0, src))
+        for c, e in enumerate(nxt.comps):
+            w.line(f"{sc.at('acc', c, '0')} = {e}")
+    store(sc.reduced(sc.load("acc", "0", sc.acc_dtype)))
+
+
+def _concat_element(w: Writer, op: KernelOp, ins: list[Any], idx: list[Ix], load: Any, store: Any) -> None:
+    dim = int(attr(op.attrs, "dim")) % len(ins[0].shape)
+    starts = [sum(t.shape[dim] for t in ins[:i]) for i in range(len(ins))]
+
+    def part(i: int) -> None:
+        src = list(idx)
+        src[dim] = Ix(tuple(idx[dim].terms), idx[dim].const - starts[i])
+        if i == len(ins) - 1:
+            store(load(i, src))
+            return
+        with w.block(f"if {idx[dim]} < {starts[i] + ins[i].shape[dim]}:"):
+            store(load(i, src))
+        with w.block("else:"):
+            part(i + 1)
+
+    part(0)
+
+
+# ------------------------------------------------------------------------------------------- entry point
+
+
+def emit_predefined(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, *, target: Target, scalar: Scalar,
+                    name: str, seed: int = 0) -> list[KernelText | ScheduledKernel]:
+    """The kernels computing pre-defined kernel op ``k`` (none for a reshape; two for a field-mode matmul).
+
+    Raises
+    ------
+    UnsupportedOpError
+        An op without a generator, or a matmul the scheduled lowering rejects.
+    """
+    op = g.ops[k]
+    assert isinstance(op, KernelOp)
+    if is_alias(op):
+        return []
+    if op.op is Op.MATMUL:
+        if scalar.field and target != "llvm":
+            raise UnsupportedOpError("the finite-field twin runs on the CPU only (target 'llvm')")
+        return list(_matmul_kernels(g, k, info, hw, target, scalar, name, seed))
+    return [_simple(g, k, info, hw, target, scalar, name)]
+
+
+__all__ = ["ScheduledKernel", "emit_predefined", "is_alias"]

@@ -1,0 +1,593 @@
+"""Re-instantiating a µGraph found for one shape of a program at another shape of the same program.
+
+A µGraph stores concrete sizes, but most of what the search found is shape-agnostic: which kernels exist, which
+ops each block runs on which tiles, the imaps, fmaps, omaps and accumulators (the *algebraic structure*). Only
+three kinds of numbers depend on the shape:
+
+1. the kernel inputs' shapes, which come from the new program;
+2. size-valued attributes (``reshape`` targets, ``sum`` groups, ``repeat`` counts) and ``scale`` factors, which
+   are mapped from the old program to the new one through the programs' node-by-node correspondence (both have
+   the same :meth:`~gensorage.program.Program.structure_key`, so their canonical node orders pair up), and, for
+   tile-level reshapes, re-derived from the new tile shapes;
+3. each graph-defined kernel's grid and for-loop trip count — a schedule choice. They are *constructed* again
+   for the new shapes: every grid dim and the loop range over the divisors of the dims they split, and a
+   walk over that lattice (exhaustive when it is small) keeps the choice the µGraph cost model predicts
+   fastest among those that fit the hardware. Kernels are constructed one after another in topological
+   order, since a kernel's choice can change the shape of what later kernels read (e.g. a split count that
+   appears in a partial-sum tensor).
+
+Whatever cannot be mapped unambiguously raises :class:`ReshapeFailed` with the reason; the caller falls back to
+the direct µGraph. The result is valid by construction; *equivalence* to the new program is still checked by
+the caller (``gensorage.verify.equivalent``), since a mapped attribute can be wrong in ways shapes do not show.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gensorage import opset
+from gensorage.errors import GensorageError, ProgramError, UGraphError
+from gensorage.opset import Attrs, Op, Shape
+from gensorage.ugraph.ir import (
+    Accumulator,
+    BlockGraph,
+    BlockNode,
+    BlockOp,
+    GraphDefinedOp,
+    InputIterator,
+    KernelGraph,
+    KernelNode,
+    KernelOp,
+    OutputSaver,
+    Ref,
+    TensorSpec,
+    ThreadGraph,
+)
+from gensorage.ugraph.shapes import BlockInfo, TensorInfo, block_shapes, infer, iterator_tile, thread_shapes
+from gensorage.ugraph.validate import validate
+
+if TYPE_CHECKING:
+    from gensorage.hw.profile import HwProfile
+    from gensorage.program import Program
+
+CostFn = Callable[[KernelGraph], float]
+
+#: Grid/loop assignments of one kernel evaluated exhaustively when there are at most this many.
+EXHAUSTIVE_LIMIT = 2048
+#: Otherwise: random restarts of the descent walk (the first start is the proportional scaling of the old choice).
+WALK_RESTARTS = 6
+#: CUDA grid limits (x, y, z).
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+class ReshapeFailed(Exception):
+    """The structure cannot be re-instantiated at the new shapes (the message says why)."""
+
+
+# ============================================================================================ size mapping
+
+
+@dataclass(slots=True)
+class SizeMap:
+    """What each size and scale factor of the old program becomes in the new one.
+
+    A size seen mapping to two different new sizes is *ambiguous* and not mapped (e.g. two params that were
+    equal at the old shapes and differ at the new ones).
+    """
+
+    sizes: dict[int, int] = field(default_factory=dict)
+    factors: dict[float, float] = field(default_factory=dict)
+    ambiguous_sizes: set[int] = field(default_factory=set)
+    ambiguous_factors: set[float] = field(default_factory=set)
+
+    def add_size(self, old: int, new: int) -> None:
+        _add(self.sizes, self.ambiguous_sizes, int(old), int(new))
+
+    def add_factor(self, old: float, new: float) -> None:
+        _add(self.factors, self.ambiguous_factors, float(old), float(new))
+
+    def size(self, old: int) -> int | None:
+        return self.sizes.get(old)
+
+    def factor(self, old: float) -> float | None:
+        return self.factors.get(old)
+
+
+def _add(table: dict, ambiguous: set, old: object, new: object) -> None:  # type: ignore[type-arg]
+    if old in ambiguous:
+        return
+    if old in table and table[old] != new:
+        del table[old]
+        ambiguous.add(old)
+        return
+    table[old] = new
+
+
+def canonical_order(p: Program) -> list[int]:
+    """Node ids of ``p`` in the order its structure key enumerates them (inputs, then a DFS from the outputs).
+
+    Two programs with equal structure keys list corresponding nodes at equal positions.
+    """
+    order = [t.id for t in p.inputs]
+    seen = set(order)
+    nodes = p.nodes
+    for out in p.outputs:
+        stack: list[tuple[int, bool]] = [(out.id, False)]
+        while stack:
+            i, expanded = stack.pop()
+            if i in seen:
+                continue
+            if expanded:
+                seen.add(i)
+                order.append(i)
+                continue
+            stack.append((i, True))
+            stack.extend((j, False) for j in reversed(nodes[i].inputs))
+    return order
+
+
+def size_map(old: Program, new: Program) -> SizeMap:
+    """Pair the nodes of two instantiations of one program and record how every size and factor changes.
+
+    Raises
+    ------
+    ReshapeFailed
+        The programs do not share a structure key.
+    """
+    if old.structure_key() != new.structure_key():
+        raise ReshapeFailed(f"program '{new.name}' does not have the structure of the stored program '{old.name}'")
+    smap = SizeMap()
+    for i, j in zip(canonical_order(old), canonical_order(new), strict=True):
+        a, b = old.nodes[i], new.nodes[j]
+        for x, y in zip(a.shape, b.shape, strict=True):
+            smap.add_size(x, y)
+        if a.op is None:
+            continue
+        for (key, va), (_, vb) in zip(_padded(a.op, a.attrs, a.shape, old, a.inputs),
+                                      _padded(b.op, b.attrs, b.shape, new, b.inputs), strict=True):
+            if key == "factor":
+                smap.add_factor(va, vb)
+            elif key == "shape":
+                for x, y in zip(va, vb, strict=True):
+                    smap.add_size(x, y)
+            elif key in ("group", "times"):
+                smap.add_size(va, vb)
+    return smap
+
+
+def _padded(op: Op, attrs: Attrs, shape: Shape, p: Program, inputs: Sequence[int]) -> list[tuple[str, object]]:
+    """Attributes with a sum's implicit group made explicit, so two instantiations pair attribute by attribute.
+
+    (A program drops ``group`` when it equals the reduced dim's size, so one instantiation may have it and the
+    other not.)
+    """
+    items = dict(attrs)
+    if op is Op.SUM and "group" not in items:
+        items["group"] = p.nodes[inputs[0]].shape[int(items["dim"])]
+    return sorted(items.items())
+
+
+# ============================================================================================ attributes
+
+
+def map_attrs(op: Op, attrs: Attrs, old_in: Sequence[Shape], new_in: Sequence[Shape], smap: SizeMap,
+              where: str) -> Attrs:
+    """``attrs`` of ``op`` at the new shapes, given the op's input shapes before and after."""
+    items = dict(attrs)
+    if op is Op.SCALE:
+        items["factor"] = _map_factor(float(items["factor"]), smap, where)
+    elif op is Op.SUM and "group" in items:
+        group = _map_group(int(items["group"]), old_in[0][int(items["dim"])], new_in[0][int(items["dim"])],
+                           smap, where)
+        if group is None:
+            del items["group"]
+        else:
+            items["group"] = group
+    elif op is Op.REPEAT:
+        items["times"] = _map_size(int(items["times"]), smap, where, "repeat count")
+    elif op is Op.RESHAPE:
+        items["shape"] = reshape_target(old_in[0], tuple(items["shape"]), new_in[0], smap, where)
+    return opset.freeze_attrs(items)
+
+
+def _map_factor(old: float, smap: SizeMap, where: str) -> float:
+    new = smap.factor(old)
+    if new is not None:
+        return new
+    if old in smap.ambiguous_factors:
+        raise ReshapeFailed(f"{where}: scale factor {old:g} becomes different factors in the new program")
+    if all(a == b for a, b in smap.factors.items()):
+        return old  # no factor of the program changed, so a factor the search introduced cannot have either
+    raise ReshapeFailed(f"{where}: scale factor {old:g} has no counterpart in the program")
+
+
+def _map_size(old: int, smap: SizeMap, where: str, what: str) -> int:
+    new = smap.size(old)
+    if new is None:
+        raise ReshapeFailed(f"{where}: cannot tell what {what} {old} becomes at the new shapes")
+    return new
+
+
+def _map_group(group: int, old_size: int, new_size: int, smap: SizeMap, where: str) -> int | None:
+    """The new group of a grouped sum (None: a full reduction, stored without a group)."""
+    if group == old_size:
+        return None
+    tries = []
+    g = smap.size(group)
+    if g is not None:
+        tries.append(g)
+    groups_out = smap.size(old_size // group)
+    if groups_out is not None and groups_out > 0 and new_size % groups_out == 0:
+        tries.append(new_size // groups_out)
+    tries.append(group)
+    for g in tries:
+        if 0 < g <= new_size and new_size % g == 0:
+            return None if g == new_size else g
+    raise ReshapeFailed(f"{where}: no sum group for a dim of size {new_size} corresponds to group {group}")
+
+
+def reshape_target(old_in: Shape, old_out: Shape, new_in: Shape, smap: SizeMap, where: str) -> Shape:
+    """The target of a reshape whose input went from ``old_in`` to ``new_in`` (same rank).
+
+    The old reshape is split into minimal groups of input dims and output dims with equal products (unit dims
+    left out). A group whose output is one dim gets the product of the new input dims; a group that splits
+    into several output dims maps all but one of them through ``smap`` and gives the last what remains. Old
+    unit output dims stay 1.
+    """
+    if len(old_in) != len(new_in):
+        raise ReshapeFailed(f"{where}: reshape input changed rank ({len(old_in)} -> {len(new_in)})")
+    groups = _reshape_groups(old_in, old_out)
+    if groups is None:
+        raise ReshapeFailed(f"{where}: cannot align reshape {list(old_in)} -> {list(old_out)}")
+    grouped_in = {i for ins, _ in groups for i in ins}
+    stray = [i for i, d in enumerate(new_in) if i not in grouped_in and d != 1]
+    if stray:
+        raise ReshapeFailed(f"{where}: input dim {stray[0]} was 1 and is now {new_in[stray[0]]}: the reshape "
+                            f"{list(old_in)} -> {list(old_out)} does not say where it goes")
+    out = [1] * len(old_out)
+    for ins, outs in groups:
+        total = math.prod(new_in[i] for i in ins)
+        for j, v in zip(outs, _split(total, [old_out[j] for j in outs], smap), strict=True):
+            out[j] = v
+    if math.prod(out) != math.prod(new_in):
+        raise ReshapeFailed(f"{where}: derived reshape {list(new_in)} -> {out} changes the element count")
+    return tuple(out)
+
+
+def _reshape_groups(a: Shape, b: Shape) -> list[tuple[list[int], list[int]]] | None:
+    ia = [i for i, d in enumerate(a) if d != 1]
+    ib = [j for j, d in enumerate(b) if d != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    x = y = 0
+    while x < len(ia) and y < len(ib):
+        ins, outs = [ia[x]], [ib[y]]
+        pa, pb = a[ia[x]], b[ib[y]]
+        x, y = x + 1, y + 1
+        while pa != pb:
+            if pa < pb and x < len(ia):
+                pa *= a[ia[x]]
+                ins.append(ia[x])
+                x += 1
+            elif pb < pa and y < len(ib):
+                pb *= b[ib[y]]
+                outs.append(ib[y])
+                y += 1
+            else:
+                return None
+        groups.append((ins, outs))
+    return groups if x == len(ia) and y == len(ib) else None
+
+
+def _split(total: int, old_parts: list[int], smap: SizeMap) -> list[int]:
+    """Split ``total`` into ``len(old_parts)`` factors, mapping all but one part through ``smap``."""
+    if len(old_parts) == 1:
+        return [total]
+    mapped = [smap.size(v) for v in old_parts]
+    for free in reversed(range(len(old_parts))):
+        others = [m for k, m in enumerate(mapped) if k != free]
+        if any(m is None or m < 1 for m in others):
+            continue
+        rest = math.prod(others)  # type: ignore[arg-type]
+        if total % rest == 0:
+            return [total // rest if k == free else m for k, m in enumerate(mapped)]  # type: ignore[misc]
+    raise ReshapeFailed(f"cannot split a dim of size {total} the way {old_parts} was split")
+
+
+# =========================================================================================== block graphs
+
+
+@dataclass(frozen=True, slots=True)
+class _KernelContext:
+    """What re-instantiating one graph-defined kernel needs."""
+
+    k: int
+    node: GraphDefinedOp
+    old_args: tuple[TensorInfo, ...]
+    new_args: tuple[TensorInfo, ...]
+    old_info: BlockInfo
+    smap: SizeMap
+
+
+def _where(ctx: _KernelContext, j: int | None = None) -> str:
+    return f"kernel op {ctx.k}" + ("" if j is None else f", block node #{j}")
+
+
+def rebuild_block(ctx: _KernelContext, grid: tuple[int, ...], forloop: int) -> BlockGraph:
+    """The kernel's block graph with ``grid`` and ``forloop``, attributes re-derived from the new tiles.
+
+    Raises :class:`UGraphError` when the partition does not divide and :class:`ReshapeFailed` when an
+    attribute cannot be mapped.
+    """
+    old = ctx.node.block
+    tiles: list[tuple[Shape, ...]] = []
+    nodes: list[BlockNode] = []
+    for j, node in enumerate(old.nodes):
+        where = _where(ctx, j)
+        new: BlockNode
+        match node:
+            case InputIterator():
+                new = node
+                src = ctx.new_args[node.input]
+                outs: tuple[Shape, ...] = (iterator_tile(node, src.shape, grid, forloop, where),)
+            case BlockOp():
+                old_in = [ctx.old_info.nodes[r.node][r.out].shape for r in node.inputs]
+                new_in = [tiles[r.node][r.out] for r in node.inputs]
+                attrs = map_attrs(node.op, node.attrs, old_in, new_in, ctx.smap, where)
+                new = replace(node, attrs=attrs)
+                outs = (_shape(node.op, new_in, attrs, where),)
+            case ThreadGraph():
+                new = _rebuild_thread(node, ctx.smap, where)
+                args = [TensorInfo(tiles[r.node][r.out], "float32") for r in node.inputs]
+                local = thread_shapes(new, args, where)
+                outs = tuple(local[r.node].shape for r in new.outputs)
+            case Accumulator():
+                src_tile = tiles[node.input.node][node.input.out]
+                new = node
+                outs = (src_tile if node.fmap is None else
+                        src_tile[:node.fmap] + (src_tile[node.fmap] * forloop,) + src_tile[node.fmap + 1:],)
+            case OutputSaver():
+                new = node
+                outs = ()
+            case _:
+                raise ReshapeFailed(f"{where}: unknown block node {type(node).__name__}")
+        tiles.append(outs)
+        nodes.append(new)
+    return BlockGraph(grid, forloop, tuple(nodes))
+
+
+def _rebuild_thread(tg: ThreadGraph, smap: SizeMap, where: str) -> ThreadGraph:
+    ops = tuple(replace(t, attrs=map_attrs(t.op, t.attrs, [], [], smap, f"{where}, thread op {i}"))
+                if t.op is Op.SCALE else t for i, t in enumerate(tg.ops))
+    return ThreadGraph(tg.inputs, ops, tg.outputs)
+
+
+def _shape(op: Op, shapes: Sequence[Shape], attrs: Attrs, where: str) -> Shape:
+    try:
+        return opset.infer_shape(op, list(shapes), attrs)
+    except ProgramError as exc:
+        raise UGraphError(f"{where}: {exc}") from None
+
+
+# ====================================================================================== grid construction
+
+
+@dataclass(frozen=True, slots=True)
+class _Choices:
+    """Candidate values per variable: the grid dims then the for-loop trip count."""
+
+    values: tuple[tuple[int, ...], ...]
+    start: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.values)
+
+
+def _divisors(n: int, *, limit: int) -> tuple[int, ...]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted({x for d in small for x in (d, n // d) if x <= limit}))
+
+
+def _nearest(values: Sequence[int], target: float) -> int:
+    return min(values, key=lambda v: (abs(math.log(v) - math.log(max(target, 1e-9))), v))
+
+
+def grid_choices(ctx: _KernelContext) -> _Choices:
+    """Per grid dim: divisors of the gcd of the new input dims it splits (the old value when it splits none);
+    for the loop: divisors > 1 of the dims the fmaps split, or 1 when the old graph had no loop."""
+    old = ctx.node.block
+    iters = [n for n in old.nodes if isinstance(n, InputIterator)]
+    values: list[tuple[int, ...]] = []
+    start: list[int] = []
+    for g, old_g in enumerate(old.grid):
+        split = [(ctx.old_args[it.input].shape[d], ctx.new_args[it.input].shape[d])
+                 for it in iters for d in [it.imap[g]] if d is not None]
+        if not split:
+            values.append((old_g,))
+            start.append(old_g)
+            continue
+        vals = _divisors(math.gcd(*(n for _, n in split)), limit=GRID_LIMITS[g])
+        values.append(vals)
+        start.append(_nearest(vals, old_g * split[0][1] / split[0][0]))
+    if old.forloop == 1:
+        values.append((1,))
+        start.append(1)
+    else:
+        looped = [(ctx.old_args[it.input].shape[it.fmap], ctx.new_args[it.input].shape[it.fmap])
+                  for it in iters if it.fmap is not None]
+        if looped:
+            vals = tuple(v for v in _divisors(math.gcd(*(n for _, n in looped)), limit=1 << 20) if v > 1)
+            if not vals:
+                raise ReshapeFailed(f"{_where(ctx)}: the for-loop's dims have size 1 at the new shapes")
+            values.append(vals)
+            start.append(_nearest(vals, old.forloop * looped[0][1] / looped[0][0]))
+        else:
+            values.append((old.forloop,))
+            start.append(old.forloop)
+    return _Choices(tuple(values), tuple(start))
+
+
+@dataclass(slots=True)
+class _Evaluator:
+    ctx: _KernelContext
+    hw: HwProfile
+    cost: CostFn
+    seen: dict[tuple[int, ...], tuple[float, GraphDefinedOp | None]] = field(default_factory=dict)
+    last_error: str | None = None
+
+    def __call__(self, point: tuple[int, ...]) -> float:
+        if point not in self.seen:
+            self.seen[point] = self._evaluate(point)
+        return self.seen[point][0]
+
+    def _evaluate(self, point: tuple[int, ...]) -> tuple[float, GraphDefinedOp | None]:
+        grid, forloop = point[:-1], point[-1]
+        try:
+            block = rebuild_block(self.ctx, grid, forloop)
+            op = GraphDefinedOp(block, tuple(Ref(i) for i in range(len(self.ctx.new_args))))
+            sub = _single_op_graph(op, self.ctx.new_args)
+            validate(sub, self.hw)
+            t = float(self.cost(sub))
+        except (GensorageError, ReshapeFailed) as exc:
+            self.last_error = str(exc)
+            return math.inf, None
+        if not math.isfinite(t):
+            self.last_error = f"the cost model gives no finite time for grid {list(grid)}, loop {forloop}"
+            return math.inf, None
+        return t, GraphDefinedOp(block, self.ctx.node.inputs)
+
+    def best(self) -> tuple[float, GraphDefinedOp | None]:
+        return min(self.seen.values(), key=lambda v: v[0], default=(math.inf, None))
+
+
+def _single_op_graph(op: GraphDefinedOp, args: Sequence[TensorInfo]) -> KernelGraph:
+    specs = tuple(TensorSpec(f"in{i}", a.shape, a.dtype) for i, a in enumerate(args))
+    return KernelGraph(specs, (op,), tuple(Ref(len(specs), o) for o in range(len(op.block.savers))))
+
+
+def construct_kernel(ctx: _KernelContext, hw: HwProfile, cost: CostFn, rng: np.random.Generator) -> GraphDefinedOp:
+    """The kernel with the grid and loop the cost model prefers at the new shapes (see the module docstring)."""
+    choices = grid_choices(ctx)
+    evaluate = _Evaluator(ctx, hw, cost)
+    if choices.size <= EXHAUSTIVE_LIMIT:
+        for point in itertools.product(*choices.values):
+            evaluate(point)
+    else:
+        starts = [choices.start] + [tuple(int(rng.choice(v)) for v in choices.values)
+                                    for _ in range(WALK_RESTARTS - 1)]
+        for s in starts:
+            _descend(s, choices, evaluate)
+    t, op = evaluate.best()
+    if op is None:
+        raise ReshapeFailed(f"{_where(ctx)}: no grid and loop fit at the new shapes"
+                            + (f" (last: {evaluate.last_error})" if evaluate.last_error else ""))
+    return op
+
+
+def _descend(start: tuple[int, ...], choices: _Choices, evaluate: _Evaluator) -> None:
+    """Steepest descent over the divisor lattice: move one variable to a neighbouring divisor while it helps."""
+    point = start
+    value = evaluate(point)
+    while True:
+        best_point, best_value = point, value
+        for v, vals in enumerate(choices.values):
+            i = vals.index(point[v])
+            for k in (i - 1, i + 1):
+                if 0 <= k < len(vals):
+                    cand = point[:v] + (vals[k],) + point[v + 1:]
+                    c = evaluate(cand)
+                    if c < best_value:
+                        best_point, best_value = cand, c
+        if best_point == point:
+            return
+        point, value = best_point, best_value
+
+
+# ============================================================================================ kernel graph
+
+
+def reinstantiate(graph: KernelGraph, old: Program, new: Program, hw: HwProfile, cost: CostFn, *,
+                  seed: int = 0) -> KernelGraph:
+    """``graph`` (a µGraph of ``old``) rebuilt for ``new``, another instantiation of the same program.
+
+    Parameters
+    ----------
+    graph : KernelGraph
+        A µGraph equivalent to ``old`` (its inputs are ``old``'s inputs, in order).
+    old, new : Program
+        Two instantiations of one program (equal :meth:`~gensorage.program.Program.structure_key`).
+    hw : HwProfile
+        The GPU the grids and loops are constructed for (and whose memory they must fit).
+    cost : callable
+        Predicted time of a µGraph on ``hw`` (the µGraph cost model); ranks grid and loop choices.
+    seed : int
+        Seeds the restarts of the walk over large choice lattices.
+
+    Returns
+    -------
+    KernelGraph
+        A valid µGraph on ``new``'s inputs. Its equivalence to ``new`` is NOT checked here.
+
+    Raises
+    ------
+    ReshapeFailed
+        The structure does not carry over (the message says which node and why).
+    """
+    smap = size_map(old, new)
+    if len(graph.inputs) != len(new.inputs):
+        raise ReshapeFailed(f"the stored µGraph has {len(graph.inputs)} inputs, the program {len(new.inputs)}")
+    for spec, t in zip(graph.inputs, new.inputs, strict=True):
+        if len(spec.shape) != len(t.shape) or spec.dtype != t.dtype:
+            raise ReshapeFailed(f"stored µGraph input '{spec.name}' does not correspond to program input "
+                                f"'{t.name}'")
+    try:
+        old_info = infer(graph)
+    except UGraphError as exc:
+        raise ReshapeFailed(f"the stored µGraph is not well formed: {exc}") from None
+    specs = tuple(TensorSpec(s.name, t.shape, t.dtype) for s, t in zip(graph.inputs, new.inputs, strict=True))
+    new_infos: list[tuple[TensorInfo, ...]] = [(TensorInfo(s.shape, s.dtype),) for s in specs]
+    ops: list[KernelNode] = []
+    rng = np.random.default_rng(seed)
+    for k, node in enumerate(graph.ops):
+        old_args = tuple(old_info.of(r) for r in node.inputs)
+        new_args = tuple(new_infos[r.node][r.out] for r in node.inputs)
+        where = f"kernel op {k}"
+        if isinstance(node, KernelOp):
+            attrs = map_attrs(node.op, node.attrs, [a.shape for a in old_args], [a.shape for a in new_args],
+                              smap, where)
+            shape = _shape(node.op, [a.shape for a in new_args], attrs, where)
+            ops.append(KernelOp(node.op, node.inputs, attrs))
+            new_infos.append((TensorInfo(shape, new_args[0].dtype if new_args else "float32"),))
+            continue
+        block_info = old_info.blocks[k]
+        assert block_info is not None  # a graph-defined op always has block info
+        ctx = _KernelContext(k, node, old_args, new_args, block_info, smap)
+        built = construct_kernel(ctx, hw, cost, rng)
+        ops.append(built)
+        sub = _single_op_graph(GraphDefinedOp(built.block, tuple(Ref(i) for i in range(len(new_args)))), new_args)
+        new_infos.append(block_shapes(sub, 0, built.block, new_args).outputs)
+    out = KernelGraph(specs, tuple(ops), graph.outputs)
+    try:
+        validate(out, hw)
+    except UGraphError as exc:
+        raise ReshapeFailed(f"the re-instantiated µGraph is not valid: {exc}") from None
+    _check_outputs(out, new)
+    return out
+
+
+def _check_outputs(g: KernelGraph, p: Program) -> None:
+    info = infer(g)
+    got = [info.of(r).shape for r in g.outputs]
+    want = [t.shape for t in p.outputs]
+    if got != want:
+        raise ReshapeFailed(f"the re-instantiated µGraph's outputs have shapes {got}, the program's {want}")
+
+
+__all__ = ["EXHAUSTIVE_LIMIT", "CostFn", "ReshapeFailed", "SizeMap", "canonical_order", "construct_kernel",
+           "grid_choices", "map_attrs", "reinstantiate", "reshape_target", "size_map"]

@@ -1,0 +1,177 @@
+"""Bounds: term counts and degrees through programs and µGraphs, the Lax check, trial counts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from gensorage.errors import NotLaxError, VerificationError
+from gensorage.program import Program, Tensor
+from gensorage.ugraph import from_program
+from gensorage.ugraph.examples import flash_attention
+from gensorage.verify.bounds import (
+    VARIABLE,
+    Bound,
+    BoundsArith,
+    _reshape_shared,
+    bound_add,
+    bound_div,
+    bound_exp,
+    bound_mul,
+    bound_sum,
+    difference,
+)
+from gensorage.verify.equivalent import plan
+from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q
+from gensorage.verify.trials import plan_trials
+
+
+def program(shapes: list[tuple[int, ...]], body: Callable[..., Tensor]) -> Program:
+    p = Program()
+    xs = [p.input(f"x{i}", s, "float32") for i, s in enumerate(shapes)]
+    p.output(body(p, *xs))
+    return p
+
+
+def bound_of(p: object) -> Bound:
+    arith = BoundsArith()
+    (out,) = p.evaluate(arith, [arith.variable(t.shape) for t in p.inputs])  # type: ignore[attr-defined]
+    return out.bound
+
+
+def softmax_av(p: Program, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    e = p.exp(p.matmul(q, k))
+    return p.div(p.matmul(e, v), p.sum(e, dim=1))
+
+
+def softmax_then_av(p: Program, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    e = p.exp(p.matmul(q, k))
+    return p.matmul(p.div(e, p.sum(e, dim=1)), v)
+
+
+ATTN = [(4, 8), (8, 6), (6, 5)]  # Q K -> [4, 6]; six keys per row
+
+
+# ------------------------------------------------------------------------------------------------- rules
+
+
+def test_polynomial_degrees() -> None:
+    b = bound_of(program([(3, 4), (4, 5), (5, 2)], lambda p, x, y, z: p.matmul(p.matmul(x, y), z)))
+    assert (b.dn, b.dd, b.kn, b.kd, b.has_exp) == (3, 0, 1, 1, False)
+    b = bound_of(program([(3, 4), (3, 4)], lambda p, x, y: p.div(p.mul(x, x), p.add(x, y))))
+    assert (b.dn, b.dd) == (2, 1)
+    # a sum of fractions with *different* denominators multiplies them out
+    b = bound_of(program([(3, 4), (3, 4)], lambda p, x, y: p.sum(p.div(x, y), dim=1)))
+    assert (b.dn, b.dd) == (1 + 3 * 1, 4)
+    # ... while a common (broadcast) denominator is kept once
+    b = bound_of(program([(3, 4), (3, 1)], lambda p, x, y: p.sum(p.div(x, y), dim=1)))
+    assert (b.dn, b.dd) == (1, 1)
+
+
+def test_exp_term_counts_for_softmax() -> None:
+    n = ATTN[1][1]
+    a = bound_of(program(ATTN, softmax_av))
+    b = bound_of(program(ATTN, softmax_then_av))
+    assert (a.kn, a.kd) == (n, n)
+    assert (b.kn, b.kd) == (n, n)  # the row sum is shared across the matmul's inner dim
+    assert difference(a, b).k == 2 * n * n
+    assert a.eh == 2 and a.eu == 0 and a.has_exp
+
+
+def test_sum_rule_is_repeated_addition() -> None:
+    base = bound_div(bound_exp(VARIABLE), bound_add(VARIABLE, bound_exp(VARIABLE)))
+    acc = base
+    for _ in range(3):
+        acc = bound_add(acc, base)
+    closed = bound_sum(base, 4)
+    assert (closed.kn, closed.kd, closed.dn, closed.dd) == (acc.kn, acc.kd, acc.dn, acc.dd)
+    assert (closed.eh, closed.eu) == (acc.eh, acc.eu)
+    assert closed.wn == pytest.approx(acc.wn) and closed.wd == pytest.approx(acc.wd)
+
+
+def test_mul_and_div_rules() -> None:
+    e = bound_exp(VARIABLE)
+    two = bound_add(e, e)
+    assert (two.kn, two.kd) == (2, 1)
+    m = bound_mul(two, two)
+    assert (m.kn, m.kd) == (4, 1)
+    d = bound_div(two, bound_add(two, e))
+    assert (d.kn, d.kd, d.nexp, d.dexp) == (2, 3, True, True)
+
+
+def test_lax_check_names_the_op() -> None:
+    with pytest.raises(NotLaxError, match="two exps on one path through exp"):
+        plan(program([(2, 3)], lambda p, x: p.exp(p.exp(x))), program([(2, 3)], lambda p, x: x))
+    with pytest.raises(NotLaxError, match="two exps on one path"):
+        plan(program([(2, 3)], lambda p, x: x),
+             program([(2, 3)], lambda p, x: p.exp(p.sum(p.mul(p.exp(x), x), dim=1))))
+    # exp of an activation of an exp is Lax (the activation is an uninterpreted fresh value)
+    plan(program([(2, 3)], lambda p, x: p.exp(p.relu(p.exp(x)))),
+         program([(2, 3)], lambda p, x: p.exp(p.relu(p.exp(x)))))
+
+
+def test_reshape_sharing() -> None:
+    assert _reshape_shared((4, 6), (True, False), (24,)) == (False,)
+    assert _reshape_shared((2, 3, 4), (True, True, False), (6, 4)) == (True, False)
+    assert _reshape_shared((4, 1), (True, False), (1, 4)) == (True, True)
+
+
+def test_microgaph_bounds_run_through_the_same_walk() -> None:
+    p, g = flash_attention()
+    bp, bg = bound_of(p), bound_of(g)
+    assert bp.has_exp and bg.has_exp
+    kv = 12
+    assert (bp.kn, bp.kd) == (kv, kv)
+    assert (bg.kn, bg.kd) == (kv, kv)  # loop accumulators sum kv/forloop terms forloop times
+    assert bound_of(from_program(p)) == bp
+
+
+# -------------------------------------------------------------------------------------------- trial counts
+
+
+def test_schwartz_zippel_count() -> None:
+    a = program([(3, 4), (4, 5)], lambda p, x, y: p.matmul(x, y))
+    tp = plan(a, a, 1e-9)
+    assert tp.method == "schwartz-zippel" and tp.degree == 2
+    eps = 2 / DEFAULT_P
+    assert tp.per_trial == pytest.approx(eps)
+    assert tp.required == math.ceil(math.log(1e-9) / math.log(eps))
+    assert tp.achieved_delta(tp.required) <= 1e-9 < tp.achieved_delta(tp.required - 1) or tp.required == 1
+
+
+def test_lax_counts_take_the_larger_theorem() -> None:
+    a = program(ATTN, softmax_av)
+    b = program(ATTN, softmax_then_av)
+    delta = 1e-6
+    tp = plan(a, b, delta)
+    k = 2 * 6 * 6
+    assert tp.method == "lax-theorem" and tp.k == k
+    assert tp.trials_first_paper == math.ceil(k * math.log(1 / delta))
+    assert tp.trials_later_paper == math.ceil(k * k / math.log(DEFAULT_Q) * math.log(1 / delta))
+    assert tp.required == max(tp.trials_first_paper, tp.trials_later_paper)
+    assert tp.achieved_delta(tp.required) <= delta * 1.000001
+    assert tp.achieved_delta(tp.required // 2) > delta
+    assert not any("d·k^4 < q" in n for n in tp.notes)  # 2 · 72^4 < q: the first paper's condition holds
+    wide = [(4, 8), (8, 16), (16, 5)]
+    tp = plan(program(wide, softmax_av), program(wide, softmax_then_av), delta)
+    assert tp.k == 2 * 16 * 16 and any("d·k^4 < q" in n for n in tp.notes)
+
+
+def test_plan_rejects_bad_delta() -> None:
+    d = difference(VARIABLE, VARIABLE)
+    for bad in (0.0, 1.0, -1.0, 2.0):
+        with pytest.raises(VerificationError, match="delta"):
+            plan_trials(d, bad, DEFAULT_P, DEFAULT_Q)
+
+
+def test_degenerate_event_enters_the_per_trial_bound() -> None:
+    d = difference(VARIABLE, VARIABLE)
+    plain = plan_trials(d, 1e-30, 23, 11)
+    conditioned = plan_trials(d, 1e-30, 23, 11, divisor_degree_p=1, divisor_degree_q=1)
+    assert conditioned.per_trial is not None and plain.per_trial is not None
+    assert conditioned.per_trial == pytest.approx((1 / 23) / (1 - 1 / 23 - 1 / 11))
+    assert conditioned.required > plain.required
+    with pytest.raises(VerificationError, match="degenerate"):
+        plan_trials(d, 1e-9, 23, 11, divisor_degree_p=12)
