@@ -120,6 +120,9 @@ class Store:
         try:
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             self._open()
+        except sqlite3.OperationalError as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path}: cannot open store ({exc})") from exc
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise StoreError(f"{self.path}: not a usable gensorage store ({exc})") from exc
@@ -163,6 +166,14 @@ class Store:
             raise
         self._conn.execute("COMMIT")
 
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """sqlite3 failures (a lock held past the busy timeout, a full disk) as one-line StoreErrors."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot {what} ({exc})") from exc
+
     def close(self) -> None:
         self._conn.close()
 
@@ -181,12 +192,13 @@ class Store:
         name = f"kv_{kind}"
         if name in self._tables:
             return name
-        exists = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                    (name,)).fetchone()
+        with self._errors(f"look up table {kind}"):
+            exists = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                        (name,)).fetchone()
         if not exists and not create:
             return None
         if not exists:
-            with self._write():
+            with self._errors(f"create table {kind}"), self._write():
                 self._conn.execute(f"CREATE TABLE IF NOT EXISTS {name} (key TEXT PRIMARY KEY, "
                                    "value TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL)")
         self._tables.add(name)
@@ -200,24 +212,19 @@ class Store:
             raise StoreError(f"value for {kind}/{key} is not JSON-serialisable: {exc}") from exc
         table = self._table(kind, create=True)
         now = time.time()
-        try:
-            with self._write():
-                self._conn.execute(
-                    f"INSERT INTO {table} (key, value, created_at, updated_at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-                    (key, text, now, now))
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot write {kind}/{key} ({exc})") from exc
+        with self._errors(f"write {kind}/{key}"), self._write():
+            self._conn.execute(
+                f"INSERT INTO {table} (key, value, created_at, updated_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                (key, text, now, now))
 
     def get(self, kind: str, key: str) -> JsonValue | None:
         """The value stored under ``key`` in table ``kind``, or None."""
         table = self._table(kind, create=False)
         if table is None:
             return None
-        try:
+        with self._errors(f"read {kind}/{key}"):
             row = self._conn.execute(f"SELECT value FROM {table} WHERE key = ?", (key,)).fetchone()
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot read {kind}/{key} ({exc})") from exc
         return None if row is None else _loads(row[0], f"{self.path}: {kind}/{key}")
 
     def delete(self, kind: str, key: str) -> bool:
@@ -225,7 +232,7 @@ class Store:
         table = self._table(kind, create=False)
         if table is None:
             return False
-        with self._write():
+        with self._errors(f"delete {kind}/{key}"), self._write():
             cur = self._conn.execute(f"DELETE FROM {table} WHERE key = ?", (key,))
         return cur.rowcount > 0
 
@@ -234,31 +241,27 @@ class Store:
         table = self._table(kind, create=False)
         if table is None:
             return []
-        return [r[0] for r in self._conn.execute(f"SELECT key FROM {table} ORDER BY key")]
+        with self._errors(f"list {kind}"):
+            return [r[0] for r in self._conn.execute(f"SELECT key FROM {table} ORDER BY key")]
 
     # ------------------------------------------------------------------------------------ schedules
     def put_schedule(self, record: ScheduleRecord) -> None:
         """Insert or replace the schedule stored under ``record.key``."""
         k = record.key
-        try:
-            with self._write():
-                self._conn.execute(
-                    "INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (k.workload, k.hw, k.method, k.seed, k.options, k.version, json.dumps(record.schedule),
-                     float(record.predicted_time_s), float(record.construction_time_s), record.created_at,
-                     record.evaluated))
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot write schedule ({exc})") from exc
+        with self._errors("write schedule"), self._write():
+            self._conn.execute(
+                "INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (k.workload, k.hw, k.method, k.seed, k.options, k.version, json.dumps(record.schedule),
+                 float(record.predicted_time_s), float(record.construction_time_s), record.created_at,
+                 record.evaluated))
 
     def get_schedule(self, key: ScheduleKey) -> ScheduleRecord | None:
         """The schedule stored under ``key``, or None."""
-        try:
+        with self._errors("read schedules"):
             row = self._conn.execute(
                 "SELECT schedule, predicted_time_s, construction_time_s, created_at, evaluated FROM schedules "
                 "WHERE workload = ? AND hw = ? AND method = ? AND seed = ? AND options = ? AND version = ?",
                 (key.workload, key.hw, key.method, key.seed, key.options, key.version)).fetchone()
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot read schedules ({exc})") from exc
         if row is None:
             return None
         sched = _loads(row[0], f"{self.path}: schedule of {key.workload}")
@@ -268,7 +271,8 @@ class Store:
                               None if row[4] is None else int(row[4]))
 
     def count_schedules(self) -> int:
-        return int(self._conn.execute("SELECT COUNT(*) FROM schedules").fetchone()[0])
+        with self._errors("count schedules"):
+            return int(self._conn.execute("SELECT COUNT(*) FROM schedules").fetchone()[0])
 
 
 def _loads(text: str, where: str) -> JsonValue:

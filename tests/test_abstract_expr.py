@@ -105,6 +105,7 @@ def test_accumulating_r_iterations_counts(r: int, kind: str, ctor: object) -> No
     assert acc is not None
     assert acc.term is ctor(r, ae.sum(8, ae.mul(X, Y)))  # type: ignore[operator]
     assert acc.shape == (4, 6)
+    assert ar.accumulate_times(tile, r, kind) == acc  # type: ignore[arg-type]
 
 
 def test_accumulating_different_terms_adds_their_counts() -> None:

@@ -243,10 +243,16 @@ def reference_matmul(x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
     return np.matmul(x.astype(object), y.astype(object)) % m
 
 
+@pytest.mark.parametrize("path", ["direct", "limbs"])
 @pytest.mark.parametrize(
     ("sa", "sb"), [((3, 4), (4, 5)), ((2, 3, 4), (4, 2)), ((1, 3, 4), (2, 4, 3)), ((3, 4), (2, 2, 4, 1))]
 )
-def test_matmul_matches_big_integer_arithmetic(sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+def test_matmul_matches_big_integer_arithmetic(
+    sa: tuple[int, ...], sb: tuple[int, ...], path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gensorage.verify.field as field
+
+    monkeypatch.setattr(field, "_SMALL_MATMUL", 1 << 30 if path == "direct" else 0)
     a = arith()
     x, y = a.random_input(sa), a.random_input(sb)
     z = a.matmul(x, y)
@@ -279,6 +285,7 @@ def test_matmul_chunks_an_inner_dim_beyond_the_exact_float_range(monkeypatch: py
     import gensorage.verify.field as field
 
     monkeypatch.setattr(field, "_MATMUL_CHUNK", 16)  # force several chunks on a small K
+    monkeypatch.setattr(field, "_SMALL_MATMUL", 0)
     a = arith(trials=2)
     x, y = a.random_input((3, 50)), a.random_input((50, 2))
     z = a.matmul(x, y)
@@ -319,3 +326,17 @@ def test_layout_ops_act_on_logical_axes() -> None:
     assert a.shape(a.add(x, y)) == (2, 3, 4)  # broadcasting of logical dims
     assert a.shape(a.mul(x, a.random_input((4,)))) == (2, 3, 4)  # rank alignment after the trial axis
     assert a.concat([a.exp(y), y], 1).tainted
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1001])
+def test_batch_inverse_matches_python(n: int) -> None:
+    from gensorage.verify.field import _batch_inverse
+
+    rng = np.random.default_rng(n)
+    x = np.stack([rng.integers(0, P, n), rng.integers(0, Q, n)])
+    x[0, 0] = 0  # zero maps to zero (the trial is degenerate anyway)
+    inv = _batch_inverse(x, (P, Q))
+    for c, m in ((0, P), (1, Q)):
+        for i in range(n):
+            v = int(x[c, i])
+            assert int(inv[c, i]) == (pow(v, -1, m) if v else 0)

@@ -12,15 +12,30 @@ from hypothesis import strategies as st
 
 from gensorage.errors import NotLaxError
 from gensorage.program import Program
-from gensorage.ugraph import KernelGraph
-from gensorage.ugraph.examples import EXAMPLES, flash_decoding
+from gensorage.ugraph import KernelGraph, from_program
+from gensorage.ugraph.examples import EXAMPLES, flash_attention, flash_decoding
 from gensorage.verify import equivalent
 from gensorage.verify.mutate import MUTATIONS, differs_numerically, mutants, mutate
 
-# Every paper example at its default (small) shapes, plus GQA the FlashDecoding way, which has Repeat kernels.
+
+def layout_case() -> tuple[Program, KernelGraph]:
+    """A direct µGraph with a concat and a repeat whose dims/factors can change without breaking shapes."""
+    p = Program("layout")
+    x, y = p.input("X", (4, 4)), p.input("Y", (4, 4))
+    w = p.input("W", (8, 3))
+    z = p.reshape(p.concat([x, y], 0), (4, 8))
+    p.output(p.add(p.matmul(z, w), p.sum(p.repeat(x, 1, 2), dim=1)))
+    return p, from_program(p)
+
+
+# Every paper example at its default (small) shapes, plus shapes/programs where the size-changing mutations
+# (fmap, repeat, concat dim) can give valid graphs: FlashAttention with a loop that also divides the Q tile,
+# GQA the FlashDecoding way (Repeat kernels), and the layout case.
 CASES: dict[str, Callable[[], tuple[Program, KernelGraph]]] = {
     **{name: f for name, f in EXAMPLES.items()},
+    "flash_attention_loop2": lambda: flash_attention(forloop=2),
     "flash_decoding_gqa": lambda: flash_decoding(group=2),
+    "layout": layout_case,
 }
 
 

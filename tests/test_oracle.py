@@ -17,8 +17,8 @@ from gensorage.exhaustive import abstract_expr as ae
 from gensorage.exhaustive.abstract_expr import Term, expr_of
 from gensorage.exhaustive.axioms import Theory, Z3Subexpr
 from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
-from gensorage.exhaustive.oracle import Canon, SubexprOracle
-from gensorage.opset import Op
+from gensorage.exhaustive.oracle import Canon, SubexprOracle, divisors
+from gensorage.opset import Op, freeze_attrs
 from gensorage.program import Program
 from gensorage.ugraph import examples
 from gensorage.ugraph.evaluate import evaluate
@@ -30,6 +30,7 @@ from gensorage.ugraph.ir import (
     InputIterator,
     KernelGraph,
     OutputSaver,
+    Ref,
     TensorSpec,
 )
 
@@ -106,18 +107,19 @@ def _fig6() -> tuple[Program, KernelGraph]:
     i1, i2 = p.input("I1", (64, 64)), p.input("I2", (64, 64))
     e = p.exp(p.matmul(i1, i2))
     p.output(p.div(e, p.sum(e, dim=1)))
+    r = Ref
     nodes = (
         InputIterator(0, (0,), 1),  # #0 I1 tile [16, 16]
         InputIterator(1, (None,), 0),  # #1 I2 tile [16, 64]
-        BlockOp(Op.MATMUL, (0, 1)),  # #2 [16, 64]
-        Accumulator(2),  # #3
-        BlockOp(Op.EXP, (3,)),  # #4
-        BlockOp(Op.SUM, (4,), {"dim": 1, "keepdim": True}),  # #5
-        BlockOp(Op.DIV, (4, 5)),  # #6
-        OutputSaver(6, (0,)),
+        BlockOp(Op.MATMUL, (r(0), r(1))),  # #2 [16, 64]
+        Accumulator(r(2)),  # #3
+        BlockOp(Op.EXP, (r(3),)),  # #4
+        BlockOp(Op.SUM, (r(4),), freeze_attrs({"dim": 1, "keepdim": True})),  # #5
+        BlockOp(Op.DIV, (r(4), r(5))),  # #6
+        OutputSaver(r(6), (0,)),
     )
-    op = GraphDefinedOp(BlockGraph((4,), 4, nodes), (0, 1))
-    return p, KernelGraph((TensorSpec("I1", (64, 64)), TensorSpec("I2", (64, 64))), (op,), (2,))
+    op = GraphDefinedOp(BlockGraph((4,), 4, nodes), (r(0), r(1)))
+    return p, KernelGraph((TensorSpec("I1", (64, 64)), TensorSpec("I2", (64, 64))), (op,), (r(2),))
 
 
 def test_fig6_attention_subgraph_expressions() -> None:
@@ -193,7 +195,10 @@ def test_theorem1_prefix_property_on_random_programs(seed: int, steps: int) -> N
     nodes = p.nodes
     for n in nodes:
         p.output(p.tensor(n.id))
-    terms = expr_of(p)
+    values = p.evaluate(ExprArith(), [ExprValue(t.shape, ae.var(t.name)) for t in p.inputs])
+    assert [v.shape for v in values] == [n.shape for n in nodes]  # the arithmetic's shapes are the program's
+    terms = [v.term for v in values]
+    assert terms == expr_of(p)
     ancestors = {nodes[-1].id}
     for n in reversed(nodes):
         if n.id in ancestors:
@@ -286,6 +291,21 @@ def test_undecided_by_normal_forms_goes_to_z3_and_is_kept() -> None:
     assert o.entails_fast(q) is None
     assert o.is_subexpr(q) is True  # entailed (d = U); Z3 proves it or times out — either way kept
     assert o.stats.z3_calls == 1
+
+
+def test_a_normal_form_too_big_to_expand_goes_to_z3() -> None:
+    """(X+Y+Z+W)^64 has ~48k monomials: beyond MAX_MONOMIALS the query is left to Z3 (and kept if it gives up)."""
+    q = ae.add(ae.add(X, Y), ae.add(Z, W))
+    for _ in range(6):
+        q = ae.mul(q, q)
+    o = SubexprOracle([ae.exp(ae.mul(X, Y))], timeout_ms=50)
+    assert o.entails_fast(q) is None
+    assert o.is_subexpr(q) is True
+    assert o.stats.z3_calls == 1 and o.stats.decided_fast == 0
+
+
+def test_divisors() -> None:
+    assert divisors(1) == [1] and divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(49) == [1, 7, 49]
 
 
 def test_cache_hits_by_term_and_by_normal_form() -> None:

@@ -23,6 +23,9 @@ from gensorage.errors import ConfigError
 EXIT_NOT_FOUND = 1
 EXIT_INTERRUPTED = 130
 SCHEDULES = ("markov", "enumerate")
+# Optional arguments passed to SearchSpec under the same name when given (the spec's defaults otherwise).
+LIMIT_ARGS = ("max_kernel_ops", "max_block_ops", "max_block_inputs", "max_block_outputs", "max_grid_dims",
+              "delta", "max_trials")
 
 
 def register(subparsers: Any) -> None:
@@ -34,9 +37,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("program", metavar="PROGRAM", help="a .gsp file, or the name of a bundled program config")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="override an integer 'param' of the program (repeatable)")
-    p.add_argument("--hw", default="h100", help="hardware profile name or .toml path (default h100)")
+    p.add_argument("--hw", default="h100", help="hardware profile name, configs/hw/NAME.toml (default h100)")
     p.add_argument("--max-kernel-ops", type=int, metavar="N", help="most operators in the kernel graph")
-    p.add_argument("--max-block-ops", type=int, metavar="N", help="most operators in one block graph")
+    p.add_argument("--max-block-ops", type=int, metavar="N", help="most compute operators in one block graph")
+    p.add_argument("--max-block-inputs", type=int, metavar="N", help="most inputs of one block graph")
+    p.add_argument("--max-block-outputs", type=int, metavar="N", help="most outputs of one block graph")
+    p.add_argument("--max-grid-dims", type=int, metavar="N", help="most grid dims of one block graph (1-3)")
+    p.add_argument("--ops", metavar="OP[,OP...]", help="operator types the search may use (default: derived "
+                   "from the program)")
+    p.add_argument("--delta", type=float, help="target false-accept probability of verification")
+    p.add_argument("--max-trials", type=int, metavar="N", help="cap on verification trials per candidate")
+    p.add_argument("--verify-all", action="store_true",
+                   help="verify every complete µGraph, not only those whose expression matches the program's")
     p.add_argument("--no-prune", action="store_true", help="disable abstract-expression pruning")
     p.add_argument("--no-canonical", action="store_true", help="disable the canonical-form restriction")
     p.add_argument("--schedule", choices=SCHEDULES, default="markov",
@@ -53,12 +65,18 @@ def register(subparsers: Any) -> None:
 
 
 def build_spec(args: argparse.Namespace) -> Any:
-    """The ``SearchSpec`` the arguments describe (program loaded, hw profile resolved, limits set)."""
+    """The ``SearchSpec`` the arguments describe (program loaded, hw profile checked, limits set)."""
     from gensorage.cli.program import load_source, parse_params
-    from gensorage.exhaustive.spec import spec_from_args
+    from gensorage.exhaustive.spec import SearchSpec
+    from gensorage.hw import load_profile
 
     program = load_source(args.program, parse_params(args.param))
-    return spec_from_args(program, args)
+    load_profile(args.hw)  # an unknown profile fails here, naming the profiles that exist
+    kwargs: dict[str, Any] = {name: getattr(args, name) for name in LIMIT_ARGS if getattr(args, name) is not None}
+    if args.ops:
+        kwargs["ops"] = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    return SearchSpec(program=program, hw=args.hw, prune=not args.no_prune, canonical=not args.no_canonical,
+                      schedule=args.schedule, seed=args.seed, expr_filter=not args.verify_all, **kwargs)
 
 
 def cmd_search(args: argparse.Namespace) -> int:

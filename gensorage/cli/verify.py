@@ -14,6 +14,9 @@ from typing import Any
 
 from gensorage.errors import ConfigError, VerificationError
 
+#: Above this many required trials (and without --max-trials) the command warns on stderr before it starts.
+LONG_RUN_TRIALS = 100_000
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -55,12 +58,18 @@ def load_side(file: str, params: dict[str, int]) -> Any:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from gensorage.cli.program import parse_params
-    from gensorage.verify import equivalent, float_check
+    from gensorage.verify import equivalent, float_check, plan
+    from gensorage.verify.trials import format_count
 
     if not 0.0 < args.delta < 1.0:
         raise VerificationError(f"--delta must lie strictly between 0 and 1, got {args.delta}")
     params = parse_params(args.param)
     a, b = load_side(args.a, params), load_side(args.b, params)
+    trial_plan = plan(a, b, args.delta)
+    if args.max_trials is None and trial_plan.required > LONG_RUN_TRIALS:
+        print(f"gensorage verify: δ={args.delta:g} needs {format_count(trial_plan.required)} trials "
+              f"(k={format_count(trial_plan.k)}); this can take very long. Pass --max-trials N to cap the run "
+              "(the report then gives the δ actually reached).", file=sys.stderr)
     result = equivalent(a, b, args.delta, seed=args.seed, max_trials=args.max_trials)
     check = float_check(a, b) if args.float_check and result.equivalent else None
     if args.json:

@@ -45,7 +45,7 @@ class Kernel:
     """One lowered kernel: its PrimFunc, TVMScript, parameters and launch shape.
 
     ``component`` is set for field-mode kernels that compute one residue of their output (0: mod p, 1: mod q);
-    their tensor parameters are views of that component.
+    they see that component of their tensors (CPU only).
     """
 
     name: str
@@ -125,13 +125,30 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) ->
 # ------------------------------------------------------------------------------------------------ running
 
 
-def _view(t: Any, shape: tuple[int, ...], component: int | None = None) -> Any:
-    """``t`` seen with ``shape`` (same elements, row-major); for ``component`` c, the c-th half of a field tensor."""
-    if component is None:
-        return t if tuple(t.shape) == shape else t._create_view(shape)
-    itemsize = 8  # field tensors are int64
-    half = math.prod(t.shape[1:])
-    return t._create_view(shape, relative_byte_offset=component * half * itemsize)
+def _view(t: Any, shape: tuple[int, ...]) -> Any:
+    """``t`` seen with ``shape`` (same elements, row-major)."""
+    return t if tuple(t.shape) == shape else t._create_view(shape)
+
+
+def _run_component(ex: Any, kern: Kernel, values: dict[Ref, Any], dev: Any) -> None:
+    """A field kernel computing residue ``kern.component`` only: run it on contiguous copies of that component.
+
+    (Compiled kernels reject tensors with a byte offset, so a view of the second half cannot be passed.)
+    """
+    import tvm
+
+    c = kern.component
+    args, outs = [], []
+    for p in kern.params:
+        assert p.ref is not None
+        host = values[p.ref].numpy()
+        args.append(tvm.runtime.tensor(np.ascontiguousarray(host[c].reshape(p.shape)), device=dev))
+        if p.role == "output":
+            outs.append((p.ref, host, args[-1]))
+    ex[kern.name](*args)
+    for ref, host, t in outs:
+        host[c] = t.numpy().reshape(host.shape[1:])
+        values[ref] = tvm.runtime.tensor(host, device=dev)
 
 
 def execute(g: KernelGraph, info: GraphInfo, kernels: Sequence[Kernel], ex: Any, inputs: Sequence[Any], dev: Any,
@@ -152,13 +169,16 @@ def execute(g: KernelGraph, info: GraphInfo, kernels: Sequence[Kernel], ex: Any,
         for o, t in enumerate(info.nodes[node]):
             values[Ref(node, o)] = tvm.runtime.empty(scalar.buf_shape(t.shape), scalar.buf_dtype(t.dtype), dev)
         for kern in by_op.get(k, []):
+            if kern.component is not None:
+                _run_component(ex, kern, values, dev)
+                continue
             args = []
             for p in kern.params:
                 if p.role == "field":
                     args.append(field_params)
                 else:
                     assert p.ref is not None
-                    args.append(_view(values[p.ref], p.shape, kern.component))
+                    args.append(_view(values[p.ref], p.shape))
             ex[kern.name](*args)
     return [values[r] for r in g.outputs]
 
@@ -191,7 +211,8 @@ class CompiledUGraph:
     Use :func:`compile_ugraph` to make one.
     """
 
-    def __init__(self, ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", seed: int = 0) -> None:
+    def __init__(self, ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", seed: int = 0,
+                 plans: dict[int, ThreadChoice] | None = None) -> None:
         if target not in TARGETS:
             raise UnsupportedOpError(f"unknown target {target!r} (expected 'cuda' or 'llvm')")
         self.ugraph = ugraph
@@ -201,7 +222,8 @@ class CompiledUGraph:
         self.info = validate(ugraph, hw)
         self.compute = compute_dtype(ugraph, self.info)
         self.plans = {k: plan_threads(ugraph, k, self.info, hw, seed) for k, op in enumerate(ugraph.ops)
-                      if isinstance(op, GraphDefinedOp)}
+                      if isinstance(op, GraphDefinedOp) and (plans is None or k not in plans)}
+        self.plans.update(plans or {})
         self._kernels: dict[Target, list[Kernel]] = {}
         self._executables: dict[Target, Any] = {}
         self.kernels(target)
@@ -290,6 +312,13 @@ class CompiledUGraph:
         dev.sync()
         return [np.asarray(o.numpy()) for o in outs] if numpy_in else outs
 
+    def field_twin(self, p: int | None = None, q: int | None = None) -> Any:
+        """The :class:`~gensorage.codegen.field_twin.FieldTwin` of these kernels (same thread plans)."""
+        from gensorage.codegen.field_twin import FieldTwin
+        from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q
+
+        return FieldTwin(self.ugraph, self.hw, p=p or DEFAULT_P, q=q or DEFAULT_Q, seed=self.seed, plans=self.plans)
+
     def describe(self) -> str:
         """One line per kernel: name, launch shape and how its threads were chosen."""
         lines = []
@@ -305,7 +334,8 @@ def _prefer_nvcc() -> None:
     cuda_build._prefer_nvcc_when_nvrtc_missing()
 
 
-def compile_ugraph(ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", *, seed: int = 0) -> CompiledUGraph:
+def compile_ugraph(ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", *, seed: int = 0,
+                   plans: dict[int, ThreadChoice] | None = None) -> CompiledUGraph:
     """Lower every kernel op of ``ugraph`` to TVM TIR for ``hw``.
 
     Parameters
@@ -319,6 +349,9 @@ def compile_ugraph(ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", 
         against ``hw``'s per-block limits.
     seed : int
         Seed of the Markov construction that picks threads and register tiles.
+    plans : dict, optional
+        Thread plans to use instead of the construction's for some graph-defined ops (kernel op index ->
+        :class:`~gensorage.codegen.block_threads.ThreadChoice`; e.g. to pin a tiling).
 
     Returns
     -------
@@ -331,7 +364,7 @@ def compile_ugraph(ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", 
     UnsupportedOpError
         A construct the generator cannot emit correctly (it never emits a wrong kernel instead).
     """
-    return CompiledUGraph(ugraph, hw, target, seed)
+    return CompiledUGraph(ugraph, hw, target, seed, plans)
 
 
 def run_cpu(ugraph: KernelGraph, hw: HwProfile, *arrays: np.ndarray, seed: int = 0) -> list[np.ndarray]:

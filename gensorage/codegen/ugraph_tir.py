@@ -160,6 +160,27 @@ class _View:
     index: Callable[[list[Ix]], list[Ix]]
 
 
+@dataclass(frozen=True, slots=True)
+class _Cyclic:
+    """Elements dealt cyclically: slot ``e`` of thread ``tx`` is flat element ``e * threads + tx`` of ``space``;
+    the value written has ``shape`` (``space`` projected by broadcasting, stored where the projection is
+    the first element)."""
+
+    space: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tiled:
+    """The constructor's register tiling of a matmul with batch dims ``batch`` (slot = step, then register)."""
+
+    tiling: MatmulTiling
+    batch: tuple[int, ...]
+
+
+_Map = _Cyclic | _Tiled
+
+
 class _BlockEmitter:
     """Emits one graph-defined op (see the module docstring); one instance per kernel and target."""
 
@@ -188,8 +209,14 @@ class _BlockEmitter:
                 self.consumers.setdefault(r, []).append(j)
         self.views = {j: self._view(j, n) for j, n in enumerate(self.nodes)
                       if isinstance(n, BlockOp) and n.op in _VIEW_OPS}
+        # Loop accumulators combined with sum/max live in registers across the loop (see _reg_acc_map).
+        self.reg_accs = {j: self._reg_acc_map(j, n) for j, n in enumerate(self.nodes)
+                         if isinstance(n, Accumulator) and n.fmap is None}
         self.buffers: dict[Ref, str] = {}
+        self._synced = True
         self._check_grid()
+        if choice.tiling is not None:
+            _check_tiling(choice.tiling, choice.threads)
 
     # ------------------------------------------------------------------ analysis
 
@@ -217,30 +244,72 @@ class _BlockEmitter:
 
         return _View(src, repeat)
 
-    def _is_sink(self, j: int) -> bool:
-        return isinstance(self.nodes[j], Accumulator | OutputSaver)
-
     def _fusable(self, r: Ref) -> bool:
-        """Whether accumulators/savers reading ``r`` can be written from the producer's phase."""
-        return r.node not in self.views and not isinstance(self.nodes[r.node], Accumulator)
+        """Whether accumulators/savers reading ``r`` are written from the phase that computes ``r``."""
+        node = self.nodes[r.node]
+        if r.node in self.views or isinstance(node, Accumulator):
+            return False
+        return not (isinstance(node, BlockOp) and node.op is Op.CONCAT)
+
+    def sinks_of(self, r: Ref) -> list[int]:
+        """Accumulators/savers written directly by the phase that produces ``r`` (or by a register flush)."""
+        cons = self.consumers.get(r, [])
+        if r.node in self.reg_accs:
+            return [c for c in cons if isinstance(self.nodes[c], OutputSaver)]
+        if not self._fusable(r):
+            return []
+        return [c for c in cons if isinstance(self.nodes[c], Accumulator | OutputSaver)]
 
     def needs_buffer(self, r: Ref) -> bool:
-        if isinstance(self.nodes[r.node], Accumulator):
-            return True
+        """Whether block tensor ``r`` is materialised in shared memory (something reads it element-wise)."""
         if r.node in self.views:
             return False
+        node = self.nodes[r.node]
+        if isinstance(node, Accumulator) and node.fmap is not None:
+            return True
+        fused = set(self.sinks_of(r))
         for c in self.consumers.get(r, []):
-            if self._is_sink(c) and self._fusable(r):
+            if c in fused or (c in self.views and not self.consumers.get(Ref(c))):
                 continue
-            if c in self.views and not self.consumers.get(Ref(c), []):
-                continue  # a dead view reads nothing
             return True
         return False
 
-    def fused_sinks(self, r: Ref) -> list[int]:
-        if not self._fusable(r):
-            return []
-        return [c for c in self.consumers.get(r, []) if self._is_sink(c)]
+    def _producer_map(self, r: Ref) -> _Map:
+        """How the phase computing ``r`` deals ``r``'s elements to threads."""
+        node = self.nodes[r.node]
+        shape = self.tile(r).shape
+        if isinstance(node, ThreadGraph):
+            local = self.binfo.threads[r.node]
+            return _Cyclic(_broadcast_all([t.shape for t in local]), shape)
+        if isinstance(node, BlockOp) and node.op is Op.MATMUL and self._tiled(r.node) is not None:
+            tiling = self._tiled(r.node)
+            assert tiling is not None
+            return _Tiled(tiling, shape[:-2])
+        return _Cyclic(shape, shape)
+
+    def _reg_acc_map(self, j: int, node: Accumulator) -> _Map:
+        """Element-to-thread map of a register accumulator: its producer's (fused) or a cyclic copy phase's.
+
+        Every iteration runs the same phase, so a thread always combines the same elements and can keep them
+        in registers; read-modify-writes of shared memory in a loop would also make TVM's barrier insertion put
+        a barrier inside the loop.
+        """
+        r = node.input
+        shape = self.tile(r).shape
+        return self._producer_map(r) if self._fusable(r) else _Cyclic(shape, shape)
+
+    def _tiled(self, j: int) -> MatmulTiling | None:
+        t = self.choice.tiling
+        node = self.nodes[j]
+        if t is None or not isinstance(node, BlockOp) or node.op is not Op.MATMUL:
+            return None
+        b, m, n, k = _matmul_dims(self.binfo, node, j)
+        return t if (b, m, n) == t.extents and k == t.k else None
+
+    def slots(self, m: _Map) -> int:
+        if isinstance(m, _Tiled):
+            return math.prod(m.tiling.steps) * math.prod(m.tiling.t0)
+        return -(-math.prod(m.space) // self.nt)
 
     # ------------------------------------------------------------------ value access
 
@@ -248,58 +317,58 @@ class _BlockEmitter:
         view = self.views.get(r.node)
         if view is not None:
             return self.read(view.src, view.index(idx))
-        t = self.tile(r)
-        buf = self.buffers[r]
-        return self.sc.load(buf, index_text(idx), self._buf_dtype(r, t))
+        return self.sc.load(self.buffers[r], index_text(idx), self._buf_dtype(r))
 
-    def _buf_dtype(self, r: Ref, t: TensorInfo) -> str:
+    def _buf_dtype(self, r: Ref) -> str:
         # Accumulators keep the compute precision (a float16 running sum would lose the low bits every step).
         if isinstance(self.nodes[r.node], Accumulator):
             return self.sc.acc_dtype
-        return self.sc.buf_dtype(t.dtype)
+        return self.sc.buf_dtype(self.tile(r).dtype)
 
-    def store(self, buf: str, idx: list[Ix], v: Val, dtype: str) -> None:
+    def store(self, buf: str, idx: str, v: Val, dtype: str) -> None:
         for c, e in enumerate(self.sc.store(v, dtype)):
-            self.w.line(f"{self.sc.at(buf, c, index_text(idx))} = {e}")
+            self.w.line(f"{self.sc.at(buf, c, idx)} = {e}")
 
     def temp(self, v: Val) -> Val:
         """``v`` kept in a local register (one per component)."""
         name = self.w.fresh("r")
-        dtype = v.dtype
-        self.w.line(f'{name} = T.alloc_buffer(({self.sc.comps},), "{dtype}", scope="local")')
+        self.w.line(f'{name} = T.alloc_buffer(({self.sc.comps},), "{v.dtype}", scope="local")')
         for c, e in enumerate(v.comps):
             self.w.line(f"{name}[{c}] = {e}")
-        return Val(tuple(f"{name}[{c}]" for c in range(self.sc.comps)), dtype)
+        return Val(tuple(f"{name}[{c}]" for c in range(self.sc.comps)), v.dtype)
 
-    def emit_value(self, r: Ref, idx: list[Ix], v: Val) -> None:
-        """Write element ``idx`` of block tensor ``r``: to its shared buffer and to fused accumulators/savers."""
-        writes = (r in self.buffers) + len(self.fused_sinks(r))
-        if writes > 1 and not all(_atomic(e) for e in v.comps):
+    def emit_value(self, r: Ref, idx: list[Ix], v: Val, slot: Ix) -> None:
+        """Element ``idx`` of block tensor ``r`` (this thread's ``slot``): to its shared buffer and its sinks."""
+        sinks = self.sinks_of(r)
+        if (r in self.buffers) + len(sinks) > 1 and not all(_atomic(e) for e in v.comps):
             v = self.temp(v)
         if r in self.buffers:
-            self.store(self.buffers[r], idx, v, self._buf_dtype(r, self.tile(r)))
-        for j in self.fused_sinks(r):
-            self.sink(j, idx, v)
+            self.store(self.buffers[r], index_text(idx), v, self._buf_dtype(r))
+        for j in sinks:
+            self.sink(j, idx, v, slot)
 
-    def sink(self, j: int, idx: list[Ix], v: Val) -> None:
+    def _reg(self, j: int, slot: Ix) -> str:
+        """Index text of this thread's register ``slot`` of accumulator ``j`` (a row per thread on the CPU)."""
+        return str(slot) if self.gpu else f"tx, {slot}"
+
+    def sink(self, j: int, idx: list[Ix], v: Val, slot: Ix) -> None:
         node = self.nodes[j]
         if isinstance(node, OutputSaver):
             self._save(j, idx, v)
             return
         assert isinstance(node, Accumulator)
-        buf = self.buffers[Ref(j)]
         if node.fmap is not None:
             shifted = list(idx)
             shifted[node.fmap] = idx[node.fmap] + Ix.var("it") * self.tile(node.input).shape[node.fmap]
-            self.store(buf, shifted, v, self.sc.acc_dtype)
+            self.store(self.buffers[Ref(j)], index_text(shifted), v, self.sc.acc_dtype)
             return
         if not all(_atomic(e) for e in v.comps):
             v = self.temp(v)
-        acc = self.sc.load(buf, index_text(idx), self.sc.acc_dtype)
-        new = self.sc.combine(node.kind, acc, v)
+        reg, at = f"a{j}", self._reg(j, slot)
+        new = self.sc.combine(node.kind, self.sc.load(reg, at, self.sc.acc_dtype), v)
         first = self.sc.store(v, self.sc.acc_dtype)
         for c, e in enumerate(self.sc.store(new, self.sc.acc_dtype)):
-            self.w.line(f"{self.sc.at(buf, c, index_text(idx))} = T.if_then_else(it == 0, {first[c]}, {e})")
+            self.w.line(f"{self.sc.at(reg, c, at)} = T.if_then_else(it == 0, {first[c]}, {e})")
 
     def _save(self, j: int, idx: list[Ix], v: Val) -> None:
         node = self.nodes[j]
@@ -310,7 +379,7 @@ class _BlockEmitter:
         for g, d in enumerate(node.omap):
             if self.block.grid[g] > 1:
                 out[d] = idx[d] + Ix.var(_GRID_VARS[g]) * tile[d]
-        self.store(f"out{s}", out, v, self.sc.buf_dtype(self.binfo.outputs[s].dtype))
+        self.store(f"out{s}", index_text(out), v, self.sc.buf_dtype(self.binfo.outputs[s].dtype))
 
     # ------------------------------------------------------------------ loops
 
@@ -323,21 +392,39 @@ class _BlockEmitter:
     def sync(self) -> None:
         if self.gpu:
             self.w.line('T.tvm_storage_sync("shared")')
+        self._synced = True
 
     @contextmanager
-    def elements(self, shape: tuple[int, ...]) -> Iterator[list[Ix]]:
-        """Inside a thread loop: element ``e * threads + tx`` of ``shape`` for every ``e`` (guarded)."""
-        n = math.prod(shape)
+    def elements(self, space: tuple[int, ...]) -> Iterator[tuple[list[Ix], Ix]]:
+        """Inside a thread loop: element ``e * threads + tx`` of ``space`` for every ``e`` (guarded); yields
+        (index, slot ``e``)."""
+        n = math.prod(space)
         iters = -(-n // self.nt)
         with self.w.loop(self.w.fresh("e"), iters) as e:
-            flat = e * self.nt + Ix.var("tx")
-            guard = self.w.block(f"if {flat} < {n}:") if iters * self.nt > n else nullcontext()
-            with guard:
-                if len(flat.terms) > 1 or flat.const:
-                    f = self.w.fresh("f")
-                    self.w.line(f"{f} = {flat}")
-                    flat = Ix.var(f)
-                yield unravel(flat, shape)
+            flat = self._flat(e)
+            with self.w.block(f"if {flat} < {n}:") if iters * self.nt > n else nullcontext():
+                yield unravel(flat, space), e
+
+    def _flat(self, slot: Ix) -> Ix:
+        flat = slot * self.nt + Ix.var("tx")
+        if len(flat.terms) > 1 or flat.const:
+            f = self.w.fresh("f")
+            self.w.line(f"{f} = {flat}")
+            return Ix.var(f)
+        return flat
+
+    def locate(self, m: _Map, slot: Ix) -> tuple[list[Ix], list[str]]:
+        """Element of a map's value held in ``slot`` of this thread, and the conditions for it to exist."""
+        if isinstance(m, _Tiled):
+            t = m.tiling
+            parts = unravel(slot, (*t.steps, *t.t0))
+            glob, conds = self._tile_coords(t, parts[:3], parts[3:])
+            return self._batch(glob[0], m.batch) + [glob[1], glob[2]], conds
+        n = math.prod(m.space)
+        flat = self._flat(slot)
+        conds = [f"{flat} < {n}"] if self.slots(m) * self.nt > n else []
+        idx = unravel(flat, m.space)
+        return broadcast_index(idx, m.shape), conds + _broadcast_guard(idx, m.shape, m.space)
 
     # ------------------------------------------------------------------ phases
 
@@ -346,7 +433,6 @@ class _BlockEmitter:
         assert isinstance(node, InputIterator)
         src = self.op.inputs[node.input]
         shape = self.info.of(src).shape
-        tile = self.tile(Ref(j)).shape
         ext, off = list(shape), [Ix() for _ in shape]
         for g, d in enumerate(node.imap):
             if d is not None and self.block.grid[g] > 1:
@@ -356,18 +442,18 @@ class _BlockEmitter:
             ext[node.fmap] //= self.block.forloop
             off[node.fmap] = off[node.fmap] + Ix.var("it") * ext[node.fmap]
         dtype = self.sc.buf_dtype(self.info.of(src).dtype)
-        with self.threads(), self.elements(tile) as idx:
+        with self.threads(), self.elements(self.tile(Ref(j)).shape) as (idx, slot):
             gidx = [o + i for o, i in zip(off, idx, strict=True)]
-            self.emit_value(Ref(j), idx, self.sc.load(f"in{node.input}", index_text(gidx), dtype))
+            self.emit_value(Ref(j), idx, self.sc.load(f"in{node.input}", index_text(gidx), dtype), slot)
 
     def phase_op(self, j: int) -> None:
         node = self.nodes[j]
         assert isinstance(node, BlockOp)
         out = self.tile(Ref(j)).shape
         if node.op is Op.MATMUL:
-            if self.choice.matmul_node is not None and self.choice.tiling is not None and \
-                    self._same_tile(j, self.choice.tiling):
-                self.phase_matmul_tiled(j, node, self.choice.tiling)
+            tiling = self._tiled(j)
+            if tiling is not None:
+                self.phase_matmul_tiled(j, node, tiling)
             else:
                 self.phase_matmul_cyclic(j, node)
         elif node.op is Op.SUM:
@@ -375,27 +461,15 @@ class _BlockEmitter:
         elif node.op is Op.CONCAT:
             self.phase_concat(j, node)
         elif node.op in BINARY_ELEMENTWISE or node.op in UNARY_ELEMENTWISE:
-            with self.threads(), self.elements(out) as idx:
+            with self.threads(), self.elements(out) as (idx, slot):
                 args = [self.read(r, broadcast_index(idx, self.tile(r).shape)) for r in node.inputs]
-                self.emit_value(Ref(j), idx, self.sc.op(self.w, node.op, node.attrs, args))
+                self.emit_value(Ref(j), idx, self.sc.op(self.w, node.op, node.attrs, args), slot)
         else:
             raise UnsupportedOpError(f"block op '{node.op.value}' has no code generator")
 
-    def _same_tile(self, j: int, tiling: MatmulTiling) -> bool:
-        node = self.nodes[j]
-        assert isinstance(node, BlockOp)
-        b, m, n, k = _matmul_dims(self.binfo, node, j)
-        return (b, m, n) == tiling.extents and k == tiling.k
-
-    def _matmul_operands(self, node: BlockOp, j: int) -> tuple[Ref, Ref, tuple[int, ...]]:
-        a, b = node.inputs
-        return a, b, self.tile(Ref(j)).shape[:-2]
-
     def _mac(self, acc: str, r: Ix, a: Val, b: Val) -> None:
         cur = self.sc.load(acc, str(r), self.sc.acc_dtype)
-        nxt = self.sc.plus(cur, self.sc.product(a, b))
-        for c, e in enumerate(nxt.comps):
-            self.w.line(f"{self.sc.at(acc, c, str(r))} = {e}")
+        self.store(acc, str(r), self.sc.plus(cur, self.sc.product(a, b)), self.sc.acc_dtype)
 
     def _acc_buffer(self, size: int) -> str:
         acc = self.w.fresh("acc")
@@ -403,81 +477,85 @@ class _BlockEmitter:
         self.w.line(f'{acc} = T.alloc_buffer({_shape(shape)}, "{self.sc.acc_dtype}", scope="local")')
         return acc
 
-    def _zero(self, acc: str, r: Ix) -> None:
-        for c, e in enumerate(self.sc.zero().comps):
-            self.w.line(f"{self.sc.at(acc, c, str(r))} = {e}")
-
     def phase_matmul_cyclic(self, j: int, node: BlockOp) -> None:
         """One thread per output element (cyclic), the whole inner dim in one register."""
-        a, b, batch = self._matmul_operands(node, j)
+        a, b = node.inputs
         kdim = self.tile(a).shape[-1]
-        with self.threads(), self.elements(self.tile(Ref(j)).shape) as idx:
+        with self.threads(), self.elements(self.tile(Ref(j)).shape) as (idx, slot):
             acc = self._acc_buffer(1)
-            self._zero(acc, Ix())
+            self.store(acc, "0", self.sc.zero(), self.sc.acc_dtype)
             with self.w.loop(self.w.fresh("k"), kdim) as kk:
                 av = self.read(a, broadcast_index(idx[:-2], self.tile(a).shape[:-2]) + [idx[-2], kk])
                 bv = self.read(b, broadcast_index(idx[:-2], self.tile(b).shape[:-2]) + [kk, idx[-1]])
                 self._mac(acc, Ix(), av, bv)
-            self.emit_value(Ref(j), idx, self.sc.reduced(self.sc.load(acc, "0", self.sc.acc_dtype)))
+            self.emit_value(Ref(j), idx, self.sc.reduced(self.sc.load(acc, "0", self.sc.acc_dtype)), slot)
 
     def phase_matmul_tiled(self, j: int, node: BlockOp, t: MatmulTiling) -> None:
         """The constructor's register tiling: per thread a T0 tile of accumulators, T1 tiles walked in turn."""
-        a, b, batch = self._matmul_operands(node, j)
-        kdim = t.k
-        th = t.threads_per_axis
-        coords = [Ix.var("tx").floordiv(th[1] * th[2], self.nt).mod(th[0], -(-self.nt // (th[1] * th[2]))),
-                  Ix.var("tx").floordiv(th[2], self.nt).mod(th[1], -(-self.nt // th[2])),
-                  Ix.var("tx").mod(th[2], self.nt)]
+        a, b = node.inputs
+        batch = self.tile(Ref(j)).shape[:-2]
         regs = math.prod(t.t0)
         with self.threads():
             acc = self._acc_buffer(regs)
-            with self._steps(t) as steps:
-                with self.w.loop(self.w.fresh("r"), regs, "T.unroll(%d)" % regs if regs > 1 else "range") as r:
-                    self._zero(acc, r)
-                with self.w.loop(self.w.fresh("k"), kdim) as kk, self._register_tile(t, steps, coords) as (r, g):
-                    av = self.read(a, broadcast_index(self._batch(g[0], batch), self.tile(a).shape[:-2]) + [g[1], kk])
-                    bv = self.read(b, broadcast_index(self._batch(g[0], batch), self.tile(b).shape[:-2]) + [kk, g[2]])
+            with self.w.loop(self.w.fresh("sb"), t.steps[0]) as sb, \
+                    self.w.loop(self.w.fresh("si"), t.steps[1]) as si, \
+                    self.w.loop(self.w.fresh("sj"), t.steps[2]) as sj:
+                steps = [sb, si, sj]
+                with self.w.loop(self.w.fresh("r"), regs, _unroll(regs)) as r:
+                    self.store(acc, str(r), self.sc.zero(), self.sc.acc_dtype)
+                with self.w.loop(self.w.fresh("k"), t.k) as kk, self._register_tile(t, steps) as (r, g):
+                    bi = self._batch(g[0], batch)
+                    av = self.read(a, broadcast_index(bi, self.tile(a).shape[:-2]) + [g[1], kk])
+                    bv = self.read(b, broadcast_index(bi, self.tile(b).shape[:-2]) + [kk, g[2]])
                     self._mac(acc, r, av, bv)
-                with self._register_tile(t, steps, coords) as (r, g):
+                with self._register_tile(t, steps) as (r, g):
+                    slot = ((sb * t.steps[1] + si) * t.steps[2] + sj) * regs + r
                     v = self.sc.reduced(self.sc.load(acc, str(r), self.sc.acc_dtype))
-                    self.emit_value(Ref(j), self._batch(g[0], batch) + [g[1], g[2]], v)
+                    self.emit_value(Ref(j), self._batch(g[0], batch) + [g[1], g[2]], v, slot)
 
     @staticmethod
     def _batch(flat: Ix, batch: tuple[int, ...]) -> list[Ix]:
         return unravel(flat, batch) if batch else []
 
-    @contextmanager
-    def _steps(self, t: MatmulTiling) -> Iterator[list[Ix]]:
-        steps: list[Ix] = []
-        with self.w.loop(self.w.fresh("sb"), t.steps[0]) as sb, self.w.loop(self.w.fresh("si"), t.steps[1]) as si, \
-                self.w.loop(self.w.fresh("sj"), t.steps[2]) as sj:
-            steps = [sb, si, sj]
-            yield steps
+    def _thread_coords(self, t: MatmulTiling) -> list[Ix]:
+        """This thread's position (b, i, j) in the tiling's thread grid; the last axis varies fastest."""
+        th = t.threads_per_axis
+        tx = Ix.var("tx")
+        return [tx.floordiv(th[1] * th[2], self.nt).mod(th[0], -(-self.nt // (th[1] * th[2]))),
+                tx.floordiv(th[2], self.nt).mod(th[1], -(-self.nt // th[2])),
+                tx.mod(th[2], self.nt)]
+
+    def _tile_coords(self, t: MatmulTiling, steps: list[Ix], regs: list[Ix]) -> tuple[list[Ix], list[str]]:
+        """Output coordinates (b, i, j) of register ``regs`` in step ``steps`` of this thread, and their guards.
+
+        Along an axis a T1 tile is laid out ``[vthreads, threads, T0 / vthreads]``: register ``r`` is in chunk
+        ``r // c`` (``c = T0 / vthreads``), at ``chunk * threads * c + thread * c + r % c``.
+        """
+        th = t.threads_per_axis
+        coords = self._thread_coords(t)
+        glob, conds = [], []
+        for ax in range(3):
+            chunk = t.t0[ax] // t.vthreads[ax]
+            pos = regs[ax].floordiv(chunk, t.t0[ax]) * (th[ax] * chunk) + coords[ax] * chunk + \
+                regs[ax].mod(chunk, t.t0[ax])
+            gl = steps[ax] * t.t1[ax] + pos
+            if th[ax] * t.t0[ax] > t.t1[ax]:
+                conds.append(f"{pos} < {t.t1[ax]}")
+            if t.steps[ax] * t.t1[ax] > t.extents[ax]:
+                conds.append(f"{gl} < {t.extents[ax]}")
+            glob.append(gl)
+        return glob, conds
 
     @contextmanager
-    def _register_tile(self, t: MatmulTiling, steps: list[Ix], coords: list[Ix]) -> Iterator[tuple[Ix, list[Ix]]]:
+    def _register_tile(self, t: MatmulTiling, steps: list[Ix]) -> Iterator[tuple[Ix, list[Ix]]]:
         """Loops over a thread's register tile; yields (register index, output coords (b, i, j)), guarded."""
         names = [self.w.fresh(p) for p in ("rb", "ri", "rj")]
-        th = t.threads_per_axis
         with self.w.loop(names[0], t.t0[0], _unroll(t.t0[0])) as rb, \
                 self.w.loop(names[1], t.t0[1], _unroll(t.t0[1])) as ri, \
                 self.w.loop(names[2], t.t0[2], _unroll(t.t0[2])) as rj:
-            regs = [rb, ri, rj]
-            pos, glob, conds = [], [], []
-            for ax in range(3):
-                chunk = t.t0[ax] // t.vthreads[ax]
-                p = regs[ax].floordiv(chunk, t.t0[ax]) * (th[ax] * chunk) + coords[ax] * chunk + \
-                    regs[ax].mod(chunk, t.t0[ax])
-                gl = steps[ax] * t.t1[ax] + p
-                if th[ax] * t.t0[ax] > t.t1[ax]:
-                    conds.append(f"{p} < {t.t1[ax]}")
-                if t.steps[ax] * t.t1[ax] > t.extents[ax]:
-                    conds.append(f"{gl} < {t.extents[ax]}")
-                pos.append(p)
-                glob.append(gl)
+            glob, conds = self._tile_coords(t, steps, [rb, ri, rj])
             r = rb * (t.t0[1] * t.t0[2]) + ri * t.t0[2] + rj
-            guard = self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext()
-            with guard:
+            with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
                 yield r, glob
 
     def phase_sum(self, j: int, node: BlockOp) -> None:
@@ -488,9 +566,9 @@ class _BlockEmitter:
         group = attr(node.attrs, "group")
         full = group is None or group == shape[dim]
         count = shape[dim] if full else int(group)
-        with self.threads(), self.elements(self.tile(Ref(j)).shape) as idx:
+        with self.threads(), self.elements(self.tile(Ref(j)).shape) as (idx, slot):
             acc = self._acc_buffer(1)
-            self._zero(acc, Ix())
+            self.store(acc, "0", self.sc.zero(), self.sc.acc_dtype)
             with self.w.loop(self.w.fresh("g"), count) as gi:
                 if full and keep:
                     src = idx[:dim] + [gi] + idx[dim + 1:]
@@ -499,9 +577,8 @@ class _BlockEmitter:
                 else:
                     src = idx[:dim] + [idx[dim] * count + gi] + idx[dim + 1:]
                 cur = self.sc.load(acc, "0", self.sc.acc_dtype)
-                for c, e in enumerate(self.sc.plus(cur, self.read(x, src)).comps):
-                    self.w.line(f"{self.sc.at(acc, c, '0')} = {e}")
-            self.emit_value(Ref(j), idx, self.sc.reduced(self.sc.load(acc, "0", self.sc.acc_dtype)))
+                self.store(acc, "0", self.sc.plus(cur, self.read(x, src)), self.sc.acc_dtype)
+            self.emit_value(Ref(j), idx, self.sc.reduced(self.sc.load(acc, "0", self.sc.acc_dtype)), slot)
 
     def phase_concat(self, j: int, node: BlockOp) -> None:
         out = self.tile(Ref(j)).shape
@@ -510,10 +587,10 @@ class _BlockEmitter:
         with self.threads():
             for r in node.inputs:
                 part = self.tile(r).shape
-                with self.elements(part) as idx:
+                with self.elements(part) as (idx, slot):
                     dst = list(idx)
                     dst[dim] = idx[dim] + offset
-                    self.emit_value(Ref(j), dst, self.read(r, idx))
+                    self.emit_value(Ref(j), dst, self.read(r, idx), slot)
                 offset += part[dim]
 
     def phase_thread_graph(self, j: int) -> None:
@@ -521,7 +598,7 @@ class _BlockEmitter:
         assert isinstance(node, ThreadGraph)
         local = self.binfo.threads[j]
         space = _broadcast_all([t.shape for t in local])
-        with self.threads(), self.elements(space) as idx:
+        with self.threads(), self.elements(space) as (idx, slot):
             vals: list[Val] = []
             for r, t in zip(node.inputs, local, strict=False):
                 vals.append(self.temp(self.read(r, broadcast_index(idx, t.shape))))
@@ -531,19 +608,42 @@ class _BlockEmitter:
                 shape = local[r.node].shape
                 conds = _broadcast_guard(idx, shape, space)
                 with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
-                    self.emit_value(Ref(j, o), broadcast_index(idx, shape), vals[r.node])
+                    self.emit_value(Ref(j, o), broadcast_index(idx, shape), vals[r.node], slot)
 
     def phase_copy(self, src: Ref, sinks: list[int]) -> None:
-        """Accumulators/savers that read a view or an accumulator: their own phase over the value."""
-        with self.threads(), self.elements(self.tile(src).shape) as idx:
+        """Accumulators/savers reading a view, a concat or a shared accumulator: a cyclic pass over the value."""
+        with self.threads(), self.elements(self.tile(src).shape) as (idx, slot):
             v = self.read(src, idx)
             for s in sinks:
-                self.sink(s, idx, v)
+                self.sink(s, idx, v, slot)
+        self._after(any(isinstance(self.nodes[s], Accumulator) and self.nodes[s].fmap is not None  # type: ignore[union-attr]
+                        for s in sinks))
+
+    def phase_flush(self) -> None:
+        """After the loop: register accumulators to their shared buffers and fused savers (same element map)."""
+        if not self.reg_accs:
+            return
+        with self.threads():
+            for j, m in self.reg_accs.items():
+                with self.w.loop(self.w.fresh("sl"), self.slots(m)) as slot:
+                    idx, conds = self.locate(m, slot)
+                    with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
+                        v = self.sc.load(f"a{j}", self._reg(j, slot), self.sc.acc_dtype)
+                        self.emit_value(Ref(j), idx, v, slot)
+        self._after(any(Ref(j) in self.buffers for j in self.reg_accs))
 
     def writes_shared(self, j: int) -> bool:
         refs = [Ref(j, o) for o in range(len(self.binfo.nodes[j]))]
         return any(r in self.buffers for r in refs) or any(
-            isinstance(self.nodes[s], Accumulator) for r in refs for s in self.fused_sinks(r))
+            Ref(s) in self.buffers and s not in self.reg_accs for r in refs for s in self.sinks_of(r)
+            if isinstance(self.nodes[s], Accumulator))
+
+    def _after(self, wrote_shared: bool) -> None:
+        """Barrier after a phase whose shared-memory writes later phases read."""
+        if wrote_shared:
+            self.sync()
+        else:
+            self._synced = False
 
     def phase(self, j: int) -> None:
         node = self.nodes[j]
@@ -553,8 +653,7 @@ class _BlockEmitter:
             self.phase_thread_graph(j)
         else:
             self.phase_op(j)
-        if self.writes_shared(j):
-            self.sync()
+        self._after(self.writes_shared(j))
 
     # ------------------------------------------------------------------ whole kernel
 
@@ -563,16 +662,18 @@ class _BlockEmitter:
         for j, outs in enumerate(self.binfo.nodes):
             for o, t in enumerate(outs):
                 r = Ref(j, o)
-                if not self.needs_buffer(r):
-                    continue
-                self.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
-                dtype = self._buf_dtype(r, t)
-                total += math.prod(self.sc.buf_shape(t.shape)) * dtype_bytes(dtype)
+                if self.needs_buffer(r):
+                    self.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
+                    total += math.prod(self.sc.buf_shape(t.shape)) * dtype_bytes(self._buf_dtype(r))
         scope = ("shared.dyn" if total > STATIC_SHARED_LIMIT else "shared") if self.gpu else "global"
         for r, name in self.buffers.items():
-            t = self.tile(r)
-            shape = self.sc.buf_shape(t.shape)
-            self.w.line(f'{name} = T.alloc_buffer({_shape(shape)}, "{self._buf_dtype(r, t)}", scope="{scope}")')
+            shape = self.sc.buf_shape(self.tile(r).shape)
+            self.w.line(f'{name} = T.alloc_buffer({_shape(shape)}, "{self._buf_dtype(r)}", scope="{scope}")')
+        for j, m in self.reg_accs.items():
+            # Registers of each thread; on the CPU the threads are loop iterations, so each gets its own row.
+            shape = self.sc.buf_shape((self.slots(m),) if self.gpu else (self.nt, self.slots(m)))
+            self.w.line(f'a{j} = T.alloc_buffer({_shape(shape)}, "{self.sc.acc_dtype}", '
+                        f'scope="{"local" if self.gpu else "global"}")')
 
     def params(self) -> list[KernelParam]:
         ps: list[KernelParam] = []
@@ -590,30 +691,31 @@ class _BlockEmitter:
     def body(self) -> None:
         self.allocate()
         loop = self.block.forloop > 1
-        hoisted = [j for j, n in enumerate(self.nodes) if loop and isinstance(n, InputIterator) and n.fmap is None]
-        body = [j for j, n in enumerate(self.nodes)
-                if self.phase_of[j] == "body" and j not in hoisted and j not in self.views]
-        post = [j for j, n in enumerate(self.nodes) if self.phase_of[j] == "post" and j not in self.views
-                and not isinstance(n, Accumulator)]
-        acc_copies = [j for j, n in enumerate(self.nodes) if isinstance(n, Accumulator) and not self._fusable(n.input)]
-        save_copies = [j for j, n in enumerate(self.nodes)
-                       if isinstance(n, OutputSaver) and not self._fusable(n.input)]
+        nodes = list(enumerate(self.nodes))
+        # A loop-invariant tile is loaded once before the loop, unless the load itself feeds an accumulator.
+        hoisted = [j for j, n in nodes if loop and isinstance(n, InputIterator) and n.fmap is None
+                   and not self.sinks_of(Ref(j))]
+        computed = [j for j, n in nodes if j not in self.views and isinstance(n, InputIterator | BlockOp | ThreadGraph)]
+        body = [j for j in computed if self.phase_of[j] == "body" and j not in hoisted]
+        post = [j for j in computed if self.phase_of[j] == "post"]
+        copies = [(j, n) for j, n in nodes if isinstance(n, Accumulator | OutputSaver) and j not in
+                  self.sinks_of(n.input)]
         for j in hoisted:
             self.phase(j)
-        with self.w.loop("it", self.block.forloop, "T.serial(%d)" % self.block.forloop) if loop else nullcontext():
+        with self.w.loop("it", self.block.forloop, f"T.serial({self.block.forloop})") if loop else nullcontext():
             for j in body:
                 self.phase(j)
-            for j in acc_copies:
-                node = self.nodes[j]
-                assert isinstance(node, Accumulator)
-                self.phase_copy(node.input, [j])
-                self.sync()
+            for j, n in copies:
+                if isinstance(n, Accumulator):
+                    self.phase_copy(n.input, [j])
+            if loop and not self._synced:
+                self.sync()  # the next iteration overwrites tiles this one read
+        self.phase_flush()
         for j in post:
             self.phase(j)
-        for j in save_copies:
-            node = self.nodes[j]
-            assert isinstance(node, OutputSaver)
-            self.phase_copy(node.input, [j])
+        for j, n in copies:
+            if isinstance(n, OutputSaver):
+                self.phase_copy(n.input, [j])
 
     def emit(self) -> KernelText:
         params = self.params()
@@ -639,6 +741,17 @@ class _BlockEmitter:
         if self.gpu:
             return f'for {var} in T.thread_binding({n}, thread="blockIdx.{"xyz"[g]}"):'
         return f"for {var} in {'T.parallel' if first else 'T.serial'}({n}):"
+
+
+def _check_tiling(t: MatmulTiling, threads: int) -> None:
+    """A tiling must nest (``1 <= T0 <= T1 <= extent``, vthreads a power of two dividing T0) and fill the block."""
+    for ax in range(3):
+        t0, t1, e, v = t.t0[ax], t.t1[ax], t.extents[ax], t.vthreads[ax]
+        if not 1 <= t0 <= t1 <= e or v < 1 or v & (v - 1) or t0 % v:
+            raise UnsupportedOpError(f"matmul tiling {t.describe()} does not nest on axis {'bij'[ax]} "
+                                     f"(T0={t0}, T1={t1}, extent={e}, vthreads={v})")
+    if t.threads != threads:
+        raise UnsupportedOpError(f"matmul tiling needs {t.threads} threads, the block has {threads}")
 
 
 @contextmanager

@@ -212,6 +212,14 @@ class ExprArith:
             entries.append((kind, x.term, 1))
         return ExprValue(x.shape, _accumulated(entries), None, tuple(entries))
 
+    def accumulate_times(self, x: ExprValue, times: int, kind: AccumKind) -> ExprValue:
+        """What ``times`` calls of :meth:`accumulate` on the same tile give, in one step (for a generator that
+        derives an accumulator's expression without running the loop)."""
+        if times < 1:
+            raise ProgramError(f"an accumulator needs at least one iteration, got {times}")
+        entries: tuple[tuple[AccumKind, Term, int], ...] = ((kind, x.term, times),)
+        return ExprValue(x.shape, _accumulated(entries), None, entries)
+
     # ------------------------------------------------------------------ data movement
 
     def reshape(self, a: ExprValue, shape: tuple[int, ...]) -> ExprValue:

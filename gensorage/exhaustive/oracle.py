@@ -1,11 +1,12 @@
 """The subexpression oracle of Algorithm 1 (``Subexpr(E, E_O)``): keep a prefix iff ``A_eq ∪ A_sub ⊨
 subexpr(E, E_O)``, decided by a normal-form procedure and, where that cannot decide, by Z3.
 
-Why not Z3 alone: with the quantified axioms Z3 proves entailed queries in about a millisecond but essentially
+Why not Z3 alone: with the quantified axioms Z3 proves entailed queries in milliseconds but essentially
 never refutes one — a non-entailed query runs to its time or resource limit and comes back ``unknown``, and since a
 timeout must never prune, Z3 alone would prune nothing. (Mirage counts ``unknown`` as "prune".) So the answer is
 computed exactly in the *canonical model* of the axioms and Z3 is consulted only for the rare shapes the
-procedure does not handle (division by a non-monomial denominator that is itself a fraction).
+procedure does not handle (a quotient of two denominators where the divisor adds fractions over different
+denominators, e.g. ``x / (a/b + c/d)`` against a target with denominator ``(a/b + c/d) * u``).
 
 The canonical model
 -------------------
@@ -37,8 +38,8 @@ test suite checks both directions against Z3 on random terms.
 
 from __future__ import annotations
 
+import math
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,14 +47,23 @@ from typing import Any
 from gensorage.exhaustive.abstract_expr import Term
 
 Atoms = tuple["Atom", ...]
-Mono = tuple[int, Atoms]
-Poly = tuple[Mono, ...]
+Mono = tuple[int, Atoms]  # (coefficient, atoms sorted by uid)
+Poly = tuple[tuple[Mono, int], ...]  # distinct monomials with their multiplicities, in mono_key order
+
+#: Most distinct monomials a normal form may have. Expanding products of sums can grow exponentially
+#: (``(x+y)^64`` from six squarings); beyond this a query is left to Z3 instead.
+MAX_MONOMIALS = 20_000
+
+
+class TooBig(Exception):
+    """A normal form would exceed :data:`MAX_MONOMIALS`."""
 
 
 class Atom:
     """An interned atom of the canonical model: a variable or an uninterpreted application of normal forms."""
 
     __slots__ = ("kind", "name", "k", "args", "uid", "vars")
+    vars: frozenset[str]
 
     def __init__(self, kind: str, name: str, k: int, args: tuple[Elem, ...], uid: int) -> None:
         self.kind = kind
@@ -61,13 +71,14 @@ class Atom:
         self.k = k
         self.args = args
         self.uid = uid
-        self.vars: frozenset[str] = frozenset([name]) if kind == "var" else frozenset().union(*(a.vars for a in args))
+        self.vars = frozenset([name]) if kind == "var" else frozenset().union(*(a.vars for a in args))
 
 
 class Elem:
-    """An interned normal form: ``parts`` is ``((denominator or None, numerator monomials), ...)``."""
+    """An interned normal form: ``parts`` is ``((denominator or None, numerator), ...)``, numerators nonempty."""
 
     __slots__ = ("parts", "uid", "vars", "_counts", "atom")
+    vars: frozenset[str]
 
     def __init__(self, parts: tuple[tuple[Elem | None, Poly], ...], uid: int) -> None:
         self.parts = parts
@@ -76,28 +87,38 @@ class Elem:
         for d, poly in parts:
             if d is not None:
                 vs |= d.vars
-            for _, atoms in poly:
+            for (_, atoms), _ in poly:
                 for a in atoms:
                     vs |= a.vars
         self.vars = frozenset(vs)
-        self._counts: dict[Elem | None, Counter[Mono]] | None = None
+        self._counts: dict[Elem | None, dict[Mono, int]] | None = None
         # The atom when this element is exactly one atom (coefficient 1, no denominator), else None.
-        single = len(parts) == 1 and parts[0][0] is None and len(parts[0][1]) == 1
-        mono = parts[0][1][0]
-        self.atom: Atom | None = mono[1][0] if single and mono[0] == 1 and len(mono[1]) == 1 else None
+        self.atom: Atom | None = None
+        if len(parts) == 1 and parts[0][0] is None and len(parts[0][1]) == 1:
+            (c, atoms), mult = parts[0][1][0]
+            if c == 1 and mult == 1 and len(atoms) == 1:
+                self.atom = atoms[0]
 
-    def counts(self) -> dict[Elem | None, Counter[Mono]]:
-        """Numerators as multisets, by denominator (cached)."""
+    def counts(self) -> dict[Elem | None, dict[Mono, int]]:
+        """Numerators as monomial -> multiplicity maps, by denominator (cached)."""
         if self._counts is None:
-            self._counts = {d: Counter(poly) for d, poly in self.parts}
+            self._counts = {d: dict(poly) for d, poly in self.parts}
         return self._counts
 
     def __repr__(self) -> str:
         return f"Elem<{show(self)}>"
 
 
+Groups = dict["Elem | None", dict[Mono, int]]
+
+
+def _put(groups: Groups, d: Elem | None, m: Mono, n: int) -> None:
+    g = groups.setdefault(d, {})
+    g[m] = g.get(m, 0) + n
+
+
 class Canon:
-    """Intern tables and memoised operations of the canonical model (one per process is enough)."""
+    """Intern tables and memoised operations of the canonical model."""
 
     def __init__(self) -> None:
         self._uid = 0
@@ -120,9 +141,11 @@ class Canon:
             self._atoms[key] = a
         return a
 
-    def elem(self, groups: dict[Elem | None, list[Mono]]) -> Elem:
+    def elem(self, groups: Groups) -> Elem:
+        if sum(len(g) for g in groups.values()) > MAX_MONOMIALS:
+            raise TooBig
         parts = tuple(
-            (d, tuple(sorted(groups[d], key=mono_key)))
+            (d, tuple(sorted(groups[d].items(), key=_item_key)))
             for d in sorted(groups, key=lambda d: 0 if d is None else d.uid)
             if groups[d]
         )
@@ -133,13 +156,14 @@ class Canon:
         return e
 
     def of_atom(self, a: Atom) -> Elem:
-        return self.elem({None: [(1, (a,))]})
+        return self.elem({None: {(1, (a,)): 1}})
 
     def add(self, x: Elem, y: Elem) -> Elem:
-        groups: dict[Elem | None, list[Mono]] = {}
+        groups: Groups = {}
         for e in (x, y):
             for d, poly in e.parts:
-                groups.setdefault(d, []).extend(poly)
+                for m, n in poly:
+                    _put(groups, d, m, n)
         return self.elem(groups)
 
     def mul(self, x: Elem, y: Elem) -> Elem:
@@ -147,11 +171,15 @@ class Canon:
         got = self._mul.get(key)
         if got is not None:
             return got
-        groups: dict[Elem | None, list[Mono]] = {}
+        groups: Groups = {}
         for dx, px in x.parts:
             for dy, py in y.parts:
                 d = self.den_mul(dx, dy)
-                groups.setdefault(d, []).extend(mono_mul(m, n) for m in px for n in py)
+                if len(px) * len(py) > MAX_MONOMIALS:
+                    raise TooBig
+                for m, a in px:
+                    for n, b in py:
+                        _put(groups, d, mono_mul(m, n), a * b)
         out = self.elem(groups)
         self._mul[key] = out
         return out
@@ -164,15 +192,21 @@ class Canon:
         return self.mul(d, e)
 
     def div(self, x: Elem, y: Elem) -> Elem:
-        groups: dict[Elem | None, list[Mono]] = {}
+        groups: Groups = {}
         for d, poly in x.parts:
-            groups.setdefault(self.den_mul(d, y), []).extend(poly)
+            q = self.den_mul(d, y)
+            for m, n in poly:
+                _put(groups, q, m, n)
         return self.elem(groups)
 
     def sum(self, i: int, x: Elem) -> Elem:
         if i == 1:
             return x
-        return self.elem({d: [(i * c, atoms) for c, atoms in poly] for d, poly in x.parts})
+        groups: Groups = {}
+        for d, poly in x.parts:
+            for (c, atoms), n in poly:
+                _put(groups, d, (i * c, atoms), n)
+        return self.elem(groups)
 
     def max_r(self, k: int, x: Elem) -> Elem:
         if k == 1:
@@ -191,7 +225,7 @@ class Canon:
         return self.of_atom(self.atom("cat", tuple(flat[u] for u in sorted(flat))))
 
     def nf(self, t: Term) -> Elem:
-        """The normal form of ``t`` (memoised per interned subterm)."""
+        """The normal form of ``t`` (memoised per interned subterm); :class:`TooBig` if it would be huge."""
         got = self._nf.get(t)
         if got is not None:
             return got
@@ -236,10 +270,12 @@ class Canon:
         """
         if not den.vars <= num.vars:
             return None  # a product keeps every variable of its factors
+        if num.parts[-1][0] is None and any(h is not None for h, _ in den.parts):
+            return None  # den * q has a fraction over H*G for each fraction of den: it is never fraction-free
         if len(den.parts) != 1:
             return UNDECIDED
         h, p = den.parts[0]
-        groups: dict[Elem | None, list[Mono]] = {}
+        groups: Groups = {}
         for k, poly in num.parts:
             g: Any = k
             if h is not None:
@@ -251,7 +287,7 @@ class Canon:
             q = poly_divide(poly, p)
             if q is UNDECIDED or q is None:
                 return q
-            assert isinstance(q, list)
+            assert isinstance(q, dict)
             groups[g] = q
         return self.elem(groups)
 
@@ -267,6 +303,10 @@ UNDECIDED = _Undecided()
 def mono_key(m: Mono) -> tuple[int, tuple[int, ...], int]:
     """A total monomial order compatible with multiplication (degree, then reverse-lex atoms, then coefficient)."""
     return (len(m[1]), tuple(a.uid for a in m[1]), m[0])
+
+
+def _item_key(item: tuple[Mono, int]) -> tuple[int, tuple[int, ...], int]:
+    return mono_key(item[0])
 
 
 def mono_mul(m: Mono, n: Mono) -> Mono:
@@ -291,14 +331,14 @@ def atoms_minus(n: Atoms, m: Atoms) -> Atoms | None:
     return tuple(out) if j == len(m) else None
 
 
-def poly_divide(num: Poly, den: Poly, max_steps: int = 10_000) -> list[Mono] | None | _Undecided:
-    """Exact division of multisets of monomials by leading terms; None if ``den`` does not divide ``num``."""
-    if any(c <= 0 for c, _ in num) or any(c <= 0 for c, _ in den):
+def poly_divide(num: Poly, den: Poly, max_steps: int = 10_000) -> dict[Mono, int] | None | _Undecided:
+    """Exact division of numerators by leading monomials; None if ``den`` does not divide ``num``."""
+    if any(c <= 0 for (c, _), _ in num) or any(c <= 0 for (c, _), _ in den):
         return UNDECIDED  # the monomial order is multiplicative only for positive coefficients
-    dcount = Counter(den)
+    dcount = dict(den)
     lead = max(dcount, key=mono_key)
-    rem = Counter(num)
-    quotient: list[Mono] = []
+    rem = dict(num)
+    quotient: dict[Mono, int] = {}
     for _ in range(max_steps):
         if not rem:
             return quotient
@@ -311,14 +351,14 @@ def poly_divide(num: Poly, den: Poly, max_steps: int = 10_000) -> list[Mono] | N
         times = rem[top] // dcount[lead]
         for m, k in dcount.items():
             pm = mono_mul(t, m)
-            left = rem[pm] - k * times
+            left = rem.get(pm, 0) - k * times
             if left < 0:
                 return None
             if left:
                 rem[pm] = left
             else:
                 del rem[pm]
-        quotient.extend([t] * times)
+        quotient[t] = quotient.get(t, 0) + times
     return UNDECIDED
 
 
@@ -337,7 +377,7 @@ def arith_sub(canon: Canon, a: Elem, b: Elem) -> bool | _Undecided:
         return False
     counts = b.counts()
     e0, m0 = a.parts[0]
-    c1, atoms1 = m0[0]
+    c1, atoms1 = m0[0][0]
     undecided = False
     for big_d, numer in b.parts:
         d: Any
@@ -354,7 +394,7 @@ def arith_sub(canon: Canon, a: Elem, b: Elem) -> bool | _Undecided:
                 continue
             if d is None:
                 continue
-        for c, atoms in set(numer):
+        for (c, atoms), _ in numer:
             if c1 == 0 or c % c1:
                 continue
             z = atoms_minus(atoms, atoms1)
@@ -366,11 +406,11 @@ def arith_sub(canon: Canon, a: Elem, b: Elem) -> bool | _Undecided:
     return UNDECIDED if undecided else False
 
 
-def _contains(have: Counter[Mono] | None, poly: Poly, i: int, z: Atoms) -> bool:
+def _contains(have: dict[Mono, int] | None, poly: Poly, i: int, z: Atoms) -> bool:
+    """Whether ``i * poly * z`` is a sub-multiset of ``have`` (the map is one-to-one for ``i != 0``)."""
     if have is None:
         return False
-    need = Counter((i * c, tuple(sorted(atoms + z, key=_uid))) for c, atoms in poly)
-    return all(have[m] >= k for m, k in need.items())
+    return all(have.get((i * c, tuple(sorted(atoms + z, key=_uid))), 0) >= n for (c, atoms), n in poly)
 
 
 def gateways(canon: Canon, b: Elem) -> list[Elem]:
@@ -381,16 +421,22 @@ def gateways(canon: Canon, b: Elem) -> list[Elem]:
         e = stack.pop()
         for d, poly in e.parts:
             nxt: list[Elem] = [] if d is None else [d]
-            for _, atoms in poly:
+            for (_, atoms), _ in poly:
                 for atom in atoms:
                     nxt.extend(atom.args)
                     if atom.kind == "max":  # max_r(j, x) ⊑ max_r(k, x) for j | k: max_r(k/j, max_r(j, x))
-                        nxt.extend(canon.max_r(j, atom.args[0]) for j in range(2, atom.k) if atom.k % j == 0)
+                        nxt.extend(canon.max_r(j, atom.args[0]) for j in divisors(atom.k) if 1 < j < atom.k)
             for g in nxt:
                 if g.uid not in seen:
                     seen[g.uid] = g
                     stack.append(g)
     return list(seen.values())
+
+
+def divisors(k: int) -> list[int]:
+    """The positive divisors of ``k >= 1``, ascending."""
+    small = [j for j in range(1, math.isqrt(k) + 1) if k % j == 0]
+    return sorted(set(small + [k // j for j in small]))
 
 
 def show(e: Elem) -> str:
@@ -402,7 +448,7 @@ def show(e: Elem) -> str:
 
     out = []
     for d, poly in e.parts:
-        num = " + ".join(mono(m) for m in poly)
+        num = " + ".join(" + ".join([mono(m)] * n) for m, n in poly)
         out.append(num if d is None else f"({num}) / ({show(d)})")
     return " + ".join(out)
 
@@ -453,7 +499,7 @@ class SubexprOracle:
     normal form. Counters are in :attr:`stats`.
     """
 
-    def __init__(self, targets: Sequence[Term], timeout_ms: int = 2000, *, use_fast_path: bool = True) -> None:
+    def __init__(self, targets: Sequence[Term], timeout_ms: int = 200, *, use_fast_path: bool = True) -> None:
         if not targets:
             raise ValueError("SubexprOracle needs at least one target expression")
         if timeout_ms <= 0:
@@ -463,8 +509,13 @@ class SubexprOracle:
         self.use_fast_path = use_fast_path
         self.stats = OracleStats()
         self.canon = Canon()
-        self._target_nfs = [self.canon.nf(t) for t in self.targets]
-        self._gateways = [gateways(self.canon, t) for t in self._target_nfs]
+        self._gateways: list[list[Elem]] = []
+        if use_fast_path:
+            try:
+                self._gateways = [gateways(self.canon, self.canon.nf(t)) for t in self.targets]
+            except TooBig:
+                self._gateways = []  # a target too big to normalise: everything goes to Z3
+        self._fast_ok = bool(self._gateways)
         self._by_term: dict[Term, bool | None] = {}
         self._by_nf: dict[Elem, bool | None] = {}
         self._sub_memo: dict[tuple[Elem, int], bool | _Undecided] = {}
@@ -500,24 +551,35 @@ class SubexprOracle:
             st.cache_hits += 1
             return got  # type: ignore[return-value]
         t0 = time.perf_counter()
-        nf = self.canon.nf(e)
-        got = self._by_nf.get(nf, _MISSING)
+        nf = self._normal_form(e)
+        got = _MISSING if nf is None else self._by_nf.get(nf, _MISSING)
         if got is not _MISSING:
             st.cache_hits += 1
         else:
             got = self._solve(e, nf)
-            self._by_nf[nf] = got  # type: ignore[assignment]
+            if nf is not None:
+                self._by_nf[nf] = got  # type: ignore[assignment]
         self._by_term[e] = got  # type: ignore[assignment]
         st.solve_time_s += time.perf_counter() - t0
         return got  # type: ignore[return-value]
 
     def entails_fast(self, e: Term) -> bool | None:
         """The normal-form procedure alone: True, False, or None where it cannot decide (no Z3, no counters)."""
-        r = self._fast(self.canon.nf(e))
+        nf = self._normal_form(e)
+        r = UNDECIDED if nf is None else self._fast(nf)
         return None if r is UNDECIDED else bool(r)
 
-    def _solve(self, e: Term, nf: Elem) -> bool | None:
-        if self.use_fast_path:
+    def _normal_form(self, e: Term) -> Elem | None:
+        """``e``'s normal form, or None when the procedure is off or the form would be too big."""
+        if not self._fast_ok:
+            return None
+        try:
+            return self.canon.nf(e)
+        except TooBig:
+            return None
+
+    def _solve(self, e: Term, nf: Elem | None) -> bool | None:
+        if nf is not None:
             r = self._fast(nf)
             if r is not UNDECIDED:
                 self.stats.decided_fast += 1
@@ -525,6 +587,12 @@ class SubexprOracle:
         return self._ask_z3(e)
 
     def _fast(self, a: Elem) -> bool | _Undecided:
+        try:
+            return self._fast_unguarded(a)
+        except TooBig:  # a product formed while matching (a denominator times d) grew too big
+            return UNDECIDED
+
+    def _fast_unguarded(self, a: Elem) -> bool | _Undecided:
         undecided = False
         for i in range(len(self.targets)):
             r = self._sub(a, i)
@@ -572,4 +640,7 @@ class SubexprOracle:
 _MISSING = object()
 
 
-__all__ = ["UNDECIDED", "Atom", "Canon", "Elem", "OracleStats", "SubexprOracle", "arith_sub", "gateways", "show"]
+__all__ = [
+    "MAX_MONOMIALS", "UNDECIDED", "Atom", "Canon", "Elem", "OracleStats", "SubexprOracle", "TooBig", "arith_sub",
+    "divisors", "gateways", "show",
+]

@@ -68,15 +68,11 @@ class SearchCore:
 
 def default_core() -> SearchCore:
     """The real exhaustive-search core of :mod:`gensorage.exhaustive`."""
-    from gensorage.exhaustive import generator, spec
+    from gensorage.exhaustive import generator, results
 
-    return SearchCore(
-        enumerate_tasks=generator.enumerate_tasks,
-        run_task=generator.run_task,
-        rank_candidates=generator.rank_candidates,
-        candidate_type=generator.Candidate,
-        stats_type=spec.Stats if hasattr(spec, "Stats") else generator.Stats,
-    )
+    return SearchCore(enumerate_tasks=generator.enumerate_tasks, run_task=generator.run_task,
+                      rank_candidates=generator.rank_candidates, candidate_type=results.Candidate,
+                      stats_type=results.Stats)
 
 
 @dataclass(frozen=True, slots=True)

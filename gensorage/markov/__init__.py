@@ -23,7 +23,8 @@ from gensorage.ops.workload import Workload
 
 __all__ = ["METHODS", "Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_time", "space_for"]
 
-ANNEAL_DEFAULTS: dict[str, int] = {"walks": 8, "population": 4, "rounds": 12, "patience": 2, "top_k": 10}
+ANNEAL_DEFAULTS: dict[str, int] = {"walks": 8, "population": 4, "rounds": 12, "patience": 2, "top_k": 10,
+                                   "iterations": 100, "max_steps": 1_000_000}
 
 
 def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from gensorage.markov.actions import Action, actions
-from gensorage.markov.benefit import benefit, keep_probability
+from gensorage.markov.benefit import benefit, cache_weight, keep_probability
 from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import LAST, ScheduleSpace
 
@@ -47,18 +47,47 @@ class AnnealResult:
     trace: tuple[tuple[float, float], ...]  # (elapsed seconds, best predicted time so far)
 
 
-def get_policy(space: ScheduleSpace, s: Schedule, t: int, rng: np.random.Generator) -> tuple[Action, Schedule] | None:
+# Per state: the actions with positive weight, their time-independent weights and successors, and which of
+# them is the cache action (its weight is multiplied by cache_weight(t) when used).
+_Row = tuple[tuple[Action, ...], tuple[float, ...], tuple[Schedule, ...], int]
+PolicyMemo = dict[tuple[object, ...], _Row]
+
+
+def _policy_row(space: ScheduleSpace, s: Schedule) -> _Row:
+    acts: list[Action] = []
+    weights: list[float] = []
+    succ: list[Schedule] = []
+    cache_at = -1
+    for ac in actions(space, s):
+        # benefit() at t = 10 has cache_weight 1.5; divide it out to keep the weight time-independent.
+        w, nxt = benefit(space, s, ac, 10)
+        if w > 0.0 and nxt is not None:
+            if ac.kind == "cache":
+                cache_at = len(acts)
+                w /= cache_weight(10)
+            acts.append(ac)
+            weights.append(w)
+            succ.append(nxt)
+    return tuple(acts), tuple(weights), tuple(succ), cache_at
+
+
+def get_policy(space: ScheduleSpace, s: Schedule, t: int, rng: np.random.Generator,
+               memo: PolicyMemo | None = None) -> tuple[Action, Schedule] | None:
     """Algorithm 2: roulette selection over the normalized benefits of every action at ``s``.
 
     Returns the chosen action and the state it leads to, or ``None`` when no action has positive benefit.
+    ``memo`` caches each state's benefits across calls (they depend on ``t`` only through the cache weight).
     """
-    acts = actions(space, s)
-    weights: list[float] = []
-    succ: list[Schedule | None] = []
-    for ac in acts:
-        w, nxt = benefit(space, s, ac, t)
-        weights.append(w)
-        succ.append(nxt)
+    key = (s.tiles, s.vthreads, s.level)
+    row = memo.get(key) if memo is not None else None
+    if row is None:
+        row = _policy_row(space, s)
+        if memo is not None:
+            memo[key] = row
+    acts, base, succ, cache_at = row
+    weights = list(base)
+    if cache_at >= 0:
+        weights[cache_at] *= cache_weight(t)
     total = sum(weights)
     if total <= 0.0:
         return None
@@ -66,22 +95,20 @@ def get_policy(space: ScheduleSpace, s: Schedule, t: int, rng: np.random.Generat
     acc = 0.0
     for ac, w, nxt in zip(acts, weights, succ, strict=True):
         acc += w
-        if w > 0.0 and u < acc and nxt is not None:
+        if u < acc:
             return ac, nxt
-    last = max(i for i, w in enumerate(weights) if w > 0.0)  # u == total up to rounding
-    nxt = succ[last]
-    assert nxt is not None
-    return acts[last], nxt
+    return acts[-1], succ[-1]  # u == total up to rounding
 
 
 def run_chain(space: ScheduleSpace, rng: np.random.Generator, start: Schedule | None = None,
-              t_start: float = T_START, threshold: float = THRESHOLD) -> ChainResult:
+              t_start: float = T_START, threshold: float = THRESHOLD,
+              memo: PolicyMemo | None = None) -> ChainResult:
     """Algorithm 1: one annealing walk from ``start`` (default: the unscheduled state), at level 0."""
     e = space.initial() if start is None else replace(start, level=0)
     top: list[Schedule] = []
     temperature, t = t_start, 0
     while temperature > threshold:
-        pick = get_policy(space, e, t, rng)
+        pick = get_policy(space, e, t, rng, memo)
         if pick is None:
             break
         _, nxt = pick
@@ -95,8 +122,28 @@ def run_chain(space: ScheduleSpace, rng: np.random.Generator, start: Schedule | 
     return ChainResult(final=e, top=tuple(top), steps=t)
 
 
+def _diverse(ranked: list[tuple[float, Schedule]], n: int) -> list[Schedule | None]:
+    """The ``n`` best states with pairwise different register tiles (then the best of the rest).
+
+    States that differ only in their block tile or virtual threads are one basin for the next round's walks;
+    starting from distinct register tiles spreads the walks over more of them.
+    """
+    picked: list[Schedule | None] = []
+    tiles: set[tuple[int, ...]] = set()
+    for _, s in ranked:
+        if s.tiles[0] not in tiles:
+            tiles.add(s.tiles[0])
+            picked.append(s)
+            if len(picked) == n:
+                return picked
+    chosen = {id(s) for s in picked}
+    picked += [s for _, s in ranked if id(s) not in chosen][: n - len(picked)]
+    return picked
+
+
 def anneal(space: ScheduleSpace, score: Callable[[Schedule], float], seed: int = 0, walks: int = 8,
-           population: int = 4, rounds: int = 12, patience: int = 2, top_k: int = 10) -> AnnealResult:
+           population: int = 4, rounds: int = 12, patience: int = 2, top_k: int = 10,
+           iterations: int = 100, max_steps: int = 1_000_000) -> AnnealResult:
     """Walks seeded by ``seed`` from the best states found so far, top results scored by ``score``.
 
     Round 0 runs ``walks`` walks from the unscheduled state; each later round runs ``walks`` walks from each of
@@ -106,6 +153,7 @@ def anneal(space: ScheduleSpace, score: Callable[[Schedule], float], seed: int =
     """
     clock = time.perf_counter()
     rng = np.random.default_rng(seed)
+    memo: PolicyMemo = {}
     seen: dict[tuple[object, ...], tuple[float, Schedule]] = {}
     trace: list[tuple[float, float]] = []
     best = math.inf
@@ -115,8 +163,10 @@ def anneal(space: ScheduleSpace, score: Callable[[Schedule], float], seed: int =
     for _ in range(rounds):
         improved = False
         for start in starts:
+            if steps >= max_steps:
+                break
             for _ in range(walks):
-                chain = run_chain(space, rng, start)
+                chain = run_chain(space, rng, start, threshold=T_START * 2.0**-iterations, memo=memo)
                 steps += chain.steps
                 for s in (*chain.top, chain.final):
                     key = (s.tiles, s.vthreads)
@@ -128,10 +178,10 @@ def anneal(space: ScheduleSpace, score: Callable[[Schedule], float], seed: int =
                         best, improved = value, True
                         trace.append((time.perf_counter() - clock, best))
         stale = 0 if improved else stale + 1
-        if stale >= patience:
+        if stale >= patience or steps >= max_steps:
             break
         ranked = sorted((p for p in seen.values() if math.isfinite(p[0])), key=lambda p: p[0])
-        starts = [s for _, s in ranked[:population]]
+        starts = _diverse(ranked, population)
         if not starts:
             starts = [None]
     ranked = sorted((p for p in seen.values() if math.isfinite(p[0])), key=lambda p: p[0])

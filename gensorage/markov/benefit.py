@@ -11,10 +11,16 @@ Where the paper leaves a quantity open, the choice made here and why:
   second form. We use that second form exactly. ``Q`` is the traffic into the tiled level over the whole
   kernel and ``F`` the footprint of one tile at that level (:meth:`ScheduleSpace.traffic` / ``footprint``),
   both in bytes. Growing a tile that cuts traffic scores ``> 1``; the memory check bounds the growth.
-- Formula (2) compares the level being tiled (``high``: registers at level 0, shared memory at level 1) with the
-  level its data comes from (``low``: shared memory, resp. global memory/DRAM). ``S_data``, "the size of data
-  exchanged", is the traffic ``Q`` of the current tiling at that level; latencies are converted from cycles
-  to seconds with the SM clock so both terms are seconds.
+- Formula (2) is the access time of the memory the cache action moves data access *from* over that of the
+  memory it moves it *to* (in the paper, from a slower "low" level to a faster "high" one). This construction
+  runs in the other direction (registers first, as it starts from the all-1 register tile): leaving level 0
+  moves from registers to shared memory, leaving level 1 from shared to global memory (DRAM). So the ratio is
+  ``(L_cur + S/B_cur) / (L_next + S/B_next)``, below 1, and the cache probability is driven up by the
+  annealing multiplier and by tile actions running out of room, as §IV-C describes. (Taken the other way
+  round, the ratio is about 10 on every GPU, several times any tile step's benefit, and a walk would leave
+  each level after one or two steps whatever its tiles.) ``S_data``, "the size of data exchanged", is the
+  traffic ``Q`` of the current tiling at that level; latencies are converted from cycles to seconds with the
+  SM clock so both terms are seconds.
 - Formula (3): ``x`` is the width in bytes one warp sweeps in parallel along the axis (lanes of the warp along
   it times ``T_0``), ``W`` the width of one row of banks (banks x bank width), ``V`` the virtual threads after the
   action. When the axis already has ``v`` virtual threads the ratio is taken against ``v`` (not 1), so the
@@ -45,14 +51,14 @@ def tiling_benefit(space: ScheduleSpace, before: Schedule, after: Schedule, leve
 
 
 def caching_benefit(space: ScheduleSpace, s: Schedule) -> float:
-    """Formula (2): ``(L_low + S/B_low) / (L_high + S/B_high)`` for leaving level ``s.level``."""
+    """Formula (2) for leaving level ``s.level``: access time of its memory over that of the next level's."""
     hw = space.hw
-    high = hw.level(LEVEL_MEMORY[s.level])
-    low = hw.level(LEVEL_MEMORY[s.level + 1])
+    cur = hw.level(LEVEL_MEMORY[s.level])
+    nxt = hw.level(LEVEL_MEMORY[s.level + 1])
     data = space.traffic(s, s.level)
-    t_low = low.latency_cycles / hw.clock_hz + data / low.bandwidth_Bps
-    t_high = high.latency_cycles / hw.clock_hz + data / high.bandwidth_Bps
-    return t_low / t_high
+    t_cur = cur.latency_cycles / hw.clock_hz + data / cur.bandwidth_Bps
+    t_next = nxt.latency_cycles / hw.clock_hz + data / nxt.bandwidth_Bps
+    return t_cur / t_next
 
 
 def vthread_benefit(space: ScheduleSpace, s: Schedule, axis: int, vthreads: int) -> float:
@@ -84,10 +90,10 @@ def benefit(space: ScheduleSpace, s: Schedule, action: Action, t: int) -> tuple[
         return 0.0, None
     if action.kind == "cache":
         # Leaving the last tunable level finishes the construction: the state itself must fit.
-        if nxt.level == LAST and not space.fits(s):
+        if nxt.level == LAST and not space.fits_hardware(s):
             return 0.0, None
         return caching_benefit(space, s) * cache_weight(t), nxt
-    if not space.fits(nxt):
+    if not space.fits_hardware(nxt):  # actions only build well-formed states; check the hardware limits
         return 0.0, None
     if action.kind == "vthread":
         return vthread_benefit(space, s, action.axis, nxt.vthreads[action.axis]), nxt

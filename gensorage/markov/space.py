@@ -129,6 +129,7 @@ class ScheduleSpace:
         self._elems: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._fits: dict[tuple[object, ...], bool] = {}
         self._traffic: dict[tuple[object, ...], int] = {}
+        self._hw_fits: dict[tuple[object, ...], bool] = {}
 
     # ----------------------------------------------------------------------------------------- states
     def initial(self) -> Schedule:
@@ -271,6 +272,16 @@ class ScheduleSpace:
         if r.shared_bytes > hw.shared_mem_per_block:
             return False
         return r.shared_bytes + SHARED_RESERVED_PER_BLOCK <= hw.shared_mem_per_sm
+
+    def fits_hardware(self, s: Schedule) -> bool:
+        """:meth:`fits` for a schedule known to be well formed (the successors :mod:`actions` builds)."""
+        key = (s.tiles[0], s.tiles[1])
+        hit = self._hw_fits.get(key)
+        if hit is None:
+            if len(self._hw_fits) > _MEMO_LIMIT:
+                self._hw_fits.clear()
+            hit = self._hw_fits[key] = self.fits_resources(self.resources(s))
+        return hit
 
     def fits(self, s: Schedule) -> bool:
         """Whether ``s`` is a legal schedule of this workload that one SM can run (threads, registers, shared)."""

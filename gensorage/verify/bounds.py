@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import NotLaxError
@@ -109,6 +110,7 @@ def _exponent(a: Bound, b: Bound, combine: bool) -> dict[str, float | int]:
     }
 
 
+@lru_cache(maxsize=4096)  # blocks of a µGraph repeat the same bounds
 def bound_add(a: Bound, b: Bound) -> Bound:
     """``a ± b = (Na·Db ± Nb·Da) / (Da·Db)``."""
     plain = not (a.has_exp or b.has_exp)
@@ -127,6 +129,7 @@ def bound_add(a: Bound, b: Bound) -> Bound:
     )
 
 
+@lru_cache(maxsize=4096)  # blocks of a µGraph repeat the same bounds
 def bound_mul(a: Bound, b: Bound) -> Bound:
     """``a · b = (Na·Nb) / (Da·Db)``."""
     combine = (a.nexp and b.nexp) or (a.dexp and b.dexp)
@@ -144,6 +147,7 @@ def bound_mul(a: Bound, b: Bound) -> Bound:
     )
 
 
+@lru_cache(maxsize=4096)  # blocks of a µGraph repeat the same bounds
 def bound_div(a: Bound, b: Bound) -> Bound:
     """``a / b = (Na·Db) / (Da·Nb)``."""
     combine = (a.nexp and b.dexp) or (a.dexp and b.nexp)
@@ -161,6 +165,7 @@ def bound_div(a: Bound, b: Bound) -> Bound:
     )
 
 
+@lru_cache(maxsize=4096)  # blocks of a µGraph repeat the same bounds
 def bound_sum(a: Bound, n: int, shared: bool = False) -> Bound:
     """Bound of a sum of ``n`` terms each bounded by ``a``.
 
@@ -189,6 +194,7 @@ def bound_sum(a: Bound, n: int, shared: bool = False) -> Bound:
     )
 
 
+@lru_cache(maxsize=4096)  # blocks of a µGraph repeat the same bounds
 def bound_exp(a: Bound) -> Bound:
     """``exp(N/D)`` of an exp-free ``a``: one term with exponent ``h/u = N/D``."""
     if a.exped or a.has_exp:
@@ -199,6 +205,7 @@ def bound_exp(a: Bound) -> Bound:
                  dexp=False, exped=True)
 
 
+@lru_cache(maxsize=4096)  # blocks of a µGraph repeat the same bounds
 def bound_scale(a: Bound, factor: float) -> Bound:
     """``a · n/d``: N gains the factor n, D the factor d."""
     r = rational_of(factor)

@@ -17,6 +17,7 @@ listed in the result's ``notes`` (see docs/verification.md).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,7 +135,7 @@ class EquivalenceResult:
                       f"k²/ln q·ln(1/δ)={format_count(self.trials_later_paper or 0)}")
         if self.capped:
             head = (f"equivalent on all {self.trials} trials run, but {format_count(self.required_trials)} are "
-                    f"required for δ={self.delta:g}: the δ actually reached is {self.achieved_delta:.3g}")
+                    f"required for δ={self.delta:g}: the δ actually reached is {self.achieved_delta:.4g}")
         else:
             head = (f"equivalent: {self.trials} of {format_count(self.required_trials)} required trials passed, "
                     f"false-accept probability ≤ {self.achieved_delta:.3g} (δ={self.delta:g})")
@@ -164,6 +165,20 @@ class EquivalenceResult:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
+Evaluator = Callable[[Any, list[Any]], list[Any]]
+
+
+def _evaluator(obj: Any) -> Evaluator:
+    """``obj.evaluate``; for a µGraph, validated once here instead of on every batch."""
+    from gensorage.ugraph import KernelGraph
+    from gensorage.ugraph.evaluate import evaluate
+
+    if isinstance(obj, KernelGraph):
+        obj.validate()
+        return lambda arith, values: evaluate(obj, arith, values, check=False)
+    return lambda arith, values: list(obj.evaluate(arith, values))
+
+
 def _input_shapes(obj: Any, label: str) -> list[tuple[int, ...]]:
     if not hasattr(obj, "inputs") or not callable(getattr(obj, "evaluate", None)):
         raise VerificationError(f"{label} is not a program or µGraph (got {type(obj).__name__})")
@@ -178,9 +193,9 @@ def _check_inputs(sa: list[tuple[int, ...]], sb: list[tuple[int, ...]]) -> None:
             raise VerificationError(f"input {i} has shape {list(x)} on one side and {list(y)} on the other")
 
 
-def _bounds(obj: Any, label: str, arith: BoundsArith, shapes: list[tuple[int, ...]]) -> list[BoundValue]:
+def _bounds(run: Evaluator, label: str, arith: BoundsArith, shapes: list[tuple[int, ...]]) -> list[BoundValue]:
     try:
-        return list(obj.evaluate(arith, [arith.variable(s) for s in shapes]))
+        return run(arith, [arith.variable(s) for s in shapes])
     except NotLaxError as exc:
         raise NotLaxError(f"{label}: {exc}") from None
 
@@ -224,26 +239,27 @@ def plan(a: Any, b: Any, delta: float = 1e-9, *, p: int = DEFAULT_P, q: int = DE
     Raises :class:`~gensorage.errors.NotLaxError` when either side is outside the Lax fragment and
     :class:`~gensorage.errors.VerificationError` when the inputs or outputs do not correspond.
     """
-    result = _prepare(a, b, delta, p, q)
+    sa, sb = _input_shapes(a, "A"), _input_shapes(b, "B")
+    _check_inputs(sa, sb)
+    result = _prepare(_evaluator(a), _evaluator(b), sa, delta, p, q)
     if isinstance(result, str):
         raise VerificationError(result)
     return result[0]
 
 
-def _prepare(a: Any, b: Any, delta: float, p: int, q: int) -> tuple[TrialPlan, int, list[tuple[int, ...]]] | str:
-    """(plan, elements per trial, input shapes), or the reason the outputs cannot be equal."""
-    sa, sb = _input_shapes(a, "A"), _input_shapes(b, "B")
-    _check_inputs(sa, sb)
+def _prepare(run_a: Evaluator, run_b: Evaluator, shapes: list[tuple[int, ...]], delta: float, p: int,
+             q: int) -> tuple[TrialPlan, int] | str:
+    """(plan, elements per trial), or the reason the outputs cannot be equal."""
     arith = BoundsArith()
-    oa = _bounds(a, "A", arith, sa)
-    ob = _bounds(b, "B", arith, sb)
+    oa = _bounds(run_a, "A", arith, shapes)
+    ob = _bounds(run_b, "B", arith, shapes)
     mismatch = _output_mismatch(oa, ob)
     if mismatch is not None:
         return mismatch
     diff = _worst([difference(x.bound, y.bound) for x, y in zip(oa, ob, strict=True)])
     trial_plan = plan_trials(diff, delta, p, q, divisor_degree_p=arith.divisor_degree_p,
                              divisor_degree_q=arith.divisor_degree_q, notes=_notes(arith))
-    return trial_plan, arith.total_numel, sa
+    return trial_plan, arith.total_numel
 
 
 def _counterexample(arith: FieldArith, oa: FieldValue, ob: FieldValue, output: int, t: int,
@@ -312,15 +328,18 @@ def equivalent(
         raise VerificationError(f"batch must be at least 1, got {batch}")
     if seed is None:
         seed = int(np.random.SeedSequence().entropy) % (1 << 63)  # type: ignore[arg-type]
-    prepared = _prepare(a, b, delta, p, q)
+    shapes = _input_shapes(a, "A")
+    _check_inputs(shapes, _input_shapes(b, "B"))
+    run_a, run_b = _evaluator(a), _evaluator(b)
+    prepared = _prepare(run_a, run_b, shapes, delta, p, q)
     if isinstance(prepared, str):
         return EquivalenceResult(False, 0, 0, p, q, delta, 1.0, 0, 0, 0, time.perf_counter() - start,
                                  reason=prepared, seed=seed)
-    trial_plan, numel, shapes = prepared
+    trial_plan, numel = prepared
     target = trial_plan.required if max_trials is None else min(trial_plan.required, max_trials)
     full = batch or max(1, min(MAX_BATCH, BATCH_BYTES // max(1, numel * _BYTES_PER_ELEMENT)))
     rng = np.random.default_rng(seed)
-    keys = {k: int(rng.integers(0, 2**63)) for k in ACTIVATION_KINDS}
+    keys: dict[str, int] = {k: int(rng.integers(0, 2**63)) for k in ACTIVATION_KINDS}
     passed = degenerate = 0
     size = min(FIRST_BATCH, full) if batch is None else full
 
@@ -337,7 +356,7 @@ def equivalent(
         size = full
         arith = FieldArith(n, rng, p=p, q=q, keys=keys)
         inputs = [arith.random_input(s) for s in shapes]
-        oa, ob = a.evaluate(arith, inputs), b.evaluate(arith, inputs)
+        oa, ob = run_a(arith, inputs), run_b(arith, inputs)
         valid = ~arith.degenerate
         for i, (x, y) in enumerate(zip(oa, ob, strict=True)):
             bad = ~arith.equal(x, y) & valid

@@ -9,7 +9,8 @@ not be counted as a miss of the verifier).
 Operators: swap two inputs of a non-commutative op or of a graph-defined kernel; change an imap, fmap or omap
 entry; change a reduction dim; drop an op (its readers read its input); add an op (before an output or a saver,
 or at the end of a thread graph); change a repeat factor or dim; change a scale factor; permute a reshape
-target; change a concat dim.
+target; change a concat dim. Most
+changes of a size-changing attribute give an invalid graph and are discarded; what remains is the test set.
 """
 
 from __future__ import annotations
@@ -96,13 +97,21 @@ def _set_block_node(g: KernelGraph, k: int, j: int, new: BlockNode) -> KernelGra
     return _set_block(g, k, dataclasses.replace(node.block, nodes=nodes[:j] + (new,) + nodes[j + 1 :]))
 
 
+def _thread_graph(g: KernelGraph, k: int, j: int) -> ThreadGraph:
+    node = g.ops[k]
+    assert isinstance(node, GraphDefinedOp)
+    tg = node.block.nodes[j]
+    assert isinstance(tg, ThreadGraph)
+    return tg
+
+
 def _set_op(g: KernelGraph, loc: Loc, new: Any) -> KernelGraph:
     if loc[0] == "kernel":
         return _set_kernel(g, loc[1], new)
     if loc[0] == "block":
         return _set_block_node(g, loc[1], loc[2], new)
     _, k, j, t = loc
-    tg = g.ops[k].block.nodes[j]  # type: ignore[union-attr]
+    tg = _thread_graph(g, k, j)
     return _set_block_node(g, k, j, dataclasses.replace(tg, ops=tg.ops[:t] + (new,) + tg.ops[t + 1 :]))
 
 
@@ -213,16 +222,20 @@ def _op_input_ndim(g: KernelGraph, loc: Loc, node: Any) -> int:
 
 
 def change_repeat(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
-    """Repeat by another factor, or along another dim."""
+    """Repeat by another factor or along another dim, or tile instead (the copies concatenated whole, not
+    interleaved: the classic GQA head-mapping mistake)."""
     sites = _attr_sites(g, Op.REPEAT)
     if not sites:
         return None
     loc, node = rng.choice(sites)
-    if rng.random() < 0.5:
-        times = attr(node.attrs, "times")
+    times, dim = attr(node.attrs, "times"), attr(node.attrs, "dim")
+    how = rng.randrange(3)
+    if how == 0 and times > 1 and loc[0] != "thread":
+        return _set_op(g, loc, dataclasses.replace(node, op=Op.CONCAT, inputs=(node.inputs[0],) * times,
+                                                   attrs=freeze_attrs({"dim": dim})))
+    if how == 1:
         return _set_op(g, loc, _with_attr(node, "times", _other(rng, times, [1, 2, times + 1, max(1, times - 1)])))
-    ndim = _op_input_ndim(g, loc, node)
-    value = _other(rng, attr(node.attrs, "dim"), range(ndim))
+    value = _other(rng, dim, range(_op_input_ndim(g, loc, node)))
     return None if value is None else _set_op(g, loc, _with_attr(node, "dim", value))
 
 
@@ -281,7 +294,7 @@ def drop_op(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
         nodes = tuple(_retarget_block(n, j, src) for n in block.nodes)
         return _set_block(g, k, dataclasses.replace(block, nodes=nodes))
     _, k, j, t = loc
-    tg = g.ops[k].block.nodes[j]  # type: ignore[union-attr]
+    tg = _thread_graph(g, k, j)
     me = len(tg.inputs) + t
     ops = tuple(dataclasses.replace(o, inputs=_redirect(o.inputs, me, src)) for o in tg.ops)
     return _set_block_node(g, k, j, ThreadGraph(tg.inputs, ops, _redirect(tg.outputs, me, src)))

@@ -1,0 +1,376 @@
+"""Block-graph generation (Algorithm 1, ``GenerateNextBlockOperator``) for the graph-defined operator in progress.
+
+The children of a block-level search node are, in this order:
+
+1. *finishing* the block graph — once every input iterator is used and every tensor is consumed except the ones
+   to save (all after the for-loop when there is one), one output saver per unconsumed tensor, for every
+   assignment of the grid dims to output dims (omap); this adds the graph-defined operator to the kernel graph;
+2. a new compute operator (every variant of the op set on every input tuple) in increasing canonical rank;
+3. a for-loop accumulator (sum, or concatenation along a dim) of a loop-body tensor, also in rank order.
+
+Partitions are chosen lazily: an input iterator's imap (grid dim -> data dim or replica), fmap (loop -> data
+dim or none) and, when first needed, a grid dim's size or the for-loop trip count are chosen when an operator
+first reads the iterator, among the choices that give a valid tile. This enumerates the same set of
+(imap, fmap, block graph) combinations as choosing them all up front (Mirage's order), but a wrong partition
+dies at the operator that reads it instead of being carried through every block graph.
+
+Restrictions of the space, each removing only µGraphs a kept one dominates (see ``docs/search.md``): a grid dim
+partitions at least one input (else all its blocks compute the same tile); one input dim is split by at most one
+grid dim (two nested splits are one split of the product size); grid dims are ordered by their imap signature
+(permuting grid dims permutes blocks, not results); an accumulator's input varies across iterations (depends on
+an fmap'd iterator; summing a loop-invariant tile only multiplies it by the trip count).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from gensorage import opset
+from gensorage.exhaustive.opcatalog import COMMUTATIVE, OpVariant, out_shape
+from gensorage.exhaustive.rank import ACCUMULATOR_CODE, GRAPH_DEFINED_CODE, follows, rank_key
+from gensorage.exhaustive.schedule_sizes import size_candidates
+from gensorage.exhaustive.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, numel
+from gensorage.opset import Shape
+from gensorage.ugraph.evaluate import run_block_graph
+from gensorage.ugraph.ir import (
+    Accumulator,
+    BlockGraph,
+    BlockNode,
+    BlockOp,
+    GraphDefinedOp,
+    InputIterator,
+    OutputSaver,
+    Ref,
+)
+from gensorage.ugraph.validate import dtype_bytes
+
+if TYPE_CHECKING:
+    from gensorage.exhaustive.generator import Search
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """One way to partition an input: its maps, its tile, and the sizes it chooses (grid dims, trip count)."""
+
+    imap: tuple[int | None, ...]
+    fmap: int | None
+    tile: Shape
+    new_grid: tuple[tuple[int, int], ...]  # (grid dim, size) chosen by this binding
+    new_forloop: int | None
+
+
+@lru_cache(maxsize=64)
+def imap_choices(ndim: int, r: int) -> tuple[tuple[int | None, ...], ...]:
+    """Every imap of an ``ndim``-d input on an ``r``-d grid (replica first; one data dim per grid dim at most)."""
+    opts: tuple[int | None, ...] = (None, *range(ndim))
+    out = []
+    for imap in itertools.product(opts, repeat=r):
+        dims = [d for d in imap if d is not None]
+        if len(dims) == len(set(dims)):
+            out.append(imap)
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def omap_choices(ndim: int, r: int) -> tuple[tuple[int, ...], ...]:
+    """Every omap: an injective map of the ``r`` grid dims to output dims."""
+    return tuple(itertools.permutations(range(ndim), r))
+
+
+def block_children(s: Search) -> Iterator[None]:
+    """The children of a block-level node (see the module docstring); each is applied while it is yielded."""
+    yield from _finish(s)
+    b = s.state.block
+    assert b is not None
+    if b.n_ops < s.spec.max_block_ops:
+        yield from _operators(s, b)
+    if b.looped and b.forloop is not None:
+        yield from _accumulators(s, b)
+
+
+# ------------------------------------------------------------------------------------------ bindings
+
+
+def _bindings(s: Search, b: BlockBuild, i: int) -> Iterator[Binding]:
+    shape = s.state.shape[b.inputs[i]]
+    mode = s.spec.schedule
+    for imap in imap_choices(len(shape), b.r):
+        unknown = [g for g in range(b.r) if imap[g] is not None and b.grid[g] is None]
+        if any(imap[g] is not None and b.grid[g] is not None and shape[imap[g]] % b.grid[g]  # type: ignore[index,operator]
+               for g in range(b.r)):
+            continue
+        choices = [size_candidates(shape[imap[g]], mode) for g in unknown]  # type: ignore[index]
+        for sizes in itertools.product(*choices):
+            chosen = dict(zip(unknown, sizes, strict=True))
+            tile = list(shape)
+            for g, d in enumerate(imap):
+                if d is not None:
+                    tile[d] //= chosen.get(g) or b.grid[g]  # type: ignore[operator]
+            new_grid = tuple(chosen.items())
+            yield Binding(imap, None, tuple(tile), new_grid, None)
+            if not b.looped:
+                continue
+            for d in range(len(tile)):
+                if tile[d] < 2:
+                    continue
+                if b.forloop is not None:
+                    if tile[d] % b.forloop == 0:
+                        yield Binding(imap, d, _split(tile, d, b.forloop), new_grid, None)
+                    continue
+                for f in size_candidates(tile[d], mode):
+                    yield Binding(imap, d, _split(tile, d, f), new_grid, f)
+
+
+def _split(tile: list[int], d: int, parts: int) -> Shape:
+    out = list(tile)
+    out[d] //= parts
+    return tuple(out)
+
+
+def _apply_binding(s: Search, b: BlockBuild, i: int, bd: Binding) -> None:
+    for g, size in bd.new_grid:
+        b.grid[g] = size
+    if bd.new_forloop is not None:
+        b.forloop = bd.new_forloop
+    b.imap[i] = bd.imap
+    b.fmap[i] = bd.fmap
+    b.shape[i] = bd.tile
+    value = s.state.val[b.inputs[i]]
+    for g, d in enumerate(bd.imap):
+        if d is not None:
+            value = EXPR.slice(value, d, 0, value.shape[d] // b.grid[g])  # type: ignore[operator]
+    if bd.fmap is not None:
+        value = EXPR.slice(value, bd.fmap, 0, bd.tile[bd.fmap])
+    b.val[i] = value
+    b.fdep[i] = bd.fmap is not None
+    b.smem += numel(bd.tile) * dtype_bytes(b.dtype[i])
+
+
+def _undo_binding(b: BlockBuild, i: int, bd: Binding) -> None:
+    b.smem -= numel(bd.tile) * dtype_bytes(b.dtype[i])
+    for g, _ in bd.new_grid:
+        b.grid[g] = None
+    if bd.new_forloop is not None:
+        b.forloop = None
+    b.imap[i] = None
+    b.fmap[i] = None
+    b.shape[i] = None
+    b.val[i] = None
+    b.fdep[i] = False
+
+
+def grid_order_ok(b: BlockBuild, complete: bool) -> bool:
+    """Grid dims in increasing order of their imap signatures over the inputs bound so far (in input order)."""
+    if b.r == 1:
+        return True
+    k = 0
+    while k < len(b.inputs) and b.imap[k] is not None:
+        k += 1
+    sigs = [tuple(-1 if b.imap[i][g] is None else b.imap[i][g] for i in range(k)) for g in range(b.r)]  # type: ignore[index,misc]
+    for g in range(b.r - 1):
+        if sigs[g] > sigs[g + 1] or (complete and sigs[g] == sigs[g + 1]):
+            return False
+    return True
+
+
+def _bind_all(s: Search, b: BlockBuild, pending: tuple[int, ...]) -> Iterator[None]:
+    """Bind every iterator in ``pending`` in turn (all combinations); yields with all of them bound."""
+    if not pending:
+        yield
+        return
+    i = pending[0]
+    limit = s.hw.shared_mem_per_block
+    for bd in _bindings(s, b, i):
+        _apply_binding(s, b, i, bd)
+        try:
+            if b.smem > limit:
+                s.counters.pruned_memory += 1
+            elif not s.spec.canonical or grid_order_ok(b, complete=False):
+                yield from _bind_all(s, b, pending[1:])
+        finally:
+            _undo_binding(b, i, bd)
+
+
+# ----------------------------------------------------------------------------------------- operators
+
+
+def input_tuples(v: OpVariant, n: int, low: int) -> Iterator[tuple[int, ...]]:
+    """Input tuples whose largest index is at least ``low`` (the canonical rank can only grow)."""
+    if v.arity == 1:
+        for a in range(low, n):
+            yield (a,)
+        return
+    for hi in range(low, n):
+        for lo in range(hi + 1):
+            yield (lo, hi)
+            if lo != hi and v.op not in COMMUTATIVE:
+                yield (hi, lo)
+
+
+def _operators(s: Search, b: BlockBuild) -> Iterator[None]:
+    n = len(b.shape)
+    last = b.keys[-1] if b.keys else None
+    low = last[0][0] if (last is not None and s.spec.canonical) else 0
+    counters = s.counters
+    limit = s.hw.shared_mem_per_block
+    for v in s.variants:
+        for ins in input_tuples(v, n, low):
+            key = rank_key(ins, v.code)
+            if s.spec.canonical and not follows(last, key):
+                continue
+            post = b.post[ins[0]]
+            if any(b.post[i] != post for i in ins):
+                continue
+            pending = tuple(i for i in dict.fromkeys(ins) if b.shape[i] is None)
+            binder = _bind_all(s, b, pending)
+            try:
+                for _ in binder:
+                    shapes = [b.shape[i] for i in ins]
+                    out = out_shape(v, shapes)  # type: ignore[arg-type]
+                    if out is None:
+                        counters.pruned_shape += 1
+                        continue
+                    value = opset.apply(v.op, EXPR, [b.val[i] for i in ins], v.attrs)
+                    if s.spec.prune and b.exact and not s.oracle.is_subexpr(value.term):
+                        counters.pruned_expr += 1
+                        continue
+                    if b.smem + numel(out) * dtype_bytes(b.dtype[ins[0]]) > limit:
+                        counters.pruned_memory += 1
+                        continue
+                    s.state.push_block(BlockOpRec(v, ins), key, out, value, post, any(b.fdep[i] for i in ins))
+                    try:
+                        yield
+                    finally:
+                        s.state.pop_block()
+            finally:
+                binder.close()
+
+
+def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
+    last = b.keys[-1] if b.keys else None
+    low = last[0][0] if (last is not None and s.spec.canonical) else 0
+    forloop = b.forloop
+    assert forloop is not None
+    limit = s.hw.shared_mem_per_block
+    for j in range(low, len(b.shape)):
+        shape = b.shape[j]
+        if shape is None or b.post[j] or not b.fdep[j]:
+            continue
+        for fmap in (None, *range(len(shape))):
+            key = rank_key((j,), ACCUMULATOR_CODE, (-1 if fmap is None else fmap,))
+            if s.spec.canonical and not follows(last, key):
+                continue
+            x = b.val[j]
+            assert x is not None
+            if fmap is None:
+                value = None
+                for _ in range(forloop):
+                    value = EXPR.accumulate(value, x, "sum")
+                out = shape
+            else:
+                value = EXPR.concat([x] * forloop, fmap)
+                out = shape[:fmap] + (shape[fmap] * forloop,) + shape[fmap + 1:]
+            assert value is not None
+            if s.spec.prune and b.exact and not s.oracle.is_subexpr(value.term):
+                s.counters.pruned_expr += 1
+                continue
+            if b.smem + numel(out) * dtype_bytes(b.dtype[j]) > limit:
+                s.counters.pruned_memory += 1
+                continue
+            s.state.push_block(AccumRec(j, fmap), key, out, value, True, False)
+            try:
+                yield
+            finally:
+                s.state.pop_block()
+
+
+# ------------------------------------------------------------------------------------------ finishing
+
+
+def block_nodes(b: BlockBuild) -> list[BlockNode]:
+    """Iterators and operators of the block graph in progress (no savers)."""
+    nodes: list[BlockNode] = [InputIterator(i, b.imap[i], b.fmap[i]) for i in range(len(b.inputs))]  # type: ignore[arg-type]
+    for rec in b.recs:
+        if isinstance(rec, BlockOpRec):
+            nodes.append(BlockOp(rec.variant.op, tuple(Ref(i) for i in rec.inputs), rec.variant.attrs))
+        else:
+            nodes.append(Accumulator(Ref(rec.input), "sum", rec.fmap))
+    return nodes
+
+
+def finishable(s: Search, b: BlockBuild) -> list[int] | None:
+    """The tensors the block graph would save if finished now, or None when it cannot finish yet."""
+    m = len(b.inputs)
+    if b.n_ops == 0 or any(b.shape[i] is None or b.uses[i] == 0 for i in range(m)):
+        return None
+    if any(g is None for g in b.grid):
+        return None  # a grid dim no input partitions
+    if s.spec.canonical and not grid_order_ok(b, complete=True):
+        return None
+    outs = [j for j in range(m, len(b.shape)) if b.uses[j] == 0]
+    if not 1 <= len(outs) <= s.spec.max_block_outputs:
+        return None
+    if b.looped and not all(b.post[j] for j in outs):
+        return None
+    return outs
+
+
+def _finish(s: Search) -> Iterator[None]:
+    st = s.state
+    b = st.block
+    assert b is not None
+    outs = finishable(s, b)
+    if outs is None:
+        return
+    nodes = block_nodes(b)
+    grid = tuple(g for g in b.grid if g is not None)
+    forloop = b.forloop or 1
+    refs = tuple(st.ref[t] for t in b.inputs)
+    for omaps in itertools.product(*(omap_choices(len(b.shape[j]), b.r) for j in outs)):  # type: ignore[arg-type]
+        savers = [OutputSaver(Ref(j), om) for j, om in zip(outs, omaps, strict=True)]
+        block = BlockGraph(grid, forloop, (*nodes, *savers))
+        key = rank_key(b.inputs, GRAPH_DEFINED_CODE, repr(block))
+        if s.spec.canonical and not follows(st.last_key, key):
+            continue
+        results = _outputs(s, b, block, outs, omaps)
+        if results is None:
+            continue
+        st.close_block()
+        st.push_kernel(GraphDefinedOp(block, refs), key, b.inputs, results)
+        try:
+            yield
+        finally:
+            st.pop_kernel(b.inputs)
+            st.block = b
+
+
+def _outputs(s: Search, b: BlockBuild, block: BlockGraph, outs: list[int],
+             omaps: tuple[tuple[int, ...], ...]) -> list[tuple[Shape, str, object]] | None:
+    """(shape, dtype, expression) of each kernel tensor the finished block graph writes, or None if pruned."""
+    st = s.state
+    values = []
+    if b.exact:
+        for j, om in zip(outs, omaps, strict=True):
+            v = b.val[j]
+            assert v is not None
+            for g, d in enumerate(om):
+                v = EXPR.concat([v] * block.grid[g], d)
+            values.append(v)
+    else:  # a concatenated input: blocks see different pieces, so evaluate them all
+        values = run_block_graph(EXPR, block, [st.val[t] for t in b.inputs])
+    if s.spec.prune and not all(s.oracle.is_subexpr(v.term) for v in values):
+        s.counters.pruned_expr += 1
+        return None
+    added = sum(numel(v.shape) * dtype_bytes(b.dtype[j]) for v, j in zip(values, outs, strict=True))
+    if st.dram + added > s.hw.dram_bytes:
+        s.counters.pruned_memory += 1
+        return None
+    return [(v.shape, b.dtype[j], v) for v, j in zip(values, outs, strict=True)]
+
+
+__all__ = ["Binding", "block_children", "block_nodes", "finishable", "grid_order_ok", "imap_choices",
+           "omap_choices"]

@@ -1,0 +1,263 @@
+"""Mirage's expression-guided µGraph generator (Algorithm 1) as independent, replayable tasks.
+
+The search is a depth-first walk of a tree whose nodes are µGraph prefixes: kernel-level nodes (a kernel graph;
+children from :mod:`.kernel_level`) and block-level nodes (a kernel graph plus the block graph of a
+graph-defined operator in progress; children from :mod:`.block_level`). Children are generated in a fixed order,
+so a node is named by its *path*, the ordinals of the children taken from the root. That makes the search
+splittable: :func:`enumerate_tasks` expands the tree to a small depth and names every node there (plus complete
+µGraphs above it) as a :class:`~.results.Task`; :func:`run_task` replays a task's path and walks its subtree.
+A task's result depends only on the spec and the task (a fresh oracle and caches per task), whichever process
+runs it, so the runner may run tasks in parallel, stop, and resume.
+
+Every complete kernel graph (its unconsumed tensors have the program's output shapes) goes through
+:func:`.finalize.finalize`: thread-graph fusion, verification, sizes, float test, cost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from gensorage.exhaustive.abstract_expr import Term, expr_of
+from gensorage.exhaustive.block_level import block_children
+from gensorage.exhaustive.finalize import finalize
+from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children, kernel_graph
+from gensorage.exhaustive.opcatalog import catalog, out_shape
+from gensorage.exhaustive.oracle import SubexprOracle
+from gensorage.exhaustive.results import Candidate, SearchResult, Stats, Task, TaskResult, ugraph_key
+from gensorage.exhaustive.search_state import SearchState
+from gensorage.exhaustive.spec import SearchSpec
+from gensorage.hw import load_profile
+
+TARGET_TASKS = 96  # enumerate_tasks splits deeper until it has at least this many tasks ...
+MAX_SPLIT_DEPTH = 3  # ... or reaches this depth
+POLL_EVERY = 128  # states between should_stop / progress checks
+PROGRESS_EVERY_S = 0.5
+ORACLE_TIMEOUT_MS = 2000
+
+
+@dataclass(slots=True)
+class Counters:
+    """The search's own counters (the oracle keeps its own)."""
+
+    states: int = 0
+    pruned_expr: int = 0
+    pruned_shape: int = 0
+    pruned_memory: int = 0
+    verified: int = 0
+    rejected: int = 0
+    unstable: int = 0
+
+
+class _Stopped(Exception):
+    """``should_stop`` asked the walk to end."""
+
+
+def _term_vars(terms: Sequence[Term]) -> frozenset[str]:
+    return frozenset(t.name for term in terms for t in term.subterms() if t.op == "var")
+
+
+class Search:
+    """One walk of (part of) the search tree of ``spec``; see the module docstring."""
+
+    def __init__(self, spec: SearchSpec) -> None:
+        self.spec = spec
+        self.hw = load_profile(spec.hw)
+        program = spec.program
+        self.targets = expr_of(program)
+        self.oracle = SubexprOracle(self.targets, ORACLE_TIMEOUT_MS)
+        self.target_nfs = [self.oracle.canon.nf(t) for t in self.targets]
+        self.state = SearchState(program, self.hw)
+        self.variants = catalog(program, spec.op_types)
+        self.out_shape = out_shape
+        self.output_shapes = [t.shape for t in program.outputs]
+        used = _term_vars(self.targets)
+        self.required_inputs = [i for i, t in enumerate(program.inputs) if t.name in used]
+        self.counters = Counters()
+        self.construct_cache: dict[str, tuple[float, ...] | None] = {}
+        self.sized_structures: set[str] = set()
+        self.candidates: list[Candidate] = []
+        self.task_index = -1
+        self.path: tuple[int, ...] = ()
+        self.subtree = True
+        self.should_stop: Callable[[], bool] = lambda: False
+        self.on_progress: Callable[[Stats], None] | None = None
+        self._next_progress = 0.0
+
+    # ------------------------------------------------------------------ the tree
+
+    def children(self) -> Iterator[None]:
+        """The current node's children; each is applied to the state while the generator is suspended on it."""
+        return kernel_children(self) if self.state.block is None else block_children(self)
+
+    def expr_equal(self, tensors: Sequence[int]) -> bool:
+        """Whether the tensors' expressions equal the program outputs' under ``A_eq`` (equal normal forms)."""
+        canon = self.oracle.canon
+        return all(canon.nf(self.state.val[t].term) is nf for t, nf in zip(tensors, self.target_nfs, strict=True))
+
+    def stats(self) -> Stats:
+        c, o = self.counters, self.oracle
+        return Stats(states=c.states, pruned_expr=c.pruned_expr, pruned_shape=c.pruned_shape,
+                     pruned_memory=c.pruned_memory, solver_queries=o.queries, cache_hits=o.cache_hits,
+                     solver_timeouts=o.timeouts, verified=c.verified, rejected=c.rejected, unstable=c.unstable)
+
+    # ------------------------------------------------------------------ walking
+
+    def visit(self, depth: int = 0) -> None:
+        """Walk the subtree of the current node; nodes on the replayed path above the task are not counted."""
+        path = self.path
+        if depth >= len(path):
+            self._tick()
+            if self.state.block is None:
+                self._emit()
+            if depth == len(path) and not self.subtree:
+                return
+        children = self.children()
+        try:
+            for i, _ in enumerate(children):
+                if depth < len(path):
+                    if i == path[depth]:
+                        self.visit(depth + 1)
+                        return
+                    continue
+                self.visit(depth + 1)
+        finally:
+            children.close()
+
+    def _tick(self) -> None:
+        c = self.counters
+        c.states += 1
+        if c.states % POLL_EVERY:
+            return
+        if self.should_stop():
+            raise _Stopped
+        if self.on_progress is not None:
+            now = time.monotonic()
+            if now >= self._next_progress:
+                self._next_progress = now + PROGRESS_EVERY_S
+                self.on_progress(self.stats())
+
+    def _emit(self) -> None:
+        for tensors in complete_outputs(self):
+            if self.spec.expr_filter and not self.expr_equal(tensors):
+                continue
+            g = kernel_graph(self, tuple(self.state.ref[t] for t in tensors))
+            cand = finalize(self, g, self.task_index)
+            if cand is not None:
+                self.candidates.append(cand)
+
+    def collect(self, depth: int, split: int, prefix: list[int], out: list[tuple[tuple[int, ...], bool]]) -> None:
+        """Append the task paths of the subtree: nodes at depth ``split``, complete µGraphs above it."""
+        if depth == split:
+            out.append((tuple(prefix), True))
+            return
+        if self.state.block is None and complete_outputs(self):
+            out.append((tuple(prefix), False))
+        children = self.children()
+        try:
+            for i, _ in enumerate(children):
+                prefix.append(i)
+                self.collect(depth + 1, split, prefix, out)
+                prefix.pop()
+        finally:
+            children.close()
+
+
+# ================================================================================================ the API
+
+
+def enumerate_tasks(spec: SearchSpec) -> list[Task]:
+    """The search split into independent tasks, deterministically (same spec, same list, in every process).
+
+    The tree is expanded one level at a time until there are at least ``TARGET_TASKS`` nodes at the split depth
+    or the depth reaches ``MAX_SPLIT_DEPTH``; each node there is a task covering its subtree, and each complete
+    µGraph above it a task covering just itself. Together they cover the whole search exactly once.
+    """
+    paths: list[tuple[tuple[int, ...], bool]] = []
+    for split in range(1, MAX_SPLIT_DEPTH + 1):
+        paths = []
+        Search(spec).collect(0, split, [], paths)
+        if sum(1 for _, sub in paths if sub) >= TARGET_TASKS:
+            break
+    return [Task(i, p, sub) for i, (p, sub) in enumerate(paths)]
+
+
+def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = lambda: False,
+             on_progress: Callable[[Stats], None] | None = None) -> TaskResult:
+    """Search the subtree of ``task`` and verify every complete µGraph in it.
+
+    Parameters
+    ----------
+    spec : SearchSpec
+        The search.
+    task : Task
+        One of ``enumerate_tasks(spec)``.
+    should_stop : callable
+        Polled every few states; when it returns True the walk ends and the result has ``complete=False``.
+    on_progress : callable, optional
+        Called with the task's statistics so far, at most every ``PROGRESS_EVERY_S`` seconds.
+
+    Returns
+    -------
+    TaskResult
+        The candidates found (in discovery order), the statistics, and whether the subtree was finished. A
+        function of ``(spec, task)`` only, when complete.
+    """
+    s = Search(spec)
+    s.task_index = task.index
+    s.path = tuple(task.path)
+    s.subtree = task.subtree
+    s.should_stop = should_stop
+    s.on_progress = on_progress
+    try:
+        s.visit(0)
+        complete = True
+    except _Stopped:
+        complete = False
+    return TaskResult(task.index, tuple(s.candidates), s.stats(), complete)
+
+
+def rank_candidates(cands: Sequence[Candidate]) -> list[Candidate]:
+    """Candidates best first: by predicted time, then by the µGraph's structural key; duplicates dropped.
+
+    Two candidates with the same µGraph (found in different tasks) are one; the one from the lowest task stays.
+    """
+    keyed = sorted(((ugraph_key(c.ugraph), c) for c in cands), key=lambda kc: (kc[0], kc[1].found_in_task))
+    unique: dict[str, Candidate] = {}
+    for key, c in keyed:
+        unique.setdefault(key, c)
+    return [c for _, c in sorted(((k, c) for k, c in unique.items()), key=lambda kc: (kc[1].predicted_time_s, kc[0]))]
+
+
+def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> SearchResult:
+    """Run every task of ``spec`` in this process (no checkpoint); for tests and small searches.
+
+    With a time budget, the task running when it expires is stopped and the result has ``complete=False``.
+    """
+    start = time.monotonic()
+
+    def out_of_time() -> bool:
+        return time_budget_s is not None and time.monotonic() - start >= time_budget_s
+
+    tasks = enumerate_tasks(spec)
+    cands: list[Candidate] = []
+    stats = Stats()
+    complete = True
+    for task in tasks:
+        if out_of_time():
+            complete = False
+            break
+        res = run_task(spec, task, should_stop=out_of_time)
+        cands.extend(res.candidates)
+        stats = stats + res.stats
+        if not res.complete:
+            complete = False
+            break
+    return SearchResult(tuple(rank_candidates(cands)), stats, len(tasks), complete, time.monotonic() - start)
+
+
+__all__ = [
+    "Candidate", "SearchResult", "SearchSpec", "Stats", "Task", "TaskResult", "enumerate_tasks", "rank_candidates",
+    "run_task", "search_serial",
+]

@@ -1,0 +1,194 @@
+"""The operators the search may add, with every attribute it tries, and fast shape inference for them.
+
+An :class:`OpVariant` is an operator type with fixed attributes (``sum`` over dim 1, ``scale`` by 0.125, ...).
+Which variants exist is derived from the program (:func:`catalog`):
+
+- operator types: those the program uses, plus ``sum`` when it has a ``matmul`` (partial products reduced in
+  another kernel, split-K) and ``concat`` when it has a ``matmul`` and an ``add`` (``X W + Y B = (X‖Y)(W‖B)``,
+  LoRA); :attr:`SearchSpec.ops` overrides the set;
+- attributes that are sizes-free (``sum``'s dim, ``concat``'s dim) are tried on every dim; attributes that are
+  constants of the program (``scale`` factors, ``repeat`` counts, ``reshape`` targets, ``sum`` groups) are
+  taken from the program, since no other constant can appear in an equivalent µGraph of the op set.
+
+:func:`out_shape` is shape inference for a variant that returns None instead of raising: the search calls it
+for every candidate operator, where exceptions would dominate the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Attrs, Op, Shape, attr, freeze_attrs
+from gensorage.program import Program
+
+MAX_RANK = 8  # dims tried for dim-valued attributes (tensors of the op set have far fewer)
+
+# Operator types in the order the search tries them; the position is the "type" part of an operator's rank.
+TYPE_ORDER: tuple[Op, ...] = (
+    Op.MATMUL, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.EXP, Op.SQRT, Op.SCALE, Op.RELU, Op.SILU, Op.GELU, Op.SUM,
+    Op.REPEAT, Op.RESHAPE, Op.CONCAT,
+)
+COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
+
+
+@dataclass(frozen=True, slots=True)
+class OpVariant:
+    """An operator type with its attributes; ``code`` orders variants (the rank's type component)."""
+
+    op: Op
+    attrs: Attrs
+    arity: int
+    code: int
+
+
+def program_ops(program: Program) -> frozenset[Op]:
+    """Operator types the program's live nodes use."""
+    return frozenset(n.op for i in program.live_ids() if (n := program.nodes[i]).op is not None)
+
+
+def default_types(program: Program) -> frozenset[Op]:
+    """The operator types searched when the spec names none (see the module docstring)."""
+    used = set(program_ops(program))
+    if Op.MATMUL in used:
+        used.add(Op.SUM)
+        if Op.ADD in used:
+            used.add(Op.CONCAT)
+    return frozenset(used)
+
+
+def catalog(program: Program, types: Sequence[Op] | None = None) -> tuple[OpVariant, ...]:
+    """Every operator variant the search tries, in rank order of their types."""
+    allowed = frozenset(types) if types is not None else default_types(program)
+    nodes = [program.nodes[i] for i in program.live_ids() if program.nodes[i].op is not None]
+    out: list[OpVariant] = []
+
+    def add(op: Op, attrs: dict[str, object], arity: int) -> None:
+        out.append(OpVariant(op, freeze_attrs(attrs), arity, len(out)))
+
+    for op in TYPE_ORDER:
+        if op not in allowed:
+            continue
+        if op is Op.MATMUL or op in BINARY_ELEMENTWISE:
+            add(op, {}, 2)
+        elif op is Op.SCALE:
+            for f in sorted({float(attr(n.attrs, "factor")) for n in nodes if n.op is Op.SCALE}):
+                add(op, {"factor": f}, 1)
+        elif op in UNARY_ELEMENTWISE:
+            add(op, {}, 1)
+        elif op is Op.SUM:
+            _sum_variants(nodes, add)
+        elif op is Op.REPEAT:
+            for dim, times in sorted({(int(attr(n.attrs, "dim")), int(attr(n.attrs, "times")))
+                                      for n in nodes if n.op is Op.REPEAT}):
+                add(op, {"dim": dim, "times": times}, 1)
+        elif op is Op.RESHAPE:
+            for shape in sorted({tuple(attr(n.attrs, "shape")) for n in nodes if n.op is Op.RESHAPE}):
+                add(op, {"shape": shape}, 1)
+        elif op is Op.CONCAT:
+            for dim in range(MAX_RANK):
+                add(op, {"dim": dim}, 2)
+    return tuple(out)
+
+
+def _sum_variants(nodes: Sequence[object], add: object) -> None:
+    """Full reductions over every dim (keepdim), plus the program's own grouped / keepdim=False sums."""
+    extra: set[tuple[int, bool, int | None]] = set()
+    for n in nodes:
+        if getattr(n, "op", None) is Op.SUM:
+            a = n.attrs  # type: ignore[attr-defined]
+            keep, group = bool(attr(a, "keepdim", True)), attr(a, "group")
+            if not keep or group is not None:
+                extra.add((int(attr(a, "dim")), keep, group))
+    for dim in range(MAX_RANK):
+        add(Op.SUM, {"dim": dim, "keepdim": True}, 1)  # type: ignore[operator]
+    for dim, keep, group in sorted(extra, key=lambda e: (e[0], e[1], e[2] or 0)):
+        attrs: dict[str, object] = {"dim": dim, "keepdim": keep}
+        if group is not None:
+            attrs["group"] = group
+        add(Op.SUM, attrs, 1)  # type: ignore[operator]
+
+
+def broadcast(a: Shape, b: Shape) -> Shape | None:
+    """numpy broadcast of two shapes, or None."""
+    if a == b:
+        return a
+    na, nb = len(a), len(b)
+    n = max(na, nb)
+    out = [0] * n
+    for i in range(1, n + 1):
+        x = a[-i] if i <= na else 1
+        y = b[-i] if i <= nb else 1
+        if x != y and x != 1 and y != 1:
+            return None
+        out[n - i] = x if x != 1 else y
+    return tuple(out)
+
+
+def out_shape(v: OpVariant, shapes: Sequence[Shape]) -> Shape | None:
+    """Output shape of ``v`` on ``shapes``, or None when the op does not apply (same rules as ``opset``)."""
+    op = v.op
+    if op in UNARY_ELEMENTWISE:
+        return shapes[0]
+    if op in BINARY_ELEMENTWISE:
+        return broadcast(shapes[0], shapes[1])
+    if op is Op.MATMUL:
+        a, b = shapes
+        if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+            return None
+        batch = broadcast(a[:-2], b[:-2])
+        return None if batch is None else batch + (a[-2], b[-1])
+    if op is Op.SUM:
+        return _sum_shape(v.attrs, shapes[0])
+    if op is Op.REPEAT:
+        s = shapes[0]
+        dim, times = attr(v.attrs, "dim"), attr(v.attrs, "times")
+        return None if dim >= len(s) else s[:dim] + (s[dim] * times,) + s[dim + 1:]
+    if op is Op.RESHAPE:
+        new = attr(v.attrs, "shape")
+        return new if _numel(new) == _numel(shapes[0]) and new != shapes[0] else None
+    if op is Op.CONCAT:
+        a, b = shapes
+        dim = attr(v.attrs, "dim")
+        if dim >= len(a) or len(a) != len(b):
+            return None
+        if any(x != y for i, (x, y) in enumerate(zip(a, b, strict=True)) if i != dim):
+            return None
+        return a[:dim] + (a[dim] + b[dim],) + a[dim + 1:]
+    return None
+
+
+def _sum_shape(attrs: Attrs, s: Shape) -> Shape | None:
+    dim = attr(attrs, "dim")
+    if dim >= len(s) or s[dim] == 1:
+        return None  # summing a dim of one element is the identity
+    group = attr(attrs, "group")
+    if group is None or group == s[dim]:
+        return s[:dim] + ((1,) if attr(attrs, "keepdim", True) else ()) + s[dim + 1:]
+    if s[dim] % group:
+        return None
+    return s[:dim] + (s[dim] // group,) + s[dim + 1:]
+
+
+def _numel(s: Shape) -> int:
+    n = 1
+    for d in s:
+        n *= d
+    return n
+
+
+def flops(op: Op, in_shapes: Sequence[Shape], out: Shape) -> int:
+    """Floating-point operations of one application (2 per multiply-add of a matmul, 1 per element otherwise)."""
+    if op is Op.MATMUL:
+        return 2 * _numel(out) * in_shapes[0][-1]
+    if op in (Op.RESHAPE, Op.REPEAT, Op.CONCAT):
+        return 0
+    if op is Op.SUM:
+        return _numel(in_shapes[0])
+    return _numel(out)
+
+
+__all__ = [
+    "COMMUTATIVE", "MAX_RANK", "TYPE_ORDER", "OpVariant", "broadcast", "catalog", "default_types", "flops",
+    "out_shape", "program_ops",
+]

@@ -1,0 +1,114 @@
+"""The search core's result types: tasks, candidates, statistics (the runner's contract, all JSON-able)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from gensorage.ugraph.ir import KernelGraph
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Counters of a search (or of one task); ``a + b`` adds them field by field.
+
+    ``states``: search-tree nodes visited; ``pruned_expr``/``pruned_shape``/``pruned_memory``: operators
+    rejected by the abstract-expression test, by shape inference, by a memory limit; ``solver_queries``,
+    ``cache_hits``, ``solver_timeouts``: the subexpression oracle's counters; ``verified``: complete µGraphs
+    that passed the equivalence check, ``rejected``: ones that failed it, ``unstable``: verified ones the float
+    test rejected.
+    """
+
+    states: int = 0
+    pruned_expr: int = 0
+    pruned_shape: int = 0
+    pruned_memory: int = 0
+    solver_queries: int = 0
+    cache_hits: int = 0
+    solver_timeouts: int = 0
+    verified: int = 0
+    rejected: int = 0
+    unstable: int = 0
+
+    def __add__(self, other: Stats) -> Stats:
+        if not isinstance(other, Stats):
+            return NotImplemented
+        return Stats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Stats)))
+
+    def to_json(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(Stats)}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Stats:
+        names = {f.name for f in fields(Stats)}
+        return Stats(**{k: int(v) for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One independent subtree of the search: the node reached by ``path`` (child ordinals from the root).
+
+    ``subtree`` False means only that node itself (a complete µGraph above the split depth); True means the node
+    and everything below it.
+    """
+
+    index: int
+    path: tuple[int, ...]
+    subtree: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "path": list(self.path), "subtree": self.subtree}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Task:
+        return Task(int(data["index"]), tuple(int(i) for i in data["path"]), bool(data.get("subtree", True)))
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A verified µGraph with its predicted time on the spec's GPU and its equivalence-check summary."""
+
+    ugraph: KernelGraph
+    predicted_time_s: float
+    equivalence: dict[str, Any]
+    found_in_task: int
+
+    def structure_key(self) -> str:
+        """A stable hash of the µGraph's JSON (ties in the ranking are broken by it)."""
+        return ugraph_key(self.ugraph)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    """What :func:`~gensorage.exhaustive.generator.run_task` returns; ``complete`` False if it was stopped."""
+
+    task_index: int
+    candidates: tuple[Candidate, ...]
+    stats: Stats
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """What :func:`~gensorage.exhaustive.generator.search_serial` returns: ranked candidates, best first."""
+
+    candidates: tuple[Candidate, ...]
+    stats: Stats
+    tasks: int
+    complete: bool
+    elapsed_s: float
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+
+def ugraph_key(g: KernelGraph) -> str:
+    """sha256 of the canonical JSON of ``g`` (stable across processes and runs)."""
+    blob = json.dumps(g.to_json(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+__all__ = ["Candidate", "SearchResult", "Stats", "Task", "TaskResult", "ugraph_key"]

@@ -1,0 +1,188 @@
+"""The mutable state of the depth-first search: the kernel graph built so far and the block graph in progress.
+
+Everything is kept in parallel lists that operators are pushed onto and popped off (the search undoes every
+change on the way back up), so the inner loop allocates little: a candidate operator costs a rank comparison, a
+shape computation, one hash-consed expression and (mostly cached) oracle lookup before anything is pushed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gensorage.exhaustive.abstract_expr import var
+from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
+from gensorage.exhaustive.opcatalog import OpVariant
+from gensorage.exhaustive.rank import RankKey
+from gensorage.hw.profile import HwProfile
+from gensorage.opset import Shape
+from gensorage.program import Program
+from gensorage.ugraph.ir import KernelNode, Ref, TensorSpec
+from gensorage.ugraph.validate import dtype_bytes
+
+EXPR = ExprArith()
+
+
+def numel(shape: Shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@dataclass(slots=True)
+class BlockOpRec:
+    """A compute operator of the block graph in progress (``inputs`` are block tensor indices)."""
+
+    variant: OpVariant
+    inputs: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class AccumRec:
+    """A for-loop accumulator of block tensor ``input`` (``fmap`` None sums, a dim concatenates)."""
+
+    input: int
+    fmap: int | None
+
+
+@dataclass(slots=True)
+class BlockBuild:
+    """A graph-defined operator's block graph under construction.
+
+    Block tensors are indexed like block nodes: input iterators ``0 .. m-1`` (one per kernel input, in order),
+    then one per operator pushed. An iterator is *unbound* (imap/fmap not chosen, shape None) until an operator
+    first reads it; the grid sizes and the for-loop trip count are chosen when the first iterator that needs them
+    is bound (see :mod:`gensorage.exhaustive.block_level`).
+    """
+
+    inputs: tuple[int, ...]  # kernel tensor indices read by the iterators
+    r: int  # grid dims
+    looped: bool
+    grid: list[int | None]
+    forloop: int | None  # None: looped but not chosen yet
+    imap: list[tuple[int | None, ...] | None]
+    fmap: list[int | None]
+    shape: list[Shape | None]
+    val: list[ExprValue | None]
+    post: list[bool]  # after the for-loop (reads an accumulator)
+    fdep: list[bool]  # depends on an iterator with an fmap (varies across iterations)
+    uses: list[int]
+    dtype: list[str]
+    recs: list[BlockOpRec | AccumRec] = field(default_factory=list)
+    keys: list[RankKey] = field(default_factory=list)
+    n_ops: int = 0
+    smem: int = 0
+    exact: bool = True  # False when an input is a concatenation: the tile-0 expressions then under-approximate
+
+
+class SearchState:
+    """Kernel graph prefix (tensors, operators, ranks) plus the block graph in progress, if any."""
+
+    def __init__(self, program: Program, hw: HwProfile) -> None:
+        self.program = program
+        self.hw = hw
+        self.specs: tuple[TensorSpec, ...] = tuple(TensorSpec(t.name, t.shape, t.dtype) for t in program.inputs)
+        n = len(self.specs)
+        self.shape: list[Shape] = [s.shape for s in self.specs]
+        self.dtype: list[str] = [s.dtype for s in self.specs]
+        self.val: list[ExprValue] = [ExprValue(s.shape, var(s.name)) for s in self.specs]
+        self.uses: list[int] = [0] * n
+        self.ref: list[Ref] = [Ref(i) for i in range(n)]
+        self.ops: list[KernelNode] = []
+        self.op_keys: list[RankKey] = []
+        self.op_outputs: list[int] = []  # tensors each op produced
+        self.dram = sum(numel(s.shape) * dtype_bytes(s.dtype) for s in self.specs)
+        self.block: BlockBuild | None = None
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.specs)
+
+    @property
+    def last_key(self) -> RankKey | None:
+        return self.op_keys[-1] if self.op_keys else None
+
+    # ------------------------------------------------------------------ kernel level
+
+    def push_kernel(self, node: KernelNode, key: RankKey, inputs: tuple[int, ...],
+                    outs: list[tuple[Shape, str, ExprValue]]) -> None:
+        """Append kernel operator ``node`` reading tensors ``inputs`` and producing ``outs``."""
+        k = len(self.specs) + len(self.ops)
+        for i in inputs:
+            self.uses[i] += 1
+        for j, (shape, dtype, value) in enumerate(outs):
+            self.shape.append(shape)
+            self.dtype.append(dtype)
+            self.val.append(value)
+            self.uses.append(0)
+            self.ref.append(Ref(k, j))
+            self.dram += numel(shape) * dtype_bytes(dtype)
+        self.ops.append(node)
+        self.op_keys.append(key)
+        self.op_outputs.append(len(outs))
+
+    def pop_kernel(self, inputs: tuple[int, ...]) -> None:
+        for _ in range(self.op_outputs.pop()):
+            shape, dtype = self.shape.pop(), self.dtype.pop()
+            self.dram -= numel(shape) * dtype_bytes(dtype)
+            self.val.pop()
+            self.uses.pop()
+            self.ref.pop()
+        self.ops.pop()
+        self.op_keys.pop()
+        for i in inputs:
+            self.uses[i] -= 1
+
+    # ------------------------------------------------------------------ block level
+
+    def open_block(self, inputs: tuple[int, ...], r: int, looped: bool) -> BlockBuild:
+        m = len(inputs)
+        exact = all(self.val[i].layout is None for i in inputs)
+        self.block = BlockBuild(
+            inputs=inputs, r=r, looped=looped, grid=[None] * r, forloop=None if looped else 1,
+            imap=[None] * m, fmap=[None] * m, shape=[None] * m, val=[None] * m, post=[False] * m,
+            fdep=[False] * m, uses=[0] * m, dtype=[self.dtype[i] for i in inputs], exact=exact,
+        )
+        return self.block
+
+    def close_block(self) -> None:
+        self.block = None
+
+    def push_block(self, rec: BlockOpRec | AccumRec, key: RankKey, shape: Shape, value: ExprValue,
+                   post: bool, fdep: bool) -> None:
+        b = self.block
+        assert b is not None
+        ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
+        for i in ins:
+            b.uses[i] += 1
+        b.recs.append(rec)
+        b.keys.append(key)
+        b.shape.append(shape)
+        b.val.append(value)
+        b.post.append(post)
+        b.fdep.append(fdep)
+        b.uses.append(0)
+        b.dtype.append(b.dtype[ins[0]])
+        b.smem += numel(shape) * dtype_bytes(b.dtype[-1])
+        if isinstance(rec, BlockOpRec):
+            b.n_ops += 1
+
+    def pop_block(self) -> None:
+        b = self.block
+        assert b is not None
+        rec = b.recs.pop()
+        b.keys.pop()
+        shape = b.shape.pop()
+        b.val.pop()
+        b.post.pop()
+        b.fdep.pop()
+        b.uses.pop()
+        b.smem -= numel(shape) * dtype_bytes(b.dtype.pop())  # type: ignore[arg-type]
+        ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
+        for i in ins:
+            b.uses[i] -= 1
+        if isinstance(rec, BlockOpRec):
+            b.n_ops -= 1
+
+
+__all__ = ["EXPR", "AccumRec", "BlockBuild", "BlockOpRec", "SearchState", "numel"]

@@ -1,0 +1,147 @@
+"""What an exhaustive µGraph search is asked to do: :class:`SearchSpec` (program, GPU, limits, flags).
+
+A spec is data: frozen, JSON-able (:meth:`SearchSpec.to_json` / :meth:`SearchSpec.from_json`, the program kept as
+its ``.gsp`` text) and keyed by :meth:`SearchSpec.key`, a hash of that JSON, under which the runner's checkpoint is
+stored. Two specs with the same key describe the same search and produce the same result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from gensorage.errors import ConfigError
+from gensorage.opset import Op, parse_op
+from gensorage.program import Program, dump_program, parse_program
+
+ScheduleMode = Literal["markov", "enumerate"]
+SCHEDULE_MODES: tuple[str, ...] = ("markov", "enumerate")
+SPEC_FORMAT = "gensorage.search-spec"
+SPEC_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpec:
+    """An exhaustive µGraph search (Mirage Algorithm 1) of ``program`` for the GPU profile ``hw``.
+
+    Parameters
+    ----------
+    program : Program
+        The tensor program to superoptimise, at the shapes the search runs at (small "search shapes" keep
+        verification cheap). Compared and hashed through its ``.gsp`` text (``program_text``).
+    hw : str
+        Hardware profile name (``configs/hw/<hw>.toml``): memory limits and the cost model.
+    max_kernel_ops : int
+        Kernel operators per µGraph (pre-defined and graph-defined).
+    max_block_ops : int
+        Compute operators per block graph (iterators, accumulators and output savers are not counted).
+    max_block_inputs, max_block_outputs : int
+        Inputs (input iterators) and outputs (output savers) per block graph.
+    max_grid_dims : int
+        Grid dims of a block graph (1-3).
+    prune : bool
+        Abstract-expression pruning of every prefix (Mirage §4.3).
+    canonical : bool
+        Add operators only in increasing canonical rank, so each µGraph is generated once.
+    schedule : {"markov", "enumerate"}
+        How grid and for-loop sizes are chosen (see ``docs/search.md``).
+    seed : int
+        Seeds the Markov construction and the verification trials.
+    delta : float
+        Target false-accept probability of the equivalence check.
+    max_trials : int or None
+        Cap on verification trials per candidate (None: as many as ``delta`` needs; exp programs need millions).
+    expr_filter : bool
+        Send to verification only complete µGraphs whose output expression equals the program's under
+        ``A_eq`` (the µGraphs Theorem 1 is about); False verifies every complete µGraph, as Mirage does.
+    ops : tuple of str, optional
+        Operator types the search may use; None derives them from the program (see ``opcatalog``).
+    """
+
+    program: Program = field(compare=False, hash=False, repr=False)
+    hw: str = "h100"
+    max_kernel_ops: int = 2
+    max_block_ops: int = 5
+    max_block_inputs: int = 3
+    max_block_outputs: int = 2
+    max_grid_dims: int = 3
+    prune: bool = True
+    canonical: bool = True
+    schedule: ScheduleMode = "markov"
+    seed: int = 0
+    delta: float = 1e-9
+    max_trials: int | None = 64
+    expr_filter: bool = True
+    ops: tuple[str, ...] | None = None
+    program_text: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.program, Program):
+            raise ConfigError(f"search spec: program must be a Program, got {type(self.program).__name__}")
+        if not self.program.outputs:
+            raise ConfigError(f"search spec: program '{self.program.name}' has no outputs")
+        object.__setattr__(self, "program_text", _program_text(self.program))
+        for name in ("max_kernel_ops", "max_block_ops", "max_block_inputs", "max_block_outputs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"search spec: {name} must be a positive integer, got {value!r}")
+        if self.max_grid_dims not in (1, 2, 3):
+            raise ConfigError(f"search spec: max_grid_dims must be 1, 2 or 3, got {self.max_grid_dims!r}")
+        if self.schedule not in SCHEDULE_MODES:
+            raise ConfigError(f"search spec: schedule must be one of {', '.join(SCHEDULE_MODES)}, "
+                              f"got {self.schedule!r}")
+        if not 0.0 < float(self.delta) < 1.0:
+            raise ConfigError(f"search spec: delta must be in (0, 1), got {self.delta!r}")
+        if self.max_trials is not None and (isinstance(self.max_trials, bool) or self.max_trials < 1):
+            raise ConfigError(f"search spec: max_trials must be a positive integer or None, got {self.max_trials!r}")
+        if self.ops is not None:
+            object.__setattr__(self, "ops", tuple(sorted({parse_op(o).value for o in self.ops})))
+
+    @property
+    def op_types(self) -> tuple[Op, ...] | None:
+        """The requested operator types, or None to derive them from the program."""
+        return None if self.ops is None else tuple(Op(o) for o in self.ops)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict; :meth:`from_json` rebuilds an equal spec."""
+        out: dict[str, Any] = {"format": SPEC_FORMAT, "version": SPEC_VERSION, "program": self.program_text}
+        for f in fields(self):
+            if f.name in ("program", "program_text"):
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @staticmethod
+    def from_json(data: Any) -> SearchSpec:
+        """The spec of a :meth:`to_json` dict; a malformed one is a :class:`ConfigError`."""
+        if not isinstance(data, dict) or data.get("format") != SPEC_FORMAT:
+            raise ConfigError("search spec: not a gensorage search-spec document")
+        if data.get("version") != SPEC_VERSION:
+            raise ConfigError(f"search spec: unsupported version {data.get('version')!r} (expected {SPEC_VERSION})")
+        text = data.get("program")
+        if not isinstance(text, str):
+            raise ConfigError("search spec: 'program' must be the program's .gsp text")
+        known = {f.name for f in fields(SearchSpec)} - {"program", "program_text"}
+        unknown = sorted(set(data) - known - {"format", "version", "program"})
+        if unknown:
+            raise ConfigError(f"search spec: unknown field(s) {', '.join(unknown)}")
+        kwargs = {k: data[k] for k in known if k in data}
+        if kwargs.get("ops") is not None:
+            kwargs["ops"] = tuple(kwargs["ops"])
+        return SearchSpec(program=parse_program(text, source="search spec"), **kwargs)
+
+    def key(self) -> str:
+        """A stable hash of :meth:`to_json` (the checkpoint key): equal specs, equal keys, in every process."""
+        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _program_text(program: Program) -> str:
+    """The program's ``.gsp`` text without comment lines (the loader's parameter note would not round-trip)."""
+    return "".join(line for line in dump_program(program).splitlines(keepends=True) if not line.startswith("#"))
+
+
+__all__ = ["SCHEDULE_MODES", "ScheduleMode", "SearchSpec"]

@@ -1,0 +1,207 @@
+"""Analytic cost of a µGraph on a hardware profile: the exhaustive search ranks verified µGraphs by it.
+
+Per kernel operator (they run one after another, so times add up):
+
+*Graph-defined* (a custom kernel with ``B = prod(grid)`` blocks and ``F`` loop iterations):
+
+- global loads: every block loads each iterator's tile once (no fmap) or ``F`` times (fmap), so an input
+  replicated across ``k`` blocks (imap replica) is loaded ``k`` times; outputs are written once. Loads are served
+  by L2 (``l2`` bandwidth); DRAM sees each input once when all the operator's inputs fit in half of L2 (the
+  replicas hit in L2), otherwise every load; plus the outputs;
+- compute: every block operator's FLOPs (body operators ``F`` times) at the peak of its kind: tensor cores for a
+  matmul whose tile is at least 16 x 8 x 16 in a dtype the profile has tensor-core peak for, CUDA cores
+  otherwise;
+- shared memory: every block operator reads its operands from and writes its result to shared memory (a thread
+  graph only its inputs and outputs: its intermediates stay in registers); iterators write their tiles,
+  accumulators read and write theirs;
+- occupancy and waves: resident blocks per SM from the shared memory one block needs (all its tiles, as
+  :mod:`gensorage.ugraph.validate` counts them) and the per-SM block limit; ``waves = ceil(B / (SMs *
+  resident))``; a wave lasts as long as its most loaded SM's blocks need for compute, shared-memory and L2
+  traffic (whichever is slowest) or, at least, one global round trip per loop iteration;
+- time = launch overhead + max(waves x wave time, DRAM bytes / DRAM bandwidth).
+
+*Pre-defined* (a library kernel): a roofline, launch overhead + max(bytes moved / DRAM bandwidth, FLOPs / peak);
+``reshape`` is a view of a contiguous tensor (no kernel, no time).
+
+``LAUNCH_OVERHEAD_S`` is the constant of the schedule cost model (:mod:`gensorage.markov.cost_model`), 2 µs of
+launch and tail per kernel, so the two models agree on what a kernel boundary costs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gensorage.hw.profile import HwProfile
+from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S, TENSOR_CORE_DTYPES
+from gensorage.opset import Op, Shape
+from gensorage.ugraph.ir import (
+    Accumulator,
+    BlockOp,
+    GraphDefinedOp,
+    InputIterator,
+    KernelGraph,
+    KernelOp,
+    OutputSaver,
+    ThreadGraph,
+)
+from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
+from gensorage.ugraph.validate import loop_phases, tensor_bytes, validate
+
+SHARED_RESERVED_PER_BLOCK = 1024  # bytes the CUDA runtime reserves per resident block (sm_80+)
+MMA_MIN = (16, 8, 16)  # smallest (M, N, K) tile a warp-level mma.sync m16n8k16 covers
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCost:
+    """The terms of one kernel's predicted time (seconds, bytes, FLOPs)."""
+
+    kind: str  # "graph-defined", the pre-defined op's name, or "view"
+    time_s: float
+    dram_bytes: int
+    l2_bytes: int
+    flops: int
+    shared_bytes: int
+    blocks: int
+    waves: int
+
+
+def _numel(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def _op_flops(op: Op, ins: list[Shape], out: Shape) -> int:
+    if op is Op.MATMUL:
+        return 2 * _numel(out) * ins[0][-1]
+    if op in (Op.RESHAPE, Op.REPEAT, Op.CONCAT):
+        return 0
+    if op is Op.SUM:
+        return _numel(ins[0])
+    return _numel(out)
+
+
+def _tensor_cores(hw: HwProfile, dtype: str, ins: list[Shape], out: Shape) -> bool:
+    """A matmul tile big enough for warp-level MMA, in a dtype with a tensor-core peak on ``hw``."""
+    if dtype not in TENSOR_CORE_DTYPES:
+        return False
+    try:
+        if hw.flops(dtype, True) <= hw.flops(dtype, False):
+            return False
+    except KeyError:
+        return False
+    rows = _numel(out[:-1])  # batch dims stack up rows of one GEMM when the other operand is shared
+    return rows >= MMA_MIN[0] and out[-1] >= MMA_MIN[1] and ins[0][-1] >= MMA_MIN[2]
+
+
+def _peak(hw: HwProfile, dtype: str, tensor_cores: bool) -> float:
+    try:
+        return hw.flops(dtype, tensor_cores)
+    except KeyError:
+        return hw.flops("float32", tensor_cores)
+
+
+def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> KernelCost:
+    if node.op is Op.RESHAPE:
+        return KernelCost("view", 0.0, 0, 0, 0, 0, 0, 0)
+    moved = sum(tensor_bytes(t) for t in ins) + tensor_bytes(out)
+    work = _op_flops(node.op, [t.shape for t in ins], out.shape)
+    tc = node.op is Op.MATMUL and _tensor_cores(hw, out.dtype, [t.shape for t in ins], out.shape)
+    compute = work / _peak(hw, out.dtype, tc)
+    time = LAUNCH_OVERHEAD_S + max(moved / hw.level("dram").bandwidth_Bps, compute)
+    return KernelCost(node.op.value, time, moved, moved, work, 0, 0, 0)
+
+
+def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info: BlockInfo) -> KernelCost:
+    block = node.block
+    blocks = math.prod(block.grid)
+    loops = block.forloop
+    phases = loop_phases(block)
+    loads = 0  # global-memory bytes one block loads
+    shared = 0  # shared-memory bytes one block reads and writes
+    work = 0  # FLOPs of one block
+    compute_s = 0.0  # one block's compute time at the whole GPU's peak
+    for j, n in enumerate(block.nodes):
+        times = loops if phases[j] == "body" else 1
+        outs = info.nodes[j]
+        if isinstance(n, InputIterator):
+            tile = tensor_bytes(outs[0]) * (loops if n.fmap is not None else 1)
+            loads += tile
+            shared += tile
+            continue
+        if isinstance(n, OutputSaver):
+            continue
+        args = [info.nodes[r.node][r.out] for r in _inputs(n)]
+        shared += times * (sum(tensor_bytes(a) for a in args) + sum(tensor_bytes(o) for o in outs))
+        if isinstance(n, BlockOp):
+            w = _op_flops(n.op, [a.shape for a in args], outs[0].shape)
+            tc = n.op is Op.MATMUL and _tensor_cores(hw, outs[0].dtype, [a.shape for a in args], outs[0].shape)
+            work += times * w
+            compute_s += times * w / _peak(hw, outs[0].dtype, tc)
+        elif isinstance(n, ThreadGraph):
+            local = info.threads[j]
+            for k, t in enumerate(n.ops):
+                w = _op_flops(t.op, [], local[len(n.inputs) + k].shape)
+                work += times * w
+                compute_s += times * w / _peak(hw, local[0].dtype, False)
+    footprint = sum(tensor_bytes(t) for outs in info.nodes for t in outs)
+    per_sm = hw.shared_mem_per_sm // (footprint + SHARED_RESERVED_PER_BLOCK)
+    resident_limit = max(1, min(hw.max_blocks_per_sm, per_sm))
+    waves = -(-blocks // (hw.sm_count * resident_limit))
+    resident = min(resident_limit, -(-blocks // hw.sm_count))
+    sm = hw.sm_count
+    per_block = max(compute_s * sm,
+                    shared / (hw.level("shared").bandwidth_Bps / sm),
+                    loads / (hw.level("l2").bandwidth_Bps / sm))
+    round_trip = (loops + 1) * hw.level("dram").latency_cycles / hw.clock_hz
+    wave_s = max(resident * per_block, round_trip)
+    out_bytes = sum(tensor_bytes(t) for t in info.outputs)
+    unique_in = sum(tensor_bytes(t) for t in ins)
+    l2_bytes = loads * blocks + out_bytes
+    dram = (unique_in if unique_in <= hw.l2_bytes // 2 else max(unique_in, loads * blocks)) + out_bytes
+    time = LAUNCH_OVERHEAD_S + max(waves * wave_s, dram / hw.level("dram").bandwidth_Bps)
+    return KernelCost("graph-defined", time, dram, l2_bytes, work * blocks, shared * blocks, blocks, waves)
+
+
+def _inputs(n: object) -> tuple:  # type: ignore[type-arg]
+    if isinstance(n, BlockOp | ThreadGraph):
+        return n.inputs
+    if isinstance(n, Accumulator):
+        return (n.input,)
+    return ()
+
+
+def kernel_costs(g: KernelGraph, hw: HwProfile, info: GraphInfo | None = None) -> list[KernelCost]:
+    """The cost terms of every kernel operator of ``g``, in order (``g`` must be valid)."""
+    info = info if info is not None else validate(g)
+    out: list[KernelCost] = []
+    n_in = len(g.inputs)
+    for k, node in enumerate(g.ops):
+        ins = [info.of(r) for r in node.inputs]
+        if isinstance(node, KernelOp):
+            out.append(_predefined_cost(hw, node, ins, info.nodes[n_in + k][0]))
+        else:
+            binfo = info.blocks[k]
+            assert binfo is not None
+            out.append(_block_cost(hw, node, ins, binfo))
+    return out
+
+
+def predict_time(ugraph: KernelGraph, hw: HwProfile) -> float:
+    """Predicted execution time of ``ugraph`` on ``hw`` in seconds (kernels run one after another).
+
+    Parameters
+    ----------
+    ugraph : KernelGraph
+        A valid µGraph (checked with :func:`gensorage.ugraph.validate.validate`, without memory limits).
+    hw : HwProfile
+        The GPU.
+
+    Returns
+    -------
+    float
+        Seconds; the sum of :func:`kernel_costs`.
+    """
+    return sum(c.time_s for c in kernel_costs(ugraph, hw))
+
+
+__all__ = ["LAUNCH_OVERHEAD_S", "KernelCost", "kernel_costs", "predict_time"]
