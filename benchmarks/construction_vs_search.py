@@ -216,7 +216,7 @@ def _time_tvm(mod: Any, workload: Any, hw: Any, repeat: int) -> float | str:
         dev = tvm.cuda(0)
         args = [tvm.runtime.tensor(a, device=dev) for a in random_inputs(workload, 0)]
         args.append(tvm.runtime.empty(workload.output.shape, workload.output.dtype, dev))
-        timer = ex.time_evaluator("main", dev, number=repeat, repeat=3)
+        timer = ex.jit().time_evaluator("main", dev, number=repeat, repeat=3)
         return float(min(timer(*args).results)) * 1e3
     except Exception as exc:  # noqa: BLE001 - a failed measurement is recorded, not fatal
         return f"error: {str(exc).splitlines()[-1][:200]}"

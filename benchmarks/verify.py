@@ -78,6 +78,16 @@ MUTANT_CASES: dict[str, Case] = {
     "flash_attention_loop2@default": lambda: ex.flash_attention(forloop=2),
     "flash_decoding_gqa@default": lambda: ex.flash_decoding(group=2),
     "layout": layout_case,
+    # other partitions of the same examples: different grids / loops give different mutants
+    "rmsnorm_matmul@b2f2": lambda: ex.rmsnorm_matmul(blocks=2, forloop=2),
+    "rmsnorm_matmul@b4f8": lambda: ex.rmsnorm_matmul(batch=8, hidden=32, out=16, blocks=4, forloop=8),
+    "gqa@s4f3": lambda: ex.gqa(kv_splits=4, forloop=3, out_splits=4),
+    "lora@n2m4": lambda: ex.lora(n_blocks=2, m_blocks=4),
+    "gated_mlp@b2f2": lambda: ex.gated_mlp(blocks=2, forloop=2),
+    "flash_attention@q4f2": lambda: ex.flash_attention(q_blocks=4, forloop=2),
+    "flash_decoding@s2f3": lambda: ex.flash_decoding(splits=2, forloop=3),
+    "flash_decoding_gqa4@default": lambda: ex.flash_decoding(group=4),
+    "qknorm_attention@q1f2": lambda: ex.qknorm_attention(q_blocks=1, forloop=2),
     **SEARCH_CASES,
 }
 
@@ -205,22 +215,23 @@ def paper_shapes(max_elements: float, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def mutant_study(target: int, seed: int) -> dict[str, Any]:
+def mutant_study(target: int, seed: int, attempts_per_kind: int = 150) -> dict[str, Any]:
     rng = random.Random(seed)
     made = {name: make() for name, make in MUTANT_CASES.items()}
     seen: set[KernelGraph] = set()
     pool: list[tuple[str, str, KernelGraph]] = []
     attempts = 0
-    names = sorted(made)
-    kinds = sorted(MUTATIONS)
-    while len(pool) < target and attempts < 200 * target:
-        attempts += 1
-        case = names[attempts % len(names)]
-        m = mutate(made[case][1], rng, kinds[(attempts // len(names)) % len(kinds)])
-        if m is None or m.graph in seen:
-            continue
-        seen.add(m.graph)
-        pool.append((case, m.kind, m.graph))
+    for case in sorted(made):
+        for kind in sorted(MUTATIONS):
+            for _ in range(attempts_per_kind):
+                attempts += 1
+                m = mutate(made[case][1], rng, kind)
+                if m is None or m.graph in seen:
+                    continue
+                seen.add(m.graph)
+                pool.append((case, m.kind, m.graph))
+        if len(pool) >= target:
+            break
     progress(f"[mutants] {len(pool)} distinct valid mutants from {attempts} attempts")
     by_kind: dict[str, Counter[str]] = defaultdict(Counter)
     reject_trials: Counter[int] = Counter()

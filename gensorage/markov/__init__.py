@@ -23,8 +23,11 @@ from gensorage.ops.workload import Workload
 
 __all__ = ["METHODS", "Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_time", "space_for"]
 
-ANNEAL_DEFAULTS: dict[str, int] = {"walks": 8, "population": 4, "rounds": 12, "patience": 2, "top_k": 10,
-                                   "iterations": 100, "max_steps": 1_000_000}
+# Chosen by measurement (see the report of issue 3): 4 walks from each of the 8 best distinct register tiles
+# per round, until 3 rounds bring nothing better or 4000 transitions are spent; walks of at most 50 steps
+# (Algorithm 1 keeps a state with probability < 1e-4 after ~40 halvings, so longer walks only add cost).
+ANNEAL_DEFAULTS: dict[str, int] = {"walks": 4, "population": 8, "rounds": 12, "patience": 3, "top_k": 10,
+                                   "iterations": 50, "max_steps": 4000}
 
 
 def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:
@@ -37,8 +40,10 @@ def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> 
     seed
         Seeds the ``numpy.random.Generator`` of the walks; the result is a function of the inputs and the seed.
     **opts
-        ``chains`` (int, default 16): independent annealing walks whose top results are pooled;
-        ``top_k`` (int, default 10): how many ranked results the search keeps.
+        Integers >= 1 passed to :func:`gensorage.markov.anneal.anneal` (defaults in ``ANNEAL_DEFAULTS``):
+        ``walks`` per start state and round, ``population`` (start states per round), ``rounds``,
+        ``patience`` (rounds without improvement before stopping), ``iterations`` (steps per walk),
+        ``max_steps`` (transition budget), ``top_k`` (ranked results kept).
 
     Returns
     -------

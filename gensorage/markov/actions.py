@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from gensorage.markov.schedule import Schedule
@@ -34,13 +35,21 @@ class Action:
 
 
 def actions(space: ScheduleSpace, state: Schedule) -> tuple[Action, ...]:
-    """Every action Algorithm 2 scores at ``state``: per action kind, per dimension (cache once)."""
-    n = len(space.axes)
+    """Every action Algorithm 2 scores at ``state``: per action kind, per dimension (cache once).
+
+    The set is the same at every state of a space (:func:`apply` tells which apply), hence memoized.
+    """
+    del state
+    return _all_actions(len(space.axes), space.spatial)
+
+
+@lru_cache(maxsize=64)
+def _all_actions(n: int, spatial: tuple[int, ...]) -> tuple[Action, ...]:
     out: list[Action] = []
     out += [Action("tile", a) for a in range(n)]
     out += [Action("inv_tile", a) for a in range(n)]
     out.append(Action("cache", -1))
-    out += [Action("vthread", a) for a in space.spatial]
+    out += [Action("vthread", a) for a in spatial]
     return tuple(out)
 
 

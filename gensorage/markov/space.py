@@ -130,6 +130,8 @@ class ScheduleSpace:
         self._fits: dict[tuple[object, ...], bool] = {}
         self._traffic: dict[tuple[object, ...], int] = {}
         self._hw_fits: dict[tuple[object, ...], bool] = {}
+        self._reg_bytes: dict[tuple[int, ...], int] = {}
+        self._shared_bytes: dict[tuple[int, ...], int] = {}
 
     # ----------------------------------------------------------------------------------------- states
     def initial(self) -> Schedule:
@@ -190,9 +192,14 @@ class ScheduleSpace:
 
     def register_bytes(self, t0: tuple[int, ...]) -> int:
         """Per-thread register footprint F_0: input fragments of the register tile plus the accumulators."""
-        e = self.elems(t0)
-        inputs = sum(n * t.elem_bytes for n, t in zip(e, self.inputs, strict=False))
-        return inputs + e[-1] * self.acc_bytes
+        hit = self._reg_bytes.get(t0)
+        if hit is None:
+            if len(self._reg_bytes) > _MEMO_LIMIT:
+                self._reg_bytes.clear()
+            e = self.elems(t0)
+            inputs = sum(n * t.elem_bytes for n, t in zip(e, self.inputs, strict=False))
+            hit = self._reg_bytes[t0] = inputs + e[-1] * self.acc_bytes
+        return hit
 
     def shared_bytes(self, t1: tuple[int, ...]) -> int:
         """Per-block shared-memory footprint F_1: the input tiles staged per reduction step.
@@ -200,8 +207,13 @@ class ScheduleSpace:
         The output tile is accumulated in registers and written straight to global memory, so it takes no
         shared memory.
         """
-        e = self.elems(t1)
-        return sum(n * t.elem_bytes for n, t in zip(e, self.inputs, strict=False))
+        hit = self._shared_bytes.get(t1)
+        if hit is None:
+            if len(self._shared_bytes) > _MEMO_LIMIT:
+                self._shared_bytes.clear()
+            e = self.elems(t1)
+            hit = self._shared_bytes[t1] = sum(n * t.elem_bytes for n, t in zip(e, self.inputs, strict=False))
+        return hit
 
     def footprint(self, s: Schedule, level: int) -> int:
         """F at ``level`` in bytes (0: per thread in registers, 1: per block in shared memory)."""

@@ -14,6 +14,9 @@ the result is checked at the requested shapes::
     [search_params]                  # the program's params at the search shapes
     b = 2
 
+    [run_params]                     # the params ``gensorage superopt`` runs at when the preset is run
+    b = 2                            # without naming a program (default: the program's own)
+
     [search]                         # SearchSpec fields (limits and flags), e.g.
     max_kernel_ops = 1
     max_block_ops = 4
@@ -39,7 +42,7 @@ DEFAULT_PRESET = "default"
 #: SearchSpec fields a preset may set (the program, hw, seed and delta come from the call).
 _CALL_FIELDS = frozenset({"program", "program_text", "hw", "seed", "delta"})
 _TOP_KEYS = frozenset({"program", "description", "time_budget_s", "top_k", "delta", "verify_max_trials",
-                       "verify_max_elements", "search_params", "search", "modes"})
+                       "verify_max_elements", "search_params", "search", "modes", "run_params"})
 DEFAULT_TOP_K = 5
 DEFAULT_DELTA = 1e-9
 DEFAULT_VERIFY_MAX_TRIALS = 16
@@ -65,6 +68,7 @@ class Preset:
     verify_max_trials: int | None = DEFAULT_VERIFY_MAX_TRIALS
     verify_max_elements: int = DEFAULT_VERIFY_MAX_ELEMENTS
     modes: tuple[str, ...] = ("full",)
+    run_params: dict[str, int] = field(default_factory=dict)
     path: Path | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -129,24 +133,25 @@ def preset_from_dict(data: dict[str, Any], name: str, path: Path | None = None) 
         raise ConfigError(f"{where}: 'program' must be a program config name")
     return Preset(
         name=name, program=program, description=str(data.get("description", "")),
-        search_params=_params(data.get("search_params", {}), where),
+        search_params=_params(data.get("search_params", {}), where, "search_params"),
         search=_search(data.get("search", {}), where),
         time_budget_s=_opt_positive(data, "time_budget_s", where),
         top_k=_int(data, "top_k", DEFAULT_TOP_K, where),
         delta=_delta(data.get("delta", DEFAULT_DELTA), where),
         verify_max_trials=_opt_int(data, "verify_max_trials", DEFAULT_VERIFY_MAX_TRIALS, where),
         verify_max_elements=_int(data, "verify_max_elements", DEFAULT_VERIFY_MAX_ELEMENTS, where),
-        modes=_modes(data.get("modes", ["full"]), where), path=path,
+        modes=_modes(data.get("modes", ["full"]), where),
+        run_params=_params(data.get("run_params", {}), where, "run_params"), path=path,
     )
 
 
-def _params(value: Any, where: str) -> dict[str, int]:
+def _params(value: Any, where: str, table: str) -> dict[str, int]:
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: [search_params] must be a table of integers")
+        raise ConfigError(f"{where}: [{table}] must be a table of integers")
     out: dict[str, int] = {}
     for k, v in value.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{where}: search_params.{k} must be a positive integer, got {v!r}")
+            raise ConfigError(f"{where}: {table}.{k} must be a positive integer, got {v!r}")
         out[k] = v
     return out
 

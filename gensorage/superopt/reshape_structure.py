@@ -77,29 +77,38 @@ class ReshapeFailed(Exception):
 class SizeMap:
     """What each size and scale factor of the old program becomes in the new one.
 
-    A size seen mapping to two different new sizes is *ambiguous* and not mapped (e.g. two params that were
-    equal at the old shapes and differ at the new ones).
+    ``sizes`` pairs every dim of every tensor and every size-valued attribute; ``by_attr`` pairs the values
+    of one attribute kind only (``"times"``, ``"group"``, ``"factor"``), which stays unambiguous where the
+    general table is not (a repeat count equal to some unrelated dim at the old shapes). A value seen mapping
+    to two different new values is *ambiguous* and not mapped.
     """
 
     sizes: dict[int, int] = field(default_factory=dict)
-    factors: dict[float, float] = field(default_factory=dict)
-    ambiguous_sizes: set[int] = field(default_factory=set)
-    ambiguous_factors: set[float] = field(default_factory=set)
+    by_attr: dict[str, dict[object, object]] = field(default_factory=dict)
+    ambiguous: dict[str, set[object]] = field(default_factory=dict)
+
+    def add(self, kind: str, old: object, new: object) -> None:
+        _add(self.by_attr.setdefault(kind, {}), self.ambiguous.setdefault(kind, set()), old, new)
 
     def add_size(self, old: int, new: int) -> None:
-        _add(self.sizes, self.ambiguous_sizes, int(old), int(new))
+        _add(self.sizes, self.ambiguous.setdefault("size", set()), int(old), int(new))  # type: ignore[arg-type]
 
-    def add_factor(self, old: float, new: float) -> None:
-        _add(self.factors, self.ambiguous_factors, float(old), float(new))
-
-    def size(self, old: int) -> int | None:
+    def size(self, old: int, kind: str | None = None) -> int | None:
+        """The new value of size ``old``, from the ``kind`` attribute's table first, then from all sizes."""
+        if kind is not None and old in self.by_attr.get(kind, {}):
+            return int(self.by_attr[kind][old])  # type: ignore[call-overload]
         return self.sizes.get(old)
 
     def factor(self, old: float) -> float | None:
-        return self.factors.get(old)
+        new = self.by_attr.get("factor", {}).get(old)
+        return None if new is None else float(new)  # type: ignore[arg-type]
+
+    @property
+    def factors(self) -> dict[object, object]:
+        return self.by_attr.get("factor", {})
 
 
-def _add(table: dict, ambiguous: set, old: object, new: object) -> None:  # type: ignore[type-arg]
+def _add(table: dict[object, object], ambiguous: set[object], old: object, new: object) -> None:
     if old in ambiguous:
         return
     if old in table and table[old] != new:
@@ -152,12 +161,13 @@ def size_map(old: Program, new: Program) -> SizeMap:
         for (key, va), (_, vb) in zip(_padded(a.op, a.attrs, a.shape, old, a.inputs),
                                       _padded(b.op, b.attrs, b.shape, new, b.inputs), strict=True):
             if key == "factor":
-                smap.add_factor(va, vb)
+                smap.add("factor", float(va), float(vb))  # type: ignore[arg-type]
             elif key == "shape":
-                for x, y in zip(va, vb, strict=True):
+                for x, y in zip(va, vb, strict=True):  # type: ignore[call-overload]
                     smap.add_size(x, y)
             elif key in ("group", "times"):
-                smap.add_size(va, vb)
+                smap.add(key, va, vb)
+                smap.add_size(va, vb)  # type: ignore[arg-type]
     return smap
 
 
@@ -190,7 +200,7 @@ def map_attrs(op: Op, attrs: Attrs, old_in: Sequence[Shape], new_in: Sequence[Sh
         else:
             items["group"] = group
     elif op is Op.REPEAT:
-        items["times"] = _map_size(int(items["times"]), smap, where, "repeat count")
+        items["times"] = _map_size(int(items["times"]), smap, where, "repeat count", "times")
     elif op is Op.RESHAPE:
         items["shape"] = reshape_target(old_in[0], tuple(items["shape"]), new_in[0], smap, where)
     return opset.freeze_attrs(items)
@@ -200,15 +210,15 @@ def _map_factor(old: float, smap: SizeMap, where: str) -> float:
     new = smap.factor(old)
     if new is not None:
         return new
-    if old in smap.ambiguous_factors:
+    if old in smap.ambiguous.get("factor", set()):
         raise ReshapeFailed(f"{where}: scale factor {old:g} becomes different factors in the new program")
     if all(a == b for a, b in smap.factors.items()):
         return old  # no factor of the program changed, so a factor the search introduced cannot have either
     raise ReshapeFailed(f"{where}: scale factor {old:g} has no counterpart in the program")
 
 
-def _map_size(old: int, smap: SizeMap, where: str, what: str) -> int:
-    new = smap.size(old)
+def _map_size(old: int, smap: SizeMap, where: str, what: str, kind: str | None = None) -> int:
+    new = smap.size(old, kind)
     if new is None:
         raise ReshapeFailed(f"{where}: cannot tell what {what} {old} becomes at the new shapes")
     return new
@@ -219,7 +229,7 @@ def _map_group(group: int, old_size: int, new_size: int, smap: SizeMap, where: s
     if group == old_size:
         return None
     tries = []
-    g = smap.size(group)
+    g = smap.size(group, "group")
     if g is not None:
         tries.append(g)
     groups_out = smap.size(old_size // group)
