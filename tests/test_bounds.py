@@ -25,7 +25,7 @@ from gensorage.verify.bounds import (
 )
 from gensorage.verify.equivalent import plan
 from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q
-from gensorage.verify.trials import plan_trials
+from gensorage.verify.trials import format_count, plan_trials
 
 
 def program(shapes: list[tuple[int, ...]], body: Callable[..., Tensor]) -> Program:
@@ -175,3 +175,9 @@ def test_degenerate_event_enters_the_per_trial_bound() -> None:
     assert conditioned.required > plain.required
     with pytest.raises(VerificationError, match="degenerate"):
         plan_trials(d, 1e-9, 23, 11, divisor_degree_p=12)
+
+
+def test_format_count() -> None:
+    assert format_count(12345) == "12345"
+    assert format_count(1122047622738912) == "1.12e15"
+    assert format_count(1 << 1024).endswith("e308")

@@ -113,9 +113,8 @@ def _golden_choice() -> ThreadChoice:
 
 
 def test_golden_gated_mlp_tir() -> None:
-    from tvm.script import tirx as T  # noqa: N812 - TVMScript's conventional name
-
     import tvm
+    from tvm.script import tirx as T  # noqa: N812 - TVMScript's conventional name
 
     @T.prim_func
     def expected(in0: T.Buffer((4, 16), "float32"), in1: T.Buffer((16, 8), "float32"),
@@ -219,6 +218,58 @@ def test_cpu_variant_is_the_cuda_text_with_loops() -> None:
                        'a6 = T.alloc_buffer((4, 4), "float32", scope="global")'))
     mapped = re.sub(r"\b(a[56])\[", r"\1[tx, ", mapped)
     assert mapped == cpu
+
+
+# ------------------------------------------------------------------------------------------ index arithmetic
+
+
+def _eval_ix(text: str, env: dict[str, int]) -> int:
+    """Evaluate index text made of names, integers, +, -, *, // and % (what :class:`Ix` prints)."""
+    import ast
+
+    def ev(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return env[node.id]
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            ops = {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}
+            if isinstance(node.op, ast.FloorDiv):
+                return a // b
+            if isinstance(node.op, ast.Mod):
+                return a % b
+            return ops[type(node.op)]
+        raise AssertionError(f"unexpected index syntax {ast.dump(node)}")
+
+    return ev(ast.parse(text, mode="eval"))
+
+
+_dims = st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(src=_dims, data=st.data())
+def test_reshape_index_matches_numpy(src: list[int], data: st.DataObject) -> None:
+    from gensorage.codegen.tir_text import Ix, reshape_index
+
+    total = math.prod(src)
+    # A destination shape of the same size: factor the element count at random.
+    dst: list[int] = []
+    rest = total
+    while rest > 1 and len(dst) < 4:
+        d = data.draw(st.sampled_from([x for x in range(1, rest + 1) if rest % x == 0]))
+        dst.append(d)
+        rest //= d
+    dst.append(rest)
+    flat = data.draw(st.integers(0, total - 1))
+    didx = [int(i) for i in np.unravel_index(flat, dst)]
+    names = [f"i{d}" for d in range(len(dst))]
+    got = [_eval_ix(str(e), dict(zip(names, didx, strict=True)))
+           for e in reshape_index([Ix.var(n) for n in names], src, dst)]
+    assert got == [int(i) for i in np.unravel_index(flat, src)]
 
 
 # ------------------------------------------------------------------------------------------ tilings

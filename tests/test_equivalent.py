@@ -265,6 +265,19 @@ def test_float_check_flags_overflow() -> None:
     assert not fc and fc.nonfinite
 
 
+def test_rounding_to_low_precision() -> None:
+    from gensorage.verify.floatcheck import round_to
+
+    x = np.array([1 + 2**-8, 1 + 3 * 2**-8, 65504.0, 70000.0, -1e-8, np.nan])
+    bf = round_to(x, "bfloat16")  # 8 significant bits, round to nearest even
+    assert bf[0] == 1.0 and bf[1] == 1 + 2**-6 and np.isnan(bf[5])
+    fp = round_to(x, "float16")
+    assert fp[2] == 65504.0 and np.isinf(fp[3]) and fp[0] == 1 + 2**-8
+    assert (round_to(x[:5], "float64") == x[:5]).all()
+    with pytest.raises(VerificationError, match="dtype"):
+        round_to(x, "int8")
+
+
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_float_check_accepts_the_paper_ugraphs(name: str) -> None:
     prog, graph = EXAMPLES[name]()

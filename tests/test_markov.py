@@ -288,3 +288,15 @@ def test_construct_rejects_bad_options() -> None:
         construct(wl, H100, chains=3)
     with pytest.raises(ScheduleError, match=">= 1"):
         construct(wl, H100, walks=0)
+
+
+def test_schedule_json_round_trip_and_malformed_input() -> None:
+    s = construct(ops.gemm(256, 256, 256), H100, seed=0, max_steps=200).schedule
+    assert s.level == LAST
+    assert Schedule.from_json(s.to_json()) == s
+    bad = s.to_json()
+    bad["tiles"] = [[1, 2], "x"]
+    with pytest.raises(ScheduleError, match="malformed"):
+        Schedule.from_json(bad)
+    with pytest.raises(ScheduleError, match="malformed"):
+        Schedule.from_json({"axes": ["i"]})

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gensorage.codegen.block_threads import construct_schedule, fallback_threads, matmul_workload
-from gensorage.codegen.scalar import FIELD_PARAMS, Scalar
+from gensorage.codegen.scalar import FIELD_PARAMS, FieldScalar, Scalar
 from gensorage.codegen.tir_text import Ix, Writer, broadcast_index, index_text, unravel
 from gensorage.codegen.ugraph_tir import KernelParam, KernelText, Target, _shape
 from gensorage.errors import ScheduleError, UnsupportedOpError
@@ -130,7 +130,7 @@ def _matmul_build(ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | N
 
 def _matmul_kernels(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target,
                     scalar: Scalar, name: str, seed: int) -> list[ScheduledKernel]:
-    from gensorage.codegen.lower_schedule import lower
+    from gensorage.codegen.lower_schedule import lower, threads_per_block
 
     op = g.ops[k]
     assert isinstance(op, KernelOp)
@@ -141,10 +141,8 @@ def _matmul_kernels(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, targ
     schedule = construct_schedule(base, hw, seed)
     rule = (f"markov construct on {base.key()}: T0={list(schedule.tiles[0])}, T1={list(schedule.tiles[1])}, "
             f"vthreads={list(schedule.vthreads)}")
-    from gensorage.codegen.lower_schedule import threads_per_block
-
     threads = threads_per_block(base, schedule)
-    mods: list[int | None] = [None] if not scalar.field else list(scalar.mods)  # type: ignore[attr-defined]
+    mods: list[int | None] = list(scalar.mods) if isinstance(scalar, FieldScalar) else [None]
     kernels = []
     for c, m in enumerate(mods):
         wl = dataclasses.replace(base, build=_matmul_build(ms, ta.dtype, out.dtype, m))

@@ -4,31 +4,38 @@ Structure of the emitted kernel (``target="cuda"``)::
 
     for bx in T.thread_binding(grid_x, thread="blockIdx.x"):      # (by, bz for 2-3 grid dims)
         s3 = T.alloc_buffer(tile, dtype, scope="shared")          # one per materialised block tensor
+        a7 = T.alloc_buffer((slots,), "float32", scope="local")   # per-thread part of a loop accumulator
         <phases of loop-invariant input iterators>
-        for it in range(forloop):                                  # the block graph's for-loop
+        for it in T.serial(forloop):                               # the block graph's for-loop
             <phase> T.tvm_storage_sync("shared") <phase> ...       # loop body, in node order
-        <post-loop phases>
+        <flush of the accumulators> <post-loop phases>
 
 A *phase* is one ``for tx in T.thread_binding(threads, thread="threadIdx.x")`` loop in which the block's
 threads share one node's work: loading an iterator's tile (cooperatively, element ``e * threads + tx``),
 one block op on shared tiles, or a whole thread graph (each thread runs the fused chain for its elements in
 ``scope="local"`` temporaries, with no shared-memory round trip between the chain's ops). A barrier follows
-every phase that wrote shared memory. How the dominant matmul is tiled over the threads (and how many threads
-there are) comes from the Markov construction: see :mod:`gensorage.codegen.block_threads`.
+every phase that wrote shared memory that a later phase reads, and ends every loop iteration (the next one
+overwrites the tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
+comes from the Markov construction: see :mod:`gensorage.codegen.block_threads`.
 
 Semantics (:mod:`gensorage.ugraph.ir`, reproduced by :mod:`gensorage.ugraph.evaluate`):
 
 - iterator tile offset along data dim ``d``: each grid dim ``g`` with ``imap[g] = d`` splits what the previous
   splits left (x, y, z in order), then the for-loop splits along ``fmap``;
 - reshape and repeat are index arithmetic on their source (views), never copies; concat copies its parts;
-- an accumulator is a shared buffer combined with ``sum``/``max`` (``it == 0`` stores) or written at offset
-  ``it * tile`` along its ``fmap``; when its input is computed by a block op, thread graph or iterator the
-  combine happens inside that producer's phase (no intermediate tile);
-- an output saver writes its tile to ``out[..., b_g * tile_d + i_d, ...]`` for ``omap[g] = d``; savers of a
-  computed value are fused into the producer's phase the same way.
+- a ``sum``/``max`` accumulator (``fmap=None``) combines in registers: the phase that updates it deals the same
+  elements to the same thread every iteration, so each thread keeps its elements in a ``local`` array
+  (``it == 0`` stores, later iterations combine) and one flush after the loop writes them to the
+  accumulator's shared tile (with the same element-to-thread map). Combining in shared memory instead would be
+  a read-modify-write in a loop, which TVM's barrier insertion answers with a barrier inside that loop. A
+  concatenating accumulator (``fmap=d``) writes each iteration's tile to shared memory at offset ``it * tile``;
+- accumulators and output savers of a value computed by a block op, a thread graph or an iterator are
+  written from that producer's phase (no intermediate tile); an output saver writes element ``i`` of its tile
+  to ``out[..., b_g * tile_d + i_d, ...]`` for ``omap[g] = d``.
 
 ``target="llvm"`` emits the same text with the bindings turned into loops (``T.parallel`` over blockIdx.x,
-serial loops otherwise), shared buffers in global scope and no barriers: every index expression is literally
+serial loops otherwise), shared buffers in global scope and no barriers; accumulator registers, which must
+outlive one thread loop, get a row per thread (``a7[tx, slot]``). Every other index expression is literally
 the same, so running it on the CPU checks the GPU kernel's index arithmetic (not races or barriers).
 """
 

@@ -30,10 +30,10 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from gensorage import opset
-from gensorage.exhaustive.opcatalog import COMMUTATIVE, OpVariant, out_shape
+from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, out_shape, shape_free_term
 from gensorage.exhaustive.rank import ACCUMULATOR_CODE, GRAPH_DEFINED_CODE, follows, rank_key
-from gensorage.exhaustive.schedule_sizes import size_candidates
-from gensorage.exhaustive.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, numel
+from gensorage.exhaustive.schedule_sizes import loop_candidates, size_candidates
+from gensorage.exhaustive.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, free_after, numel
 from gensorage.opset import Shape
 from gensorage.ugraph.evaluate import run_block_graph
 from gensorage.ugraph.ir import (
@@ -98,12 +98,13 @@ def block_children(s: Search) -> Iterator[None]:
 def _bindings(s: Search, b: BlockBuild, i: int) -> Iterator[Binding]:
     shape = s.state.shape[b.inputs[i]]
     mode = s.spec.schedule
+    hints = tuple(sorted({d for k, t in enumerate(b.inputs) if k != i for d in s.state.shape[t]}))
     for imap in imap_choices(len(shape), b.r):
         unknown = [g for g in range(b.r) if imap[g] is not None and b.grid[g] is None]
         if any(imap[g] is not None and b.grid[g] is not None and shape[imap[g]] % b.grid[g]  # type: ignore[index,operator]
                for g in range(b.r)):
             continue
-        choices = [size_candidates(shape[imap[g]], mode) for g in unknown]  # type: ignore[index]
+        choices = [size_candidates(shape[imap[g]], mode, hints) for g in unknown]  # type: ignore[index]
         for sizes in itertools.product(*choices):
             chosen = dict(zip(unknown, sizes, strict=True))
             tile = list(shape)
@@ -121,7 +122,7 @@ def _bindings(s: Search, b: BlockBuild, i: int) -> Iterator[Binding]:
                     if tile[d] % b.forloop == 0:
                         yield Binding(imap, d, _split(tile, d, b.forloop), new_grid, None)
                     continue
-                for f in size_candidates(tile[d], mode):
+                for f in loop_candidates(tile[d], mode):
                     yield Binding(imap, d, _split(tile, d, f), new_grid, f)
 
 
@@ -177,6 +178,14 @@ def grid_order_ok(b: BlockBuild, complete: bool) -> bool:
     return True
 
 
+def _partition_ok(s: Search, b: BlockBuild) -> bool:
+    """Grid dims in canonical order so far; once every iterator is bound, every grid dim must split something."""
+    complete = all(m is not None for m in b.imap)
+    if complete and any(g is None for g in b.grid):
+        return False
+    return not s.spec.canonical or grid_order_ok(b, complete)
+
+
 def _bind_all(s: Search, b: BlockBuild, pending: tuple[int, ...]) -> Iterator[None]:
     """Bind every iterator in ``pending`` in turn (all combinations); yields with all of them bound."""
     if not pending:
@@ -189,7 +198,7 @@ def _bind_all(s: Search, b: BlockBuild, pending: tuple[int, ...]) -> Iterator[No
         try:
             if b.smem > limit:
                 s.counters.pruned_memory += 1
-            elif not s.spec.canonical or grid_order_ok(b, complete=False):
+            elif _partition_ok(s, b):
                 yield from _bind_all(s, b, pending[1:])
         finally:
             _undo_binding(b, i, bd)
@@ -199,55 +208,117 @@ def _bind_all(s: Search, b: BlockBuild, pending: tuple[int, ...]) -> Iterator[No
 
 
 def input_tuples(v: OpVariant, n: int, low: int) -> Iterator[tuple[int, ...]]:
-    """Input tuples whose largest index is at least ``low`` (the canonical rank can only grow)."""
+    """Input tuples of ``v`` whose largest index is at least ``low`` (the canonical rank can only grow)."""
     if v.arity == 1:
         for a in range(low, n):
             yield (a,)
         return
     for hi in range(low, n):
         for lo in range(hi + 1):
+            if lo == hi and v.op in SELF_USELESS:
+                continue
             yield (lo, hi)
             if lo != hi and v.op not in COMMUTATIVE:
                 yield (hi, lo)
 
 
+def operand_tuples(n: int, low: int) -> Iterator[tuple[int, ...]]:
+    """Every operand tuple (one or two tensors, largest index at least ``low``), unary ones first."""
+    for a in range(low, n):
+        yield (a,)
+    for hi in range(low, n):
+        for lo in range(hi + 1):
+            yield (lo, hi)
+            if lo != hi:
+                yield (hi, lo)
+
+
+def variants_for(s: Search, ins: tuple[int, ...]) -> tuple[OpVariant, ...]:
+    """The operator variants that take operand tuple ``ins`` (see :class:`~.generator.Search`)."""
+    if len(ins) == 1:
+        return s.unary
+    if ins[0] == ins[1]:
+        return s.binary_self
+    return s.binary if ins[0] < ins[1] else s.binary_ordered
+
+
 def _operators(s: Search, b: BlockBuild) -> Iterator[None]:
     n = len(b.shape)
+    canonical = s.spec.canonical
     last = b.keys[-1] if b.keys else None
-    low = last[0][0] if (last is not None and s.spec.canonical) else 0
+    low = last[0][0] if (last is not None and canonical) else 0
+    max_ops = s.spec.max_block_ops
+    for ins in operand_tuples(n, low):
+        head = (tuple(sorted(ins, reverse=True)), ins)
+        min_code = -1
+        if canonical and last is not None:
+            if head < last[:2]:
+                continue
+            if head == last[:2]:
+                min_code = last[2]
+        post = b.post[ins[0]]
+        if len(ins) == 2 and b.post[ins[1]] != post:
+            continue
+        if not b.viable(free_after(b, ins), b.n_ops + 1, max_ops):
+            continue
+        variants = [v for v in variants_for(s, ins) if v.code > min_code]
+        if not variants:
+            continue
+        pending = tuple(i for i in dict.fromkeys(ins) if b.shape[i] is None)
+        if pending and b.exact and s.spec.prune:
+            variants = _shape_free_prefilter(s, b, ins, variants)
+            if not variants:
+                continue
+        if not pending:
+            yield from _apply_variants(s, b, ins, head, variants, post)
+            continue
+        binder = _bind_all(s, b, pending)
+        try:
+            for _ in binder:
+                yield from _apply_variants(s, b, ins, head, variants, post)
+        finally:
+            binder.close()
+
+
+def _shape_free_prefilter(s: Search, b: BlockBuild, ins: tuple[int, ...],
+                          variants: list[OpVariant]) -> list[OpVariant]:
+    """Drop the variants whose expression does not depend on tile sizes and fails the oracle, before binding."""
+    terms = [(b.val[i] if b.val[i] is not None else s.state.val[b.inputs[i]]).term for i in ins]  # type: ignore[union-attr]
+    kept = []
+    for v in variants:
+        term = shape_free_term(v.op, terms)
+        if term is not None and not s.oracle.is_subexpr(term):
+            s.counters.pruned_expr += 1
+            continue
+        kept.append(v)
+    return kept
+
+
+def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
+                    variants: list[OpVariant], post: bool) -> Iterator[None]:
     counters = s.counters
     limit = s.hw.shared_mem_per_block
-    for v in s.variants:
-        for ins in input_tuples(v, n, low):
-            key = rank_key(ins, v.code)
-            if s.spec.canonical and not follows(last, key):
-                continue
-            post = b.post[ins[0]]
-            if any(b.post[i] != post for i in ins):
-                continue
-            pending = tuple(i for i in dict.fromkeys(ins) if b.shape[i] is None)
-            binder = _bind_all(s, b, pending)
-            try:
-                for _ in binder:
-                    shapes = [b.shape[i] for i in ins]
-                    out = out_shape(v, shapes)  # type: ignore[arg-type]
-                    if out is None:
-                        counters.pruned_shape += 1
-                        continue
-                    value = opset.apply(v.op, EXPR, [b.val[i] for i in ins], v.attrs)
-                    if s.spec.prune and b.exact and not s.oracle.is_subexpr(value.term):
-                        counters.pruned_expr += 1
-                        continue
-                    if b.smem + numel(out) * dtype_bytes(b.dtype[ins[0]]) > limit:
-                        counters.pruned_memory += 1
-                        continue
-                    s.state.push_block(BlockOpRec(v, ins), key, out, value, post, any(b.fdep[i] for i in ins))
-                    try:
-                        yield
-                    finally:
-                        s.state.pop_block()
-            finally:
-                binder.close()
+    shapes = [b.shape[i] for i in ins]
+    values = [b.val[i] for i in ins]
+    fdep = any(b.fdep[i] for i in ins)
+    elem = dtype_bytes(b.dtype[ins[0]])
+    for v in variants:
+        out = out_shape(v, shapes)  # type: ignore[arg-type]
+        if out is None:
+            counters.pruned_shape += 1
+            continue
+        value = opset.apply(v.op, EXPR, values, v.attrs)
+        if s.spec.prune and b.exact and not s.oracle.is_subexpr(value.term):
+            counters.pruned_expr += 1
+            continue
+        if b.smem + numel(out) * elem > limit:
+            counters.pruned_memory += 1
+            continue
+        s.state.push_block(BlockOpRec(v, ins), (*head, v.code, ()), out, value, post, fdep)
+        try:
+            yield
+        finally:
+            s.state.pop_block()
 
 
 def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
@@ -259,6 +330,8 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
     for j in range(low, len(b.shape)):
         shape = b.shape[j]
         if shape is None or b.post[j] or not b.fdep[j]:
+            continue
+        if not b.viable(free_after(b, (j,)), b.n_ops, s.spec.max_block_ops):
             continue
         for fmap in (None, *range(len(shape))):
             key = rank_key((j,), ACCUMULATOR_CODE, (-1 if fmap is None else fmap,))
@@ -312,7 +385,7 @@ def finishable(s: Search, b: BlockBuild) -> list[int] | None:
     if s.spec.canonical and not grid_order_ok(b, complete=True):
         return None
     outs = [j for j in range(m, len(b.shape)) if b.uses[j] == 0]
-    if not 1 <= len(outs) <= s.spec.max_block_outputs:
+    if not 1 <= len(outs) <= b.max_outputs:
         return None
     if b.looped and not all(b.post[j] for j in outs):
         return None
@@ -331,6 +404,8 @@ def _finish(s: Search) -> Iterator[None]:
     forloop = b.forloop or 1
     refs = tuple(st.ref[t] for t in b.inputs)
     for omaps in itertools.product(*(omap_choices(len(b.shape[j]), b.r) for j in outs)):  # type: ignore[arg-type]
+        if b.last_kernel_op and not _final_shapes_ok(s, b, outs, omaps, grid):
+            continue
         savers = [OutputSaver(Ref(j), om) for j, om in zip(outs, omaps, strict=True)]
         block = BlockGraph(grid, forloop, (*nodes, *savers))
         key = rank_key(b.inputs, GRAPH_DEFINED_CODE, repr(block))
@@ -346,6 +421,18 @@ def _finish(s: Search) -> Iterator[None]:
         finally:
             st.pop_kernel(b.inputs)
             st.block = b
+
+
+def _final_shapes_ok(s: Search, b: BlockBuild, outs: list[int], omaps: tuple[tuple[int, ...], ...],
+                     grid: tuple[int, ...]) -> bool:
+    """For the last kernel operator: its outputs must have the program outputs' shapes."""
+    shapes = []
+    for j, om in zip(outs, omaps, strict=True):
+        shape = list(b.shape[j])  # type: ignore[arg-type]
+        for g, d in enumerate(om):
+            shape[d] *= grid[g]
+        shapes.append(tuple(shape))
+    return sorted(shapes) == sorted(s.output_shapes)
 
 
 def _outputs(s: Search, b: BlockBuild, block: BlockGraph, outs: list[int],

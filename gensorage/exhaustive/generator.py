@@ -23,7 +23,7 @@ from gensorage.exhaustive.abstract_expr import Term, expr_of
 from gensorage.exhaustive.block_level import block_children
 from gensorage.exhaustive.finalize import finalize
 from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children, kernel_graph
-from gensorage.exhaustive.opcatalog import catalog, out_shape
+from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, catalog, out_shape
 from gensorage.exhaustive.oracle import SubexprOracle
 from gensorage.exhaustive.results import Candidate, SearchResult, Stats, Task, TaskResult, ugraph_key
 from gensorage.exhaustive.search_state import SearchState
@@ -70,6 +70,11 @@ class Search:
         self.target_nfs = [self.oracle.canon.nf(t) for t in self.targets]
         self.state = SearchState(program, self.hw)
         self.variants = catalog(program, spec.op_types)
+        binary = tuple(v for v in self.variants if v.arity == 2)
+        self.unary = tuple(v for v in self.variants if v.arity == 1)
+        self.binary = binary  # operands (lo, hi)
+        self.binary_ordered = tuple(v for v in binary if v.op not in COMMUTATIVE)  # operands (hi, lo)
+        self.binary_self = tuple(v for v in binary if v.op not in SELF_USELESS)  # operands (i, i)
         self.out_shape = out_shape
         self.output_shapes = [t.shape for t in program.outputs]
         used = _term_vars(self.targets)

@@ -31,18 +31,36 @@ def kernel_children(s: Search) -> Iterator[None]:
     yield from _headers(s)
 
 
+def must_consume(s: Search) -> frozenset[int] | None:
+    """When the next kernel operator is the last the limits allow: the tensors it must read (every unconsumed
+    operator result and every unused program input the program reads); else None."""
+    st = s.state
+    if len(st.ops) + 1 < s.spec.max_kernel_ops:
+        return None
+    produced = (t for t in range(st.n_inputs, len(st.shape)) if st.uses[t] == 0)
+    return frozenset(produced) | frozenset(i for i in s.required_inputs if st.uses[i] == 0)
+
+
 def _predefined(s: Search) -> Iterator[None]:
     st = s.state
     n = len(st.shape)
     last = st.last_key
     low = last[0][0] if (last is not None and s.spec.canonical) else 0
+    must = must_consume(s)
+    if must is not None and len(s.output_shapes) != 1:
+        return
     for v in s.variants:
         for ins in input_tuples(v, n, low):
             key = rank_key(ins, v.code)
             if s.spec.canonical and not follows(last, key):
                 continue
+            if must is not None and not must <= set(ins):
+                continue
             out = s.out_shape(v, [st.shape[i] for i in ins])
             if out is None:
+                s.counters.pruned_shape += 1
+                continue
+            if must is not None and out != s.output_shapes[0]:
                 s.counters.pruned_shape += 1
                 continue
             value = opset.apply(v.op, EXPR, [st.val[i] for i in ins], v.attrs)
@@ -64,13 +82,18 @@ def _predefined(s: Search) -> Iterator[None]:
 def _headers(s: Search) -> Iterator[None]:
     st = s.state
     n = len(st.shape)
+    must = must_consume(s)
+    last_op = must is not None
+    max_outputs = min(s.spec.max_block_outputs, len(s.output_shapes)) if last_op else s.spec.max_block_outputs
     for size in range(1, min(s.spec.max_block_inputs, n) + 1):
         for inputs in itertools.combinations(range(n), size):
             if s.spec.canonical and not head_may_follow(st.last_key, head_key(inputs, GRAPH_DEFINED_CODE)):
                 continue
+            if must is not None and not must <= set(inputs):
+                continue
             for r in range(1, s.spec.max_grid_dims + 1):
                 for looped in (False, True):
-                    st.open_block(inputs, r, looped)
+                    st.open_block(inputs, r, looped, max_outputs, last_op)
                     try:
                         yield
                     finally:
@@ -105,4 +128,4 @@ def kernel_graph(s: Search, outputs: tuple[Ref, ...]) -> KernelGraph:
     return KernelGraph(s.state.specs, tuple(s.state.ops), outputs)
 
 
-__all__ = ["complete_outputs", "kernel_children", "kernel_graph"]
+__all__ = ["complete_outputs", "kernel_children", "kernel_graph", "must_consume"]

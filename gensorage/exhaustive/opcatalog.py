@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gensorage.exhaustive import abstract_expr as ae
+from gensorage.exhaustive.abstract_expr import Term
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Attrs, Op, Shape, attr, freeze_attrs
 from gensorage.program import Program
 
@@ -30,6 +32,8 @@ TYPE_ORDER: tuple[Op, ...] = (
     Op.REPEAT, Op.RESHAPE, Op.CONCAT,
 )
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
+# x + x, x - x and x / x are 2x, 0 and 1: never what an equivalent µGraph needs an operator for.
+SELF_USELESS = frozenset({Op.ADD, Op.SUB, Op.DIV})
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +181,26 @@ def _numel(s: Shape) -> int:
     return n
 
 
+def shape_free_term(op: Op, terms: Sequence[Term]) -> Term | None:
+    """The abstract expression of ``op`` on operands with ``terms`` when it does not depend on their shapes
+    (elementwise operators and layout changes; Table 1 as in :class:`~.expr_arith.ExprArith`), else None."""
+    if op in (Op.SCALE, Op.RESHAPE, Op.REPEAT):
+        return terms[0]
+    if op in (Op.ADD, Op.SUB):
+        return ae.add(terms[0], terms[1])
+    if op is Op.MUL:
+        return ae.mul(terms[0], terms[1])
+    if op is Op.DIV:
+        return ae.div(terms[0], terms[1])
+    if op is Op.EXP:
+        return ae.exp(terms[0])
+    if op is Op.SQRT:
+        return ae.sqrt(terms[0])
+    if op in (Op.RELU, Op.SILU, Op.GELU):
+        return ae.fn(op.value, terms[0])
+    return None
+
+
 def flops(op: Op, in_shapes: Sequence[Shape], out: Shape) -> int:
     """Floating-point operations of one application (2 per multiply-add of a matmul, 1 per element otherwise)."""
     if op is Op.MATMUL:
@@ -189,6 +213,6 @@ def flops(op: Op, in_shapes: Sequence[Shape], out: Shape) -> int:
 
 
 __all__ = [
-    "COMMUTATIVE", "MAX_RANK", "TYPE_ORDER", "OpVariant", "broadcast", "catalog", "default_types", "flops",
-    "out_shape", "program_ops",
+    "COMMUTATIVE", "MAX_RANK", "SELF_USELESS", "TYPE_ORDER", "OpVariant", "broadcast", "catalog", "default_types",
+    "flops", "out_shape", "program_ops", "shape_free_term",
 ]

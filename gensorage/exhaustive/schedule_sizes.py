@@ -36,8 +36,16 @@ MAX_RESIZE_OPTIONS = 16  # sized variants tried per graph-defined operator befor
 
 
 @lru_cache(maxsize=4096)
-def size_candidates(extent: int, mode: str) -> tuple[int, ...]:
-    """Sizes >= 2 that split a dim of ``extent``: powers of two (enumerate) or every divisor (markov probes)."""
+def size_candidates(extent: int, mode: str, hints: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """Sizes >= 2 to split a dim of ``extent`` into (a grid dim's block count or the loop's trip count).
+
+    ``"enumerate"``: every power of two dividing ``extent``. ``"markov"`` (probe sizes for the structure search):
+    the smallest prime factor (a real split that keeps the tile as large as possible), ``extent`` itself (a
+    tile of one, which is what broadcasting against a size-1 dim needs) and every ``hint`` dividing ``extent``
+    (the extents of the other inputs' dims: the sizes at which this input's tile lines up with another's).
+    """
+    if extent < 2:
+        return ()
     if mode == "enumerate":
         out = []
         p = 2
@@ -46,7 +54,16 @@ def size_candidates(extent: int, mode: str) -> tuple[int, ...]:
                 out.append(p)
             p *= 2
         return tuple(out)
-    return tuple(d for d in range(2, extent + 1) if extent % d == 0)
+    smallest = next(d for d in range(2, extent + 1) if extent % d == 0)
+    return tuple(sorted({smallest, extent} | {h for h in hints if h >= 2 and extent % h == 0}))
+
+
+def loop_candidates(extent: int, mode: str) -> tuple[int, ...]:
+    """For-loop trip counts for a dim of ``extent``: as :func:`size_candidates` (enumerate), or just the smallest
+    prime factor as the probe (markov: the trip count is constructed later, and a loop tile of one is never needed
+    to line shapes up)."""
+    cands = size_candidates(extent, mode)
+    return cands if mode == "enumerate" else cands[:1]
 
 
 def _divisors(n: int) -> tuple[int, ...]:
@@ -138,6 +155,8 @@ def loop_nest(block: BlockGraph, args: Sequence[Shape], info: BlockInfo, dtype: 
                 dims.append(min(size, units))
                 units_total *= min(size, units)
         packed = math.prod(shape) / units_total
+        if not dims:  # no axis splits it: one constant-indexed element holding the whole tensor
+            index, dims = [()], [1]
         accesses.append(Access(f"in{it.input}", tuple(dims), _packed_dtype(packed, dtype), tuple(index),
                                tuple(0 for _ in dims)))
     out_elems = sum(math.prod(t.shape) for t in info.outputs)
@@ -206,5 +225,6 @@ def _product(choices: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     return out
 
 
-__all__ = ["MAX_RESIZE_OPTIONS", "block_flops", "constructed_sizes", "grid_extents", "loop_extent", "loop_nest",
+__all__ = ["MAX_RESIZE_OPTIONS", "block_flops", "constructed_sizes", "grid_extents", "loop_candidates", "loop_extent",
+           "loop_nest",
            "size_candidates", "size_options"]

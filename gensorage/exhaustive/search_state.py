@@ -22,6 +22,11 @@ from gensorage.ugraph.validate import dtype_bytes
 EXPR = ExprArith()
 
 
+def free_after(b: BlockBuild, ins: tuple[int, ...]) -> int:
+    """The unconsumed-tensor count after an operator reading ``ins`` is added."""
+    return b.free + 1 - len({i for i in ins if b.uses[i] == 0})
+
+
 def numel(shape: Shape) -> int:
     n = 1
     for d in shape:
@@ -73,6 +78,17 @@ class BlockBuild:
     n_ops: int = 0
     smem: int = 0
     exact: bool = True  # False when an input is a concatenation: the tile-0 expressions then under-approximate
+    free: int = 0  # unconsumed tensors, unused iterators included (each must be consumed or saved)
+    max_outputs: int = 1  # savers allowed when it finishes
+    last_kernel_op: bool = False  # it is the last kernel operator the limits allow
+
+    def viable(self, free: int, n_ops: int, max_ops: int) -> bool:
+        """Whether a state with ``free`` unconsumed tensors and ``n_ops`` operators can still finish.
+
+        An operator consumes at most two tensors and adds one, so each remaining operator lowers the count by at
+        most one (accumulators and unary operators by none); finishing needs at most ``max_outputs`` left.
+        """
+        return free - (max_ops - n_ops) <= self.max_outputs
 
 
 class SearchState:
@@ -135,13 +151,15 @@ class SearchState:
 
     # ------------------------------------------------------------------ block level
 
-    def open_block(self, inputs: tuple[int, ...], r: int, looped: bool) -> BlockBuild:
+    def open_block(self, inputs: tuple[int, ...], r: int, looped: bool, max_outputs: int,
+                   last_kernel_op: bool) -> BlockBuild:
         m = len(inputs)
         exact = all(self.val[i].layout is None for i in inputs)
         self.block = BlockBuild(
             inputs=inputs, r=r, looped=looped, grid=[None] * r, forloop=None if looped else 1,
             imap=[None] * m, fmap=[None] * m, shape=[None] * m, val=[None] * m, post=[False] * m,
-            fdep=[False] * m, uses=[0] * m, dtype=[self.dtype[i] for i in inputs], exact=exact,
+            fdep=[False] * m, uses=[0] * m, dtype=[self.dtype[i] for i in inputs], exact=exact, free=m,
+            max_outputs=max_outputs, last_kernel_op=last_kernel_op,
         )
         return self.block
 
@@ -154,7 +172,10 @@ class SearchState:
         assert b is not None
         ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
         for i in ins:
+            if b.uses[i] == 0:
+                b.free -= 1
             b.uses[i] += 1
+        b.free += 1
         b.recs.append(rec)
         b.keys.append(key)
         b.shape.append(shape)
@@ -179,10 +200,13 @@ class SearchState:
         b.uses.pop()
         b.smem -= numel(shape) * dtype_bytes(b.dtype.pop())  # type: ignore[arg-type]
         ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
+        b.free -= 1
         for i in ins:
             b.uses[i] -= 1
+            if b.uses[i] == 0:
+                b.free += 1
         if isinstance(rec, BlockOpRec):
             b.n_ops -= 1
 
 
-__all__ = ["EXPR", "AccumRec", "BlockBuild", "BlockOpRec", "SearchState", "numel"]
+__all__ = ["EXPR", "AccumRec", "BlockBuild", "BlockOpRec", "SearchState", "free_after", "numel"]

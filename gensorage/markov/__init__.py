@@ -8,6 +8,7 @@ with the same signature and result type: the Markov constructor and the baseline
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ from gensorage.markov.anneal import anneal
 from gensorage.markov.cost_model import predict_time, space_time
 from gensorage.markov.outcome import SearchOutcome
 from gensorage.markov.schedule import Schedule
-from gensorage.markov.space import ScheduleSpace, space_for
+from gensorage.markov.space import LAST, ScheduleSpace, space_for
 from gensorage.ops.workload import Workload
 
 __all__ = ["METHODS", "Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_time", "space_for"]
@@ -67,6 +68,7 @@ def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> 
     if not result.ranked:
         raise ScheduleError(f"{workload.key()}: no schedule reached by the construction fits {hw.name}")
     value, best = result.ranked[0]
+    best = dataclasses.replace(best, level=LAST)  # the construction is finished
     return SearchOutcome(schedule=best, predicted_time_s=value, method="markov", evaluated=result.evaluated,
                          elapsed_s=time.perf_counter() - start, trace=result.trace)
 

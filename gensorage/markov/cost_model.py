@@ -6,8 +6,9 @@ one function defines what "better" means in the benchmark. The model, per thread
 - occupancy: resident blocks per SM from threads, registers (allocated per warp) and shared memory;
 - wave quantization: ``waves = ceil(blocks / (SMs * blocks_per_SM))``, each wave as slow as a full one;
 - per SM and wave, the slowest of: compute (peak FLOP/s scaled by lane use and ILP/latency hiding, or the issue
-  slots of all instructions: math, shared-memory loads, the cooperative global->shared copy, whichever is
-  slower), shared-memory traffic (times the bank-conflict degree of the warp's access),
+  slots of all instructions: math, shared-memory loads, the cooperative global->shared copy with 16-byte
+  vectors where aligned, whichever is slower), shared-memory traffic (times the bank-conflict degree of the
+  warp's access),
   L2 traffic (global->shared loads, rounded up to 32-byte sectors), register-operand traffic, and the latency
   chain of one block (one global round trip and two barriers per reduction chunk plus its own instruction
   stream);
@@ -33,7 +34,7 @@ from functools import lru_cache
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.schedule import Schedule
-from gensorage.markov.space import ScheduleSpace, TensorInfo, space_for
+from gensorage.markov.space import SHARED_RESERVED_PER_BLOCK, ScheduleSpace, TensorInfo, space_for
 from gensorage.ops.workload import Workload
 
 LAUNCH_OVERHEAD_S = 2e-6  # kernel launch + tail as seen by a device-side timer
@@ -97,15 +98,15 @@ def blocks_per_sm(hw: HwProfile, threads: int, registers: int, shared: int) -> i
     """Resident blocks per SM allowed by threads, registers (per-warp allocation) and shared memory."""
     warps = -(-threads // hw.warp_size)
     limit = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // (warps * hw.warp_size))
-    regs_per_warp = -(-registers * hw.warp_size // 256) * 256
+    regs_per_warp = -(-registers * hw.warp_size // 256) * 256  # allocated in units of 256 per warp
     limit = min(limit, hw.registers_per_sm // (regs_per_warp * warps))
     if shared > 0:
-        limit = min(limit, hw.shared_mem_per_sm // (shared + 1024))
+        limit = min(limit, hw.shared_mem_per_sm // (shared + SHARED_RESERVED_PER_BLOCK))
     return max(0, limit)
 
 
 # ------------------------------------------------------------------------------------- tensor cores
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _mma_groups(space: ScheduleSpace) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(M-like axes, N-like axes) when the workload is a two-input contraction, else None."""
     if space.workload.dtype not in TENSOR_CORE_DTYPES or len(space.inputs) != 2:
@@ -188,6 +189,16 @@ def _sector_efficiency(space: ScheduleSpace, t: TensorInfo, tile: tuple[int, ...
     return nbytes / (-(-nbytes // sector) * sector)
 
 
+def _vector_width(space: ScheduleSpace, t: TensorInfo, tile: tuple[int, ...]) -> int:
+    """Elements per load of the cooperative copy: the lowering vectorizes (up to 16 bytes) where the tile's
+    contiguous run and the tensor's rows are multiples of the vector, else it copies element by element."""
+    run = space.tensor_elems_dim(t, -1, tile)
+    vec = max(1, 16 // t.elem_bytes)
+    while vec > 1 and (run % vec or t.shape[-1] % vec):
+        vec //= 2
+    return vec
+
+
 def _wave_tile(space: ScheduleSpace, s: Schedule, blocks_in_wave: int) -> tuple[int, ...]:
     """The iteration-space region one wave of blocks covers (blocks launched with the last axis fastest)."""
     t1 = s.tiles[1]
@@ -241,10 +252,10 @@ def space_breakdown(space: ScheduleSpace, s: Schedule) -> CostBreakdown | None:
     l1_traffic = space.tensor_traffic(s, 1)
     shared_writes = sum(b for t, b in l1_traffic if not t.is_output) / blocks
     l2_bytes = sum(b / _sector_efficiency(space, t, t1) for t, b in l1_traffic) / blocks
-    # Cooperative global->shared copy: one load and one store instruction per element and thread.
-    fetch_elems = sum(n * (chunks if t.uses_reduce else 1)
-                      for t, n in zip(space.inputs, space.elems(t1), strict=False))
-    fetch_instr = 2 * -(-fetch_elems // res.threads)
+    # Cooperative global->shared copy: one load and one store instruction per vector and thread.
+    fetch_vectors = sum(n * (chunks if t.uses_reduce else 1) / _vector_width(space, t, t1)
+                        for t, n in zip(space.inputs, space.elems(t1), strict=False))
+    fetch_instr = 2 * math.ceil(fetch_vectors / res.threads)
 
     # Compute: the FLOP rate the block shape sustains, and the issue slots all its instructions take.
     thread_fmas = block_flops / res.threads / 2

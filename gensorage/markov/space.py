@@ -322,7 +322,7 @@ class ScheduleSpace:
         return tuple(lanes)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def space_for(workload: Workload, hw: HwProfile) -> ScheduleSpace:
     """The (cached) :class:`ScheduleSpace` of ``workload`` on ``hw``."""
     return ScheduleSpace(workload, hw)

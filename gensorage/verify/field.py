@@ -31,6 +31,7 @@ many independent trials at once: :attr:`FieldValue.data` is an int64 array of sh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
@@ -43,7 +44,8 @@ from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q, is_prime
 # Largest inner dimension one float64 limb product can sum exactly: K * (2^16 - 1)^2 < 2^53.
 _MATMUL_CHUNK = 1 << 21
 _LIMB = 16
-# Below this many scalar products per component (trials · rows · inner · cols) matmul multiplies directly.
+# Below this many scalar products per component (trials · batch · rows · inner · cols) matmul multiplies
+# directly.
 _SMALL_MATMUL = 1 << 14
 _LIMB_MASK = (1 << _LIMB) - 1
 # exp splits the exponent e < 2^30 into limbs and gathers ω^limb from one table per limb.
@@ -324,7 +326,8 @@ class FieldArith:
         x, y, nd = self._align(a, b)
         m = self.mod(nd)
         k = x.shape[-1]
-        if x.shape[1] * x.shape[-2] * k * y.shape[-1] <= _SMALL_MATMUL:
+        batch = math.prod(max(u, v) for u, v in zip(x.shape[1:-2], y.shape[1:-2], strict=True))
+        if batch * x.shape[-2] * k * y.shape[-1] <= _SMALL_MATMUL:
             # Tiny products (search-size tiles): one broadcast multiply is cheaper than the limb split's
             # dozen numpy calls. Each product < 2^62 is reduced before the sum of k < 2^32 residues.
             prod = x[..., :, :, None] * y[..., None, :, :] % m[..., None]
@@ -420,6 +423,23 @@ def _powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:
     return acc
 
 
+def _limbs(x: np.ndarray, axis: int) -> np.ndarray:
+    """Low and high 16-bit limbs of ``x`` stacked along ``axis`` (-1 or -2), as float64, written in place.
+
+    Writing each limb straight into the float result (two passes over ``x``) avoids the int64 temporaries and
+    the copy of a concatenate, which dominate at paper shapes.
+    """
+    n = x.shape[axis]
+    shape = list(x.shape)
+    shape[axis] = 2 * n
+    out = np.empty(shape, dtype=np.float64)
+    lo = out[..., :n] if axis == -1 else out[..., :n, :]
+    hi = out[..., n:] if axis == -1 else out[..., n:, :]
+    np.bitwise_and(x, _LIMB_MASK, out=lo, casting="unsafe")
+    np.right_shift(x, _LIMB, out=hi, casting="unsafe")
+    return out
+
+
 def _limb_matmul(x: np.ndarray, y: np.ndarray, m: np.ndarray) -> np.ndarray:
     """``x @ y mod m`` for residues < 2^31 and inner dim ≤ 2^21, exactly, via 16-bit limbs in float64 BLAS.
 
@@ -428,9 +448,7 @@ def _limb_matmul(x: np.ndarray, y: np.ndarray, m: np.ndarray) -> np.ndarray:
     2^32, hence an exact integer below 2^53.
     """
     rows, cols = x.shape[-2], y.shape[-1]
-    xs = np.concatenate([x & _LIMB_MASK, x >> _LIMB], axis=-2).astype(np.float64)
-    ys = np.concatenate([y & _LIMB_MASK, y >> _LIMB], axis=-1).astype(np.float64)
-    c = np.matmul(xs, ys).astype(np.int64)
+    c = np.matmul(_limbs(x, -2), _limbs(y, -1)).astype(np.int64)
     c00, c01 = c[..., :rows, :cols], c[..., :rows, cols:]
     c10, c11 = c[..., rows:, :cols], c[..., rows:, cols:]
     r32 = np.array([(1 << 32) % int(v) for v in m.ravel()], dtype=np.int64).reshape(m.shape)
