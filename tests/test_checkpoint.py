@@ -22,7 +22,7 @@ GRAPH = {"inputs": [], "ops": [], "outputs": []}  # the checkpoint stores µGrap
 
 
 def open_ckpt(path: Path, key: str = "k1", tasks: list[dict[str, object]] = TASKS, version: str = "9.9") -> Checkpoint:
-    return Checkpoint.open(path, spec_key=key, spec_json={"spec": key}, tasks=lambda: tasks, version=version)
+    return Checkpoint.open(path, spec_key=key, spec_json={"spec": key}, tasks=tasks, version=version)
 
 
 def rows(task: int, n: int) -> list[CandidateRow]:
@@ -38,11 +38,7 @@ def test_round_trip_and_order(tmp_path: Path) -> None:
         assert ck.commit_task(0, stats={"states": 7}, elapsed_s=1.5, candidates=rows(0, 2))
         meta = ck.meta()
     assert meta["spec_key"] == "k1" and meta["num_tasks"] == "4" and meta["gensorage_version"] == "9.9"
-
-    def no_enumeration() -> list[dict[str, object]]:
-        raise AssertionError("a resumed checkpoint must not enumerate its tasks again")
-
-    with Checkpoint.open(path, spec_key="k1", spec_json={}, tasks=no_enumeration, version="9.9") as ck:
+    with open_ckpt(path) as ck:
         assert ck.task_jsons() == TASKS
         assert ck.pending_tasks() == [1, 3]
     with open_ckpt(path) as ck:
@@ -84,9 +80,13 @@ def test_different_spec_is_refused_naming_both(tmp_path: Path) -> None:
     assert "alpha" in str(info.value) and "beta" in str(info.value) and str(path) in str(info.value)
 
 
-def test_other_version_or_damaged_task_list_is_refused(tmp_path: Path) -> None:
+def test_other_task_list_version_or_damage_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
     open_ckpt(path).close()
+    with pytest.raises(StoreError, match="different task list"):
+        open_ckpt(path, tasks=TASKS[:3])
+    with pytest.raises(StoreError, match="different task list"):
+        open_ckpt(path, tasks=[*TASKS[:3], {"index": 3, "what": "other"}])
     with pytest.raises(StoreError, match="gensorage 9.9"):
         open_ckpt(path, version="1.0")
     conn = sqlite3.connect(path)
@@ -138,7 +138,7 @@ _WRITER = """
 import sys
 from gensorage.exhaustive.checkpoint import CandidateRow, Checkpoint
 tasks = [{"index": i} for i in range(400)]
-ck = Checkpoint.open(sys.argv[1], spec_key="k", spec_json={}, tasks=lambda: tasks, version="v")
+ck = Checkpoint.open(sys.argv[1], spec_key="k", spec_json={}, tasks=tasks, version="v")
 print("open", flush=True)
 for i in ck.pending_tasks():
     n = 1 + i % 37
@@ -156,7 +156,8 @@ def test_kill_9_during_commits_leaves_a_consistent_file(tmp_path: Path, delay: f
     time.sleep(delay)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
-    with Checkpoint.open(path, spec_key="k", spec_json={}, tasks=lambda: [], version="v") as ck:
+    with Checkpoint.open(path, spec_key="k", spec_json={}, tasks=[{"index": i} for i in range(400)],
+                         version="v") as ck:
         done = ck.done_tasks()
         per_task: dict[int, int] = {}
         for r in ck.candidates():

@@ -134,3 +134,22 @@ def test_elementwise_ops_and_activations() -> None:
     cg = compile_ugraph(g, HW, "llvm")
     assert _rel_err(cg.run(*xs), g.run(*xs)) < 1e-6
     assert check_field_twin(g, None, trials=2, twin=cg.field_twin())
+
+
+def test_matmul_without_a_construction_schedule_falls_back_to_one_thread_per_element(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gensorage.codegen import predefined
+    from gensorage.errors import ScheduleError
+
+    def no_schedule(*args: object, **kwargs: object) -> None:
+        raise ScheduleError("nothing fits")
+
+    monkeypatch.setattr(predefined, "construct_schedule", no_schedule)
+    g = _graph([("A", (2, 3, 4, 5)), ("B", (5, 6))], [KernelOp(Op.MATMUL, (0, 1))], dtype="float16")
+    cg = compile_ugraph(g, HW, "llvm")
+    (kernel,) = cg.kernels()
+    assert "fallback" in kernel.rule and kernel.threads % HW.warp_size == 0
+    xs = _inputs(g)
+    want = np.matmul(*[x.astype(np.float64) for x in xs])
+    assert np.abs(cg.run(*xs)[0] - want).max() / np.abs(want).max() < 2e-3
+    assert check_field_twin(g, None, trials=1, twin=cg.field_twin())

@@ -103,10 +103,6 @@ class ToyResult:
     complete: bool
 
 
-def toy_task_from_json(data: dict[str, Any]) -> ToyTask:
-    return ToyTask(**data)
-
-
 def toy_enumerate(spec: ToySpec) -> list[ToyTask]:
     return [ToyTask(i, i * spec.per_task) for i in range(spec.n_tasks)]
 
@@ -142,7 +138,7 @@ def toy_rank(cands: list[ToyCandidate]) -> list[ToyCandidate]:
 
 
 TOY = SearchCore(enumerate_tasks=toy_enumerate, run_task=toy_run_task, rank_candidates=toy_rank,
-                 candidate_type=ToyCandidate, stats_type=ToyStats, task_from_json=toy_task_from_json)
+                 candidate_type=ToyCandidate, stats_type=ToyStats)
 
 
 # ============================================================================================ helpers
@@ -248,7 +244,9 @@ def test_resume_reruns_only_tasks_not_done(tmp_path: Path) -> None:
 
 def test_kill_9_at_any_moment_then_resume_gives_the_same_result(tmp_path: Path) -> None:
     spec = ToySpec(n_tasks=8, per_task=8, sleep_s=0.03)
-    reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY, progress=False)
+    # Sleeping changes nothing but the time, so the reference runs without it.
+    reference = run_search(dataclasses.replace(spec, sleep_s=0.0), checkpoint=tmp_path / "ref.sqlite", workers=1,
+                           core=TOY, progress=False)
     ckpt = tmp_path / "killed.sqlite"
     done = 0
     # Kill twice (the second run resumes the first's file), each time right after a new task commits,
@@ -303,7 +301,8 @@ def test_sigint_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
     saved = int(out.split()[1])
     assert 1 <= saved == done_count(ckpt) < spec.n_tasks
     resumed = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False)
-    reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY, progress=False)
+    reference = run_search(dataclasses.replace(spec, sleep_s=0.0), checkpoint=tmp_path / "ref.sqlite",
+                           workers=1, core=TOY, progress=False)
     assert resumed.tasks_resumed == saved and summary(resumed) == summary(reference)
 
 
@@ -363,3 +362,35 @@ def test_bad_arguments_are_config_errors(tmp_path: Path) -> None:
         run_search(ToySpec(), checkpoint=tmp_path / "w.sqlite", workers=0, core=TOY)
     with pytest.raises(ConfigError, match="time budget"):
         run_search(ToySpec(), checkpoint=tmp_path / "w.sqlite", time_budget_s=0, core=TOY)
+
+
+def test_real_core_one_and_two_workers_match_the_serial_search(tmp_path: Path) -> None:
+    from gensorage.exhaustive.generator import search_serial
+    from gensorage.exhaustive.spec import SearchSpec
+    from gensorage.program import parse_program
+
+    program = parse_program("program one\ninput A [2, 4] float16\nD = exp(A)\noutput D\n")
+    spec = SearchSpec(program=program, max_kernel_ops=1, max_block_ops=1)
+    r1 = run_search(spec, checkpoint=tmp_path / "a.sqlite", workers=1, progress=False)
+    r2 = run_search(spec, checkpoint=tmp_path / "b.sqlite", workers=2, progress=False)
+    serial = search_serial(spec)
+    assert r1.complete and r2.complete and serial.complete and serial.best is not None
+    for r in (r1, r2):
+        assert [(c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in r.candidates] == \
+               [(c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in serial.candidates]
+        assert r.stats == serial.stats and r.tasks_total == serial.tasks
+    assert [c.equivalence for c in r1.candidates] == [c.equivalence for c in r2.candidates]
+
+
+def test_progress_formatting() -> None:
+    from gensorage.exhaustive.progress import Snapshot, eta_s, format_count, format_line, format_seconds
+
+    assert (format_count(999), format_count(1234), format_count(2_500_000)) == ("999", "1.23k", "2.5M")
+    assert (format_seconds(75.2), format_seconds(3725), format_seconds(None)) == ("1:15", "1:02:05", "?")
+    snap = Snapshot({"states": 10, "pruned_expr": 3, "pruned_shape": 2, "verified": 1}, tasks_done=6,
+                    tasks_total=10, tasks_done_this_run=2, tasks_running=2, best_time_s=2.5e-6, elapsed_s=20.0)
+    assert eta_s(snap) == 40.0  # 10 s per task this run, 4 tasks left
+    line = format_line(snap)
+    assert "tasks 6/10 (2 running)" in line and "pruned 5 (expr 3, shape 2, mem 0)" in line
+    assert "best 2.5 µs" in line and "ETA 0:40" in line
+    assert eta_s(Snapshot({}, 6, 10, 0, 0, None, 5.0)) is None

@@ -130,13 +130,23 @@ def result_json(spec: Any, result: Any, top: int) -> dict[str, Any]:
     }
 
 
+# The equivalence record's entries worth a glance in the text form (--json has all of them).
+_EQUIVALENCE_SUMMARY = ("equivalent", "method", "trials", "achieved_delta")
+
+
+def _equivalence_text(eq: dict[str, Any]) -> str:
+    parts = [f"{k} {eq[k]:.3g}" if isinstance(eq[k], float) else f"{k} {eq[k]}"
+             for k in _EQUIVALENCE_SUMMARY if k in eq]
+    return "equivalence: " + (", ".join(parts) if parts else json.dumps(eq, sort_keys=True))
+
+
 def result_text(result: Any, top: int) -> str:
     from gensorage.exhaustive.progress import format_count, format_seconds, format_time
 
     lines: list[str] = []
     for rank, c in enumerate(result.candidates[:top], start=1):
         lines.append(f"# µGraph #{rank}: predicted {format_time(c.predicted_time_s)} (found in task "
-                     f"{c.found_in_task}; equivalence {json.dumps(c.equivalence, sort_keys=True)})")
+                     f"{c.found_in_task}; {_equivalence_text(c.equivalence)})")
         lines.append(c.ugraph.to_text().rstrip("\n"))
         lines.append("")
     if not result.candidates:
@@ -153,4 +163,7 @@ def result_text(result: Any, top: int) -> str:
         f"{g('solver_queries')}, cache hits {g('cache_hits')}, timeouts {g('solver_timeouts')}; verified "
         f"{g('verified')}, rejected {g('rejected')}, unstable {g('unstable')}; this run "
         f"{format_seconds(result.elapsed_s)}; checkpoint {result.checkpoint_path}")
+    if not result.complete and result.run_stats:
+        lines.append(f"# this run visited {format_count(result.run_stats.get('states', 0))} states, counting tasks "
+                     "stopped before they finished (they run again on resume)")
     return "\n".join(lines)

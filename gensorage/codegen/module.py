@@ -15,11 +15,13 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gensorage.codegen.barriers import explicit_barriers, has_explicit_barriers
 from gensorage.codegen.block_threads import ThreadChoice
 from gensorage.codegen.predefined import ScheduledKernel, emit_predefined, is_alias
 from gensorage.codegen.scalar import FloatScalar, Scalar
@@ -114,8 +116,10 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) ->
     from gensorage.codegen.cuda_build import cuda_target
 
     mod = ir_module(kernels)
+    explicit = any(has_explicit_barriers(k.func) for k in kernels)
     try:
-        return tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
+        with explicit_barriers() if explicit else nullcontext():
+            return tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
     except Exception as exc:  # TVM's own error classes; the generated code is at fault, name the first line
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         raise ScheduleError(f"{target} build of the µGraph kernels failed: {lines[-1] if lines else exc}") from exc

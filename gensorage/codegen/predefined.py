@@ -6,7 +6,8 @@
   :func:`gensorage.codegen.lower_schedule.lower` to a PrimFunc with the same axes whose loads follow the
   broadcast and whose write-back casts to the tensor's dtype (16-bit inputs accumulate in float32). In field
   mode the same schedule is applied to an int64 reduction of ``truncmod(a * b, m)`` with a ``mod m`` epilogue,
-  once per modulus (component).
+  once per modulus (component). When the construction finds no schedule that fits, the matmul falls back to
+  one thread per output element (the rule of the next item).
 - elementwise ops, ``sum`` (full or grouped), ``repeat`` and ``concat``: one thread per output element,
   ``threads`` from the fallback rule of :mod:`gensorage.codegen.block_threads`, blocks along x.
 - ``reshape``: no kernel: the output is a view of the input (row-major, contiguous).
@@ -138,7 +139,10 @@ def _matmul_kernels(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, targ
     out = info.nodes[len(g.inputs) + k][0]
     ms = _MatmulShape(ta.shape, tb.shape, out.shape)
     base = matmul_workload(*ms.dims, ta.dtype)
-    schedule = construct_schedule(base, hw, seed)
+    try:
+        schedule = construct_schedule(base, hw, seed)
+    except ScheduleError:
+        return []  # no schedule fits: the caller emits the one-thread-per-element kernel
     rule = (f"markov construct on {base.key()}: T0={list(schedule.tiles[0])}, T1={list(schedule.tiles[1])}, "
             f"vthreads={list(schedule.vthreads)}")
     threads = threads_per_block(base, schedule)
@@ -194,7 +198,8 @@ def _simple(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Targ
     sig = ", ".join(f'{p.name}: T.Buffer({_shape(p.shape)}, "{p.dtype}")' for p in params)
     text = (f"@T.prim_func\ndef {name}({sig}):\n"
             f'    T.func_attr({{"global_symbol": "{name}", "tir.noalias": True}})\n' + w.text())
-    rule = f"fallback (pre-defined {op.op.value}): {nt} threads, one output element each"
+    why = "no construction schedule fits" if op.op is Op.MATMUL else f"pre-defined {op.op.value}"
+    rule = f"fallback ({why}): {nt} threads, one output element each"
     return KernelText(name, k, text, tuple(params), (blocks,), nt, rule)
 
 
@@ -220,6 +225,8 @@ def _element(w: Writer, op: KernelOp, ins: list[Any], out: Any, idx: list[Ix], s
         store(load(0, src))
     elif op.op is Op.CONCAT:
         _concat_element(w, op, ins, idx, load, store)
+    elif op.op is Op.MATMUL:
+        _matmul_element(w, ins, idx, sc, load, store)
     else:
         raise UnsupportedOpError(f"pre-defined kernel op '{op.op.value}' has no code generator")
 
@@ -242,6 +249,21 @@ def _sum_element(w: Writer, op: KernelOp, shape: tuple[int, ...], idx: list[Ix],
         else:
             src = idx[:dim] + [idx[dim] * count + gi] + idx[dim + 1:]
         nxt = sc.plus(sc.load("acc", "0", sc.acc_dtype), load(0, src))
+        for c, e in enumerate(nxt.comps):
+            w.line(f"{sc.at('acc', c, '0')} = {e}")
+    store(sc.reduced(sc.load("acc", "0", sc.acc_dtype)))
+
+
+def _matmul_element(w: Writer, ins: list[Any], idx: list[Ix], sc: Scalar, load: Any, store: Any) -> None:
+    """One output element of a (broadcast, batched) matmul: the whole inner dim in one register."""
+    w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
+    for c, e in enumerate(sc.zero().comps):
+        w.line(f"{sc.at('acc', c, '0')} = {e}")
+    a, b = ins[0].shape, ins[1].shape
+    with w.loop("k", a[-1]) as kk:
+        av = load(0, broadcast_index(idx[:-2], a[:-2]) + [idx[-2], kk])
+        bv = load(1, broadcast_index(idx[:-2], b[:-2]) + [kk, idx[-1]])
+        nxt = sc.plus(sc.load("acc", "0", sc.acc_dtype), sc.product(av, bv))
         for c, e in enumerate(nxt.comps):
             w.line(f"{sc.at('acc', c, '0')} = {e}")
     store(sc.reduced(sc.load("acc", "0", sc.acc_dtype)))
@@ -284,7 +306,9 @@ def emit_predefined(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, *, t
     if op.op is Op.MATMUL:
         if scalar.field and target != "llvm":
             raise UnsupportedOpError("the finite-field twin runs on the CPU only (target 'llvm')")
-        return list(_matmul_kernels(g, k, info, hw, target, scalar, name, seed))
+        scheduled = _matmul_kernels(g, k, info, hw, target, scalar, name, seed)
+        if scheduled:
+            return list(scheduled)
     return [_simple(g, k, info, hw, target, scalar, name)]
 
 

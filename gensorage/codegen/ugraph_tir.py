@@ -47,10 +47,11 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Literal
 
+from gensorage.codegen.barriers import EXPLICIT_BARRIERS
 from gensorage.codegen.block_threads import MatmulTiling, ThreadChoice, fallback_threads, matmul_tiling
 from gensorage.codegen.scalar import FIELD_PARAMS, FLOAT_DTYPES, Scalar, Val
 from gensorage.codegen.tir_text import Ix, Writer, broadcast_index, index_text, reshape_index, unravel
-from gensorage.errors import UnsupportedOpError
+from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
 from gensorage.ugraph.ir import (
@@ -144,16 +145,21 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
             work = math.prod(_matmul_dims(binfo, node, j))
             if best is None or work > best[0]:
                 best = (work, j)
+    why = "no matmul in the block graph"
     if best is not None:
         j = best[1]
         node = op.block.nodes[j]
         assert isinstance(node, BlockOp)
         b, m, n, kk = _matmul_dims(binfo, node, j)
-        tiling = matmul_tiling(b, m, n, kk, binfo.nodes[j][0].dtype, hw, seed)
-        return ThreadChoice(tiling.threads, j, tiling, tiling.describe())
+        try:
+            tiling = matmul_tiling(b, m, n, kk, binfo.nodes[j][0].dtype, hw, seed)
+        except ScheduleError as exc:
+            why = f"the construction found no schedule for the matmul tile: {exc}"
+        else:
+            return ThreadChoice(tiling.threads, j, tiling, tiling.describe())
     nt = fallback_threads(_largest_tile(binfo), hw)
-    return ThreadChoice(nt, None, None, f"fallback (no matmul in the block graph): {nt} threads, one per element "
-                                        f"of the largest tile ({_largest_tile(binfo)}) rounded to the warp size")
+    return ThreadChoice(nt, None, None, f"fallback ({why}): {nt} threads, one per element of the largest tile "
+                                        f"({_largest_tile(binfo)}) rounded to the warp size")
 
 
 # ---------------------------------------------------------------------------------------------- emission
@@ -220,6 +226,7 @@ class _BlockEmitter:
         self.reg_accs = {j: self._reg_acc_map(j, n) for j, n in enumerate(self.nodes)
                          if isinstance(n, Accumulator) and n.fmap is None}
         self.buffers: dict[Ref, str] = {}
+        self.dynamic_shared = False
         self._synced = True
         self._check_grid()
         if choice.tiling is not None:
@@ -646,8 +653,9 @@ class _BlockEmitter:
             if isinstance(self.nodes[s], Accumulator))
 
     def _after(self, wrote_shared: bool) -> None:
-        """Barrier after a phase whose shared-memory writes later phases read."""
-        if wrote_shared:
+        """Barrier after a phase whose shared-memory writes later phases read; after every phase when shared
+        memory is dynamic (see :mod:`gensorage.codegen.barriers`)."""
+        if wrote_shared or self.dynamic_shared:
             self.sync()
         else:
             self._synced = False
@@ -672,7 +680,8 @@ class _BlockEmitter:
                 if self.needs_buffer(r):
                     self.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
                     total += math.prod(self.sc.buf_shape(t.shape)) * dtype_bytes(self._buf_dtype(r))
-        scope = ("shared.dyn" if total > STATIC_SHARED_LIMIT else "shared") if self.gpu else "global"
+        self.dynamic_shared = self.gpu and total > STATIC_SHARED_LIMIT
+        scope = ("shared.dyn" if self.dynamic_shared else "shared") if self.gpu else "global"
         for r, name in self.buffers.items():
             shape = self.sc.buf_shape(self.tile(r).shape)
             self.w.line(f'{name} = T.alloc_buffer({_shape(shape)}, "{self._buf_dtype(r)}", scope="{scope}")')
@@ -729,10 +738,11 @@ class _BlockEmitter:
         with self.grid():
             self.body()
         sig = ", ".join(f'{p.name}: T.Buffer({_shape(p.shape)}, "{p.dtype}")' for p in params)
+        explicit = f', "{EXPLICIT_BARRIERS}": True' if self.dynamic_shared else ""
         head = [
             "@T.prim_func",
             f"def {self.name}({sig}):",
-            f'    T.func_attr({{"global_symbol": "{self.name}", "tir.noalias": True}})',
+            f'    T.func_attr({{"global_symbol": "{self.name}", "tir.noalias": True{explicit}}})',
         ]
         text = "\n".join(head) + "\n" + self.w.text()
         return KernelText(self.name, self.k, text, tuple(params), self.block.grid, self.nt, self.choice.rule)

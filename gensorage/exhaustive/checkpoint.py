@@ -13,9 +13,9 @@ Tables
     ``gensorage_version``, ``created_at``, ``updated_at`` (Unix times).
 ``tasks``
     ``(idx, status, task, stats, elapsed_s, updated_at)``: one row per task, ``task`` its JSON, ``status``
-    ``'pending'`` or ``'done'``; ``stats`` (JSON) and ``elapsed_s`` are set when it is done. The task list is
-    stored when the checkpoint is created and read back on resume, so a resumed search does not enumerate its
-    tasks again (that can take a minute) and cannot see a different list.
+    ``'pending'`` or ``'done'``; ``stats`` (JSON) and ``elapsed_s`` are set when it is done. On every open the
+    search's task list must match the stored one (digest): a task is named by its position in the search tree,
+    so a core whose enumeration changed (same spec, other code) would otherwise mix two different splits.
 ``candidates``
     ``(task_idx, position, predicted_time_s, ugraph, equivalence, found_in_task)``: the candidates of done
     tasks; ``position`` is the candidate's place in its task's result, so loading reproduces the exact order
@@ -35,7 +35,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +110,8 @@ class Checkpoint:
 
     # ------------------------------------------------------------------------------------------ open
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, spec_key: str, spec_json: Any,
-             tasks: Callable[[], Sequence[Any]], version: str | None = None) -> Checkpoint:
+    def open(cls, path: str | os.PathLike[str], *, spec_key: str, spec_json: Any, tasks: Sequence[Any],
+             version: str | None = None) -> Checkpoint:
         """Open the checkpoint at ``path`` for the search ``spec_key``, creating it (all tasks pending) if new.
 
         Parameters
@@ -121,8 +121,8 @@ class Checkpoint:
         spec_key, spec_json
             The search spec's stable key and its JSON form (stored for humans and tools).
         tasks
-            Called only when the checkpoint is created: the search's tasks as JSON values, in index order
-            (task ``i`` is ``tasks()[i]``). Read them back with :meth:`task_jsons`.
+            The search's tasks as JSON values, in index order (task ``i`` is ``tasks[i]``); an existing
+            checkpoint must have been made for exactly this list.
         version
             The gensorage version (default: the running one); results of another version are refused.
         """
@@ -137,7 +137,7 @@ class Checkpoint:
             raise StoreError(f"{p}: cannot open search checkpoint ({exc})") from exc
         ckpt = cls(p, conn)
         try:
-            ckpt._setup(spec_key, spec_json, tasks, str(version))
+            ckpt._setup(spec_key, spec_json, [_dumps(t, f"task {i}") for i, t in enumerate(tasks)], str(version))
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise StoreError(f"{p}: not a usable search checkpoint ({exc})") from exc
@@ -146,7 +146,7 @@ class Checkpoint:
             raise
         return ckpt
 
-    def _setup(self, spec_key: str, spec_json: Any, tasks: Callable[[], Sequence[Any]], version: str) -> None:
+    def _setup(self, spec_key: str, spec_json: Any, task_texts: list[str], version: str) -> None:
         conn = self._conn
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -157,14 +157,18 @@ class Checkpoint:
         if mode is None or str(mode[0]).lower() != "wal":
             raise StoreError(f"{self.path}: cannot switch the checkpoint to WAL mode (got {mode})")
         conn.execute("PRAGMA synchronous = NORMAL")  # see the module docstring
+        digest = _digest(task_texts)
         if not tables:
-            # Enumerate before taking the write lock: it can take long, and another process may create the
-            # same file meanwhile (then its tables exist and ours are not written).
-            task_texts = [_dumps(t, f"task {i}") for i, t in enumerate(tasks())]
             with self._write():
-                if not self._tables():
-                    self._create(spec_key, spec_json, task_texts, _digest(task_texts), version)
+                if not self._tables():  # another process may have created it meanwhile
+                    self._create(spec_key, spec_json, task_texts, digest, version)
         self._check(spec_key, version)
+        if self.meta().get("tasks_digest") != digest:
+            meta = self.meta()
+            raise StoreError(f"{self.path}: checkpoint was made for a different task list of the same search "
+                             f"({meta.get('num_tasks')} tasks, digest {meta.get('tasks_digest')}; now "
+                             f"{len(task_texts)} tasks, digest {digest}): the search code changed; delete it or "
+                             "use another path")
 
     def _create(self, spec_key: str, spec_json: Any, task_texts: list[str], digest: str, version: str) -> None:
         now = time.time()

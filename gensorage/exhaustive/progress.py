@@ -8,6 +8,7 @@ line is always printed. Nothing here touches stdout, which carries the search's 
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -140,7 +141,11 @@ class ProgressReporter:
         self._last = now
         line = "search: " + format_line(snap)
         if self.tty:
-            # \r + erase-to-end-of-line rewrites the line in place whatever its previous length.
+            # \r + erase-to-end-of-line rewrites the line in place whatever its previous length; a line wider
+            # than the terminal would wrap and \r would only return to its last row, so it is cut to fit.
+            width = shutil.get_terminal_size((120, 24)).columns - 1
+            if len(line) > width:
+                line = line[:max(0, width - 1)] + "…"
             self.stream.write("\r" + line + "\x1b[K")
             self._open_line = True
         else:

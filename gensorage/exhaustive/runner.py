@@ -64,7 +64,6 @@ class SearchCore:
     rank_candidates: Callable[[Sequence[Any]], list[Any]]
     candidate_type: Callable[..., Any]
     stats_type: Callable[..., Any]
-    task_from_json: Callable[[Any], Any]
 
 
 def default_core() -> SearchCore:
@@ -73,7 +72,7 @@ def default_core() -> SearchCore:
 
     return SearchCore(enumerate_tasks=generator.enumerate_tasks, run_task=generator.run_task,
                       rank_candidates=generator.rank_candidates, candidate_type=results.Candidate,
-                      stats_type=results.Stats, task_from_json=results.Task.from_json)
+                      stats_type=results.Stats)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,19 +166,12 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
     path = Path(checkpoint).expanduser() if checkpoint is not None else default_checkpoint_path(key)
     reporter = ProgressReporter(enabled=progress, stream=progress_stream)
 
-    def enumerate_json() -> list[Any]:
-        # Only for a new checkpoint; a resumed search reads its task list back from the file.
-        reporter.message(f"gensorage search {key}: splitting the search into tasks")
-        tasks = list(core.enumerate_tasks(spec))
-        for i, t in enumerate(tasks):
-            if getattr(t, "index", None) != i:
-                raise RuntimeError(f"search core bug: task {i} of the enumeration has index "
-                                   f"{getattr(t, 'index', None)}")
-        return [_to_json(t) for t in tasks]
-
-    with Checkpoint.open(path, spec_key=key, spec_json=spec.to_json(), tasks=enumerate_json) as ckpt:
-        # Tasks are always the decoded stored JSON, so a fresh run and a resumed one run identical tasks.
-        tasks = [core.task_from_json(t) for t in ckpt.task_jsons()]
+    reporter.message(f"gensorage search {key}: splitting the search into tasks")
+    tasks = list(core.enumerate_tasks(spec))
+    for i, t in enumerate(tasks):
+        if getattr(t, "index", None) != i:
+            raise RuntimeError(f"search core bug: task {i} of the enumeration has index {getattr(t, 'index', None)}")
+    with Checkpoint.open(path, spec_key=key, spec_json=spec.to_json(), tasks=[_to_json(t) for t in tasks]) as ckpt:
         run = _Run(core, spec, tasks, ckpt, reporter, start, time_budget_s)
         pending = ckpt.pending_tasks()
         n_workers = min(n_workers, max(1, len(pending)))
@@ -264,6 +256,8 @@ class _Run:
         if self.stopped_by is None:
             if self.interrupts is not None and self.interrupts.count:
                 self.stopped_by = "interrupt"
+                self.reporter.message("search: stopping; running tasks are asked to stop, finished ones are "
+                                      "kept (Ctrl-C again aborts at once)")
             elif self.budget_s is not None and time.monotonic() - self.start >= self.budget_s:
                 self.stopped_by = "time budget"
         return self.stopped_by

@@ -39,6 +39,7 @@ from gensorage.errors import (
     UnsupportedOpError,
 )
 from gensorage.program import Program, config_dir, dump_program, parse_program
+from gensorage.superopt.gpu import gpu_name, gpu_unavailable_reason, measure_ugraph
 from gensorage.superopt.presets import (
     DEFAULT_DELTA,
     DEFAULT_TOP_K,
@@ -448,45 +449,6 @@ def _try_compile(g: KernelGraph, hw: HwProfile, seed: int) -> tuple[CompiledUGra
         return None, exc
 
 
-def _gpu_reason() -> str | None:
-    try:
-        from gensorage.codegen.cuda_build import cuda_device_available
-
-        return cuda_device_available()
-    except ImportError as exc:  # TVM without CUDA support
-        return str(exc)
-
-
-def _measure(compiled: CompiledUGraph, p: Program, seed: int) -> float:
-    """Median wall time (s) of one launch of every kernel on GPU 0, inputs and outputs on the device."""
-    import numpy as np
-    import tvm
-
-    from gensorage.codegen.module import execute
-    from gensorage.codegen.scalar import FloatScalar
-    from gensorage.ops.data import numpy_dtype
-
-    dev = tvm.cuda(0)
-    arrays = [a.astype(numpy_dtype(t.dtype)) for a, t in zip(p.random_inputs(seed), p.inputs, strict=True)]
-    inputs = [tvm.runtime.tensor(a, device=dev) for a in arrays]
-    kernels, ex = compiled.kernels("cuda"), compiled.executable("cuda")
-    scalar = FloatScalar(compiled.compute)
-
-    def once() -> None:
-        execute(compiled.ugraph, compiled.info, kernels, ex, inputs, dev, scalar)
-
-    for _ in range(PROFILE_WARMUP):
-        once()
-    dev.sync()
-    times = []
-    for _ in range(PROFILE_REPEATS):
-        t0 = time.perf_counter()
-        once()
-        dev.sync()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 # ============================================================================================ the API
 
 
@@ -568,7 +530,7 @@ def superoptimize(
     run = _Run(src, profile, chosen_preset, d, seed, say, notes, start, store, use_store)
     if mode == "fast":
         return run.fast()
-    return run.full(src, explicit, time_budget_s, checkpoint, workers, progress,
+    return run.full(explicit, time_budget_s, checkpoint, workers, progress,
                     hw if isinstance(hw, str) else profile.name)
 
 
@@ -622,7 +584,7 @@ class _Run:
     def choose(self, options: list[_Option]) -> tuple[_Option, Verification, Any, GensorageError | None, str]:
         """Rank, optionally measure on the GPU, then take the first that verifies and lowers."""
         selection = "cost model"
-        gpu = _gpu_reason()
+        gpu = gpu_unavailable_reason()
         ranked = _rank(options)
         if gpu is None:
             selection = self.profile_on_gpu(ranked[:PROFILE_TOP])
@@ -662,14 +624,13 @@ class _Run:
                 self.notes.append(f"{opt.origin}: not profiled, the code generator cannot lower it: {error}")
                 continue
             try:
-                opt.measured_s = _measure(compiled, self.program, self.seed)
+                opt.measured_s = measure_ugraph(compiled, self.program, seed=self.seed,
+                                                warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS)
             except GensorageError as exc:
                 self.notes.append(f"{opt.origin}: profiling failed: {exc}")
             self.say(f"measured {opt.origin}: {opt.measured_s}")
         self._tick("profile", t0)
-        import tvm
-
-        return f"median of {PROFILE_REPEATS} runs on {tvm.cuda(0).device_name}"
+        return f"median of {PROFILE_REPEATS} runs on {gpu_name()}"
 
     def result(self, mode: str, options: list[_Option], **extra: Any) -> SuperoptResult:
         direct = next(o for o in options if o.origin == "direct")
@@ -698,7 +659,7 @@ class _Run:
             return self.result("fast", [direct], fallback_reason=reason)
         self.say(f"re-instantiating the stored structure (found at {record.params or 'its shapes'})")
         stored = record.program()
-        options = self.carry_over([(g, None) for g in record.ugraphs], stored, "stored")
+        options = self.carry_over([(g, record.report(i)) for i, g in enumerate(record.ugraphs)], stored, "stored")
         if not options:
             reason = "no stored µGraph carries over to these shapes (see notes)"
             return self.result("fast", [direct], fallback_reason=reason, search_params=record.params)
@@ -711,12 +672,12 @@ class _Run:
         return result
 
     # ------------------------------------------------------------------------------------------ full
-    def full(self, src: ProgramSource, explicit: bool, time_budget_s: float | None, checkpoint: Any,
-             workers: int | None, progress: bool, hw_name: str) -> SuperoptResult:
+    def full(self, explicit: bool, time_budget_s: float | None, checkpoint: Any, workers: int | None,
+             progress: bool, hw_name: str) -> SuperoptResult:
         from gensorage.exhaustive.runner import SearchInterrupted, run_search
         from gensorage.exhaustive.spec import SearchSpec
 
-        small = _search_program(src, self.preset, explicit, self.notes)
+        small = _search_program(self.src, self.preset, explicit, self.notes)
         budget = time_budget_s if time_budget_s is not None else (self.preset.time_budget_s if self.preset else None)
         limits = dict(self.preset.search) if self.preset else {}
         spec = SearchSpec(program=small, hw=hw_name, seed=self.seed, delta=self.delta, **limits)
@@ -745,12 +706,15 @@ class _Run:
         return result
 
     def save(self, small: Program, found: list[tuple[KernelGraph, Any]], sr: Any, result: SuperoptResult) -> None:
-        """Store the search's verified candidates as this program's structure (best at the requested shapes
-        first); an incomplete search does not replace what a complete one stored."""
+        """Store the search's verified candidates as this program's structure (the one chosen at the requested
+        shapes first; the direct µGraph when a complete search found none). An incomplete search does not
+        replace what a complete one stored."""
+        if not found and not sr.complete:
+            return  # an unfinished search that found nothing has learnt nothing worth storing
         t0 = time.perf_counter()
-        graphs = [g for g, _ in found] or [from_program(small)]
+        entries = list(found) or [(from_program(small), None)]
         if result.origin.startswith("search #"):
-            graphs.insert(0, graphs.pop(int(result.origin.split("#")[1])))
+            entries.insert(0, entries.pop(int(result.origin.split("#")[1])))
         with StructureStore(self.store) as st:
             old = st.get(self.program.structure_key(), self.hw.name)
             if old is not None and old.search.get("complete") and not sr.complete:
@@ -759,8 +723,9 @@ class _Run:
                 return
             st.put(StructureRecord(
                 structure_key=self.program.structure_key(), hw=self.hw.name, version=_version(),
-                program_text=dump_program(small), params=dict(small.params), ugraphs=tuple(graphs),
-                predicted_time_s=self.cost(graphs[0]), naive_predicted_time_s=self.cost(from_program(small)),
+                program_text=dump_program(small), params=dict(small.params),
+                ugraphs=tuple(g for g, _ in entries), reports=tuple(r for _, r in entries),
+                predicted_time_s=self.cost(entries[0][0]), naive_predicted_time_s=self.cost(from_program(small)),
                 search={"complete": sr.complete, "candidates": len(sr.candidates), "tasks_done": sr.tasks_done,
                         "tasks_total": sr.tasks_total}))
         self._tick("store", t0)

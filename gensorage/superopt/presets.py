@@ -8,8 +8,8 @@ the result is checked at the requested shapes::
     time_budget_s = 120              # default time budget of a full-mode run (absent: none)
     top_k = 5                        # search candidates re-instantiated at the requested shapes and compared
     delta = 1e-9                     # false-accept probability of the final equivalence check
-    verify_max_trials = 16           # cap on that check's trials (absent: as many as delta needs)
-    verify_max_elements = 16777216   # skip the check at the requested shapes above this many elements
+    verify_max_trials = 64           # cap on that check's trials (default 64; 0: as many as delta needs)
+    verify_max_elements = 4194304    # skip the check at the requested shapes above this many elements
 
     [search_params]                  # the program's params at the search shapes
     b = 2
@@ -45,8 +45,8 @@ _TOP_KEYS = frozenset({"program", "description", "time_budget_s", "top_k", "delt
                        "verify_max_elements", "search_params", "search", "modes", "run_params"})
 DEFAULT_TOP_K = 5
 DEFAULT_DELTA = 1e-9
-DEFAULT_VERIFY_MAX_TRIALS = 16
-DEFAULT_VERIFY_MAX_ELEMENTS = 1 << 24
+DEFAULT_VERIFY_MAX_TRIALS = 64
+DEFAULT_VERIFY_MAX_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ class StructureRecord:
     """A µGraph structure found by a full-mode run.
 
     ``ugraphs`` are the search's verified µGraphs of the program ``program_text`` (at ``params``), the one
-    chosen at the full-mode run's shapes first; ``predicted_time_s`` and ``naive_predicted_time_s`` are the
+    chosen at the full-mode run's shapes first, with the search's equivalence summaries in ``reports``; ``predicted_time_s`` and ``naive_predicted_time_s`` are the
     cost model's times of the first and of the direct µGraph at those shapes; ``search`` summarises the search.
     """
 
@@ -50,6 +50,11 @@ class StructureRecord:
     naive_predicted_time_s: float
     search: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    reports: tuple[dict[str, Any] | None, ...] = ()
+
+    def report(self, i: int) -> dict[str, Any] | None:
+        """The search's equivalence summary of ``ugraphs[i]`` at the stored shapes (None if not kept)."""
+        return self.reports[i] if i < len(self.reports) else None
 
     def program(self) -> Program:
         """The program the stored µGraph computes."""
@@ -61,7 +66,7 @@ class StructureRecord:
             "hw": self.hw, "gensorage_version": self.version, "program": self.program_text,
             "params": dict(self.params), "ugraphs": [g.to_json() for g in self.ugraphs],
             "predicted_time_s": self.predicted_time_s, "naive_predicted_time_s": self.naive_predicted_time_s,
-            "search": self.search, "created_at": self.created_at,
+            "search": self.search, "created_at": self.created_at, "reports": list(self.reports),
         }
 
     @staticmethod
@@ -80,6 +85,7 @@ class StructureRecord:
                 predicted_time_s=float(data["predicted_time_s"]),
                 naive_predicted_time_s=float(data["naive_predicted_time_s"]),
                 search=dict(data.get("search") or {}), created_at=float(data.get("created_at", 0.0)),
+                reports=tuple(None if r is None else dict(r) for r in data.get("reports") or ()),
             )
         except (KeyError, TypeError, ValueError, GensorageError) as exc:
             raise StoreError(f"{where}: malformed record ({type(exc).__name__}: {exc})") from None
