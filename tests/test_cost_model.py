@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import gensorage.markov.cost_model as cost_model
 import gensorage.ops as ops
 from gensorage.baselines.sampling import decode, parameters
 from gensorage.errors import ScheduleError
@@ -31,8 +32,9 @@ def test_tiled_gemm_beats_untiled_by_orders_of_magnitude() -> None:
     assert math.isfinite(good) and math.isfinite(untiled)
     assert untiled > 100 * good
     assert one_thread > 10 * good
-    # A 4096^3 fp16 GEMM cannot beat the tensor-core peak, and a decent tiling is within 10x of it.
-    ideal = wl.flops / H100.flops("float16", tensor_cores=True)
+    # The emitted code is CUDA-core FMA in float32 (EMITS_TENSOR_CORES is off): a 4096^3 GEMM cannot beat the
+    # float32 CUDA-core peak, and a decent tiling is within 10x of it.
+    ideal = wl.flops / H100.flops("float32", tensor_cores=False)
     assert ideal < good < 10 * ideal
 
 
@@ -86,7 +88,22 @@ def test_vthreads_reduce_bank_conflicts_and_time() -> None:
     assert b_split.total_s < b_plain.total_s
 
 
-def test_tensor_cores_only_where_they_apply() -> None:
+def test_no_tensor_cores_while_the_lowering_emits_fma_code() -> None:
+    fp16 = ops.gemm(4096, 4096, 4096)
+    b16 = breakdown(fp16, H100, space_for(fp16, H100).make((8, 8, 1), (128, 128, 32)))
+    assert b16 is not None and not b16.tensor_cores
+
+
+@pytest.fixture
+def tensor_cores_on(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(cost_model, "EMITS_TENSOR_CORES", True)
+    cost_model._mma_groups.cache_clear()
+    yield
+    cost_model._mma_groups.cache_clear()
+
+
+def test_tensor_cores_only_where_they_apply(tensor_cores_on: None) -> None:
+    # The tensor-core path of the model, for a lowering that emits MMA instructions.
     fp16 = ops.gemm(4096, 4096, 4096)
     fp32 = ops.gemm(4096, 4096, 4096, "float32")
     shape = ((8, 8, 1), (128, 128, 32))
@@ -128,7 +145,7 @@ def test_more_work_is_never_faster(k: int, t0k: int, t1k: int) -> None:
 
 
 def test_profile_without_the_dtype_is_a_schedule_error() -> None:
-    hw = dataclasses.replace(H100, peak_flops=tuple(p for p in H100.peak_flops if p[0] == "float32"))
-    wl = ops.gemm(256, 256, 256, "bfloat16")
-    with pytest.raises(ScheduleError, match="bfloat16"):
+    hw = dataclasses.replace(H100, peak_flops=tuple(p for p in H100.peak_flops if p[0] == "float16"))
+    wl = ops.gemm(256, 256, 256, "float32")
+    with pytest.raises(ScheduleError, match="float32"):
         predict_time(wl, hw, space_for(wl, hw).make((4, 4, 1), (64, 64, 16)))

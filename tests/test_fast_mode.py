@@ -98,7 +98,7 @@ def test_reinstantiation_rejects_another_structure() -> None:
 def test_a_graph_with_a_factor_the_program_does_not_have_does_not_carry_over() -> None:
     old, graph = rmsnorm_matmul(4, 16, 12, blocks=3, forloop=4)
     new, _ = rmsnorm_matmul(4, 64, 12)
-    broken = _with_thread_op(graph, lambda t: ThreadOp(Op.SCALE, t.inputs, {"factor": 0.123}))
+    broken = _with_thread_op(graph, lambda t: ThreadOp(Op.SCALE, t.inputs, (("factor", 0.123),)))
     with pytest.raises(ReshapeFailed, match="scale factor"):
         reinstantiate(broken, old, new, H100, _cost)
 

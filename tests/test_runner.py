@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gensorage.errors import ConfigError
@@ -254,9 +255,14 @@ def test_kill_9_at_any_moment_then_resume_gives_the_same_result(tmp_path: Path) 
     for workers in (2, 1):
         proc = spawn_search(spec, ckpt, workers)
         done = wait_for_done(ckpt, done + 1, proc)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= (workers if workers > 1 else 0)  # the pool's workers and resource tracker
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         assert proc.returncode == -signal.SIGKILL
+        # Orphaned workers notice and exit instead of waiting for tasks forever.
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, alive
     assert done < spec.n_tasks
     resumed = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False)
     assert resumed.tasks_resumed >= 2

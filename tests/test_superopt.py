@@ -95,6 +95,16 @@ def test_full_mode_stores_the_structure_and_fast_mode_reuses_it(softmax_full: tu
                                rtol=1e-5, atol=1e-6)
 
 
+def test_too_large_to_check_relies_on_the_search_shapes_check(softmax_full: tuple[SuperoptResult, Path]) -> None:
+    r, d = softmax_full
+    small_check = _preset({}, verify_max_elements=16)
+    fast = superoptimize(d / "softmax.gsp", params={"m": 8, "n": 32}, mode="fast", preset=small_check,
+                         store=d / "store.sqlite", progress=False)
+    assert fast.from_store and fast.equivalence.method == "search shapes" and fast.equivalence.report is None
+    assert fast.equivalence.search_report is not None and fast.equivalence.search_report["equivalent"]
+    assert "search shapes only" in str(fast.equivalence)
+
+
 def test_a_rerun_resumes_the_checkpoint(softmax_full: tuple[SuperoptResult, Path]) -> None:
     r, d = softmax_full
     again = superoptimize(d / "softmax.gsp", mode="full", preset=_preset(TINY), workers=1, use_store=False,
@@ -127,6 +137,10 @@ def test_a_time_budget_stops_the_search_and_keeps_a_verified_answer(tmp_path: Pa
                       store=tmp_path / "s.sqlite", checkpoint=tmp_path / "c.sqlite", progress=False)
     assert not r.complete and r.stopped_by == "time budget"
     assert r.equivalence and r.predicted_time_s <= r.naive_predicted_time_s
+    assert r.search_stats is not None
+    with StructureStore(tmp_path / "s.sqlite") as st:  # an unfinished search stores only what it found
+        stored = st.get(r.program.structure_key(), "h100")
+    assert (stored is None) == (r.search_stats["candidates"] == 0)
 
 
 def test_ctrl_c_returns_what_was_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,7 @@ from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant,
 from gensorage.exhaustive.rank import ACCUMULATOR_CODE, GRAPH_DEFINED_CODE, follows, rank_key
 from gensorage.exhaustive.schedule_sizes import loop_candidates, size_candidates
 from gensorage.exhaustive.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, free_after, numel
-from gensorage.opset import Shape
+from gensorage.opset import Op, Shape
 from gensorage.ugraph.evaluate import run_block_graph
 from gensorage.ugraph.ir import (
     Accumulator,
@@ -303,6 +303,8 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
     fdep = any(b.fdep[i] for i in ins)
     elem = dtype_bytes(b.dtype[ins[0]])
     for v in variants:
+        if v.op is Op.SCALE and not s.scale_budget.get(v.attrs, 0):
+            continue
         out = out_shape(v, shapes)  # type: ignore[arg-type]
         if out is None:
             counters.pruned_shape += 1
@@ -315,9 +317,11 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
             counters.pruned_memory += 1
             continue
         s.state.push_block(BlockOpRec(v, ins), (*head, v.code, ()), out, value, post, fdep)
+        s.use_scale(v, 1)
         try:
             yield
         finally:
+            s.use_scale(v, -1)
             s.state.pop_block()
 
 

@@ -23,12 +23,13 @@ from gensorage.exhaustive.abstract_expr import Term, expr_of
 from gensorage.exhaustive.block_level import block_children
 from gensorage.exhaustive.finalize import finalize
 from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children, kernel_graph
-from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, catalog, out_shape
+from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog, out_shape
 from gensorage.exhaustive.oracle import SubexprOracle
 from gensorage.exhaustive.results import Candidate, SearchResult, Stats, Task, TaskResult, ugraph_key
 from gensorage.exhaustive.search_state import SearchState
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.hw import load_profile
+from gensorage.opset import Attrs, Op, attr, freeze_attrs
 
 TARGET_TASKS = 96  # enumerate_tasks splits deeper until it has at least this many tasks ...
 MAX_SPLIT_DEPTH = 3  # ... or reaches this depth
@@ -80,6 +81,13 @@ class Search:
         used = _term_vars(self.targets)
         self.required_inputs = [i for i, t in enumerate(program.inputs) if t.name in used]
         self.counters = Counters()
+        # Constant factors: each scale factor at most as often as the program applies it (see docs/search.md).
+        self.scale_budget: dict[Attrs, int] = {}
+        for i in program.live_ids():
+            node = program.nodes[i]
+            if node.op is Op.SCALE:
+                key = freeze_attrs({"factor": float(attr(node.attrs, "factor"))})
+                self.scale_budget[key] = self.scale_budget.get(key, 0) + 1
         self.construct_cache: dict[str, tuple[float, ...] | None] = {}
         self.sized_structures: set[str] = set()
         self.candidates: list[Candidate] = []
@@ -91,6 +99,11 @@ class Search:
         self._next_progress = 0.0
 
     # ------------------------------------------------------------------ the tree
+
+    def use_scale(self, v: OpVariant, n: int) -> None:
+        """Spend (``n`` = 1) or give back (-1) one use of a scale factor when ``v`` is a scale operator."""
+        if v.op is Op.SCALE:
+            self.scale_budget[v.attrs] -= n
 
     def children(self) -> Iterator[None]:
         """The current node's children; each is applied to the state while the generator is suspended on it."""

@@ -16,6 +16,7 @@ from gensorage import opset
 from gensorage.exhaustive.block_level import input_tuples
 from gensorage.exhaustive.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.search_state import EXPR, numel
+from gensorage.opset import Op
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.validate import dtype_bytes
 
@@ -56,6 +57,8 @@ def _predefined(s: Search) -> Iterator[None]:
                 continue
             if must is not None and not must <= set(ins):
                 continue
+            if v.op is Op.SCALE and not s.scale_budget.get(v.attrs, 0):
+                continue
             out = s.out_shape(v, [st.shape[i] for i in ins])
             if out is None:
                 s.counters.pruned_shape += 1
@@ -73,9 +76,11 @@ def _predefined(s: Search) -> Iterator[None]:
                 continue
             node = KernelOp(v.op, tuple(st.ref[i] for i in ins), v.attrs)
             st.push_kernel(node, key, ins, [(out, dtype, value)])
+            s.use_scale(v, 1)
             try:
                 yield
             finally:
+                s.use_scale(v, -1)
                 st.pop_kernel(ins)
 
 

@@ -13,7 +13,7 @@ Stopping:
 * the first Ctrl-C (SIGINT) does the same and :func:`run_search` then raises :class:`SearchInterrupted`
   carrying the partial result; workers ignore SIGINT so only the parent decides. A second Ctrl-C aborts at
   once (running tasks are killed; everything already committed stays);
-* ``kill -9`` of the parent loses only the running tasks; workers notice their parent is gone and stop.
+* ``kill -9`` of the parent loses only the running tasks; workers notice their parent is gone and exit.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ STOP_POLL_S = 0.05
 WORKER_PROGRESS_S = 0.5
 # After a stop request, how long running tasks get to return before they are killed.
 STOP_GRACE_S = 30.0
+# How often a worker checks that its parent is still alive (and exits if not).
+PARENT_POLL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,8 @@ class SearchResult:
     the done tasks; ``complete`` says every task is done; ``elapsed_s`` is this run's wall time;
     ``tasks_resumed`` the tasks that were already done when this run started; ``stopped_by`` is
     ``"time budget"``, ``"interrupt"``, ``"error"`` or None; ``run_stats`` sums (as a dict) the statistics of
-    every task this run ran, finished or stopped, so it says how much work a budget-limited run did.
+    every task this run ran, finished or stopped, so it says how much work a budget-limited run did;
+    ``enumerate_s`` is the part of ``elapsed_s`` spent splitting the search into tasks.
     """
 
     best: Any | None
@@ -97,6 +100,7 @@ class SearchResult:
     tasks_resumed: int = 0
     stopped_by: str | None = None
     run_stats: dict[str, Any] = field(default_factory=dict)
+    enumerate_s: float = 0.0
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -168,6 +172,7 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
 
     reporter.message(f"gensorage search {key}: splitting the search into tasks")
     tasks = list(core.enumerate_tasks(spec))
+    enumerate_s = time.monotonic() - start
     for i, t in enumerate(tasks):
         if getattr(t, "index", None) != i:
             raise RuntimeError(f"search core bug: task {i} of the enumeration has index {getattr(t, 'index', None)}")
@@ -188,7 +193,7 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
                 run.stopped_by = "interrupt"
             finally:
                 run.running = 0
-        result = run.result()
+        result = dataclasses.replace(run.result(), enumerate_s=enumerate_s)
         reporter.finish(run.snapshot())
         if result.stopped_by == "time budget":
             reporter.message(f"search: time budget of {format_seconds(time_budget_s)} reached; "
@@ -393,21 +398,29 @@ class _Run:
 
 _worker_stop: Any = None
 _worker_progress: Any = None
-_worker_parent: int | None = None
 
 
 def _init_worker(stop_event: Any, progress_q: Any, parent_pid: int) -> None:
-    global _worker_stop, _worker_progress, _worker_parent
+    global _worker_stop, _worker_progress
     # Only the parent decides what Ctrl-C means; it reaches the whole process group, workers included.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _worker_stop, _worker_progress, _worker_parent = stop_event, progress_q, parent_pid
+    _worker_stop, _worker_progress = stop_event, progress_q
     # Progress messages are disposable; never let a full pipe delay the worker's exit.
     progress_q.cancel_join_thread()
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="gensorage-parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the parent is gone (killed with -9: it could not ask us to stop). Without this an idle worker
+    would wait for its next task forever, since it holds both ends of the pool's call queue itself."""
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent_pid:
+            os._exit(1)  # nothing to save: only the parent writes the checkpoint
 
 
 def _worker_should_stop() -> bool:
-    # A parent killed with -9 cannot set the event; reparenting (ppid changes) tells the worker instead.
-    return bool(_worker_stop is not None and _worker_stop.is_set()) or os.getppid() != _worker_parent
+    return bool(_worker_stop is not None and _worker_stop.is_set())
 
 
 def _worker_run(core: SearchCore, spec: Any, task: Any) -> _Outcome:

@@ -38,6 +38,11 @@ from gensorage.markov.space import SHARED_RESERVED_PER_BLOCK, ScheduleSpace, Ten
 from gensorage.ops.workload import Workload
 
 LAUNCH_OVERHEAD_S = 2e-6  # kernel launch + tail as seen by a device-side timer
+
+# The model prices the code gensorage emits. ``gensorage.codegen.lower_schedule`` emits CUDA-core FMA loops that
+# accumulate 16-bit inputs in float32 (no mma/wgmma), so tensor cores stay off and 16-bit math is priced at the
+# float32 CUDA-core peak. Flip this only together with a lowering that emits MMA instructions.
+EMITS_TENSOR_CORES = False
 SCHEDULERS_PER_SM = 4  # warp schedulers per SM on every NVIDIA GPU since Maxwell
 FMA_DEPENDENT_CYCLES = 4  # cycles before a dependent FMA can issue; hidden by warps x independent accumulators
 MMA_DEPENDENT_CYCLES = 16  # same for one warp-wide mma.sync
@@ -109,7 +114,7 @@ def blocks_per_sm(hw: HwProfile, threads: int, registers: int, shared: int) -> i
 @lru_cache(maxsize=64)
 def _mma_groups(space: ScheduleSpace) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(M-like axes, N-like axes) when the workload is a two-input contraction, else None."""
-    if space.workload.dtype not in TENSOR_CORE_DTYPES or len(space.inputs) != 2:
+    if not EMITS_TENSOR_CORES or space.workload.dtype not in TENSOR_CORE_DTYPES or len(space.inputs) != 2:
         return None
     dtype = space.workload.dtype
     try:
@@ -331,7 +336,9 @@ def _shared_reads(space: ScheduleSpace, s: Schedule, tc: bool, threads: int, war
 
 
 def _peak(hw: HwProfile, dtype: str, tensor_cores: bool) -> float:
+    # Without tensor cores the emitted code computes 16-bit inputs in float32 (see EMITS_TENSOR_CORES).
+    compute_dtype = dtype if tensor_cores or dtype not in TENSOR_CORE_DTYPES else "float32"
     try:
-        return hw.flops(dtype, tensor_cores)
+        return hw.flops(compute_dtype, tensor_cores)
     except KeyError:
         raise ScheduleError(f"hardware profile {hw.name} has no peak FLOP/s for dtype {dtype}") from None

@@ -27,7 +27,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -158,20 +158,21 @@ def size_map(old: Program, new: Program) -> SizeMap:
             smap.add_size(x, y)
         if a.op is None:
             continue
-        for (key, va), (_, vb) in zip(_padded(a.op, a.attrs, a.shape, old, a.inputs),
-                                      _padded(b.op, b.attrs, b.shape, new, b.inputs), strict=True):
+        # Equal structure keys: b.op is a.op, with attributes of the same names.
+        for (key, va), (_, vb) in zip(_padded(a.op, a.attrs, old, a.inputs),
+                                      _padded(a.op, b.attrs, new, b.inputs), strict=True):
             if key == "factor":
-                smap.add("factor", float(va), float(vb))  # type: ignore[arg-type]
+                smap.add("factor", float(va), float(vb))
             elif key == "shape":
-                for x, y in zip(va, vb, strict=True):  # type: ignore[call-overload]
+                for x, y in zip(va, vb, strict=True):
                     smap.add_size(x, y)
             elif key in ("group", "times"):
                 smap.add(key, va, vb)
-                smap.add_size(va, vb)  # type: ignore[arg-type]
+                smap.add_size(va, vb)
     return smap
 
 
-def _padded(op: Op, attrs: Attrs, shape: Shape, p: Program, inputs: Sequence[int]) -> list[tuple[str, object]]:
+def _padded(op: Op, attrs: Attrs, p: Program, inputs: Sequence[int]) -> list[tuple[str, Any]]:
     """Attributes with a sum's implicit group made explicit, so two instantiations pair attribute by attribute.
 
     (A program drops ``group`` when it equals the reduced dim's size, so one instantiation may have it and the
