@@ -172,6 +172,14 @@ def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 
 
+def _algorithm_version(profile: HwProfile) -> str:
+    """Package version + fingerprints of the tuner code and the profile's numbers (stale results never served)."""
+    from gensorage import __version__
+    from gensorage.fingerprint import code_fingerprint, data_fingerprint
+
+    return f"{__version__}+{code_fingerprint('markov', 'baselines', 'ops')}.{data_fingerprint(profile)}"
+
+
 def tune(workload: Workload | str, hw: HwProfile | str = "h100", method: str = "markov", seed: int = 0, *,
          store: Store | str | Path | None = None, use_store: bool = True, **opts: Any) -> TuneResult:
     """Pick a schedule for ``workload`` on ``hw`` with ``method``; reuse a stored result when there is one.
@@ -214,7 +222,7 @@ def tune(workload: Workload | str, hw: HwProfile | str = "h100", method: str = "
     profile = resolve_hw(hw)
     if method not in METHODS:
         raise GensorageError(f"unknown method {method!r} (expected one of: {', '.join(METHODS)})")
-    key = ScheduleKey.make(wl.key(), profile.name, method, seed, opts)
+    key = ScheduleKey.make(wl.key(), profile.name, method, seed, opts, version=_algorithm_version(profile))
     if not use_store:
         return _run_method(wl, profile, method, seed, opts, None, key)
     st = store if isinstance(store, Store) else Store(store)
