@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 spec = SearchSpec(program=program, hw=args.hw, max_block_ops=limit, prune=prune,
                                   canonical=canonical, schedule=args.schedule, seed=args.seed, **extra)
                 row["spec_key"] = spec.key()
+                row["spec"] = {k: v for k, v in spec.to_json().items() if k != "program"}
                 row.update(run_one(spec, args.cap, args.workers, args.progress))
                 if not row["complete"]:
                     timed_out[variant] = limit

@@ -86,6 +86,9 @@ def test_nothing_better_than_direct_exits_1(softmax_file: Path, capsys: pytest.C
     assert code == 1
     assert "3 kernel(s)" in out.out and "direct µGraph used" in out.out
     assert out.err == ""  # --quiet
+    code = main(["superopt", str(softmax_file), "--mode", "fast", "--no-store", "--quiet", "--emit", "tir"])
+    out = capsys.readouterr()
+    assert code == 1 and "prim_func" in out.out and "3 kernel(s)" in out.err  # the summary moves to stderr
 
 
 def test_full_mode_then_emit(softmax_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -334,13 +334,13 @@ def test_interrupt_in_process_raises_with_partial_result(tmp_path: Path) -> None
 
 
 def test_core_error_propagates_and_keeps_finished_tasks(tmp_path: Path) -> None:
-    spec = ToySpec(n_tasks=5, per_task=5, fail_task=3)
-    with pytest.raises(ValueError, match="toy failure in task 3"):
+    spec = ToySpec(n_tasks=10, per_task=5, sleep_s=0.02, fail_task=5)
+    with pytest.raises(ValueError, match="toy failure in task 5"):
         run_search(spec, checkpoint=tmp_path / "f.sqlite", workers=2, core=TOY, progress=False)
-    # Tasks 0 and 1 finish before task 3 is dispatched; task 2 may finish or be stopped; 3 never is done.
-    assert 2 <= done_count(tmp_path / "f.sqlite") <= 3
+    # Task 5 is dispatched only after two tasks finished; those stay committed, task 5 never is.
+    assert 2 <= done_count(tmp_path / "f.sqlite") < 10
     conn = sqlite3.connect(tmp_path / "f.sqlite")
-    assert conn.execute("SELECT status FROM tasks WHERE idx = 3").fetchone() == ("pending",)
+    assert conn.execute("SELECT status FROM tasks WHERE idx = 5").fetchone() == ("pending",)
     conn.close()
 
 

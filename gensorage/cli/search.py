@@ -38,15 +38,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="override an integer 'param' of the program (repeatable)")
     p.add_argument("--hw", default="h100", help="hardware profile name, configs/hw/NAME.toml (default h100)")
-    p.add_argument("--max-kernel-ops", type=int, metavar="N", help="most operators in the kernel graph")
-    p.add_argument("--max-block-ops", type=int, metavar="N", help="most compute operators in one block graph")
-    p.add_argument("--max-block-inputs", type=int, metavar="N", help="most inputs of one block graph")
-    p.add_argument("--max-block-outputs", type=int, metavar="N", help="most outputs of one block graph")
-    p.add_argument("--max-grid-dims", type=int, metavar="N", help="most grid dims of one block graph (1-3)")
+    d = _spec_defaults()
+    p.add_argument("--max-kernel-ops", type=int, metavar="N",
+                   help=f"most operators in the kernel graph (default {d['max_kernel_ops']})")
+    p.add_argument("--max-block-ops", type=int, metavar="N",
+                   help=f"most compute operators in one block graph (default {d['max_block_ops']})")
+    p.add_argument("--max-block-inputs", type=int, metavar="N",
+                   help=f"most inputs of one block graph (default {d['max_block_inputs']})")
+    p.add_argument("--max-block-outputs", type=int, metavar="N",
+                   help=f"most outputs of one block graph (default {d['max_block_outputs']})")
+    p.add_argument("--max-grid-dims", type=int, metavar="N",
+                   help=f"most grid dims of one block graph, 1-3 (default {d['max_grid_dims']})")
     p.add_argument("--ops", metavar="OP[,OP...]", help="operator types the search may use (default: derived "
                    "from the program)")
-    p.add_argument("--delta", type=float, help="target false-accept probability of verification")
-    p.add_argument("--max-trials", type=int, metavar="N", help="cap on verification trials per candidate")
+    p.add_argument("--delta", type=float,
+                   help=f"target false-accept probability of verification (default {d['delta']:g})")
+    p.add_argument("--max-trials", type=int, metavar="N",
+                   help=f"cap on verification trials per candidate (default {d['max_trials']})")
     p.add_argument("--verify-all", action="store_true",
                    help="verify every complete µGraph, not only those whose expression matches the program's")
     p.add_argument("--no-prune", action="store_true", help="disable abstract-expression pruning")
@@ -62,6 +70,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top", type=int, default=1, metavar="K", help="show the K best µGraphs (default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_search)
+
+
+def _spec_defaults() -> dict[str, Any]:
+    """SearchSpec's field defaults, so the help shows the values a search really uses."""
+    import dataclasses
+
+    from gensorage.exhaustive.spec import SearchSpec
+
+    return {f.name: f.default for f in dataclasses.fields(SearchSpec)}
 
 
 def build_spec(args: argparse.Namespace) -> Any:

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -42,8 +42,8 @@ from gensorage.exhaustive.progress import ProgressReporter, Snapshot, format_sec
 
 # Parent loop tick: how often it wakes to drain progress, check the budget and redraw.
 TICK_S = 0.2
-# How often a worker's should_stop really looks at the shared event and its parent (the core may call
-# should_stop per state, and Event.is_set takes a lock).
+# How often a worker's should_stop really looks at the shared stop event (the core may call should_stop
+# every few states, and Event.is_set takes a lock).
 STOP_POLL_S = 0.05
 # How often a worker forwards its running task's statistics to the parent.
 WORKER_PROGRESS_S = 0.5
@@ -358,8 +358,7 @@ class _Run:
         if not out.complete:
             self.discarded = _add(self.discarded, out.stats)
             return
-        ctx = self.interrupts.critical() if self.interrupts is not None else _nullcontext()
-        with ctx:
+        with self.interrupts.critical() if self.interrupts is not None else nullcontext():
             fresh = self.ckpt.commit_task(out.index, stats=out.stats, elapsed_s=out.elapsed_s,
                                           candidates=out.rows)
         if not fresh:
@@ -527,11 +526,6 @@ class _Interrupts:
         if self._deferred:
             self._deferred = False
             raise KeyboardInterrupt
-
-
-@contextmanager
-def _nullcontext() -> Iterator[None]:
-    yield
 
 
 # ======================================================================================== conversions
