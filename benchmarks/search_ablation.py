@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                     timed_out[variant] = limit
                 _compare(row)
             doc["runs"].append(row)
+            doc["goal_summary"] = _goal_summary(doc["runs"])
             write_json(path, doc)
             progress(_summary_line(row))
     progress(f"wrote {path}")
@@ -190,6 +191,26 @@ def _compare(row: dict[str, Any]) -> None:
         else:
             # A timeout under a cap below the goal says nothing about the goal.
             row["goal_met"] = False if row["wall_s"] >= goal else None
+
+
+def _goal_summary(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """Per block-op limit, the goal verdict of the full search in words."""
+    out: dict[str, str] = {}
+    for row in runs:
+        if row["variant"] != "mirage" or row.get("mirage") is None:
+            continue
+        goal = GOAL_FRACTION * row["mirage"]["seconds"]
+        if "wall_s" not in row:
+            verdict = f"not run ({row['status']})"
+        elif row["complete"]:
+            verdict = (f"{'met' if row['wall_s'] <= goal else 'not met'}: {row['wall_s']:.3g} s against a goal of "
+                       f"{goal:.3g} s (Mirage {row['mirage']['text']})")
+        elif row["wall_s"] >= goal:
+            verdict = f"not met: {row['status']} (goal {goal:.3g} s, Mirage {row['mirage']['text']})"
+        else:
+            verdict = f"unknown: {row['status']}, below the goal of {goal:.3g} s"
+        out[str(row["max_block_ops"])] = verdict
+    return out
 
 
 def _summary_line(row: dict[str, Any]) -> str:

@@ -400,3 +400,5 @@ def test_progress_formatting() -> None:
     assert "tasks 6/10 (2 running)" in line and "pruned 5 (expr 3, shape 2, mem 0)" in line
     assert "best 2.5 µs" in line and "ETA 0:40" in line
     assert eta_s(Snapshot({}, 6, 10, 0, 0, None, 5.0)) is None
+    short = format_line(snap, compact=True)  # the terminal form: no pruning breakdown, same facts
+    assert "pruned 5 |" in short and "expr" not in short and "ETA 0:40" in short and len(short) < len(line)

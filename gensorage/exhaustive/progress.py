@@ -72,14 +72,23 @@ def eta_s(snap: Snapshot) -> float | None:
     return snap.elapsed_s / snap.tasks_done_this_run * remaining
 
 
-def format_line(snap: Snapshot) -> str:
-    """The one-line summary: tasks, states, pruning, solver, verification, best, elapsed and ETA."""
+def format_line(snap: Snapshot, *, compact: bool = False) -> str:
+    """The one-line summary: tasks, states, pruning, solver, verification, best, elapsed and ETA.
+
+    ``compact`` leaves out the breakdown of pruning so the line fits a terminal.
+    """
     st = snap.stats
 
     def g(name: str) -> float:
         return float(st.get(name, 0) or 0)
 
     pruned = g("pruned_expr") + g("pruned_shape") + g("pruned_memory")
+    if compact:
+        running = f" ({snap.tasks_running} running)" if snap.tasks_running else ""
+        return (f"tasks {snap.tasks_done}/{snap.tasks_total}{running} | states {format_count(g('states'))} | "
+                f"pruned {format_count(pruned)} | solver {format_count(g('solver_queries'))} q, "
+                f"{format_count(g('cache_hits'))} hits | verified {format_count(g('verified'))} | best "
+                f"{format_time(snap.best_time_s)} | {format_seconds(snap.elapsed_s)}, ETA {format_seconds(eta_s(snap))}")
     parts = [
         f"tasks {snap.tasks_done}/{snap.tasks_total}" + (f" ({snap.tasks_running} running)" if snap.tasks_running
                                                          else ""),
@@ -139,7 +148,7 @@ class ProgressReporter:
         if not force and now - self._last < self.interval_s:
             return
         self._last = now
-        line = "search: " + format_line(snap)
+        line = "search: " + format_line(snap, compact=self.tty)
         if self.tty:
             # \r + erase-to-end-of-line rewrites the line in place whatever its previous length; a line wider
             # than the terminal would wrap and \r would only return to its last row, so it is cut to fit.
