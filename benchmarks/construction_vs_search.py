@@ -343,7 +343,7 @@ def plot(entries: list[dict[str, Any]], labels: Sequence[str], path: Path, title
 # --------------------------------------------------------------------------------------------------- main
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from gensorage.tune import resolve_hw
+    from gensorage.tuning import resolve_hw
 
     try:
         import optuna

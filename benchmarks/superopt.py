@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from benchmarks.common import machine_info, progress, result_path, write_json  # noqa: E402
 from gensorage.errors import GensorageError  # noqa: E402
 from gensorage.program import list_configs  # noqa: E402
-from gensorage.superopt import SuperoptResult, load_preset, superoptimize  # noqa: E402
+from gensorage.superopt import SuperoptInterrupted, SuperoptResult, load_preset, superoptimize  # noqa: E402
 
 GPU_REPEATS = 100
 
@@ -77,6 +77,11 @@ def run_program(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     try:
         full = superoptimize(name, hw=args.hw, mode="full", time_budget_s=args.budget, checkpoint=ckpt,
                              seed=args.seed, workers=args.workers, preset=preset, store=store, progress=True)
+    except SuperoptInterrupted as exc:  # Ctrl-C: keep what was found, the caller stops
+        entry["params"] = dict(exc.result.program.params)
+        entry["full"] = _summary(exc.result)
+        entry["interrupted"] = True
+        return entry
     except GensorageError as exc:
         entry["error"] = f"{type(exc).__name__}: {exc}"
         return entry
@@ -206,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             data["programs"].append(entry)
             write_json(out, data)
             progress(_line(entry))
+            if entry.get("interrupted"):
+                progress("interrupted: stopping after this program")
+                break
     progress(f"wrote {out}")
     for e in data["programs"]:
         print(_line(e))

@@ -20,7 +20,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "KernelGraph": ("gensorage.ugraph", "KernelGraph"),
     "UGraph": ("gensorage.ugraph", "UGraph"),
     "equivalent": ("gensorage.verify", "equivalent"),
-    "tune": ("gensorage.tune", "tune"),
+    "tune": ("gensorage.tuning", "tune"),
     "superoptimize": ("gensorage.superopt", "superoptimize"),
     "load_profile": ("gensorage.hw", "load_profile"),
 }

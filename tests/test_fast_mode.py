@@ -27,6 +27,7 @@ from gensorage.superopt.reshape_structure import (
     reinstantiate,
     reshape_target,
     size_map,
+    structure_signature,
 )
 from gensorage.superopt.structure_store import KIND, record_key
 from gensorage.ugraph import GraphDefinedOp, KernelGraph, ThreadGraph, ThreadOp, from_program, validate
@@ -86,6 +87,16 @@ def test_reinstantiation_picks_the_cheapest_grid_the_cost_model_knows() -> None:
             other = rmsnorm_matmul(16, 256, 1024, blocks=blocks, forloop=loop)[1]
             if other.is_valid(H100):
                 assert _cost(other) >= best - 1e-15
+
+
+def test_structure_signature_ignores_sizes_only() -> None:
+    _, a = rmsnorm_matmul(4, 16, 12, blocks=3, forloop=4)
+    _, b = rmsnorm_matmul(8, 16, 24, blocks=2, forloop=2)
+    _, no_loop = rmsnorm_matmul(4, 16, 12, blocks=3, forloop=1)
+    _, other = gated_mlp(4, 16, 12, blocks=3, forloop=4)
+    assert structure_signature(a) == structure_signature(b)
+    assert structure_signature(a) != structure_signature(no_loop)
+    assert structure_signature(a) != structure_signature(other)
 
 
 def test_reinstantiation_rejects_another_structure() -> None:

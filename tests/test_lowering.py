@@ -19,7 +19,7 @@ from gensorage.errors import ProgramError, ScheduleError
 from gensorage.hw.loader import load_profile
 from gensorage.markov.schedule import Schedule
 from gensorage.ops import Access, Axis, Workload
-from gensorage.tune import relative_error
+from gensorage.tuning import relative_error
 
 H100 = load_profile("h100")
 

@@ -20,7 +20,7 @@ from gensorage.errors import (
 )
 from gensorage.hw.loader import load_profile
 from gensorage.store import Store
-from gensorage.tune import TuneResult, check_tolerance, relative_error, tune
+from gensorage.tuning import TuneResult, check_tolerance, relative_error, tune
 
 SMALL = ops.gemm(96, 80, 72, dtype="float32")
 

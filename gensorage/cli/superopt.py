@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
         description="Superoptimise PROGRAM (a .gsp file or a bundled config name) for a GPU. Full mode runs "
                     "the exhaustive µGraph search (checkpointed; Ctrl-C keeps what was found); fast mode "
                     "re-uses the structure a full run stored for the same program at other shapes. Without "
-                    "PROGRAM, runs the 'default' preset (a small RMSNorm+MatMul, fast then full mode).",
+                    "PROGRAM, runs the 'default' preset (a tiny MLP, fast then full mode).",
         epilog="exit codes: 0 better µGraph found, 1 nothing better than one kernel per op (or search "
                "incomplete), 130 interrupted, 2-10 errors (see gensorage.errors)")
     parser.add_argument("program", nargs="?", metavar="PROGRAM",

@@ -88,7 +88,7 @@ def _workload(args: argparse.Namespace) -> Any:
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    from gensorage.tune import method_names
+    from gensorage.tuning import method_names
 
     if args.method not in method_names():
         raise GensorageError(f"unknown method {args.method!r} (expected one of: {', '.join(method_names())})")
@@ -104,7 +104,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from gensorage.tune import check_tolerance, resolve_hw, tune
+    from gensorage.tuning import check_tolerance, resolve_hw, tune
 
     opts = _options(args)
     wl = _workload(args)

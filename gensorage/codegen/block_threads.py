@@ -93,9 +93,9 @@ def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:
 
 
 def construct_schedule(workload: Workload, hw: HwProfile, seed: int = 0) -> Schedule:
-    """The Markov construction's schedule for ``workload`` (:func:`gensorage.tune.tune` with ``method="markov"``,
+    """The Markov construction's schedule for ``workload`` (:func:`gensorage.tuning.tune` with ``method="markov"``,
     without the on-disk store; memoised per workload, profile and seed in this process)."""
-    from gensorage.tune import tune
+    from gensorage.tuning import tune
 
     key = (workload.key(), hw, seed)
     hit = _CACHE.get(key)

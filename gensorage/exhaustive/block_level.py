@@ -30,7 +30,15 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from gensorage import opset
-from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, out_shape, shape_free_term
+from gensorage.exhaustive.opcatalog import (
+    COMMUTATIVE,
+    NONLINEAR_UNARY,
+    SELF_USELESS,
+    OpVariant,
+    out_shape,
+    shape_free_term,
+)
+from gensorage.exhaustive.provenance import of_iterator, of_op, splits_reduced
 from gensorage.exhaustive.rank import ACCUMULATOR_CODE, GRAPH_DEFINED_CODE, follows, rank_key
 from gensorage.exhaustive.schedule_sizes import loop_candidates, size_candidates
 from gensorage.exhaustive.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, free_after, numel
@@ -148,6 +156,7 @@ def _apply_binding(s: Search, b: BlockBuild, i: int, bd: Binding) -> None:
         value = EXPR.slice(value, bd.fmap, 0, bd.tile[bd.fmap])
     b.val[i] = value
     b.fdep[i] = bd.fmap is not None
+    b.prov[i] = of_iterator(i, len(bd.tile))
     b.smem += numel(bd.tile) * dtype_bytes(b.dtype[i])
 
 
@@ -162,6 +171,12 @@ def _undo_binding(b: BlockBuild, i: int, bd: Binding) -> None:
     b.shape[i] = None
     b.val[i] = None
     b.fdep[i] = False
+    b.prov[i] = None
+
+
+def split_origins(b: BlockBuild) -> frozenset[tuple[int, int]]:
+    """The (iterator, input dim) pairs a grid dim splits."""
+    return frozenset((i, d) for i, imap in enumerate(b.imap) if imap is not None for d in imap if d is not None)
 
 
 def grid_order_ok(b: BlockBuild, complete: bool) -> bool:
@@ -302,11 +317,19 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
     values = [b.val[i] for i in ins]
     fdep = any(b.fdep[i] for i in ins)
     elem = dtype_bytes(b.dtype[ins[0]])
+    reads_scaled = any(b.scaled[i] for i in ins)
+    split = split_origins(b) if (b.last_kernel_op and s.split_rule) else None
     for v in variants:
         if v.op is Op.SCALE and not s.scale_budget.get(v.attrs, 0):
             continue
+        if reads_scaled and v.op not in NONLINEAR_UNARY:
+            continue
         out = out_shape(v, shapes)  # type: ignore[arg-type]
         if out is None:
+            counters.pruned_shape += 1
+            continue
+        prov = of_op(v.op, v.attrs, [b.prov[i] for i in ins], shapes)  # type: ignore[arg-type]
+        if split and splits_reduced(prov, split):
             counters.pruned_shape += 1
             continue
         value = opset.apply(v.op, EXPR, values, v.attrs)
@@ -316,7 +339,8 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
         if b.smem + numel(out) * elem > limit:
             counters.pruned_memory += 1
             continue
-        s.state.push_block(BlockOpRec(v, ins), (*head, v.code, ()), out, value, post, fdep)
+        s.state.push_block(BlockOpRec(v, ins), (*head, v.code, ()), out, value, post, fdep, prov,
+                           v.op is Op.SCALE)
         s.use_scale(v, 1)
         try:
             yield
@@ -333,7 +357,7 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
     limit = s.hw.shared_mem_per_block
     for j in range(low, len(b.shape)):
         shape = b.shape[j]
-        if shape is None or b.post[j] or not b.fdep[j]:
+        if shape is None or b.post[j] or not b.fdep[j] or b.scaled[j]:
             continue
         if not b.viable(free_after(b, (j,)), b.n_ops, s.spec.max_block_ops):
             continue
@@ -358,7 +382,7 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
             if b.smem + numel(out) * dtype_bytes(b.dtype[j]) > limit:
                 s.counters.pruned_memory += 1
                 continue
-            s.state.push_block(AccumRec(j, fmap), key, out, value, True, False)
+            s.state.push_block(AccumRec(j, fmap), key, out, value, True, False, b.prov[j] if fmap is None else None)
             try:
                 yield
             finally:

@@ -81,6 +81,9 @@ class Search:
         used = _term_vars(self.targets)
         self.required_inputs = [i for i, t in enumerate(program.inputs) if t.name in used]
         self.counters = Counters()
+        # The split-reduction rule of the last kernel operator (see provenance) assumes no grouped sums.
+        self.split_rule = not any(program.nodes[i].op is Op.SUM and attr(program.nodes[i].attrs, "group") is not None
+                                  for i in program.live_ids())
         # Constant factors: each scale factor at most as often as the program applies it (see docs/search.md).
         self.scale_budget: dict[Attrs, int] = {}
         for i in program.live_ids():

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from gensorage import opset
 from gensorage.exhaustive.block_level import input_tuples
+from gensorage.exhaustive.opcatalog import NONLINEAR_UNARY
 from gensorage.exhaustive.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.search_state import EXPR, numel
 from gensorage.opset import Op
@@ -59,6 +60,8 @@ def _predefined(s: Search) -> Iterator[None]:
                 continue
             if v.op is Op.SCALE and not s.scale_budget.get(v.attrs, 0):
                 continue
+            if v.op not in NONLINEAR_UNARY and any(st.scaled[i] for i in ins):
+                continue
             out = s.out_shape(v, [st.shape[i] for i in ins])
             if out is None:
                 s.counters.pruned_shape += 1
@@ -75,7 +78,7 @@ def _predefined(s: Search) -> Iterator[None]:
                 s.counters.pruned_memory += 1
                 continue
             node = KernelOp(v.op, tuple(st.ref[i] for i in ins), v.attrs)
-            st.push_kernel(node, key, ins, [(out, dtype, value)])
+            st.push_kernel(node, key, ins, [(out, dtype, value)], v.op is Op.SCALE)
             s.use_scale(v, 1)
             try:
                 yield
@@ -96,6 +99,8 @@ def _headers(s: Search) -> Iterator[None]:
                 continue
             if must is not None and not must <= set(inputs):
                 continue
+            if any(st.scaled[i] for i in inputs):
+                continue  # a scale before a custom kernel moves into its block graph
             for r in range(1, s.spec.max_grid_dims + 1):
                 for looped in (False, True):
                     st.open_block(inputs, r, looped, max_outputs, last_op)

@@ -32,6 +32,9 @@ TYPE_ORDER: tuple[Op, ...] = (
     Op.REPEAT, Op.RESHAPE, Op.CONCAT,
 )
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
+# The only operators that may read a scale's result (see docs/search.md: a constant factor is moved along its
+# linear chain to just before the next non-linear operator or the output).
+NONLINEAR_UNARY = frozenset({Op.EXP, Op.SQRT, Op.RELU, Op.SILU, Op.GELU})
 # x + x, x - x and x / x are 2x, 0 and 1: never what an equivalent µGraph needs an operator for.
 SELF_USELESS = frozenset({Op.ADD, Op.SUB, Op.DIV})
 
@@ -213,6 +216,6 @@ def flops(op: Op, in_shapes: Sequence[Shape], out: Shape) -> int:
 
 
 __all__ = [
-    "COMMUTATIVE", "MAX_RANK", "SELF_USELESS", "TYPE_ORDER", "OpVariant", "broadcast", "catalog", "default_types",
+    "COMMUTATIVE", "MAX_RANK", "NONLINEAR_UNARY", "SELF_USELESS", "TYPE_ORDER", "OpVariant", "broadcast", "catalog", "default_types",
     "flops", "out_shape", "program_ops", "shape_free_term",
 ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from gensorage.exhaustive.abstract_expr import var
 from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
 from gensorage.exhaustive.opcatalog import OpVariant
+from gensorage.exhaustive.provenance import Provenance
 from gensorage.exhaustive.rank import RankKey
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Shape
@@ -73,6 +74,8 @@ class BlockBuild:
     fdep: list[bool]  # depends on an iterator with an fmap (varies across iterations)
     uses: list[int]
     dtype: list[str]
+    prov: list[Provenance]  # see gensorage.exhaustive.provenance
+    scaled: list[bool]  # the result of a scale operator
     recs: list[BlockOpRec | AccumRec] = field(default_factory=list)
     keys: list[RankKey] = field(default_factory=list)
     n_ops: int = 0
@@ -104,6 +107,7 @@ class SearchState:
         self.val: list[ExprValue] = [ExprValue(s.shape, var(s.name)) for s in self.specs]
         self.uses: list[int] = [0] * n
         self.ref: list[Ref] = [Ref(i) for i in range(n)]
+        self.scaled: list[bool] = [False] * n
         self.ops: list[KernelNode] = []
         self.op_keys: list[RankKey] = []
         self.op_outputs: list[int] = []  # tensors each op produced
@@ -121,7 +125,7 @@ class SearchState:
     # ------------------------------------------------------------------ kernel level
 
     def push_kernel(self, node: KernelNode, key: RankKey, inputs: tuple[int, ...],
-                    outs: list[tuple[Shape, str, ExprValue]]) -> None:
+                    outs: list[tuple[Shape, str, ExprValue]], scaled: bool = False) -> None:
         """Append kernel operator ``node`` reading tensors ``inputs`` and producing ``outs``."""
         k = len(self.specs) + len(self.ops)
         for i in inputs:
@@ -131,6 +135,7 @@ class SearchState:
             self.dtype.append(dtype)
             self.val.append(value)
             self.uses.append(0)
+            self.scaled.append(scaled)
             self.ref.append(Ref(k, j))
             self.dram += numel(shape) * dtype_bytes(dtype)
         self.ops.append(node)
@@ -143,6 +148,7 @@ class SearchState:
             self.dram -= numel(shape) * dtype_bytes(dtype)
             self.val.pop()
             self.uses.pop()
+            self.scaled.pop()
             self.ref.pop()
         self.ops.pop()
         self.op_keys.pop()
@@ -158,7 +164,8 @@ class SearchState:
         self.block = BlockBuild(
             inputs=inputs, r=r, looped=looped, grid=[None] * r, forloop=None if looped else 1,
             imap=[None] * m, fmap=[None] * m, shape=[None] * m, val=[None] * m, post=[False] * m,
-            fdep=[False] * m, uses=[0] * m, dtype=[self.dtype[i] for i in inputs], exact=exact, free=m,
+            fdep=[False] * m, uses=[0] * m, dtype=[self.dtype[i] for i in inputs], prov=[None] * m,
+            scaled=[False] * m, exact=exact, free=m,
             max_outputs=max_outputs, last_kernel_op=last_kernel_op,
         )
         return self.block
@@ -167,7 +174,7 @@ class SearchState:
         self.block = None
 
     def push_block(self, rec: BlockOpRec | AccumRec, key: RankKey, shape: Shape, value: ExprValue,
-                   post: bool, fdep: bool) -> None:
+                   post: bool, fdep: bool, prov: Provenance, scaled: bool = False) -> None:
         b = self.block
         assert b is not None
         ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
@@ -182,6 +189,8 @@ class SearchState:
         b.val.append(value)
         b.post.append(post)
         b.fdep.append(fdep)
+        b.prov.append(prov)
+        b.scaled.append(scaled)
         b.uses.append(0)
         b.dtype.append(b.dtype[ins[0]])
         b.smem += numel(shape) * dtype_bytes(b.dtype[-1])
@@ -197,6 +206,8 @@ class SearchState:
         b.val.pop()
         b.post.pop()
         b.fdep.pop()
+        b.prov.pop()
+        b.scaled.pop()
         b.uses.pop()
         b.smem -= numel(shape) * dtype_bytes(b.dtype.pop())  # type: ignore[arg-type]
         ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)

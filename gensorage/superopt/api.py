@@ -49,7 +49,7 @@ from gensorage.superopt.presets import (
     find_preset,
     load_preset,
 )
-from gensorage.superopt.reshape_structure import ReshapeFailed, reinstantiate
+from gensorage.superopt.reshape_structure import ReshapeFailed, reinstantiate, structure_signature
 from gensorage.superopt.structure_store import StructureRecord, StructureStore
 from gensorage.ugraph import KernelGraph, from_program
 
@@ -65,6 +65,10 @@ MODES: tuple[str, ...] = ("full", "fast")
 PROFILE_TOP = 3
 PROFILE_WARMUP = 5
 PROFILE_REPEATS = 50
+#: Search candidates (distinct structures) tried at the requested shapes, and kept in the store. What is best at
+#: the small search shapes often does not fit at large ones (a block graph without a loop whose tiles outgrow
+#: shared memory), so more than the top few are tried.
+MAX_CARRY = 32
 
 
 # ============================================================================================ the result
@@ -558,6 +562,10 @@ class _Run:
             self._cost = _cost_fn(self.hw)
         return self._cost(g)
 
+    @property
+    def top_k(self) -> int:
+        return self.preset.top_k if self.preset else DEFAULT_TOP_K
+
     def direct(self) -> _Option:
         g = from_program(self.program)
         return _Option(g, self.cost(g), "direct")
@@ -567,19 +575,33 @@ class _Run:
 
     # --------------------------------------------------------------------------------------- choosing
     def carry_over(self, graphs: Sequence[tuple[KernelGraph, dict[str, Any] | None]], at: Program,
-                   label: str) -> list[_Option]:
-        """The graphs (µGraphs of ``at``) rebuilt at the requested shapes; ones that do not carry over are noted."""
+                   label: str, keep: int) -> list[_Option]:
+        """The graphs (µGraphs of ``at``) rebuilt at the requested shapes, the ``keep`` predicted fastest.
+
+        Graphs of one structure (same :func:`structure_signature`) are tried once; at most :data:`MAX_CARRY`
+        structures are tried. Those that do not carry over are noted.
+        """
         t0 = time.perf_counter()
         same = at.key() == self.program.key()
         options: list[_Option] = []
+        seen: set[str] = set()
+        failed = 0
         for i, (g, report) in enumerate(graphs):
+            sig = structure_signature(g)
+            if sig in seen or len(seen) >= MAX_CARRY:
+                continue
+            seen.add(sig)
             try:
                 new = g if same else reinstantiate(g, at, self.program, self.hw, self.cost, seed=self.seed)
                 options.append(_Option(new, self.cost(new), f"{label} #{i}", g, report))
             except (ReshapeFailed, GensorageError) as exc:
-                self.notes.append(f"{label} candidate #{i} does not carry over to these shapes: {exc}")
+                failed += 1
+                if failed <= 3:
+                    self.notes.append(f"{label} candidate #{i} does not carry over to these shapes: {exc}")
+        if failed > 3:
+            self.notes.append(f"... {failed} of {len(seen)} {label} structures tried do not carry over")
         self._tick("reinstantiate", t0)
-        return options
+        return sorted(options, key=lambda o: o.predicted_time_s)[:keep]
 
     def choose(self, options: list[_Option]) -> tuple[_Option, Verification, Any, GensorageError | None, str]:
         """Rank, optionally measure on the GPU, then take the first that verifies and lowers."""
@@ -659,7 +681,8 @@ class _Run:
             return self.result("fast", [direct], fallback_reason=reason)
         self.say(f"re-instantiating the stored structure (found at {record.params or 'its shapes'})")
         stored = record.program()
-        options = self.carry_over([(g, record.report(i)) for i, g in enumerate(record.ugraphs)], stored, "stored")
+        options = self.carry_over([(g, record.report(i)) for i, g in enumerate(record.ugraphs)], stored, "stored",
+                                  self.top_k)
         if not options:
             reason = "no stored µGraph carries over to these shapes (see notes)"
             return self.result("fast", [direct], fallback_reason=reason, search_params=record.params)
@@ -690,10 +713,9 @@ class _Run:
         except SearchInterrupted as exc:
             sr, interrupted = exc.result, True
         self._tick("search", t0)
-        top = self.preset.top_k if self.preset else DEFAULT_TOP_K
-        found = [(c.ugraph, dict(c.equivalence)) for c in sr.candidates[:top]]
+        found = [(c.ugraph, dict(c.equivalence)) for c in sr.candidates]
         self.say(f"search: {len(sr.candidates)} verified candidate(s); {sr.tasks_done}/{sr.tasks_total} tasks")
-        options = [self.direct(), *self.carry_over(found, small, "search")]
+        options = [self.direct(), *self.carry_over(found, small, "search", self.top_k)]
         stats = {"stats": _stats_json(sr.stats), "tasks_done": sr.tasks_done, "tasks_total": sr.tasks_total,
                  "tasks_resumed": sr.tasks_resumed, "candidates": len(sr.candidates),
                  "search_elapsed_s": sr.elapsed_s, "checkpoint": str(sr.checkpoint_path)}
@@ -712,9 +734,10 @@ class _Run:
         if not found and not sr.complete:
             return  # an unfinished search that found nothing has learnt nothing worth storing
         t0 = time.perf_counter()
-        entries = list(found) or [(from_program(small), None)]
+        entries = _distinct(found)[:MAX_CARRY] or [(from_program(small), None)]
         if result.origin.startswith("search #"):
-            entries.insert(0, entries.pop(int(result.origin.split("#")[1])))
+            chosen = found[int(result.origin.split("#")[1])]
+            entries = [chosen, *(e for e in entries if e[0] != chosen[0])]
         with StructureStore(self.store) as st:
             old = st.get(self.program.structure_key(), self.hw.name)
             if old is not None and old.search.get("complete") and not sr.complete:
@@ -729,6 +752,18 @@ class _Run:
                 search={"complete": sr.complete, "candidates": len(sr.candidates), "tasks_done": sr.tasks_done,
                         "tasks_total": sr.tasks_total}))
         self._tick("store", t0)
+
+
+def _distinct(found: list[tuple[KernelGraph, Any]]) -> list[tuple[KernelGraph, Any]]:
+    """One graph per structure signature, in the given order."""
+    seen: set[str] = set()
+    out = []
+    for g, report in found:
+        sig = structure_signature(g)
+        if sig not in seen:
+            seen.add(sig)
+            out.append((g, report))
+    return out
 
 
 def _stats_json(stats: Any) -> dict[str, Any]:

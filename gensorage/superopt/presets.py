@@ -6,7 +6,7 @@ the result is checked at the requested shapes::
     program = "rmsnorm"              # the bundled program (configs/programs/<program>.gsp); default: file stem
     description = "..."
     time_budget_s = 120              # default time budget of a full-mode run (absent: none)
-    top_k = 5                        # search candidates re-instantiated at the requested shapes and compared
+    top_k = 5                        # re-instantiated candidates compared (the fastest predicted at the shapes)
     delta = 1e-9                     # false-accept probability of the final equivalence check
     verify_max_trials = 64           # cap on that check's trials (default 64; 0: as many as delta needs)
     verify_max_elements = 4194304    # skip the check at the requested shapes above this many elements

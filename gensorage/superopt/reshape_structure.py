@@ -24,6 +24,7 @@ the caller (``gensorage.verify.equivalent``), since a mapped attribute can be wr
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -482,10 +483,20 @@ def _single_op_graph(op: GraphDefinedOp, args: Sequence[TensorInfo]) -> KernelGr
     return KernelGraph(specs, (op,), tuple(Ref(len(specs), o) for o in range(len(op.block.savers))))
 
 
-def construct_kernel(ctx: _KernelContext, hw: HwProfile, cost: CostFn, rng: np.random.Generator) -> GraphDefinedOp:
-    """The kernel with the grid and loop the cost model prefers at the new shapes (see the module docstring)."""
+def construct_kernel(ctx: _KernelContext, hw: HwProfile, cost: CostFn, rng: np.random.Generator,
+                     seed: int = 0) -> GraphDefinedOp:
+    """The kernel with the grid and loop the cost model prefers at the new shapes (see the module docstring).
+
+    Candidates: the Markov construction's sizes for the block graph's loop nest (as the search sizes a
+    structure, :func:`gensorage.exhaustive.schedule_sizes.constructed_sizes`, nearest legal options first) and
+    the divisor lattice (all of it when small, else a descent walk from the proportional start and random
+    restarts); the µGraph cost model picks among those that are valid and fit ``hw``.
+    """
     choices = grid_choices(ctx)
     evaluate = _Evaluator(ctx, hw, cost)
+    evaluate(choices.start)
+    for point in _markov_points(ctx, evaluate, hw, seed):
+        evaluate(point)
     if choices.size <= EXHAUSTIVE_LIMIT:
         for point in itertools.product(*choices.values):
             evaluate(point)
@@ -499,6 +510,29 @@ def construct_kernel(ctx: _KernelContext, hw: HwProfile, cost: CostFn, rng: np.r
         raise ReshapeFailed(f"{_where(ctx)}: no grid and loop fit at the new shapes"
                             + (f" (last: {evaluate.last_error})" if evaluate.last_error else ""))
     return op
+
+
+def _markov_points(ctx: _KernelContext, evaluate: _Evaluator, hw: HwProfile, seed: int) -> list[tuple[int, ...]]:
+    """(grid..., trip count) points the Markov construction proposes for the kernel at the new shapes.
+
+    The loop nest needs the block's tiles, so it is built from a valid point already evaluated; with none, or
+    when the construction finds nothing, there are no proposals.
+    """
+    from gensorage.exhaustive.schedule_sizes import constructed_sizes, size_options
+
+    _, base = evaluate.best()
+    if base is None:
+        return []
+    shapes = [a.shape for a in ctx.new_args]
+    try:
+        sub = _single_op_graph(GraphDefinedOp(base.block, tuple(Ref(i) for i in range(len(shapes)))), ctx.new_args)
+        info = block_shapes(sub, 0, base.block, ctx.new_args)
+        target = constructed_sizes(base.block, shapes, info, ctx.new_args[0].dtype, hw, seed, {})
+        if target is None:
+            return []
+        return [(*grid, f) for grid, f in size_options(base.block, shapes, target)]
+    except GensorageError:
+        return []
 
 
 def _descend(start: tuple[int, ...], choices: _Choices, evaluate: _Evaluator) -> None:
@@ -521,6 +555,24 @@ def _descend(start: tuple[int, ...], choices: _Choices, evaluate: _Evaluator) ->
 
 
 # ============================================================================================ kernel graph
+
+
+def structure_signature(g: KernelGraph) -> str:
+    """What re-instantiation keeps of ``g``: everything but the input shapes, grid sizes and trip counts.
+
+    Two µGraphs of one program with the same signature re-instantiate to the same graph at any shapes, so only
+    one of them needs trying.
+    """
+    data = g.to_json()
+    for spec in data["inputs"]:
+        spec["shape"] = len(spec["shape"])
+    for op in data["ops"]:
+        if op.get("kind") == "graph":
+            block = op["block"]
+            block["grid"] = len(block["grid"])
+            block["forloop"] = block["forloop"] > 1
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
 
 
 def reinstantiate(graph: KernelGraph, old: Program, new: Program, hw: HwProfile, cost: CostFn, *,
@@ -579,7 +631,7 @@ def reinstantiate(graph: KernelGraph, old: Program, new: Program, hw: HwProfile,
         block_info = old_info.blocks[k]
         assert block_info is not None  # a graph-defined op always has block info
         ctx = _KernelContext(k, node, old_args, new_args, block_info, smap)
-        built = construct_kernel(ctx, hw, cost, rng)
+        built = construct_kernel(ctx, hw, cost, rng, seed)
         ops.append(built)
         sub = _single_op_graph(GraphDefinedOp(built.block, tuple(Ref(i) for i in range(len(new_args)))), new_args)
         new_infos.append(block_shapes(sub, 0, built.block, new_args).outputs)
@@ -601,4 +653,4 @@ def _check_outputs(g: KernelGraph, p: Program) -> None:
 
 
 __all__ = ["EXHAUSTIVE_LIMIT", "CostFn", "ReshapeFailed", "SizeMap", "canonical_order", "construct_kernel",
-           "grid_choices", "map_attrs", "reinstantiate", "reshape_target", "size_map"]
+           "grid_choices", "map_attrs", "reinstantiate", "reshape_target", "size_map", "structure_signature"]

@@ -1,6 +1,6 @@
 """``tune``: build a schedule for one operator on one GPU profile, lower it, check it, remember it.
 
->>> from gensorage.tune import tune
+>>> from gensorage.tuning import tune
 >>> r = tune("M1", hw="h100", method="markov")          # doctest: +SKIP
 >>> r.predicted_time_s, r.construction_time_s, r.from_store  # doctest: +SKIP
 >>> print(r.cuda_source())                                # doctest: +SKIP
