@@ -64,6 +64,7 @@ def _summary(r: SuperoptResult) -> dict[str, Any]:
         "wall_time_s": r.search_time_s, "timings": r.timings, "complete": r.complete, "stopped_by": r.stopped_by,
         "tasks_done": stats.get("tasks_done"), "tasks_total": stats.get("tasks_total"),
         "candidates": stats.get("candidates"), "search_stats": stats.get("stats"),
+        "at_search_shapes": stats.get("at_search_shapes"),
         "from_store": r.from_store, "selection": r.selection, "notes": r.notes,
     }
 
@@ -186,10 +187,13 @@ def _line(e: dict[str, Any]) -> str:
     if "error" in e:
         return f"{e['program']:12s} error: {e['error']}"
     f, fast = e["full"], e.get("fast", {})
+    small = f.get("at_search_shapes") or {}
+    found = (f"{small['best_kernels']} kernel(s), {small['naive_predicted_time_s'] / small['best_predicted_time_s']:.2f}x"
+             if small.get("best_predicted_time_s") else "nothing")
     return (f"{e['program']:12s} kernels {f['kernels']:2d} (naive {f['naive_kernels']:2d})  predicted "
             f"{f['predicted_time_s'] * 1e6:9.2f} µs vs {f['naive_predicted_time_s'] * 1e6:9.2f} µs "
             f"({f['predicted_speedup']:.2f}x)  search {f['wall_time_s']:6.1f} s "
-            f"[{f['tasks_done']}/{f['tasks_total']} tasks, {f['candidates']} cand.]  "
+            f"[{f['tasks_done']}/{f['tasks_total']} tasks, {f['candidates']} cand.; at search shapes: {found}]  "
             f"verified {f['verified']} ({f['verification']})  fast {fast.get('wall_time_s', math.nan):.1f} s")
 
 

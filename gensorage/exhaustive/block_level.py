@@ -30,6 +30,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from gensorage import opset
+from gensorage.exhaustive.expr_arith import ExprValue
 from gensorage.exhaustive.opcatalog import (
     COMMUTATIVE,
     NONLINEAR_UNARY,
@@ -113,6 +114,8 @@ def _bindings(s: Search, b: BlockBuild, i: int) -> Iterator[Binding]:
                for g in range(b.r)):
             continue
         choices = [size_candidates(shape[imap[g]], mode, hints) for g in unknown]  # type: ignore[index]
+        if b.last_kernel_op:  # its blocks tile the program's outputs: a block count divides an output dim
+            choices = [tuple(c for c in cs if c in s.output_splits) for cs in choices]
         for sizes in itertools.product(*choices):
             chosen = dict(zip(unknown, sizes, strict=True))
             tile = list(shape)
@@ -201,22 +204,46 @@ def _partition_ok(s: Search, b: BlockBuild) -> bool:
     return not s.spec.canonical or grid_order_ok(b, complete)
 
 
-def _bind_all(s: Search, b: BlockBuild, pending: tuple[int, ...]) -> Iterator[None]:
-    """Bind every iterator in ``pending`` in turn (all combinations); yields with all of them bound."""
-    if not pending:
-        yield
-        return
-    i = pending[0]
+def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
+                     variants: list[OpVariant], post: bool, pending: tuple[int, ...]) -> Iterator[None]:
+    """Bind the iterators in ``pending`` (every combination of their options), then apply ``variants``.
+
+    The last iterator's options are grouped by the tile they give: the operator's shape rules depend only on the
+    tiles, so a group no variant accepts is skipped whole, and (for exact expressions) the variants' results are
+    computed once per group.
+    """
+    i, rest = pending[0], pending[1:]
     limit = s.hw.shared_mem_per_block
+    if rest:
+        for bd in _bindings(s, b, i):
+            _apply_binding(s, b, i, bd)
+            try:
+                if b.smem > limit:
+                    s.counters.pruned_memory += 1
+                elif _partition_ok(s, b):
+                    yield from _bind_then_apply(s, b, ins, head, variants, post, rest)
+            finally:
+                _undo_binding(b, i, bd)
+        return
+    groups: dict[Shape, list[Binding]] = {}
     for bd in _bindings(s, b, i):
-        _apply_binding(s, b, i, bd)
-        try:
-            if b.smem > limit:
-                s.counters.pruned_memory += 1
-            elif _partition_ok(s, b):
-                yield from _bind_all(s, b, pending[1:])
-        finally:
-            _undo_binding(b, i, bd)
+        groups.setdefault(bd.tile, []).append(bd)
+    for tile, bindings in groups.items():
+        shapes = [tile if k == i else b.shape[k] for k in ins]
+        valid = [v for v in variants if out_shape(v, shapes) is not None]  # type: ignore[arg-type]
+        s.counters.pruned_shape += (len(variants) - len(valid)) * len(bindings)
+        if not valid:
+            continue
+        memo: dict[int, tuple[ExprValue, bool]] | None = {} if b.exact else None
+        for bd in bindings:
+            _apply_binding(s, b, i, bd)
+            try:
+                if b.smem > limit:
+                    s.counters.pruned_memory += 1
+                elif _partition_ok(s, b):
+                    yield from _apply_variants(s, b, ins, head, valid, post, memo)
+            finally:
+                _undo_binding(b, i, bd)
 
 
 # ----------------------------------------------------------------------------------------- operators
@@ -237,15 +264,26 @@ def input_tuples(v: OpVariant, n: int, low: int) -> Iterator[tuple[int, ...]]:
                 yield (hi, lo)
 
 
-def operand_tuples(n: int, low: int) -> Iterator[tuple[int, ...]]:
-    """Every operand tuple (one or two tensors, largest index at least ``low``), unary ones first."""
-    for a in range(low, n):
-        yield (a,)
+def operand_tuples(b: BlockBuild, low: int, need: int) -> Iterator[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """``(operands, operands sorted decreasingly)`` of every candidate operator: one or two tensors, the largest
+    index at least ``low`` (the canonical rank only grows), at least ``need`` of them distinct and unconsumed
+    (fewer could not let the block graph finish within its operator budget; see ``BlockBuild.viable``)."""
+    n = len(b.shape)
+    uses = b.uses
+    if need <= 1:
+        for a in range(low, n):
+            if need <= 0 or uses[a] == 0:
+                yield (a,), (a,)
     for hi in range(low, n):
+        hi_free = uses[hi] == 0
         for lo in range(hi + 1):
-            yield (lo, hi)
+            if need > 0:
+                fresh = int(hi_free) + int(lo != hi and uses[lo] == 0)
+                if fresh < need:
+                    continue
+            yield (lo, hi), (hi, lo)
             if lo != hi:
-                yield (hi, lo)
+                yield (hi, lo), (hi, lo)
 
 
 def variants_for(s: Search, ins: tuple[int, ...]) -> tuple[OpVariant, ...]:
@@ -258,23 +296,24 @@ def variants_for(s: Search, ins: tuple[int, ...]) -> tuple[OpVariant, ...]:
 
 
 def _operators(s: Search, b: BlockBuild) -> Iterator[None]:
-    n = len(b.shape)
     canonical = s.spec.canonical
     last = b.keys[-1] if b.keys else None
     low = last[0][0] if (last is not None and canonical) else 0
-    max_ops = s.spec.max_block_ops
-    for ins in operand_tuples(n, low):
-        head = (tuple(sorted(ins, reverse=True)), ins)
+    # free' = free + 1 - (fresh operands) must stay <= max_outputs + operators left after this one.
+    need = b.free + 1 - (b.max_outputs + s.spec.max_block_ops - b.n_ops - 1)
+    if need > 2:
+        return
+    last_head = last[:2] if (last is not None and canonical) else None
+    for ins, desc in operand_tuples(b, low, need):
+        head = (desc, ins)
         min_code = -1
-        if canonical and last is not None:
-            if head < last[:2]:
+        if last_head is not None:
+            if head < last_head:
                 continue
-            if head == last[:2]:
-                min_code = last[2]
+            if head == last_head:
+                min_code = last[2]  # type: ignore[index]
         post = b.post[ins[0]]
         if len(ins) == 2 and b.post[ins[1]] != post:
-            continue
-        if not b.viable(free_after(b, ins), b.n_ops + 1, max_ops):
             continue
         variants = [v for v in variants_for(s, ins) if v.code > min_code]
         if not variants:
@@ -284,15 +323,10 @@ def _operators(s: Search, b: BlockBuild) -> Iterator[None]:
             variants = _shape_free_prefilter(s, b, ins, variants)
             if not variants:
                 continue
-        if not pending:
+        if pending:
+            yield from _bind_then_apply(s, b, ins, head, variants, post, pending)
+        else:
             yield from _apply_variants(s, b, ins, head, variants, post)
-            continue
-        binder = _bind_all(s, b, pending)
-        try:
-            for _ in binder:
-                yield from _apply_variants(s, b, ins, head, variants, post)
-        finally:
-            binder.close()
 
 
 def _shape_free_prefilter(s: Search, b: BlockBuild, ins: tuple[int, ...],
@@ -310,7 +344,10 @@ def _shape_free_prefilter(s: Search, b: BlockBuild, ins: tuple[int, ...],
 
 
 def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
-                    variants: list[OpVariant], post: bool) -> Iterator[None]:
+                    variants: list[OpVariant], post: bool,
+                    memo: dict[int, tuple[ExprValue, bool]] | None = None) -> Iterator[None]:
+    """Push each variant on operands ``ins`` that passes the checks; ``memo`` shares expression results between
+    bindings that give the same tiles."""
     counters = s.counters
     limit = s.hw.shared_mem_per_block
     shapes = [b.shape[i] for i in ins]
@@ -318,7 +355,7 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
     fdep = any(b.fdep[i] for i in ins)
     elem = dtype_bytes(b.dtype[ins[0]])
     reads_scaled = any(b.scaled[i] for i in ins)
-    split = split_origins(b) if (b.last_kernel_op and s.split_rule) else None
+    split = s.split_origins(b) if (b.last_kernel_op and s.split_rule) else None
     for v in variants:
         if v.op is Op.SCALE and not s.scale_budget.get(v.attrs, 0):
             continue
@@ -332,8 +369,15 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
         if split and splits_reduced(prov, split):
             counters.pruned_shape += 1
             continue
-        value = opset.apply(v.op, EXPR, values, v.attrs)
-        if s.spec.prune and b.exact and not s.oracle.is_subexpr(value.term):
+        got = memo.get(v.code) if memo is not None else None
+        if got is None:
+            value = opset.apply(v.op, EXPR, values, v.attrs)
+            keep = not (s.spec.prune and b.exact) or s.oracle.is_subexpr(value.term)
+            if memo is not None:
+                memo[v.code] = (value, keep)
+        else:
+            value, keep = got
+        if not keep:
             counters.pruned_expr += 1
             continue
         if b.smem + numel(out) * elem > limit:

@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gensorage.exhaustive.abstract_expr import Term, expr_of
-from gensorage.exhaustive.block_level import block_children
+from gensorage.exhaustive.block_level import block_children, split_origins
 from gensorage.exhaustive.finalize import finalize
 from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children, kernel_graph
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog, out_shape
 from gensorage.exhaustive.oracle import SubexprOracle
 from gensorage.exhaustive.results import Candidate, SearchResult, Stats, Task, TaskResult, ugraph_key
-from gensorage.exhaustive.search_state import SearchState
+from gensorage.exhaustive.search_state import BlockBuild, SearchState
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.hw import load_profile
 from gensorage.opset import Attrs, Op, attr, freeze_attrs
@@ -78,6 +78,8 @@ class Search:
         self.binary_self = tuple(v for v in binary if v.op not in SELF_USELESS)  # operands (i, i)
         self.out_shape = out_shape
         self.output_shapes = [t.shape for t in program.outputs]
+        self.output_splits = frozenset(g for shape in self.output_shapes for d in shape for g in range(2, d + 1)
+                                       if d % g == 0)
         used = _term_vars(self.targets)
         self.required_inputs = [i for i, t in enumerate(program.inputs) if t.name in used]
         self.counters = Counters()
@@ -100,8 +102,17 @@ class Search:
         self.should_stop: Callable[[], bool] = lambda: False
         self.on_progress: Callable[[Stats], None] | None = None
         self._next_progress = 0.0
+        self._split_memo: dict[tuple[object, ...], frozenset[tuple[int, int]]] = {}
 
     # ------------------------------------------------------------------ the tree
+
+    def split_origins(self, b: BlockBuild) -> frozenset[tuple[int, int]]:
+        """:func:`.block_level.split_origins`, memoised on the imaps."""
+        key = tuple(b.imap)
+        got = self._split_memo.get(key)
+        if got is None:
+            got = self._split_memo[key] = split_origins(b)
+        return got
 
     def use_scale(self, v: OpVariant, n: int) -> None:
         """Spend (``n`` = 1) or give back (-1) one use of a scale factor when ``v`` is a scale operator."""

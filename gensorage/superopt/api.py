@@ -716,9 +716,16 @@ class _Run:
         found = [(c.ugraph, dict(c.equivalence)) for c in sr.candidates]
         self.say(f"search: {len(sr.candidates)} verified candidate(s); {sr.tasks_done}/{sr.tasks_total} tasks")
         options = [self.direct(), *self.carry_over(found, small, "search", self.top_k)]
+        best = sr.candidates[0] if sr.candidates else None
         stats = {"stats": _stats_json(sr.stats), "tasks_done": sr.tasks_done, "tasks_total": sr.tasks_total,
                  "tasks_resumed": sr.tasks_resumed, "candidates": len(sr.candidates),
-                 "search_elapsed_s": sr.elapsed_s, "checkpoint": str(sr.checkpoint_path)}
+                 "search_elapsed_s": sr.elapsed_s, "checkpoint": str(sr.checkpoint_path),
+                 # What the search found at its own shapes (before re-instantiation at the requested ones).
+                 "at_search_shapes": {
+                     "best_predicted_time_s": None if best is None else best.predicted_time_s,
+                     "best_kernels": None if best is None else len(best.ugraph.ops),
+                     "naive_predicted_time_s": self.cost(from_program(small)),
+                     "naive_kernels": len(from_program(small).ops)}}
         result = self.result("full", options, search_stats=stats, complete=sr.complete,
                              stopped_by=sr.stopped_by, search_params=dict(small.params))
         if self.use_store:

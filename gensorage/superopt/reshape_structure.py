@@ -355,6 +355,7 @@ def rebuild_block(ctx: _KernelContext, grid: tuple[int, ...], forloop: int) -> B
                 outs = (_shape(node.op, new_in, attrs, where),)
             case ThreadGraph():
                 new = _rebuild_thread(node, ctx.smap, where)
+                # Only the tiles' shapes matter here (validate() checks dtypes on the finished graph).
                 args = [TensorInfo(tiles[r.node][r.out], "float32") for r in node.inputs]
                 local = thread_shapes(new, args, where)
                 outs = tuple(local[r.node].shape for r in new.outputs)
