@@ -24,8 +24,8 @@ EXIT_NOT_FOUND = 1
 EXIT_INTERRUPTED = 130
 SCHEDULES = ("markov", "enumerate")
 # Optional arguments passed to SearchSpec under the same name when given (the spec's defaults otherwise).
-LIMIT_ARGS = ("max_kernel_ops", "max_block_ops", "max_block_inputs", "max_block_outputs", "max_grid_dims",
-              "delta", "max_trials")
+LIMIT_ARGS = ("max_kernel_ops", "max_block_ops", "max_block_nodes", "max_block_inputs", "max_block_outputs",
+              "max_grid_dims", "delta", "max_trials")
 
 
 def register(subparsers: Any) -> None:
@@ -43,6 +43,9 @@ def register(subparsers: Any) -> None:
                    help=f"most operators in the kernel graph (default {d['max_kernel_ops']})")
     p.add_argument("--max-block-ops", type=int, metavar="N",
                    help=f"most compute operators in one block graph (default {d['max_block_ops']})")
+    p.add_argument("--max-block-nodes", type=int, metavar="N",
+                   help="most iterators + operators + accumulators in one block graph, Mirage's count (default: "
+                        "no such limit)")
     p.add_argument("--max-block-inputs", type=int, metavar="N",
                    help=f"most inputs of one block graph (default {d['max_block_inputs']})")
     p.add_argument("--max-block-outputs", type=int, metavar="N",

@@ -16,21 +16,24 @@ dies at the operator that reads it instead of being carried through every block 
 
 Restrictions of the space, each removing only µGraphs a kept one dominates (see ``docs/search.md``): a grid dim
 partitions at least one input (else all its blocks compute the same tile); one input dim is split by at most one
-grid dim (two nested splits are one split of the product size); grid dims are ordered by their imap signature
-(permuting grid dims permutes blocks, not results); an accumulator's input varies across iterations (depends on
-an fmap'd iterator; summing a loop-invariant tile only multiplies it by the trip count).
+grid dim (two nested splits are one split of the product size); grid dims are numbered in the order they are
+first split (permuting grid dims permutes blocks, not results; :func:`new_dims_canonical`); an accumulator's
+input varies across iterations (depends on an fmap'd iterator; summing a loop-invariant tile only multiplies it
+by the trip count).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from gensorage import opset
+from gensorage.exhaustive.abstract_expr import Term
 from gensorage.exhaustive.expr_arith import ExprValue
+from gensorage.exhaustive.needed_ops import MARK_OPS
 from gensorage.exhaustive.opcatalog import (
     COMMUTATIVE,
     NONLINEAR_UNARY,
@@ -90,51 +93,125 @@ def omap_choices(ndim: int, r: int) -> tuple[tuple[int, ...], ...]:
     return tuple(itertools.permutations(range(ndim), r))
 
 
-def block_children(s: Search) -> Iterator[None]:
+def block_children(s: Search) -> Generator[None, None, None]:
     """The children of a block-level node (see the module docstring); each is applied while it is yielded."""
-    yield from _finish(s)
     b = s.state.block
     assert b is not None
-    if b.n_ops < s.spec.max_block_ops:
-        yield from _operators(s, b)
-    if b.looped and b.forloop is not None:
+    # Operators the last kernel operator still needs at least (see needed_ops); 0 where the bound is not applied.
+    need = 0
+    if b.last_kernel_op and b.exact and s.needed is not None:
+        need = s.needed.bound(_terms(s, b))
+        if need > ops_left(s, b):
+            s.counters.pruned_expr += 1
+            return
+    if need == 0:
+        yield from _finish(s)
+    if ops_left(s, b) > 0:
+        yield from _operators(s, b, only_marks=need == ops_left(s, b))
+    if b.looped and b.forloop is not None and need <= ops_left(s, b, 1) and ops_left(s, b, 1) >= 0:
         yield from _accumulators(s, b)
+
+
+def _terms(s: Search, b: BlockBuild) -> list[Term]:
+    """The expressions of every tensor of the block graph in progress (an unbound iterator: its whole input)."""
+    m = len(b.inputs)
+    terms = [s.state.val[b.inputs[i]].term if b.val[i] is None else b.val[i].term for i in range(m)]  # type: ignore[union-attr]
+    terms.extend(v.term for v in b.val[m:])  # type: ignore[union-attr]
+    return terms
+
+
+def ops_left(s: Search, b: BlockBuild, extra_nodes: int = 0) -> int:
+    """Compute operators the block graph may still add (after ``extra_nodes`` more accumulators): the
+    ``max_block_ops`` budget, and Mirage's ``max_block_nodes`` (iterators, operators and accumulators) if set."""
+    left = s.spec.max_block_ops - b.n_ops
+    nodes = s.spec.max_block_nodes
+    if nodes is not None:
+        left = min(left, nodes - len(b.inputs) - len(b.recs) - extra_nodes)
+    return left
 
 
 # ------------------------------------------------------------------------------------------ bindings
 
 
-def _bindings(s: Search, b: BlockBuild, i: int) -> Iterator[Binding]:
+def _bindings(s: Search, b: BlockBuild, i: int) -> tuple[Binding, ...]:
+    """Every way to bind iterator ``i`` given the sizes chosen so far (see :func:`binding_options`)."""
+    return binding_options(*_binding_args(s, b, i))
+
+
+def _binding_groups(s: Search, b: BlockBuild, i: int) -> tuple[tuple[Shape, tuple[Binding, ...]], ...]:
+    """:func:`_bindings` grouped by the tile they give, in first-seen order."""
+    return binding_groups(*_binding_args(s, b, i))
+
+
+def _binding_args(s: Search, b: BlockBuild, i: int) -> tuple:  # type: ignore[type-arg]
     shape = s.state.shape[b.inputs[i]]
-    mode = s.spec.schedule
     hints = tuple(sorted({d for k, t in enumerate(b.inputs) if k != i for d in s.state.shape[t]}))
-    for imap in imap_choices(len(shape), b.r):
-        unknown = [g for g in range(b.r) if imap[g] is not None and b.grid[g] is None]
-        if any(imap[g] is not None and b.grid[g] is not None and shape[imap[g]] % b.grid[g]  # type: ignore[index,operator]
-               for g in range(b.r)):
+    splits = s.output_splits if b.last_kernel_op else None
+    return shape, b.r, tuple(b.grid), b.looped, b.forloop, s.spec.schedule, hints, splits, s.spec.canonical
+
+
+@lru_cache(maxsize=1 << 16)
+def binding_options(shape: Shape, r: int, grid: tuple[int | None, ...], looped: bool, forloop: int | None,
+                    mode: str, hints: tuple[int, ...], splits: frozenset[int] | None,
+                    canonical: bool = False) -> tuple[Binding, ...]:
+    """Every binding of an input of ``shape`` on an ``r``-d grid whose sizes so far are ``grid`` (None: not
+    chosen), a pure function of its arguments and therefore cached: the search asks the same question for
+    every operator that reads the iterator first. ``splits``: for the last kernel operator, the block counts
+    that divide a program output dim (its blocks tile the outputs). ``canonical``: grid dims are numbered in
+    the order they are first split (see :func:`new_dims_canonical`)."""
+    out: list[Binding] = []
+    chosen_count = sum(1 for g in grid if g is not None)
+    for imap in imap_choices(len(shape), r):
+        unknown = [g for g in range(r) if imap[g] is not None and grid[g] is None]
+        if canonical and not new_dims_canonical(imap, unknown, chosen_count):
+            continue
+        if any(imap[g] is not None and grid[g] is not None and shape[imap[g]] % grid[g]  # type: ignore[index,operator]
+               for g in range(r)):
             continue
         choices = [size_candidates(shape[imap[g]], mode, hints) for g in unknown]  # type: ignore[index]
-        if b.last_kernel_op:  # its blocks tile the program's outputs: a block count divides an output dim
-            choices = [tuple(c for c in cs if c in s.output_splits) for cs in choices]
+        if splits is not None:
+            choices = [tuple(c for c in cs if c in splits) for cs in choices]
         for sizes in itertools.product(*choices):
             chosen = dict(zip(unknown, sizes, strict=True))
             tile = list(shape)
             for g, d in enumerate(imap):
                 if d is not None:
-                    tile[d] //= chosen.get(g) or b.grid[g]  # type: ignore[operator]
+                    tile[d] //= chosen.get(g) or grid[g]  # type: ignore[operator]
             new_grid = tuple(chosen.items())
-            yield Binding(imap, None, tuple(tile), new_grid, None)
-            if not b.looped:
+            out.append(Binding(imap, None, tuple(tile), new_grid, None))
+            if not looped:
                 continue
             for d in range(len(tile)):
                 if tile[d] < 2:
                     continue
-                if b.forloop is not None:
-                    if tile[d] % b.forloop == 0:
-                        yield Binding(imap, d, _split(tile, d, b.forloop), new_grid, None)
+                if forloop is not None:
+                    if tile[d] % forloop == 0:
+                        out.append(Binding(imap, d, _split(tile, d, forloop), new_grid, None))
                     continue
                 for f in loop_candidates(tile[d], mode):
-                    yield Binding(imap, d, _split(tile, d, f), new_grid, f)
+                    out.append(Binding(imap, d, _split(tile, d, f), new_grid, f))
+    return tuple(out)
+
+
+def new_dims_canonical(imap: tuple[int | None, ...], new: list[int], chosen_count: int) -> bool:
+    """Grid dims permute blocks, not results, so one numbering per µGraph is kept: grid dims are numbered in
+    the order bindings first split them (bindings happen in a fixed order: operators are added in canonical
+    rank, and each binds its unbound operands in operand order), and the dims one binding introduces in the
+    order of the data dims they split. So the dims chosen so far are always ``0 .. chosen_count - 1`` and the
+    new ones must be the next ones, mapped to increasing data dims."""
+    if new != list(range(chosen_count, chosen_count + len(new))):
+        return False
+    dims = [imap[g] for g in new]
+    return all(a < b for a, b in itertools.pairwise(dims))  # type: ignore[operator]
+
+
+@lru_cache(maxsize=1 << 16)
+def binding_groups(*args: object) -> tuple[tuple[Shape, tuple[Binding, ...]], ...]:
+    """:func:`binding_options` grouped by tile, in first-seen order."""
+    groups: dict[Shape, list[Binding]] = {}
+    for bd in binding_options(*args):  # type: ignore[arg-type]
+        groups.setdefault(bd.tile, []).append(bd)
+    return tuple((tile, tuple(bds)) for tile, bds in groups.items())
 
 
 def _split(tile: list[int], d: int, parts: int) -> Shape:
@@ -182,26 +259,10 @@ def split_origins(b: BlockBuild) -> frozenset[tuple[int, int]]:
     return frozenset((i, d) for i, imap in enumerate(b.imap) if imap is not None for d in imap if d is not None)
 
 
-def grid_order_ok(b: BlockBuild, complete: bool) -> bool:
-    """Grid dims in increasing order of their imap signatures over the inputs bound so far (in input order)."""
-    if b.r == 1:
-        return True
-    k = 0
-    while k < len(b.inputs) and b.imap[k] is not None:
-        k += 1
-    sigs = [tuple(-1 if b.imap[i][g] is None else b.imap[i][g] for i in range(k)) for g in range(b.r)]  # type: ignore[index,misc]
-    for g in range(b.r - 1):
-        if sigs[g] > sigs[g + 1] or (complete and sigs[g] == sigs[g + 1]):
-            return False
-    return True
-
-
 def _partition_ok(s: Search, b: BlockBuild) -> bool:
-    """Grid dims in canonical order so far; once every iterator is bound, every grid dim must split something."""
-    complete = all(m is not None for m in b.imap)
-    if complete and any(g is None for g in b.grid):
-        return False
-    return not s.spec.canonical or grid_order_ok(b, complete)
+    """Once every iterator is bound, every grid dim must split something (the canonical numbering of grid dims
+    is enforced by the bindings themselves)."""
+    return not (all(m is not None for m in b.imap) and any(g is None for g in b.grid))
 
 
 def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
@@ -225,12 +286,9 @@ def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple
             finally:
                 _undo_binding(b, i, bd)
         return
-    groups: dict[Shape, list[Binding]] = {}
-    for bd in _bindings(s, b, i):
-        groups.setdefault(bd.tile, []).append(bd)
-    for tile, bindings in groups.items():
-        shapes = [tile if k == i else b.shape[k] for k in ins]
-        valid = [v for v in variants if out_shape(v, shapes) is not None]  # type: ignore[arg-type]
+    for tile, bindings in _binding_groups(s, b, i):
+        shapes = tuple(tile if k == i else b.shape[k] for k in ins)
+        valid = s.valid_variants(variants, shapes)  # type: ignore[arg-type]
         s.counters.pruned_shape += (len(variants) - len(valid)) * len(bindings)
         if not valid:
             continue
@@ -295,12 +353,14 @@ def variants_for(s: Search, ins: tuple[int, ...]) -> tuple[OpVariant, ...]:
     return s.binary if ins[0] < ins[1] else s.binary_ordered
 
 
-def _operators(s: Search, b: BlockBuild) -> Iterator[None]:
+def _operators(s: Search, b: BlockBuild, only_marks: bool = False) -> Iterator[None]:
+    """Every compute operator child; ``only_marks``: the operator budget is exactly what the needed marks take,
+    so only operators that can add one (exp, sqrt, activations, div) may be added."""
     canonical = s.spec.canonical
     last = b.keys[-1] if b.keys else None
     low = last[0][0] if (last is not None and canonical) else 0
     # free' = free + 1 - (fresh operands) must stay <= max_outputs + operators left after this one.
-    need = b.free + 1 - (b.max_outputs + s.spec.max_block_ops - b.n_ops - 1)
+    need = b.free + 1 - (b.max_outputs + ops_left(s, b) - 1)
     if need > 2:
         return
     last_head = last[:2] if (last is not None and canonical) else None
@@ -315,7 +375,7 @@ def _operators(s: Search, b: BlockBuild) -> Iterator[None]:
         post = b.post[ins[0]]
         if len(ins) == 2 and b.post[ins[1]] != post:
             continue
-        variants = [v for v in variants_for(s, ins) if v.code > min_code]
+        variants = [v for v in variants_for(s, ins) if v.code > min_code and (not only_marks or v.op in MARK_OPS)]
         if not variants:
             continue
         pending = tuple(i for i in dict.fromkeys(ins) if b.shape[i] is None)
@@ -357,7 +417,7 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
     reads_scaled = any(b.scaled[i] for i in ins)
     split = s.split_origins(b) if (b.last_kernel_op and s.split_rule) else None
     for v in variants:
-        if v.op is Op.SCALE and not s.scale_budget.get(v.attrs, 0):
+        if not s.allowed(v):
             continue
         if reads_scaled and v.op not in NONLINEAR_UNARY:
             continue
@@ -371,7 +431,7 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
             continue
         got = memo.get(v.code) if memo is not None else None
         if got is None:
-            value = opset.apply(v.op, EXPR, values, v.attrs)
+            value: ExprValue = opset.apply(v.op, EXPR, values, v.attrs)  # type: ignore[arg-type,misc]
             keep = not (s.spec.prune and b.exact) or s.oracle.is_subexpr(value.term)
             if memo is not None:
                 memo[v.code] = (value, keep)
@@ -385,11 +445,11 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
             continue
         s.state.push_block(BlockOpRec(v, ins), (*head, v.code, ()), out, value, post, fdep, prov,
                            v.op is Op.SCALE)
-        s.use_scale(v, 1)
+        s.spend(v, 1)
         try:
             yield
         finally:
-            s.use_scale(v, -1)
+            s.spend(v, -1)
             s.state.pop_block()
 
 
@@ -403,7 +463,7 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
         shape = b.shape[j]
         if shape is None or b.post[j] or not b.fdep[j] or b.scaled[j]:
             continue
-        if not b.viable(free_after(b, (j,)), b.n_ops, s.spec.max_block_ops):
+        if not b.viable(free_after(b, (j,)), 0, ops_left(s, b, 1)):
             continue
         for fmap in (None, *range(len(shape))):
             key = rank_key((j,), ACCUMULATOR_CODE, (-1 if fmap is None else fmap,))
@@ -454,8 +514,6 @@ def finishable(s: Search, b: BlockBuild) -> list[int] | None:
         return None
     if any(g is None for g in b.grid):
         return None  # a grid dim no input partitions
-    if s.spec.canonical and not grid_order_ok(b, complete=True):
-        return None
     outs = [j for j in range(m, len(b.shape)) if b.uses[j] == 0]
     if not 1 <= len(outs) <= b.max_outputs:
         return None
@@ -508,10 +566,10 @@ def _final_shapes_ok(s: Search, b: BlockBuild, outs: list[int], omaps: tuple[tup
 
 
 def _outputs(s: Search, b: BlockBuild, block: BlockGraph, outs: list[int],
-             omaps: tuple[tuple[int, ...], ...]) -> list[tuple[Shape, str, object]] | None:
+             omaps: tuple[tuple[int, ...], ...]) -> list[tuple[Shape, str, ExprValue]] | None:
     """(shape, dtype, expression) of each kernel tensor the finished block graph writes, or None if pruned."""
     st = s.state
-    values = []
+    values: list[ExprValue] = []
     if b.exact:
         for j, om in zip(outs, omaps, strict=True):
             v = b.val[j]
@@ -531,5 +589,5 @@ def _outputs(s: Search, b: BlockBuild, block: BlockGraph, outs: list[int],
     return [(v.shape, b.dtype[j], v) for v, j in zip(values, outs, strict=True)]
 
 
-__all__ = ["Binding", "block_children", "block_nodes", "finishable", "grid_order_ok", "imap_choices",
+__all__ = ["Binding", "block_children", "ops_left", "block_nodes", "finishable", "imap_choices", "new_dims_canonical",
            "omap_choices"]

@@ -16,26 +16,37 @@ Every complete kernel graph (its unconsumed tensors have the program's output sh
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 from gensorage.exhaustive.abstract_expr import Term, expr_of
 from gensorage.exhaustive.block_level import block_children, split_origins
 from gensorage.exhaustive.finalize import finalize
 from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children, kernel_graph
+from gensorage.exhaustive.needed_ops import NeededOps
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog, out_shape
 from gensorage.exhaustive.oracle import SubexprOracle
 from gensorage.exhaustive.results import Candidate, SearchResult, Stats, Task, TaskResult, ugraph_key
 from gensorage.exhaustive.search_state import BlockBuild, SearchState
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.hw import load_profile
-from gensorage.opset import Attrs, Op, attr, freeze_attrs
+from gensorage.opset import Attrs, Op, Shape, attr, freeze_attrs
 
 TARGET_TASKS = 96  # enumerate_tasks splits deeper until it has at least this many tasks ...
 MAX_SPLIT_DEPTH = 3  # ... or reaches this depth
 POLL_EVERY = 128  # states between should_stop / progress checks
 PROGRESS_EVERY_S = 0.5
 ORACLE_TIMEOUT_MS = 2000
+
+
+BUDGETED = frozenset({Op.SCALE, Op.REPEAT, Op.RESHAPE})
+
+
+def _variant_attrs(op: Op, attrs: Attrs) -> Attrs:
+    """A program node's attributes as the catalog writes them for ``op``."""
+    if op is Op.SCALE:
+        return freeze_attrs({"factor": float(attr(attrs, "factor"))})
+    return attrs
 
 
 @dataclass(slots=True)
@@ -69,6 +80,8 @@ class Search:
         self.targets = expr_of(program)
         self.oracle = SubexprOracle(self.targets, ORACLE_TIMEOUT_MS)
         self.target_nfs = [self.oracle.canon.nf(t) for t in self.targets]
+        # The bound of needed_ops holds for µGraphs whose output equals the program's under A_eq.
+        self.needed = NeededOps(self.oracle.canon, self.targets) if spec.prune and spec.expr_filter else None
         self.state = SearchState(program, self.hw)
         self.variants = catalog(program, spec.op_types)
         binary = tuple(v for v in self.variants if v.arity == 2)
@@ -86,14 +99,18 @@ class Search:
         # The split-reduction rule of the last kernel operator (see provenance) assumes no grouped sums.
         self.split_rule = not any(program.nodes[i].op is Op.SUM and attr(program.nodes[i].attrs, "group") is not None
                                   for i in program.live_ids())
-        # Constant factors: each scale factor at most as often as the program applies it (see docs/search.md).
-        self.scale_budget: dict[Attrs, int] = {}
+        # Operators whose attributes are program constants (scale factors, repeat counts, reshape targets) are
+        # used at most as often as the program uses each (see docs/search.md), keyed by variant code.
+        program_counts: dict[tuple[Op, Attrs], int] = {}
         for i in program.live_ids():
             node = program.nodes[i]
-            if node.op is Op.SCALE:
-                key = freeze_attrs({"factor": float(attr(node.attrs, "factor"))})
-                self.scale_budget[key] = self.scale_budget.get(key, 0) + 1
+            if node.op in BUDGETED:
+                key = (node.op, _variant_attrs(node.op, node.attrs))
+                program_counts[key] = program_counts.get(key, 0) + 1
+        self.budget: dict[int, int] = {v.code: program_counts.get((v.op, v.attrs), 0)
+                                       for v in self.variants if v.op in BUDGETED}
         self.construct_cache: dict[str, tuple[float, ...] | None] = {}
+        self._valid_memo: dict[tuple[tuple[int, ...], tuple[Shape, ...]], list[OpVariant]] = {}
         self.sized_structures: set[str] = set()
         self.candidates: list[Candidate] = []
         self.task_index = -1
@@ -114,12 +131,24 @@ class Search:
             got = self._split_memo[key] = split_origins(b)
         return got
 
-    def use_scale(self, v: OpVariant, n: int) -> None:
-        """Spend (``n`` = 1) or give back (-1) one use of a scale factor when ``v`` is a scale operator."""
-        if v.op is Op.SCALE:
-            self.scale_budget[v.attrs] -= n
+    def valid_variants(self, variants: list[OpVariant], shapes: tuple[Shape, ...]) -> list[OpVariant]:
+        """The variants whose shape rules accept operands of ``shapes`` (memoized per task)."""
+        key = (tuple(v.code for v in variants), shapes)
+        got = self._valid_memo.get(key)
+        if got is None:
+            got = self._valid_memo[key] = [v for v in variants if out_shape(v, list(shapes)) is not None]
+        return got
 
-    def children(self) -> Iterator[None]:
+    def allowed(self, v: OpVariant) -> bool:
+        """Whether the constant-attribute budget has a use of ``v`` left (always, for other operators)."""
+        return self.budget.get(v.code, 1) > 0
+
+    def spend(self, v: OpVariant, n: int) -> None:
+        """Spend (``n`` = 1) or give back (-1) one use of ``v`` when it is budgeted."""
+        if v.code in self.budget:
+            self.budget[v.code] -= n
+
+    def children(self) -> Generator[None, None, None]:
         """The current node's children; each is applied to the state while the generator is suspended on it."""
         return kernel_children(self) if self.state.block is None else block_children(self)
 

@@ -20,6 +20,7 @@ ScheduleMode = Literal["markov", "enumerate"]
 SCHEDULE_MODES: tuple[str, ...] = ("markov", "enumerate")
 SPEC_FORMAT = "gensorage.search-spec"
 SPEC_VERSION = 1
+OMITTED_WHEN_NONE = frozenset({"max_block_nodes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,10 @@ class SearchSpec:
         Compute operators per block graph (iterators, accumulators and output savers are not counted).
     max_block_inputs, max_block_outputs : int
         Inputs (input iterators) and outputs (output savers) per block graph.
+    max_block_nodes : int or None
+        Mirage's own block-graph limit (``MAX_NUM_THREADBLOCK_GRAPH_OP``): input iterators, compute operators and
+        accumulators together, output savers not counted; applied on top of ``max_block_ops``. None: no such
+        limit. Table 5 of the Mirage paper counts block operators this way.
     max_grid_dims : int
         Grid dims of a block graph (1-3).
     prune : bool
@@ -66,6 +71,7 @@ class SearchSpec:
     max_block_ops: int = 5
     max_block_inputs: int = 3
     max_block_outputs: int = 2
+    max_block_nodes: int | None = None
     max_grid_dims: int = 3
     prune: bool = True
     canonical: bool = True
@@ -87,6 +93,11 @@ class SearchSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"search spec: {name} must be a positive integer, got {value!r}")
+        if self.max_block_nodes is not None and (isinstance(self.max_block_nodes, bool)
+                                                 or not isinstance(self.max_block_nodes, int)
+                                                 or self.max_block_nodes < 2):
+            raise ConfigError(f"search spec: max_block_nodes must be an integer >= 2 or None, "
+                              f"got {self.max_block_nodes!r}")
         if self.max_grid_dims not in (1, 2, 3):
             raise ConfigError(f"search spec: max_grid_dims must be 1, 2 or 3, got {self.max_grid_dims!r}")
         if self.schedule not in SCHEDULE_MODES:
@@ -111,6 +122,8 @@ class SearchSpec:
             if f.name in ("program", "program_text"):
                 continue
             value = getattr(self, f.name)
+            if f.name in OMITTED_WHEN_NONE and value is None:
+                continue  # keeps the keys (checkpoint names) of specs written before the field existed
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 

@@ -98,7 +98,7 @@ def _remap(node: BlockNode, new_index: dict[int, int]) -> BlockNode:
     moved = tuple(Ref(new_index[r.node], r.out) for r in refs)
     if isinstance(node, BlockOp | ThreadGraph):
         return dataclasses.replace(node, inputs=moved)
-    return dataclasses.replace(node, input=moved[0])  # type: ignore[call-arg]
+    return dataclasses.replace(node, input=moved[0])  # type: ignore[call-arg,arg-type]
 
 
 def fuse(g: KernelGraph) -> KernelGraph:

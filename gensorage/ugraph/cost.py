@@ -6,8 +6,9 @@ Per kernel operator (they run one after another, so times add up):
 
 - global loads: every block loads each iterator's tile once (no fmap) or ``F`` times (fmap), so an input
   replicated across ``k`` blocks (imap replica) is loaded ``k`` times; outputs are written once. Loads are served
-  by L2 (``l2`` bandwidth); DRAM sees each input once when all the operator's inputs fit in half of L2 (the
-  replicas hit in L2), otherwise every load; plus the outputs;
+  by L2 (``l2`` bandwidth); DRAM sees each input once when all the operator's inputs fit in half of L2, otherwise
+  once per wave that needs it (replicas running in the same wave hit in L2), at most once per replica; plus the
+  outputs;
 - compute: every block operator's FLOPs (body operators ``F`` times) at the peak of its kind: tensor cores for a
   matmul whose tile is at least 16 x 8 x 16 in a dtype the profile has tensor-core peak for, CUDA cores
   otherwise;
@@ -155,11 +156,27 @@ def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info
     round_trip = (loops + 1) * hw.level("dram").latency_cycles / hw.clock_hz
     wave_s = max(resident * per_block, round_trip)
     out_bytes = sum(tensor_bytes(t) for t in info.outputs)
-    unique_in = sum(tensor_bytes(t) for t in ins)
     l2_bytes = loads * blocks + out_bytes
-    dram = (unique_in if unique_in <= hw.l2_bytes // 2 else max(unique_in, loads * blocks)) + out_bytes
+    dram = _dram_input_bytes(hw, block.grid, [n for n in block.nodes if isinstance(n, InputIterator)], ins,
+                             waves) + out_bytes
     time = LAUNCH_OVERHEAD_S + max(waves * wave_s, dram / hw.level("dram").bandwidth_Bps)
     return KernelCost("graph-defined", time, dram, l2_bytes, work * blocks, shared * blocks, blocks, waves)
+
+
+def _dram_input_bytes(hw: HwProfile, grid: tuple[int, ...], iterators: list[InputIterator],
+                      ins: list[TensorInfo], waves: int) -> int:
+    """DRAM bytes the iterators' loads cost: each input once when all fit in half of L2; otherwise an input
+    replicated over ``R`` blocks is fetched once per wave it is needed in (its replicas in one wave hit in L2),
+    at most ``R`` times."""
+    unique = sum(tensor_bytes(ins[it.input]) for it in {it.input: it for it in iterators}.values())
+    if unique <= hw.l2_bytes // 2:
+        return unique
+    total = 0
+    for it in iterators:
+        distinct = math.prod(n for n, d in zip(grid, it.imap, strict=True) if d is not None)
+        replicas = math.prod(grid) // distinct
+        total += tensor_bytes(ins[it.input]) * min(replicas, waves)
+    return total
 
 
 def _inputs(n: object) -> tuple:  # type: ignore[type-arg]

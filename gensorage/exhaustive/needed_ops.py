@@ -1,0 +1,67 @@
+"""A lower bound on the operators the last kernel operator still needs, from marks no axiom can create.
+
+Every axiom of ``A_eq`` (Table 2 and the extensions in :mod:`.axioms`) is *regular* — its two sides have the same
+variables — and none mentions ``exp``, ``sqrt`` or an activation ``fn``. Rewriting with such axioms moves those
+subterms around as wholes, so the set of ``A_eq`` classes of ``exp``-, ``sqrt``- and ``fn``-rooted subterms of a
+term is the same for every term of its class. Likewise every axiom that mentions ``div`` has it on both sides, so
+whether a term contains a ``div`` at all is a class invariant.
+
+The output of a complete µGraph is made by its last kernel operator, and (with ``expr_filter``) must equal the
+program's under ``A_eq``. In the abstraction each operator's expression is one constructor over its operands',
+so an ``exp`` operator adds at most one new ``exp`` class (its own), a ``div`` operator may add the first ``div``,
+and no other operator adds either. Hence the last kernel operator needs at least one ``exp`` / ``sqrt`` / ``fn``
+operator per such class of the program's outputs that none of its available tensors has, plus one ``div`` if
+none has a division: when that exceeds the operators its limits leave, no µGraph below the node can be
+complete, and the subtree is pruned (exact; it removes only prefixes that cannot become complete).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.oracle import Canon
+from gensorage.opset import Op
+
+UNCREATABLE = frozenset({"exp", "sqrt", "fn"})
+#: The operators whose expressions can add a mark (every other operator's marks are its operands').
+MARK_OPS = frozenset({Op.EXP, Op.SQRT, Op.RELU, Op.SILU, Op.GELU, Op.DIV})
+DIV_MARK = "div"
+
+Mark = object  # an interned normal form (a class) or DIV_MARK
+
+
+class NeededOps:
+    """Marks of terms (memoized per term; terms are interned) and the bound for a set of available terms."""
+
+    def __init__(self, canon: Canon, targets: Iterable[Term]) -> None:
+        self.canon = canon
+        self._memo: dict[Term, frozenset[Mark]] = {}
+        self.target: frozenset[Mark] = frozenset().union(*(self.marks(t) for t in targets))
+
+    def marks(self, t: Term) -> frozenset[Mark]:
+        """The classes of ``t``'s exp/sqrt/fn-rooted subterms, plus ``DIV_MARK`` if it contains a division."""
+        got = self._memo.get(t)
+        if got is not None:
+            return got
+        out: set[Mark] = set()
+        for a in t.args:
+            out |= self.marks(a)
+        if t.op in UNCREATABLE:
+            out.add(self.canon.nf(t))
+        elif t.op == "div":
+            out.add(DIV_MARK)
+        got = self._memo[t] = frozenset(out)
+        return got
+
+    def bound(self, available: Iterable[Term]) -> int:
+        """At least this many operators are needed to reach the targets from ``available`` terms."""
+        missing = set(self.target)
+        for t in available:
+            if not missing:
+                return 0
+            missing -= self.marks(t)
+        return len(missing)
+
+
+__all__ = ["DIV_MARK", "MARK_OPS", "NeededOps"]

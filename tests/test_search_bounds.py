@@ -1,0 +1,140 @@
+"""Search-space bounds: Mirage's block-node limit, canonical grid numbering, and the needed-operators bound."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gensorage.errors import ConfigError
+from gensorage.exhaustive import abstract_expr as ae
+from gensorage.exhaustive.block_level import binding_options, new_dims_canonical
+from gensorage.exhaustive.generator import SearchSpec, search_serial
+from gensorage.exhaustive.needed_ops import DIV_MARK, NeededOps
+from gensorage.exhaustive.oracle import SubexprOracle
+from gensorage.exhaustive.results import ugraph_key
+from gensorage.program import Program, load_config
+from gensorage.ugraph.ir import Accumulator, BlockOp, GraphDefinedOp, InputIterator, ThreadGraph
+
+
+def softmax_rows() -> Program:
+    """``exp(X) / sum(exp(X))`` over rows: needs an exp and a div."""
+    p = Program("softmax_rows")
+    x = p.input("X", (3, 4))
+    e = p.exp(x)
+    p.output(p.div(e, p.sum(e, dim=1)))
+    return p
+
+
+# ------------------------------------------------------------------------------ max_block_nodes
+
+
+def test_block_nodes_limit_counts_iterators_operators_and_accumulators() -> None:
+    program = load_config("gated_mlp", {"t": 3, "k": 4, "f": 5})
+    base = SearchSpec(program=program, max_kernel_ops=1, max_block_ops=4, max_grid_dims=1, max_block_outputs=1)
+    unlimited = search_serial(base)
+    assert unlimited.complete and unlimited.candidates
+
+    def nodes(c: object) -> int:
+        op = c.ugraph.ops[0]  # type: ignore[attr-defined]
+        assert isinstance(op, GraphDefinedOp)
+        count = 0
+        for n in op.block.nodes:
+            if isinstance(n, InputIterator | BlockOp | Accumulator):
+                count += 1
+            elif isinstance(n, ThreadGraph):
+                count += len(n.ops)
+        return count
+
+    most = max(nodes(c) for c in unlimited.candidates)
+    limited = search_serial(dataclasses.replace(base, max_block_nodes=most - 1))
+    assert limited.complete
+    assert all(nodes(c) <= most - 1 for c in limited.candidates)
+    kept = {ugraph_key(c.ugraph) for c in unlimited.candidates if nodes(c) <= most - 1}
+    assert {ugraph_key(c.ugraph) for c in limited.candidates} == kept
+
+
+def test_block_nodes_in_json_only_when_set() -> None:
+    program = softmax_rows()
+    spec = SearchSpec(program=program)
+    assert "max_block_nodes" not in spec.to_json()  # keys of specs written before the field are unchanged
+    limited = dataclasses.replace(spec, max_block_nodes=6)
+    assert limited.to_json()["max_block_nodes"] == 6
+    assert SearchSpec.from_json(limited.to_json()) == limited
+    assert limited.key() != spec.key()
+
+
+@pytest.mark.parametrize("bad", [1, 0, -3, True, 2.5, "7"])
+def test_block_nodes_rejects_bad_values(bad: object) -> None:
+    with pytest.raises(ConfigError, match="max_block_nodes"):
+        SearchSpec(program=softmax_rows(), max_block_nodes=bad)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------- canonical grid numbering
+
+
+def test_new_grid_dims_are_numbered_in_order_of_first_split() -> None:
+    assert new_dims_canonical((0, None, None), [0], 0)
+    assert not new_dims_canonical((None, 0, None), [1], 0)  # dim 0 must be introduced first
+    assert new_dims_canonical((1, 2, None), [0, 1], 0)
+    assert not new_dims_canonical((2, 1, None), [0, 1], 0)  # two new dims: increasing data dims
+    assert new_dims_canonical((None, 0, 2), [2], 2)  # dims 0 and 1 chosen before: 2 is next
+    assert not new_dims_canonical((None, None, 2), [2], 1)  # dim 1 must come before dim 2
+    assert new_dims_canonical((None, 0, 2), [1, 2], 1)
+
+
+def test_canonical_bindings_are_one_numbering_of_the_free_ones() -> None:
+    """Every binding the canonical form drops is a grid-dim permutation of one it keeps."""
+    shape, r = (4, 6, 2), 2
+    free = binding_options(shape, r, (None, None), False, 1, "enumerate", (), None, False)
+    kept = binding_options(shape, r, (None, None), False, 1, "enumerate", (), None, True)
+    assert set(kept) < set(free)
+
+    def canon(bd: object) -> tuple[object, ...]:  # the imap/sizes up to a permutation of the grid dims
+        imap = bd.imap  # type: ignore[attr-defined]
+        sizes = dict(bd.new_grid)  # type: ignore[attr-defined]
+        return tuple(sorted((imap[g], sizes.get(g)) for g in range(r) if imap[g] is not None)), bd.tile  # type: ignore[attr-defined]
+
+    assert {canon(b) for b in kept} == {canon(b) for b in free}
+
+
+def test_canonical_grid_numbering_keeps_the_structures() -> None:
+    p = Program("exp_matmul")
+    p.output(p.exp(p.matmul(p.input("X", (2, 4)), p.input("Y", (4, 3)))))
+    spec = SearchSpec(program=p, max_kernel_ops=1, max_block_ops=2, max_grid_dims=2, max_block_outputs=1)
+    canonical = search_serial(spec)
+    free = search_serial(dataclasses.replace(spec, canonical=False))
+    assert canonical.complete and free.complete and canonical.candidates
+    # Without canonical form some µGraphs come in several grid numberings; every one the canonical search keeps
+    # is among them, and it visits fewer states.
+    kept = {ugraph_key(c.ugraph) for c in canonical.candidates}
+    assert kept < {ugraph_key(c.ugraph) for c in free.candidates}
+    assert any(len(c.ugraph.ops[0].block.grid) == 2 for c in canonical.candidates)  # type: ignore[union-attr]
+    assert canonical.stats.states < free.stats.states
+
+
+# ------------------------------------------------------------------------------- needed operators
+
+
+def test_marks_and_bound() -> None:
+    x, y = ae.var("X"), ae.var("Y")
+    target = ae.div(ae.exp(x), ae.sum(4, ae.exp(x)))
+    oracle = SubexprOracle([target], 1000)
+    needed = NeededOps(oracle.canon, [target])
+    assert DIV_MARK in needed.target
+    assert needed.bound([x]) == 2  # an exp and a div
+    assert needed.bound([ae.exp(x)]) == 1  # the div
+    assert needed.bound([ae.exp(y)]) == 2  # exp(Y) is another class
+    assert needed.bound([ae.sum(4, ae.exp(x)), ae.div(y, x)]) == 0
+    assert needed.bound([]) == 2
+
+
+def test_needed_ops_bound_keeps_the_verified_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = SearchSpec(program=softmax_rows(), max_kernel_ops=2, max_block_ops=2, max_grid_dims=1,
+                      max_block_outputs=1)
+    bounded = search_serial(spec)
+    monkeypatch.setattr(NeededOps, "bound", lambda self, available: 0)
+    unbounded = search_serial(spec)
+    assert bounded.complete and unbounded.complete and bounded.candidates
+    assert {ugraph_key(c.ugraph) for c in bounded.candidates} == {ugraph_key(c.ugraph) for c in unbounded.candidates}
+    assert bounded.stats.states < unbounded.stats.states
