@@ -280,3 +280,18 @@ def test_a_stored_structure_is_only_used_for_its_gpu(tmp_path: Path) -> None:
     assert superoptimize(path, params=new, hw="a100", mode="fast", store=db, progress=False).from_store
     assert not superoptimize(path, params=new, hw="a100", mode="fast", store=db, use_store=False,
                              progress=False).from_store
+
+
+def test_reinstantiation_keeps_broadcasts() -> None:
+    """A dim that broadcast in the verified tiles must broadcast the same way after re-instantiation."""
+    from gensorage.opset import Op
+    from gensorage.superopt.reshape_structure import ReshapeFailed, same_broadcast
+
+    same_broadcast(Op.DIV, [(2, 3, 5), (2, 3, 1)], [(32, 64, 128), (32, 64, 1)], "here")  # broadcast kept
+    same_broadcast(Op.MATMUL, [(1, 3, 5), (1, 5, 7)], [(1, 64, 128), (1, 128, 64)], "here")
+    with pytest.raises(ReshapeFailed, match="broadcasts"):  # was a broadcast, now elementwise by coincidence
+        same_broadcast(Op.DIV, [(1, 1, 5), (1, 1, 1)], [(1, 64, 128), (1, 64, 128)], "here")
+    with pytest.raises(ReshapeFailed, match="broadcasts"):  # was elementwise on ones, now a broadcast
+        same_broadcast(Op.MUL, [(2, 3, 1), (2, 3, 1)], [(32, 512, 2), (32, 512, 1)], "here")
+    with pytest.raises(ReshapeFailed, match="broadcasts"):  # matmul batch dims
+        same_broadcast(Op.MATMUL, [(2, 3, 5), (1, 5, 7)], [(4, 3, 5), (4, 5, 7)], "here")

@@ -65,10 +65,12 @@ MODES: tuple[str, ...] = ("full", "fast")
 PROFILE_TOP = 3
 PROFILE_WARMUP = 5
 PROFILE_REPEATS = 50
-#: Search candidates (distinct structures) tried at the requested shapes, and kept in the store. What is best at
-#: the small search shapes often does not fit at large ones (a block graph without a loop whose tiles outgrow
-#: shared memory), so more than the top few are tried.
+#: Search candidates (distinct structures) that carry over to the requested shapes are kept up to MAX_CARRY;
+#: up to MAX_TRIED are tried, and kept in the store. What is best at the small search shapes often does not fit
+#: at large ones (attention without a loop over the keys: at 7 keys the whole K tile fits, at 4096 it outgrows
+#: shared memory), so trying stops at the first MAX_CARRY that fit, not at the first MAX_CARRY tried.
 MAX_CARRY = 32
+MAX_TRIED = 256
 
 
 # ============================================================================================ the result
@@ -578,8 +580,8 @@ class _Run:
                    label: str, keep: int) -> list[_Option]:
         """The graphs (µGraphs of ``at``) rebuilt at the requested shapes, the ``keep`` predicted fastest.
 
-        Graphs of one structure (same :func:`structure_signature`) are tried once; at most :data:`MAX_CARRY`
-        structures are tried. Those that do not carry over are noted.
+        Graphs of one structure (same :func:`structure_signature`) are tried once, in order, until
+        :data:`MAX_CARRY` carried over or :data:`MAX_TRIED` were tried. Those that do not carry over are noted.
         """
         t0 = time.perf_counter()
         same = at.key() == self.program.key()
@@ -588,8 +590,10 @@ class _Run:
         failed = 0
         for i, (g, report) in enumerate(graphs):
             sig = structure_signature(g)
-            if sig in seen or len(seen) >= MAX_CARRY:
+            if sig in seen:
                 continue
+            if len(options) >= MAX_CARRY or len(seen) >= MAX_TRIED:
+                break
             seen.add(sig)
             try:
                 new = g if same else reinstantiate(g, at, self.program, self.hw, self.cost, seed=self.seed)
@@ -741,7 +745,7 @@ class _Run:
         if not found and not sr.complete:
             return  # an unfinished search that found nothing has learnt nothing worth storing
         t0 = time.perf_counter()
-        entries = _distinct(found)[:MAX_CARRY] or [(from_program(small), None)]
+        entries = _distinct(found)[:MAX_TRIED] or [(from_program(small), None)]
         if result.origin.startswith("search #"):
             chosen = found[int(result.origin.split("#")[1])]
             entries = [chosen, *(e for e in entries if e[0] != chosen[0])]

@@ -350,6 +350,7 @@ def rebuild_block(ctx: _KernelContext, grid: tuple[int, ...], forloop: int) -> B
             case BlockOp():
                 old_in = [ctx.old_info.nodes[r.node][r.out].shape for r in node.inputs]
                 new_in = [tiles[r.node][r.out] for r in node.inputs]
+                same_broadcast(node.op, old_in, new_in, where)
                 attrs = map_attrs(node.op, node.attrs, old_in, new_in, ctx.smap, where)
                 new = replace(node, attrs=attrs)
                 outs = (_shape(node.op, new_in, attrs, where),)
@@ -358,6 +359,11 @@ def rebuild_block(ctx: _KernelContext, grid: tuple[int, ...], forloop: int) -> B
                 # Only the tiles' shapes matter here (validate() checks dtypes on the finished graph).
                 args = [TensorInfo(tiles[r.node][r.out], "float32") for r in node.inputs]
                 local = thread_shapes(new, args, where)
+                old_args = [TensorInfo(ctx.old_info.nodes[r.node][r.out].shape, "float32") for r in node.inputs]
+                old_local = thread_shapes(node, old_args, where)
+                for i, top in enumerate(node.ops):
+                    same_broadcast(top.op, [old_local[r.node].shape for r in top.inputs],
+                                   [local[r.node].shape for r in top.inputs], f"{where}, thread op {i}")
                 outs = tuple(local[r.node].shape for r in new.outputs)
             case Accumulator():
                 src_tile = tiles[node.input.node][node.input.out]
@@ -372,6 +378,28 @@ def rebuild_block(ctx: _KernelContext, grid: tuple[int, ...], forloop: int) -> B
         tiles.append(outs)
         nodes.append(new)
     return BlockGraph(grid, forloop, tuple(nodes))
+
+
+def same_broadcast(op: Op, old_in: Sequence[Shape], new_in: Sequence[Shape], where: str) -> None:
+    """Raise :class:`ReshapeFailed` unless a binary operator broadcasts the same dims the same way at the new
+    tiles as at the old ones. A structure verified where a tile dim was 1 (broadcast against the other operand)
+    means something else where that dim is no longer 1 but happens to equal the other operand's: an elementwise
+    operation the verified µGraph never performed (e.g. dividing by an accumulated tile of exps instead of by its
+    row sums)."""
+    if len(old_in) != 2 or (op not in opset.BINARY_ELEMENTWISE and op is not Op.MATMUL):
+        return
+    if op is Op.MATMUL:  # the batch dims broadcast; the two matrix dims are checked by shape inference
+        old_in, new_in = [a[:-2] for a in old_in], [a[:-2] for a in new_in]
+    if _broadcast_pattern(*old_in) != _broadcast_pattern(*new_in):
+        raise ReshapeFailed(f"{where}: {op.value} broadcasts {list(new_in[0])} with {list(new_in[1])} differently "
+                            f"from the verified {list(old_in[0])} with {list(old_in[1])}")
+
+
+def _broadcast_pattern(a: Shape, b: Shape) -> tuple[str, ...]:
+    """Per dim (aligned from the right): 'a' (only a is 1 and b is not: a broadcasts), 'b', or '=' otherwise."""
+    n = max(len(a), len(b))
+    pa, pb = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
+    return tuple("a" if x == 1 and y != 1 else "b" if y == 1 and x != 1 else "=" for x, y in zip(pa, pb, strict=True))
 
 
 def _rebuild_thread(tg: ThreadGraph, smap: SizeMap, where: str) -> ThreadGraph:
