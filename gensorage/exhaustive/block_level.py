@@ -99,16 +99,17 @@ def block_children(s: Search) -> Generator[None, None, None]:
     assert b is not None
     # Operators the last kernel operator still needs at least (see needed_ops); 0 where the bound is not applied.
     need = 0
+    left, left_after_accumulator = ops_left(s, b), ops_left(s, b, 1)
     if b.last_kernel_op and b.exact and s.needed is not None:
         need = s.needed.bound(_terms(s, b))
-        if need > ops_left(s, b):
+        if need > left:
             s.counters.pruned_expr += 1
             return
     if need == 0:
         yield from _finish(s)
-    if ops_left(s, b) > 0:
-        yield from _operators(s, b, only_marks=need == ops_left(s, b))
-    if b.looped and b.forloop is not None and need <= ops_left(s, b, 1) and ops_left(s, b, 1) >= 0:
+    if left > 0:
+        yield from _operators(s, b, only_marks=need == left)
+    if b.looped and b.forloop is not None and 0 <= left_after_accumulator and need <= left_after_accumulator:
         yield from _accumulators(s, b)
 
 
@@ -274,17 +275,10 @@ def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple
     computed once per group.
     """
     i, rest = pending[0], pending[1:]
-    limit = s.hw.shared_mem_per_block
     if rest:
         for bd in _bindings(s, b, i):
-            _apply_binding(s, b, i, bd)
-            try:
-                if b.smem > limit:
-                    s.counters.pruned_memory += 1
-                elif _partition_ok(s, b):
-                    yield from _bind_then_apply(s, b, ins, head, variants, post, rest)
-            finally:
-                _undo_binding(b, i, bd)
+            for _ in _bound(s, b, i, bd):
+                yield from _bind_then_apply(s, b, ins, head, variants, post, rest)
         return
     for tile, bindings in _binding_groups(s, b, i):
         shapes = tuple(tile if k == i else b.shape[k] for k in ins)
@@ -294,14 +288,20 @@ def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple
             continue
         memo: dict[int, tuple[ExprValue, bool]] | None = {} if b.exact else None
         for bd in bindings:
-            _apply_binding(s, b, i, bd)
-            try:
-                if b.smem > limit:
-                    s.counters.pruned_memory += 1
-                elif _partition_ok(s, b):
-                    yield from _apply_variants(s, b, ins, head, valid, post, memo)
-            finally:
-                _undo_binding(b, i, bd)
+            for _ in _bound(s, b, i, bd):
+                yield from _apply_variants(s, b, ins, head, valid, post, memo)
+
+
+def _bound(s: Search, b: BlockBuild, i: int, bd: Binding) -> Iterator[None]:
+    """Apply binding ``bd`` to iterator ``i``, yield once if its tiles fit and the partition is legal, undo it."""
+    _apply_binding(s, b, i, bd)
+    try:
+        if b.smem > s.hw.shared_mem_per_block:
+            s.counters.pruned_memory += 1
+        elif _partition_ok(s, b):
+            yield
+    finally:
+        _undo_binding(b, i, bd)
 
 
 # ----------------------------------------------------------------------------------------- operators
