@@ -17,6 +17,12 @@ row of Table 5; ``--count ops`` limits compute operators only (``max_block_ops``
 The goal the issue sets: the full search (pruning + canonical form) takes at most 1/10 of Mirage's Table 5 time
 (9 s, 2.3 min, 20 min, 76 min at 4/5/6/7 block ops) on a 2-core machine.
 
+The space: Mirage does not search every map. Its generator explores fixed lists of imaps, omaps and fmaps,
+and its "attention" lists are the space of Table 5's GQA searches. ``--dims attention`` (the default) restricts
+the search to those lists (``configs/dims/attention.toml``, :mod:`gensorage.exhaustive.dim_strategy`), so the
+rows compare the same space; ``--dims none`` searches every map (a much larger space; its results are written
+to ``search_ablation-<date>.json``, the others to ``search_ablation-<dims>-<date>.json``).
+
 Search shapes: the search runs on a *search-size* instance of the bundled ``gqa_incdec`` program (Mirage too
 searches and verifies on small instances; a µGraph found there is re-instantiated at full size). The default
 ``--param`` values below keep GQA's structure — repeat of K and V to the query heads, QKᵀ, exp, sum, div, ·V —
@@ -80,6 +86,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="what the limit counts: iterators + operators + accumulators as Mirage does (nodes, "
                          "default) or compute operators only (ops)")
     ap.add_argument("--max-kernel-ops", type=int, help="kernel-op limit (default: the spec's default)")
+    ap.add_argument("--dims", default="attention",
+                    help="dim strategy (configs/dims/), 'none' for every map (default attention: Mirage's "
+                         "attention config, the space of its Table 5)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
     ap.add_argument("--schedule", default="markov", choices=("markov", "enumerate"))
     ap.add_argument("--seed", type=int, default=0)
@@ -132,6 +141,7 @@ def run_one(spec: Any, cap: float, workers: int, show_progress: bool) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from gensorage.cli.program import load_source, parse_params
+    from gensorage.exhaustive.dim_strategy import load_dim_strategy
     from gensorage.exhaustive.spec import SearchSpec
 
     params = {**DEFAULT_PARAMS, **parse_params(args.param)} if args.program == "gqa_incdec" \
@@ -142,13 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; known: {list(VARIANTS)}")
-    path = args.out or result_path(NAME)
+    dims = None if args.dims == "none" else load_dim_strategy(args.dims)
+    path = args.out or result_path(NAME if args.dims == "none" else f"{NAME}-{args.dims}")
     doc: dict[str, Any] = {
         "benchmark": NAME,
         "machine": machine_info(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "settings": {"program": args.program, "params": params, "hw": args.hw, "max_block_ops": limits,
-                     "count": args.count, "max_kernel_ops": args.max_kernel_ops, "schedule": args.schedule, "seed": args.seed,
+                     "count": args.count, "max_kernel_ops": args.max_kernel_ops, "dims": args.dims,
+                     "schedule": args.schedule, "seed": args.seed,
                      "workers": args.workers, "cap_s": args.cap, "variants": {v: dict(zip(("prune", "canonical"),
                                                                                           VARIANTS[v], strict=True))
                                                                               for v in variants}},
@@ -171,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.count == "nodes":
                     extra["max_block_nodes"] = limit
                 spec = SearchSpec(program=program, hw=args.hw, max_block_ops=limit, prune=prune,
-                                  canonical=canonical, schedule=args.schedule, seed=args.seed, **extra)
+                                  canonical=canonical, schedule=args.schedule, seed=args.seed, dims=dims, **extra)
                 row["spec_key"] = spec.key()
                 row["spec"] = {k: v for k, v in spec.to_json().items() if k != "program"}
                 row.update(run_one(spec, args.cap, args.workers, args.progress))

@@ -54,6 +54,9 @@ def register(subparsers: Any) -> None:
                    help=f"most grid dims of one block graph, 1-3 (default {d['max_grid_dims']})")
     p.add_argument("--ops", metavar="OP[,OP...]", help="operator types the search may use (default: derived "
                    "from the program)")
+    p.add_argument("--dims", metavar="NAME|FILE.toml",
+                   help="only the imaps, omaps and fmaps of this dim strategy (configs/dims/: attention, mlp, "
+                        "lora, Mirage's lists; default: every map)")
     p.add_argument("--delta", type=float,
                    help=f"target false-accept probability of verification (default {d['delta']:g})")
     p.add_argument("--max-trials", type=int, metavar="N",
@@ -95,6 +98,10 @@ def build_spec(args: argparse.Namespace) -> Any:
     kwargs: dict[str, Any] = {name: getattr(args, name) for name in LIMIT_ARGS if getattr(args, name) is not None}
     if args.ops:
         kwargs["ops"] = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    if args.dims:
+        from gensorage.exhaustive.dim_strategy import load_dim_strategy
+
+        kwargs["dims"] = load_dim_strategy(args.dims)
     return SearchSpec(program=program, hw=args.hw, prune=not args.no_prune, canonical=not args.no_canonical,
                       schedule=args.schedule, seed=args.seed, expr_filter=not args.verify_all, **kwargs)
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from gensorage import opset
 from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.dim_strategy import DimStrategy, fits
 from gensorage.exhaustive.expr_arith import ExprValue
 from gensorage.exhaustive.needed_ops import MARK_OPS
 from gensorage.exhaustive.opcatalog import (
@@ -148,21 +149,26 @@ def _binding_args(s: Search, b: BlockBuild, i: int) -> tuple:  # type: ignore[ty
     shape = s.state.shape[b.inputs[i]]
     hints = tuple(sorted({d for k, t in enumerate(b.inputs) if k != i for d in s.state.shape[t]}))
     splits = s.output_splits if b.last_kernel_op else None
-    return shape, b.r, tuple(b.grid), b.looped, b.forloop, s.spec.schedule, hints, splits, s.spec.canonical
+    return (shape, b.r, tuple(b.grid), b.looped, b.forloop, s.spec.schedule, hints, splits, s.spec.canonical,
+            s.spec.dims)
 
 
 @lru_cache(maxsize=1 << 16)
 def binding_options(shape: Shape, r: int, grid: tuple[int | None, ...], looped: bool, forloop: int | None,
                     mode: str, hints: tuple[int, ...], splits: frozenset[int] | None,
-                    canonical: bool = False) -> tuple[Binding, ...]:
+                    canonical: bool = False, dims: DimStrategy | None = None) -> tuple[Binding, ...]:
     """Every binding of an input of ``shape`` on an ``r``-d grid whose sizes so far are ``grid`` (None: not
     chosen), a pure function of its arguments and therefore cached: the search asks the same question for
     every operator that reads the iterator first. ``splits``: for the last kernel operator, the block counts
     that divide a program output dim (its blocks tile the outputs). ``canonical``: grid dims are numbered in
-    the order they are first split (see :func:`new_dims_canonical`)."""
+    the order they are first split (see :func:`new_dims_canonical`). ``dims``: only the imaps and fmaps the
+    strategy lists (each imap on its own; :func:`_bound` checks the iterators' imaps together)."""
     out: list[Binding] = []
     chosen_count = sum(1 for g in grid if g is not None)
+    fmaps = dims.allowed_fmaps() if dims is not None else None
     for imap in imap_choices(len(shape), r):
+        if dims is not None and not fits(dims, r, (imap,)):
+            continue
         unknown = [g for g in range(r) if imap[g] is not None and grid[g] is None]
         if canonical and not new_dims_canonical(imap, unknown, chosen_count):
             continue
@@ -179,11 +185,12 @@ def binding_options(shape: Shape, r: int, grid: tuple[int | None, ...], looped: 
                 if d is not None:
                     tile[d] //= chosen.get(g) or grid[g]  # type: ignore[operator]
             new_grid = tuple(chosen.items())
-            out.append(Binding(imap, None, tuple(tile), new_grid, None))
+            if fmaps is None or None in fmaps:
+                out.append(Binding(imap, None, tuple(tile), new_grid, None))
             if not looped:
                 continue
             for d in range(len(tile)):
-                if tile[d] < 2:
+                if tile[d] < 2 or (fmaps is not None and d not in fmaps):
                     continue
                 if forloop is not None:
                     if tile[d] % forloop == 0:
@@ -298,7 +305,7 @@ def _bound(s: Search, b: BlockBuild, i: int, bd: Binding) -> Iterator[None]:
     try:
         if b.smem > s.hw.shared_mem_per_block:
             s.counters.pruned_memory += 1
-        elif _partition_ok(s, b):
+        elif _partition_ok(s, b) and (s.spec.dims is None or fits(s.spec.dims, b.r, b.imap)):
             yield
     finally:
         _undo_binding(b, i, bd)
@@ -535,6 +542,8 @@ def _finish(s: Search) -> Iterator[None]:
     refs = tuple(st.ref[t] for t in b.inputs)
     for omaps in itertools.product(*(omap_choices(len(b.shape[j]), b.r) for j in outs)):  # type: ignore[arg-type]
         if b.last_kernel_op and not _final_shapes_ok(s, b, outs, omaps, grid):
+            continue
+        if s.spec.dims is not None and not fits(s.spec.dims, b.r, b.imap, omaps):
             continue
         savers = [OutputSaver(Ref(j), om) for j, om in zip(outs, omaps, strict=True)]
         block = BlockGraph(grid, forloop, (*nodes, *savers))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from gensorage.errors import ConfigError
+from gensorage.exhaustive.dim_strategy import DimStrategy
 from gensorage.opset import Op, parse_op
 from gensorage.program import Program, dump_program, parse_program
 
@@ -20,7 +21,7 @@ ScheduleMode = Literal["markov", "enumerate"]
 SCHEDULE_MODES: tuple[str, ...] = ("markov", "enumerate")
 SPEC_FORMAT = "gensorage.search-spec"
 SPEC_VERSION = 1
-OMITTED_WHEN_NONE = frozenset({"max_block_nodes"})
+OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "dims"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,9 @@ class SearchSpec:
         ``A_eq`` (the µGraphs Theorem 1 is about); False verifies every complete µGraph, as Mirage does.
     ops : tuple of str, optional
         Operator types the search may use; None derives them from the program (see ``opcatalog``).
+    dims : DimStrategy, optional
+        Mirage's dimension strategy: the imaps, omaps and fmaps block graphs may use (``configs/dims/``, see
+        :mod:`~gensorage.exhaustive.dim_strategy`); None: every map.
     """
 
     program: Program = field(compare=False, hash=False, repr=False)
@@ -81,6 +85,7 @@ class SearchSpec:
     max_trials: int | None = 64
     expr_filter: bool = True
     ops: tuple[str, ...] | None = None
+    dims: DimStrategy | None = None
     program_text: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +112,8 @@ class SearchSpec:
             raise ConfigError(f"search spec: delta must be in (0, 1), got {self.delta!r}")
         if self.max_trials is not None and (isinstance(self.max_trials, bool) or self.max_trials < 1):
             raise ConfigError(f"search spec: max_trials must be a positive integer or None, got {self.max_trials!r}")
+        if self.dims is not None and not isinstance(self.dims, DimStrategy):
+            raise ConfigError(f"search spec: dims must be a DimStrategy, got {type(self.dims).__name__}")
         if self.ops is not None:
             object.__setattr__(self, "ops", tuple(sorted({parse_op(o).value for o in self.ops})))
 
@@ -124,7 +131,10 @@ class SearchSpec:
             value = getattr(self, f.name)
             if f.name in OMITTED_WHEN_NONE and value is None:
                 continue  # keeps the keys (checkpoint names) of specs written before the field existed
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+            if isinstance(value, DimStrategy):
+                out[f.name] = value.to_json()
+            else:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
     @staticmethod
@@ -144,6 +154,8 @@ class SearchSpec:
         kwargs = {k: data[k] for k in known if k in data}
         if kwargs.get("ops") is not None:
             kwargs["ops"] = tuple(kwargs["ops"])
+        if kwargs.get("dims") is not None:
+            kwargs["dims"] = DimStrategy.from_json(kwargs["dims"], "search spec: dims")
         return SearchSpec(program=parse_program(text, source="search spec"), **kwargs)
 
     def key(self) -> str:

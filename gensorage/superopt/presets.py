@@ -20,6 +20,7 @@ the result is checked at the requested shapes::
     [search]                         # SearchSpec fields (limits and flags), e.g.
     max_kernel_ops = 1
     max_block_ops = 4
+    dims = "attention"               # a dim strategy by name (configs/dims/<name>.toml)
 
 Presets are looked up in ``$GENSORAGE_CONFIG_DIR/presets`` first, then in the checkout's ``configs/presets``.
 """
@@ -171,6 +172,12 @@ def _search(value: Any, where: str) -> dict[str, Any]:
         if not isinstance(out["ops"], list) or not all(isinstance(o, str) for o in out["ops"]):
             raise ConfigError(f"{where}: search.ops must be a list of op names")
         out["ops"] = tuple(out["ops"])
+    if "dims" in out:
+        from gensorage.exhaustive.dim_strategy import load_dim_strategy
+
+        if not isinstance(out["dims"], str):
+            raise ConfigError(f"{where}: search.dims must be the name of a dim strategy (configs/dims/)")
+        out["dims"] = load_dim_strategy(out["dims"])
     return out
 
 
