@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Generic, Literal, Protocol, TypeVar
 
 import numpy as np
-from scipy import special
 
 V = TypeVar("V")
 
@@ -83,6 +82,9 @@ class Float64Arith:
         return a * float(factor)
 
     def activation(self, kind: Activation, a: np.ndarray) -> np.ndarray:
+        # Imported here: scipy takes ~0.4 s to import, which every spawned search worker would pay at start.
+        from scipy import special
+
         if kind == "relu":
             return np.maximum(a, 0.0)
         if kind == "silu":
