@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from gensorage.errors import ConfigError
-from gensorage.hw.loader import config_search_dirs
+from gensorage.hw.loader import list_config_names, read_named_toml
 
 Slots = tuple[int, int, int]  # Mirage's int3: a data dim per grid slot x, y, z; -1 replica / none
 Map = tuple[int | None, ...]  # gensorage's imap or omap: a data dim (or None) per grid dim
@@ -134,30 +132,12 @@ def _fits(strategy: DimStrategy, r: int, imaps: tuple[Map | None, ...], omaps: t
 
 def list_dim_strategies() -> list[str]:
     """Names of the strategies in ``$GENSORAGE_CONFIG_DIR/dims/`` and the checkout's ``configs/dims/``."""
-    names: set[str] = set()
-    for d in config_search_dirs("dims"):
-        if d.is_dir():
-            names.update(p.stem for p in d.glob("*.toml") if p.is_file())
-    return sorted(names)
+    return list_config_names("dims")
 
 
 def load_dim_strategy(name_or_path: str | os.PathLike[str]) -> DimStrategy:
     """A strategy by name (``configs/dims/<name>.toml``) or from a ``.toml`` path; a bad file is a ConfigError."""
-    text = os.fspath(name_or_path)
-    if text.endswith(".toml") or os.sep in text:
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"dim strategy file {path} does not exist")
-    else:
-        found = [d / f"{text}.toml" for d in config_search_dirs("dims") if (d / f"{text}.toml").is_file()]
-        if not found:
-            known = ", ".join(list_dim_strategies()) or "none"
-            raise ConfigError(f"unknown dim strategy {text!r} (known: {known})")
-        path = found[0]
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read dim strategy: {exc}") from None
+    path, data = read_named_toml("dims", name_or_path, "dim strategy")
     unknown = sorted(set(data) - _KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})")

@@ -61,6 +61,45 @@ def config_search_dirs(kind: str) -> list[Path]:
     return dirs
 
 
+def list_config_names(kind: str) -> list[str]:
+    """Names of the ``kind`` config files (``<dir>/<kind>/<name>.toml``) in every config folder."""
+    names: set[str] = set()
+    for d in config_search_dirs(kind):
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.toml") if p.is_file())
+    return sorted(names)
+
+
+def find_config(kind: str, name: str) -> Path | None:
+    """The file of the ``kind`` config ``name`` (first config folder that has it), or None."""
+    for d in config_search_dirs(kind):
+        path = d / f"{name}.toml"
+        if path.is_file():
+            return path
+    return None
+
+
+def read_named_toml(kind: str, name_or_path: str | os.PathLike[str], what: str) -> tuple[Path, dict[str, Any]]:
+    """A ``kind`` config by name, or a ``.toml`` path, parsed as data; every failure is a one-line ConfigError
+    naming ``what`` it is (unknown names list the known ones)."""
+    text = os.fspath(name_or_path)
+    if text.endswith(".toml") or os.sep in text:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{what} file {path} does not exist")
+    else:
+        found = find_config(kind, text)
+        if found is None:
+            raise ConfigError(f"unknown {what} {text!r} (known: {', '.join(list_config_names(kind)) or 'none'})")
+        path = found
+    try:
+        return path, tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: not valid TOML: {exc}") from None
+
+
 def list_profiles() -> list[str]:
     """Names of the hardware profiles found in ``$GENSORAGE_CONFIG_DIR/hw/`` and the repo's ``configs/hw/``."""
     names: set[str] = set()

@@ -30,13 +30,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gensorage.errors import ConfigError
-from gensorage.hw.loader import config_search_dirs
+from gensorage.hw.loader import config_search_dirs, find_config, list_config_names, read_named_toml
 
 #: Preset the CLI runs when no program is named.
 DEFAULT_PRESET = "default"
@@ -86,40 +85,17 @@ def preset_dirs() -> list[Path]:
 
 def list_presets() -> list[str]:
     """Names of every preset file found."""
-    names: set[str] = set()
-    for d in preset_dirs():
-        if d.is_dir():
-            names.update(p.stem for p in d.glob("*.toml") if p.is_file())
-    return sorted(names)
+    return list_config_names("presets")
 
 
 def find_preset(name: str) -> Path | None:
     """The file of preset ``name``, or None."""
-    for d in preset_dirs():
-        path = d / f"{name}.toml"
-        if path.is_file():
-            return path
-    return None
+    return find_config("presets", name)
 
 
 def load_preset(name_or_path: str | os.PathLike[str]) -> Preset:
     """Load a preset by name (``"rmsnorm"``) or from a ``.toml`` path; a broken file is a :class:`ConfigError`."""
-    text = os.fspath(name_or_path)
-    if text.endswith(".toml") or os.sep in text:
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"preset file {path} does not exist")
-    else:
-        found = find_preset(text)
-        if found is None:
-            raise ConfigError(f"unknown preset {text!r} (known: {', '.join(list_presets()) or 'none'})")
-        path = found
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read preset: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    path, data = read_named_toml("presets", name_or_path, "preset")
     return preset_from_dict(data, name=path.stem, path=path)
 
 
