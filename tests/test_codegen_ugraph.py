@@ -337,6 +337,26 @@ def test_any_register_tiling_computes_the_same(data: st.DataObject) -> None:
     assert _rel_err(got, g.run(*xs)) < 1e-5
 
 
+def test_dynamic_shared_memory_decode_attention_builds_for_cuda() -> None:
+    # Decode attention with 64 KiB K and V tiles: dynamic shared memory, and the scalar Σ exp tile is written
+    # after the loop by one thread. TVM's shared-memory merge lost that tile's offset ("buffer_byte_offsets");
+    # the kernel now lays its tiles out in one arena itself, which must not grow past the tiles it holds.
+    from gensorage.codegen.gpu_limits import block_resources
+    from gensorage.codegen.module import ir_module
+
+    program, g = EXAMPLES["flash_attention"](heads=2, q_len=1, kv_len=1024, head_dim=64, q_blocks=1, forloop=4,
+                                             dtype="float32")
+    cg = compile_ugraph(g, HW, "cuda")
+    (kern,) = cg.kernels("cuda")
+    shared = [line for line in kern.script.splitlines() if "T.alloc_buffer" in line and "shared" in line]
+    assert len(shared) == 1 and 'scope="shared.dyn"' in shared[0]
+    tiles = 2 * 64 * 256 * 4  # the K and V tiles alone
+    assert tiles < block_resources(ir_module([kern])).shared_bytes < tiles + 8 * 1024
+    assert cg.cuda_source().count("extern __shared__") == 1
+    xs = _inputs(g)
+    assert _rel_err(compile_ugraph(g, HW, "llvm").run(*xs), program.run(*xs)) < 1e-5
+
+
 def test_inconsistent_tiling_is_rejected() -> None:
     _, g = gated_mlp(m=4, k=16, n=8, blocks=2, forloop=2, dtype="float32")
     t = MatmulTiling((1, 4, 4), 8, (1, 3, 1), (1, 4, 2), (1, 2, 1), "bad")  # vthreads 2 do not divide T0=3
@@ -354,8 +374,30 @@ def test_markov_construct_picks_threads_and_registers() -> None:
     wl = matmul_workload(1, 32, 32, 32, "float16")
     s = construct_schedule(wl, HW)
     assert plan.tiling is not None and plan.matmul_node == 3
-    assert plan.threads == space_for(wl, HW).threads(s)
+    assert plan.tiling.constructed_t1 == (1, *s.tiles[1][:2])
     assert plan.tiling.t0 == (1, *s.tiles[0][:2]) and plan.tiling.vthreads == (1, *s.vthreads[:2])
+    # 4 blocks cannot fill the GPU with the constructor's T1: it is widened to the whole 32 x 32 tile.
+    assert plan.tiling.t1 == (1, 32, 32) and plan.threads == math.prod(
+        -(-32 // t0) for t0 in plan.tiling.t0[1:]) >= space_for(wl, HW).threads(s)
+    assert "widened to the fixed grid" in plan.rule
+
+
+def test_block_tile_widens_along_j_then_i_within_the_cap() -> None:
+    from gensorage.codegen.block_threads import widen_block_tile
+
+    assert widen_block_tile((1, 1, 256), (1, 1, 1), (1, 1, 2), 1024) == (1, 1, 256)
+    assert widen_block_tile((1, 64, 64), (1, 1, 1), (1, 8, 4), 1024) == (1, 16, 64)
+    assert widen_block_tile((1, 64, 64), (1, 2, 2), (1, 8, 4), 1024) == (1, 64, 64)
+    assert widen_block_tile((2, 8, 100), (1, 1, 1), (1, 1, 3), 64) == (1, 1, 48)  # 3 -> 6 -> 12 -> 24 -> 48
+    assert widen_block_tile((1, 1, 2), (1, 1, 1), (1, 1, 2), 1) == (1, 1, 2)  # never narrower than constructed
+
+
+def test_decode_attention_block_gets_a_thread_per_score() -> None:
+    # One query row against 256 keys per iteration on a 32-block grid: 256 threads, not the 2-4 the
+    # constructor picks for a standalone 1 x 256 matmul (it would spread that over many tiny blocks).
+    _, g = EXAMPLES["flash_attention"](heads=32, q_len=1, kv_len=4096, head_dim=128, q_blocks=1, forloop=16)
+    plan = compile_ugraph(g, HW, "llvm").plans[0]
+    assert plan.tiling is not None and plan.tiling.t1 == (1, 1, 256) and plan.threads == 256
 
 
 def test_fallback_threads_without_matmul() -> None:

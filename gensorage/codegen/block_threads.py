@@ -12,11 +12,15 @@ block's *dominant op* is its largest matmul (most multiply-adds, first on ties).
 - virtual threads: along an axis a thread owns ``vthreads`` strided chunks of ``T0 / vthreads`` elements
   (the ``[vthreads, threads, T0 / vthreads]`` layout of :mod:`gensorage.markov.schedule`), laid out directly in
   the emitted index arithmetic;
-- constructor block tile ``T1``: threads per block = ``prod(ceil(T1 / T0))`` over the spatial axes, exactly the
-  constructor's thread count. The µGraph block's tile may be larger than ``T1`` (the constructor assumed a grid
-  of ``ceil(extent / T1)`` blocks); the block then walks those ``T1`` tiles one after another with the same
-  threads. The constructor's reduction tiles do not apply: the whole ``k`` tile is already in shared memory
-  (an input iterator loaded it), so a thread reduces it in one pass.
+- block tile ``T1``: threads per block = ``prod(ceil(T1 / T0))`` over the spatial axes. The constructor chose
+  its ``T1`` for a grid of ``ceil(extent / T1)`` blocks per µGraph block, but the µGraph fixes the grid: a
+  decode block's ``1 x 256`` score tile would get a 2-thread ``T1`` (many tiny blocks fill the GPU) while the
+  grid has only 32 blocks. So ``T1`` is widened (Gensor's inverse-tile transition) by doubling along ``j``,
+  then ``i``, then ``b``, never past the extent, while the threads stay within ``max_threads_per_block`` and
+  the grid's share of the GPU (``sm_count * max_threads_per_sm / blocks``). A tile still larger than ``T1``
+  is walked in ``T1`` steps one after another by the same threads. The constructor's reduction tiles do not
+  apply: the whole ``k`` tile is already in shared memory (an input iterator loaded it), so a thread reduces
+  it in one pass.
 
 Every other phase of the block (loads, elementwise ops, reductions, other matmuls, thread graphs, saves) spreads
 its elements cyclically over the same threads.
@@ -53,6 +57,7 @@ class MatmulTiling:
     t1: tuple[int, int, int]
     vthreads: tuple[int, int, int]
     workload: str
+    constructed_t1: tuple[int, int, int] | None = None  # the constructor's T1 before widening to the fixed grid
 
     @property
     def threads_per_axis(self) -> tuple[int, int, int]:
@@ -70,8 +75,10 @@ class MatmulTiling:
         return b, i, j
 
     def describe(self) -> str:
+        widened = (f" (constructed {list(self.constructed_t1)}, widened to the fixed grid)"
+                   if self.constructed_t1 not in (None, self.t1) else "")
         return (f"markov construct on {self.workload}: register tile T0={list(self.t0)}, block tile "
-                f"T1={list(self.t1)}, vthreads={list(self.vthreads)} -> {self.threads} threads")
+                f"T1={list(self.t1)}{widened}, vthreads={list(self.vthreads)} -> {self.threads} threads")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +113,9 @@ def construct_schedule(workload: Workload, hw: HwProfile, seed: int = 0) -> Sche
     return hit
 
 
-def matmul_tiling(batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile, seed: int = 0) -> MatmulTiling:
-    """Construct the tiling of a ``(batch, m, n, k)`` block matmul on ``hw``."""
+def matmul_tiling(batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile, seed: int = 0,
+                  blocks: int = 1) -> MatmulTiling:
+    """Construct the tiling of a ``(batch, m, n, k)`` block matmul on ``hw`` for a grid of ``blocks`` blocks."""
     wl = matmul_workload(batch, m, n, k, dtype)
     s = construct_schedule(wl, hw, seed)
     pos = {a: i for i, a in enumerate(s.axes)}
@@ -118,7 +126,23 @@ def matmul_tiling(batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile,
     t0 = (pick(s.tiles[0], "b"), pick(s.tiles[0], "i"), pick(s.tiles[0], "j"))
     t1 = (pick(s.tiles[1], "b"), pick(s.tiles[1], "i"), pick(s.tiles[1], "j"))
     v = (pick(s.vthreads, "b"), pick(s.vthreads, "i"), pick(s.vthreads, "j"))
-    return MatmulTiling((batch, m, n), k, t0, t1, v, wl.key())
+    extents = (batch, m, n)
+    cap = min(hw.max_threads_per_block, max(hw.warp_size, hw.sm_count * hw.max_threads_per_sm // max(1, blocks)))
+    return MatmulTiling(extents, k, t0, widen_block_tile(extents, t0, t1, cap), v, wl.key(), t1)
+
+
+def widen_block_tile(extents: tuple[int, int, int], t0: tuple[int, int, int], t1: tuple[int, int, int],
+                     cap: int) -> tuple[int, int, int]:
+    """``t1`` doubled along ``j``, ``i``, then ``b`` (at most to the extent) while ``prod(ceil(T1 / T0)) <= cap``."""
+    tile = list(t1)
+    for ax in (2, 1, 0):
+        while tile[ax] < extents[ax]:
+            wider = tile.copy()
+            wider[ax] = min(extents[ax], 2 * tile[ax])
+            if math.prod(-(-w // z) for w, z in zip(wider, t0, strict=True)) > cap:
+                break
+            tile = wider
+    return tile[0], tile[1], tile[2]
 
 
 def fallback_threads(largest_tile: int, hw: HwProfile) -> int:
@@ -131,4 +155,5 @@ def fallback_threads(largest_tile: int, hw: HwProfile) -> int:
 
 __all__ = [
     "MatmulTiling", "ThreadChoice", "construct_schedule", "fallback_threads", "matmul_tiling", "matmul_workload",
+    "widen_block_tile",
 ]

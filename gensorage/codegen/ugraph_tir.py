@@ -72,6 +72,8 @@ Target = Literal["cuda", "llvm"]
 TARGETS: tuple[Target, ...] = ("cuda", "llvm")
 # CUDA caps static __shared__ arrays at 48 KiB; beyond that the kernel uses dynamic shared memory.
 STATIC_SHARED_LIMIT = 48 * 1024
+# Byte alignment of each tile inside the dynamic shared-memory arena (the widest vector access, 128 bits).
+_ARENA_ALIGN = 16
 # Index arithmetic is int32 (TVM's default): every tensor must stay below 2^31 elements.
 MAX_ELEMENTS = (1 << 31) - 1
 # CUDA grid limits per dim (x, y, z).
@@ -152,7 +154,7 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
         assert isinstance(node, BlockOp)
         b, m, n, kk = _matmul_dims(binfo, node, j)
         try:
-            tiling = matmul_tiling(b, m, n, kk, binfo.nodes[j][0].dtype, hw, seed)
+            tiling = matmul_tiling(b, m, n, kk, binfo.nodes[j][0].dtype, hw, seed, math.prod(op.block.grid))
         except ScheduleError as exc:
             why = f"the construction found no schedule for the matmul tile: {exc}"
         else:
@@ -681,15 +683,42 @@ class _BlockEmitter:
                     self.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
                     total += math.prod(self.sc.buf_shape(t.shape)) * dtype_bytes(self._buf_dtype(r))
         self.dynamic_shared = self.gpu and total > STATIC_SHARED_LIMIT
-        scope = ("shared.dyn" if self.dynamic_shared else "shared") if self.gpu else "global"
-        for r, name in self.buffers.items():
-            shape = self.sc.buf_shape(self.tile(r).shape)
-            self.w.line(f'{name} = T.alloc_buffer({_shape(shape)}, "{self._buf_dtype(r)}", scope="{scope}")')
+        if self.dynamic_shared:
+            self._allocate_arena()
+        else:
+            scope = "shared" if self.gpu else "global"
+            for r, name in self.buffers.items():
+                shape = self.sc.buf_shape(self.tile(r).shape)
+                self.w.line(f'{name} = T.alloc_buffer({_shape(shape)}, "{self._buf_dtype(r)}", scope="{scope}")')
         for j, m in self.reg_accs.items():
             # Registers of each thread; on the CPU the threads are loop iterations, so each gets its own row.
             shape = self.sc.buf_shape((self.slots(m),) if self.gpu else (self.nt, self.slots(m)))
             self.w.line(f'a{j} = T.alloc_buffer({_shape(shape)}, "{self.sc.acc_dtype}", '
                         f'scope="{"local" if self.gpu else "global"}")')
+
+    def _allocate_arena(self) -> None:
+        """Dynamic shared memory as one byte arena with a typed view per tile, at offsets we choose.
+
+        TVM's ``MergeSharedMemoryAllocations`` (which the CUDA build runs to place dynamic shared buffers)
+        loses the offset of a buffer in some liveness patterns (a scalar tile written after a loop and read by
+        every thread: "buffer_byte_offsets" check), so the kernel places its tiles itself and hands TVM a
+        single allocation. Tiles never share bytes; each starts at a multiple of 16 bytes (vector loads), so
+        every offset is a whole number of elements of any tile type.
+        """
+        offset = 0
+        views: list[tuple[str, tuple[int, ...], str, int]] = []
+        for r, name in self.buffers.items():
+            dtype = self._buf_dtype(r)
+            shape = self.sc.buf_shape(self.tile(r).shape)
+            views.append((name, shape, dtype, offset // dtype_bytes(dtype)))
+            offset += -(-math.prod(shape) * dtype_bytes(dtype) // _ARENA_ALIGN) * _ARENA_ALIGN
+        # The arena has a tile's element type: TVM's StorageRewrite retypes an allocation whose every access has
+        # one type to that type *keeping its element count*, so a uint8 arena of float32 tiles would grow 4x.
+        arena = max((dtype for _, _, dtype, _ in views), key=dtype_bytes)
+        self.w.line(f'smem = T.alloc_buffer(({offset // dtype_bytes(arena)},), "{arena}", scope="shared.dyn")')
+        for name, shape, dtype, elem_offset in views:
+            self.w.line(f'{name} = T.decl_buffer({_shape(shape)}, "{dtype}", data=smem.data, '
+                        f'elem_offset={elem_offset}, scope="shared.dyn")')
 
     def params(self) -> list[KernelParam]:
         ps: list[KernelParam] = []
