@@ -55,6 +55,37 @@ def test_commit_is_idempotent(tmp_path: Path) -> None:
         assert ck.candidates() == rows(1, 2)
 
 
+def test_a_stopped_task_keeps_its_resume_point_until_it_is_done(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    with open_ckpt(path) as ck:
+        assert ck.save_partial(1, resume={"cursor": [1, 4]}, stats={"states": 3}, elapsed_s=0.2,
+                               candidates=rows(1, 1))
+        assert ck.save_partial(1, resume={"cursor": [1, 7]}, stats={"states": 5}, elapsed_s=0.4,
+                               candidates=rows(1, 2))  # a later stop replaces the earlier one
+    with open_ckpt(path) as ck:
+        (part,) = ck.partial_tasks().values()
+        assert (part.index, part.resume, part.stats, part.elapsed_s) == (1, {"cursor": [1, 7]}, {"states": 5}, 0.4)
+        assert list(part.candidates) == rows(1, 2)
+        assert ck.pending_tasks() == [0, 1, 2, 3] and ck.candidates() == []  # not results until the task is done
+        assert ck.commit_task(1, stats={"states": 9}, elapsed_s=0.9, candidates=rows(1, 3))
+        assert ck.partial_tasks() == {} and ck.candidates() == rows(1, 3)
+        assert not ck.save_partial(1, resume={"cursor": [1, 9]}, stats={}, elapsed_s=0.0, candidates=[])
+        assert ck.partial_tasks() == {}
+
+
+def test_a_checkpoint_without_the_partial_table_gains_it(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    with open_ckpt(path) as ck:
+        ck.commit_task(0, stats={"states": 1}, elapsed_s=0.1, candidates=rows(0, 1))
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE partial")
+    conn.commit()
+    conn.close()
+    with open_ckpt(path) as ck:
+        assert ck.partial_tasks() == {} and ck.candidates() == rows(0, 1)
+        assert ck.save_partial(2, resume={"cursor": [2]}, stats={}, elapsed_s=0.0, candidates=[])
+
+
 def test_failed_commit_leaves_the_task_pending(tmp_path: Path) -> None:
     with open_ckpt(tmp_path / "c.sqlite") as ck:
         bad = rows(1, 2) + [rows(1, 1)[0]]  # position 0 twice: the third insert fails inside the transaction

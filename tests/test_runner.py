@@ -59,6 +59,15 @@ class ToySpec:
 class ToyTask:
     index: int
     start: int
+    skip: int = 0  # states of this task a stopped run already walked (the resumable core continues there)
+
+
+@dataclass(frozen=True)
+class ToyResume:
+    walked: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"walked": self.walked}
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ class ToyResult:
     candidates: tuple[ToyCandidate, ...]
     stats: ToyStats
     complete: bool
+    resume: ToyResume | None = None
 
 
 def toy_enumerate(spec: ToySpec) -> list[ToyTask]:
@@ -117,9 +127,9 @@ def toy_run_task(spec: ToySpec, task: ToyTask, *, should_stop: Callable[[], bool
     if task.index == spec.fail_task:
         raise ValueError(f"toy failure in task {task.index}")
     stats, cands = ToyStats(), []
-    for i in range(task.start, task.start + spec.per_task):
+    for i in range(task.start + task.skip, task.start + spec.per_task):
         if should_stop():
-            return ToyResult(task.index, tuple(cands), stats, False)
+            return ToyResult(task.index, tuple(cands), stats, False, ToyResume(i - task.start))
         if spec.sleep_s:
             time.sleep(spec.sleep_s)
         h = _hash(spec.seed, i)
@@ -138,8 +148,13 @@ def toy_rank(cands: list[ToyCandidate]) -> list[ToyCandidate]:
     return sorted(cands, key=lambda c: (c.predicted_time_s, c.found_in_task, c.equivalence["state"]))
 
 
+def toy_resume(task: ToyTask, data: dict[str, int]) -> ToyTask:
+    return dataclasses.replace(task, skip=int(data["walked"]))
+
+
 TOY = SearchCore(enumerate_tasks=toy_enumerate, run_task=toy_run_task, rank_candidates=toy_rank,
                  candidate_type=ToyCandidate, stats_type=ToyStats)
+TOY_RESUMABLE = dataclasses.replace(TOY, resume_task=toy_resume)
 
 
 # ============================================================================================ helpers
@@ -280,6 +295,41 @@ def test_time_budget_stops_the_running_task_and_keeps_only_finished_ones(tmp_pat
     assert 0 < r.run_stats["states"] < 40  # task 0 was running and was stopped, not finished
     assert took < 1.9
     assert done_count(tmp_path / "t.sqlite") == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_task_stopped_by_the_budget_continues_where_it_stopped(tmp_path: Path, workers: int) -> None:
+    # Budget-limited runs stop tasks midway; each later run continues them, so the states walked over all runs
+    # add up to the search's exactly (nothing redone) and the result equals an uninterrupted run's.
+    spec = ToySpec(n_tasks=3, per_task=40 * workers, sleep_s=0.02, seed=3)  # 0.8 s per task and worker
+    ckpt = tmp_path / "r.sqlite"
+    walked, stopped_midway = [], 0
+    budget = 0.5 if workers == 1 else 2.0  # spawned workers need about a second to start
+    while True:
+        r = run_search(spec, checkpoint=ckpt, workers=workers, core=TOY_RESUMABLE, progress=False,
+                       time_budget_s=budget)
+        walked.append(r.run_stats["states"])
+        if r.complete:
+            break
+        assert r.stopped_by == "time budget" and len(walked) < 20
+        with sqlite3.connect(ckpt) as conn:
+            stopped_midway += conn.execute("SELECT COUNT(*) FROM partial").fetchone()[0]
+    assert len(walked) >= 2 and stopped_midway >= 1
+    assert sum(walked) == spec.n_tasks * spec.per_task
+    reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY_RESUMABLE, progress=False)
+    assert summary(r) == summary(reference)
+    with sqlite3.connect(ckpt) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM partial").fetchone()[0] == 0  # every stop point was used up
+
+
+def test_a_core_without_resume_redoes_a_stopped_task(tmp_path: Path) -> None:
+    spec = ToySpec(n_tasks=1, per_task=40, sleep_s=0.02)
+    ckpt = tmp_path / "r.sqlite"
+    first = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False, time_budget_s=0.3)
+    again = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False)
+    assert first.run_stats["states"] > 0 and again.run_stats["states"] == spec.per_task
+    assert summary(again) == summary(run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY,
+                                                progress=False))
 
 
 def test_time_budget_with_a_pool(tmp_path: Path) -> None:

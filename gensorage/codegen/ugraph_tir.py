@@ -697,7 +697,7 @@ class _BlockEmitter:
                         f'scope="{"local" if self.gpu else "global"}")')
 
     def _allocate_arena(self) -> None:
-        """Dynamic shared memory as one byte arena with a typed view per tile, at offsets we choose.
+        """Dynamic shared memory as one arena with a typed view per tile, at offsets we choose.
 
         TVM's ``MergeSharedMemoryAllocations`` (which the CUDA build runs to place dynamic shared buffers)
         loses the offset of a buffer in some liveness patterns (a scalar tile written after a loop and read by

@@ -18,8 +18,14 @@ Tables
     so a core whose enumeration changed (same spec, other code) would otherwise mix two different splits.
 ``candidates``
     ``(task_idx, position, predicted_time_s, ugraph, equivalence, found_in_task)``: the candidates of done
-    tasks; ``position`` is the candidate's place in its task's result, so loading reproduces the exact order
-    the task returned (the final ranking is recomputed from them, so no rank is stored).
+    tasks (and of stopped ones, below); ``position`` is the candidate's place in its task's result, so loading
+    reproduces the exact order the task returned (the final ranking is recomputed from them, so no rank is
+    stored).
+``partial``
+    ``(idx, resume, stats, elapsed_s, updated_at)``: a pending task that was stopped (time budget, Ctrl-C) and
+    said where to continue (``resume``, the core's JSON); its candidates so far are in ``candidates`` and its
+    statistics here, all written in one transaction. Done tasks have no row. A task killed without a stop
+    request (``kill -9``) keeps the last saved point, or starts afresh.
 
 Durability: WAL journal with ``synchronous = NORMAL``. In WAL mode a commit has been written to the WAL file
 (the OS page cache) when it returns, so every committed task survives the *process* being killed at any moment,
@@ -48,6 +54,9 @@ FORMAT_MARKER = "gensorage-search-checkpoint"
 FORMAT_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
 
+_PARTIAL = """CREATE TABLE IF NOT EXISTS partial (
+        idx INTEGER PRIMARY KEY REFERENCES tasks(idx), resume TEXT NOT NULL, stats TEXT NOT NULL,
+        elapsed_s REAL NOT NULL, updated_at REAL NOT NULL)"""
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS tasks (
@@ -58,6 +67,7 @@ _SCHEMA = (
         predicted_time_s REAL NOT NULL, ugraph TEXT NOT NULL, equivalence TEXT NOT NULL,
         found_in_task INTEGER NOT NULL,
         PRIMARY KEY (task_idx, position))""",
+    _PARTIAL,
 )
 
 
@@ -83,6 +93,17 @@ class CandidateRow:
     predicted_time_s: float
     equivalence: dict[str, Any]
     found_in_task: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartialTask:
+    """A stopped task: where it continues (the core's JSON), its statistics and seconds so far, its candidates."""
+
+    index: int
+    resume: Any
+    stats: dict[str, Any]
+    elapsed_s: float
+    candidates: tuple[CandidateRow, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +184,9 @@ class Checkpoint:
                 if not self._tables():  # another process may have created it meanwhile
                     self._create(spec_key, spec_json, task_texts, digest, version)
         self._check(spec_key, version)
+        if "partial" not in self._tables():  # a checkpoint from before stopped tasks were kept
+            with self._write():
+                self._conn.execute(_PARTIAL)
         if self.meta().get("tasks_digest") != digest:
             meta = self.meta()
             raise StoreError(f"{self.path}: checkpoint was made for a different task list of the same search "
@@ -254,13 +278,14 @@ class Checkpoint:
         return [int(r[0]) for r in
                 self._conn.execute("SELECT idx FROM tasks WHERE status = 'pending' ORDER BY idx")]
 
-    def candidates(self) -> list[CandidateRow]:
-        """Every stored candidate, ordered by (task index, position)."""
+    def candidates(self, status: str = "done") -> list[CandidateRow]:
+        """Every stored candidate of the tasks with ``status`` (``'done'``; ``'pending'``: of stopped tasks),
+        ordered by (task index, position)."""
         try:
             rows = self._conn.execute(
                 "SELECT c.task_idx, c.position, c.ugraph, c.predicted_time_s, c.equivalence, c.found_in_task "
-                "FROM candidates c JOIN tasks t ON t.idx = c.task_idx WHERE t.status = 'done' "
-                "ORDER BY c.task_idx, c.position").fetchall()
+                "FROM candidates c JOIN tasks t ON t.idx = c.task_idx WHERE t.status = ? "
+                "ORDER BY c.task_idx, c.position", (status,)).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot read candidates ({exc})") from exc
         out: list[CandidateRow] = []
@@ -272,6 +297,52 @@ class Checkpoint:
             out.append(CandidateRow(int(task), int(pos), ugraph, float(t), equivalence, int(found)))
         return out
 
+    def partial_tasks(self) -> dict[int, PartialTask]:
+        """Every stopped (pending) task that saved where to continue, by index."""
+        try:
+            rows = self._conn.execute(
+                "SELECT p.idx, p.resume, p.stats, p.elapsed_s FROM partial p JOIN tasks t ON t.idx = p.idx "
+                "WHERE t.status = 'pending' ORDER BY p.idx").fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot read stopped tasks ({exc})") from exc
+        cands: dict[int, list[CandidateRow]] = {}
+        for row in self.candidates("pending"):
+            cands.setdefault(row.task_index, []).append(row)
+        out: dict[int, PartialTask] = {}
+        for idx, resume, stats, elapsed in rows:
+            where = f"{self.path}: stopped task {idx}"
+            stats_value = _loads(stats, where)
+            if not isinstance(stats_value, dict):
+                raise StoreError(f"{where}: stats is not a JSON object")
+            out[int(idx)] = PartialTask(int(idx), _loads(resume, where), stats_value, float(elapsed),
+                                        tuple(cands.get(int(idx), ())))
+        return out
+
+    def save_partial(self, index: int, *, resume: Any, stats: dict[str, Any], elapsed_s: float,
+                     candidates: Sequence[CandidateRow]) -> bool:
+        """Record where stopped task ``index`` continues, with everything it found so far, in one transaction
+        (replacing an earlier stop of it). Returns False (and writes nothing) if the task is already done."""
+        row = (index, _dumps(resume, f"resume point of task {index}"), _dumps(stats, f"stats of task {index}"),
+               float(elapsed_s), time.time())
+        try:
+            with self._write():
+                status = self._conn.execute("SELECT status FROM tasks WHERE idx = ?", (index,)).fetchone()
+                if status is None:
+                    raise StoreError(f"{self.path}: no task {index} in this checkpoint")
+                if status[0] == "done":
+                    return False
+                self._replace_candidates(index, candidates)
+                self._conn.execute("INSERT OR REPLACE INTO partial VALUES (?, ?, ?, ?, ?)", row)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot record stopped task {index} ({exc})") from exc
+        return True
+
+    def _replace_candidates(self, index: int, candidates: Sequence[CandidateRow]) -> None:
+        rows = [(index, c.position, float(c.predicted_time_s), _dumps(c.ugraph, "µGraph"),
+                 _dumps(c.equivalence, "equivalence"), int(c.found_in_task)) for c in candidates]
+        self._conn.execute("DELETE FROM candidates WHERE task_idx = ?", (index,))
+        self._conn.executemany("INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?)", rows)
+
     def commit_task(self, index: int, *, stats: dict[str, Any], elapsed_s: float,
                     candidates: Sequence[CandidateRow]) -> bool:
         """Record task ``index`` as done with its statistics and candidates, in one transaction.
@@ -280,8 +351,6 @@ class Checkpoint:
         file, so results are never duplicated.
         """
         stats_text = _dumps(stats, f"stats of task {index}")
-        rows = [(index, c.position, float(c.predicted_time_s), _dumps(c.ugraph, "µGraph"),
-                 _dumps(c.equivalence, "equivalence"), int(c.found_in_task)) for c in candidates]
         now = time.time()
         try:
             with self._write():
@@ -290,8 +359,8 @@ class Checkpoint:
                     raise StoreError(f"{self.path}: no task {index} in this checkpoint")
                 if status[0] == "done":
                     return False
-                self._conn.execute("DELETE FROM candidates WHERE task_idx = ?", (index,))
-                self._conn.executemany("INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?)", rows)
+                self._replace_candidates(index, candidates)
+                self._conn.execute("DELETE FROM partial WHERE idx = ?", (index,))
                 self._conn.execute("UPDATE tasks SET status = 'done', stats = ?, elapsed_s = ?, updated_at = ? "
                                    "WHERE idx = ?", (stats_text, float(elapsed_s), now, index))
                 self._conn.execute("UPDATE meta SET value = ? WHERE name = 'updated_at'", (repr(now),))
@@ -336,5 +405,5 @@ def _loads(text: str | None, where: str) -> Any:
         raise StoreError(f"{where}: stored value is not valid JSON ({exc})") from exc
 
 
-__all__ = ["FORMAT_MARKER", "FORMAT_VERSION", "CandidateRow", "Checkpoint", "DoneTask", "checkpoint_dir",
-           "default_checkpoint_path"]
+__all__ = ["FORMAT_MARKER", "FORMAT_VERSION", "CandidateRow", "Checkpoint", "DoneTask", "PartialTask",
+           "checkpoint_dir", "default_checkpoint_path"]

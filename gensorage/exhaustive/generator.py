@@ -15,9 +15,11 @@ Every complete kernel graph (its unconsumed tensors have the program's output sh
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gensorage.exhaustive.abstract_expr import Term, expr_of
 from gensorage.exhaustive.block_level import block_children, split_origins
@@ -26,7 +28,7 @@ from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children,
 from gensorage.exhaustive.needed_ops import NeededOps
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog, out_shape
 from gensorage.exhaustive.oracle import SubexprOracle
-from gensorage.exhaustive.results import Candidate, SearchResult, Stats, Task, TaskResult, ugraph_key
+from gensorage.exhaustive.results import Candidate, Resume, SearchResult, Stats, Task, TaskResult, ugraph_key
 from gensorage.exhaustive.search_state import BlockBuild, SearchState
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.hw import load_profile
@@ -116,6 +118,9 @@ class Search:
         self.task_index = -1
         self.path: tuple[int, ...] = ()
         self.subtree = True
+        self.resume: tuple[int, ...] | None = None  # continue a stopped walk at this node (see visit)
+        self.at: list[int] = []  # the current node's path from the root
+        self.stopped_at: tuple[int, ...] | None = None
         self.should_stop: Callable[[], bool] = lambda: False
         self.on_progress: Callable[[Stats], None] | None = None
         self._next_progress = 0.0
@@ -165,10 +170,19 @@ class Search:
 
     # ------------------------------------------------------------------ walking
 
-    def visit(self, depth: int = 0) -> None:
-        """Walk the subtree of the current node; nodes on the replayed path above the task are not counted."""
+    def visit(self, depth: int = 0, spine: bool = True) -> None:
+        """Walk the subtree of the current node; nodes on the replayed path above the task are not counted.
+
+        With ``resume`` (a node inside the task, where an earlier walk stopped), the walk is depth first, so the
+        nodes before it in pre-order are done: on the *spine* (the path to it) the nodes above it are only
+        replayed and their children before the spine skipped; the walk goes on from the resume node itself.
+        """
         path = self.path
-        if depth >= len(path):
+        resume = self.resume if spine else None
+        replayed = depth < len(path) or (resume is not None and depth < len(resume))
+        if not replayed:
+            if resume is not None:  # the resume node: the stopped walk counted it before stopping
+                self.counters.states -= 1
             self._tick()
             if self.state.block is None:
                 self._emit()
@@ -179,12 +193,24 @@ class Search:
             for i, _ in enumerate(children):
                 if depth < len(path):
                     if i == path[depth]:
-                        self.visit(depth + 1)
+                        self._descend(i, depth, spine)
                         return
                     continue
-                self.visit(depth + 1)
+                if resume is not None and depth < len(resume):
+                    if i < resume[depth]:
+                        continue
+                    self._descend(i, depth, i == resume[depth])
+                else:
+                    self._descend(i, depth, False)
         finally:
             children.close()
+
+    def _descend(self, i: int, depth: int, spine: bool) -> None:
+        self.at.append(i)
+        try:
+            self.visit(depth + 1, spine)
+        finally:
+            self.at.pop()
 
     def _tick(self) -> None:
         c = self.counters
@@ -192,6 +218,7 @@ class Search:
         if c.states % POLL_EVERY:
             return
         if self.should_stop():
+            self.stopped_at = tuple(self.at)
             raise _Stopped
         if self.on_progress is not None:
             now = time.monotonic()
@@ -271,12 +298,24 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
     s.subtree = task.subtree
     s.should_stop = should_stop
     s.on_progress = on_progress
+    if task.resume is not None:
+        if tuple(task.resume.cursor[:len(task.path)]) != s.path:
+            raise ValueError(f"task {task.index}: resume point {list(task.resume.cursor)} is not inside its "
+                             f"subtree {list(task.path)}")
+        s.resume = tuple(task.resume.cursor)
+        s.sized_structures.update(task.resume.sized)
     try:
         s.visit(0)
-        complete = True
     except _Stopped:
-        complete = False
-    return TaskResult(task.index, tuple(s.candidates), s.stats(), complete)
+        assert s.stopped_at is not None
+        resume = Resume(s.stopped_at, tuple(sorted(s.sized_structures)))
+        return TaskResult(task.index, tuple(s.candidates), s.stats(), False, resume)
+    return TaskResult(task.index, tuple(s.candidates), s.stats(), True)
+
+
+def resume_task(task: Task, data: dict[str, Any]) -> Task:
+    """``task`` continuing where a stopped run left it (``data``: that run's ``TaskResult.resume`` as JSON)."""
+    return dataclasses.replace(task, resume=Resume.from_json(data))
 
 
 def rank_candidates(cands: Sequence[Candidate]) -> list[Candidate]:
@@ -320,5 +359,5 @@ def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> Searc
 
 __all__ = [
     "Candidate", "SearchResult", "SearchSpec", "Stats", "Task", "TaskResult", "enumerate_tasks", "rank_candidates",
-    "run_task", "search_serial",
+    "resume_task", "run_task", "search_serial",
 ]

@@ -47,23 +47,46 @@ class Stats:
 
 
 @dataclass(frozen=True, slots=True)
+class Resume:
+    """Where a stopped task continues: the node it stopped at (``cursor``, child ordinals from the root; the
+    walk is depth-first, so every node before it was finished) and the structures it had already sized (so a
+    resumed walk does not return them twice)."""
+
+    cursor: tuple[int, ...]
+    sized: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cursor": list(self.cursor), "sized": list(self.sized)}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Resume:
+        return Resume(tuple(int(i) for i in data["cursor"]), tuple(str(k) for k in data.get("sized", ())))
+
+
+@dataclass(frozen=True, slots=True)
 class Task:
     """One independent subtree of the search: the node reached by ``path`` (child ordinals from the root).
 
     ``subtree`` False means only that node itself (a complete µGraph above the split depth); True means the node
-    and everything below it.
+    and everything below it. ``resume``: continue a stopped run of this task instead of starting it afresh.
     """
 
     index: int
     path: tuple[int, ...]
     subtree: bool = True
+    resume: Resume | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "path": list(self.path), "subtree": self.subtree}
+        d: dict[str, Any] = {"index": self.index, "path": list(self.path), "subtree": self.subtree}
+        if self.resume is not None:  # absent otherwise: the stored task list (and its digest) never has it
+            d["resume"] = self.resume.to_json()
+        return d
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Task:
-        return Task(int(data["index"]), tuple(int(i) for i in data["path"]), bool(data.get("subtree", True)))
+        resume = Resume.from_json(data["resume"]) if data.get("resume") is not None else None
+        return Task(int(data["index"]), tuple(int(i) for i in data["path"]), bool(data.get("subtree", True)),
+                    resume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +105,14 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class TaskResult:
-    """What :func:`~gensorage.exhaustive.generator.run_task` returns; ``complete`` False if it was stopped."""
+    """What :func:`~gensorage.exhaustive.generator.run_task` returns; ``complete`` False if it was stopped, and
+    then ``resume`` says where to continue (``candidates`` and ``stats`` cover the part walked)."""
 
     task_index: int
     candidates: tuple[Candidate, ...]
     stats: Stats
     complete: bool
+    resume: Resume | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,4 +136,4 @@ def ugraph_key(g: KernelGraph) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-__all__ = ["Candidate", "SearchResult", "Stats", "Task", "TaskResult", "ugraph_key"]
+__all__ = ["Candidate", "Resume", "SearchResult", "Stats", "Task", "TaskResult", "ugraph_key"]

@@ -37,7 +37,7 @@ from types import FrameType
 from typing import Any
 
 from gensorage.errors import ConfigError
-from gensorage.exhaustive.checkpoint import CandidateRow, Checkpoint, default_checkpoint_path
+from gensorage.exhaustive.checkpoint import CandidateRow, Checkpoint, PartialTask, default_checkpoint_path
 from gensorage.exhaustive.progress import ProgressReporter, Snapshot, format_seconds
 
 # Parent loop tick: how often it wakes to drain progress, check the budget and redraw.
@@ -66,6 +66,9 @@ class SearchCore:
     rank_candidates: Callable[[Sequence[Any]], list[Any]]
     candidate_type: Callable[..., Any]
     stats_type: Callable[..., Any]
+    # (task, resume JSON) -> the task continuing a stopped run; a stopped result says where in ``.resume``
+    # (with ``to_json()``). None: stopped tasks start afresh.
+    resume_task: Callable[[Any, Any], Any] | None = None
 
 
 def default_core() -> SearchCore:
@@ -74,7 +77,7 @@ def default_core() -> SearchCore:
 
     return SearchCore(enumerate_tasks=generator.enumerate_tasks, run_task=generator.run_task,
                       rank_candidates=generator.rank_candidates, candidate_type=results.Candidate,
-                      stats_type=results.Stats)
+                      stats_type=results.Stats, resume_task=generator.resume_task)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +138,12 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         A ``SearchSpec`` (``key()``, ``to_json()``).
     checkpoint
         The SQLite checkpoint file; None means ``$GENSORAGE_HOME/checkpoints/<spec key>.sqlite``. An existing
-        file for the same spec is resumed: only tasks not marked done run.
+        file for the same spec is resumed: only tasks not marked done run, and a task a time budget or Ctrl-C
+        stopped continues where it stopped (with what it had found), when the core can resume tasks.
     workers
         Worker processes (default: the usable cores). With 1 the tasks run in this process.
     time_budget_s
-        Stop after this many seconds of wall time (tasks still running are not kept); None means no limit.
+        Stop after this many seconds of wall time (running tasks save where they stopped); None: no limit.
     progress
         Print a header and live progress to stderr (``progress_stream`` overrides the stream).
     core
@@ -180,7 +184,8 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         run = _Run(core, spec, tasks, ckpt, reporter, start, time_budget_s)
         pending = ckpt.pending_tasks()
         n_workers = min(n_workers, max(1, len(pending)))
-        reporter.message(_header(key, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s))
+        reporter.message(_header(key, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s,
+                                 len(run.stopped)))
         with _Interrupts() as interrupts:
             run.interrupts = interrupts
             try:
@@ -196,17 +201,21 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         result = dataclasses.replace(run.result(), enumerate_s=enumerate_s)
         reporter.finish(run.snapshot())
         if result.stopped_by == "time budget":
+            kept = f" ({len(run.stopped)} stopped mid-task, kept)" if run.stopped else ""
             reporter.message(f"search: time budget of {format_seconds(time_budget_s)} reached; "
-                             f"{result.tasks_done}/{result.tasks_total} tasks done, saved in {path}")
+                             f"{result.tasks_done}/{result.tasks_total} tasks done{kept}, saved in {path}")
     if result.stopped_by == "interrupt":
         raise SearchInterrupted(result)
     return result
 
 
-def _header(key: str, path: Path, total: int, done: int, workers: int, budget: float | None) -> str:
+def _header(key: str, path: Path, total: int, done: int, workers: int, budget: float | None,
+            stopped: int = 0) -> str:
     parts = [f"gensorage search {key}: {total} tasks"]
     if done:
         parts.append(f"{done} already done (resuming)")
+    if stopped:
+        parts.append(f"{stopped} continuing where they stopped")
     parts.append(f"{workers} worker{'s' if workers != 1 else ''}")
     if budget is not None:
         parts.append(f"time budget {format_seconds(budget)}")
@@ -225,6 +234,7 @@ class _Outcome:
     stats: dict[str, Any]
     rows: list[CandidateRow]
     elapsed_s: float
+    resume: Any = None  # JSON: where a stopped task continues
 
 
 @dataclass(slots=True)
@@ -242,6 +252,7 @@ class _Run:
     run_stats: dict[str, Any] = field(default_factory=dict)  # summed stats of every task run here
     partial: dict[int, dict[str, Any]] = field(default_factory=dict)  # running tasks' stats so far
     discarded: dict[str, Any] = field(default_factory=dict)  # stats of tasks stopped before finishing
+    stopped: dict[int, PartialTask] = field(default_factory=dict)  # pending tasks that saved where they stopped
     running: int = 0
     done: int = 0
     resumed: int = 0
@@ -253,16 +264,27 @@ class _Run:
         for d in done.values():
             self.committed = _add(self.committed, d.stats)
         self.done = self.resumed = len(done)
+        if self.core.resume_task is not None:
+            self.stopped = self.ckpt.partial_tasks()
         times = [r.predicted_time_s for r in self.ckpt.candidates()]
         self.best_time = min(times) if times else None
+
+    def task(self, idx: int) -> Any:
+        """Task ``idx`` to run: continuing its stopped run if one was saved."""
+        part = self.stopped.get(idx)
+        if part is None or self.core.resume_task is None:
+            return self.tasks[idx]
+        return self.core.resume_task(self.tasks[idx], part.resume)
 
     # ------------------------------------------------------------------------------------ stopping
     def stop_reason(self) -> str | None:
         if self.stopped_by is None:
             if self.interrupts is not None and self.interrupts.count:
                 self.stopped_by = "interrupt"
-                self.reporter.message("search: stopping; running tasks are asked to stop, finished ones are "
-                                      "kept (Ctrl-C again aborts at once)")
+                kept = ("they save where they stopped" if self.core.resume_task is not None
+                        else "finished ones are kept")
+                self.reporter.message(f"search: stopping; running tasks are asked to stop, {kept} (Ctrl-C again "
+                                      "aborts at once)")
             elif self.budget_s is not None and time.monotonic() - self.start >= self.budget_s:
                 self.stopped_by = "time budget"
         return self.stopped_by
@@ -276,7 +298,7 @@ class _Run:
                 return
             t0 = time.perf_counter()
             self.running = 1
-            res = self.core.run_task(self.spec, self.tasks[idx], should_stop=should_stop,
+            res = self.core.run_task(self.spec, self.task(idx), should_stop=should_stop,
                                      on_progress=functools.partial(self._inline_progress, idx))
             self.running = 0
             self.record(_encode(idx, res, time.perf_counter() - t0))
@@ -310,7 +332,7 @@ class _Run:
                     stop_since = time.monotonic()
                 while stop_since is None and todo and len(inflight) < 2 * n_workers:
                     idx = todo.popleft()
-                    inflight[_submit(executor, _worker_run, self.core, self.spec, self.tasks[idx])] = idx
+                    inflight[_submit(executor, _worker_run, self.core, self.spec, self.task(idx))] = idx
                 if not inflight:
                     break
                 finished, _ = wait(inflight, timeout=TICK_S, return_when=FIRST_COMPLETED)
@@ -352,18 +374,34 @@ class _Run:
 
     # ------------------------------------------------------------------------------------ results
     def record(self, out: _Outcome) -> None:
-        """Commit a finished task (its candidates and done mark in one transaction); drop an unfinished one."""
+        """Commit a finished task (its candidates and done mark in one transaction); save where a stopped one
+        continues (when the core can resume), else drop it."""
         self.partial.pop(out.index, None)
         self.run_stats = _add(self.run_stats, out.stats)
-        if not out.complete:
+        if not out.complete and (out.resume is None or self.core.resume_task is None):
             self.discarded = _add(self.discarded, out.stats)
             return
+        stats, rows, elapsed = out.stats, out.rows, out.elapsed_s
+        before = self.stopped.get(out.index)
+        if before is not None:  # this run continued a stopped one: the task's totals include that part
+            stats, elapsed = _add(before.stats, stats), before.elapsed_s + elapsed
+            rows = list(before.candidates) + [dataclasses.replace(r, position=len(before.candidates) + r.position)
+                                              for r in rows]
         with self.interrupts.critical() if self.interrupts is not None else nullcontext():
-            fresh = self.ckpt.commit_task(out.index, stats=out.stats, elapsed_s=out.elapsed_s,
-                                          candidates=out.rows)
+            if out.complete:
+                fresh = self.ckpt.commit_task(out.index, stats=stats, elapsed_s=elapsed, candidates=rows)
+            else:
+                fresh = self.ckpt.save_partial(out.index, resume=out.resume, stats=stats, elapsed_s=elapsed,
+                                               candidates=rows)
+        if not out.complete:
+            self.discarded = _add(self.discarded, out.stats)
+            if fresh:
+                self.stopped[out.index] = PartialTask(out.index, out.resume, stats, elapsed, tuple(rows))
+            return
+        self.stopped.pop(out.index, None)
         if not fresh:
             return
-        self.committed = _add(self.committed, out.stats)
+        self.committed = _add(self.committed, stats)
         self.done += 1
         self.done_this_run += 1
         times = [r.predicted_time_s for r in out.rows]
@@ -569,7 +607,9 @@ def _encode(index: int, res: Any, elapsed_s: float) -> _Outcome:
         raise RuntimeError(f"search core bug: task {index} returned the result of task {res.task_index}")
     rows = [CandidateRow(index, pos, c.ugraph.to_json(), float(c.predicted_time_s), dict(c.equivalence),
                          int(c.found_in_task)) for pos, c in enumerate(res.candidates)]
-    return _Outcome(index, bool(res.complete), stats_to_dict(res.stats), rows, float(elapsed_s))
+    resume = getattr(res, "resume", None)
+    return _Outcome(index, bool(res.complete), stats_to_dict(res.stats), rows, float(elapsed_s),
+                    None if res.complete or resume is None else _to_json(resume))
 
 
 def _decode_candidate(core: SearchCore, row: CandidateRow) -> Any:
