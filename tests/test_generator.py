@@ -19,6 +19,7 @@ from gensorage.exhaustive.generator import (
     SearchSpec,
     Stats,
     Task,
+    TaskResult,
     enumerate_tasks,
     rank_candidates,
     run_task,
@@ -341,6 +342,23 @@ def test_a_stopped_task_resumes_where_it_stopped(polls: int, monkeypatch: pytest
     assert _candidate_json(tuple(cands)) == _candidate_json(whole.candidates)
     assert (stats.states, stats.verified, stats.rejected) == (whole.stats.states, whole.stats.verified,
                                                             whole.stats.rejected)
+
+
+def test_every_save_point_resumes_to_the_whole_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A save point is the task as if it had stopped there: its candidates plus a resumed run's are the whole.
+    spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=1, max_grid_dims=1)
+    task = Task(0, (), True)
+    whole = run_task(spec, task)
+    monkeypatch.setattr(generator, "POLL_EVERY", 1)
+    saves: list[TaskResult] = []
+    assert _candidate_json(run_task(spec, task, on_save=saves.append, save_every_s=0.0).candidates) == \
+        _candidate_json(whole.candidates)
+    assert len(saves) == whole.stats.states
+    for point in (saves[len(saves) // 3], saves[2 * len(saves) // 3]):
+        assert point.resume is not None and not point.complete
+        rest = run_task(spec, generator.resume_task(task, point.resume.to_json()))
+        assert _candidate_json(point.candidates + rest.candidates) == _candidate_json(whole.candidates)
+        assert point.stats.states + rest.stats.states == whole.stats.states
 
 
 def test_a_resume_point_outside_the_task_is_refused() -> None:

@@ -123,10 +123,12 @@ def _hash(seed: int, i: int) -> int:
 
 
 def toy_run_task(spec: ToySpec, task: ToyTask, *, should_stop: Callable[[], bool] = lambda: False,
-                 on_progress: Callable[[ToyStats], None] | None = None) -> ToyResult:
+                 on_progress: Callable[[ToyStats], None] | None = None,
+                 on_save: Callable[[ToyResult], None] | None = None, save_every_s: float = 60.0) -> ToyResult:
     if task.index == spec.fail_task:
         raise ValueError(f"toy failure in task {task.index}")
     stats, cands = ToyStats(), []
+    next_save = time.monotonic() + save_every_s
     for i in range(task.start + task.skip, task.start + spec.per_task):
         if should_stop():
             return ToyResult(task.index, tuple(cands), stats, False, ToyResume(i - task.start))
@@ -139,6 +141,9 @@ def toy_run_task(spec: ToySpec, task: ToyTask, *, should_stop: Callable[[], bool
                                       {"trials": 2, "prime": 2_147_483_647, "state": i}, task.index))
         if on_progress is not None:
             on_progress(stats)
+        if on_save is not None and time.monotonic() >= next_save:
+            next_save = time.monotonic() + save_every_s
+            on_save(ToyResult(task.index, tuple(cands), stats, False, ToyResume(i + 1 - task.start)))
     if spec.log_dir:
         Path(spec.log_dir, f"task{task.index}-{os.getpid()}-{time.monotonic_ns()}").touch()
     return ToyResult(task.index, tuple(cands), stats, True)
@@ -186,17 +191,20 @@ def done_count(path: Path) -> int:
         return 0
 
 
-def spawn_search(spec: ToySpec, ckpt: Path, workers: int, *, budget: float | None = None) -> subprocess.Popen[str]:
+def spawn_search(spec: ToySpec, ckpt: Path, workers: int, *, budget: float | None = None, core: str = "TOY",
+                 save_every_s: float = 60.0) -> subprocess.Popen[str]:
     """A separate Python process running the toy search (to kill it)."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "import json\n"
-        "from test_runner import TOY, ToySpec\n"
+        "import test_runner\n"
+        "from test_runner import ToySpec\n"
         "from gensorage.exhaustive.runner import run_search, SearchInterrupted\n"
         "spec = ToySpec(**json.loads(sys.argv[2]))\n"
         "budget = None if sys.argv[5] == 'none' else float(sys.argv[5])\n"
         "try:\n"
-        "    r = run_search(spec, checkpoint=sys.argv[3], workers=int(sys.argv[4]), core=TOY, time_budget_s=budget)\n"
+        "    r = run_search(spec, checkpoint=sys.argv[3], workers=int(sys.argv[4]), core=getattr(test_runner, sys.argv[6]),\n"
+        "                   time_budget_s=budget, save_every_s=float(sys.argv[7]))\n"
         "except SearchInterrupted as exc:\n"
         "    print('INTERRUPTED', exc.result.tasks_done, flush=True); sys.exit(130)\n"
         "print('DONE', r.tasks_done, r.complete, flush=True)\n"
@@ -204,7 +212,7 @@ def spawn_search(spec: ToySpec, ckpt: Path, workers: int, *, budget: float | Non
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
         [sys.executable, "-c", code, str(TESTS), json.dumps(dataclasses.asdict(spec)), str(ckpt), str(workers),
-         "none" if budget is None else str(budget)],
+         "none" if budget is None else str(budget), core, str(save_every_s)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -281,6 +289,32 @@ def test_kill_9_at_any_moment_then_resume_gives_the_same_result(tmp_path: Path) 
     assert done < spec.n_tasks
     resumed = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False)
     assert resumed.tasks_resumed >= 2
+    assert summary(resumed) == summary(reference)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_kill_9_mid_task_keeps_the_last_save_point(tmp_path: Path, workers: int) -> None:
+    # One long task per worker saves where it is every 0.1 s; kill -9 the search mid-task, resume: the resumed
+    # run walks only what the last save point had not covered, and the result is the uninterrupted one.
+    spec = ToySpec(n_tasks=workers, per_task=150, sleep_s=0.02, seed=5)  # 3 s per task
+    ckpt = tmp_path / "k.sqlite"
+    proc = spawn_search(spec, ckpt, workers, core="TOY_RESUMABLE", save_every_s=0.1)
+    deadline = time.monotonic() + 30
+    saved = 0
+    while saved < workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+        try:
+            with sqlite3.connect(f"file:{ckpt}?mode=ro", uri=True, timeout=5) as conn:
+                saved = conn.execute("SELECT COUNT(*) FROM partial").fetchone()[0]
+        except sqlite3.Error:
+            pass
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert saved == workers and done_count(ckpt) == 0
+    resumed = run_search(spec, checkpoint=ckpt, workers=1, core=TOY_RESUMABLE, progress=False)
+    assert 0 < resumed.run_stats["states"] < spec.n_tasks * spec.per_task
+    reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY_RESUMABLE, progress=False)
     assert summary(resumed) == summary(reference)
 
 

@@ -124,6 +124,9 @@ class Search:
         self.should_stop: Callable[[], bool] = lambda: False
         self.on_progress: Callable[[Stats], None] | None = None
         self._next_progress = 0.0
+        self.on_save: Callable[[TaskResult], None] | None = None
+        self.save_every_s = 60.0
+        self._next_save = 0.0
         self._split_memo: dict[tuple[object, ...], frozenset[tuple[int, int]]] = {}
 
     # ------------------------------------------------------------------ the tree
@@ -220,11 +223,21 @@ class Search:
         if self.should_stop():
             self.stopped_at = tuple(self.at)
             raise _Stopped
-        if self.on_progress is not None:
-            now = time.monotonic()
-            if now >= self._next_progress:
-                self._next_progress = now + PROGRESS_EVERY_S
-                self.on_progress(self.stats())
+        if self.on_progress is None and self.on_save is None:
+            return
+        now = time.monotonic()
+        if self.on_progress is not None and now >= self._next_progress:
+            self._next_progress = now + PROGRESS_EVERY_S
+            self.on_progress(self.stats())
+        if self.on_save is not None and now >= self._next_save:
+            self._next_save = now + self.save_every_s
+            # At a tick the walk is exactly where a stop would leave it: this node counted, not yet emitted.
+            self.on_save(self.partial_result(tuple(self.at)))
+
+    def partial_result(self, cursor: tuple[int, ...]) -> TaskResult:
+        """The task so far, to continue at ``cursor``."""
+        resume = Resume(cursor, tuple(sorted(self.sized_structures)))
+        return TaskResult(self.task_index, tuple(self.candidates), self.stats(), False, resume)
 
     def _emit(self) -> None:
         for tensors in complete_outputs(self):
@@ -272,7 +285,8 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
 
 
 def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = lambda: False,
-             on_progress: Callable[[Stats], None] | None = None) -> TaskResult:
+             on_progress: Callable[[Stats], None] | None = None,
+             on_save: Callable[[TaskResult], None] | None = None, save_every_s: float = 60.0) -> TaskResult:
     """Search the subtree of ``task`` and verify every complete µGraph in it.
 
     Parameters
@@ -285,6 +299,9 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
         Polled every few states; when it returns True the walk ends and the result has ``complete=False``.
     on_progress : callable, optional
         Called with the task's statistics so far, at most every ``PROGRESS_EVERY_S`` seconds.
+    on_save : callable, optional
+        Called about every ``save_every_s`` seconds (first after that long) with the task so far as a stopped
+        result (candidates, statistics, ``resume``), so a caller can keep it against the process being killed.
 
     Returns
     -------
@@ -298,6 +315,8 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
     s.subtree = task.subtree
     s.should_stop = should_stop
     s.on_progress = on_progress
+    s.on_save, s.save_every_s = on_save, save_every_s
+    s._next_save = time.monotonic() + save_every_s
     if task.resume is not None:
         if tuple(task.resume.cursor[:len(task.path)]) != s.path:
             raise ValueError(f"task {task.index}: resume point {list(task.resume.cursor)} is not inside its "
@@ -308,8 +327,7 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
         s.visit(0)
     except _Stopped:
         assert s.stopped_at is not None
-        resume = Resume(s.stopped_at, tuple(sorted(s.sized_structures)))
-        return TaskResult(task.index, tuple(s.candidates), s.stats(), False, resume)
+        return s.partial_result(s.stopped_at)
     return TaskResult(task.index, tuple(s.candidates), s.stats(), True)
 
 

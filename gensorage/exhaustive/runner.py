@@ -47,6 +47,8 @@ TICK_S = 0.2
 STOP_POLL_S = 0.05
 # How often a worker forwards its running task's statistics to the parent.
 WORKER_PROGRESS_S = 0.5
+# How often a running task of a core that can resume saves where it is (the most work a kill -9 loses).
+SAVE_EVERY_S = 60.0
 # After a stop request, how long running tasks get to return before they are killed.
 STOP_GRACE_S = 30.0
 # How often a worker checks that its parent is still alive (and exits if not).
@@ -129,7 +131,7 @@ def default_workers() -> int:
 
 def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, workers: int | None = None,
                time_budget_s: float | None = None, progress: bool = True, core: SearchCore | None = None,
-               progress_stream: Any = None) -> SearchResult:
+               progress_stream: Any = None, save_every_s: float = SAVE_EVERY_S) -> SearchResult:
     """Run (or resume) the exhaustive search ``spec``, keeping every finished task in a checkpoint.
 
     Parameters
@@ -148,6 +150,9 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         Print a header and live progress to stderr (``progress_stream`` overrides the stream).
     core
         The search core (default :func:`default_core`); tests pass their own.
+    save_every_s
+        How often each running task saves its resume point and candidates (cores that can resume), so a
+        ``kill -9`` loses at most about this much work per worker.
 
     Returns
     -------
@@ -168,6 +173,8 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         raise ConfigError(f"workers must be at least 1 (got {workers})")
     if time_budget_s is not None and not time_budget_s > 0:
         raise ConfigError(f"time budget must be a positive number of seconds (got {time_budget_s})")
+    if not save_every_s > 0:
+        raise ConfigError(f"save interval must be a positive number of seconds (got {save_every_s})")
     core = core if core is not None else default_core()
     n_workers = workers if workers is not None else default_workers()
     key = spec.key()
@@ -181,7 +188,7 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         if getattr(t, "index", None) != i:
             raise RuntimeError(f"search core bug: task {i} of the enumeration has index {getattr(t, 'index', None)}")
     with Checkpoint.open(path, spec_key=key, spec_json=spec.to_json(), tasks=[_to_json(t) for t in tasks]) as ckpt:
-        run = _Run(core, spec, tasks, ckpt, reporter, start, time_budget_s)
+        run = _Run(core, spec, tasks, ckpt, reporter, start, time_budget_s, save_every_s)
         pending = ckpt.pending_tasks()
         n_workers = min(n_workers, max(1, len(pending)))
         reporter.message(_header(key, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s,
@@ -246,6 +253,7 @@ class _Run:
     reporter: ProgressReporter
     start: float
     budget_s: float | None
+    save_every_s: float
     interrupts: _Interrupts | None = None
     stopped_by: str | None = None
     committed: dict[str, Any] = field(default_factory=dict)  # summed stats of done tasks
@@ -253,6 +261,7 @@ class _Run:
     partial: dict[int, dict[str, Any]] = field(default_factory=dict)  # running tasks' stats so far
     discarded: dict[str, Any] = field(default_factory=dict)  # stats of tasks stopped before finishing
     stopped: dict[int, PartialTask] = field(default_factory=dict)  # pending tasks that saved where they stopped
+    started_from: dict[int, PartialTask | None] = field(default_factory=dict)  # what each running task continues
     running: int = 0
     done: int = 0
     resumed: int = 0
@@ -269,9 +278,13 @@ class _Run:
         times = [r.predicted_time_s for r in self.ckpt.candidates()]
         self.best_time = min(times) if times else None
 
+    @property
+    def resumable(self) -> bool:
+        return self.core.resume_task is not None
+
     def task(self, idx: int) -> Any:
         """Task ``idx`` to run: continuing its stopped run if one was saved."""
-        part = self.stopped.get(idx)
+        part = self.started_from[idx] = self.stopped.get(idx)
         if part is None or self.core.resume_task is None:
             return self.tasks[idx]
         return self.core.resume_task(self.tasks[idx], part.resume)
@@ -298,8 +311,13 @@ class _Run:
                 return
             t0 = time.perf_counter()
             self.running = 1
+            saving: dict[str, Any] = {}
+            if self.resumable:
+                t_start = time.perf_counter()
+                saving = {"save_every_s": self.save_every_s, "on_save": lambda res, i=idx, t=t_start: self.save_point(
+                    _encode(i, res, time.perf_counter() - t))}
             res = self.core.run_task(self.spec, self.task(idx), should_stop=should_stop,
-                                     on_progress=functools.partial(self._inline_progress, idx))
+                                     on_progress=functools.partial(self._inline_progress, idx), **saving)
             self.running = 0
             self.record(_encode(idx, res, time.perf_counter() - t0))
             self.reporter.update(self.snapshot())
@@ -332,7 +350,8 @@ class _Run:
                     stop_since = time.monotonic()
                 while stop_since is None and todo and len(inflight) < 2 * n_workers:
                     idx = todo.popleft()
-                    inflight[_submit(executor, _worker_run, self.core, self.spec, self.task(idx))] = idx
+                    inflight[_submit(executor, _worker_run, self.core, self.spec, self.task(idx),
+                                     self.save_every_s if self.resumable else None)] = idx
                 if not inflight:
                     break
                 finished, _ = wait(inflight, timeout=TICK_S, return_when=FIRST_COMPLETED)
@@ -361,16 +380,20 @@ class _Run:
             progress_q.join_thread()
 
     def _drain(self, q: Any, running: set[int]) -> None:
-        """Take the workers' progress messages; late ones of tasks already returned are dropped."""
+        """Take the workers' progress messages and save points; late ones of tasks already returned are dropped."""
         while True:
             try:
-                idx, stats = q.get_nowait()
+                kind, idx, payload = q.get_nowait()
             except queue_mod.Empty:
                 return
             except (OSError, ValueError, EOFError):
                 return
-            if idx in running:
-                self.partial[idx] = stats
+            if idx not in running:
+                continue
+            if kind == "save":
+                self.save_point(payload)
+            else:
+                self.partial[idx] = payload
 
     # ------------------------------------------------------------------------------------ results
     def record(self, out: _Outcome) -> None:
@@ -381,12 +404,7 @@ class _Run:
         if not out.complete and (out.resume is None or self.core.resume_task is None):
             self.discarded = _add(self.discarded, out.stats)
             return
-        stats, rows, elapsed = out.stats, out.rows, out.elapsed_s
-        before = self.stopped.get(out.index)
-        if before is not None:  # this run continued a stopped one: the task's totals include that part
-            stats, elapsed = _add(before.stats, stats), before.elapsed_s + elapsed
-            rows = list(before.candidates) + [dataclasses.replace(r, position=len(before.candidates) + r.position)
-                                              for r in rows]
+        stats, rows, elapsed = self._totals(out)
         with self.interrupts.critical() if self.interrupts is not None else nullcontext():
             if out.complete:
                 fresh = self.ckpt.commit_task(out.index, stats=stats, elapsed_s=elapsed, candidates=rows)
@@ -407,6 +425,26 @@ class _Run:
         times = [r.predicted_time_s for r in out.rows]
         if times and (self.best_time is None or min(times) < self.best_time):
             self.best_time = min(times)
+
+    def _totals(self, out: _Outcome) -> tuple[dict[str, Any], list[CandidateRow], float]:
+        """The task's statistics, candidates and seconds so far: this run's part after the stopped run it
+        continued, if any."""
+        stats, rows, elapsed = out.stats, out.rows, out.elapsed_s
+        before = self.started_from.get(out.index)
+        if before is not None:
+            stats, elapsed = _add(before.stats, stats), before.elapsed_s + elapsed
+            rows = list(before.candidates) + [dataclasses.replace(r, position=len(before.candidates) + r.position)
+                                              for r in rows]
+        return stats, rows, elapsed
+
+    def save_point(self, out: _Outcome) -> None:
+        """Keep a running task's progress (its resume point and candidates so far) against a kill."""
+        if out.resume is None:
+            return
+        stats, rows, elapsed = self._totals(out)
+        with self.interrupts.critical() if self.interrupts is not None else nullcontext():
+            if self.ckpt.save_partial(out.index, resume=out.resume, stats=stats, elapsed_s=elapsed, candidates=rows):
+                self.stopped[out.index] = PartialTask(out.index, out.resume, stats, elapsed, tuple(rows))
 
     def snapshot(self) -> Snapshot:
         """For the progress line: all work so far, including running tasks and stopped ones (to be redone)."""
@@ -460,21 +498,29 @@ def _worker_should_stop() -> bool:
     return bool(_worker_stop is not None and _worker_stop.is_set())
 
 
-def _worker_run(core: SearchCore, spec: Any, task: Any) -> _Outcome:
+def _worker_run(core: SearchCore, spec: Any, task: Any, save_every_s: float | None) -> _Outcome:
     idx = int(task.index)
     last = [0.0]
+    t0 = time.perf_counter()
+
+    def send(message: tuple[str, int, Any]) -> None:
+        if _worker_progress is not None:
+            try:
+                _worker_progress.put_nowait(message)
+            except (OSError, ValueError, queue_mod.Full):
+                pass  # best-effort: the task's result is what counts
 
     def on_progress(stats: Any) -> None:
         now = time.monotonic()
-        if now - last[0] >= WORKER_PROGRESS_S and _worker_progress is not None:
+        if now - last[0] >= WORKER_PROGRESS_S:
             last[0] = now
-            try:
-                _worker_progress.put_nowait((idx, stats_to_dict(stats)))
-            except (OSError, ValueError, queue_mod.Full):
-                pass  # progress is best-effort; the result is what counts
+            send(("progress", idx, stats_to_dict(stats)))
 
-    t0 = time.perf_counter()
-    res = core.run_task(spec, task, should_stop=_Throttled(_worker_should_stop), on_progress=on_progress)
+    saving: dict[str, Any] = {}
+    if save_every_s is not None:
+        saving = {"save_every_s": save_every_s,
+                  "on_save": lambda res: send(("save", idx, _encode(idx, res, time.perf_counter() - t0)))}
+    res = core.run_task(spec, task, should_stop=_Throttled(_worker_should_stop), on_progress=on_progress, **saving)
     return _encode(idx, res, time.perf_counter() - t0)
 
 
