@@ -3,7 +3,8 @@
 One file per search (see :func:`default_checkpoint_path`) records which of the search's tasks are done, with
 their statistics and every candidate µGraph they found. A task's candidates and its ``done`` mark are written
 in ONE transaction, so the file is consistent whenever the process dies (``kill -9``, power loss): a task is
-either completely recorded or not at all, and a resumed search re-runs exactly the tasks not marked done.
+either completely recorded or not at all, and a resumed search runs exactly the tasks not marked done, each
+from its last saved resume point if it has one (table ``partial``).
 
 Tables
 ------
