@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -304,7 +305,7 @@ def test_kill_9_mid_task_keeps_the_last_save_point(tmp_path: Path, workers: int)
     while saved < workers and time.monotonic() < deadline:
         time.sleep(0.1)
         try:
-            with sqlite3.connect(f"file:{ckpt}?mode=ro", uri=True, timeout=5) as conn:
+            with closing(sqlite3.connect(f"file:{ckpt}?mode=ro", uri=True, timeout=5)) as conn:
                 saved = conn.execute("SELECT COUNT(*) FROM partial").fetchone()[0]
         except sqlite3.Error:
             pass
@@ -346,13 +347,13 @@ def test_a_task_stopped_by_the_budget_continues_where_it_stopped(tmp_path: Path,
         if r.complete:
             break
         assert r.stopped_by == "time budget" and len(walked) < 20
-        with sqlite3.connect(ckpt) as conn:
+        with closing(sqlite3.connect(ckpt)) as conn:
             stopped_midway += conn.execute("SELECT COUNT(*) FROM partial").fetchone()[0]
     assert len(walked) >= 2 and stopped_midway >= 1
     assert sum(walked) == spec.n_tasks * spec.per_task
     reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY_RESUMABLE, progress=False)
     assert summary(r) == summary(reference)
-    with sqlite3.connect(ckpt) as conn:
+    with closing(sqlite3.connect(ckpt)) as conn:
         assert conn.execute("SELECT COUNT(*) FROM partial").fetchone()[0] == 0  # every stop point was used up
 
 
