@@ -327,16 +327,20 @@ class Checkpoint:
                float(elapsed_s), time.time())
         try:
             with self._write():
-                status = self._conn.execute("SELECT status FROM tasks WHERE idx = ?", (index,)).fetchone()
-                if status is None:
-                    raise StoreError(f"{self.path}: no task {index} in this checkpoint")
-                if status[0] == "done":
+                if not self._pending(index):
                     return False
                 self._replace_candidates(index, candidates)
                 self._conn.execute("INSERT OR REPLACE INTO partial VALUES (?, ?, ?, ?, ?)", row)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot record stopped task {index} ({exc})") from exc
         return True
+
+    def _pending(self, index: int) -> bool:
+        """Inside a write transaction: whether task ``index`` is still pending (False: already done)."""
+        status = self._conn.execute("SELECT status FROM tasks WHERE idx = ?", (index,)).fetchone()
+        if status is None:
+            raise StoreError(f"{self.path}: no task {index} in this checkpoint")
+        return bool(status[0] == "pending")
 
     def _replace_candidates(self, index: int, candidates: Sequence[CandidateRow]) -> None:
         rows = [(index, c.position, float(c.predicted_time_s), _dumps(c.ugraph, "µGraph"),
@@ -355,10 +359,7 @@ class Checkpoint:
         now = time.time()
         try:
             with self._write():
-                status = self._conn.execute("SELECT status FROM tasks WHERE idx = ?", (index,)).fetchone()
-                if status is None:
-                    raise StoreError(f"{self.path}: no task {index} in this checkpoint")
-                if status[0] == "done":
+                if not self._pending(index):
                     return False
                 self._replace_candidates(index, candidates)
                 self._conn.execute("DELETE FROM partial WHERE idx = ?", (index,))
