@@ -70,6 +70,7 @@ class Recorder(Search):
     def __init__(self, spec: SearchSpec) -> None:
         super().__init__(spec)
         self.complete: list[KernelGraph] = []
+        self.reuse_subtrees = False  # replays skip _emit; this test class observes the walk itself
 
     def _emit(self) -> None:
         for tensors in complete_outputs(self):
@@ -353,12 +354,26 @@ def test_every_save_point_resumes_to_the_whole_result(monkeypatch: pytest.Monkey
     saves: list[TaskResult] = []
     assert _candidate_json(run_task(spec, task, on_save=saves.append, save_every_s=0.0).candidates) == \
         _candidate_json(whole.candidates)
-    assert len(saves) == whole.stats.states
+    assert len(saves) == whole.stats.states - whole.stats.states_reused  # replayed subtrees have no save points
     for point in (saves[len(saves) // 3], saves[2 * len(saves) // 3]):
         assert point.resume is not None and not point.complete
         rest = run_task(spec, generator.resume_task(task, point.resume.to_json()))
         assert _candidate_json(point.candidates + rest.candidates) == _candidate_json(whole.candidates)
         assert point.stats.states + rest.stats.states == whole.stats.states
+
+
+def test_replaying_identical_subtrees_changes_nothing_but_the_work() -> None:
+    # Reuse (subtree_memo) must give the same candidates, in the same order, and the same logical counters as
+    # walking every subtree; it must also actually replay something in a two-kernel search.
+    spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=1, max_grid_dims=1)
+    reused = walked = Stats()
+    for task in enumerate_tasks(spec):
+        a, b = run_task(spec, task), run_task(spec, task, reuse_subtrees=False)
+        assert _candidate_json(a.candidates) == _candidate_json(b.candidates)
+        for name in ("states", "pruned_expr", "pruned_shape", "pruned_memory", "verified", "rejected", "unstable"):
+            assert getattr(a.stats, name) == getattr(b.stats, name), name
+        reused, walked = reused + a.stats, walked + b.stats
+    assert reused.states_reused > 0 and walked.states_reused == 0
 
 
 def test_a_resume_point_outside_the_task_is_refused() -> None:

@@ -185,7 +185,7 @@ def result_text(result: Any, top: int) -> str:
 
     lines.append(
         f"# {len(result.candidates)} candidates; tasks {result.tasks_done}/{result.tasks_total}"
-        f"{'' if result.complete else ' (incomplete)'}; states {g('states')}; pruned by expression "
+        f"{'' if result.complete else ' (incomplete)'}; states {g('states')} ({g('states_reused')} reused); pruned by expression "
         f"{g('pruned_expr')}, shape {g('pruned_shape')}, memory {g('pruned_memory')}; solver queries "
         f"{g('solver_queries')}, cache hits {g('cache_hits')}, timeouts {g('solver_timeouts')}; verified "
         f"{g('verified')}, rejected {g('rejected')}, unstable {g('unstable')}; this run "

@@ -540,16 +540,17 @@ def _finish(s: Search) -> Iterator[None]:
     grid = tuple(g for g in b.grid if g is not None)
     forloop = b.forloop or 1
     refs = tuple(st.ref[t] for t in b.inputs)
+    body = _body_key(b, grid, forloop)
     for omaps in itertools.product(*(omap_choices(len(b.shape[j]), b.r) for j in outs)):  # type: ignore[arg-type]
         if b.last_kernel_op and not _final_shapes_ok(s, b, outs, omaps, grid):
             continue
         if s.spec.dims is not None and not fits(s.spec.dims, b.r, b.imap, omaps):
             continue
-        savers = [OutputSaver(Ref(j), om) for j, om in zip(outs, omaps, strict=True)]
-        block = BlockGraph(grid, forloop, (*nodes, *savers))
-        key = rank_key(b.inputs, GRAPH_DEFINED_CODE, repr(block))
+        key = rank_key(b.inputs, GRAPH_DEFINED_CODE, (*body, tuple(outs), omaps))
         if s.spec.canonical and not follows(st.last_key, key):
             continue
+        savers = [OutputSaver(Ref(j), om) for j, om in zip(outs, omaps, strict=True)]
+        block = BlockGraph(grid, forloop, (*nodes, *savers))
         results = _outputs(s, b, block, outs, omaps)
         if results is None:
             continue
@@ -560,6 +561,17 @@ def _finish(s: Search) -> Iterator[None]:
         finally:
             st.pop_kernel(b.inputs)
             st.block = b
+
+
+def _body_key(b: BlockBuild, grid: tuple[int, ...], forloop: int) -> tuple[object, ...]:
+    """The block graph without its savers as a tuple of ints (an injective attribute key for its rank; cheaper
+    than the block's text and totally ordered, None written as -1)."""
+    maps = tuple(tuple(-1 if d is None else d for d in m) for m in b.imap)  # type: ignore[union-attr]
+    fmaps = tuple(-1 if f is None else f for f in b.fmap)
+    recs = tuple((r.variant.code, r.inputs) if isinstance(r, BlockOpRec) else (-1, (r.input, -1 if r.fmap is None
+                                                                                    else r.fmap))
+                 for r in b.recs)
+    return (grid, forloop, maps, fmaps, recs)
 
 
 def _final_shapes_ok(s: Search, b: BlockBuild, outs: list[int], omaps: tuple[tuple[int, ...], ...],

@@ -24,15 +24,17 @@ from typing import Any
 from gensorage.exhaustive.abstract_expr import Term, expr_of
 from gensorage.exhaustive.block_level import block_children, split_origins
 from gensorage.exhaustive.finalize import finalize
-from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children, kernel_graph
+from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children
 from gensorage.exhaustive.needed_ops import NeededOps
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog, out_shape
 from gensorage.exhaustive.oracle import SubexprOracle
 from gensorage.exhaustive.results import Candidate, Resume, SearchResult, Stats, Task, TaskResult, ugraph_key
 from gensorage.exhaustive.search_state import BlockBuild, SearchState
 from gensorage.exhaustive.spec import SearchSpec
+from gensorage.exhaustive.subtree_memo import Entry, Memo, Recording, process_memo, subtree_key
 from gensorage.hw import load_profile
 from gensorage.opset import Attrs, Op, Shape, attr, freeze_attrs
+from gensorage.ugraph.ir import KernelGraph, KernelNode, Ref
 
 TARGET_TASKS = 96  # enumerate_tasks splits deeper until it has at least this many tasks ...
 MAX_SPLIT_DEPTH = 3  # ... or reaches this depth
@@ -62,6 +64,7 @@ class Counters:
     verified: int = 0
     rejected: int = 0
     unstable: int = 0
+    states_reused: int = 0
 
 
 class _Stopped(Exception):
@@ -128,6 +131,10 @@ class Search:
         self.save_every_s = 60.0
         self._next_save = 0.0
         self._split_memo: dict[tuple[object, ...], frozenset[tuple[int, int]]] = {}
+        # Kernel-level subtrees already walked in this task (see subtree_memo); False walks every one again.
+        self.reuse_subtrees = True
+        self.subtrees = Memo()
+        self.recordings: list[Recording] = []
 
     # ------------------------------------------------------------------ the tree
 
@@ -169,7 +176,8 @@ class Search:
         c, o = self.counters, self.oracle
         return Stats(states=c.states, pruned_expr=c.pruned_expr, pruned_shape=c.pruned_shape,
                      pruned_memory=c.pruned_memory, solver_queries=o.queries, cache_hits=o.cache_hits,
-                     solver_timeouts=o.timeouts, verified=c.verified, rejected=c.rejected, unstable=c.unstable)
+                     solver_timeouts=o.timeouts, verified=c.verified, rejected=c.rejected, unstable=c.unstable,
+                     states_reused=c.states_reused)
 
     # ------------------------------------------------------------------ walking
 
@@ -183,6 +191,7 @@ class Search:
         path = self.path
         resume = self.resume if spine else None
         replayed = depth < len(path) or (resume is not None and depth < len(resume))
+        recording = None
         if not replayed:
             if resume is not None:  # the resume node: the stopped walk counted it before stopping
                 self.counters.states -= 1
@@ -191,6 +200,27 @@ class Search:
                 self._emit()
             if depth == len(path) and not self.subtree:
                 return
+            if resume is None and self.reuse_subtrees:  # not on a resumed walk's spine: its children are partial
+                key = subtree_key(self.state, self.spec.max_kernel_ops, tuple(self.budget.values()))
+                if key is not None:
+                    entry = self.subtrees.get(key)
+                    if entry is not None:
+                        self._replay(entry)
+                        return
+                    if not self.subtrees.full():
+                        recording = Recording(key, len(self.state.ops), self._logical())
+        if recording is not None:
+            self.recordings.append(recording)
+            try:
+                self._walk_children(depth, path, resume, spine)
+            finally:
+                self.recordings.pop()
+            self._store(recording)
+        else:
+            self._walk_children(depth, path, resume, spine)
+
+    def _walk_children(self, depth: int, path: tuple[int, ...], resume: tuple[int, ...] | None,
+                       spine: bool) -> None:
         children = self.children()
         try:
             for i, _ in enumerate(children):
@@ -207,6 +237,27 @@ class Search:
                     self._descend(i, depth, False)
         finally:
             children.close()
+
+    def _logical(self) -> tuple[int, int, int, int]:
+        c = self.counters
+        return (c.states, c.pruned_expr, c.pruned_shape, c.pruned_memory)
+
+    def _store(self, rec: Recording) -> None:
+        now = self._logical()
+        d = [a - b for a, b in zip(now, rec.start, strict=True)]
+        self.subtrees.put(rec.key, Entry(d[0], d[1], d[2], d[3], tuple(rec.leaves)))
+
+    def _replay(self, entry: Entry) -> None:
+        """Add a recorded subtree's counters and finalize its leaves below the current node (see subtree_memo)."""
+        c = self.counters
+        c.states += entry.states
+        c.states_reused += entry.states
+        c.pruned_expr += entry.pruned_expr
+        c.pruned_shape += entry.pruned_shape
+        c.pruned_memory += entry.pruned_memory
+        ops = tuple(self.state.ops)
+        for below, outputs in entry.leaves:
+            self._finalize(ops + below, outputs)
 
     def _descend(self, i: int, depth: int, spine: bool) -> None:
         self.at.append(i)
@@ -243,10 +294,15 @@ class Search:
         for tensors in complete_outputs(self):
             if self.spec.expr_filter and not self.expr_equal(tensors):
                 continue
-            g = kernel_graph(self, tuple(self.state.ref[t] for t in tensors))
-            cand = finalize(self, g, self.task_index)
-            if cand is not None:
-                self.candidates.append(cand)
+            self._finalize(tuple(self.state.ops), tuple(self.state.ref[t] for t in tensors))
+
+    def _finalize(self, ops: tuple[KernelNode, ...], outputs: tuple[Ref, ...]) -> None:
+        """Record the complete kernel graph ``ops`` in the subtrees being recorded, then finalize it."""
+        for rec in self.recordings:
+            rec.leaves.append((ops[rec.base:], outputs))
+        cand = finalize(self, KernelGraph(self.state.specs, ops, outputs), self.task_index)
+        if cand is not None:
+            self.candidates.append(cand)
 
     def collect(self, depth: int, split: int, prefix: list[int], out: list[tuple[tuple[int, ...], bool]]) -> None:
         """Append the task paths of the subtree: nodes at depth ``split``, complete µGraphs above it."""
@@ -286,7 +342,8 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
 
 def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = lambda: False,
              on_progress: Callable[[Stats], None] | None = None,
-             on_save: Callable[[TaskResult], None] | None = None, save_every_s: float = 60.0) -> TaskResult:
+             on_save: Callable[[TaskResult], None] | None = None, save_every_s: float = 60.0,
+             reuse_subtrees: bool = True, memo: Memo | None = None) -> TaskResult:
     """Search the subtree of ``task`` and verify every complete µGraph in it.
 
     Parameters
@@ -302,6 +359,11 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
     on_save : callable, optional
         Called about every ``save_every_s`` seconds (first after that long) with the task so far as a stopped
         result (candidates, statistics, ``resume``), so a caller can keep it against the process being killed.
+    reuse_subtrees : bool
+        Replay kernel-level subtrees identical to one already walked in this task instead of walking them again
+        (:mod:`.subtree_memo`); the result is the same either way.
+    memo : Memo, optional
+        Where recorded subtrees are kept; None: a fresh one for this task (see :func:`run_task_shared`).
 
     Returns
     -------
@@ -310,6 +372,9 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
         function of ``(spec, task)`` only, when complete.
     """
     s = Search(spec)
+    s.reuse_subtrees = reuse_subtrees
+    if memo is not None:
+        s.subtrees = memo
     s.task_index = task.index
     s.path = tuple(task.path)
     s.subtree = task.subtree
@@ -329,6 +394,12 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
         assert s.stopped_at is not None
         return s.partial_result(s.stopped_at)
     return TaskResult(task.index, tuple(s.candidates), s.stats(), True)
+
+
+def run_task_shared(spec: SearchSpec, task: Task, **kwargs: Any) -> TaskResult:
+    """:func:`run_task` with this process's subtree memo for ``spec``, shared by the tasks it runs: the same
+    candidates and logical counters, less walking (see :mod:`.subtree_memo`)."""
+    return run_task(spec, task, memo=process_memo(spec.key()), **kwargs)
 
 
 def resume_task(task: Task, data: dict[str, Any]) -> Task:
@@ -359,6 +430,7 @@ def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> Searc
         return time_budget_s is not None and time.monotonic() - start >= time_budget_s
 
     tasks = enumerate_tasks(spec)
+    memo = Memo()  # shared by this search's tasks only, so two calls report the same statistics
     cands: list[Candidate] = []
     stats = Stats()
     complete = True
@@ -366,7 +438,7 @@ def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> Searc
         if out_of_time():
             complete = False
             break
-        res = run_task(spec, task, should_stop=out_of_time)
+        res = run_task(spec, task, should_stop=out_of_time, memo=memo)
         cands.extend(res.candidates)
         stats = stats + res.stats
         if not res.complete:
@@ -377,5 +449,5 @@ def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> Searc
 
 __all__ = [
     "Candidate", "SearchResult", "SearchSpec", "Stats", "Task", "TaskResult", "enumerate_tasks", "rank_candidates",
-    "resume_task", "run_task", "search_serial",
+    "resume_task", "run_task", "run_task_shared", "search_serial",
 ]

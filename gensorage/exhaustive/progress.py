@@ -92,7 +92,8 @@ def format_line(snap: Snapshot, *, compact: bool = False) -> str:
     parts = [
         f"tasks {snap.tasks_done}/{snap.tasks_total}" + (f" ({snap.tasks_running} running)" if snap.tasks_running
                                                          else ""),
-        f"states {format_count(g('states'))}",
+        f"states {format_count(g('states'))}" + (f" ({format_count(g('states_reused'))} reused)"
+                                                 if g("states_reused") else ""),
         f"pruned {format_count(pruned)} (expr {format_count(g('pruned_expr'))}, shape "
         f"{format_count(g('pruned_shape'))}, mem {format_count(g('pruned_memory'))})",
         f"solver {format_count(g('solver_queries'))} queries, {format_count(g('cache_hits'))} cache hits",

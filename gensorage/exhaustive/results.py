@@ -18,7 +18,12 @@ class Stats:
     rejected by the abstract-expression test, by shape inference, by a memory limit; ``solver_queries``,
     ``cache_hits``, ``solver_timeouts``: the subexpression oracle's counters; ``verified``: complete µGraphs
     that passed the equivalence check, ``rejected``: ones that failed it, ``unstable``: verified ones the float
-    test rejected.
+    test rejected; ``states_reused``: the part of ``states`` replayed from an identical kernel-level subtree
+    already walked in the same process instead of walked again (see :mod:`.subtree_memo`).
+
+    The counters in ``WORK_COUNTERS`` measure work done, which depends on the tasks that ran earlier in the same
+    process (shared subtree memo); the others are the same however the tasks are spread over processes, stopped
+    and resumed.
     """
 
     states: int = 0
@@ -31,6 +36,7 @@ class Stats:
     verified: int = 0
     rejected: int = 0
     unstable: int = 0
+    states_reused: int = 0
 
     def __add__(self, other: Stats) -> Stats:
         if not isinstance(other, Stats):
@@ -44,6 +50,9 @@ class Stats:
     def from_json(data: dict[str, Any]) -> Stats:
         names = {f.name for f in fields(Stats)}
         return Stats(**{k: int(v) for k, v in data.items() if k in names})
+
+
+WORK_COUNTERS = ("states_reused", "solver_queries", "cache_hits", "solver_timeouts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,4 +145,4 @@ def ugraph_key(g: KernelGraph) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-__all__ = ["Candidate", "Resume", "SearchResult", "Stats", "Task", "TaskResult", "ugraph_key"]
+__all__ = ["WORK_COUNTERS", "Candidate", "Resume", "SearchResult", "Stats", "Task", "TaskResult", "ugraph_key"]

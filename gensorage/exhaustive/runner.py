@@ -77,7 +77,7 @@ def default_core() -> SearchCore:
     """The real exhaustive-search core of :mod:`gensorage.exhaustive`."""
     from gensorage.exhaustive import generator, results
 
-    return SearchCore(enumerate_tasks=generator.enumerate_tasks, run_task=generator.run_task,
+    return SearchCore(enumerate_tasks=generator.enumerate_tasks, run_task=generator.run_task_shared,
                       rank_candidates=generator.rank_candidates, candidate_type=results.Candidate,
                       stats_type=results.Stats, resume_task=generator.resume_task)
 
