@@ -6,8 +6,10 @@ graph-defined operator in progress; children from :mod:`.block_level`). Children
 so a node is named by its *path*, the ordinals of the children taken from the root. That makes the search
 splittable: :func:`enumerate_tasks` expands the tree to a small depth and names every node there (plus complete
 µGraphs above it) as a :class:`~.results.Task`; :func:`run_task` replays a task's path and walks its subtree.
-A task's result depends only on the spec and the task (a fresh oracle and caches per task), whichever process
-runs it, so the runner may run tasks in parallel, stop, and resume.
+A task's result (its candidates and logical counters) depends only on the spec and the task (a fresh oracle per
+task), whichever process runs it, so the runner may run tasks in parallel, stop, and resume. Kernel-level
+subtrees identical to one already walked in the same process are replayed instead of walked
+(:mod:`.subtree_memo`); that changes only the work counters (``results.WORK_COUNTERS``).
 
 Every complete kernel graph (its unconsumed tensors have the program's output shapes) goes through
 :func:`.finalize.finalize`: thread-graph fusion, verification, sizes, float test, cost.

@@ -2,7 +2,9 @@
 
 :func:`run_search` splits the search into the core's tasks (:func:`enumerate_tasks`), runs them on a pool of
 worker processes in index order and commits each finished task to a SQLite :class:`~.checkpoint.Checkpoint`
-as soon as it completes. Because a task's result depends only on ``(spec, task)``, and the final answer is
+as soon as it completes. Because a task's result (candidates, logical counters; not the work counters of
+``results.WORK_COUNTERS``, which depend on the subtrees earlier tasks in the same process recorded) depends only
+on ``(spec, task)``, and the final answer is
 ``rank_candidates`` over the candidates of all done tasks taken in (task, position) order *as read back from
 the checkpoint*, the result is the same for 1 worker or N, and after any number of kills and resumes.
 

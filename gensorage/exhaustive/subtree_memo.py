@@ -1,4 +1,4 @@
-"""Kernel-level subtrees walked once per task: what a subtree holds depends only on a few facts of its root.
+"""Kernel-level subtrees walked once: what a subtree holds depends only on a few facts of its root.
 
 The children of a kernel-level node (and everything below them) are a function of the kernel tensors' shapes,
 dtypes, abstract expressions, use counts and scale flags, the number of kernel operators so far, the last
