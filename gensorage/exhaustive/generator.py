@@ -133,7 +133,7 @@ class Search:
         self.save_every_s = 60.0
         self._next_save = 0.0
         self._split_memo: dict[tuple[object, ...], frozenset[tuple[int, int]]] = {}
-        # Kernel-level subtrees already walked in this task (see subtree_memo); False walks every one again.
+        # Kernel-level subtrees already walked (this task's, or the process's: run_task(memo=...)); see subtree_memo.
         self.reuse_subtrees = True
         self.subtrees = Memo()
         self.recordings: list[Recording] = []
