@@ -202,7 +202,8 @@ class Search:
                 self._emit()
             if depth == len(path) and not self.subtree:
                 return
-            if resume is None and self.reuse_subtrees:  # not on a resumed walk's spine: its children are partial
+            # Not on a resumed walk's spine (its children are partial); block-level nodes have no key.
+            if resume is None and self.reuse_subtrees and self.state.block is None:
                 key = subtree_key(self.state, self.spec.max_kernel_ops, tuple(self.budget.values()))
                 if key is not None:
                     entry = self.subtrees.get(key)
