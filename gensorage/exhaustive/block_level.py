@@ -382,6 +382,8 @@ def _operators(s: Search, b: BlockBuild, only_marks: bool = False) -> Iterator[N
         post = b.post[ins[0]]
         if len(ins) == 2 and b.post[ins[1]] != post:
             continue
+        if not s.reads_ok(_read_again(s, b, ins)):
+            continue
         variants = [v for v in variants_for(s, ins) if v.code > min_code and (not only_marks or v.op in MARK_OPS)]
         if not variants:
             continue
@@ -394,6 +396,25 @@ def _operators(s: Search, b: BlockBuild, only_marks: bool = False) -> Iterator[N
             yield from _bind_then_apply(s, b, ins, head, variants, post, pending)
         else:
             yield from _apply_variants(s, b, ins, head, variants, post)
+
+
+def _tensor_term(s: Search, b: BlockBuild, i: int) -> Term:
+    """The expression of block tensor ``i`` (an unbound iterator: its whole input's)."""
+    v = b.val[i] if b.val[i] is not None else s.state.val[b.inputs[i]]
+    return v.term  # type: ignore[union-attr]
+
+
+def _read_again(s: Search, b: BlockBuild, ins: tuple[int, ...]) -> list[Term]:
+    """The operands ``ins`` reads a further time: each read of an operand except the first read of an unconsumed
+    one (see :mod:`.occurrences`)."""
+    seen: set[int] = set()
+    out = []
+    for i in ins:
+        if b.uses[i] == 0 and i not in seen:
+            seen.add(i)
+            continue
+        out.append(_tensor_term(s, b, i))
+    return out
 
 
 def _shape_free_prefilter(s: Search, b: BlockBuild, ins: tuple[int, ...],
@@ -471,6 +492,8 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
         if shape is None or b.post[j] or not b.fdep[j] or b.scaled[j]:
             continue
         if not b.viable(free_after(b, (j,)), 0, ops_left(s, b, 1)):
+            continue
+        if not s.reads_ok(_read_again(s, b, (j,))):
             continue
         for fmap in (None, *range(len(shape))):
             key = rank_key((j,), ACCUMULATOR_CODE, (-1 if fmap is None else fmap,))

@@ -28,6 +28,7 @@ from gensorage.exhaustive.block_level import block_children, split_origins
 from gensorage.exhaustive.finalize import finalize
 from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children
 from gensorage.exhaustive.needed_ops import NeededOps
+from gensorage.exhaustive.occurrences import OccurrenceBudget
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog, out_shape
 from gensorage.exhaustive.oracle import SubexprOracle
 from gensorage.exhaustive.results import Candidate, Resume, SearchResult, Stats, Task, TaskResult, ugraph_key
@@ -102,6 +103,10 @@ class Search:
                                        if d % g == 0)
         used = _term_vars(self.targets)
         self.required_inputs = [i for i, t in enumerate(program.inputs) if t.name in used]
+        # Like the needed-operator bound, the occurrence budget speaks about outputs equal under A_eq.
+        self.occurrences = (OccurrenceBudget.for_search([t.name for t in program.inputs], self.targets,
+                                                        self.variants)
+                            if spec.prune and spec.expr_filter else None)
         self.counters = Counters()
         # The split-reduction rule of the last kernel operator (see provenance) assumes no grouped sums.
         self.split_rule = not any(program.nodes[i].op is Op.SUM and attr(program.nodes[i].attrs, "group") is not None
@@ -164,6 +169,17 @@ class Search:
         """Spend (``n`` = 1) or give back (-1) one use of ``v`` when it is budgeted."""
         if v.code in self.budget:
             self.budget[v.code] -= n
+
+    def reads_ok(self, again: Sequence[Term]) -> bool:
+        """Whether an operator that reads the tensors of terms ``again`` a further time (already consumed, or
+        read twice) stays within the occurrence budget (see :mod:`.occurrences`); counted as pruned if not."""
+        occ = self.occurrences
+        if occ is None or not again:
+            return True
+        if occ.fits(occ.pending(self.state, self.required_inputs), again):
+            return True
+        self.counters.pruned_expr += 1
+        return False
 
     def children(self) -> Generator[None, None, None]:
         """The current node's children; each is applied to the state while the generator is suspended on it."""

@@ -13,6 +13,7 @@ from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING
 
 from gensorage import opset
+from gensorage.exhaustive.abstract_expr import Term
 from gensorage.exhaustive.block_level import input_tuples
 from gensorage.exhaustive.opcatalog import NONLINEAR_UNARY
 from gensorage.exhaustive.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
@@ -60,6 +61,8 @@ def _predefined(s: Search) -> Iterator[None]:
             if must is not None and not must <= set(ins):
                 continue
             if v.op not in NONLINEAR_UNARY and any(st.scaled[i] for i in ins):
+                continue
+            if not s.reads_ok(_read_again(s, ins)):
                 continue
             key = rank_key(ins, v.code)
             if s.spec.canonical and not follows(last, key):
@@ -111,6 +114,8 @@ def _headers(s: Search) -> Iterator[None]:
             if last_op and s.needed is not None and _cannot_finish(s, inputs):
                 s.counters.pruned_expr += 1
                 continue
+            if not s.reads_ok(_read_again(s, inputs)):
+                continue
             for r in range(1, s.spec.max_grid_dims + 1):
                 for looped in (False, True):
                     st.open_block(inputs, r, looped, max_outputs, last_op)
@@ -118,6 +123,20 @@ def _headers(s: Search) -> Iterator[None]:
                         yield
                     finally:
                         st.close_block()
+
+
+def _read_again(s: Search, ins: tuple[int, ...]) -> list[Term]:
+    """The kernel tensors ``ins`` reads a further time: each read except the first of a tensor nobody has read
+    yet (a program input only if the program reads it; see :mod:`.occurrences`)."""
+    st = s.state
+    seen: set[int] = set()
+    out = []
+    for i in ins:
+        if st.uses[i] == 0 and i not in seen and (i >= st.n_inputs or i in s.required_inputs):
+            seen.add(i)
+            continue
+        out.append(st.val[i].term)
+    return out
 
 
 def _cannot_finish(s: Search, inputs: tuple[int, ...]) -> bool:
