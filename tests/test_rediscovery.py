@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from gensorage.exhaustive.dim_strategy import load_dim_strategy
 from gensorage.exhaustive.generator import SearchSpec, search_serial
 from gensorage.opset import Op
 from gensorage.program import load_config
@@ -179,3 +180,42 @@ def test_gqa_fused_without_repeat() -> None:
     g, k = next((g, k) for g, k in found if k.imaps == ((0,), (0,), (0,)))
     assert g.ops[0].block.grid == (2,)  # type: ignore[union-attr]
     assert equivalent(program, g, 1e-9, seed=5, max_trials=16)
+
+
+# ------------------------------------------------------------------------------- attention (FlashDecoding)
+
+
+def _split_kv_then_combine(g: KernelGraph) -> bool:
+    """FlashDecoding (first paper, Fig. 4b): two graph-defined kernels. The first reads Q, K and V, splits the keys
+    across blocks (one grid dim maps K's key dim 2 and V's key dim 1) and loops over its slice with both matmuls
+    and the exp inside, accumulating the two partial results; the second reads only those partials and reduces
+    them across the splits with one division, no matmul and no exp."""
+    if len(g.ops) != 2 or not all(isinstance(op, GraphDefinedOp) for op in g.ops):
+        return False
+    first, second = g.ops
+    assert isinstance(first, GraphDefinedOp) and isinstance(second, GraphDefinedOp)
+    k1, k2 = kernel_shape(first), kernel_shape(second)
+    if [r.node for r in first.inputs] != [0, 1, 2] or any(r.node < 3 for r in second.inputs):
+        return False
+    splits_keys = any(k1.imaps[1][dim] == 2 and k1.imaps[2][dim] == 1 for dim in range(len(first.block.grid)))
+    first_ok = (k1.looped and k1.body["matmul"] == 2 and k1.body["exp"] == 1 and k1.accumulators == 2
+                and "div" not in k1.body + k1.post)
+    both = k2.body + k2.post
+    second_ok = both["div"] == 1 and both["matmul"] == 0 and both["exp"] == 0 and both["sum"] >= 1
+    return splits_keys and first_ok and second_ok
+
+
+@pytest.mark.slow
+def test_mha_decode_flash_decoding_split_kv_in_two_kernels() -> None:
+    # One query token: the keys are split across blocks (a second grid dim beside the heads) and the partial
+    # results are combined by a second kernel. n = 6 keys: 2 splits of a loop of 3 (one key per iteration).
+    params = {"h": 2, "n": 6, "d": 5}
+    spec = SearchSpec(program=load_config("mha_incdec", params), max_kernel_ops=2, max_block_ops=4,
+                      max_grid_dims=2, max_block_outputs=2, dims=load_dim_strategy("attention"))
+    result = search_serial(spec)
+    assert result.complete
+    found = [c.ugraph for c in result.candidates if _split_kv_then_combine(c.ugraph)]
+    assert found
+    program, example = examples.flash_decoding(heads=2, kv_len=6, head_dim=5, splits=2, forloop=3)
+    assert _split_kv_then_combine(example)
+    assert equivalent(program, found[0], 1e-9, seed=5, max_trials=16)
