@@ -211,18 +211,21 @@ def _split_kv_task(spec: SearchSpec) -> Task:
     first operator matmul(Q, K) with K's keys split across blocks (imap (0, 2)): FlashDecoding's subtree."""
     for task in enumerate_tasks(spec):
         s = Search(spec)
-        for depth, ordinal in enumerate(task.path):
+        suspended = []  # each generator stays suspended on its child (closing it would undo the child)
+        for ordinal in task.path:
             children = s.children()
+            suspended.append(children)
             for i, _ in enumerate(children):
                 if i == ordinal:
                     break
-            if depth == len(task.path) - 1:
-                b = s.state.block
-                if (b is not None and b.inputs == (0, 1, 2) and b.r == 2 and b.looped and len(b.recs) == 1
-                        and isinstance(b.recs[0], BlockOpRec) and b.recs[0].variant.op is Op.MATMUL
-                        and b.recs[0].inputs == (0, 1) and b.imap[1] == (0, 2)):
-                    return task
-            # the generator is left suspended on the child: the state stays applied for the next level
+        b = s.state.block
+        hit = (b is not None and b.inputs == (0, 1, 2) and b.r == 2 and b.looped and len(b.recs) == 1
+               and isinstance(b.recs[0], BlockOpRec) and b.recs[0].variant.op is Op.MATMUL
+               and b.recs[0].inputs == (0, 1) and b.imap[1] == (0, 2) and b.fmap[1] == 2)
+        for children in reversed(suspended):  # undo the path innermost first
+            children.close()
+        if hit:
+            return task
     raise AssertionError("no task holds the split-KV header")
 
 
