@@ -35,6 +35,7 @@ from gensorage.exhaustive.abstract_expr import Term
 from gensorage.exhaustive.dim_strategy import DimStrategy, fits
 from gensorage.exhaustive.expr_arith import ExprValue
 from gensorage.exhaustive.needed_ops import MARK_OPS
+from gensorage.exhaustive.occurrences import read_again
 from gensorage.exhaustive.opcatalog import (
     COMMUTATIVE,
     NONLINEAR_UNARY,
@@ -371,6 +372,7 @@ def _operators(s: Search, b: BlockBuild, only_marks: bool = False) -> Iterator[N
     if need > 2:
         return
     last_head = last[:2] if (last is not None and canonical) else None
+    reads_ok = s.reads_checker()
     for ins, desc in operand_tuples(b, low, need):
         head = (desc, ins)
         min_code = -1
@@ -382,7 +384,7 @@ def _operators(s: Search, b: BlockBuild, only_marks: bool = False) -> Iterator[N
         post = b.post[ins[0]]
         if len(ins) == 2 and b.post[ins[1]] != post:
             continue
-        if not s.reads_ok(_read_again(s, b, ins)):
+        if not reads_ok(_read_again(s, b, ins)):
             continue
         variants = [v for v in variants_for(s, ins) if v.code > min_code and (not only_marks or v.op in MARK_OPS)]
         if not variants:
@@ -405,16 +407,8 @@ def _tensor_term(s: Search, b: BlockBuild, i: int) -> Term:
 
 
 def _read_again(s: Search, b: BlockBuild, ins: tuple[int, ...]) -> list[Term]:
-    """The operands ``ins`` reads a further time: each read of an operand except the first read of an unconsumed
-    one (see :mod:`.occurrences`)."""
-    seen: set[int] = set()
-    out = []
-    for i in ins:
-        if b.uses[i] == 0 and i not in seen:
-            seen.add(i)
-            continue
-        out.append(_tensor_term(s, b, i))
-    return out
+    """The operands ``ins`` reads a further time (see :func:`.occurrences.read_again`)."""
+    return read_again(ins, lambda i: b.uses[i] == 0, lambda i: _tensor_term(s, b, i))
 
 
 def _shape_free_prefilter(s: Search, b: BlockBuild, ins: tuple[int, ...],
@@ -487,13 +481,14 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
     forloop = b.forloop
     assert forloop is not None
     limit = s.hw.shared_mem_per_block
+    reads_ok = s.reads_checker()
     for j in range(low, len(b.shape)):
         shape = b.shape[j]
         if shape is None or b.post[j] or not b.fdep[j] or b.scaled[j]:
             continue
         if not b.viable(free_after(b, (j,)), 0, ops_left(s, b, 1)):
             continue
-        if not s.reads_ok(_read_again(s, b, (j,))):
+        if not reads_ok(_read_again(s, b, (j,))):
             continue
         for fmap in (None, *range(len(shape))):
             key = rank_key((j,), ACCUMULATOR_CODE, (-1 if fmap is None else fmap,))

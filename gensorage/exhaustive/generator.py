@@ -28,7 +28,7 @@ from gensorage.exhaustive.block_level import block_children, split_origins
 from gensorage.exhaustive.finalize import finalize
 from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children
 from gensorage.exhaustive.needed_ops import NeededOps
-from gensorage.exhaustive.occurrences import OccurrenceBudget
+from gensorage.exhaustive.occurrences import Counts, OccurrenceBudget
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog, out_shape
 from gensorage.exhaustive.oracle import SubexprOracle
 from gensorage.exhaustive.results import Candidate, Resume, SearchResult, Stats, Task, TaskResult, ugraph_key
@@ -170,16 +170,25 @@ class Search:
         if v.code in self.budget:
             self.budget[v.code] -= n
 
-    def reads_ok(self, again: Sequence[Term]) -> bool:
-        """Whether an operator that reads the tensors of terms ``again`` a further time (already consumed, or
-        read twice) stays within the occurrence budget (see :mod:`.occurrences`); counted as pruned if not."""
+    def reads_checker(self) -> Callable[[Sequence[Term]], bool]:
+        """The occurrence-budget check for the children of the current node (see :mod:`.occurrences`): whether an
+        operator that reads the tensors of terms ``again`` a further time (already consumed, or read twice) stays
+        within the budget; counted as pruned if not. The pending counts are the node's, computed on first need
+        (children are generated with the node's state restored between them)."""
         occ = self.occurrences
-        if occ is None or not again:
-            return True
-        if occ.fits(occ.pending(self.state, self.required_inputs), again):
-            return True
-        self.counters.pruned_expr += 1
-        return False
+        pending: list[Counts] = []
+
+        def ok(again: Sequence[Term]) -> bool:
+            if occ is None or not again:
+                return True
+            if not pending:
+                pending.append(occ.pending(self.state, self.required_inputs))
+            if occ.fits(pending[0], again):
+                return True
+            self.counters.pruned_expr += 1
+            return False
+
+        return ok
 
     def children(self) -> Generator[None, None, None]:
         """The current node's children; each is applied to the state while the generator is suspended on it."""

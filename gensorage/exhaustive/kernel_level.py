@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from gensorage import opset
 from gensorage.exhaustive.abstract_expr import Term
 from gensorage.exhaustive.block_level import input_tuples
+from gensorage.exhaustive.occurrences import read_again
 from gensorage.exhaustive.opcatalog import NONLINEAR_UNARY
 from gensorage.exhaustive.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.search_state import EXPR, numel
@@ -52,6 +53,7 @@ def _predefined(s: Search) -> Iterator[None]:
     must = must_consume(s)
     if must is not None and len(s.output_shapes) != 1:
         return
+    reads_ok = s.reads_checker()
     for v in s.variants:
         if not s.allowed(v):
             continue
@@ -62,7 +64,7 @@ def _predefined(s: Search) -> Iterator[None]:
                 continue
             if v.op not in NONLINEAR_UNARY and any(st.scaled[i] for i in ins):
                 continue
-            if not s.reads_ok(_read_again(s, ins)):
+            if not reads_ok(_read_again(s, ins)):
                 continue
             key = rank_key(ins, v.code)
             if s.spec.canonical and not follows(last, key):
@@ -101,6 +103,7 @@ def _headers(s: Search) -> Iterator[None]:
     most = min(s.spec.max_block_inputs, n)
     if s.spec.max_block_nodes is not None:  # room for the iterators and at least one operator
         most = min(most, s.spec.max_block_nodes - 1)
+    reads_ok = s.reads_checker()
     for size in range(1, most + 1):
         if must is not None and len(must) > size:
             continue
@@ -114,7 +117,7 @@ def _headers(s: Search) -> Iterator[None]:
             if last_op and s.needed is not None and _cannot_finish(s, inputs):
                 s.counters.pruned_expr += 1
                 continue
-            if not s.reads_ok(_read_again(s, inputs)):
+            if not reads_ok(_read_again(s, inputs)):
                 continue
             for r in range(1, s.spec.max_grid_dims + 1):
                 for looped in (False, True):
@@ -126,17 +129,11 @@ def _headers(s: Search) -> Iterator[None]:
 
 
 def _read_again(s: Search, ins: tuple[int, ...]) -> list[Term]:
-    """The kernel tensors ``ins`` reads a further time: each read except the first of a tensor nobody has read
-    yet (a program input only if the program reads it; see :mod:`.occurrences`)."""
+    """The kernel tensors ``ins`` reads a further time (see :func:`.occurrences.read_again`); a program input's
+    count is pending only if the program reads it."""
     st = s.state
-    seen: set[int] = set()
-    out = []
-    for i in ins:
-        if st.uses[i] == 0 and i not in seen and (i >= st.n_inputs or i in s.required_inputs):
-            seen.add(i)
-            continue
-        out.append(st.val[i].term)
-    return out
+    return read_again(ins, lambda i: st.uses[i] == 0 and (i >= st.n_inputs or i in s.required_inputs),
+                      lambda i: st.val[i].term)
 
 
 def _cannot_finish(s: Search, inputs: tuple[int, ...]) -> bool:

@@ -30,7 +30,7 @@ from concatenations), and, like :mod:`.needed_ops`, with ``prune`` and ``expr_fi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from gensorage.exhaustive.abstract_expr import Term
@@ -113,8 +113,21 @@ class OccurrenceBudget:
         return all(a <= b for a, b in zip(total, self.target, strict=True))
 
 
+def read_again(ins: Sequence[int], counted: Callable[[int], bool], term: Callable[[int], Term]) -> list[Term]:
+    """The terms of the operands ``ins`` an operator reads a further time: every read except the first of an
+    operand whose count is already pending (``counted``: not consumed yet)."""
+    seen: set[int] = set()
+    out = []
+    for i in ins:
+        if i not in seen and counted(i):
+            seen.add(i)
+            continue
+        out.append(term(i))
+    return out
+
+
 def _plus(a: Counts, b: Counts) -> Counts:
     return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
-__all__ = ["Counts", "OccurrenceBudget", "UNCOUNTABLE_OPS", "UNCOUNTABLE_TERMS"]
+__all__ = ["Counts", "OccurrenceBudget", "UNCOUNTABLE_OPS", "UNCOUNTABLE_TERMS", "read_again"]
