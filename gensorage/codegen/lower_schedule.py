@@ -388,9 +388,10 @@ def _apply_tiling(sch: Any, main: Any, tilings: Sequence[AxisTiling], *, gpu: bo
     for lp in (*inner_r, *inner_s):
         sch.unroll(lp)
     sch.decompose_reduction(main, outer_r[0])
-    # The later steps add predicates that can defeat TVM's compaction again; re-check the final module.
-    skip = [w or v > 1 for w, v in zip(wrapped, vectorized, strict=True)]
-    _wrap_overallocated(sch, caches, windows, skip)
+    # The later steps add predicates that can defeat TVM's compaction again, also in a dim of a stage wrapped
+    # above (its wrapped dims now have their window's extent and are left alone); re-check the final module.
+    # Vectorized stages are left as they are: a modulo index would break their aligned vector copies.
+    _wrap_overallocated(sch, caches, windows, [v > 1 for v in vectorized])
 
 
 def _realize(sch: Any, block: Any) -> Any:
