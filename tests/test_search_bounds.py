@@ -122,18 +122,18 @@ def test_marks_and_bound() -> None:
     oracle = SubexprOracle([target], 1000)
     needed = NeededOps(oracle.canon, [target])
     assert DIV_MARK in needed.target
-    assert needed.bound([x]) == 2  # an exp and a div
-    assert needed.bound([ae.exp(x)]) == 1  # the div
-    assert needed.bound([ae.exp(y)]) == 2  # exp(Y) is another class
-    assert needed.bound([ae.sum(4, ae.exp(x)), ae.div(y, x)]) == 0
-    assert needed.bound([]) == 2
+    assert needed.bound([x]) == (2, False)  # an exp and a div
+    assert needed.bound([ae.exp(x)]) == (1, False)  # the div
+    assert needed.bound([ae.exp(y)]) == (2, False)  # exp(Y) is another class
+    assert needed.bound([ae.sum(4, ae.exp(x)), ae.div(y, x)]) == (0, False)
+    assert needed.bound([]) == (2, False)
 
 
 def test_needed_ops_bound_keeps_the_verified_set(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = SearchSpec(program=softmax_rows(), max_kernel_ops=2, max_block_ops=2, max_grid_dims=1,
                       max_block_outputs=1)
     bounded = search_serial(spec)
-    monkeypatch.setattr(NeededOps, "bound", lambda self, available: 0)
+    monkeypatch.setattr(NeededOps, "bound", lambda self, available, factor=True: (0, False))
     unbounded = search_serial(spec)
     assert bounded.complete and unbounded.complete and bounded.candidates
     assert {ugraph_key(c.ugraph) for c in bounded.candidates} == {ugraph_key(c.ugraph) for c in unbounded.candidates}

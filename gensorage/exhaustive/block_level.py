@@ -25,13 +25,14 @@ by the trip count).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from gensorage import opset
 from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.constants import BARRIERS, Const, const_of, same
 from gensorage.exhaustive.dim_strategy import DimStrategy, fits
 from gensorage.exhaustive.expr_arith import ExprValue
 from gensorage.exhaustive.needed_ops import MARK_OPS
@@ -64,6 +65,11 @@ from gensorage.ugraph.validate import dtype_bytes
 
 if TYPE_CHECKING:
     from gensorage.exhaustive.generator import Search
+
+# Operators a tight needed-operator budget admits (see needed_ops), without and with a scale counted.
+TIGHT = MARK_OPS
+TIGHT_SCALE = MARK_OPS | {Op.SCALE}
+UNLIMITED = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,19 +106,30 @@ def block_children(s: Search) -> Generator[None, None, None]:
     b = s.state.block
     assert b is not None
     # Operators the last kernel operator still needs at least (see needed_ops); 0 where the bound is not applied.
-    need = 0
+    need, scale = 0, False
     left, left_after_accumulator = ops_left(s, b), ops_left(s, b, 1)
     if b.last_kernel_op and b.exact and s.needed is not None:
-        need = s.needed.bound(_terms(s, b))
-        if need > left:
+        terms = _terms(s, b)
+        need, scale = s.needed.bound(terms, carries_factor(b.const))
+        if need > left or (s.reductions is not None and need + 1 > _reduction_room(s, b, left)
+                           and s.reductions.needed(terms)):
             s.counters.pruned_expr += 1
             return
     if need == 0:
         yield from _finish(s)
     if left > 0:
-        yield from _operators(s, b, only_marks=need == left)
+        yield from _operators(s, b, only=(TIGHT_SCALE if scale else TIGHT) if need == left else None)
     if b.looped and b.forloop is not None and 0 <= left_after_accumulator and need <= left_after_accumulator:
         yield from _accumulators(s, b)
+
+
+def _reduction_room(s: Search, b: BlockBuild, left: int) -> int:
+    """Operators and accumulators the block graph may still add, where a reduction can be either (see
+    :mod:`.reductions`): with a loop and a node limit, the nodes left; else the operators left."""
+    if not b.looped:
+        return left
+    nodes = s.spec.max_block_nodes
+    return UNLIMITED if nodes is None else nodes - len(b.inputs) - len(b.recs)
 
 
 def _terms(s: Search, b: BlockBuild) -> list[Term]:
@@ -361,9 +378,10 @@ def variants_for(s: Search, ins: tuple[int, ...]) -> tuple[OpVariant, ...]:
     return s.binary if ins[0] < ins[1] else s.binary_ordered
 
 
-def _operators(s: Search, b: BlockBuild, only_marks: bool = False) -> Iterator[None]:
-    """Every compute operator child; ``only_marks``: the operator budget is exactly what the needed marks take,
-    so only operators that can add one (exp, sqrt, activations, div) may be added."""
+def _operators(s: Search, b: BlockBuild, only: frozenset[Op] | None = None) -> Iterator[None]:
+    """Every compute operator child; ``only``: the operator budget is exactly what the needed marks take, so
+    only operators that can add one (exp, sqrt, activations, div; a scale when the bound counts one) may be
+    added."""
     canonical = s.spec.canonical
     last = b.keys[-1] if b.keys else None
     low = last[0][0] if (last is not None and canonical) else 0
@@ -373,6 +391,7 @@ def _operators(s: Search, b: BlockBuild, only_marks: bool = False) -> Iterator[N
         return
     last_head = last[:2] if (last is not None and canonical) else None
     reads_ok = s.reads_checker()
+    uses = b.uses
     for ins, desc in operand_tuples(b, low, need):
         head = (desc, ins)
         min_code = -1
@@ -384,9 +403,11 @@ def _operators(s: Search, b: BlockBuild, only_marks: bool = False) -> Iterator[N
         post = b.post[ins[0]]
         if len(ins) == 2 and b.post[ins[1]] != post:
             continue
-        if not reads_ok(_read_again(s, b, ins)):
+        # Reading only unconsumed, distinct operands reads nothing again (the common case: no check needed).
+        again = uses[ins[0]] > 0 or (len(ins) == 2 and (ins[0] == ins[1] or uses[ins[1]] > 0))
+        if again and not reads_ok(_read_again(s, b, ins)):
             continue
-        variants = [v for v in variants_for(s, ins) if v.code > min_code and (not only_marks or v.op in MARK_OPS)]
+        variants = [v for v in variants_for(s, ins) if v.code > min_code and (only is None or v.op in only)]
         if not variants:
             continue
         pending = tuple(i for i in dict.fromkeys(ins) if b.shape[i] is None)
@@ -406,6 +427,17 @@ def _tensor_term(s: Search, b: BlockBuild, i: int) -> Term:
     return v.term  # type: ignore[union-attr]
 
 
+def _factor_ok(s: Search, v: OpVariant, term: Term, arg: Const) -> bool:
+    """Whether an operator's argument carries a factor the program's operator of its class does (only exp,
+    silu and gelu are checked; see :mod:`.constants`)."""
+    return v.op not in BARRIERS or s.exp_consts is None or s.exp_consts.admits(term, arg)
+
+
+def carries_factor(consts: Sequence[Const]) -> bool:
+    """Whether some tensor carries a constant factor (or one that is not known): see :mod:`.needed_ops`."""
+    return any(c is None or not same(c, 1.0) for c in consts)
+
+
 def _read_again(s: Search, b: BlockBuild, ins: tuple[int, ...]) -> list[Term]:
     """The operands ``ins`` reads a further time (see :func:`.occurrences.read_again`)."""
     return read_again(ins, lambda i: b.uses[i] == 0, lambda i: _tensor_term(s, b, i))
@@ -419,6 +451,9 @@ def _shape_free_prefilter(s: Search, b: BlockBuild, ins: tuple[int, ...],
     for v in variants:
         term = shape_free_term(v.op, terms)
         if term is not None and not s.oracle.is_subexpr(term):
+            s.counters.pruned_expr += 1
+            continue
+        if term is not None and not _factor_ok(s, v, term, b.const[ins[0]]):
             s.counters.pruned_expr += 1
             continue
         kept.append(v)
@@ -437,6 +472,7 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
     fdep = any(b.fdep[i] for i in ins)
     elem = dtype_bytes(b.dtype[ins[0]])
     reads_scaled = any(b.scaled[i] for i in ins)
+    consts = [b.const[i] for i in ins]
     split = s.split_origins(b) if (b.last_kernel_op and s.split_rule) else None
     for v in variants:
         if not s.allowed(v):
@@ -459,14 +495,14 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
                 memo[v.code] = (value, keep)
         else:
             value, keep = got
-        if not keep:
+        if not keep or (b.exact and not _factor_ok(s, v, value.term, consts[0])):
             counters.pruned_expr += 1
             continue
         if b.smem + numel(out) * elem > limit:
             counters.pruned_memory += 1
             continue
         s.state.push_block(BlockOpRec(v, ins), (*head, v.code, ()), out, value, post, fdep, prov,
-                           v.op is Op.SCALE)
+                           const_of(v.op, v.attrs, consts), v.op is Op.SCALE)
         s.spend(v, 1)
         try:
             yield
@@ -511,7 +547,8 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
             if b.smem + numel(out) * dtype_bytes(b.dtype[j]) > limit:
                 s.counters.pruned_memory += 1
                 continue
-            s.state.push_block(AccumRec(j, fmap), key, out, value, True, False, b.prov[j] if fmap is None else None)
+            s.state.push_block(AccumRec(j, fmap), key, out, value, True, False, b.prov[j] if fmap is None else None,
+                               b.const[j])
             try:
                 yield
             finally:
@@ -573,7 +610,7 @@ def _finish(s: Search) -> Iterator[None]:
         if results is None:
             continue
         st.close_block()
-        st.push_kernel(GraphDefinedOp(block, refs), key, b.inputs, results)
+        st.push_kernel(GraphDefinedOp(block, refs), key, b.inputs, results, [b.const[j] for j in outs])
         try:
             yield
         finally:

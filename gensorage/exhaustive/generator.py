@@ -25,12 +25,14 @@ from typing import Any
 
 from gensorage.exhaustive.abstract_expr import Term, expr_of
 from gensorage.exhaustive.block_level import block_children, split_origins
+from gensorage.exhaustive.constants import ExpConstants
 from gensorage.exhaustive.finalize import finalize
 from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children
 from gensorage.exhaustive.needed_ops import NeededOps
 from gensorage.exhaustive.occurrences import Counts, OccurrenceBudget
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog, out_shape
 from gensorage.exhaustive.oracle import SubexprOracle
+from gensorage.exhaustive.reductions import Reductions
 from gensorage.exhaustive.results import Candidate, Resume, SearchResult, Stats, Task, TaskResult, ugraph_key
 from gensorage.exhaustive.search_state import BlockBuild, SearchState
 from gensorage.exhaustive.spec import SearchSpec
@@ -89,9 +91,15 @@ class Search:
         self.oracle = SubexprOracle(self.targets, ORACLE_TIMEOUT_MS)
         self.target_nfs = [self.oracle.canon.nf(t) for t in self.targets]
         # The bound of needed_ops holds for µGraphs whose output equals the program's under A_eq.
-        self.needed = NeededOps(self.oracle.canon, self.targets) if spec.prune and spec.expr_filter else None
+        # The factors exp arguments must carry (see constants): a condition of equality with constants kept.
+        self.exp_consts = ExpConstants(program, self.oracle.canon) if spec.prune and spec.expr_filter else None
+        self.needed = (NeededOps(self.oracle.canon, self.targets, self.exp_consts.factor_marks)
+                       if self.exp_consts is not None else None)
         self.state = SearchState(program, self.hw)
         self.variants = catalog(program, spec.op_types)
+        # Coefficients only a reduction makes (see reductions): the same condition again.
+        self.reductions = (Reductions.for_search(self.oracle.canon, self.targets, self.variants)
+                           if spec.prune and spec.expr_filter else None)
         binary = tuple(v for v in self.variants if v.arity == 2)
         self.unary = tuple(v for v in self.variants if v.arity == 1)
         self.binary = binary  # operands (lo, hi)

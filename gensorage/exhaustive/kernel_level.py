@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from gensorage import opset
 from gensorage.exhaustive.abstract_expr import Term
-from gensorage.exhaustive.block_level import input_tuples
+from gensorage.exhaustive.block_level import carries_factor, input_tuples
+from gensorage.exhaustive.constants import BARRIERS, const_of
 from gensorage.exhaustive.occurrences import read_again
 from gensorage.exhaustive.opcatalog import NONLINEAR_UNARY
 from gensorage.exhaustive.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
@@ -80,12 +81,17 @@ def _predefined(s: Search) -> Iterator[None]:
             if s.spec.prune and not s.oracle.is_subexpr(value.term):
                 s.counters.pruned_expr += 1
                 continue
+            consts = [st.const[i] for i in ins]
+            if (v.op in BARRIERS and s.exp_consts is not None and value.layout is None
+                    and not s.exp_consts.admits(value.term, consts[0])):
+                s.counters.pruned_expr += 1
+                continue
             dtype = st.dtype[ins[0]]
             if st.dram + numel(out) * dtype_bytes(dtype) > s.hw.dram_bytes:
                 s.counters.pruned_memory += 1
                 continue
             node = KernelOp(v.op, tuple(st.ref[i] for i in ins), v.attrs)
-            st.push_kernel(node, key, ins, [(out, dtype, value)], v.op is Op.SCALE)
+            st.push_kernel(node, key, ins, [(out, dtype, value)], [const_of(v.op, v.attrs, consts)], v.op is Op.SCALE)
             s.spend(v, 1)
             try:
                 yield
@@ -144,7 +150,16 @@ def _cannot_finish(s: Search, inputs: tuple[int, ...]) -> bool:
         room = min(room, s.spec.max_block_nodes - len(inputs))
     if any(s.state.val[i].layout is not None for i in inputs):
         return False  # concatenated inputs: tile expressions under-approximate, the bound is not applied
-    return s.needed.bound(s.state.val[i].term for i in inputs) > room  # type: ignore[union-attr]
+    factor = carries_factor([s.state.const[i] for i in inputs])
+    terms = [s.state.val[i].term for i in inputs]
+    need = s.needed.bound(terms, factor)[0]  # type: ignore[union-attr]
+    if need > room:
+        return True
+    # A reduction (see reductions) takes an operator, or an accumulator node where a loop may supply it.
+    nodes = s.spec.max_block_nodes
+    if s.reductions is None or nodes is None or need + 1 <= nodes - len(inputs):
+        return False
+    return s.reductions.needed(terms)
 
 
 def complete_outputs(s: Search) -> list[tuple[int, ...]]:

@@ -13,6 +13,11 @@ and no other operator adds either. Hence the last kernel operator needs at least
 operator per such class of the program's outputs that none of its available tensors has, plus one ``div`` if
 none has a division: when that exceeds the operators its limits leave, no µGraph below the node can be
 complete, and the subtree is pruned (exact; it removes only prefixes that cannot become complete).
+
+With :mod:`.constants`, a missing ``exp`` class whose argument must carry a factor other than 1 also needs a
+``scale`` operator, unless an available tensor already carries a factor: every factor a block graph makes starts
+at a ``scale`` (every other operator keeps factors of 1 at 1), so when no available tensor carries one, at least
+one more operator (a ``scale``) is needed.
 """
 
 from __future__ import annotations
@@ -34,10 +39,11 @@ Mark = object  # an interned normal form (a class) or DIV_MARK
 class NeededOps:
     """Marks of terms (memoized per term; terms are interned) and the bound for a set of available terms."""
 
-    def __init__(self, canon: Canon, targets: Iterable[Term]) -> None:
+    def __init__(self, canon: Canon, targets: Iterable[Term], factor_marks: frozenset[Mark] = frozenset()) -> None:
         self.canon = canon
         self._memo: dict[Term, frozenset[Mark]] = {}
         self.target: frozenset[Mark] = frozenset().union(*(self.marks(t) for t in targets))
+        self.factor_marks: frozenset[Mark] = factor_marks & self.target  # exp classes that need a scale first
 
     def marks(self, t: Term) -> frozenset[Mark]:
         """The classes of ``t``'s exp/sqrt/fn-rooted subterms, plus ``DIV_MARK`` if it contains a division."""
@@ -54,14 +60,16 @@ class NeededOps:
         got = self._memo[t] = frozenset(out)
         return got
 
-    def bound(self, available: Iterable[Term]) -> int:
-        """At least this many operators are needed to reach the targets from ``available`` terms."""
+    def bound(self, available: Iterable[Term], factor_available: bool = True) -> tuple[int, bool]:
+        """At least this many operators are needed to reach the targets from ``available`` terms (one of them
+        a ``scale``, if the flag says so); ``factor_available``: some available tensor carries a factor."""
         missing = set(self.target)
         for t in available:
             if not missing:
-                return 0
+                return 0, False
             missing -= self.marks(t)
-        return len(missing)
+        scale = not factor_available and not self.factor_marks.isdisjoint(missing)
+        return len(missing) + scale, scale
 
 
 __all__ = ["DIV_MARK", "MARK_OPS", "NeededOps"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gensorage.exhaustive.abstract_expr import var
+from gensorage.exhaustive.constants import Const
 from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
 from gensorage.exhaustive.opcatalog import OpVariant
 from gensorage.exhaustive.provenance import Provenance
@@ -76,6 +77,7 @@ class BlockBuild:
     dtype: list[str]
     prov: list[Provenance]  # see gensorage.exhaustive.provenance
     scaled: list[bool]  # the result of a scale operator
+    const: list[Const]  # the constant factor each tensor carries (see constants)
     recs: list[BlockOpRec | AccumRec] = field(default_factory=list)
     keys: list[RankKey] = field(default_factory=list)
     n_ops: int = 0
@@ -108,6 +110,7 @@ class SearchState:
         self.uses: list[int] = [0] * n
         self.ref: list[Ref] = [Ref(i) for i in range(n)]
         self.scaled: list[bool] = [False] * n
+        self.const: list[Const] = [1.0] * n
         self.ops: list[KernelNode] = []
         self.op_keys: list[RankKey] = []
         self.op_outputs: list[int] = []  # tensors each op produced
@@ -125,8 +128,9 @@ class SearchState:
     # ------------------------------------------------------------------ kernel level
 
     def push_kernel(self, node: KernelNode, key: RankKey, inputs: tuple[int, ...],
-                    outs: list[tuple[Shape, str, ExprValue]], scaled: bool = False) -> None:
-        """Append kernel operator ``node`` reading tensors ``inputs`` and producing ``outs``."""
+                    outs: list[tuple[Shape, str, ExprValue]], consts: list[Const], scaled: bool = False) -> None:
+        """Append kernel operator ``node`` reading tensors ``inputs`` and producing ``outs`` (carrying the
+        factors ``consts``)."""
         k = len(self.specs) + len(self.ops)
         for i in inputs:
             self.uses[i] += 1
@@ -136,6 +140,7 @@ class SearchState:
             self.val.append(value)
             self.uses.append(0)
             self.scaled.append(scaled)
+            self.const.append(consts[j])
             self.ref.append(Ref(k, j))
             self.dram += numel(shape) * dtype_bytes(dtype)
         self.ops.append(node)
@@ -149,6 +154,7 @@ class SearchState:
             self.val.pop()
             self.uses.pop()
             self.scaled.pop()
+            self.const.pop()
             self.ref.pop()
         self.ops.pop()
         self.op_keys.pop()
@@ -165,7 +171,7 @@ class SearchState:
             inputs=inputs, r=r, looped=looped, grid=[None] * r, forloop=None if looped else 1,
             imap=[None] * m, fmap=[None] * m, shape=[None] * m, val=[None] * m, post=[False] * m,
             fdep=[False] * m, uses=[0] * m, dtype=[self.dtype[i] for i in inputs], prov=[None] * m,
-            scaled=[False] * m, exact=exact, free=m,
+            scaled=[False] * m, const=[self.const[i] for i in inputs], exact=exact, free=m,
             max_outputs=max_outputs, last_kernel_op=last_kernel_op,
         )
         return self.block
@@ -174,7 +180,7 @@ class SearchState:
         self.block = None
 
     def push_block(self, rec: BlockOpRec | AccumRec, key: RankKey, shape: Shape, value: ExprValue,
-                   post: bool, fdep: bool, prov: Provenance, scaled: bool = False) -> None:
+                   post: bool, fdep: bool, prov: Provenance, const: Const, scaled: bool = False) -> None:
         b = self.block
         assert b is not None
         ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
@@ -191,6 +197,7 @@ class SearchState:
         b.fdep.append(fdep)
         b.prov.append(prov)
         b.scaled.append(scaled)
+        b.const.append(const)
         b.uses.append(0)
         b.dtype.append(b.dtype[ins[0]])
         b.smem += numel(shape) * dtype_bytes(b.dtype[-1])
@@ -208,6 +215,7 @@ class SearchState:
         b.fdep.pop()
         b.prov.pop()
         b.scaled.pop()
+        b.const.pop()
         b.uses.pop()
         b.smem -= numel(shape) * dtype_bytes(b.dtype.pop())  # type: ignore[arg-type]
         ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
