@@ -233,9 +233,9 @@ def _split_kv_task(spec: SearchSpec) -> Task:
 def test_mha_decode_flash_decoding_split_kv_in_two_kernels() -> None:
     # One query token: the keys are split across blocks (a second grid dim beside the heads) and the partial
     # results are combined by a second kernel. n = 6 keys: 2 splits of a loop of 3 (one key per iteration). The
-    # whole two-kernel search had 123 of its 348 tasks done after 13.5 minutes on 2 cores (docs/search.md), so this
-    # walks the subtree of the split-KV first kernel only: every first kernel starting that way, followed by
-    # every second kernel (250 s).
+    # whole two-kernel search took 828 s on 2 cores (benchmarks/flash_decoding.py, docs/search.md), too long for
+    # a test, so this walks the subtree of the split-KV first kernel only: every first kernel starting that way,
+    # followed by every second kernel.
     params = {"h": 2, "n": 6, "d": 5}
     spec = SearchSpec(program=load_config("mha_incdec", params), max_kernel_ops=2, max_block_ops=4,
                       max_grid_dims=2, max_block_outputs=2, dims=load_dim_strategy("attention"))
