@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from search_walk import candidates_and_states
 
 from gensorage import opset
 from gensorage.arith import Float64Arith
 from gensorage.exhaustive import abstract_expr as ae
 from gensorage.exhaustive import generator
 from gensorage.exhaustive.constants import ExpConstants, const_of
-from gensorage.exhaustive.generator import Search, SearchSpec, enumerate_tasks, run_task
+from gensorage.exhaustive.generator import Search, SearchSpec
 from gensorage.exhaustive.oracle import Canon
 from gensorage.exhaustive.reductions import generated, top_coefficients
-from gensorage.exhaustive.results import ugraph_key
 from gensorage.opset import Op, freeze_attrs
 from gensorage.program import Program, load_config
 
@@ -120,17 +120,9 @@ def test_the_rule_prunes_no_verified_candidate(program: Program, kernels: int, b
     spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_grid_dims=1,
                       max_block_outputs=1)
 
-    def run() -> tuple[list[str], int]:
-        keys, states = [], 0
-        for task in enumerate_tasks(spec):
-            res = run_task(spec, task, reuse_subtrees=False)
-            keys += [ugraph_key(c.ugraph) for c in res.candidates]
-            states += res.stats.states
-        return sorted(keys), states
-
-    with_rule, states_with = run()
+    with_rule, states_with = candidates_and_states(spec)
     monkeypatch.setattr(generator, "ExpConstants", _Off)
-    without_rule, states_without = run()
+    without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without
 
@@ -178,16 +170,8 @@ def test_the_reduction_rule_prunes_no_verified_candidate(program: Program, kerne
     spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_block_nodes=nodes,
                       max_grid_dims=1, max_block_outputs=1)
 
-    def run() -> tuple[list[str], int]:
-        keys, states = [], 0
-        for task in enumerate_tasks(spec):
-            res = run_task(spec, task, reuse_subtrees=False)
-            keys += [ugraph_key(c.ugraph) for c in res.candidates]
-            states += res.stats.states
-        return sorted(keys), states
-
-    with_rule, states_with = run()
+    with_rule, states_with = candidates_and_states(spec)
     monkeypatch.setattr(generator.Reductions, "for_search", classmethod(lambda cls, *a: None))
-    without_rule, states_without = run()
+    without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from search_walk import candidates_and_states
 
 from gensorage.exhaustive import abstract_expr as ae
 from gensorage.exhaustive import generator
-from gensorage.exhaustive.generator import Search, SearchSpec, enumerate_tasks, run_task
+from gensorage.exhaustive.generator import Search, SearchSpec
 from gensorage.exhaustive.occurrences import OccurrenceBudget
 from gensorage.exhaustive.opcatalog import catalog
 from gensorage.exhaustive.oracle import Canon, Elem
-from gensorage.exhaustive.results import ugraph_key
 from gensorage.program import Program, load_config
 
 NAMES = ("Q", "K", "V")
@@ -99,16 +99,8 @@ def test_the_rule_prunes_no_verified_candidate(program: Program, kernels: int, b
     # The same search with the rule switched off finds exactly the same candidates and walks more states.
     spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_grid_dims=1)
 
-    def run() -> tuple[list[str], int]:
-        keys, states = [], 0
-        for task in enumerate_tasks(spec):
-            res = run_task(spec, task, reuse_subtrees=False)
-            keys += [ugraph_key(c.ugraph) for c in res.candidates]
-            states += res.stats.states
-        return sorted(keys), states
-
-    with_rule, states_with = run()
+    with_rule, states_with = candidates_and_states(spec)
     monkeypatch.setattr(generator.OccurrenceBudget, "for_search", classmethod(lambda cls, *a: None))
-    without_rule, states_without = run()
+    without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without

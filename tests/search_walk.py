@@ -1,0 +1,16 @@
+"""A whole search walked task by task without subtree reuse: what the pruning-law tests compare."""
+
+from __future__ import annotations
+
+from gensorage.exhaustive.generator import SearchSpec, enumerate_tasks, run_task
+from gensorage.exhaustive.results import ugraph_key
+
+
+def candidates_and_states(spec: SearchSpec) -> tuple[list[str], int]:
+    """The sorted structural keys of every candidate of ``spec`` and the states walked to find them."""
+    keys, states = [], 0
+    for task in enumerate_tasks(spec):
+        res = run_task(spec, task, reuse_subtrees=False)
+        keys += [ugraph_key(c.ugraph) for c in res.candidates]
+        states += res.stats.states
+    return sorted(keys), states
