@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from search_walk import candidates_and_states
 
 from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive import generator
+from gensorage.exhaustive import search_context
 from gensorage.exhaustive.generator import Search, SearchSpec
 from gensorage.exhaustive.occurrences import OccurrenceBudget
 from gensorage.exhaustive.opcatalog import catalog
@@ -100,7 +100,7 @@ def test_the_rule_prunes_no_verified_candidate(program: Program, kernels: int, b
     spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_grid_dims=1)
 
     with_rule, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(generator.OccurrenceBudget, "for_search", classmethod(lambda cls, *a: None))
+    monkeypatch.setattr(search_context.OccurrenceBudget, "for_search", classmethod(lambda cls, *a: None))
     without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without

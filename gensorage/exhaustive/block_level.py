@@ -49,6 +49,7 @@ from gensorage.exhaustive.provenance import of_iterator, of_op, splits_reduced
 from gensorage.exhaustive.rank import ACCUMULATOR_CODE, GRAPH_DEFINED_CODE, follows, rank_key
 from gensorage.exhaustive.schedule_sizes import loop_candidates, size_candidates
 from gensorage.exhaustive.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, free_after, numel
+from gensorage.exhaustive.ties import REDUCING, TIES, Ties, loop_concat, loop_sum, saved_ties, tile_ties
 from gensorage.opset import Op, Shape
 from gensorage.ugraph.evaluate import run_block_graph
 from gensorage.ugraph.ir import (
@@ -115,6 +116,10 @@ def block_children(s: Search) -> Generator[None, None, None]:
                            and s.reductions.needed(terms)):
             s.counters.pruned_expr += 1
             return
+        # Each reduction class no tensor has yet takes a reduction of its own (see ties).
+        if s.ties is not None and need + s.ties.missing(_ties(s, b)) > _reduction_room(s, b, left):
+            s.counters.pruned_expr += 1
+            return
     if need == 0:
         yield from _finish(s)
     if left > 0:
@@ -138,6 +143,12 @@ def _terms(s: Search, b: BlockBuild) -> list[Term]:
     terms = [s.state.val[b.inputs[i]].term if b.val[i] is None else b.val[i].term for i in range(m)]  # type: ignore[union-attr]
     terms.extend(v.term for v in b.val[m:])  # type: ignore[union-attr]
     return terms
+
+
+def _ties(s: Search, b: BlockBuild) -> list[Ties | None]:
+    """The index ties of every tensor of the block graph in progress (an unbound iterator: its whole input's)."""
+    m = len(b.inputs)
+    return [s.state.ties[b.inputs[i]] if b.ties[i] is None else b.ties[i] for i in range(m)] + b.ties[m:]
 
 
 def ops_left(s: Search, b: BlockBuild, extra_nodes: int = 0) -> int:
@@ -261,6 +272,9 @@ def _apply_binding(s: Search, b: BlockBuild, i: int, bd: Binding) -> None:
     if bd.fmap is not None:
         value = EXPR.slice(value, bd.fmap, 0, bd.tile[bd.fmap])
     b.val[i] = value
+    kernel_ties = s.state.ties[b.inputs[i]]
+    if kernel_ties is not None:
+        b.ties[i] = tile_ties(kernel_ties, bd.imap, bd.fmap, bd.tile, b.grid, b.forloop)  # type: ignore[arg-type]
     b.fdep[i] = bd.fmap is not None
     b.prov[i] = of_iterator(i, len(bd.tile))
     b.smem += numel(bd.tile) * dtype_bytes(b.dtype[i])
@@ -276,6 +290,7 @@ def _undo_binding(b: BlockBuild, i: int, bd: Binding) -> None:
     b.fmap[i] = None
     b.shape[i] = None
     b.val[i] = None
+    b.ties[i] = None
     b.fdep[i] = False
     b.prov[i] = None
 
@@ -501,8 +516,14 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
         if b.smem + numel(out) * elem > limit:
             counters.pruned_memory += 1
             continue
+        ties = None
+        if s.ties is not None:
+            ties = opset.apply(v.op, TIES, [b.ties[i] for i in ins], v.attrs)  # type: ignore[misc]
+            if v.op in REDUCING and not s.ties.admits(ties):
+                counters.pruned_expr += 1
+                continue
         s.state.push_block(BlockOpRec(v, ins), (*head, v.code, ()), out, value, post, fdep, prov,
-                           const_of(v.op, v.attrs, consts), v.op is Op.SCALE)
+                           const_of(v.op, v.attrs, consts), v.op is Op.SCALE, ties)
         s.spend(v, 1)
         try:
             yield
@@ -547,8 +568,15 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
             if b.smem + numel(out) * dtype_bytes(b.dtype[j]) > limit:
                 s.counters.pruned_memory += 1
                 continue
+            ties = None
+            xt = b.ties[j]
+            if xt is not None and s.ties is not None:
+                ties = loop_sum(xt) if fmap is None else loop_concat(xt, forloop, fmap)
+                if fmap is None and not s.ties.admits(ties):
+                    s.counters.pruned_expr += 1
+                    continue
             s.state.push_block(AccumRec(j, fmap), key, out, value, True, False, b.prov[j] if fmap is None else None,
-                               b.const[j])
+                               b.const[j], ties=ties)
             try:
                 yield
             finally:
@@ -610,7 +638,11 @@ def _finish(s: Search) -> Iterator[None]:
         if results is None:
             continue
         st.close_block()
-        st.push_kernel(GraphDefinedOp(block, refs), key, b.inputs, results, [b.const[j] for j in outs])
+        ties: list[Ties | None] | None = None
+        if s.ties is not None:
+            ties = [saved_ties(b.ties[j], om, grid)  # type: ignore[arg-type]
+                    for j, om in zip(outs, omaps, strict=True)]
+        st.push_kernel(GraphDefinedOp(block, refs), key, b.inputs, results, [b.const[j] for j in outs], ties=ties)
         try:
             yield
         finally:

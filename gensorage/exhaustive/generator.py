@@ -6,10 +6,11 @@ graph-defined operator in progress; children from :mod:`.block_level`). Children
 so a node is named by its *path*, the ordinals of the children taken from the root. That makes the search
 splittable: :func:`enumerate_tasks` expands the tree to a small depth and names every node there (plus complete
 µGraphs above it) as a :class:`~.results.Task`; :func:`run_task` replays a task's path and walks its subtree.
-A task's result (its candidates and logical counters) depends only on the spec and the task (a fresh oracle per
-task), whichever process runs it, so the runner may run tasks in parallel, stop, and resume. Kernel-level
-subtrees identical to one already walked in the same process are replayed instead of walked
-(:mod:`.subtree_memo`); that changes only the work counters (``results.WORK_COUNTERS``).
+A task's result (its candidates and logical counters) depends only on the spec and the task, whichever process
+runs it and whichever tasks ran there before (what they share, :mod:`.search_context`, is pure), so the runner
+may run tasks in parallel, stop, and resume. Kernel-level subtrees identical to one already walked in the same
+process are replayed instead of walked (:mod:`.subtree_memo`); that changes only the work counters
+(``results.WORK_COUNTERS``).
 
 Every complete kernel graph (its unconsumed tensors have the program's output shapes) goes through
 :func:`.finalize.finalize`: thread-graph fusion, verification, sizes, float test, cost.
@@ -23,39 +24,24 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gensorage.exhaustive.abstract_expr import Term, expr_of
+from gensorage.exhaustive.abstract_expr import Term
 from gensorage.exhaustive.block_level import block_children, split_origins
-from gensorage.exhaustive.constants import ExpConstants
 from gensorage.exhaustive.finalize import finalize
 from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children
-from gensorage.exhaustive.needed_ops import NeededOps
-from gensorage.exhaustive.occurrences import Counts, OccurrenceBudget
-from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog, out_shape
-from gensorage.exhaustive.oracle import SubexprOracle
-from gensorage.exhaustive.reductions import Reductions
+from gensorage.exhaustive.occurrences import Counts
+from gensorage.exhaustive.opcatalog import OpVariant, out_shape
 from gensorage.exhaustive.results import Candidate, Resume, SearchResult, Stats, Task, TaskResult, ugraph_key
+from gensorage.exhaustive.search_context import SearchContext, process_context
 from gensorage.exhaustive.search_state import BlockBuild, SearchState
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.subtree_memo import Entry, Memo, Recording, process_memo, subtree_key
-from gensorage.hw import load_profile
-from gensorage.opset import Attrs, Op, Shape, attr, freeze_attrs
+from gensorage.opset import Shape
 from gensorage.ugraph.ir import KernelGraph, KernelNode, Ref
 
 TARGET_TASKS = 96  # enumerate_tasks splits deeper until it has at least this many tasks ...
 MAX_SPLIT_DEPTH = 3  # ... or reaches this depth
 POLL_EVERY = 128  # states between should_stop / progress checks
 PROGRESS_EVERY_S = 0.5
-ORACLE_TIMEOUT_MS = 2000
-
-
-BUDGETED = frozenset({Op.SCALE, Op.REPEAT, Op.RESHAPE})
-
-
-def _variant_attrs(op: Op, attrs: Attrs) -> Attrs:
-    """A program node's attributes as the catalog writes them for ``op``."""
-    if op is Op.SCALE:
-        return freeze_attrs({"factor": float(attr(attrs, "factor"))})
-    return attrs
 
 
 @dataclass(slots=True)
@@ -76,61 +62,38 @@ class _Stopped(Exception):
     """``should_stop`` asked the walk to end."""
 
 
-def _term_vars(terms: Sequence[Term]) -> frozenset[str]:
-    return frozenset(t.name for term in terms for t in term.subterms() if t.op == "var")
-
-
 class Search:
     """One walk of (part of) the search tree of ``spec``; see the module docstring."""
 
-    def __init__(self, spec: SearchSpec) -> None:
+    def __init__(self, spec: SearchSpec, context: SearchContext | None = None) -> None:
+        ctx = context if context is not None else SearchContext(spec)
         self.spec = spec
-        self.hw = load_profile(spec.hw)
-        program = spec.program
-        self.targets = expr_of(program)
-        self.oracle = SubexprOracle(self.targets, ORACLE_TIMEOUT_MS)
-        self.target_nfs = [self.oracle.canon.nf(t) for t in self.targets]
-        # The bound of needed_ops holds for µGraphs whose output equals the program's under A_eq.
-        # The factors exp arguments must carry (see constants): a condition of equality with constants kept.
-        self.exp_consts = ExpConstants(program, self.oracle.canon) if spec.prune and spec.expr_filter else None
-        self.needed = (NeededOps(self.oracle.canon, self.targets, self.exp_consts.factor_marks)
-                       if self.exp_consts is not None else None)
-        self.state = SearchState(program, self.hw)
-        self.variants = catalog(program, spec.op_types)
-        # Coefficients only a reduction makes (see reductions): the same condition again.
-        self.reductions = (Reductions.for_search(self.oracle.canon, self.targets, self.variants)
-                           if spec.prune and spec.expr_filter else None)
-        binary = tuple(v for v in self.variants if v.arity == 2)
-        self.unary = tuple(v for v in self.variants if v.arity == 1)
-        self.binary = binary  # operands (lo, hi)
-        self.binary_ordered = tuple(v for v in binary if v.op not in COMMUTATIVE)  # operands (hi, lo)
-        self.binary_self = tuple(v for v in binary if v.op not in SELF_USELESS)  # operands (i, i)
+        self.context = ctx
+        self.hw = ctx.hw
+        self.targets = ctx.targets
+        self.oracle = ctx.oracle
+        self.target_nfs = ctx.target_nfs
+        self.exp_consts = ctx.exp_consts
+        self.needed = ctx.needed
+        self.ties = ctx.ties
+        self.state = SearchState(spec.program, self.hw, ties=self.ties is not None)
+        self.variants = ctx.variants
+        self.reductions = ctx.reductions
+        self.unary, self.binary = ctx.unary, ctx.binary
+        self.binary_ordered, self.binary_self = ctx.binary_ordered, ctx.binary_self
         self.out_shape = out_shape
-        self.output_shapes = [t.shape for t in program.outputs]
-        self.output_splits = frozenset(g for shape in self.output_shapes for d in shape for g in range(2, d + 1)
-                                       if d % g == 0)
-        used = _term_vars(self.targets)
-        self.required_inputs = [i for i, t in enumerate(program.inputs) if t.name in used]
-        # Like the needed-operator bound, the occurrence budget speaks about outputs equal under A_eq.
-        self.occurrences = (OccurrenceBudget.for_search([t.name for t in program.inputs], self.targets,
-                                                        self.variants)
-                            if spec.prune and spec.expr_filter else None)
+        self.output_shapes = ctx.output_shapes
+        self.output_splits = ctx.output_splits
+        self.required_inputs = ctx.required_inputs
+        self.occurrences = ctx.occurrences
         self.counters = Counters()
-        # The split-reduction rule of the last kernel operator (see provenance) assumes no grouped sums.
-        self.split_rule = not any(program.nodes[i].op is Op.SUM and attr(program.nodes[i].attrs, "group") is not None
-                                  for i in program.live_ids())
-        # Operators whose attributes are program constants (scale factors, repeat counts, reshape targets) are
-        # used at most as often as the program uses each (see docs/search.md), keyed by variant code.
-        program_counts: dict[tuple[Op, Attrs], int] = {}
-        for i in program.live_ids():
-            node = program.nodes[i]
-            if node.op in BUDGETED:
-                key = (node.op, _variant_attrs(node.op, node.attrs))
-                program_counts[key] = program_counts.get(key, 0) + 1
-        self.budget: dict[int, int] = {v.code: program_counts.get((v.op, v.attrs), 0)
-                                       for v in self.variants if v.op in BUDGETED}
-        self.construct_cache: dict[str, tuple[float, ...] | None] = {}
-        self._valid_memo: dict[tuple[tuple[int, ...], tuple[Shape, ...]], list[OpVariant]] = {}
+        self.split_rule = ctx.split_rule
+        self.budget: dict[int, int] = dict(ctx.budget)  # uses left of each budgeted variant (see search_context)
+        self.construct_cache = ctx.construct_cache
+        self._valid_memo = ctx.valid_memo
+        # The oracle's counters at the start: a shared oracle reports this task's queries as the difference.
+        o = self.oracle
+        self._oracle_start = (o.queries, o.cache_hits, o.timeouts)
         self.sized_structures: set[str] = set()
         self.candidates: list[Candidate] = []
         self.task_index = -1
@@ -145,7 +108,7 @@ class Search:
         self.on_save: Callable[[TaskResult], None] | None = None
         self.save_every_s = 60.0
         self._next_save = 0.0
-        self._split_memo: dict[tuple[object, ...], frozenset[tuple[int, int]]] = {}
+        self._split_memo = ctx.split_memo
         # Kernel-level subtrees already walked (this task's, or the process's: run_task(memo=...)); see subtree_memo.
         self.reuse_subtrees = True
         self.subtrees = Memo()
@@ -209,9 +172,10 @@ class Search:
 
     def stats(self) -> Stats:
         c, o = self.counters, self.oracle
+        q0, h0, t0 = self._oracle_start
         return Stats(states=c.states, pruned_expr=c.pruned_expr, pruned_shape=c.pruned_shape,
-                     pruned_memory=c.pruned_memory, solver_queries=o.queries, cache_hits=o.cache_hits,
-                     solver_timeouts=o.timeouts, verified=c.verified, rejected=c.rejected, unstable=c.unstable,
+                     pruned_memory=c.pruned_memory, solver_queries=o.queries - q0, cache_hits=o.cache_hits - h0,
+                     solver_timeouts=o.timeouts - t0, verified=c.verified, rejected=c.rejected, unstable=c.unstable,
                      states_reused=c.states_reused)
 
     # ------------------------------------------------------------------ walking
@@ -368,9 +332,10 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
     µGraph above it a task covering just itself. Together they cover the whole search exactly once.
     """
     paths: list[tuple[tuple[int, ...], bool]] = []
+    context = SearchContext(spec)
     for split in range(1, MAX_SPLIT_DEPTH + 1):
         paths = []
-        Search(spec).collect(0, split, [], paths)
+        Search(spec, context).collect(0, split, [], paths)
         if sum(1 for _, sub in paths if sub) >= TARGET_TASKS:
             break
     return [Task(i, p, sub) for i, (p, sub) in enumerate(paths)]
@@ -379,7 +344,8 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
 def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = lambda: False,
              on_progress: Callable[[Stats], None] | None = None,
              on_save: Callable[[TaskResult], None] | None = None, save_every_s: float = 60.0,
-             reuse_subtrees: bool = True, memo: Memo | None = None) -> TaskResult:
+             reuse_subtrees: bool = True, memo: Memo | None = None,
+             context: SearchContext | None = None) -> TaskResult:
     """Search the subtree of ``task`` and verify every complete µGraph in it.
 
     Parameters
@@ -400,6 +366,8 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
         (:mod:`.subtree_memo`); the result is the same either way.
     memo : Memo, optional
         Where recorded subtrees are kept; None: a fresh one for this task (see :func:`run_task_shared`).
+    context : SearchContext, optional
+        The spec's precomputed facts and memos, shared by tasks (:mod:`.search_context`); None: a fresh one.
 
     Returns
     -------
@@ -407,7 +375,7 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
         The candidates found (in discovery order), the statistics, and whether the subtree was finished. A
         function of ``(spec, task)`` only, when complete.
     """
-    s = Search(spec)
+    s = Search(spec, context)
     s.reuse_subtrees = reuse_subtrees
     if memo is not None:
         s.subtrees = memo
@@ -433,9 +401,9 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
 
 
 def run_task_shared(spec: SearchSpec, task: Task, **kwargs: Any) -> TaskResult:
-    """:func:`run_task` with this process's subtree memo for ``spec``, shared by the tasks it runs: the same
-    candidates and logical counters, less walking (see :mod:`.subtree_memo`)."""
-    return run_task(spec, task, memo=process_memo(spec.key()), **kwargs)
+    """:func:`run_task` with this process's subtree memo and context for ``spec``, shared by the tasks it runs:
+    the same candidates and logical counters, less work (see :mod:`.subtree_memo` and :mod:`.search_context`)."""
+    return run_task(spec, task, memo=process_memo(spec.key()), context=process_context(spec), **kwargs)
 
 
 def resume_task(task: Task, data: dict[str, Any]) -> Task:
@@ -466,7 +434,8 @@ def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> Searc
         return time_budget_s is not None and time.monotonic() - start >= time_budget_s
 
     tasks = enumerate_tasks(spec)
-    memo = Memo()  # shared by this search's tasks only, so two calls report the same statistics
+    # Shared by this search's tasks only, so two calls report the same statistics.
+    memo, context = Memo(), SearchContext(spec)
     cands: list[Candidate] = []
     stats = Stats()
     complete = True
@@ -474,7 +443,7 @@ def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> Searc
         if out_of_time():
             complete = False
             break
-        res = run_task(spec, task, should_stop=out_of_time, memo=memo)
+        res = run_task(spec, task, should_stop=out_of_time, memo=memo, context=context)
         cands.extend(res.candidates)
         stats = stats + res.stats
         if not res.complete:

@@ -20,6 +20,7 @@ from gensorage.exhaustive.occurrences import read_again
 from gensorage.exhaustive.opcatalog import NONLINEAR_UNARY
 from gensorage.exhaustive.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.search_state import EXPR, numel
+from gensorage.exhaustive.ties import REDUCING, TIES
 from gensorage.opset import Op
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.validate import dtype_bytes
@@ -90,8 +91,15 @@ def _predefined(s: Search) -> Iterator[None]:
             if st.dram + numel(out) * dtype_bytes(dtype) > s.hw.dram_bytes:
                 s.counters.pruned_memory += 1
                 continue
+            ties = None
+            if s.ties is not None:
+                ties = opset.apply(v.op, TIES, [st.ties[i] for i in ins], v.attrs)  # type: ignore[misc]
+                if v.op in REDUCING and not s.ties.admits(ties):
+                    s.counters.pruned_expr += 1
+                    continue
             node = KernelOp(v.op, tuple(st.ref[i] for i in ins), v.attrs)
-            st.push_kernel(node, key, ins, [(out, dtype, value)], [const_of(v.op, v.attrs, consts)], v.op is Op.SCALE)
+            st.push_kernel(node, key, ins, [(out, dtype, value)], [const_of(v.op, v.attrs, consts)], v.op is Op.SCALE,
+                           [ties])
             s.spend(v, 1)
             try:
                 yield
@@ -157,6 +165,10 @@ def _cannot_finish(s: Search, inputs: tuple[int, ...]) -> bool:
         return True
     # A reduction (see reductions) takes an operator, or an accumulator node where a loop may supply it.
     nodes = s.spec.max_block_nodes
+    # One per reduction class the inputs lack (see ties).
+    if (s.ties is not None and nodes is not None
+            and need + s.ties.missing(s.state.ties[i] for i in inputs) > nodes - len(inputs)):
+        return True
     if s.reductions is None or nodes is None or need + 1 <= nodes - len(inputs):
         return False
     return s.reductions.needed(terms)

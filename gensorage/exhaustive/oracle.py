@@ -538,6 +538,10 @@ class SubexprOracle:
     def solve_time_s(self) -> float:
         return self.stats.solve_time_s
 
+    def memo_size(self) -> int:
+        """How many terms the memo holds (what a long-lived oracle's memory grows with)."""
+        return len(self._by_term) + len(self.canon._nf)
+
     def is_subexpr(self, e: Term) -> bool:
         """True to keep ``e`` (entailed, or undecided within the time limit), False to prune it."""
         return self.decide(e) is not False

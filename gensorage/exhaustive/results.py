@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, fields
@@ -22,7 +23,7 @@ class Stats:
     already walked in the same process instead of walked again (see :mod:`.subtree_memo`).
 
     The counters in ``WORK_COUNTERS`` measure work done, which depends on the tasks that ran earlier in the same
-    process (shared subtree memo); the others are the same however the tasks are spread over processes, stopped
+    process (shared subtree memo and oracle, see :mod:`.search_context`); the others are the same however the tasks are spread over processes, stopped
     and resumed.
     """
 
@@ -50,6 +51,10 @@ class Stats:
     def from_json(data: dict[str, Any]) -> Stats:
         names = {f.name for f in fields(Stats)}
         return Stats(**{k: int(v) for k, v in data.items() if k in names})
+
+    def logical(self) -> Stats:
+        """These counters with the work counters zeroed: what every way of running the search reports alike."""
+        return dataclasses.replace(self, **{k: 0 for k in WORK_COUNTERS})
 
 
 WORK_COUNTERS = ("states_reused", "solver_queries", "cache_hits", "solver_timeouts")

@@ -15,6 +15,7 @@ from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
 from gensorage.exhaustive.opcatalog import OpVariant
 from gensorage.exhaustive.provenance import Provenance
 from gensorage.exhaustive.rank import RankKey
+from gensorage.exhaustive.ties import Ties, input_ties
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Shape
 from gensorage.program import Program
@@ -78,6 +79,7 @@ class BlockBuild:
     prov: list[Provenance]  # see gensorage.exhaustive.provenance
     scaled: list[bool]  # the result of a scale operator
     const: list[Const]  # the constant factor each tensor carries (see constants)
+    ties: list[Ties | None]  # each tensor's index ties (see ties; None when the rule is off or unbound)
     recs: list[BlockOpRec | AccumRec] = field(default_factory=list)
     keys: list[RankKey] = field(default_factory=list)
     n_ops: int = 0
@@ -99,7 +101,7 @@ class BlockBuild:
 class SearchState:
     """Kernel graph prefix (tensors, operators, ranks) plus the block graph in progress, if any."""
 
-    def __init__(self, program: Program, hw: HwProfile) -> None:
+    def __init__(self, program: Program, hw: HwProfile, ties: bool = False) -> None:
         self.program = program
         self.hw = hw
         self.specs: tuple[TensorSpec, ...] = tuple(TensorSpec(t.name, t.shape, t.dtype) for t in program.inputs)
@@ -111,6 +113,7 @@ class SearchState:
         self.ref: list[Ref] = [Ref(i) for i in range(n)]
         self.scaled: list[bool] = [False] * n
         self.const: list[Const] = [1.0] * n
+        self.ties: list[Ties | None] = [input_ties(i, s.shape) if ties else None for i, s in enumerate(self.specs)]
         self.ops: list[KernelNode] = []
         self.op_keys: list[RankKey] = []
         self.op_outputs: list[int] = []  # tensors each op produced
@@ -128,9 +131,10 @@ class SearchState:
     # ------------------------------------------------------------------ kernel level
 
     def push_kernel(self, node: KernelNode, key: RankKey, inputs: tuple[int, ...],
-                    outs: list[tuple[Shape, str, ExprValue]], consts: list[Const], scaled: bool = False) -> None:
+                    outs: list[tuple[Shape, str, ExprValue]], consts: list[Const], scaled: bool = False,
+                    ties: list[Ties | None] | None = None) -> None:
         """Append kernel operator ``node`` reading tensors ``inputs`` and producing ``outs`` (carrying the
-        factors ``consts``)."""
+        factors ``consts`` and the index ties ``ties``)."""
         k = len(self.specs) + len(self.ops)
         for i in inputs:
             self.uses[i] += 1
@@ -141,6 +145,7 @@ class SearchState:
             self.uses.append(0)
             self.scaled.append(scaled)
             self.const.append(consts[j])
+            self.ties.append(None if ties is None else ties[j])
             self.ref.append(Ref(k, j))
             self.dram += numel(shape) * dtype_bytes(dtype)
         self.ops.append(node)
@@ -155,6 +160,7 @@ class SearchState:
             self.uses.pop()
             self.scaled.pop()
             self.const.pop()
+            self.ties.pop()
             self.ref.pop()
         self.ops.pop()
         self.op_keys.pop()
@@ -171,7 +177,7 @@ class SearchState:
             inputs=inputs, r=r, looped=looped, grid=[None] * r, forloop=None if looped else 1,
             imap=[None] * m, fmap=[None] * m, shape=[None] * m, val=[None] * m, post=[False] * m,
             fdep=[False] * m, uses=[0] * m, dtype=[self.dtype[i] for i in inputs], prov=[None] * m,
-            scaled=[False] * m, const=[self.const[i] for i in inputs], exact=exact, free=m,
+            scaled=[False] * m, const=[self.const[i] for i in inputs], ties=[None] * m, exact=exact, free=m,
             max_outputs=max_outputs, last_kernel_op=last_kernel_op,
         )
         return self.block
@@ -180,7 +186,8 @@ class SearchState:
         self.block = None
 
     def push_block(self, rec: BlockOpRec | AccumRec, key: RankKey, shape: Shape, value: ExprValue,
-                   post: bool, fdep: bool, prov: Provenance, const: Const, scaled: bool = False) -> None:
+                   post: bool, fdep: bool, prov: Provenance, const: Const, scaled: bool = False,
+                   ties: Ties | None = None) -> None:
         b = self.block
         assert b is not None
         ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
@@ -198,6 +205,7 @@ class SearchState:
         b.prov.append(prov)
         b.scaled.append(scaled)
         b.const.append(const)
+        b.ties.append(ties)
         b.uses.append(0)
         b.dtype.append(b.dtype[ins[0]])
         b.smem += numel(shape) * dtype_bytes(b.dtype[-1])
@@ -216,6 +224,7 @@ class SearchState:
         b.prov.pop()
         b.scaled.pop()
         b.const.pop()
+        b.ties.pop()
         b.uses.pop()
         b.smem -= numel(shape) * dtype_bytes(b.dtype.pop())  # type: ignore[arg-type]
         ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)

@@ -1,7 +1,7 @@
 """Kernel-level subtrees walked once: what a subtree holds depends only on a few facts of its root.
 
 The children of a kernel-level node (and everything below them) are a function of the kernel tensors' shapes,
-dtypes, abstract expressions, use counts, scale flags and constant factors, the number of kernel operators so far, the last
+dtypes, abstract expressions, use counts, scale flags, constant factors and index ties, the number of kernel operators so far, the last
 operator's rank key and the constant budgets left. They do *not* depend on how earlier operators computed those
 tensors. In a two-kernel search many first kernels (a split-K matmul with or without a loop, one grid size or
 another) produce tensors that agree on all of these, and each would otherwise be followed by the same, often
@@ -106,7 +106,7 @@ def subtree_key(st: SearchState, max_kernel_ops: int, budget: tuple[int, ...]) -
     assert last is not None
     rank = last[:3] if k + 1 == max_kernel_ops else last
     return (k, tuple(st.shape), tuple(st.dtype), tuple(st.val), tuple(st.uses), tuple(st.scaled), tuple(st.const),
-            rank, budget)
+            tuple(st.ties), rank, budget)
 
 
 __all__ = ["MAX_ENTRIES", "Entry", "Leaf", "Memo", "Recording", "process_memo", "subtree_key"]
