@@ -64,7 +64,8 @@ def test_json_result_matches_the_serial_search(prog: Path, capsys: pytest.Captur
     assert doc["best"]["ugraph"] == serial.best.ugraph.to_json()
     assert doc["best"]["predicted_time_s"] == serial.best.predicted_time_s
     assert doc["num_candidates"] == len(serial.candidates) and len(doc["top"]) == min(3, len(serial.candidates))
-    assert doc["stats"] == serial.stats.to_json()
+    # Work counters depend on what the process ran before (subtree memo, shared oracle); the others do not.
+    assert doc["stats"] == {**serial.stats.to_json(), **{k: doc["stats"][k] for k in WORK_COUNTERS}}
 
 
 def test_text_output_progress_on_stderr_and_resume(prog: Path, capsys: pytest.CaptureFixture[str]) -> None:
