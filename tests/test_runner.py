@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
-from gensorage.errors import ConfigError
+from gensorage.errors import ConfigError, StoreError
 from gensorage.exhaustive.runner import SearchCore, SearchInterrupted, SearchResult, run_search
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -446,6 +446,22 @@ def test_default_checkpoint_lives_under_gensorage_home(tmp_path: Path, monkeypat
     r = run_search(spec, workers=1, core=TOY, progress=False)
     assert r.checkpoint_path == tmp_path / "home" / "checkpoints" / f"{spec.key()}.sqlite"
     assert r.checkpoint_path.is_file()
+
+
+def test_a_default_checkpoint_of_another_task_list_is_kept_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # The same spec (same key) split differently, as after an upgrade that changed the search code.
+    monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path / "home"))
+    spec = ToySpec(n_tasks=3, per_task=2)
+    first = run_search(spec, workers=1, core=TOY, progress=False)
+    other = dataclasses.replace(TOY, enumerate_tasks=lambda sp: toy_enumerate(sp)[:2])
+    with pytest.raises(StoreError, match="different task list"):  # a path the user passed stays theirs
+        run_search(spec, checkpoint=first.checkpoint_path, workers=1, core=other, progress=False)
+    again = run_search(spec, workers=1, core=other, progress=True)
+    err = capsys.readouterr().err
+    aside = first.checkpoint_path.with_name(f"{spec.key()}.stale-1.sqlite")
+    assert again.complete and again.tasks_total == 2 and again.checkpoint_path == first.checkpoint_path
+    assert aside.is_file() and f"kept it as {aside.name}, starting afresh" in err
 
 
 def test_bad_arguments_are_config_errors(tmp_path: Path) -> None:

@@ -79,6 +79,11 @@ def checkpoint_dir() -> Path:
     return gensorage_home() / "checkpoints"
 
 
+class StaleCheckpoint(StoreError):
+    """A checkpoint of this search made by another gensorage version or another task list: sound, but not
+    resumable by this code."""
+
+
 def default_checkpoint_path(spec_key: str) -> Path:
     """Where a search with this spec key keeps its work when no checkpoint path is given."""
     return checkpoint_dir() / f"{spec_key}.sqlite"
@@ -190,7 +195,7 @@ class Checkpoint:
                 self._conn.execute(_PARTIAL)
         if self.meta().get("tasks_digest") != digest:
             meta = self.meta()
-            raise StoreError(f"{self.path}: checkpoint was made for a different task list of the same search "
+            raise StaleCheckpoint(f"{self.path}: checkpoint was made for a different task list of the same search "
                              f"({meta.get('num_tasks')} tasks, digest {meta.get('tasks_digest')}; now "
                              f"{len(task_texts)} tasks, digest {digest}): the search code changed; delete it or "
                              "use another path")
@@ -229,7 +234,7 @@ class Checkpoint:
                              f"{meta.get('spec_key')}, this search is {spec_key}); pass another checkpoint path "
                              "or delete the file")
         if meta.get("gensorage_version") != version:
-            raise StoreError(f"{self.path}: checkpoint was written by gensorage {meta.get('gensorage_version')}, "
+            raise StaleCheckpoint(f"{self.path}: checkpoint was written by gensorage {meta.get('gensorage_version')}, "
                              f"this is {version}; its results may differ, so delete it or use another path")
         texts = [r[0] for r in self._conn.execute("SELECT task FROM tasks ORDER BY idx")]
         if meta.get("num_tasks") != str(len(texts)) or meta.get("tasks_digest") != _digest(texts):
@@ -408,4 +413,4 @@ def _loads(text: str | None, where: str) -> Any:
 
 
 __all__ = ["FORMAT_MARKER", "FORMAT_VERSION", "CandidateRow", "Checkpoint", "DoneTask", "PartialTask",
-           "checkpoint_dir", "default_checkpoint_path"]
+           "StaleCheckpoint", "checkpoint_dir", "default_checkpoint_path"]

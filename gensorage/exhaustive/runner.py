@@ -39,7 +39,13 @@ from types import FrameType
 from typing import Any
 
 from gensorage.errors import ConfigError
-from gensorage.exhaustive.checkpoint import CandidateRow, Checkpoint, PartialTask, default_checkpoint_path
+from gensorage.exhaustive.checkpoint import (
+    CandidateRow,
+    Checkpoint,
+    PartialTask,
+    StaleCheckpoint,
+    default_checkpoint_path,
+)
 from gensorage.exhaustive.progress import ProgressReporter, Snapshot, format_seconds
 
 # Parent loop tick: how often it wakes to drain progress, check the budget and redraw.
@@ -143,7 +149,9 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
     checkpoint
         The SQLite checkpoint file; None means ``$GENSORAGE_HOME/checkpoints/<spec key>.sqlite``. An existing
         file for the same spec is resumed: only tasks not marked done run, and a task a time budget or Ctrl-C
-        stopped continues where it stopped (with what it had found), when the core can resume tasks.
+        stopped continues where it stopped (with what it had found), when the core can resume tasks. A default
+        file made by another gensorage version or task list (the search code changed) is renamed to
+        ``<spec key>.stale-<n>.sqlite`` and the search starts afresh; a path the caller passes is refused instead.
     workers
         Worker processes (default: the usable cores). With 1 the tasks run in this process.
     time_budget_s
@@ -189,7 +197,18 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
     for i, t in enumerate(tasks):
         if getattr(t, "index", None) != i:
             raise RuntimeError(f"search core bug: task {i} of the enumeration has index {getattr(t, 'index', None)}")
-    with Checkpoint.open(path, spec_key=key, spec_json=spec.to_json(), tasks=[_to_json(t) for t in tasks]) as ckpt:
+    task_json = [_to_json(t) for t in tasks]
+    try:
+        ckpt = Checkpoint.open(path, spec_key=key, spec_json=spec.to_json(), tasks=task_json)
+    except StaleCheckpoint:
+        if checkpoint is not None:
+            raise  # the user's own file: theirs to keep or delete
+        # The default file of an older gensorage: keep it aside (nothing is deleted) and start afresh.
+        aside = _set_aside(path)
+        reporter.message(f"search: the default checkpoint {path.name} was made by another version of the search "
+                         f"(another task list or gensorage version); kept it as {aside.name}, starting afresh")
+        ckpt = Checkpoint.open(path, spec_key=key, spec_json=spec.to_json(), tasks=task_json)
+    with ckpt:
         run = _Run(core, spec, tasks, ckpt, reporter, start, time_budget_s, save_every_s)
         pending = ckpt.pending_tasks()
         n_workers = min(n_workers, max(1, len(pending)))
@@ -216,6 +235,19 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
     if result.stopped_by == "interrupt":
         raise SearchInterrupted(result)
     return result
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename a checkpoint (with its SQLite side files) to a free ``<name>.stale-<n>.sqlite``; return the name."""
+    n = 1
+    while (aside := path.with_name(f"{path.stem}.stale-{n}{path.suffix}")).exists():
+        n += 1
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            side.rename(aside.with_name(aside.name + suffix))
+    path.rename(aside)
+    return aside
 
 
 def _header(key: str, path: Path, total: int, done: int, workers: int, budget: float | None,
