@@ -257,11 +257,12 @@ def test_round_trip_keeps_key_and_outputs(p: Program, seed: int) -> None:
 
 
 def test_scale_factors_round_trip_exactly() -> None:
-    for factor in (1 / 3, 1 / math.sqrt(128), -2.5e-300, 1e16, 0.1, 7.0):
+    for factor in (1 / 3, 1 / math.sqrt(128), -2.5e-300, 1e16, 0.1, 7.0, -0.0):
         p = Program()
         p.output(p.scale(p.input("X", (2,)), factor))
         q = parse_program(dump_program(p))
         assert dict(q.nodes[1].attrs)["factor"] == factor
+        assert dump_program(q) == dump_program(p)  # -0.0 is stored as 0.0, so its text is a fixed point too
 
 
 _FRAGMENTS = st.sampled_from([

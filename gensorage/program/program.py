@@ -235,7 +235,9 @@ class Program:
         """``x * factor`` for a scalar constant ``factor`` (stored as a float)."""
         if not _is_number(factor) or not math.isfinite(float(factor)):
             raise ProgramError(f"scale: factor must be a finite number, got {factor!r}")
-        return self._op(Op.SCALE, [x], {"factor": float(factor)}, name)
+        # -0.0 is stored as 0.0: they scale alike (up to the sign of zeros) and the text format reads "-0.0" as
+        # the negation of the exact number 0, so only one of them can round-trip.
+        return self._op(Op.SCALE, [x], {"factor": float(factor) + 0.0}, name)
 
     def sum(
         self, x: Tensor, dim: int, keepdim: bool = True, group: int | None = None, name: str | None = None
