@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from gensorage.exhaustive import generator
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
 from gensorage.exhaustive.generator import Search, SearchSpec, Task, enumerate_tasks, run_task, search_serial
 from gensorage.exhaustive.search_state import BlockOpRec
@@ -230,7 +231,7 @@ def _split_kv_task(spec: SearchSpec) -> Task:
 
 
 @pytest.mark.slow
-def test_mha_decode_flash_decoding_split_kv_in_two_kernels() -> None:
+def test_mha_decode_flash_decoding_split_kv_in_two_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     # One query token: the keys are split across blocks (a second grid dim beside the heads) and the partial
     # results are combined by a second kernel. n = 6 keys: 2 splits of a loop of 3 (one key per iteration). The
     # whole two-kernel search took 828 s on 2 cores (benchmarks/flash_decoding.py, docs/search.md), too long for
@@ -239,6 +240,8 @@ def test_mha_decode_flash_decoding_split_kv_in_two_kernels() -> None:
     params = {"h": 2, "n": 6, "d": 5}
     spec = SearchSpec(program=load_config("mha_incdec", params), max_kernel_ops=2, max_block_ops=4,
                       max_grid_dims=2, max_block_outputs=2, dims=load_dim_strategy("attention"))
+    # Split the search three levels deep (at least 96 tasks), so that one task's node is that header.
+    monkeypatch.setattr(generator, "TARGET_TASKS", 96)
     res = run_task(spec, _split_kv_task(spec))
     assert res.complete
     found = [c.ugraph for c in res.candidates if _split_kv_then_combine(c.ugraph)]
