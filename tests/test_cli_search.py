@@ -15,19 +15,19 @@ from pathlib import Path
 import pytest
 
 from gensorage.cli import main
-from gensorage.exhaustive.generator import search_serial
+from gensorage.exhaustive.generator import enumerate_tasks, search_serial
 from gensorage.exhaustive.results import WORK_COUNTERS
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.program import load_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# exp of a 2x4 matrix: 17 tasks at 1 kernel op / 1 block op, candidates in well under a second.
+# exp of a 2x4 matrix: 20 tasks at 1 kernel op / 1 block op, candidates in well under a second.
 ONE = "program one\ninput A [2, 4] float16\nD = exp(A)\noutput D\n"
 # exp then a row sum: with only exp allowed nothing can compute it.
 TWO = "program two\ninput A [4, 8] float16\nB = exp(A)\nD = sum(B, dim=1)\noutput D\n"
 TINY = ["--max-kernel-ops", "1", "--max-block-ops", "1", "--workers", "1"]
-# 83 tasks, a few seconds in all: long enough to be interrupted half-way. With exp alone every reuse of A breaks
+# Tens of tasks, a few seconds in all: long enough to be interrupted half-way. With exp alone every reuse of A breaks
 # the occurrence budget (A occurs once in exp(A)) and the search is tiny; add switches that rule off.
 LONGER = ["--max-kernel-ops", "2", "--max-block-ops", "4", "--ops", "exp,add", "--workers", "1"]
 
@@ -38,6 +38,15 @@ def prog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "one.gsp"
     path.write_text(ONE)
     return path
+
+
+def n_tasks(path: Path, **limits: object) -> int:
+    """The number of tasks the search of the program at ``path`` splits into."""
+    return len(enumerate_tasks(SearchSpec(program=load_program(path), **limits)))  # type: ignore[arg-type]
+
+
+ONE_TASKS = {"max_kernel_ops": 1, "max_block_ops": 1}
+LONGER_TASKS = {"max_kernel_ops": 2, "max_block_ops": 4, "ops": ("exp", "add")}
 
 
 def done_tasks(path: Path) -> tuple[int, int]:
@@ -57,7 +66,7 @@ def test_json_result_matches_the_serial_search(prog: Path, capsys: pytest.Captur
     assert main(["search", str(prog), *TINY, "--json", "--top", "3"]) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)
-    assert doc["complete"] and doc["tasks_done"] == doc["tasks_total"] == 17
+    assert doc["complete"] and doc["tasks_done"] == doc["tasks_total"] == n_tasks(prog, **ONE_TASKS)
     assert "search:" not in err  # --json: no progress
     serial = search_serial(SearchSpec(program=load_program(prog), max_kernel_ops=1, max_block_ops=1))
     assert serial.best is not None
@@ -72,13 +81,14 @@ def test_text_output_progress_on_stderr_and_resume(prog: Path, capsys: pytest.Ca
     assert main(["search", str(prog), *TINY]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("# µGraph #1: predicted ") and "exp(" in out
-    assert "17/17" in out and "search: tasks" not in out
+    n = n_tasks(prog, **ONE_TASKS)
+    assert f"{n}/{n}" in out and "search: tasks" not in out
     ckpt = Path(os.environ["GENSORAGE_HOME"]) / "checkpoints"
-    assert f"checkpoint {ckpt}" in err and "search: tasks 17/17" in err
+    assert f"checkpoint {ckpt}" in err and f"search: tasks {n}/{n}" in err
     # The same command again reads the finished checkpoint and prints the same result.
     assert main(["search", str(prog), *TINY]) == 0
     out2, err2 = capsys.readouterr()
-    assert "17 already done (resuming)" in err2
+    assert f"{n} already done (resuming)" in err2
     assert out2.split("; this run")[0] == out.split("; this run")[0]
 
 
@@ -134,7 +144,7 @@ def test_ctrl_c_exits_130_keeps_the_checkpoint_and_resume_completes(prog: Path, 
     assert "interrupted" in err and "run the same command again to resume" in err and str(ck) in err
     assert "Traceback" not in err and out == ""
     done, total = done_tasks(ck)
-    assert 1 <= done < total == 83
+    assert 1 <= done < total == n_tasks(prog, **LONGER_TASKS)
     assert main(["search", str(prog), *LONGER, "--checkpoint", str(ck), "--json"]) == 0
     resumed = json.loads(capsys.readouterr().out)
     assert main(["search", str(prog), *LONGER, "--checkpoint", str(tmp_path / "fresh.sqlite"), "--json"]) == 0

@@ -12,10 +12,14 @@ Partitions are chosen lazily: an input iterator's imap (grid dim -> data dim or 
 dim or none) and, when first needed, a grid dim's size or the for-loop trip count are chosen when an operator
 first reads the iterator, among the choices that give a valid tile. This enumerates the same set of
 (imap, fmap, block graph) combinations as choosing them all up front (Mirage's order), but a wrong partition
-dies at the operator that reads it instead of being carried through every block graph.
+dies at the operator that reads it instead of being carried through every block graph. The grid's rank is
+lazy too: a block graph opens with room for ``max_grid_dims`` dims, a dim exists once a binding splits an
+input along it, and the finished graph has the dims that exist (at least one). So a block graph whose
+bindings so far split one dim is one search state, not one per grid rank it may still reach (fixing the rank
+up front walked each such state once for every rank).
 
 Restrictions of the space, each removing only µGraphs a kept one dominates (see ``docs/search.md``): a grid dim
-partitions at least one input (else all its blocks compute the same tile); one input dim is split by at most one
+partitions at least one input (else all its blocks compute the same tile; here it holds by construction); one input dim is split by at most one
 grid dim (two nested splits are one split of the product size); grid dims are numbered in the order they are
 first split (permuting grid dims permutes blocks, not results; :func:`new_dims_canonical`); an accumulator's
 input varies across iterations (depends on an fmap'd iterator; summing a loop-invariant tile only multiplies it
@@ -300,12 +304,6 @@ def split_origins(b: BlockBuild) -> frozenset[tuple[int, int]]:
     return frozenset((i, d) for i, imap in enumerate(b.imap) if imap is not None for d in imap if d is not None)
 
 
-def _partition_ok(s: Search, b: BlockBuild) -> bool:
-    """Once every iterator is bound, every grid dim must split something (the canonical numbering of grid dims
-    is enforced by the bindings themselves)."""
-    return not (all(m is not None for m in b.imap) and any(g is None for g in b.grid))
-
-
 def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
                      variants: list[OpVariant], post: bool, pending: tuple[int, ...]) -> Iterator[None]:
     """Bind the iterators in ``pending`` (every combination of their options), then apply ``variants``.
@@ -338,7 +336,7 @@ def _bound(s: Search, b: BlockBuild, i: int, bd: Binding) -> Iterator[None]:
     try:
         if b.smem > s.hw.shared_mem_per_block:
             s.counters.pruned_memory += 1
-        elif _partition_ok(s, b) and (s.spec.dims is None or fits(s.spec.dims, b.r, b.imap)):
+        elif s.spec.dims is None or fits(s.spec.dims, b.r, b.imap):
             yield
     finally:
         _undo_binding(b, i, bd)
@@ -586,9 +584,21 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
 # ------------------------------------------------------------------------------------------ finishing
 
 
+def live_dims(b: BlockBuild) -> tuple[int, ...]:
+    """The grid dims that exist: those a binding has split an input along (see the module docstring)."""
+    return tuple(g for g, size in enumerate(b.grid) if size is not None)
+
+
+def live_imaps(b: BlockBuild) -> tuple[tuple[int | None, ...], ...]:
+    """The iterators' imaps over the existing grid dims only (every iterator bound)."""
+    live = live_dims(b)
+    return tuple(tuple(m[g] for g in live) for m in b.imap)  # type: ignore[index]
+
+
 def block_nodes(b: BlockBuild) -> list[BlockNode]:
-    """Iterators and operators of the block graph in progress (no savers)."""
-    nodes: list[BlockNode] = [InputIterator(i, b.imap[i], b.fmap[i]) for i in range(len(b.inputs))]  # type: ignore[arg-type]
+    """Iterators and operators of the block graph in progress (no savers; every iterator bound)."""
+    imaps = live_imaps(b)
+    nodes: list[BlockNode] = [InputIterator(i, imaps[i], b.fmap[i]) for i in range(len(b.inputs))]
     for rec in b.recs:
         if isinstance(rec, BlockOpRec):
             nodes.append(BlockOp(rec.variant.op, tuple(Ref(i) for i in rec.inputs), rec.variant.attrs))
@@ -602,8 +612,8 @@ def finishable(s: Search, b: BlockBuild) -> list[int] | None:
     m = len(b.inputs)
     if b.n_ops == 0 or any(b.shape[i] is None or b.uses[i] == 0 for i in range(m)):
         return None
-    if any(g is None for g in b.grid):
-        return None  # a grid dim no input partitions
+    if not live_dims(b):
+        return None  # no grid dim yet (a block graph has one at least)
     outs = [j for j in range(m, len(b.shape)) if b.uses[j] == 0]
     if not 1 <= len(outs) <= b.max_outputs:
         return None
@@ -620,14 +630,16 @@ def _finish(s: Search) -> Iterator[None]:
     if outs is None:
         return
     nodes = block_nodes(b)
-    grid = tuple(g for g in b.grid if g is not None)
+    live = live_dims(b)
+    grid = tuple(size for size in b.grid if size is not None)
+    imaps = live_imaps(b)
     forloop = b.forloop or 1
     refs = tuple(st.ref[t] for t in b.inputs)
-    body = _body_key(b, grid, forloop)
-    for omaps in itertools.product(*(omap_choices(len(b.shape[j]), b.r) for j in outs)):  # type: ignore[arg-type]
+    body = _body_key(b, grid, imaps, forloop)
+    for omaps in itertools.product(*(omap_choices(len(b.shape[j]), len(live)) for j in outs)):  # type: ignore[arg-type]
         if b.last_kernel_op and not _final_shapes_ok(s, b, outs, omaps, grid):
             continue
-        if s.spec.dims is not None and not fits(s.spec.dims, b.r, b.imap, omaps):
+        if s.spec.dims is not None and not fits(s.spec.dims, len(live), imaps, omaps):
             continue
         key = rank_key(b.inputs, GRAPH_DEFINED_CODE, (*body, tuple(outs), omaps))
         if s.spec.canonical and not follows(st.last_key, key):
@@ -640,7 +652,7 @@ def _finish(s: Search) -> Iterator[None]:
         st.close_block()
         ties: list[Ties | None] | None = None
         if s.ties is not None:
-            ties = [saved_ties(b.ties[j], om, grid)  # type: ignore[arg-type]
+            ties = [saved_ties(b.ties[j], om, grid, live)  # type: ignore[arg-type]
                     for j, om in zip(outs, omaps, strict=True)]
         st.push_kernel(GraphDefinedOp(block, refs), key, b.inputs, results, [b.const[j] for j in outs], ties=ties)
         try:
@@ -650,10 +662,11 @@ def _finish(s: Search) -> Iterator[None]:
             st.block = b
 
 
-def _body_key(b: BlockBuild, grid: tuple[int, ...], forloop: int) -> tuple[object, ...]:
+def _body_key(b: BlockBuild, grid: tuple[int, ...], imaps: tuple[tuple[int | None, ...], ...],
+              forloop: int) -> tuple[object, ...]:
     """The block graph without its savers as a tuple of ints (an injective attribute key for its rank; cheaper
     than the block's text and totally ordered, None written as -1)."""
-    maps = tuple(tuple(-1 if d is None else d for d in m) for m in b.imap)  # type: ignore[union-attr]
+    maps = tuple(tuple(-1 if d is None else d for d in m) for m in imaps)
     fmaps = tuple(-1 if f is None else f for f in b.fmap)
     recs = tuple((r.variant.code, r.inputs) if isinstance(r, BlockOpRec) else (-1, (r.input, -1 if r.fmap is None
                                                                                     else r.fmap))
@@ -697,5 +710,6 @@ def _outputs(s: Search, b: BlockBuild, block: BlockGraph, outs: list[int],
     return [(v.shape, b.dtype[j], v) for v, j in zip(values, outs, strict=True)]
 
 
-__all__ = ["Binding", "block_children", "ops_left", "block_nodes", "finishable", "imap_choices", "new_dims_canonical",
+__all__ = ["Binding", "block_children", "ops_left", "block_nodes", "finishable", "imap_choices", "live_dims",
+           "live_imaps", "new_dims_canonical",
            "omap_choices"]

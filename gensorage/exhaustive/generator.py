@@ -41,8 +41,9 @@ from gensorage.ugraph.ir import KernelGraph, KernelNode, Ref
 # enumerate_tasks splits deeper until it has at least this many tasks ... A task replays its path by generating
 # the siblings before it at every level, about 5 ms a task at depth 2 of the kv=2 GQA search: with 2 workers its
 # 6-node search took 192 s as 1,174 depth-2 tasks and 130 s as 48 depth-1 tasks (back to back). Tasks save resume
-# points while they run, so a big task loses no work; the largest of those 48 is a fifth of the search.
-TARGET_TASKS = 32
+# points while they run, so a big task loses no work. Since a block graph's grid rank is no longer a header choice
+# (see block_level), depth 1 of that search has 20 nodes (the largest took 31 % of the 5-node search's time).
+TARGET_TASKS = 16
 MAX_SPLIT_DEPTH = 3  # ... or reaches this depth
 POLL_EVERY = 128  # states between should_stop / progress checks
 PROGRESS_EVERY_S = 0.5
@@ -225,22 +226,37 @@ class Search:
 
     def _walk_children(self, depth: int, path: tuple[int, ...], resume: tuple[int, ...] | None,
                        spine: bool) -> None:
+        # A resumed walk replays the stopped walk's spine; the pruning it did there up to each spine child was
+        # counted by the stopped walk, so it is not counted again.
+        pruned = self._pruned() if resume is not None and depth < len(resume) else None
         children = self.children()
         try:
             for i, _ in enumerate(children):
                 if depth < len(path):
                     if i == path[depth]:
+                        if pruned is not None:
+                            self._set_pruned(pruned)
                         self._descend(i, depth, spine)
                         return
                     continue
                 if resume is not None and depth < len(resume):
                     if i < resume[depth]:
                         continue
+                    if pruned is not None and i == resume[depth]:
+                        self._set_pruned(pruned)
                     self._descend(i, depth, i == resume[depth])
                 else:
                     self._descend(i, depth, False)
         finally:
             children.close()
+
+    def _pruned(self) -> tuple[int, int, int]:
+        c = self.counters
+        return (c.pruned_expr, c.pruned_shape, c.pruned_memory)
+
+    def _set_pruned(self, pruned: tuple[int, int, int]) -> None:
+        c = self.counters
+        c.pruned_expr, c.pruned_shape, c.pruned_memory = pruned
 
     def _logical(self) -> tuple[int, int, int, int]:
         c = self.counters

@@ -368,16 +368,18 @@ def loop_concat(x: Ties, iterations: int, axis: int) -> Ties:
     return Ties(shape, _with(x.dims, axis, norm(front + x.dims[axis])), x.bound, (), x.grid)
 
 
-def saved_ties(x: Ties, omap: Sequence[int], grid: Sequence[int]) -> Ties:
+def saved_ties(x: Ties, omap: Sequence[int], grid: Sequence[int], live: Sequence[int] | None = None) -> Ties:
     """The kernel tensor an output saver writes: grid dim ``g`` lays the blocks' tiles along dim ``omap[g]``
-    (the block index in front). Two grid dims on one dim: unknown."""
+    (the block index in front). Two grid dims on one dim: unknown. ``live``: the block graph's grid dims as
+    numbered while it was built (``x.grid``'s numbering), when some there did not come to exist."""
     shape, dims = list(x.shape), list(x.dims)
     for g, d in enumerate(omap):
         shape[d] *= grid[g]
     if not x.known or len(set(omap)) < len(omap):
         return _unknown(tuple(shape))
     for g, d in enumerate(omap):
-        index = x.grid[g] if x.grid and x.grid[g] else ((grid[g], NONE),) if grid[g] > 1 else ()
+        built = g if live is None else live[g]
+        index = x.grid[built] if x.grid and x.grid[built] else ((grid[g], NONE),) if grid[g] > 1 else ()
         dims[d] = norm(index + dims[d])
     return Ties(tuple(shape), tuple(dims), x.bound)
 
