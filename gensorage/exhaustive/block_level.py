@@ -49,7 +49,7 @@ from gensorage.exhaustive.opcatalog import (
     out_shape,
     shape_free_term,
 )
-from gensorage.exhaustive.provenance import of_iterator, of_op, splits_reduced
+from gensorage.exhaustive.provenance import Provenance, of_iterator, of_op, splits_reduced
 from gensorage.exhaustive.rank import ACCUMULATOR_CODE, GRAPH_DEFINED_CODE, follows, rank_key
 from gensorage.exhaustive.schedule_sizes import loop_candidates, size_candidates
 from gensorage.exhaustive.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, free_after, numel
@@ -269,19 +269,30 @@ def _apply_binding(s: Search, b: BlockBuild, i: int, bd: Binding) -> None:
     b.imap[i] = bd.imap
     b.fmap[i] = bd.fmap
     b.shape[i] = bd.tile
+    # The grid sizes of the dims bd splits and the trip count (when it has an fmap) follow from bd and forloop.
+    key = (i, bd, b.forloop if bd.fmap is not None else None)
+    got = b.bound_tiles.get(key)
+    if got is None:
+        got = b.bound_tiles[key] = _tile_of(s, b, i, bd)
+    b.val[i], b.ties[i], b.prov[i] = got
+    b.fdep[i] = bd.fmap is not None
+    b.smem += numel(bd.tile) * dtype_bytes(b.dtype[i])
+
+
+def _tile_of(s: Search, b: BlockBuild, i: int, bd: Binding) -> tuple[ExprValue, Ties | None, Provenance]:
+    """Iterator ``i``'s tile under binding ``bd`` (already applied to the grid and loop): its expression, index
+    ties and provenance."""
     value = s.state.val[b.inputs[i]]
     for g, d in enumerate(bd.imap):
         if d is not None:
             value = EXPR.slice(value, d, 0, value.shape[d] // b.grid[g])  # type: ignore[operator]
     if bd.fmap is not None:
         value = EXPR.slice(value, bd.fmap, 0, bd.tile[bd.fmap])
-    b.val[i] = value
     kernel_ties = s.state.ties[b.inputs[i]]
+    ties = None
     if kernel_ties is not None:
-        b.ties[i] = tile_ties(kernel_ties, bd.imap, bd.fmap, bd.tile, b.grid, b.forloop)  # type: ignore[arg-type]
-    b.fdep[i] = bd.fmap is not None
-    b.prov[i] = of_iterator(i, len(bd.tile))
-    b.smem += numel(bd.tile) * dtype_bytes(b.dtype[i])
+        ties = tile_ties(kernel_ties, bd.imap, bd.fmap, bd.tile, b.grid, b.forloop)  # type: ignore[arg-type]
+    return value, ties, of_iterator(i, len(bd.tile))
 
 
 def _undo_binding(b: BlockBuild, i: int, bd: Binding) -> None:

@@ -88,6 +88,9 @@ class BlockBuild:
     free: int = 0  # unconsumed tensors, unused iterators included (each must be consumed or saved)
     max_outputs: int = 1  # savers allowed when it finishes
     last_kernel_op: bool = False  # it is the last kernel operator the limits allow
+    # (iterator, binding, trip count) -> the iterator's (tile expression, ties, provenance): the kernel tensors it
+    # reads are fixed while the block is open, and every operator that first reads an iterator binds it again.
+    bound_tiles: dict[tuple[object, ...], tuple[ExprValue, Ties | None, Provenance]] = field(default_factory=dict)
 
     def viable(self, free: int, n_ops: int, max_ops: int) -> bool:
         """Whether a state with ``free`` unconsumed tensors and ``n_ops`` operators can still finish.
