@@ -1,13 +1,16 @@
-"""Search-space bounds: Mirage's block-node limit, canonical grid numbering, and the needed-operators bound."""
+"""Search-space bounds: Mirage's block-node limit, canonical grid numbering, the needed-operators bound and its
+use before the last kernel."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+from search_walk import candidates_and_states
 
 from gensorage.errors import ConfigError
 from gensorage.exhaustive import abstract_expr as ae
+from gensorage.exhaustive import block_level
 from gensorage.exhaustive.block_level import binding_options, new_dims_canonical
 from gensorage.exhaustive.generator import SearchSpec, search_serial
 from gensorage.exhaustive.needed_ops import DIV_MARK, NeededOps
@@ -138,3 +141,21 @@ def test_needed_ops_bound_keeps_the_verified_set(monkeypatch: pytest.MonkeyPatch
     assert bounded.complete and unbounded.complete and bounded.candidates
     assert {ugraph_key(c.ugraph) for c in bounded.candidates} == {ugraph_key(c.ugraph) for c in unbounded.candidates}
     assert bounded.stats.states < unbounded.stats.states
+
+
+@pytest.mark.parametrize(("program", "kernels", "block_ops", "nodes"), [
+    (softmax_rows(), 3, 2, 2),  # three kernels: the first two are both "before the last"
+    (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 2, 5, 5),  # 6 candidates, 2 kernels
+])
+def test_the_bound_before_the_last_kernel_keeps_every_candidate(program: Program, kernels: int, block_ops: int,
+                                                               nodes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block graph before the last kernel operator is pruned when the needed operators and missing reduction
+    classes exceed what it and the later kernels can add: the same candidates with and without it, fewer
+    states with it."""
+    spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_block_nodes=nodes,
+                      max_grid_dims=1, max_block_outputs=2)
+    with_bound, states_with = candidates_and_states(spec)
+    monkeypatch.setattr(block_level, "_cannot_reach", lambda *a: False)
+    without_bound, states_without = candidates_and_states(spec)
+    assert with_bound == without_bound and with_bound
+    assert states_with < states_without

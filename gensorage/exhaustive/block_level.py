@@ -124,12 +124,36 @@ def block_children(s: Search) -> Generator[None, None, None]:
         if s.ties is not None and need + s.ties.missing(_ties(s, b)) > _reduction_room(s, b, left):
             s.counters.pruned_expr += 1
             return
+    elif not b.last_kernel_op and s.needed is not None and _cannot_reach(s, b, left):
+        s.counters.pruned_expr += 1
+        return
     if need == 0:
         yield from _finish(s)
     if left > 0:
         yield from _operators(s, b, only=(TIGHT_SCALE if scale else TIGHT) if need == left else None)
     if b.looped and b.forloop is not None and 0 <= left_after_accumulator and need <= left_after_accumulator:
         yield from _accumulators(s, b)
+
+
+def _cannot_reach(s: Search, b: BlockBuild, left: int) -> bool:
+    """For a block graph that is not the last kernel operator: whether the operators the program still needs
+    (see needed_ops), and with them the reductions of the classes no tensor has (see ties), exceed what this
+    block graph and every later kernel operator can still add. Later kernel operators can read any kernel
+    tensor, so every kernel tensor and every tensor of this block counts as available (a superset of what
+    they will read, so the bound stays a lower bound). Applied with a node limit and exact expressions only."""
+    nodes = s.spec.max_block_nodes
+    st = s.state
+    if nodes is None or not b.exact or any(v.layout is not None for v in st.val):
+        return False
+    later = s.spec.max_kernel_ops - len(st.ops) - 1  # each reads a tensor: at most nodes - 1 more nodes
+    terms = [v.term for v in st.val] + _terms(s, b)
+    need = s.needed.bound(terms, carries_factor([*st.const, *b.const]))[0]  # type: ignore[union-attr]
+    if need > left + later * min(s.spec.max_block_ops, nodes - 1):
+        return True
+    if s.ties is None:
+        return False
+    missing = s.ties.missing([*st.ties, *_ties(s, b)])
+    return need + missing > _reduction_room(s, b, left) + later * (nodes - 1)
 
 
 def _reduction_room(s: Search, b: BlockBuild, left: int) -> int:
