@@ -19,9 +19,9 @@ bindings so far split one dim is one search state, not one per grid rank it may 
 up front walked each such state once for every rank).
 
 Restrictions of the space, each removing only µGraphs a kept one dominates (see ``docs/search.md``): a grid dim
-partitions at least one input (else all its blocks compute the same tile; here it holds by construction); one input dim is split by at most one
-grid dim (two nested splits are one split of the product size); grid dims are numbered in the order they are
-first split (permuting grid dims permutes blocks, not results; :func:`new_dims_canonical`); an accumulator's
+partitions at least one input (else all its blocks compute the same tile; here it holds by construction); one
+input dim is split by at most one grid dim (two nested splits are one split of the product size); grid dims are
+numbered in the order they are first split (permuting grid dims permutes blocks, not results; :func:`new_dims_canonical`); an accumulator's
 input varies across iterations (depends on an fmap'd iterator; summing a loop-invariant tile only multiplies it
 by the trip count).
 """
@@ -142,17 +142,23 @@ def _cannot_reach(s: Search, b: BlockBuild, left: int) -> bool:
     tensor, so every kernel tensor and every tensor of this block counts as available (a superset of what
     they will read, so the bound stays a lower bound). Applied with a node limit and exact expressions only."""
     nodes = s.spec.max_block_nodes
-    st = s.state
-    if nodes is None or not b.exact or any(v.layout is not None for v in st.val):
+    if nodes is None or not b.exact:
         return False
-    later = s.spec.max_kernel_ops - len(st.ops) - 1  # each reads a tensor: at most nodes - 1 more nodes
-    terms = [v.term for v in st.val] + _terms(s, b)
-    need = s.needed.bound(terms, carries_factor([*st.const, *b.const]))[0]  # type: ignore[union-attr]
+    if b.kernel_view is None:  # the kernel tensors do not change while the block is open
+        st = s.state
+        b.kernel_view = (all(v.layout is None for v in st.val), [v.term for v in st.val], carries_factor(st.const),
+                         list(st.ties))
+    exact, kernel_terms, kernel_factor, kernel_ties = b.kernel_view
+    if not exact:
+        return False
+    later = s.spec.max_kernel_ops - len(s.state.ops) - 1  # each reads a tensor: at most nodes - 1 more nodes
+    factor = kernel_factor or carries_factor(b.const)
+    need = s.needed.bound([*kernel_terms, *_terms(s, b)], factor)[0]  # type: ignore[union-attr]
     if need > left + later * min(s.spec.max_block_ops, nodes - 1):
         return True
     if s.ties is None:
         return False
-    missing = s.ties.missing([*st.ties, *_ties(s, b)])
+    missing = s.ties.missing([*kernel_ties, *_ties(s, b)])
     return need + missing > _reduction_room(s, b, left) + later * (nodes - 1)
 
 
@@ -746,5 +752,4 @@ def _outputs(s: Search, b: BlockBuild, block: BlockGraph, outs: list[int],
 
 
 __all__ = ["Binding", "block_children", "ops_left", "block_nodes", "finishable", "imap_choices", "live_dims",
-           "live_imaps", "new_dims_canonical",
-           "omap_choices"]
+           "live_imaps", "new_dims_canonical", "omap_choices"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gensorage.exhaustive.abstract_expr import var
+from gensorage.exhaustive.abstract_expr import Term, var
 from gensorage.exhaustive.constants import Const
 from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
 from gensorage.exhaustive.opcatalog import OpVariant
@@ -91,6 +91,9 @@ class BlockBuild:
     # (iterator, binding, trip count) -> the iterator's (tile expression, ties, provenance): the kernel tensors it
     # reads are fixed while the block is open, and every operator that first reads an iterator binds it again.
     bound_tiles: dict[tuple[object, ...], tuple[ExprValue, Ties | None, Provenance]] = field(default_factory=dict)
+    # What the kernel tensors offer later kernel operators (block_level._cannot_reach), taken once per block:
+    # (no tensor is a concatenation, their expressions, whether one carries a factor, their ties).
+    kernel_view: tuple[bool, list[Term], bool, list[Ties | None]] | None = None
 
     def viable(self, free: int, n_ops: int, max_ops: int) -> bool:
         """Whether a state with ``free`` unconsumed tensors and ``n_ops`` operators can still finish.
