@@ -24,6 +24,7 @@ import math
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from gensorage.program import list_configs  # noqa: E402
 from gensorage.superopt import SuperoptInterrupted, SuperoptResult, load_preset, superoptimize  # noqa: E402
 
 GPU_REPEATS = 100
+GPU_BUDGET_S = 5.0  # per timing: a slow µGraph is timed on fewer samples
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +67,7 @@ def _summary(r: SuperoptResult) -> dict[str, Any]:
         "tasks_done": stats.get("tasks_done"), "tasks_total": stats.get("tasks_total"),
         "candidates": stats.get("candidates"), "search_stats": stats.get("stats"),
         "at_search_shapes": stats.get("at_search_shapes"),
-        "from_store": r.from_store, "selection": r.selection, "notes": r.notes,
+        "from_store": r.from_store, "selection": r.selection, "measured_s": r.measured, "notes": r.notes,
     }
 
 
@@ -95,16 +97,30 @@ def run_program(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     except GensorageError as exc:
         entry["fast"] = {"error": f"{type(exc).__name__}: {exc}"}
     if args.gpu:
-        entry["gpu"] = measure_against_torch(full)
+        try:
+            entry["gpu"] = measure_against_torch(full, args.seed)
+        except Exception as exc:  # noqa: BLE001  # a device failure is recorded and the next program runs
+            entry["gpu"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
     return entry
 
 
 # ------------------------------------------------------------------------------------------------ GPU only
 
 
-def measure_against_torch(r: SuperoptResult) -> dict[str, Any]:
-    """Median time of the best µGraph's kernels and of torch's op-by-op program, on GPU 0 (CUDA only)."""
-    from gensorage.superopt.gpu import gpu_name, gpu_unavailable_reason, measure_ugraph
+def measure_against_torch(r: SuperoptResult, seed: int) -> dict[str, Any]:
+    """Check, then time, on GPU 0: the best µGraph's kernels, the direct µGraph's, and torch op by op.
+
+    Correct first: each is run on fresh random inputs (rounded to the program's dtype) and compared with the
+    float64 reference by ||out - ref|| / ||ref||; the times are medians (see ``gensorage.superopt.gpu``).
+    """
+    from gensorage.codegen.module import compile_ugraph
+    from gensorage.superopt.gpu import (
+        gpu_name,
+        gpu_unavailable_reason,
+        measure_ugraph,
+        median_time,
+    )
+    from gensorage.ugraph.from_program import from_program
 
     reason = gpu_unavailable_reason()
     if reason is not None:
@@ -113,71 +129,71 @@ def measure_against_torch(r: SuperoptResult) -> dict[str, Any]:
         import torch
     except ImportError:
         return {"error": "torch is not installed"}
-    try:
-        ours = measure_ugraph(r.compiled(), r.program, seed=r.seed, repeats=GPU_REPEATS)
-    except GensorageError as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    theirs = _torch_time(r.program, torch)
-    return {"device": gpu_name(), "torch": str(torch.__version__), "ugraph_s": ours, "torch_s": theirs,
-            "speedup_vs_torch": theirs / ours if ours > 0 else math.nan, "repeats": GPU_REPEATS}
-
-
-def _torch_time(program: Any, torch: Any) -> float:
-    """Median time of the program run op by op in torch (eager), inputs on the GPU."""
-    import numpy as np
+    out: dict[str, Any] = {"device": gpu_name(), "torch": str(torch.__version__), "dtype": r.program.inputs[0].dtype,
+                           "max_samples": GPU_REPEATS}
+    xs, ref = _check_inputs(r.program, seed + 1)
+    runs = [("ugraph", r.compiled())]
+    if not r.is_direct:
+        runs.append(("direct", compile_ugraph(from_program(r.program), r.hw, "cuda", seed=r.seed)))
+    for key, compiled in runs:
+        try:
+            out[f"{key}_rel_err"] = _rel_err(compiled.run(*xs, target="cuda"), ref)
+            timing = measure_ugraph(compiled, r.program, seed=seed, repeats=GPU_REPEATS, budget_s=GPU_BUDGET_S)
+            out[f"{key}_s"], out[f"{key}_timing"] = timing.median_s, timing.to_json()
+            out[f"{key}_kernels"] = kernel_times(compiled, r.program, seed)
+        except GensorageError as exc:
+            out[f"{key}_error"] = f"{type(exc).__name__}: {exc}"
+    from gensorage.baselines.torch_eager import torch_program
 
     dev = torch.device("cuda")
-    dtype = getattr(torch, program.inputs[0].dtype)
-    xs = [torch.as_tensor(a, device=dev).to(dtype) for a in program.random_inputs(0)]
-
-    def run() -> None:
-        values: dict[int, Any] = dict(zip((t.id for t in program.inputs), xs, strict=True))
-        for i in program.live_ids():
-            n = program.nodes[i]
-            if n.op is not None:
-                values[i] = _torch_op(torch, n.op.value, [values[j] for j in n.inputs], dict(n.attrs))
-
-    for _ in range(5):
-        run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(GPU_REPEATS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return float(np.median(times))
+    run = torch_program(r.program, torch, [torch.as_tensor(x, device=dev) for x in xs])
+    out["torch_rel_err"] = _rel_err([t.cpu().numpy() for t in run()], ref)
+    timing = median_time(run, torch.cuda.synchronize, repeats=GPU_REPEATS, budget_s=GPU_BUDGET_S)
+    out["torch_s"], out["torch_timing"] = timing.median_s, timing.to_json()
+    for key in ("ugraph", "direct"):
+        if f"{key}_s" in out:
+            out[f"{key}_speedup_vs_torch"] = out["torch_s"] / out[f"{key}_s"]
+    return out
 
 
-def _torch_op(torch: Any, op: str, xs: list[Any], attrs: dict[str, Any]) -> Any:
-    f = torch.nn.functional
-    match op:
-        case "matmul":
-            return torch.matmul(xs[0], xs[1])
-        case "add" | "sub" | "mul" | "div":
-            return getattr(torch, op)(xs[0], xs[1])
-        case "exp" | "sqrt" | "relu":
-            return getattr(torch, op)(xs[0])
-        case "silu" | "gelu":
-            return getattr(f, op)(xs[0])
-        case "scale":
-            return xs[0] * attrs["factor"]
-        case "sum":
-            x, dim = xs[0], attrs["dim"]
-            group = attrs.get("group")
-            if group is None or group == x.shape[dim]:
-                return x.sum(dim=dim, keepdim=attrs.get("keepdim", True))
-            shape = list(x.shape)
-            return x.reshape(shape[:dim] + [shape[dim] // group, group] + shape[dim + 1:]).sum(dim=dim + 1)
-        case "reshape":
-            return xs[0].reshape(attrs["shape"])
-        case "repeat":
-            return torch.repeat_interleave(xs[0], attrs["times"], dim=attrs["dim"])
-        case "concat":
-            return torch.cat(xs, dim=attrs["dim"])
-    raise ValueError(f"no torch form for {op}")
+def kernel_times(compiled: Any, program: Any, seed: int) -> list[dict[str, Any]]:
+    """Median time of each kernel launched alone (inputs and buffers on the device), in launch order."""
+    import tvm
+
+    from gensorage.codegen.module import launch_plan
+    from gensorage.codegen.scalar import FloatScalar
+    from gensorage.superopt.gpu import median_time
+
+    xs, _ = _check_inputs(program, seed)
+    dev = tvm.cuda(0)
+    calls, _ = launch_plan(compiled.ugraph, compiled.info, compiled.kernels("cuda"), compiled.executable("cuda"),
+                           [tvm.runtime.tensor(x, device=dev) for x in xs], dev, FloatScalar(compiled.compute))
+    out = []
+    for kern, f, args in calls:
+        t = median_time(lambda f=f, args=args: f(*args), dev.sync, repeats=GPU_REPEATS, budget_s=GPU_BUDGET_S)
+        out.append({"kernel": kern.name, "threads": kern.threads, "rule": kern.rule, "median_s": t.median_s})
+    return out
+
+
+def _check_inputs(program: Any, seed: int) -> tuple[list[Any], list[Any]]:
+    """Random inputs in the program's dtype and the float64 reference computed from exactly those values."""
+    from gensorage.ops.data import numpy_dtype
+
+    xs = [a.astype(numpy_dtype(t.dtype)) for a, t in zip(program.random_inputs(seed), program.inputs, strict=True)]
+    return xs, program.run(*xs)
+
+
+def _rel_err(got: list[Any], ref: list[Any]) -> float:
+    """Largest ||out - ref|| / ||ref|| over the outputs; NaN when any output is not finite."""
+    import numpy as np
+
+    errs = []
+    for g, w in zip(got, ref, strict=True):
+        g64 = np.asarray(g, dtype=np.float64)
+        if not np.isfinite(g64).all():
+            return math.nan
+        errs.append(float(np.linalg.norm(g64 - w) / max(np.linalg.norm(w), 1e-300)))
+    return max(errs)
 
 
 # ------------------------------------------------------------------------------------------------ driver
@@ -194,7 +210,17 @@ def _line(e: dict[str, Any]) -> str:
             f"{f['predicted_time_s'] * 1e6:9.2f} µs vs {f['naive_predicted_time_s'] * 1e6:9.2f} µs "
             f"({f['predicted_speedup']:.2f}x)  search {f['wall_time_s']:6.1f} s "
             f"[{f['tasks_done']}/{f['tasks_total']} tasks, {f['candidates']} cand.; at search shapes: {found}]  "
-            f"verified {f['verified']} ({f['verification']})  fast {fast.get('wall_time_s', math.nan):.1f} s")
+            f"verified {f['verified']} ({f['verification']})  fast {fast.get('wall_time_s', math.nan):.1f} s"
+            + _gpu_line(e.get("gpu")))
+
+
+def _gpu_line(g: dict[str, Any] | None) -> str:
+    if not g:
+        return ""
+    if "ugraph_s" not in g or "torch_s" not in g:
+        return f"  gpu: {g.get('error') or g.get('ugraph_error')}"
+    return (f"  gpu {g['ugraph_s'] * 1e6:.1f} µs (err {g['ugraph_rel_err']:.1e}) vs torch {g['torch_s'] * 1e6:.1f} µs "
+            f"(err {g['torch_rel_err']:.1e}): {g['ugraph_speedup_vs_torch']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:

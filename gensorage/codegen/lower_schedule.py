@@ -71,11 +71,21 @@ class AxisTiling:
         return -(-self.block_tile // self.thread_tile)
 
     @property
-    def inner_factors(self) -> list[int]:
-        """Split of the block tile: spatial [vthread, threads, T0 / vthread], reduction [steps, T0].
+    def covered(self) -> int:
+        """Elements of this axis one block covers: spatial ceil(T1 / T0) * T0, reduction T1 per step.
 
-        When T0 does not divide T1 the product exceeds T1 and TVM's predicate masks the excess, so a block
-        still covers exactly T1 elements (the construction space allows such tiles).
+        The construction space allows a spatial T0 that does not divide T1. A block then covers its threads'
+        whole register tiles, ceil(T1 / T0) * T0 elements, rather than exactly T1: masking the excess would
+        need a predicate on the register write-back, which ``reverse_compute_at`` does not carry over, so the
+        excess rows would be written by two blocks (a race that an H100 run exposed as zeros in the output).
+        """
+        return self.threads * self.thread_tile if self.kind == "spatial" else self.block_tile
+
+    @property
+    def inner_factors(self) -> list[int]:
+        """Split of :attr:`covered`: spatial [vthread, threads, T0 / vthread], reduction [steps, T0].
+
+        For a reduction whose T0 does not divide T1, TVM's predicate masks the excess of the last step.
         """
         if self.kind == "spatial":
             return [self.vthreads, self.threads, self.thread_tile // self.vthreads]
@@ -339,7 +349,7 @@ def _apply_tiling(sch: Any, main: Any, tilings: Sequence[AxisTiling], *, gpu: bo
     spatial: list[list[Any]] = []
     reduce: list[list[Any]] = []
     for loop, t in zip(loops, loop_axes, strict=True):
-        outer, tile = sch.split(loop, [None, t.block_tile])
+        outer, tile = sch.split(loop, [None, t.covered])
         parts = [outer, *sch.split(tile, t.inner_factors)]
         (spatial if t.kind == "spatial" else reduce).append(parts)
     grid = [p[0] for p in spatial]

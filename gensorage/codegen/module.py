@@ -154,35 +154,61 @@ def _run_component(ex: Any, kern: Kernel, values: dict[Ref, Any], dev: Any) -> N
         values[ref] = tvm.runtime.tensor(host, device=dev)
 
 
-def execute(g: KernelGraph, info: GraphInfo, kernels: Sequence[Kernel], ex: Any, inputs: Sequence[Any], dev: Any,
-            scalar: Scalar, field_params: Any = None) -> list[Any]:
-    """Launch ``kernels`` (compiled into ``ex``) on device tensors ``inputs``; returns the output tensors."""
+def _bind_outputs(g: KernelGraph, info: GraphInfo, k: int, values: dict[Ref, Any], dev: Any, scalar: Scalar) -> None:
+    """Give kernel op ``k``'s outputs their device tensors (an alias op's output is a view of its input)."""
     import tvm
 
-    values: dict[Ref, Any] = {Ref(i): t for i, t in enumerate(inputs)}
+    node, op = len(g.inputs) + k, g.ops[k]
+    if isinstance(op, KernelOp) and is_alias(op):
+        values[Ref(node)] = _view(values[op.inputs[0]], scalar.buf_shape(info.nodes[node][0].shape))
+        return
+    for o, t in enumerate(info.nodes[node]):
+        values[Ref(node, o)] = tvm.runtime.empty(scalar.buf_shape(t.shape), scalar.buf_dtype(t.dtype), dev)
+
+
+def _by_op(kernels: Sequence[Kernel]) -> dict[int, list[Kernel]]:
     by_op: dict[int, list[Kernel]] = {}
     for kern in kernels:
         by_op.setdefault(kern.op_index, []).append(kern)
-    for k, op in enumerate(g.ops):
-        node = len(g.inputs) + k
-        if isinstance(op, KernelOp) and is_alias(op):
-            out = info.nodes[node][0]
-            values[Ref(node)] = _view(values[op.inputs[0]], scalar.buf_shape(out.shape))
-            continue
-        for o, t in enumerate(info.nodes[node]):
-            values[Ref(node, o)] = tvm.runtime.empty(scalar.buf_shape(t.shape), scalar.buf_dtype(t.dtype), dev)
+    return by_op
+
+
+def _args(kern: Kernel, values: dict[Ref, Any], field_params: Any) -> list[Any]:
+    return [field_params if p.role == "field" else _view(values[p.ref], p.shape)  # type: ignore[index]
+            for p in kern.params]
+
+
+def launch_plan(g: KernelGraph, info: GraphInfo, kernels: Sequence[Kernel], ex: Any, inputs: Sequence[Any],
+                dev: Any, scalar: Scalar) -> tuple[list[tuple[Kernel, Any, list[Any]]], list[Any]]:
+    """Allocate every intermediate and output once; returns the kernel calls in order and the output tensors.
+
+    Calling ``function(*args)`` of each ``(kernel, function, args)`` in order computes the µGraph into the
+    output tensors. The calls can be repeated with no allocation between launches, which is how the kernels
+    are timed.
+    """
+    if any(k.component is not None for k in kernels):
+        raise UnsupportedOpError("field-twin kernels run one residue at a time; use execute()")
+    values: dict[Ref, Any] = {Ref(i): t for i, t in enumerate(inputs)}
+    by_op = _by_op(kernels)
+    calls: list[tuple[Kernel, Any, list[Any]]] = []
+    for k in range(len(g.ops)):
+        _bind_outputs(g, info, k, values, dev, scalar)
+        calls.extend((kern, ex[kern.name], _args(kern, values, None)) for kern in by_op.get(k, []))
+    return calls, [values[r] for r in g.outputs]
+
+
+def execute(g: KernelGraph, info: GraphInfo, kernels: Sequence[Kernel], ex: Any, inputs: Sequence[Any], dev: Any,
+            scalar: Scalar, field_params: Any = None) -> list[Any]:
+    """Launch ``kernels`` (compiled into ``ex``) on device tensors ``inputs``; returns the output tensors."""
+    values: dict[Ref, Any] = {Ref(i): t for i, t in enumerate(inputs)}
+    by_op = _by_op(kernels)
+    for k in range(len(g.ops)):
+        _bind_outputs(g, info, k, values, dev, scalar)
         for kern in by_op.get(k, []):
             if kern.component is not None:
                 _run_component(ex, kern, values, dev)
-                continue
-            args = []
-            for p in kern.params:
-                if p.role == "field":
-                    args.append(field_params)
-                else:
-                    assert p.ref is not None
-                    args.append(_view(values[p.ref], p.shape))
-            ex[kern.name](*args)
+            else:
+                ex[kern.name](*_args(kern, values, field_params))
     return [values[r] for r in g.outputs]
 
 
@@ -387,5 +413,5 @@ def build_cubin(ugraph: KernelGraph, hw: HwProfile, *, seed: int = 0) -> bytes |
 
 __all__ = [
     "CompiledUGraph", "Kernel", "build_cubin", "build_cuda", "compile_kernels", "compile_ugraph", "execute",
-    "ir_module", "lower_ugraph", "run_cpu",
+    "ir_module", "launch_plan", "lower_ugraph", "run_cpu",
 ]
