@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gensorage.codegen.block_threads import construct_schedule, matmul_workload
 from gensorage.codegen.field_twin import check_field_twin
@@ -153,3 +155,43 @@ def test_matmul_without_a_construction_schedule_falls_back_to_one_thread_per_ele
     want = np.matmul(*[x.astype(np.float64) for x in xs])
     assert np.abs(cg.run(*xs)[0] - want).max() / np.abs(want).max() < 2e-3
     assert check_field_twin(g, None, trials=1, twin=cg.field_twin())
+
+
+# ------------------------------------------------------------------------------------ cooperative sums
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.integers(1, 21), count=st.integers(64, 700), keep=st.booleans(), groups=st.integers(1, 3),
+       lead=st.integers(1, 3))
+def test_cooperative_sum_matches_numpy(rows: int, count: int, keep: bool, groups: int, lead: int) -> None:
+    # Row sums (keepdim or not) and group sums over the last dim, any number of rows and any count, so the
+    # lanes' tail guard, the outputs-per-block guard and every lane count are exercised.
+    n = count * groups
+    attrs: dict[str, object] = {"dim": -1, "keepdim": keep} if groups == 1 else {"dim": 2, "group": count}
+    g = _graph([("X", (lead, rows, n))], [KernelOp(Op.SUM, (0,), attrs)])
+    (kern,) = compile_ugraph(g, HW, "cuda").kernels("cuda")
+    assert kern.rule.startswith("cooperative sum")
+    xs = _inputs(g, seed=count)
+    got = compile_ugraph(g, HW, "llvm").run(*xs)
+    np.testing.assert_allclose(got[0], g.run(*xs)[0], rtol=1e-5)
+
+
+def test_cooperative_sum_field_twin_and_a_wrong_lane_is_caught() -> None:
+    g = _graph([("X", (3, 5, 200))], [KernelOp(Op.SUM, (0,), {"dim": 2}), KernelOp(Op.EXP, (1,))])
+    cg = compile_ugraph(g, HW, "llvm")
+    (kern,) = [k for k in cg.kernels("cuda") if k.name.endswith("sum")]
+    assert kern.script.count('T.tvm_storage_sync("shared")') == 1 + 5  # after the partials, and per step
+    twin = cg.field_twin()
+    assert check_field_twin(g, None, trials=1, twin=twin)
+    src = twin.source(kern.name)
+    assert src.count("tx + 16]") == 2  # the first pairwise step (residues p and q): lanes 0-15 add 16-31
+    bad = twin.with_source(kern.name, src.replace("tx + 16]", "tx + 15]"))
+    assert not check_field_twin(g, None, trials=1, twin=bad)
+
+
+def test_short_or_strided_sums_keep_one_thread_per_output() -> None:
+    short = _graph([("X", (8, 63))], [KernelOp(Op.SUM, (0,), {"dim": 1})])
+    strided = _graph([("X", (300, 8))], [KernelOp(Op.SUM, (0,), {"dim": 0})])
+    for g in (short, strided):
+        (kern,) = compile_ugraph(g, HW, "cuda").kernels("cuda")
+        assert kern.rule.startswith("fallback")

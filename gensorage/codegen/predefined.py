@@ -189,6 +189,18 @@ def _simple(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Targ
         with w.block(f"if f < {n}:") if blocks * nt > n else nullcontext():
             idx = unravel(Ix.var("f"), out.shape)
             _element(w, op, [info.of(r) for r in op.inputs], out, idx, scalar)
+    params, text = _function(g, k, info, scalar, name, w)
+    why = "no construction schedule fits" if op.op is Op.MATMUL else f"pre-defined {op.op.value}"
+    rule = f"fallback ({why}): {nt} threads, one output element each"
+    return KernelText(name, k, text, tuple(params), (blocks,), nt, rule)
+
+
+def _function(g: KernelGraph, k: int, info: GraphInfo, scalar: Scalar, name: str, w: Writer
+              ) -> tuple[tuple[KernelParam, ...], str]:
+    """The parameters (inputs, the output, the field constants) and the PrimFunc text around body ``w``."""
+    op = g.ops[k]
+    assert isinstance(op, KernelOp)
+    out = info.nodes[len(g.inputs) + k][0]
     params = [KernelParam(f"in{i}", "input", r, scalar.buf_shape(info.of(r).shape), scalar.buf_dtype(info.of(r).dtype))
               for i, r in enumerate(op.inputs)]
     params.append(KernelParam("out0", "output", Ref(len(g.inputs) + k), scalar.buf_shape(out.shape),
@@ -198,9 +210,103 @@ def _simple(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Targ
     sig = ", ".join(f'{p.name}: T.Buffer({_shape(p.shape)}, "{p.dtype}")' for p in params)
     text = (f"@T.prim_func\ndef {name}({sig}):\n"
             f'    T.func_attr({{"global_symbol": "{name}", "tir.noalias": True}})\n' + w.text())
-    why = "no construction schedule fits" if op.op is Op.MATMUL else f"pre-defined {op.op.value}"
-    rule = f"fallback ({why}): {nt} threads, one output element each"
-    return KernelText(name, k, text, tuple(params), (blocks,), nt, rule)
+    return tuple(params), text
+
+
+# ------------------------------------------------------------------------------------ row reductions
+
+#: A sum over at least this many consecutive elements gets a cooperative kernel (lanes per output).
+MIN_COOPERATIVE_SUM = 64
+#: Threads of one cooperative block, and the most lanes one output gets.
+_REDUCE_THREADS = 256
+#: Each lane adds at least about this many elements before the lanes combine.
+_PER_LANE = 16
+
+
+def sum_layout(op: KernelOp, shape: tuple[int, ...]) -> tuple[int, int, bool, bool] | None:
+    """(dim, count, full, keep) of a sum whose summed elements are consecutive in memory, else None.
+
+    Consecutive means every dim after the summed one has extent 1 (a row sum, or groups along the last dim).
+    """
+    dim = int(attr(op.attrs, "dim")) % len(shape)
+    group = attr(op.attrs, "group")
+    full = group is None or group == shape[dim]
+    count = shape[dim] if full else int(group)
+    if any(s != 1 for s in shape[dim + 1:]) or count < MIN_COOPERATIVE_SUM:
+        return None
+    return dim, count, full, bool(attr(op.attrs, "keepdim", True))
+
+
+def _cooperative_sum(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar,
+                     name: str) -> KernelText | None:
+    """A row sum with ``lanes`` threads per output: lane l adds elements l, l + lanes, ... (so a warp reads
+    consecutive addresses), then the lanes' partial sums are added pairwise in shared memory (log2(lanes)
+    steps, a barrier after each). None when the sum is not over consecutive elements or is short."""
+    op = g.ops[k]
+    assert isinstance(op, KernelOp)
+    x = info.of(op.inputs[0])
+    layout = sum_layout(op, x.shape) if op.op is Op.SUM else None
+    if layout is None:
+        return None
+    dim, count, full, keep = layout
+    out = info.nodes[len(g.inputs) + k][0]
+    n = math.prod(out.shape)
+    lanes = hw.warp_size
+    while lanes < _REDUCE_THREADS and lanes * _PER_LANE < count:
+        lanes *= 2
+    per_block = max(1, _REDUCE_THREADS // lanes)
+    nt, blocks = lanes * per_block, -(-n // per_block)
+    if blocks > _MAX_BLOCKS_X or nt > hw.max_threads_per_block:
+        return None
+    gpu, sc = target == "cuda", scalar
+    w = Writer(1)
+    threads = f'T.thread_binding({nt}, thread="threadIdx.x")' if gpu else f"T.serial({nt})"
+    bloop = f'T.thread_binding({blocks}, thread="blockIdx.x")' if gpu else f"T.parallel({blocks})"
+    with w.block(f"for bx in {bloop}:"):
+        w.line(f'red = T.alloc_buffer({_shape(sc.buf_shape((nt,)))}, "{sc.acc_dtype}", '
+               f'scope="{"shared" if gpu else "global"}")')
+        with w.block(f"for tx in {threads}:"):
+            w.line(f"f = bx * {per_block} + tx // {lanes}")
+            w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
+            for c, e in enumerate(sc.zero().comps):
+                w.line(f"{sc.at('acc', c, '0')} = {e}")
+            with w.block(f"if f < {n}:") if blocks * per_block > n else nullcontext():
+                with w.loop("st", -(-count // lanes)) as st:
+                    w.line(f"e = {st * lanes} + tx % {lanes}")
+                    with w.block(f"if e < {count}:") if count % lanes else nullcontext():
+                        idx, at = unravel(Ix.var("f"), out.shape), Ix.var("e")
+                        if full and keep:
+                            src = idx[:dim] + [at] + idx[dim + 1:]
+                        elif full:
+                            src = idx[:dim] + [at] + idx[dim:]
+                        else:
+                            src = idx[:dim] + [idx[dim] * count + at] + idx[dim + 1:]
+                        x_e = sc.load("in0", index_text(src), sc.buf_dtype(x.dtype))
+                        for c, v in enumerate(sc.plus(sc.load("acc", "0", sc.acc_dtype), x_e).comps):
+                            w.line(f"{sc.at('acc', c, '0')} = {v}")
+            for c in range(len(sc.zero().comps)):
+                w.line(f"{sc.at('red', c, 'tx')} = {sc.at('acc', c, '0')}")
+        step = lanes // 2
+        while step >= 1:
+            if gpu:
+                w.line('T.tvm_storage_sync("shared")')
+            with w.block(f"for tx in {threads}:"), w.block(f"if tx % {lanes} < {step}:"):
+                both = sc.plus(sc.load("red", "tx", sc.acc_dtype), sc.load("red", f"tx + {step}", sc.acc_dtype))
+                for c, v in enumerate(both.comps):
+                    w.line(f"{sc.at('red', c, 'tx')} = {v}")
+            step //= 2
+        if gpu:
+            w.line('T.tvm_storage_sync("shared")')
+        with w.block(f"for tx in {threads}:"):
+            w.line(f"f = bx * {per_block} + tx // {lanes}")
+            with w.block(f"if tx % {lanes} == 0 and f < {n}:"):
+                for c, v in enumerate(sc.store(sc.reduced(sc.load("red", "tx", sc.acc_dtype)),
+                                               sc.buf_dtype(out.dtype))):
+                    w.line(f"{sc.at('out0', c, index_text(unravel(Ix.var('f'), out.shape)))} = {v}")
+    params, text = _function(g, k, info, scalar, name, w)
+    rule = (f"cooperative sum: {lanes} threads per output over {count} consecutive elements, {per_block} "
+            f"output(s) per block, partial sums added pairwise in shared memory")
+    return KernelText(name, k, text, params, (blocks,), nt, rule)
 
 
 def _element(w: Writer, op: KernelOp, ins: list[Any], out: Any, idx: list[Ix], sc: Scalar) -> None:
@@ -309,7 +415,7 @@ def emit_predefined(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, *, t
         scheduled = _matmul_kernels(g, k, info, hw, target, scalar, name, seed)
         if scheduled:
             return list(scheduled)
-    return [_simple(g, k, info, hw, target, scalar, name)]
+    return [_cooperative_sum(g, k, info, hw, target, scalar, name) or _simple(g, k, info, hw, target, scalar, name)]
 
 
 __all__ = ["ScheduledKernel", "emit_predefined", "is_alias"]
