@@ -8,8 +8,11 @@ times (the same µGraph cost model), the search's wall time, tasks, candidates a
 was verified, and fast mode's wall time. Results are written after every program (``--out``, default
 ``benchmarks/results/superopt-<date>.json``) with machine info, date and git commit.
 
-``--gpu`` (only on a machine with a CUDA GPU and torch): also measure the best µGraph's kernels on the device
-against torch running the program op by op (median of many runs, both with device-resident inputs).
+``--gpu`` (only on a machine with a CUDA GPU and torch): full mode then also times its leading candidates on the
+device before choosing, and the benchmark checks the best µGraph, the direct µGraph and torch (the program run
+op by op, ``gensorage.baselines.torch_eager``) against float64 on fresh inputs, then times each the same way
+(median of up to 100 samples, inputs on the device; ``gensorage.superopt.gpu``) and every kernel alone. See
+docs/gpu.md.
 
 Run from the repository root::
 
