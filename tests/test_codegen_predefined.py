@@ -195,3 +195,41 @@ def test_short_or_strided_sums_keep_one_thread_per_output() -> None:
     for g in (short, strided):
         (kern,) = compile_ugraph(g, HW, "cuda").kernels("cuda")
         assert kern.rule.startswith("fallback")
+
+
+# ------------------------------------------------------------------------------ cooperative matvec
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.integers(1, 4), inner=st.integers(1024, 1300), cols=st.integers(1, 70), heads=st.integers(1, 3),
+       shared_b=st.booleans())
+def test_cooperative_matvec_matches_numpy(rows: int, inner: int, cols: int, heads: int, shared_b: bool) -> None:
+    # Batched A [heads, rows, inner] @ B [heads or 1, inner, cols]: column tails, lane tails and broadcast batch.
+    g = _graph([("A", (heads, rows, inner)), ("B", (1 if shared_b else heads, inner, cols))],
+               [KernelOp(Op.MATMUL, (0, 1))])
+    (kern,) = compile_ugraph(g, HW, "cuda").kernels("cuda")
+    assert kern.rule.startswith("cooperative matrix-vector product")
+    xs = _inputs(g, seed=inner + cols)
+    got = compile_ugraph(g, HW, "llvm").run(*xs)
+    np.testing.assert_allclose(got[0], g.run(*xs)[0], rtol=1e-5)
+
+
+def test_cooperative_matvec_field_twin_and_a_wrong_lane_is_caught() -> None:
+    g = _graph([("P", (2, 1, 1024)), ("V", (2, 1024, 40))], [KernelOp(Op.MATMUL, (0, 1))])
+    cg = compile_ugraph(g, HW, "llvm")
+    twin = cg.field_twin()
+    assert check_field_twin(g, None, trials=1, twin=twin)
+    (kern,) = cg.kernels("cuda")
+    src = twin.source(kern.name)
+    first = f"tx + {kern.threads // 2}]"  # the first pairwise step: the upper half of the lanes added in
+    assert src.count(first) == 2
+    bad = twin.with_source(kern.name, src.replace(first, f"tx + {kern.threads // 2 - 1}]"))
+    assert not check_field_twin(g, None, trials=1, twin=bad)
+
+
+def test_wide_or_short_matmuls_keep_the_construction_schedule() -> None:
+    wide = _graph([("A", (8, 2048)), ("B", (2048, 16))], [KernelOp(Op.MATMUL, (0, 1))])
+    short = _graph([("A", (1, 512)), ("B", (512, 16))], [KernelOp(Op.MATMUL, (0, 1))])
+    for g in (wide, short):
+        (kern,) = compile_ugraph(g, HW, "cuda").kernels("cuda")
+        assert kern.rule.startswith("markov construct")
