@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_superopt import SOFTMAX, TINY
 
 from gensorage.codegen.module import compile_ugraph, execute, launch_plan
 from gensorage.codegen.scalar import FloatScalar
@@ -68,16 +69,6 @@ def test_median_time_batches_fast_runs_and_keeps_to_its_budget(monkeypatch: pyte
     assert tighter.samples == gpu.MIN_SAMPLES
 
 
-SOFTMAX = """program softmax
-param m = 4
-param n = 16
-input X [m, n] float32
-E = exp(X)
-O = div(E, sum(E, dim=1))
-output O
-"""
-
-
 def test_full_mode_takes_the_fastest_measured_candidate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A fake GPU on which more kernels run faster, so the direct µGraph (three kernels) is the fastest even
     # though the cost model ranks it last: the measurement must decide, and the direct must be among the timed.
@@ -85,8 +76,7 @@ def test_full_mode_takes_the_fastest_measured_candidate(tmp_path: Path, monkeypa
     monkeypatch.setattr(api, "gpu_name", lambda: "fake GPU")
     monkeypatch.setattr(api, "measure_ugraph", lambda c, p, **kw: gpu.Timing(1.0 / len(c.ugraph.ops), 5, 1))
     (tmp_path / "softmax.gsp").write_text(SOFTMAX)
-    preset = preset_from_dict({"search": {"max_kernel_ops": 1, "max_block_ops": 3, "max_grid_dims": 1,
-                                          "max_block_inputs": 2, "max_block_outputs": 1}}, name="test")
+    preset = preset_from_dict({"search": TINY}, name="test")
     r = superoptimize(tmp_path / "softmax.gsp", mode="full", preset=preset, workers=1,
                       store=tmp_path / "s.sqlite", checkpoint=tmp_path / "c.sqlite", progress=False)
     assert r.selection == f"median of up to {api.PROFILE_REPEATS} samples on fake GPU"

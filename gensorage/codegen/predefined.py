@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -237,6 +238,45 @@ def sum_layout(op: KernelOp, shape: tuple[int, ...]) -> tuple[int, int, bool, bo
     return dim, count, full, bool(attr(op.attrs, "keepdim", True))
 
 
+def _threads(nt: int, gpu: bool) -> str:
+    return f'T.thread_binding({nt}, thread="threadIdx.x")' if gpu else f"T.serial({nt})"
+
+
+def _blocks(blocks: int, gpu: bool) -> str:
+    return f'T.thread_binding({blocks}, thread="blockIdx.x")' if gpu else f"T.parallel({blocks})"
+
+
+def _partials_buffer(w: Writer, sc: Scalar, nt: int, gpu: bool) -> None:
+    """``red``: one partial sum per thread of the block (shared memory; on the CPU, per block iteration)."""
+    w.line(f'red = T.alloc_buffer({_shape(sc.buf_shape((nt,)))}, "{sc.acc_dtype}", '
+           f'scope="{"shared" if gpu else "global"}")')
+
+
+def _keep_partial(w: Writer, sc: Scalar) -> None:
+    """Inside a thread loop: the thread's ``acc`` into ``red[tx]``."""
+    for c in range(len(sc.zero().comps)):
+        w.line(f"{sc.at('red', c, 'tx')} = {sc.at('acc', c, '0')}")
+
+
+def _add_lanes(w: Writer, sc: Scalar, threads: str, gpu: bool, lanes: int, stride: int,
+               below: Callable[[int], str]) -> None:
+    """Add the ``lanes`` partial sums of each output pairwise: consecutive lanes sit ``stride`` threads apart,
+    ``below(step)`` says (in ``tx``) that a thread's lane is below ``step``, and after log2(lanes) steps lane 0
+    holds the sum. A barrier precedes each step (the steps are separate thread loops, so on the CPU they run
+    one after another) and follows the last."""
+    step = lanes // 2
+    while step >= 1:
+        if gpu:
+            w.line('T.tvm_storage_sync("shared")')
+        with w.block(f"for tx in {threads}:"), w.block(f"if {below(step)}:"):
+            both = sc.plus(sc.load("red", "tx", sc.acc_dtype), sc.load("red", f"tx + {step * stride}", sc.acc_dtype))
+            for c, v in enumerate(both.comps):
+                w.line(f"{sc.at('red', c, 'tx')} = {v}")
+        step //= 2
+    if gpu:
+        w.line('T.tvm_storage_sync("shared")')
+
+
 def _cooperative_sum(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar,
                      name: str) -> KernelText | None:
     """A row sum with ``lanes`` threads per output: lane l adds elements l, l + lanes, ... (so a warp reads
@@ -260,11 +300,9 @@ def _cooperative_sum(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, tar
         return None
     gpu, sc = target == "cuda", scalar
     w = Writer(1)
-    threads = f'T.thread_binding({nt}, thread="threadIdx.x")' if gpu else f"T.serial({nt})"
-    bloop = f'T.thread_binding({blocks}, thread="blockIdx.x")' if gpu else f"T.parallel({blocks})"
-    with w.block(f"for bx in {bloop}:"):
-        w.line(f'red = T.alloc_buffer({_shape(sc.buf_shape((nt,)))}, "{sc.acc_dtype}", '
-               f'scope="{"shared" if gpu else "global"}")')
+    threads = _threads(nt, gpu)
+    with w.block(f"for bx in {_blocks(blocks, gpu)}:"):
+        _partials_buffer(w, sc, nt, gpu)
         with w.block(f"for tx in {threads}:"):
             w.line(f"f = bx * {per_block} + tx // {lanes}")
             w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
@@ -284,19 +322,8 @@ def _cooperative_sum(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, tar
                         x_e = sc.load("in0", index_text(src), sc.buf_dtype(x.dtype))
                         for c, v in enumerate(sc.plus(sc.load("acc", "0", sc.acc_dtype), x_e).comps):
                             w.line(f"{sc.at('acc', c, '0')} = {v}")
-            for c in range(len(sc.zero().comps)):
-                w.line(f"{sc.at('red', c, 'tx')} = {sc.at('acc', c, '0')}")
-        step = lanes // 2
-        while step >= 1:
-            if gpu:
-                w.line('T.tvm_storage_sync("shared")')
-            with w.block(f"for tx in {threads}:"), w.block(f"if tx % {lanes} < {step}:"):
-                both = sc.plus(sc.load("red", "tx", sc.acc_dtype), sc.load("red", f"tx + {step}", sc.acc_dtype))
-                for c, v in enumerate(both.comps):
-                    w.line(f"{sc.at('red', c, 'tx')} = {v}")
-            step //= 2
-        if gpu:
-            w.line('T.tvm_storage_sync("shared")')
+            _keep_partial(w, sc)
+        _add_lanes(w, sc, threads, gpu, lanes, 1, lambda step: f"tx % {lanes} < {step}")
         with w.block(f"for tx in {threads}:"):
             w.line(f"f = bx * {per_block} + tx // {lanes}")
             with w.block(f"if tx % {lanes} == 0 and f < {n}:"):
@@ -344,17 +371,15 @@ def _cooperative_matvec(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, 
         return None
     gpu, sc = target == "cuda", scalar
     w = Writer(1)
-    threads = f'T.thread_binding({nt}, thread="threadIdx.x")' if gpu else f"T.serial({nt})"
-    bloop = f'T.thread_binding({blocks}, thread="blockIdx.x")' if gpu else f"T.parallel({blocks})"
+    threads = _threads(nt, gpu)
 
     def col_index() -> list[Ix]:
         w.line(f"n = bx % {tiles} * {cols} + tx % {cols}")
         return [*unravel(Ix.var("r"), out.shape[:-1]), Ix.var("n")]
 
-    with w.block(f"for bx in {bloop}:"):
+    with w.block(f"for bx in {_blocks(blocks, gpu)}:"):
         w.line(f"r = bx // {tiles}")
-        w.line(f'red = T.alloc_buffer({_shape(sc.buf_shape((nt,)))}, "{sc.acc_dtype}", '
-               f'scope="{"shared" if gpu else "global"}")')
+        _partials_buffer(w, sc, nt, gpu)
         with w.block(f"for tx in {threads}:"):
             idx = col_index()
             w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
@@ -371,20 +396,8 @@ def _cooperative_matvec(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, 
                                      sc.buf_dtype(tb.dtype))
                         for c, v in enumerate(sc.plus(sc.load("acc", "0", sc.acc_dtype), sc.product(av, bv)).comps):
                             w.line(f"{sc.at('acc', c, '0')} = {v}")
-            for c in range(len(sc.zero().comps)):
-                w.line(f"{sc.at('red', c, 'tx')} = {sc.at('acc', c, '0')}")
-        step = lanes // 2
-        while step >= 1:
-            if gpu:
-                w.line('T.tvm_storage_sync("shared")')
-            with w.block(f"for tx in {threads}:"), w.block(f"if tx < {step * cols}:"):
-                both = sc.plus(sc.load("red", "tx", sc.acc_dtype),
-                               sc.load("red", f"tx + {step * cols}", sc.acc_dtype))
-                for c, v in enumerate(both.comps):
-                    w.line(f"{sc.at('red', c, 'tx')} = {v}")
-            step //= 2
-        if gpu:
-            w.line('T.tvm_storage_sync("shared")')
+            _keep_partial(w, sc)
+        _add_lanes(w, sc, threads, gpu, lanes, cols, lambda step: f"tx < {step * cols}")
         with w.block(f"for tx in {threads}:"), w.block(f"if tx < {cols}:"):
             idx = col_index()
             with w.block(f"if n < {n_cols}:") if tiles * cols > n_cols else nullcontext():
