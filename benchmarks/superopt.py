@@ -165,9 +165,9 @@ def kernel_times(compiled: Any, program: Any, seed: int) -> list[dict[str, Any]]
 
     from gensorage.codegen.module import launch_plan
     from gensorage.codegen.scalar import FloatScalar
-    from gensorage.superopt.gpu import median_time
+    from gensorage.superopt.gpu import median_time, program_inputs
 
-    xs = _inputs(program, seed)
+    xs = program_inputs(program, seed)
     dev = tvm.cuda(0)
     calls, _ = launch_plan(compiled.ugraph, compiled.info, compiled.kernels("cuda"), compiled.executable("cuda"),
                            [tvm.runtime.tensor(x, device=dev) for x in xs], dev, FloatScalar(compiled.compute))
@@ -178,16 +178,11 @@ def kernel_times(compiled: Any, program: Any, seed: int) -> list[dict[str, Any]]
     return out
 
 
-def _inputs(program: Any, seed: int) -> list[Any]:
-    """Random inputs in the program's dtype."""
-    from gensorage.ops.data import numpy_dtype
-
-    return [a.astype(numpy_dtype(t.dtype)) for a, t in zip(program.random_inputs(seed), program.inputs, strict=True)]
-
-
 def _check_inputs(program: Any, seed: int) -> tuple[list[Any], list[Any]]:
     """Random inputs in the program's dtype and the float64 reference computed from exactly those values."""
-    xs = _inputs(program, seed)
+    from gensorage.superopt.gpu import program_inputs
+
+    xs = program_inputs(program, seed)
     return xs, program.run(*xs)
 
 

@@ -16,8 +16,9 @@ Full mode
 
 Fast mode
     The stored structure of the program is re-instantiated at the requested shapes, verified and lowered, in
-    seconds, chosen by the cost model (nothing is timed on the device); without a stored structure (or if none of its graphs carries over) the direct µGraph is used and
-    the code generator constructs its kernels' schedules. The result says which happened and why.
+    seconds, chosen by the cost model (nothing is timed on the device); without a stored structure (or if none
+    of its graphs carries over) the direct µGraph is used and the code generator constructs its kernels'
+    schedules. The result says which happened and why.
 """
 
 from __future__ import annotations

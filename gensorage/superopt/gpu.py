@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gensorage.codegen.module import CompiledUGraph
@@ -81,6 +81,13 @@ def median_time(run: Callable[[], None], sync: Callable[[], None], *, warmup: in
     return Timing(float(np.median(samples)), repeats, per)
 
 
+def program_inputs(program: Program, seed: int) -> list[Any]:
+    """The program's random inputs (``Program.random_inputs``) rounded to its dtypes: what the GPU runs on."""
+    from gensorage.ops.data import numpy_dtype
+
+    return [a.astype(numpy_dtype(t.dtype)) for a, t in zip(program.random_inputs(seed), program.inputs, strict=True)]
+
+
 def measure_ugraph(compiled: CompiledUGraph, program: Program, *, seed: int = 0, warmup: int = 5,
                    repeats: int = 50, budget_s: float | None = None) -> Timing:
     """Median wall time of one launch of all of ``compiled``'s kernels on GPU 0.
@@ -92,10 +99,8 @@ def measure_ugraph(compiled: CompiledUGraph, program: Program, *, seed: int = 0,
 
     from gensorage.codegen.module import launch_plan
     from gensorage.codegen.scalar import FloatScalar
-    from gensorage.ops.data import numpy_dtype
 
-    arrays = [a.astype(numpy_dtype(t.dtype)) for a, t in zip(program.random_inputs(seed), program.inputs,
-                                                                strict=True)]
+    arrays = program_inputs(program, seed)
     compiled.run(*arrays, target="cuda")  # builds the CUDA module (and picks nvcc where NVRTC is missing)
     dev = tvm.cuda(0)
     inputs = [tvm.runtime.tensor(a, device=dev) for a in arrays]
@@ -110,4 +115,4 @@ def measure_ugraph(compiled: CompiledUGraph, program: Program, *, seed: int = 0,
 
 
 __all__ = ["MIN_SAMPLES", "RUNS_PER_SAMPLE", "SLOW_RUN_S", "Timing", "gpu_name", "gpu_unavailable_reason",
-           "measure_ugraph", "median_time"]
+           "measure_ugraph", "median_time", "program_inputs"]
