@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -324,9 +325,11 @@ class Search:
         if cand is not None:
             self.candidates.append(cand)
 
-    def collect(self, depth: int, split: int, prefix: list[int], out: list[tuple[tuple[int, ...], bool]]) -> None:
-        """Append the task paths of the subtree: nodes at depth ``split``, complete µGraphs above it."""
-        if depth == split:
+    def collect(self, depth: int, split: int, prefix: list[int], out: list[tuple[tuple[int, ...], bool]],
+                deeper: frozenset[tuple[int, ...]] = frozenset()) -> None:
+        """Append the task paths of the subtree: nodes at depth ``split`` (those in ``deeper``: their children
+        instead), complete µGraphs above them."""
+        if depth == split + (tuple(prefix[:split]) in deeper):
             out.append((tuple(prefix), True))
             return
         if self.state.block is None and complete_outputs(self):
@@ -335,7 +338,7 @@ class Search:
         try:
             for i, _ in enumerate(children):
                 prefix.append(i)
-                self.collect(depth + 1, split, prefix, out)
+                self.collect(depth + 1, split, prefix, out, deeper)
                 prefix.pop()
         finally:
             children.close()
@@ -349,7 +352,9 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
 
     The tree is expanded one level at a time until there are at least ``TARGET_TASKS`` nodes at the split depth
     or the depth reaches ``MAX_SPLIT_DEPTH``; each node there is a task covering its subtree, and each complete
-    µGraph above it a task covering just itself. Together they cover the whole search exactly once.
+    µGraph above it a task covering just itself. Together they cover the whole search exactly once. A node with
+    more than ``1 / TARGET_TASKS`` of the next level's nodes is split one level further: subtrees are very
+    uneven, and one task alone must not outlast the rest of the search.
     """
     paths: list[tuple[tuple[int, ...], bool]] = []
     context = SearchContext(spec)
@@ -358,6 +363,15 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
         Search(spec, context).collect(0, split, [], paths)
         if sum(1 for _, sub in paths if sub) >= TARGET_TASKS:
             break
+    else:
+        return [Task(i, p, sub) for i, (p, sub) in enumerate(paths)]
+    below: list[tuple[tuple[int, ...], bool]] = []
+    Search(spec, context).collect(0, split + 1, [], below)
+    children = Counter(p[:split] for p, sub in below if sub)
+    big = frozenset(p for p, n in children.items() if n * TARGET_TASKS > len(below))
+    if big:
+        paths = []
+        Search(spec, context).collect(0, split, [], paths, big)
     return [Task(i, p, sub) for i, (p, sub) in enumerate(paths)]
 
 
