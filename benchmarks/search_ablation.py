@@ -98,6 +98,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cap", type=float, default=600.0, help="per-configuration time cap in seconds")
     ap.add_argument("--out", type=Path, help="result JSON (default benchmarks/results/search_ablation-<date>.json)")
     ap.add_argument("--progress", action="store_true", help="live search progress on stderr")
+    ap.add_argument("--no-replicated-writes", action="store_true",
+                    help="SearchSpec(replicated_writes=False): a narrower space, not exact (docs/search.md)")
     return ap.parse_args(argv)
 
 
@@ -163,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"program": args.program, "params": params, "hw": args.hw, "max_block_ops": limits,
                      "count": args.count, "max_kernel_ops": args.max_kernel_ops, "dims": args.dims,
                      "schedule": args.schedule, "seed": args.seed,
+                     "replicated_writes": not args.no_replicated_writes,
                      "workers": args.workers, "cap_s": args.cap, "variants": {v: dict(zip(("prune", "canonical"),
                                                                                           VARIANTS[v], strict=True))
                                                                               for v in variants}},
@@ -185,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.count == "nodes":
                     extra["max_block_nodes"] = limit
                 spec = SearchSpec(program=program, hw=args.hw, max_block_ops=limit, prune=prune,
-                                  canonical=canonical, schedule=args.schedule, seed=args.seed, dims=dims, **extra)
+                                  canonical=canonical, schedule=args.schedule, seed=args.seed, dims=dims,
+                                  replicated_writes=not args.no_replicated_writes, **extra)
                 row["spec_key"] = spec.key()
                 row["spec"] = {k: v for k, v in spec.to_json().items() if k != "program"}
                 row.update(run_one(spec, args.cap, args.workers, args.progress))

@@ -73,6 +73,36 @@ def test_block_nodes_rejects_bad_values(bad: object) -> None:
         SearchSpec(program=softmax_rows(), max_block_nodes=bad)  # type: ignore[arg-type]
 
 
+# ------------------------------------------------------------------------------ replicated_writes
+
+
+def test_replicated_writes_in_json_only_when_false() -> None:
+    spec = SearchSpec(program=softmax_rows())
+    assert "replicated_writes" not in spec.to_json()  # keys of specs written before the field are unchanged
+    narrow = dataclasses.replace(spec, replicated_writes=False)
+    assert narrow.to_json()["replicated_writes"] is False
+    assert SearchSpec.from_json(narrow.to_json()) == narrow and narrow.key() != spec.key()
+    with pytest.raises(ConfigError, match="replicated_writes"):
+        SearchSpec(program=softmax_rows(), replicated_writes="no")  # type: ignore[arg-type]
+
+
+def grouped_dot() -> Program:
+    """Row h of Q against row h // 2 of K (GQA's grouping), then exp."""
+    p = Program("grouped_dot")
+    k = p.repeat(p.input("K", (2, 3)), dim=0, times=2)
+    p.output(p.exp(p.sum(p.mul(p.input("Q", (4, 3)), k), dim=1)))
+    return p
+
+
+def test_without_replicated_writes_no_kernel_but_the_last_writes_copies() -> None:
+    """The narrower space: a subset of the candidates, fewer states, and what it drops is a first kernel that
+    writes K's rows twice for the second to line up with Q's."""
+    spec = SearchSpec(program=grouped_dot(), max_kernel_ops=2, max_block_ops=2, max_grid_dims=1)
+    wide, wide_states = candidates_and_states(spec)
+    narrow, narrow_states = candidates_and_states(dataclasses.replace(spec, replicated_writes=False))
+    assert set(narrow) < set(wide) and narrow_states < wide_states
+
+
 # ------------------------------------------------------------------------- canonical grid numbering
 
 

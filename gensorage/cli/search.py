@@ -65,6 +65,9 @@ def register(subparsers: Any) -> None:
                    help="verify every complete µGraph, not only those whose expression matches the program's")
     p.add_argument("--no-prune", action="store_true", help="disable abstract-expression pruning")
     p.add_argument("--no-canonical", action="store_true", help="disable the canonical-form restriction")
+    p.add_argument("--no-replicated-writes", action="store_true",
+                   help="narrow the space: no block graph but the last writes copies it has not lined up with an "
+                        "input axis (not exact; see docs/search.md)")
     p.add_argument("--schedule", choices=SCHEDULES, default="markov",
                    help="how kernels' schedules are chosen: Markov construction or enumeration (default markov)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
@@ -103,7 +106,8 @@ def build_spec(args: argparse.Namespace) -> Any:
 
         kwargs["dims"] = load_dim_strategy(args.dims)
     return SearchSpec(program=program, hw=args.hw, prune=not args.no_prune, canonical=not args.no_canonical,
-                      schedule=args.schedule, seed=args.seed, expr_filter=not args.verify_all, **kwargs)
+                      schedule=args.schedule, seed=args.seed, expr_filter=not args.verify_all,
+                      replicated_writes=not args.no_replicated_writes, **kwargs)
 
 
 def cmd_search(args: argparse.Namespace) -> int:

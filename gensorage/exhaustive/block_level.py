@@ -53,7 +53,7 @@ from gensorage.exhaustive.provenance import Provenance, of_iterator, of_op, spli
 from gensorage.exhaustive.rank import ACCUMULATOR_CODE, GRAPH_DEFINED_CODE, follows, rank_key
 from gensorage.exhaustive.schedule_sizes import loop_candidates, size_candidates
 from gensorage.exhaustive.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, free_after, numel
-from gensorage.exhaustive.ties import REDUCING, TIES, Ties, loop_concat, loop_sum, saved_ties, tile_ties
+from gensorage.exhaustive.ties import Ties, holds_copies, loop_concat, loop_sum, saved_ties, tile_ties
 from gensorage.opset import Op, Shape
 from gensorage.ugraph.evaluate import run_block_graph
 from gensorage.ugraph.ir import (
@@ -557,8 +557,8 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
             continue
         ties = None
         if s.ties is not None:
-            ties = opset.apply(v.op, TIES, [b.ties[i] for i in ins], v.attrs)  # type: ignore[misc]
-            if v.op in REDUCING and not s.ties.admits(ties):
+            ties = opset.apply(v.op, s.ties.arith, [b.ties[i] for i in ins], v.attrs)  # type: ignore[misc]
+            if not s.ties.admits(ties):
                 counters.pruned_expr += 1
                 continue
         s.state.push_block(BlockOpRec(v, ins), (*head, v.code, ()), out, value, post, fdep, prov,
@@ -690,11 +690,14 @@ def _finish(s: Search) -> Iterator[None]:
         results = _outputs(s, b, block, outs, omaps)
         if results is None:
             continue
-        st.close_block()
         ties: list[Ties | None] | None = None
         if s.ties is not None:
             ties = [saved_ties(b.ties[j], om, grid, live)  # type: ignore[arg-type]
                     for j, om in zip(outs, omaps, strict=True)]
+            if (not s.spec.replicated_writes and not b.last_kernel_op
+                    and any(t is not None and holds_copies(t) for t in ties)):
+                continue
+        st.close_block()
         st.push_kernel(GraphDefinedOp(block, refs), key, b.inputs, results, [b.const[j] for j in outs], ties=ties)
         try:
             yield

@@ -20,7 +20,6 @@ from gensorage.exhaustive.occurrences import read_again
 from gensorage.exhaustive.opcatalog import NONLINEAR_UNARY
 from gensorage.exhaustive.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.search_state import EXPR, numel
-from gensorage.exhaustive.ties import REDUCING, TIES
 from gensorage.opset import Op
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.validate import dtype_bytes
@@ -93,8 +92,8 @@ def _predefined(s: Search) -> Iterator[None]:
                 continue
             ties = None
             if s.ties is not None:
-                ties = opset.apply(v.op, TIES, [st.ties[i] for i in ins], v.attrs)  # type: ignore[misc]
-                if v.op in REDUCING and not s.ties.admits(ties):
+                ties = opset.apply(v.op, s.ties.arith, [st.ties[i] for i in ins], v.attrs)  # type: ignore[misc]
+                if not s.ties.admits(ties):
                     s.counters.pruned_expr += 1
                     continue
             node = KernelOp(v.op, tuple(st.ref[i] for i in ins), v.attrs)

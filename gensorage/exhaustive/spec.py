@@ -22,6 +22,7 @@ SCHEDULE_MODES: tuple[str, ...] = ("markov", "enumerate")
 SPEC_FORMAT = "gensorage.search-spec"
 SPEC_VERSION = 1
 OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "dims"})
+OMITTED_WHEN_TRUE = frozenset({"replicated_writes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,11 @@ class SearchSpec:
     dims : DimStrategy, optional
         Mirage's dimension strategy: the imaps, omaps and fmaps block graphs may use (``configs/dims/``, see
         :mod:`~gensorage.exhaustive.dim_strategy`); None: every map.
+    replicated_writes : bool
+        Whether a block graph may write a kernel tensor that holds copies no operator has lined up with an input
+        axis (a ``repeat``'s, or blocks along a grid dim the tensor does not vary with). False narrows the space
+        (it is not exact: some correct µGraphs write such copies and tie them in the next kernel); see
+        ``docs/search.md``.
     """
 
     program: Program = field(compare=False, hash=False, repr=False)
@@ -86,6 +92,7 @@ class SearchSpec:
     expr_filter: bool = True
     ops: tuple[str, ...] | None = None
     dims: DimStrategy | None = None
+    replicated_writes: bool = True
     program_text: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +121,8 @@ class SearchSpec:
             raise ConfigError(f"search spec: max_trials must be a positive integer or None, got {self.max_trials!r}")
         if self.dims is not None and not isinstance(self.dims, DimStrategy):
             raise ConfigError(f"search spec: dims must be a DimStrategy, got {type(self.dims).__name__}")
+        if not isinstance(self.replicated_writes, bool):
+            raise ConfigError(f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}")
         if self.ops is not None:
             object.__setattr__(self, "ops", tuple(sorted({parse_op(o).value for o in self.ops})))
 
@@ -129,7 +138,7 @@ class SearchSpec:
             if f.name in ("program", "program_text"):
                 continue
             value = getattr(self, f.name)
-            if f.name in OMITTED_WHEN_NONE and value is None:
+            if (f.name in OMITTED_WHEN_NONE and value is None) or (f.name in OMITTED_WHEN_TRUE and value is True):
                 continue  # keeps the keys (checkpoint names) of specs written before the field existed
             if isinstance(value, DimStrategy):
                 out[f.name] = value.to_json()

@@ -17,6 +17,17 @@ the dim it partitions (a tile keeps the rest), a sum accumulator reduces the loo
 grid index in front of the dim it lays blocks along. Every reduction records the *class* of the index it sums:
 the atoms of all its factors.
 
+Pieces and links. A factor carries each atom with a *stride*: the size of the part of the axis below that
+piece (an input's axis is one piece at stride 1; splitting a piece of ``n`` into ``a`` major and ``n/a`` minor
+puts the major at ``n/a`` times its stride). Neighbouring factors are one index only when they are consecutive
+pieces (the major's strides are the minor's times the minor's size). The program's own ties between pieces are
+its *links* (:class:`Links`): a µGraph operator that ties two pieces the program never ties (at that ratio of
+strides) is marked not ``aligned`` and pruned, since the terms it makes carry an index constraint no term of the
+program does, and the laws below keep every such constraint. A *class* is the set of the atom sets of the summed
+index's factors, strides dropped (a sum of ``x_i·y_j`` over both indices is not a sum of ``x_i·y_i``), plus
+COPIES for a copy factor: ``m`` identical terms sum to ``m`` times one, and no law of ``A_eq`` takes the ``m``
+out again.
+
 Why classes are an invariant. The laws of real arithmetic behind ``A_eq`` keep a term's set of classes: sums
 commute; a reduction split into partial reductions (over a split dim, tiles, a loop, blocks) sums the same atoms
 in each part; and ``mul(x, sum_i(y)) = sum_i(mul(x, y))`` holds only when ``x`` does not carry ``i``, so the
@@ -38,16 +49,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import ProgramError
 from gensorage.opset import Op, broadcast_shapes
 from gensorage.program import Program
 
-Atoms = frozenset[int]  # atoms, each ``input * AXES + axis``, plus INSIDE below a non-linear function
+Atoms = frozenset[int]  # atom parts: ``input * AXES + axis`` (plus INSIDE) + ``stride * STRIDE``; see below
 AXES = 64
 INSIDE = 1 << 20
+STRIDE = 1 << 22
 NONE: Atoms = frozenset()
+Class = frozenset[Atoms]  # a reduction's class: the atoms of each factor of the index it sums (strides dropped)
+#: The mark of a reduction over copies (a sum of identical terms: ``m`` copies sum to ``m`` times one).
+COPIES: Atoms = frozenset({-1})
 Factor = tuple[int, Atoms]  # (size > 1, the atoms its index runs over)
 Dim = tuple[Factor, ...]  # major to minor; a dim of size 1 has none
 
@@ -58,32 +74,52 @@ class Ties:
 
     shape: tuple[int, ...]
     dims: tuple[Dim, ...]
-    bound: frozenset[Atoms] = frozenset()
+    bound: frozenset[Class] = frozenset()
     loop: Dim = ()  # the for-loop index, in a block graph (() if the tensor does not vary with it)
     grid: tuple[Dim, ...] = ()  # per grid dim, its block index (() where the tensor does not vary with it)
     known: bool = True
+    aligned: bool = True  # False: some operator tied pieces of atoms the program never ties (see Links)
 
 
 def input_ties(index: int, shape: tuple[int, ...]) -> Ties:
     """The ties of program input ``index``."""
-    return Ties(shape, tuple(((n, frozenset({index * AXES + a})),) if n > 1 else () for a, n in enumerate(shape)))
+    return Ties(shape, tuple(((n, frozenset({index * AXES + a + STRIDE})),) if n > 1 else ()
+                             for a, n in enumerate(shape)))
+
+
+def base(part: int) -> int:
+    """The atom of an atom part (its stride dropped)."""
+    return part % STRIDE
+
+
+def _scaled(atoms: Atoms, k: int) -> Atoms:
+    """The parts of the major piece of a factor whose minor piece has ``k`` elements: strides times ``k`` (a
+    part without a stride, as tests write atoms, keeps none)."""
+    if k == 1:
+        return atoms
+    return frozenset(x + (x // STRIDE) * (k - 1) * STRIDE for x in atoms)
 
 
 def _unknown(shape: tuple[int, ...]) -> Ties:
     return Ties(shape, tuple(() for _ in shape), known=False)
 
 
+def _joins(major: Factor, minor: Factor) -> bool:
+    """Whether ``major`` and ``minor`` are the major and minor pieces of one index (copies: of one copy)."""
+    return major[1] == _scaled(minor[1], minor[0])
+
+
 def norm(d: Dim) -> Dim:
-    """``d`` with neighbouring factors over the same atoms made one (the major and minor parts of one index):
-    one form per index, so equal tensors have equal ties (the subtree memo's key compares them)."""
+    """``d`` with neighbouring factors that are the major and minor pieces of one index made one: one form per
+    index, so equal tensors have equal ties (the subtree memo's key compares them)."""
     for i in range(1, len(d)):
-        if d[i][1] == d[i - 1][1]:
+        if _joins(d[i - 1], d[i]):
             out = [d[0]]
-            for n, atoms in d[1:]:
-                if atoms == out[-1][1]:
-                    out[-1] = (out[-1][0] * n, atoms)
+            for f in d[1:]:
+                if _joins(out[-1], f):
+                    out[-1] = (out[-1][0] * f[0], f[1])
                 else:
-                    out.append((n, atoms))
+                    out.append(f)
             return tuple(out)
     return d
 
@@ -111,8 +147,8 @@ def tie(a: Dim, b: Dim) -> Dim | None:
         elif x > y:
             if x % y:
                 return None
-            out.append((y, xa | ya))
             x //= y
+            out.append((y, _scaled(xa, x) | ya))
             j += 1
             if j == len(b):
                 return None
@@ -120,8 +156,8 @@ def tie(a: Dim, b: Dim) -> Dim | None:
         else:
             if y % x:
                 return None
-            out.append((x, xa | ya))
             y //= x
+            out.append((x, xa | _scaled(ya, y)))
             i += 1
             if i == len(a):
                 return None
@@ -145,16 +181,17 @@ def take_major(d: Dim, size: int) -> tuple[Dim, Dim] | None:
         else:
             if n % size:
                 return None
-            major.append((size, atoms))
+            major.append((size, _scaled(atoms, n // size)))
             rest[0] = (n // size, atoms)
             size = 1
     return norm(tuple(major)), tuple(rest)
 
 
-def _bind(bound: frozenset[Atoms], d: Dim) -> frozenset[Atoms]:
-    """``bound`` plus the class of a reduction over index ``d``: the atoms of all its factors (a copy factor has
-    none; an index of size 1, none at all)."""
-    cls = frozenset().union(*(atoms for _, atoms in d)) if d else NONE
+def _bind(bound: frozenset[Class], d: Dim, copies: bool = True) -> frozenset[Class]:
+    """``bound`` plus the class of a reduction over index ``d``: the atoms of each of its factors, and COPIES
+    for a copy factor when the reduction is a sum (a maximum over copies is any one of them: no class; an index
+    of size 1 has none)."""
+    cls = frozenset(frozenset(base(x) for x in atoms) if atoms else COPIES for _, atoms in d if atoms or copies)
     return bound | {cls} if cls and cls not in bound else bound
 
 
@@ -166,7 +203,8 @@ def _inside(a: Ties) -> Ties:
     """The result of a non-linear function: its atoms are now inside one."""
     if not a.known:
         return a
-    return Ties(a.shape, tuple(_marked(d) for d in a.dims), a.bound, _marked(a.loop), tuple(_marked(g) for g in a.grid))
+    return Ties(a.shape, tuple(_marked(d) for d in a.dims), a.bound, _marked(a.loop), tuple(_marked(g) for g in a.grid),
+                aligned=a.aligned)
 
 
 def _join_grid(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
@@ -184,9 +222,29 @@ def _join_grid(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None
 
 
 class TieArith:
-    """The arithmetic of :class:`Ties` (an :class:`gensorage.arith.Arith`, so programs evaluate with it)."""
+    """The arithmetic of :class:`Ties` (an :class:`gensorage.arith.Arith`, so programs evaluate with it).
+
+    ``links``: the program's ties; a result that ties pieces of atoms they do not is marked not ``aligned``.
+    ``record``: a list every tie an operator makes is appended to (how :class:`Links` learns a program's)."""
 
     name = "ties"
+
+    def __init__(self, links: Links | None = None, record: list[Atoms] | None = None) -> None:
+        self.links = links
+        self.record = record
+
+    def _aligned(self, *dims: Dim) -> bool:
+        links, record = self.links, self.record
+        if links is None and record is None:
+            return True
+        for d in dims:
+            for _, atoms in d:
+                if len(atoms) > 1:
+                    if record is not None:
+                        record.append(atoms)
+                    if links is not None and not links.admits(atoms):
+                        return False
+        return True
 
     def shape(self, a: Ties) -> tuple[int, ...]:
         return a.shape
@@ -227,7 +285,8 @@ class TieArith:
         loop = tie(a.loop, b.loop)
         if dims is None or grid is None or loop is None:
             return _unknown(out)
-        return Ties(out, dims, a.bound | b.bound, loop, grid)
+        aligned = a.aligned and b.aligned and self._aligned(*dims, loop, *grid)
+        return Ties(out, dims, a.bound | b.bound, loop, grid, aligned=aligned)
 
     # ------------------------------------------------------------------ reductions
     def matmul(self, a: Ties, b: Ties) -> Ties:
@@ -243,15 +302,17 @@ class TieArith:
         loop = tie(a.loop, b.loop)
         if lined is None or inner is None or grid is None or loop is None:
             return _unknown(out)
-        return Ties(out, (*lined, a.dims[-2], b.dims[-1]), _bind(a.bound | b.bound, inner), loop, grid)
+        aligned = a.aligned and b.aligned and self._aligned(*lined, inner, loop, *grid)
+        return Ties(out, (*lined, a.dims[-2], b.dims[-1]), _bind(a.bound | b.bound, inner), loop, grid,
+                    aligned=aligned)
 
     def reduce_sum(self, a: Ties, axis: int, keepdims: bool) -> Ties:
         return self._reduce(a, axis, keepdims)
 
     def reduce_max(self, a: Ties, axis: int, keepdims: bool) -> Ties:
-        return self._reduce(a, axis, keepdims)
+        return self._reduce(a, axis, keepdims, copies=False)
 
-    def _reduce(self, a: Ties, axis: int, keepdims: bool) -> Ties:
+    def _reduce(self, a: Ties, axis: int, keepdims: bool, copies: bool = True) -> Ties:
         axis %= len(a.shape)
         if keepdims:
             shape, dims = _with(a.shape, axis, 1), _with(a.dims, axis, ())
@@ -259,7 +320,7 @@ class TieArith:
             shape, dims = a.shape[:axis] + a.shape[axis + 1:], a.dims[:axis] + a.dims[axis + 1:]
         if not a.known:
             return _unknown(shape)
-        return Ties(shape, dims, _bind(a.bound, a.dims[axis]), a.loop, a.grid)
+        return Ties(shape, dims, _bind(a.bound, a.dims[axis], copies), a.loop, a.grid, aligned=a.aligned)
 
     def accumulate(self, acc: Ties | None, x: Ties, kind: AccumKind) -> Ties:
         # The generic block evaluator slices tiles without saying by which index: unknown there; the search
@@ -279,7 +340,7 @@ class TieArith:
                 return _unknown(shape)
             dim, rest = got
             dims.append(dim)
-        return Ties(shape, tuple(dims), a.bound, a.loop, a.grid)
+        return Ties(shape, tuple(dims), a.bound, a.loop, a.grid, aligned=a.aligned)
 
     def repeat(self, a: Ties, axis: int, times: int) -> Ties:
         axis %= len(a.shape)
@@ -287,7 +348,8 @@ class TieArith:
         if not a.known:
             return _unknown(shape)
         copies: Dim = ((times, NONE),) if times > 1 else ()
-        return Ties(shape, _with(a.dims, axis, norm(a.dims[axis] + copies)), a.bound, a.loop, a.grid)
+        return Ties(shape, _with(a.dims, axis, norm(a.dims[axis] + copies)), a.bound, a.loop, a.grid,
+                    aligned=a.aligned)
 
     def concat(self, parts: Sequence[Ties], axis: int) -> Ties:
         axis %= len(parts[0].shape)
@@ -349,14 +411,14 @@ def tile_ties(t: Ties, imap: Sequence[int | None], fmap: int | None, tile: tuple
         if got is None:
             return _unknown(tile)
         loop, dims[fmap] = got
-    return Ties(tile, tuple(dims), t.bound, loop, tuple(grid_dims))
+    return Ties(tile, tuple(dims), t.bound, loop, tuple(grid_dims), aligned=t.aligned)
 
 
 def loop_sum(x: Ties) -> Ties:
     """A for-loop sum accumulator of ``x``: it reduces the loop index."""
     if not x.known:
         return x
-    return Ties(x.shape, x.dims, _bind(x.bound, x.loop), (), x.grid)
+    return Ties(x.shape, x.dims, _bind(x.bound, x.loop), (), x.grid, aligned=x.aligned)
 
 
 def loop_concat(x: Ties, iterations: int, axis: int) -> Ties:
@@ -365,7 +427,7 @@ def loop_concat(x: Ties, iterations: int, axis: int) -> Ties:
     if not x.known:
         return _unknown(shape)
     front: Dim = x.loop if x.loop else ((iterations, NONE),) if iterations > 1 else ()
-    return Ties(shape, _with(x.dims, axis, norm(front + x.dims[axis])), x.bound, (), x.grid)
+    return Ties(shape, _with(x.dims, axis, norm(front + x.dims[axis])), x.bound, (), x.grid, aligned=x.aligned)
 
 
 def saved_ties(x: Ties, omap: Sequence[int], grid: Sequence[int], live: Sequence[int] | None = None) -> Ties:
@@ -381,10 +443,76 @@ def saved_ties(x: Ties, omap: Sequence[int], grid: Sequence[int], live: Sequence
         built = g if live is None else live[g]
         index = x.grid[built] if x.grid and x.grid[built] else ((grid[g], NONE),) if grid[g] > 1 else ()
         dims[d] = norm(index + dims[d])
-    return Ties(tuple(shape), tuple(dims), x.bound)
+    return Ties(tuple(shape), tuple(dims), x.bound, aligned=x.aligned)
+
+
+def holds_copies(t: Ties) -> bool:
+    """Whether a known tensor has a copy factor (copies no operator has lined up with an input axis)."""
+    return t.known and any(not atoms for d in t.dims for _, atoms in d)
 
 
 # ------------------------------------------------------------------ the rule
+
+
+class Links:
+    """Which pieces of atoms a program ties: atoms ``a`` and ``b`` are linked with ratio ``r`` when some tie of
+    the program puts the piece of ``a`` at stride ``s`` and the piece of ``b`` at stride ``r·s`` on one index
+    (closed under composition: a union-find whose weights are stride ratios). A component where the program
+    itself ties two atoms at two ratios (a reshape can) is *free*: nothing in it is checked."""
+
+    def __init__(self, ties: Iterable[Atoms] = ()) -> None:
+        self.parent: dict[int, int] = {}
+        self.weight: dict[int, Fraction] = {}  # stride of an atom's piece / stride of its parent's, on one tie
+        self.free: set[int] = set()
+        self._memo: dict[Atoms, bool] = {}
+        for atoms in ties:
+            self.add(atoms)
+
+    def _find(self, a: int) -> tuple[int, Fraction]:
+        w = Fraction(1)
+        while a in self.parent:
+            w *= self.weight[a]
+            a = self.parent[a]
+        return a, w
+
+    def add(self, atoms: Atoms) -> None:
+        """Record one tie of the program (an index's atom parts)."""
+        parts = [(base(x), x // STRIDE) for x in atoms if x >= STRIDE]
+        for b, t in parts[1:]:
+            a, s = parts[0]
+            ra, wa = self._find(a)
+            rb, wb = self._find(b)
+            if ra == rb:
+                if wb * s != wa * t:
+                    self.free.add(ra)
+                continue
+            self.parent[rb] = ra
+            self.weight[rb] = Fraction(t) * wa / (s * wb)
+            if rb in self.free:
+                self.free.add(ra)
+        self._memo.clear()
+
+    def admits(self, atoms: Atoms) -> bool:
+        """Whether one index may carry ``atoms``: every two of its parts are linked at their strides' ratio."""
+        got = self._memo.get(atoms)
+        if got is None:
+            got = self._memo[atoms] = self._admits(atoms)
+        return got
+
+    def _admits(self, atoms: Atoms) -> bool:
+        parts = [(base(x), x // STRIDE) for x in atoms if x >= STRIDE]
+        if len(parts) < 2:
+            return True
+        a, s = parts[0]
+        ra, wa = self._find(a)
+        for b, t in parts[1:]:
+            rb, wb = self._find(b)
+            if rb != ra:
+                return False
+            if ra not in self.free and wb * s != wa * t:
+                return False
+        return True
+
 
 #: Operators whose laws change classes (see the module docstring): with any of them the rule is off.
 CLASS_CHANGING = frozenset({Op.ADD, Op.SUB, Op.CONCAT})
@@ -394,28 +522,32 @@ TIES = TieArith()
 
 
 class TieRule:
-    """The program's reduction classes and the check of a µGraph tensor against them."""
+    """The program's reduction classes and ties, and the check of a µGraph tensor against them; ``arith``
+    computes a µGraph's ties, marking those the program's links do not admit."""
 
-    def __init__(self, classes: frozenset[Atoms]) -> None:
+    def __init__(self, classes: frozenset[Class], links: Links | None = None) -> None:
         self.classes = classes
+        self.links = links
+        self.arith = TieArith(links)
 
     @staticmethod
     def for_search(program: Program, ops: Sequence[Op]) -> TieRule | None:
         """The rule for a search of ``program`` with operators ``ops``; None where it does not apply."""
         if any(op in CLASS_CHANGING for op in ops):
             return None
+        made: list[Atoms] = []
         try:
-            outs = program.evaluate(TIES, [input_ties(i, t.shape) for i, t in enumerate(program.inputs)])
+            outs = program.evaluate(TieArith(record=made), [input_ties(i, t.shape) for i, t in enumerate(program.inputs)])
         except ProgramError:
             return None
         if not all(o.known for o in outs):
             return None
-        return TieRule(frozenset(c for o in outs for c in o.bound))
+        return TieRule(frozenset(c for o in outs for c in o.bound), Links(made))
 
     def missing(self, available: Iterable[Ties | None]) -> int:
         """How many of the program's classes no ``available`` tensor has (0 if one is unknown): a last kernel
         operator reading them needs one reduction for each, since a reduction adds one class."""
-        have: set[Atoms] = set()
+        have: set[Class] = set()
         for t in available:
             if t is None or not t.known:
                 return 0
@@ -423,9 +555,10 @@ class TieRule:
         return len(self.classes - have)
 
     def admits(self, t: Ties) -> bool:
-        """Whether every class of ``t`` is one of the program's (an unknown tensor always is)."""
-        return not t.known or t.bound <= self.classes
+        """Whether every class of ``t`` is one of the program's and every tie one its links admit (an unknown
+        tensor always passes)."""
+        return not t.known or (t.aligned and t.bound <= self.classes)
 
 
-__all__ = ["AXES", "CLASS_CHANGING", "INSIDE", "REDUCING", "TIES", "Atoms", "Dim", "TieArith", "TieRule", "Ties",
-           "input_ties", "loop_concat", "loop_sum", "norm", "saved_ties", "take_major", "tie", "tile_ties"]
+__all__ = ["AXES", "CLASS_CHANGING", "COPIES", "INSIDE", "REDUCING", "STRIDE", "TIES", "Atoms", "Class", "Dim", "Links", "TieArith",
+           "TieRule", "Ties", "base", "holds_copies", "input_ties", "loop_concat", "loop_sum", "norm", "saved_ties", "take_major", "tie", "tile_ties"]
