@@ -31,10 +31,16 @@ LLaMA-2-70B's key/value heads, Mirage §7.3); with ``kv=1`` (the default until 2
 head axis has size 1, the space is far smaller and the search finds no candidate at 4 to 7 block nodes.
 Larger dims give more divisors, hence more grid and for-loop choices per block graph.
 
+The space can be narrowed with ``--no-replicated-writes`` (``SearchSpec(replicated_writes=False)``): no block
+graph but the last writes copies it has not lined up with an input axis. That is not exact (it drops some
+correct µGraphs; ``docs/search.md``, "Restrictions of the space"), so the JSON records the setting and the two
+spaces are reported apart.
+
 Usage::
 
     python benchmarks/search_ablation.py                       # defaults: limits 4..7, cap 600 s, 2 workers
     python benchmarks/search_ablation.py --max-block-ops-list 4,5 --cap 120
+    python benchmarks/search_ablation.py --no-replicated-writes --out benchmarks/results/narrow.json
 """
 
 from __future__ import annotations

@@ -154,3 +154,12 @@ def test_ctrl_c_exits_130_keeps_the_checkpoint_and_resume_completes(prog: Path, 
         for name in WORK_COUNTERS:  # work done depends on which tasks shared a process (subtree memo)
             del doc["stats"][name]
     assert resumed == fresh and resumed["complete"]
+
+
+def test_no_replicated_writes_reaches_the_spec(prog: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", str(prog), *TINY, "--json"]) == 0
+    wide = json.loads(capsys.readouterr().out)
+    assert main(["search", str(prog), *TINY, "--json", "--no-replicated-writes"]) == 0
+    narrow = json.loads(capsys.readouterr().out)
+    assert "replicated_writes" not in wide["spec"] and narrow["spec"]["replicated_writes"] is False
+    assert narrow["spec_key"] != wide["spec_key"]  # its own checkpoint
