@@ -7,10 +7,12 @@ from gensorage.exhaustive.results import ugraph_key
 
 
 def candidates_and_states(spec: SearchSpec) -> tuple[list[str], int]:
-    """The sorted structural keys of every candidate of ``spec`` and the states walked to find them."""
-    keys, states = [], 0
+    """The sorted structural keys of the candidates of ``spec`` (each once: how the search splits into tasks
+    depends on what pruning leaves, and a µGraph two tasks find is one candidate) and the states walked."""
+    keys: set[str] = set()
+    states = 0
     for task in enumerate_tasks(spec):
         res = run_task(spec, task, reuse_subtrees=False)
-        keys += [ugraph_key(c.ugraph) for c in res.candidates]
+        keys |= {ugraph_key(c.ugraph) for c in res.candidates}
         states += res.stats.states
     return sorted(keys), states
