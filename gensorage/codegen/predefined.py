@@ -24,7 +24,7 @@ from typing import Any
 
 from gensorage.codegen.block_threads import construct_schedule, fallback_threads, matmul_workload
 from gensorage.codegen.scalar import FIELD_PARAMS, FieldScalar, Scalar
-from gensorage.codegen.tir_text import Ix, Writer, broadcast_index, index_text, unravel
+from gensorage.codegen.tir_text import Ix, Writer, broadcast_index, index_text, summed_index, unravel
 from gensorage.codegen.ugraph_tir import KernelParam, KernelText, Target, _shape
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
@@ -252,6 +252,13 @@ def _partials_buffer(w: Writer, sc: Scalar, nt: int, gpu: bool) -> None:
            f'scope="{"shared" if gpu else "global"}")')
 
 
+def _zero_acc(w: Writer, sc: Scalar) -> None:
+    """``acc``: one accumulator in registers, zeroed."""
+    w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
+    for c, e in enumerate(sc.zero().comps):
+        w.line(f"{sc.at('acc', c, '0')} = {e}")
+
+
 def _keep_partial(w: Writer, sc: Scalar) -> None:
     """Inside a thread loop: the thread's ``acc`` into ``red[tx]``."""
     for c in range(len(sc.zero().comps)):
@@ -305,20 +312,12 @@ def _cooperative_sum(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, tar
         _partials_buffer(w, sc, nt, gpu)
         with w.block(f"for tx in {threads}:"):
             w.line(f"f = bx * {per_block} + tx // {lanes}")
-            w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
-            for c, e in enumerate(sc.zero().comps):
-                w.line(f"{sc.at('acc', c, '0')} = {e}")
+            _zero_acc(w, sc)
             with w.block(f"if f < {n}:") if blocks * per_block > n else nullcontext():
                 with w.loop("st", -(-count // lanes)) as st:
                     w.line(f"e = {st * lanes} + tx % {lanes}")
                     with w.block(f"if e < {count}:") if count % lanes else nullcontext():
-                        idx, at = unravel(Ix.var("f"), out.shape), Ix.var("e")
-                        if full and keep:
-                            src = idx[:dim] + [at] + idx[dim + 1:]
-                        elif full:
-                            src = idx[:dim] + [at] + idx[dim:]
-                        else:
-                            src = idx[:dim] + [idx[dim] * count + at] + idx[dim + 1:]
+                        src = summed_index(unravel(Ix.var("f"), out.shape), dim, Ix.var("e"), count, full, keep)
                         x_e = sc.load("in0", index_text(src), sc.buf_dtype(x.dtype))
                         for c, v in enumerate(sc.plus(sc.load("acc", "0", sc.acc_dtype), x_e).comps):
                             w.line(f"{sc.at('acc', c, '0')} = {v}")
@@ -382,9 +381,7 @@ def _cooperative_matvec(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, 
         _partials_buffer(w, sc, nt, gpu)
         with w.block(f"for tx in {threads}:"):
             idx = col_index()
-            w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
-            for c, e in enumerate(sc.zero().comps):
-                w.line(f"{sc.at('acc', c, '0')} = {e}")
+            _zero_acc(w, sc)
             with w.block(f"if n < {n_cols}:") if tiles * cols > n_cols else nullcontext():
                 with w.loop("st", -(-inner // lanes)) as st:
                     w.line(f"kk = {st * lanes} + tx // {cols}")
@@ -445,17 +442,9 @@ def _sum_element(w: Writer, op: KernelOp, shape: tuple[int, ...], idx: list[Ix],
     group = attr(op.attrs, "group")
     full = group is None or group == shape[dim]
     count = shape[dim] if full else int(group)
-    w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
-    for c, e in enumerate(sc.zero().comps):
-        w.line(f"{sc.at('acc', c, '0')} = {e}")
+    _zero_acc(w, sc)
     with w.loop("g", count) as gi:
-        if full and keep:
-            src = idx[:dim] + [gi] + idx[dim + 1:]
-        elif full:
-            src = idx[:dim] + [gi] + idx[dim:]
-        else:
-            src = idx[:dim] + [idx[dim] * count + gi] + idx[dim + 1:]
-        nxt = sc.plus(sc.load("acc", "0", sc.acc_dtype), load(0, src))
+        nxt = sc.plus(sc.load("acc", "0", sc.acc_dtype), load(0, summed_index(idx, dim, gi, count, full, keep)))
         for c, e in enumerate(nxt.comps):
             w.line(f"{sc.at('acc', c, '0')} = {e}")
     store(sc.reduced(sc.load("acc", "0", sc.acc_dtype)))
@@ -463,9 +452,7 @@ def _sum_element(w: Writer, op: KernelOp, shape: tuple[int, ...], idx: list[Ix],
 
 def _matmul_element(w: Writer, ins: list[Any], idx: list[Ix], sc: Scalar, load: Any, store: Any) -> None:
     """One output element of a (broadcast, batched) matmul: the whole inner dim in one register."""
-    w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
-    for c, e in enumerate(sc.zero().comps):
-        w.line(f"{sc.at('acc', c, '0')} = {e}")
+    _zero_acc(w, sc)
     a, b = ins[0].shape, ins[1].shape
     with w.loop("k", a[-1]) as kk:
         av = load(0, broadcast_index(idx[:-2], a[:-2]) + [idx[-2], kk])

@@ -152,6 +152,16 @@ def broadcast_index(idx: Sequence[Ix], src: Sequence[int]) -> list[Ix]:
     return [Ix() if n == 1 else idx[lead + d] for d, n in enumerate(src)]
 
 
+def summed_index(idx: Sequence[Ix], dim: int, at: Ix, count: int, full: bool, keep: bool) -> list[Ix]:
+    """Index of term ``at`` (of ``count``) that a sum over ``dim`` reads for output element ``idx``: the whole dim
+    (kept as size 1, or dropped), or group ``idx[dim]`` of a grouped sum."""
+    if full and keep:
+        return [*idx[:dim], at, *idx[dim + 1:]]
+    if full:
+        return [*idx[:dim], at, *idx[dim:]]
+    return [*idx[:dim], idx[dim] * count + at, *idx[dim + 1:]]
+
+
 def index_text(idx: Sequence[Ix | str]) -> str:
     return ", ".join(str(i) for i in idx) if idx else "0"
 

@@ -50,7 +50,15 @@ from typing import Literal
 from gensorage.codegen.barriers import EXPLICIT_BARRIERS
 from gensorage.codegen.block_threads import MatmulTiling, ThreadChoice, fallback_threads, matmul_tiling
 from gensorage.codegen.scalar import FIELD_PARAMS, FLOAT_DTYPES, Scalar, Val
-from gensorage.codegen.tir_text import Ix, Writer, broadcast_index, index_text, reshape_index, unravel
+from gensorage.codegen.tir_text import (
+    Ix,
+    Writer,
+    broadcast_index,
+    index_text,
+    reshape_index,
+    summed_index,
+    unravel,
+)
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
@@ -586,13 +594,8 @@ class _BlockEmitter:
             acc = self._acc_buffer(1)
             self.store(acc, "0", self.sc.zero(), self.sc.acc_dtype)
             with self.w.loop(self.w.fresh("g"), count) as gi:
-                if full and keep:
-                    src = idx[:dim] + [gi] + idx[dim + 1:]
-                elif full:
-                    src = idx[:dim] + [gi] + idx[dim:]
-                else:
-                    src = idx[:dim] + [idx[dim] * count + gi] + idx[dim + 1:]
                 cur = self.sc.load(acc, "0", self.sc.acc_dtype)
+                src = summed_index(idx, dim, gi, count, full, keep)
                 self.store(acc, "0", self.sc.plus(cur, self.read(x, src)), self.sc.acc_dtype)
             self.emit_value(Ref(j), idx, self.sc.reduced(self.sc.load(acc, "0", self.sc.acc_dtype)), slot)
 
