@@ -123,14 +123,14 @@ def dag_key(g: KernelGraph) -> str:
 
 def test_spec_json_round_trip_and_key() -> None:
     spec = SearchSpec(program=load_config("rmsnorm", {"b": 3, "h": 4, "d": 5}), max_block_ops=4, seed=7,
-                      ops=("mul", "matmul", "sum"))
+                      ops=("mul", "matmul", "sum", "div", "sqrt"))
     doc = json.loads(json.dumps(spec.to_json()))
     back = SearchSpec.from_json(doc)
     assert back == spec and back.key() == spec.key()
     assert back.program.key() == spec.program.key()
     assert dataclasses.replace(spec, seed=8).key() != spec.key()
     other = SearchSpec(program=load_config("rmsnorm", {"b": 3, "h": 4, "d": 7}), max_block_ops=4, seed=7,
-                       ops=("mul", "matmul", "sum"))
+                       ops=("mul", "matmul", "sum", "div", "sqrt"))
     assert other.key() != spec.key() and other != spec
 
 
@@ -536,3 +536,54 @@ def test_generator_module_exports_the_runner_contract() -> None:
         assert hasattr(generator, name)
     c = Candidate(ugraph=examples.gated_mlp()[1], predicted_time_s=1.0, equivalence={}, found_in_task=0)
     assert c.structure_key() == ugraph_key(c.ugraph)
+
+
+
+def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # should_stop is polled at ticks, before each candidate's check and between its batches of trials (a large
+    # candidate takes seconds to verify). Wherever it first says stop, the stopped part plus its resumption is
+    # the uninterrupted walk: a node stopped half-emitted is undone and emitted whole on resume.
+    import gensorage.verify as verify
+    from gensorage.verify.equivalent import VerificationStopped
+
+    spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=1, max_grid_dims=1)
+    whole = run_task(spec, Task(0, (), True), reuse_subtrees=False)
+    monkeypatch.setattr(generator, "POLL_EVERY", 1)
+    real, interrupted = verify.equivalent, []
+
+    def counting(*args: object, **kwargs: object) -> object:
+        try:
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+        except VerificationStopped:
+            interrupted.append(1)
+            raise
+
+    monkeypatch.setattr(verify, "equivalent", counting)
+    # A probe run lists the polls; stop at a few of each kind: at ticks, and inside verifications.
+    polls: list[bool] = []
+    depth = [0]
+    inner = real
+
+    def probing(*args: object, **kwargs: object) -> object:
+        depth[0] += 1
+        try:
+            return inner(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(verify, "equivalent", probing)
+    run_task(spec, Task(0, (), True), reuse_subtrees=False, should_stop=lambda: polls.append(depth[0] > 0) or False)
+    monkeypatch.setattr(verify, "equivalent", counting)
+    inside = [k for k, v in enumerate(polls) if v]
+    outside = [k for k, v in enumerate(polls) if not v]
+    picks = inside[::max(1, len(inside) // 4)] + outside[::max(1, len(outside) // 4)]
+    for k in picks:
+        polled = itertools.count()
+        res = run_task(spec, Task(0, (), True), reuse_subtrees=False,
+                       should_stop=lambda polled=polled, k=k: next(polled) >= k)
+        assert not res.complete and res.resume is not None
+        rest = run_task(spec, generator.resume_task(Task(0, (), True), res.resume.to_json()), reuse_subtrees=False)
+        assert rest.complete
+        assert _candidate_json(res.candidates + rest.candidates) == _candidate_json(whole.candidates)
+        assert _logical(res.stats + rest.stats) == _logical(whole.stats)
+    assert whole.candidates and interrupted  # some stops did land inside a verification

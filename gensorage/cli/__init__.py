@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from gensorage.cli.argtypes import OneLineParser
 from gensorage.errors import GensorageError
 
 # Subcommand modules, in the order they appear in ``gensorage --help``.
@@ -24,7 +25,7 @@ EXIT_INTERRUPTED = 130
 def _build_parser() -> argparse.ArgumentParser:
     from gensorage import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gensorage",
         description="Superoptimizer for tensor programs: exhaustive µGraph search + Markov schedule construction.",
     )

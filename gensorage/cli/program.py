@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from gensorage.cli.argtypes import positive_int, seed
 from gensorage.errors import ConfigError, ProgramError
 from gensorage.program import Program, list_configs, load_config, load_program
 
@@ -30,8 +31,8 @@ def register(subparsers: Any) -> None:
 
     run = sub.add_parser("run", help="run a program in float64 on random inputs; print output shapes and checksums")
     _add_source_args(run)
-    run.add_argument("--seed", type=int, default=0, help="random seed for the inputs (default 0)")
-    run.add_argument("--max-elements", type=int, default=DEFAULT_MAX_ELEMENTS,
+    run.add_argument("--seed", type=seed, default=0, help="random seed for the inputs (default 0)")
+    run.add_argument("--max-elements", type=positive_int, default=DEFAULT_MAX_ELEMENTS,
                      help=f"refuse programs whose tensors hold more float64 elements (default {DEFAULT_MAX_ELEMENTS})")
     run.set_defaults(func=cmd_run)
 
@@ -65,6 +66,8 @@ def load_source(file: str, params: dict[str, int]) -> Program:
     path = Path(file)
     if path.is_file():
         return load_program(path, params)
+    if path.is_dir():
+        raise ConfigError(f"{file}: is a directory, not a program file")
     if path.suffix or "/" in file:
         raise ConfigError(f"{file}: no such program file")
     return load_config(file, params)

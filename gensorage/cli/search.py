@@ -18,6 +18,7 @@ import json
 import sys
 from typing import Any
 
+from gensorage.cli.argtypes import seed
 from gensorage.errors import ConfigError
 
 EXIT_NOT_FOUND = 1
@@ -70,7 +71,7 @@ def register(subparsers: Any) -> None:
                         "input axis (not exact; see docs/search.md)")
     p.add_argument("--schedule", choices=SCHEDULES, default="markov",
                    help="how kernels' schedules are chosen: Markov construction or enumeration (default markov)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the search (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the search (default 0)")
     p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: all usable cores)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop after this many seconds")
     p.add_argument("--checkpoint", metavar="PATH",

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gensorage.cli.argtypes import seed
 from gensorage.errors import ConfigError
 
 EXIT_OK = 0
@@ -45,7 +46,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--checkpoint", default=None, metavar="PATH",
                         help="search checkpoint file (resumed if it exists; default: one per search)")
     parser.add_argument("--workers", type=int, default=None, metavar="N", help="search worker processes")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     parser.add_argument("--preset", default=None, metavar="NAME",
                         help="search preset name or .toml path (default: the one named like the program)")
     parser.add_argument("--delta", type=float, default=None,

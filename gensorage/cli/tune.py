@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from gensorage.cli.argtypes import seed
 from gensorage.errors import ConfigError, GensorageError
 
 DEFAULT_SPEC: dict[str, Any] = {"op": "gemm", "M": 1024, "N": 1024, "K": 1024}
@@ -38,7 +39,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--dtype", help="element type for --op (float16, bfloat16, float32; default float16)")
     p.add_argument("--hw", default="h100", help="hardware profile name or .toml path (default h100)")
     p.add_argument("--method", default="markov", help="markov | roller | optuna | random (default markov)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the method (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the method (default 0)")
     p.add_argument("--trials", type=int, help="trials for optuna / random")
     p.add_argument("--emit", metavar="cuda|tir", help="print the CUDA source or the scheduled TIR")
     p.add_argument("--check", action="store_true", help="run the kernel on the CPU and compare with numpy")

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gensorage.errors import ConfigError, VerificationError
+from gensorage.cli.argtypes import seed
+from gensorage.errors import ConfigError, UGraphError, VerificationError
 
 #: Above this many required trials (and without --max-trials) the command warns on stderr before it starts.
 LONG_RUN_TRIALS = 100_000
@@ -28,7 +29,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("a", metavar="A", help="a program (.gsp file or bundled config name) or a µGraph (.json)")
     parser.add_argument("b", metavar="B", help="the other side, same inputs by position")
     parser.add_argument("--delta", type=float, default=1e-9, help="false-accept probability bound (default 1e-9)")
-    parser.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, reported)")
+    parser.add_argument("--seed", type=seed, default=None, help="random seed (default: fresh, reported)")
     parser.add_argument("--max-trials", type=int, default=None, metavar="N",
                         help="stop after N passing trials; the report then gives the δ actually reached")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
@@ -50,7 +51,10 @@ def load_side(file: str, params: dict[str, int]) -> Any:
             raise ConfigError(f"{file}: cannot read µGraph file: {exc}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{file}: not valid JSON: {exc}") from None
-        return KernelGraph.from_json(data)
+        try:
+            return KernelGraph.from_json(data)
+        except UGraphError as exc:
+            raise UGraphError(f"{file}: not a gensorage µGraph: {exc}") from None
     from gensorage.cli.program import load_source
 
     return load_source(file, params)

@@ -38,6 +38,7 @@ from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.subtree_memo import Entry, Memo, Recording, process_memo, subtree_key
 from gensorage.opset import Shape
 from gensorage.ugraph.ir import KernelGraph, KernelNode, Ref
+from gensorage.verify.equivalent import VerificationStopped
 
 # enumerate_tasks splits deeper until it has at least this many tasks ... A task replays its path by generating
 # the siblings before it at every level, about 5 ms a task at depth 2 of the kv=2 GQA search: with 2 workers its
@@ -312,10 +313,27 @@ class Search:
         return TaskResult(self.task_index, tuple(self.candidates), self.stats(), False, resume)
 
     def _emit(self) -> None:
-        for tensors in complete_outputs(self):
-            if self.spec.expr_filter and not self.expr_equal(tensors):
-                continue
-            self._finalize(tuple(self.state.ops), tuple(self.state.ref[t] for t in tensors))
+        undo = None
+        try:
+            for tensors in complete_outputs(self):
+                if self.spec.expr_filter and not self.expr_equal(tensors):
+                    continue
+                if undo is None:
+                    c = self.counters
+                    undo = (len(self.candidates), c.verified, c.rejected, c.unstable, set(self.sized_structures))
+                if self.should_stop():
+                    raise VerificationStopped
+                self._finalize(tuple(self.state.ops), tuple(self.state.ref[t] for t in tensors))
+        except VerificationStopped:
+            # Verifying a large candidate takes seconds: a stop lands between (or inside) checks. The node is
+            # then undone to where a stop at its tick leaves it (counted, not emitted), so a resume emits it whole.
+            assert undo is not None
+            c = self.counters
+            del self.candidates[undo[0]:]
+            c.verified, c.rejected, c.unstable = undo[1:4]
+            self.sized_structures = undo[4]
+            self.stopped_at = tuple(self.at)
+            raise _Stopped from None
 
     def _finalize(self, ops: tuple[KernelNode, ...], outputs: tuple[Ref, ...]) -> None:
         """Record the complete kernel graph ``ops`` in the subtrees being recorded, then finalize it."""

@@ -123,8 +123,27 @@ class SearchSpec:
             raise ConfigError(f"search spec: dims must be a DimStrategy, got {type(self.dims).__name__}")
         if not isinstance(self.replicated_writes, bool):
             raise ConfigError(f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"search spec: seed must be a non-negative integer, got {self.seed!r}")
         if self.ops is not None:
             object.__setattr__(self, "ops", tuple(sorted({parse_op(o).value for o in self.ops})))
+            self._check_ops()
+
+    def _check_ops(self) -> None:
+        """An operator set that cannot make the program is refused up front: without some operator whose mark
+        the program's outputs carry (exp, sqrt, an activation, div; see needed_ops), no µGraph's expression
+        equals the program's, so the default search (expression filter on) would walk for nothing."""
+        if not self.ops:
+            raise ConfigError("search spec: ops is empty (name at least one operator type, or leave it unset)")
+        if not (self.prune and self.expr_filter):
+            return
+        from gensorage.exhaustive.needed_ops import MARK_OPS
+        from gensorage.exhaustive.opcatalog import program_ops
+
+        lacking = sorted(op.value for op in program_ops(self.program) & MARK_OPS if op.value not in self.ops)
+        if lacking:
+            raise ConfigError(f"search spec: ops lacks {', '.join(lacking)}, which the program uses; no µGraph "
+                              "without it has the program's expression (add it, or leave ops unset)")
 
     @property
     def op_types(self) -> tuple[Op, ...] | None:
@@ -168,8 +187,14 @@ class SearchSpec:
         return SearchSpec(program=parse_program(text, source="search spec"), **kwargs)
 
     def key(self) -> str:
-        """A stable hash of :meth:`to_json` (the checkpoint key): equal specs, equal keys, in every process."""
+        """A stable hash of :meth:`to_json` and of the hardware profile's numbers (the checkpoint key): equal
+        specs, equal keys, in every process; editing the profile file makes it another search, since memory
+        limits and predicted times come from it."""
+        from gensorage.fingerprint import data_fingerprint
+        from gensorage.hw import load_profile
+
         blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        blob += "\nhw " + data_fingerprint(load_profile(self.hw))
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

@@ -302,6 +302,8 @@ def resolve_program(program: Program | str | os.PathLike[str], params: Mapping[s
     text_name = os.fspath(program)
     path = Path(text_name).expanduser()
     if not path.is_file():
+        if path.is_dir():
+            raise ConfigError(f"{text_name}: is a directory, not a program file")
         if path.suffix or os.sep in text_name:
             raise ConfigError(f"{text_name}: no such program file")
         path = config_dir() / f"{text_name}.gsp"

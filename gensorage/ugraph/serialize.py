@@ -102,7 +102,7 @@ def to_json(g: KernelGraph) -> dict[str, Any]:
 
 def _get(d: Any, key: str, where: str) -> Any:
     if not isinstance(d, Mapping):
-        raise UGraphError(f"{where}: expected an object, got {type(d).__name__}")
+        raise UGraphError(f"{where or 'the document'}: expected an object, got {type(d).__name__}")
     if key not in d:
         raise UGraphError(f"{where}.{key}: missing" if where else f"{key}: missing")
     return d[key]

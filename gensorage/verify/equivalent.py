@@ -39,6 +39,10 @@ FIRST_BATCH = 8
 _BYTES_PER_ELEMENT = 16 * 3
 
 
+class VerificationStopped(Exception):
+    """The caller's ``should_stop`` ended :func:`equivalent` before a verdict (not an error: nothing is decided)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Counterexample:
     """Where the two sides disagreed: output ``output`` at ``index`` in trial ``trial`` (0-based, all trials).
@@ -288,6 +292,7 @@ def equivalent(
     batch: int | None = None,
     p: int = DEFAULT_P,
     q: int = DEFAULT_Q,
+    should_stop: Callable[[], bool] | None = None,
 ) -> EquivalenceResult:
     """Test whether ``a`` and ``b`` compute the same function, with false-accept probability ≤ ``delta``.
 
@@ -308,6 +313,9 @@ def equivalent(
         The first batch has at most ``FIRST_BATCH`` trials (cheap rejection).
     p, q : int
         Field moduli (primes ≡ 3 mod 4 with ``q | p - 1``, ``p < 2^31``).
+    should_stop : callable, optional
+        Polled before each batch of trials; when it returns True the test ends with :class:`VerificationStopped`
+        (no verdict), so a long search can stop in the middle of a large candidate's check.
 
     Returns
     -------
@@ -320,6 +328,8 @@ def equivalent(
         A side has two exps on one path or a max reduction.
     VerificationError
         Inputs that do not correspond, a bad δ, or a divisor that is zero in every trial.
+    VerificationStopped
+        ``should_stop`` returned True before the verdict.
     """
     start = time.perf_counter()
     if max_trials is not None and max_trials < 1:
@@ -352,6 +362,8 @@ def equivalent(
         )
 
     while passed < target:
+        if should_stop is not None and should_stop():
+            raise VerificationStopped(f"stopped after {passed} of {target} trials")
         n = min(size, target - passed)
         size = full
         arith = FieldArith(n, rng, p=p, q=q, keys=keys)
@@ -375,4 +387,5 @@ def equivalent(
     return result(True)
 
 
-__all__ = ["BATCH_BYTES", "MAX_BATCH", "Counterexample", "EquivalenceResult", "equivalent", "plan"]
+__all__ = ["BATCH_BYTES", "MAX_BATCH", "Counterexample", "EquivalenceResult", "VerificationStopped", "equivalent",
+           "plan"]
