@@ -30,6 +30,7 @@ from gensorage.exhaustive.opcatalog import COMMUTATIVE, catalog, out_shape
 from gensorage.exhaustive.rank import follows, rank_key
 from gensorage.exhaustive.results import Candidate, ugraph_key
 from gensorage.exhaustive.schedule_sizes import loop_nest, size_candidates, size_options
+from gensorage.exhaustive.search_context import SearchContext
 from gensorage.exhaustive.thread_fusion import fuse
 from gensorage.hw import load_profile
 from gensorage.markov import construct
@@ -587,3 +588,17 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(m
         assert _candidate_json(res.candidates + rest.candidates) == _candidate_json(whole.candidates)
         assert _logical(res.stats + rest.stats) == _logical(whole.stats)
     assert whole.candidates and interrupted  # some stops did land inside a verification
+    # A stop that is always due still lets each resumed run finish its first node: reruns make progress.
+    task, cands, stats, rounds = Task(0, (), True), [], Stats(), 0
+    context = SearchContext(spec)
+    while True:
+        res = run_task(spec, task, reuse_subtrees=False, should_stop=lambda: True, context=context)
+        cands += res.candidates
+        stats += res.stats
+        rounds += 1
+        if res.complete:
+            break
+        assert res.resume is not None and rounds <= whole.stats.states
+        task = generator.resume_task(task, res.resume.to_json())
+    assert _candidate_json(tuple(cands)) == _candidate_json(whole.candidates)
+    assert _logical(stats) == _logical(whole.stats)

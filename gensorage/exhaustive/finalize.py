@@ -55,7 +55,7 @@ def _verify(s: Search, g: KernelGraph, *, count: bool = True) -> EquivalenceResu
 
     try:
         res = equivalent(s.spec.program, g, s.spec.delta, seed=_seed(s.spec.seed, g, "eq"),
-                         max_trials=s.spec.max_trials, should_stop=s.should_stop)
+                         max_trials=s.spec.max_trials, should_stop=s.may_stop_checks)
     except GensorageError:
         res = None
     if not res:

@@ -120,6 +120,7 @@ class Search:
         self.reuse_subtrees = True
         self.subtrees = Memo()
         self.recordings: list[Recording] = []
+        self._walked = 0  # nodes this run has walked (see may_stop_checks)
 
     # ------------------------------------------------------------------ the tree
 
@@ -291,9 +292,10 @@ class Search:
     def _tick(self) -> None:
         c = self.counters
         c.states += 1
+        self._walked += 1
         if c.states % POLL_EVERY:
             return
-        if self.should_stop():
+        if self._walked > 1 and self.should_stop():  # a run walks one node at least: reruns make progress
             self.stopped_at = tuple(self.at)
             raise _Stopped
         if self.on_progress is None and self.on_save is None:
@@ -321,7 +323,7 @@ class Search:
                 if undo is None:
                     c = self.counters
                     undo = (len(self.candidates), c.verified, c.rejected, c.unstable, set(self.sized_structures))
-                if self.should_stop():
+                if self.may_stop_checks():
                     raise VerificationStopped
                 self._finalize(tuple(self.state.ops), tuple(self.state.ref[t] for t in tensors))
         except VerificationStopped:
@@ -334,6 +336,12 @@ class Search:
             self.sized_structures = undo[4]
             self.stopped_at = tuple(self.at)
             raise _Stopped from None
+
+    def may_stop_checks(self) -> bool:
+        """``should_stop`` for the checks of a node's complete µGraphs. Never at the first node a run walks (a
+        resumed run's resume node): if one node's checks outlast a whole time budget, each run still finishes
+        a node, so reruns make progress."""
+        return self._walked > 1 and self.should_stop()
 
     def _finalize(self, ops: tuple[KernelNode, ...], outputs: tuple[Ref, ...]) -> None:
         """Record the complete kernel graph ``ops`` in the subtrees being recorded, then finalize it."""
