@@ -127,11 +127,12 @@ def test_bad_input_exit_codes(prog: Path, tmp_path: Path, capsys: pytest.Capture
     assert str(bad) in capsys.readouterr().err
 
 
-def test_ctrl_c_exits_130_keeps_the_checkpoint_and_resume_completes(prog: Path, tmp_path: Path,
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_exits_130_keeps_the_checkpoint_and_resume_completes(as_json: bool, prog: Path, tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     ck = tmp_path / "run.sqlite"
     proc = subprocess.Popen([sys.executable, "-m", "gensorage", "search", str(prog), *LONGER, "--checkpoint",
-                             str(ck)], env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                             str(ck), *(["--json"] if as_json else [])], env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
@@ -142,7 +143,12 @@ def test_ctrl_c_exits_130_keeps_the_checkpoint_and_resume_completes(prog: Path, 
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "run the same command again to resume" in err and str(ck) in err
-    assert "Traceback" not in err and out == ""
+    assert "Traceback" not in err
+    if as_json:  # what was found so far, marked incomplete
+        doc = json.loads(out)
+        assert doc["complete"] is False and doc["checkpoint"] == str(ck) and doc["tasks_done"] >= 1
+    else:
+        assert out == ""
     done, total = done_tasks(ck)
     assert 1 <= done < total == n_tasks(prog, **LONGER_TASKS)
     assert main(["search", str(prog), *LONGER, "--checkpoint", str(ck), "--json"]) == 0

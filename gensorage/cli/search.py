@@ -122,6 +122,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                             time_budget_s=args.time_budget, progress=not (args.json or args.quiet))
     except SearchInterrupted as exc:
         r = exc.result
+        if args.json:  # a script gets what was found so far (complete: false), as on a budget stop
+            print(json.dumps(result_json(spec, r, args.top), indent=2))
         print(f"gensorage: interrupted: {r.tasks_done}/{r.tasks_total} tasks done, saved in {r.checkpoint_path}; "
               f"run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
