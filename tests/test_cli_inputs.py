@@ -11,16 +11,7 @@ from gensorage.cli import main
 from gensorage.errors import ConfigError
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.program import parse_program
-
-ONE = "program one\ninput A [2, 4] float16\nD = exp(A)\noutput D\n"
-
-
-@pytest.fixture
-def prog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path / "home"))
-    path = tmp_path / "one.gsp"
-    path.write_text(ONE)
-    return path
+from tests.conftest import ONE
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> None:

@@ -22,8 +22,6 @@ from gensorage.program import load_program
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# exp of a 2x4 matrix: 20 tasks at 1 kernel op / 1 block op, candidates in well under a second.
-ONE = "program one\ninput A [2, 4] float16\nD = exp(A)\noutput D\n"
 # exp then a row sum: with only exp allowed nothing can compute it.
 TWO = "program two\ninput A [4, 8] float16\nB = exp(A)\nD = sum(B, dim=1)\noutput D\n"
 TINY = ["--max-kernel-ops", "1", "--max-block-ops", "1", "--workers", "1"]
@@ -31,13 +29,7 @@ TINY = ["--max-kernel-ops", "1", "--max-block-ops", "1", "--workers", "1"]
 # the occurrence budget (A occurs once in exp(A)) and the search is tiny; add switches that rule off.
 LONGER = ["--max-kernel-ops", "2", "--max-block-ops", "4", "--ops", "exp,add", "--workers", "1"]
 
-
-@pytest.fixture
-def prog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path / "home"))
-    path = tmp_path / "one.gsp"
-    path.write_text(ONE)
-    return path
+# `prog` (tests/conftest.py): ONE in a file, with GENSORAGE_HOME in the test's tmp_path.
 
 
 def n_tasks(path: Path, **limits: object) -> int:

@@ -463,7 +463,8 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
 def run_task_shared(spec: SearchSpec, task: Task, **kwargs: Any) -> TaskResult:
     """:func:`run_task` with this process's subtree memo and context for ``spec``, shared by the tasks it runs:
     the same candidates and logical counters, less work (see :mod:`.subtree_memo` and :mod:`.search_context`)."""
-    return run_task(spec, task, memo=process_memo(spec.key()), context=process_context(spec), **kwargs)
+    key = spec.key()
+    return run_task(spec, task, memo=process_memo(key), context=process_context(spec, key), **kwargs)
 
 
 def resume_task(task: Task, data: dict[str, Any]) -> Task:

@@ -116,9 +116,10 @@ class _ProcessContext:
     context: SearchContext | None = None
 
 
-def process_context(spec: SearchSpec) -> SearchContext:
-    """This process's context for ``spec`` (a new spec replaces the previous one's)."""
-    key = spec.key()
+def process_context(spec: SearchSpec, key: str | None = None) -> SearchContext:
+    """This process's context for ``spec`` (a new spec replaces the previous one's); ``key``: ``spec.key()``
+    when the caller has it."""
+    key = spec.key() if key is None else key
     if _ProcessContext.key != key or _ProcessContext.context is None:
         _ProcessContext.context = SearchContext(spec)
         _ProcessContext.key = key

@@ -190,11 +190,10 @@ class SearchSpec:
         """A stable hash of :meth:`to_json` and of the hardware profile's numbers (the checkpoint key): equal
         specs, equal keys, in every process; editing the profile file makes it another search, since memory
         limits and predicted times come from it."""
-        from gensorage.fingerprint import data_fingerprint
-        from gensorage.hw import load_profile
+        from gensorage.hw.loader import profile_fingerprint
 
         blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        blob += "\nhw " + data_fingerprint(load_profile(self.hw))
+        blob += "\nhw " + profile_fingerprint(self.hw)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

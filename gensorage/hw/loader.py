@@ -156,6 +156,21 @@ def load_profile(name_or_path: str | os.PathLike[str]) -> HwProfile:
     return _load_cached(str(path), st.st_mtime_ns, st.st_size)
 
 
+def profile_fingerprint(name_or_path: str | os.PathLike[str]) -> str:
+    """A short hash of the numbers of the profile :func:`load_profile` gives (cached per file like the load: a
+    search key asks for it once a task)."""
+    path = resolve_profile_path(name_or_path).resolve()
+    st = path.stat()
+    return _fingerprint_cached(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=64)
+def _fingerprint_cached(path: str, mtime_ns: int, size: int) -> str:
+    from gensorage.fingerprint import data_fingerprint
+
+    return data_fingerprint(_load_cached(path, mtime_ns, size))
+
+
 @lru_cache(maxsize=64)
 def _load_cached(path: str, _mtime_ns: int, _size: int) -> HwProfile:
     p = Path(path)
