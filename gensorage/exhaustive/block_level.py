@@ -200,12 +200,20 @@ def ops_left(s: Search, b: BlockBuild, extra_nodes: int = 0) -> int:
 
 def _bindings(s: Search, b: BlockBuild, i: int) -> tuple[Binding, ...]:
     """Every way to bind iterator ``i`` given the sizes chosen so far (see :func:`binding_options`)."""
-    return binding_options(*_binding_args(s, b, i))
+    key = (i, False, tuple(b.grid), b.forloop)
+    got = b.bindings_memo.get(key)
+    if got is None:
+        got = b.bindings_memo[key] = binding_options(*_binding_args(s, b, i))
+    return got  # type: ignore[return-value]
 
 
 def _binding_groups(s: Search, b: BlockBuild, i: int) -> tuple[tuple[Shape, tuple[Binding, ...]], ...]:
     """:func:`_bindings` grouped by the tile they give, in first-seen order."""
-    return binding_groups(*_binding_args(s, b, i))
+    key = (i, True, tuple(b.grid), b.forloop)
+    got = b.bindings_memo.get(key)
+    if got is None:
+        got = b.bindings_memo[key] = binding_groups(*_binding_args(s, b, i))
+    return got  # type: ignore[return-value]
 
 
 def _binding_args(s: Search, b: BlockBuild, i: int) -> tuple:  # type: ignore[type-arg]
@@ -349,38 +357,114 @@ def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple
                      variants: list[OpVariant], post: bool, pending: tuple[int, ...]) -> Iterator[None]:
     """Bind the iterators in ``pending`` (every combination of their options), then apply ``variants``.
 
-    The last iterator's options are grouped by the tile they give: the operator's shape rules depend only on the
-    tiles, so a group no variant accepts is skipped whole, and (for exact expressions) the variants' results are
-    computed once per group.
+    The last iterator's options are grouped by the tile they give: the operator's shape rules and the memory
+    check depend only on the tiles, so a group no variant accepts, or whose tile does not fit, is skipped whole,
+    and (for exact expressions) the variants' results are computed once per group. A binding whose imap no
+    placement of the dim strategy admits together with the other iterators' is skipped before it is applied
+    (see :func:`_admitted`).
     """
     i, rest = pending[0], pending[1:]
+    limit = s.hw.shared_mem_per_block
+    elem = dtype_bytes(b.dtype[i])
     if rest:
-        for bd in _bindings(s, b, i):
-            for _ in _bound(s, b, i, bd):
-                yield from _bind_then_apply(s, b, ins, head, variants, post, rest)
+        bindings = _bindings(s, b, i)
+        for bd, ok in zip(bindings, _admitted(s, b, i, bindings), strict=True):
+            if b.smem + numel(bd.tile) * elem > limit:
+                s.counters.pruned_memory += 1
+            elif ok:
+                _apply_binding(s, b, i, bd)
+                try:
+                    yield from _bind_then_apply(s, b, ins, head, variants, post, rest)
+                finally:
+                    _undo_binding(b, i, bd)
         return
-    for tile, bindings in _binding_groups(s, b, i):
+    counters = s.counters
+    groups = _binding_groups(s, b, i)
+    plan, trailing = _group_plan(s, b, i, ins, variants, groups)
+    admitted = _admitted_groups(s, b, i, groups)
+    for pruned_shape, g, valid in plan:
+        counters.pruned_shape += pruned_shape
+        tile, bindings = groups[g]
+        if b.smem + numel(tile) * elem > limit:
+            counters.pruned_memory += len(bindings)
+            continue
+        memo: dict[int, Applied] = {}
+        for bd in admitted[g]:
+            _apply_binding(s, b, i, bd)
+            try:
+                yield from _apply_variants(s, b, ins, head, valid, post, memo)
+            finally:
+                _undo_binding(b, i, bd)
+    counters.pruned_shape += trailing
+
+
+Groups = tuple[tuple[Shape, tuple[Binding, ...]], ...]
+# One entry of a group plan: the shape-pruned count of the groups skipped before it, the group's index, and the
+# variants its tiles accept.
+GroupEntry = tuple[int, int, list[OpVariant]]
+
+
+def _group_plan(s: Search, b: BlockBuild, i: int, ins: tuple[int, ...], variants: list[OpVariant],
+                groups: Groups) -> tuple[tuple[GroupEntry, ...], int]:
+    """The binding groups of iterator ``i`` that some variant accepts, and the shape-pruned count of the groups
+    after the last of them: a pure function of the groups, the variants and the other operands' tiles, memoised
+    per process."""
+    codes = tuple(v.code for v in variants)
+    others = tuple(None if k == i else b.shape[k] for k in ins)
+    key = (id(groups), codes, others)
+    got = s.plan_memo.get(key)
+    if got is not None and got[0] is groups:  # the groups object is held, so its id is not reused
+        return got[1]  # type: ignore[return-value]
+    plan: list[GroupEntry] = []
+    skipped = 0
+    for g, (tile, bindings) in enumerate(groups):
         shapes = tuple(tile if k == i else b.shape[k] for k in ins)
         valid = s.valid_variants(variants, shapes)  # type: ignore[arg-type]
-        s.counters.pruned_shape += (len(variants) - len(valid)) * len(bindings)
-        if not valid:
-            continue
-        memo: dict[int, tuple[ExprValue, bool]] | None = {} if b.exact else None
-        for bd in bindings:
-            for _ in _bound(s, b, i, bd):
-                yield from _apply_variants(s, b, ins, head, valid, post, memo)
+        skipped += (len(variants) - len(valid)) * len(bindings)
+        if valid:
+            plan.append((skipped, g, valid))
+            skipped = 0
+    out = (tuple(plan), skipped)
+    _remember(s.plan_memo, key, (groups, out))
+    return out
 
 
-def _bound(s: Search, b: BlockBuild, i: int, bd: Binding) -> Iterator[None]:
-    """Apply binding ``bd`` to iterator ``i``, yield once if its tiles fit and the partition is legal, undo it."""
-    _apply_binding(s, b, i, bd)
-    try:
-        if b.smem > s.hw.shared_mem_per_block:
-            s.counters.pruned_memory += 1
-        elif s.spec.dims is None or fits(s.spec.dims, b.r, b.imap):
-            yield
-    finally:
-        _undo_binding(b, i, bd)
+def _admitted_groups(s: Search, b: BlockBuild, i: int, groups: Groups) -> tuple[tuple[Binding, ...], ...]:
+    """Per group, the bindings of iterator ``i`` that the dim strategy admits with the other iterators' imaps
+    (see :func:`_admitted`), memoised per process."""
+    if s.spec.dims is None:
+        return tuple(bds for _, bds in groups)
+    key = (id(groups), tuple(b.imap))
+    got = s.admit_memo.get(key)
+    if got is not None and got[0] is groups:
+        return got[1]  # type: ignore[return-value]
+    out = tuple(tuple(bd for bd, ok in zip(bds, _admitted(s, b, i, bds), strict=True) if ok) for _, bds in groups)
+    _remember(s.admit_memo, key, (groups, out))
+    return out
+
+
+def _remember(memo: dict[tuple[object, ...], tuple[object, object]], key: tuple[object, ...],
+              value: tuple[object, object]) -> None:
+    if len(memo) >= MAX_PLAN_ENTRIES:
+        memo.clear()
+    memo[key] = value
+
+
+MAX_PLAN_ENTRIES = 200_000  # group plans memoised by a process before it starts afresh
+
+
+def _admitted(s: Search, b: BlockBuild, i: int, bindings: tuple[Binding, ...]) -> tuple[bool, ...]:
+    """For each binding of iterator ``i``: whether some placement of the grid dims makes its imap and the other
+    bound iterators' imaps listed ones (always, without a dim strategy)."""
+    dims = s.spec.dims
+    if dims is None:
+        return (True,) * len(bindings)
+    imaps = list(b.imap)
+    out = []
+    for bd in bindings:
+        imaps[i] = bd.imap
+        out.append(fits(dims, b.r, imaps))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------------------- operators
@@ -514,11 +598,17 @@ def _shape_free_prefilter(s: Search, b: BlockBuild, ins: tuple[int, ...],
     return kept
 
 
+# What an operator variant gives on a binding group's tiles (see _apply_variants): its output shape, provenance,
+# and, once computed, its expression and whether it passes the expression checks.
+Applied = list  # [Shape, Provenance, ExprValue | None, bool]
+
+
 def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
-                    variants: list[OpVariant], post: bool,
-                    memo: dict[int, tuple[ExprValue, bool]] | None = None) -> Iterator[None]:
-    """Push each variant on operands ``ins`` that passes the checks; ``memo`` shares expression results between
-    bindings that give the same tiles."""
+                    variants: list[OpVariant], post: bool, memo: dict[int, Applied] | None = None) -> Iterator[None]:
+    """Push each variant on operands ``ins`` that passes the checks. ``memo`` is shared by the bindings of one
+    binding group: their operands have the same tiles, provenance and constant factors (only imaps, fmaps and
+    index ties differ), so a variant's output shape and provenance, and in an exact block graph its expression
+    and the checks on it, are computed once per group."""
     counters = s.counters
     limit = s.hw.shared_mem_per_block
     shapes = [b.shape[i] for i in ins]
@@ -528,28 +618,32 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
     reads_scaled = any(b.scaled[i] for i in ins)
     consts = [b.const[i] for i in ins]
     split = s.split_origins(b) if (b.last_kernel_op and s.split_rule) else None
+    exact_prune = s.spec.prune and b.exact
     for v in variants:
         if not s.allowed(v):
             continue
         if reads_scaled and v.op not in NONLINEAR_UNARY:
             continue
-        out = out_shape(v, shapes)  # type: ignore[arg-type]
-        if out is None:
-            counters.pruned_shape += 1
-            continue
-        prov = of_op(v.op, v.attrs, [b.prov[i] for i in ins], shapes)  # type: ignore[arg-type]
+        got = memo.get(v.code) if memo is not None else None
+        if got is None:
+            out = out_shape(v, shapes)  # type: ignore[arg-type]
+            if out is None:
+                counters.pruned_shape += 1
+                continue
+            got = [out, of_op(v.op, v.attrs, [b.prov[i] for i in ins], shapes), None, True]  # type: ignore[arg-type]
+            if memo is not None:
+                memo[v.code] = got
+        out, prov, value, keep = got
         if split and splits_reduced(prov, split):
             counters.pruned_shape += 1
             continue
-        got = memo.get(v.code) if memo is not None else None
-        if got is None:
-            value: ExprValue = opset.apply(v.op, EXPR, values, v.attrs)  # type: ignore[arg-type,misc]
-            keep = not (s.spec.prune and b.exact) or s.oracle.is_subexpr(value.term)
-            if memo is not None:
-                memo[v.code] = (value, keep)
-        else:
-            value, keep = got
-        if not keep or (b.exact and not _factor_ok(s, v, value.term, consts[0])):
+        if value is None:
+            value = opset.apply(v.op, EXPR, values, v.attrs)  # type: ignore[arg-type,misc]
+            keep = not exact_prune or s.oracle.is_subexpr(value.term)
+            keep = keep and (not b.exact or _factor_ok(s, v, value.term, consts[0]))
+            if b.exact:  # elsewhere a tile's expression depends on more than its shape (see the module docstring)
+                got[2], got[3] = value, keep
+        if not keep:
             counters.pruned_expr += 1
             continue
         if b.smem + numel(out) * elem > limit:

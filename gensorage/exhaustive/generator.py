@@ -116,6 +116,8 @@ class Search:
         self.save_every_s = 60.0
         self._next_save = 0.0
         self._split_memo = ctx.split_memo
+        self.plan_memo = ctx.plan_memo
+        self.admit_memo = ctx.admit_memo
         # Kernel-level subtrees already walked (this task's, or the process's: run_task(memo=...)); see subtree_memo.
         self.reuse_subtrees = True
         self.subtrees = Memo()

@@ -95,6 +95,9 @@ class SearchContext:
         self.construct_cache: dict[str, tuple[float, ...] | None] = {}
         self.valid_memo: dict[tuple[tuple[int, ...], tuple[Shape, ...]], list[OpVariant]] = {}
         self.split_memo: dict[tuple[object, ...], frozenset[tuple[int, int]]] = {}
+        # Binding-group plans of the block walk (block_level._group_plan).
+        self.plan_memo: dict[tuple[object, ...], tuple[object, object]] = {}
+        self.admit_memo: dict[tuple[object, ...], tuple[object, object]] = {}
 
     def oracle_entries(self) -> int:
         """How many distinct terms the oracle has memoised."""

@@ -91,6 +91,9 @@ class BlockBuild:
     # (iterator, binding, trip count) -> the iterator's (tile expression, ties, provenance): the kernel tensors it
     # reads are fixed while the block is open, and every operator that first reads an iterator binds it again.
     bound_tiles: dict[tuple[object, ...], tuple[ExprValue, Ties | None, Provenance]] = field(default_factory=dict)
+    # An iterator's binding options (and their groups by tile), keyed by iterator, grid sizes and trip count: the
+    # other arguments of block_level.binding_options are fixed while the block is open.
+    bindings_memo: dict[tuple[object, ...], tuple[object, ...]] = field(default_factory=dict)
     # What the kernel tensors offer later kernel operators (block_level._cannot_reach), taken once per block:
     # (no tensor is a concatenation, their expressions, whether one carries a factor, their ties).
     kernel_view: tuple[bool, list[Term], bool, list[Ties | None]] | None = None
