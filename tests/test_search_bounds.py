@@ -189,3 +189,23 @@ def test_the_bound_before_the_last_kernel_keeps_every_candidate(program: Program
     without_bound, states_without = candidates_and_states(spec)
     assert with_bound == without_bound and with_bound
     assert states_with < states_without
+
+
+@pytest.mark.parametrize(("program", "nodes", "grid", "dims"), [
+    (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 1, None),
+    (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 2, "attention"),
+])
+def test_children_that_add_no_mark_or_class_at_a_tight_bound_are_not_generated(
+        program: Program, nodes: int, grid: int, dims: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the needed marks plus the missing reduction classes take every node left, a repeat or a
+    concatenating accumulator (which add neither) is not generated unless its operand's new tile has unknown
+    ties: every such child was pruned at once anyway, so the candidates are the same and the states fewer."""
+    from gensorage.exhaustive.dim_strategy import load_dim_strategy
+    spec = SearchSpec(program=program, max_kernel_ops=2, max_block_ops=nodes, max_block_nodes=nodes,
+                      max_grid_dims=grid, max_block_outputs=2,
+                      dims=load_dim_strategy(dims) if dims is not None else None)
+    with_rule, states_with = candidates_and_states(spec)
+    monkeypatch.setattr(block_level, "TIGHT_RULE", False)
+    without_rule, states_without = candidates_and_states(spec)
+    assert with_rule == without_rule and with_rule
+    assert states_with < states_without

@@ -32,7 +32,7 @@ import itertools
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gensorage import opset
 from gensorage.exhaustive.abstract_expr import Term
@@ -112,6 +112,7 @@ def block_children(s: Search) -> Generator[None, None, None]:
     assert b is not None
     # Operators the last kernel operator still needs at least (see needed_ops); 0 where the bound is not applied.
     need, scale = 0, False
+    tight = NOT_TIGHT
     left, left_after_accumulator = ops_left(s, b), ops_left(s, b, 1)
     if b.last_kernel_op and b.exact and s.needed is not None:
         terms = _terms(s, b)
@@ -121,18 +122,34 @@ def block_children(s: Search) -> Generator[None, None, None]:
             s.counters.pruned_expr += 1
             return
         # Each reduction class no tensor has yet takes a reduction of its own (see ties).
-        if s.ties is not None and need + s.ties.missing(_ties(s, b)) > _reduction_room(s, b, left):
-            s.counters.pruned_expr += 1
-            return
+        if s.ties is not None:
+            ties = _ties(s, b)
+            want, room = need + s.ties.missing(ties), _reduction_room(s, b, left)
+            if want > room:
+                s.counters.pruned_expr += 1
+                return
+            if want == room and TIGHT_RULE:
+                tight = TIGHT_KNOWN if all(t is not None and t.known for t in ties) else TIGHT_ANY
     elif not b.last_kernel_op and s.needed is not None and _cannot_reach(s, b, left):
         s.counters.pruned_expr += 1
         return
     if need == 0:
         yield from _finish(s)
     if left > 0:
-        yield from _operators(s, b, only=(TIGHT_SCALE if scale else TIGHT) if need == left else None)
+        yield from _operators(s, b, only=(TIGHT_SCALE if scale else TIGHT) if need == left else None, tight=tight)
     if b.looped and b.forloop is not None and 0 <= left_after_accumulator and need <= left_after_accumulator:
-        yield from _accumulators(s, b)
+        yield from _accumulators(s, b, tight)
+
+
+# When the needed marks plus the missing reduction classes take every node left (see ties), a child that adds
+# neither a mark nor a class is pruned at once unless one of its tensors has unknown ties (missing then counts 0).
+# A repeat or a concatenating accumulator adds neither, and keeps its operand's ties known, so such children are
+# not generated: with every tensor known (TIGHT_KNOWN), only where the operand is an iterator whose new tile has
+# unknown ties; with one unknown already (TIGHT_ANY: the missing count is 0 and the marks alone take every node),
+# never.
+NOT_TIGHT, TIGHT_KNOWN, TIGHT_ANY = 0, 1, 2
+TIGHT_RULE = True  # tests switch it off to check that it keeps every candidate
+NO_CLASS_OPS = frozenset({Op.REPEAT})
 
 
 def _cannot_reach(s: Search, b: BlockBuild, left: int) -> bool:
@@ -354,14 +371,15 @@ def split_origins(b: BlockBuild) -> frozenset[tuple[int, int]]:
 
 
 def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
-                     variants: list[OpVariant], post: bool, pending: tuple[int, ...]) -> Iterator[None]:
+                     variants: list[OpVariant], post: bool, pending: tuple[int, ...],
+                     known_tiles_pruned: bool = False) -> Iterator[None]:
     """Bind the iterators in ``pending`` (every combination of their options), then apply ``variants``.
 
     The last iterator's options are grouped by the tile they give: the operator's shape rules and the memory
     check depend only on the tiles, so a group no variant accepts, or whose tile does not fit, is skipped whole,
     and (for exact expressions) the variants' results are computed once per group. A binding whose imap no
     placement of the dim strategy admits together with the other iterators' is skipped before it is applied
-    (see :func:`_admitted`).
+    (see :func:`_admitted`). ``known_tiles_pruned``: see :data:`TIGHT_KNOWN`.
     """
     i, rest = pending[0], pending[1:]
     limit = s.hw.shared_mem_per_block
@@ -374,7 +392,7 @@ def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple
             elif ok:
                 _apply_binding(s, b, i, bd)
                 try:
-                    yield from _bind_then_apply(s, b, ins, head, variants, post, rest)
+                    yield from _bind_then_apply(s, b, ins, head, variants, post, rest, known_tiles_pruned)
                 finally:
                     _undo_binding(b, i, bd)
         return
@@ -388,14 +406,59 @@ def _bind_then_apply(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple
         if b.smem + numel(tile) * elem > limit:
             counters.pruned_memory += len(bindings)
             continue
+        members = admitted[g]
+        if not members:
+            continue
         memo: dict[int, Applied] = {}
-        for bd in admitted[g]:
+        if b.exact and s.state.val[b.inputs[i]].layout is None:  # type: ignore[union-attr]
+            checked = _group_checked(s, b, ins, i, tile, valid, memo)
+            counters.pruned_expr += (len(valid) - len(checked)) * len(members)
+            if not checked:
+                continue
+            valid = checked
+        for bd in members:
             _apply_binding(s, b, i, bd)
             try:
-                yield from _apply_variants(s, b, ins, head, valid, post, memo)
+                yield from _apply_variants(s, b, ins, head, valid, post, memo, known_tiles_pruned)
             finally:
                 _undo_binding(b, i, bd)
     counters.pruned_shape += trailing
+
+
+def _group_checked(s: Search, b: BlockBuild, ins: tuple[int, ...], i: int, tile: Shape, valid: list[OpVariant],
+                   memo: dict[int, Applied]) -> list[OpVariant]:
+    """In an exact block graph, the variants on the tiles of a binding group that the budget allows and whose
+    expression passes the checks, before any binding of the group is applied: an iterator's tile expression is
+    its input's term with the tile's shape, whichever binding gives the tile. Fills ``memo`` as
+    :func:`_apply_variants` would; variants the budget or a scaled operand excludes are left to it."""
+    term = s.state.val[b.inputs[i]].term  # type: ignore[union-attr]
+    values = [ExprValue(tile, term) if k == i else b.val[k] for k in ins]
+    shapes = [tile if k == i else b.shape[k] for k in ins]
+    provs = [of_iterator(i, len(tile)) if k == i else b.prov[k] for k in ins]
+    reads_scaled = any(b.scaled[k] for k in ins)
+    first_const = b.const[ins[0]]
+    out = []
+    for v in valid:
+        if not s.allowed(v) or (reads_scaled and v.op not in NONLINEAR_UNARY):
+            out.append(v)
+            continue
+        shape = out_shape(v, shapes)  # type: ignore[arg-type]
+        assert shape is not None  # valid: the shape rules accept the group's tiles
+        value = _expr(s, v, values)  # type: ignore[arg-type]
+        if (not s.spec.prune or s.oracle.is_subexpr(value.term)) and _factor_ok(s, v, value.term, first_const):
+            memo[v.code] = [shape, of_op(v.op, v.attrs, provs, shapes), value, True]  # type: ignore[arg-type]
+            out.append(v)
+    return out
+
+
+def _expr(s: Search, v: OpVariant, values: Sequence[ExprValue]) -> ExprValue:
+    """The expression of ``v`` on operands ``values``, memoised per process."""
+    key = (v.code, *values)
+    value = s.expr_memo.get(key)
+    if value is None:
+        value = opset.apply(v.op, EXPR, values, v.attrs)  # type: ignore[arg-type,misc]
+        _remember(s.expr_memo, key, value)
+    return value  # type: ignore[return-value]
 
 
 Groups = tuple[tuple[Shape, tuple[Binding, ...]], ...]
@@ -443,8 +506,7 @@ def _admitted_groups(s: Search, b: BlockBuild, i: int, groups: Groups) -> tuple[
     return out
 
 
-def _remember(memo: dict[tuple[object, ...], tuple[object, object]], key: tuple[object, ...],
-              value: tuple[object, object]) -> None:
+def _remember(memo: dict[tuple[object, ...], Any], key: tuple[object, ...], value: object) -> None:
     if len(memo) >= MAX_PLAN_ENTRIES:
         memo.clear()
     memo[key] = value
@@ -516,7 +578,7 @@ def variants_for(s: Search, ins: tuple[int, ...]) -> tuple[OpVariant, ...]:
     return s.binary if ins[0] < ins[1] else s.binary_ordered
 
 
-def _operators(s: Search, b: BlockBuild, only: frozenset[Op] | None = None) -> Iterator[None]:
+def _operators(s: Search, b: BlockBuild, only: frozenset[Op] | None = None, tight: int = NOT_TIGHT) -> Iterator[None]:
     """Every compute operator child; ``only``: the operator budget is exactly what the needed marks take, so
     only operators that can add one (exp, sqrt, activations, div; a scale when the bound counts one) may be
     added."""
@@ -549,12 +611,18 @@ def _operators(s: Search, b: BlockBuild, only: frozenset[Op] | None = None) -> I
         if not variants:
             continue
         pending = tuple(i for i in dict.fromkeys(ins) if b.shape[i] is None)
+        if tight == TIGHT_ANY or (tight == TIGHT_KNOWN and not pending):
+            kept = [v for v in variants if v.op not in NO_CLASS_OPS]
+            s.counters.pruned_expr += len(variants) - len(kept)
+            variants = kept
+            if not variants:
+                continue
         if pending and b.exact and s.spec.prune:
             variants = _shape_free_prefilter(s, b, ins, variants)
             if not variants:
                 continue
         if pending:
-            yield from _bind_then_apply(s, b, ins, head, variants, post, pending)
+            yield from _bind_then_apply(s, b, ins, head, variants, post, pending, tight == TIGHT_KNOWN)
         else:
             yield from _apply_variants(s, b, ins, head, variants, post)
 
@@ -604,11 +672,13 @@ Applied = list  # [Shape, Provenance, ExprValue | None, bool]
 
 
 def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
-                    variants: list[OpVariant], post: bool, memo: dict[int, Applied] | None = None) -> Iterator[None]:
+                    variants: list[OpVariant], post: bool, memo: dict[int, Applied] | None = None,
+                    known_tiles_pruned: bool = False) -> Iterator[None]:
     """Push each variant on operands ``ins`` that passes the checks. ``memo`` is shared by the bindings of one
     binding group: their operands have the same tiles, provenance and constant factors (only imaps, fmaps and
     index ties differ), so a variant's output shape and provenance, and in an exact block graph its expression
-    and the checks on it, are computed once per group."""
+    and the checks on it, are computed once per group. ``known_tiles_pruned``: a repeat whose operands' ties are
+    all known is pruned (see :data:`TIGHT_KNOWN`)."""
     counters = s.counters
     limit = s.hw.shared_mem_per_block
     shapes = [b.shape[i] for i in ins]
@@ -619,10 +689,14 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
     consts = [b.const[i] for i in ins]
     split = s.split_origins(b) if (b.last_kernel_op and s.split_rule) else None
     exact_prune = s.spec.prune and b.exact
+    known = known_tiles_pruned and all((t := b.ties[i]) is not None and t.known for i in ins)
     for v in variants:
         if not s.allowed(v):
             continue
         if reads_scaled and v.op not in NONLINEAR_UNARY:
+            continue
+        if known and v.op in NO_CLASS_OPS:
+            counters.pruned_expr += 1
             continue
         got = memo.get(v.code) if memo is not None else None
         if got is None:
@@ -638,7 +712,7 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
             counters.pruned_shape += 1
             continue
         if value is None:
-            value = opset.apply(v.op, EXPR, values, v.attrs)  # type: ignore[arg-type,misc]
+            value = _expr(s, v, values)  # type: ignore[arg-type]
             keep = not exact_prune or s.oracle.is_subexpr(value.term)
             keep = keep and (not b.exact or _factor_ok(s, v, value.term, consts[0]))
             if b.exact:  # elsewhere a tile's expression depends on more than its shape (see the module docstring)
@@ -665,7 +739,7 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
             s.state.pop_block()
 
 
-def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
+def _accumulators(s: Search, b: BlockBuild, tight: int = NOT_TIGHT) -> Iterator[None]:
     last = b.keys[-1] if b.keys else None
     low = last[0][0] if (last is not None and s.spec.canonical) else 0
     forloop = b.forloop
@@ -683,6 +757,9 @@ def _accumulators(s: Search, b: BlockBuild) -> Iterator[None]:
         for fmap in (None, *range(len(shape))):
             key = rank_key((j,), ACCUMULATOR_CODE, (-1 if fmap is None else fmap,))
             if s.spec.canonical and not follows(last, key):
+                continue
+            if fmap is not None and tight != NOT_TIGHT:  # a concatenation adds no class (see TIGHT_KNOWN)
+                s.counters.pruned_expr += 1
                 continue
             x = b.val[j]
             assert x is not None

@@ -118,6 +118,7 @@ class Search:
         self._split_memo = ctx.split_memo
         self.plan_memo = ctx.plan_memo
         self.admit_memo = ctx.admit_memo
+        self.expr_memo = ctx.expr_memo
         # Kernel-level subtrees already walked (this task's, or the process's: run_task(memo=...)); see subtree_memo.
         self.reuse_subtrees = True
         self.subtrees = Memo()

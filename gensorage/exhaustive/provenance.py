@@ -15,6 +15,7 @@ its operands' sets) plus the set of origins reduced on its way; reshape, concat 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Attrs, Op, Shape, attr
 
@@ -25,6 +26,7 @@ Provenance = tuple[Dims, Origins] | None
 EMPTY: Origins = frozenset()
 
 
+@lru_cache(maxsize=1024)
 def of_iterator(i: int, ndim: int) -> Provenance:
     return tuple(frozenset({(i, d)}) for d in range(ndim)), EMPTY
 

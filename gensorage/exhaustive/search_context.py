@@ -98,6 +98,8 @@ class SearchContext:
         # Binding-group plans of the block walk (block_level._group_plan).
         self.plan_memo: dict[tuple[object, ...], tuple[object, object]] = {}
         self.admit_memo: dict[tuple[object, ...], tuple[object, object]] = {}
+        # Expressions of operators on block tensors (block_level._apply_variants): a pure function of the operands'.
+        self.expr_memo: dict[tuple[object, ...], object] = {}
 
     def oracle_entries(self) -> int:
         """How many distinct terms the oracle has memoised."""
