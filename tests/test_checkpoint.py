@@ -198,3 +198,19 @@ def test_kill_9_during_commits_leaves_a_consistent_file(tmp_path: Path, delay: f
     # Every done task has exactly its candidates; no candidate belongs to a task not marked done.
     assert per_task == stored == {i: d.stats["n"] for i, d in done.items()}
     assert sorted(done) == list(range(len(done)))  # committed in order, a prefix survived
+
+
+@pytest.mark.parametrize("bad", [-1e-6, float("inf"), "'fast'"])
+def test_a_tampered_predicted_time_is_a_store_error(tmp_path: Path, bad: object) -> None:
+    """A stored predicted time that is negative, infinite or not a number would rank its candidate first (or
+    last): reading it is refused with the candidate named."""
+    path = tmp_path / "c.sqlite"
+    with open_ckpt(path) as ck:
+        assert ck.commit_task(1, stats={}, elapsed_s=0.1, candidates=rows(1, 2))
+    conn = sqlite3.connect(path)
+    value = bad if isinstance(bad, str) else repr(bad) if bad != float("inf") else "9e999"
+    conn.execute(f"UPDATE candidates SET predicted_time_s = {value} WHERE position = 1")
+    conn.commit()
+    conn.close()
+    with open_ckpt(path) as ck, pytest.raises(StoreError, match="candidate 1 of task 1: stored predicted time"):
+        ck.candidates()

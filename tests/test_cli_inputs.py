@@ -82,3 +82,19 @@ def test_the_search_key_follows_the_hardware_profile_file(tmp_path: Path) -> Non
     assert SearchSpec(program=parse_program(ONE), hw=str(hw)).key() == before
     hw.write_text(src.read_text().replace("sm_count = 132", "sm_count = 66", 1))  # another size: no stale cache
     assert spec.key() != before
+
+
+def test_search_shapes_too_large_to_evaluate_are_refused_before_the_search(capsys: pytest.CaptureFixture[str]) -> None:
+    """A huge --param used to reach the task split or verification and fail there with a numpy error (or run
+    for ages); the spec now refuses it in one line naming the tensor."""
+    assert main(["search", "gated_mlp", "--param", "t=100000000000", "--json"]) != 0
+    _one_line_error(capsys, "tensor", "elements", "search at small shapes")
+
+
+def test_verify_refuses_sides_too_large_to_evaluate(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", "gated_mlp", "gated_mlp", "--param", "t=100000000000"]) != 0
+    _one_line_error(capsys, "gated_mlp: tensor", "--max-elements")
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "gated_mlp", "gated_mlp", "--max-elements", "0"])
+    assert exc.value.code == 2
+    _one_line_error(capsys, "--max-elements")

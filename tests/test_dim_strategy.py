@@ -88,6 +88,25 @@ def test_cli_rejects_a_bad_strategy_in_one_line() -> None:
     assert "unknown dim strategy 'nope'" in proc.stderr
 
 
+def test_a_strategy_that_fits_no_tensor_of_the_program_is_refused(tmp_path: Path) -> None:
+    """Maps beyond the tensors' rank never apply; a strategy all of whose imaps (or omaps, fmaps) are such admits
+    nothing, so the spec refuses it in one line instead of searching for nothing."""
+    program = exp_matmul()  # 2-d tensors
+    ok = DimStrategy("some fit", imaps=((0, -1, -1), (5, -1, -1)), fmaps=(-1, 7))
+    SearchSpec(program=program, dims=ok)
+    for bad, kind in ((DimStrategy("x", imaps=((2, -1, -1), (0, 3, -1))), "imap"),
+                      (DimStrategy("x", omaps=((4, -1, -1),)), "omap"),
+                      (DimStrategy("x", fmaps=(2, 3)), "fmap")):
+        with pytest.raises(ConfigError, match=f"every listed {kind} names a data dim beyond .*at most 2 dims"):
+            SearchSpec(program=program, dims=bad)
+    path = tmp_path / "deep.toml"
+    path.write_text("imaps = [[6, -1, -1]]\n")
+    proc = subprocess.run([sys.executable, "-m", "gensorage", "search", "gated_mlp", "--dims", str(path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "every listed imap" in proc.stderr
+
+
 # ------------------------------------------------------------------------------------------ membership
 
 

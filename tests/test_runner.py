@@ -503,3 +503,21 @@ def test_progress_formatting() -> None:
     assert eta_s(Snapshot({}, 6, 10, 0, 0, None, 5.0)) is None
     short = format_line(snap, compact=True)  # the terminal form: no pruning breakdown, same facts
     assert "pruned 5 |" in short and "expr" not in short and "ETA 0:40" in short and len(short) < len(line)
+
+
+def test_final_progress_line_is_not_repeated() -> None:
+    """An update and the final line in the same second show the same facts: the line is written once (a log
+    used to end with it twice); a change of facts is always written."""
+    import io
+
+    from gensorage.exhaustive.progress import ProgressReporter, Snapshot
+
+    out = io.StringIO()
+    rep = ProgressReporter(stream=out, tty=False, interval_s=0.0)
+    snap = Snapshot({"states": 10}, tasks_done=2, tasks_total=2, tasks_done_this_run=2, tasks_running=0,
+                    best_time_s=None, elapsed_s=3.0)
+    rep.update(snap)
+    rep.finish(snap)
+    assert out.getvalue().count("search: ") == 1
+    rep.finish(dataclasses.replace(snap, elapsed_s=4.0))
+    assert out.getvalue().count("search: ") == 2

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from gensorage.cli.argtypes import seed
+from gensorage.cli.argtypes import positive_int, seed
+from gensorage.cli.program import DEFAULT_MAX_ELEMENTS
 from gensorage.errors import ConfigError, UGraphError, VerificationError
 
 #: Above this many required trials (and without --max-trials) the command warns on stderr before it starts.
@@ -37,7 +39,25 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--float-check", action="store_true",
                         help="also run the float numerical-stability test of B against A")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--max-elements", type=positive_int, default=DEFAULT_MAX_ELEMENTS, metavar="N",
+                        help=f"refuse sides with a tensor of more elements (default {DEFAULT_MAX_ELEMENTS}): each "
+                        "trial evaluates both at their shapes")
     parser.set_defaults(func=cmd_verify)
+
+
+def check_size(side: Any, name: str, limit: int) -> None:
+    """Each trial evaluates a side at its shapes: a tensor too large to hold is refused before any trial."""
+    from gensorage.program import Program
+
+    if isinstance(side, Program):
+        tensors = [(n.name, n.shape) for n in side.nodes]
+    else:
+        tensors = [(t.name, t.shape) for t in side.inputs]
+    for tname, shape in tensors:
+        size = math.prod(shape)
+        if size > limit:
+            raise ConfigError(f"{name}: tensor '{tname}' has {size:,} elements, more than --max-elements {limit:,} "
+                              "(pass smaller --param values or raise --max-elements)")
 
 
 def load_side(file: str, params: dict[str, int]) -> Any:
@@ -69,6 +89,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise VerificationError(f"--delta must lie strictly between 0 and 1, got {args.delta}")
     params = parse_params(args.param)
     a, b = load_side(args.a, params), load_side(args.b, params)
+    check_size(a, args.a, args.max_elements)
+    check_size(b, args.b, args.max_elements)
     trial_plan = plan(a, b, args.delta)
     if args.max_trials is None and trial_plan.required > LONG_RUN_TRIALS:
         print(f"gensorage verify: δ={args.delta:g} needs {format_count(trial_plan.required)} trials "

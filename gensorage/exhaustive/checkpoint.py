@@ -39,6 +39,7 @@ tiny tasks (21,212 for GQA at 4 block ops), and a commit measured 5.9 ms with FU
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -300,6 +301,9 @@ class Checkpoint:
             ugraph, equivalence = _loads(ug, where), _loads(eq, where)
             if not isinstance(ugraph, dict) or not isinstance(equivalence, dict):
                 raise StoreError(f"{where}: stored µGraph or equivalence is not a JSON object")
+            # A predicted time is a finite number of seconds, not negative; anything else would rank first or last.
+            if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+                raise StoreError(f"{where}: stored predicted time {t!r} is not a non-negative number of seconds")
             out.append(CandidateRow(int(task), int(pos), ugraph, float(t), equivalence, int(found)))
         return out
 

@@ -131,6 +131,7 @@ class ProgressReporter:
         self.tty = tty
         self.interval_s = interval_s if interval_s is not None else (TTY_INTERVAL_S if tty else LOG_INTERVAL_S)
         self._last = -math.inf
+        self._last_line = ""
         self._open_line = False
 
     def message(self, text: str) -> None:
@@ -150,6 +151,9 @@ class ProgressReporter:
             return
         self._last = now
         line = "search: " + format_line(snap, compact=self.tty)
+        if line == self._last_line:  # the final line after an update in the same second: shown already
+            return
+        self._last_line = line
         if self.tty:
             # \r + erase-to-end-of-line rewrites the line in place whatever its previous length; a line wider
             # than the terminal would wrap and \r would only return to its last row, so it is cut to fit.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -23,6 +24,9 @@ SPEC_FORMAT = "gensorage.search-spec"
 SPEC_VERSION = 1
 OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "dims"})
 OMITTED_WHEN_TRUE = frozenset({"replicated_writes"})
+# Elements of one program tensor a search evaluates at most (verification runs candidates at the program's shapes;
+# the bundled 4096-wide configs have 16.8 M).
+MAX_SEARCH_ELEMENTS = 1 << 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,7 @@ class SearchSpec:
         if not self.program.outputs:
             raise ConfigError(f"search spec: program '{self.program.name}' has no outputs")
         object.__setattr__(self, "program_text", _program_text(self.program))
+        self._check_size()
         for name in ("max_kernel_ops", "max_block_ops", "max_block_inputs", "max_block_outputs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -121,6 +126,8 @@ class SearchSpec:
             raise ConfigError(f"search spec: max_trials must be a positive integer or None, got {self.max_trials!r}")
         if self.dims is not None and not isinstance(self.dims, DimStrategy):
             raise ConfigError(f"search spec: dims must be a DimStrategy, got {type(self.dims).__name__}")
+        if self.dims is not None:
+            self._check_dims(self.dims)
         if not isinstance(self.replicated_writes, bool):
             raise ConfigError(f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -128,6 +135,29 @@ class SearchSpec:
         if self.ops is not None:
             object.__setattr__(self, "ops", tuple(sorted({parse_op(o).value for o in self.ops})))
             self._check_ops()
+
+    def _check_size(self) -> None:
+        """Candidates are verified by evaluating them at the program's shapes, so shapes too large to evaluate are
+        refused before the search splits into tasks or checks anything."""
+        for n in self.program.nodes:
+            size = math.prod(n.shape)
+            if size > MAX_SEARCH_ELEMENTS:
+                raise ConfigError(f"search spec: tensor '{n.name}' of program '{self.program.name}' has {size:,} "
+                                  f"elements, more than the {MAX_SEARCH_ELEMENTS:,} a search evaluates; search at "
+                                  "small shapes (docs/search.md, 'Choosing search shapes')")
+
+    def _check_dims(self, dims: DimStrategy) -> None:
+        """A strategy none of whose imaps (omaps, fmaps) fits the program's tensors admits no block graph, so the
+        search would walk for nothing: refused up front. (A strategy with some maps beyond the tensors' rank is
+        fine: those maps never apply.)"""
+        rank = max(len(n.shape) for n in self.program.nodes)
+        for kind, maps in (("imaps", dims.imaps), ("omaps", dims.omaps)):
+            if maps is not None and not any(all(d < rank for d in m) for m in maps):
+                raise ConfigError(f"search spec: dims '{dims.name}': every listed {kind[:-1]} names a data dim "
+                                  f"beyond the program's tensors (at most {rank} dims, numbered from 0)")
+        if dims.fmaps is not None and not any(f < rank for f in dims.fmaps):
+            raise ConfigError(f"search spec: dims '{dims.name}': every listed fmap names a data dim beyond the "
+                              f"program's tensors (at most {rank} dims, numbered from 0)")
 
     def _check_ops(self) -> None:
         """An operator set that cannot make the program is refused up front: without some operator whose mark
