@@ -7,6 +7,7 @@ import itertools
 import json
 import multiprocessing
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -602,3 +603,27 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(m
         task = generator.resume_task(task, res.resume.to_json())
     assert _candidate_json(tuple(cands)) == _candidate_json(whole.candidates)
     assert _logical(stats) == _logical(whole.stats)
+
+
+def test_a_structure_already_sized_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With constructed sizes, one candidate per structure and task: a complete µGraph whose structure was
+    already sized gives nothing new, so it is not verified again (before, every probe-size variant was)."""
+    from gensorage.exhaustive import finalize as fin
+
+    checked: list[tuple[int, str, bool]] = []
+    verify = fin._verify
+
+    def spy(s: Any, g: Any, *, count: bool = True) -> Any:
+        res = verify(s, g, count=count)
+        if count:
+            checked.append((s.task_index, fin.structure_key(g), res is not None))
+        return res
+
+    monkeypatch.setattr(fin, "_verify", spy)
+    from gensorage.exhaustive.dim_strategy import load_dim_strategy
+
+    spec = SearchSpec(program=load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), max_kernel_ops=2,
+                      max_block_ops=5, max_block_nodes=5, max_grid_dims=2, dims=load_dim_strategy("attention"))
+    result = search_serial(spec)
+    passed = [(task, key) for task, key, ok in checked if ok]
+    assert result.candidates and len(passed) == len(set(passed)) == result.stats.verified

@@ -113,13 +113,15 @@ def finalize(s: Search, g: KernelGraph, task_index: int) -> Candidate | None:
     from gensorage.verify import float_check
 
     g = fuse(g)
+    # A structure already sized in this task gives no further candidate whatever the check says, so it is not
+    # checked again (most complete µGraphs of a 7-node search repeat a structure at other probe sizes).
+    key = structure_key(g) if s.spec.schedule == "markov" else None
+    if key is not None and key in s.sized_structures:
+        return None
     res = _verify(s, g)
     if res is None:
         return None
-    if s.spec.schedule == "markov":
-        key = structure_key(g)
-        if key in s.sized_structures:
-            return None
+    if key is not None:
         s.sized_structures.add(key)
         sized = resize(s, g)
         if sized != g:
