@@ -17,6 +17,7 @@ from gensorage.errors import ConfigError
 from gensorage.exhaustive.dim_strategy import (
     DimStrategy,
     fits,
+    imap_placements,
     list_dim_strategies,
     load_dim_strategy,
     slotted,
@@ -108,6 +109,22 @@ def test_a_strategy_that_fits_no_tensor_of_the_program_is_refused(tmp_path: Path
 
 
 # ------------------------------------------------------------------------------------------ membership
+
+
+_MAPS = st.lists(st.one_of(st.none(), st.sampled_from([0, 1, 2, None])), min_size=3, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), _MAPS), min_size=1, max_size=4), st.integers(1, 3))
+def test_placement_bits_agree_with_fits(imaps: list[list[int | None] | None], r: int) -> None:
+    """The walk's check of a binding's imap against the other iterators' (bit sets of placements, ANDed) says
+    what ``fits`` says about all of them together."""
+    strategy = load_dim_strategy("attention")
+    maps = [None if m is None else tuple(m[:r]) for m in imaps]
+    bits = -1
+    for m in maps:
+        bits &= imap_placements(strategy, r, m)
+    assert bool(bits) == fits(strategy, r, maps)
 
 
 def test_slotted_and_placements() -> None:

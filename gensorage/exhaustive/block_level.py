@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from gensorage import opset
 from gensorage.exhaustive.abstract_expr import Term
 from gensorage.exhaustive.constants import BARRIERS, Const, const_of, same
-from gensorage.exhaustive.dim_strategy import DimStrategy, fits
+from gensorage.exhaustive.dim_strategy import DimStrategy, fits, imap_placements
 from gensorage.exhaustive.expr_arith import ExprValue
 from gensorage.exhaustive.needed_ops import MARK_OPS
 from gensorage.exhaustive.occurrences import read_again
@@ -497,11 +497,13 @@ def _admitted_groups(s: Search, b: BlockBuild, i: int, groups: Groups) -> tuple[
     (see :func:`_admitted`), memoised per process."""
     if s.spec.dims is None:
         return tuple(bds for _, bds in groups)
-    key = (id(groups), tuple(b.imap))
+    dims, r = s.spec.dims, b.r
+    others = _other_placements(dims, b, i)
+    key = (id(groups), others)
     got = s.admit_memo.get(key)
     if got is not None and got[0] is groups:
         return got[1]  # type: ignore[return-value]
-    out = tuple(tuple(bd for bd, ok in zip(bds, _admitted(s, b, i, bds), strict=True) if ok) for _, bds in groups)
+    out = tuple(tuple(bd for bd in bds if imap_placements(dims, r, bd.imap) & others) for _, bds in groups)
     _remember(s.admit_memo, key, (groups, out))
     return out
 
@@ -518,15 +520,21 @@ MAX_PLAN_ENTRIES = 200_000  # group plans memoised by a process before it starts
 def _admitted(s: Search, b: BlockBuild, i: int, bindings: tuple[Binding, ...]) -> tuple[bool, ...]:
     """For each binding of iterator ``i``: whether some placement of the grid dims makes its imap and the other
     bound iterators' imaps listed ones (always, without a dim strategy)."""
-    dims = s.spec.dims
+    dims, r = s.spec.dims, b.r
     if dims is None:
         return (True,) * len(bindings)
-    imaps = list(b.imap)
-    out = []
-    for bd in bindings:
-        imaps[i] = bd.imap
-        out.append(fits(dims, b.r, imaps))
-    return tuple(out)
+    others = _other_placements(dims, b, i)
+    return tuple(bool(imap_placements(dims, r, bd.imap) & others) for bd in bindings)
+
+
+def _other_placements(dims: DimStrategy, b: BlockBuild, i: int) -> int:
+    """The placements under which every bound iterator but ``i`` has a listed imap (bits; see
+    :func:`.dim_strategy.imap_placements`)."""
+    out = -1
+    for k, m in enumerate(b.imap):
+        if k != i and m is not None:
+            out &= imap_placements(dims, b.r, m)
+    return out
 
 
 # ----------------------------------------------------------------------------------------- operators

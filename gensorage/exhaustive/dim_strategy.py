@@ -115,6 +115,17 @@ def fits(strategy: DimStrategy, r: int, imaps: Sequence[Map | None], omaps: Sequ
 
 
 @lru_cache(maxsize=1 << 14)
+def imap_placements(strategy: DimStrategy, r: int, imap: Map | None) -> int:
+    """The placements (bits, in :func:`placements` order) under which ``imap`` is a listed one (None: not chosen
+    yet, every placement). Some placement fits a set of imaps iff their bit sets share a bit."""
+    every = (1 << len(placements(r))) - 1
+    if imap is None or strategy.imaps is None:
+        return every
+    ok = frozenset(strategy.imaps)
+    return sum(1 << k for k, p in enumerate(placements(r)) if slotted(imap, p) in ok)
+
+
+@lru_cache(maxsize=1 << 14)
 def _fits(strategy: DimStrategy, r: int, imaps: tuple[Map | None, ...], omaps: tuple[Map, ...]) -> bool:
     ok_in = None if strategy.imaps is None else frozenset(strategy.imaps)
     ok_out = None if strategy.omaps is None else frozenset(strategy.omaps)
@@ -145,4 +156,4 @@ def load_dim_strategy(name_or_path: str | os.PathLike[str]) -> DimStrategy:
                                  str(path))
 
 
-__all__ = ["DimStrategy", "fits", "list_dim_strategies", "load_dim_strategy", "placements", "slotted"]
+__all__ = ["imap_placements", "DimStrategy", "fits", "list_dim_strategies", "load_dim_strategy", "placements", "slotted"]
