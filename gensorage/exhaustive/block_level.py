@@ -250,7 +250,7 @@ def binding_options(shape: Shape, r: int, grid: tuple[int | None, ...], looped: 
     every operator that reads the iterator first. ``splits``: for the last kernel operator, the block counts
     that divide a program output dim (its blocks tile the outputs). ``canonical``: grid dims are numbered in
     the order they are first split (see :func:`new_dims_canonical`). ``dims``: only the imaps and fmaps the
-    strategy lists (each imap on its own; :func:`_bound` checks the iterators' imaps together)."""
+    strategy lists (each imap on its own; :func:`_admitted` checks the iterators' imaps together)."""
     out: list[Binding] = []
     chosen_count = sum(1 for g in grid if g is not None)
     fmaps = dims.allowed_fmaps() if dims is not None else None
@@ -497,13 +497,14 @@ def _admitted_groups(s: Search, b: BlockBuild, i: int, groups: Groups) -> tuple[
     (see :func:`_admitted`), memoised per process."""
     if s.spec.dims is None:
         return tuple(bds for _, bds in groups)
-    dims, r = s.spec.dims, b.r
+    dims = s.spec.dims
     others = _other_placements(dims, b, i)
     key = (id(groups), others)
     got = s.admit_memo.get(key)
     if got is not None and got[0] is groups:
         return got[1]  # type: ignore[return-value]
-    out = tuple(tuple(bd for bd in bds if imap_placements(dims, r, bd.imap) & others) for _, bds in groups)
+    out = tuple(tuple(bd for bd, ok in zip(bds, _admits(dims, b.r, others, bds), strict=True) if ok)
+                for _, bds in groups)
     _remember(s.admit_memo, key, (groups, out))
     return out
 
@@ -514,16 +515,20 @@ def _remember(memo: dict[tuple[object, ...], Any], key: tuple[object, ...], valu
     memo[key] = value
 
 
-MAX_PLAN_ENTRIES = 200_000  # group plans memoised by a process before it starts afresh
+MAX_PLAN_ENTRIES = 200_000  # entries of each walk memo (plans, admitted bindings, expressions) before it starts afresh
 
 
 def _admitted(s: Search, b: BlockBuild, i: int, bindings: tuple[Binding, ...]) -> tuple[bool, ...]:
     """For each binding of iterator ``i``: whether some placement of the grid dims makes its imap and the other
     bound iterators' imaps listed ones (always, without a dim strategy)."""
-    dims, r = s.spec.dims, b.r
+    dims = s.spec.dims
     if dims is None:
         return (True,) * len(bindings)
-    others = _other_placements(dims, b, i)
+    return _admits(dims, b.r, _other_placements(dims, b, i), bindings)
+
+
+def _admits(dims: DimStrategy, r: int, others: int, bindings: tuple[Binding, ...]) -> tuple[bool, ...]:
+    """Whether each binding's imap shares a placement with ``others`` (see :func:`_other_placements`)."""
     return tuple(bool(imap_placements(dims, r, bd.imap) & others) for bd in bindings)
 
 

@@ -156,4 +156,5 @@ def load_dim_strategy(name_or_path: str | os.PathLike[str]) -> DimStrategy:
                                  str(path))
 
 
-__all__ = ["imap_placements", "DimStrategy", "fits", "list_dim_strategies", "load_dim_strategy", "placements", "slotted"]
+__all__ = ["DimStrategy", "fits", "imap_placements", "list_dim_strategies", "load_dim_strategy", "placements",
+           "slotted"]
