@@ -104,3 +104,80 @@ def test_the_rule_prunes_no_verified_candidate(program: Program, kernels: int, b
     without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without
+
+
+# ------------------------------------------------------------------------------ outside marks
+
+
+def _elem_outside(e: Elem) -> tuple[int, ...]:
+    """Occurrences outside exp/sqrt read off a canonical normal form (an atom's arguments are not entered)."""
+    out = [0, 0, 0]
+    for den, poly in e.parts:
+        if den is not None:
+            out = [a + b for a, b in zip(out, _elem_outside(den), strict=True)]
+        for (_, atoms), mult in poly:
+            for atom in atoms:
+                got = [1 if atom.kind == "var" and atom.name == n else 0 for n in NAMES]
+                out = [a + mult * b for a, b in zip(out, got, strict=True)]
+    return tuple(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(add_free)
+def test_outside_counts_are_those_of_the_canonical_normal_form(t: ae.Term) -> None:
+    occ = OccurrenceBudget(NAMES, [])
+    assert occ.outside(t) == _elem_outside(Canon().nf(t))
+
+
+def _attention_budget() -> OccurrenceBudget:
+    program = load_config("mha_incdec", {"h": 2, "n": 6, "d": 5})
+    occ = OccurrenceBudget.for_search([t.name for t in program.inputs], ae.expr_of(program), catalog(program))
+    assert occ is not None
+    return occ
+
+
+def test_outside_counts_of_attention() -> None:
+    occ = _attention_budget()
+    assert dict(zip(occ.index, occ.target_outside, strict=True)) == {"Q": 0, "K": 0, "V": 1}
+    assert occ.mark_moves == ((1, 1, 0),)  # exp's argument has Q and K outside marks
+
+
+def test_completable_last_kernels_of_attention() -> None:
+    occ = _attention_budget()
+    q, k, v = ae.var("Q"), ae.var("K"), ae.var("V")
+    s = ae.sum(5, ae.mul(q, k))
+    e = ae.exp(s)
+    # Softmax then V from the scores, or from their exp: the scores (or E) are read twice (numerator and
+    # denominator), so no bound on marks is kept.
+    assert occ.completable([v, s], [v, s]) == 0
+    assert occ.completable([v, e], [v, e]) == 0
+    # A raw Q beside V and E: Q must go under an exp whose argument needs a K outside marks; none has one.
+    assert occ.completable([q, v, e], [q, v, e]) is None
+    # K beside partial scores: reading anything again overshoots Q's or K's count.
+    assert occ.completable([v, k, ae.sum(2, ae.mul(q, k))], [v, k, ae.sum(2, ae.mul(q, k))]) is None
+    # Two copies of the scores use the whole count: two exp operators are needed, one per copy.
+    assert occ.completable([v, s, s], [v, s]) == 2
+    # Too much V.
+    assert occ.completable([v, v, s], [v, s]) is None
+
+
+GQA = {"kv": 2, "g": 2, "n": 4, "d": 2}
+
+
+@pytest.mark.parametrize(("program", "grid"), [
+    (load_config("gqa_incdec", GQA), 1),  # 10.7 k states against 11.3 k
+    pytest.param(load_config("gqa_incdec", GQA), 2, marks=pytest.mark.slow),  # 60 s: 93.1 k against 102.0 k
+])
+def test_the_outside_rule_prunes_no_verified_candidate(program: Program, grid: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # A last kernel whose outputs cannot have the program's counts outside marks (or need more exp operators
+    # than it has room for) is pruned: the same candidates with and without the rule, fewer states with it.
+    from gensorage.exhaustive import block_level
+    from gensorage.exhaustive.dim_strategy import load_dim_strategy
+    spec = SearchSpec(program=program, max_kernel_ops=2, max_block_ops=6, max_block_nodes=6, max_grid_dims=grid,
+                      max_block_outputs=2, dims=load_dim_strategy("attention"))
+    with_rule, states_with = candidates_and_states(spec)
+    monkeypatch.setattr(block_level, "_marks_needed", lambda *a: 0)
+    without_rule, states_without = candidates_and_states(spec)
+    assert with_rule == without_rule and with_rule
+    assert states_with < states_without

@@ -40,7 +40,7 @@ from gensorage.exhaustive.constants import BARRIERS, Const, const_of, same
 from gensorage.exhaustive.dim_strategy import DimStrategy, fits, imap_placements
 from gensorage.exhaustive.expr_arith import ExprValue
 from gensorage.exhaustive.needed_ops import MARK_OPS
-from gensorage.exhaustive.occurrences import read_again
+from gensorage.exhaustive.occurrences import pending_terms, read_again
 from gensorage.exhaustive.opcatalog import (
     COMMUTATIVE,
     NONLINEAR_UNARY,
@@ -114,9 +114,16 @@ def block_children(s: Search) -> Generator[None, None, None]:
     need, scale = 0, False
     tight = NOT_TIGHT
     left, left_after_accumulator = ops_left(s, b), ops_left(s, b, 1)
+    marks = 0
+    if b.last_kernel_op and b.exact and s.occurrences is not None:
+        got = _marks_needed(s, b)
+        if got is None or got > left:
+            s.counters.pruned_expr += 1
+            return
+        marks = got
     if b.last_kernel_op and b.exact and s.needed is not None:
         terms = _terms(s, b)
-        need, scale = s.needed.bound(terms, carries_factor(b.const))
+        need, scale = s.needed.bound(terms, carries_factor(b.const), marks)
         if need > left or (s.reductions is not None and need + 1 > _reduction_room(s, b, left)
                            and s.reductions.needed(terms)):
             s.counters.pruned_expr += 1
@@ -177,6 +184,14 @@ def _cannot_reach(s: Search, b: BlockBuild, left: int) -> bool:
         return False
     missing = s.ties.missing([*kernel_ties, *_ties(s, b)])
     return need + missing > _reduction_room(s, b, left) + later * (nodes - 1)
+
+
+def _marks_needed(s: Search, b: BlockBuild) -> int | None:
+    """For the last kernel operator: None if its outputs cannot have the program outputs' occurrence counts,
+    outside marks too, with this block graph's tensors as the leaves of their trees; else a lower bound on the
+    mark operators it still needs (see :meth:`.occurrences.OccurrenceBudget.completable`)."""
+    return s.occurrences.completable(pending_terms(s.state, s.required_inputs),  # type: ignore[union-attr]
+                                     _terms(s, b))
 
 
 def _reduction_room(s: Search, b: BlockBuild, left: int) -> int:

@@ -60,16 +60,21 @@ class NeededOps:
         got = self._memo[t] = frozenset(out)
         return got
 
-    def bound(self, available: Iterable[Term], factor_available: bool = True) -> tuple[int, bool]:
+    def bound(self, available: Iterable[Term], factor_available: bool = True, marks: int = 0) -> tuple[int, bool]:
         """At least this many operators are needed to reach the targets from ``available`` terms (one of them
-        a ``scale``, if the flag says so); ``factor_available``: some available tensor carries a factor."""
+        a ``scale``, if the flag says so); ``factor_available``: some available tensor carries a factor;
+        ``marks``: a lower bound on the ``exp``, ``sqrt`` and activation operators still needed known otherwise
+        (see :meth:`.occurrences.OccurrenceBudget.completable`)."""
         missing = set(self.target)
         for t in available:
             if not missing:
-                return 0, False
+                break
             missing -= self.marks(t)
+        if not missing and not marks:
+            return 0, False
         scale = not factor_available and not self.factor_marks.isdisjoint(missing)
-        return len(missing) + scale, scale
+        div = DIV_MARK in missing
+        return max(len(missing) - div, marks) + div + scale, scale
 
 
 __all__ = ["DIV_MARK", "MARK_OPS", "NeededOps"]

@@ -23,6 +23,21 @@ variable past the program's count: every µGraph below them would have an output
 attention's output ``Q, K`` twice and ``V`` once, it is what stops a last kernel from reading ``Q`` again after the
 first kernel has used it twice.
 
+Occurrences outside marks. Count separately the occurrences that lie under no ``exp``, ``sqrt`` or activation
+``fn`` (the *outside* count). No axiom mentions those (see :mod:`.needed_ops`), so every axiom moves each of its
+variables' subterms whole, at a position under no mark of its own: the outside count is an ``A_eq`` invariant too,
+and an output equal to a program output has the program outputs' outside count. A future operator adds its
+operands' outside counts, except a mark operator, which moves its argument's whole outside count inside; its term
+is a mark-rooted subterm of the output, so (marks being invariant classes) its argument is in the class of the
+argument of one of the program outputs' marks and has that argument's outside count. So the output tree of a
+completion of the last kernel operator has as leaves tensors of its block graph as they are now (every pending one
+at least once, any one again), and the output's outside count is the leaves' minus one mark argument's count per
+mark operator above them. :meth:`OccurrenceBudget.completable` asks whether some multiset of leaves has exactly the
+outputs' total count and an outside count that the outputs' plus a sum of mark arguments' counts makes up; where
+none has, the node is pruned. It is what stops a last kernel that reads a raw ``Q`` beside ``V`` and
+``exp(sum(mul(Q, K)))``: ``Q`` must end up under an ``exp``, whose argument needs a ``K`` outside one, and no tensor
+of that block graph has it.
+
 Applied only where no term the search builds can hold ``add``, ``cat`` or ``max``: the program's outputs have none
 and the op set has no ``add``, ``sub`` or ``concat`` (inputs are plain; layouts, and so ``cat`` pieces, arise only
 from concatenations), and, like :mod:`.needed_ops`, with ``prune`` and ``expr_filter``.
@@ -34,6 +49,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.needed_ops import UNCREATABLE
 from gensorage.exhaustive.opcatalog import OpVariant
 from gensorage.opset import Op
 
@@ -55,9 +71,17 @@ class OccurrenceBudget:
         self.index = {n: i for i, n in enumerate(names)}
         self._zero: Counts = (0,) * len(names)
         self._memo: dict[Term, Counts] = {}
+        self._outside_memo: dict[Term, Counts] = {}
+        self._complete_memo: dict[tuple[object, ...], int | None] = {}
+        self._marks_memo: dict[Counts, int | None] = {}
         self.target = self._zero
+        self.target_outside = self._zero
         for t in targets:
             self.target = _plus(self.target, self.count(t))
+            self.target_outside = _plus(self.target_outside, self.outside(t))
+        # The outside counts a mark operator can move inside: those of the program's mark arguments.
+        moves = {self.outside(s.args[0]) for t in targets for s in t.subterms() if s.op in UNCREATABLE}
+        self.mark_moves: tuple[Counts, ...] = tuple(sorted(moves - {self._zero}))
 
     @classmethod
     def for_search(cls, names: Sequence[str], targets: Sequence[Term],
@@ -85,23 +109,29 @@ class OccurrenceBudget:
         self._memo[t] = got
         return got
 
+    def outside(self, t: Term) -> Counts:
+        """How often each variable occurs in ``t`` under no ``exp``, ``sqrt`` or activation (see above)."""
+        got = self._outside_memo.get(t)
+        if got is not None:
+            return got
+        if t.op == "var":
+            got = self.count(t)
+        elif t.op in UNCREATABLE:
+            got = self._zero
+        else:
+            got = self._zero
+            for a in t.args:
+                got = _plus(got, self.outside(a))
+        self._outside_memo[t] = got
+        return got
+
     def pending(self, st: SearchState, required: Iterable[int]) -> Counts:
         """The counts of everything not consumed yet: kernel tensors nobody reads (program inputs among
         ``required`` only) outside the open block graph's inputs, and that block graph's unconsumed tensors
         (unused iterators included)."""
-        b = st.block
-        reading = set(b.inputs) if b is not None else set()
-        req = set(required)
         total = self._zero
-        for t in range(len(st.shape)):
-            if st.uses[t] == 0 and t not in reading and (t >= st.n_inputs or t in req):
-                total = _plus(total, self.count(st.val[t].term))
-        if b is not None:
-            m = len(b.inputs)
-            for j in range(len(b.shape)):
-                if b.uses[j] == 0:
-                    term = st.val[b.inputs[j]].term if j < m else b.val[j].term  # type: ignore[union-attr]
-                    total = _plus(total, self.count(term))
+        for term in pending_terms(st, required):
+            total = _plus(total, self.count(term))
         return total
 
     def fits(self, pending: Counts, again: Iterable[Term]) -> bool:
@@ -111,6 +141,88 @@ class OccurrenceBudget:
         for t in again:
             total = _plus(total, self.count(t))
         return all(a <= b for a, b in zip(total, self.target, strict=True))
+
+    def completable(self, pending: Sequence[Term], leaves: Iterable[Term]) -> int | None:
+        """Whether an output tree whose leaves are ``pending`` once each plus any of ``leaves`` (each any
+        number of times) can have the outputs' total and outside counts, some mark operators above the leaves
+        moving their arguments' outside counts inside (see the module docstring): None if not, else a lower
+        bound on the mark operators (``exp``, ``sqrt``, activations) still to add. Memoised."""
+        key = (tuple(sorted(t.uid for t in pending)), frozenset(t.uid for t in leaves))
+        if key in self._complete_memo:
+            return self._complete_memo[key]
+        if len(self._complete_memo) >= MAX_MEMO:
+            self._complete_memo.clear()
+        got = self._complete_memo[key] = self._completable(pending, leaves)
+        return got
+
+    def _completable(self, pending: Sequence[Term], leaves: Iterable[Term]) -> int | None:
+        total, out = self._zero, self._zero
+        for t in pending:
+            total, out = _plus(total, self.count(t)), _plus(out, self.outside(t))
+        rest = _minus(self.target, total)
+        if min(rest) < 0:
+            return None
+        # Leaves read again, where the pending ones leave room. Each has a count (the root of every tensor is
+        # built from program inputs).
+        extra = sorted({(self.count(t), self.outside(t)) for t in leaves if any(self.count(t))})
+        best: list[int | None] = [None]
+
+        def fill(k: int, rest: Counts, out: Counts, again: bool) -> bool:
+            """Try the multisets of ``extra[k:]`` that make up ``rest``; True once one needs no mark bound."""
+            if not any(rest):
+                marks = self._marks(_minus(out, self.target_outside))
+                if marks is None:
+                    return False
+                # Without leaves read again the tree repeats no subtree, so each mark node is an operator of
+                # its own; with them, a mark operator may be read twice and no bound is kept.
+                marks = 0 if again else marks
+                best[0] = marks if best[0] is None else min(best[0], marks)
+                return marks == 0
+            if k == len(extra):
+                return False
+            count, outside = extra[k]
+            taken = False
+            while True:  # extra[k] taken 0, 1, 2, ... times
+                if fill(k + 1, rest, out, again or taken):
+                    return True
+                rest = _minus(rest, count)
+                if min(rest) < 0:
+                    return False
+                out, taken = _plus(out, outside), True
+
+        fill(0, rest, out, False)
+        return best[0]
+
+    def _marks(self, moved: Counts) -> int | None:
+        """The fewest mark arguments' outside counts that sum to ``moved`` (None: no sum does)."""
+        if min(moved) < 0:
+            return None
+        if moved in self._marks_memo:
+            return self._marks_memo[moved]
+        best = 0 if not any(moved) else None
+        if best is None:
+            for m in self.mark_moves:
+                got = self._marks(_minus(moved, m))
+                if got is not None and (best is None or got + 1 < best):
+                    best = got + 1
+        self._marks_memo[moved] = best
+        return best
+
+
+def pending_terms(st: SearchState, required: Iterable[int]) -> list[Term]:
+    """The terms of everything not consumed yet: kernel tensors nobody reads (program inputs among ``required``
+    only) outside the open block graph's inputs, and that block graph's unconsumed tensors (unused iterators
+    included)."""
+    b = st.block
+    reading = set(b.inputs) if b is not None else set()
+    req = set(required)
+    out = [st.val[t].term for t in range(len(st.shape))
+           if st.uses[t] == 0 and t not in reading and (t >= st.n_inputs or t in req)]
+    if b is not None:
+        m = len(b.inputs)
+        out.extend(st.val[b.inputs[j]].term if j < m else b.val[j].term  # type: ignore[union-attr]
+                   for j in range(len(b.shape)) if b.uses[j] == 0)
+    return out
 
 
 def read_again(ins: Sequence[int], counted: Callable[[int], bool], term: Callable[[int], Term]) -> list[Term]:
@@ -130,4 +242,11 @@ def _plus(a: Counts, b: Counts) -> Counts:
     return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
-__all__ = ["Counts", "OccurrenceBudget", "UNCOUNTABLE_OPS", "UNCOUNTABLE_TERMS", "read_again"]
+def _minus(a: Counts, b: Counts) -> Counts:
+    return tuple(x - y for x, y in zip(a, b, strict=True))
+
+
+MAX_MEMO = 200_000  # entries of the completability memo before it starts afresh
+
+
+__all__ = ["Counts", "OccurrenceBudget", "UNCOUNTABLE_OPS", "UNCOUNTABLE_TERMS", "pending_terms", "read_again"]
