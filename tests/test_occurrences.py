@@ -147,10 +147,12 @@ def test_completable_last_kernels_of_attention() -> None:
     q, k, v = ae.var("Q"), ae.var("K"), ae.var("V")
     s = ae.sum(5, ae.mul(q, k))
     e = ae.exp(s)
-    # Softmax then V from the scores, or from their exp: the scores (or E) are read twice (numerator and
-    # denominator), so no bound on marks is kept.
-    assert occ.completable([v, s], [v, s]) == 0
+    # Softmax then V from the scores: they are read twice (numerator and denominator), so one exp operator may
+    # make both exp nodes; from their exp, none is needed.
+    assert occ.completable([v, s], [v, s]) == 1
     assert occ.completable([v, e], [v, e]) == 0
+    # E is there, but the scores beside it must still go under an exp of their own.
+    assert occ.completable([v, e, s], [v, e, s]) == 1
     # A raw Q beside V and E: Q must go under an exp whose argument needs a K outside marks; none has one.
     assert occ.completable([q, v, e], [q, v, e]) is None
     # K beside partial scores: reading anything again overshoots Q's or K's count.

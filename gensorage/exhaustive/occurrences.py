@@ -156,6 +156,7 @@ class OccurrenceBudget:
         return got
 
     def _completable(self, pending: Sequence[Term], leaves: Iterable[Term]) -> int | None:
+        # Multisets of leaves read again, each with its fewest mark nodes; the answer is the least over them.
         total, out = self._zero, self._zero
         for t in pending:
             total, out = _plus(total, self.count(t)), _plus(out, self.outside(t))
@@ -174,8 +175,8 @@ class OccurrenceBudget:
                 if marks is None:
                     return False
                 # Without leaves read again the tree repeats no subtree, so each mark node is an operator of
-                # its own; with them, a mark operator may be read twice and no bound is kept.
-                marks = 0 if again else marks
+                # its own; with them, one mark operator may be read several times, but there is one at least.
+                marks = min(marks, 1) if again else marks
                 best[0] = marks if best[0] is None else min(best[0], marks)
                 return marks == 0
             if k == len(extra):
