@@ -160,7 +160,13 @@ def _cannot_finish(s: Search, inputs: tuple[int, ...]) -> bool:
         return False  # concatenated inputs: tile expressions under-approximate, the bound is not applied
     factor = carries_factor([s.state.const[i] for i in inputs])
     terms = [s.state.val[i].term for i in inputs]
-    need = s.needed.bound(terms, factor)[0]  # type: ignore[union-attr]
+    marks = 0
+    if s.occurrences is not None:  # every unconsumed tensor is among the inputs (see must_consume)
+        got = s.occurrences.completable(terms, terms)
+        if got is None:
+            return True
+        marks = got
+    need = s.needed.bound(terms, factor, marks)[0]  # type: ignore[union-attr]
     if need > room:
         return True
     # A reduction (see reductions) takes an operator, or an accumulator node where a loop may supply it.
