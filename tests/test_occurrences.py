@@ -161,6 +161,10 @@ def test_completable_last_kernels_of_attention() -> None:
     assert occ.completable([v, s, s], [v, s]) == 2
     # Too much V.
     assert occ.completable([v, v, s], [v, s]) is None
+    # A scaled tensor ends under a mark (only exp, sqrt or an activation may read it): scaled scores may, a
+    # scaled V may not (V occurs outside every exp in the output).
+    assert occ.completable([v, s], [v, s], under_marks=[s]) == 1
+    assert occ.completable([v, s], [v, s], under_marks=[v]) is None
 
 
 GQA = {"kv": 2, "g": 2, "n": 4, "d": 2}

@@ -190,8 +190,15 @@ def _marks_needed(s: Search, b: BlockBuild) -> int | None:
     """For the last kernel operator: None if its outputs cannot have the program outputs' occurrence counts,
     outside marks too, with this block graph's tensors as the leaves of their trees; else a lower bound on the
     mark operators it still needs (see :meth:`.occurrences.OccurrenceBudget.completable`)."""
-    return s.occurrences.completable(pending_terms(s.state, s.required_inputs),  # type: ignore[union-attr]
-                                     _terms(s, b))
+    # A scale's result is read only by a non-linear unary operator (a mark) or saved (see opcatalog); one
+    # that is not a whole program output by its counts ends under a mark.
+    occ = s.occurrences
+    assert occ is not None
+    m = len(b.inputs)
+    scaled = [b.val[j].term for j in range(m, len(b.shape))  # type: ignore[union-attr]
+              if b.scaled[j] and b.uses[j] == 0]
+    under = [t for t in scaled if occ.count(t) not in occ.output_counts]
+    return occ.completable(pending_terms(s.state, s.required_inputs), _terms(s, b), under)
 
 
 def _reduction_room(s: Search, b: BlockBuild, left: int) -> int:

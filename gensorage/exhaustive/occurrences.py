@@ -36,7 +36,8 @@ mark operator above them. :meth:`OccurrenceBudget.completable` asks whether some
 outputs' total count and an outside count that the outputs' plus a sum of mark arguments' counts makes up; where
 none has, the node is pruned. It is what stops a last kernel that reads a raw ``Q`` beside ``V`` and
 ``exp(sum(mul(Q, K)))``: ``Q`` must end up under an ``exp``, whose argument needs a ``K`` outside one, and no tensor
-of that block graph has it.
+of that block graph has it. A pending ``scale`` result, which only a mark operator may read, must be under a mark
+unless it is a whole output: its outside count is among the moved ones.
 
 Applied only where no term the search builds can hold ``add``, ``cat`` or ``max``: the program's outputs have none
 and the op set has no ``add``, ``sub`` or ``concat`` (inputs are plain; layouts, and so ``cat`` pieces, arise only
@@ -76,6 +77,7 @@ class OccurrenceBudget:
         self._marks_memo: dict[Counts, int | None] = {}
         self.target = self._zero
         self.target_outside = self._zero
+        self.output_counts = frozenset(self.count(t) for t in targets)
         for t in targets:
             self.target = _plus(self.target, self.count(t))
             self.target_outside = _plus(self.target_outside, self.outside(t))
@@ -142,20 +144,24 @@ class OccurrenceBudget:
             total = _plus(total, self.count(t))
         return all(a <= b for a, b in zip(total, self.target, strict=True))
 
-    def completable(self, pending: Sequence[Term], leaves: Iterable[Term]) -> int | None:
+    def completable(self, pending: Sequence[Term], leaves: Iterable[Term],
+                    under_marks: Sequence[Term] = ()) -> int | None:
         """Whether an output tree whose leaves are ``pending`` once each plus any of ``leaves`` (each any
         number of times) can have the outputs' total and outside counts, some mark operators above the leaves
         moving their arguments' outside counts inside (see the module docstring): None if not, else a lower
-        bound on the mark operators (``exp``, ``sqrt``, activations) still to add. Memoised."""
-        key = (tuple(sorted(t.uid for t in pending)), frozenset(t.uid for t in leaves))
+        bound on the mark operators (``exp``, ``sqrt``, activations) still to add. ``under_marks``: pending
+        terms that must end under a mark (a scale's result, which only a non-linear unary operator may read);
+        their outside counts are moved. Memoised."""
+        key = (tuple(sorted(t.uid for t in pending)), frozenset(t.uid for t in leaves),
+               tuple(sorted(t.uid for t in under_marks)))
         if key in self._complete_memo:
             return self._complete_memo[key]
         if len(self._complete_memo) >= MAX_MEMO:
             self._complete_memo.clear()
-        got = self._complete_memo[key] = self._completable(pending, leaves)
+        got = self._complete_memo[key] = self._completable(pending, leaves, under_marks)
         return got
 
-    def _completable(self, pending: Sequence[Term], leaves: Iterable[Term]) -> int | None:
+    def _completable(self, pending: Sequence[Term], leaves: Iterable[Term], under_marks: Sequence[Term]) -> int | None:
         # Multisets of leaves read again, each with its fewest mark nodes; the answer is the least over them.
         total, out = self._zero, self._zero
         for t in pending:
@@ -167,11 +173,18 @@ class OccurrenceBudget:
         # built from program inputs).
         extra = sorted({(self.count(t), self.outside(t)) for t in leaves if any(self.count(t))})
         best: list[int | None] = [None]
+        # Each occurrence is moved by the innermost mark above it, if any: the moved count covers these.
+        must = self._zero
+        for t in under_marks:
+            must = _plus(must, self.outside(t))
 
         def fill(k: int, rest: Counts, out: Counts, again: bool) -> bool:
             """Try the multisets of ``extra[k:]`` that make up ``rest``; True once one needs no mark bound."""
             if not any(rest):
-                marks = self._marks(_minus(out, self.target_outside))
+                moved = _minus(out, self.target_outside)
+                if min(_minus(moved, must)) < 0:
+                    return False
+                marks = self._marks(moved)
                 if marks is None:
                     return False
                 # Without leaves read again the tree repeats no subtree, so each mark node is an operator of
