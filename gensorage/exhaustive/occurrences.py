@@ -97,34 +97,26 @@ class OccurrenceBudget:
 
     def count(self, t: Term) -> Counts:
         """How often each variable (in ``names`` order) occurs in ``t`` written out as a tree."""
-        got = self._memo.get(t)
+        return self._fold(t, self._memo, frozenset())
+
+    def outside(self, t: Term) -> Counts:
+        """How often each variable occurs in ``t`` under no ``exp``, ``sqrt`` or activation (see above)."""
+        return self._fold(t, self._outside_memo, UNCREATABLE)
+
+    def _fold(self, t: Term, memo: dict[Term, Counts], stop: frozenset[str]) -> Counts:
+        """Occurrences in ``t`` outside subterms rooted at an operator in ``stop`` (memoised in ``memo``)."""
+        got = memo.get(t)
         if got is not None:
             return got
+        got = self._zero
         if t.op == "var":
             out = list(self._zero)
             out[self.index[t.name]] = 1
             got = tuple(out)
-        else:
-            got = self._zero
+        elif t.op not in stop:
             for a in t.args:
-                got = _plus(got, self.count(a))
-        self._memo[t] = got
-        return got
-
-    def outside(self, t: Term) -> Counts:
-        """How often each variable occurs in ``t`` under no ``exp``, ``sqrt`` or activation (see above)."""
-        got = self._outside_memo.get(t)
-        if got is not None:
-            return got
-        if t.op == "var":
-            got = self.count(t)
-        elif t.op in UNCREATABLE:
-            got = self._zero
-        else:
-            got = self._zero
-            for a in t.args:
-                got = _plus(got, self.outside(a))
-        self._outside_memo[t] = got
+                got = _plus(got, self._fold(a, memo, stop))
+        memo[t] = got
         return got
 
     def pending(self, st: SearchState, required: Iterable[int]) -> Counts:
