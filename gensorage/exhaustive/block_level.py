@@ -725,6 +725,8 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
     split = s.split_origins(b) if (b.last_kernel_op and s.split_rule) else None
     exact_prune = s.spec.prune and b.exact
     known = known_tiles_pruned and all((t := b.ties[i]) is not None and t.known for i in ins)
+    caps = s.element_caps if exact_prune else None
+    spread = _spread(b, fdep) if caps is not None else 1
     for v in variants:
         if not s.allowed(v):
             continue
@@ -752,7 +754,7 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
             keep = keep and (not b.exact or _factor_ok(s, v, value.term, consts[0]))
             if b.exact:  # elsewhere a tile's expression depends on more than its shape (see the module docstring)
                 got[2], got[3] = value, keep
-        if not keep:
+        if not keep or (caps is not None and not caps.admits(numel(out) * spread, value.term)):
             counters.pruned_expr += 1
             continue
         if b.smem + numel(out) * elem > limit:
@@ -772,6 +774,19 @@ def _apply_variants(s: Search, b: BlockBuild, ins: tuple[int, ...], head: tuple[
         finally:
             s.spend(v, -1)
             s.state.pop_block()
+
+
+def _spread(b: BlockBuild, fdep: bool) -> int:
+    """What a block tensor's element count is multiplied by on its way to a kernel tensor, at least: the grid
+    sizes chosen so far, and the trip count for a tensor that varies across iterations (it is accumulated); see
+    :mod:`.element_counts`."""
+    out = 1
+    for size in b.grid:
+        if size is not None:
+            out *= size
+    if fdep and b.forloop is not None:
+        out *= b.forloop
+    return out
 
 
 def _accumulators(s: Search, b: BlockBuild, tight: int = NOT_TIGHT) -> Iterator[None]:
@@ -896,6 +911,9 @@ def _finish(s: Search) -> Iterator[None]:
         results = _outputs(s, b, block, outs, omaps)
         if results is None:
             continue
+        if not b.last_kernel_op and not _counts_ok(s, results):
+            s.counters.pruned_expr += 1
+            continue
         ties: list[Ties | None] | None = None
         if s.ties is not None:
             ties = [saved_ties(b.ties[j], om, grid, live)  # type: ignore[arg-type]
@@ -910,6 +928,13 @@ def _finish(s: Search) -> Iterator[None]:
         finally:
             st.pop_kernel(b.inputs)
             st.block = b
+
+
+def _counts_ok(s: Search, results: list[tuple[Shape, str, ExprValue]]) -> bool:
+    """Whether each kernel tensor a block graph writes has no more elements than a µGraph equal to the program
+    can reduce to its outputs (see :mod:`.element_counts`)."""
+    caps = s.element_caps
+    return caps is None or all(v.layout is not None or caps.admits(numel(shape), v.term) for shape, _, v in results)
 
 
 def _body_key(b: BlockBuild, grid: tuple[int, ...], imaps: tuple[tuple[int | None, ...], ...],

@@ -93,6 +93,7 @@ class Search:
         self.output_splits = ctx.output_splits
         self.required_inputs = ctx.required_inputs
         self.occurrences = ctx.occurrences
+        self.element_caps = ctx.element_caps
         self.counters = Counters()
         self.split_rule = ctx.split_rule
         self.budget: dict[int, int] = dict(ctx.budget)  # uses left of each budgeted variant (see search_context)

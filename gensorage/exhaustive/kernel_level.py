@@ -81,6 +81,10 @@ def _predefined(s: Search) -> Iterator[None]:
             if s.spec.prune and not s.oracle.is_subexpr(value.term):
                 s.counters.pruned_expr += 1
                 continue
+            if (must is None and s.element_caps is not None and value.layout is None
+                    and not s.element_caps.admits(numel(out), value.term)):
+                s.counters.pruned_expr += 1
+                continue
             consts = [st.const[i] for i in ins]
             if (v.op in BARRIERS and s.exp_consts is not None and value.layout is None
                     and not s.exp_consts.admits(value.term, consts[0])):

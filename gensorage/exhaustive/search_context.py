@@ -14,8 +14,11 @@ The oracle's memo grows with every distinct query; :func:`process_context` start
 
 from __future__ import annotations
 
+import math
+
 from gensorage.exhaustive.abstract_expr import Term, expr_of
 from gensorage.exhaustive.constants import ExpConstants
+from gensorage.exhaustive.element_counts import ElementCaps
 from gensorage.exhaustive.needed_ops import NeededOps
 from gensorage.exhaustive.occurrences import OccurrenceBudget
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog
@@ -79,6 +82,8 @@ class SearchContext:
         # Like the needed-operator bound, the occurrence budget speaks about outputs equal under A_eq.
         self.occurrences = (OccurrenceBudget.for_search([t.name for t in program.inputs], self.targets,
                                                         self.variants) if rules else None)
+        # Element counts only reductions shrink (see element_counts): outputs equal under A_eq again.
+        self.element_caps = self._element_caps() if rules else None
         # The split-reduction rule of the last kernel operator (see provenance) assumes no grouped sums.
         self.split_rule = not any(program.nodes[i].op is Op.SUM and attr(program.nodes[i].attrs, "group") is not None
                                   for i in program.live_ids())
@@ -101,6 +106,10 @@ class SearchContext:
         # Expressions of operators on block tensors (block_level._apply_variants): a pure function of the operands'.
         self.expr_memo: dict[tuple[object, ...], object] = {}
 
+    def _element_caps(self) -> ElementCaps | None:
+        numels = [math.prod(shape) for shape in self.output_shapes]
+        return ElementCaps.for_search(self.oracle.canon, self.targets, numels, self.variants)
+
     def oracle_entries(self) -> int:
         """How many distinct terms the oracle has memoised."""
         return self.oracle.memo_size()
@@ -114,6 +123,8 @@ class SearchContext:
             self.needed = NeededOps(self.oracle.canon, self.targets, self.exp_consts.factor_marks)
         if self.reductions is not None:
             self.reductions = Reductions.for_search(self.oracle.canon, self.targets, self.variants)
+        if self.element_caps is not None:
+            self.element_caps = self._element_caps()
 
 
 class _ProcessContext:

@@ -1,0 +1,135 @@
+"""How many elements a tensor may have: only a reduction shrinks a tensor, and each reduction is a coefficient.
+
+Follow one element-count along a path of operators from a tensor ``X`` to a program output. An elementwise
+operator's result has at least as many elements as each operand (broadcasting only adds), ``scale``, an
+activation, ``exp``, ``sqrt`` and ``reshape`` keep the count, ``repeat``, a concatenating accumulator and a
+replicated write only add; only a ``sum`` over an axis of size ``k``, a ``matmul`` contracting ``k`` and a
+summing accumulator of ``k`` iterations divide it, by at most ``k``. A block graph is no exception: an input of
+``N`` elements split by grid dims ``G_X`` (and a loop of ``F`` iterations if its fmap splits it) gives tiles of
+``N / (G_X·F)``; a block writes ``n_out / G`` elements of an output with ``G >= G_X`` blocks; and a loop-split tile
+reaches the output only through an accumulator, which multiplies by ``F``. So ``N_X <= n_out · P``, where ``P`` is
+the product of the path's reduction sizes.
+
+In the oracle's canonical model each such reduction multiplies the coefficient of every numerator monomial of its
+operand by ``k`` (see :mod:`.reductions`); ``mul`` multiplies coefficients, ``div`` keeps the numerator's (or
+multiplies it by the divisor's denominator), and over an op set without ``add``, ``sub`` and ``concat`` nothing
+adds or cancels coefficients. A monomial ``c·m`` of ``X`` (``m`` its atoms) therefore reaches the output as a
+monomial with atoms ``⊇ m`` and coefficient ``>= c·P`` -- at the output's top level, unless the path puts it
+inside an ``exp``, ``sqrt``, activation or ``max`` atom or into a denominator, where the output's normal form
+keeps it. An output equal to the program's under ``A_eq`` has the program's normal form, so when no monomial
+inside an atom argument or a denominator of the program's outputs (at any depth) contains ``m``, the path kept
+``X`` at the top level and ``P <= C / c`` for a top-level numerator monomial ``C·M`` of the output with
+``M ⊇ m``. Every monomial of ``X`` gets the same ``P``, so ``P`` is at most the least of those bounds.
+
+Hence a tensor ``X`` whose monomials all lie only at the top level of the outputs can have at most
+``max over outputs of n_out · min over monomials c·m of X of max{C // c : C·M top-level, M ⊇ m}`` elements.
+Attention's ``V`` (``(16·V·exp(8·Q·K)) / (16·exp(8·Q·K))``) may be at most 16 times the output: a first kernel
+that writes ``V`` replicated more than that (a copy per query head is exactly that much) is pruned with its
+whole second-kernel subtree. Like :mod:`.reductions`, this speaks about outputs equal to the program's under
+``A_eq`` (``prune`` and ``expr_filter``) and is applied to exact values only (no concatenated layout).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.opcatalog import OpVariant
+from gensorage.exhaustive.oracle import Atom, Canon, Elem, TooBig
+from gensorage.exhaustive.reductions import ADDING_OPS
+
+Monomial = tuple[int, Counter[int]]  # (coefficient, atom uid -> multiplicity)
+
+
+def _monomials(e: Elem) -> list[Monomial]:
+    return [(c, Counter(a.uid for a in atoms)) for _, poly in e.parts for (c, atoms), _ in poly]
+
+
+def _inner(e: Elem, out: list[Counter[int]], seen: set[int]) -> None:
+    """The atom multisets of every monomial inside an atom argument or a denominator of ``e``, at any depth."""
+    for den, poly in e.parts:
+        if den is not None:
+            _collect(den, out, seen)
+        for (_, atoms), _ in poly:
+            for a in atoms:
+                _atom_args(a, out, seen)
+
+
+def _atom_args(a: Atom, out: list[Counter[int]], seen: set[int]) -> None:
+    for arg in a.args:
+        _collect(arg, out, seen)
+
+
+def _collect(e: Elem, out: list[Counter[int]], seen: set[int]) -> None:
+    if e.uid in seen:
+        return
+    seen.add(e.uid)
+    out.extend(m for _, m in _monomials(e))
+    _inner(e, out, seen)
+
+
+def _within(m: Counter[int], big: Counter[int]) -> bool:
+    return all(big[a] >= n for a, n in m.items())
+
+
+class ElementCaps:
+    """The program outputs' top-level monomials and element counts, and the cap of a tensor's element count."""
+
+    def __init__(self, canon: Canon, tops: Sequence[tuple[int, list[Monomial]]], inner: list[Counter[int]]) -> None:
+        self.canon = canon
+        self.tops = tops  # per output: (element count, top-level numerator monomials)
+        self.inner = inner
+        self._memo: dict[Term, int | None] = {}
+
+    @classmethod
+    def for_search(cls, canon: Canon, targets: Sequence[Term], numels: Sequence[int],
+                   variants: Iterable[OpVariant]) -> ElementCaps | None:
+        """The rule for a search over ``variants`` whose outputs have ``targets`` and ``numels`` elements, or
+        None where it does not apply (operators that add monomials, or outputs too big to normalise)."""
+        if any(v.op in ADDING_OPS for v in variants):
+            return None
+        try:
+            nfs = [canon.nf(t) for t in targets]
+        except TooBig:
+            return None
+        inner: list[Counter[int]] = []
+        seen: set[int] = set()
+        for e in nfs:
+            _inner(e, inner, seen)
+        return cls(canon, [(n, _monomials(e)) for n, e in zip(numels, nfs, strict=True)], inner)
+
+    def cap(self, t: Term) -> int | None:
+        """The most elements a tensor with expression ``t`` may have in a µGraph equal to the program, or None
+        where the rule says nothing (a monomial that may end up inside an atom or a denominator)."""
+        if t in self._memo:
+            return self._memo[t]
+        got = self._cap(t)
+        self._memo[t] = got
+        return got
+
+    def _cap(self, t: Term) -> int | None:
+        try:
+            e = self.canon.nf(t)
+        except TooBig:
+            return None
+        if any(den is not None for den, _ in e.parts):
+            return None
+        mine = _monomials(e)
+        if any(_within(m, big) for _, m in mine for big in self.inner):
+            return None
+        best = 0
+        for numel, tops in self.tops:
+            factor = min((max((c_top // c for c_top, top in tops if c_top >= c and _within(m, top)), default=0)
+                          for c, m in mine), default=0)
+            best = max(best, numel * factor)
+        return best
+
+    def admits(self, numel: int, t: Term) -> bool:
+        """Whether a tensor of ``numel`` elements and expression ``t`` may be part of a µGraph equal to the
+        program (see the module docstring)."""
+        cap = self.cap(t)
+        return cap is None or numel <= cap
+
+
+__all__ = ["ElementCaps"]
