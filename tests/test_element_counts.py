@@ -40,6 +40,8 @@ def test_caps_of_attention() -> None:
     assert caps.cap(ae.sum(2, ae.mul(e, v))) == 3 * out  # a partial numerator: 3 keys' worth of sums left
     assert caps.cap(ae.sum(6, ae.mul(e, v))) == out  # the whole numerator: nothing left to reduce
     assert caps.cap(ae.mul(v, v)) == 0  # no output monomial holds V twice
+    # A quotient's numerator bounds it; its denominator does not matter.
+    assert caps.cap(ae.div(ae.sum(2, ae.mul(e, v)), ae.sum(6, e))) == 3 * out
     # exp(...) is also in the denominator and Q, K inside exp: the rule says nothing about them.
     assert caps.cap(e) is None and caps.cap(q) is None and caps.cap(ae.sum(5, ae.mul(q, k))) is None
     assert caps.admits(6 * out, v) and not caps.admits(6 * out + 1, v) and caps.admits(10 ** 9, q)

@@ -11,18 +11,19 @@ reaches the output only through an accumulator, which multiplies by ``F``. So ``
 the product of the path's reduction sizes.
 
 In the oracle's canonical model each such reduction multiplies the coefficient of every numerator monomial of its
-operand by ``k`` (see :mod:`.reductions`); ``mul`` multiplies coefficients, ``div`` keeps the numerator's (or
-multiplies it by the divisor's denominator), and over an op set without ``add``, ``sub`` and ``concat`` nothing
-adds or cancels coefficients. A monomial ``c·m`` of ``X`` (``m`` its atoms) therefore reaches the output as a
-monomial with atoms ``⊇ m`` and coefficient ``>= c·P`` -- at the output's top level, unless the path puts it
-inside an ``exp``, ``sqrt``, activation or ``max`` atom or into a denominator, where the output's normal form
-keeps it. An output equal to the program's under ``A_eq`` has the program's normal form, so when no monomial
-inside an atom argument or a denominator of the program's outputs (at any depth) contains ``m``, the path kept
-``X`` at the top level and ``P <= C / c`` for a top-level numerator monomial ``C·M`` of the output with
-``M ⊇ m``. Every monomial of ``X`` gets the same ``P``, so ``P`` is at most the least of those bounds.
+operand by ``k`` (see :mod:`.reductions`); ``mul`` multiplies coefficients, ``div`` keeps the numerator's (the
+divisor goes into the denominator), and over an op set without ``add``, ``sub`` and ``concat`` nothing adds or
+cancels coefficients. A numerator monomial ``c·m`` of ``X`` (``m`` its atoms; ``X``'s own denominators do not
+matter) therefore reaches the output as a monomial with atoms ``⊇ m`` and coefficient ``>= c·P`` -- at the
+output's top level, unless the path puts it inside an ``exp``, ``sqrt``, activation or ``max`` atom or into a
+denominator, where the output's normal form keeps it. An output equal to the program's under ``A_eq`` has the
+program's normal form, so when no monomial inside an atom argument or a denominator of the program's outputs (at
+any depth) contains ``m``, the path kept ``X``'s numerators at the top level and ``P <= C // c`` for a top-level
+numerator monomial ``C·M`` of the output with ``M ⊇ m``. Every numerator monomial of ``X`` gets the same ``P``,
+so ``P`` is at most the least of those bounds: ``X`` can have at most
+``max over outputs of n_out · min over numerator monomials c·m of X of max{C // c : C·M top-level, M ⊇ m}``
+elements.
 
-Hence a tensor ``X`` whose monomials all lie only at the top level of the outputs can have at most
-``max over outputs of n_out · min over monomials c·m of X of max{C // c : C·M top-level, M ⊇ m}`` elements.
 Attention's ``V`` (``(16·V·exp(8·Q·K)) / (16·exp(8·Q·K))``) may be at most 16 times the output: a first kernel
 that writes ``V`` replicated more than that (a copy per query head is exactly that much) is pruned with its
 whole second-kernel subtree. Like :mod:`.reductions`, this speaks about outputs equal to the program's under
@@ -112,8 +113,6 @@ class ElementCaps:
         try:
             e = self.canon.nf(t)
         except TooBig:
-            return None
-        if any(den is not None for den, _ in e.parts):
             return None
         mine = _monomials(e)
         if any(_within(m, big) for _, m in mine for big in self.inner):
