@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from gensorage.errors import ConfigError, StoreError
+from gensorage.exhaustive import runner as runner_mod
 from gensorage.exhaustive.runner import SearchCore, SearchInterrupted, SearchResult, run_search
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,7 +206,7 @@ def spawn_search(spec: ToySpec, ckpt: Path, workers: int, *, budget: float | Non
         "budget = None if sys.argv[5] == 'none' else float(sys.argv[5])\n"
         "try:\n"
         "    r = run_search(spec, checkpoint=sys.argv[3], workers=int(sys.argv[4]), core=getattr(test_runner, sys.argv[6]),\n"
-        "                   time_budget_s=budget, save_every_s=float(sys.argv[7]))\n"
+        "                   time_budget_s=budget, save_every_s=float(sys.argv[7]), inline_s=0)\n"
         "except SearchInterrupted as exc:\n"
         "    print('INTERRUPTED', exc.result.tasks_done, flush=True); sys.exit(130)\n"
         "print('DONE', r.tasks_done, r.complete, flush=True)\n"
@@ -236,7 +237,8 @@ def test_one_worker_and_two_workers_match_the_direct_answer(tmp_path: Path) -> N
     spec = ToySpec(n_tasks=5, per_task=15)
     r1 = run_search(spec, checkpoint=tmp_path / "a.sqlite", workers=1, core=TOY, progress=False)
     r2 = run_search(spec, checkpoint=tmp_path / "b.sqlite", workers=2, core=TOY, progress=False)
-    assert summary(r1) == summary(r2)
+    pool = run_search(spec, checkpoint=tmp_path / "c.sqlite", workers=2, core=TOY, progress=False, inline_s=0)
+    assert summary(r1) == summary(r2) == summary(pool)
     want_cands, want_stats = expected(spec)
     assert [(c.predicted_time_s, c.found_in_task, c.equivalence["state"]) for c in r1.candidates] == want_cands
     assert r1.stats == want_stats and r1.complete and r1.tasks_done == 5
@@ -342,7 +344,7 @@ def test_a_task_stopped_by_the_budget_continues_where_it_stopped(tmp_path: Path,
     budget = 0.5 if workers == 1 else 2.0  # spawned workers need about a second to start
     while True:
         r = run_search(spec, checkpoint=ckpt, workers=workers, core=TOY_RESUMABLE, progress=False,
-                       time_budget_s=budget)
+                       time_budget_s=budget, inline_s=0)
         walked.append(r.run_stats["states"])
         if r.complete:
             break
@@ -367,11 +369,36 @@ def test_a_core_without_resume_redoes_a_stopped_task(tmp_path: Path) -> None:
                                                 progress=False))
 
 
+def test_a_small_search_starts_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With two workers, a search that ends within the inline time runs in this process only.
+    def no_pool(*a: object, **k: object) -> None:
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(runner_mod._Run, "run_pool", no_pool)
+    spec = ToySpec(n_tasks=4, per_task=5)
+    r = run_search(spec, checkpoint=tmp_path / "s.sqlite", workers=2, core=TOY, progress=False, inline_s=60)
+    assert r.complete and summary(r) == summary(run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1,
+                                                                core=TOY, progress=False))
+
+
+@pytest.mark.parametrize("core", ["TOY", "TOY_RESUMABLE"])
+def test_inline_then_pool_gives_the_same_result(tmp_path: Path, core: str) -> None:
+    # The inline time ends inside a task: a resumable core saves it and a worker continues it, another starts it
+    # afresh; either way the result is the one-process answer and every task ran (the pool was needed).
+    toy = globals()[core]
+    spec = ToySpec(n_tasks=4, per_task=20, sleep_s=0.02, seed=5)  # 0.4 s per task
+    r = run_search(spec, checkpoint=tmp_path / "p.sqlite", workers=2, core=toy, progress=False, inline_s=0.5)
+    reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=toy, progress=False)
+    assert r.complete and summary(r) == summary(reference)
+    with pytest.raises(ConfigError, match="inline time"):
+        run_search(spec, checkpoint=tmp_path / "x.sqlite", workers=2, core=toy, inline_s=-1)
+
+
 def test_time_budget_with_a_pool(tmp_path: Path) -> None:
     spec = ToySpec(n_tasks=6, per_task=20, sleep_s=0.05)  # 1 s per task, 3 s of work per worker
     t0 = time.monotonic()
     r = run_search(spec, checkpoint=tmp_path / "t.sqlite", workers=2, core=TOY, progress=False,
-                   time_budget_s=1.5)
+                   time_budget_s=1.5, inline_s=0)
     took = time.monotonic() - t0
     assert not r.complete and r.stopped_by == "time budget" and r.tasks_done <= 2
     assert took < 1.5 + 10  # stop request honoured (well within the 30 s grace)
@@ -421,7 +448,7 @@ def test_interrupt_in_process_raises_with_partial_result(tmp_path: Path) -> None
 def test_core_error_propagates_and_keeps_finished_tasks(tmp_path: Path) -> None:
     spec = ToySpec(n_tasks=10, per_task=5, sleep_s=0.02, fail_task=5)
     with pytest.raises(ValueError, match="toy failure in task 5"):
-        run_search(spec, checkpoint=tmp_path / "f.sqlite", workers=2, core=TOY, progress=False)
+        run_search(spec, checkpoint=tmp_path / "f.sqlite", workers=2, core=TOY, progress=False, inline_s=0)
     # Task 5 is dispatched only after two tasks finished; those stay committed, task 5 never is.
     assert 2 <= done_count(tmp_path / "f.sqlite") < 10
     conn = sqlite3.connect(tmp_path / "f.sqlite")

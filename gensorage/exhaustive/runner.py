@@ -57,6 +57,11 @@ STOP_POLL_S = 0.05
 WORKER_PROGRESS_S = 0.5
 # How often a running task of a core that can resume saves where it is (the most work a kill -9 loses).
 SAVE_EVERY_S = 60.0
+# With several workers, the parent first runs tasks itself for this long (from the call): a small search ends
+# there without starting any process (starting and importing into two takes longer than many a whole search);
+# a larger one stops its task in progress (it is saved and continued, like one stopped by a time budget) and
+# hands the rest to the workers.
+INLINE_S = 1.0
 # After a stop request, how long running tasks get to return before they are killed.
 STOP_GRACE_S = 30.0
 # How often a worker checks that its parent is still alive (and exits if not).
@@ -139,7 +144,8 @@ def default_workers() -> int:
 
 def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, workers: int | None = None,
                time_budget_s: float | None = None, progress: bool = True, core: SearchCore | None = None,
-               progress_stream: Any = None, save_every_s: float = SAVE_EVERY_S) -> SearchResult:
+               progress_stream: Any = None, save_every_s: float = SAVE_EVERY_S,
+               inline_s: float = INLINE_S) -> SearchResult:
     """Run (or resume) the exhaustive search ``spec``, keeping every finished task in a checkpoint.
 
     Parameters
@@ -153,7 +159,9 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         file made by another gensorage version or task list (the search code changed) is renamed to
         ``<spec key>.stale-<n>.sqlite`` and the search starts afresh; a path the caller passes is refused instead.
     workers
-        Worker processes (default: the usable cores). With 1 the tasks run in this process.
+        Worker processes (default: the usable cores). With 1 the tasks run in this process. With more, this
+        process first runs tasks itself for ``inline_s`` seconds from the call: a search that ends within them
+        starts no process, a longer one saves its task in progress and hands it and the rest to the workers.
     time_budget_s
         Stop after this many seconds of wall time (running tasks save where they stopped); None: no limit.
     progress
@@ -185,6 +193,8 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         raise ConfigError(f"time budget must be a positive number of seconds (got {time_budget_s})")
     if not save_every_s > 0:
         raise ConfigError(f"save interval must be a positive number of seconds (got {save_every_s})")
+    if not inline_s >= 0:
+        raise ConfigError(f"inline time must be a non-negative number of seconds (got {inline_s})")
     core = core if core is not None else default_core()
     n_workers = workers if workers is not None else default_workers()
     key = spec.key()
@@ -220,7 +230,10 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
                 if pending and n_workers == 1:
                     run.run_inline(pending)
                 elif pending:
-                    run.run_pool(pending, n_workers)
+                    run.run_inline(pending, until=start + inline_s)
+                    pending = ckpt.pending_tasks()
+                    if pending and not run.stop_reason():
+                        run.run_pool(pending, min(n_workers, len(pending)))
             except KeyboardInterrupt:
                 # A second Ctrl-C: workers are gone, every committed task stays committed.
                 run.stopped_by = "interrupt"
@@ -337,11 +350,15 @@ class _Run:
         return self.stopped_by
 
     # ------------------------------------------------------------------------------------- inline
-    def run_inline(self, pending: Sequence[int]) -> None:
-        """Run the tasks one after another in this process (one worker: no process start-up cost)."""
-        should_stop = _Throttled(lambda: self.stop_reason() is not None)
+    def run_inline(self, pending: Sequence[int], until: float | None = None) -> None:
+        """Run the tasks one after another in this process (no process start-up cost); ``until``: stop there
+        (monotonic time), the task in progress saved where it stopped."""
+        def out_of_time() -> bool:
+            return until is not None and time.monotonic() >= until
+
+        should_stop = _Throttled(lambda: self.stop_reason() is not None or out_of_time())
         for idx in pending:
-            if self.stop_reason():
+            if self.stop_reason() or out_of_time():
                 return
             t0 = time.perf_counter()
             self.running = 1
