@@ -3,6 +3,8 @@ prunes no µGraph equal to the program."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from search_walk import candidates_and_states
 
@@ -17,15 +19,8 @@ from gensorage.program import Program, load_config
 
 
 def _caps(program: Program, ops: list[Op] | None = None) -> ElementCaps | None:
-    numels = [_numel(t.shape) for t in program.outputs]
+    numels = [math.prod(t.shape) for t in program.outputs]
     return ElementCaps.for_search(Canon(), ae.expr_of(program), numels, catalog(program, ops))
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for n in shape:
-        out *= n
-    return out
 
 
 def test_caps_of_attention() -> None:
@@ -33,7 +28,7 @@ def test_caps_of_attention() -> None:
     program = load_config("mha_incdec", {"h": 2, "n": 6, "d": 5})
     caps = _caps(program)
     assert caps is not None
-    out = _numel(program.outputs[0].shape)
+    out = math.prod(program.outputs[0].shape)
     q, k, v = ae.var("Q"), ae.var("K"), ae.var("V")
     e = ae.exp(ae.sum(5, ae.mul(q, k)))
     assert caps.cap(v) == 6 * out  # V is summed over the 6 keys, no more

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 
 from gensorage.exhaustive.abstract_expr import Term
 from gensorage.exhaustive.opcatalog import OpVariant
-from gensorage.exhaustive.oracle import Atom, Canon, Elem, TooBig
+from gensorage.exhaustive.oracle import Canon, Elem, TooBig, gateways
 from gensorage.exhaustive.reductions import ADDING_OPS
 
 Monomial = tuple[int, Counter[int]]  # (coefficient, atom uid -> multiplicity)
@@ -45,29 +45,6 @@ Monomial = tuple[int, Counter[int]]  # (coefficient, atom uid -> multiplicity)
 
 def _monomials(e: Elem) -> list[Monomial]:
     return [(c, Counter(a.uid for a in atoms)) for _, poly in e.parts for (c, atoms), _ in poly]
-
-
-def _inner(e: Elem, out: list[Counter[int]], seen: set[int]) -> None:
-    """The atom multisets of every monomial inside an atom argument or a denominator of ``e``, at any depth."""
-    for den, poly in e.parts:
-        if den is not None:
-            _collect(den, out, seen)
-        for (_, atoms), _ in poly:
-            for a in atoms:
-                _atom_args(a, out, seen)
-
-
-def _atom_args(a: Atom, out: list[Counter[int]], seen: set[int]) -> None:
-    for arg in a.args:
-        _collect(arg, out, seen)
-
-
-def _collect(e: Elem, out: list[Counter[int]], seen: set[int]) -> None:
-    if e.uid in seen:
-        return
-    seen.add(e.uid)
-    out.extend(m for _, m in _monomials(e))
-    _inner(e, out, seen)
 
 
 def _within(m: Counter[int], big: Counter[int]) -> bool:
@@ -94,10 +71,8 @@ class ElementCaps:
             nfs = [canon.nf(t) for t in targets]
         except TooBig:
             return None
-        inner: list[Counter[int]] = []
-        seen: set[int] = set()
-        for e in nfs:
-            _inner(e, inner, seen)
+        # Every monomial inside an atom argument or a denominator of an output, at any depth.
+        inner = [m for e in nfs for g in gateways(canon, e) if g is not e for _, m in _monomials(g)]
         return cls(canon, [(n, _monomials(e)) for n, e in zip(numels, nfs, strict=True)], inner)
 
     def cap(self, t: Term) -> int | None:
