@@ -541,66 +541,74 @@ def test_generator_module_exports_the_runner_contract() -> None:
 
 
 
-def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("reuse", [False, True], ids=["walked", "replayed"])
+def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
+        reuse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # should_stop is polled at ticks, before each candidate's check and between its batches of trials (a large
     # candidate takes seconds to verify). Wherever it first says stop, the stopped part plus its resumption is
-    # the uninterrupted walk: a node stopped half-emitted is undone and emitted whole on resume.
+    # the uninterrupted walk: a node stopped half-emitted is undone and emitted whole on resume. With subtree
+    # reuse, checks also run for the leaves of a replayed subtree: a stop there undoes the node the same way
+    # (it used to escape run_task as VerificationStopped).
     import gensorage.verify as verify
-    from gensorage.verify.equivalent import VerificationStopped
 
-    spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=1, max_grid_dims=1)
-    whole = run_task(spec, Task(0, (), True), reuse_subtrees=False)
+    spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=2 if reuse else 1, max_grid_dims=1)
+    task = Task(0, (), True)
+    whole = run_task(spec, task, reuse_subtrees=reuse)
     monkeypatch.setattr(generator, "POLL_EVERY", 1)
-    real, interrupted = verify.equivalent, []
-
-    def counting(*args: object, **kwargs: object) -> object:
-        try:
-            return real(*args, **kwargs)  # type: ignore[arg-type]
-        except VerificationStopped:
-            interrupted.append(1)
-            raise
-
-    monkeypatch.setattr(verify, "equivalent", counting)
-    # A probe run lists the polls; stop at a few of each kind: at ticks, and inside verifications.
-    polls: list[bool] = []
-    depth = [0]
-    inner = real
+    # A probe run lists the polls (inside a verification or not, and inside a replay or not); stops are then
+    # placed at a few of each kind.
+    polls: list[tuple[bool, bool]] = []
+    depth, replaying = [0], [0]
+    real_verify, real_replay = verify.equivalent, Search._replay
 
     def probing(*args: object, **kwargs: object) -> object:
         depth[0] += 1
         try:
-            return inner(*args, **kwargs)  # type: ignore[arg-type]
+            return real_verify(*args, **kwargs)  # type: ignore[arg-type]
         finally:
             depth[0] -= 1
 
+    def replay(self: Search, entry: Any) -> None:
+        replaying[0] += 1
+        try:
+            real_replay(self, entry)
+        finally:
+            replaying[0] -= 1
+
     monkeypatch.setattr(verify, "equivalent", probing)
-    run_task(spec, Task(0, (), True), reuse_subtrees=False, should_stop=lambda: polls.append(depth[0] > 0) or False)
-    monkeypatch.setattr(verify, "equivalent", counting)
-    inside = [k for k, v in enumerate(polls) if v]
-    outside = [k for k, v in enumerate(polls) if not v]
-    picks = inside[::max(1, len(inside) // 4)] + outside[::max(1, len(outside) // 4)]
+    monkeypatch.setattr(Search, "_replay", replay)
+    run_task(spec, task, reuse_subtrees=reuse,
+             should_stop=lambda: polls.append((depth[0] > 0, replaying[0] > 0)) or False)
+    kinds: dict[tuple[bool, bool], list[int]] = {}
+    for k, kind in enumerate(polls):
+        kinds.setdefault(kind, []).append(k)
+    assert (True, False) in kinds and (False, False) in kinds  # some polls inside a check, some at ticks
+    assert ((True, True) in kinds) == reuse  # with reuse, some inside a replayed leaf's check
+    per_kind = 2 if reuse else 4  # the replayed variant walks a larger space
+    picks = sorted({k for ks in kinds.values() for k in ks[::max(1, len(ks) // per_kind)]})
     for k in picks:
         polled = itertools.count()
-        res = run_task(spec, Task(0, (), True), reuse_subtrees=False,
-                       should_stop=lambda polled=polled, k=k: next(polled) >= k)
+        res = run_task(spec, task, reuse_subtrees=reuse, should_stop=lambda polled=polled, k=k: next(polled) >= k)
         assert not res.complete and res.resume is not None
-        rest = run_task(spec, generator.resume_task(Task(0, (), True), res.resume.to_json()), reuse_subtrees=False)
+        rest = run_task(spec, generator.resume_task(task, res.resume.to_json()), reuse_subtrees=reuse)
         assert rest.complete
         assert _candidate_json(res.candidates + rest.candidates) == _candidate_json(whole.candidates)
         assert _logical(res.stats + rest.stats) == _logical(whole.stats)
-    assert whole.candidates and interrupted  # some stops did land inside a verification
+    assert whole.candidates
+    if reuse:
+        return
     # A stop that is always due still lets each resumed run finish its first node: reruns make progress.
-    task, cands, stats, rounds = Task(0, (), True), [], Stats(), 0
+    cands, stats, rounds, current = [], Stats(), 0, task
     context = SearchContext(spec)
     while True:
-        res = run_task(spec, task, reuse_subtrees=False, should_stop=lambda: True, context=context)
+        res = run_task(spec, current, reuse_subtrees=reuse, should_stop=lambda: True, context=context)
         cands += res.candidates
         stats += res.stats
         rounds += 1
         if res.complete:
             break
         assert res.resume is not None and rounds <= whole.stats.states
-        task = generator.resume_task(task, res.resume.to_json())
+        current = generator.resume_task(current, res.resume.to_json())
     assert _candidate_json(tuple(cands)) == _candidate_json(whole.candidates)
     assert _logical(stats) == _logical(whole.stats)
 

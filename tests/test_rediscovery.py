@@ -8,7 +8,6 @@ docs/search.md). Only the gated MLP runs in the default suite; the others take m
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -87,9 +86,7 @@ def single_kernel(graphs: list[KernelGraph]) -> list[KernelShape]:
 
 
 def test_gated_mlp_two_matmuls_in_one_loop_then_silu_mul() -> None:
-    start = time.perf_counter()
     graphs = run("gated_mlp", {"t": 3, "k": 4, "f": 5}, max_block_ops=4)
-    assert time.perf_counter() - start < 60  # ~10 s on the development machine
     found = [k for k in single_kernel(graphs)
              if k.looped and k.body == Counter({"matmul": 2}) and k.accumulators == 2
              and k.post == Counter({"silu": 1, "mul": 1})]

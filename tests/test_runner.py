@@ -548,3 +548,84 @@ def test_final_progress_line_is_not_repeated() -> None:
     assert out.getvalue().count("search: ") == 1
     rep.finish(dataclasses.replace(snap, elapsed_s=4.0))
     assert out.getvalue().count("search: ") == 2
+
+
+# ====================================================================================== the main guard
+
+_SCRIPT = """\
+import sys
+import gensorage
+
+def main():
+    r = gensorage.superoptimize("mlp", mode="full", workers=2, preset=sys.argv[1], checkpoint=sys.argv[2],
+                                use_store=False)
+    print("DONE", r.complete, flush=True)
+
+{call}
+"""
+# The run of issue 22 that crashed in 2 of 3 runs (a stop inside a replayed candidate's check, when the parent's
+# inline phase ended): two kernels, a search of about 20 s in one process, so the pool does start.
+_PRESET = """\
+program = "mlp"
+[search_params]
+t = 2
+k = 8
+f = 16
+[run_params]
+t = 8
+k = 64
+f = 128
+[search]
+max_kernel_ops = 2
+max_block_ops = 4
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_with_or_without_the_main_guard_runs_full_mode_with_workers(guarded: bool, tmp_path: Path) -> None:
+    # Without the guard, spawned workers would import the script and start the search again in each (a
+    # recursive-spawn traceback); the search then runs in the script's process, with a one-line note why.
+    script = tmp_path / "user_script.py"
+    script.write_text(_SCRIPT.format(call='if __name__ == "__main__":\n    main()' if guarded else "main()"))
+    (tmp_path / "p.toml").write_text(_PRESET)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "p.toml"), str(tmp_path / "c.sqlite")],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), GENSORAGE_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("DONE True") and "Traceback" not in proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "__main__" in line]
+    header = next(line for line in proc.stderr.splitlines() if line.startswith("gensorage search") and "tasks," in line)
+    if guarded:
+        assert notes == [] and ", 2 workers" in header
+    else:
+        assert len(notes) == 1 and str(script) in notes[0] and "searching in this process" in notes[0]
+        assert ", 1 worker" in header
+
+
+@pytest.mark.parametrize(("source", "guarded"), [
+    ("if __name__ == '__main__':\n    here()\n", True),
+    ("if '__main__' == __name__: here()\n", True),
+    ("def f():\n    here()\n\nif __name__ == '__main__':\n    f()\n", True),
+    ("here()\n", False),
+    ("def f():\n    here()\n\nf()\n", False),
+    ("if __name__ != 'x':\n    here()\n", False),
+    ("if True:\n    here()\n", False),
+])
+def test_the_main_guard_is_read_off_the_calling_line(source: str, guarded: bool, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from gensorage.exhaustive.processes import unguarded_main_script
+
+    path = tmp_path / "s.py"
+    path.write_text(source)
+    main = types.ModuleType("__main__")
+    main.__file__ = str(path)
+    found: list[str | None] = []
+    main.here = lambda: found.append(unguarded_main_script())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    exec(compile(source, str(path), "exec"), vars(main))  # noqa: S102 - the test's own text
+    assert found == [None if guarded else str(path)]
+    found.clear()
+    main.here()  # type: ignore[attr-defined]  # not from the script's top level
+    assert found == [None]

@@ -159,6 +159,52 @@ def test_ctrl_c_returns_what_was_found(tmp_path: Path, monkeypatch: pytest.Monke
         assert st.get(info.value.result.program.structure_key(), "h100") is not None
 
 
+@pytest.mark.parametrize("phase", ["verify", "carry_over"])
+def test_ctrl_c_after_the_search_reports_the_direct_ugraph_and_stores_what_was_found(
+        phase: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Ctrl-C that lands after the search (while its candidates are carried over or checked at the requested
+    # shapes) used to escape as a bare KeyboardInterrupt: nothing was reported and nothing stored.
+    import os
+    import signal
+
+    from gensorage.superopt import api
+
+    pressed: list[int] = []
+
+    def press() -> None:  # once: a second Ctrl-C would abort
+        if not pressed:
+            pressed.append(1)
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs before kill returns (main thread)
+
+    if phase == "verify":
+        real_verify = api._verify
+
+        def verify(*args: Any, **kwargs: Any) -> Any:
+            press()
+            return real_verify(*args, **kwargs)
+
+        monkeypatch.setattr(api, "_verify", verify)
+    else:
+        real_signature = api.structure_signature
+
+        def signature(g: Any) -> str:
+            press()
+            return real_signature(g)
+
+        monkeypatch.setattr(api, "structure_signature", signature)
+    (tmp_path / "softmax.gsp").write_text(SOFTMAX)
+    with pytest.raises(SuperoptInterrupted) as info:
+        superoptimize(tmp_path / "softmax.gsp", mode="full", params={"m": 2, "n": 8}, preset=_preset(TINY),
+                      workers=1, store=tmp_path / "s.sqlite", checkpoint=tmp_path / "c.sqlite", progress=False)
+    r = info.value.result
+    assert r.is_direct and r.equivalence and r.stopped_by == "interrupt" and r.complete
+    assert any("interrupted" in n for n in r.notes)
+    assert "__global__" in r.cuda_source()  # built on demand
+    with StructureStore(tmp_path / "s.sqlite") as st:  # the finished search's structure is stored
+        assert st.get(r.program.structure_key(), "h100") is not None
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is gone again
+
+
 def test_a_built_program_is_accepted(tmp_path: Path) -> None:
     p = parse_program(SOFTMAX, {"m": 2, "n": 8})
     r = superoptimize(p, mode="fast", use_store=False, progress=False)

@@ -122,7 +122,7 @@ def finalize(s: Search, g: KernelGraph, task_index: int) -> Candidate | None:
     if res is None:
         return None
     if key is not None:
-        s.sized_structures.add(key)
+        s.sized_structures[key] = None
         sized = resize(s, g)
         if sized != g:
             sized_res = _verify(s, sized, count=False)  # the probe-sized µGraph stays if this fails

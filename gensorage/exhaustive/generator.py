@@ -65,6 +65,15 @@ class Counters:
     states_reused: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """A kernel-level node's candidates, counters and sized structures before its checks."""
+
+    candidates: int
+    counters: Counters
+    sized: int
+
+
 class _Stopped(Exception):
     """``should_stop`` asked the walk to end."""
 
@@ -102,7 +111,7 @@ class Search:
         # The oracle's counters at the start: a shared oracle reports this task's queries as the difference.
         o = self.oracle
         self._oracle_start = (o.queries, o.cache_hits, o.timeouts)
-        self.sized_structures: set[str] = set()
+        self.sized_structures: dict[str, None] = {}  # insertion-ordered, so a stopped node's are undone
         self.candidates: list[Candidate] = []
         self.task_index = -1
         self.path: tuple[int, ...] = ()
@@ -208,19 +217,30 @@ class Search:
                 self.counters.states -= 1
             self._tick()
             if self.state.block is None:
-                self._emit()
-            if depth == len(path) and not self.subtree:
-                return
-            # Not on a resumed walk's spine (its children are partial); block-level nodes have no key.
-            if resume is None and self.reuse_subtrees and self.state.block is None:
-                key = subtree_key(self.state, self.spec.max_kernel_ops, tuple(self.budget.values()))
-                if key is not None:
-                    entry = self.subtrees.get(key)
-                    if entry is not None:
-                        self._replay(entry)
+                mark = self._mark()
+                try:
+                    self._emit()
+                    if depth == len(path) and not self.subtree:
                         return
-                    if not self.subtrees.full():
-                        recording = Recording(key, len(self.state.ops), self._logical())
+                    # Not on a resumed walk's spine (its children are partial); block-level nodes have no key.
+                    if resume is None and self.reuse_subtrees:
+                        key = subtree_key(self.state, self.spec.max_kernel_ops, tuple(self.budget.values()))
+                        if key is not None:
+                            entry = self.subtrees.get(key)
+                            if entry is not None:
+                                self._replay(entry)
+                                return
+                            if not self.subtrees.full():
+                                recording = Recording(key, len(self.state.ops), self._logical())
+                except VerificationStopped:
+                    # Verifying a large candidate takes seconds: a stop lands between (or inside) the checks of
+                    # the node's complete µGraphs or of a replayed subtree's leaves. The node is then undone to
+                    # where a stop at its tick leaves it (counted, not emitted), so a resume does it whole.
+                    self._undo(mark)
+                    self.stopped_at = tuple(self.at)
+                    raise _Stopped from None
+            elif depth == len(path) and not self.subtree:
+                return
         if recording is not None:
             self.recordings.append(recording)
             try:
@@ -284,7 +304,21 @@ class Search:
         c.pruned_memory += entry.pruned_memory
         ops = tuple(self.state.ops)
         for below, outputs in entry.leaves:
+            if self.may_stop_checks():
+                raise VerificationStopped
             self._finalize(ops + below, outputs)
+
+    def _mark(self) -> _Mark:
+        """What a kernel-level node's checks may change, before them (see :meth:`_undo`)."""
+        return _Mark(len(self.candidates), dataclasses.replace(self.counters), len(self.sized_structures))
+
+    def _undo(self, mark: _Mark) -> None:
+        """Back to ``mark``: the candidates, counters and sized structures the node's checks added are dropped."""
+        del self.candidates[mark.candidates:]
+        for f in dataclasses.fields(Counters):
+            setattr(self.counters, f.name, getattr(mark.counters, f.name))
+        for key in list(self.sized_structures)[mark.sized:]:
+            del self.sized_structures[key]
 
     def _descend(self, i: int, depth: int, spine: bool) -> None:
         self.at.append(i)
@@ -319,27 +353,13 @@ class Search:
         return TaskResult(self.task_index, tuple(self.candidates), self.stats(), False, resume)
 
     def _emit(self) -> None:
-        undo = None
-        try:
-            for tensors in complete_outputs(self):
-                if self.spec.expr_filter and not self.expr_equal(tensors):
-                    continue
-                if undo is None:
-                    c = self.counters
-                    undo = (len(self.candidates), c.verified, c.rejected, c.unstable, set(self.sized_structures))
-                if self.may_stop_checks():
-                    raise VerificationStopped
-                self._finalize(tuple(self.state.ops), tuple(self.state.ref[t] for t in tensors))
-        except VerificationStopped:
-            # Verifying a large candidate takes seconds: a stop lands between (or inside) checks. The node is
-            # then undone to where a stop at its tick leaves it (counted, not emitted), so a resume emits it whole.
-            assert undo is not None
-            c = self.counters
-            del self.candidates[undo[0]:]
-            c.verified, c.rejected, c.unstable = undo[1:4]
-            self.sized_structures = undo[4]
-            self.stopped_at = tuple(self.at)
-            raise _Stopped from None
+        """Finalize the node's complete µGraphs (a stop raises :class:`VerificationStopped`; see :meth:`visit`)."""
+        for tensors in complete_outputs(self):
+            if self.spec.expr_filter and not self.expr_equal(tensors):
+                continue
+            if self.may_stop_checks():
+                raise VerificationStopped
+            self._finalize(tuple(self.state.ops), tuple(self.state.ref[t] for t in tensors))
 
     def may_stop_checks(self) -> bool:
         """``should_stop`` for the checks of a node's complete µGraphs. Never at the first node a run walks (a
@@ -455,7 +475,7 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
             raise ValueError(f"task {task.index}: resume point {list(task.resume.cursor)} is not inside its "
                              f"subtree {list(task.path)}")
         s.resume = tuple(task.resume.cursor)
-        s.sized_structures.update(task.resume.sized)
+        s.sized_structures.update(dict.fromkeys(task.resume.sized))
     try:
         s.visit(0)
     except _Stopped:

@@ -15,7 +15,10 @@ Stopping:
 * the first Ctrl-C (SIGINT) does the same and :func:`run_search` then raises :class:`SearchInterrupted`
   carrying the partial result; workers ignore SIGINT so only the parent decides. A second Ctrl-C aborts at
   once (running tasks are killed; everything already committed stays);
-* ``kill -9`` of the parent loses only the running tasks; workers notice their parent is gone and exit.
+* ``kill -9`` of the parent loses only the running tasks; workers die with it (:mod:`.processes`).
+
+A script that starts a search with several workers from its top level, without ``if __name__ == "__main__":``,
+gets the search in its own process and a one-line note why (spawned workers would run the script again).
 """
 
 from __future__ import annotations
@@ -27,15 +30,15 @@ import operator
 import os
 import queue as queue_mod
 import signal
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from gensorage.errors import ConfigError
@@ -46,7 +49,9 @@ from gensorage.exhaustive.checkpoint import (
     StaleCheckpoint,
     default_checkpoint_path,
 )
+from gensorage.exhaustive.processes import die_with_parent, unguarded_main_script, watch_parent
 from gensorage.exhaustive.progress import ProgressReporter, Snapshot, format_seconds
+from gensorage.interrupts import StopRequests, stop_requests
 
 # Parent loop tick: how often it wakes to drain progress, check the budget and redraw.
 TICK_S = 0.2
@@ -64,8 +69,6 @@ SAVE_EVERY_S = 60.0
 INLINE_S = 1.0
 # After a stop request, how long running tasks get to return before they are killed.
 STOP_GRACE_S = 30.0
-# How often a worker checks that its parent is still alive (and exits if not).
-PARENT_POLL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +225,15 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         run = _Run(core, spec, tasks, ckpt, reporter, start, time_budget_s, save_every_s)
         pending = ckpt.pending_tasks()
         n_workers = min(n_workers, max(1, len(pending)))
+        script = unguarded_main_script() if n_workers > 1 else None
+        if script is not None:
+            n_workers = 1
+            print(f"gensorage: {script} starts the search outside `if __name__ == \"__main__\":`, which worker "
+                  "processes would run again; searching in this process (add the guard to use several)",
+                  file=progress_stream or sys.stderr, flush=True)
         reporter.message(_header(key, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s,
                                  len(run.stopped)))
-        with _Interrupts() as interrupts:
+        with stop_requests() as interrupts:
             run.interrupts = interrupts
             try:
                 if pending and n_workers == 1:
@@ -301,7 +310,7 @@ class _Run:
     start: float
     budget_s: float | None
     save_every_s: float
-    interrupts: _Interrupts | None = None
+    interrupts: StopRequests | None = None
     stopped_by: str | None = None
     committed: dict[str, Any] = field(default_factory=dict)  # summed stats of done tasks
     run_stats: dict[str, Any] = field(default_factory=dict)  # summed stats of every task run here
@@ -533,16 +542,8 @@ def _init_worker(stop_event: Any, progress_q: Any, parent_pid: int) -> None:
     _worker_stop, _worker_progress = stop_event, progress_q
     # Progress messages are disposable; never let a full pipe delay the worker's exit.
     progress_q.cancel_join_thread()
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="gensorage-parent-watch", daemon=True).start()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the parent is gone (killed with -9: it could not ask us to stop). Without this an idle worker
-    would wait for its next task forever, since it holds both ends of the pool's call queue itself."""
-    while True:
-        time.sleep(PARENT_POLL_S)
-        if os.getppid() != parent_pid:
-            os._exit(1)  # nothing to save: only the parent writes the checkpoint
+    die_with_parent(parent_pid)
+    watch_parent(parent_pid)
 
 
 def _worker_should_stop() -> bool:
@@ -617,50 +618,6 @@ def _terminate(executor: ProcessPoolExecutor) -> None:
     for proc in list((getattr(executor, "_processes", None) or {}).values()):
         if proc.is_alive():
             proc.terminate()
-
-
-# ======================================================================================== Ctrl-C
-
-
-class _Interrupts:
-    """SIGINT while a search runs: the first sets ``count`` (a clean stop), the second raises KeyboardInterrupt
-    (an abort), but never inside a checkpoint commit: it is held back until the commit is over."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._in_commit = False
-        self._deferred = False
-        self._old: Any = None
-        self._installed = False
-
-    def __enter__(self) -> _Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._handler)
-            self._installed = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._old)
-
-    def _handler(self, signum: int, frame: FrameType | None) -> None:
-        self.count += 1
-        if self.count >= 2:
-            if self._in_commit:
-                self._deferred = True
-            else:
-                raise KeyboardInterrupt
-
-    @contextmanager
-    def critical(self) -> Iterator[None]:
-        self._in_commit = True
-        try:
-            yield
-        finally:
-            self._in_commit = False
-        if self._deferred:
-            self._deferred = False
-            raise KeyboardInterrupt
 
 
 # ======================================================================================== conversions

@@ -40,6 +40,7 @@ from gensorage.errors import (
     UGraphError,
     UnsupportedOpError,
 )
+from gensorage.interrupts import StopRequests, stop_requests
 from gensorage.program import Program, config_dir, dump_program, parse_program
 from gensorage.superopt.gpu import gpu_name, gpu_unavailable_reason, measure_ugraph
 from gensorage.superopt.presets import (
@@ -54,6 +55,7 @@ from gensorage.superopt.presets import (
 from gensorage.superopt.reshape_structure import ReshapeFailed, reinstantiate, structure_signature
 from gensorage.superopt.structure_store import StructureRecord, StructureStore
 from gensorage.ugraph import KernelGraph, from_program
+from gensorage.verify.equivalent import VerificationStopped
 
 if TYPE_CHECKING:
     from gensorage.codegen.module import CompiledUGraph
@@ -429,7 +431,8 @@ def _rank(options: list[_Option]) -> list[_Option]:
                                           o.predicted_time_s, o.origin != "direct"))
 
 
-def _verify(p: Program, opt: _Option, delta: float, preset: Preset | None, seed: int) -> Verification:
+def _verify(p: Program, opt: _Option, delta: float, preset: Preset | None, seed: int,
+            should_stop: Callable[[], bool] | None = None) -> Verification:
     from gensorage.verify.equivalent import equivalent
 
     if opt.origin == "direct":
@@ -442,7 +445,7 @@ def _verify(p: Program, opt: _Option, delta: float, preset: Preset | None, seed:
         return Verification(ok, "search shapes", search_report=opt.search_report,
                             note=f"the program holds {n} elements at these shapes (limit {limit}): the µGraph "
                                  "was checked at the search shapes only")
-    report = equivalent(p, opt.graph, delta, seed=seed, max_trials=max_trials)
+    report = equivalent(p, opt.graph, delta, seed=seed, max_trials=max_trials, should_stop=should_stop)
     note = None
     if report.capped:
         note = (f"verification capped at {report.trials} trials (δ reached {report.achieved_delta:.3g}, "
@@ -539,10 +542,11 @@ def superoptimize(
     if not 0 < d < 1:
         raise ConfigError(f"delta must be in (0, 1), got {d!r}")
     run = _Run(src, profile, chosen_preset, d, seed, say, notes, start, store, use_store)
-    if mode == "fast":
-        return run.fast()
-    return run.full(explicit, time_budget_s, checkpoint, workers, progress,
-                    hw if isinstance(hw, str) else profile.name)
+    with stop_requests() as run.stops:
+        if mode == "fast":
+            return run.fast()
+        return run.full(explicit, time_budget_s, checkpoint, workers, progress,
+                        hw if isinstance(hw, str) else profile.name)
 
 
 @dataclass(slots=True)
@@ -559,6 +563,8 @@ class _Run:
     use_store: bool
     timings: dict[str, float] = field(default_factory=dict)
     _cost: Callable[[KernelGraph], float] | None = None
+    stops: StopRequests = field(default_factory=StopRequests)
+    _presses: int = 0  # Ctrl-C presses before the current phase (see begin_choosing)
 
     @property
     def program(self) -> Program:
@@ -580,6 +586,17 @@ class _Run:
     def _tick(self, phase: str, t0: float) -> None:
         self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t0
 
+    def begin_choosing(self) -> None:
+        """From here a Ctrl-C (even after one that stopped the search) ends the choice with the direct µGraph."""
+        self._presses = self.stops.grace()
+
+    def stop_requested(self) -> bool:
+        return self.stops.count > self._presses
+
+    def interrupted(self) -> bool:
+        """Ctrl-C was pressed during the call (the result is then raised in :class:`SuperoptInterrupted`)."""
+        return self.stops.count > 0
+
     # --------------------------------------------------------------------------------------- choosing
     def carry_over(self, graphs: Sequence[tuple[KernelGraph, dict[str, Any] | None]], at: Program,
                    label: str, keep: int) -> list[_Option]:
@@ -598,6 +615,9 @@ class _Run:
             if sig in seen:
                 continue
             if len(options) >= MAX_CARRY or len(seen) >= MAX_TRIED:
+                break
+            if self.stop_requested():
+                self.notes.append(f"interrupted: {len(seen)} of the {label} structures were tried")
                 break
             seen.add(sig)
             try:
@@ -625,10 +645,15 @@ class _Run:
         elif len(options) > 1 and measure:
             self.notes.append(f"chosen by the cost model, not measured: {gpu}")
         for opt in ranked:
+            if self.stop_requested():
+                return self.direct_on_interrupt(options, selection)
             t0 = time.perf_counter()
             self.say(f"verifying {opt.origin} ({opt.predicted_time_s:.3g} s predicted)")
             try:
-                ver = _verify(self.program, opt, self.delta, self.preset, self.seed)
+                ver = _verify(self.program, opt, self.delta, self.preset, self.seed, self.stop_requested)
+            except VerificationStopped:
+                self._tick("verify", t0)
+                return self.direct_on_interrupt(options, selection)
             except GensorageError as exc:
                 self.notes.append(f"{opt.origin}: verification failed to run: {exc}")
                 self._tick("verify", t0)
@@ -649,9 +674,19 @@ class _Run:
             return opt, ver, compiled, error, selection
         raise AssertionError("the direct µGraph is always among the options and always verifies")
 
+    def direct_on_interrupt(self, options: list[_Option], selection: str
+                            ) -> tuple[_Option, Verification, Any, GensorageError | None, str]:
+        """Ctrl-C while choosing: the direct µGraph (equal by construction; its kernels are built on demand)."""
+        self.notes.append("interrupted while checking the candidates at these shapes: the direct µGraph is "
+                          "reported (a rerun resumes from the search's checkpoint)")
+        direct = next(o for o in options if o.origin == "direct")
+        return direct, Verification(True, "direct µGraph"), None, None, selection
+
     def profile_on_gpu(self, options: list[_Option]) -> str:
         t0 = time.perf_counter()
         for opt in options:
+            if self.stop_requested():
+                break
             compiled, error = _try_compile(opt.graph, self.hw, self.seed)
             if compiled is None:
                 self.notes.append(f"{opt.origin}: not profiled, the code generator cannot lower it: {error}")
@@ -678,6 +713,14 @@ class _Run:
 
     # ------------------------------------------------------------------------------------------ fast
     def fast(self) -> SuperoptResult:
+        self.begin_choosing()
+        result = self._fast()
+        if self.interrupted():
+            result.stopped_by = "interrupt"
+            raise SuperoptInterrupted(result)
+        return result
+
+    def _fast(self) -> SuperoptResult:
         direct = self.direct()
         record: StructureRecord | None = None
         if self.use_store:
@@ -724,6 +767,7 @@ class _Run:
         except SearchInterrupted as exc:
             sr, interrupted = exc.result, True
         self._tick("search", t0)
+        self.begin_choosing()
         found = [(c.ugraph, dict(c.equivalence)) for c in sr.candidates]
         self.say(f"search: {len(sr.candidates)} verified candidate(s); {sr.tasks_done}/{sr.tasks_total} tasks")
         options = [self.direct(), *self.carry_over(found, small, "search", self.top_k)]
@@ -740,8 +784,10 @@ class _Run:
         result = self.result("full", options, search_stats=stats, complete=sr.complete,
                              stopped_by=sr.stopped_by, search_params=dict(small.params))
         if self.use_store:
-            self.save(small, found, sr, result)
-        if interrupted:
+            with self.stops.critical():
+                self.save(small, found, sr, result)
+        if interrupted or self.interrupted():
+            result.stopped_by = result.stopped_by or "interrupt"
             raise SuperoptInterrupted(result)
         return result
 
