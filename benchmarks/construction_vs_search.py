@@ -83,7 +83,7 @@ def select_runs(args: argparse.Namespace) -> tuple[list[tuple[str, str, dict[str
 
 
 def select_workloads(args: argparse.Namespace) -> list[tuple[str, Any]]:
-    from gensorage.ops import load_op_configs
+    from gensorage.workloads import load_op_configs
 
     configs = load_op_configs()
     if args.workloads:
@@ -209,7 +209,7 @@ def _time_tvm(mod: Any, workload: Any, hw: Any, repeat: int) -> float | str:
     import tvm
 
     from gensorage.codegen.cuda_build import compile_cuda_module
-    from gensorage.ops import random_inputs
+    from gensorage.workloads import random_inputs
 
     try:
         ex = compile_cuda_module(mod, hw)
@@ -230,7 +230,7 @@ def _time_torch(workload: Any, repeat: int) -> float | str:
         return "skipped: torch not installed"
     if not torch.cuda.is_available():
         return "skipped: torch has no CUDA"
-    from gensorage.ops import random_inputs
+    from gensorage.workloads import random_inputs
 
     fn = _torch_fn(workload, torch)
     if fn is None:

@@ -9,10 +9,9 @@ holds:
   are JSON), one SQLite table per ``kind``, so other parts (µGraph structures, search checkpoints) can share
   the file.
 
-The database runs in WAL mode with a busy timeout and every write is its own ``BEGIN IMMEDIATE``
-transaction, so several processes can read and write the same file concurrently. A file that is not a
-SQLite database, or a SQLite database that gensorage did not create, raises :class:`StoreError` naming the
-path and the reason; it is never overwritten.
+The file is a :class:`gensorage.sqlite_file.SQLiteFile`: several processes can read and write it concurrently,
+and a file that is not a SQLite database, or a SQLite database that gensorage did not create, raises
+:class:`StoreError` naming the path and the reason; it is never overwritten.
 """
 
 from __future__ import annotations
@@ -20,20 +19,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from gensorage.errors import StoreError
+from gensorage.sqlite_file import DEFAULT_BUSY_TIMEOUT_MS, SQLiteFile
 
 FORMAT_MARKER = "gensorage-store"
 SCHEMA_VERSION = 1
-DEFAULT_BUSY_TIMEOUT_MS = 30_000
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 
 JsonValue = Any  # anything json.dumps accepts
@@ -91,7 +86,7 @@ _SCHEMA = (
 )
 
 
-class Store:
+class Store(SQLiteFile):
     """A gensorage result store backed by one SQLite file (see the module docstring).
 
     Parameters
@@ -108,40 +103,18 @@ class Store:
         cannot be opened.
     """
 
+    what = "gensorage store"
+    meta_table = "gensorage_meta"
+
     def __init__(self, path: str | os.PathLike[str] | None = None, *,
                  busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
-        self.path = Path(path).expanduser() if path is not None else default_store_path()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # Autocommit mode; writes open their own IMMEDIATE transactions.
-            self._conn = sqlite3.connect(str(self.path), timeout=busy_timeout_ms / 1000, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"{self.path}: cannot open store ({exc})") from exc
-        try:
-            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            self._open()
-        except sqlite3.OperationalError as exc:
-            self._conn.close()
-            raise StoreError(f"{self.path}: cannot open store ({exc})") from exc
-        except sqlite3.DatabaseError as exc:
-            self._conn.close()
-            raise StoreError(f"{self.path}: not a usable gensorage store ({exc})") from exc
-        except StoreError:
-            self._conn.close()
-            raise
+        super().__init__(path if path is not None else default_store_path(), busy_timeout_ms=busy_timeout_ms)
+        with self.opening():
+            self._create_schema()
         self._tables: set[str] = set()
 
-    # ------------------------------------------------------------------------------------------ setup
-    def _open(self) -> None:
-        tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if tables and "gensorage_meta" not in tables:
-            raise StoreError(f"{self.path}: a SQLite database that is not a gensorage store "
-                             f"(tables: {', '.join(sorted(tables)[:5])})")
-        mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
-        if mode is None or str(mode[0]).lower() != "wal":
-            raise StoreError(f"{self.path}: cannot switch the store to WAL mode (got {mode})")
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        with self._write():
+    def _create_schema(self) -> None:
+        with self.write():
             for stmt in _SCHEMA:
                 self._conn.execute(stmt)
             self._conn.execute("INSERT OR IGNORE INTO gensorage_meta VALUES ('format', ?)", (FORMAT_MARKER,))
@@ -154,36 +127,6 @@ class Store:
             raise StoreError(f"{self.path}: store schema {meta['schema_version']} is newer than this "
                              f"gensorage understands ({SCHEMA_VERSION})")
 
-    @contextmanager
-    def _write(self) -> Iterator[None]:
-        """One IMMEDIATE transaction: takes the write lock up front so concurrent writers queue (busy
-        timeout) instead of failing with a lock upgrade deadlock."""
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
-
-    @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        """sqlite3 failures (a lock held past the busy timeout, a full disk) as one-line StoreErrors."""
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot {what} ({exc})") from exc
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
     # -------------------------------------------------------------------------------- generic tables
     def _table(self, kind: str, *, create: bool) -> str | None:
         if not _KIND_RE.match(kind):
@@ -192,13 +135,13 @@ class Store:
         name = f"kv_{kind}"
         if name in self._tables:
             return name
-        with self._errors(f"look up table {kind}"):
+        with self.errors(f"look up table {kind}"):
             exists = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                         (name,)).fetchone()
         if not exists and not create:
             return None
         if not exists:
-            with self._errors(f"create table {kind}"), self._write():
+            with self.errors(f"create table {kind}"), self.write():
                 self._conn.execute(f"CREATE TABLE IF NOT EXISTS {name} (key TEXT PRIMARY KEY, "
                                    "value TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL)")
         self._tables.add(name)
@@ -212,7 +155,7 @@ class Store:
             raise StoreError(f"value for {kind}/{key} is not JSON-serialisable: {exc}") from exc
         table = self._table(kind, create=True)
         now = time.time()
-        with self._errors(f"write {kind}/{key}"), self._write():
+        with self.errors(f"write {kind}/{key}"), self.write():
             self._conn.execute(
                 f"INSERT INTO {table} (key, value, created_at, updated_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
@@ -223,7 +166,7 @@ class Store:
         table = self._table(kind, create=False)
         if table is None:
             return None
-        with self._errors(f"read {kind}/{key}"):
+        with self.errors(f"read {kind}/{key}"):
             row = self._conn.execute(f"SELECT value FROM {table} WHERE key = ?", (key,)).fetchone()
         return None if row is None else _loads(row[0], f"{self.path}: {kind}/{key}")
 
@@ -232,7 +175,7 @@ class Store:
         table = self._table(kind, create=False)
         if table is None:
             return False
-        with self._errors(f"delete {kind}/{key}"), self._write():
+        with self.errors(f"delete {kind}/{key}"), self.write():
             cur = self._conn.execute(f"DELETE FROM {table} WHERE key = ?", (key,))
         return cur.rowcount > 0
 
@@ -241,14 +184,14 @@ class Store:
         table = self._table(kind, create=False)
         if table is None:
             return []
-        with self._errors(f"list {kind}"):
+        with self.errors(f"list {kind}"):
             return [r[0] for r in self._conn.execute(f"SELECT key FROM {table} ORDER BY key")]
 
     # ------------------------------------------------------------------------------------ schedules
     def put_schedule(self, record: ScheduleRecord) -> None:
         """Insert or replace the schedule stored under ``record.key``."""
         k = record.key
-        with self._errors("write schedule"), self._write():
+        with self.errors("write schedule"), self.write():
             self._conn.execute(
                 "INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (k.workload, k.hw, k.method, k.seed, k.options, k.version, json.dumps(record.schedule),
@@ -257,7 +200,7 @@ class Store:
 
     def get_schedule(self, key: ScheduleKey) -> ScheduleRecord | None:
         """The schedule stored under ``key``, or None."""
-        with self._errors("read schedules"):
+        with self.errors("read schedules"):
             row = self._conn.execute(
                 "SELECT schedule, predicted_time_s, construction_time_s, created_at, evaluated FROM schedules "
                 "WHERE workload = ? AND hw = ? AND method = ? AND seed = ? AND options = ? AND version = ?",
@@ -271,7 +214,7 @@ class Store:
                               None if row[4] is None else int(row[4]))
 
     def count_schedules(self) -> int:
-        with self._errors("count schedules"):
+        with self.errors("count schedules"):
             return int(self._conn.execute("SELECT COUNT(*) FROM schedules").fetchone()[0])
 
 

@@ -28,7 +28,7 @@ from gensorage.store import ScheduleKey, ScheduleRecord, Store
 
 if TYPE_CHECKING:
     from gensorage.hw.profile import HwProfile
-    from gensorage.ops.workload import Workload
+    from gensorage.workloads.workload import Workload
 
 # Largest tolerated error of the CPU check, relative to the largest reference magnitude, by output dtype.
 # float32 accumulation over K terms drifts by ~sqrt(K) ulps (K = 8192: ~1e-5); 16-bit outputs round at 1e-3.
@@ -96,7 +96,7 @@ class TuneResult:
         :class:`VerificationError` when it exceeds :func:`check_tolerance` of the output dtype (unless
         ``raise_on_mismatch`` is false).
         """
-        from gensorage.ops import random_inputs
+        from gensorage.workloads import random_inputs
 
         inputs = random_inputs(self.workload, seed)
         out = np.asarray(self.run(*inputs, target="cpu"), dtype=np.float64)
@@ -151,7 +151,7 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 def resolve_workload(workload: Workload | str) -> Workload:
     """A Workload as given, or the default op configuration with that id (``"M1"``, ``"C2"`` ...)."""
     if isinstance(workload, str):
-        from gensorage.ops import get_op_config
+        from gensorage.workloads import get_op_config
 
         return get_op_config(workload)
     return workload
@@ -177,7 +177,7 @@ def _algorithm_version(profile: HwProfile) -> str:
     from gensorage import __version__
     from gensorage.fingerprint import code_fingerprint, data_fingerprint
 
-    return f"{__version__}+{code_fingerprint('markov', 'baselines', 'ops')}.{data_fingerprint(profile)}"
+    return f"{__version__}+{code_fingerprint('markov', 'baselines', 'workloads')}.{data_fingerprint(profile)}"
 
 
 def tune(workload: Workload | str, hw: HwProfile | str = "h100", method: str = "markov", seed: int = 0, *,
@@ -187,7 +187,7 @@ def tune(workload: Workload | str, hw: HwProfile | str = "h100", method: str = "
     Parameters
     ----------
     workload
-        A :class:`~gensorage.ops.workload.Workload` or the id of a default op configuration.
+        A :class:`~gensorage.workloads.workload.Workload` or the id of a default op configuration.
     hw
         A hardware profile or its name (``"h100"``) / path.
     method

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-import gensorage.ops as ops
+import gensorage.workloads as workloads
 from gensorage.baselines import optuna_search, random_search, roller
 from gensorage.baselines.sampling import decode, parameters
 from gensorage.errors import ScheduleError
@@ -17,8 +17,8 @@ from gensorage.markov.cost_model import predict_time
 from gensorage.markov.space import space_for
 
 H100 = load_profile("h100")
-SMALL = [ops.gemm(1024, 1024, 1024), ops.gemv(8192, 1000), ops.conv2d(16, 32, 28, 28, 64, 3, 3, padding=1),
-         ops.avgpool2d(8, 32, 32, 32, 2, 2, stride=2)]
+SMALL = [workloads.gemm(1024, 1024, 1024), workloads.gemv(8192, 1000), workloads.conv2d(16, 32, 28, 28, 64, 3, 3, padding=1),
+         workloads.avgpool2d(8, 32, 32, 32, 2, 2, stride=2)]
 
 
 def _check(out: SearchOutcome, wl, method: str) -> None:
@@ -33,7 +33,7 @@ def _check(out: SearchOutcome, wl, method: str) -> None:
 def test_methods_table() -> None:
     assert set(METHODS) == {"markov", "roller", "optuna", "random"}
     assert METHODS["markov"] is construct
-    wl = ops.gemm(256, 256, 256)
+    wl = workloads.gemm(256, 256, 256)
     kwargs = {"optuna": {"trials": 20}, "random": {"trials": 50}}
     for name, fn in METHODS.items():
         _check(fn(wl, H100, seed=0, **kwargs.get(name, {})), wl, name)
@@ -58,7 +58,7 @@ def test_optuna_search_is_feasible_and_deterministic(wl) -> None:
 
 
 def test_infeasible_samples_still_count_as_trials() -> None:
-    wl = ops.gemm(8192, 8192, 8192)
+    wl = workloads.gemm(8192, 8192, 8192)
     space = space_for(wl, H100)
     params = parameters(space)
     rng = np.random.default_rng(0)
@@ -70,7 +70,7 @@ def test_infeasible_samples_still_count_as_trials() -> None:
 
 
 def test_sampling_covers_the_markov_space() -> None:
-    wl = ops.gemm(256, 1000, 64)
+    wl = workloads.gemm(256, 1000, 64)
     space = space_for(wl, H100)
     s = space.make((4, 125, 2), (64, 1000, 64), (4, 1, 1))
     values: dict[str, int] = {}
@@ -96,7 +96,7 @@ def test_roller_is_greedy_aligned_and_deterministic(wl) -> None:
 
 
 def test_roller_grows_the_register_tile_of_a_gemm() -> None:
-    wl = ops.gemm(4096, 4096, 4096)
+    wl = workloads.gemm(4096, 4096, 4096)
     s = roller.construct(wl, H100).schedule
     space = space_for(wl, H100)
     # Reuse needs both output axes tiled in registers; the K step never helps its ratio, so stays 1.
@@ -106,14 +106,14 @@ def test_roller_grows_the_register_tile_of_a_gemm() -> None:
 
 
 def test_markov_beats_roller_on_average() -> None:
-    wls = [ops.gemm(4096, 4096, 4096), ops.gemv(16384, 8192), ops.conv2d(128, 128, 28, 28, 128, 3, 3, padding=1)]
+    wls = [workloads.gemm(4096, 4096, 4096), workloads.gemv(16384, 8192), workloads.conv2d(128, 128, 28, 28, 128, 3, 3, padding=1)]
     ratios = [roller.construct(wl, H100).predicted_time_s / construct(wl, H100, seed=0).predicted_time_s
               for wl in wls]
     assert math.prod(ratios) ** (1 / len(ratios)) > 1.0
 
 
 def test_bad_trial_counts_are_rejected() -> None:
-    wl = ops.gemm(64, 64, 64)
+    wl = workloads.gemm(64, 64, 64)
     with pytest.raises(ScheduleError):
         random_search.search(wl, H100, trials=0)
     with pytest.raises(ScheduleError):

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gensorage.markov.cost_model as cost_model
-import gensorage.ops as ops
+import gensorage.workloads as workloads
 from gensorage.baselines.sampling import decode, parameters
 from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
@@ -25,7 +25,7 @@ def _gemm_schedule(wl, t0, t1, v=None):
 
 
 def test_tiled_gemm_beats_untiled_by_orders_of_magnitude() -> None:
-    wl = ops.gemm(4096, 4096, 4096)
+    wl = workloads.gemm(4096, 4096, 4096)
     good = predict_time(wl, H100, _gemm_schedule(wl, (8, 8, 1), (128, 128, 32)))
     untiled = predict_time(wl, H100, _gemm_schedule(wl, (1, 1, 1), (1, 1, 1)))
     one_thread = predict_time(wl, H100, _gemm_schedule(wl, (4, 4, 1), (4, 4, 32)))
@@ -39,7 +39,7 @@ def test_tiled_gemm_beats_untiled_by_orders_of_magnitude() -> None:
 
 
 def test_schedules_that_do_not_fit_are_infinite() -> None:
-    wl = ops.gemm(4096, 4096, 4096)
+    wl = workloads.gemm(4096, 4096, 4096)
     too_many_threads = _gemm_schedule(wl, (1, 1, 1), (64, 64, 1))  # 4096 threads per block
     too_many_registers = _gemm_schedule(wl, (64, 64, 1), (64, 64, 1))  # 4096 accumulators per thread
     too_much_shared = _gemm_schedule(wl, (8, 8, 1), (256, 256, 512))  # 512 KiB of fp16 tiles
@@ -53,11 +53,11 @@ def test_schedules_that_do_not_fit_are_infinite() -> None:
 def test_wave_quantization_is_visible() -> None:
     # One block per 128-row panel of a 128-wide GEMM: fill exactly the resident capacity, then one block more.
     t0, t1 = (8, 8, 1), (128, 128, 32)
-    probe = space_for(ops.gemm(128, 128, 1024), H100)
+    probe = space_for(workloads.gemm(128, 128, 1024), H100)
     r = probe.resources(probe.make(t0, t1))
     per_wave = H100.sm_count * blocks_per_sm(H100, r.threads, r.registers_per_thread, r.shared_bytes)
-    full = ops.gemm(128 * per_wave, 128, 1024)
-    over = ops.gemm(128 * (per_wave + 1), 128, 1024)
+    full = workloads.gemm(128 * per_wave, 128, 1024)
+    over = workloads.gemm(128 * (per_wave + 1), 128, 1024)
     b_full = breakdown(full, H100, space_for(full, H100).make(t0, t1))
     b_over = breakdown(over, H100, space_for(over, H100).make(t0, t1))
     assert b_full is not None and b_over is not None
@@ -74,7 +74,7 @@ def test_occupancy_limits() -> None:
 
 
 def test_vthreads_reduce_bank_conflicts_and_time() -> None:
-    wl = ops.gemm(4096, 4096, 4096, "float32")  # CUDA cores: per-thread fragments from shared memory
+    wl = workloads.gemm(4096, 4096, 4096, "float32")  # CUDA cores: per-thread fragments from shared memory
     space = space_for(wl, H100)
     plain = space.make((8, 8, 1), (128, 128, 16))
     split = space.make((8, 8, 1), (128, 128, 16), (2, 2, 1))
@@ -89,7 +89,7 @@ def test_vthreads_reduce_bank_conflicts_and_time() -> None:
 
 
 def test_no_tensor_cores_while_the_lowering_emits_fma_code() -> None:
-    fp16 = ops.gemm(4096, 4096, 4096)
+    fp16 = workloads.gemm(4096, 4096, 4096)
     b16 = breakdown(fp16, H100, space_for(fp16, H100).make((8, 8, 1), (128, 128, 32)))
     assert b16 is not None and not b16.tensor_cores
 
@@ -104,8 +104,8 @@ def tensor_cores_on(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped
 
 def test_tensor_cores_only_where_they_apply(tensor_cores_on: None) -> None:
     # The tensor-core path of the model, for a lowering that emits MMA instructions.
-    fp16 = ops.gemm(4096, 4096, 4096)
-    fp32 = ops.gemm(4096, 4096, 4096, "float32")
+    fp16 = workloads.gemm(4096, 4096, 4096)
+    fp32 = workloads.gemm(4096, 4096, 4096, "float32")
     shape = ((8, 8, 1), (128, 128, 32))
     b16 = breakdown(fp16, H100, space_for(fp16, H100).make(*shape))
     b32 = breakdown(fp32, H100, space_for(fp32, H100).make(*shape))
@@ -114,7 +114,7 @@ def test_tensor_cores_only_where_they_apply(tensor_cores_on: None) -> None:
     # A reduction chunk below the MMA k of 16 falls back to CUDA cores.
     b16k = breakdown(fp16, H100, space_for(fp16, H100).make((8, 8, 1), (128, 128, 8)))
     assert b16k is not None and not b16k.tensor_cores
-    gemv = ops.gemv(4096, 4096)
+    gemv = workloads.gemv(4096, 4096)
     bv = breakdown(gemv, H100, space_for(gemv, H100).make((4, 8), (512, 64)))
     assert bv is not None and not bv.tensor_cores
 
@@ -122,9 +122,9 @@ def test_tensor_cores_only_where_they_apply(tensor_cores_on: None) -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_never_faster_than_dram_allows(data: st.DataObject) -> None:
-    wl = data.draw(st.sampled_from([ops.gemm(512, 256, 1024), ops.gemv(4096, 1000),
-                                    ops.conv2d(8, 32, 14, 14, 64, 3, 3, padding=1),
-                                    ops.avgpool2d(4, 16, 24, 24, 2, 2, stride=2)]))
+    wl = data.draw(st.sampled_from([workloads.gemm(512, 256, 1024), workloads.gemv(4096, 1000),
+                                    workloads.conv2d(8, 32, 14, 14, 64, 3, 3, padding=1),
+                                    workloads.avgpool2d(4, 16, 24, 24, 2, 2, stride=2)]))
     space = space_for(wl, H100)
     params = parameters(space)
     s = decode(space, {p.name: data.draw(st.integers(0, p.high)) for p in params})
@@ -137,7 +137,7 @@ def test_never_faster_than_dram_allows(data: st.DataObject) -> None:
 @settings(max_examples=40, deadline=None)
 @given(k=st.sampled_from([64, 256, 1024]), t0k=st.sampled_from([1, 2, 4]), t1k=st.sampled_from([16, 32, 64]))
 def test_more_work_is_never_faster(k: int, t0k: int, t1k: int) -> None:
-    small, big = ops.gemm(1024, 1024, k), ops.gemm(1024, 1024, 4 * k)
+    small, big = workloads.gemm(1024, 1024, k), workloads.gemm(1024, 1024, 4 * k)
     t1k = min(t1k, k)
     a = predict_time(small, H100, space_for(small, H100).make((4, 4, t0k), (64, 64, t1k)))
     b = predict_time(big, H100, space_for(big, H100).make((4, 4, t0k), (64, 64, t1k)))
@@ -146,6 +146,6 @@ def test_more_work_is_never_faster(k: int, t0k: int, t1k: int) -> None:
 
 def test_profile_without_the_dtype_is_a_schedule_error() -> None:
     hw = dataclasses.replace(H100, peak_flops=tuple(p for p in H100.peak_flops if p[0] == "float16"))
-    wl = ops.gemm(256, 256, 256, "float32")
+    wl = workloads.gemm(256, 256, 256, "float32")
     with pytest.raises(ScheduleError, match="float32"):
         predict_time(wl, hw, space_for(wl, hw).make((4, 4, 1), (64, 64, 16)))

@@ -14,16 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-import gensorage.ops as ops
+import gensorage.workloads as workloads
 from gensorage.codegen.cuda_build import cuda_device_available
 from gensorage.codegen.module import compile_ugraph
 from gensorage.hw import load_profile
-from gensorage.ops.data import numpy_dtype
 from gensorage.program import load_config
 from gensorage.superopt import load_preset, superoptimize
 from gensorage.superopt.presets import preset_from_dict
 from gensorage.ugraph.examples import EXAMPLES
 from gensorage.ugraph.from_program import from_program
+from gensorage.workloads.data import numpy_dtype
 
 NO_GPU = cuda_device_available()
 pytestmark = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU: {NO_GPU}")
@@ -108,14 +108,14 @@ def test_full_mode_profiles_the_top_candidates_on_the_gpu(tmp_path: Path) -> Non
         assert _rel_err(r.run(*xs, target="cuda"), r.program.run(*xs)) < 1e-5
 
 
-@pytest.mark.parametrize("wl", [ops.gemm(96, 80, 72, dtype="float32"), ops.gemm(256, 512, 128),
-                                ops.gemv(300, 1000), ops.batch_matmul(4, 64, 48, 80)], ids=str)
+@pytest.mark.parametrize("wl", [workloads.gemm(96, 80, 72, dtype="float32"), workloads.gemm(256, 512, 128),
+                                workloads.gemv(300, 1000), workloads.batch_matmul(4, 64, 48, 80)], ids=str)
 def test_tuned_single_op_runs_on_cuda(wl: Any) -> None:
     from gensorage.tuning import tune
 
     r = tune(wl, "h100", "markov", use_store=False)
     for seed in (0, 1):
-        xs = ops.random_inputs(wl, seed)
+        xs = workloads.random_inputs(wl, seed)
         got = np.asarray(r.run(*xs, target="cuda"), dtype=np.float64)
         want = np.asarray(wl.reference(*xs), dtype=np.float64)
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gensorage.ops as ops
+import gensorage.workloads as workloads
 from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
 from gensorage.markov import METHODS, SearchOutcome, construct
@@ -33,7 +33,7 @@ H100 = load_profile("h100")
 
 # ------------------------------------------------------------------------------------------------ space
 def test_candidates_are_powers_of_two_and_divisors() -> None:
-    space = space_for(ops.gemv(1000, 4096), H100)
+    space = space_for(workloads.gemv(1000, 4096), H100)
     c = space.candidates[0]
     assert {1, 2, 4, 5, 8, 125, 250, 256, 500, 512, 1000} <= set(c)
     assert 3 not in c and 1024 not in c and max(c) == 1000
@@ -41,7 +41,7 @@ def test_candidates_are_powers_of_two_and_divisors() -> None:
 
 
 def test_conv_input_footprint_is_the_span_of_the_affine_index() -> None:
-    wl = ops.conv2d(8, 16, 30, 30, 32, 3, 3, stride=2)
+    wl = workloads.conv2d(8, 16, 30, 30, 32, 3, 3, stride=2)
     space = space_for(wl, H100)
     x = next(t for t in space.inputs if t.name == "X")
     tile = {"n": 2, "f": 4, "oh": 4, "ow": 7, "c": 8, "kh": 3, "kw": 1}
@@ -52,7 +52,7 @@ def test_conv_input_footprint_is_the_span_of_the_affine_index() -> None:
 
 def test_gemm_traffic_and_footprint_by_hand() -> None:
     M, N, K = 256, 512, 128
-    wl = ops.gemm(M, N, K)
+    wl = workloads.gemm(M, N, K)
     space = space_for(wl, H100)
     s = space.make((4, 8, 2), (64, 128, 32))
     # Level 1: every block loads its A and B tiles once per 32-wide K chunk, writes its fp32 C tile once.
@@ -71,7 +71,7 @@ def test_gemm_traffic_and_footprint_by_hand() -> None:
 
 
 def test_fits_checks_each_limit() -> None:
-    wl = ops.gemm(4096, 4096, 4096)
+    wl = workloads.gemm(4096, 4096, 4096)
     space = space_for(wl, H100)
     assert space.fits(space.make((8, 8, 1), (128, 128, 32)))
     assert not space.fits(space.make((1, 1, 1), (64, 32, 1)))  # 2048 threads
@@ -84,7 +84,7 @@ def test_fits_checks_each_limit() -> None:
 
 
 def test_initial_state_is_unscheduled_and_fits() -> None:
-    wl = ops.conv2d(4, 8, 16, 16, 8, 3, 3, padding=1)
+    wl = workloads.conv2d(4, 8, 16, 16, 8, 3, 3, padding=1)
     space = space_for(wl, H100)
     s = space.initial()
     assert s.level == 0 and s.tiles[0] == s.tiles[1] == (1,) * len(space.axes)
@@ -94,7 +94,7 @@ def test_initial_state_is_unscheduled_and_fits() -> None:
 
 # ---------------------------------------------------------------------------------------------- actions
 def test_actions_move_through_legal_sizes() -> None:
-    wl = ops.gemv(1000, 64)
+    wl = workloads.gemv(1000, 64)
     space = space_for(wl, H100)
     s = space.make((4, 1), (4, 1), level=0)
     grown = apply(space, s, Action("tile", 0))
@@ -114,7 +114,7 @@ def test_actions_move_through_legal_sizes() -> None:
 
 
 def test_vthread_action_doubles_and_shrinking_keeps_it_legal() -> None:
-    space = space_for(ops.gemm(256, 256, 256), H100)
+    space = space_for(workloads.gemm(256, 256, 256), H100)
     s = space.make((4, 2, 1), (64, 32, 16), level=1)
     v2 = apply(space, s, Action("vthread", 0))
     v4 = apply(space, v2, Action("vthread", 0)) if v2 else None
@@ -128,7 +128,7 @@ def test_vthread_action_doubles_and_shrinking_keeps_it_legal() -> None:
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 40))
 def test_every_successor_is_well_formed(seed: int, steps: int) -> None:
-    space = space_for(ops.conv2d(4, 24, 14, 14, 40, 3, 3, stride=2, padding=1), H100)
+    space = space_for(workloads.conv2d(4, 24, 14, 14, 40, 3, 3, stride=2, padding=1), H100)
     rng = np.random.default_rng(seed)
     s = space.initial()
     for _ in range(steps):
@@ -141,7 +141,7 @@ def test_every_successor_is_well_formed(seed: int, steps: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- benefits
 def test_tiling_benefit_formula_1_by_hand() -> None:
-    space = space_for(ops.gemm(64, 64, 64), H100)
+    space = space_for(workloads.gemm(64, 64, 64), H100)
     s = space.initial()
     t = apply(space, s, Action("tile", 0))
     assert t is not None
@@ -157,7 +157,7 @@ def test_tiling_benefit_formula_1_by_hand() -> None:
 def test_caching_benefit_formula_2_by_hand() -> None:
     # Leaving level 0 moves data access from registers to shared memory; leaving level 1 from shared memory
     # to global memory: access time of the memory left over that of the memory entered.
-    space = space_for(ops.gemm(64, 64, 64), H100)
+    space = space_for(workloads.gemm(64, 64, 64), H100)
     s = space.initial()
     data = space.traffic(s, 0)
     sh, reg, dram = H100.level("shared"), H100.level("register"), H100.level("dram")
@@ -173,7 +173,7 @@ def test_caching_benefit_formula_2_by_hand() -> None:
 
 
 def test_vthread_benefit_formula_3_by_hand() -> None:
-    space = space_for(ops.gemm(1024, 1024, 1024), H100)
+    space = space_for(workloads.gemm(1024, 1024, 1024), H100)
     # 32 threads along j (the fastest axis) with T0 = 8 fp16: a warp sweeps x = 32 * 8 * 2 = 512 bytes;
     # W = 32 banks x 4 bytes = 128 bytes: ceil(512/128) / ceil(512/(2*128)) = 4 / 2.
     s = space.make((1, 8, 1), (1, 256, 16), level=1)
@@ -197,7 +197,7 @@ def test_annealing_constants() -> None:
 
 
 def test_benefit_is_zero_where_the_successor_does_not_fit() -> None:
-    space = space_for(ops.gemm(4096, 4096, 4096), H100)
+    space = space_for(workloads.gemm(4096, 4096, 4096), H100)
     s = space.make((4, 4, 1), (16, 512, 8), level=1)  # 4 x 128 = 512 threads; doubling rows -> 1024 fits
     w, nxt = benefit(space, s, Action("tile", 0), t=0)
     assert w > 0 and nxt is not None
@@ -209,7 +209,7 @@ def test_benefit_is_zero_where_the_successor_does_not_fit() -> None:
 
 # ------------------------------------------------------------------------------------------- algorithms
 def test_roulette_follows_the_normalized_benefits() -> None:
-    space = space_for(ops.gemm(512, 512, 512), H100)
+    space = space_for(workloads.gemm(512, 512, 512), H100)
     s = space.make((2, 2, 1), (16, 16, 4), level=1)
     t = 5
     weights = {a: benefit(space, s, a, t)[0] for a in actions(space, s)}
@@ -230,7 +230,7 @@ def test_roulette_follows_the_normalized_benefits() -> None:
 
 
 def test_chain_terminates_and_keeps_only_fitting_states() -> None:
-    space = space_for(ops.conv2d(16, 64, 28, 28, 64, 3, 3, padding=1), H100)
+    space = space_for(workloads.conv2d(16, 64, 28, 28, 64, 3, 3, padding=1), H100)
     rng = np.random.default_rng(0)
     for _ in range(20):
         chain = run_chain(space, rng)
@@ -240,12 +240,12 @@ def test_chain_terminates_and_keeps_only_fitting_states() -> None:
 
 
 WORKLOADS = [
-    ops.gemm(1024, 1024, 1024),
-    ops.gemm(65536, 4, 1024),
-    ops.gemv(16384, 1000),
-    ops.batch_matmul(8, 256, 256, 64),
-    ops.conv2d(32, 64, 28, 28, 64, 3, 3, padding=1),
-    ops.avgpool2d(16, 48, 48, 48, 2, 2, stride=2),
+    workloads.gemm(1024, 1024, 1024),
+    workloads.gemm(65536, 4, 1024),
+    workloads.gemv(16384, 1000),
+    workloads.batch_matmul(8, 256, 256, 64),
+    workloads.conv2d(32, 64, 28, 28, 64, 3, 3, padding=1),
+    workloads.avgpool2d(16, 48, 48, 48, 2, 2, stride=2),
 ]
 
 
@@ -268,7 +268,7 @@ def test_construct_returns_a_fitting_scored_schedule(wl) -> None:
 
 
 def test_construct_is_deterministic_for_a_seed() -> None:
-    for wl, opts in ((ops.gemm(2048, 512, 1024), {}), (ops.conv2d(8, 32, 14, 14, 64, 3, 3, padding=1),
+    for wl, opts in ((workloads.gemm(2048, 512, 1024), {}), (workloads.conv2d(8, 32, 14, 14, 64, 3, 3, padding=1),
                                                           {"max_steps": 800})):
         a, b = construct(wl, H100, seed=11, **opts), construct(wl, H100, seed=11, **opts)
         assert (a.schedule, a.predicted_time_s, a.evaluated) == (b.schedule, b.predicted_time_s, b.evaluated)
@@ -276,14 +276,14 @@ def test_construct_is_deterministic_for_a_seed() -> None:
 
 
 def test_construct_beats_random_sampling_with_as_many_samples() -> None:
-    for wl in (ops.gemm(2048, 2048, 2048), ops.conv2d(32, 128, 28, 28, 128, 3, 3, padding=1)):
+    for wl in (workloads.gemm(2048, 2048, 2048), workloads.conv2d(32, 128, 28, 28, 128, 3, 3, padding=1)):
         out = construct(wl, H100, seed=0)
         rand = METHODS["random"](wl, H100, seed=0, trials=out.evaluated)
         assert out.predicted_time_s <= rand.predicted_time_s
 
 
 def test_construct_rejects_bad_options() -> None:
-    wl = ops.gemm(64, 64, 64)
+    wl = workloads.gemm(64, 64, 64)
     with pytest.raises(ScheduleError, match="unknown option"):
         construct(wl, H100, chains=3)
     with pytest.raises(ScheduleError, match=">= 1"):
@@ -291,7 +291,7 @@ def test_construct_rejects_bad_options() -> None:
 
 
 def test_schedule_json_round_trip_and_malformed_input() -> None:
-    s = construct(ops.gemm(256, 256, 256), H100, seed=0, max_steps=200).schedule
+    s = construct(workloads.gemm(256, 256, 256), H100, seed=0, max_steps=200).schedule
     assert s.level == LAST
     assert Schedule.from_json(s.to_json()) == s
     bad = s.to_json()

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import gensorage.ops as ops
+import gensorage.workloads as workloads
 from gensorage.codegen.cuda_build import cuda_device_available
 from gensorage.errors import (
     ConfigError,
@@ -22,7 +22,7 @@ from gensorage.hw.loader import load_profile
 from gensorage.store import Store
 from gensorage.tuning import TuneResult, check_tolerance, relative_error, tune
 
-SMALL = ops.gemm(96, 80, 72, dtype="float32")
+SMALL = workloads.gemm(96, 80, 72, dtype="float32")
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +52,7 @@ def test_bypassing_the_store(tmp_path: Path) -> None:
     assert not bypass.from_store
     with Store(path) as st:
         assert st.count_schedules() == 1
-    tune(ops.gemv(64, 64, dtype="float32"), "h100", "roller", use_store=False)
+    tune(workloads.gemv(64, 64, dtype="float32"), "h100", "roller", use_store=False)
     assert not (tmp_path / "home" / "store.sqlite").exists()  # the default store was never opened
 
 
@@ -96,13 +96,13 @@ def test_corrupt_store_is_reported(tmp_path: Path) -> None:
 
 
 def test_derived_artifacts_and_check() -> None:
-    r = tune(ops.conv2d(1, 8, 14, 14, 16, 3, 3, stride=2, padding=1, dtype="float32"), "h100", "markov",
+    r = tune(workloads.conv2d(1, 8, 14, 14, 16, 3, 3, stride=2, padding=1, dtype="float32"), "h100", "markov",
              use_store=False)
     src = r.cuda_source()
     assert "__global__" in src and "__shared__" in src and r.cuda_source() is src  # cached
     assert "T.thread_binding" in r.tir() and "blockIdx.x" in r.tir()
     assert r.check(seed=1) < check_tolerance("float32")
-    xs = ops.random_inputs(r.workload, 2)
+    xs = workloads.random_inputs(r.workload, 2)
     np.testing.assert_allclose(r.run(*xs), r.workload.reference(*xs), rtol=1e-5, atol=1e-5)
     data = r.to_json()
     assert json.loads(json.dumps(data)) == data
@@ -114,7 +114,7 @@ def test_derived_artifacts_and_check() -> None:
 
 def test_check_fails_on_a_wrong_kernel() -> None:
     r = tune(SMALL, "h100", "roller", use_store=False)
-    wrong = ops.gemm(96, 80, 72, dtype="float32")
+    wrong = workloads.gemm(96, 80, 72, dtype="float32")
     # Same loop nest, different mathematics: the reference of another op.
     object.__setattr__(wrong, "reference", lambda a, b: a @ b + 1.0)
     bad = TuneResult(wrong, r.hw, r.method, r.seed, {}, r.schedule, r.predicted_time_s, 0.0, None, False)
@@ -136,11 +136,11 @@ def test_relative_error() -> None:
 def test_cuda_run_without_gpu_is_a_device_error() -> None:
     r = tune(SMALL, "h100", "roller", use_store=False)
     with pytest.raises(DeviceError, match="cannot run gemm on CUDA"):
-        r.run(*ops.random_inputs(SMALL, 0), target="cuda")
+        r.run(*workloads.random_inputs(SMALL, 0), target="cuda")
 
 
 @pytest.mark.skipif(cuda_device_available() is not None, reason="needs a CUDA GPU")
 def test_cuda_run_matches_reference_on_gpu() -> None:
     r = tune(SMALL, "h100", "markov", use_store=False)
-    xs = ops.random_inputs(SMALL, 0)
+    xs = workloads.random_inputs(SMALL, 0)
     np.testing.assert_allclose(r.run(*xs, target="cuda"), SMALL.reference(*xs), rtol=1e-4, atol=1e-4)

@@ -14,7 +14,7 @@ from gensorage.markov.cost_model import space_time
 from gensorage.markov.outcome import SearchOutcome
 from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import ScheduleSpace, space_for
-from gensorage.ops.workload import Workload
+from gensorage.workloads.workload import Workload
 
 # What TPE is told for a schedule that does not fit (it is still scored inf): far above any kernel time and
 # graded by how far the block overshoots the SM, so TPE can tell nearly-fitting samples from hopeless ones.

@@ -14,7 +14,7 @@ from gensorage.markov.cost_model import space_time
 from gensorage.markov.outcome import SearchOutcome
 from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import space_for
-from gensorage.ops.workload import Workload
+from gensorage.workloads.workload import Workload
 
 
 def search(workload: Workload, hw: HwProfile, seed: int = 0, trials: int = 1000) -> SearchOutcome:

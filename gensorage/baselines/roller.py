@@ -22,7 +22,7 @@ from gensorage.markov.cost_model import space_time
 from gensorage.markov.outcome import SearchOutcome
 from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import ScheduleSpace, space_for
-from gensorage.ops.workload import Workload
+from gensorage.workloads.workload import Workload
 
 
 def _next_aligned(space: ScheduleSpace, axis: int, current: int, base: int) -> int | None:

@@ -71,7 +71,7 @@ def parse_shape(text: str) -> dict[str, int | list[int]]:
 
 
 def _workload(args: argparse.Namespace) -> Any:
-    from gensorage.ops import get_op_config, workload_from_spec
+    from gensorage.workloads import get_op_config, workload_from_spec
 
     if args.config is not None:
         if args.op or args.shape or args.dtype:

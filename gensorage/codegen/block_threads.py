@@ -5,7 +5,7 @@ Mapping from the Markov construction (Gensor) to a block graph
 A block graph fixes what one thread block computes; the thread-level schedule inside it is still open. The
 block's *dominant op* is its largest matmul (most multiply-adds, first on ties). Its per-block tile — output
 ``[batch, m, n]`` and inner dim ``k`` as inferred for one iteration — is turned into a construction workload
-(:func:`gensorage.ops.gemm` without batch dims, :func:`gensorage.ops.batch_matmul` with them flattened) and
+(:func:`gensorage.workloads.gemm` without batch dims, :func:`gensorage.workloads.batch_matmul` with them flattened) and
 :func:`gensorage.markov.construct` schedules it for the hardware profile. From the schedule:
 
 - register tile ``T0`` per spatial axis: the output elements one thread accumulates in registers;
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.schedule import Schedule
-from gensorage.ops.data import SUPPORTED_DTYPES
-from gensorage.ops.workload import Workload
+from gensorage.workloads.data import SUPPORTED_DTYPES
+from gensorage.workloads.workload import Workload
 
 _CACHE: dict[tuple[str, HwProfile, int], Schedule] = {}
 _CACHE_LIMIT = 1024
@@ -93,10 +93,10 @@ class ThreadChoice:
 
 def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:
     """The construction workload of a matmul tile (``gemm`` for ``batch == 1``, else ``batch_matmul``)."""
-    from gensorage import ops
+    from gensorage import workloads
 
     dt = dtype if dtype in SUPPORTED_DTYPES else "float32"
-    return ops.gemm(m, n, k, dt) if batch == 1 else ops.batch_matmul(batch, m, n, k, dt)
+    return workloads.gemm(m, n, k, dt) if batch == 1 else workloads.batch_matmul(batch, m, n, k, dt)
 
 
 def construct_schedule(workload: Workload, hw: HwProfile, seed: int = 0) -> Schedule:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from gensorage.hw.profile import HwProfile
     from gensorage.markov.schedule import Schedule
-    from gensorage.ops.workload import Workload
+    from gensorage.workloads.workload import Workload
 
 
 def cuda_target(hw: HwProfile) -> tvm.target.Target:

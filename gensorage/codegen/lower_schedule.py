@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from gensorage.hw.profile import HwProfile
     from gensorage.markov.schedule import Schedule
-    from gensorage.ops.workload import Workload
+    from gensorage.workloads.workload import Workload
 
 # Static ``__shared__`` arrays are limited to 48 KiB per block by CUDA; larger stages must use dynamic shared
 # memory (TVM's "shared.dyn" scope, whose launch raises the per-kernel limit up to the opt-in maximum).

@@ -226,7 +226,7 @@ def _check_arrays(g: KernelGraph, arrays: Sequence[Any]) -> list[np.ndarray]:
 
 
 def _numpy_dtype(dtype: str) -> Any:
-    from gensorage.ops.data import numpy_dtype
+    from gensorage.workloads.data import numpy_dtype
 
     return numpy_dtype(dtype)
 

@@ -26,11 +26,11 @@ from typing import Any
 from gensorage.errors import GensorageError
 from gensorage.exhaustive.opcatalog import flops as op_flops
 from gensorage.hw.profile import HwProfile
-from gensorage.ops.workload import Access, Axis, Workload
 from gensorage.opset import Shape
 from gensorage.ugraph.ir import BlockGraph, BlockOp, InputIterator, ThreadGraph
 from gensorage.ugraph.shapes import BlockInfo
 from gensorage.ugraph.validate import dtype_bytes, loop_phases
+from gensorage.workloads.workload import Access, Axis, Workload
 
 MAX_RESIZE_OPTIONS = 16  # sized variants tried per graph-defined operator before keeping the probe sizes
 

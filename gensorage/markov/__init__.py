@@ -20,7 +20,7 @@ from gensorage.markov.cost_model import predict_time, space_time
 from gensorage.markov.outcome import SearchOutcome
 from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import LAST, ScheduleSpace, space_for
-from gensorage.ops.workload import Workload
+from gensorage.workloads.workload import Workload
 
 __all__ = ["METHODS", "Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_time", "space_for"]
 

@@ -35,7 +35,7 @@ from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import SHARED_RESERVED_PER_BLOCK, ScheduleSpace, TensorInfo, space_for
-from gensorage.ops.workload import Workload
+from gensorage.workloads.workload import Workload
 
 LAUNCH_OVERHEAD_S = 2e-6  # kernel launch + tail as seen by a device-side timer
 

@@ -17,7 +17,7 @@ from functools import lru_cache
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.schedule import Schedule
-from gensorage.ops.workload import Workload
+from gensorage.workloads.workload import Workload
 
 NUM_LEVELS = 3  # registers (0), shared memory / thread block (1), full extent (2)
 LAST = NUM_LEVELS - 1

@@ -83,7 +83,7 @@ def median_time(run: Callable[[], None], sync: Callable[[], None], *, warmup: in
 
 def program_inputs(program: Program, seed: int) -> list[Any]:
     """The program's random inputs (``Program.random_inputs``) rounded to its dtypes: what the GPU runs on."""
-    from gensorage.ops.data import numpy_dtype
+    from gensorage.workloads.data import numpy_dtype
 
     return [a.astype(numpy_dtype(t.dtype)) for a, t in zip(program.random_inputs(seed), program.inputs, strict=True)]
 

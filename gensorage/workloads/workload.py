@@ -1,7 +1,7 @@
 """Workloads for the construction tuner: a loop nest with spatial and reduction axes and affine accesses.
 
-Data only; building the TVM PrimFunc and the numpy reference is done by the constructors in ``gensorage.ops``
-(and by ``gensorage.ops.from_te`` / ``from_prim_func`` for computations a user brings).
+Data only; building the TVM PrimFunc and the numpy reference is done by the constructors in ``gensorage.workloads``
+(and by ``gensorage.workloads.from_te`` / ``from_prim_func`` for computations a user brings).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from gensorage.errors import ProgramError
-from gensorage.ops.workload import Workload
+from gensorage.workloads.workload import Workload
 
 # Element types a workload may compute in (the dtypes hardware profiles give peak FLOP/s for).
 SUPPORTED_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")

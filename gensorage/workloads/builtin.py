@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from gensorage.errors import ProgramError
-from gensorage.ops.data import accum_dtype, check_dtype
-from gensorage.ops.workload import Access, Axis, AxisKind, Workload
+from gensorage.workloads.data import accum_dtype, check_dtype
+from gensorage.workloads.workload import Access, Axis, AxisKind, Workload
 
 IndexSpec = Sequence[Sequence[tuple[str, int]]]
 

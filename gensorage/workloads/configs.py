@@ -24,8 +24,8 @@ from typing import Any
 
 from gensorage.errors import ConfigError, ProgramError
 from gensorage.hw.loader import config_search_dirs
-from gensorage.ops.builtin import avgpool2d, batch_matmul, conv2d, gemm, gemv
-from gensorage.ops.workload import Workload
+from gensorage.workloads.builtin import avgpool2d, batch_matmul, conv2d, gemm, gemv
+from gensorage.workloads.workload import Workload
 
 DEFAULT_DTYPE = "float16"
 _METADATA_KEYS: tuple[str, ...] = ("id", "source", "note")

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gensorage.ops as ops
+import gensorage.workloads as workloads
 from gensorage.errors import ConfigError, ProgramError, UnsupportedOpError
-from gensorage.ops import Access, Axis, Workload
+from gensorage.workloads import Access, Axis, Workload
 
 
 @pytest.fixture(autouse=True)
@@ -32,30 +32,30 @@ def _run_llvm(wl: Workload, arrays: list[np.ndarray]) -> np.ndarray:
 
 
 SMALL = [
-    ops.gemm(17, 9, 13, dtype="float32"),
-    ops.gemv(19, 23, dtype="float32"),
-    ops.batch_matmul(3, 5, 7, 11, dtype="float32"),
-    ops.conv2d(2, 3, 9, 8, 4, 3, 2, stride=(2, 1), padding=(1, 2), dtype="float32"),
-    ops.conv2d(1, 4, 7, 7, 3, 3, 3, stride=2, dtype="float32"),
-    ops.avgpool2d(2, 3, 9, 8, 3, 2, stride=(2, 1), padding=1, dtype="float32"),
-    ops.avgpool2d(2, 3, 8, 8, 2, 2, dtype="float32"),
+    workloads.gemm(17, 9, 13, dtype="float32"),
+    workloads.gemv(19, 23, dtype="float32"),
+    workloads.batch_matmul(3, 5, 7, 11, dtype="float32"),
+    workloads.conv2d(2, 3, 9, 8, 4, 3, 2, stride=(2, 1), padding=(1, 2), dtype="float32"),
+    workloads.conv2d(1, 4, 7, 7, 3, 3, 3, stride=2, dtype="float32"),
+    workloads.avgpool2d(2, 3, 9, 8, 3, 2, stride=(2, 1), padding=1, dtype="float32"),
+    workloads.avgpool2d(2, 3, 8, 8, 2, 2, dtype="float32"),
 ]
 
 
 @pytest.mark.parametrize("wl", SMALL, ids=lambda w: w.key())
 def test_builtin_matches_reference_on_llvm(wl: Workload) -> None:
-    arrays = ops.random_inputs(wl, seed=3)
+    arrays = workloads.random_inputs(wl, seed=3)
     ref = wl.reference(*arrays)
     assert ref.shape == wl.output.shape and ref.dtype == np.float64
     np.testing.assert_allclose(_run_llvm(wl, arrays), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("wl", [ops.gemm(16, 8, 32), ops.conv2d(1, 4, 6, 6, 2, 3, 3, padding=1, dtype="bfloat16")],
+@pytest.mark.parametrize("wl", [workloads.gemm(16, 8, 32), workloads.conv2d(1, 4, 6, 6, 2, 3, 3, padding=1, dtype="bfloat16")],
                          ids=lambda w: w.key())
 def test_16bit_inputs_accumulate_in_float32(wl: Workload) -> None:
     assert wl.output.dtype == "float32" and all(a.dtype == wl.dtype for a in wl.inputs)
-    arrays = ops.random_inputs(wl, seed=1)
-    assert all(a.dtype == ops.numpy_dtype(wl.dtype) for a in arrays)
+    arrays = workloads.random_inputs(wl, seed=1)
+    assert all(a.dtype == workloads.numpy_dtype(wl.dtype) for a in arrays)
     # Inputs are exactly representable; with float32 accumulation only the summation rounds.
     np.testing.assert_allclose(_run_llvm(wl, arrays), wl.reference(*arrays), rtol=1e-5, atol=1e-5)
 
@@ -69,7 +69,7 @@ def test_primfunc_params_follow_accesses(wl: Workload) -> None:
 
 
 def test_gemm_loop_nest() -> None:
-    wl = ops.gemm(64, 32, 16)
+    wl = workloads.gemm(64, 32, 16)
     assert wl.axes == (Axis("i", 64, "spatial"), Axis("j", 32, "spatial"), Axis("k", 16, "reduce"))
     assert wl.flops == 2 * 64 * 32 * 16 and wl.dtype == "float16"
     a, b, c = wl.accesses
@@ -79,7 +79,7 @@ def test_gemm_loop_nest() -> None:
 
 
 def test_conv_loop_nest_has_strided_offset_access() -> None:
-    wl = ops.conv2d(2, 8, 30, 30, 16, 3, 3, stride=2, padding=1)
+    wl = workloads.conv2d(2, 8, 30, 30, 16, 3, 3, stride=2, padding=1)
     assert [(a.name, a.extent, a.kind) for a in wl.axes] == [
         ("n", 2, "spatial"), ("f", 16, "spatial"), ("oh", 15, "spatial"), ("ow", 15, "spatial"),
         ("c", 8, "reduce"), ("kh", 3, "reduce"), ("kw", 3, "reduce")]
@@ -90,7 +90,7 @@ def test_conv_loop_nest_has_strided_offset_access() -> None:
 
 
 def test_avgpool_counts_padding() -> None:
-    wl = ops.avgpool2d(1, 1, 2, 2, 3, 3, stride=1, padding=1, dtype="float32")
+    wl = workloads.avgpool2d(1, 1, 2, 2, 3, 3, stride=1, padding=1, dtype="float32")
     x = np.ones((1, 1, 2, 2), dtype=np.float32)
     # Every 3x3 window sees the 4 real ones and 5 padded zeros; count_include_pad divides by 9.
     np.testing.assert_allclose(wl.reference(x), np.full((1, 1, 2, 2), 4 / 9))
@@ -105,10 +105,10 @@ def test_conv_reference_equals_direct_loops(n: int, c: int, h: int, w: int, f: i
                                             sw: int, ph: int, pw: int, seed: int) -> None:
     if h + 2 * ph < kh or w + 2 * pw < kw:
         with pytest.raises(ProgramError, match="does not fit"):
-            ops.conv2d(n, c, h, w, f, kh, kw, stride=(sh, sw), padding=(ph, pw))
+            workloads.conv2d(n, c, h, w, f, kh, kw, stride=(sh, sw), padding=(ph, pw))
         return
-    wl = ops.conv2d(n, c, h, w, f, kh, kw, stride=(sh, sw), padding=(ph, pw), dtype="float32")
-    x, wt = ops.random_inputs(wl, seed)
+    wl = workloads.conv2d(n, c, h, w, f, kh, kw, stride=(sh, sw), padding=(ph, pw), dtype="float32")
+    x, wt = workloads.random_inputs(wl, seed)
     oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
     expect = np.zeros((n, f, oh, ow))
     for idx in np.ndindex(n, f, oh, ow, c, kh, kw):
@@ -120,12 +120,12 @@ def test_conv_reference_equals_direct_loops(n: int, c: int, h: int, w: int, f: i
 
 
 @pytest.mark.parametrize(("call", "match"), [
-    (lambda: ops.gemm(0, 4, 4), "M must be a positive integer"),
-    (lambda: ops.gemm(4, 4, True), "K must be a positive integer"),
-    (lambda: ops.gemv(4, 4, dtype="int8"), "unsupported dtype 'int8'"),
-    (lambda: ops.conv2d(1, 1, 2, 2, 1, 3, 3), "does not fit"),
-    (lambda: ops.avgpool2d(1, 1, 4, 4, 2, 2, stride=0), "stride must be"),
-    (lambda: ops.conv2d(1, 1, 4, 4, 1, 3, 3, padding=-1), "padding must be"),
+    (lambda: workloads.gemm(0, 4, 4), "M must be a positive integer"),
+    (lambda: workloads.gemm(4, 4, True), "K must be a positive integer"),
+    (lambda: workloads.gemv(4, 4, dtype="int8"), "unsupported dtype 'int8'"),
+    (lambda: workloads.conv2d(1, 1, 2, 2, 1, 3, 3), "does not fit"),
+    (lambda: workloads.avgpool2d(1, 1, 4, 4, 2, 2, stride=0), "stride must be"),
+    (lambda: workloads.conv2d(1, 1, 4, 4, 1, 3, 3, padding=-1), "padding must be"),
 ])
 def test_bad_builtin_arguments(call: Any, match: str) -> None:
     with pytest.raises(ProgramError, match=match):
@@ -133,7 +133,7 @@ def test_bad_builtin_arguments(call: Any, match: str) -> None:
 
 
 def test_reference_checks_its_arguments() -> None:
-    wl = ops.gemm(4, 5, 6, dtype="float32")
+    wl = workloads.gemm(4, 5, 6, dtype="float32")
     with pytest.raises(ProgramError, match="takes 2 arrays"):
         wl.reference(np.zeros((4, 6)))
     with pytest.raises(ProgramError, match="shape"):
@@ -141,11 +141,11 @@ def test_reference_checks_its_arguments() -> None:
 
 
 def test_random_inputs_shapes_and_seed() -> None:
-    wl = ops.conv2d(1, 2, 5, 5, 3, 3, 3)
-    a = ops.random_inputs(wl, seed=7)
+    wl = workloads.conv2d(1, 2, 5, 5, 3, 3, 3)
+    a = workloads.random_inputs(wl, seed=7)
     assert [(x.shape, x.dtype) for x in a] == [((1, 2, 5, 5), np.float16), ((3, 2, 3, 3), np.float16)]
-    b = ops.random_inputs(wl, seed=7)
-    c = ops.random_inputs(wl, seed=8)
+    b = workloads.random_inputs(wl, seed=7)
+    c = workloads.random_inputs(wl, seed=8)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not np.array_equal(a[0], c[0])
     assert all(np.all(np.abs(x.astype(np.float32)) <= 1) for x in a)
@@ -168,7 +168,7 @@ def _nt_matmul(M: int = 8, N: int = 6, K: int = 5) -> tuple[Any, Any, Any]:
 
 def test_from_te_custom_matmul() -> None:
     A, B, C = _nt_matmul()
-    wl = ops.from_te([A, B], C)
+    wl = workloads.from_te([A, B], C)
     assert wl.name == "C"
     assert wl.axes == (Axis("i", 8, "spatial"), Axis("j", 6, "spatial"), Axis("k", 5, "reduce"))
     assert wl.accesses == (
@@ -177,7 +177,7 @@ def test_from_te_custom_matmul() -> None:
         Access("C", (8, 6), "float32", ((("i", 1),), (("j", 1),)), (0, 0), is_output=True),
     )
     assert wl.flops == 2 * 8 * 6 * 5 and wl.dtype == "float32"
-    a, b = ops.random_inputs(wl, seed=0)
+    a, b = workloads.random_inputs(wl, seed=0)
     expect = a.astype(np.float64) @ b.astype(np.float64).T
     np.testing.assert_allclose(wl.reference(a, b), expect, rtol=1e-12)
     np.testing.assert_allclose(_run_llvm(wl, [a, b]), expect, rtol=1e-5)
@@ -187,19 +187,19 @@ def test_from_prim_func_on_tvmscript_text() -> None:
     import tvm
 
     A, B, C = _nt_matmul()
-    from_te = ops.from_te([A, B], C)
+    from_te = workloads.from_te([A, B], C)
     func = tvm.script.from_source(from_te.build().script())
-    wl = ops.from_prim_func(func, name="nt")
+    wl = workloads.from_prim_func(func, name="nt")
     assert wl.name == "nt" and wl.axes == from_te.axes and wl.accesses == from_te.accesses
     assert wl.flops == from_te.flops
 
 
-@pytest.mark.parametrize("wl", SMALL + [ops.gemm(8, 8, 8), ops.avgpool2d(1, 2, 6, 6, 3, 3, 2, 1)],
+@pytest.mark.parametrize("wl", SMALL + [workloads.gemm(8, 8, 8), workloads.avgpool2d(1, 2, 6, 6, 3, 3, 2, 1)],
                          ids=lambda w: w.key())
 def test_from_prim_func_recovers_builtin_loop_nest(wl: Workload) -> None:
-    got = ops.from_prim_func(wl.build(), name=wl.name)
+    got = workloads.from_prim_func(wl.build(), name=wl.name)
     assert (got.axes, got.accesses, got.flops, got.dtype) == (wl.axes, wl.accesses, wl.flops, wl.dtype)
-    arrays = ops.random_inputs(wl, seed=5)
+    arrays = workloads.random_inputs(wl, seed=5)
     np.testing.assert_allclose(got.reference(*arrays), wl.reference(*arrays), rtol=1e-12, atol=1e-12)
     assert got.key() != wl.key()  # user workloads carry a signature of the function text
 
@@ -210,11 +210,11 @@ def test_max_reduction_with_transposed_output() -> None:
     A = te.placeholder((7, 4), "float32", name="A")
     k = te.reduce_axis((0, 4), name="k")
     C = te.compute((4, 7), lambda j, i: te.max(tirx.exp(A[i, k]) * 2.0 - 1.0, axis=k), name="C")
-    wl = ops.from_te([A], C)
+    wl = workloads.from_te([A], C)
     assert [a.name for a in wl.axes] == ["j", "i", "k"]
     assert wl.output.index == ((("j", 1),), (("i", 1),))
     assert wl.flops == (1 + 3) * 7 * 4 * 4  # max-combine + exp, mul, sub per iteration
-    (a,) = ops.random_inputs(wl, seed=2)
+    (a,) = workloads.random_inputs(wl, seed=2)
     expect = np.broadcast_to((np.exp(a.astype(np.float64)) * 2 - 1).max(axis=1), (4, 7))
     np.testing.assert_allclose(wl.reference(a), expect, rtol=1e-12)
     np.testing.assert_allclose(_run_llvm(wl, [a]), expect, rtol=1e-5)
@@ -240,17 +240,17 @@ def _unsupported_cases() -> list[tuple[str, Any, str]]:
     Q = te.placeholder((4, 4), "int8", name="Q")
     int8 = te.compute((4,), lambda i: te.sum(Q[i, k], axis=k), name="C")
     return [
-        ("two blocks", lambda: ops.from_te([A, B], two_blocks), "2 blocks"),
-        ("floordiv index", lambda: ops.from_te([A, B], floordiv), "not affine"),
-        ("product index", lambda: ops.from_te([A, B], product), "not affine"),
-        ("no reduction", lambda: ops.from_te([A], elementwise), "no reduction"),
-        ("read twice", lambda: ops.from_te([S], twice), "two different index patterns"),
-        ("scheduled", lambda: ops.from_prim_func(sch.mod["main"]), "already scheduled"),
-        ("missing input", lambda: ops.from_te([A], gemm), "placeholder B"),
-        ("output first", lambda: ops.from_prim_func(te.create_prim_func([gemm, A, B])), "last parameter"),
-        ("unused input", lambda: ops.from_prim_func(te.create_prim_func([A, S, B, gemm])), "never read"),
-        ("int8", lambda: ops.from_te([Q], int8), "dtype int8"),
-        ("not a function", lambda: ops.from_prim_func("gemm"), "expected a tvm.tirx.PrimFunc"),
+        ("two blocks", lambda: workloads.from_te([A, B], two_blocks), "2 blocks"),
+        ("floordiv index", lambda: workloads.from_te([A, B], floordiv), "not affine"),
+        ("product index", lambda: workloads.from_te([A, B], product), "not affine"),
+        ("no reduction", lambda: workloads.from_te([A], elementwise), "no reduction"),
+        ("read twice", lambda: workloads.from_te([S], twice), "two different index patterns"),
+        ("scheduled", lambda: workloads.from_prim_func(sch.mod["main"]), "already scheduled"),
+        ("missing input", lambda: workloads.from_te([A], gemm), "placeholder B"),
+        ("output first", lambda: workloads.from_prim_func(te.create_prim_func([gemm, A, B])), "last parameter"),
+        ("unused input", lambda: workloads.from_prim_func(te.create_prim_func([A, S, B, gemm])), "never read"),
+        ("int8", lambda: workloads.from_te([Q], int8), "dtype int8"),
+        ("not a function", lambda: workloads.from_prim_func("gemm"), "expected a tvm.tirx.PrimFunc"),
     ]
 
 
@@ -282,7 +282,7 @@ TABLE4 = {
 
 
 def test_all_configs_load() -> None:
-    configs = ops.load_op_configs()
+    configs = workloads.load_op_configs()
     ids = [i for i, _ in configs]
     assert len(ids) == 32 and len(set(ids)) == 32
     assert all(isinstance(w, Workload) and w.flops > 0 for _, w in configs)
@@ -297,16 +297,16 @@ def test_all_configs_load() -> None:
 
 
 def test_get_op_config() -> None:
-    assert ops.get_op_config("M1").key() == ops.gemm(8192, 8192, 8192).key()
-    assert "P3" in ops.list_op_configs()
+    assert workloads.get_op_config("M1").key() == workloads.gemm(8192, 8192, 8192).key()
+    assert "P3" in workloads.list_op_configs()
     with pytest.raises(ConfigError, match=r"unknown op config 'M99' \(known: .*M1"):
-        ops.get_op_config("M99")
+        workloads.get_op_config("M99")
 
 
 def test_workload_from_spec() -> None:
-    wl = ops.workload_from_spec({"op": "conv2d", "N": 1, "C": 2, "H": 8, "W": 8, "F": 4, "KH": 3, "KW": 3,
+    wl = workloads.workload_from_spec({"op": "conv2d", "N": 1, "C": 2, "H": 8, "W": 8, "F": 4, "KH": 3, "KW": 3,
                                  "stride": [2, 1], "padding": 1, "dtype": "float32"})
-    assert wl.key() == ops.conv2d(1, 2, 8, 8, 4, 3, 3, stride=(2, 1), padding=1, dtype="float32").key()
+    assert wl.key() == workloads.conv2d(1, 2, 8, 8, 4, 3, 3, stride=(2, 1), padding=1, dtype="float32").key()
 
 
 @pytest.mark.parametrize(("spec", "field", "reason"), [
@@ -323,14 +323,14 @@ def test_workload_from_spec() -> None:
 ])
 def test_bad_specs_name_the_field(spec: dict[str, Any], field: str, reason: str) -> None:
     with pytest.raises(ConfigError) as info:
-        ops.workload_from_spec(spec, where="--shape")
+        workloads.workload_from_spec(spec, where="--shape")
     msg = str(info.value)
     assert msg.startswith("--shape: ") and f"'{field}'" in msg and reason in msg, msg
 
 
 def test_spec_rejected_by_the_op_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"--shape: gemv: unsupported dtype 'float64'"):
-        ops.workload_from_spec({"op": "gemv", "M": 4, "N": 4, "dtype": "float64"}, where="--shape")
+        workloads.workload_from_spec({"op": "gemv", "M": 4, "N": 4, "dtype": "float64"}, where="--shape")
 
 
 GOOD_ENTRY = '[[workload]]\nid = "X1"\nop = "gemv"\nM = 4\nN = 8\n'
@@ -348,7 +348,7 @@ def test_malformed_config_files(tmp_path: Path, text: str, expect: str) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
-        ops.load_op_configs(path)
+        workloads.load_op_configs(path)
     assert str(path) in str(info.value) and expect in str(info.value), str(info.value)
 
 
@@ -356,7 +356,7 @@ def test_user_config_dir_adds_and_shadows(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops" / "mine.toml").write_text(GOOD_ENTRY + GOOD_ENTRY.replace('"X1"', '"M1"'))
     monkeypatch.setenv("GENSORAGE_CONFIG_DIR", str(tmp_path))
-    by_id = dict(ops.load_op_configs())
+    by_id = dict(workloads.load_op_configs())
     assert len(by_id) == 33 and by_id["X1"].params == (("M", 4), ("N", 8))
     assert by_id["M1"].name == "gemv"
-    assert dict(ops.load_op_configs(tmp_path / "ops")).keys() == {"X1", "M1"}
+    assert dict(workloads.load_op_configs(tmp_path / "ops")).keys() == {"X1", "M1"}

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from gensorage.errors import ProgramError, UnsupportedOpError
-from gensorage.ops.data import SUPPORTED_DTYPES
-from gensorage.ops.workload import Access, Axis, Workload
+from gensorage.workloads.data import SUPPORTED_DTYPES
+from gensorage.workloads.workload import Access, Axis, Workload
 
 _REDUCERS: dict[str, tuple[Callable[..., np.ndarray], Callable[[Any, Any], Any]]] = {
     "sum": (np.sum, np.add),
