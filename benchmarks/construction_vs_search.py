@@ -103,7 +103,7 @@ def select_workloads(args: argparse.Namespace) -> list[tuple[str, Any]]:
 # ------------------------------------------------------------------------------------------ analytic part
 def run_method(workload: Any, hw: Any, method: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
     from gensorage.errors import GensorageError
-    from gensorage.markov import METHODS
+    from gensorage.tuning import METHODS
 
     start = time.perf_counter()
     try:

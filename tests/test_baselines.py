@@ -12,9 +12,10 @@ from gensorage.baselines import optuna_search, random_search, roller
 from gensorage.baselines.sampling import decode, parameters
 from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
-from gensorage.markov import METHODS, SearchOutcome, construct
+from gensorage.markov import SearchOutcome, construct
 from gensorage.markov.cost_model import predict_time
 from gensorage.markov.space import space_for
+from gensorage.tuning import METHODS
 
 H100 = load_profile("h100")
 SMALL = [workloads.gemm(1024, 1024, 1024), workloads.gemv(8192, 1000), workloads.conv2d(16, 32, 28, 28, 64, 3, 3, padding=1),

@@ -68,7 +68,7 @@ def test_op_shape_emit_and_check(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_failed_check_exits_1_with_one_line(capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    import gensorage.tuning as tune_mod
+    import gensorage.tuning.result as tune_mod
 
     monkeypatch.setattr(tune_mod, "relative_error", lambda out, ref: 0.5)  # as if the kernel were wrong
     rc, out, err = run(capsys, "--op", "gemm", "--shape", "M=32,N=32,K=32", "--dtype", "float32",

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gensorage.codegen.block_threads import construct_schedule, matmul_workload
 from gensorage.codegen.field_twin import check_field_twin
 from gensorage.codegen.lower_schedule import threads_per_block
 from gensorage.codegen.module import compile_ugraph
+from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.hw import load_profile
 from gensorage.opset import Op
 from gensorage.ugraph.examples import EXAMPLES

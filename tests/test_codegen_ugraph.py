@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gensorage.codegen.barriers import EXPLICIT_BARRIERS
-from gensorage.codegen.block_threads import MatmulTiling, ThreadChoice
 from gensorage.codegen.field_twin import check_field_twin
 from gensorage.codegen.module import compile_ugraph
 from gensorage.codegen.scalar import FloatScalar
 from gensorage.codegen.ugraph_tir import emit_graph_defined
+from gensorage.construction.block_threads import MatmulTiling, ThreadChoice
 from gensorage.errors import DeviceError, UnsupportedOpError
 from gensorage.hw import load_profile
 from gensorage.opset import Op
@@ -365,7 +365,7 @@ def test_inconsistent_tiling_is_rejected() -> None:
 
 
 def test_markov_construct_picks_threads_and_registers() -> None:
-    from gensorage.codegen.block_threads import construct_schedule, matmul_workload
+    from gensorage.construction import construct_schedule, matmul_workload
     from gensorage.markov.space import space_for
 
     _, g = EXAMPLES["flash_attention"](heads=2, q_len=64, kv_len=128, head_dim=32, q_blocks=2, forloop=4)
@@ -383,7 +383,7 @@ def test_markov_construct_picks_threads_and_registers() -> None:
 
 
 def test_block_tile_widens_along_j_then_i_within_the_cap() -> None:
-    from gensorage.codegen.block_threads import widen_block_tile
+    from gensorage.construction.block_threads import widen_block_tile
 
     assert widen_block_tile((1, 1, 256), (1, 1, 1), (1, 1, 2), 1024) == (1, 1, 256)
     assert widen_block_tile((1, 64, 64), (1, 1, 1), (1, 8, 4), 1024) == (1, 16, 64)

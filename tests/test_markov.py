@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import gensorage.workloads as workloads
 from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
-from gensorage.markov import METHODS, SearchOutcome, construct
+from gensorage.markov import SearchOutcome, construct
 from gensorage.markov.actions import Action, actions, apply
 from gensorage.markov.anneal import get_policy, run_chain
 from gensorage.markov.benefit import (
@@ -27,6 +27,7 @@ from gensorage.markov.benefit import (
 from gensorage.markov.cost_model import predict_time
 from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import LAST, space_for
+from gensorage.tuning import METHODS
 
 H100 = load_profile("h100")
 

@@ -4,5 +4,5 @@
 - :mod:`gensorage.baselines.optuna_search`: Optuna TPE over the schedule space;
 - :mod:`gensorage.baselines.random_search`: uniform random sampling of the same space.
 
-Each returns a :class:`gensorage.markov.outcome.SearchOutcome`; ``gensorage.markov.METHODS`` maps names to them.
+Each returns a :class:`gensorage.markov.outcome.SearchOutcome`; ``gensorage.tuning.METHODS`` maps names to them.
 """

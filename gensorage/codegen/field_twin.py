@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from gensorage.codegen.block_threads import ThreadChoice
 from gensorage.codegen.module import Kernel, _parse, compile_kernels, execute, lower_ugraph
 from gensorage.codegen.scalar import FIELD_PARAMS, FieldScalar
 from gensorage.codegen.ugraph_tir import plan_threads
+from gensorage.construction.block_threads import ThreadChoice
 from gensorage.hw.profile import HwProfile
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph
 from gensorage.ugraph.validate import validate

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from gensorage.codegen.barriers import explicit_barriers, has_explicit_barriers
-from gensorage.codegen.block_threads import ThreadChoice
 from gensorage.codegen.predefined import ScheduledKernel, emit_predefined, is_alias
 from gensorage.codegen.scalar import FloatScalar, Scalar
 from gensorage.codegen.ugraph_tir import (
@@ -34,6 +33,7 @@ from gensorage.codegen.ugraph_tir import (
     emit_graph_defined,
     plan_threads,
 )
+from gensorage.construction.block_threads import ThreadChoice
 from gensorage.errors import DeviceError, ProgramError, ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
@@ -380,7 +380,7 @@ def compile_ugraph(ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", 
         Seed of the Markov construction that picks threads and register tiles.
     plans : dict, optional
         Thread plans to use instead of the construction's for some graph-defined ops (kernel op index ->
-        :class:`~gensorage.codegen.block_threads.ThreadChoice`; e.g. to pin a tiling).
+        :class:`~gensorage.construction.block_threads.ThreadChoice`; e.g. to pin a tiling).
 
     Returns
     -------

@@ -1,7 +1,7 @@
 """Pre-defined kernel ops of a µGraph lowered to TVM PrimFuncs.
 
 - ``matmul`` (2-D or batched, numpy broadcasting over batch dims): the construction tuner's kernel. The tile
-  workload (:func:`gensorage.codegen.block_threads.matmul_workload`: ``gemm`` or ``batch_matmul`` with the
+  workload (:func:`gensorage.construction.block_threads.matmul_workload`: ``gemm`` or ``batch_matmul`` with the
   batch dims flattened) is scheduled by :func:`gensorage.markov.construct`, and the schedule is applied by
   :func:`gensorage.codegen.lower_schedule.lower` to a PrimFunc with the same axes whose loads follow the
   broadcast and whose write-back casts to the tensor's dtype (16-bit inputs accumulate in float32). In field
@@ -9,7 +9,7 @@
   once per modulus (component). When the construction finds no schedule that fits, the matmul falls back to
   one thread per output element (the rule of the next item).
 - elementwise ops, ``sum`` (full or grouped), ``repeat`` and ``concat``: one thread per output element,
-  ``threads`` from the fallback rule of :mod:`gensorage.codegen.block_threads`, blocks along x.
+  ``threads`` from the fallback rule of :mod:`gensorage.construction.block_threads`, blocks along x.
 - ``reshape``: no kernel: the output is a view of the input (row-major, contiguous).
 """
 
@@ -22,10 +22,10 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from gensorage.codegen.block_threads import construct_schedule, fallback_threads, matmul_workload
 from gensorage.codegen.scalar import FIELD_PARAMS, FieldScalar, Scalar
 from gensorage.codegen.tir_text import Ix, Writer, broadcast_index, index_text, summed_index, unravel
 from gensorage.codegen.ugraph_tir import KernelParam, KernelText, Target, _shape
+from gensorage.construction import construct_schedule, fallback_threads, matmul_workload
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr

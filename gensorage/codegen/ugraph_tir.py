@@ -16,7 +16,7 @@ one block op on shared tiles, or a whole thread graph (each thread runs the fuse
 ``scope="local"`` temporaries, with no shared-memory round trip between the chain's ops). A barrier follows
 every phase that wrote shared memory that a later phase reads, and ends every loop iteration (the next one
 overwrites the tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
-comes from the Markov construction: see :mod:`gensorage.codegen.block_threads`.
+comes from the Markov construction: see :mod:`gensorage.construction.block_threads`.
 
 Semantics (:mod:`gensorage.ugraph.ir`, reproduced by :mod:`gensorage.ugraph.evaluate`):
 
@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gensorage.codegen.barriers import EXPLICIT_BARRIERS
-from gensorage.codegen.block_threads import MatmulTiling, ThreadChoice, fallback_threads, matmul_tiling
 from gensorage.codegen.scalar import FIELD_PARAMS, FLOAT_DTYPES, Scalar, Val
 from gensorage.codegen.tir_text import (
     Ix,
@@ -59,6 +58,7 @@ from gensorage.codegen.tir_text import (
     summed_index,
     unravel,
 )
+from gensorage.construction.block_threads import MatmulTiling, ThreadChoice, fallback_threads, matmul_tiling
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
@@ -145,7 +145,7 @@ def _largest_tile(binfo: BlockInfo) -> int:
 
 
 def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int = 0) -> ThreadChoice:
-    """Threads per block of graph-defined op ``k`` (see :mod:`gensorage.codegen.block_threads`)."""
+    """Threads per block of graph-defined op ``k`` (see :mod:`gensorage.construction.block_threads`)."""
     op = g.ops[k]
     binfo = info.blocks[k]
     assert isinstance(op, GraphDefinedOp) and binfo is not None

@@ -2,15 +2,14 @@
 
 ``construct(workload, hw)`` walks the construction graph (states: tilings per memory level with virtual
 threads; edges: tile / inverse tile / cache / vThread, with benefit-normalized probabilities) and returns the
-best schedule of its top results under the analytic cost model. ``METHODS`` maps a method name to a callable
-with the same signature and result type: the Markov constructor and the baselines it is compared with.
+best schedule of its top results under the analytic cost model. The baselines it is compared with live in
+:mod:`gensorage.baselines`; :data:`gensorage.tuning.METHODS` names them all.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from typing import Any
 
 from gensorage.errors import ScheduleError
@@ -22,7 +21,7 @@ from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import LAST, ScheduleSpace, space_for
 from gensorage.workloads.workload import Workload
 
-__all__ = ["METHODS", "Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_time", "space_for"]
+__all__ = ["Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_time", "space_for"]
 
 # Chosen by measurement (see the report of issue 3): 4 walks from each of the 12 best distinct register tiles
 # per round, until 3 rounds bring nothing better or 6000 transitions are spent; walks of at most 50 steps
@@ -71,30 +70,3 @@ def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> 
     best = dataclasses.replace(best, level=LAST)  # the construction is finished
     return SearchOutcome(schedule=best, predicted_time_s=value, method="markov", evaluated=result.evaluated,
                          elapsed_s=time.perf_counter() - start, trace=result.trace)
-
-
-# The baselines import this package's modules, so they are bound lazily to avoid an import cycle.
-def _roller(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:
-    from gensorage.baselines import roller
-
-    return roller.construct(workload, hw, seed=seed, **opts)
-
-
-def _optuna(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:
-    from gensorage.baselines import optuna_search
-
-    return optuna_search.search(workload, hw, seed=seed, **opts)
-
-
-def _random(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:
-    from gensorage.baselines import random_search
-
-    return random_search.search(workload, hw, seed=seed, **opts)
-
-
-METHODS: dict[str, Callable[..., SearchOutcome]] = {
-    "markov": construct,
-    "roller": _roller,
-    "optuna": _optuna,
-    "random": _random,
-}

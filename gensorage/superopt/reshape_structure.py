@@ -23,16 +23,23 @@ the caller (``gensorage.verify.equivalent``), since a mapped attribute can be wr
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gensorage import opset
+from gensorage.construction.kernel_sizes import (
+    CostFn,
+    SizeLattice,
+    divisors,
+    kernel_sizes,
+    nearest,
+    single_op_graph,
+)
 from gensorage.errors import GensorageError, ProgramError, UGraphError
 from gensorage.opset import Attrs, Op, Shape
 from gensorage.ugraph.ir import (
@@ -57,17 +64,11 @@ if TYPE_CHECKING:
     from gensorage.hw.profile import HwProfile
     from gensorage.program import Program
 
-CostFn = Callable[[KernelGraph], float]
-
-#: Grid/loop assignments of one kernel evaluated exhaustively when there are at most this many.
-EXHAUSTIVE_LIMIT = 2048
-#: Otherwise: random restarts of the descent walk (the first start is the proportional scaling of the old choice).
-WALK_RESTARTS = 6
 #: CUDA grid limits (x, y, z).
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
 
-class ReshapeFailed(Exception):
+class ReshapeFailed(GensorageError):
     """The structure cannot be re-instantiated at the new shapes (the message says why)."""
 
 
@@ -418,30 +419,10 @@ def _shape(op: Op, shapes: Sequence[Shape], attrs: Attrs, where: str) -> Shape:
 # ====================================================================================== grid construction
 
 
-@dataclass(frozen=True, slots=True)
-class _Choices:
-    """Candidate values per variable: the grid dims then the for-loop trip count."""
-
-    values: tuple[tuple[int, ...], ...]
-    start: tuple[int, ...]
-
-    @property
-    def size(self) -> int:
-        return math.prod(len(v) for v in self.values)
-
-
-def _divisors(n: int, *, limit: int) -> tuple[int, ...]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return tuple(sorted({x for d in small for x in (d, n // d) if x <= limit}))
-
-
-def _nearest(values: Sequence[int], target: float) -> int:
-    return min(values, key=lambda v: (abs(math.log(v) - math.log(max(target, 1e-9))), v))
-
-
-def grid_choices(ctx: _KernelContext) -> _Choices:
+def grid_choices(ctx: _KernelContext) -> SizeLattice:
     """Per grid dim: divisors of the gcd of the new input dims it splits (the old value when it splits none);
-    for the loop: divisors > 1 of the dims the fmaps split, or 1 when the old graph had no loop."""
+    for the loop: divisors > 1 of the dims the fmaps split, or 1 when the old graph had no loop. The start
+    scales the old choice in proportion to the dims it splits."""
     old = ctx.node.block
     iters = [n for n in old.nodes if isinstance(n, InputIterator)]
     values: list[tuple[int, ...]] = []
@@ -453,9 +434,9 @@ def grid_choices(ctx: _KernelContext) -> _Choices:
             values.append((old_g,))
             start.append(old_g)
             continue
-        vals = _divisors(math.gcd(*(n for _, n in split)), limit=GRID_LIMITS[g])
+        vals = divisors(math.gcd(*(n for _, n in split)), limit=GRID_LIMITS[g])
         values.append(vals)
-        start.append(_nearest(vals, old_g * split[0][1] / split[0][0]))
+        start.append(nearest(vals, old_g * split[0][1] / split[0][0]))
     if old.forloop == 1:
         values.append((1,))
         start.append(1)
@@ -463,124 +444,27 @@ def grid_choices(ctx: _KernelContext) -> _Choices:
         looped = [(ctx.old_args[it.input].shape[it.fmap], ctx.new_args[it.input].shape[it.fmap])
                   for it in iters if it.fmap is not None]
         if looped:
-            vals = tuple(v for v in _divisors(math.gcd(*(n for _, n in looped)), limit=1 << 20) if v > 1)
+            vals = tuple(v for v in divisors(math.gcd(*(n for _, n in looped)), limit=1 << 20) if v > 1)
             if not vals:
                 raise ReshapeFailed(f"{_where(ctx)}: the for-loop's dims have size 1 at the new shapes")
             values.append(vals)
-            start.append(_nearest(vals, old.forloop * looped[0][1] / looped[0][0]))
+            start.append(nearest(vals, old.forloop * looped[0][1] / looped[0][0]))
         else:
             values.append((old.forloop,))
             start.append(old.forloop)
-    return _Choices(tuple(values), tuple(start))
-
-
-@dataclass(slots=True)
-class _Evaluator:
-    ctx: _KernelContext
-    hw: HwProfile
-    cost: CostFn
-    seen: dict[tuple[int, ...], tuple[float, GraphDefinedOp | None]] = field(default_factory=dict)
-    last_error: str | None = None
-
-    def __call__(self, point: tuple[int, ...]) -> float:
-        if point not in self.seen:
-            self.seen[point] = self._evaluate(point)
-        return self.seen[point][0]
-
-    def _evaluate(self, point: tuple[int, ...]) -> tuple[float, GraphDefinedOp | None]:
-        grid, forloop = point[:-1], point[-1]
-        try:
-            block = rebuild_block(self.ctx, grid, forloop)
-            op = GraphDefinedOp(block, tuple(Ref(i) for i in range(len(self.ctx.new_args))))
-            sub = _single_op_graph(op, self.ctx.new_args)
-            validate(sub, self.hw)
-            t = float(self.cost(sub))
-        except (GensorageError, ReshapeFailed) as exc:
-            self.last_error = str(exc)
-            return math.inf, None
-        if not math.isfinite(t):
-            self.last_error = f"the cost model gives no finite time for grid {list(grid)}, loop {forloop}"
-            return math.inf, None
-        return t, GraphDefinedOp(block, self.ctx.node.inputs)
-
-    def best(self) -> tuple[float, GraphDefinedOp | None]:
-        return min(self.seen.values(), key=lambda v: v[0], default=(math.inf, None))
-
-
-def _single_op_graph(op: GraphDefinedOp, args: Sequence[TensorInfo]) -> KernelGraph:
-    specs = tuple(TensorSpec(f"in{i}", a.shape, a.dtype) for i, a in enumerate(args))
-    return KernelGraph(specs, (op,), tuple(Ref(len(specs), o) for o in range(len(op.block.savers))))
+    return SizeLattice(tuple(values), tuple(start))
 
 
 def construct_kernel(ctx: _KernelContext, hw: HwProfile, cost: CostFn, rng: np.random.Generator,
                      seed: int = 0) -> GraphDefinedOp:
-    """The kernel with the grid and loop the cost model prefers at the new shapes (see the module docstring).
-
-    Candidates: the Markov construction's sizes for the block graph's loop nest (as the search sizes a
-    structure, :func:`gensorage.exhaustive.schedule_sizes.constructed_sizes`, nearest legal options first) and
-    the divisor lattice (all of it when small, else a descent walk from the proportional start and random
-    restarts); the µGraph cost model picks among those that are valid and fit ``hw``.
-    """
-    choices = grid_choices(ctx)
-    evaluate = _Evaluator(ctx, hw, cost)
-    evaluate(choices.start)
-    for point in _markov_points(ctx, evaluate, hw, seed):
-        evaluate(point)
-    if choices.size <= EXHAUSTIVE_LIMIT:
-        for point in itertools.product(*choices.values):
-            evaluate(point)
-    else:
-        starts = [choices.start] + [tuple(int(rng.choice(v)) for v in choices.values)
-                                    for _ in range(WALK_RESTARTS - 1)]
-        for s in starts:
-            _descend(s, choices, evaluate)
-    t, op = evaluate.best()
-    if op is None:
+    """The kernel with the grid and loop the cost model prefers at the new shapes
+    (:func:`gensorage.construction.kernel_sizes`, over :func:`grid_choices`)."""
+    block, error = kernel_sizes(lambda grid, forloop: rebuild_block(ctx, grid, forloop), ctx.new_args,
+                                grid_choices(ctx), hw, cost, rng, seed)
+    if block is None:
         raise ReshapeFailed(f"{_where(ctx)}: no grid and loop fit at the new shapes"
-                            + (f" (last: {evaluate.last_error})" if evaluate.last_error else ""))
-    return op
-
-
-def _markov_points(ctx: _KernelContext, evaluate: _Evaluator, hw: HwProfile, seed: int) -> list[tuple[int, ...]]:
-    """(grid..., trip count) points the Markov construction proposes for the kernel at the new shapes.
-
-    The loop nest needs the block's tiles, so it is built from a valid point already evaluated; with none, or
-    when the construction finds nothing, there are no proposals.
-    """
-    from gensorage.exhaustive.schedule_sizes import constructed_sizes, size_options
-
-    _, base = evaluate.best()
-    if base is None:
-        return []
-    shapes = [a.shape for a in ctx.new_args]
-    try:
-        sub = _single_op_graph(GraphDefinedOp(base.block, tuple(Ref(i) for i in range(len(shapes)))), ctx.new_args)
-        info = block_shapes(sub, 0, base.block, ctx.new_args)
-        target = constructed_sizes(base.block, shapes, info, ctx.new_args[0].dtype, hw, seed, {})
-        if target is None:
-            return []
-        return [(*grid, f) for grid, f in size_options(base.block, shapes, target)]
-    except GensorageError:
-        return []
-
-
-def _descend(start: tuple[int, ...], choices: _Choices, evaluate: _Evaluator) -> None:
-    """Steepest descent over the divisor lattice: move one variable to a neighbouring divisor while it helps."""
-    point = start
-    value = evaluate(point)
-    while True:
-        best_point, best_value = point, value
-        for v, vals in enumerate(choices.values):
-            i = vals.index(point[v])
-            for k in (i - 1, i + 1):
-                if 0 <= k < len(vals):
-                    cand = point[:v] + (vals[k],) + point[v + 1:]
-                    c = evaluate(cand)
-                    if c < best_value:
-                        best_point, best_value = cand, c
-        if best_point == point:
-            return
-        point, value = best_point, best_value
+                            + (f" (last: {error})" if error else ""))
+    return GraphDefinedOp(block, ctx.node.inputs)
 
 
 # ============================================================================================ kernel graph
@@ -662,7 +546,7 @@ def reinstantiate(graph: KernelGraph, old: Program, new: Program, hw: HwProfile,
         ctx = _KernelContext(k, node, old_args, new_args, block_info, smap)
         built = construct_kernel(ctx, hw, cost, rng, seed)
         ops.append(built)
-        sub = _single_op_graph(GraphDefinedOp(built.block, tuple(Ref(i) for i in range(len(new_args)))), new_args)
+        sub = single_op_graph(GraphDefinedOp(built.block, tuple(Ref(i) for i in range(len(new_args)))), new_args)
         new_infos.append(block_shapes(sub, 0, built.block, new_args).outputs)
     out = KernelGraph(specs, tuple(ops), graph.outputs)
     try:
@@ -681,5 +565,5 @@ def _check_outputs(g: KernelGraph, p: Program) -> None:
         raise ReshapeFailed(f"the re-instantiated µGraph's outputs have shapes {got}, the program's {want}")
 
 
-__all__ = ["EXHAUSTIVE_LIMIT", "CostFn", "ReshapeFailed", "SizeMap", "canonical_order", "construct_kernel",
+__all__ = ["ReshapeFailed", "SizeMap", "canonical_order", "construct_kernel",
            "grid_choices", "map_attrs", "reinstantiate", "reshape_target", "size_map", "structure_signature"]

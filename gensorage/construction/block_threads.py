@@ -35,13 +35,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gensorage.construction.schedule import construct_schedule
 from gensorage.hw.profile import HwProfile
-from gensorage.markov.schedule import Schedule
 from gensorage.workloads.data import SUPPORTED_DTYPES
 from gensorage.workloads.workload import Workload
-
-_CACHE: dict[tuple[str, HwProfile, int], Schedule] = {}
-_CACHE_LIMIT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,20 +96,6 @@ def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:
     return workloads.gemm(m, n, k, dt) if batch == 1 else workloads.batch_matmul(batch, m, n, k, dt)
 
 
-def construct_schedule(workload: Workload, hw: HwProfile, seed: int = 0) -> Schedule:
-    """The Markov construction's schedule for ``workload`` (:func:`gensorage.tuning.tune` with ``method="markov"``,
-    without the on-disk store; memoised per workload, profile and seed in this process)."""
-    from gensorage.tuning import tune
-
-    key = (workload.key(), hw, seed)
-    hit = _CACHE.get(key)
-    if hit is None:
-        if len(_CACHE) >= _CACHE_LIMIT:
-            _CACHE.clear()
-        hit = _CACHE[key] = tune(workload, hw, "markov", seed, use_store=False).schedule
-    return hit
-
-
 def matmul_tiling(batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile, seed: int = 0,
                   blocks: int = 1) -> MatmulTiling:
     """Construct the tiling of a ``(batch, m, n, k)`` block matmul on ``hw`` for a grid of ``blocks`` blocks."""
@@ -154,6 +137,6 @@ def fallback_threads(largest_tile: int, hw: HwProfile) -> int:
 
 
 __all__ = [
-    "MatmulTiling", "ThreadChoice", "construct_schedule", "fallback_threads", "matmul_tiling", "matmul_workload",
+    "MatmulTiling", "ThreadChoice", "fallback_threads", "matmul_tiling", "matmul_workload",
     "widen_block_tile",
 ]
