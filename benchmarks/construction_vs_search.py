@@ -1,7 +1,7 @@
 """Construction vs search: time-to-schedule and schedule quality of the Markov construction and baselines.
 
 For every op configuration (``configs/ops/``), each method picks a schedule from the same space scored by the
-same analytic cost model (``gensorage.markov.cost_model.predict_time``; nothing is measured):
+same analytic cost model (``gensorage.markov.cost_model.predict_schedule_time``; nothing is measured):
 
 * ``markov``       Gensor's Markov construction,
 * ``roller``       the Roller-style greedy construction,
@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     labels = [r[0] for r in runs]
     result: dict[str, Any] = {
         "benchmark": NAME, "machine": machine_info(), "hw": hw.name, "seed": args.seed, "quick": args.quick,
-        "cost_model": "gensorage.markov.cost_model.predict_time (analytic, nothing measured)",
+        "cost_model": "gensorage.markov.cost_model.predict_schedule_time (analytic, nothing measured)",
         "quality": "best_known / predicted_time; best_known = lowest predicted time of any method on the workload",
         "methods": {label: {"method": m, "options": o} for label, m, o in runs},
         "workloads": [], "summary": {},

@@ -240,6 +240,18 @@ def _apply_sum(arith: Arith[V], x: V, attrs: Attrs) -> V:
     return arith.reduce_sum(arith.reshape(x, split), dim + 1, False)
 
 
+def flops(op: Op, in_shapes: Sequence[Shape], out: Shape) -> int:
+    """Floating-point operations of one application (2 per multiply-add of a matmul, one per element summed by a
+    ``sum``, none for layout operators, one per output element otherwise)."""
+    if op is Op.MATMUL:
+        return 2 * math.prod(out) * in_shapes[0][-1]
+    if op in (Op.RESHAPE, Op.REPEAT, Op.CONCAT):
+        return 0
+    if op is Op.SUM:
+        return math.prod(in_shapes[0])
+    return math.prod(out)
+
+
 def check_supported(op_name: str) -> Op:
     """Alias of :func:`parse_op` for callers validating user input."""
     return parse_op(op_name)
@@ -247,5 +259,6 @@ def check_supported(op_name: str) -> Op:
 
 __all__ = [
     "ACTIVATIONS", "ARITY", "BINARY_ELEMENTWISE", "ELEMENTWISE", "NON_LAX", "UNARY_ELEMENTWISE", "Attrs", "Op",
-    "Shape", "apply", "attr", "broadcast_shapes", "check_supported", "freeze_attrs", "infer_shape", "parse_op",
+    "Shape", "apply", "attr", "broadcast_shapes", "check_supported", "flops", "freeze_attrs", "infer_shape",
+    "parse_op",
 ]

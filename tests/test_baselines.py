@@ -13,7 +13,7 @@ from gensorage.baselines.sampling import decode, parameters
 from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
 from gensorage.markov import SearchOutcome, construct
-from gensorage.markov.cost_model import predict_time
+from gensorage.markov.cost_model import predict_schedule_time
 from gensorage.markov.space import space_for
 from gensorage.tuning import METHODS
 
@@ -26,7 +26,7 @@ def _check(out: SearchOutcome, wl, method: str) -> None:
     space = space_for(wl, H100)
     assert out.method == method
     assert space.fits(out.schedule)
-    assert out.predicted_time_s == predict_time(wl, H100, out.schedule) < math.inf
+    assert out.predicted_time_s == predict_schedule_time(wl, H100, out.schedule) < math.inf
     bests = [b for _, b in out.trace]
     assert bests == sorted(bests, reverse=True) and bests[-1] == out.predicted_time_s
 

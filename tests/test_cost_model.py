@@ -14,7 +14,7 @@ import gensorage.workloads as workloads
 from gensorage.baselines.sampling import decode, parameters
 from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
-from gensorage.markov.cost_model import bank_conflict, blocks_per_sm, breakdown, predict_time
+from gensorage.markov.cost_model import bank_conflict, blocks_per_sm, breakdown, predict_schedule_time
 from gensorage.markov.space import space_for
 
 H100 = load_profile("h100")
@@ -26,9 +26,9 @@ def _gemm_schedule(wl, t0, t1, v=None):
 
 def test_tiled_gemm_beats_untiled_by_orders_of_magnitude() -> None:
     wl = workloads.gemm(4096, 4096, 4096)
-    good = predict_time(wl, H100, _gemm_schedule(wl, (8, 8, 1), (128, 128, 32)))
-    untiled = predict_time(wl, H100, _gemm_schedule(wl, (1, 1, 1), (1, 1, 1)))
-    one_thread = predict_time(wl, H100, _gemm_schedule(wl, (4, 4, 1), (4, 4, 32)))
+    good = predict_schedule_time(wl, H100, _gemm_schedule(wl, (8, 8, 1), (128, 128, 32)))
+    untiled = predict_schedule_time(wl, H100, _gemm_schedule(wl, (1, 1, 1), (1, 1, 1)))
+    one_thread = predict_schedule_time(wl, H100, _gemm_schedule(wl, (4, 4, 1), (4, 4, 32)))
     assert math.isfinite(good) and math.isfinite(untiled)
     assert untiled > 100 * good
     assert one_thread > 10 * good
@@ -46,7 +46,7 @@ def test_schedules_that_do_not_fit_are_infinite() -> None:
     t0_above_t1 = _gemm_schedule(wl, (16, 16, 1), (8, 8, 1))
     bad_vthread = _gemm_schedule(wl, (4, 4, 1), (64, 64, 16), (8, 1, 1))
     for s in (too_many_threads, too_many_registers, too_much_shared, t0_above_t1, bad_vthread):
-        assert predict_time(wl, H100, s) == math.inf
+        assert predict_schedule_time(wl, H100, s) == math.inf
         assert breakdown(wl, H100, s) is None
 
 
@@ -128,7 +128,7 @@ def test_never_faster_than_dram_allows(data: st.DataObject) -> None:
     space = space_for(wl, H100)
     params = parameters(space)
     s = decode(space, {p.name: data.draw(st.integers(0, p.high)) for p in params})
-    t = predict_time(wl, H100, s)
+    t = predict_schedule_time(wl, H100, s)
     compulsory = sum(space.tensor_elems(x, space.extents) * x.elem_bytes for x in space.tensors)
     assert t == math.inf or t >= compulsory / H100.level("dram").bandwidth_Bps
     assert (t == math.inf) == (not space.fits(s))
@@ -139,8 +139,8 @@ def test_never_faster_than_dram_allows(data: st.DataObject) -> None:
 def test_more_work_is_never_faster(k: int, t0k: int, t1k: int) -> None:
     small, big = workloads.gemm(1024, 1024, k), workloads.gemm(1024, 1024, 4 * k)
     t1k = min(t1k, k)
-    a = predict_time(small, H100, space_for(small, H100).make((4, 4, t0k), (64, 64, t1k)))
-    b = predict_time(big, H100, space_for(big, H100).make((4, 4, t0k), (64, 64, t1k)))
+    a = predict_schedule_time(small, H100, space_for(small, H100).make((4, 4, t0k), (64, 64, t1k)))
+    b = predict_schedule_time(big, H100, space_for(big, H100).make((4, 4, t0k), (64, 64, t1k)))
     assert math.isfinite(a) and b > a
 
 
@@ -148,4 +148,4 @@ def test_profile_without_the_dtype_is_a_schedule_error() -> None:
     hw = dataclasses.replace(H100, peak_flops=tuple(p for p in H100.peak_flops if p[0] == "float16"))
     wl = workloads.gemm(256, 256, 256, "float32")
     with pytest.raises(ScheduleError, match="float32"):
-        predict_time(wl, hw, space_for(wl, hw).make((4, 4, 1), (64, 64, 16)))
+        predict_schedule_time(wl, hw, space_for(wl, hw).make((4, 4, 1), (64, 64, 16)))

@@ -31,7 +31,7 @@ from gensorage.superopt.reshape_structure import (
 )
 from gensorage.superopt.structure_store import KIND, record_key
 from gensorage.ugraph import GraphDefinedOp, KernelGraph, ThreadGraph, ThreadOp, from_program, validate
-from gensorage.ugraph.cost import predict_time
+from gensorage.ugraph.cost import predict_ugraph_time
 from gensorage.ugraph.examples import flash_attention, flash_decoding, gated_mlp, gqa, lora, rmsnorm_matmul
 from gensorage.verify.equivalent import equivalent
 
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cost(g: KernelGraph) -> float:
-    return predict_time(g, H100)
+    return predict_ugraph_time(g, H100)
 
 
 # (example builder, kwargs at the old shapes, kwargs at the new shapes)

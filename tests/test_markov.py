@@ -24,7 +24,7 @@ from gensorage.markov.benefit import (
     tiling_benefit,
     vthread_benefit,
 )
-from gensorage.markov.cost_model import predict_time
+from gensorage.markov.cost_model import predict_schedule_time
 from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import LAST, space_for
 from gensorage.tuning import METHODS
@@ -260,7 +260,7 @@ def test_construct_returns_a_fitting_scored_schedule(wl) -> None:
     assert r.threads <= H100.max_threads_per_block
     assert r.registers_per_thread <= H100.max_registers_per_thread
     assert r.shared_bytes <= H100.shared_mem_per_block
-    assert out.predicted_time_s == predict_time(wl, H100, out.schedule)
+    assert out.predicted_time_s == predict_schedule_time(wl, H100, out.schedule)
     assert out.evaluated > 0 and out.elapsed_s > 0
     bests = [b for _, b in out.trace]
     assert bests == sorted(bests, reverse=True) and bests[-1] == out.predicted_time_s

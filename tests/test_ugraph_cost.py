@@ -11,7 +11,7 @@ from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
 from gensorage.opset import Op
 from gensorage.program import Program, load_config
 from gensorage.ugraph import examples, from_program
-from gensorage.ugraph.cost import kernel_costs, predict_time
+from gensorage.ugraph.cost import kernel_costs, predict_ugraph_time
 from gensorage.ugraph.ir import (
     BlockGraph,
     BlockOp,
@@ -33,7 +33,7 @@ def test_flash_attention_beats_one_kernel_per_op_at_paper_shapes() -> None:
     assert [t.shape for t in fused.inputs] == [t.shape for t in program.inputs]
     direct = from_program(program)
     for hw in (H100, A100):
-        t_fused, t_direct = predict_time(fused, hw), predict_time(direct, hw)
+        t_fused, t_direct = predict_ugraph_time(fused, hw), predict_ugraph_time(direct, hw)
         assert 0 < t_fused < t_direct / 2
         # The direct graph writes and re-reads the [32, 512, 4096] score tensor several times.
         assert sum(c.dram_bytes for c in kernel_costs(direct, hw)) > 5 * sum(c.dram_bytes for c in kernel_costs(fused, hw))
@@ -44,7 +44,7 @@ def test_gqa_figure_4c_beats_one_kernel_per_op_at_paper_shapes() -> None:
     _, fig4c = examples.gqa(kv_heads=2, group=8, q_len=1, kv_len=4096, head_dim=128, kv_splits=16, forloop=8,
                             out_splits=4)
     assert [t.shape for t in fig4c.inputs] == [t.shape for t in program.inputs]
-    assert predict_time(fig4c, H100) < predict_time(from_program(program), H100)
+    assert predict_ugraph_time(fig4c, H100) < predict_ugraph_time(from_program(program), H100)
 
 
 def _exp_kernel(n_inputs: int, rows: int, cols: int, grid: int) -> GraphDefinedOp:
@@ -65,11 +65,11 @@ def test_fewer_kernels_are_faster_when_traffic_is_equal() -> None:
     bytes_one = sum(c.dram_bytes for c in kernel_costs(one, H100))
     bytes_two = sum(c.dram_bytes for c in kernel_costs(two, H100))
     assert bytes_one == bytes_two == 4 * 1024 * 1024 * 2
-    assert predict_time(one, H100) < predict_time(two, H100)
+    assert predict_ugraph_time(one, H100) < predict_ugraph_time(two, H100)
     # Two pre-defined kernels cost at least their two launches.
     lib = KernelGraph(specs, (KernelOp(Op.EXP, (0,)), KernelOp(Op.EXP, (1,))), (2, 3))
-    assert predict_time(lib, H100) >= 2 * LAUNCH_OVERHEAD_S
-    assert predict_time(one, H100) < predict_time(lib, H100)
+    assert predict_ugraph_time(lib, H100) >= 2 * LAUNCH_OVERHEAD_S
+    assert predict_ugraph_time(one, H100) < predict_ugraph_time(lib, H100)
 
 
 def test_waves_quantize_over_the_sms() -> None:
@@ -81,7 +81,7 @@ def test_waves_quantize_over_the_sms() -> None:
 
     full, over = kernel_costs(graph(264), H100)[0], kernel_costs(graph(265), H100)[0]
     assert (full.waves, over.waves) == (1, 2)
-    assert predict_time(graph(265), H100) >= predict_time(graph(264), H100)
+    assert predict_ugraph_time(graph(265), H100) >= predict_ugraph_time(graph(264), H100)
 
 
 def test_replicated_inputs_are_loaded_by_every_block() -> None:
@@ -113,5 +113,5 @@ def test_predefined_kernels_follow_the_roofline() -> None:
 @pytest.mark.parametrize("name", sorted(examples.EXAMPLES))
 def test_every_example_has_a_finite_positive_time(name: str) -> None:
     _, g = examples.EXAMPLES[name]()
-    t = predict_time(g, H100)
+    t = predict_ugraph_time(g, H100)
     assert math.isfinite(t) and t >= LAUNCH_OVERHEAD_S * len(g.ops)

@@ -34,6 +34,7 @@ from gensorage.codegen.ugraph_tir import (
     plan_threads,
 )
 from gensorage.construction.block_threads import ThreadChoice
+from gensorage.dtypes import numpy_dtype
 from gensorage.errors import DeviceError, ProgramError, ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
@@ -221,14 +222,8 @@ def _check_arrays(g: KernelGraph, arrays: Sequence[Any]) -> list[np.ndarray]:
         arr = np.asarray(a)
         if tuple(arr.shape) != spec.shape:
             raise ProgramError(f"input {spec.name}: shape {list(arr.shape)} != expected {list(spec.shape)}")
-        out.append(np.ascontiguousarray(arr, dtype=_numpy_dtype(spec.dtype)))
+        out.append(np.ascontiguousarray(arr, dtype=numpy_dtype(spec.dtype)))
     return out
-
-
-def _numpy_dtype(dtype: str) -> Any:
-    from gensorage.workloads.data import numpy_dtype
-
-    return numpy_dtype(dtype)
 
 
 # ------------------------------------------------------------------------------------------------ public API

@@ -59,6 +59,7 @@ from gensorage.codegen.tir_text import (
     unravel,
 )
 from gensorage.construction.block_threads import MatmulTiling, ThreadChoice, fallback_threads, matmul_tiling
+from gensorage.dtypes import dtype_bytes
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
@@ -74,7 +75,7 @@ from gensorage.ugraph.ir import (
     node_inputs,
 )
 from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
-from gensorage.ugraph.validate import dtype_bytes, loop_phases
+from gensorage.ugraph.validate import loop_phases
 
 Target = Literal["cuda", "llvm"]
 TARGETS: tuple[Target, ...] = ("cuda", "llvm")

@@ -11,7 +11,7 @@ For every complete kernel graph the generator reaches (its outputs have the prog
    construction (:mod:`.schedule_sizes`), validated on the GPU profile and verified again; a structure already
    sized in this task is skipped;
 5. :func:`gensorage.verify.float_check` rejects numerically unstable candidates;
-6. :func:`gensorage.ugraph.cost.predict_time` prices it.
+6. :func:`gensorage.ugraph.cost.predict_ugraph_time` prices it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from gensorage.errors import GensorageError
 from gensorage.exhaustive.results import Candidate
 from gensorage.exhaustive.schedule_sizes import constructed_sizes, size_options
 from gensorage.exhaustive.thread_fusion import fuse
-from gensorage.ugraph.cost import predict_time
+from gensorage.ugraph.cost import predict_ugraph_time
 from gensorage.ugraph.ir import BlockGraph, GraphDefinedOp, KernelGraph
 from gensorage.ugraph.validate import validate
 
@@ -133,7 +133,7 @@ def finalize(s: Search, g: KernelGraph, task_index: int) -> Candidate | None:
     if not stable:
         s.counters.unstable += 1
         return None
-    return Candidate(ugraph=g, predicted_time_s=predict_time(g, s.hw), equivalence=_summary(res, stable),
+    return Candidate(ugraph=g, predicted_time_s=predict_ugraph_time(g, s.hw), equivalence=_summary(res, stable),
                      found_in_task=task_index)
 
 

@@ -15,13 +15,13 @@ from typing import Any
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.anneal import anneal
-from gensorage.markov.cost_model import predict_time, space_time
+from gensorage.markov.cost_model import predict_schedule_time, space_time
 from gensorage.markov.outcome import SearchOutcome
 from gensorage.markov.schedule import Schedule
 from gensorage.markov.space import LAST, ScheduleSpace, space_for
 from gensorage.workloads.workload import Workload
 
-__all__ = ["Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_time", "space_for"]
+__all__ = ["Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_schedule_time", "space_for"]
 
 # Chosen by measurement (see the report of issue 3): 4 walks from each of the 12 best distinct register tiles
 # per round, until 3 rounds bring nothing better or 6000 transitions are spent; walks of at most 50 steps

@@ -1,6 +1,6 @@
 """Analytic cost model: predicted kernel time of a schedule on a hardware profile, with no measurement.
 
-Every search method (Markov construction, Roller, Optuna, random) is scored by :func:`predict_time`, so this
+Every search method (Markov construction, Roller, Optuna, random) is scored by :func:`predict_schedule_time`, so this
 one function defines what "better" means in the benchmark. The model, per thread block and per wave:
 
 - occupancy: resident blocks per SM from threads, registers (allocated per warp) and shared memory;
@@ -34,7 +34,7 @@ from functools import lru_cache
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.schedule import Schedule
-from gensorage.markov.space import SHARED_RESERVED_PER_BLOCK, ScheduleSpace, TensorInfo, space_for
+from gensorage.markov.space import SHARED_RESERVED_PER_BLOCK, AccessInfo, ScheduleSpace, space_for
 from gensorage.workloads.workload import Workload
 
 LAUNCH_OVERHEAD_S = 2e-6  # kernel launch + tail as seen by a device-side timer
@@ -52,7 +52,7 @@ TENSOR_CORE_DTYPES = frozenset({"float16", "bfloat16"})
 
 @dataclass(frozen=True, slots=True)
 class CostBreakdown:
-    """The terms :func:`predict_time` combines (seconds unless named otherwise)."""
+    """The terms :func:`predict_schedule_time` combines (seconds unless named otherwise)."""
 
     blocks: int
     threads_per_block: int
@@ -69,7 +69,7 @@ class CostBreakdown:
     total_s: float
 
 
-def predict_time(workload: Workload, hw: HwProfile, schedule: Schedule) -> float:
+def predict_schedule_time(workload: Workload, hw: HwProfile, schedule: Schedule) -> float:
     """Predicted execution time of ``schedule`` for ``workload`` on ``hw``, in seconds.
 
     Parameters
@@ -88,12 +88,12 @@ def predict_time(workload: Workload, hw: HwProfile, schedule: Schedule) -> float
 
 
 def breakdown(workload: Workload, hw: HwProfile, schedule: Schedule) -> CostBreakdown | None:
-    """The terms of :func:`predict_time`, or ``None`` when the schedule does not fit."""
+    """The terms of :func:`predict_schedule_time`, or ``None`` when the schedule does not fit."""
     return space_breakdown(space_for(workload, hw), schedule)
 
 
 def space_time(space: ScheduleSpace, schedule: Schedule) -> float:
-    """:func:`predict_time` for callers that already hold the space."""
+    """:func:`predict_schedule_time` for callers that already hold the space."""
     b = space_breakdown(space, schedule)
     return math.inf if b is None else b.total_s
 
@@ -148,7 +148,7 @@ def uses_tensor_cores(space: ScheduleSpace, s: Schedule, threads: int) -> bool:
 
 
 # ------------------------------------------------------------------------------------ bank conflicts
-def bank_conflict(space: ScheduleSpace, s: Schedule, t: TensorInfo) -> int:
+def bank_conflict(space: ScheduleSpace, s: Schedule, t: AccessInfo) -> int:
     """Conflict degree of the first warp's load of its first register-fragment element of ``t``.
 
     The block tile of ``t`` sits row-major in shared memory; lane ``l`` holds thread coordinates (last spatial
@@ -181,7 +181,7 @@ def bank_conflict(space: ScheduleSpace, s: Schedule, t: TensorInfo) -> int:
 
 
 # ----------------------------------------------------------------------------------------- traffic
-def _sector_efficiency(space: ScheduleSpace, t: TensorInfo, tile: tuple[int, ...]) -> float:
+def _sector_efficiency(space: ScheduleSpace, t: AccessInfo, tile: tuple[int, ...]) -> float:
     """Useful fraction of the 32-byte sectors a block's tile of ``t`` occupies in global memory."""
     run = 1
     for d in range(len(t.shape) - 1, -1, -1):
@@ -194,7 +194,7 @@ def _sector_efficiency(space: ScheduleSpace, t: TensorInfo, tile: tuple[int, ...
     return nbytes / (-(-nbytes // sector) * sector)
 
 
-def _vector_width(space: ScheduleSpace, t: TensorInfo, tile: tuple[int, ...]) -> int:
+def _vector_width(space: ScheduleSpace, t: AccessInfo, tile: tuple[int, ...]) -> int:
     """Elements per load of the cooperative copy: the lowering vectorizes (up to 16 bytes) where the tile's
     contiguous run and the tensor's rows are multiples of the vector, else it copies element by element."""
     run = space.tensor_elems_dim(t, -1, tile)

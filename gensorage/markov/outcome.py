@@ -11,7 +11,7 @@ from gensorage.markov.schedule import Schedule
 class SearchOutcome:
     """The schedule a method picked and how it got there.
 
-    ``predicted_time_s`` is :func:`gensorage.markov.cost_model.predict_time` of ``schedule``; ``evaluated`` counts
+    ``predicted_time_s`` is :func:`gensorage.markov.cost_model.predict_schedule_time` of ``schedule``; ``evaluated`` counts
     the schedules the method scored with the cost model (infeasible ones included); ``trace`` lists
     ``(elapsed seconds, best predicted time so far)`` each time the best improved.
     """

@@ -48,7 +48,7 @@ def accumulator_bytes(dtype: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class TensorInfo:
+class AccessInfo:
     """One tensor access compiled for fast footprint arithmetic."""
 
     name: str
@@ -80,7 +80,7 @@ def _candidates(extent: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _compile_access(wl: Workload, access_index: int, axis_pos: dict[str, int], reduce: frozenset[int]) -> TensorInfo:
+def _compile_access(wl: Workload, access_index: int, axis_pos: dict[str, int], reduce: frozenset[int]) -> AccessInfo:
     acc = wl.accesses[access_index]
     dims: list[tuple[tuple[int, int], ...]] = []
     for terms in acc.index:
@@ -92,7 +92,7 @@ def _compile_access(wl: Workload, access_index: int, axis_pos: dict[str, int], r
                 row.append((axis_pos[name], abs(coef)))
         dims.append(tuple(row))
     used = frozenset(a for row in dims for a, _ in row)
-    return TensorInfo(name=acc.tensor, is_output=acc.is_output, elem_bytes=dtype_bytes(acc.dtype),
+    return AccessInfo(name=acc.tensor, is_output=acc.is_output, elem_bytes=dtype_bytes(acc.dtype),
                       shape=tuple(acc.shape), dims=tuple(dims), axes_used=used, uses_reduce=bool(used & reduce))
 
 
@@ -119,9 +119,9 @@ class ScheduleSpace:
         pos = {n: i for i, n in enumerate(self.axes)}
         red = frozenset(self.reduce)
         tensors = tuple(_compile_access(workload, i, pos, red) for i in range(len(workload.accesses)))
-        self.inputs: tuple[TensorInfo, ...] = tuple(t for t in tensors if not t.is_output)
-        self.output: TensorInfo = next(t for t in tensors if t.is_output)
-        self.tensors: tuple[TensorInfo, ...] = (*self.inputs, self.output)
+        self.inputs: tuple[AccessInfo, ...] = tuple(t for t in tensors if not t.is_output)
+        self.output: AccessInfo = next(t for t in tensors if t.is_output)
+        self.tensors: tuple[AccessInfo, ...] = (*self.inputs, self.output)
         self.candidates: tuple[tuple[int, ...], ...] = tuple(_candidates(e) for e in self.extents)
         self._legal = tuple(frozenset(c) for c in self.candidates)
         self.acc_bytes = accumulator_bytes(workload.dtype)
@@ -166,7 +166,7 @@ class ScheduleSpace:
 
     # ------------------------------------------------------------------------------- footprints (F)
     @staticmethod
-    def tensor_elems(t: TensorInfo, tile: tuple[int, ...]) -> int:
+    def tensor_elems(t: AccessInfo, tile: tuple[int, ...]) -> int:
         """Elements of ``t`` touched by one tile: per dim the span of its affine index, capped by the dim."""
         n = 1
         for size, row in zip(t.shape, t.dims, strict=True):
@@ -177,7 +177,7 @@ class ScheduleSpace:
         return n
 
     @staticmethod
-    def tensor_elems_dim(t: TensorInfo, dim: int, tile: tuple[int, ...]) -> int:
+    def tensor_elems_dim(t: AccessInfo, dim: int, tile: tuple[int, ...]) -> int:
         """Extent of dimension ``dim`` of ``t`` that one tile touches (the span of its index, capped)."""
         return min(t.shape[dim], 1 + sum(c * (tile[a] - 1) for a, c in t.dims[dim]))
 
@@ -234,7 +234,7 @@ class ScheduleSpace:
             return tuple(n * -(-b // r) for n, b, r in zip(blocks, t1, s.tiles[0], strict=True))
         raise ValueError(f"no tile counts at level {level}")
 
-    def tensor_traffic(self, s: Schedule, level: int) -> tuple[tuple[TensorInfo, int], ...]:
+    def tensor_traffic(self, s: Schedule, level: int) -> tuple[tuple[AccessInfo, int], ...]:
         """Bytes each tensor moves between ``level`` and the level above it, over the whole kernel.
 
         Loop order (what the lowering emits): spatial tiles outermost, reduction chunks inside, the output
@@ -246,7 +246,7 @@ class ScheduleSpace:
         counts = self.tile_counts(s, level)
         n_sp = math.prod(counts[a] for a in self.spatial)
         n_red = math.prod(counts[a] for a in self.reduce)
-        out: list[tuple[TensorInfo, int]] = []
+        out: list[tuple[AccessInfo, int]] = []
         for t, n in zip(self.tensors, self.elems(s.tiles[level]), strict=True):
             loads = n_sp * (n_red if t.uses_reduce else 1)
             out.append((t, loads * n * t.elem_bytes))

@@ -396,9 +396,9 @@ def _fmt_time(t: float) -> str:
 
 
 def _cost_fn(hw: HwProfile) -> Callable[[KernelGraph], float]:
-    from gensorage.ugraph.cost import predict_time
+    from gensorage.ugraph.cost import predict_ugraph_time
 
-    return lambda g: float(predict_time(g, hw))
+    return lambda g: float(predict_ugraph_time(g, hw))
 
 
 def _load_hw(hw: str | HwProfile) -> HwProfile:

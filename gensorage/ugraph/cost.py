@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gensorage import opset
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S, TENSOR_CORE_DTYPES
 from gensorage.opset import Op, Shape
@@ -71,16 +72,6 @@ def _numel(shape: Shape) -> int:
     return math.prod(shape)
 
 
-def _op_flops(op: Op, ins: list[Shape], out: Shape) -> int:
-    if op is Op.MATMUL:
-        return 2 * _numel(out) * ins[0][-1]
-    if op in (Op.RESHAPE, Op.REPEAT, Op.CONCAT):
-        return 0
-    if op is Op.SUM:
-        return _numel(ins[0])
-    return _numel(out)
-
-
 def _tensor_cores(hw: HwProfile, dtype: str, ins: list[Shape], out: Shape) -> bool:
     """A matmul tile big enough for warp-level MMA, in a dtype with a tensor-core peak on ``hw``."""
     if dtype not in TENSOR_CORE_DTYPES:
@@ -105,7 +96,7 @@ def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: 
     if node.op is Op.RESHAPE:
         return KernelCost("view", 0.0, 0, 0, 0, 0, 0, 0)
     moved = sum(tensor_bytes(t) for t in ins) + tensor_bytes(out)
-    work = _op_flops(node.op, [t.shape for t in ins], out.shape)
+    work = opset.flops(node.op, [t.shape for t in ins], out.shape)
     tc = node.op is Op.MATMUL and _tensor_cores(hw, out.dtype, [t.shape for t in ins], out.shape)
     compute = work / _peak(hw, out.dtype, tc)
     time = LAUNCH_OVERHEAD_S + max(moved / hw.level("dram").bandwidth_Bps, compute)
@@ -134,14 +125,14 @@ def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info
         args = [info.nodes[r.node][r.out] for r in _inputs(n)]
         shared += times * (sum(tensor_bytes(a) for a in args) + sum(tensor_bytes(o) for o in outs))
         if isinstance(n, BlockOp):
-            w = _op_flops(n.op, [a.shape for a in args], outs[0].shape)
+            w = opset.flops(n.op, [a.shape for a in args], outs[0].shape)
             tc = n.op is Op.MATMUL and _tensor_cores(hw, outs[0].dtype, [a.shape for a in args], outs[0].shape)
             work += times * w
             compute_s += times * w / _peak(hw, outs[0].dtype, tc)
         elif isinstance(n, ThreadGraph):
             local = info.threads[j]
             for k, t in enumerate(n.ops):
-                w = _op_flops(t.op, [], local[len(n.inputs) + k].shape)
+                w = opset.flops(t.op, [], local[len(n.inputs) + k].shape)
                 work += times * w
                 compute_s += times * w / _peak(hw, local[0].dtype, False)
     footprint = sum(tensor_bytes(t) for outs in info.nodes for t in outs)
@@ -203,7 +194,7 @@ def kernel_costs(g: KernelGraph, hw: HwProfile, info: GraphInfo | None = None) -
     return out
 
 
-def predict_time(ugraph: KernelGraph, hw: HwProfile) -> float:
+def predict_ugraph_time(ugraph: KernelGraph, hw: HwProfile) -> float:
     """Predicted execution time of ``ugraph`` on ``hw`` in seconds (kernels run one after another).
 
     Parameters
@@ -221,4 +212,4 @@ def predict_time(ugraph: KernelGraph, hw: HwProfile) -> float:
     return sum(c.time_s for c in kernel_costs(ugraph, hw))
 
 
-__all__ = ["LAUNCH_OVERHEAD_S", "KernelCost", "kernel_costs", "predict_time"]
+__all__ = ["LAUNCH_OVERHEAD_S", "KernelCost", "kernel_costs", "predict_ugraph_time"]

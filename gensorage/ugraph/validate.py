@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+from gensorage.dtypes import DTYPE_BYTES, dtype_bytes
 from gensorage.errors import UGraphError
 from gensorage.hw.profile import HwProfile
 from gensorage.ugraph.ir import (
@@ -37,20 +38,6 @@ from gensorage.ugraph.ir import (
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo, block_where, infer, kernel_where
 
 Phase = Literal["body", "post", "saver"]
-
-DTYPE_BYTES = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3": 1, "float8_e5m2": 1,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of ``dtype``; an unknown dtype is a :class:`UGraphError`."""
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise UGraphError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})") from None
-
 
 def tensor_bytes(t: TensorInfo) -> int:
     return math.prod(t.shape) * dtype_bytes(t.dtype)
@@ -142,6 +129,9 @@ def validate(g: KernelGraph, hw: HwProfile | None = None) -> GraphInfo:
         if isinstance(node, GraphDefinedOp):
             _check_paths(g, k, node.block)
     if hw is not None:
+        for spec in g.inputs:  # every other tensor takes its dtype from these
+            if spec.dtype not in DTYPE_BYTES:
+                raise UGraphError(f"input '{spec.name}': unknown dtype {spec.dtype!r} (known: {', '.join(DTYPE_BYTES)})")
         _check_memory(g, info, hw)
     return info
 
@@ -155,4 +145,4 @@ def is_valid(g: KernelGraph, hw: HwProfile | None = None) -> bool:
     return True
 
 
-__all__ = ["DTYPE_BYTES", "Phase", "dtype_bytes", "is_valid", "loop_phases", "tensor_bytes", "validate"]
+__all__ = ["Phase", "is_valid", "loop_phases", "tensor_bytes", "validate"]

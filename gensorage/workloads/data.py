@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from gensorage.dtypes import numpy_dtype
 from gensorage.errors import ProgramError
 from gensorage.workloads.workload import Workload
 
@@ -22,15 +21,6 @@ def check_dtype(dtype: object, op: str) -> str:
     if not isinstance(dtype, str) or dtype not in SUPPORTED_DTYPES:
         raise ProgramError(f"{op}: unsupported dtype {dtype!r} (supported: {', '.join(SUPPORTED_DTYPES)})")
     return dtype
-
-
-def numpy_dtype(dtype: str) -> Any:
-    """The numpy dtype for a TVM dtype name (``bfloat16`` comes from ``ml_dtypes``, a TVM dependency)."""
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
 
 
 def random_inputs(workload: Workload, seed: int = 0) -> list[np.ndarray]:
