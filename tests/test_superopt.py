@@ -167,7 +167,7 @@ def test_ctrl_c_after_the_search_reports_the_direct_ugraph_and_stores_what_was_f
     import os
     import signal
 
-    from gensorage.superopt import api
+    from gensorage.superopt import choice, run
 
     pressed: list[int] = []
 
@@ -177,21 +177,21 @@ def test_ctrl_c_after_the_search_reports_the_direct_ugraph_and_stores_what_was_f
             os.kill(os.getpid(), signal.SIGINT)  # the handler runs before kill returns (main thread)
 
     if phase == "verify":
-        real_verify = api._verify
+        real_verify = choice.verify_option
 
         def verify(*args: Any, **kwargs: Any) -> Any:
             press()
             return real_verify(*args, **kwargs)
 
-        monkeypatch.setattr(api, "_verify", verify)
+        monkeypatch.setattr(choice, "verify_option", verify)
     else:
-        real_signature = api.structure_signature
+        real_signature = run.structure_signature
 
         def signature(g: Any) -> str:
             press()
             return real_signature(g)
 
-        monkeypatch.setattr(api, "structure_signature", signature)
+        monkeypatch.setattr(run, "structure_signature", signature)
     (tmp_path / "softmax.gsp").write_text(SOFTMAX)
     with pytest.raises(SuperoptInterrupted) as info:
         superoptimize(tmp_path / "softmax.gsp", mode="full", params={"m": 2, "n": 8}, preset=_preset(TINY),

@@ -144,14 +144,7 @@ class Program:
 
     def live_ids(self) -> list[int]:
         """Ids of the nodes the outputs depend on (inputs always included), in creation order."""
-        live: set[int] = set()
-        stack = list(self._outputs)
-        while stack:
-            i = stack.pop()
-            if i not in live:
-                live.add(i)
-                stack.extend(self._nodes[i].inputs)
-        return sorted(live | set(self._inputs))
+        return sorted(self.canonical_order())
 
     def _tensor(self, i: int) -> Tensor:
         n = self._nodes[i]
@@ -441,7 +434,10 @@ class Program:
         """
         return self._hash(concrete=False)
 
-    def _canonical_order(self) -> list[int]:
+    def canonical_order(self) -> list[int]:
+        """The ids of the inputs and of every node the outputs depend on, in the order :meth:`key` numbers them:
+        inputs in declaration order, then a depth-first post-order walk from the outputs in order. Two programs
+        with equal (structure) keys list corresponding nodes at equal positions."""
         order: list[int] = list(self._inputs)
         seen = set(order)
         for out in self._outputs:
@@ -459,7 +455,7 @@ class Program:
         return order
 
     def _hash(self, concrete: bool) -> str:
-        order = self._canonical_order()
+        order = self.canonical_order()
         index = {node_id: k for k, node_id in enumerate(order)}
         parts: list[str] = []
         for i in order:

@@ -1,20 +1,18 @@
 """Superoptimising a whole program: :func:`superoptimize` (full and fast mode), presets, stored structures.
 
-See :mod:`gensorage.superopt.api` for the two modes.
+Pipeline order: :mod:`.sources` (the program and its search shapes), :mod:`.api` (the entry point and the two
+modes), :mod:`.run` (one call: search or store, then the choice), :mod:`.reshape_structure` (a found structure
+at new shapes), :mod:`.choice` (checking and building a competitor), :mod:`.gpu` (timing where a GPU exists),
+:mod:`.result`, :mod:`.structure_store`, :mod:`.presets`.
 """
 
 from __future__ import annotations
 
-from gensorage.superopt.api import (
-    MODES,
-    SuperoptInterrupted,
-    SuperoptResult,
-    Verification,
-    resolve_program,
-    superoptimize,
-)
+from gensorage.superopt.api import MODES, superoptimize
 from gensorage.superopt.presets import DEFAULT_PRESET, Preset, list_presets, load_preset
 from gensorage.superopt.reshape_structure import ReshapeFailed, reinstantiate
+from gensorage.superopt.result import SuperoptInterrupted, SuperoptResult, Verification
+from gensorage.superopt.sources import resolve_program
 from gensorage.superopt.structure_store import StructureRecord, StructureStore
 
 __all__ = [

@@ -120,29 +120,6 @@ def _add(table: dict[object, object], ambiguous: set[object], old: object, new: 
     table[old] = new
 
 
-def canonical_order(p: Program) -> list[int]:
-    """Node ids of ``p`` in the order its structure key enumerates them (inputs, then a DFS from the outputs).
-
-    Two programs with equal structure keys list corresponding nodes at equal positions.
-    """
-    order = [t.id for t in p.inputs]
-    seen = set(order)
-    nodes = p.nodes
-    for out in p.outputs:
-        stack: list[tuple[int, bool]] = [(out.id, False)]
-        while stack:
-            i, expanded = stack.pop()
-            if i in seen:
-                continue
-            if expanded:
-                seen.add(i)
-                order.append(i)
-                continue
-            stack.append((i, True))
-            stack.extend((j, False) for j in reversed(nodes[i].inputs))
-    return order
-
-
 def size_map(old: Program, new: Program) -> SizeMap:
     """Pair the nodes of two instantiations of one program and record how every size and factor changes.
 
@@ -154,7 +131,7 @@ def size_map(old: Program, new: Program) -> SizeMap:
     if old.structure_key() != new.structure_key():
         raise ReshapeFailed(f"program '{new.name}' does not have the structure of the stored program '{old.name}'")
     smap = SizeMap()
-    for i, j in zip(canonical_order(old), canonical_order(new), strict=True):
+    for i, j in zip(old.canonical_order(), new.canonical_order(), strict=True):
         a, b = old.nodes[i], new.nodes[j]
         for x, y in zip(a.shape, b.shape, strict=True):
             smap.add_size(x, y)
@@ -565,5 +542,5 @@ def _check_outputs(g: KernelGraph, p: Program) -> None:
         raise ReshapeFailed(f"the re-instantiated µGraph's outputs have shapes {got}, the program's {want}")
 
 
-__all__ = ["ReshapeFailed", "SizeMap", "canonical_order", "construct_kernel",
+__all__ = ["ReshapeFailed", "SizeMap", "construct_kernel",
            "grid_choices", "map_attrs", "reinstantiate", "reshape_target", "size_map", "structure_signature"]
