@@ -22,9 +22,17 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from gensorage.codegen.kernel_text import KernelParam, KernelText, Target
 from gensorage.codegen.scalar import FIELD_PARAMS, FieldScalar, Scalar
-from gensorage.codegen.tir_text import Ix, Writer, broadcast_index, index_text, summed_index, unravel
-from gensorage.codegen.ugraph_tir import KernelParam, KernelText, Target, _shape
+from gensorage.codegen.tir_text import (
+    Ix,
+    Writer,
+    broadcast_index,
+    index_text,
+    shape_text,
+    summed_index,
+    unravel,
+)
 from gensorage.construction import construct_schedule, fallback_threads, matmul_workload
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
@@ -208,7 +216,7 @@ def _function(g: KernelGraph, k: int, info: GraphInfo, scalar: Scalar, name: str
                               scalar.buf_dtype(out.dtype)))
     if scalar.field:
         params.append(KernelParam("F", "field", None, (FIELD_PARAMS,), "int64"))
-    sig = ", ".join(f'{p.name}: T.Buffer({_shape(p.shape)}, "{p.dtype}")' for p in params)
+    sig = ", ".join(f'{p.name}: T.Buffer({shape_text(p.shape)}, "{p.dtype}")' for p in params)
     text = (f"@T.prim_func\ndef {name}({sig}):\n"
             f'    T.func_attr({{"global_symbol": "{name}", "tir.noalias": True}})\n' + w.text())
     return tuple(params), text
@@ -248,13 +256,13 @@ def _blocks(blocks: int, gpu: bool) -> str:
 
 def _partials_buffer(w: Writer, sc: Scalar, nt: int, gpu: bool) -> None:
     """``red``: one partial sum per thread of the block (shared memory; on the CPU, per block iteration)."""
-    w.line(f'red = T.alloc_buffer({_shape(sc.buf_shape((nt,)))}, "{sc.acc_dtype}", '
+    w.line(f'red = T.alloc_buffer({shape_text(sc.buf_shape((nt,)))}, "{sc.acc_dtype}", '
            f'scope="{"shared" if gpu else "global"}")')
 
 
 def _zero_acc(w: Writer, sc: Scalar) -> None:
     """``acc``: one accumulator in registers, zeroed."""
-    w.line(f'acc = T.alloc_buffer({_shape(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
+    w.line(f'acc = T.alloc_buffer({shape_text(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
     for c, e in enumerate(sc.zero().comps):
         w.line(f"{sc.at('acc', c, '0')} = {e}")
 

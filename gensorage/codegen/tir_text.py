@@ -213,4 +213,51 @@ def tvm_float(value: float, dtype: str) -> str:
     return f"T.{dtype}({float(value)!r})"
 
 
+@contextmanager
+def nest(w: Writer, headers: list[str]) -> Iterator[None]:
+    """Blocks opened by ``headers`` one inside the other (none: nothing)."""
+    if not headers:
+        yield
+        return
+    with w.block(headers[0]), nest(w, headers[1:]):
+        yield
+
+
+def unroll(n: int) -> str:
+    """The loop kind of an ``n``-trip loop to unroll (``range`` for one trip)."""
+    return f"T.unroll({n})" if n > 1 else "range"
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """A shape as a Python tuple literal."""
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def is_atomic(e: str) -> bool:
+    """Whether expression text ``e`` needs no parentheses (a name, a number or one subscript)."""
+    return e.replace("_", "").isalnum() or (e.endswith("]") and e.count("[") == 1 and "(" not in e)
+
+
+def broadcast_all(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape all of ``shapes`` broadcast to."""
+    nd = max(len(s) for s in shapes)
+    out = [1] * nd
+    for s in shapes:
+        for i, n in enumerate(s):
+            d = nd - len(s) + i
+            out[d] = max(out[d], n)
+    return tuple(out)
+
+
+def broadcast_guard(idx: list[Ix], shape: tuple[int, ...], space: tuple[int, ...]) -> list[str]:
+    """Conditions under which element ``idx`` of ``space`` is the one that stores its broadcast source element."""
+    lead = len(space) - len(shape)
+    conds = []
+    for d, n in enumerate(space):
+        own = shape[d - lead] if d >= lead else 1
+        if own == 1 and n > 1:
+            conds.append(f"{idx[d]} == 0")
+    return conds
+
+
 __all__ = ["Ix", "Writer", "broadcast_index", "index_text", "ravel", "reshape_index", "tvm_float", "unravel"]

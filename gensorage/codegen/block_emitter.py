@@ -1,0 +1,599 @@
+"""The emitter of one graph-defined kernel: phases, buffers, barriers (see :mod:`.ugraph_tir` for the kernel's
+structure and semantics); the block's matmuls are emitted by :mod:`.block_matmul`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+from gensorage.codegen.barriers import EXPLICIT_BARRIERS
+from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
+from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
+from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val
+from gensorage.codegen.tir_text import (
+    Ix,
+    Writer,
+    broadcast_all,
+    broadcast_guard,
+    broadcast_index,
+    index_text,
+    is_atomic,
+    nest,
+    reshape_index,
+    shape_text,
+    summed_index,
+    unravel,
+)
+from gensorage.construction.block_threads import MatmulTiling, ThreadChoice
+from gensorage.dtypes import dtype_bytes
+from gensorage.errors import UnsupportedOpError
+from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
+from gensorage.ugraph.ir import (
+    Accumulator,
+    BlockOp,
+    GraphDefinedOp,
+    InputIterator,
+    KernelGraph,
+    OutputSaver,
+    Ref,
+    ThreadGraph,
+    node_inputs,
+)
+from gensorage.ugraph.shapes import GraphInfo, TensorInfo
+from gensorage.ugraph.validate import loop_phases
+
+# CUDA caps static __shared__ arrays at 48 KiB; beyond that the kernel uses dynamic shared memory.
+STATIC_SHARED_LIMIT = 48 * 1024
+# Byte alignment of each tile inside the dynamic shared-memory arena (the widest vector access, 128 bits).
+_ARENA_ALIGN = 16
+# CUDA grid limits per dim (x, y, z).
+MAX_GRID = (2**31 - 1, 65535, 65535)
+_GRID_VARS = ("bx", "by", "bz")
+_VIEW_OPS = frozenset({Op.RESHAPE, Op.REPEAT})
+
+
+# ---------------------------------------------------------------------------------------------- emission
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """A reshape or repeat: element ``idx`` of this node is element ``index(idx)`` of ``src``."""
+
+    src: Ref
+    index: Callable[[list[Ix]], list[Ix]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Cyclic:
+    """Elements dealt cyclically: slot ``e`` of thread ``tx`` is flat element ``e * threads + tx`` of ``space``;
+    the value written has ``shape`` (``space`` projected by broadcasting, stored where the projection is
+    the first element)."""
+
+    space: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tiled:
+    """The constructor's register tiling of a matmul with batch dims ``batch`` (slot = step, then register)."""
+
+    tiling: MatmulTiling
+    batch: tuple[int, ...]
+
+
+_Map = _Cyclic | _Tiled
+
+
+class BlockEmitter:
+    """Emits one graph-defined op (see the module docstring); one instance per kernel and target."""
+
+    def __init__(self, g: KernelGraph, k: int, info: GraphInfo, choice: ThreadChoice, target: Target,
+                 scalar: Scalar, name: str) -> None:
+        op = g.ops[k]
+        binfo = info.blocks[k]
+        assert isinstance(op, GraphDefinedOp) and binfo is not None
+        if target not in TARGETS:
+            raise UnsupportedOpError(f"unknown code generation target {target!r} (expected 'cuda' or 'llvm')")
+        self.g, self.k, self.op, self.binfo = g, k, op, binfo
+        self.block = op.block
+        self.nodes = op.block.nodes
+        self.info = info
+        self.choice = choice
+        self.gpu = target == "cuda"
+        self.sc = scalar
+        self.nt = choice.threads
+        self.name = name
+        self.w = Writer(1)
+        self.phase_of = loop_phases(op.block)
+        self.savers = [j for j, n in enumerate(self.nodes) if isinstance(n, OutputSaver)]
+        self.consumers: dict[Ref, list[int]] = {}
+        for j, node in enumerate(self.nodes):
+            for r in node_inputs(node):
+                self.consumers.setdefault(r, []).append(j)
+        self.views = {j: self._view(j, n) for j, n in enumerate(self.nodes)
+                      if isinstance(n, BlockOp) and n.op in _VIEW_OPS}
+        # Loop accumulators combined with sum/max live in registers across the loop (see _reg_acc_map).
+        self.reg_accs = {j: self._reg_acc_map(j, n) for j, n in enumerate(self.nodes)
+                         if isinstance(n, Accumulator) and n.fmap is None}
+        self.buffers: dict[Ref, str] = {}
+        self.dynamic_shared = False
+        self._synced = True
+        self._check_grid()
+        if choice.tiling is not None:
+            check_tiling(choice.tiling, choice.threads)
+        self.matmul = MatmulEmitter(self)
+
+    # ------------------------------------------------------------------ analysis
+
+    def _check_grid(self) -> None:
+        for g, n in enumerate(self.block.grid):
+            if n > MAX_GRID[g]:
+                raise UnsupportedOpError(f"grid dim {_GRID_VARS[g][1]} of {n} blocks exceeds CUDA's {MAX_GRID[g]}")
+
+    def tile(self, r: Ref) -> TensorInfo:
+        return self.binfo.nodes[r.node][r.out]
+
+    def _view(self, j: int, node: BlockOp) -> _View:
+        src = node.inputs[0]
+        src_shape = self.tile(src).shape
+        dst_shape = self.binfo.nodes[j][0].shape
+        if node.op is Op.RESHAPE:
+            return _View(src, lambda idx: reshape_index(idx, src_shape, dst_shape))
+        dim = int(attr(node.attrs, "dim")) % len(src_shape)
+        times = int(attr(node.attrs, "times"))
+
+        def repeat(idx: list[Ix]) -> list[Ix]:
+            out = list(idx)
+            out[dim] = idx[dim].floordiv(times, dst_shape[dim])
+            return out
+
+        return _View(src, repeat)
+
+    def _fusable(self, r: Ref) -> bool:
+        """Whether accumulators/savers reading ``r`` are written from the phase that computes ``r``."""
+        node = self.nodes[r.node]
+        if r.node in self.views or isinstance(node, Accumulator):
+            return False
+        return not (isinstance(node, BlockOp) and node.op is Op.CONCAT)
+
+    def sinks_of(self, r: Ref) -> list[int]:
+        """Accumulators/savers written directly by the phase that produces ``r`` (or by a register flush)."""
+        cons = self.consumers.get(r, [])
+        if r.node in self.reg_accs:
+            return [c for c in cons if isinstance(self.nodes[c], OutputSaver)]
+        if not self._fusable(r):
+            return []
+        return [c for c in cons if isinstance(self.nodes[c], Accumulator | OutputSaver)]
+
+    def needs_buffer(self, r: Ref) -> bool:
+        """Whether block tensor ``r`` is materialised in shared memory (something reads it element-wise)."""
+        if r.node in self.views:
+            return False
+        node = self.nodes[r.node]
+        if isinstance(node, Accumulator) and node.fmap is not None:
+            return True
+        fused = set(self.sinks_of(r))
+        for c in self.consumers.get(r, []):
+            if c in fused or (c in self.views and not self.consumers.get(Ref(c))):
+                continue
+            return True
+        return False
+
+    def _producer_map(self, r: Ref) -> _Map:
+        """How the phase computing ``r`` deals ``r``'s elements to threads."""
+        node = self.nodes[r.node]
+        shape = self.tile(r).shape
+        if isinstance(node, ThreadGraph):
+            local = self.binfo.threads[r.node]
+            return _Cyclic(broadcast_all([t.shape for t in local]), shape)
+        if isinstance(node, BlockOp) and node.op is Op.MATMUL and self._tiled(r.node) is not None:
+            tiling = self._tiled(r.node)
+            assert tiling is not None
+            return _Tiled(tiling, shape[:-2])
+        return _Cyclic(shape, shape)
+
+    def _reg_acc_map(self, j: int, node: Accumulator) -> _Map:
+        """Element-to-thread map of a register accumulator: its producer's (fused) or a cyclic copy phase's.
+
+        Every iteration runs the same phase, so a thread always combines the same elements and can keep them
+        in registers; read-modify-writes of shared memory in a loop would also make TVM's barrier insertion put
+        a barrier inside the loop.
+        """
+        r = node.input
+        shape = self.tile(r).shape
+        return self._producer_map(r) if self._fusable(r) else _Cyclic(shape, shape)
+
+    def _tiled(self, j: int) -> MatmulTiling | None:
+        t = self.choice.tiling
+        node = self.nodes[j]
+        if t is None or not isinstance(node, BlockOp) or node.op is not Op.MATMUL:
+            return None
+        b, m, n, k = matmul_dims(self.binfo, node, j)
+        return t if (b, m, n) == t.extents and k == t.k else None
+
+    def slots(self, m: _Map) -> int:
+        if isinstance(m, _Tiled):
+            return math.prod(m.tiling.steps) * math.prod(m.tiling.t0)
+        return -(-math.prod(m.space) // self.nt)
+
+    # ------------------------------------------------------------------ value access
+
+    def read(self, r: Ref, idx: list[Ix]) -> Val:
+        view = self.views.get(r.node)
+        if view is not None:
+            return self.read(view.src, view.index(idx))
+        return self.sc.load(self.buffers[r], index_text(idx), self._buf_dtype(r))
+
+    def _buf_dtype(self, r: Ref) -> str:
+        # Accumulators keep the compute precision (a float16 running sum would lose the low bits every step).
+        if isinstance(self.nodes[r.node], Accumulator):
+            return self.sc.acc_dtype
+        return self.sc.buf_dtype(self.tile(r).dtype)
+
+    def store(self, buf: str, idx: str, v: Val, dtype: str) -> None:
+        for c, e in enumerate(self.sc.store(v, dtype)):
+            self.w.line(f"{self.sc.at(buf, c, idx)} = {e}")
+
+    def temp(self, v: Val) -> Val:
+        """``v`` kept in a local register (one per component)."""
+        name = self.w.fresh("r")
+        self.w.line(f'{name} = T.alloc_buffer(({self.sc.comps},), "{v.dtype}", scope="local")')
+        for c, e in enumerate(v.comps):
+            self.w.line(f"{name}[{c}] = {e}")
+        return Val(tuple(f"{name}[{c}]" for c in range(self.sc.comps)), v.dtype)
+
+    def emit_value(self, r: Ref, idx: list[Ix], v: Val, slot: Ix) -> None:
+        """Element ``idx`` of block tensor ``r`` (this thread's ``slot``): to its shared buffer and its sinks."""
+        sinks = self.sinks_of(r)
+        if (r in self.buffers) + len(sinks) > 1 and not all(is_atomic(e) for e in v.comps):
+            v = self.temp(v)
+        if r in self.buffers:
+            self.store(self.buffers[r], index_text(idx), v, self._buf_dtype(r))
+        for j in sinks:
+            self.sink(j, idx, v, slot)
+
+    def _reg(self, j: int, slot: Ix) -> str:
+        """Index text of this thread's register ``slot`` of accumulator ``j`` (a row per thread on the CPU)."""
+        return str(slot) if self.gpu else f"tx, {slot}"
+
+    def sink(self, j: int, idx: list[Ix], v: Val, slot: Ix) -> None:
+        node = self.nodes[j]
+        if isinstance(node, OutputSaver):
+            self._save(j, idx, v)
+            return
+        assert isinstance(node, Accumulator)
+        if node.fmap is not None:
+            shifted = list(idx)
+            shifted[node.fmap] = idx[node.fmap] + Ix.var("it") * self.tile(node.input).shape[node.fmap]
+            self.store(self.buffers[Ref(j)], index_text(shifted), v, self.sc.acc_dtype)
+            return
+        if not all(is_atomic(e) for e in v.comps):
+            v = self.temp(v)
+        reg, at = f"a{j}", self._reg(j, slot)
+        new = self.sc.combine(node.kind, self.sc.load(reg, at, self.sc.acc_dtype), v)
+        first = self.sc.store(v, self.sc.acc_dtype)
+        for c, e in enumerate(self.sc.store(new, self.sc.acc_dtype)):
+            self.w.line(f"{self.sc.at(reg, c, at)} = T.if_then_else(it == 0, {first[c]}, {e})")
+
+    def _save(self, j: int, idx: list[Ix], v: Val) -> None:
+        node = self.nodes[j]
+        assert isinstance(node, OutputSaver)
+        s = self.savers.index(j)
+        tile = self.tile(node.input).shape
+        out = list(idx)
+        for g, d in enumerate(node.omap):
+            if self.block.grid[g] > 1:
+                out[d] = idx[d] + Ix.var(_GRID_VARS[g]) * tile[d]
+        self.store(f"out{s}", index_text(out), v, self.sc.buf_dtype(self.binfo.outputs[s].dtype))
+
+    # ------------------------------------------------------------------ loops
+
+    @contextmanager
+    def threads(self) -> Iterator[None]:
+        kind = f'T.thread_binding({self.nt}, thread="threadIdx.x")' if self.gpu else f"T.serial({self.nt})"
+        with self.w.block(f"for tx in {kind}:"):
+            yield
+
+    def sync(self) -> None:
+        if self.gpu:
+            self.w.line('T.tvm_storage_sync("shared")')
+        self._synced = True
+
+    @contextmanager
+    def elements(self, space: tuple[int, ...]) -> Iterator[tuple[list[Ix], Ix]]:
+        """Inside a thread loop: element ``e * threads + tx`` of ``space`` for every ``e`` (guarded); yields
+        (index, slot ``e``)."""
+        n = math.prod(space)
+        iters = -(-n // self.nt)
+        with self.w.loop(self.w.fresh("e"), iters) as e:
+            flat = self._flat(e)
+            with self.w.block(f"if {flat} < {n}:") if iters * self.nt > n else nullcontext():
+                yield unravel(flat, space), e
+
+    def _flat(self, slot: Ix) -> Ix:
+        flat = slot * self.nt + Ix.var("tx")
+        if len(flat.terms) > 1 or flat.const:
+            f = self.w.fresh("f")
+            self.w.line(f"{f} = {flat}")
+            return Ix.var(f)
+        return flat
+
+    def locate(self, m: _Map, slot: Ix) -> tuple[list[Ix], list[str]]:
+        """Element of a map's value held in ``slot`` of this thread, and the conditions for it to exist."""
+        if isinstance(m, _Tiled):
+            t = m.tiling
+            parts = unravel(slot, (*t.steps, *t.t0))
+            glob, conds = self.matmul.tile_coords(t, parts[:3], parts[3:])
+            return batch_index(glob[0], m.batch) + [glob[1], glob[2]], conds
+        n = math.prod(m.space)
+        flat = self._flat(slot)
+        conds = [f"{flat} < {n}"] if self.slots(m) * self.nt > n else []
+        idx = unravel(flat, m.space)
+        return broadcast_index(idx, m.shape), conds + broadcast_guard(idx, m.shape, m.space)
+
+    # ------------------------------------------------------------------ phases
+
+    def phase_load(self, j: int) -> None:
+        node = self.nodes[j]
+        assert isinstance(node, InputIterator)
+        src = self.op.inputs[node.input]
+        shape = self.info.of(src).shape
+        ext, off = list(shape), [Ix() for _ in shape]
+        for g, d in enumerate(node.imap):
+            if d is not None and self.block.grid[g] > 1:
+                ext[d] //= self.block.grid[g]
+                off[d] = off[d] + Ix.var(_GRID_VARS[g]) * ext[d]
+        if node.fmap is not None:
+            ext[node.fmap] //= self.block.forloop
+            off[node.fmap] = off[node.fmap] + Ix.var("it") * ext[node.fmap]
+        dtype = self.sc.buf_dtype(self.info.of(src).dtype)
+        with self.threads(), self.elements(self.tile(Ref(j)).shape) as (idx, slot):
+            gidx = [o + i for o, i in zip(off, idx, strict=True)]
+            self.emit_value(Ref(j), idx, self.sc.load(f"in{node.input}", index_text(gidx), dtype), slot)
+
+    def phase_op(self, j: int) -> None:
+        node = self.nodes[j]
+        assert isinstance(node, BlockOp)
+        out = self.tile(Ref(j)).shape
+        if node.op is Op.MATMUL:
+            tiling = self._tiled(j)
+            if tiling is not None:
+                self.matmul.tiled(j, node, tiling)
+            else:
+                self.matmul.cyclic(j, node)
+        elif node.op is Op.SUM:
+            self.phase_sum(j, node)
+        elif node.op is Op.CONCAT:
+            self.phase_concat(j, node)
+        elif node.op in BINARY_ELEMENTWISE or node.op in UNARY_ELEMENTWISE:
+            with self.threads(), self.elements(out) as (idx, slot):
+                args = [self.read(r, broadcast_index(idx, self.tile(r).shape)) for r in node.inputs]
+                self.emit_value(Ref(j), idx, self.sc.op(self.w, node.op, node.attrs, args), slot)
+        else:
+            raise UnsupportedOpError(f"block op '{node.op.value}' has no code generator")
+
+    def mac(self, acc: str, r: Ix, a: Val, b: Val) -> None:
+        """``acc[r] += a * b`` in the accumulator dtype."""
+        cur = self.sc.load(acc, str(r), self.sc.acc_dtype)
+        self.store(acc, str(r), self.sc.plus(cur, self.sc.product(a, b)), self.sc.acc_dtype)
+
+    def acc_buffer(self, size: int) -> str:
+        """A fresh thread-local accumulator of ``size`` elements."""
+        acc = self.w.fresh("acc")
+        shape = self.sc.buf_shape((size,))
+        self.w.line(f'{acc} = T.alloc_buffer({shape_text(shape)}, "{self.sc.acc_dtype}", scope="local")')
+        return acc
+
+    def phase_sum(self, j: int, node: BlockOp) -> None:
+        x = node.inputs[0]
+        shape = self.tile(x).shape
+        dim = int(attr(node.attrs, "dim")) % len(shape)
+        keep = bool(attr(node.attrs, "keepdim", True))
+        group = attr(node.attrs, "group")
+        full = group is None or group == shape[dim]
+        count = shape[dim] if full else int(group)
+        with self.threads(), self.elements(self.tile(Ref(j)).shape) as (idx, slot):
+            acc = self.acc_buffer(1)
+            self.store(acc, "0", self.sc.zero(), self.sc.acc_dtype)
+            with self.w.loop(self.w.fresh("g"), count) as gi:
+                cur = self.sc.load(acc, "0", self.sc.acc_dtype)
+                src = summed_index(idx, dim, gi, count, full, keep)
+                self.store(acc, "0", self.sc.plus(cur, self.read(x, src)), self.sc.acc_dtype)
+            self.emit_value(Ref(j), idx, self.sc.reduced(self.sc.load(acc, "0", self.sc.acc_dtype)), slot)
+
+    def phase_concat(self, j: int, node: BlockOp) -> None:
+        out = self.tile(Ref(j)).shape
+        dim = int(attr(node.attrs, "dim")) % len(out)
+        offset = 0
+        with self.threads():
+            for r in node.inputs:
+                part = self.tile(r).shape
+                with self.elements(part) as (idx, slot):
+                    dst = list(idx)
+                    dst[dim] = idx[dim] + offset
+                    self.emit_value(Ref(j), dst, self.read(r, idx), slot)
+                offset += part[dim]
+
+    def phase_thread_graph(self, j: int) -> None:
+        node = self.nodes[j]
+        assert isinstance(node, ThreadGraph)
+        local = self.binfo.threads[j]
+        space = broadcast_all([t.shape for t in local])
+        with self.threads(), self.elements(space) as (idx, slot):
+            vals: list[Val] = []
+            for r, t in zip(node.inputs, local, strict=False):
+                vals.append(self.temp(self.read(r, broadcast_index(idx, t.shape))))
+            for top in node.ops:
+                vals.append(self.temp(self.sc.op(self.w, top.op, top.attrs, [vals[r.node] for r in top.inputs])))
+            for o, r in enumerate(node.outputs):
+                shape = local[r.node].shape
+                conds = broadcast_guard(idx, shape, space)
+                with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
+                    self.emit_value(Ref(j, o), broadcast_index(idx, shape), vals[r.node], slot)
+
+    def phase_copy(self, src: Ref, sinks: list[int]) -> None:
+        """Accumulators/savers reading a view, a concat or a shared accumulator: a cyclic pass over the value."""
+        with self.threads(), self.elements(self.tile(src).shape) as (idx, slot):
+            v = self.read(src, idx)
+            for s in sinks:
+                self.sink(s, idx, v, slot)
+        self._after(any(isinstance(self.nodes[s], Accumulator) and self.nodes[s].fmap is not None  # type: ignore[union-attr]
+                        for s in sinks))
+
+    def phase_flush(self) -> None:
+        """After the loop: register accumulators to their shared buffers and fused savers (same element map)."""
+        if not self.reg_accs:
+            return
+        with self.threads():
+            for j, m in self.reg_accs.items():
+                with self.w.loop(self.w.fresh("sl"), self.slots(m)) as slot:
+                    idx, conds = self.locate(m, slot)
+                    with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
+                        v = self.sc.load(f"a{j}", self._reg(j, slot), self.sc.acc_dtype)
+                        self.emit_value(Ref(j), idx, v, slot)
+        self._after(any(Ref(j) in self.buffers for j in self.reg_accs))
+
+    def writes_shared(self, j: int) -> bool:
+        refs = [Ref(j, o) for o in range(len(self.binfo.nodes[j]))]
+        return any(r in self.buffers for r in refs) or any(
+            Ref(s) in self.buffers and s not in self.reg_accs for r in refs for s in self.sinks_of(r)
+            if isinstance(self.nodes[s], Accumulator))
+
+    def _after(self, wrote_shared: bool) -> None:
+        """Barrier after a phase whose shared-memory writes later phases read; after every phase when shared
+        memory is dynamic (see :mod:`gensorage.codegen.barriers`)."""
+        if wrote_shared or self.dynamic_shared:
+            self.sync()
+        else:
+            self._synced = False
+
+    def phase(self, j: int) -> None:
+        node = self.nodes[j]
+        if isinstance(node, InputIterator):
+            self.phase_load(j)
+        elif isinstance(node, ThreadGraph):
+            self.phase_thread_graph(j)
+        else:
+            self.phase_op(j)
+        self._after(self.writes_shared(j))
+
+    # ------------------------------------------------------------------ whole kernel
+
+    def allocate(self) -> None:
+        total = 0
+        for j, outs in enumerate(self.binfo.nodes):
+            for o, t in enumerate(outs):
+                r = Ref(j, o)
+                if self.needs_buffer(r):
+                    self.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
+                    total += math.prod(self.sc.buf_shape(t.shape)) * dtype_bytes(self._buf_dtype(r))
+        self.dynamic_shared = self.gpu and total > STATIC_SHARED_LIMIT
+        if self.dynamic_shared:
+            self._allocate_arena()
+        else:
+            scope = "shared" if self.gpu else "global"
+            for r, name in self.buffers.items():
+                shape = self.sc.buf_shape(self.tile(r).shape)
+                self.w.line(f'{name} = T.alloc_buffer({shape_text(shape)}, "{self._buf_dtype(r)}", scope="{scope}")')
+        for j, m in self.reg_accs.items():
+            # Registers of each thread; on the CPU the threads are loop iterations, so each gets its own row.
+            shape = self.sc.buf_shape((self.slots(m),) if self.gpu else (self.nt, self.slots(m)))
+            self.w.line(f'a{j} = T.alloc_buffer({shape_text(shape)}, "{self.sc.acc_dtype}", '
+                        f'scope="{"local" if self.gpu else "global"}")')
+
+    def _allocate_arena(self) -> None:
+        """Dynamic shared memory as one arena with a typed view per tile, at offsets we choose.
+
+        TVM's ``MergeSharedMemoryAllocations`` (which the CUDA build runs to place dynamic shared buffers)
+        loses the offset of a buffer in some liveness patterns (a scalar tile written after a loop and read by
+        every thread: "buffer_byte_offsets" check), so the kernel places its tiles itself and hands TVM a
+        single allocation. Tiles never share bytes; each starts at a multiple of 16 bytes (vector loads), so
+        every offset is a whole number of elements of any tile type.
+        """
+        offset = 0
+        views: list[tuple[str, tuple[int, ...], str, int]] = []
+        for r, name in self.buffers.items():
+            dtype = self._buf_dtype(r)
+            shape = self.sc.buf_shape(self.tile(r).shape)
+            views.append((name, shape, dtype, offset // dtype_bytes(dtype)))
+            offset += -(-math.prod(shape) * dtype_bytes(dtype) // _ARENA_ALIGN) * _ARENA_ALIGN
+        # The arena has a tile's element type: TVM's StorageRewrite retypes an allocation whose every access has
+        # one type to that type *keeping its element count*, so a uint8 arena of float32 tiles would grow 4x.
+        arena = max((dtype for _, _, dtype, _ in views), key=dtype_bytes)
+        self.w.line(f'smem = T.alloc_buffer(({offset // dtype_bytes(arena)},), "{arena}", scope="shared.dyn")')
+        for name, shape, dtype, elem_offset in views:
+            self.w.line(f'{name} = T.decl_buffer({shape_text(shape)}, "{dtype}", data=smem.data, '
+                        f'elem_offset={elem_offset}, scope="shared.dyn")')
+
+    def params(self) -> list[KernelParam]:
+        ps: list[KernelParam] = []
+        for i, ref in enumerate(self.op.inputs):
+            t = self.info.of(ref)
+            ps.append(KernelParam(f"in{i}", "input", ref, self.sc.buf_shape(t.shape), self.sc.buf_dtype(t.dtype)))
+        node_id = len(self.g.inputs) + self.k
+        for s, t in enumerate(self.binfo.outputs):
+            ps.append(KernelParam(f"out{s}", "output", Ref(node_id, s), self.sc.buf_shape(t.shape),
+                                  self.sc.buf_dtype(t.dtype)))
+        if self.sc.field:
+            ps.append(KernelParam("F", "field", None, (FIELD_PARAMS,), "int64"))
+        return ps
+
+    def body(self) -> None:
+        self.allocate()
+        loop = self.block.forloop > 1
+        nodes = list(enumerate(self.nodes))
+        # A loop-invariant tile is loaded once before the loop, unless the load itself feeds an accumulator.
+        hoisted = [j for j, n in nodes if loop and isinstance(n, InputIterator) and n.fmap is None
+                   and not self.sinks_of(Ref(j))]
+        computed = [j for j, n in nodes if j not in self.views and isinstance(n, InputIterator | BlockOp | ThreadGraph)]
+        body = [j for j in computed if self.phase_of[j] == "body" and j not in hoisted]
+        post = [j for j in computed if self.phase_of[j] == "post"]
+        copies = [(j, n) for j, n in nodes if isinstance(n, Accumulator | OutputSaver) and j not in
+                  self.sinks_of(n.input)]
+        for j in hoisted:
+            self.phase(j)
+        with self.w.loop("it", self.block.forloop, f"T.serial({self.block.forloop})") if loop else nullcontext():
+            for j in body:
+                self.phase(j)
+            for j, n in copies:
+                if isinstance(n, Accumulator):
+                    self.phase_copy(n.input, [j])
+            if loop and not self._synced:
+                self.sync()  # the next iteration overwrites tiles this one read
+        self.phase_flush()
+        for j in post:
+            self.phase(j)
+        for j, n in copies:
+            if isinstance(n, OutputSaver):
+                self.phase_copy(n.input, [j])
+
+    def emit(self) -> KernelText:
+        params = self.params()
+        with self.grid():
+            self.body()
+        sig = ", ".join(f'{p.name}: T.Buffer({shape_text(p.shape)}, "{p.dtype}")' for p in params)
+        explicit = f', "{EXPLICIT_BARRIERS}": True' if self.dynamic_shared else ""
+        head = [
+            "@T.prim_func",
+            f"def {self.name}({sig}):",
+            f'    T.func_attr({{"global_symbol": "{self.name}", "tir.noalias": True{explicit}}})',
+        ]
+        text = "\n".join(head) + "\n" + self.w.text()
+        return KernelText(self.name, self.k, text, tuple(params), self.block.grid, self.nt, self.choice.rule)
+
+    @contextmanager
+    def grid(self) -> Iterator[None]:
+        dims = [(g, n) for g, n in enumerate(self.block.grid) if g == 0 or n > 1]
+        with nest(self.w, [self._grid_header(g, n, first=i == 0) for i, (g, n) in enumerate(dims)]):
+            yield
+
+    def _grid_header(self, g: int, n: int, first: bool) -> str:
+        var = _GRID_VARS[g]
+        if self.gpu:
+            return f'for {var} in T.thread_binding({n}, thread="blockIdx.{"xyz"[g]}"):'
+        return f"for {var} in {'T.parallel' if first else 'T.serial'}({n}):"
+
+
+__all__ = ["MAX_GRID", "STATIC_SHARED_LIMIT", "BlockEmitter"]

@@ -1,0 +1,41 @@
+"""What an emitted kernel is: the TVMScript text of one PrimFunc, its parameters and its launch shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gensorage.ugraph.ir import Ref
+
+Target = Literal["cuda", "llvm"]
+TARGETS: tuple[Target, ...] = ("cuda", "llvm")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelParam:
+    """One PrimFunc parameter: ``role`` input/output (a kernel-graph tensor ``ref``) or the field parameters.
+
+    ``shape`` and ``dtype`` are what the kernel declares (with the leading component dim in field mode).
+    """
+
+    name: str
+    role: Literal["input", "output", "field"]
+    ref: Ref | None
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class KernelText:
+    """An emitted kernel: TVMScript ``text`` of one PrimFunc called ``name``, its parameters and launch shape."""
+
+    name: str
+    op_index: int
+    text: str
+    params: tuple[KernelParam, ...]
+    grid: tuple[int, ...]
+    threads: int
+    rule: str
+
+
+__all__ = ["TARGETS", "KernelParam", "KernelText", "Target"]
