@@ -27,8 +27,7 @@ Search shapes: the search runs on a *search-size* instance of the bundled ``gqa_
 searches and verifies on small instances; a µGraph found there is re-instantiated at full size). The default
 ``--param`` values below keep GQA's structure — repeat of K and V to the query heads, QKᵀ, exp, sum, div, ·V —
 with small dims: ``b=1 kv=2 g=2 s=1 n=16 d=8``. ``kv=2`` is the program's own value (one GPU's share of
-LLaMA-2-70B's key/value heads, Mirage §7.3); with ``kv=1`` (the default until 2026-11-22) the key/value
-head axis has size 1, the space is far smaller and the search finds no candidate at 4 to 7 block nodes.
+LLaMA-2-70B's key/value heads, Mirage §7.3); with ``kv=1`` the key/value head axis has size 1, the space is far smaller and the search finds no candidate at 4 to 7 block nodes.
 Larger dims give more divisors, hence more grid and for-loop choices per block graph.
 
 The space can be narrowed with ``--no-replicated-writes`` (``SearchSpec(replicated_writes=False)``): no block

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -227,14 +226,11 @@ def test_fast_mode_reuses_a_stored_structure_at_a_new_shape(tmp_path: Path) -> N
     _, graph = rmsnorm_matmul(4, 16, 12, blocks=3, forloop=4, dtype="float32")
     db = tmp_path / "store.sqlite"
     _store_structure(db, stored, graph)
-    t0 = time.perf_counter()
     r = superoptimize(path, params={"b": 8, "h": 64, "d": 256}, mode="fast", store=db, progress=False)
-    elapsed = time.perf_counter() - t0
     assert r.from_store and r.mode == "fast" and r.fallback_reason is None
     assert r.equivalence and r.equivalence.method == "equivalence check"
     assert r.num_kernels == 1 < r.naive_num_kernels
     assert r.predicted_time_s < r.naive_predicted_time_s
-    assert elapsed < 60  # seconds, not a search (measured ~4 s on 2 cores, most of it code generation)
     x = r.program.random_inputs(0)
     got = r.run(*[a.astype(np.float32) for a in x])
     np.testing.assert_allclose(got[0], r.program.run(*x)[0], rtol=1e-4, atol=1e-4)

@@ -236,8 +236,7 @@ def _split_kv_task(spec: SearchSpec) -> Task:
 def test_mha_decode_flash_decoding_split_kv_in_two_kernels() -> None:
     # One query token: the keys are split across blocks (a second grid dim beside the heads) and the partial
     # results are combined by a second kernel. n = 6 keys: 2 splits of a loop of 3 (one key per iteration). The
-    # whole two-kernel search took 828 s on 2 cores (benchmarks/flash_decoding.py, docs/search.md), too long for
-    # a test, so this walks the subtree of the split-KV first kernel only: every first kernel starting that way,
+    # whole two-kernel search takes many minutes (benchmarks/flash_decoding.py), too long for a test, so this walks the subtree of the split-KV first kernel only: every first kernel starting that way,
     # followed by every second kernel.
     params = {"h": 2, "n": 6, "d": 5}
     spec = SearchSpec(program=load_config("mha_incdec", params), max_kernel_ops=2, max_block_ops=4,

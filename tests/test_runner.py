@@ -563,8 +563,8 @@ def main():
 
 {call}
 """
-# The run of issue 22 that crashed in 2 of 3 runs (a stop inside a replayed candidate's check, when the parent's
-# inline phase ended): two kernels, a search of about 20 s in one process, so the pool does start.
+# A run that used to crash now and then (a stop inside a replayed candidate's check when the parent's inline
+# phase ended): two kernels, a search long enough that the pool does start.
 _PRESET = """\
 program = "mlp"
 [search_params]

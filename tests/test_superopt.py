@@ -35,7 +35,7 @@ O = div(E, sum(E, dim=1))
 output O
 """
 # One graph-defined kernel of at most three block ops: enough for a fused softmax, small enough to finish in
-# seconds (56 tasks, ~2-5 s on 2 cores).
+# seconds (56 tasks).
 TINY = {"max_kernel_ops": 1, "max_block_ops": 3, "max_grid_dims": 1, "max_block_inputs": 2,
         "max_block_outputs": 1}
 # Limits under which no µGraph of RMSNorm+MatMul or the gated MLP exists: the search is complete and empty.

@@ -23,9 +23,9 @@ from gensorage.workloads.workload import Workload
 
 __all__ = ["Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_schedule_time", "space_for"]
 
-# Chosen by measurement (see the report of issue 3): 4 walks from each of the 12 best distinct register tiles
-# per round, until 3 rounds bring nothing better or 6000 transitions are spent; walks of at most 50 steps
-# (Algorithm 1 keeps a state with probability < 1e-4 after ~40 halvings, so longer walks only add cost).
+# 4 walks from each of the 12 best distinct register tiles per round, until 3 rounds bring nothing better or
+# 6000 transitions are spent; walks of at most 50 steps (Algorithm 1 keeps a state with probability < 1e-4 after
+# ~40 halvings, so longer walks only add cost). The values were chosen by measurement (CHANGELOG.md).
 ANNEAL_DEFAULTS: dict[str, int] = {"walks": 4, "population": 12, "rounds": 12, "patience": 3, "top_k": 10,
                                    "iterations": 50, "max_steps": 6000}
 
