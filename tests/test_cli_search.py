@@ -126,13 +126,18 @@ def test_ctrl_c_exits_130_keeps_the_checkpoint_and_resume_completes(as_json: boo
     proc = subprocess.Popen([sys.executable, "-m", "gensorage", "search", str(prog), *LONGER, "--checkpoint",
                              str(ck), *(["--json"] if as_json else [])], env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if ck.exists() and done_tasks(ck)[0] >= 1:
-            break
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ck.exists() and done_tasks(ck)[0] >= 1:
+                break
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # a failed test leaves no search running
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "run the same command again to resume" in err and str(ck) in err
     assert "Traceback" not in err

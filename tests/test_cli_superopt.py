@@ -164,13 +164,18 @@ def test_ctrl_c_exits_130_and_keeps_the_checkpoint(tmp_path: Path, _home: Path) 
          "--time-budget", "600"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
     assert proc.stderr is not None
-    deadline = time.monotonic() + 120
-    for line in proc.stderr:  # wait until the search itself runs
-        if (line.startswith("gensorage search") and "checkpoint" in line) or time.monotonic() > deadline:
-            break
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:  # wait until the search itself runs
+            if (line.startswith("gensorage search") and "checkpoint" in line) or time.monotonic() > deadline:
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # a failed test leaves no search running
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and ckpt.is_file()
     assert "program rmsnorm" in out  # what was found so far is still reported
