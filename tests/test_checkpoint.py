@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gensorage.errors import StoreError
-from gensorage.exhaustive.checkpoint import CandidateRow, Checkpoint, default_checkpoint_path
+from gensorage.exhaustive.run.checkpoint import CandidateRow, Checkpoint, default_checkpoint_path
 from gensorage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def test_default_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 _WRITER = """
 import sys
-from gensorage.exhaustive.checkpoint import CandidateRow, Checkpoint
+from gensorage.exhaustive.run.checkpoint import CandidateRow, Checkpoint
 tasks = [{"index": i} for i in range(400)]
 ck = Checkpoint.open(sys.argv[1], spec_key="k", spec_json={}, tasks=tasks, version="v")
 print("open", flush=True)

@@ -13,12 +13,12 @@ from search_walk import candidates_and_states
 
 from gensorage import opset
 from gensorage.arith import Float64Arith
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive import search_context
-from gensorage.exhaustive.constants import ExpConstants, const_of
-from gensorage.exhaustive.generator import Search, SearchSpec
-from gensorage.exhaustive.oracle import Canon
-from gensorage.exhaustive.reductions import generated, top_coefficients
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.oracle import Canon
+from gensorage.exhaustive.rules.constants import ExpConstants, const_of
+from gensorage.exhaustive.rules.reductions import generated, top_coefficients
+from gensorage.exhaustive.walk import search_context
+from gensorage.exhaustive.walk.generator import Search, SearchSpec
 from gensorage.opset import Op, freeze_attrs
 from gensorage.program import Program, load_config
 

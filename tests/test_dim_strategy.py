@@ -22,8 +22,8 @@ from gensorage.exhaustive.dim_strategy import (
     load_dim_strategy,
     slotted,
 )
-from gensorage.exhaustive.generator import SearchSpec
 from gensorage.exhaustive.results import ugraph_key
+from gensorage.exhaustive.walk.generator import SearchSpec
 from gensorage.superopt.presets import load_preset
 from gensorage.ugraph.ir import GraphDefinedOp, InputIterator, KernelGraph, OutputSaver
 from tests.test_generator import Recorder, exp_matmul

@@ -8,12 +8,12 @@ import math
 import pytest
 from search_walk import candidates_and_states
 
-from gensorage.exhaustive import abstract_expr as ae
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
-from gensorage.exhaustive.element_counts import ElementCaps
-from gensorage.exhaustive.generator import Search, SearchSpec
-from gensorage.exhaustive.opcatalog import catalog
-from gensorage.exhaustive.oracle import Canon
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.oracle import Canon
+from gensorage.exhaustive.rules.element_counts import ElementCaps
+from gensorage.exhaustive.walk.generator import Search, SearchSpec
+from gensorage.exhaustive.walk.opcatalog import catalog
 from gensorage.opset import Op
 from gensorage.program import Program, load_config
 

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gensorage.errors import ConfigError
-from gensorage.exhaustive import generator
-from gensorage.exhaustive.generator import (
+from gensorage.exhaustive.results import Candidate, ugraph_key
+from gensorage.exhaustive.walk import generator
+from gensorage.exhaustive.walk.generator import (
     Search,
     SearchSpec,
     Stats,
@@ -26,13 +27,12 @@ from gensorage.exhaustive.generator import (
     run_task,
     search_serial,
 )
-from gensorage.exhaustive.kernel_level import complete_outputs, kernel_graph
-from gensorage.exhaustive.opcatalog import COMMUTATIVE, catalog, out_shape
-from gensorage.exhaustive.rank import follows, rank_key
-from gensorage.exhaustive.results import Candidate, ugraph_key
-from gensorage.exhaustive.schedule_sizes import loop_nest, size_candidates, size_options
-from gensorage.exhaustive.search_context import SearchContext
-from gensorage.exhaustive.thread_fusion import fuse
+from gensorage.exhaustive.walk.kernel_level import complete_outputs, kernel_graph
+from gensorage.exhaustive.walk.opcatalog import COMMUTATIVE, catalog, out_shape
+from gensorage.exhaustive.walk.rank import follows, rank_key
+from gensorage.exhaustive.walk.schedule_sizes import loop_nest, size_candidates, size_options
+from gensorage.exhaustive.walk.search_context import SearchContext
+from gensorage.exhaustive.walk.thread_fusion import fuse
 from gensorage.hw import load_profile
 from gensorage.markov import construct
 from gensorage.opset import Op
@@ -484,7 +484,7 @@ def test_loop_nest_of_a_block_graph_constructs_and_sizes_round_to_divisors() -> 
 
 
 def test_markov_mode_keeps_one_sizing_per_structure_and_enumerate_keeps_every_size() -> None:
-    from gensorage.exhaustive.finalize import structure_key
+    from gensorage.exhaustive.walk.finalize import structure_key
 
     base = SearchSpec(program=exp_matmul(2, 4, 4), max_kernel_ops=1, max_block_ops=2, max_grid_dims=1)
     markov = search_serial(base)
@@ -616,7 +616,7 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
 def test_a_structure_already_sized_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """With constructed sizes, one candidate per structure and task: a complete µGraph whose structure was
     already sized gives nothing new, so it is not verified again (before, every probe-size variant was)."""
-    from gensorage.exhaustive import finalize as fin
+    from gensorage.exhaustive.walk import finalize as fin
 
     checked: list[tuple[int, str, bool]] = []
     verify = fin._verify

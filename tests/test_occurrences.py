@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from search_walk import candidates_and_states
 
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive import search_context
-from gensorage.exhaustive.generator import Search, SearchSpec
-from gensorage.exhaustive.occurrences import OccurrenceBudget
-from gensorage.exhaustive.opcatalog import catalog
-from gensorage.exhaustive.oracle import Canon, Elem
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.oracle import Canon, Elem
+from gensorage.exhaustive.rules.occurrences import OccurrenceBudget
+from gensorage.exhaustive.walk import search_context
+from gensorage.exhaustive.walk.generator import Search, SearchSpec
+from gensorage.exhaustive.walk.opcatalog import catalog
 from gensorage.program import Program, load_config
 
 NAMES = ("Q", "K", "V")

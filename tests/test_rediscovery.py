@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pytest
 
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
-from gensorage.exhaustive.generator import Search, SearchSpec, Task, run_task, search_serial
-from gensorage.exhaustive.search_state import BlockOpRec
+from gensorage.exhaustive.walk.generator import Search, SearchSpec, Task, run_task, search_serial
+from gensorage.exhaustive.walk.search_state import BlockOpRec
 from gensorage.opset import Op
 from gensorage.program import load_config
 from gensorage.ugraph import examples

@@ -9,13 +9,13 @@ import pytest
 from search_walk import candidates_and_states
 
 from gensorage.errors import ConfigError
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive import block_level
-from gensorage.exhaustive.block_level import binding_options, new_dims_canonical
-from gensorage.exhaustive.generator import SearchSpec, search_serial
-from gensorage.exhaustive.needed_ops import DIV_MARK, NeededOps
-from gensorage.exhaustive.oracle import SubexprOracle
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.oracle import SubexprOracle
 from gensorage.exhaustive.results import ugraph_key
+from gensorage.exhaustive.rules.needed_ops import DIV_MARK, NeededOps
+from gensorage.exhaustive.walk import block_level
+from gensorage.exhaustive.walk.block_level import binding_options, new_dims_canonical
+from gensorage.exhaustive.walk.generator import SearchSpec, search_serial
 from gensorage.program import Program, load_config
 from gensorage.ugraph.ir import Accumulator, BlockOp, GraphDefinedOp, InputIterator, ThreadGraph
 

@@ -1,4 +1,4 @@
-"""Index ties (gensorage.exhaustive.ties): factors, the program's classes, and the laws the search relies on."""
+"""Index ties (gensorage.exhaustive.expr.ties): factors, the program's classes, and the laws the search relies on."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ import pytest
 from search_walk import candidates_and_states
 
 from gensorage import opset
-from gensorage.exhaustive import search_context
-from gensorage.exhaustive.generator import SearchSpec
-from gensorage.exhaustive.ties import (
+from gensorage.exhaustive.expr.ties import (
     AXES,
     COPIES,
     INSIDE,
@@ -30,6 +28,8 @@ from gensorage.exhaustive.ties import (
     tie,
     tile_ties,
 )
+from gensorage.exhaustive.walk import search_context
+from gensorage.exhaustive.walk.generator import SearchSpec
 from gensorage.opset import Op
 from gensorage.program import Program, load_config
 from gensorage.ugraph import examples

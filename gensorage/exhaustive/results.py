@@ -119,7 +119,7 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class TaskResult:
-    """What :func:`~gensorage.exhaustive.generator.run_task` returns; ``complete`` False if it was stopped, and
+    """What :func:`~gensorage.exhaustive.walk.generator.run_task` returns; ``complete`` False if it was stopped, and
     then ``resume`` says where to continue (``candidates`` and ``stats`` cover the part walked)."""
 
     task_index: int
@@ -131,7 +131,7 @@ class TaskResult:
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
-    """What :func:`~gensorage.exhaustive.generator.search_serial` returns: ranked candidates, best first."""
+    """What :func:`~gensorage.exhaustive.walk.generator.search_serial` returns: ranked candidates, best first."""
 
     candidates: tuple[Candidate, ...]
     stats: Stats

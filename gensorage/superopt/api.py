@@ -1,7 +1,7 @@
 """``superoptimize``: exhaustive µGraph search (full mode) or stored-structure reuse (fast mode) for one program.
 
 Full mode
-    1. The exhaustive search (:func:`gensorage.exhaustive.runner.run_search`: checkpointed, resumable, within
+    1. The exhaustive search (:func:`gensorage.exhaustive.run.runner.run_search`: checkpointed, resumable, within
        the time budget; Ctrl-C keeps what was found) runs at the preset's small *search shapes* for a bundled
        benchmark program, else at the program's own shapes.
     2. Its top candidates are re-instantiated at the requested shapes (:mod:`.reshape_structure`: grids and
@@ -751,7 +751,7 @@ class _Run:
     # ------------------------------------------------------------------------------------------ full
     def full(self, explicit: bool, time_budget_s: float | None, checkpoint: Any, workers: int | None,
              progress: bool, hw_name: str) -> SuperoptResult:
-        from gensorage.exhaustive.runner import SearchInterrupted, run_search
+        from gensorage.exhaustive.run.runner import SearchInterrupted, run_search
         from gensorage.exhaustive.spec import SearchSpec
 
         small = _search_program(self.src, self.preset, explicit, self.notes)

@@ -517,7 +517,7 @@ def construct_kernel(ctx: _KernelContext, hw: HwProfile, cost: CostFn, rng: np.r
     """The kernel with the grid and loop the cost model prefers at the new shapes (see the module docstring).
 
     Candidates: the Markov construction's sizes for the block graph's loop nest (as the search sizes a
-    structure, :func:`gensorage.exhaustive.schedule_sizes.constructed_sizes`, nearest legal options first) and
+    structure, :func:`gensorage.exhaustive.walk.schedule_sizes.constructed_sizes`, nearest legal options first) and
     the divisor lattice (all of it when small, else a descent walk from the proportional start and random
     restarts); the µGraph cost model picks among those that are valid and fit ``hw``.
     """
@@ -547,7 +547,7 @@ def _markov_points(ctx: _KernelContext, evaluate: _Evaluator, hw: HwProfile, see
     The loop nest needs the block's tiles, so it is built from a valid point already evaluated; with none, or
     when the construction finds nothing, there are no proposals.
     """
-    from gensorage.exhaustive.schedule_sizes import constructed_sizes, size_options
+    from gensorage.exhaustive.walk.schedule_sizes import constructed_sizes, size_options
 
     _, base = evaluate.best()
     if base is None:

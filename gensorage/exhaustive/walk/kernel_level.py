@@ -13,19 +13,19 @@ from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING
 
 from gensorage import opset
-from gensorage.exhaustive.abstract_expr import Term
-from gensorage.exhaustive.block_level import carries_factor, input_tuples
-from gensorage.exhaustive.constants import BARRIERS, const_of
-from gensorage.exhaustive.occurrences import read_again
-from gensorage.exhaustive.opcatalog import NONLINEAR_UNARY
-from gensorage.exhaustive.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
-from gensorage.exhaustive.search_state import EXPR, numel
+from gensorage.exhaustive.expr.abstract_expr import Term
+from gensorage.exhaustive.rules.constants import BARRIERS, const_of
+from gensorage.exhaustive.rules.occurrences import read_again
+from gensorage.exhaustive.walk.block_level import carries_factor, input_tuples
+from gensorage.exhaustive.walk.opcatalog import NONLINEAR_UNARY
+from gensorage.exhaustive.walk.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
+from gensorage.exhaustive.walk.search_state import EXPR, numel
 from gensorage.opset import Op
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.validate import dtype_bytes
 
 if TYPE_CHECKING:
-    from gensorage.exhaustive.generator import Search
+    from gensorage.exhaustive.walk.generator import Search
 
 
 def kernel_children(s: Search) -> Generator[None, None, None]:

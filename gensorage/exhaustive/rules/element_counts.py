@@ -35,10 +35,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from gensorage.exhaustive.abstract_expr import Term
-from gensorage.exhaustive.opcatalog import OpVariant
-from gensorage.exhaustive.oracle import Canon, Elem, TooBig, gateways
-from gensorage.exhaustive.reductions import ADDING_OPS
+from gensorage.exhaustive.expr.abstract_expr import Term
+from gensorage.exhaustive.expr.oracle import Canon, Elem, TooBig, gateways
+from gensorage.exhaustive.rules.reductions import ADDING_OPS
+from gensorage.exhaustive.walk.opcatalog import OpVariant
 
 Monomial = tuple[int, Counter[int]]  # (coefficient, atom uid -> multiplicity)
 

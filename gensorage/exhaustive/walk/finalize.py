@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from gensorage.errors import GensorageError
 from gensorage.exhaustive.results import Candidate
-from gensorage.exhaustive.schedule_sizes import constructed_sizes, size_options
-from gensorage.exhaustive.thread_fusion import fuse
+from gensorage.exhaustive.walk.schedule_sizes import constructed_sizes, size_options
+from gensorage.exhaustive.walk.thread_fusion import fuse
 from gensorage.ugraph.cost import predict_time
 from gensorage.ugraph.ir import BlockGraph, GraphDefinedOp, KernelGraph
 from gensorage.ugraph.validate import validate
 
 if TYPE_CHECKING:
-    from gensorage.exhaustive.generator import Search
+    from gensorage.exhaustive.walk.generator import Search
     from gensorage.verify import EquivalenceResult
 
 

@@ -35,13 +35,14 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from gensorage import opset
-from gensorage.exhaustive.abstract_expr import Term
-from gensorage.exhaustive.constants import BARRIERS, Const, const_of, same
 from gensorage.exhaustive.dim_strategy import DimStrategy, fits, imap_placements
-from gensorage.exhaustive.expr_arith import ExprValue
-from gensorage.exhaustive.needed_ops import MARK_OPS
-from gensorage.exhaustive.occurrences import pending_terms, read_again
-from gensorage.exhaustive.opcatalog import (
+from gensorage.exhaustive.expr.abstract_expr import Term
+from gensorage.exhaustive.expr.expr_arith import ExprValue
+from gensorage.exhaustive.expr.ties import Ties, holds_copies, loop_concat, loop_sum, saved_ties, tile_ties
+from gensorage.exhaustive.rules.constants import BARRIERS, Const, const_of, same
+from gensorage.exhaustive.rules.needed_ops import MARK_OPS
+from gensorage.exhaustive.rules.occurrences import pending_terms, read_again
+from gensorage.exhaustive.walk.opcatalog import (
     COMMUTATIVE,
     NONLINEAR_UNARY,
     SELF_USELESS,
@@ -49,11 +50,10 @@ from gensorage.exhaustive.opcatalog import (
     out_shape,
     shape_free_term,
 )
-from gensorage.exhaustive.provenance import Provenance, of_iterator, of_op, splits_reduced
-from gensorage.exhaustive.rank import ACCUMULATOR_CODE, GRAPH_DEFINED_CODE, follows, rank_key
-from gensorage.exhaustive.schedule_sizes import loop_candidates, size_candidates
-from gensorage.exhaustive.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, free_after, numel
-from gensorage.exhaustive.ties import Ties, holds_copies, loop_concat, loop_sum, saved_ties, tile_ties
+from gensorage.exhaustive.walk.provenance import Provenance, of_iterator, of_op, splits_reduced
+from gensorage.exhaustive.walk.rank import ACCUMULATOR_CODE, GRAPH_DEFINED_CODE, follows, rank_key
+from gensorage.exhaustive.walk.schedule_sizes import loop_candidates, size_candidates
+from gensorage.exhaustive.walk.search_state import EXPR, AccumRec, BlockBuild, BlockOpRec, free_after, numel
 from gensorage.opset import Op, Shape
 from gensorage.ugraph.evaluate import run_block_graph
 from gensorage.ugraph.ir import (
@@ -69,7 +69,7 @@ from gensorage.ugraph.ir import (
 from gensorage.ugraph.validate import dtype_bytes
 
 if TYPE_CHECKING:
-    from gensorage.exhaustive.generator import Search
+    from gensorage.exhaustive.walk.generator import Search
 
 # Operators a tight needed-operator budget admits (see needed_ops), without and with a scale counted.
 TIGHT = MARK_OPS

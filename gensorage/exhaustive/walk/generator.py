@@ -25,17 +25,17 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gensorage.exhaustive.abstract_expr import Term
-from gensorage.exhaustive.block_level import block_children, split_origins
-from gensorage.exhaustive.finalize import finalize
-from gensorage.exhaustive.kernel_level import complete_outputs, kernel_children
-from gensorage.exhaustive.occurrences import Counts
-from gensorage.exhaustive.opcatalog import OpVariant, out_shape
+from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.exhaustive.results import Candidate, Resume, SearchResult, Stats, Task, TaskResult, ugraph_key
-from gensorage.exhaustive.search_context import SearchContext, process_context
-from gensorage.exhaustive.search_state import BlockBuild, SearchState
+from gensorage.exhaustive.rules.occurrences import Counts
 from gensorage.exhaustive.spec import SearchSpec
-from gensorage.exhaustive.subtree_memo import Entry, Memo, Recording, process_memo, subtree_key
+from gensorage.exhaustive.walk.block_level import block_children, split_origins
+from gensorage.exhaustive.walk.finalize import finalize
+from gensorage.exhaustive.walk.kernel_level import complete_outputs, kernel_children
+from gensorage.exhaustive.walk.opcatalog import OpVariant, out_shape
+from gensorage.exhaustive.walk.search_context import SearchContext, process_context
+from gensorage.exhaustive.walk.search_state import BlockBuild, SearchState
+from gensorage.exhaustive.walk.subtree_memo import Entry, Memo, Recording, process_memo, subtree_key
 from gensorage.opset import Shape
 from gensorage.ugraph.ir import KernelGraph, KernelNode, Ref
 from gensorage.verify.equivalent import VerificationStopped

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.expr.abstract_expr import Term
 
 Atoms = tuple["Atom", ...]
 Mono = tuple[int, Atoms]  # (coefficient, atoms sorted by uid)
@@ -628,7 +628,7 @@ class SubexprOracle:
         return out
 
     def _ask_z3(self, e: Term) -> bool | None:
-        from gensorage.exhaustive.axioms import Z3Subexpr
+        from gensorage.exhaustive.expr.axioms import Z3Subexpr
 
         if self._z3 is None:
             self._z3 = Z3Subexpr(self.targets, self.timeout_ms)

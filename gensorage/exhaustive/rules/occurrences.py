@@ -49,13 +49,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from gensorage.exhaustive.abstract_expr import Term
-from gensorage.exhaustive.needed_ops import UNCREATABLE
-from gensorage.exhaustive.opcatalog import OpVariant
+from gensorage.exhaustive.expr.abstract_expr import Term
+from gensorage.exhaustive.rules.needed_ops import UNCREATABLE
+from gensorage.exhaustive.walk.opcatalog import OpVariant
 from gensorage.opset import Op
 
 if TYPE_CHECKING:
-    from gensorage.exhaustive.search_state import SearchState
+    from gensorage.exhaustive.walk.search_state import SearchState
 
 #: Term operators whose axioms change occurrence counts, and the operators that build them.
 UNCOUNTABLE_TERMS = frozenset({"add", "cat", "max"})

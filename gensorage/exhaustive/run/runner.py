@@ -42,15 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from gensorage.errors import ConfigError
-from gensorage.exhaustive.checkpoint import (
+from gensorage.exhaustive.run.checkpoint import (
     CandidateRow,
     Checkpoint,
     PartialTask,
     StaleCheckpoint,
     default_checkpoint_path,
 )
-from gensorage.exhaustive.processes import die_with_parent, unguarded_main_script, watch_parent
-from gensorage.exhaustive.progress import ProgressReporter, Snapshot, format_seconds
+from gensorage.exhaustive.run.processes import die_with_parent, unguarded_main_script, watch_parent
+from gensorage.exhaustive.run.progress import ProgressReporter, Snapshot, format_seconds
 from gensorage.interrupts import StopRequests, stop_requests
 
 # Parent loop tick: how often it wakes to drain progress, check the budget and redraw.
@@ -91,7 +91,8 @@ class SearchCore:
 
 def default_core() -> SearchCore:
     """The real exhaustive-search core of :mod:`gensorage.exhaustive`."""
-    from gensorage.exhaustive import generator, results
+    from gensorage.exhaustive import results
+    from gensorage.exhaustive.walk import generator
 
     return SearchCore(enumerate_tasks=generator.enumerate_tasks, run_task=generator.run_task_shared,
                       rank_candidates=generator.rank_candidates, candidate_type=results.Candidate,

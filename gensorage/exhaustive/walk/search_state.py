@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gensorage.exhaustive.abstract_expr import Term, var
-from gensorage.exhaustive.constants import Const
-from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
-from gensorage.exhaustive.opcatalog import OpVariant
-from gensorage.exhaustive.provenance import Provenance
-from gensorage.exhaustive.rank import RankKey
-from gensorage.exhaustive.ties import Ties, input_ties
+from gensorage.exhaustive.expr.abstract_expr import Term, var
+from gensorage.exhaustive.expr.expr_arith import ExprArith, ExprValue
+from gensorage.exhaustive.expr.ties import Ties, input_ties
+from gensorage.exhaustive.rules.constants import Const
+from gensorage.exhaustive.walk.opcatalog import OpVariant
+from gensorage.exhaustive.walk.provenance import Provenance
+from gensorage.exhaustive.walk.rank import RankKey
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Shape
 from gensorage.program import Program
@@ -60,7 +60,7 @@ class BlockBuild:
     Block tensors are indexed like block nodes: input iterators ``0 .. m-1`` (one per kernel input, in order),
     then one per operator pushed. An iterator is *unbound* (imap/fmap not chosen, shape None) until an operator
     first reads it; the grid sizes and the for-loop trip count are chosen when the first iterator that needs them
-    is bound (see :mod:`gensorage.exhaustive.block_level`).
+    is bound (see :mod:`gensorage.exhaustive.walk.block_level`).
     """
 
     inputs: tuple[int, ...]  # kernel tensor indices read by the iterators
@@ -76,7 +76,7 @@ class BlockBuild:
     fdep: list[bool]  # depends on an iterator with an fmap (varies across iterations)
     uses: list[int]
     dtype: list[str]
-    prov: list[Provenance]  # see gensorage.exhaustive.provenance
+    prov: list[Provenance]  # see gensorage.exhaustive.walk.provenance
     scaled: list[bool]  # the result of a scale operator
     const: list[Const]  # the constant factor each tensor carries (see constants)
     ties: list[Ties | None]  # each tensor's index ties (see ties; None when the rule is off or unbound)

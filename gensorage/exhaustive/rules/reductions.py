@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gensorage.exhaustive.abstract_expr import Term
-from gensorage.exhaustive.opcatalog import OpVariant
-from gensorage.exhaustive.oracle import Canon, Elem, TooBig
+from gensorage.exhaustive.expr.abstract_expr import Term
+from gensorage.exhaustive.expr.oracle import Canon, Elem, TooBig
+from gensorage.exhaustive.walk.opcatalog import OpVariant
 from gensorage.opset import Op
 
 #: Operators that add monomials, making coefficients without a reduction: the rule is off where they exist.

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import math
 
-from gensorage.exhaustive.abstract_expr import Term, expr_of
-from gensorage.exhaustive.constants import ExpConstants
-from gensorage.exhaustive.element_counts import ElementCaps
-from gensorage.exhaustive.needed_ops import NeededOps
-from gensorage.exhaustive.occurrences import OccurrenceBudget
-from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog
-from gensorage.exhaustive.oracle import SubexprOracle
-from gensorage.exhaustive.reductions import Reductions
+from gensorage.exhaustive.expr.abstract_expr import Term, expr_of
+from gensorage.exhaustive.expr.oracle import SubexprOracle
+from gensorage.exhaustive.expr.ties import TieRule
+from gensorage.exhaustive.rules.constants import ExpConstants
+from gensorage.exhaustive.rules.element_counts import ElementCaps
+from gensorage.exhaustive.rules.needed_ops import NeededOps
+from gensorage.exhaustive.rules.occurrences import OccurrenceBudget
+from gensorage.exhaustive.rules.reductions import Reductions
 from gensorage.exhaustive.spec import SearchSpec
-from gensorage.exhaustive.ties import TieRule
+from gensorage.exhaustive.walk.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog
 from gensorage.hw import load_profile
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Attrs, Op, Shape, attr, freeze_attrs

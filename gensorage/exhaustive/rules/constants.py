@@ -32,9 +32,9 @@ import math
 from collections.abc import Sequence
 from typing import assert_never
 
-from gensorage.exhaustive.abstract_expr import Term, var
-from gensorage.exhaustive.expr_arith import ExprValue
-from gensorage.exhaustive.oracle import Canon, Elem, TooBig
+from gensorage.exhaustive.expr.abstract_expr import Term, var
+from gensorage.exhaustive.expr.expr_arith import ExprValue
+from gensorage.exhaustive.expr.oracle import Canon, Elem, TooBig
 from gensorage.opset import Attrs, Op, apply, attr
 from gensorage.program import Program
 
@@ -84,7 +84,7 @@ class ExpConstants:
     term (erased normal form), and the check of an operator against them."""
 
     def __init__(self, program: Program, canon: Canon) -> None:
-        from gensorage.exhaustive.search_state import EXPR
+        from gensorage.exhaustive.walk.search_state import EXPR
 
         self.canon = canon
         allowed: dict[Elem, set[float] | None] = {}

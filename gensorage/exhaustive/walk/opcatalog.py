@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Attrs, Op, Shape, attr, freeze_attrs
 from gensorage.program import Program
 
