@@ -14,7 +14,7 @@ from search_walk import candidates_and_states
 from gensorage import opset
 from gensorage.arith import Float64Arith
 from gensorage.exhaustive.expr import abstract_expr as ae
-from gensorage.exhaustive.expr.oracle import Canon
+from gensorage.exhaustive.expr.canon import Canon
 from gensorage.exhaustive.rules.constants import ExpConstants, const_of
 from gensorage.exhaustive.rules.reductions import generated, top_coefficients
 from gensorage.exhaustive.walk import search_context

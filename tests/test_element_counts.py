@@ -10,7 +10,7 @@ from search_walk import candidates_and_states
 
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
 from gensorage.exhaustive.expr import abstract_expr as ae
-from gensorage.exhaustive.expr.oracle import Canon
+from gensorage.exhaustive.expr.canon import Canon
 from gensorage.exhaustive.rules.element_counts import ElementCaps
 from gensorage.exhaustive.walk.generator import Search, SearchSpec
 from gensorage.exhaustive.walk.opcatalog import catalog

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from search_walk import candidates_and_states
 
 from gensorage.exhaustive.expr import abstract_expr as ae
-from gensorage.exhaustive.expr.oracle import Canon, Elem
+from gensorage.exhaustive.expr.canon import Canon, Elem
 from gensorage.exhaustive.rules.occurrences import OccurrenceBudget
 from gensorage.exhaustive.walk import search_context
 from gensorage.exhaustive.walk.generator import Search, SearchSpec

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from typing import assert_never
 
 from gensorage.exhaustive.expr.abstract_expr import Term, var
+from gensorage.exhaustive.expr.canon import Canon, Elem, TooBig
 from gensorage.exhaustive.expr.expr_arith import ExprValue
-from gensorage.exhaustive.expr.oracle import Canon, Elem, TooBig
 from gensorage.opset import Attrs, Op, apply, attr
 from gensorage.program import Program
 

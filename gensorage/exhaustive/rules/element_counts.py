@@ -36,7 +36,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from gensorage.exhaustive.expr.abstract_expr import Term
-from gensorage.exhaustive.expr.oracle import Canon, Elem, TooBig, gateways
+from gensorage.exhaustive.expr.canon import Canon, Elem, TooBig
+from gensorage.exhaustive.expr.oracle import gateways
 from gensorage.exhaustive.rules.reductions import ADDING_OPS
 from gensorage.exhaustive.walk.opcatalog import OpVariant
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gensorage.exhaustive.expr.abstract_expr import Term
-from gensorage.exhaustive.expr.oracle import Canon
+from gensorage.exhaustive.expr.canon import Canon
 from gensorage.opset import Op
 
 UNCREATABLE = frozenset({"exp", "sqrt", "fn"})

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gensorage.exhaustive.expr.abstract_expr import Term
-from gensorage.exhaustive.expr.oracle import Canon, Elem, TooBig
+from gensorage.exhaustive.expr.canon import Canon, Elem, TooBig
 from gensorage.exhaustive.walk.opcatalog import OpVariant
 from gensorage.opset import Op
 
