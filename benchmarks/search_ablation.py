@@ -120,7 +120,7 @@ def reference(limit: int, variant: str) -> dict[str, Any] | None:
 
 def run_one(spec: Any, cap: float, workers: int, show_progress: bool) -> dict[str, Any]:
     """One search from scratch (fresh checkpoint in a temp dir) under the time cap."""
-    from gensorage.exhaustive.run.runner import run_search, stats_to_dict
+    from gensorage.exhaustive.run import run_search, stats_to_dict
 
     tmp = Path(tempfile.mkdtemp(prefix="gensorage-ablation-"))
     try:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gensorage.exhaustive import SearchSpec, enumerate_tasks, run_task
 from gensorage.exhaustive.results import ugraph_key
-from gensorage.exhaustive.walk.generator import SearchSpec, enumerate_tasks, run_task
 
 
 def candidates_and_states(spec: SearchSpec) -> tuple[list[str], int]:

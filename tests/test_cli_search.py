@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from gensorage.cli import main
+from gensorage.exhaustive import enumerate_tasks, search_serial
 from gensorage.exhaustive.results import WORK_COUNTERS
 from gensorage.exhaustive.spec import SearchSpec
-from gensorage.exhaustive.walk.generator import enumerate_tasks, search_serial
 from gensorage.program import load_program
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,8 +26,8 @@ import psutil
 import pytest
 
 from gensorage.errors import ConfigError, StoreError
-from gensorage.exhaustive.run import runner as runner_mod
-from gensorage.exhaustive.run.runner import SearchCore, SearchInterrupted, SearchResult, run_search
+from gensorage.exhaustive import SearchCore, SearchInterrupted, SearchResult, run_search
+from gensorage.exhaustive.run.search_run import SearchRun
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -374,7 +374,7 @@ def test_a_small_search_starts_no_process(tmp_path: Path, monkeypatch: pytest.Mo
     def no_pool(*a: object, **k: object) -> None:
         raise AssertionError("a worker process was started")
 
-    monkeypatch.setattr(runner_mod._Run, "run_pool", no_pool)
+    monkeypatch.setattr(SearchRun, "run_pool", no_pool)
     spec = ToySpec(n_tasks=4, per_task=5)
     r = run_search(spec, checkpoint=tmp_path / "s.sqlite", workers=2, core=TOY, progress=False, inline_s=60)
     assert r.complete and summary(r) == summary(run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1,
@@ -499,8 +499,8 @@ def test_bad_arguments_are_config_errors(tmp_path: Path) -> None:
 
 
 def test_real_core_one_and_two_workers_match_the_serial_search(tmp_path: Path) -> None:
+    from gensorage.exhaustive import search_serial
     from gensorage.exhaustive.spec import SearchSpec
-    from gensorage.exhaustive.walk.generator import search_serial
     from gensorage.program import parse_program
 
     program = parse_program("program one\ninput A [2, 4] float16\nD = exp(A)\noutput D\n")
@@ -512,7 +512,8 @@ def test_real_core_one_and_two_workers_match_the_serial_search(tmp_path: Path) -
     for r in (r1, r2):
         assert [(c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in r.candidates] == \
                [(c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in serial.candidates]
-        assert r.stats.logical() == serial.stats.logical() and r.tasks_total == serial.tasks
+        assert r.stats.logical() == serial.stats.logical()
+        assert (r.tasks_done, r.tasks_total, r.complete) == (serial.tasks_done, serial.tasks_total, True)
     assert [c.equivalence for c in r1.candidates] == [c.equivalence for c in r2.candidates]
 
 

@@ -143,7 +143,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _stats_json(stats: Any) -> dict[str, Any]:
-    from gensorage.exhaustive.run.runner import stats_to_dict
+    from gensorage.exhaustive.run.conversions import stats_to_dict
 
     return stats_to_dict(stats)
 

@@ -289,4 +289,8 @@ def _accumulated(entries: Sequence[tuple[AccumKind, Term, int]]) -> Term:
     return ae.cat(*(sums + maxes))
 
 
-__all__ = ["ExprArith", "ExprValue", "Layout"]
+#: The arithmetic every search uses (it holds no state).
+EXPR = ExprArith()
+
+
+__all__ = ["EXPR", "ExprArith", "ExprValue", "Layout"]

@@ -38,8 +38,8 @@ from collections.abc import Iterable, Sequence
 from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.exhaustive.expr.canon import Canon, Elem, TooBig
 from gensorage.exhaustive.expr.oracle import gateways
+from gensorage.exhaustive.opcatalog import OpVariant
 from gensorage.exhaustive.rules.reductions import ADDING_OPS
-from gensorage.exhaustive.walk.opcatalog import OpVariant
 
 Monomial = tuple[int, Counter[int]]  # (coefficient, atom uid -> multiplicity)
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.exhaustive.expr.canon import Canon
+from gensorage.exhaustive.rules.rule import PRUNE, Bound, Prune, Site
 from gensorage.opset import Op
 
 UNCREATABLE = frozenset({"exp", "sqrt", "fn"})
@@ -75,6 +76,16 @@ class NeededOps:
         scale = not factor_available and not self.factor_marks.isdisjoint(missing)
         div = DIV_MARK in missing
         return max(len(missing) - div, marks) + div + scale, scale
+
+    def check(self, site: Site, bound: Bound) -> Bound | Prune | None:
+        """The node rule: the operators needed from the site's tensors (at least ``bound.marks``) must fit its
+        operator room."""
+        need, scale = self.bound(site.terms(), site.factor, bound.marks)
+        if need > site.ops_room:
+            return PRUNE
+        if need == bound.need and scale == bound.scale:
+            return None
+        return Bound(bound.marks, need, scale, bound.tight)
 
 
 __all__ = ["DIV_MARK", "MARK_OPS", "NeededOps"]

@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from gensorage.errors import GensorageError
-from gensorage.exhaustive.walk.opcatalog import flops as op_flops
+from gensorage.exhaustive.opcatalog import flops as op_flops
 from gensorage.hw.profile import HwProfile
 from gensorage.ops.workload import Access, Axis, Workload
 from gensorage.opset import Shape
