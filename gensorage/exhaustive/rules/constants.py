@@ -1,6 +1,6 @@
 """Constant factors through linear operators, and the factor an ``exp``'s argument must carry.
 
-Abstract expressions drop ``scale`` (see :mod:`.abstract_expr`), so ``exp(Q Kᵀ)`` and ``exp(Q Kᵀ / √d)`` are
+Abstract expressions drop ``scale`` (see :mod:`gensorage.exhaustive.expr.abstract_expr`), so ``exp(Q Kᵀ)`` and ``exp(Q Kᵀ / √d)`` are
 one class, and a two-kernel search spends most of its time completing first kernels that exponentiate the
 unscaled product: numerically wrong, rejected only when verified.
 

@@ -1,6 +1,6 @@
 """A lower bound on the operators the last kernel operator still needs, from marks no axiom can create.
 
-Every axiom of ``A_eq`` (Table 2 and the extensions in :mod:`.axioms`) is *regular* — its two sides have the same
+Every axiom of ``A_eq`` (Table 2 and the extensions in :mod:`gensorage.exhaustive.expr.axioms`) is *regular* — its two sides have the same
 variables — and none mentions ``exp``, ``sqrt`` or an activation ``fn``. Rewriting with such axioms moves those
 subterms around as wholes, so the set of ``A_eq`` classes of ``exp``-, ``sqrt``- and ``fn``-rooted subterms of a
 term is the same for every term of its class. Likewise every axiom that mentions ``div`` has it on both sides, so

@@ -75,11 +75,11 @@ class Site:
 
     __slots__ = ("factor", "last", "ops_room", "reduction_room")
 
-    def __init__(self, last: bool, ops_room: int, reduction_room: int, factor: bool) -> None:
-        self.last = last
-        self.ops_room = ops_room
-        self.reduction_room = reduction_room
-        self.factor = factor
+    # Set by each kind of site (the walk builds one per node; its terms and ties only on demand).
+    last: bool
+    ops_room: int
+    reduction_room: int
+    factor: bool
 
     def terms(self) -> Sequence[Term]:
         """The expressions of the tensors available to the completions."""

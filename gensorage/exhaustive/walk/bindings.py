@@ -251,7 +251,7 @@ def _admits(dims: DimStrategy, r: int, others: int, bindings: tuple[Binding, ...
 
 def _other_placements(dims: DimStrategy, b: BlockBuild, i: int) -> int:
     """The placements under which every bound iterator but ``i`` has a listed imap (bits; see
-    :func:`.dim_strategy.imap_placements`)."""
+    :func:`gensorage.exhaustive.dim_strategy.imap_placements`)."""
     out = -1
     for k, m in enumerate(b.imap):
         if k != i and m is not None:

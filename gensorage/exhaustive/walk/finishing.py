@@ -133,7 +133,7 @@ def finish(s: Walk) -> Iterator[None]:
 
 def _counts_ok(s: Walk, results: list[tuple[Shape, str, ExprValue]]) -> bool:
     """Whether each kernel tensor a block graph writes has no more elements than a µGraph equal to the program
-    can reduce to its outputs (see :mod:`.element_counts`)."""
+    can reduce to its outputs (see :mod:`gensorage.exhaustive.rules.element_counts`)."""
     caps = s.context.rules.element_caps
     return caps is None or all(v.layout is not None or caps.admits(numel(shape), v.term) for shape, _, v in results)
 

@@ -175,7 +175,7 @@ def _headers(s: Walk) -> Iterator[None]:
 
 
 def _read_again(s: Walk, ins: tuple[int, ...]) -> list[Term]:
-    """The kernel tensors ``ins`` reads a further time (see :func:`.occurrences.read_again`); a program input's
+    """The kernel tensors ``ins`` reads a further time (see :func:`gensorage.exhaustive.rules.occurrences.read_again`); a program input's
     count is pending only if the program reads it."""
     st = s.state
     required = s.context.required_inputs

@@ -144,7 +144,7 @@ def _bind_then_apply(s: Walk, b: BlockBuild, ins: tuple[int, ...], head: tuple[t
     check depend only on the tiles, so a group no variant accepts, or whose tile does not fit, is skipped whole,
     and (for exact expressions) the variants' results are computed once per group. A binding whose imap no
     placement of the dim strategy admits together with the other iterators' is skipped before it is applied
-    (see :func:`admitted`). ``known_tiles_pruned``: see :data:`TIGHT_KNOWN`.
+    (see :func:`admitted`). ``known_tiles_pruned``: see :mod:`gensorage.exhaustive.rules.ties`.
     """
     i, rest = pending[0], pending[1:]
     limit = s.context.hw.shared_mem_per_block
@@ -313,7 +313,7 @@ def _apply_variants(s: Walk, b: BlockBuild, ins: tuple[int, ...], head: tuple[tu
     binding group: their operands have the same tiles, provenance and constant factors (only imaps, fmaps and
     index ties differ), so a variant's output shape and provenance, and in an exact block graph its expression
     and the checks on it, are computed once per group. ``known_tiles_pruned``: a repeat whose operands' ties are
-    all known is pruned (see :data:`TIGHT_KNOWN`)."""
+    all known is pruned (see :mod:`gensorage.exhaustive.rules.ties`)."""
     counters = s.counters
     ctx = s.context
     oracle, constants, tie_rule = ctx.oracle, ctx.rules.constants, ctx.rules.ties
