@@ -12,7 +12,7 @@ and for the last kernel operator already at its header (the kernel tensors it wi
 
 The walk applies a search's rules in the order of its list (:func:`apply`), each seeing the bound the rules
 before it left; the first :data:`PRUNE` ends it. A rule that does not apply to a search at all is not in the
-list (its ``for_search`` factory returns None). Every rule speaks about µGraphs whose outputs equal the
+list (see :mod:`.ruleset`). Every rule speaks about µGraphs whose outputs equal the
 program's under ``A_eq`` (``prune`` and ``expr_filter``), and sees only nodes whose expressions are exact (no
 input is a concatenation): the walk builds no site elsewhere.
 """
