@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from test_rediscovery import _split_kv_then_combine
 
     from gensorage.exhaustive.dim_strategy import load_dim_strategy
-    from gensorage.exhaustive.runner import run_search, stats_to_dict
+    from gensorage.exhaustive.run import run_search, stats_to_dict
     from gensorage.exhaustive.spec import SearchSpec
     from gensorage.program import load_config
 

@@ -3,7 +3,7 @@
 Mirage (paper 000, §7.4, Table 5) reports the time to search GQA's µGraphs as the maximum number of operators in
 a block graph grows from 4 to 7, for Mirage, without abstract-expression pruning, and without canonical form
 as well (the columns disable the techniques incrementally). This benchmark runs the same grid with gensorage's
-exhaustive search (:func:`gensorage.exhaustive.runner.run_search`, a fresh checkpoint per run, ``--workers``
+exhaustive search (:func:`gensorage.exhaustive.run.runner.run_search`, a fresh checkpoint per run, ``--workers``
 processes) and records for each configuration the wall time, the states visited and pruned, the solver queries
 and cache hits, the candidates found, and the ratio to Mirage's time. A configuration that does not finish
 within ``--cap`` seconds is recorded as "timeout after X s" with the work done so far, and larger limits of the
@@ -119,7 +119,7 @@ def reference(limit: int, variant: str) -> dict[str, Any] | None:
 
 def run_one(spec: Any, cap: float, workers: int, show_progress: bool) -> dict[str, Any]:
     """One search from scratch (fresh checkpoint in a temp dir) under the time cap."""
-    from gensorage.exhaustive.runner import run_search, stats_to_dict
+    from gensorage.exhaustive.run import run_search, stats_to_dict
 
     tmp = Path(tempfile.mkdtemp(prefix="gensorage-ablation-"))
     try:

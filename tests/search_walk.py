@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gensorage.exhaustive.generator import SearchSpec, enumerate_tasks, run_task
+from gensorage.exhaustive import SearchSpec, enumerate_tasks, run_task
 from gensorage.exhaustive.results import ugraph_key
 
 

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gensorage.arith import Float64Arith
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive.abstract_expr import expr_of
-from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
-from gensorage.exhaustive.oracle import Canon
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.abstract_expr import expr_of
+from gensorage.exhaustive.expr.canon import Canon
+from gensorage.exhaustive.expr.expr_arith import ExprArith, ExprValue
 from gensorage.program import Program
 from gensorage.ugraph import examples
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gensorage.errors import StoreError
-from gensorage.exhaustive.checkpoint import CandidateRow, Checkpoint, default_checkpoint_path
+from gensorage.exhaustive.run.checkpoint import CandidateRow, Checkpoint, default_checkpoint_path
 from gensorage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +133,7 @@ def test_corrupt_file_is_a_store_error(tmp_path: Path) -> None:
     path.write_bytes(os.urandom(4096))
     with pytest.raises(StoreError) as info:
         open_ckpt(path)
-    assert str(path) in str(info.value) and "not a usable search checkpoint" in str(info.value)
+    assert str(path) in str(info.value) and "not a usable gensorage search checkpoint" in str(info.value)
     assert path.stat().st_size == 4096  # never overwritten
 
 
@@ -167,7 +167,7 @@ def test_default_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 _WRITER = """
 import sys
-from gensorage.exhaustive.checkpoint import CandidateRow, Checkpoint
+from gensorage.exhaustive.run.checkpoint import CandidateRow, Checkpoint
 tasks = [{"index": i} for i in range(400)]
 ck = Checkpoint.open(sys.argv[1], spec_key="k", spec_json={}, tasks=tasks, version="v")
 print("open", flush=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gensorage.cli import main
-from gensorage.exhaustive.generator import enumerate_tasks, search_serial
+from gensorage.exhaustive import enumerate_tasks, search_serial
 from gensorage.exhaustive.results import WORK_COUNTERS
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.program import load_program

@@ -13,12 +13,13 @@ from search_walk import candidates_and_states
 
 from gensorage import opset
 from gensorage.arith import Float64Arith
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive import search_context
-from gensorage.exhaustive.constants import ExpConstants, const_of
-from gensorage.exhaustive.generator import Search, SearchSpec
-from gensorage.exhaustive.oracle import Canon
-from gensorage.exhaustive.reductions import generated, top_coefficients
+from gensorage.exhaustive import SearchSpec
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.canon import Canon
+from gensorage.exhaustive.rules import ruleset
+from gensorage.exhaustive.rules.constants import ExpConstants, const_of
+from gensorage.exhaustive.rules.reductions import generated, top_coefficients
+from gensorage.exhaustive.walk import SearchContext
 from gensorage.opset import Op, freeze_attrs
 from gensorage.program import Program, load_config
 
@@ -88,9 +89,9 @@ def test_program_factors() -> None:
 
 
 def test_not_applied_without_the_expression_filter() -> None:
-    assert Search(SearchSpec(program=_softmax(0.5), expr_filter=False)).exp_consts is None
-    assert Search(SearchSpec(program=_softmax(0.5), prune=False)).exp_consts is None
-    assert Search(SearchSpec(program=_softmax(0.5))).exp_consts is not None
+    assert SearchContext(SearchSpec(program=_softmax(0.5), expr_filter=False)).rules.constants is None
+    assert SearchContext(SearchSpec(program=_softmax(0.5), prune=False)).rules.constants is None
+    assert SearchContext(SearchSpec(program=_softmax(0.5))).rules.constants is not None
 
 
 class _Off(ExpConstants):
@@ -121,7 +122,7 @@ def test_the_rule_prunes_no_verified_candidate(program: Program, kernels: int, b
                       max_block_outputs=1)
 
     with_rule, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(search_context, "ExpConstants", _Off)
+    monkeypatch.setattr(ruleset, "ExpConstants", _Off)
     without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without
@@ -144,15 +145,14 @@ def test_top_coefficients_and_products() -> None:
 
 def test_reductions_needed() -> None:
     program = load_config("mha_incdec", {"h": 2, "n": 6, "d": 5})
-    s = Search(SearchSpec(program=program))
-    red = s.reductions
+    red = SearchContext(SearchSpec(program=program)).rules.reductions
     assert red is not None and red.required == {6}
     q, k, v = ae.var("Q"), ae.var("K"), ae.var("V")
     qk = ae.sum(5, ae.mul(q, k))
     assert red.needed([qk, v])  # Q Kᵀ and V: the sums over the keys are still to make
     assert not red.needed([ae.sum(6, ae.exp(qk)), v])  # the denominator's sum is there: 6 = 6
     assert not red.needed([ae.add(q, k), v])  # not a monomial: the rule does not say
-    assert Search(SearchSpec(program=program, ops=("matmul", "add", "exp", "sum", "div", "scale"))).reductions is None
+    assert SearchContext(SearchSpec(program=program, ops=("matmul", "add", "exp", "sum", "div", "scale"))).rules.reductions is None
 
 
 def _matmul_exp() -> Program:
@@ -170,10 +170,10 @@ def test_the_reduction_rule_prunes_no_verified_candidate(program: Program, kerne
     spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_block_nodes=nodes,
                       max_grid_dims=1, max_block_outputs=1)
     # The tie rule (see ties) prunes these prefixes too: off in both runs, so this measures the reduction rule.
-    monkeypatch.setattr(search_context.TieRule, "for_search", staticmethod(lambda *a: None))
+    monkeypatch.setattr(ruleset.TieRule, "for_search", staticmethod(lambda *a: None))
 
     with_rule, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(search_context.Reductions, "for_search", classmethod(lambda cls, *a: None))
+    monkeypatch.setattr(ruleset.Reductions, "for_search", classmethod(lambda cls, *a: None))
     without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gensorage.errors import ConfigError
+from gensorage.exhaustive import SearchSpec
 from gensorage.exhaustive.dim_strategy import (
     DimStrategy,
     fits,
@@ -22,11 +23,10 @@ from gensorage.exhaustive.dim_strategy import (
     load_dim_strategy,
     slotted,
 )
-from gensorage.exhaustive.generator import SearchSpec
 from gensorage.exhaustive.results import ugraph_key
 from gensorage.superopt.presets import load_preset
 from gensorage.ugraph.ir import GraphDefinedOp, InputIterator, KernelGraph, OutputSaver
-from tests.test_generator import Recorder, exp_matmul
+from tests.test_walk import Recorder, exp_matmul
 
 REPO = Path(__file__).resolve().parents[1]
 

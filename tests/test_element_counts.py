@@ -8,12 +8,13 @@ import math
 import pytest
 from search_walk import candidates_and_states
 
-from gensorage.exhaustive import abstract_expr as ae
+from gensorage.exhaustive import SearchSpec
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
-from gensorage.exhaustive.element_counts import ElementCaps
-from gensorage.exhaustive.generator import Search, SearchSpec
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.canon import Canon
 from gensorage.exhaustive.opcatalog import catalog
-from gensorage.exhaustive.oracle import Canon
+from gensorage.exhaustive.rules.element_counts import ElementCaps
+from gensorage.exhaustive.walk import SearchContext
 from gensorage.opset import Op
 from gensorage.program import Program, load_config
 
@@ -51,7 +52,7 @@ def test_not_applied_where_operators_add_monomials() -> None:
     q.output(q.exp(q.input("X", (2, 3))))
     assert _caps(q) is not None
     assert _caps(q, [Op.EXP, Op.SUB]) is None
-    assert Search(SearchSpec(program=q, expr_filter=False)).element_caps is None  # it speaks about A_eq outputs
+    assert SearchContext(SearchSpec(program=q, expr_filter=False)).rules.element_caps is None  # it speaks about A_eq outputs
 
 
 GQA = {"kv": 2, "g": 2, "n": 4, "d": 2}

@@ -7,12 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from search_walk import candidates_and_states
 
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive import search_context
-from gensorage.exhaustive.generator import Search, SearchSpec
-from gensorage.exhaustive.occurrences import OccurrenceBudget
+from gensorage.exhaustive import SearchSpec
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.canon import Canon, Elem
 from gensorage.exhaustive.opcatalog import catalog
-from gensorage.exhaustive.oracle import Canon, Elem
+from gensorage.exhaustive.rules import ruleset
+from gensorage.exhaustive.rules.occurrences import OccurrenceBudget
+from gensorage.exhaustive.walk import SearchContext
 from gensorage.program import Program, load_config
 
 NAMES = ("Q", "K", "V")
@@ -82,7 +83,7 @@ def test_not_applied_where_add_or_concat_can_appear() -> None:
     assert OccurrenceBudget.for_search(["X"], ae.expr_of(q), catalog(q)) is not None
     from gensorage.opset import Op
     assert OccurrenceBudget.for_search(["X"], ae.expr_of(q), catalog(q, [Op.EXP, Op.SUB])) is None
-    assert Search(SearchSpec(program=q, expr_filter=False)).occurrences is None  # it speaks about A_eq outputs
+    assert SearchContext(SearchSpec(program=q, expr_filter=False)).rules.occurrences is None  # it speaks about A_eq outputs
 
 
 def _exp_matmul() -> Program:
@@ -101,7 +102,7 @@ def test_the_rule_prunes_no_verified_candidate(program: Program, kernels: int, b
     spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_grid_dims=1)
 
     with_rule, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(search_context.OccurrenceBudget, "for_search", classmethod(lambda cls, *a: None))
+    monkeypatch.setattr(ruleset.OccurrenceBudget, "for_search", classmethod(lambda cls, *a: None))
     without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without

@@ -13,11 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gensorage.errors import ProgramError
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive.abstract_expr import Term, expr_of
-from gensorage.exhaustive.axioms import Theory, Z3Subexpr
-from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
-from gensorage.exhaustive.oracle import Canon, SubexprOracle, divisors
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.abstract_expr import Term, expr_of
+from gensorage.exhaustive.expr.axioms import Theory, Z3Subexpr
+from gensorage.exhaustive.expr.canon import Canon, divisors
+from gensorage.exhaustive.expr.expr_arith import ExprArith, ExprValue
+from gensorage.exhaustive.expr.oracle import SubexprOracle
 from gensorage.opset import Op, freeze_attrs
 from gensorage.program import Program
 from gensorage.ugraph import examples

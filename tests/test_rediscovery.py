@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from gensorage.exhaustive import SearchSpec, Task, run_task, search_serial
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
-from gensorage.exhaustive.generator import Search, SearchSpec, Task, run_task, search_serial
-from gensorage.exhaustive.search_state import BlockOpRec
+from gensorage.exhaustive.walk import Walk
+from gensorage.exhaustive.walk.search_state import BlockOpRec
 from gensorage.opset import Op
 from gensorage.program import load_config
 from gensorage.ugraph import examples
@@ -208,12 +209,12 @@ def _split_kv_task(spec: SearchSpec) -> Task:
     its first operator matmul(Q, K) with K's keys split across blocks (imap (0, 2)): FlashDecoding's subtree."""
     paths: list[tuple[tuple[int, ...], bool]] = []
     for depth in (2, 3):
-        Search(spec).collect(0, depth, [], paths)
+        Walk(spec).collect(0, depth, [], paths)
     for index, (path, subtree) in enumerate(paths):
         if not subtree:
             continue
         task = Task(index, path, True)
-        s = Search(spec)
+        s = Walk(spec)
         suspended = []  # each generator stays suspended on its child (closing it would undo the child)
         for ordinal in task.path:
             children = s.children()

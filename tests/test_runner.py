@@ -26,8 +26,8 @@ import psutil
 import pytest
 
 from gensorage.errors import ConfigError, StoreError
-from gensorage.exhaustive import runner as runner_mod
-from gensorage.exhaustive.runner import SearchCore, SearchInterrupted, SearchResult, run_search
+from gensorage.exhaustive import SearchCore, SearchInterrupted, SearchResult, run_search
+from gensorage.exhaustive.run.search_run import SearchRun
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -201,7 +201,7 @@ def spawn_search(spec: ToySpec, ckpt: Path, workers: int, *, budget: float | Non
         "import json\n"
         "import test_runner\n"
         "from test_runner import ToySpec\n"
-        "from gensorage.exhaustive.runner import run_search, SearchInterrupted\n"
+        "from gensorage.exhaustive.run.runner import run_search, SearchInterrupted\n"
         "spec = ToySpec(**json.loads(sys.argv[2]))\n"
         "budget = None if sys.argv[5] == 'none' else float(sys.argv[5])\n"
         "try:\n"
@@ -374,7 +374,7 @@ def test_a_small_search_starts_no_process(tmp_path: Path, monkeypatch: pytest.Mo
     def no_pool(*a: object, **k: object) -> None:
         raise AssertionError("a worker process was started")
 
-    monkeypatch.setattr(runner_mod._Run, "run_pool", no_pool)
+    monkeypatch.setattr(SearchRun, "run_pool", no_pool)
     spec = ToySpec(n_tasks=4, per_task=5)
     r = run_search(spec, checkpoint=tmp_path / "s.sqlite", workers=2, core=TOY, progress=False, inline_s=60)
     assert r.complete and summary(r) == summary(run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1,
@@ -499,7 +499,7 @@ def test_bad_arguments_are_config_errors(tmp_path: Path) -> None:
 
 
 def test_real_core_one_and_two_workers_match_the_serial_search(tmp_path: Path) -> None:
-    from gensorage.exhaustive.generator import search_serial
+    from gensorage.exhaustive import search_serial
     from gensorage.exhaustive.spec import SearchSpec
     from gensorage.program import parse_program
 
@@ -512,12 +512,13 @@ def test_real_core_one_and_two_workers_match_the_serial_search(tmp_path: Path) -
     for r in (r1, r2):
         assert [(c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in r.candidates] == \
                [(c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in serial.candidates]
-        assert r.stats.logical() == serial.stats.logical() and r.tasks_total == serial.tasks
+        assert r.stats.logical() == serial.stats.logical()
+        assert (r.tasks_done, r.tasks_total, r.complete) == (serial.tasks_done, serial.tasks_total, True)
     assert [c.equivalence for c in r1.candidates] == [c.equivalence for c in r2.candidates]
 
 
 def test_progress_formatting() -> None:
-    from gensorage.exhaustive.progress import Snapshot, eta_s, format_count, format_line, format_seconds
+    from gensorage.exhaustive.run.progress import Snapshot, eta_s, format_count, format_line, format_seconds
 
     assert (format_count(999), format_count(1234), format_count(2_500_000)) == ("999", "1.23k", "2.5M")
     assert (format_seconds(75.2), format_seconds(3725), format_seconds(None)) == ("1:15", "1:02:05", "?")
@@ -537,7 +538,7 @@ def test_final_progress_line_is_not_repeated() -> None:
     used to end with it twice); a change of facts is always written."""
     import io
 
-    from gensorage.exhaustive.progress import ProgressReporter, Snapshot
+    from gensorage.exhaustive.run.progress import ProgressReporter, Snapshot
 
     out = io.StringIO()
     rep = ProgressReporter(stream=out, tty=False, interval_s=0.0)
@@ -615,7 +616,7 @@ def test_the_main_guard_is_read_off_the_calling_line(source: str, guarded: bool,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    from gensorage.exhaustive.processes import unguarded_main_script
+    from gensorage.exhaustive.run.processes import unguarded_main_script
 
     path = tmp_path / "s.py"
     path.write_text(source)

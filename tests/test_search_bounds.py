@@ -9,13 +9,14 @@ import pytest
 from search_walk import candidates_and_states
 
 from gensorage.errors import ConfigError
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive import block_level
-from gensorage.exhaustive.block_level import binding_options, new_dims_canonical
-from gensorage.exhaustive.generator import SearchSpec, search_serial
-from gensorage.exhaustive.needed_ops import DIV_MARK, NeededOps
-from gensorage.exhaustive.oracle import SubexprOracle
+from gensorage.exhaustive import SearchSpec, search_serial
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.oracle import SubexprOracle
 from gensorage.exhaustive.results import ugraph_key
+from gensorage.exhaustive.rules import ties as rule_ties
+from gensorage.exhaustive.rules.needed_ops import DIV_MARK, NeededOps
+from gensorage.exhaustive.walk import block_level
+from gensorage.exhaustive.walk.bindings import binding_options, new_dims_canonical
 from gensorage.program import Program, load_config
 from gensorage.ugraph.ir import Accumulator, BlockOp, GraphDefinedOp, InputIterator, ThreadGraph
 
@@ -185,7 +186,7 @@ def test_the_bound_before_the_last_kernel_keeps_every_candidate(program: Program
     spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_block_nodes=nodes,
                       max_grid_dims=1, max_block_outputs=2)
     with_bound, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(block_level, "_cannot_reach", lambda *a: False)
+    monkeypatch.setattr(block_level, "earlier_site", lambda *a: None)
     without_bound, states_without = candidates_and_states(spec)
     assert with_bound == without_bound and with_bound
     assert states_with < states_without
@@ -205,7 +206,7 @@ def test_children_that_add_no_mark_or_class_at_a_tight_bound_are_not_generated(
                       max_grid_dims=grid, max_block_outputs=2,
                       dims=load_dim_strategy(dims) if dims is not None else None)
     with_rule, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(block_level, "TIGHT_RULE", False)
+    monkeypatch.setattr(rule_ties, "TIGHT_RULE", False)
     without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gensorage.exhaustive import search_context
-from gensorage.exhaustive.generator import enumerate_tasks, run_task
-from gensorage.exhaustive.search_context import SearchContext, process_context
+from gensorage.exhaustive import enumerate_tasks, run_task
 from gensorage.exhaustive.spec import SearchSpec
-from tests.test_generator import _candidate_json, exp_matmul
+from gensorage.exhaustive.walk import search_context
+from gensorage.exhaustive.walk.search_context import SearchContext, process_context
+from tests.test_walk import _candidate_json, exp_matmul
 
 
 def _spec() -> SearchSpec:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gensorage.errors import ConfigError, DeviceError
-from gensorage.exhaustive import runner
+from gensorage.exhaustive.run import runner
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.program import list_configs, load_config, parse_program
 from gensorage.superopt import (

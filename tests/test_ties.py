@@ -1,4 +1,5 @@
-"""Index ties (gensorage.exhaustive.ties): factors, the program's classes, and the laws the search relies on."""
+"""Index ties (gensorage.exhaustive.expr.ties) and the tie rule (gensorage.exhaustive.rules.ties): factors, the
+program's classes, and the laws the search relies on."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ import pytest
 from search_walk import candidates_and_states
 
 from gensorage import opset
-from gensorage.exhaustive import search_context
-from gensorage.exhaustive.generator import SearchSpec
-from gensorage.exhaustive.ties import (
+from gensorage.exhaustive import SearchSpec
+from gensorage.exhaustive.expr.ties import (
     AXES,
     COPIES,
     INSIDE,
@@ -17,7 +17,6 @@ from gensorage.exhaustive.ties import (
     TIES,
     Atoms,
     TieArith,
-    TieRule,
     Ties,
     base,
     holds_copies,
@@ -30,6 +29,8 @@ from gensorage.exhaustive.ties import (
     tie,
     tile_ties,
 )
+from gensorage.exhaustive.rules import ruleset
+from gensorage.exhaustive.rules.ties import TieRule
 from gensorage.opset import Op
 from gensorage.program import Program, load_config
 from gensorage.ugraph import examples
@@ -318,7 +319,7 @@ def test_the_rule_keeps_every_candidate(program: Program, kernels: int, block_op
     spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_block_nodes=nodes,
                       max_grid_dims=1, max_block_outputs=2)
     with_rule, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(search_context.TieRule, "for_search", staticmethod(lambda *a: None))
+    monkeypatch.setattr(ruleset.TieRule, "for_search", staticmethod(lambda *a: None))
     without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without

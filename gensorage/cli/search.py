@@ -112,7 +112,7 @@ def build_spec(args: argparse.Namespace) -> Any:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from gensorage.exhaustive.runner import SearchInterrupted, run_search
+    from gensorage.exhaustive.run.runner import SearchInterrupted, run_search
 
     if args.top < 1:
         raise ConfigError(f"--top must be at least 1 (got {args.top})")
@@ -143,7 +143,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _stats_json(stats: Any) -> dict[str, Any]:
-    from gensorage.exhaustive.runner import stats_to_dict
+    from gensorage.exhaustive.run.conversions import stats_to_dict
 
     return stats_to_dict(stats)
 
@@ -175,7 +175,7 @@ def _equivalence_text(eq: dict[str, Any]) -> str:
 
 
 def result_text(result: Any, top: int) -> str:
-    from gensorage.exhaustive.progress import format_count, format_seconds, format_time
+    from gensorage.exhaustive.run.progress import format_count, format_seconds, format_time
 
     lines: list[str] = []
     for rank, c in enumerate(result.candidates[:top], start=1):

@@ -1,7 +1,7 @@
 """Grid sizes and for-loop trip count of one graph-defined kernel at given shapes (re-instantiation).
 
 The candidates are the Markov construction's sizes for the block graph's loop nest (as the search sizes a
-verified structure: :func:`gensorage.exhaustive.schedule_sizes.constructed_sizes`, nearest legal options
+verified structure: :func:`.block_sizes.constructed_sizes`, nearest legal options
 first) and a lattice of legal values per variable (every grid dim, then the trip count), all of it when it has
 at most :data:`EXHAUSTIVE_LIMIT` points, else a steepest-descent walk from a given start and random restarts.
 The µGraph cost model picks among the candidates that are valid and fit the GPU; ties go to the candidate tried
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gensorage.construction.block_sizes import constructed_sizes, size_options
 from gensorage.errors import GensorageError
 from gensorage.hw.profile import HwProfile
 from gensorage.ugraph.ir import BlockGraph, GraphDefinedOp, KernelGraph, Ref, TensorSpec
@@ -125,8 +126,6 @@ def _markov_points(evaluate: _Evaluator, hw: HwProfile, seed: int) -> list[tuple
     The loop nest needs the block's tiles, so it is built from a valid point already evaluated; with none, or
     when the construction finds nothing, there are no proposals.
     """
-    from gensorage.exhaustive.schedule_sizes import constructed_sizes, size_options
-
     _, base = evaluate.best()
     if base is None:
         return []

@@ -15,7 +15,7 @@ from gensorage.markov import construct
 from gensorage.markov.schedule import Schedule
 from gensorage.workloads.workload import Workload
 
-_CACHE: dict[tuple[str, HwProfile, int], Schedule] = {}
+_CACHE: dict[tuple[object, ...], Schedule] = {}
 _CACHE_LIMIT = 1024  # schedules kept before the memo starts afresh (bounds memory on long runs)
 
 
@@ -28,7 +28,8 @@ def construct_schedule(workload: Workload, hw: HwProfile, seed: int = 0) -> Sche
     ScheduleError
         No schedule the construction reaches fits ``hw``.
     """
-    key = (workload.key(), hw, seed)
+    # The key names the whole loop nest: a block graph's nests share a name and axes but not their accesses.
+    key = (workload.key(), workload.flops, workload.accesses, hw, seed)
     hit = _CACHE.get(key)
     if hit is None:
         if len(_CACHE) >= _CACHE_LIMIT:

@@ -11,7 +11,7 @@ Maps are written as Mirage writes them, over the three grid *slots* x, y, z: an 
 ``r`` grid dims is in the strategy when some injective *placement* of its grid dims onto the slots (a slot no
 dim occupies holds ``-1``) makes every input's imap a listed imap and every output's omap a listed omap, and
 every iterator's fmap is a listed fmap. Asking for *some* placement keeps the restriction independent of the
-search's canonical numbering of grid dims (which permutes them, see ``block_level.new_dims_canonical``).
+search's canonical numbering of grid dims (which permutes them, see ``walk.bindings.new_dims_canonical``).
 """
 
 from __future__ import annotations

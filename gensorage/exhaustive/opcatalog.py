@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Attrs, Op, Shape, attr, freeze_attrs
 from gensorage.program import Program
 
@@ -204,18 +204,7 @@ def shape_free_term(op: Op, terms: Sequence[Term]) -> Term | None:
     return None
 
 
-def flops(op: Op, in_shapes: Sequence[Shape], out: Shape) -> int:
-    """Floating-point operations of one application (2 per multiply-add of a matmul, 1 per element otherwise)."""
-    if op is Op.MATMUL:
-        return 2 * _numel(out) * in_shapes[0][-1]
-    if op in (Op.RESHAPE, Op.REPEAT, Op.CONCAT):
-        return 0
-    if op is Op.SUM:
-        return _numel(in_shapes[0])
-    return _numel(out)
-
-
 __all__ = [
     "COMMUTATIVE", "MAX_RANK", "NONLINEAR_UNARY", "SELF_USELESS", "TYPE_ORDER", "OpVariant", "broadcast", "catalog", "default_types",
-    "flops", "out_shape", "program_ops", "shape_free_term",
+    "out_shape", "program_ops", "shape_free_term",
 ]

@@ -1,14 +1,18 @@
-"""The search core's result types: tasks, candidates, statistics (the runner's contract, all JSON-able)."""
+"""The search's result types: tasks, candidates, statistics (the runner's contract, all JSON-able), the ranking
+of candidates, and the result of a whole search."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from gensorage.ugraph.ir import KernelGraph
+if TYPE_CHECKING:
+    from gensorage.ugraph.ir import KernelGraph
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,11 +24,11 @@ class Stats:
     ``cache_hits``, ``solver_timeouts``: the subexpression oracle's counters; ``verified``: complete µGraphs
     that passed the equivalence check, ``rejected``: ones that failed it, ``unstable``: verified ones the float
     test rejected; ``states_reused``: the part of ``states`` replayed from an identical kernel-level subtree
-    already walked in the same process instead of walked again (see :mod:`.subtree_memo`).
+    already walked in the same process instead of walked again (see :mod:`.walk.subtree_memo`).
 
     The counters in ``WORK_COUNTERS`` measure work done, which depends on the tasks that ran earlier in the same
-    process (shared subtree memo and oracle, see :mod:`.search_context`); the others are the same however the tasks are spread over processes, stopped
-    and resumed.
+    process (shared subtree memo and oracle, see :mod:`.walk.search_context`); the others are the same however
+    the tasks are spread over processes, stopped and resumed.
     """
 
     states: int = 0
@@ -119,7 +123,7 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class TaskResult:
-    """What :func:`~gensorage.exhaustive.generator.run_task` returns; ``complete`` False if it was stopped, and
+    """What :func:`~gensorage.exhaustive.walk.tasks.run_task` returns; ``complete`` False if it was stopped, and
     then ``resume`` says where to continue (``candidates`` and ``stats`` cover the part walked)."""
 
     task_index: int
@@ -131,17 +135,47 @@ class TaskResult:
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
-    """What :func:`~gensorage.exhaustive.generator.search_serial` returns: ranked candidates, best first."""
+    """What a search found: :func:`~gensorage.exhaustive.walk.tasks.search_serial` in one process, or
+    :func:`~gensorage.exhaustive.run.runner.run_search` (all of it, when resumed: done tasks of earlier runs
+    count too).
 
-    candidates: tuple[Candidate, ...]
-    stats: Stats
-    tasks: int
+    ``candidates`` are ranked best first (:func:`rank_candidates`, or the runner's core's own ranking);
+    ``stats`` sums the statistics of the done tasks; ``tasks_done`` of ``tasks_total`` are done, and
+    ``complete`` says all of them; ``elapsed_s`` is this run's wall time, ``enumerate_s`` the part of it spent
+    splitting the search into tasks; ``checkpoint_path`` is where the runner keeps the done tasks (None: no
+    checkpoint); ``tasks_resumed`` the tasks that were already done when this run started; ``stopped_by`` is
+    ``"time budget"``, ``"interrupt"``, ``"error"`` or None; ``run_stats`` sums (as a dict) the statistics of
+    every task this run ran, finished or stopped, so it says how much work a budget-limited run did.
+    """
+
+    candidates: tuple[Any, ...]
+    stats: Any
+    tasks_done: int
+    tasks_total: int
     complete: bool
     elapsed_s: float
+    checkpoint_path: Path | None = None
+    tasks_resumed: int = 0
+    stopped_by: str | None = None
+    run_stats: dict[str, Any] = field(default_factory=dict)
+    enumerate_s: float = 0.0
 
     @property
-    def best(self) -> Candidate | None:
+    def best(self) -> Any | None:
+        """The best candidate (None: none found)."""
         return self.candidates[0] if self.candidates else None
+
+
+def rank_candidates(cands: Sequence[Candidate]) -> list[Candidate]:
+    """Candidates best first: by predicted time, then by the µGraph's structural key; duplicates dropped.
+
+    Two candidates with the same µGraph (found in different tasks) are one; the one from the lowest task stays.
+    """
+    keyed = sorted(((ugraph_key(c.ugraph), c) for c in cands), key=lambda kc: (kc[0], kc[1].found_in_task))
+    unique: dict[str, Candidate] = {}
+    for key, c in keyed:
+        unique.setdefault(key, c)
+    return [c for _, c in sorted(((k, c) for k, c in unique.items()), key=lambda kc: (kc[1].predicted_time_s, kc[0]))]
 
 
 def ugraph_key(g: KernelGraph) -> str:
@@ -150,4 +184,5 @@ def ugraph_key(g: KernelGraph) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-__all__ = ["WORK_COUNTERS", "Candidate", "Resume", "SearchResult", "Stats", "Task", "TaskResult", "ugraph_key"]
+__all__ = ["WORK_COUNTERS", "Candidate", "Resume", "SearchResult", "Stats", "Task", "TaskResult", "rank_candidates",
+           "ugraph_key"]

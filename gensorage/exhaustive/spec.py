@@ -167,8 +167,8 @@ class SearchSpec:
             raise ConfigError("search spec: ops is empty (name at least one operator type, or leave it unset)")
         if not (self.prune and self.expr_filter):
             return
-        from gensorage.exhaustive.needed_ops import MARK_OPS
         from gensorage.exhaustive.opcatalog import program_ops
+        from gensorage.exhaustive.rules.needed_ops import MARK_OPS
 
         lacking = sorted(op.value for op in program_ops(self.program) & MARK_OPS if op.value not in self.ops)
         if lacking:

@@ -10,10 +10,10 @@ The benefit formulas, the cost model and every search method read these same num
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from gensorage.dtypes import dtype_bytes
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.schedule import Schedule
@@ -30,16 +30,6 @@ REGISTER_OVERHEAD = 16
 REGISTER_GRANULE = 8  # registers are allocated per thread in multiples of 8 (256 per warp)
 SHARED_RESERVED_PER_BLOCK = 1024  # bytes the CUDA runtime reserves per resident block (sm_80+)
 _MEMO_LIMIT = 200_000  # entries per memo table before it is dropped (bounds memory on long searches)
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes of one element of ``dtype`` (``float16`` -> 2, ``int8`` -> 1, ``bool`` -> 1)."""
-    if dtype == "bool":
-        return 1
-    m = re.search(r"(\d+)$", dtype)
-    if m is None or int(m.group(1)) % 8:
-        raise ScheduleError(f"cannot size dtype {dtype!r}: expected a name ending in its bit width")
-    return int(m.group(1)) // 8
 
 
 def accumulator_bytes(dtype: str) -> int:
@@ -92,7 +82,7 @@ def _compile_access(wl: Workload, access_index: int, axis_pos: dict[str, int], r
                 row.append((axis_pos[name], abs(coef)))
         dims.append(tuple(row))
     used = frozenset(a for row in dims for a, _ in row)
-    return AccessInfo(name=acc.tensor, is_output=acc.is_output, elem_bytes=dtype_bytes(acc.dtype),
+    return AccessInfo(name=acc.tensor, is_output=acc.is_output, elem_bytes=acc.elem_bytes or dtype_bytes(acc.dtype),
                       shape=tuple(acc.shape), dims=tuple(dims), axes_used=used, uses_reduce=bool(used & reduce))
 
 

@@ -1,7 +1,7 @@
 """``superoptimize``: exhaustive µGraph search (full mode) or stored-structure reuse (fast mode) for one program.
 
 Full mode
-    1. The exhaustive search (:func:`gensorage.exhaustive.runner.run_search`: checkpointed, resumable, within
+    1. The exhaustive search (:func:`gensorage.exhaustive.run.runner.run_search`: checkpointed, resumable, within
        the time budget; Ctrl-C keeps what was found) runs at the preset's small *search shapes* for a bundled
        benchmark program, else at the program's own shapes.
     2. Its top candidates are re-instantiated at the requested shapes (:mod:`.reshape_structure`: grids and

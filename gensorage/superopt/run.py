@@ -240,7 +240,7 @@ class Run:
     # ------------------------------------------------------------------------------------------ full
     def full(self, explicit: bool, time_budget_s: float | None, checkpoint: Any, workers: int | None,
              progress: bool, hw_name: str) -> SuperoptResult:
-        from gensorage.exhaustive.runner import SearchInterrupted, run_search
+        from gensorage.exhaustive.run.runner import SearchInterrupted, run_search
         from gensorage.exhaustive.spec import SearchSpec
 
         small = search_program(self.src, self.preset, explicit, self.notes)

@@ -25,7 +25,9 @@ class Access:
     """How one tensor is indexed by the loop nest.
 
     ``index[d]`` is the affine expression of tensor dimension ``d``: a tuple of ``(axis_name, coefficient)``
-    pairs plus a constant ``offset[d]`` (e.g. conv2d input row ``h*stride + kh - pad``).
+    pairs plus a constant ``offset[d]`` (e.g. conv2d input row ``h*stride + kh - pad``). ``elem_bytes``, when
+    set, is the size of one element when it packs several of ``dtype`` (a block graph's loop nest carries the
+    dims no axis splits inside its elements); None: the size of one ``dtype``.
     """
 
     tensor: str
@@ -34,6 +36,7 @@ class Access:
     index: tuple[tuple[tuple[str, int], ...], ...]
     offset: tuple[int, ...]
     is_output: bool = False
+    elem_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,14 @@
 """From a complete µGraph to a ranked candidate: fusion, verification, numeric sizes, float test, cost.
 
-For every complete kernel graph the generator reaches (its outputs have the program's shapes):
+For every complete kernel graph the walk reaches (its outputs have the program's shapes):
 
-1. (in the generator) optionally, its output expressions must equal the program's under ``A_eq``
+1. (in the walk) optionally, its output expressions must equal the program's under ``A_eq``
    (``SearchSpec.expr_filter``);
 2. thread graphs are built by fusion (:mod:`.thread_fusion`);
 3. the µGraph is verified against the program with :func:`gensorage.verify.equivalent` (seeded from the spec's
    seed and the µGraph, so every process draws the same trials);
 4. with ``schedule="markov"`` its structure (the µGraph with grid and loop sizes left out) is sized by
-   construction (:mod:`.schedule_sizes`), validated on the GPU profile and verified again; a structure already
+   construction (:mod:`gensorage.construction.block_sizes`), validated on the GPU profile and verified again; a structure already
    sized in this task is skipped;
 5. :func:`gensorage.verify.float_check` rejects numerically unstable candidates;
 6. :func:`gensorage.ugraph.cost.predict_ugraph_time` prices it.
@@ -21,16 +21,16 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from gensorage.construction.block_sizes import constructed_sizes, size_options
 from gensorage.errors import GensorageError
 from gensorage.exhaustive.results import Candidate
-from gensorage.exhaustive.schedule_sizes import constructed_sizes, size_options
-from gensorage.exhaustive.thread_fusion import fuse
+from gensorage.exhaustive.walk.thread_fusion import fuse
 from gensorage.ugraph.cost import predict_ugraph_time
 from gensorage.ugraph.ir import BlockGraph, GraphDefinedOp, KernelGraph
 from gensorage.ugraph.validate import validate
 
 if TYPE_CHECKING:
-    from gensorage.exhaustive.generator import Search
+    from gensorage.exhaustive.walk.walk import Walk
     from gensorage.verify import EquivalenceResult
 
 
@@ -49,7 +49,7 @@ def structure_key(g: KernelGraph) -> str:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
-def _verify(s: Search, g: KernelGraph, *, count: bool = True) -> EquivalenceResult | None:
+def _verify(s: Walk, g: KernelGraph, *, count: bool = True) -> EquivalenceResult | None:
     """The equivalence result when ``g`` passes, else None (counted as rejected when ``count``)."""
     from gensorage.verify import equivalent
 
@@ -82,7 +82,7 @@ def _with_block(g: KernelGraph, k: int, grid: tuple[int, ...], forloop: int) -> 
     return KernelGraph(g.inputs, ops, g.outputs)
 
 
-def resize(s: Search, g: KernelGraph) -> KernelGraph:
+def resize(s: Walk, g: KernelGraph) -> KernelGraph:
     """``g`` with each graph-defined operator's sizes constructed (greedily, in order; invalid options skipped)."""
     for k, op in enumerate(g.ops):
         if not isinstance(op, GraphDefinedOp):
@@ -92,7 +92,8 @@ def resize(s: Search, g: KernelGraph) -> KernelGraph:
         binfo = info.blocks[k]
         assert binfo is not None
         dtype = info.of(op.inputs[0]).dtype
-        target = constructed_sizes(op.block, args, binfo, dtype, s.hw, s.spec.seed, s.construct_cache)
+        target = constructed_sizes(op.block, args, binfo, dtype, s.context.hw, s.spec.seed,
+                                  s.context.construct_cache)
         if target is None:
             continue
         for grid, forloop in size_options(op.block, args, target):
@@ -100,7 +101,7 @@ def resize(s: Search, g: KernelGraph) -> KernelGraph:
                 break
             trial = _with_block(g, k, grid, forloop)
             try:
-                validate(trial, s.hw)
+                validate(trial, s.context.hw)
             except GensorageError:
                 continue
             g = trial
@@ -108,7 +109,7 @@ def resize(s: Search, g: KernelGraph) -> KernelGraph:
     return g
 
 
-def finalize(s: Search, g: KernelGraph, task_index: int) -> Candidate | None:
+def finalize(s: Walk, g: KernelGraph, task_index: int) -> Candidate | None:
     """The candidate ``g`` yields, or None (filtered, rejected, unstable, or a structure already sized)."""
     from gensorage.verify import float_check
 
@@ -133,7 +134,7 @@ def finalize(s: Search, g: KernelGraph, task_index: int) -> Candidate | None:
     if not stable:
         s.counters.unstable += 1
         return None
-    return Candidate(ugraph=g, predicted_time_s=predict_ugraph_time(g, s.hw), equivalence=_summary(res, stable),
+    return Candidate(ugraph=g, predicted_time_s=predict_ugraph_time(g, s.context.hw), equivalence=_summary(res, stable),
                      found_in_task=task_index)
 
 

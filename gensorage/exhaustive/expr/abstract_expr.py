@@ -2,14 +2,14 @@
 
 An abstract expression abstracts the function an edge of a program or µGraph computes by forgetting which
 element of an input tensor is read: ``matmul(X, Y)`` becomes ``sum(k, mul(X, Y))``. The search prunes every prefix
-whose expression is not a subexpression of the program's (see :mod:`gensorage.exhaustive.oracle`).
+whose expression is not a subexpression of the program's (see :mod:`gensorage.exhaustive.expr.oracle`).
 
 Terms are *interned*: building the same term twice returns the identical object, so ``==`` and ``hash`` are
 identity operations and a term can key a memo for free. Constructors apply only rewrites that are equalities of
 Table 2's ``A_eq`` (``sum(1, x) = x``, ``sum(i, sum(j, x)) = sum(i*j, x)``, argument order of ``add`` and
 ``mul``), so they never change an oracle answer; they only make equal terms meet in the cache more often.
 
-Table 1 as implemented by :class:`gensorage.exhaustive.expr_arith.ExprArith`:
+Table 1 as implemented by :class:`gensorage.exhaustive.expr.expr_arith.ExprArith`:
 
 - input ``X``: ``var("X")``; ``reshape``, ``repeat``, iterator tiles (``slice``): ``E(X)``;
 - ``add``: ``add``; ``sub``: ``add`` too (signs are not part of the abstraction, like ``scale``);
@@ -28,7 +28,7 @@ Table 1 as implemented by :class:`gensorage.exhaustive.expr_arith.ExprArith`:
 Concatenation (LoRA)
 --------------------
 ``cat`` is a set-like term (flattened, sorted, duplicates dropped, one part is that part). Its axioms
-(:mod:`gensorage.exhaustive.axioms`) make every part a subexpression of the ``cat`` and — the one extra Horn
+(:mod:`gensorage.exhaustive.expr.axioms`) make every part a subexpression of the ``cat`` and — the one extra Horn
 rule — a ``cat`` a subexpression of anything each of its parts is a subexpression of. The arithmetic keeps the
 *layout* of a concatenation beside the term (which parts occupy which index range of which dim), and ops that
 act independently along that dim are applied piece by piece. In particular a matmul whose inner dim is a
@@ -205,7 +205,7 @@ def expr_of(obj: Program | KernelGraph) -> list[Term]:
 
     A µGraph is evaluated literally by :func:`gensorage.ugraph.evaluate.evaluate` (without re-validating it).
     """
-    from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
+    from gensorage.exhaustive.expr.expr_arith import ExprArith, ExprValue
     from gensorage.program import Program
 
     arith = ExprArith()

@@ -1,6 +1,6 @@
 """Constant factors through linear operators, and the factor an ``exp``'s argument must carry.
 
-Abstract expressions drop ``scale`` (see :mod:`.abstract_expr`), so ``exp(Q Kᵀ)`` and ``exp(Q Kᵀ / √d)`` are
+Abstract expressions drop ``scale`` (see :mod:`gensorage.exhaustive.expr.abstract_expr`), so ``exp(Q Kᵀ)`` and ``exp(Q Kᵀ / √d)`` are
 one class, and a two-kernel search spends most of its time completing first kernels that exponentiate the
 unscaled product: numerically wrong, rejected only when verified.
 
@@ -32,9 +32,9 @@ import math
 from collections.abc import Sequence
 from typing import assert_never
 
-from gensorage.exhaustive.abstract_expr import Term, var
-from gensorage.exhaustive.expr_arith import ExprValue
-from gensorage.exhaustive.oracle import Canon, Elem, TooBig
+from gensorage.exhaustive.expr.abstract_expr import Term, var
+from gensorage.exhaustive.expr.canon import Canon, Elem, TooBig
+from gensorage.exhaustive.expr.expr_arith import EXPR, ExprValue
 from gensorage.opset import Attrs, Op, apply, attr
 from gensorage.program import Program
 
@@ -79,13 +79,17 @@ def const_of(op: Op, attrs: Attrs, ins: Sequence[Const]) -> Const:
             assert_never(op)
 
 
+def carries_factor(consts: Sequence[Const]) -> bool:
+    """Whether some tensor carries a constant factor (or one that is not known): see
+    :mod:`gensorage.exhaustive.rules.needed_ops`."""
+    return any(c is None or not same(c, 1.0) for c in consts)
+
+
 class ExpConstants:
     """The factors the program's ``exp`` / ``silu`` / ``gelu`` arguments carry, by the class of the function's
     term (erased normal form), and the check of an operator against them."""
 
     def __init__(self, program: Program, canon: Canon) -> None:
-        from gensorage.exhaustive.search_state import EXPR
-
         self.canon = canon
         allowed: dict[Elem, set[float] | None] = {}
         values: dict[int, ExprValue] = {}
@@ -125,4 +129,4 @@ class ExpConstants:
         return allowed is None or any(same(arg, c) for c in allowed)
 
 
-__all__ = ["BARRIERS", "Const", "ExpConstants", "const_of", "same"]
+__all__ = ["BARRIERS", "Const", "ExpConstants", "carries_factor", "const_of", "same"]

@@ -1,6 +1,6 @@
 """A lower bound on the operators the last kernel operator still needs, from marks no axiom can create.
 
-Every axiom of ``A_eq`` (Table 2 and the extensions in :mod:`.axioms`) is *regular* — its two sides have the same
+Every axiom of ``A_eq`` (Table 2 and the extensions in :mod:`gensorage.exhaustive.expr.axioms`) is *regular* — its two sides have the same
 variables — and none mentions ``exp``, ``sqrt`` or an activation ``fn``. Rewriting with such axioms moves those
 subterms around as wholes, so the set of ``A_eq`` classes of ``exp``-, ``sqrt``- and ``fn``-rooted subterms of a
 term is the same for every term of its class. Likewise every axiom that mentions ``div`` has it on both sides, so
@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gensorage.exhaustive.abstract_expr import Term
-from gensorage.exhaustive.oracle import Canon
+from gensorage.exhaustive.expr.abstract_expr import Term
+from gensorage.exhaustive.expr.canon import Canon
+from gensorage.exhaustive.rules.rule import PRUNE, Bound, Prune, Site
 from gensorage.opset import Op
 
 UNCREATABLE = frozenset({"exp", "sqrt", "fn"})
@@ -75,6 +76,16 @@ class NeededOps:
         scale = not factor_available and not self.factor_marks.isdisjoint(missing)
         div = DIV_MARK in missing
         return max(len(missing) - div, marks) + div + scale, scale
+
+    def check(self, site: Site, bound: Bound) -> Bound | Prune | None:
+        """The node rule: the operators needed from the site's tensors (at least ``bound.marks``) must fit its
+        operator room."""
+        need, scale = self.bound(site.terms(), site.factor, bound.marks)
+        if need > site.ops_room:
+            return PRUNE
+        if need == bound.need and scale == bound.scale:
+            return None
+        return Bound(bound.marks, need, scale, bound.tight)
 
 
 __all__ = ["DIV_MARK", "MARK_OPS", "NeededOps"]

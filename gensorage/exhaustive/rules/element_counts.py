@@ -35,10 +35,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.expr.abstract_expr import Term
+from gensorage.exhaustive.expr.canon import Canon, Elem, TooBig
+from gensorage.exhaustive.expr.oracle import gateways
 from gensorage.exhaustive.opcatalog import OpVariant
-from gensorage.exhaustive.oracle import Canon, Elem, TooBig, gateways
-from gensorage.exhaustive.reductions import ADDING_OPS
+from gensorage.exhaustive.rules.reductions import ADDING_OPS
 
 Monomial = tuple[int, Counter[int]]  # (coefficient, atom uid -> multiplicity)
 

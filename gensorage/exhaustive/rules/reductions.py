@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.expr.abstract_expr import Term
+from gensorage.exhaustive.expr.canon import Canon, Elem, TooBig
 from gensorage.exhaustive.opcatalog import OpVariant
-from gensorage.exhaustive.oracle import Canon, Elem, TooBig
+from gensorage.exhaustive.rules.rule import PRUNE, Bound, Prune, Site
 from gensorage.opset import Op
 
 #: Operators that add monomials, making coefficients without a reduction: the rule is off where they exist.
@@ -108,6 +109,13 @@ class Reductions:
             have |= got
         by = frozenset(have)
         return not all(generated(c, by) for c in self.required)
+
+    def check(self, site: Site, bound: Bound) -> Prune | None:
+        """The node rule, at the last kernel operator: when the operators still needed leave no room for one more
+        reduction, the site's tensors must already make every coefficient the outputs have."""
+        if site.last and bound.need + 1 > site.reduction_room and self.needed(site.terms()):
+            return PRUNE
+        return None
 
 
 __all__ = ["ADDING_OPS", "Reductions", "generated", "top_coefficients"]

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from gensorage.exhaustive.search_state import SearchState
+from gensorage.exhaustive.walk.search_state import SearchState
 from gensorage.ugraph.ir import KernelNode, Ref
 
 MAX_ENTRIES = 200_000  # memory bound per task: past it, new subtrees are walked but not recorded

@@ -28,12 +28,12 @@ Tables
     statistics here, all written in one transaction. Done tasks have no row. A task killed without a stop
     request (``kill -9``) keeps the last saved point, or starts afresh.
 
-Durability: WAL journal with ``synchronous = NORMAL``. In WAL mode a commit has been written to the WAL file
-(the OS page cache) when it returns, so every committed task survives the *process* being killed at any moment,
-``kill -9`` included, and the file is never corrupted. What NORMAL gives up against FULL is an fsync per commit:
-after an OS crash or power loss the last few commits may be rolled back — those tasks are simply pending again
-and re-run on resume, so the result is unchanged. The fsync is not free: a search can have tens of thousands of
-tiny tasks (21,212 for GQA at 4 block ops), and a commit measured 5.9 ms with FULL against 0.41 ms with NORMAL.
+Durability: the file is a :class:`~gensorage.sqlite_file.SQLiteFile` (WAL journal, ``synchronous = NORMAL``). In
+WAL mode a commit has been written to the WAL file (the OS page cache) when it returns, so every committed task
+survives the *process* being killed at any moment, ``kill -9`` included, and the file is never corrupted. What
+NORMAL gives up against FULL is an fsync per commit: after an OS crash or power loss the last few commits may be
+rolled back — those tasks are simply pending again and re-run on resume, so the result is unchanged. A search can
+have tens of thousands of tiny tasks, and an fsync per commit costs more than many of them take (CHANGELOG.md).
 """
 
 from __future__ import annotations
@@ -43,14 +43,13 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from gensorage.errors import StoreError
+from gensorage.sqlite_file import SQLiteFile
 
 FORMAT_MARKER = "gensorage-search-checkpoint"
 FORMAT_VERSION = 1
@@ -122,7 +121,7 @@ class DoneTask:
     elapsed_s: float
 
 
-class Checkpoint:
+class Checkpoint(SQLiteFile):
     """An open search checkpoint (see the module docstring); create it with :meth:`open`.
 
     Raises
@@ -132,9 +131,8 @@ class Checkpoint:
         format, or was made for a different search (spec key, task list) or gensorage version.
     """
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
-        self.path = path
-        self._conn = conn
+    what = "gensorage search checkpoint"
+    meta_table = "meta"
 
     # ------------------------------------------------------------------------------------------ open
     @classmethod
@@ -156,43 +154,21 @@ class Checkpoint:
         """
         if version is None:
             from gensorage import __version__ as version
-        p = Path(path).expanduser()
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            # Autocommit mode: every write below opens its own explicit transaction.
-            conn = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"{p}: cannot open search checkpoint ({exc})") from exc
-        ckpt = cls(p, conn)
-        try:
+        ckpt = cls(path, busy_timeout_ms=BUSY_TIMEOUT_MS)
+        with ckpt.opening():
             ckpt._setup(spec_key, spec_json, [_dumps(t, f"task {i}") for i, t in enumerate(tasks)], str(version))
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise StoreError(f"{p}: not a usable search checkpoint ({exc})") from exc
-        except BaseException:
-            conn.close()
-            raise
         return ckpt
 
     def _setup(self, spec_key: str, spec_json: Any, task_texts: list[str], version: str) -> None:
-        conn = self._conn
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if tables and "meta" not in tables:
-            raise StoreError(f"{self.path}: a SQLite database that is not a gensorage search checkpoint "
-                             f"(tables: {', '.join(sorted(tables)[:5])})")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-        if mode is None or str(mode[0]).lower() != "wal":
-            raise StoreError(f"{self.path}: cannot switch the checkpoint to WAL mode (got {mode})")
-        conn.execute("PRAGMA synchronous = NORMAL")  # see the module docstring
+        tables = self.tables()
         digest = _digest(task_texts)
         if not tables:
-            with self._write():
-                if not self._tables():  # another process may have created it meanwhile
+            with self.write():
+                if not self.tables():  # another process may have created it meanwhile
                     self._create(spec_key, spec_json, task_texts, digest, version)
         self._check(spec_key, version)
-        if "partial" not in self._tables():  # a checkpoint from before stopped tasks were kept
-            with self._write():
+        if "partial" not in self.tables():  # a checkpoint from before stopped tasks were kept
+            with self.write():
                 self._conn.execute(_PARTIAL)
         if self.meta().get("tasks_digest") != digest:
             meta = self.meta()
@@ -214,11 +190,8 @@ class Checkpoint:
         self._conn.executemany("INSERT INTO tasks (idx, status, task, updated_at) VALUES (?, 'pending', ?, ?)",
                                [(i, t, now) for i, t in enumerate(task_texts)])
 
-    def _tables(self) -> set[str]:
-        return {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-
     def _check(self, spec_key: str, version: str) -> None:
-        tables = self._tables()
+        tables = self.tables()
         missing = {"meta", "tasks", "candidates"} - tables
         meta = self.meta() if "meta" in tables else {}
         if meta.get("format") != FORMAT_MARKER:
@@ -245,17 +218,6 @@ class Checkpoint:
             raise StoreError(f"{self.path}: damaged search checkpoint (task indices are not 0..{len(texts) - 1})")
 
     # --------------------------------------------------------------------------------------- access
-    @contextmanager
-    def _write(self) -> Iterator[None]:
-        """One IMMEDIATE transaction (write lock taken up front, so a second process waits, not deadlocks)."""
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
-
     def meta(self) -> dict[str, str]:
         """The ``meta`` table as a dict."""
         return dict(self._conn.execute("SELECT name, value FROM meta").fetchall())
@@ -335,7 +297,7 @@ class Checkpoint:
         row = (index, _dumps(resume, f"resume point of task {index}"), _dumps(stats, f"stats of task {index}"),
                float(elapsed_s), time.time())
         try:
-            with self._write():
+            with self.write():
                 if not self._pending(index):
                     return False
                 self._replace_candidates(index, candidates)
@@ -367,7 +329,7 @@ class Checkpoint:
         stats_text = _dumps(stats, f"stats of task {index}")
         now = time.time()
         try:
-            with self._write():
+            with self.write():
                 if not self._pending(index):
                     return False
                 self._replace_candidates(index, candidates)
@@ -378,16 +340,6 @@ class Checkpoint:
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot record task {index} ({exc})") from exc
         return True
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self) -> Checkpoint:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
 
 def _digest(texts: Sequence[str]) -> str:

@@ -5,7 +5,7 @@ Abstract expressions are terms of an uninterpreted sort ``P``; reduction sizes a
 ``subexpr(a, b)`` is entailed iff ``axioms ∧ ¬subexpr(a, b)`` is unsatisfiable.
 
 Beyond Table 2 (for the ops Mirage's first paper does not have; see
-:mod:`gensorage.exhaustive.abstract_expr`):
+:mod:`gensorage.exhaustive.expr.abstract_expr`):
 
 - ``sqrt`` and each activation ``fn_<name>`` (relu, silu, gelu): uninterpreted, ``subexpr(x, f(x))``, no
   equations (they commute with nothing);
@@ -15,7 +15,7 @@ Beyond Table 2 (for the ops Mirage's first paper does not have; see
   ``subexpr(x, z) ∧ subexpr(y, z) → subexpr(cat(x, y), z)`` so a concatenation of useful parts is useful.
 
 Z3 proves entailed queries quickly but cannot refute with these quantified axioms (it runs to its limit and says
-``unknown``); :mod:`gensorage.exhaustive.oracle` decides queries exactly in the canonical model and uses this
+``unknown``); :mod:`gensorage.exhaustive.expr.oracle` decides queries exactly in the canonical model and uses this
 encoding only as a fallback and as the reference its tests compare with.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import z3
 
-from gensorage.exhaustive.abstract_expr import ACTIVATION_NAMES, Term
+from gensorage.exhaustive.expr.abstract_expr import ACTIVATION_NAMES, Term
 
 #: Z3 resource units per millisecond of time limit (measured: about 1.5 million units per second here). Z3 does
 #: not check its timer while instantiating quantifiers, so a resource limit is what actually bounds a query.

@@ -39,10 +39,7 @@ makes over a merged dim) is not equal to the program in this abstraction (docs/s
 A tensor whose factors cannot be lined up (dims of sizes ``2·3`` against ``3·2``) is *unknown*: never pruned,
 and neither is anything computed from it; a program with an unknown output turns the rule off.
 
-Two consequences are used. A complete µGraph's output contains every operator's expression, so every class of a
-µGraph equal to the program in this abstraction is one of the program's: the search prunes a reduction or sum
-accumulator that makes another. And every reduction makes one class: the last kernel operator needs a reduction
-(an operator, or an accumulator) for each of the program's classes that none of the tensors it reads has.
+The pruning rule built on classes is :mod:`gensorage.exhaustive.rules.ties`.
 """
 
 from __future__ import annotations
@@ -53,8 +50,7 @@ from fractions import Fraction
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import ProgramError
-from gensorage.opset import Op, broadcast_shapes
-from gensorage.program import Program
+from gensorage.opset import broadcast_shapes
 
 Atoms = frozenset[int]  # atom parts: ``input * AXES + axis`` (plus INSIDE) + ``stride * STRIDE``; see below
 AXES = 64
@@ -451,7 +447,8 @@ def holds_copies(t: Ties) -> bool:
     return t.known and any(not atoms for d in t.dims for _, atoms in d)
 
 
-# ------------------------------------------------------------------ the rule
+# ------------------------------------------------------------------ the program's links
+
 
 
 class Links:
@@ -514,51 +511,7 @@ class Links:
         return True
 
 
-#: Operators whose laws change classes (see the module docstring): with any of them the rule is off.
-CLASS_CHANGING = frozenset({Op.ADD, Op.SUB, Op.CONCAT})
-#: Operators that add classes (the others only pass their operands' classes on).
-REDUCING = frozenset({Op.SUM, Op.MATMUL})
 TIES = TieArith()
 
-
-class TieRule:
-    """The program's reduction classes and ties, and the check of a µGraph tensor against them; ``arith``
-    computes a µGraph's ties, marking those the program's links do not admit."""
-
-    def __init__(self, classes: frozenset[Class], links: Links | None = None) -> None:
-        self.classes = classes
-        self.links = links
-        self.arith = TieArith(links)
-
-    @staticmethod
-    def for_search(program: Program, ops: Sequence[Op]) -> TieRule | None:
-        """The rule for a search of ``program`` with operators ``ops``; None where it does not apply."""
-        if any(op in CLASS_CHANGING for op in ops):
-            return None
-        made: list[Atoms] = []
-        try:
-            outs = program.evaluate(TieArith(record=made), [input_ties(i, t.shape) for i, t in enumerate(program.inputs)])
-        except ProgramError:
-            return None
-        if not all(o.known for o in outs):
-            return None
-        return TieRule(frozenset(c for o in outs for c in o.bound), Links(made))
-
-    def missing(self, available: Iterable[Ties | None]) -> int:
-        """How many of the program's classes no ``available`` tensor has (0 if one is unknown): a last kernel
-        operator reading them needs one reduction for each, since a reduction adds one class."""
-        have: set[Class] = set()
-        for t in available:
-            if t is None or not t.known:
-                return 0
-            have |= t.bound
-        return len(self.classes - have)
-
-    def admits(self, t: Ties) -> bool:
-        """Whether every class of ``t`` is one of the program's and every tie one its links admit (an unknown
-        tensor always passes)."""
-        return not t.known or (t.aligned and t.bound <= self.classes)
-
-
-__all__ = ["AXES", "CLASS_CHANGING", "COPIES", "INSIDE", "REDUCING", "STRIDE", "TIES", "Atoms", "Class", "Dim", "Links", "TieArith",
-           "TieRule", "Ties", "base", "holds_copies", "input_ties", "loop_concat", "loop_sum", "norm", "saved_ties", "take_major", "tie", "tile_ties"]
+__all__ = ["AXES", "COPIES", "INSIDE", "STRIDE", "TIES", "Atoms", "Class", "Dim", "Links", "TieArith", "Ties", "base",
+           "holds_copies", "input_ties", "loop_concat", "loop_sum", "norm", "saved_ties", "take_major", "tie", "tile_ties"]

@@ -49,13 +49,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from gensorage.exhaustive.abstract_expr import Term
-from gensorage.exhaustive.needed_ops import UNCREATABLE
+from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.exhaustive.opcatalog import OpVariant
+from gensorage.exhaustive.rules.needed_ops import UNCREATABLE
+from gensorage.exhaustive.rules.rule import PRUNE, Bound, Prune, Site
 from gensorage.opset import Op
 
 if TYPE_CHECKING:
-    from gensorage.exhaustive.search_state import SearchState
+    from gensorage.exhaustive.walk.search_state import SearchState
 
 #: Term operators whose axioms change occurrence counts, and the operators that build them.
 UNCOUNTABLE_TERMS = frozenset({"add", "cat", "max"})
@@ -213,6 +214,21 @@ class OccurrenceBudget:
                     best = got + 1
         self._marks_memo[moved] = best
         return best
+
+    def check(self, site: Site, bound: Bound) -> Bound | Prune | None:
+        """The node rule, at the last kernel operator: its outputs must be able to have the program outputs'
+        counts, outside marks too, with the site's tensors as the leaves of their trees; the bound gets the mark
+        operators that takes at least. A pending scale result that is not a whole program output by its counts
+        ends under a mark (only a non-linear unary operator may read it)."""
+        if not site.last:
+            return None
+        under = [t for t in site.scaled() if self.count(t) not in self.output_counts]
+        got = self.completable(site.pending(), site.terms(), under)
+        if got is None or got > site.ops_room:
+            return PRUNE
+        if got == bound.marks:
+            return None
+        return Bound(got, bound.need, bound.scale, bound.tight)
 
 
 def pending_terms(st: SearchState, required: Iterable[int]) -> list[Term]:

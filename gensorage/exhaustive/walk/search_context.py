@@ -5,7 +5,7 @@ program's abstract expressions, the operator catalog, the pruning rules and a fr
 one cost about 2 ms a task, and each task's oracle and shape caches started empty, so every task solved again
 the queries the one before it had solved. Everything here is a pure function of the spec (the caches memoise pure
 functions), so sharing it changes no candidate and no logical counter. Only the work counters differ: the
-oracle's queries and cache hits are counted per task as the difference over the task (see ``Search.stats``), and
+oracle's queries and cache hits are counted per task as the difference over the task (see ``Walk.stats``), and
 a query the solver gave up on (kept, never pruned) is not asked again in that process.
 
 The oracle's memo grows with every distinct query; :func:`process_context` starts a fresh one past
@@ -14,24 +14,20 @@ The oracle's memo grows with every distinct query; :func:`process_context` start
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
-from gensorage.exhaustive.abstract_expr import Term, expr_of
-from gensorage.exhaustive.constants import ExpConstants
-from gensorage.exhaustive.element_counts import ElementCaps
-from gensorage.exhaustive.needed_ops import NeededOps
-from gensorage.exhaustive.occurrences import OccurrenceBudget
+from gensorage.exhaustive.expr.abstract_expr import Term, expr_of
+from gensorage.exhaustive.expr.oracle import SubexprOracle
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog
-from gensorage.exhaustive.oracle import SubexprOracle
-from gensorage.exhaustive.reductions import Reductions
+from gensorage.exhaustive.rules.ruleset import RuleSet
 from gensorage.exhaustive.spec import SearchSpec
-from gensorage.exhaustive.ties import TieRule
 from gensorage.hw import load_profile
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Attrs, Op, Shape, attr, freeze_attrs
 
 ORACLE_TIMEOUT_MS = 2000
 MAX_ORACLE_ENTRIES = 500_000  # distinct terms memoised by a process's oracle before it starts afresh
+MAX_MEMO_ENTRIES = 200_000  # entries of each walk memo (plans, admitted bindings, expressions) before it starts afresh
 # Operators whose attributes are program constants (scale factors, repeat counts, reshape targets); see
 # docs/search.md.
 BUDGETED = frozenset({Op.SCALE, Op.REPEAT, Op.RESHAPE})
@@ -49,7 +45,13 @@ def _term_vars(terms: list[Term]) -> frozenset[str]:
 
 
 class SearchContext:
-    """The spec-level facts and memos of one search (see the module docstring)."""
+    """The spec-level facts and memos of one search (see the module docstring).
+
+    ``rules`` holds the search's pruning rules (:class:`~gensorage.exhaustive.rules.ruleset.RuleSet`; none without
+    ``prune`` and ``expr_filter``); the operator variants are kept by arity, as the walk reads them: ``unary``,
+    ``binary`` (operands (lo, hi)), ``binary_ordered`` (the non-commutative ones, operands (hi, lo)) and
+    ``binary_self`` (those worth applying to one tensor twice).
+    """
 
     def __init__(self, spec: SearchSpec) -> None:
         self.spec = spec
@@ -58,32 +60,18 @@ class SearchContext:
         self.targets = expr_of(program)
         self.oracle = SubexprOracle(self.targets, ORACLE_TIMEOUT_MS)
         self.target_nfs = [self.oracle.canon.nf(t) for t in self.targets]
-        rules = spec.prune and spec.expr_filter
-        # The bound of needed_ops holds for µGraphs whose output equals the program's under A_eq.
-        # The factors exp arguments must carry (see constants): a condition of equality with constants kept.
-        self.exp_consts = ExpConstants(program, self.oracle.canon) if rules else None
-        self.needed = (NeededOps(self.oracle.canon, self.targets, self.exp_consts.factor_marks)
-                       if self.exp_consts is not None else None)
         self.variants = catalog(program, spec.op_types)
-        # Coefficients only a reduction makes (see reductions): the same condition again.
-        self.reductions = Reductions.for_search(self.oracle.canon, self.targets, self.variants) if rules else None
-        # Reduction classes (see ties): the same condition again.
-        self.ties = TieRule.for_search(program, [v.op for v in self.variants]) if rules else None
         binary = tuple(v for v in self.variants if v.arity == 2)
         self.unary = tuple(v for v in self.variants if v.arity == 1)
-        self.binary = binary  # operands (lo, hi)
-        self.binary_ordered = tuple(v for v in binary if v.op not in COMMUTATIVE)  # operands (hi, lo)
-        self.binary_self = tuple(v for v in binary if v.op not in SELF_USELESS)  # operands (i, i)
+        self.binary = binary
+        self.binary_ordered = tuple(v for v in binary if v.op not in COMMUTATIVE)
+        self.binary_self = tuple(v for v in binary if v.op not in SELF_USELESS)
         self.output_shapes = [t.shape for t in program.outputs]
         self.output_splits = frozenset(g for shape in self.output_shapes for d in shape for g in range(2, d + 1)
                                        if d % g == 0)
         used = _term_vars(self.targets)
         self.required_inputs = [i for i, t in enumerate(program.inputs) if t.name in used]
-        # Like the needed-operator bound, the occurrence budget speaks about outputs equal under A_eq.
-        self.occurrences = (OccurrenceBudget.for_search([t.name for t in program.inputs], self.targets,
-                                                        self.variants) if rules else None)
-        # Element counts only reductions shrink (see element_counts): outputs equal under A_eq again.
-        self.element_caps = self._element_caps() if rules else None
+        self.rules = self._rules()
         # The split-reduction rule of the last kernel operator (see provenance) assumes no grouped sums.
         self.split_rule = not any(program.nodes[i].op is Op.SUM and attr(program.nodes[i].attrs, "group") is not None
                                   for i in program.live_ids())
@@ -100,31 +88,37 @@ class SearchContext:
         self.construct_cache: dict[str, tuple[float, ...] | None] = {}
         self.valid_memo: dict[tuple[tuple[int, ...], tuple[Shape, ...]], list[OpVariant]] = {}
         self.split_memo: dict[tuple[object, ...], frozenset[tuple[int, int]]] = {}
-        # Binding-group plans of the block walk (block_level._group_plan).
+        # Binding-group plans and admitted bindings of the block walk (walk.operators, walk.bindings).
         self.plan_memo: dict[tuple[object, ...], tuple[object, object]] = {}
         self.admit_memo: dict[tuple[object, ...], tuple[object, object]] = {}
-        # Expressions of operators on block tensors (block_level._apply_variants): a pure function of the operands'.
+        # Expressions of operators on block tensors (walk.operators): a pure function of the operands'.
         self.expr_memo: dict[tuple[object, ...], object] = {}
 
-    def _element_caps(self) -> ElementCaps | None:
-        numels = [math.prod(shape) for shape in self.output_shapes]
-        return ElementCaps.for_search(self.oracle.canon, self.targets, numels, self.variants)
+    def _rules(self) -> RuleSet:
+        """The pruning rules: they speak about outputs equal to the program's under ``A_eq``, so only with
+        ``prune`` and ``expr_filter``."""
+        spec = self.spec
+        if not (spec.prune and spec.expr_filter):
+            return RuleSet()
+        return RuleSet.for_search(spec.program, self.oracle.canon, self.targets, self.variants, self.output_shapes)
 
     def oracle_entries(self) -> int:
         """How many distinct terms the oracle has memoised."""
         return self.oracle.memo_size()
 
     def fresh_oracle(self) -> None:
-        """Start the oracle afresh (its memo is dropped; its answers are the same)."""
+        """Start the oracle afresh (its memo is dropped; its answers are the same), and the rules with it (they
+        share its normal forms)."""
         self.oracle = SubexprOracle(self.targets, ORACLE_TIMEOUT_MS)
         self.target_nfs = [self.oracle.canon.nf(t) for t in self.targets]
-        if self.exp_consts is not None:
-            self.exp_consts = ExpConstants(self.spec.program, self.oracle.canon)
-            self.needed = NeededOps(self.oracle.canon, self.targets, self.exp_consts.factor_marks)
-        if self.reductions is not None:
-            self.reductions = Reductions.for_search(self.oracle.canon, self.targets, self.variants)
-        if self.element_caps is not None:
-            self.element_caps = self._element_caps()
+        self.rules = self._rules()
+
+
+def remember(memo: dict[tuple[object, ...], Any], key: tuple[object, ...], value: object) -> None:
+    """``memo[key] = value``, the memo started afresh once it holds :data:`MAX_MEMO_ENTRIES`."""
+    if len(memo) >= MAX_MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = value
 
 
 class _ProcessContext:
@@ -145,5 +139,5 @@ def process_context(spec: SearchSpec, key: str | None = None) -> SearchContext:
     return ctx
 
 
-__all__ = ["BUDGETED", "MAX_ORACLE_ENTRIES", "ORACLE_TIMEOUT_MS", "SearchContext", "process_context",
-           "variant_attrs"]
+__all__ = ["BUDGETED", "MAX_MEMO_ENTRIES", "MAX_ORACLE_ENTRIES", "ORACLE_TIMEOUT_MS", "SearchContext", "process_context",
+           "remember", "variant_attrs"]

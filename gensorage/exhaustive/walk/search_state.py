@@ -9,25 +9,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gensorage.exhaustive.abstract_expr import Term, var
-from gensorage.exhaustive.constants import Const
-from gensorage.exhaustive.expr_arith import ExprArith, ExprValue
+from gensorage.dtypes import dtype_bytes
+from gensorage.exhaustive.expr.abstract_expr import Term, var
+from gensorage.exhaustive.expr.expr_arith import ExprValue
+from gensorage.exhaustive.expr.ties import Ties, input_ties
 from gensorage.exhaustive.opcatalog import OpVariant
-from gensorage.exhaustive.provenance import Provenance
-from gensorage.exhaustive.rank import RankKey
-from gensorage.exhaustive.ties import Ties, input_ties
+from gensorage.exhaustive.rules.constants import Const
+from gensorage.exhaustive.spec import SearchSpec
+from gensorage.exhaustive.walk.provenance import Provenance
+from gensorage.exhaustive.walk.rank import RankKey
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Shape
 from gensorage.program import Program
 from gensorage.ugraph.ir import KernelNode, Ref, TensorSpec
-from gensorage.ugraph.validate import dtype_bytes
-
-EXPR = ExprArith()
 
 
 def free_after(b: BlockBuild, ins: tuple[int, ...]) -> int:
     """The unconsumed-tensor count after an operator reading ``ins`` is added."""
     return b.free + 1 - len({i for i in ins if b.uses[i] == 0})
+
+
+def ops_left(spec: SearchSpec, b: BlockBuild, extra_nodes: int = 0) -> int:
+    """Compute operators the block graph may still add (after ``extra_nodes`` more accumulators): the
+    ``max_block_ops`` budget, and Mirage's ``max_block_nodes`` (iterators, operators and accumulators) if set."""
+    left = spec.max_block_ops - b.n_ops
+    nodes = spec.max_block_nodes
+    if nodes is not None:
+        left = min(left, nodes - len(b.inputs) - len(b.recs) - extra_nodes)
+    return left
 
 
 def numel(shape: Shape) -> int:
@@ -60,7 +69,7 @@ class BlockBuild:
     Block tensors are indexed like block nodes: input iterators ``0 .. m-1`` (one per kernel input, in order),
     then one per operator pushed. An iterator is *unbound* (imap/fmap not chosen, shape None) until an operator
     first reads it; the grid sizes and the for-loop trip count are chosen when the first iterator that needs them
-    is bound (see :mod:`gensorage.exhaustive.block_level`).
+    is bound (see :mod:`gensorage.exhaustive.walk.block_level`).
     """
 
     inputs: tuple[int, ...]  # kernel tensor indices read by the iterators
@@ -76,7 +85,7 @@ class BlockBuild:
     fdep: list[bool]  # depends on an iterator with an fmap (varies across iterations)
     uses: list[int]
     dtype: list[str]
-    prov: list[Provenance]  # see gensorage.exhaustive.provenance
+    prov: list[Provenance]  # see gensorage.exhaustive.walk.provenance
     scaled: list[bool]  # the result of a scale operator
     const: list[Const]  # the constant factor each tensor carries (see constants)
     ties: list[Ties | None]  # each tensor's index ties (see ties; None when the rule is off or unbound)
@@ -92,9 +101,9 @@ class BlockBuild:
     # reads are fixed while the block is open, and every operator that first reads an iterator binds it again.
     bound_tiles: dict[tuple[object, ...], tuple[ExprValue, Ties | None, Provenance]] = field(default_factory=dict)
     # An iterator's binding options (and their groups by tile), keyed by iterator, grid sizes and trip count: the
-    # other arguments of block_level.binding_options are fixed while the block is open.
+    # other arguments of bindings.binding_options are fixed while the block is open.
     bindings_memo: dict[tuple[object, ...], tuple[object, ...]] = field(default_factory=dict)
-    # What the kernel tensors offer later kernel operators (block_level._cannot_reach), taken once per block:
+    # What the kernel tensors offer later kernel operators (block_level.earlier_site), taken once per block:
     # (no tensor is a concatenation, their expressions, whether one carries a factor, their ties).
     kernel_view: tuple[bool, list[Term], bool, list[Ties | None]] | None = None
 
@@ -246,4 +255,4 @@ class SearchState:
             b.n_ops -= 1
 
 
-__all__ = ["EXPR", "AccumRec", "BlockBuild", "BlockOpRec", "SearchState", "free_after", "numel"]
+__all__ = ["AccumRec", "BlockBuild", "BlockOpRec", "SearchState", "free_after", "numel", "ops_left"]

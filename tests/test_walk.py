@@ -13,26 +13,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gensorage.construction.block_sizes import loop_nest, size_options
 from gensorage.errors import ConfigError
-from gensorage.exhaustive import generator
-from gensorage.exhaustive.generator import (
-    Search,
+from gensorage.exhaustive import (
     SearchSpec,
     Stats,
     Task,
     TaskResult,
     enumerate_tasks,
     rank_candidates,
+    resume_task,
     run_task,
     search_serial,
 )
-from gensorage.exhaustive.kernel_level import complete_outputs, kernel_graph
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, catalog, out_shape
-from gensorage.exhaustive.rank import follows, rank_key
 from gensorage.exhaustive.results import Candidate, ugraph_key
-from gensorage.exhaustive.schedule_sizes import loop_nest, size_candidates, size_options
-from gensorage.exhaustive.search_context import SearchContext
-from gensorage.exhaustive.thread_fusion import fuse
+from gensorage.exhaustive.walk import walk as walk_mod
+from gensorage.exhaustive.walk.kernel_level import complete_outputs, kernel_graph
+from gensorage.exhaustive.walk.probe_sizes import size_candidates
+from gensorage.exhaustive.walk.rank import follows, rank_key
+from gensorage.exhaustive.walk.search_context import SearchContext
+from gensorage.exhaustive.walk.thread_fusion import fuse
+from gensorage.exhaustive.walk.walk import Walk
 from gensorage.hw import load_profile
 from gensorage.markov import construct
 from gensorage.opset import Op
@@ -66,7 +68,7 @@ def exp_matmul(m: int = 2, k: int = 3, n: int = 4) -> Program:
     return p
 
 
-class Recorder(Search):
+class Recorder(Walk):
     """A search that records every complete kernel graph it reaches instead of verifying it."""
 
     def __init__(self, spec: SearchSpec) -> None:
@@ -267,7 +269,7 @@ def test_tasks_partition_the_search() -> None:
     assert [t.index for t in tasks] == list(range(len(tasks)))
     assert tasks == enumerate_tasks(spec)
     assert len(tasks) >= 20
-    whole = Search(spec)
+    whole = Walk(spec)
     whole.visit(0)
     results = [run_task(spec, t) for t in tasks]
     # Tasks cover every node at or below the split depth once (nodes above it are only replayed).
@@ -328,7 +330,7 @@ def test_a_stopped_task_resumes_where_it_stopped(polls: int, monkeypatch: pytest
     # states, pruning, verified and rejected counts), so nothing is redone or lost.
     spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=1, max_grid_dims=1)
     whole = run_task(spec, Task(0, (), True))
-    monkeypatch.setattr(generator, "POLL_EVERY", 1)
+    monkeypatch.setattr(walk_mod, "POLL_EVERY", 1)
     task, cands, stats, rounds = Task(0, (), True), [], Stats(), 0
     while True:
         polled = itertools.count(1)
@@ -340,7 +342,7 @@ def test_a_stopped_task_resumes_where_it_stopped(polls: int, monkeypatch: pytest
             assert res.resume is None
             break
         assert res.resume is not None
-        task = Task.from_json(json.loads(json.dumps(generator.resume_task(task, res.resume.to_json()).to_json())))
+        task = Task.from_json(json.loads(json.dumps(resume_task(task, res.resume.to_json()).to_json())))
     assert rounds > 2
     assert _candidate_json(tuple(cands)) == _candidate_json(whole.candidates)
     assert _logical(stats) == _logical(whole.stats)
@@ -351,14 +353,14 @@ def test_every_save_point_resumes_to_the_whole_result(monkeypatch: pytest.Monkey
     spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=1, max_grid_dims=1)
     task = Task(0, (), True)
     whole = run_task(spec, task)
-    monkeypatch.setattr(generator, "POLL_EVERY", 1)
+    monkeypatch.setattr(walk_mod, "POLL_EVERY", 1)
     saves: list[TaskResult] = []
     assert _candidate_json(run_task(spec, task, on_save=saves.append, save_every_s=0.0).candidates) == \
         _candidate_json(whole.candidates)
     assert len(saves) == whole.stats.states - whole.stats.states_reused  # replayed subtrees have no save points
     for point in (saves[len(saves) // 3], saves[2 * len(saves) // 3]):
         assert point.resume is not None and not point.complete
-        rest = run_task(spec, generator.resume_task(task, point.resume.to_json()))
+        rest = run_task(spec, resume_task(task, point.resume.to_json()))
         assert _candidate_json(point.candidates + rest.candidates) == _candidate_json(whole.candidates)
         assert _logical(point.stats + rest.stats) == _logical(whole.stats)
 
@@ -387,7 +389,7 @@ def test_a_resume_point_outside_the_task_is_refused() -> None:
     spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=1, max_grid_dims=1)
     task = next(t for t in enumerate_tasks(spec) if t.path and t.path[0] == 0)
     with pytest.raises(ValueError, match="not inside its subtree"):
-        run_task(spec, generator.resume_task(task, {"cursor": [1, 0, 0]}))
+        run_task(spec, resume_task(task, {"cursor": [1, 0, 0]}))
 
 
 def test_search_is_deterministic_for_a_seed() -> None:
@@ -484,7 +486,7 @@ def test_loop_nest_of_a_block_graph_constructs_and_sizes_round_to_divisors() -> 
 
 
 def test_markov_mode_keeps_one_sizing_per_structure_and_enumerate_keeps_every_size() -> None:
-    from gensorage.exhaustive.finalize import structure_key
+    from gensorage.exhaustive.walk.finalize import structure_key
 
     base = SearchSpec(program=exp_matmul(2, 4, 4), max_kernel_ops=1, max_block_ops=2, max_grid_dims=1)
     markov = search_serial(base)
@@ -533,9 +535,15 @@ def test_out_shape_agrees_with_opset(a: list[int], b: list[int]) -> None:
             assert got == want
 
 
-def test_generator_module_exports_the_runner_contract() -> None:
-    for name in ("enumerate_tasks", "run_task", "rank_candidates", "Candidate", "Stats", "search_serial"):
-        assert hasattr(generator, name)
+def test_the_package_exports_the_runner_contract() -> None:
+    import gensorage.exhaustive as exhaustive
+    from gensorage.exhaustive.run.core import default_core
+
+    for name in exhaustive.__all__:
+        assert getattr(exhaustive, name).__module__.startswith("gensorage.exhaustive.")
+    core = default_core()
+    assert (core.enumerate_tasks, core.rank_candidates, core.resume_task) == (enumerate_tasks, rank_candidates,
+                                                                             resume_task)
     c = Candidate(ugraph=examples.gated_mlp()[1], predicted_time_s=1.0, equivalence={}, found_in_task=0)
     assert c.structure_key() == ugraph_key(c.ugraph)
 
@@ -554,12 +562,12 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
     spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=2 if reuse else 1, max_grid_dims=1)
     task = Task(0, (), True)
     whole = run_task(spec, task, reuse_subtrees=reuse)
-    monkeypatch.setattr(generator, "POLL_EVERY", 1)
+    monkeypatch.setattr(walk_mod, "POLL_EVERY", 1)
     # A probe run lists the polls (inside a verification or not, and inside a replay or not); stops are then
     # placed at a few of each kind.
     polls: list[tuple[bool, bool]] = []
     depth, replaying = [0], [0]
-    real_verify, real_replay = verify.equivalent, Search._replay
+    real_verify, real_replay = verify.equivalent, Walk._replay
 
     def probing(*args: object, **kwargs: object) -> object:
         depth[0] += 1
@@ -568,7 +576,7 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
         finally:
             depth[0] -= 1
 
-    def replay(self: Search, entry: Any) -> None:
+    def replay(self: Walk, entry: Any) -> None:
         replaying[0] += 1
         try:
             real_replay(self, entry)
@@ -576,7 +584,7 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
             replaying[0] -= 1
 
     monkeypatch.setattr(verify, "equivalent", probing)
-    monkeypatch.setattr(Search, "_replay", replay)
+    monkeypatch.setattr(Walk, "_replay", replay)
     run_task(spec, task, reuse_subtrees=reuse,
              should_stop=lambda: polls.append((depth[0] > 0, replaying[0] > 0)) or False)
     kinds: dict[tuple[bool, bool], list[int]] = {}
@@ -590,7 +598,7 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
         polled = itertools.count()
         res = run_task(spec, task, reuse_subtrees=reuse, should_stop=lambda polled=polled, k=k: next(polled) >= k)
         assert not res.complete and res.resume is not None
-        rest = run_task(spec, generator.resume_task(task, res.resume.to_json()), reuse_subtrees=reuse)
+        rest = run_task(spec, resume_task(task, res.resume.to_json()), reuse_subtrees=reuse)
         assert rest.complete
         assert _candidate_json(res.candidates + rest.candidates) == _candidate_json(whole.candidates)
         assert _logical(res.stats + rest.stats) == _logical(whole.stats)
@@ -608,7 +616,7 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
         if res.complete:
             break
         assert res.resume is not None and rounds <= whole.stats.states
-        current = generator.resume_task(current, res.resume.to_json())
+        current = resume_task(current, res.resume.to_json())
     assert _candidate_json(tuple(cands)) == _candidate_json(whole.candidates)
     assert _logical(stats) == _logical(whole.stats)
 
@@ -616,7 +624,7 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
 def test_a_structure_already_sized_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """With constructed sizes, one candidate per structure and task: a complete µGraph whose structure was
     already sized gives nothing new, so it is not verified again (before, every probe-size variant was)."""
-    from gensorage.exhaustive import finalize as fin
+    from gensorage.exhaustive.walk import finalize as fin
 
     checked: list[tuple[int, str, bool]] = []
     verify = fin._verify
@@ -624,7 +632,7 @@ def test_a_structure_already_sized_is_not_checked_again(monkeypatch: pytest.Monk
     def spy(s: Any, g: Any, *, count: bool = True) -> Any:
         res = verify(s, g, count=count)
         if count:
-            checked.append((s.task_index, fin.structure_key(g), res is not None))
+            checked.append((s.task.index, fin.structure_key(g), res is not None))
         return res
 
     monkeypatch.setattr(fin, "_verify", spy)

@@ -1,69 +1,31 @@
-"""Numeric sizes of graph-defined operators: grid dims and for-loop trip counts.
+"""The sizes construction gives a verified block graph: grid dims and for-loop trip count.
 
-Two strategies (``SearchSpec.schedule``):
-
-``"enumerate"`` (Mirage)
-    Every power-of-two size that divides the dims it splits is tried; each verified µGraph at each size is a
-    candidate, and the cost model ranks them.
-
-``"markov"`` (Gensor's construction)
-    The block-graph *structure* is searched at probe sizes (every divisor of the split dims, so shape and
-    expression checks see a real tile; a structure found at several probes is kept once). Once a structure is
-    verified, its sizes are *constructed*: the block graph is turned into a loop nest (:func:`loop_nest`; one
-    spatial axis per grid dim, one reduction axis for the for-loop, every tensor indexed by the axes that split
-    it) and :func:`gensorage.markov.construct` picks its shared-memory (level-1) tiles; a grid dim gets
-    ``extent / T1`` blocks and the loop ``extent / T1`` iterations, rounded to the nearest legal divisor
-    (:func:`size_options`). The sized µGraph is validated and verified again.
+The block graph is turned into a loop nest (:func:`loop_nest`: one spatial axis per grid dim, one reduction axis
+for the for-loop, every tensor indexed by the axes that split it, the dims no axis splits packed into its
+element) and Gensor's construction (:func:`~gensorage.construction.construct_schedule`) picks its
+shared-memory (level-1) tiles; a grid dim gets ``extent / T1`` blocks and the loop ``extent / T1`` iterations
+(:func:`constructed_sizes`), rounded to the nearest legal divisors (:func:`size_options`). The search sizes every
+verified structure this way (``SearchSpec(schedule="markov")``), and re-instantiation proposes these sizes at new
+shapes (:mod:`.kernel_sizes`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
+from gensorage.construction.schedule import construct_schedule
+from gensorage.dtypes import dtype_bytes
 from gensorage.errors import GensorageError
-from gensorage.exhaustive.opcatalog import flops as op_flops
 from gensorage.hw.profile import HwProfile
-from gensorage.opset import Shape
+from gensorage.opset import Shape, flops
 from gensorage.ugraph.ir import BlockGraph, BlockOp, InputIterator, ThreadGraph
 from gensorage.ugraph.shapes import BlockInfo
-from gensorage.ugraph.validate import dtype_bytes, loop_phases
+from gensorage.ugraph.validate import loop_phases
 from gensorage.workloads.workload import Access, Axis, Workload
 
 MAX_RESIZE_OPTIONS = 16  # sized variants tried per graph-defined operator before keeping the probe sizes
-
-
-@lru_cache(maxsize=4096)
-def size_candidates(extent: int, mode: str, hints: tuple[int, ...] = ()) -> tuple[int, ...]:
-    """Sizes >= 2 to split a dim of ``extent`` into (a grid dim's block count or the loop's trip count).
-
-    ``"enumerate"``: every power of two dividing ``extent``. ``"markov"`` (probe sizes for the structure search):
-    the smallest prime factor (a real split that keeps the tile as large as possible), ``extent`` itself (a
-    tile of one, which is what broadcasting against a size-1 dim needs) and every ``hint`` dividing ``extent``
-    (the extents of the other inputs' dims: the sizes at which this input's tile lines up with another's).
-    """
-    if extent < 2:
-        return ()
-    if mode == "enumerate":
-        out = []
-        p = 2
-        while p <= extent:
-            if extent % p == 0:
-                out.append(p)
-            p *= 2
-        return tuple(out)
-    smallest = next(d for d in range(2, extent + 1) if extent % d == 0)
-    return tuple(sorted({smallest, extent} | {h for h in hints if h >= 2 and extent % h == 0}))
-
-
-def loop_candidates(extent: int, mode: str) -> tuple[int, ...]:
-    """For-loop trip counts for a dim of ``extent``: as :func:`size_candidates` (enumerate), or just the smallest
-    prime factor as the probe (markov: the trip count is constructed later, and a loop tile of one is never needed
-    to line shapes up)."""
-    cands = size_candidates(extent, mode)
-    return cands if mode == "enumerate" else cands[:1]
 
 
 def _divisors(n: int) -> tuple[int, ...]:
@@ -103,9 +65,9 @@ def block_flops(block: BlockGraph, info: BlockInfo) -> int:
     per_block = 0
     for j, node in enumerate(block.nodes):
         if isinstance(node, BlockOp):
-            work = op_flops(node.op, [info.nodes[r.node][r.out].shape for r in node.inputs], info.nodes[j][0].shape)
+            work = flops(node.op, [info.nodes[r.node][r.out].shape for r in node.inputs], info.nodes[j][0].shape)
         elif isinstance(node, ThreadGraph):
-            work = sum(op_flops(t.op, [info.threads[j][r.node].shape for r in t.inputs],
+            work = sum(flops(t.op, [info.threads[j][r.node].shape for r in t.inputs],
                                 info.threads[j][len(node.inputs) + k].shape) for k, t in enumerate(node.ops))
         else:
             continue
@@ -113,11 +75,10 @@ def block_flops(block: BlockGraph, info: BlockInfo) -> int:
     return per_block * math.prod(block.grid)
 
 
-def _packed_dtype(elems: float, dtype: str) -> str:
-    """A dtype name whose size is ``elems`` elements of ``dtype``: the block-invariant part of a tensor travels
-    as one element of the loop nest (the workload model has no per-access element size besides the dtype)."""
-    nbytes = max(1, math.ceil(elems * dtype_bytes(dtype)))
-    return f"float{8 * nbytes}"
+def _packed_bytes(elems: float, dtype: str) -> int:
+    """Bytes of ``elems`` elements of ``dtype``: the block-invariant part of a tensor travels as one element of
+    the loop nest (:attr:`~gensorage.workloads.workload.Access.elem_bytes`)."""
+    return max(1, math.ceil(elems * dtype_bytes(dtype)))
 
 
 def loop_nest(block: BlockGraph, args: Sequence[Shape], info: BlockInfo, dtype: str) -> Workload:
@@ -157,13 +118,12 @@ def loop_nest(block: BlockGraph, args: Sequence[Shape], info: BlockInfo, dtype: 
         packed = math.prod(shape) / units_total
         if not dims:  # no axis splits it: one constant-indexed element holding the whole tensor
             index, dims = [()], [1]
-        accesses.append(Access(f"in{it.input}", tuple(dims), _packed_dtype(packed, dtype), tuple(index),
-                               tuple(0 for _ in dims)))
+        accesses.append(Access(f"in{it.input}", tuple(dims), dtype, tuple(index), tuple(0 for _ in dims),
+                               elem_bytes=_packed_bytes(packed, dtype)))
     out_elems = sum(math.prod(t.shape) for t in info.outputs)
     cells = math.prod(extents)
-    accesses.append(Access("out", extents, _packed_dtype(out_elems / cells, dtype),
-                           tuple(((f"g{g}", 1),) for g in range(len(extents))), tuple(0 for _ in extents),
-                           is_output=True))
+    accesses.append(Access("out", extents, dtype, tuple(((f"g{g}", 1),) for g in range(len(extents))),
+                           tuple(0 for _ in extents), is_output=True, elem_bytes=_packed_bytes(out_elems / cells, dtype)))
     params = tuple((a.name, a.extent) for a in axes)
     return Workload(name="block_graph", params=params, axes=tuple(axes), accesses=tuple(accesses),
                     flops=int(block_flops(block, info)), dtype=dtype, build=_no_build, reference=_no_reference)
@@ -180,15 +140,13 @@ def _no_reference(*arrays: Any) -> Any:
 def constructed_sizes(block: BlockGraph, args: Sequence[Shape], info: BlockInfo, dtype: str, hw: HwProfile,
                       seed: int, cache: dict[str, tuple[float, ...] | None]) -> tuple[float, ...] | None:
     """Target (grid sizes..., trip count) from the Markov construction, unrounded; None if it found nothing."""
-    from gensorage.markov import construct
-
     wl = loop_nest(block, args, info, dtype)
-    key = wl.key() + f"|flops={wl.flops}|" + ";".join(f"{a.tensor}:{a.shape}:{a.dtype}:{a.index}"
+    key = wl.key() + f"|flops={wl.flops}|" + ";".join(f"{a.tensor}:{a.shape}:{a.elem_bytes}:{a.index}"
                                                       for a in wl.accesses)
     if key in cache:
         return cache[key]
     try:
-        sched = construct(wl, hw, seed=seed).schedule
+        sched = construct_schedule(wl, hw, seed)
     except GensorageError:
         cache[key] = None
         return None
@@ -225,6 +183,5 @@ def _product(choices: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     return out
 
 
-__all__ = ["MAX_RESIZE_OPTIONS", "block_flops", "constructed_sizes", "grid_extents", "loop_candidates", "loop_extent",
-           "loop_nest",
-           "size_candidates", "size_options"]
+__all__ = ["MAX_RESIZE_OPTIONS", "block_flops", "constructed_sizes", "grid_extents", "loop_extent", "loop_nest",
+           "size_options"]

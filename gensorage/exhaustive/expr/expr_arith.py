@@ -1,5 +1,5 @@
 """An :class:`gensorage.arith.Arith` whose values are abstract expressions, so the generic program and µGraph
-evaluators compute Table 1 (see :mod:`gensorage.exhaustive.abstract_expr` for the rules and their reasons).
+evaluators compute Table 1 (see :mod:`gensorage.exhaustive.expr.abstract_expr` for the rules and their reasons).
 
 A value is an :class:`ExprValue`: the logical shape, the term, and two pieces of bookkeeping the term alone
 cannot carry:
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import ProgramError
-from gensorage.exhaustive import abstract_expr as ae
-from gensorage.exhaustive.abstract_expr import Term
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.opset import broadcast_shapes
 
 Shape = tuple[int, ...]
@@ -289,4 +289,8 @@ def _accumulated(entries: Sequence[tuple[AccumKind, Term, int]]) -> Term:
     return ae.cat(*(sums + maxes))
 
 
-__all__ = ["ExprArith", "ExprValue", "Layout"]
+#: The arithmetic every search uses (it holds no state).
+EXPR = ExprArith()
+
+
+__all__ = ["EXPR", "ExprArith", "ExprValue", "Layout"]

@@ -1,0 +1,272 @@
+"""One run of a search: the parent's loop over the pending tasks, inline or on a pool of worker processes,
+committing each finished task to the checkpoint and reading the result back from it (see :mod:`.runner`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import multiprocessing
+import operator
+import os
+import queue as queue_mod
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from gensorage.exhaustive.results import SearchResult
+from gensorage.exhaustive.run.checkpoint import CandidateRow, Checkpoint, PartialTask
+from gensorage.exhaustive.run.conversions import (
+    Outcome,
+    add_stats,
+    decode_candidate,
+    decode_stats,
+    encode,
+    stats_to_dict,
+)
+from gensorage.exhaustive.run.core import SearchCore
+from gensorage.exhaustive.run.progress import ProgressReporter, Snapshot
+from gensorage.exhaustive.run.workers import Throttled, init_worker, submit, terminate, worker_run
+from gensorage.interrupts import StopRequests
+
+# Parent loop tick: how often it wakes to drain progress, check the budget and redraw.
+TICK_S = 0.2
+# After a stop request, how long running tasks get to return before they are killed.
+STOP_GRACE_S = 30.0
+
+
+@dataclass(slots=True)
+class SearchRun:
+    """The state of one run: the tasks, the checkpoint, what is running and what this run has done."""
+
+    core: SearchCore
+    spec: Any
+    tasks: list[Any]
+    ckpt: Checkpoint
+    reporter: ProgressReporter
+    start: float
+    budget_s: float | None
+    save_every_s: float
+    interrupts: StopRequests | None = None
+    stopped_by: str | None = None
+    committed: dict[str, Any] = field(default_factory=dict)  # summed stats of done tasks
+    run_stats: dict[str, Any] = field(default_factory=dict)  # summed stats of every task run here
+    partial: dict[int, dict[str, Any]] = field(default_factory=dict)  # running tasks' stats so far
+    discarded: dict[str, Any] = field(default_factory=dict)  # stats of tasks stopped before finishing
+    stopped: dict[int, PartialTask] = field(default_factory=dict)  # pending tasks that saved where they stopped
+    started_from: dict[int, PartialTask | None] = field(default_factory=dict)  # what each running task continues
+    running: int = 0
+    done: int = 0
+    resumed: int = 0
+    done_this_run: int = 0
+    best_time: float | None = None
+
+    def __post_init__(self) -> None:
+        done = self.ckpt.done_tasks()
+        for d in done.values():
+            self.committed = add_stats(self.committed, d.stats)
+        self.done = self.resumed = len(done)
+        if self.core.resume_task is not None:
+            self.stopped = self.ckpt.partial_tasks()
+        times = [r.predicted_time_s for r in self.ckpt.candidates()]
+        self.best_time = min(times) if times else None
+
+    @property
+    def resumable(self) -> bool:
+        return self.core.resume_task is not None
+
+    def task(self, idx: int) -> Any:
+        """Task ``idx`` to run: continuing its stopped run if one was saved."""
+        part = self.started_from[idx] = self.stopped.get(idx)
+        if part is None or self.core.resume_task is None:
+            return self.tasks[idx]
+        return self.core.resume_task(self.tasks[idx], part.resume)
+
+    # ------------------------------------------------------------------------------------ stopping
+    def stop_reason(self) -> str | None:
+        if self.stopped_by is None:
+            if self.interrupts is not None and self.interrupts.count:
+                self.stopped_by = "interrupt"
+                kept = ("they save where they stopped" if self.core.resume_task is not None
+                        else "finished ones are kept")
+                self.reporter.message(f"search: stopping; running tasks are asked to stop, {kept} (Ctrl-C again "
+                                      "aborts at once)")
+            elif self.budget_s is not None and time.monotonic() - self.start >= self.budget_s:
+                self.stopped_by = "time budget"
+        return self.stopped_by
+
+    # ------------------------------------------------------------------------------------- inline
+    def run_inline(self, pending: Sequence[int], until: float | None = None) -> None:
+        """Run the tasks one after another in this process (no process start-up cost); ``until``: stop there
+        (monotonic time), the task in progress saved where it stopped."""
+        def out_of_time() -> bool:
+            return until is not None and time.monotonic() >= until
+
+        should_stop = Throttled(lambda: self.stop_reason() is not None or out_of_time())
+        for idx in pending:
+            if self.stop_reason() or out_of_time():
+                return
+            t0 = time.perf_counter()
+            self.running = 1
+            saving: dict[str, Any] = {}
+            if self.resumable:
+                t_start = time.perf_counter()
+                saving = {"save_every_s": self.save_every_s, "on_save": lambda res, i=idx, t=t_start: self.save_point(
+                    encode(i, res, time.perf_counter() - t))}
+            res = self.core.run_task(self.spec, self.task(idx), should_stop=should_stop,
+                                     on_progress=functools.partial(self._inline_progress, idx), **saving)
+            self.running = 0
+            self.record(encode(idx, res, time.perf_counter() - t0))
+            self.reporter.update(self.snapshot())
+
+    def _inline_progress(self, idx: int, stats: Any) -> None:
+        self.partial[idx] = stats_to_dict(stats)
+        self.reporter.update(self.snapshot())
+
+    # --------------------------------------------------------------------------------------- pool
+    def run_pool(self, pending: Sequence[int], n_workers: int) -> None:
+        """Run the tasks on ``n_workers`` spawned processes, in index order.
+
+        Up to two tasks per worker are submitted, so a worker that finishes one finds the next already queued
+        instead of idling for a round trip to the parent (searches have thousands of millisecond tasks).
+        """
+        ctx = multiprocessing.get_context("spawn")
+        stop_event = ctx.Event()
+        progress_q: Any = ctx.Queue()
+        todo = deque(pending)
+        inflight: dict[Future[Outcome], int] = {}
+        stop_since: float | None = None
+        error: Exception | None = None
+        executor = ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx, initializer=init_worker,
+                                       initargs=(stop_event, progress_q, os.getpid()))
+        clean = False
+        try:
+            while True:
+                if self.stop_reason() and stop_since is None:
+                    stop_event.set()
+                    stop_since = time.monotonic()
+                while stop_since is None and todo and len(inflight) < 2 * n_workers:
+                    idx = todo.popleft()
+                    inflight[submit(executor, worker_run, self.core, self.spec, self.task(idx),
+                                     self.save_every_s if self.resumable else None)] = idx
+                if not inflight:
+                    break
+                finished, _ = wait(inflight, timeout=TICK_S, return_when=FIRST_COMPLETED)
+                self._drain(progress_q, set(inflight.values()))
+                for fut in sorted(finished, key=inflight.__getitem__):
+                    del inflight[fut]
+                    try:
+                        self.record(fut.result())
+                    except Exception as exc:
+                        # Keep what the other running tasks finish (they are asked to stop), then raise.
+                        error = error or exc
+                        self.stopped_by = self.stopped_by or "error"
+                if stop_since is not None and time.monotonic() - stop_since > STOP_GRACE_S:
+                    break  # tasks that ignore should_stop are killed below
+                self.running = min(len(inflight), n_workers)
+                self.reporter.update(self.snapshot())
+            clean = not inflight
+            if error is not None:
+                raise error
+        finally:
+            stop_event.set()
+            if not clean:
+                terminate(executor)
+            executor.shutdown(wait=True, cancel_futures=True)
+            progress_q.close()
+            progress_q.join_thread()
+
+    def _drain(self, q: Any, running: set[int]) -> None:
+        """Take the workers' progress messages and save points; late ones of tasks already returned are dropped."""
+        while True:
+            try:
+                kind, idx, payload = q.get_nowait()
+            except queue_mod.Empty:
+                return
+            except (OSError, ValueError, EOFError):
+                return
+            if idx not in running:
+                continue
+            if kind == "save":
+                self.save_point(payload)
+            else:
+                self.partial[idx] = payload
+
+    # ------------------------------------------------------------------------------------ results
+    def record(self, out: Outcome) -> None:
+        """Commit a finished task (its candidates and done mark in one transaction); save where a stopped one
+        continues (when the core can resume), else drop it."""
+        self.partial.pop(out.index, None)
+        self.run_stats = add_stats(self.run_stats, out.stats)
+        if not out.complete and (out.resume is None or self.core.resume_task is None):
+            self.discarded = add_stats(self.discarded, out.stats)
+            return
+        stats, rows, elapsed = self._totals(out)
+        with self.interrupts.critical() if self.interrupts is not None else nullcontext():
+            if out.complete:
+                fresh = self.ckpt.commit_task(out.index, stats=stats, elapsed_s=elapsed, candidates=rows)
+            else:
+                fresh = self.ckpt.save_partial(out.index, resume=out.resume, stats=stats, elapsed_s=elapsed,
+                                               candidates=rows)
+        if not out.complete:
+            self.discarded = add_stats(self.discarded, out.stats)
+            if fresh:
+                self.stopped[out.index] = PartialTask(out.index, out.resume, stats, elapsed, tuple(rows))
+            return
+        self.stopped.pop(out.index, None)
+        if not fresh:
+            return
+        self.committed = add_stats(self.committed, stats)
+        self.done += 1
+        self.done_this_run += 1
+        times = [r.predicted_time_s for r in out.rows]
+        if times and (self.best_time is None or min(times) < self.best_time):
+            self.best_time = min(times)
+
+    def _totals(self, out: Outcome) -> tuple[dict[str, Any], list[CandidateRow], float]:
+        """The task's statistics, candidates and seconds so far: this run's part after the stopped run it
+        continued, if any."""
+        stats, rows, elapsed = out.stats, out.rows, out.elapsed_s
+        before = self.started_from.get(out.index)
+        if before is not None:
+            stats, elapsed = add_stats(before.stats, stats), before.elapsed_s + elapsed
+            rows = list(before.candidates) + [dataclasses.replace(r, position=len(before.candidates) + r.position)
+                                              for r in rows]
+        return stats, rows, elapsed
+
+    def save_point(self, out: Outcome) -> None:
+        """Keep a running task's progress (its resume point and candidates so far) against a kill."""
+        if out.resume is None:
+            return
+        stats, rows, elapsed = self._totals(out)
+        with self.interrupts.critical() if self.interrupts is not None else nullcontext():
+            if self.ckpt.save_partial(out.index, resume=out.resume, stats=stats, elapsed_s=elapsed, candidates=rows):
+                self.stopped[out.index] = PartialTask(out.index, out.resume, stats, elapsed, tuple(rows))
+
+    def snapshot(self) -> Snapshot:
+        """For the progress line: all work so far, including running tasks and stopped ones (to be redone)."""
+        live = functools.reduce(add_stats, self.partial.values(), add_stats(self.committed, self.discarded))
+        return Snapshot(stats=live, tasks_done=self.done, tasks_total=len(self.tasks),
+                        tasks_done_this_run=self.done_this_run, tasks_running=self.running,
+                        best_time_s=self.best_time, elapsed_s=time.monotonic() - self.start)
+
+    def result(self) -> SearchResult:
+        """The result as read back from the checkpoint (so a fresh run and a resumed one are identical)."""
+        core = self.core
+        cands = [decode_candidate(core, r) for r in self.ckpt.candidates()]
+        ranked = tuple(core.rank_candidates(cands))
+        done = self.ckpt.done_tasks()
+        stats = functools.reduce(operator.add, (decode_stats(core, done[i].stats) for i in sorted(done)),
+                                 core.stats_type())
+        return SearchResult(
+            candidates=ranked, stats=stats, tasks_done=len(done),
+            tasks_total=len(self.tasks), complete=len(done) == len(self.tasks),
+            elapsed_s=time.monotonic() - self.start, checkpoint_path=self.ckpt.path, tasks_resumed=self.resumed,
+            stopped_by=self.stopped_by if len(done) < len(self.tasks) else None,
+            run_stats=functools.reduce(add_stats, self.partial.values(), self.run_stats))
+
+
+__all__ = ["STOP_GRACE_S", "TICK_S", "SearchRun"]

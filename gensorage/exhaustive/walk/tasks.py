@@ -1,0 +1,168 @@
+"""The search as independent, replayable tasks: :func:`enumerate_tasks` names them, :func:`run_task` walks one.
+
+A node of the search tree is named by its path (see :mod:`.walk`), so :func:`enumerate_tasks` expands the tree
+to a small depth and names every node there (plus complete µGraphs above it) as a
+:class:`~gensorage.exhaustive.results.Task`; :func:`run_task` replays a task's path and walks its subtree. A
+task's result (its candidates and logical counters) depends only on the spec and the task, whichever process
+runs it and whichever tasks ran there before (what they share, :mod:`.search_context`, is pure), so a runner may
+run tasks in parallel, stop, and resume them. :func:`search_serial` runs every task in this process, without a
+checkpoint (the runner, :func:`gensorage.exhaustive.run.runner.run_search`, runs them on worker processes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from gensorage.exhaustive.results import (
+    Candidate,
+    Resume,
+    SearchResult,
+    Stats,
+    Task,
+    TaskResult,
+    rank_candidates,
+)
+from gensorage.exhaustive.spec import SearchSpec
+from gensorage.exhaustive.walk.search_context import SearchContext, process_context
+from gensorage.exhaustive.walk.subtree_memo import Memo, process_memo
+from gensorage.exhaustive.walk.walk import Hooks, Stopped, Walk
+
+# enumerate_tasks splits deeper until it has at least this many tasks, or reaches MAX_SPLIT_DEPTH. Few tasks,
+# because a task replays its path by generating the siblings before it at every level (a few milliseconds a task
+# at depth 2 of a GQA search, as much as a small task's walk): the runner's workers need enough tasks to balance,
+# and tasks save resume points while they run, so a big task loses no work.
+TARGET_TASKS = 16
+MAX_SPLIT_DEPTH = 3
+
+
+def enumerate_tasks(spec: SearchSpec) -> list[Task]:
+    """The search split into independent tasks, deterministically (same spec, same list, in every process).
+
+    The tree is expanded one level at a time until there are at least ``TARGET_TASKS`` nodes at the split depth
+    or the depth reaches ``MAX_SPLIT_DEPTH``; each node there is a task covering its subtree, and each complete
+    µGraph above it a task covering just itself. Together they cover the whole search exactly once. A node with
+    more than ``1 / TARGET_TASKS`` of the next level's nodes is split one level further: subtrees are very
+    uneven, and one task alone must not outlast the rest of the search.
+    """
+    paths: list[tuple[tuple[int, ...], bool]] = []
+    context = SearchContext(spec)
+    for split in range(1, MAX_SPLIT_DEPTH + 1):
+        paths = []
+        Walk(spec, context).collect(0, split, [], paths)
+        if sum(1 for _, sub in paths if sub) >= TARGET_TASKS:
+            break
+    else:
+        return [Task(i, p, sub) for i, (p, sub) in enumerate(paths)]
+    below: list[tuple[tuple[int, ...], bool]] = []
+    Walk(spec, context).collect(0, split + 1, [], below)
+    children = Counter(p[:split] for p, sub in below if sub)
+    big = frozenset(p for p, n in children.items() if n * TARGET_TASKS > len(below))
+    if big:
+        paths = []
+        Walk(spec, context).collect(0, split, [], paths, big)
+    return [Task(i, p, sub) for i, (p, sub) in enumerate(paths)]
+
+
+def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = lambda: False,
+             on_progress: Callable[[Stats], None] | None = None,
+             on_save: Callable[[TaskResult], None] | None = None, save_every_s: float = 60.0,
+             reuse_subtrees: bool = True, memo: Memo | None = None,
+             context: SearchContext | None = None) -> TaskResult:
+    """Search the subtree of ``task`` and verify every complete µGraph in it.
+
+    Parameters
+    ----------
+    spec : SearchSpec
+        The search.
+    task : Task
+        One of ``enumerate_tasks(spec)``.
+    should_stop : callable
+        Polled every few states; when it returns True the walk ends and the result has ``complete=False``.
+    on_progress : callable, optional
+        Called with the task's statistics so far, at most every ``PROGRESS_EVERY_S`` seconds.
+    on_save : callable, optional
+        Called about every ``save_every_s`` seconds (first after that long) with the task so far as a stopped
+        result (candidates, statistics, ``resume``), so a caller can keep it against the process being killed.
+    reuse_subtrees : bool
+        Replay kernel-level subtrees identical to one already walked in this task instead of walking them again
+        (:mod:`.subtree_memo`); the result is the same either way.
+    memo : Memo, optional
+        Where recorded subtrees are kept; None: a fresh one for this task (see :func:`run_task_shared`).
+    context : SearchContext, optional
+        The spec's precomputed facts and memos, shared by tasks (:mod:`.search_context`); None: a fresh one.
+
+    Returns
+    -------
+    TaskResult
+        The candidates found (in discovery order), the statistics, and whether the subtree was finished. A
+        function of ``(spec, task)`` only, when complete.
+    """
+    if task.resume is not None and tuple(task.resume.cursor[:len(task.path)]) != tuple(task.path):
+        raise ValueError(f"task {task.index}: resume point {list(task.resume.cursor)} is not inside its "
+                         f"subtree {list(task.path)}")
+    w = Walk(spec, context, task)
+    w.reuse_subtrees = reuse_subtrees
+    if memo is not None:
+        w.subtrees = memo
+    w.hooks = Hooks(should_stop, on_progress, on_save, save_every_s, next_save=time.monotonic() + save_every_s)
+    try:
+        w.visit(0)
+    except Stopped:
+        assert w.stopped_at is not None
+        return w.partial_result(w.stopped_at)
+    return TaskResult(task.index, tuple(w.candidates), w.stats(), True)
+
+
+def run_task_shared(spec: SearchSpec, task: Task, **kwargs: Any) -> TaskResult:
+    """:func:`run_task` with this process's subtree memo and context for ``spec``, shared by the tasks it runs:
+    the same candidates and logical counters, less work (see :mod:`.subtree_memo` and :mod:`.search_context`)."""
+    key = spec.key()
+    return run_task(spec, task, memo=process_memo(key), context=process_context(spec, key), **kwargs)
+
+
+def resume_task(task: Task, data: dict[str, Any]) -> Task:
+    """``task`` continuing where a stopped run left it (``data``: that run's ``TaskResult.resume`` as JSON)."""
+    return dataclasses.replace(task, resume=Resume.from_json(data))
+
+
+def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> SearchResult:
+    """Run every task of ``spec`` in this process (no checkpoint); for tests and small searches.
+
+    The result is the runner's (the same candidates and logical counters for the same spec: the tasks share one
+    context and subtree memo, which changes only the work counters). With a time budget, the task running when
+    it expires is stopped and the result has ``complete=False`` (``stopped_by="time budget"``); its candidates
+    and statistics include what the stopped task found.
+    """
+    start = time.monotonic()
+
+    def out_of_time() -> bool:
+        return time_budget_s is not None and time.monotonic() - start >= time_budget_s
+
+    tasks = enumerate_tasks(spec)
+    enumerate_s = time.monotonic() - start
+    # Shared by this search's tasks only, so two calls report the same statistics.
+    memo, context = Memo(), SearchContext(spec)
+    cands: list[Candidate] = []
+    stats = Stats()
+    done = 0
+    for task in tasks:
+        if out_of_time():
+            break
+        res = run_task(spec, task, should_stop=out_of_time, memo=memo, context=context)
+        cands.extend(res.candidates)
+        stats = stats + res.stats
+        if not res.complete:
+            break
+        done += 1
+    complete = done == len(tasks)
+    return SearchResult(tuple(rank_candidates(cands)), stats, done, len(tasks), complete, time.monotonic() - start,
+                        stopped_by=None if complete else "time budget", run_stats=stats.to_json(),
+                        enumerate_s=enumerate_s)
+
+
+__all__ = ["MAX_SPLIT_DEPTH", "TARGET_TASKS", "enumerate_tasks", "resume_task", "run_task", "run_task_shared",
+           "search_serial"]
