@@ -43,8 +43,13 @@ def gpu_names() -> list[str]:
     if exe is None:
         return []
     try:
-        proc = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                              timeout=20, check=False)
+        proc = subprocess.run(
+            [exe, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     if proc.returncode != 0:
@@ -55,8 +60,13 @@ def gpu_names() -> list[str]:
 def git_commit(repo: Path = REPO_ROOT) -> str | None:
     """``git rev-parse HEAD`` of the repository (None outside git or before the first commit)."""
     try:
-        proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=20, check=False)
+        proc = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (proc.stdout.strip() or None) if proc.returncode == 0 else None
@@ -65,8 +75,13 @@ def git_commit(repo: Path = REPO_ROOT) -> str | None:
 def git_dirty(repo: Path = REPO_ROOT) -> bool | None:
     """Whether tracked files differ from HEAD (None when unknown)."""
     try:
-        proc = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                              capture_output=True, text=True, timeout=20, check=False)
+        proc = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return bool(proc.stdout.strip()) if proc.returncode == 0 else None

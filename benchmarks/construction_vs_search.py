@@ -56,15 +56,22 @@ GOAL_MARKOV_VS_OPTUNA = 0.97
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help=f"workloads {','.join(QUICK_IDS)} and no optuna-1000 (minutes instead of an hour)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"workloads {','.join(QUICK_IDS)} and no optuna-1000 (minutes instead of an hour)",
+    )
     p.add_argument("--workloads", help="comma-separated op config ids (default: all of configs/ops)")
     p.add_argument("--hw", default="h100", help="hardware profile (default h100)")
     p.add_argument("--seed", type=int, default=0, help="seed of every method (default 0)")
-    p.add_argument("--methods", help=f"comma-separated subset of {','.join(r[0] for r in METHOD_RUNS)},{DLIGHT}")
+    p.add_argument(
+        "--methods", help=f"comma-separated subset of {','.join(r[0] for r in METHOD_RUNS)},{DLIGHT}"
+    )
     p.add_argument("--no-dlight", action="store_true", help="skip TVM dlight")
     p.add_argument("--measure", action="store_true", help="also time kernels on the GPU (needs a GPU)")
-    p.add_argument("--out", type=Path, help="output JSON path (default benchmarks/results/<name>-<date>.json)")
+    p.add_argument(
+        "--out", type=Path, help="output JSON path (default benchmarks/results/<name>-<date>.json)"
+    )
     return p.parse_args(argv)
 
 
@@ -74,8 +81,9 @@ def select_runs(args: argparse.Namespace) -> tuple[list[tuple[str, str, dict[str
         wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
         unknown = [m for m in wanted if m not in labels]
         if unknown:
-            raise SystemExit(f"construction_vs_search: unknown method(s) {', '.join(unknown)} "
-                             f"(known: {', '.join(labels)})")
+            raise SystemExit(
+                f"construction_vs_search: unknown method(s) {', '.join(unknown)} (known: {', '.join(labels)})"
+            )
     else:
         wanted = list(QUICK_RUNS if args.quick else labels[:-1]) + [DLIGHT]
     runs = [r for r in METHOD_RUNS if r[0] in wanted]
@@ -95,8 +103,9 @@ def select_workloads(args: argparse.Namespace) -> list[tuple[str, Any]]:
     by_id = dict(configs)
     unknown = [w for w in wanted if w not in by_id]
     if unknown:
-        raise SystemExit(f"construction_vs_search: unknown workload id(s) {', '.join(unknown)} "
-                         f"(known: {', '.join(by_id)})")
+        raise SystemExit(
+            f"construction_vs_search: unknown workload id(s) {', '.join(unknown)} (known: {', '.join(by_id)})"
+        )
     return [(w, by_id[w]) for w in wanted]
 
 
@@ -111,8 +120,12 @@ def run_method(workload: Any, hw: Any, method: str, seed: int, opts: dict[str, A
     except GensorageError as exc:
         return {"time_to_schedule_s": time.perf_counter() - start, "error": str(exc)}
     elapsed = time.perf_counter() - start
-    return {"time_to_schedule_s": elapsed, "predicted_time_s": outcome.predicted_time_s,
-            "evaluated": outcome.evaluated, "schedule": outcome.schedule.to_json()}
+    return {
+        "time_to_schedule_s": elapsed,
+        "predicted_time_s": outcome.predicted_time_s,
+        "evaluated": outcome.evaluated,
+        "schedule": outcome.schedule.to_json(),
+    }
 
 
 def prepare_dlight() -> float:
@@ -136,11 +149,19 @@ def run_dlight(workload: Any, hw: Any) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         with target:
-            scheduled = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                                dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+            scheduled = dl.ApplyDefaultSchedule(
+                dl.gpu.Matmul(),
+                dl.gpu.GEMV(),
+                dl.gpu.Reduction(),
+                dl.gpu.GeneralReduction(),
+                dl.gpu.Fallback(),
+            )(mod)
     except Exception as exc:  # dlight raises assorted TVM errors; record, do not abort the benchmark
-        return {"time_to_schedule_s": time.perf_counter() - start, "error": str(exc).splitlines()[-1][:200],
-                "quality": NOT_IN_SPACE}
+        return {
+            "time_to_schedule_s": time.perf_counter() - start,
+            "error": str(exc).splitlines()[-1][:200],
+            "quality": NOT_IN_SPACE,
+        }
     elapsed = time.perf_counter() - start
     start = time.perf_counter()
     try:
@@ -148,14 +169,21 @@ def run_dlight(workload: Any, hw: Any) -> dict[str, Any]:
         built: bool | str = True
     except Exception as exc:  # noqa: BLE001 - the build result is data here
         built = str(exc).splitlines()[-1][:200]
-    return {"time_to_schedule_s": elapsed, "codegen_s": time.perf_counter() - start, "builds": built,
-            "quality": NOT_IN_SPACE}
+    return {
+        "time_to_schedule_s": elapsed,
+        "codegen_s": time.perf_counter() - start,
+        "builds": built,
+        "quality": NOT_IN_SPACE,
+    }
 
 
 def add_quality(methods: dict[str, dict[str, Any]]) -> float | None:
     """Fill ``quality`` = best_known / predicted for every method with a finite prediction."""
-    times = [m["predicted_time_s"] for m in methods.values()
-             if isinstance(m.get("predicted_time_s"), float) and math.isfinite(m["predicted_time_s"])]
+    times = [
+        m["predicted_time_s"]
+        for m in methods.values()
+        if isinstance(m.get("predicted_time_s"), float) and math.isfinite(m["predicted_time_s"])
+    ]
     if not times:
         return None
     best = min(times)
@@ -200,9 +228,9 @@ def _dlight_module(workload: Any, hw: Any) -> Any:
     from gensorage.codegen.cuda_build import cuda_target
 
     with cuda_target(hw):
-        return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                       dl.gpu.GeneralReduction(),
-                                       dl.gpu.Fallback())(tvm.IRModule({"main": workload.build()}))
+        return dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+        )(tvm.IRModule({"main": workload.build()}))
 
 
 def _time_tvm(mod: Any, workload: Any, hw: Any, repeat: int) -> float | str:
@@ -256,11 +284,13 @@ def _torch_fn(workload: Any, torch: Any) -> Callable[..., Any] | None:
     if workload.name in ("gemm", "gemv", "batch_matmul"):
         return torch.matmul
     if workload.name == "conv2d":
-        return lambda x, w: torch.nn.functional.conv2d(x, w, stride=(p["stride_h"], p["stride_w"]),
-                                                       padding=(p["pad_h"], p["pad_w"]))
+        return lambda x, w: torch.nn.functional.conv2d(
+            x, w, stride=(p["stride_h"], p["stride_w"]), padding=(p["pad_h"], p["pad_w"])
+        )
     if workload.name == "avgpool2d":
-        return lambda x: torch.nn.functional.avg_pool2d(x, (p["KH"], p["KW"]), (p["stride_h"], p["stride_w"]),
-                                                        (p["pad_h"], p["pad_w"]))
+        return lambda x: torch.nn.functional.avg_pool2d(
+            x, (p["KH"], p["KW"]), (p["stride_h"], p["stride_w"]), (p["pad_h"], p["pad_w"])
+        )
     return None
 
 
@@ -277,18 +307,31 @@ def summarize(entries: list[dict[str, Any]], labels: Sequence[str]) -> dict[str,
         times = [e["methods"][label]["time_to_schedule_s"] for e in entries if label in e["methods"]]
         if times:
             median_time[label] = statistics.median(times)
-        quals = [e["methods"][label]["quality"] for e in entries
-                 if isinstance(e["methods"].get(label, {}).get("quality"), float)]
+        quals = [
+            e["methods"][label]["quality"]
+            for e in entries
+            if isinstance(e["methods"].get(label, {}).get("quality"), float)
+        ]
         if quals:
             mean_quality[label] = statistics.fmean(quals)
-    summary: dict[str, Any] = {"workloads": len(entries), "median_time_to_schedule_s": median_time,
-                               "mean_quality": mean_quality}
+    summary: dict[str, Any] = {
+        "workloads": len(entries),
+        "median_time_to_schedule_s": median_time,
+        "mean_quality": mean_quality,
+    }
     for other, key in (("optuna-1000", "markov_vs_optuna_1000"), ("roller", "markov_vs_roller")):
-        ratios = [e["methods"]["markov"]["quality"] / e["methods"][other]["quality"] for e in entries
-                  if _both(e, "markov", other)]
+        ratios = [
+            e["methods"]["markov"]["quality"] / e["methods"][other]["quality"]
+            for e in entries
+            if _both(e, "markov", other)
+        ]
         if ratios:
-            summary[key] = {"geomean_quality_ratio": geomean(ratios), "min": min(ratios), "max": max(ratios),
-                            "workloads": len(ratios)}
+            summary[key] = {
+                "geomean_quality_ratio": geomean(ratios),
+                "min": min(ratios),
+                "max": max(ratios),
+                "workloads": len(ratios),
+            }
     if "markov_vs_optuna_1000" in summary:
         g = summary["markov_vs_optuna_1000"]["geomean_quality_ratio"]
         summary["markov_vs_optuna_1000"]["goal"] = GOAL_MARKOV_VS_OPTUNA
@@ -315,18 +358,33 @@ def plot(entries: list[dict[str, Any]], labels: Sequence[str], path: Path, title
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     colors = plt.get_cmap("tab10")
     for i, label in enumerate(labels):
-        pts = [(e["methods"][label]["time_to_schedule_s"], e["methods"][label]["quality"]) for e in entries
-               if isinstance(e["methods"].get(label, {}).get("quality"), float)]
+        pts = [
+            (e["methods"][label]["time_to_schedule_s"], e["methods"][label]["quality"])
+            for e in entries
+            if isinstance(e["methods"].get(label, {}).get("quality"), float)
+        ]
         if not pts:
             continue
         xs, ys = zip(*pts, strict=True)
         ax.scatter(xs, ys, s=14, alpha=0.35, color=colors(i))
-        ax.scatter([statistics.median(xs)], [statistics.median(ys)], s=90, marker="D", color=colors(i),
-                   edgecolor="black", label=f"{label} (median)")
+        ax.scatter(
+            [statistics.median(xs)],
+            [statistics.median(ys)],
+            s=90,
+            marker="D",
+            color=colors(i),
+            edgecolor="black",
+            label=f"{label} (median)",
+        )
     dl_times = [e["methods"][DLIGHT]["time_to_schedule_s"] for e in entries if DLIGHT in e["methods"]]
     if dl_times:
-        ax.axvline(statistics.median(dl_times), color="gray", linestyle="--", linewidth=1,
-                   label="dlight median time (quality n/a)")
+        ax.axvline(
+            statistics.median(dl_times),
+            color="gray",
+            linestyle="--",
+            linewidth=1,
+            label="dlight median time (quality n/a)",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("time to schedule (s, log scale)")
     ax.set_ylabel("quality = best known / predicted time")
@@ -357,26 +415,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or result_path(NAME)
     labels = [r[0] for r in runs]
     result: dict[str, Any] = {
-        "benchmark": NAME, "machine": machine_info(), "hw": hw.name, "seed": args.seed, "quick": args.quick,
+        "benchmark": NAME,
+        "machine": machine_info(),
+        "hw": hw.name,
+        "seed": args.seed,
+        "quick": args.quick,
         "cost_model": "gensorage.markov.cost_model.predict_schedule_time (analytic, nothing measured)",
         "quality": "best_known / predicted_time; best_known = lowest predicted time of any method on the workload",
         "methods": {label: {"method": m, "options": o} for label, m, o in runs},
-        "workloads": [], "summary": {},
+        "workloads": [],
+        "summary": {},
     }
     if with_dlight:
-        result["methods"][DLIGHT] = {"method": "tvm.s_tir.dlight default GPU schedule", "quality": NOT_IN_SPACE}
+        result["methods"][DLIGHT] = {
+            "method": "tvm.s_tir.dlight default GPU schedule",
+            "quality": NOT_IN_SPACE,
+        }
         result["dlight_setup_s"] = prepare_dlight()
     for n, (wid, wl) in enumerate(workloads, 1):
         progress(f"[{n}/{len(workloads)}] {wid} {wl.key()}")
-        entry: dict[str, Any] = {"id": wid, "workload": wl.key(), "op": wl.name, "flops": wl.flops, "methods": {}}
+        entry: dict[str, Any] = {
+            "id": wid,
+            "workload": wl.key(),
+            "op": wl.name,
+            "flops": wl.flops,
+            "methods": {},
+        }
         for label, method, opts in runs:
             entry["methods"][label] = r = run_method(wl, hw, method, args.seed, opts)
-            progress(f"    {label:<12} {r['time_to_schedule_s']:8.3f} s  "
-                     + (f"{r['predicted_time_s'] * 1e6:10.2f} us" if "predicted_time_s" in r else r.get("error", "")))
+            progress(
+                f"    {label:<12} {r['time_to_schedule_s']:8.3f} s  "
+                + (
+                    f"{r['predicted_time_s'] * 1e6:10.2f} us"
+                    if "predicted_time_s" in r
+                    else r.get("error", "")
+                )
+            )
         entry["best_known_s"] = add_quality(entry["methods"])
         if with_dlight:
             entry["methods"][DLIGHT] = r = run_dlight(wl, hw)
-            progress(f"    {DLIGHT:<12} {r['time_to_schedule_s']:8.3f} s  (builds: {r.get('builds', r.get('error'))})")
+            progress(
+                f"    {DLIGHT:<12} {r['time_to_schedule_s']:8.3f} s  (builds: {r.get('builds', r.get('error'))})"
+            )
         if args.measure:
             entry["gpu"] = measure_on_gpu(wl, hw, entry)
         result["workloads"].append(entry)
@@ -398,8 +478,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
     for key in ("markov_vs_optuna_1000", "markov_vs_roller"):
         if key in summary:
             s = summary[key]
-            progress(f"  {key}: geomean quality ratio {s['geomean_quality_ratio']:.3f} "
-                     f"(min {s['min']:.3f}, max {s['max']:.3f}, {s['workloads']} workloads)")
+            progress(
+                f"  {key}: geomean quality ratio {s['geomean_quality_ratio']:.3f} "
+                f"(min {s['min']:.3f}, max {s['max']:.3f}, {s['workloads']} workloads)"
+            )
 
 
 if __name__ == "__main__":

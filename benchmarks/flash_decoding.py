@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--budget", type=float, default=1800.0, help="time budget in seconds")
-    ap.add_argument("--out", type=Path, help="result JSON (default benchmarks/results/flash_decoding-<date>.json)")
+    ap.add_argument(
+        "--out", type=Path, help="result JSON (default benchmarks/results/flash_decoding-<date>.json)"
+    )
     args = ap.parse_args(argv)
 
     from test_rediscovery import _split_kv_then_combine
@@ -46,14 +48,25 @@ def main(argv: list[str] | None = None) -> int:
     from gensorage.exhaustive.spec import SearchSpec
     from gensorage.program import load_config
 
-    spec = SearchSpec(program=load_config("mha_incdec", PARAMS), max_kernel_ops=2, max_block_ops=4,
-                      max_grid_dims=2, max_block_outputs=2, dims=load_dim_strategy("attention"))
+    spec = SearchSpec(
+        program=load_config("mha_incdec", PARAMS),
+        max_kernel_ops=2,
+        max_block_ops=4,
+        max_grid_dims=2,
+        max_block_outputs=2,
+        dims=load_dim_strategy("attention"),
+    )
     path = args.out or result_path(NAME)
     tmp = Path(tempfile.mkdtemp(prefix="gensorage-fd-"))
     try:
         t0 = time.perf_counter()
-        r = run_search(spec, checkpoint=tmp / "ckpt.sqlite", workers=args.workers, time_budget_s=args.budget,
-                       progress=True)
+        r = run_search(
+            spec,
+            checkpoint=tmp / "ckpt.sqlite",
+            workers=args.workers,
+            time_budget_s=args.budget,
+            progress=True,
+        )
         wall = time.perf_counter() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -61,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {
         "benchmark": NAME,
         "machine": machine_info(),
-        "settings": {"program": "mha_incdec", "params": PARAMS, "workers": args.workers, "budget_s": args.budget,
-                     "spec": {k: v for k, v in spec.to_json().items() if k != "program"}},
+        "settings": {
+            "program": "mha_incdec",
+            "params": PARAMS,
+            "workers": args.workers,
+            "budget_s": args.budget,
+            "spec": {k: v for k, v in spec.to_json().items() if k != "program"},
+        },
         "complete": r.complete,
         "wall_s": round(wall, 3),
         "tasks_done": r.tasks_done,
@@ -75,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         "first_flash_decoding": found[0].ugraph.to_text() if found else None,
     }
     write_json(path, doc)
-    progress(f"{'complete' if r.complete else 'stopped'} in {wall:.1f} s: {len(r.candidates)} candidates, "
-             f"{len(found)} with FlashDecoding's structure; wrote {path}")
+    progress(
+        f"{'complete' if r.complete else 'stopped'} in {wall:.1f} s: {len(r.candidates)} candidates, "
+        f"{len(found)} with FlashDecoding's structure; wrote {path}"
+    )
     return 0
 
 

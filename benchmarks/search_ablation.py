@@ -63,14 +63,26 @@ DEFAULT_PARAMS = {"b": 1, "kv": 2, "g": 2, "s": 1, "n": 16, "d": 8}
 # Mirage Table 5 (GQA search time): (seconds, relation, the paper's text); relation "=" a measured time,
 # "<" / ">" a bound.
 MIRAGE_TABLE5: dict[int, dict[str, tuple[float, str, str]]] = {
-    4: {"mirage": (9.0, "=", "9 sec"), "no_expr": (1.0, "<", "<1 sec"),
-        "no_expr_no_canonical": (1.0, "<", "<1 sec")},
-    5: {"mirage": (2.3 * 60, "=", "2.3 min"), "no_expr": (249 * 60.0, "=", "249 min"),
-        "no_expr_no_canonical": (12 * 3600.0, ">", "> 12h")},
-    6: {"mirage": (20 * 60.0, "=", "20 min"), "no_expr": (12 * 3600.0, ">", "> 12h"),
-        "no_expr_no_canonical": (12 * 3600.0, ">", "> 12h")},
-    7: {"mirage": (76 * 60.0, "=", "76 min"), "no_expr": (12 * 3600.0, ">", "> 12h"),
-        "no_expr_no_canonical": (12 * 3600.0, ">", "> 12h")},
+    4: {
+        "mirage": (9.0, "=", "9 sec"),
+        "no_expr": (1.0, "<", "<1 sec"),
+        "no_expr_no_canonical": (1.0, "<", "<1 sec"),
+    },
+    5: {
+        "mirage": (2.3 * 60, "=", "2.3 min"),
+        "no_expr": (249 * 60.0, "=", "249 min"),
+        "no_expr_no_canonical": (12 * 3600.0, ">", "> 12h"),
+    },
+    6: {
+        "mirage": (20 * 60.0, "=", "20 min"),
+        "no_expr": (12 * 3600.0, ">", "> 12h"),
+        "no_expr_no_canonical": (12 * 3600.0, ">", "> 12h"),
+    },
+    7: {
+        "mirage": (76 * 60.0, "=", "76 min"),
+        "no_expr": (12 * 3600.0, ">", "> 12h"),
+        "no_expr_no_canonical": (12 * 3600.0, ">", "> 12h"),
+    },
 }
 # Variant name -> (prune, canonical). The first three are Table 5's columns; the last is the missing corner.
 VARIANTS: dict[str, tuple[bool, bool]] = {
@@ -85,26 +97,43 @@ GOAL_FRACTION = 0.1
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--program", default="gqa_incdec", help="bundled program config or .gsp file")
-    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                    help=f"program param override (default {DEFAULT_PARAMS})")
+    ap.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"program param override (default {DEFAULT_PARAMS})",
+    )
     ap.add_argument("--hw", default="h100")
     ap.add_argument("--max-block-ops-list", default="4,5,6,7", help="comma-separated block-op limits")
-    ap.add_argument("--count", choices=("nodes", "ops"), default="nodes",
-                    help="what the limit counts: iterators + operators + accumulators as Mirage does (nodes, "
-                         "default) or compute operators only (ops)")
+    ap.add_argument(
+        "--count",
+        choices=("nodes", "ops"),
+        default="nodes",
+        help="what the limit counts: iterators + operators + accumulators as Mirage does (nodes, "
+        "default) or compute operators only (ops)",
+    )
     ap.add_argument("--max-kernel-ops", type=int, help="kernel-op limit (default: the spec's default)")
-    ap.add_argument("--dims", default="attention",
-                    help="dim strategy (configs/dims/), 'none' for every map (default attention: Mirage's "
-                         "attention config, the space of its Table 5)")
+    ap.add_argument(
+        "--dims",
+        default="attention",
+        help="dim strategy (configs/dims/), 'none' for every map (default attention: Mirage's "
+        "attention config, the space of its Table 5)",
+    )
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
     ap.add_argument("--schedule", default="markov", choices=("markov", "enumerate"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2: the goal's machine)")
     ap.add_argument("--cap", type=float, default=600.0, help="per-configuration time cap in seconds")
-    ap.add_argument("--out", type=Path, help="result JSON (default benchmarks/results/search_ablation-<date>.json)")
+    ap.add_argument(
+        "--out", type=Path, help="result JSON (default benchmarks/results/search_ablation-<date>.json)"
+    )
     ap.add_argument("--progress", action="store_true", help="live search progress on stderr")
-    ap.add_argument("--no-replicated-writes", action="store_true",
-                    help="SearchSpec(replicated_writes=False): a narrower space, not exact (docs/search.md)")
+    ap.add_argument(
+        "--no-replicated-writes",
+        action="store_true",
+        help="SearchSpec(replicated_writes=False): a narrower space, not exact (docs/search.md)",
+    )
     return ap.parse_args(argv)
 
 
@@ -124,8 +153,9 @@ def run_one(spec: Any, cap: float, workers: int, show_progress: bool) -> dict[st
     tmp = Path(tempfile.mkdtemp(prefix="gensorage-ablation-"))
     try:
         t0 = time.perf_counter()
-        r = run_search(spec, checkpoint=tmp / "ckpt.sqlite", workers=workers, time_budget_s=cap,
-                       progress=show_progress)
+        r = run_search(
+            spec, checkpoint=tmp / "ckpt.sqlite", workers=workers, time_budget_s=cap, progress=show_progress
+        )
         wall = time.perf_counter() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -153,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     from gensorage.exhaustive.dim_strategy import load_dim_strategy
     from gensorage.exhaustive.spec import SearchSpec
 
-    params = {**DEFAULT_PARAMS, **parse_params(args.param)} if args.program == "gqa_incdec" \
+    params = (
+        {**DEFAULT_PARAMS, **parse_params(args.param)}
+        if args.program == "gqa_incdec"
         else parse_params(args.param)
+    )
     program = load_source(args.program, params)
     limits = [int(x) for x in args.max_block_ops_list.split(",") if x.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -167,13 +200,21 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": NAME,
         "machine": machine_info(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "settings": {"program": args.program, "params": params, "hw": args.hw, "max_block_ops": limits,
-                     "count": args.count, "max_kernel_ops": args.max_kernel_ops, "dims": args.dims,
-                     "schedule": args.schedule, "seed": args.seed,
-                     "replicated_writes": not args.no_replicated_writes,
-                     "workers": args.workers, "cap_s": args.cap, "variants": {v: dict(zip(("prune", "canonical"),
-                                                                                          VARIANTS[v], strict=True))
-                                                                              for v in variants}},
+        "settings": {
+            "program": args.program,
+            "params": params,
+            "hw": args.hw,
+            "max_block_ops": limits,
+            "count": args.count,
+            "max_kernel_ops": args.max_kernel_ops,
+            "dims": args.dims,
+            "schedule": args.schedule,
+            "seed": args.seed,
+            "replicated_writes": not args.no_replicated_writes,
+            "workers": args.workers,
+            "cap_s": args.cap,
+            "variants": {v: dict(zip(("prune", "canonical"), VARIANTS[v], strict=True)) for v in variants},
+        },
         "mirage_table5": {str(k): {v: reference(k, v) for v in MIRAGE_TABLE5[k]} for k in MIRAGE_TABLE5},
         "goal": f"full search time <= {GOAL_FRACTION:g} x Mirage Table 5 on a 2-core machine",
         "runs": [],
@@ -183,18 +224,33 @@ def main(argv: list[str] | None = None) -> int:
     for limit in limits:
         for variant in variants:
             prune, canonical = VARIANTS[variant]
-            row: dict[str, Any] = {"max_block_ops": limit, "variant": variant, "prune": prune,
-                                   "canonical": canonical, "mirage": reference(limit, variant)}
+            row: dict[str, Any] = {
+                "max_block_ops": limit,
+                "variant": variant,
+                "prune": prune,
+                "canonical": canonical,
+                "mirage": reference(limit, variant),
+            }
             if variant in timed_out:
-                row["status"] = (f"skipped: timed out at max_block_ops={timed_out[variant]} within "
-                                 f"{args.cap:g} s")
+                row["status"] = (
+                    f"skipped: timed out at max_block_ops={timed_out[variant]} within {args.cap:g} s"
+                )
             else:
                 extra: dict[str, Any] = {"max_kernel_ops": args.max_kernel_ops} if args.max_kernel_ops else {}
                 if args.count == "nodes":
                     extra["max_block_nodes"] = limit
-                spec = SearchSpec(program=program, hw=args.hw, max_block_ops=limit, prune=prune,
-                                  canonical=canonical, schedule=args.schedule, seed=args.seed, dims=dims,
-                                  replicated_writes=not args.no_replicated_writes, **extra)
+                spec = SearchSpec(
+                    program=program,
+                    hw=args.hw,
+                    max_block_ops=limit,
+                    prune=prune,
+                    canonical=canonical,
+                    schedule=args.schedule,
+                    seed=args.seed,
+                    dims=dims,
+                    replicated_writes=not args.no_replicated_writes,
+                    **extra,
+                )
                 row["spec_key"] = spec.key()
                 row["spec"] = {k: v for k, v in spec.to_json().items() if k != "program"}
                 row.update(run_one(spec, args.cap, args.workers, args.progress))
@@ -236,8 +292,10 @@ def _goal_summary(runs: list[dict[str, Any]]) -> dict[str, str]:
         if "wall_s" not in row:
             verdict = f"not run ({row['status']})"
         elif row["complete"]:
-            verdict = (f"{'met' if row['wall_s'] <= goal else 'not met'}: {row['wall_s']:.3g} s against a goal of "
-                       f"{goal:.3g} s (Mirage {row['mirage']['text']})")
+            verdict = (
+                f"{'met' if row['wall_s'] <= goal else 'not met'}: {row['wall_s']:.3g} s against a goal of "
+                f"{goal:.3g} s (Mirage {row['mirage']['text']})"
+            )
         elif row["wall_s"] >= goal:
             verdict = f"not met: {row['status']} (goal {goal:.3g} s, Mirage {row['mirage']['text']})"
         else:
@@ -254,9 +312,11 @@ def _summary_line(row: dict[str, Any]) -> str:
     pruned = sum(int(st.get(k, 0)) for k in ("pruned_expr", "pruned_shape", "pruned_memory"))
     ratio = f" ratio {row['ratio_to_mirage']:.4g}" if "ratio_to_mirage" in row else ""
     ref = f" (Mirage {row['mirage']['text']})" if row.get("mirage") else ""
-    return (f"{head} {row['status']:<22} {row['wall_s']:9.2f} s{ref}{ratio}  states {st.get('states', 0)} "
-            f"pruned {pruned} solver {st.get('solver_queries', 0)} hits {st.get('cache_hits', 0)} "
-            f"candidates {row['candidates']}")
+    return (
+        f"{head} {row['status']:<22} {row['wall_s']:9.2f} s{ref}{ratio}  states {st.get('states', 0)} "
+        f"pruned {pruned} solver {st.get('solver_queries', 0)} hits {st.get('cache_hits', 0)} "
+        f"candidates {row['candidates']}"
+    )
 
 
 if __name__ == "__main__":

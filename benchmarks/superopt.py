@@ -47,13 +47,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("programs", nargs="*", help="program names (default: every configs/programs/*.gsp)")
     ap.add_argument("--hw", default="h100", help="hardware profile (default h100)")
-    ap.add_argument("--budget", type=float, default=60.0, help="search time budget per program, s (default 60)")
+    ap.add_argument(
+        "--budget", type=float, default=60.0, help="search time budget per program, s (default 60)"
+    )
     ap.add_argument("--workers", type=int, default=None, help="search workers (default: all cores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/...)")
-    ap.add_argument("--work-dir", type=Path, default=None,
-                    help="where stores and checkpoints go (default: a fresh temporary folder, so every "
-                         "program is searched from scratch; give one to resume an interrupted benchmark)")
+    ap.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="where stores and checkpoints go (default: a fresh temporary folder, so every "
+        "program is searched from scratch; give one to resume an interrupted benchmark)",
+    )
     ap.add_argument("--gpu", action="store_true", help="also measure on the GPU against torch (needs both)")
     return ap.parse_args(argv)
 
@@ -61,28 +67,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _summary(r: SuperoptResult) -> dict[str, Any]:
     stats = r.search_stats or {}
     return {
-        "kernels": r.num_kernels, "naive_kernels": r.naive_num_kernels,
-        "predicted_time_s": r.predicted_time_s, "naive_predicted_time_s": r.naive_predicted_time_s,
-        "predicted_speedup": r.speedup, "direct": r.is_direct, "origin": r.origin,
-        "verified": bool(r.equivalence), "verification": r.equivalence.method,
+        "kernels": r.num_kernels,
+        "naive_kernels": r.naive_num_kernels,
+        "predicted_time_s": r.predicted_time_s,
+        "naive_predicted_time_s": r.naive_predicted_time_s,
+        "predicted_speedup": r.speedup,
+        "direct": r.is_direct,
+        "origin": r.origin,
+        "verified": bool(r.equivalence),
+        "verification": r.equivalence.method,
         "achieved_delta": None if r.equivalence.report is None else r.equivalence.report.achieved_delta,
-        "wall_time_s": r.search_time_s, "timings": r.timings, "complete": r.complete, "stopped_by": r.stopped_by,
-        "tasks_done": stats.get("tasks_done"), "tasks_total": stats.get("tasks_total"),
-        "candidates": stats.get("candidates"), "search_stats": stats.get("stats"),
+        "wall_time_s": r.search_time_s,
+        "timings": r.timings,
+        "complete": r.complete,
+        "stopped_by": r.stopped_by,
+        "tasks_done": stats.get("tasks_done"),
+        "tasks_total": stats.get("tasks_total"),
+        "candidates": stats.get("candidates"),
+        "search_stats": stats.get("stats"),
         "at_search_shapes": stats.get("at_search_shapes"),
-        "from_store": r.from_store, "selection": r.selection, "measured_s": r.measured, "notes": r.notes,
+        "from_store": r.from_store,
+        "selection": r.selection,
+        "measured_s": r.measured,
+        "notes": r.notes,
     }
 
 
 def run_program(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Full mode, then fast mode, for one program; errors are recorded, not raised."""
     preset = load_preset(name)
-    entry: dict[str, Any] = {"program": name, "search_params": preset.search_params, "budget_s": args.budget,
-                             "preset": preset.to_json()}
+    entry: dict[str, Any] = {
+        "program": name,
+        "search_params": preset.search_params,
+        "budget_s": args.budget,
+        "preset": preset.to_json(),
+    }
     store, ckpt = work / "store.sqlite", work / f"{name}.ckpt.sqlite"
     try:
-        full = superoptimize(name, hw=args.hw, mode="full", time_budget_s=args.budget, checkpoint=ckpt,
-                             seed=args.seed, workers=args.workers, preset=preset, store=store, progress=True)
+        full = superoptimize(
+            name,
+            hw=args.hw,
+            mode="full",
+            time_budget_s=args.budget,
+            checkpoint=ckpt,
+            seed=args.seed,
+            workers=args.workers,
+            preset=preset,
+            store=store,
+            progress=True,
+        )
     except SuperoptInterrupted as exc:  # Ctrl-C: keep what was found, the caller stops
         entry["params"] = dict(exc.result.program.params)
         entry["full"] = _summary(exc.result)
@@ -94,8 +127,9 @@ def run_program(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     entry["params"] = dict(full.program.params)
     entry["full"] = _summary(full)
     try:
-        fast = superoptimize(name, hw=args.hw, mode="fast", seed=args.seed, preset=preset, store=store,
-                             progress=False)
+        fast = superoptimize(
+            name, hw=args.hw, mode="fast", seed=args.seed, preset=preset, store=store, progress=False
+        )
         entry["fast"] = _summary(fast)
     except GensorageError as exc:
         entry["fast"] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -132,8 +166,12 @@ def measure_against_torch(r: SuperoptResult, seed: int) -> dict[str, Any]:
         import torch
     except ImportError:
         return {"error": "torch is not installed"}
-    out: dict[str, Any] = {"device": gpu_name(), "torch": str(torch.__version__), "dtype": r.program.inputs[0].dtype,
-                           "max_samples": GPU_REPEATS}
+    out: dict[str, Any] = {
+        "device": gpu_name(),
+        "torch": str(torch.__version__),
+        "dtype": r.program.inputs[0].dtype,
+        "max_samples": GPU_REPEATS,
+    }
     xs, ref = _check_inputs(r.program, seed + 1)
     runs = [("ugraph", r.compiled())]
     if not r.is_direct:
@@ -141,7 +179,9 @@ def measure_against_torch(r: SuperoptResult, seed: int) -> dict[str, Any]:
     for key, compiled in runs:
         try:
             out[f"{key}_rel_err"] = _rel_err(compiled.run(*xs, target="cuda"), ref)
-            timing = measure_ugraph(compiled, r.program, seed=seed, repeats=GPU_REPEATS, budget_s=GPU_BUDGET_S)
+            timing = measure_ugraph(
+                compiled, r.program, seed=seed, repeats=GPU_REPEATS, budget_s=GPU_BUDGET_S
+            )
             out[f"{key}_s"], out[f"{key}_timing"] = timing.median_s, timing.to_json()
             out[f"{key}_kernels"] = kernel_times(compiled, r.program, seed)
         except GensorageError as exc:
@@ -169,8 +209,15 @@ def kernel_times(compiled: Any, program: Any, seed: int) -> list[dict[str, Any]]
 
     xs = program_inputs(program, seed)
     dev = tvm.cuda(0)
-    calls, _ = launch_plan(compiled.ugraph, compiled.info, compiled.kernels("cuda"), compiled.executable("cuda"),
-                           [tvm.runtime.tensor(x, device=dev) for x in xs], dev, FloatScalar(compiled.compute))
+    calls, _ = launch_plan(
+        compiled.ugraph,
+        compiled.info,
+        compiled.kernels("cuda"),
+        compiled.executable("cuda"),
+        [tvm.runtime.tensor(x, device=dev) for x in xs],
+        dev,
+        FloatScalar(compiled.compute),
+    )
     out = []
     for kern, f, args in calls:
         t = median_time(lambda f=f, args=args: f(*args), dev.sync, repeats=GPU_REPEATS, budget_s=GPU_BUDGET_S)
@@ -207,14 +254,19 @@ def _line(e: dict[str, Any]) -> str:
         return f"{e['program']:12s} error: {e['error']}"
     f, fast = e["full"], e.get("fast", {})
     small = f.get("at_search_shapes") or {}
-    found = (f"{small['best_kernels']} kernel(s), {small['naive_predicted_time_s'] / small['best_predicted_time_s']:.2f}x"
-             if small.get("best_predicted_time_s") else "nothing")
-    return (f"{e['program']:12s} kernels {f['kernels']:2d} (naive {f['naive_kernels']:2d})  predicted "
-            f"{f['predicted_time_s'] * 1e6:9.2f} µs vs {f['naive_predicted_time_s'] * 1e6:9.2f} µs "
-            f"({f['predicted_speedup']:.2f}x)  search {f['wall_time_s']:6.1f} s "
-            f"[{f['tasks_done']}/{f['tasks_total']} tasks, {f['candidates']} cand.; at search shapes: {found}]  "
-            f"verified {f['verified']} ({f['verification']})  fast {fast.get('wall_time_s', math.nan):.1f} s"
-            + _gpu_line(e.get("gpu")))
+    found = (
+        f"{small['best_kernels']} kernel(s), {small['naive_predicted_time_s'] / small['best_predicted_time_s']:.2f}x"
+        if small.get("best_predicted_time_s")
+        else "nothing"
+    )
+    return (
+        f"{e['program']:12s} kernels {f['kernels']:2d} (naive {f['naive_kernels']:2d})  predicted "
+        f"{f['predicted_time_s'] * 1e6:9.2f} µs vs {f['naive_predicted_time_s'] * 1e6:9.2f} µs "
+        f"({f['predicted_speedup']:.2f}x)  search {f['wall_time_s']:6.1f} s "
+        f"[{f['tasks_done']}/{f['tasks_total']} tasks, {f['candidates']} cand.; at search shapes: {found}]  "
+        f"verified {f['verified']} ({f['verification']})  fast {fast.get('wall_time_s', math.nan):.1f} s"
+        + _gpu_line(e.get("gpu"))
+    )
 
 
 def _gpu_line(g: dict[str, Any] | None) -> str:
@@ -222,17 +274,26 @@ def _gpu_line(g: dict[str, Any] | None) -> str:
         return ""
     if "ugraph_s" not in g or "torch_s" not in g:
         return f"  gpu: {g.get('error') or g.get('ugraph_error')}"
-    return (f"  gpu {g['ugraph_s'] * 1e6:.1f} µs (err {g['ugraph_rel_err']:.1e}) vs torch {g['torch_s'] * 1e6:.1f} µs "
-            f"(err {g['torch_rel_err']:.1e}): {g['ugraph_speedup_vs_torch']:.2f}x")
+    return (
+        f"  gpu {g['ugraph_s'] * 1e6:.1f} µs (err {g['ugraph_rel_err']:.1e}) vs torch {g['torch_s'] * 1e6:.1f} µs "
+        f"(err {g['torch_rel_err']:.1e}): {g['ugraph_speedup_vs_torch']:.2f}x"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = args.programs or [p.stem for p in list_configs()]
     out = args.out or result_path("superopt")
-    data: dict[str, Any] = {"benchmark": "superopt", "machine": machine_info(), "hw": args.hw,
-                            "budget_s": args.budget, "workers": args.workers, "seed": args.seed,
-                            "gpu": args.gpu, "programs": []}
+    data: dict[str, Any] = {
+        "benchmark": "superopt",
+        "machine": machine_info(),
+        "hw": args.hw,
+        "budget_s": args.budget,
+        "workers": args.workers,
+        "seed": args.seed,
+        "gpu": args.gpu,
+        "programs": [],
+    }
     with tempfile.TemporaryDirectory(prefix="gensorage-superopt-") as tmp:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -54,13 +54,16 @@ SEARCH_CASES: dict[str, Case] = {
     "rmsnorm_matmul@search": lambda: ex.rmsnorm_matmul(batch=8, hidden=64, out=64, blocks=4, forloop=4),
     "lora@search": lambda: ex.lora(m=16, k=64, n=64, rank=8, n_blocks=4, m_blocks=2),
     "gated_mlp@search": lambda: ex.gated_mlp(m=8, k=64, n=64, blocks=4, forloop=4),
-    "flash_attention@search": lambda: ex.flash_attention(heads=2, q_len=16, kv_len=32, head_dim=16, q_blocks=2,
-                                                         forloop=2),
+    "flash_attention@search": lambda: ex.flash_attention(
+        heads=2, q_len=16, kv_len=32, head_dim=16, q_blocks=2, forloop=2
+    ),
     "flash_decoding@search": lambda: ex.flash_decoding(heads=4, kv_len=64, head_dim=16, splits=4, forloop=2),
-    "gqa@search": lambda: ex.gqa(kv_heads=2, group=4, q_len=1, kv_len=64, head_dim=16, kv_splits=4, forloop=2,
-                                 out_splits=2),
-    "qknorm_attention@search": lambda: ex.qknorm_attention(heads=2, q_len=16, kv_len=32, head_dim=16, q_blocks=2,
-                                                           forloop=2),
+    "gqa@search": lambda: ex.gqa(
+        kv_heads=2, group=4, q_len=1, kv_len=64, head_dim=16, kv_splits=4, forloop=2, out_splits=2
+    ),
+    "qknorm_attention@search": lambda: ex.qknorm_attention(
+        heads=2, q_len=16, kv_len=32, head_dim=16, q_blocks=2, forloop=2
+    ),
 }
 
 
@@ -104,9 +107,16 @@ def _plan_json(tp: TrialPlan) -> dict[str, Any]:
     def num(x: int | None) -> int | str | None:
         return x if x is None or x < 1 << 63 else format_count(x)
 
-    return {"method": tp.method, "k": num(tp.k), "degree": tp.degree, "required_trials": num(tp.required),
-            "trials_first_paper": num(tp.trials_first_paper), "trials_later_paper": num(tp.trials_later_paper),
-            "per_trial_bound": tp.per_trial, "notes": list(tp.notes)}
+    return {
+        "method": tp.method,
+        "k": num(tp.k),
+        "degree": tp.degree,
+        "required_trials": num(tp.required),
+        "trials_first_paper": num(tp.trials_first_paper),
+        "trials_later_paper": num(tp.trials_later_paper),
+        "per_trial_bound": tp.per_trial,
+        "notes": list(tp.notes),
+    }
 
 
 def _one_trial(prog: Any, graph: Any, seed: int) -> Any:
@@ -119,8 +129,12 @@ def _median_ms(fn: Callable[[int], Any], repeats: int) -> dict[str, float]:
         _, w, c = _timed(partial(fn, i))
         walls.append(w * 1e3)
         cpus.append(c * 1e3)
-    return {"wall_ms_median": statistics.median(walls), "cpu_ms_median": statistics.median(cpus),
-            "wall_ms_min": min(walls), "repeats": repeats}
+    return {
+        "wall_ms_median": statistics.median(walls),
+        "cpu_ms_median": statistics.median(cpus),
+        "wall_ms_min": min(walls),
+        "repeats": repeats,
+    }
 
 
 def _full_or_extrapolated(prog: Any, graph: Any, tp: TrialPlan, budget_s: float) -> dict[str, Any]:
@@ -129,18 +143,37 @@ def _full_or_extrapolated(prog: Any, graph: Any, tp: TrialPlan, budget_s: float)
     r, w, c = _timed(partial(equivalent, prog, graph, DELTA, seed=1, max_trials=sample))
     per_trial_ms = w * 1e3 / max(r.trials, 1)
     predicted_s = per_trial_ms * tp.required / 1e3
-    out: dict[str, Any] = {"sample_trials": r.trials, "sample_wall_ms": w * 1e3, "sample_cpu_ms": c * 1e3,
-                           "ms_per_trial": per_trial_ms, "sample_equivalent": r.equivalent}
+    out: dict[str, Any] = {
+        "sample_trials": r.trials,
+        "sample_wall_ms": w * 1e3,
+        "sample_cpu_ms": c * 1e3,
+        "ms_per_trial": per_trial_ms,
+        "sample_equivalent": r.equivalent,
+    }
     if tp.required <= sample:
-        out.update(full_run=True, full_wall_ms=w * 1e3, full_cpu_ms=c * 1e3, full_equivalent=r.equivalent,
-                   achieved_delta=r.achieved_delta)
+        out.update(
+            full_run=True,
+            full_wall_ms=w * 1e3,
+            full_cpu_ms=c * 1e3,
+            full_equivalent=r.equivalent,
+            achieved_delta=r.achieved_delta,
+        )
     elif predicted_s <= budget_s:
         r, w, c = _timed(partial(equivalent, prog, graph, DELTA, seed=2))
-        out.update(full_run=True, full_wall_ms=w * 1e3, full_cpu_ms=c * 1e3, full_equivalent=r.equivalent,
-                   full_trials=r.trials, achieved_delta=r.achieved_delta)
+        out.update(
+            full_run=True,
+            full_wall_ms=w * 1e3,
+            full_cpu_ms=c * 1e3,
+            full_equivalent=r.equivalent,
+            full_trials=r.trials,
+            achieved_delta=r.achieved_delta,
+        )
     else:
-        out.update(full_run=False, extrapolated_full_s=predicted_s,
-                   extrapolated_full_years=predicted_s / (365.25 * 86400))
+        out.update(
+            full_run=False,
+            extrapolated_full_s=predicted_s,
+            extrapolated_full_years=predicted_s / (365.25 * 86400),
+        )
     return out
 
 
@@ -176,8 +209,12 @@ def search_shapes(quick: bool, budget_s: float) -> list[dict[str, Any]]:
             rows.append({"case": name, "error": str(exc)})
             continue
         dims = sorted({d for t in prog.inputs for d in t.shape})
-        row: dict[str, Any] = {"case": name, "input_shapes": [list(t.shape) for t in prog.inputs],
-                               "dims": [dims[0], dims[-1]], "plan": _plan_json(tp)}
+        row: dict[str, Any] = {
+            "case": name,
+            "input_shapes": [list(t.shape) for t in prog.inputs],
+            "dims": [dims[0], dims[-1]],
+            "plan": _plan_json(tp),
+        }
         row["one_trial_check"] = _median_ms(partial(_one_trial, prog, graph), 3 if quick else 7)
         row["theorem_count_check"] = _full_or_extrapolated(prog, graph, tp, budget_s / (4 if quick else 1))
         row["mutant_rejection"] = _reject_times(prog, graph, 3 if quick else 8)
@@ -195,23 +232,37 @@ def paper_shapes(max_elements: float, quick: bool) -> list[dict[str, Any]]:
         arith = BoundsArith()
         prog.evaluate(arith, [arith.variable(t.shape) for t in prog.inputs])
         tp = plan(prog, graph, DELTA)
-        row: dict[str, Any] = {"config": name, "params": dict(prog.params),
-                               "input_shapes": [list(t.shape) for t in prog.inputs],
-                               "elements_per_trial_per_side": arith.total_numel, "plan": _plan_json(tp)}
+        row: dict[str, Any] = {
+            "config": name,
+            "params": dict(prog.params),
+            "input_shapes": [list(t.shape) for t in prog.inputs],
+            "elements_per_trial_per_side": arith.total_numel,
+            "plan": _plan_json(tp),
+        }
         if arith.total_numel > max_elements or (quick and arith.total_numel > max_elements / 8):
-            row["run"] = (f"not run: {arith.total_numel:.3g} elements per trial and side exceed the benchmark's "
-                          f"limit of {max_elements:.3g}")
+            row["run"] = (
+                f"not run: {arith.total_numel:.3g} elements per trial and side exceed the benchmark's "
+                f"limit of {max_elements:.3g}"
+            )
             rows.append(row)
             continue
         r, w, c = _timed(partial(equivalent, prog, graph, DELTA, seed=0, max_trials=1, batch=1))
         row.update(one_trial_wall_ms=w * 1e3, one_trial_cpu_ms=c * 1e3, one_trial_equivalent=r.equivalent)
         if tp.required <= 2:
             r, w, c = _timed(partial(equivalent, prog, graph, DELTA, seed=1, batch=1))
-            row.update(full_run=True, full_trials=r.trials, full_wall_ms=w * 1e3, full_cpu_ms=c * 1e3,
-                       full_equivalent=r.equivalent, achieved_delta=r.achieved_delta)
+            row.update(
+                full_run=True,
+                full_trials=r.trials,
+                full_wall_ms=w * 1e3,
+                full_cpu_ms=c * 1e3,
+                full_equivalent=r.equivalent,
+                achieved_delta=r.achieved_delta,
+            )
         else:
             seconds = row["one_trial_wall_ms"] / 1e3 * tp.required
-            row.update(full_run=False, extrapolated_full_s=seconds, extrapolated_full_years=seconds / 31557600)
+            row.update(
+                full_run=False, extrapolated_full_s=seconds, extrapolated_full_years=seconds / 31557600
+            )
         rows.append(row)
     return rows
 
@@ -279,29 +330,51 @@ def mutant_study(target: int, seed: int, attempts_per_kind: int = 150) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats, smaller budgets (smoke run)")
-    ap.add_argument("--mutants", type=int, default=1200, help="distinct valid mutants to generate (default 1200)")
-    ap.add_argument("--budget-s", type=float, default=30.0, help="longest full theorem-count check to run (s)")
-    ap.add_argument("--max-elements", type=float, default=6e7,
-                    help="paper shapes: skip configs holding more elements per trial and side")
+    ap.add_argument(
+        "--mutants", type=int, default=1200, help="distinct valid mutants to generate (default 1200)"
+    )
+    ap.add_argument(
+        "--budget-s", type=float, default=30.0, help="longest full theorem-count check to run (s)"
+    )
+    ap.add_argument(
+        "--max-elements",
+        type=float,
+        default=6e7,
+        help="paper shapes: skip configs holding more elements per trial and side",
+    )
     ap.add_argument("--skip-paper", action="store_true", help="skip the paper-shape part")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     started = time.perf_counter()
-    out: dict[str, Any] = {"benchmark": NAME, "machine": machine_info(), "delta": DELTA,
-                           "args": vars(args), "load_average_start": list(os.getloadavg())}
+    out: dict[str, Any] = {
+        "benchmark": NAME,
+        "machine": machine_info(),
+        "delta": DELTA,
+        "args": vars(args),
+        "load_average_start": list(os.getloadavg()),
+    }
     out["search_shapes"] = search_shapes(args.quick, args.budget_s)
     out["mutants"] = mutant_study(args.mutants if not args.quick else min(args.mutants, 200), args.seed)
     out["paper_shapes"] = [] if args.skip_paper else paper_shapes(args.max_elements, args.quick)
     out["load_average_end"] = list(os.getloadavg())
-    one_trial = [r["one_trial_check"]["wall_ms_median"] for r in out["search_shapes"] if "one_trial_check" in r]
+    one_trial = [
+        r["one_trial_check"]["wall_ms_median"] for r in out["search_shapes"] if "one_trial_check" in r
+    ]
     one_cpu = [r["one_trial_check"]["cpu_ms_median"] for r in out["search_shapes"] if "one_trial_check" in r]
-    full = [r["theorem_count_check"].get("full_wall_ms") for r in out["search_shapes"] if "theorem_count_check" in r]
+    full = [
+        r["theorem_count_check"].get("full_wall_ms")
+        for r in out["search_shapes"]
+        if "theorem_count_check" in r
+    ]
     mut = out["mutants"]
     out["summary"] = {
         "search_one_trial_ms_max": max(one_trial) if one_trial else None,
         "search_one_trial_ms_median": statistics.median(one_trial) if one_trial else None,
-        "search_full_count_ms": {r["case"]: r["theorem_count_check"].get("full_wall_ms")
-                                 for r in out["search_shapes"] if "theorem_count_check" in r},
+        "search_full_count_ms": {
+            r["case"]: r["theorem_count_check"].get("full_wall_ms")
+            for r in out["search_shapes"]
+            if "theorem_count_check" in r
+        },
         "search_full_count_runs": sum(1 for f in full if f is not None),
         "search_one_trial_cpu_ms_max": max(one_cpu) if one_cpu else None,
         "search_one_trial_cpu_ms_median": statistics.median(one_cpu) if one_cpu else None,
@@ -316,26 +389,40 @@ def main(argv: list[str] | None = None) -> int:
     write_json(path, out)
     progress(f"wrote {path}")
     s = out["summary"]
-    print(f"one-trial check at search shapes: median {s['search_one_trial_ms_median']:.2f} ms wall "
-          f"({s['search_one_trial_cpu_ms_median']:.2f} ms CPU), max {s['search_one_trial_ms_max']:.2f} ms wall "
-          f"({s['search_one_trial_cpu_ms_max']:.2f} ms CPU); load average {out['load_average_end']}")
-    print(f"mutants: {mut['rejected_or_refused']}/{mut['numerically_different']} different mutants rejected "
-          f"({mut['same_function_excluded']} same-function excluded), median {mut['reject_wall_ms_median']:.2f} ms")
+    print(
+        f"one-trial check at search shapes: median {s['search_one_trial_ms_median']:.2f} ms wall "
+        f"({s['search_one_trial_cpu_ms_median']:.2f} ms CPU), max {s['search_one_trial_ms_max']:.2f} ms wall "
+        f"({s['search_one_trial_cpu_ms_max']:.2f} ms CPU); load average {out['load_average_end']}"
+    )
+    print(
+        f"mutants: {mut['rejected_or_refused']}/{mut['numerically_different']} different mutants rejected "
+        f"({mut['same_function_excluded']} same-function excluded), median {mut['reject_wall_ms_median']:.2f} ms"
+    )
     for r in out["search_shapes"]:
         if "plan" in r:
             tc = r["theorem_count_check"]
-            full_text = (f"full {tc['full_wall_ms']:.1f} ms" if tc.get("full_run") else
-                         f"extrapolated {tc['extrapolated_full_s']:.3g} s")
+            full_text = (
+                f"full {tc['full_wall_ms']:.1f} ms"
+                if tc.get("full_run")
+                else f"extrapolated {tc['extrapolated_full_s']:.3g} s"
+            )
             one = r["one_trial_check"]
-            print(f"  {r['case']:<28} {r['plan']['method']:<16} required {r['plan']['required_trials']}: "
-                  f"1-trial {one['wall_ms_median']:.2f} ms ({one['cpu_ms_median']:.2f} CPU), "
-                  f"{tc['ms_per_trial']:.3f} ms/trial, {full_text}")
+            print(
+                f"  {r['case']:<28} {r['plan']['method']:<16} required {r['plan']['required_trials']}: "
+                f"1-trial {one['wall_ms_median']:.2f} ms ({one['cpu_ms_median']:.2f} CPU), "
+                f"{tc['ms_per_trial']:.3f} ms/trial, {full_text}"
+            )
     for r in out["paper_shapes"]:
         if "one_trial_wall_ms" in r:
-            extra = (f"full {r['full_wall_ms'] / 1e3:.2f} s" if r.get("full_run")
-                     else f"extrapolated {r['extrapolated_full_s']:.3g} s")
-            print(f"  paper {r['config']:<12} required {r['plan']['required_trials']}: "
-                  f"1 trial {r['one_trial_wall_ms'] / 1e3:.2f} s ({r['one_trial_cpu_ms'] / 1e3:.2f} s CPU), {extra}")
+            extra = (
+                f"full {r['full_wall_ms'] / 1e3:.2f} s"
+                if r.get("full_run")
+                else f"extrapolated {r['extrapolated_full_s']:.3g} s"
+            )
+            print(
+                f"  paper {r['config']:<12} required {r['plan']['required_trials']}: "
+                f"1 trial {r['one_trial_wall_ms'] / 1e3:.2f} s ({r['one_trial_cpu_ms'] / 1e3:.2f} s CPU), {extra}"
+            )
         else:
             print(f"  paper {r['config']:<12} required {r['plan']['required_trials']}: {r.get('run')}")
     return 0 if math.isfinite(s["benchmark_wall_s"]) else 1

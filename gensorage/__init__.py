@@ -24,7 +24,18 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "superoptimize": ("gensorage.superopt", "superoptimize"),
     "load_profile": ("gensorage.hw", "load_profile"),
 }
-_SUBMODULES = ("workloads", "hw", "markov", "ugraph", "verify", "program", "exhaustive", "codegen", "errors", "opset")
+_SUBMODULES = (
+    "workloads",
+    "hw",
+    "markov",
+    "ugraph",
+    "verify",
+    "program",
+    "exhaustive",
+    "codegen",
+    "errors",
+    "opset",
+)
 
 __all__ = ["__version__", *_EXPORTS, *_SUBMODULES]
 

@@ -187,7 +187,9 @@ def _concat_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     first = shapes[0]
     dim = _norm_dim(op, shapes, attr(attrs, "dim"), len(first))
     for s in shapes[1:]:
-        if len(s) != len(first) or any(x != y for i, (x, y) in enumerate(zip(s, first, strict=True)) if i != dim):
+        if len(s) != len(first) or any(
+            x != y for i, (x, y) in enumerate(zip(s, first, strict=True)) if i != dim
+        ):
             raise _fail(op, shapes, f"all inputs must match except along dim {dim}")
     return first[:dim] + (sum(s[dim] for s in shapes),) + first[dim + 1 :]
 
@@ -258,7 +260,21 @@ def check_supported(op_name: str) -> Op:
 
 
 __all__ = [
-    "ACTIVATIONS", "ARITY", "BINARY_ELEMENTWISE", "ELEMENTWISE", "NON_LAX", "UNARY_ELEMENTWISE", "Attrs", "Op",
-    "Shape", "apply", "attr", "broadcast_shapes", "check_supported", "flops", "freeze_attrs", "infer_shape",
+    "ACTIVATIONS",
+    "ARITY",
+    "BINARY_ELEMENTWISE",
+    "ELEMENTWISE",
+    "NON_LAX",
+    "UNARY_ELEMENTWISE",
+    "Attrs",
+    "Op",
+    "Shape",
+    "apply",
+    "attr",
+    "broadcast_shapes",
+    "check_supported",
+    "flops",
+    "freeze_attrs",
+    "infer_shape",
     "parse_op",
 ]

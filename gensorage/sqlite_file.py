@@ -40,7 +40,9 @@ class SQLiteFile:
     what: ClassVar[str] = "gensorage database"
     meta_table: ClassVar[str] = "meta"
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
+    ) -> None:
         self.path = Path(path).expanduser()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,8 +54,10 @@ class SQLiteFile:
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             tables = self.tables()
             if tables and self.meta_table not in tables:
-                raise StoreError(f"{self.path}: a SQLite database that is not a {self.what} "
-                                 f"(tables: {', '.join(sorted(tables)[:5])})")
+                raise StoreError(
+                    f"{self.path}: a SQLite database that is not a {self.what} "
+                    f"(tables: {', '.join(sorted(tables)[:5])})"
+                )
             mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
             if mode is None or str(mode[0]).lower() != "wal":
                 raise StoreError(f"{self.path}: cannot switch the {self.what} to WAL mode (got {mode})")
@@ -105,8 +109,9 @@ class SQLiteFile:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

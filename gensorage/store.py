@@ -57,8 +57,14 @@ class ScheduleKey:
     version: str  # gensorage version
 
     @staticmethod
-    def make(workload: str, hw: str, method: str, seed: int, options: dict[str, Any] | None = None,
-             version: str | None = None) -> ScheduleKey:
+    def make(
+        workload: str,
+        hw: str,
+        method: str,
+        seed: int,
+        options: dict[str, Any] | None = None,
+        version: str | None = None,
+    ) -> ScheduleKey:
         if version is None:
             from gensorage import __version__ as version
         opts = json.dumps(options or {}, sort_keys=True, separators=(",", ":"))
@@ -106,8 +112,9 @@ class Store(SQLiteFile):
     what = "gensorage store"
     meta_table = "gensorage_meta"
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *,
-                 busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS
+    ) -> None:
         super().__init__(path if path is not None else default_store_path(), busy_timeout_ms=busy_timeout_ms)
         with self.opening():
             self._create_schema()
@@ -118,32 +125,39 @@ class Store(SQLiteFile):
             for stmt in _SCHEMA:
                 self._conn.execute(stmt)
             self._conn.execute("INSERT OR IGNORE INTO gensorage_meta VALUES ('format', ?)", (FORMAT_MARKER,))
-            self._conn.execute("INSERT OR IGNORE INTO gensorage_meta VALUES ('schema_version', ?)",
-                               (str(SCHEMA_VERSION),))
+            self._conn.execute(
+                "INSERT OR IGNORE INTO gensorage_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
         meta = dict(self._conn.execute("SELECT name, value FROM gensorage_meta").fetchall())
         if meta.get("format") != FORMAT_MARKER:
             raise StoreError(f"{self.path}: not a gensorage store (format marker {meta.get('format')!r})")
         if int(meta.get("schema_version", "0")) > SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: store schema {meta['schema_version']} is newer than this "
-                             f"gensorage understands ({SCHEMA_VERSION})")
+            raise StoreError(
+                f"{self.path}: store schema {meta['schema_version']} is newer than this "
+                f"gensorage understands ({SCHEMA_VERSION})"
+            )
 
     # -------------------------------------------------------------------------------- generic tables
     def _table(self, kind: str, *, create: bool) -> str | None:
         if not _KIND_RE.match(kind):
-            raise StoreError(f"invalid store table name {kind!r} (lowercase letters, digits and _, "
-                             f"starting with a letter)")
+            raise StoreError(
+                f"invalid store table name {kind!r} (lowercase letters, digits and _, starting with a letter)"
+            )
         name = f"kv_{kind}"
         if name in self._tables:
             return name
         with self.errors(f"look up table {kind}"):
-            exists = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                        (name,)).fetchone()
+            exists = self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+            ).fetchone()
         if not exists and not create:
             return None
         if not exists:
             with self.errors(f"create table {kind}"), self.write():
-                self._conn.execute(f"CREATE TABLE IF NOT EXISTS {name} (key TEXT PRIMARY KEY, "
-                                   "value TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL)")
+                self._conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {name} (key TEXT PRIMARY KEY, "
+                    "value TEXT NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL)"
+                )
         self._tables.add(name)
         return name
 
@@ -159,7 +173,8 @@ class Store(SQLiteFile):
             self._conn.execute(
                 f"INSERT INTO {table} (key, value, created_at, updated_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-                (key, text, now, now))
+                (key, text, now, now),
+            )
 
     def get(self, kind: str, key: str) -> JsonValue | None:
         """The value stored under ``key`` in table ``kind``, or None."""
@@ -194,9 +209,20 @@ class Store(SQLiteFile):
         with self.errors("write schedule"), self.write():
             self._conn.execute(
                 "INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (k.workload, k.hw, k.method, k.seed, k.options, k.version, json.dumps(record.schedule),
-                 float(record.predicted_time_s), float(record.construction_time_s), record.created_at,
-                 record.evaluated))
+                (
+                    k.workload,
+                    k.hw,
+                    k.method,
+                    k.seed,
+                    k.options,
+                    k.version,
+                    json.dumps(record.schedule),
+                    float(record.predicted_time_s),
+                    float(record.construction_time_s),
+                    record.created_at,
+                    record.evaluated,
+                ),
+            )
 
     def get_schedule(self, key: ScheduleKey) -> ScheduleRecord | None:
         """The schedule stored under ``key``, or None."""
@@ -204,14 +230,16 @@ class Store(SQLiteFile):
             row = self._conn.execute(
                 "SELECT schedule, predicted_time_s, construction_time_s, created_at, evaluated FROM schedules "
                 "WHERE workload = ? AND hw = ? AND method = ? AND seed = ? AND options = ? AND version = ?",
-                (key.workload, key.hw, key.method, key.seed, key.options, key.version)).fetchone()
+                (key.workload, key.hw, key.method, key.seed, key.options, key.version),
+            ).fetchone()
         if row is None:
             return None
         sched = _loads(row[0], f"{self.path}: schedule of {key.workload}")
         if not isinstance(sched, dict):
             raise StoreError(f"{self.path}: schedule of {key.workload} is not a JSON object")
-        return ScheduleRecord(key, sched, float(row[1]), float(row[2]), float(row[3]),
-                              None if row[4] is None else int(row[4]))
+        return ScheduleRecord(
+            key, sched, float(row[1]), float(row[2]), float(row[3]), None if row[4] is None else int(row[4])
+        )
 
     def count_schedules(self) -> int:
         with self.errors("count schedules"):

@@ -18,8 +18,12 @@ from gensorage.markov.space import space_for
 from gensorage.tuning import METHODS
 
 H100 = load_profile("h100")
-SMALL = [workloads.gemm(1024, 1024, 1024), workloads.gemv(8192, 1000), workloads.conv2d(16, 32, 28, 28, 64, 3, 3, padding=1),
-         workloads.avgpool2d(8, 32, 32, 32, 2, 2, stride=2)]
+SMALL = [
+    workloads.gemm(1024, 1024, 1024),
+    workloads.gemv(8192, 1000),
+    workloads.conv2d(16, 32, 28, 28, 64, 3, 3, padding=1),
+    workloads.avgpool2d(8, 32, 32, 32, 2, 2, stride=2),
+]
 
 
 def _check(out: SearchOutcome, wl, method: str) -> None:
@@ -107,9 +111,15 @@ def test_roller_grows_the_register_tile_of_a_gemm() -> None:
 
 
 def test_markov_beats_roller_on_average() -> None:
-    wls = [workloads.gemm(4096, 4096, 4096), workloads.gemv(16384, 8192), workloads.conv2d(128, 128, 28, 28, 128, 3, 3, padding=1)]
-    ratios = [roller.construct(wl, H100).predicted_time_s / construct(wl, H100, seed=0).predicted_time_s
-              for wl in wls]
+    wls = [
+        workloads.gemm(4096, 4096, 4096),
+        workloads.gemv(16384, 8192),
+        workloads.conv2d(128, 128, 28, 28, 128, 3, 3, padding=1),
+    ]
+    ratios = [
+        roller.construct(wl, H100).predicted_time_s / construct(wl, H100, seed=0).predicted_time_s
+        for wl in wls
+    ]
     assert math.prod(ratios) ** (1 / len(ratios)) > 1.0
 
 

@@ -105,11 +105,15 @@ def test_lax_check_names_the_op() -> None:
     with pytest.raises(NotLaxError, match="two exps on one path through exp"):
         plan(program([(2, 3)], lambda p, x: p.exp(p.exp(x))), program([(2, 3)], lambda p, x: x))
     with pytest.raises(NotLaxError, match="two exps on one path"):
-        plan(program([(2, 3)], lambda p, x: x),
-             program([(2, 3)], lambda p, x: p.exp(p.sum(p.mul(p.exp(x), x), dim=1))))
+        plan(
+            program([(2, 3)], lambda p, x: x),
+            program([(2, 3)], lambda p, x: p.exp(p.sum(p.mul(p.exp(x), x), dim=1))),
+        )
     # exp of an activation of an exp is Lax (the activation is an uninterpreted fresh value)
-    plan(program([(2, 3)], lambda p, x: p.exp(p.relu(p.exp(x)))),
-         program([(2, 3)], lambda p, x: p.exp(p.relu(p.exp(x)))))
+    plan(
+        program([(2, 3)], lambda p, x: p.exp(p.relu(p.exp(x)))),
+        program([(2, 3)], lambda p, x: p.exp(p.relu(p.exp(x)))),
+    )
 
 
 def test_reshape_sharing() -> None:

@@ -21,13 +21,17 @@ TASKS = [{"index": i, "what": f"t{i}"} for i in range(4)]
 GRAPH = {"inputs": [], "ops": [], "outputs": []}  # the checkpoint stores µGraph JSON as given
 
 
-def open_ckpt(path: Path, key: str = "k1", tasks: list[dict[str, object]] = TASKS, version: str = "9.9") -> Checkpoint:
+def open_ckpt(
+    path: Path, key: str = "k1", tasks: list[dict[str, object]] = TASKS, version: str = "9.9"
+) -> Checkpoint:
     return Checkpoint.open(path, spec_key=key, spec_json={"spec": key}, tasks=tasks, version=version)
 
 
 def rows(task: int, n: int) -> list[CandidateRow]:
-    return [CandidateRow(task, p, {**GRAPH, "tag": [task, p]}, 1e-6 * (n - p), {"trials": p, "ok": True}, task)
-            for p in range(n)]
+    return [
+        CandidateRow(task, p, {**GRAPH, "tag": [task, p]}, 1e-6 * (n - p), {"trials": p, "ok": True}, task)
+        for p in range(n)
+    ]
 
 
 def test_round_trip_and_order(tmp_path: Path) -> None:
@@ -58,15 +62,24 @@ def test_commit_is_idempotent(tmp_path: Path) -> None:
 def test_a_stopped_task_keeps_its_resume_point_until_it_is_done(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
     with open_ckpt(path) as ck:
-        assert ck.save_partial(1, resume={"cursor": [1, 4]}, stats={"states": 3}, elapsed_s=0.2,
-                               candidates=rows(1, 1))
-        assert ck.save_partial(1, resume={"cursor": [1, 7]}, stats={"states": 5}, elapsed_s=0.4,
-                               candidates=rows(1, 2))  # a later stop replaces the earlier one
+        assert ck.save_partial(
+            1, resume={"cursor": [1, 4]}, stats={"states": 3}, elapsed_s=0.2, candidates=rows(1, 1)
+        )
+        assert ck.save_partial(
+            1, resume={"cursor": [1, 7]}, stats={"states": 5}, elapsed_s=0.4, candidates=rows(1, 2)
+        )  # a later stop replaces the earlier one
     with open_ckpt(path) as ck:
         (part,) = ck.partial_tasks().values()
-        assert (part.index, part.resume, part.stats, part.elapsed_s) == (1, {"cursor": [1, 7]}, {"states": 5}, 0.4)
+        assert (part.index, part.resume, part.stats, part.elapsed_s) == (
+            1,
+            {"cursor": [1, 7]},
+            {"states": 5},
+            0.4,
+        )
         assert list(part.candidates) == rows(1, 2)
-        assert ck.pending_tasks() == [0, 1, 2, 3] and ck.candidates() == []  # not results until the task is done
+        assert (
+            ck.pending_tasks() == [0, 1, 2, 3] and ck.candidates() == []
+        )  # not results until the task is done
         assert ck.commit_task(1, stats={"states": 9}, elapsed_s=0.9, candidates=rows(1, 3))
         assert ck.partial_tasks() == {} and ck.candidates() == rows(1, 3)
         assert not ck.save_partial(1, resume={"cursor": [1, 9]}, stats={}, elapsed_s=0.0, candidates=[])
@@ -181,14 +194,19 @@ for i in ck.pending_tasks():
 @pytest.mark.parametrize("delay", [0.05, 0.15, 0.3])
 def test_kill_9_during_commits_leaves_a_consistent_file(tmp_path: Path, delay: float) -> None:
     path = tmp_path / "k.sqlite"
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "open\n"
     time.sleep(delay)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
-    with Checkpoint.open(path, spec_key="k", spec_json={}, tasks=[{"index": i} for i in range(400)],
-                         version="v") as ck:
+    with Checkpoint.open(
+        path, spec_key="k", spec_json={}, tasks=[{"index": i} for i in range(400)], version="v"
+    ) as ck:
         done = ck.done_tasks()
         per_task: dict[int, int] = {}
         for r in ck.candidates():
@@ -212,5 +230,8 @@ def test_a_tampered_predicted_time_is_a_store_error(tmp_path: Path, bad: object)
     conn.execute(f"UPDATE candidates SET predicted_time_s = {value} WHERE position = 1")
     conn.commit()
     conn.close()
-    with open_ckpt(path) as ck, pytest.raises(StoreError, match="candidate 1 of task 1: stored predicted time"):
+    with (
+        open_ckpt(path) as ck,
+        pytest.raises(StoreError, match="candidate 1 of task 1: stored predicted time"),
+    ):
         ck.candidates()

@@ -20,21 +20,29 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], *needles: str) -> None:
     assert "Traceback" not in err and all(n in err for n in needles), err
 
 
-@pytest.mark.parametrize("argv", [
-    ["search", "{prog}", "--seed", "-5"],
-    ["program", "run", "{prog}", "--seed", "-1"],
-    ["verify", "{prog}", "{prog}", "--seed", "-1"],
-    ["tune", "--op", "gemm", "--shape", "M=64,N=64,K=64", "--no-store", "--seed", "-1"],
-    ["superopt", "{prog}", "--seed", "-1"],
-])
-def test_a_negative_seed_is_a_usage_error(argv: list[str], prog: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["search", "{prog}", "--seed", "-5"],
+        ["program", "run", "{prog}", "--seed", "-1"],
+        ["verify", "{prog}", "{prog}", "--seed", "-1"],
+        ["tune", "--op", "gemm", "--shape", "M=64,N=64,K=64", "--no-store", "--seed", "-1"],
+        ["superopt", "{prog}", "--seed", "-1"],
+    ],
+)
+def test_a_negative_seed_is_a_usage_error(
+    argv: list[str], prog: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exc:
         main([a.format(prog=prog) for a in argv])
     assert exc.value.code == 2
     _one_line_error(capsys, "--seed", "non-negative")
 
 
-@pytest.mark.parametrize("argv", [["search"], ["search", "x.gsp", "--workers", "abc"], ["program", "run", "x", "--max-elements", "-5"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["search"], ["search", "x.gsp", "--workers", "abc"], ["program", "run", "x", "--max-elements", "-5"]],
+)
 def test_usage_errors_are_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -43,8 +51,9 @@ def test_usage_errors_are_one_line(argv: list[str], capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize("doc, needle", [([1, 2], "expected an object"), ({}, "format: missing")])
-def test_a_bad_ugraph_file_is_named(doc: object, needle: str, prog: Path, tmp_path: Path,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_ugraph_file_is_named(
+    doc: object, needle: str, prog: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     assert main(["verify", str(prog), str(bad)]) != 0
@@ -52,8 +61,9 @@ def test_a_bad_ugraph_file_is_named(doc: object, needle: str, prog: Path, tmp_pa
 
 
 @pytest.mark.parametrize("argv", [["program", "show", "{dir}"], ["search", "{dir}"], ["superopt", "{dir}"]])
-def test_a_directory_is_not_a_program(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_directory_is_not_a_program(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path / "home"))
     (tmp_path / "progs").mkdir()
     assert main([a.format(dir=tmp_path / "progs") for a in argv]) != 0
@@ -80,11 +90,15 @@ def test_the_search_key_follows_the_hardware_profile_file(tmp_path: Path) -> Non
     spec = SearchSpec(program=parse_program(ONE), hw=str(hw))
     before = spec.key()
     assert SearchSpec(program=parse_program(ONE), hw=str(hw)).key() == before
-    hw.write_text(src.read_text().replace("sm_count = 132", "sm_count = 66", 1))  # another size: no stale cache
+    hw.write_text(
+        src.read_text().replace("sm_count = 132", "sm_count = 66", 1)
+    )  # another size: no stale cache
     assert spec.key() != before
 
 
-def test_search_shapes_too_large_to_evaluate_are_refused_before_the_search(capsys: pytest.CaptureFixture[str]) -> None:
+def test_search_shapes_too_large_to_evaluate_are_refused_before_the_search(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """A huge --param used to reach the task split or verification and fail there with a numpy error (or run
     for ages); the spec now refuses it in one line naming the tensor."""
     assert main(["search", "gated_mlp", "--param", "t=100000000000", "--json"]) != 0

@@ -64,7 +64,9 @@ def test_json_result_matches_the_serial_search(prog: Path, capsys: pytest.Captur
     assert serial.best is not None
     assert doc["best"]["ugraph"] == serial.best.ugraph.to_json()
     assert doc["best"]["predicted_time_s"] == serial.best.predicted_time_s
-    assert doc["num_candidates"] == len(serial.candidates) and len(doc["top"]) == min(3, len(serial.candidates))
+    assert doc["num_candidates"] == len(serial.candidates) and len(doc["top"]) == min(
+        3, len(serial.candidates)
+    )
     # Work counters depend on what the process ran before (subtree memo, shared oracle); the others do not.
     assert doc["stats"] == {**serial.stats.to_json(), **{k: doc["stats"][k] for k in WORK_COUNTERS}}
 
@@ -84,12 +86,28 @@ def test_text_output_progress_on_stderr_and_resume(prog: Path, capsys: pytest.Ca
     assert out2.split("; this run")[0] == out.split("; this run")[0]
 
 
-def test_nothing_found_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_nothing_found_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path))
     (tmp_path / "two.gsp").write_text(TWO)
-    assert main(["search", str(tmp_path / "two.gsp"), "--max-kernel-ops", "1", "--max-block-ops", "2",
-                 "--ops", "exp", "--workers", "1"]) == 1
+    assert (
+        main(
+            [
+                "search",
+                str(tmp_path / "two.gsp"),
+                "--max-kernel-ops",
+                "1",
+                "--max-block-ops",
+                "2",
+                "--ops",
+                "exp",
+                "--workers",
+                "1",
+            ]
+        )
+        == 1
+    )
     out, err = capsys.readouterr()
     assert "# no µGraph found" in out and "found no µGraph" in err
 
@@ -108,8 +126,23 @@ def test_bad_input_exit_codes(prog: Path, tmp_path: Path, capsys: pytest.Capture
     capsys.readouterr()
     ck = tmp_path / "shared.sqlite"
     assert main(["search", str(prog), *TINY, "--checkpoint", str(ck), "--json"]) == 0
-    assert main(["search", str(prog), "--max-kernel-ops", "2", "--max-block-ops", "1", "--workers", "1",
-                 "--checkpoint", str(ck)]) == 7
+    assert (
+        main(
+            [
+                "search",
+                str(prog),
+                "--max-kernel-ops",
+                "2",
+                "--max-block-ops",
+                "1",
+                "--workers",
+                "1",
+                "--checkpoint",
+                str(ck),
+            ]
+        )
+        == 7
+    )
     err = capsys.readouterr().err
     assert "belongs to a different search" in err
     assert len(set(re.findall(r"\b[0-9a-f]{24}\b", err))) == 2  # both spec keys named
@@ -120,12 +153,28 @@ def test_bad_input_exit_codes(prog: Path, tmp_path: Path, capsys: pytest.Capture
 
 
 @pytest.mark.parametrize("as_json", [False, True])
-def test_ctrl_c_exits_130_keeps_the_checkpoint_and_resume_completes(as_json: bool, prog: Path, tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_exits_130_keeps_the_checkpoint_and_resume_completes(
+    as_json: bool, prog: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ck = tmp_path / "run.sqlite"
-    proc = subprocess.Popen([sys.executable, "-m", "gensorage", "search", str(prog), *LONGER, "--checkpoint",
-                             str(ck), *(["--json"] if as_json else [])], env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gensorage",
+            "search",
+            str(prog),
+            *LONGER,
+            "--checkpoint",
+            str(ck),
+            *(["--json"] if as_json else []),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:

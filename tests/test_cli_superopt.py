@@ -63,15 +63,42 @@ def _rmsnorm32_with_structure(tmp_path: Path) -> tuple[Path, Path]:
     _, graph = rmsnorm_matmul(4, 16, 12, blocks=3, forloop=4, dtype="float32")
     db = tmp_path / "store.sqlite"
     with StructureStore(db) as st:
-        st.put(StructureRecord(small.structure_key(), "h100", gensorage.__version__, dump_program(small),
-                               dict(small.params), (graph,), 1.0, 1.0))
+        st.put(
+            StructureRecord(
+                small.structure_key(),
+                "h100",
+                gensorage.__version__,
+                dump_program(small),
+                dict(small.params),
+                (graph,),
+                1.0,
+                1.0,
+            )
+        )
     return path, db
 
 
-def test_fast_mode_from_a_stored_structure_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fast_mode_from_a_stored_structure_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path, db = _rmsnorm32_with_structure(tmp_path)
-    code = main(["superopt", str(path), "--param", "b=8", "--param", "h=32", "--param", "d=64", "--mode", "fast",
-                 "--store", str(db), "--json"])
+    code = main(
+        [
+            "superopt",
+            str(path),
+            "--param",
+            "b=8",
+            "--param",
+            "h=32",
+            "--param",
+            "d=64",
+            "--mode",
+            "fast",
+            "--store",
+            str(db),
+            "--json",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     data = json.loads(out.out)
@@ -95,21 +122,48 @@ def test_full_mode_then_emit(softmax_file: Path, tmp_path: Path, capsys: pytest.
     preset = tmp_path / "tiny.toml"
     preset.write_text(TINY_PRESET)
     out_file = tmp_path / "kernels.cu"
-    code = main(["superopt", str(softmax_file), "--preset", str(preset), "--workers", "1", "--emit", "cuda",
-                 "--out", str(out_file), "--quiet"])
+    code = main(
+        [
+            "superopt",
+            str(softmax_file),
+            "--preset",
+            str(preset),
+            "--workers",
+            "1",
+            "--emit",
+            "cuda",
+            "--out",
+            str(out_file),
+            "--quiet",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "__global__" in out_file.read_text() and "1 kernel(s)" in out.out
     # The structure is in the default store now ($GENSORAGE_HOME): fast mode at a new shape finds it.
-    code = main(["superopt", str(softmax_file), "--param", "m=16", "--param", "n=64", "--mode", "fast",
-                 "--emit", "dot", "--quiet"])
+    code = main(
+        [
+            "superopt",
+            str(softmax_file),
+            "--param",
+            "m=16",
+            "--param",
+            "n=64",
+            "--mode",
+            "fast",
+            "--emit",
+            "dot",
+            "--quiet",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0
     assert out.out.startswith("digraph") and "re-used the stored structure" in out.err
 
 
-def test_a_preset_without_a_program_runs_its_program(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_preset_without_a_program_runs_its_program(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "programs").mkdir()
     (tmp_path / "programs" / "softmax.gsp").write_text(SOFTMAX)
     monkeypatch.setenv("GENSORAGE_CONFIG_DIR", str(tmp_path))
@@ -123,26 +177,32 @@ def test_a_preset_without_a_program_runs_its_program(tmp_path: Path, capsys: pyt
     assert [r["mode"] for r in data["earlier_runs"]] == ["fast"]
 
 
-@pytest.mark.parametrize(("argv", "code", "match"), [
-    (["superopt", "no_such_program"], 6, "no program file or bundled config"),
-    (["superopt", "missing/file.gsp"], 6, "no such program file"),
-    (["superopt", "rmsnorm", "--param", "b"], 6, "NAME=VALUE"),
-    (["superopt", "rmsnorm", "--param", "zz=2"], 6, "zz"),
-    (["superopt", "rmsnorm", "--workers", "0"], 6, "--workers"),
-    (["superopt", "rmsnorm", "--time-budget", "-3"], 6, "--time-budget"),
-    (["superopt", "rmsnorm", "--delta", "2"], 6, "--delta"),
-    (["superopt", "rmsnorm", "--out", "x.cu"], 6, "--out needs --emit"),
-    (["superopt", "rmsnorm", "--hw", "tpu9000", "--mode", "fast"], 6, "hardware profile"),
-    (["superopt", "rmsnorm", "--preset", "no_such_preset"], 6, "unknown preset"),
-])
-def test_bad_input_is_one_line_with_its_exit_code(argv: list[str], code: int, match: str,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "code", "match"),
+    [
+        (["superopt", "no_such_program"], 6, "no program file or bundled config"),
+        (["superopt", "missing/file.gsp"], 6, "no such program file"),
+        (["superopt", "rmsnorm", "--param", "b"], 6, "NAME=VALUE"),
+        (["superopt", "rmsnorm", "--param", "zz=2"], 6, "zz"),
+        (["superopt", "rmsnorm", "--workers", "0"], 6, "--workers"),
+        (["superopt", "rmsnorm", "--time-budget", "-3"], 6, "--time-budget"),
+        (["superopt", "rmsnorm", "--delta", "2"], 6, "--delta"),
+        (["superopt", "rmsnorm", "--out", "x.cu"], 6, "--out needs --emit"),
+        (["superopt", "rmsnorm", "--hw", "tpu9000", "--mode", "fast"], 6, "hardware profile"),
+        (["superopt", "rmsnorm", "--preset", "no_such_preset"], 6, "unknown preset"),
+    ],
+)
+def test_bad_input_is_one_line_with_its_exit_code(
+    argv: list[str], code: int, match: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(argv) == code
     err = capsys.readouterr().err.strip()
     assert err.startswith("gensorage: error:") and match in err and "\n" not in err
 
 
-def test_a_malformed_program_file_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_malformed_program_file_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.gsp"
     bad.write_text("input X [4, 4]\nO = matmul(X, Y)\noutput O\n")
     code = main(["superopt", str(bad), "--mode", "fast", "--no-store"])
@@ -160,9 +220,25 @@ def test_ctrl_c_exits_130_and_keeps_the_checkpoint(tmp_path: Path, _home: Path) 
     ckpt = tmp_path / "ckpt.sqlite"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GENSORAGE_HOME": str(_home)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gensorage", "superopt", "rmsnorm", "--workers", "1", "--checkpoint", str(ckpt),
-         "--time-budget", "600"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
+        [
+            sys.executable,
+            "-m",
+            "gensorage",
+            "superopt",
+            "rmsnorm",
+            "--workers",
+            "1",
+            "--checkpoint",
+            str(ckpt),
+            "--time-budget",
+            "600",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+    )
     assert proc.stderr is not None
     try:
         deadline = time.monotonic() + 120
@@ -180,4 +256,3 @@ def test_ctrl_c_exits_130_and_keeps_the_checkpoint(tmp_path: Path, _home: Path) 
     assert "interrupted" in err and ckpt.is_file()
     assert "program rmsnorm" in out  # what was found so far is still reported
     assert "stopped by interrupt" in out  # the signal landed in the search
-

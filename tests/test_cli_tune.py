@@ -54,8 +54,17 @@ def test_config_id_with_trials_and_table_output(capsys: pytest.CaptureFixture[st
 
 
 def test_op_shape_emit_and_check(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--op", "conv2d", "--shape", "N=1,C=8,H=13,W=13,F=16,KH=3,KW=3,stride=2,padding=1",
-            "--dtype", "float32", "--no-store", "--method", "roller"]
+    args = [
+        "--op",
+        "conv2d",
+        "--shape",
+        "N=1,C=8,H=13,W=13,F=16,KH=3,KW=3,stride=2,padding=1",
+        "--dtype",
+        "float32",
+        "--no-store",
+        "--method",
+        "roller",
+    ]
     rc, out, _ = run(capsys, *args, "--emit", "cuda")
     assert rc == 0 and "__global__" in out and "__shared__" in out and "blockIdx.x" in out
     rc, out, _ = run(capsys, *args, "--emit", "tir")
@@ -66,36 +75,53 @@ def test_op_shape_emit_and_check(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["params"]["stride_h"] == 2 and data["dtype"] == "float32"
 
 
-def test_failed_check_exits_1_with_one_line(capsys: pytest.CaptureFixture[str],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_check_exits_1_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import gensorage.tuning.result as tune_mod
 
     monkeypatch.setattr(tune_mod, "relative_error", lambda out, ref: 0.5)  # as if the kernel were wrong
-    rc, out, err = run(capsys, "--op", "gemm", "--shape", "M=32,N=32,K=32", "--dtype", "float32",
-                       "--method", "roller", "--check", "--no-store")
+    rc, out, err = run(
+        capsys,
+        "--op",
+        "gemm",
+        "--shape",
+        "M=32,N=32,K=32",
+        "--dtype",
+        "float32",
+        "--method",
+        "roller",
+        "--check",
+        "--no-store",
+    )
     assert rc == 1
-    assert errors(err) == ["gensorage: error: check failed: CPU result differs from the reference by 0.5 "
-                           "(tolerance 0.0001)"]
+    assert errors(err) == [
+        "gensorage: error: check failed: CPU result differs from the reference by 0.5 (tolerance 0.0001)"
+    ]
     assert "FAILED" in out
 
 
-@pytest.mark.parametrize(("argv", "message", "code"), [
-    (["--op", "matmul3d"], "unknown op 'matmul3d'", 6),
-    (["--op", "gemm", "--shape", "M=1,N"], "--shape: expected NAME=INT", 6),
-    (["--op", "gemm", "--shape", "M=1,N=x,K=3"], "--shape: expected NAME=INT", 6),
-    (["--op", "gemm", "--shape", "M=4,N=4"], "field 'K': missing", 6),
-    (["--op", "gemm", "--shape", "M=4,N=4,K=0"], "field 'K'", 6),
-    (["--shape", "M=4"], "--shape needs --op", 2),
-    (["M1", "--op", "gemm"], "either CONFIG_ID or --op", 2),
-    (["Q7"], "unknown op config 'Q7'", 6),
-    (["--hw", "h999"], "unknown hardware profile 'h999'", 6),
-    (["--method", "ansor"], "unknown method 'ansor'", 2),
-    (["--method", "markov", "--trials", "10"], "--trials applies to optuna and random", 2),
-    (["--emit", "ptx"], "--emit: expected one of cuda, tir", 2),
-    (["--dtype", "int4"], "unsupported dtype 'int4'", 6),
-])
-def test_bad_input_is_one_line_and_nonzero(capsys: pytest.CaptureFixture[str], argv: list[str], message: str,
-                                           code: int) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message", "code"),
+    [
+        (["--op", "matmul3d"], "unknown op 'matmul3d'", 6),
+        (["--op", "gemm", "--shape", "M=1,N"], "--shape: expected NAME=INT", 6),
+        (["--op", "gemm", "--shape", "M=1,N=x,K=3"], "--shape: expected NAME=INT", 6),
+        (["--op", "gemm", "--shape", "M=4,N=4"], "field 'K': missing", 6),
+        (["--op", "gemm", "--shape", "M=4,N=4,K=0"], "field 'K'", 6),
+        (["--shape", "M=4"], "--shape needs --op", 2),
+        (["M1", "--op", "gemm"], "either CONFIG_ID or --op", 2),
+        (["Q7"], "unknown op config 'Q7'", 6),
+        (["--hw", "h999"], "unknown hardware profile 'h999'", 6),
+        (["--method", "ansor"], "unknown method 'ansor'", 2),
+        (["--method", "markov", "--trials", "10"], "--trials applies to optuna and random", 2),
+        (["--emit", "ptx"], "--emit: expected one of cuda, tir", 2),
+        (["--dtype", "int4"], "unsupported dtype 'int4'", 6),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str, code: int
+) -> None:
     rc, out, err = run(capsys, *argv, "--no-store")
     assert rc == code and out == ""
     lines = errors(err)
@@ -110,7 +136,12 @@ def test_parse_shape() -> None:
 
 
 def test_module_entry_point(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "gensorage", "tune", "--op", "nosuch", "--no-store"],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.run(
+        [sys.executable, "-m", "gensorage", "tune", "--op", "nosuch", "--no-store"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert proc.returncode == 6 and proc.stdout == ""
     assert proc.stderr.strip().splitlines()[-1].startswith("gensorage: error: --op/--shape: field 'op'")

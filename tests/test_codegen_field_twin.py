@@ -53,15 +53,28 @@ def _all_ops_graph() -> KernelGraph:
     """One block computing every elementwise op of Table 3 (and the keyed activations) in a thread graph."""
     specs = (TensorSpec("X", (4, 6), "float32"), TensorSpec("Y", (4, 6), "float32"))
     ops = (
-        ThreadOp(Op.ADD, (0, 1)), ThreadOp(Op.SUB, (0, 1)), ThreadOp(Op.MUL, (0, 1)), ThreadOp(Op.DIV, (0, 1)),
-        ThreadOp(Op.EXP, (0,)), ThreadOp(Op.SQRT, (1,)), ThreadOp(Op.SCALE, (0,), {"factor": 0.125}),
-        ThreadOp(Op.RELU, (0,)), ThreadOp(Op.SILU, (1,)), ThreadOp(Op.GELU, (5,)),
+        ThreadOp(Op.ADD, (0, 1)),
+        ThreadOp(Op.SUB, (0, 1)),
+        ThreadOp(Op.MUL, (0, 1)),
+        ThreadOp(Op.DIV, (0, 1)),
+        ThreadOp(Op.EXP, (0,)),
+        ThreadOp(Op.SQRT, (1,)),
+        ThreadOp(Op.SCALE, (0,), {"factor": 0.125}),
+        ThreadOp(Op.RELU, (0,)),
+        ThreadOp(Op.SILU, (1,)),
+        ThreadOp(Op.GELU, (5,)),
     )
-    nodes: list[BlockNode] = [InputIterator(0, (0,)), InputIterator(1, (0,)),
-                              ThreadGraph((0, 1), ops, tuple(range(2, 12)))]
+    nodes: list[BlockNode] = [
+        InputIterator(0, (0,)),
+        InputIterator(1, (0,)),
+        ThreadGraph((0, 1), ops, tuple(range(2, 12))),
+    ]
     nodes += [OutputSaver(Ref(2, o), (0,)) for o in range(10)]
-    g = KernelGraph(specs, (GraphDefinedOp(BlockGraph((2,), 1, tuple(nodes)), (0, 1)),),
-                    tuple(Ref(2, o) for o in range(10)))
+    g = KernelGraph(
+        specs,
+        (GraphDefinedOp(BlockGraph((2,), 1, tuple(nodes)), (0, 1)),),
+        tuple(Ref(2, o) for o in range(10)),
+    )
     return g
 
 
@@ -147,8 +160,12 @@ def test_predefined_matmul_twin_catches_a_wrong_schedule_index() -> None:
 
 def test_max_accumulator_has_no_field_twin() -> None:
     specs = (TensorSpec("A", (4, 4), "float32"),)
-    nodes: tuple[BlockNode, ...] = (InputIterator(0, (None,), 0), BlockOp(Op.EXP, (0,)), Accumulator(1, "max"),
-                                    OutputSaver(2, (0,)))
+    nodes: tuple[BlockNode, ...] = (
+        InputIterator(0, (None,), 0),
+        BlockOp(Op.EXP, (0,)),
+        Accumulator(1, "max"),
+        OutputSaver(2, (0,)),
+    )
     g = KernelGraph(specs, (GraphDefinedOp(BlockGraph((1,), 2, nodes), (0,)),), (Ref(1),))
     with pytest.raises(NotLaxError):
         check_field_twin(g, None, trials=1, hw=HW)

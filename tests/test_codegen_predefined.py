@@ -26,8 +26,10 @@ def _inputs(g: KernelGraph, seed: int = 0) -> list[np.ndarray]:
 
 
 def _rel_err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
-    return max(float(np.abs(a.astype(np.float64) - b).max() / max(1.0, np.abs(b).max()))
-               for a, b in zip(got, want, strict=True))
+    return max(
+        float(np.abs(a.astype(np.float64) - b).max() / max(1.0, np.abs(b).max()))
+        for a, b in zip(got, want, strict=True)
+    )
 
 
 # lora, qknorm_attention and flash_decoding add no op kind the others lack; their (slow) construction runs
@@ -45,7 +47,7 @@ def test_direct_ugraph_of_each_example_program(name: str) -> None:
     cg = compile_ugraph(g, HW, "llvm")
     assert _rel_err(cg.run(*xs), program.run(*xs)) < 1e-5
     src = cg.cuda_source()
-    assert src.count("extern \"C\" __global__") == 2 * len(cg.kernels("cuda"))
+    assert src.count('extern "C" __global__') == 2 * len(cg.kernels("cuda"))
 
 
 @pytest.mark.parametrize("name", FAST)
@@ -56,7 +58,9 @@ def test_direct_ugraph_field_twin(name: str) -> None:
     assert result, str(result)
 
 
-def _graph(specs: list[tuple[str, tuple[int, ...]]], ops: list[KernelOp], dtype: str = "float32") -> KernelGraph:
+def _graph(
+    specs: list[tuple[str, tuple[int, ...]]], ops: list[KernelOp], dtype: str = "float32"
+) -> KernelGraph:
     inputs = tuple(TensorSpec(n, s, dtype) for n, s in specs)
     return KernelGraph(inputs, tuple(ops), (Ref(len(inputs) + len(ops) - 1),))
 
@@ -69,8 +73,11 @@ MATMULS = [
 ]
 
 
-@pytest.mark.parametrize("specs", MATMULS, ids=lambda s: "x".join(str(d) for d in s[0][1]) + "@" +
-                         "x".join(str(d) for d in s[1][1]))
+@pytest.mark.parametrize(
+    "specs",
+    MATMULS,
+    ids=lambda s: "x".join(str(d) for d in s[0][1]) + "@" + "x".join(str(d) for d in s[1][1]),
+)
 def test_broadcast_matmul_numerics_and_twin(specs: list[tuple[str, tuple[int, ...]]]) -> None:
     g = _graph(specs, [KernelOp(Op.MATMUL, (0, 1))])
     xs = _inputs(g)
@@ -139,7 +146,8 @@ def test_elementwise_ops_and_activations() -> None:
 
 
 def test_matmul_without_a_construction_schedule_falls_back_to_one_thread_per_element(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from gensorage.codegen import predefined
     from gensorage.errors import ScheduleError
 
@@ -161,8 +169,13 @@ def test_matmul_without_a_construction_schedule_falls_back_to_one_thread_per_ele
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.integers(1, 21), count=st.integers(64, 700), keep=st.booleans(), groups=st.integers(1, 3),
-       lead=st.integers(1, 3))
+@given(
+    rows=st.integers(1, 21),
+    count=st.integers(64, 700),
+    keep=st.booleans(),
+    groups=st.integers(1, 3),
+    lead=st.integers(1, 3),
+)
 def test_cooperative_sum_matches_numpy(rows: int, count: int, keep: bool, groups: int, lead: int) -> None:
     # Row sums (keepdim or not) and group sums over the last dim, any number of rows and any count, so the
     # lanes' tail guard, the outputs-per-block guard and every lane count are exercised.
@@ -201,12 +214,21 @@ def test_short_or_strided_sums_keep_one_thread_per_output() -> None:
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=st.integers(1, 4), inner=st.integers(1024, 1300), cols=st.integers(1, 70), heads=st.integers(1, 3),
-       shared_b=st.booleans())
-def test_cooperative_matvec_matches_numpy(rows: int, inner: int, cols: int, heads: int, shared_b: bool) -> None:
+@given(
+    rows=st.integers(1, 4),
+    inner=st.integers(1024, 1300),
+    cols=st.integers(1, 70),
+    heads=st.integers(1, 3),
+    shared_b=st.booleans(),
+)
+def test_cooperative_matvec_matches_numpy(
+    rows: int, inner: int, cols: int, heads: int, shared_b: bool
+) -> None:
     # Batched A [heads, rows, inner] @ B [heads or 1, inner, cols]: column tails, lane tails and broadcast batch.
-    g = _graph([("A", (heads, rows, inner)), ("B", (1 if shared_b else heads, inner, cols))],
-               [KernelOp(Op.MATMUL, (0, 1))])
+    g = _graph(
+        [("A", (heads, rows, inner)), ("B", (1 if shared_b else heads, inner, cols))],
+        [KernelOp(Op.MATMUL, (0, 1))],
+    )
     (kern,) = compile_ugraph(g, HW, "cuda").kernels("cuda")
     assert kern.rule.startswith("cooperative matrix-vector product")
     xs = _inputs(g, seed=inner + cols)

@@ -46,8 +46,10 @@ def _inputs(g: KernelGraph, seed: int = 0, dtype: str | None = None) -> list[np.
 
 
 def _rel_err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
-    return max(float(np.abs(a.astype(np.float64) - b).max() / max(1.0, np.abs(b).max()))
-               for a, b in zip(got, want, strict=True))
+    return max(
+        float(np.abs(a.astype(np.float64) - b).max() / max(1.0, np.abs(b).max()))
+        for a, b in zip(got, want, strict=True)
+    )
 
 
 # ------------------------------------------------------------------------------------------ paper examples
@@ -99,15 +101,18 @@ def _kernel_body(src: str, name: str) -> str:
     """The definition of CUDA kernel ``name`` in ``src`` (from its opening brace to the next kernel)."""
     start = src.index("{", src.index(f"{name}_kernel(", src.index(f"{name}_kernel(") + 1))
     end = src.find('extern "C"', start)
-    return src[start:end if end >= 0 else len(src)]
+    return src[start : end if end >= 0 else len(src)]
 
 
 def test_dynamic_shared_memory_kernels_place_every_barrier_themselves() -> None:
     # Two 96 x 100 float32 tiles (75 KiB) need dynamic shared memory; 100 elements per row and 7 * 32 threads
     # leave guarded tails. TVM's dyn barrier planner would refuse (a barrier inside the guard); the kernel
     # carries its own barriers after every phase and the scheduled matmul next to it keeps TVM's.
-    specs = (TensorSpec("A", (96, 200), "float32"), TensorSpec("B", (16, 24), "float32"),
-             TensorSpec("C", (24, 8), "float32"))
+    specs = (
+        TensorSpec("A", (96, 200), "float32"),
+        TensorSpec("B", (16, 24), "float32"),
+        TensorSpec("C", (24, 8), "float32"),
+    )
     nodes: tuple[BlockNode, ...] = (
         InputIterator(0, (1,)),  # [96, 100]
         BlockOp(Op.EXP, (0,)),
@@ -115,8 +120,11 @@ def test_dynamic_shared_memory_kernels_place_every_barrier_themselves() -> None:
         BlockOp(Op.DIV, (1, 2)),
         OutputSaver(3, (1,)),
     )
-    g = KernelGraph(specs, (GraphDefinedOp(BlockGraph((2,), 1, nodes), (0,)), KernelOp(Op.MATMUL, (1, 2))),
-                    (Ref(3), Ref(4)))
+    g = KernelGraph(
+        specs,
+        (GraphDefinedOp(BlockGraph((2,), 1, nodes), (0,)), KernelOp(Op.MATMUL, (1, 2))),
+        (Ref(3), Ref(4)),
+    )
     cg = compile_ugraph(g, HW, "cuda")
     graph, matmul = cg.kernels("cuda")
     assert 'scope="shared.dyn"' in graph.script and EXPLICIT_BARRIERS in graph.script
@@ -153,8 +161,12 @@ def test_golden_gated_mlp_tir() -> None:
     from tvm.script import tirx as T  # noqa: N812 - TVMScript's conventional name
 
     @T.prim_func
-    def expected(in0: T.Buffer((4, 16), "float32"), in1: T.Buffer((16, 8), "float32"),
-                 in2: T.Buffer((16, 8), "float32"), out0: T.Buffer((4, 8), "float32")):
+    def expected(
+        in0: T.Buffer((4, 16), "float32"),
+        in1: T.Buffer((16, 8), "float32"),
+        in2: T.Buffer((16, 8), "float32"),
+        out0: T.Buffer((4, 8), "float32"),
+    ):
         T.func_attr({"global_symbol": "gated_mlp", "tir.noalias": True})
         for bx in T.thread_binding(2, thread="blockIdx.x"):
             s0 = T.alloc_buffer((4, 8), "float32", scope="shared")
@@ -192,7 +204,9 @@ def test_golden_gated_mlp_tir() -> None:
                             for ri0 in T.unroll(2):
                                 acc0[ri0] = acc0[ri0] + s0[ri0 * 2 + tx // 2, k0] * s1[k0, sj0 * 2 + tx % 2]
                         for ri1 in T.unroll(2):
-                            a5[sj0 * 2 + ri1] = T.if_then_else(it == 0, acc0[ri1], a5[sj0 * 2 + ri1] + acc0[ri1])
+                            a5[sj0 * 2 + ri1] = T.if_then_else(
+                                it == 0, acc0[ri1], a5[sj0 * 2 + ri1] + acc0[ri1]
+                            )
                 for tx in T.thread_binding(4, thread="threadIdx.x"):
                     acc1 = T.alloc_buffer((2,), "float32", scope="local")
                     for sj1 in range(2):
@@ -202,7 +216,9 @@ def test_golden_gated_mlp_tir() -> None:
                             for ri2 in T.unroll(2):
                                 acc1[ri2] = acc1[ri2] + s0[ri2 * 2 + tx // 2, k1] * s2[k1, sj1 * 2 + tx % 2]
                         for ri3 in T.unroll(2):
-                            a6[sj1 * 2 + ri3] = T.if_then_else(it == 0, acc1[ri3], a6[sj1 * 2 + ri3] + acc1[ri3])
+                            a6[sj1 * 2 + ri3] = T.if_then_else(
+                                it == 0, acc1[ri3], a6[sj1 * 2 + ri3] + acc1[ri3]
+                            )
                 T.tvm_storage_sync("shared")
             # Register accumulators flushed with the same element-to-thread map.
             for tx in T.thread_binding(4, thread="threadIdx.x"):
@@ -226,8 +242,9 @@ def test_golden_gated_mlp_tir() -> None:
                     out0[f3 // 4, f3 % 4 + bx * 4] = r5[0]
 
     _, g = gated_mlp(m=4, k=16, n=8, blocks=2, forloop=2, dtype="float32")
-    kt = emit_graph_defined(g, 0, validate(g), _golden_choice(), target="cuda", scalar=FloatScalar(),
-                            name="gated_mlp")
+    kt = emit_graph_defined(
+        g, 0, validate(g), _golden_choice(), target="cuda", scalar=FloatScalar(), name="gated_mlp"
+    )
     tvm.ir.assert_structural_equal(tvm.script.from_source(kt.text), expected)
 
 
@@ -243,15 +260,20 @@ def test_cpu_variant_is_the_cuda_text_with_loops() -> None:
     info = validate(g)
     gpu = emit_graph_defined(g, 0, info, _golden_choice(), target="cuda", scalar=FloatScalar(), name="k").text
     cpu = emit_graph_defined(g, 0, info, _golden_choice(), target="llvm", scalar=FloatScalar(), name="k").text
-    mapped = (gpu.replace('T.thread_binding(2, thread="blockIdx.x")', "T.parallel(2)")
-              .replace('T.thread_binding(4, thread="threadIdx.x")', "T.serial(4)")
-              .replace('scope="shared"', 'scope="global"'))
+    mapped = (
+        gpu.replace('T.thread_binding(2, thread="blockIdx.x")', "T.parallel(2)")
+        .replace('T.thread_binding(4, thread="threadIdx.x")', "T.serial(4)")
+        .replace('scope="shared"', 'scope="global"')
+    )
     mapped = "\n".join(ln for ln in mapped.splitlines() if "tvm_storage_sync" not in ln) + "\n"
     # Registers that persist across phases get a row per (serial) thread on the CPU; nothing else differs.
-    mapped = (mapped.replace('a5 = T.alloc_buffer((4,), "float32", scope="local")',
-                             'a5 = T.alloc_buffer((4, 4), "float32", scope="global")')
-              .replace('a6 = T.alloc_buffer((4,), "float32", scope="local")',
-                       'a6 = T.alloc_buffer((4, 4), "float32", scope="global")'))
+    mapped = mapped.replace(
+        'a5 = T.alloc_buffer((4,), "float32", scope="local")',
+        'a5 = T.alloc_buffer((4, 4), "float32", scope="global")',
+    ).replace(
+        'a6 = T.alloc_buffer((4,), "float32", scope="local")',
+        'a6 = T.alloc_buffer((4, 4), "float32", scope="global")',
+    )
     mapped = re.sub(r"\b(a[56])\[", r"\1[tx, ", mapped)
     assert mapped == cpu
 
@@ -303,8 +325,10 @@ def test_reshape_index_matches_numpy(src: list[int], data: st.DataObject) -> Non
     flat = data.draw(st.integers(0, total - 1))
     didx = [int(i) for i in np.unravel_index(flat, dst)]
     names = [f"i{d}" for d in range(len(dst))]
-    got = [_eval_ix(str(e), dict(zip(names, didx, strict=True)))
-           for e in reshape_index([Ix.var(n) for n in names], src, dst)]
+    got = [
+        _eval_ix(str(e), dict(zip(names, didx, strict=True)))
+        for e in reshape_index([Ix.var(n) for n in names], src, dst)
+    ]
     assert got == [int(i) for i in np.unravel_index(flat, src)]
 
 
@@ -328,8 +352,9 @@ def _tilings(draw: st.DrawFn, extents: tuple[int, int, int], k: int) -> MatmulTi
 @given(data=st.data())
 def test_any_register_tiling_computes_the_same(data: st.DataObject) -> None:
     # Non-dividing tiles (guards), vthread chunks and several T1 steps: all index the same elements.
-    _, g = EXAMPLES["flash_attention"](heads=2, q_len=6, kv_len=12, head_dim=5, q_blocks=1, forloop=2,
-                                       dtype="float32")
+    _, g = EXAMPLES["flash_attention"](
+        heads=2, q_len=6, kv_len=12, head_dim=5, q_blocks=1, forloop=2, dtype="float32"
+    )
     t = data.draw(_tilings((1, 6, 6), 5))
     choice = ThreadChoice(t.threads, 3, t, "hypothesis")
     xs = _inputs(g, seed=1)
@@ -344,8 +369,9 @@ def test_dynamic_shared_memory_decode_attention_builds_for_cuda() -> None:
     from gensorage.codegen.gpu_limits import block_resources
     from gensorage.codegen.module import ir_module
 
-    program, g = EXAMPLES["flash_attention"](heads=2, q_len=1, kv_len=1024, head_dim=64, q_blocks=1, forloop=4,
-                                             dtype="float32")
+    program, g = EXAMPLES["flash_attention"](
+        heads=2, q_len=1, kv_len=1024, head_dim=64, q_blocks=1, forloop=4, dtype="float32"
+    )
     cg = compile_ugraph(g, HW, "cuda")
     (kern,) = cg.kernels("cuda")
     shared = [line for line in kern.script.splitlines() if "T.alloc_buffer" in line and "shared" in line]
@@ -378,7 +404,8 @@ def test_markov_construct_picks_threads_and_registers() -> None:
     assert plan.tiling.t0 == (1, *s.tiles[0][:2]) and plan.tiling.vthreads == (1, *s.vthreads[:2])
     # 4 blocks cannot fill the GPU with the constructor's T1: it is widened to the whole 32 x 32 tile.
     assert plan.tiling.t1 == (1, 32, 32) and plan.threads == math.prod(
-        -(-32 // t0) for t0 in plan.tiling.t0[1:]) >= space_for(wl, HW).threads(s)
+        -(-32 // t0) for t0 in plan.tiling.t0[1:]
+    ) >= space_for(wl, HW).threads(s)
     assert "widened to the fixed grid" in plan.rule
 
 
@@ -389,7 +416,11 @@ def test_block_tile_widens_along_j_then_i_within_the_cap() -> None:
     assert widen_block_tile((1, 64, 64), (1, 1, 1), (1, 8, 4), 1024) == (1, 16, 64)
     assert widen_block_tile((1, 64, 64), (1, 2, 2), (1, 8, 4), 1024) == (1, 64, 64)
     assert widen_block_tile((2, 8, 100), (1, 1, 1), (1, 1, 3), 64) == (1, 1, 48)  # 3 -> 6 -> 12 -> 24 -> 48
-    assert widen_block_tile((1, 1, 2), (1, 1, 1), (1, 1, 2), 1) == (1, 1, 2)  # never narrower than constructed
+    assert widen_block_tile((1, 1, 2), (1, 1, 1), (1, 1, 2), 1) == (
+        1,
+        1,
+        2,
+    )  # never narrower than constructed
 
 
 def test_decode_attention_block_gets_a_thread_per_score() -> None:
@@ -408,7 +439,9 @@ def test_fallback_threads_without_matmul() -> None:
     assert "fallback" in cg.plans[1].rule
 
 
-def test_block_without_a_construction_schedule_uses_the_fallback_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_block_without_a_construction_schedule_uses_the_fallback_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from gensorage.codegen import ugraph_tir
     from gensorage.errors import ScheduleError
 
@@ -464,13 +497,17 @@ def _block_graphs(draw: st.DrawFn) -> KernelGraph:
         BlockOp(Op.MUL, (0, 1)),  # 3
         BlockOp(Op.SUB, (3, 2)),  # 4: broadcast
         BlockOp(Op.SUM, (4,), {"dim": red, "keepdim": True}),  # 5: dim red reduced to 1
-        ThreadGraph((4, 5), (ThreadOp(Op.MUL, (0, 1)), ThreadOp(Op.SCALE, (1,), {"factor": 0.25})),
-                    (2, 3)),  # 6: outputs of the full tile and of the reduced shape
+        ThreadGraph(
+            (4, 5), (ThreadOp(Op.MUL, (0, 1)), ThreadOp(Op.SCALE, (1,), {"factor": 0.25})), (2, 3)
+        ),  # 6: outputs of the full tile and of the reduced shape
         BlockOp(Op.SUM, (4,), {"dim": red2, "keepdim": True, "group": group}),  # 7: group sum
     ]
     outs = [Ref(6, 0), Ref(6, 1), Ref(7)]
-    out_shapes = [list(tile), [1 if i == red else t for i, t in enumerate(tile)],
-                  [t // group if i == red2 else t for i, t in enumerate(tile)]]
+    out_shapes = [
+        list(tile),
+        [1 if i == red else t for i, t in enumerate(tile)],
+        [t // group if i == red2 else t for i, t in enumerate(tile)],
+    ]
     if forloop > 1:
         for o in range(len(outs)):
             cat = draw(st.sampled_from([None, *range(rank)]))
@@ -489,12 +526,17 @@ def _block_graphs(draw: st.DrawFn) -> KernelGraph:
         nodes.append(OutputSaver(r, tuple(draw(st.permutations(dims))[:ngrid])))
     block = BlockGraph(tuple(grid), forloop, tuple(nodes))
     row = [1] * last + [shape[-1]]
-    return KernelGraph(_specs(shape, row), (GraphDefinedOp(block, (0, 1, 2)),), tuple(Ref(3, o) for o in range(3)))
+    return KernelGraph(
+        _specs(shape, row), (GraphDefinedOp(block, (0, 1, 2)),), tuple(Ref(3, o) for o in range(3))
+    )
 
 
 def _specs(shape: list[int], row: list[int]) -> tuple[TensorSpec, ...]:
-    return (TensorSpec("A", tuple(shape), "float32"), TensorSpec("B", tuple(shape), "float32"),
-            TensorSpec("C", tuple(row), "float32"))
+    return (
+        TensorSpec("A", tuple(shape), "float32"),
+        TensorSpec("B", tuple(shape), "float32"),
+        TensorSpec("C", tuple(row), "float32"),
+    )
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -510,10 +552,14 @@ def test_random_ugraphs_llvm_and_field_twin_match_the_evaluator(g: KernelGraph) 
 # ------------------------------------------------------------------------------------------ more constructs
 
 
-def _one_kernel(specs: tuple[TensorSpec, ...], grid: tuple[int, ...], forloop: int,
-                nodes: tuple[BlockNode, ...]) -> KernelGraph:
-    return KernelGraph(specs, (GraphDefinedOp(BlockGraph(grid, forloop, nodes), tuple(range(len(specs)))),),
-                       (Ref(len(specs)),))
+def _one_kernel(
+    specs: tuple[TensorSpec, ...], grid: tuple[int, ...], forloop: int, nodes: tuple[BlockNode, ...]
+) -> KernelGraph:
+    return KernelGraph(
+        specs,
+        (GraphDefinedOp(BlockGraph(grid, forloop, nodes), tuple(range(len(specs)))),),
+        (Ref(len(specs)),),
+    )
 
 
 def test_max_accumulator_repeat_view_and_nested_grid() -> None:
@@ -601,7 +647,9 @@ PAPER_SHAPES = {
     "rmsnorm_matmul": dict(batch=8, hidden=4096, out=4096, blocks=64, forloop=64),
     "lora": dict(m=16, k=1024, n=4096, rank=16, n_blocks=256, m_blocks=1),
     "flash_attention": dict(heads=16, q_len=256, kv_len=1024, head_dim=64, q_blocks=4, forloop=16),
-    "gqa": dict(kv_heads=8, group=8, q_len=1, kv_len=4096, head_dim=128, kv_splits=16, forloop=8, out_splits=2),
+    "gqa": dict(
+        kv_heads=8, group=8, q_len=1, kv_len=4096, head_dim=128, kv_splits=16, forloop=8, out_splits=2
+    ),
     "qknorm_attention": dict(heads=16, q_len=256, kv_len=1024, head_dim=64, q_blocks=4, forloop=16),
     "flash_decoding": dict(heads=32, kv_len=4096, head_dim=128, splits=16, forloop=8),
 }

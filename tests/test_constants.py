@@ -26,15 +26,24 @@ from gensorage.program import Program, load_config
 F64 = Float64Arith()
 # Operators a factor moves through (the barriers exp, silu and gelu give 1.0 whatever the argument carries).
 LINEAR_LIKE = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SQRT, Op.RELU, Op.MATMUL, Op.SUM, Op.REPEAT, Op.CONCAT]
-ATTRS = {Op.SUM: freeze_attrs({"dim": 1}), Op.REPEAT: freeze_attrs({"dim": 0, "times": 2}),
-         Op.CONCAT: freeze_attrs({"dim": 0})}
+ATTRS = {
+    Op.SUM: freeze_attrs({"dim": 1}),
+    Op.REPEAT: freeze_attrs({"dim": 0, "times": 2}),
+    Op.CONCAT: freeze_attrs({"dim": 0}),
+}
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from(LINEAR_LIKE), st.floats(0.1, 10.0), st.floats(0.1, 10.0), st.booleans(),
-       st.integers(0, 2**31 - 1))
-def test_a_factor_comes_out_of_the_operator_as_const_of_says(op: Op, a: float, b: float, equal: bool,
-                                                                 seed: int) -> None:
+@given(
+    st.sampled_from(LINEAR_LIKE),
+    st.floats(0.1, 10.0),
+    st.floats(0.1, 10.0),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
+def test_a_factor_comes_out_of_the_operator_as_const_of_says(
+    op: Op, a: float, b: float, equal: bool, seed: int
+) -> None:
     # op(a·x, b·y) == c·op(x, y) with c = const_of(op, [a, b]) whenever c is not None (mixed).
     rng = np.random.default_rng(seed)
     x, y = rng.uniform(0.5, 2.0, (3, 3)), rng.uniform(0.5, 2.0, (3, 3))
@@ -85,7 +94,9 @@ def test_program_factors() -> None:
     x, y = p.input("X", (3, 4)), p.input("Y", (3, 4))
     p.output(p.exp(p.add(p.scale(x, 2.0), y)))
     mixed = ExpConstants(p, canon)
-    assert list(mixed.allowed.values()) == [None] and mixed.admits(ae.exp(ae.add(ae.var("X"), ae.var("Y"))), 1.0)
+    assert list(mixed.allowed.values()) == [None] and mixed.admits(
+        ae.exp(ae.add(ae.var("X"), ae.var("Y"))), 1.0
+    )
 
 
 def test_not_applied_without_the_expression_filter() -> None:
@@ -111,15 +122,20 @@ def _exp_matmul_scaled() -> Program:
     return p
 
 
-@pytest.mark.parametrize("program, kernels, block_ops", [
-    (_softmax(0.5), 2, 2),
-    (_exp_matmul_scaled(), 2, 2),
-])
-def test_the_rule_prunes_no_verified_candidate(program: Program, kernels: int, block_ops: int,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "program, kernels, block_ops",
+    [
+        (_softmax(0.5), 2, 2),
+        (_exp_matmul_scaled(), 2, 2),
+    ],
+)
+def test_the_rule_prunes_no_verified_candidate(
+    program: Program, kernels: int, block_ops: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The same search with the rule switched off finds exactly the same candidates and walks more states.
-    spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_grid_dims=1,
-                      max_block_outputs=1)
+    spec = SearchSpec(
+        program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_grid_dims=1, max_block_outputs=1
+    )
 
     with_rule, states_with = candidates_and_states(spec)
     monkeypatch.setattr(ruleset, "ExpConstants", _Off)
@@ -152,7 +168,12 @@ def test_reductions_needed() -> None:
     assert red.needed([qk, v])  # Q Kᵀ and V: the sums over the keys are still to make
     assert not red.needed([ae.sum(6, ae.exp(qk)), v])  # the denominator's sum is there: 6 = 6
     assert not red.needed([ae.add(q, k), v])  # not a monomial: the rule does not say
-    assert SearchContext(SearchSpec(program=program, ops=("matmul", "add", "exp", "sum", "div", "scale"))).rules.reductions is None
+    assert (
+        SearchContext(
+            SearchSpec(program=program, ops=("matmul", "add", "exp", "sum", "div", "scale"))
+        ).rules.reductions
+        is None
+    )
 
 
 def _matmul_exp() -> Program:
@@ -161,14 +182,24 @@ def _matmul_exp() -> Program:
     return p
 
 
-@pytest.mark.parametrize("program, kernels, block_ops, nodes", [
-    (_softmax(0.5), 2, 2, None),
-    (_matmul_exp(), 2, 2, 3),
-])
-def test_the_reduction_rule_prunes_no_verified_candidate(program: Program, kernels: int, block_ops: int,
-                                                         nodes: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_block_nodes=nodes,
-                      max_grid_dims=1, max_block_outputs=1)
+@pytest.mark.parametrize(
+    "program, kernels, block_ops, nodes",
+    [
+        (_softmax(0.5), 2, 2, None),
+        (_matmul_exp(), 2, 2, 3),
+    ],
+)
+def test_the_reduction_rule_prunes_no_verified_candidate(
+    program: Program, kernels: int, block_ops: int, nodes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = SearchSpec(
+        program=program,
+        max_kernel_ops=kernels,
+        max_block_ops=block_ops,
+        max_block_nodes=nodes,
+        max_grid_dims=1,
+        max_block_outputs=1,
+    )
     # The tie rule (see ties) prunes these prefixes too: off in both runs, so this measures the reduction rule.
     monkeypatch.setattr(ruleset.TieRule, "for_search", staticmethod(lambda *a: None))
 

@@ -53,8 +53,9 @@ def test_kernel_sizes_keeps_the_cheapest_valid_point_of_a_small_lattice() -> Non
         return predict_ugraph_time(sub, H100)
 
     lattice = SizeLattice((divisors(96, limit=96), divisors(64, limit=64)), (3, 4))
-    block, error = kernel_sizes(build, args, lattice, H100, lambda sub: predict_ugraph_time(sub, H100),
-                                np.random.default_rng(0))
+    block, error = kernel_sizes(
+        build, args, lattice, H100, lambda sub: predict_ugraph_time(sub, H100), np.random.default_rng(0)
+    )
     assert block is not None and error is None
     best = min(price(grid, f) for grid, f in (((gd,), f) for gd, f in itertools.product(*lattice.values)))
     assert price(block.grid, block.forloop) == best
@@ -67,6 +68,7 @@ def test_kernel_sizes_says_why_when_nothing_fits() -> None:
     def build(grid: tuple[int, ...], forloop: int) -> BlockGraph:
         raise GensorageError(f"grid {grid} does not fit")
 
-    block, error = kernel_sizes(build, args, SizeLattice(((1, 2), (1,)), (1, 1)), H100, lambda sub: 1.0,
-                                np.random.default_rng(0))
+    block, error = kernel_sizes(
+        build, args, SizeLattice(((1, 2), (1,)), (1, 1)), H100, lambda sub: 1.0, np.random.default_rng(0)
+    )
     assert block is None and error is not None and "does not fit" in error

@@ -122,9 +122,16 @@ def test_tensor_cores_only_where_they_apply(tensor_cores_on: None) -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_never_faster_than_dram_allows(data: st.DataObject) -> None:
-    wl = data.draw(st.sampled_from([workloads.gemm(512, 256, 1024), workloads.gemv(4096, 1000),
-                                    workloads.conv2d(8, 32, 14, 14, 64, 3, 3, padding=1),
-                                    workloads.avgpool2d(4, 16, 24, 24, 2, 2, stride=2)]))
+    wl = data.draw(
+        st.sampled_from(
+            [
+                workloads.gemm(512, 256, 1024),
+                workloads.gemv(4096, 1000),
+                workloads.conv2d(8, 32, 14, 14, 64, 3, 3, padding=1),
+                workloads.avgpool2d(4, 16, 24, 24, 2, 2, stride=2),
+            ]
+        )
+    )
     space = space_for(wl, H100)
     params = parameters(space)
     s = decode(space, {p.name: data.draw(st.integers(0, p.high)) for p in params})

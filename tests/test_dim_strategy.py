@@ -42,19 +42,24 @@ def test_bundled_strategies_load() -> None:
     assert att.allowed_fmaps() == frozenset({None, 1, 2})
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("imaps = [[0, 0, 1]]", "two grid slots to one data dim"),
-    ("imaps = [[0, 1]]", "is not [x, y, z]"),
-    ("imaps = []", "non-empty list"),
-    ("fmaps = [-2]", "fmaps must be"),
-    ("omaps = 3", "omaps must be"),
-    ("grid = [[16, 1, 1]]", "unknown field(s) grid"),
-    ("imaps = [[0, -1, -1]", "cannot read dim strategy"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("imaps = [[0, 0, 1]]", "two grid slots to one data dim"),
+        ("imaps = [[0, 1]]", "is not [x, y, z]"),
+        ("imaps = []", "non-empty list"),
+        ("fmaps = [-2]", "fmaps must be"),
+        ("omaps = 3", "omaps must be"),
+        ("grid = [[16, 1, 1]]", "unknown field(s) grid"),
+        ("imaps = [[0, -1, -1]", "cannot read dim strategy"),
+    ],
+)
 def test_broken_strategy_files_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(text + "\n")
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(
+        ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
         load_dim_strategy(str(path))
 
 
@@ -82,8 +87,13 @@ def test_preset_names_a_strategy(tmp_path: Path) -> None:
 
 
 def test_cli_rejects_a_bad_strategy_in_one_line() -> None:
-    proc = subprocess.run([sys.executable, "-m", "gensorage", "search", "gated_mlp", "--dims", "nope"],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gensorage", "search", "gated_mlp", "--dims", "nope"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "unknown dim strategy 'nope'" in proc.stderr
@@ -95,15 +105,24 @@ def test_a_strategy_that_fits_no_tensor_of_the_program_is_refused(tmp_path: Path
     program = exp_matmul()  # 2-d tensors
     ok = DimStrategy("some fit", imaps=((0, -1, -1), (5, -1, -1)), fmaps=(-1, 7))
     SearchSpec(program=program, dims=ok)
-    for bad, kind in ((DimStrategy("x", imaps=((2, -1, -1), (0, 3, -1))), "imap"),
-                      (DimStrategy("x", omaps=((4, -1, -1),)), "omap"),
-                      (DimStrategy("x", fmaps=(2, 3)), "fmap")):
-        with pytest.raises(ConfigError, match=f"every listed {kind} names a data dim beyond .*at most 2 dims"):
+    for bad, kind in (
+        (DimStrategy("x", imaps=((2, -1, -1), (0, 3, -1))), "imap"),
+        (DimStrategy("x", omaps=((4, -1, -1),)), "omap"),
+        (DimStrategy("x", fmaps=(2, 3)), "fmap"),
+    ):
+        with pytest.raises(
+            ConfigError, match=f"every listed {kind} names a data dim beyond .*at most 2 dims"
+        ):
             SearchSpec(program=program, dims=bad)
     path = tmp_path / "deep.toml"
     path.write_text("imaps = [[6, -1, -1]]\n")
-    proc = subprocess.run([sys.executable, "-m", "gensorage", "search", "gated_mlp", "--dims", str(path)],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gensorage", "search", "gated_mlp", "--dims", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode != 0 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "every listed imap" in proc.stderr
 
@@ -152,13 +171,16 @@ def _member(g: KernelGraph, s: DimStrategy) -> bool:
         r = len(op.block.grid)
         ok = False
         for place in itertools.permutations(range(3), r):
+
             def slots(m: tuple[int | None, ...]) -> tuple[int, ...]:
                 out = [-1, -1, -1]
                 for gdim, d in enumerate(m):
                     out[place[gdim]] = -1 if d is None else d  # noqa: B023
                 return tuple(out)
-            if ((s.imaps is None or all(slots(it.imap) in s.imaps for it in its))
-                    and (s.omaps is None or all(slots(sv.omap) in s.omaps for sv in savers))):
+
+            if (s.imaps is None or all(slots(it.imap) in s.imaps for it in its)) and (
+                s.omaps is None or all(slots(sv.omap) in s.omaps for sv in savers)
+            ):
                 ok = True
                 break
         if not ok:
@@ -167,8 +189,11 @@ def _member(g: KernelGraph, s: DimStrategy) -> bool:
 
 
 SPEC = SearchSpec(program=exp_matmul(2, 4, 4), max_kernel_ops=1, max_block_ops=3, max_grid_dims=2)
-SLOT_MAPS = [m for m in itertools.product((-1, 0, 1), repeat=3)
-             if len([d for d in m if d >= 0]) == len({d for d in m if d >= 0})]
+SLOT_MAPS = [
+    m
+    for m in itertools.product((-1, 0, 1), repeat=3)
+    if len([d for d in m if d >= 0]) == len({d for d in m if d >= 0})
+]
 
 
 @cache
@@ -179,15 +204,22 @@ def _all_complete() -> tuple[KernelGraph, ...]:
 
 
 @settings(max_examples=12, deadline=None)
-@given(imaps=st.none() | st.lists(st.sampled_from(SLOT_MAPS), min_size=1, max_size=8),
-       omaps=st.none() | st.lists(st.sampled_from(SLOT_MAPS), min_size=1, max_size=8),
-       fmaps=st.none() | st.lists(st.sampled_from((-1, 0, 1)), min_size=1, max_size=3))
-def test_a_strategy_generates_exactly_the_graphs_it_admits(imaps: list[tuple[int, int, int]] | None,
-                                                            omaps: list[tuple[int, int, int]] | None,
-                                                            fmaps: list[int] | None) -> None:
-    strategy = DimStrategy("t", None if imaps is None else tuple(dict.fromkeys(imaps)),
-                           None if omaps is None else tuple(dict.fromkeys(omaps)),
-                           None if fmaps is None else tuple(dict.fromkeys(fmaps)))
+@given(
+    imaps=st.none() | st.lists(st.sampled_from(SLOT_MAPS), min_size=1, max_size=8),
+    omaps=st.none() | st.lists(st.sampled_from(SLOT_MAPS), min_size=1, max_size=8),
+    fmaps=st.none() | st.lists(st.sampled_from((-1, 0, 1)), min_size=1, max_size=3),
+)
+def test_a_strategy_generates_exactly_the_graphs_it_admits(
+    imaps: list[tuple[int, int, int]] | None,
+    omaps: list[tuple[int, int, int]] | None,
+    fmaps: list[int] | None,
+) -> None:
+    strategy = DimStrategy(
+        "t",
+        None if imaps is None else tuple(dict.fromkeys(imaps)),
+        None if omaps is None else tuple(dict.fromkeys(omaps)),
+        None if fmaps is None else tuple(dict.fromkeys(fmaps)),
+    )
     r = Recorder(dataclasses.replace(SPEC, dims=strategy))
     r.visit(0)
     got = {ugraph_key(g) for g in r.complete}

@@ -40,7 +40,7 @@ def test_caps_of_attention() -> None:
     assert caps.cap(ae.div(ae.sum(2, ae.mul(e, v)), ae.sum(6, e))) == 3 * out
     # exp(...) is also in the denominator and Q, K inside exp: the rule says nothing about them.
     assert caps.cap(e) is None and caps.cap(q) is None and caps.cap(ae.sum(5, ae.mul(q, k))) is None
-    assert caps.admits(6 * out, v) and not caps.admits(6 * out + 1, v) and caps.admits(10 ** 9, q)
+    assert caps.admits(6 * out, v) and not caps.admits(6 * out + 1, v) and caps.admits(10**9, q)
 
 
 def test_not_applied_where_operators_add_monomials() -> None:
@@ -52,26 +52,51 @@ def test_not_applied_where_operators_add_monomials() -> None:
     q.output(q.exp(q.input("X", (2, 3))))
     assert _caps(q) is not None
     assert _caps(q, [Op.EXP, Op.SUB]) is None
-    assert SearchContext(SearchSpec(program=q, expr_filter=False)).rules.element_caps is None  # it speaks about A_eq outputs
+    assert (
+        SearchContext(SearchSpec(program=q, expr_filter=False)).rules.element_caps is None
+    )  # it speaks about A_eq outputs
 
 
 GQA = {"kv": 2, "g": 2, "n": 4, "d": 2}
 
 
-@pytest.mark.parametrize(("program", "kw"), [
-    # 9.3 k states against 10.6 k
-    (load_config("gqa_incdec", GQA), {"max_block_ops": 6, "max_block_nodes": 6, "max_grid_dims": 1,
-                                     "max_block_outputs": 2, "dims": load_dim_strategy("attention")}),
-    # 64 k states against 93 k
-    pytest.param(load_config("gqa_incdec", GQA), {"max_block_ops": 6, "max_block_nodes": 6, "max_grid_dims": 2,
-                                                 "max_block_outputs": 2, "dims": load_dim_strategy("attention")},
-                 marks=pytest.mark.slow),
-    # 71 k states against 212 k
-    pytest.param(load_config("gated_mlp", {"t": 3, "k": 4, "f": 5}), {"max_block_ops": 4, "max_grid_dims": 1},
-                 marks=pytest.mark.slow),
-])
-def test_the_rule_prunes_no_verified_candidate(program: Program, kw: dict[str, object],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("program", "kw"),
+    [
+        # 9.3 k states against 10.6 k
+        (
+            load_config("gqa_incdec", GQA),
+            {
+                "max_block_ops": 6,
+                "max_block_nodes": 6,
+                "max_grid_dims": 1,
+                "max_block_outputs": 2,
+                "dims": load_dim_strategy("attention"),
+            },
+        ),
+        # 64 k states against 93 k
+        pytest.param(
+            load_config("gqa_incdec", GQA),
+            {
+                "max_block_ops": 6,
+                "max_block_nodes": 6,
+                "max_grid_dims": 2,
+                "max_block_outputs": 2,
+                "dims": load_dim_strategy("attention"),
+            },
+            marks=pytest.mark.slow,
+        ),
+        # 71 k states against 212 k
+        pytest.param(
+            load_config("gated_mlp", {"t": 3, "k": 4, "f": 5}),
+            {"max_block_ops": 4, "max_grid_dims": 1},
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_the_rule_prunes_no_verified_candidate(
+    program: Program, kw: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The same search with the cap switched off (kernel tensors and block tensors alike) finds exactly the
     # same candidates and walks more states.
     spec = SearchSpec(program=program, max_kernel_ops=2, **kw)  # type: ignore[arg-type]

@@ -48,53 +48,119 @@ SQ = [(3, 3), (3, 3), (3, 3)]
 
 # (name, shapes, A, B) pairs computing the same function
 IDENTITIES = [
-    ("distributivity", [(2, 3), (2, 3), (3, 4)],
-     lambda p, x, y, z: p.matmul(p.add(x, y), z), lambda p, x, y, z: p.add(p.matmul(x, z), p.matmul(y, z))),
-    ("associativity", [(2, 3), (3, 4), (4, 2)],
-     lambda p, a, b, c: p.matmul(p.matmul(a, b), c), lambda p, a, b, c: p.matmul(a, p.matmul(b, c))),
-    ("sum over concat", [(3, 2), (3, 4)],
-     lambda p, x, y: p.sum(p.concat([x, y], 1), dim=1), lambda p, x, y: p.add(p.sum(x, dim=1), p.sum(y, dim=1))),
-    ("exp homomorphism", [(2, 3), (2, 3)],
-     lambda p, a, b: p.mul(p.exp(a), p.exp(b)), lambda p, a, b: p.exp(p.add(a, b))),
-    ("softmax in two orders", [(2, 3), (3, 2), (2, 3)],
-     lambda p, q, k, v: p.div(p.matmul(p.exp(p.matmul(q, k)), v), p.sum(p.exp(p.matmul(q, k)), dim=1)),
-     lambda p, q, k, v: p.matmul(p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=1)), v)),
-    ("scaled exp split", [(2, 4)],
-     lambda p, x: p.exp(p.scale(x, 0.125)), lambda p, x: p.mul(p.exp(p.scale(x, 0.0625)), p.exp(p.scale(x, 0.0625)))),
-    ("group sum", [(2, 6)],
-     lambda p, x: p.sum(x, dim=1, group=3), lambda p, x: p.sum(p.reshape(x, (2, 2, 3)), dim=2, keepdim=False)),
-    ("repeat then sum", [(2, 3)],
-     lambda p, x: p.sum(p.repeat(x, 1, 2), dim=1), lambda p, x: p.scale(p.sum(x, dim=1), 2.0)),
-    ("division by a product", [(2, 3), (2, 3), (2, 3)],
-     lambda p, x, y, z: p.div(p.div(x, y), z), lambda p, x, y, z: p.div(x, p.mul(y, z))),
-    ("relu is a function", [(2, 3), (2, 3)],
-     lambda p, a, b: p.relu(p.add(a, b)), lambda p, a, b: p.relu(p.add(b, a))),
-    ("sqrt is multiplicative", [(2, 3), (2, 3)],
-     lambda p, a, b: p.sqrt(p.mul(p.mul(a, a), p.mul(b, b))), lambda p, a, b: p.mul(p.sqrt(p.mul(a, a)),
-                                                                                   p.sqrt(p.mul(b, b)))),
+    (
+        "distributivity",
+        [(2, 3), (2, 3), (3, 4)],
+        lambda p, x, y, z: p.matmul(p.add(x, y), z),
+        lambda p, x, y, z: p.add(p.matmul(x, z), p.matmul(y, z)),
+    ),
+    (
+        "associativity",
+        [(2, 3), (3, 4), (4, 2)],
+        lambda p, a, b, c: p.matmul(p.matmul(a, b), c),
+        lambda p, a, b, c: p.matmul(a, p.matmul(b, c)),
+    ),
+    (
+        "sum over concat",
+        [(3, 2), (3, 4)],
+        lambda p, x, y: p.sum(p.concat([x, y], 1), dim=1),
+        lambda p, x, y: p.add(p.sum(x, dim=1), p.sum(y, dim=1)),
+    ),
+    (
+        "exp homomorphism",
+        [(2, 3), (2, 3)],
+        lambda p, a, b: p.mul(p.exp(a), p.exp(b)),
+        lambda p, a, b: p.exp(p.add(a, b)),
+    ),
+    (
+        "softmax in two orders",
+        [(2, 3), (3, 2), (2, 3)],
+        lambda p, q, k, v: p.div(p.matmul(p.exp(p.matmul(q, k)), v), p.sum(p.exp(p.matmul(q, k)), dim=1)),
+        lambda p, q, k, v: p.matmul(p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=1)), v),
+    ),
+    (
+        "scaled exp split",
+        [(2, 4)],
+        lambda p, x: p.exp(p.scale(x, 0.125)),
+        lambda p, x: p.mul(p.exp(p.scale(x, 0.0625)), p.exp(p.scale(x, 0.0625))),
+    ),
+    (
+        "group sum",
+        [(2, 6)],
+        lambda p, x: p.sum(x, dim=1, group=3),
+        lambda p, x: p.sum(p.reshape(x, (2, 2, 3)), dim=2, keepdim=False),
+    ),
+    (
+        "repeat then sum",
+        [(2, 3)],
+        lambda p, x: p.sum(p.repeat(x, 1, 2), dim=1),
+        lambda p, x: p.scale(p.sum(x, dim=1), 2.0),
+    ),
+    (
+        "division by a product",
+        [(2, 3), (2, 3), (2, 3)],
+        lambda p, x, y, z: p.div(p.div(x, y), z),
+        lambda p, x, y, z: p.div(x, p.mul(y, z)),
+    ),
+    (
+        "relu is a function",
+        [(2, 3), (2, 3)],
+        lambda p, a, b: p.relu(p.add(a, b)),
+        lambda p, a, b: p.relu(p.add(b, a)),
+    ),
+    (
+        "sqrt is multiplicative",
+        [(2, 3), (2, 3)],
+        lambda p, a, b: p.sqrt(p.mul(p.mul(a, a), p.mul(b, b))),
+        lambda p, a, b: p.mul(p.sqrt(p.mul(a, a)), p.sqrt(p.mul(b, b))),
+    ),
 ]
 
 NEAR_MISSES = [
-    ("non-commuting matmul", SQ,
-     lambda p, x, y, z: p.add(p.matmul(x, z), p.matmul(y, z)), lambda p, x, y, z: p.add(p.matmul(x, z), p.matmul(z, y))),
-    ("wrong layout", [(4, 6)],
-     lambda p, x: p.reshape(p.sum(p.reshape(x, (4, 2, 3)), dim=2), (4, 2)),
-     lambda p, x: p.reshape(p.sum(p.reshape(x, (4, 3, 2)), dim=1), (4, 2))),
-    ("repeat vs tile", [(2, 3)],
-     lambda p, x: p.repeat(x, 0, 2), lambda p, x: p.concat([x, x], 0)),
-    ("off-by-one repeat", [(2, 3)],
-     lambda p, x: p.sum(p.repeat(x, 1, 2), dim=1), lambda p, x: p.sum(p.repeat(x, 1, 3), dim=1)),
-    ("dropped scale", [(2, 3), (3, 2)],
-     lambda p, x, y: p.scale(p.matmul(x, y), 0.5), lambda p, x, y: p.matmul(x, y)),
-    ("relu does not distribute", [(2, 3), (2, 3)],
-     lambda p, a, b: p.add(p.relu(a), p.relu(b)), lambda p, a, b: p.relu(p.add(a, b))),
-    ("softmax over the wrong dim", [(2, 3), (3, 3)],
-     lambda p, q, k: p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=1)),
-     lambda p, q, k: p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=0))),
-    ("exp of a sum vs sum of exps", [(2, 3), (2, 3)],
-     lambda p, a, b: p.exp(p.add(a, b)), lambda p, a, b: p.add(p.exp(a), p.exp(b))),
-    ("scale factor off", [(2, 4)],
-     lambda p, x: p.scale(x, 1 / 3), lambda p, x: p.scale(x, 0.3333)),
+    (
+        "non-commuting matmul",
+        SQ,
+        lambda p, x, y, z: p.add(p.matmul(x, z), p.matmul(y, z)),
+        lambda p, x, y, z: p.add(p.matmul(x, z), p.matmul(z, y)),
+    ),
+    (
+        "wrong layout",
+        [(4, 6)],
+        lambda p, x: p.reshape(p.sum(p.reshape(x, (4, 2, 3)), dim=2), (4, 2)),
+        lambda p, x: p.reshape(p.sum(p.reshape(x, (4, 3, 2)), dim=1), (4, 2)),
+    ),
+    ("repeat vs tile", [(2, 3)], lambda p, x: p.repeat(x, 0, 2), lambda p, x: p.concat([x, x], 0)),
+    (
+        "off-by-one repeat",
+        [(2, 3)],
+        lambda p, x: p.sum(p.repeat(x, 1, 2), dim=1),
+        lambda p, x: p.sum(p.repeat(x, 1, 3), dim=1),
+    ),
+    (
+        "dropped scale",
+        [(2, 3), (3, 2)],
+        lambda p, x, y: p.scale(p.matmul(x, y), 0.5),
+        lambda p, x, y: p.matmul(x, y),
+    ),
+    (
+        "relu does not distribute",
+        [(2, 3), (2, 3)],
+        lambda p, a, b: p.add(p.relu(a), p.relu(b)),
+        lambda p, a, b: p.relu(p.add(a, b)),
+    ),
+    (
+        "softmax over the wrong dim",
+        [(2, 3), (3, 3)],
+        lambda p, q, k: p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=1)),
+        lambda p, q, k: p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=0)),
+    ),
+    (
+        "exp of a sum vs sum of exps",
+        [(2, 3), (2, 3)],
+        lambda p, a, b: p.exp(p.add(a, b)),
+        lambda p, a, b: p.add(p.exp(a), p.exp(b)),
+    ),
+    ("scale factor off", [(2, 4)], lambda p, x: p.scale(x, 1 / 3), lambda p, x: p.scale(x, 0.3333)),
 ]
 
 
@@ -116,11 +182,14 @@ def test_near_misses_are_rejected(name: str, shapes: list[tuple[int, ...]], a: B
 
 
 def test_counterexample_points_at_a_differing_element() -> None:
-    assert equivalent(program([(3, 4)], lambda p, x: p.scale(x, 2.0)), program([(3, 4)], lambda p, x: p.add(x, x)))
+    assert equivalent(
+        program([(3, 4)], lambda p, x: p.scale(x, 2.0)), program([(3, 4)], lambda p, x: p.add(x, x))
+    )
 
     def halves(second: float) -> Body:
-        return lambda p, x: p.concat([p.scale(p.sum(x, dim=1, group=2), 2.0),
-                                      p.scale(p.sum(x, dim=1, group=2), second)], 1)
+        return lambda p, x: p.concat(
+            [p.scale(p.sum(x, dim=1, group=2), 2.0), p.scale(p.sum(x, dim=1, group=2), second)], 1
+        )
 
     r = equivalent(program([(3, 4)], halves(1.0)), program([(3, 4)], halves(2.0)), seed=3)
     assert not r and r.counterexample is not None
@@ -147,8 +216,14 @@ def test_result_api() -> None:
 
 def test_max_trials_caps_and_reports_the_reached_delta() -> None:
     shapes = [(2, 3), (3, 4), (4, 3)]
-    a = program(shapes, lambda p, q, k, v: p.div(p.matmul(p.exp(p.matmul(q, k)), v), p.sum(p.exp(p.matmul(q, k)), dim=1)))
-    b = program(shapes, lambda p, q, k, v: p.matmul(p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=1)), v))
+    a = program(
+        shapes,
+        lambda p, q, k, v: p.div(p.matmul(p.exp(p.matmul(q, k)), v), p.sum(p.exp(p.matmul(q, k)), dim=1)),
+    )
+    b = program(
+        shapes,
+        lambda p, q, k, v: p.matmul(p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=1)), v),
+    )
     r = equivalent(a, b, 1e-9, seed=0, max_trials=10)
     assert r and r.capped and r.trials == 10 < r.required_trials
     assert r.achieved_delta > r.delta
@@ -163,8 +238,11 @@ def test_lax_violations_are_refused() -> None:
     with pytest.raises(NotLaxError, match="B: .*two exps on one path"):
         check([(2, 3)], lambda p, x: p.exp(x), lambda p, x: p.exp(p.exp(x)))
     with pytest.raises(NotLaxError, match="A: .*two exps on one path"):
-        check([(2, 3)], lambda p, x: p.exp(p.matmul(p.exp(p.reshape(x, (3, 2))), p.exp(x))),
-              lambda p, x: p.exp(p.matmul(p.reshape(x, (3, 2)), x)))
+        check(
+            [(2, 3)],
+            lambda p, x: p.exp(p.matmul(p.exp(p.reshape(x, (3, 2))), p.exp(x))),
+            lambda p, x: p.exp(p.matmul(p.reshape(x, (3, 2)), x)),
+        )
 
 
 def test_mismatched_inputs_and_outputs() -> None:
@@ -174,7 +252,9 @@ def test_mismatched_inputs_and_outputs() -> None:
         equivalent(program([(2, 3)], lambda p, x: x), program([(2, 3), (2, 3)], lambda p, x, y: x))
     with pytest.raises(VerificationError, match="not a program"):
         equivalent(program([(2, 3)], lambda p, x: x), 42)
-    r = equivalent(program([(2, 3)], lambda p, x: p.sum(x, dim=1)), program([(2, 3)], lambda p, x: p.sum(x, dim=0)))
+    r = equivalent(
+        program([(2, 3)], lambda p, x: p.sum(x, dim=1)), program([(2, 3)], lambda p, x: p.sum(x, dim=0))
+    )
     assert not r and r.reason is not None and "shape" in r.reason and r.trials == 0
     r = equivalent(program([(2, 3)], lambda p, x: (x, p.scale(x, 2.0))), program([(2, 3)], lambda p, x: x))
     assert not r and "numbers of outputs" in (r.reason or "")
@@ -211,8 +291,14 @@ def test_identically_zero_divisor_is_an_error() -> None:
 
 def test_batches_do_not_change_the_outcome() -> None:
     shapes = [(2, 3), (3, 4), (4, 3)]
-    a = program(shapes, lambda p, q, k, v: p.div(p.matmul(p.exp(p.matmul(q, k)), v), p.sum(p.exp(p.matmul(q, k)), dim=1)))
-    b = program(shapes, lambda p, q, k, v: p.matmul(p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=1)), v))
+    a = program(
+        shapes,
+        lambda p, q, k, v: p.div(p.matmul(p.exp(p.matmul(q, k)), v), p.sum(p.exp(p.matmul(q, k)), dim=1)),
+    )
+    b = program(
+        shapes,
+        lambda p, q, k, v: p.matmul(p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=1)), v),
+    )
     for batch in (1, 7, 1000):
         r = equivalent(a, b, 1e-2, seed=5, batch=batch)
         assert r and r.trials == r.required_trials

@@ -47,18 +47,28 @@ CASES: list[tuple[Callable[..., Any], dict[str, int], dict[str, int]]] = [
     (rmsnorm_matmul, {"batch": 4, "hidden": 16, "out": 12}, {"batch": 8, "hidden": 64, "out": 96}),
     (gated_mlp, {"m": 4, "k": 16, "n": 12}, {"m": 8, "k": 128, "n": 64}),
     (lora, {"m": 4, "k": 8, "n": 12, "rank": 2}, {"m": 8, "k": 32, "n": 48, "rank": 4}),
-    (flash_attention, {"heads": 2, "q_len": 8, "kv_len": 12, "head_dim": 4},
-     {"heads": 4, "q_len": 16, "kv_len": 48, "head_dim": 8}),
-    (flash_decoding, {"heads": 4, "kv_len": 24, "head_dim": 4, "group": 2},
-     {"heads": 8, "kv_len": 96, "head_dim": 8, "group": 4}),
-    (gqa, {"kv_heads": 2, "group": 4, "q_len": 2, "kv_len": 24, "head_dim": 8},
-     {"kv_heads": 2, "group": 8, "q_len": 4, "kv_len": 48, "head_dim": 8}),
+    (
+        flash_attention,
+        {"heads": 2, "q_len": 8, "kv_len": 12, "head_dim": 4},
+        {"heads": 4, "q_len": 16, "kv_len": 48, "head_dim": 8},
+    ),
+    (
+        flash_decoding,
+        {"heads": 4, "kv_len": 24, "head_dim": 4, "group": 2},
+        {"heads": 8, "kv_len": 96, "head_dim": 8, "group": 4},
+    ),
+    (
+        gqa,
+        {"kv_heads": 2, "group": 4, "q_len": 2, "kv_len": 24, "head_dim": 8},
+        {"kv_heads": 2, "group": 8, "q_len": 4, "kv_len": 48, "head_dim": 8},
+    ),
 ]
 
 
 @pytest.mark.parametrize(("builder", "old_kw", "new_kw"), CASES, ids=[c[0].__name__ for c in CASES])
-def test_reinstantiated_paper_graphs_compute_the_new_program(builder: Callable[..., Any], old_kw: dict[str, int],
-                                                             new_kw: dict[str, int]) -> None:
+def test_reinstantiated_paper_graphs_compute_the_new_program(
+    builder: Callable[..., Any], old_kw: dict[str, int], new_kw: dict[str, int]
+) -> None:
     old, graph = builder(**old_kw, dtype="float32")
     new, _ = builder(**new_kw, dtype="float32")
     g = reinstantiate(graph, old, new, H100, _cost)
@@ -140,22 +150,28 @@ def test_size_map_drops_sizes_that_become_two_different_sizes() -> None:
 
 def test_attribute_tables_disambiguate_what_the_size_table_cannot() -> None:
     # The repeat count g equals the head count kv at the old shapes, not at the new ones.
-    text = ("param kv = 2\nparam g = 2\ninput K [kv, 4] float32\nR = repeat(K, dim=0, times=g)\n"
-            "O = scale(R, 1/g)\noutput O\n")
+    text = (
+        "param kv = 2\nparam g = 2\ninput K [kv, 4] float32\nR = repeat(K, dim=0, times=g)\n"
+        "O = scale(R, 1/g)\noutput O\n"
+    )
     smap = size_map(parse_program(text), parse_program(text, {"kv": 2, "g": 8}))
     assert smap.size(2) is None
     assert smap.size(2, "times") == 8
     assert smap.factor(0.5) == 0.125
 
 
-@pytest.mark.parametrize(("old_in", "old_out", "new_in", "want"), [
-    ((4, 2, 8), (1, 8, 8), (8, 32, 8), (1, 256, 8)),  # merge, unit dim kept
-    ((2, 3, 4), (6, 4), (4, 5, 8), (20, 8)),
-    ((6, 4), (2, 3, 4), (10, 8), (2, 5, 8)),  # split: the mapped part (2 -> 2) fixes the other
-    ((1, 8, 1, 4), (8, 4), (1, 16, 1, 2), (16, 2)),
-])
-def test_reshape_target_follows_the_dims(old_in: tuple[int, ...], old_out: tuple[int, ...],
-                                         new_in: tuple[int, ...], want: tuple[int, ...]) -> None:
+@pytest.mark.parametrize(
+    ("old_in", "old_out", "new_in", "want"),
+    [
+        ((4, 2, 8), (1, 8, 8), (8, 32, 8), (1, 256, 8)),  # merge, unit dim kept
+        ((2, 3, 4), (6, 4), (4, 5, 8), (20, 8)),
+        ((6, 4), (2, 3, 4), (10, 8), (2, 5, 8)),  # split: the mapped part (2 -> 2) fixes the other
+        ((1, 8, 1, 4), (8, 4), (1, 16, 1, 2), (16, 2)),
+    ],
+)
+def test_reshape_target_follows_the_dims(
+    old_in: tuple[int, ...], old_out: tuple[int, ...], new_in: tuple[int, ...], want: tuple[int, ...]
+) -> None:
     smap = SizeMap()
     smap.add_size(2, 2)
     assert reshape_target(old_in, old_out, new_in, smap, "test") == want
@@ -169,7 +185,9 @@ def test_reshape_target_refuses_what_it_cannot_tell() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.lists(st.integers(1, 6), min_size=1, max_size=4))
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=4), st.lists(st.integers(1, 6), min_size=1, max_size=4)
+)
 def test_merging_reshapes_carry_over_exactly(old: list[int], new: list[int]) -> None:
     """A reshape that flattens a tensor stays a flattening of the new tensor, for any new sizes."""
     n = min(len(old), len(new))
@@ -183,8 +201,17 @@ def test_merging_reshapes_carry_over_exactly(old: list[int], new: list[int]) -> 
 
 def _rmsnorm_record(dtype: str = "float32") -> tuple[StructureRecord, Any]:
     old, graph = rmsnorm_matmul(4, 16, 12, blocks=3, forloop=4, dtype=dtype)
-    rec = StructureRecord(old.structure_key(), "h100", gensorage.__version__, dump_program(old), {}, (graph,),
-                          _cost(graph), _cost(from_program(old)), {"complete": True})
+    rec = StructureRecord(
+        old.structure_key(),
+        "h100",
+        gensorage.__version__,
+        dump_program(old),
+        {},
+        (graph,),
+        _cost(graph),
+        _cost(from_program(old)),
+        {"complete": True},
+    )
     return rec, old
 
 
@@ -203,8 +230,11 @@ def test_structure_records_round_trip(tmp_path: Path) -> None:
 def test_a_corrupt_record_is_a_store_error(tmp_path: Path) -> None:
     rec, _ = _rmsnorm_record()
     with Store(tmp_path / "s.sqlite") as raw:
-        raw.put(KIND, record_key(rec.structure_key, "h100"), {"format": "gensorage.ugraph-structure",
-                                                              "version": 1, "ugraphs": "nope"})
+        raw.put(
+            KIND,
+            record_key(rec.structure_key, "h100"),
+            {"format": "gensorage.ugraph-structure", "version": 1, "ugraphs": "nope"},
+        )
         with pytest.raises(StoreError, match="malformed"):
             StructureStore(raw).get(rec.structure_key, "h100")
 
@@ -238,8 +268,13 @@ def test_fast_mode_reuses_a_stored_structure_at_a_new_shape(tmp_path: Path) -> N
 
 
 def test_fast_mode_without_a_stored_structure_uses_the_direct_ugraph(tmp_path: Path) -> None:
-    r = superoptimize(_rmsnorm_file(tmp_path), params={"b": 2, "h": 8, "d": 4}, mode="fast",
-                      store=tmp_path / "empty.sqlite", progress=False)
+    r = superoptimize(
+        _rmsnorm_file(tmp_path),
+        params={"b": 2, "h": 8, "d": 4},
+        mode="fast",
+        store=tmp_path / "empty.sqlite",
+        progress=False,
+    )
     assert not r.from_store and r.is_direct and r.fallback_reason and "no structure" in r.fallback_reason
     assert r.equivalence.method == "direct µGraph" and r.equivalence
     assert r.num_kernels == 7 and r.predicted_time_s == r.naive_predicted_time_s
@@ -247,8 +282,18 @@ def test_fast_mode_without_a_stored_structure_uses_the_direct_ugraph(tmp_path: P
 
 def _store_structure(db: Path, program: Any, graph: KernelGraph, hw: str = "h100") -> None:
     with StructureStore(db) as store:
-        store.put(StructureRecord(program.structure_key(), hw, gensorage.__version__, dump_program(program),
-                                  dict(program.params), (graph,), _cost(graph), _cost(from_program(program))))
+        store.put(
+            StructureRecord(
+                program.structure_key(),
+                hw,
+                gensorage.__version__,
+                dump_program(program),
+                dict(program.params),
+                (graph,),
+                _cost(graph),
+                _cost(from_program(program)),
+            )
+        )
 
 
 def test_fast_mode_falls_back_when_the_stored_structure_is_wrong(tmp_path: Path) -> None:
@@ -274,8 +319,9 @@ def test_a_stored_structure_is_only_used_for_its_gpu(tmp_path: Path) -> None:
     new = {"b": 4, "h": 32, "d": 24}
     assert not superoptimize(path, params=new, hw="h100", mode="fast", store=db, progress=False).from_store
     assert superoptimize(path, params=new, hw="a100", mode="fast", store=db, progress=False).from_store
-    assert not superoptimize(path, params=new, hw="a100", mode="fast", store=db, use_store=False,
-                             progress=False).from_store
+    assert not superoptimize(
+        path, params=new, hw="a100", mode="fast", store=db, use_store=False, progress=False
+    ).from_store
 
 
 def test_reinstantiation_keeps_broadcasts() -> None:

@@ -102,7 +102,9 @@ def test_ring_laws(xs: list[tuple[int, int]], ys: list[tuple[int, int]], zs: lis
 
 @settings(max_examples=60, deadline=None)
 @given(residues, residues)
-def test_division_is_multiplication_by_the_inverse(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> None:
+def test_division_is_multiplication_by_the_inverse(
+    xs: list[tuple[int, int]], ys: list[tuple[int, int]]
+) -> None:
     a = arith()
     x, y = value_of(a, xs), value_of(a, ys)
     q = a.div(x, y)
@@ -259,7 +261,9 @@ def test_matmul_matches_big_integer_arithmetic(
     assert z.shape == np.broadcast_shapes(sa[:-2], sb[:-2]) + (sa[-2], sb[-1])
     for comp, m in ((0, P), (1, Q)):
         for t in range(T):
-            assert (z.data[comp, t].astype(object) == reference_matmul(x.data[comp, t], y.data[comp, t], m)).all()
+            assert (
+                z.data[comp, t].astype(object) == reference_matmul(x.data[comp, t], y.data[comp, t], m)
+            ).all()
 
 
 def test_matmul_and_sum_do_not_overflow_at_large_k() -> None:
@@ -291,7 +295,9 @@ def test_matmul_chunks_an_inner_dim_beyond_the_exact_float_range(monkeypatch: py
     z = a.matmul(x, y)
     for comp, m in ((0, P), (1, Q)):
         for t in range(2):
-            assert (z.data[comp, t].astype(object) == reference_matmul(x.data[comp, t], y.data[comp, t], m)).all()
+            assert (
+                z.data[comp, t].astype(object) == reference_matmul(x.data[comp, t], y.data[comp, t], m)
+            ).all()
 
 
 def test_reduce_sum_and_accumulate() -> None:
@@ -301,7 +307,9 @@ def test_reduce_sum_and_accumulate() -> None:
         for keep in (True, False):
             s = a.reduce_sum(x, axis, keep)
             ref = x.data.astype(object).sum(axis=axis + 2, keepdims=keep)
-            assert (s.data[0].astype(object) == ref[0] % P).all() and (s.data[1].astype(object) == ref[1] % Q).all()
+            assert (s.data[0].astype(object) == ref[0] % P).all() and (
+                s.data[1].astype(object) == ref[1] % Q
+            ).all()
     acc = a.accumulate(None, x, "sum")
     acc = a.accumulate(acc, x, "sum")
     assert a.equal(acc, a.add(x, x)).all()

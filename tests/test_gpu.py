@@ -49,8 +49,10 @@ def _rel_err(got: list[Any], want: list[np.ndarray]) -> float:
 
 
 def _rounded(program: Any, seed: int, dtype: str | None = None) -> list[np.ndarray]:
-    return [a.astype(numpy_dtype(dtype or t.dtype)) for a, t in zip(program.random_inputs(seed), program.inputs,
-                                                                     strict=True)]
+    return [
+        a.astype(numpy_dtype(dtype or t.dtype))
+        for a, t in zip(program.random_inputs(seed), program.inputs, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -73,7 +75,9 @@ def test_paper_example_runs_on_cuda_in_its_own_dtype(name: str) -> None:
         assert _rel_err(got, program.run(*xs)) < 1e-2
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "gated_mlp", "lora", "mha_incdec", "gqa_prefill", "qknorm", "moe"])
+@pytest.mark.parametrize(
+    "name", ["rmsnorm", "gated_mlp", "lora", "mha_incdec", "gqa_prefill", "qknorm", "moe"]
+)
 def test_direct_ugraph_of_a_bundled_program_runs_on_cuda(name: str) -> None:
     program = load_config(name, load_preset(name).search_params)
     cg = compile_ugraph(from_program(program), HW, "cuda")
@@ -94,11 +98,28 @@ def test_torch_tensors_go_in_and_come_out_on_the_device() -> None:
 
 def test_full_mode_profiles_the_top_candidates_on_the_gpu(tmp_path: Path) -> None:
     (tmp_path / "softmax.gsp").write_text(SOFTMAX)
-    preset = preset_from_dict({"search": {"max_kernel_ops": 1, "max_block_ops": 3, "max_grid_dims": 1,
-                                          "max_block_inputs": 2, "max_block_outputs": 1},
-                               "search_params": {"m": 4, "n": 16}}, name="test")
-    r = superoptimize(tmp_path / "softmax.gsp", mode="full", preset=preset, workers=2,
-                      store=tmp_path / "s.sqlite", checkpoint=tmp_path / "c.sqlite", progress=False)
+    preset = preset_from_dict(
+        {
+            "search": {
+                "max_kernel_ops": 1,
+                "max_block_ops": 3,
+                "max_grid_dims": 1,
+                "max_block_inputs": 2,
+                "max_block_outputs": 1,
+            },
+            "search_params": {"m": 4, "n": 16},
+        },
+        name="test",
+    )
+    r = superoptimize(
+        tmp_path / "softmax.gsp",
+        mode="full",
+        preset=preset,
+        workers=2,
+        store=tmp_path / "s.sqlite",
+        checkpoint=tmp_path / "c.sqlite",
+        progress=False,
+    )
     assert r.selection.startswith("median of") and r.measured
     assert all(math.isfinite(t) and t > 0 for t in r.measured.values())
     assert r.origin in r.measured
@@ -108,8 +129,16 @@ def test_full_mode_profiles_the_top_candidates_on_the_gpu(tmp_path: Path) -> Non
         assert _rel_err(r.run(*xs, target="cuda"), r.program.run(*xs)) < 1e-5
 
 
-@pytest.mark.parametrize("wl", [workloads.gemm(96, 80, 72, dtype="float32"), workloads.gemm(256, 512, 128),
-                                workloads.gemv(300, 1000), workloads.batch_matmul(4, 64, 48, 80)], ids=str)
+@pytest.mark.parametrize(
+    "wl",
+    [
+        workloads.gemm(96, 80, 72, dtype="float32"),
+        workloads.gemm(256, 512, 128),
+        workloads.gemv(300, 1000),
+        workloads.batch_matmul(4, 64, 48, 80),
+    ],
+    ids=str,
+)
 def test_tuned_single_op_runs_on_cuda(wl: Any) -> None:
     from gensorage.tuning import tune
 

@@ -69,7 +69,9 @@ def test_median_time_batches_fast_runs_and_keeps_to_its_budget(monkeypatch: pyte
     assert tighter.samples == gpu.MIN_SAMPLES
 
 
-def test_full_mode_takes_the_fastest_measured_candidate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_mode_takes_the_fastest_measured_candidate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A fake GPU on which more kernels run faster, so the direct µGraph (three kernels) is the fastest even
     # though the cost model ranks it last: the measurement must decide, and the direct must be among the timed.
     monkeypatch.setattr(run, "gpu_unavailable_reason", lambda: None)
@@ -77,8 +79,15 @@ def test_full_mode_takes_the_fastest_measured_candidate(tmp_path: Path, monkeypa
     monkeypatch.setattr(run, "measure_ugraph", lambda c, p, **kw: gpu.Timing(1.0 / len(c.ugraph.ops), 5, 1))
     (tmp_path / "softmax.gsp").write_text(SOFTMAX)
     preset = preset_from_dict({"search": TINY}, name="test")
-    r = superoptimize(tmp_path / "softmax.gsp", mode="full", preset=preset, workers=1,
-                      store=tmp_path / "s.sqlite", checkpoint=tmp_path / "c.sqlite", progress=False)
+    r = superoptimize(
+        tmp_path / "softmax.gsp",
+        mode="full",
+        preset=preset,
+        workers=1,
+        store=tmp_path / "s.sqlite",
+        checkpoint=tmp_path / "c.sqlite",
+        progress=False,
+    )
     assert r.selection == f"median of up to {run.PROFILE_REPEATS} samples on fake GPU"
     assert r.measured is not None and len(r.measured) == run.PROFILE_TOP + 1 and "direct" in r.measured
     assert r.is_direct and r.measured["direct"] == min(r.measured.values()) == 1.0 / 3

@@ -76,8 +76,10 @@ def test_every_value_has_a_source(name: str) -> None:
     assert set(dict(p.sources)) == expected
 
 
-@pytest.mark.parametrize(("name", "tag"), [("a100", "nvidia/nvidia-a100"), ("h100", "nvidia/nvidia-h100"),
-                                            ("rtx4090", "nvidia/geforce-rtx-4090")])
+@pytest.mark.parametrize(
+    ("name", "tag"),
+    [("a100", "nvidia/nvidia-a100"), ("h100", "nvidia/nvidia-h100"), ("rtx4090", "nvidia/geforce-rtx-4090")],
+)
 def test_l2_and_arch_agree_with_tvm_target_tags(name: str, tag: str) -> None:
     from tvm.target import Target
 
@@ -107,8 +109,9 @@ def test_unknown_profile_lists_known() -> None:
 
 def test_config_dir_env_takes_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "hw").mkdir()
-    (tmp_path / "hw" / "a100.toml").write_text(A100_TOML.replace(
-        'display_name = "NVIDIA A100-SXM4-40GB"', 'display_name = "my A100"'))
+    (tmp_path / "hw" / "a100.toml").write_text(
+        A100_TOML.replace('display_name = "NVIDIA A100-SXM4-40GB"', 'display_name = "my A100"')
+    )
     (tmp_path / "hw" / "mine.toml").write_text(A100_TOML.replace('name = "a100"', 'name = "mine"'))
     monkeypatch.setenv("GENSORAGE_CONFIG_DIR", str(tmp_path))
     assert load_profile("a100").display_name == "my A100"
@@ -127,26 +130,30 @@ def _write(tmp_path: Path, text: str, name: str = "a100") -> Path:
     return path
 
 
-@pytest.mark.parametrize(("old", "new", "field", "reason"), [
-    ("sm_count = 108\n", "", "sm_count", "missing"),
-    ("sm_count = 108", 'sm_count = "108"', "sm_count", "expected an integer"),
-    ("sm_count = 108", "sm_count = true", "sm_count", "expected an integer"),
-    ("sm_count = 108", "sm_count = -108", "sm_count", "must be positive"),
-    ("clock_hz = 1.41e9", "clock_hz = 1.41", "clock_hz", "not a GPU clock"),
-    ("shared_banks = 32", "shared_banks = 33", "shared_banks", "power of two"),
-    ("shared_mem_per_block = 166912", "shared_mem_per_block = 200000", "shared_mem_per_block", "exceeds"),
-    ("bandwidth_Bps = 7.2192e12", "bandwidth_Bps = 1e9", "levels.l2.bandwidth_Bps", "ordered dram"),
-    ("latency_cycles = 29", "latency_cycles = 900", "levels.shared.latency_cycles", "ordered dram"),
-    ("latency_cycles = 4\n", "", "levels.register.latency_cycles", "missing"),
-    ("cuda = 19.5e12", "cuda = -1.0", "peak_flops.float32.cuda", "must be positive"),
-    ("[peak_flops.bfloat16]\ncuda = 39e12\ntensor = 312e12\n", "", "peak_flops.bfloat16", "missing"),
-    ('arch = "sm_80"', 'arch = "ampere"', "arch", "CUDA arch"),
-    ("sm_count = 108", "sm_count = 108\nsm_cout = 108", "sm_cout", "unknown field"),
-    ('sm_count = "NVIDIA', 'smcount = "NVIDIA', "sources.smcount", "names no profile field"),
-    ('name = "a100"', 'name = "h100"', "name", "does not match the file name"),
-])
-def test_malformed_profile_names_file_and_field(tmp_path: Path, old: str, new: str, field: str,
-                                                reason: str) -> None:
+@pytest.mark.parametrize(
+    ("old", "new", "field", "reason"),
+    [
+        ("sm_count = 108\n", "", "sm_count", "missing"),
+        ("sm_count = 108", 'sm_count = "108"', "sm_count", "expected an integer"),
+        ("sm_count = 108", "sm_count = true", "sm_count", "expected an integer"),
+        ("sm_count = 108", "sm_count = -108", "sm_count", "must be positive"),
+        ("clock_hz = 1.41e9", "clock_hz = 1.41", "clock_hz", "not a GPU clock"),
+        ("shared_banks = 32", "shared_banks = 33", "shared_banks", "power of two"),
+        ("shared_mem_per_block = 166912", "shared_mem_per_block = 200000", "shared_mem_per_block", "exceeds"),
+        ("bandwidth_Bps = 7.2192e12", "bandwidth_Bps = 1e9", "levels.l2.bandwidth_Bps", "ordered dram"),
+        ("latency_cycles = 29", "latency_cycles = 900", "levels.shared.latency_cycles", "ordered dram"),
+        ("latency_cycles = 4\n", "", "levels.register.latency_cycles", "missing"),
+        ("cuda = 19.5e12", "cuda = -1.0", "peak_flops.float32.cuda", "must be positive"),
+        ("[peak_flops.bfloat16]\ncuda = 39e12\ntensor = 312e12\n", "", "peak_flops.bfloat16", "missing"),
+        ('arch = "sm_80"', 'arch = "ampere"', "arch", "CUDA arch"),
+        ("sm_count = 108", "sm_count = 108\nsm_cout = 108", "sm_cout", "unknown field"),
+        ('sm_count = "NVIDIA', 'smcount = "NVIDIA', "sources.smcount", "names no profile field"),
+        ('name = "a100"', 'name = "h100"', "name", "does not match the file name"),
+    ],
+)
+def test_malformed_profile_names_file_and_field(
+    tmp_path: Path, old: str, new: str, field: str, reason: str
+) -> None:
     assert old in A100_TOML
     path = _write(tmp_path, A100_TOML.replace(old, new, 1))
     with pytest.raises(ConfigError) as info:
@@ -195,7 +202,9 @@ SMI_LINES = {
 
 
 @pytest.mark.parametrize(("line", "expected"), list(SMI_LINES.items()))
-def test_parse_nvidia_smi_line(line: str, expected: tuple[str | None, int | None, tuple[int, int] | None]) -> None:
+def test_parse_nvidia_smi_line(
+    line: str, expected: tuple[str | None, int | None, tuple[int, int] | None]
+) -> None:
     (gpu,) = parse_nvidia_smi_csv(line + "\n")
     assert (gpu.profile, gpu.memory_bytes, gpu.compute_capability) == expected
     assert gpu.name == line.split(",")[0] and gpu.source == "nvidia-smi"
@@ -247,7 +256,9 @@ def test_detect_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_nvml(monkeypatch)
     gpus = probe().gpus
     assert [(g.name, g.profile, g.compute_capability, g.source) for g in gpus] == [
-        ("NVIDIA H200", "h200", (9, 0), "nvml"), ("NVIDIA A100-SXM4-80GB", None, (8, 0), "nvml")]
+        ("NVIDIA H200", "h200", (9, 0), "nvml"),
+        ("NVIDIA A100-SXM4-80GB", None, (8, 0), "nvml"),
+    ]
     assert detect() == gpus[0] and gpus[0].memory_bytes == 150754820096
 
 
@@ -276,9 +287,12 @@ def test_detect_through_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_old_driver_without_compute_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _block_nvml(monkeypatch)
-    _fake_smi(tmp_path, monkeypatch,
-              'case "$1" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\'; exit 2;; '
-              'esac\necho "NVIDIA A100-SXM4-40GB, 40960 MiB"\n')
+    _fake_smi(
+        tmp_path,
+        monkeypatch,
+        'case "$1" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\'; exit 2;; '
+        'esac\necho "NVIDIA A100-SXM4-40GB, 40960 MiB"\n',
+    )
     gpu = detect()
     assert gpu is not None and gpu.profile == "a100" and gpu.compute_capability is None
 
@@ -293,7 +307,9 @@ def test_nvidia_smi_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_nvidia_smi_failure_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _block_nvml(monkeypatch)
-    _fake_smi(tmp_path, monkeypatch, 'echo "NVIDIA-SMI has failed because it couldn\'t communicate"; exit 9\n')
+    _fake_smi(
+        tmp_path, monkeypatch, 'echo "NVIDIA-SMI has failed because it couldn\'t communicate"; exit 9\n'
+    )
     found = probe()
     assert found.gpus == () and any("exit 9" in n and "couldn't communicate" in n for n in found.notes)
 
@@ -342,8 +358,9 @@ def test_cli_detect_without_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
     assert out.startswith("no NVIDIA GPU detected (") and "nvidia-smi not found" in out and "NVML" in out
 
 
-def test_cli_detect_with_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_detect_with_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _block_nvml(monkeypatch)
     _fake_smi(tmp_path, monkeypatch, 'echo "NVIDIA GeForce RTX 4090, 24564 MiB, 8.9"\n')
     assert main(["hw", "detect"]) == 0

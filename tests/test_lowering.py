@@ -24,9 +24,13 @@ from gensorage.workloads import Access, Axis, Workload
 H100 = load_profile("h100")
 
 
-def sched(wl: Workload, t0: tuple[int, ...], t1: tuple[int, ...], v: tuple[int, ...] | None = None) -> Schedule:
+def sched(
+    wl: Workload, t0: tuple[int, ...], t1: tuple[int, ...], v: tuple[int, ...] | None = None
+) -> Schedule:
     ext = tuple(a.extent for a in wl.axes)
-    return Schedule(tuple(a.name for a in wl.axes), (tuple(t0), tuple(t1), ext), tuple(v or (1,) * len(ext)), 2)
+    return Schedule(
+        tuple(a.name for a in wl.axes), (tuple(t0), tuple(t1), ext), tuple(v or (1,) * len(ext)), 2
+    )
 
 
 def cpu_error(wl: Workload, s: Schedule, seed: int = 0) -> float:
@@ -57,12 +61,24 @@ CASES: list[tuple[Workload, tuple[int, ...], tuple[int, ...], tuple[int, ...] | 
     (workloads.gemm(1, 300, 129, dtype="float32"), (1, 2, 4), (1, 64, 32), (1, 2, 1)),
     (workloads.gemv(300, 257, dtype="float32"), (2, 8), (64, 64), (2, 1)),
     (workloads.batch_matmul(3, 33, 45, 70, dtype="float32"), (1, 2, 3, 5), (1, 16, 12, 10), (1, 2, 1, 1)),
-    (workloads.conv2d(2, 16, 15, 15, 32, 3, 3, stride=2, padding=1, dtype="float32"),
-     (1, 2, 2, 1, 4, 1, 3), (1, 16, 4, 8, 8, 3, 3), (1, 2, 1, 1, 1, 1, 1)),
-    (workloads.conv2d(1, 3, 40, 40, 8, 7, 7, stride=2, padding=3, dtype="float32"),
-     (1, 2, 1, 2, 1, 1, 1), (1, 8, 4, 8, 3, 7, 7), None),
-    (workloads.avgpool2d(2, 8, 15, 15, 3, 3, stride=2, padding=1, dtype="float32"),
-     (1, 1, 2, 2, 1, 1), (1, 3, 4, 8, 3, 3), (1, 1, 2, 1, 1, 1)),
+    (
+        workloads.conv2d(2, 16, 15, 15, 32, 3, 3, stride=2, padding=1, dtype="float32"),
+        (1, 2, 2, 1, 4, 1, 3),
+        (1, 16, 4, 8, 8, 3, 3),
+        (1, 2, 1, 1, 1, 1, 1),
+    ),
+    (
+        workloads.conv2d(1, 3, 40, 40, 8, 7, 7, stride=2, padding=3, dtype="float32"),
+        (1, 2, 1, 2, 1, 1, 1),
+        (1, 8, 4, 8, 3, 7, 7),
+        None,
+    ),
+    (
+        workloads.avgpool2d(2, 8, 15, 15, 3, 3, stride=2, padding=1, dtype="float32"),
+        (1, 1, 2, 2, 1, 1),
+        (1, 3, 4, 8, 3, 3),
+        (1, 1, 2, 1, 1, 1),
+    ),
 ]
 
 
@@ -116,13 +132,27 @@ def test_llvm_variant_has_no_thread_bindings() -> None:
     assert "thread_binding" not in cpu and "shared" in cpu  # same tiling and caches, no bindings
 
 
-def _te_workload(name: str, axes: list[tuple[str, int, str]], inputs: list[tuple[str, tuple[int, ...]]],
-                 out_shape: tuple[int, ...], make: Callable[[], Any], reference: Callable[..., Any]) -> Workload:
+def _te_workload(
+    name: str,
+    axes: list[tuple[str, int, str]],
+    inputs: list[tuple[str, tuple[int, ...]]],
+    out_shape: tuple[int, ...],
+    make: Callable[[], Any],
+    reference: Callable[..., Any],
+) -> Workload:
     """A workload whose PrimFunc has several blocks (producer / epilogue stages), as a user could bring."""
     accesses = tuple(Access(n, sh, "float32", (), ()) for n, sh in inputs)
     accesses += (Access("out", out_shape, "float32", (), (), is_output=True),)
-    return Workload(name, (), tuple(Axis(n, e, k) for n, e, k in axes), accesses, 0, "float32",  # type: ignore[arg-type]
-                    make, reference)
+    return Workload(
+        name,
+        (),
+        tuple(Axis(n, e, k) for n, e, k in axes),
+        accesses,
+        0,
+        "float32",  # type: ignore[arg-type]
+        make,
+        reference,
+    )
 
 
 def test_multi_block_padding_stage_and_epilogue() -> None:
@@ -139,13 +169,25 @@ def test_multi_block_padding_stage_and_epilogue() -> None:
         return te.create_prim_func([x, wt, topi.nn.relu(y)])
 
     def reference(x: np.ndarray, wt: np.ndarray) -> np.ndarray:
-        return np.maximum(workloads.conv2d(n, c, h, w, f, k, k, stride=stride, padding=pad,
-                                     dtype="float32").reference(x, wt), 0.0)
+        return np.maximum(
+            workloads.conv2d(n, c, h, w, f, k, k, stride=stride, padding=pad, dtype="float32").reference(
+                x, wt
+            ),
+            0.0,
+        )
 
-    axes = [("nn", n, "spatial"), ("ff", f, "spatial"), ("yy", oh, "spatial"), ("xx", oh, "spatial"),
-            ("rc", c, "reduce"), ("ry", k, "reduce"), ("rx", k, "reduce")]
-    wl = _te_workload("conv_relu", axes, [("x", (n, c, h, w)), ("wt", (f, c, k, k))], (n, f, oh, oh), make,
-                      reference)
+    axes = [
+        ("nn", n, "spatial"),
+        ("ff", f, "spatial"),
+        ("yy", oh, "spatial"),
+        ("xx", oh, "spatial"),
+        ("rc", c, "reduce"),
+        ("ry", k, "reduce"),
+        ("rx", k, "reduce"),
+    ]
+    wl = _te_workload(
+        "conv_relu", axes, [("x", (n, c, h, w)), ("wt", (f, c, k, k))], (n, f, oh, oh), make, reference
+    )
     s = sched(wl, (1, 2, 1, 2, 2, 1, 3), (1, 8, 2, 4, 6, 3, 3), (1, 2, 1, 1, 1, 1, 1))
     mod = lower(wl, s)
     assert "pad_temp" in mod.script()
@@ -161,8 +203,14 @@ def test_elementwise_workload_without_reduction() -> None:
         b = te.compute((100, 37), lambda i, j: a[i, j] * 2.0, name="b")
         return te.create_prim_func([a, te.compute((100, 37), lambda i, j: b[i, j] + 1.0, name="c")])
 
-    wl = _te_workload("axpb", [("i", 100, "spatial"), ("j", 37, "spatial")], [("a", (100, 37))], (100, 37), make,
-                      lambda a: a * 2.0 + 1.0)
+    wl = _te_workload(
+        "axpb",
+        [("i", 100, "spatial"), ("j", 37, "spatial")],
+        [("a", (100, 37))],
+        (100, 37),
+        make,
+        lambda a: a * 2.0 + 1.0,
+    )
     s = sched(wl, (2, 3), (16, 12), (2, 1))
     assert "blockIdx.x" in build_cuda(lower(wl, s), H100)
     assert cpu_error(wl, s) == 0.0
@@ -185,12 +233,15 @@ def test_over_the_shared_memory_limit_is_a_schedule_error() -> None:
         lower(wl, s, hw=H100)
 
 
-@pytest.mark.parametrize(("tiles", "v", "match"), [
-    (((4, 4, 1), (2, 32, 8)), (1, 1, 1), "exceeds block tile"),
-    (((4, 4, 1), (32, 32, 8)), (3, 1, 1), "vthreads=3 do not divide"),
-    (((4, 4, 1), (32, 32, 8)), (1, 1, 2), "reduction axes cannot have vthreads"),
-    (((0, 4, 1), (32, 32, 8)), (1, 1, 1), "must be positive"),
-])
+@pytest.mark.parametrize(
+    ("tiles", "v", "match"),
+    [
+        (((4, 4, 1), (2, 32, 8)), (1, 1, 1), "exceeds block tile"),
+        (((4, 4, 1), (32, 32, 8)), (3, 1, 1), "vthreads=3 do not divide"),
+        (((4, 4, 1), (32, 32, 8)), (1, 1, 2), "reduction axes cannot have vthreads"),
+        (((0, 4, 1), (32, 32, 8)), (1, 1, 1), "must be positive"),
+    ],
+)
 def test_malformed_schedules_are_rejected(tiles: Any, v: tuple[int, ...], match: str) -> None:
     wl = workloads.gemm(64, 64, 64, dtype="float32")
     with pytest.raises(ScheduleError, match=match):
@@ -219,19 +270,29 @@ def test_from_te_workload_lowers() -> None:
     s = Schedule(tuple(names), ((2, 2, 4), (16, 16, 16), tuple(a.extent for a in wl.axes)), (1, 2, 1), 2)
     assert "__shared__" in build_cuda(lower(wl, s), H100)
     xs = workloads.random_inputs(wl, 0)
-    np.testing.assert_allclose(run_cpu(wl, s, *xs), xs[0].astype(np.float64) @ xs[1].T.astype(np.float64),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        run_cpu(wl, s, *xs), xs[0].astype(np.float64) @ xs[1].T.astype(np.float64), rtol=1e-5, atol=1e-5
+    )
 
 
 @settings(max_examples=6, deadline=None)
 @given(st.data())
 def test_random_tilings_of_odd_gemm_match_numpy(data: st.DataObject) -> None:
     wl = workloads.gemm(45, 38, 29, dtype="float32")
-    t1 = tuple(data.draw(st.integers(1, e), label=f"T1[{a.name}]") for a, e in zip(wl.axes, (45, 38, 29), strict=True))
+    t1 = tuple(
+        data.draw(st.integers(1, e), label=f"T1[{a.name}]")
+        for a, e in zip(wl.axes, (45, 38, 29), strict=True)
+    )
     # Register tiles stay small (as the construction's register limit keeps them): they are fully unrolled.
-    t0 = tuple(data.draw(st.integers(1, min(b, 6)), label=f"T0[{a.name}]") for a, b in zip(wl.axes, t1, strict=True))
-    v = tuple(data.draw(st.sampled_from([d for d in (1, 2, 4) if t % d == 0]), label=f"v[{a.name}]")
-              if a.kind == "spatial" else 1 for a, t in zip(wl.axes, t0, strict=True))
+    t0 = tuple(
+        data.draw(st.integers(1, min(b, 6)), label=f"T0[{a.name}]") for a, b in zip(wl.axes, t1, strict=True)
+    )
+    v = tuple(
+        data.draw(st.sampled_from([d for d in (1, 2, 4) if t % d == 0]), label=f"v[{a.name}]")
+        if a.kind == "spatial"
+        else 1
+        for a, t in zip(wl.axes, t0, strict=True)
+    )
     s = sched(wl, t0, t1, v)
     assert [t.threads for t in axis_tilings(wl, s)] == [math.ceil(b / r) for b, r in zip(t1, t0, strict=True)]
     assert cpu_error(wl, s) < 1e-5

@@ -122,7 +122,9 @@ def test_vthread_action_doubles_and_shrinking_keeps_it_legal() -> None:
     assert v2 is not None and v4 is not None and v4.vthreads == (4, 1, 1)
     assert apply(space, v4, Action("vthread", 0)) is None  # 8 does not divide T0 = 4
     assert Action("vthread", 2) not in actions(space, s)  # no vthreads on the reduction axis
-    low = apply(space, Schedule(axes=v4.axes, tiles=v4.tiles, vthreads=v4.vthreads, level=0), Action("inv_tile", 0))
+    low = apply(
+        space, Schedule(axes=v4.axes, tiles=v4.tiles, vthreads=v4.vthreads, level=0), Action("inv_tile", 0)
+    )
     assert low is not None and low.tiles[0][0] == 2 and low.vthreads[0] == 2
 
 
@@ -150,7 +152,12 @@ def test_tiling_benefit_formula_1_by_hand() -> None:
     q, f = 64 * 64 * 64 * 2 * 2 + 64 * 64 * 4, 2 + 2 + 4
     # T': 32 x 64 threads, A fragment 2x1, B 1x1, C 2x1.
     q2, f2 = 32 * 64 * 64 * (2 + 1) * 2 + 32 * 64 * 2 * 4, 2 * 2 + 2 + 2 * 4
-    assert (space.traffic(s, 0), space.footprint(s, 0), space.traffic(t, 0), space.footprint(t, 0)) == (q, f, q2, f2)
+    assert (space.traffic(s, 0), space.footprint(s, 0), space.traffic(t, 0), space.footprint(t, 0)) == (
+        q,
+        f,
+        q2,
+        f2,
+    )
     assert tiling_benefit(space, s, t, 0) == pytest.approx(q * f2 / (q2 * f))
     assert tiling_benefit(space, s, t, 0) == pytest.approx(2.3214285714)
 
@@ -168,7 +175,8 @@ def test_caching_benefit_formula_2_by_hand() -> None:
     at_shared = Schedule(axes=s.axes, tiles=s.tiles, vthreads=s.vthreads, level=1)
     data1 = space.traffic(at_shared, 1)
     expected = (sh.latency_cycles / H100.clock_hz + data1 / sh.bandwidth_Bps) / (
-        dram.latency_cycles / H100.clock_hz + data1 / dram.bandwidth_Bps)
+        dram.latency_cycles / H100.clock_hz + data1 / dram.bandwidth_Bps
+    )
     assert caching_benefit(space, at_shared) == pytest.approx(expected)
     assert 0 < caching_benefit(space, at_shared) < 1  # going outwards is slower data access
 
@@ -269,8 +277,10 @@ def test_construct_returns_a_fitting_scored_schedule(wl) -> None:
 
 
 def test_construct_is_deterministic_for_a_seed() -> None:
-    for wl, opts in ((workloads.gemm(2048, 512, 1024), {}), (workloads.conv2d(8, 32, 14, 14, 64, 3, 3, padding=1),
-                                                          {"max_steps": 800})):
+    for wl, opts in (
+        (workloads.gemm(2048, 512, 1024), {}),
+        (workloads.conv2d(8, 32, 14, 14, 64, 3, 3, padding=1), {"max_steps": 800}),
+    ):
         a, b = construct(wl, H100, seed=11, **opts), construct(wl, H100, seed=11, **opts)
         assert (a.schedule, a.predicted_time_s, a.evaluated) == (b.schedule, b.predicted_time_s, b.evaluated)
         assert [v for _, v in a.trace] == [v for _, v in b.trace]

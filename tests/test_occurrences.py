@@ -82,8 +82,11 @@ def test_not_applied_where_add_or_concat_can_appear() -> None:
     q.output(q.exp(q.input("X", (2, 3))))
     assert OccurrenceBudget.for_search(["X"], ae.expr_of(q), catalog(q)) is not None
     from gensorage.opset import Op
+
     assert OccurrenceBudget.for_search(["X"], ae.expr_of(q), catalog(q, [Op.EXP, Op.SUB])) is None
-    assert SearchContext(SearchSpec(program=q, expr_filter=False)).rules.occurrences is None  # it speaks about A_eq outputs
+    assert (
+        SearchContext(SearchSpec(program=q, expr_filter=False)).rules.occurrences is None
+    )  # it speaks about A_eq outputs
 
 
 def _exp_matmul() -> Program:
@@ -92,12 +95,16 @@ def _exp_matmul() -> Program:
     return p
 
 
-@pytest.mark.parametrize("program, kernels, block_ops", [
-    (_exp_matmul(), 2, 1),
-    pytest.param(_exp_matmul(), 3, 1, marks=pytest.mark.slow),  # 40 s: 11.6 k states against 149 k
-])
-def test_the_rule_prunes_no_verified_candidate(program: Program, kernels: int, block_ops: int,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "program, kernels, block_ops",
+    [
+        (_exp_matmul(), 2, 1),
+        pytest.param(_exp_matmul(), 3, 1, marks=pytest.mark.slow),  # 40 s: 11.6 k states against 149 k
+    ],
+)
+def test_the_rule_prunes_no_verified_candidate(
+    program: Program, kernels: int, block_ops: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The same search with the rule switched off finds exactly the same candidates and walks more states.
     spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_grid_dims=1)
 
@@ -159,17 +166,31 @@ def test_completable_last_kernels_of_attention() -> None:
 GQA = {"kv": 2, "g": 2, "n": 4, "d": 2}
 
 
-@pytest.mark.parametrize(("program", "grid"), [
-    (load_config("gqa_incdec", GQA), 1),  # 10.7 k states against 11.3 k
-    pytest.param(load_config("gqa_incdec", GQA), 2, marks=pytest.mark.slow),  # 60 s: 93.1 k against 102.0 k
-])
-def test_the_outside_rule_prunes_no_verified_candidate(program: Program, grid: int,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("program", "grid"),
+    [
+        (load_config("gqa_incdec", GQA), 1),  # 10.7 k states against 11.3 k
+        pytest.param(
+            load_config("gqa_incdec", GQA), 2, marks=pytest.mark.slow
+        ),  # 60 s: 93.1 k against 102.0 k
+    ],
+)
+def test_the_outside_rule_prunes_no_verified_candidate(
+    program: Program, grid: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A last kernel whose outputs cannot have the program's counts outside marks (or need more exp operators
     # than it has room for) is pruned: the same candidates with and without the rule, fewer states with it.
     from gensorage.exhaustive.dim_strategy import load_dim_strategy
-    spec = SearchSpec(program=program, max_kernel_ops=2, max_block_ops=6, max_block_nodes=6, max_grid_dims=grid,
-                      max_block_outputs=2, dims=load_dim_strategy("attention"))
+
+    spec = SearchSpec(
+        program=program,
+        max_kernel_ops=2,
+        max_block_ops=6,
+        max_block_nodes=6,
+        max_grid_dims=grid,
+        max_block_outputs=2,
+        dims=load_dim_strategy("attention"),
+    )
     with_rule, states_with = candidates_and_states(spec)
     monkeypatch.setattr(OccurrenceBudget, "completable", lambda *a: 0)  # at last-kernel headers and blocks
     without_rule, states_without = candidates_and_states(spec)

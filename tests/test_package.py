@@ -10,7 +10,17 @@ import gensorage
 
 def test_top_level_functions_are_not_shadowed_by_submodules() -> None:
     # Importing every subpackage first must not replace gensorage.tune / superoptimize / equivalent with a module.
-    for name in ("tuning", "superopt", "verify", "program", "ugraph", "hw", "workloads", "markov", "exhaustive"):
+    for name in (
+        "tuning",
+        "superopt",
+        "verify",
+        "program",
+        "ugraph",
+        "hw",
+        "workloads",
+        "markov",
+        "exhaustive",
+    ):
         importlib.import_module(f"gensorage.{name}")
     for name in ("tune", "superoptimize", "equivalent", "load_program", "load_profile"):
         assert inspect.isfunction(getattr(gensorage, name)), name

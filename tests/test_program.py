@@ -200,7 +200,12 @@ def test_sum_keepdim_and_group() -> None:
     p.output(p.sum(a, dim=1, group=6))  # a group of the whole dim is a full reduction
     x = rand(2, 6, 3)
     keep, drop, grouped, full = p.run(x)
-    assert keep.shape == (2, 1, 3) and drop.shape == (2, 6) and grouped.shape == (2, 2, 3) and full.shape == (2, 1, 3)
+    assert (
+        keep.shape == (2, 1, 3)
+        and drop.shape == (2, 6)
+        and grouped.shape == (2, 2, 3)
+        and full.shape == (2, 1, 3)
+    )
     for i in range(2):
         for k in range(3):
             assert keep[i, 0, k] == pytest.approx(sum(x[i, j, k] for j in range(6)))
@@ -350,7 +355,9 @@ def test_numpy_integer_attributes_are_canonical() -> None:
     def build(k: int | np.integer) -> Program:
         p = Program()
         x = p.input("X", (2, 4))
-        p.output(p.sum(p.repeat(x, dim=np.int64(0) if isinstance(k, np.integer) else 0, times=k), dim=1, group=k))  # type: ignore[arg-type]
+        p.output(
+            p.sum(p.repeat(x, dim=np.int64(0) if isinstance(k, np.integer) else 0, times=k), dim=1, group=k)
+        )  # type: ignore[arg-type]
         return p
 
     assert build(np.int64(2)).key() == build(2).key()

@@ -20,11 +20,22 @@ from gensorage.program import Program, config_dir, dump_program, list_configs, l
 
 # Output shape of every config at its default (paper) parameters.
 DEFAULT_OUTPUTS = {
-    "mha_incdec": (32, 1, 128), "mha_specdec": (32, 32, 128), "mha_prefill": (32, 512, 128),
-    "gqa_incdec": (16, 1, 128), "gqa_specdec": (16, 32, 128), "gqa_prefill": (16, 512, 128),
-    "mqa_incdec": (71, 1, 64), "mqa_specdec": (71, 32, 64), "mqa_prefill": (71, 512, 64),
-    "lora": (16, 4096), "gated_mlp": (8, 4096), "rmsnorm": (16, 4096), "qknorm": (2, 256, 64),
-    "ntrans": (8, 4096), "mlp": (8, 4096), "moe": (8, 8, 4096),
+    "mha_incdec": (32, 1, 128),
+    "mha_specdec": (32, 32, 128),
+    "mha_prefill": (32, 512, 128),
+    "gqa_incdec": (16, 1, 128),
+    "gqa_specdec": (16, 32, 128),
+    "gqa_prefill": (16, 512, 128),
+    "mqa_incdec": (71, 1, 64),
+    "mqa_specdec": (71, 32, 64),
+    "mqa_prefill": (71, 512, 64),
+    "lora": (16, 4096),
+    "gated_mlp": (8, 4096),
+    "rmsnorm": (16, 4096),
+    "qknorm": (2, 256, 64),
+    "ntrans": (8, 4096),
+    "mlp": (8, 4096),
+    "moe": (8, 8, 4096),
 }
 
 
@@ -108,7 +119,9 @@ def test_gqa_numerics(mode: str) -> None:
     q, k, v = _rand(p, 1)
     assert q.shape == (12, 2, 4) and k.shape == (4, 4, 9)
     # query head i (of 12 = 2 sequences x 2 kv heads x 3) reads kv head i // 3
-    np.testing.assert_allclose(p.run(q, k, v)[0], _attention(q, k, v, [i // 3 for i in range(12)]), rtol=1e-10)
+    np.testing.assert_allclose(
+        p.run(q, k, v)[0], _attention(q, k, v, [i // 3 for i in range(12)]), rtol=1e-10
+    )
 
 
 @pytest.mark.parametrize("mode", ["incdec", "specdec", "prefill"])

@@ -36,8 +36,10 @@ def blocks(text: str, lang: str) -> list[tuple[int, str]]:
 
 def test_block_extraction() -> None:
     """The extractor itself: finds python and shell blocks, honours the skip marker."""
-    text = ("intro\n```python\nx = 1\n```\n\n" + SKIP_MARK + "\n```python\nraise SystemExit\n```\n"
-            "```bash\ngensorage hw list\n```\n")
+    text = (
+        "intro\n```python\nx = 1\n```\n\n" + SKIP_MARK + "\n```python\nraise SystemExit\n```\n"
+        "```bash\ngensorage hw list\n```\n"
+    )
     assert blocks(text, "python") == [(2, "x = 1\n")]
     assert blocks(text, "bash") == [(10, "gensorage hw list\n")]
 
@@ -69,7 +71,7 @@ def _commands(text: str) -> list[tuple[int, list[str]]]:
             cmd = raw.strip().removeprefix("$ ").strip()
             if cmd.startswith("gensorage ") or cmd.startswith("python -m gensorage "):
                 argv = shlex.split(cmd.split(" #")[0])
-                cmds.append((line + 1 + k, argv[argv.index("gensorage") + 1:]))
+                cmds.append((line + 1 + k, argv[argv.index("gensorage") + 1 :]))
     return cmds
 
 
@@ -85,4 +87,3 @@ def test_readme_command_lines_parse() -> None:
         except SystemExit as exc:
             if exc.code not in (0, None):  # --help / --version exit 0
                 pytest.fail(f"README.md line {line}: 'gensorage {' '.join(argv)}' does not parse")
-

@@ -61,8 +61,9 @@ def kernel_shape(op: GraphDefinedOp) -> KernelShape:
             accs += 1
         (body if phase == "body" else post).update(names)
     its = [n for n in block.nodes if isinstance(n, InputIterator)]
-    return KernelShape(block.forloop > 1, body, post, accs, tuple(it.imap for it in its),
-                       tuple(it.fmap for it in its))
+    return KernelShape(
+        block.forloop > 1, body, post, accs, tuple(it.imap for it in its), tuple(it.fmap for it in its)
+    )
 
 
 def custom_kernels(g: KernelGraph) -> list[KernelShape]:
@@ -70,8 +71,9 @@ def custom_kernels(g: KernelGraph) -> list[KernelShape]:
 
 
 def run(name: str, params: dict[str, int], **limits: int) -> list[KernelGraph]:
-    spec = SearchSpec(program=load_config(name, params), max_kernel_ops=1, max_grid_dims=1, max_block_outputs=1,
-                      **limits)
+    spec = SearchSpec(
+        program=load_config(name, params), max_kernel_ops=1, max_grid_dims=1, max_block_outputs=1, **limits
+    )
     result = search_serial(spec)
     assert result.complete
     assert result.candidates
@@ -88,9 +90,14 @@ def single_kernel(graphs: list[KernelGraph]) -> list[KernelShape]:
 
 def test_gated_mlp_two_matmuls_in_one_loop_then_silu_mul() -> None:
     graphs = run("gated_mlp", {"t": 3, "k": 4, "f": 5}, max_block_ops=4)
-    found = [k for k in single_kernel(graphs)
-             if k.looped and k.body == Counter({"matmul": 2}) and k.accumulators == 2
-             and k.post == Counter({"silu": 1, "mul": 1})]
+    found = [
+        k
+        for k in single_kernel(graphs)
+        if k.looped
+        and k.body == Counter({"matmul": 2})
+        and k.accumulators == 2
+        and k.post == Counter({"silu": 1, "mul": 1})
+    ]
     assert found
     # Fig. 10b / examples.gated_mlp: X walks the hidden dim (fmap 1), W1 and W2 split by columns and walked by rows.
     program, example = examples.gated_mlp(m=3, k=4, n=5, blocks=5, forloop=2)
@@ -106,12 +113,22 @@ def test_rmsnorm_matmul_one_kernel_accumulating_squares_and_matmul() -> None:
     # h = 2: the loop's trip count is 2 and each iteration sees one hidden element, so the sum of squares is
     # accumulated by the loop itself (the in-loop Sum of Fig. 3b needs h >= 4 and a 7-operator search).
     graphs = run("rmsnorm", {"b": 3, "h": 2, "d": 5}, max_block_ops=6)
-    found = [k for k in single_kernel(graphs)
-             if k.looped and k.fmaps[0] == 1 and k.body["matmul"] == 1 and k.accumulators == 2
-             and k.post["sqrt"] == 1 and k.post["div"] == 1 and "matmul" not in k.post]
+    found = [
+        k
+        for k in single_kernel(graphs)
+        if k.looped
+        and k.fmaps[0] == 1
+        and k.body["matmul"] == 1
+        and k.accumulators == 2
+        and k.post["sqrt"] == 1
+        and k.post["div"] == 1
+        and "matmul" not in k.post
+    ]
     assert found
     ref = kernel_shape(examples.rmsnorm_matmul(batch=3, hidden=4, out=5, blocks=5, forloop=2)[1].ops[0])  # type: ignore[arg-type]
-    assert any(k.post == ref.post and k.accumulators == ref.accumulators and k.imaps == ref.imaps for k in found)
+    assert any(
+        k.post == ref.post and k.accumulators == ref.accumulators and k.imaps == ref.imaps for k in found
+    )
 
 
 # ------------------------------------------------------------------------------------------------- LoRA
@@ -120,7 +137,9 @@ def test_rmsnorm_matmul_one_kernel_accumulating_squares_and_matmul() -> None:
 @pytest.mark.slow
 def test_lora_concatenations_in_one_kernel() -> None:
     graphs = run("lora", {"t": 3, "k": 4, "m": 5, "r": 2}, max_block_ops=4, max_block_inputs=4)
-    found = [k for k in single_kernel(graphs) if k.body == Counter({"concat": 2, "matmul": 2}) and not k.looped]
+    found = [
+        k for k in single_kernel(graphs) if k.body == Counter({"concat": 2, "matmul": 2}) and not k.looped
+    ]
     assert found
     ref = kernel_shape(examples.lora(m=3, k=4, n=5, rank=2, n_blocks=5, m_blocks=1)[1].ops[0])  # type: ignore[arg-type]
     assert ref.body == found[0].body
@@ -130,8 +149,13 @@ def test_lora_concatenations_in_one_kernel() -> None:
             continue
         nodes = g.ops[0].block.nodes
         concats = {j for j, n in enumerate(nodes) if isinstance(n, BlockOp) and n.op is Op.CONCAT}
-        if any(isinstance(n, BlockOp) and n.op is Op.MATMUL and {r.node for r in n.inputs} == concats
-               for n in nodes) and len(concats) == 2:
+        if (
+            any(
+                isinstance(n, BlockOp) and n.op is Op.MATMUL and {r.node for r in n.inputs} == concats
+                for n in nodes
+            )
+            and len(concats) == 2
+        ):
             break
     else:
         pytest.fail("no candidate multiplies the two concatenations")
@@ -143,8 +167,15 @@ def test_lora_concatenations_in_one_kernel() -> None:
 def _flash_like(k: KernelShape, key_fmaps: tuple[int, int]) -> bool:
     """A loop over the keys (K and V walked along the key dim) with QK, exp and the PV matmul in the body, both
     partial results accumulated and one division after the loop."""
-    return (k.looped and k.fmaps[1:] == key_fmaps and k.body["matmul"] == 2 and k.body["exp"] == 1
-            and k.accumulators == 2 and k.post.get("div") == 1 and "matmul" not in k.post)
+    return (
+        k.looped
+        and k.fmaps[1:] == key_fmaps
+        and k.body["matmul"] == 2
+        and k.body["exp"] == 1
+        and k.accumulators == 2
+        and k.post.get("div") == 1
+        and "matmul" not in k.post
+    )
 
 
 @pytest.mark.slow
@@ -152,10 +183,13 @@ def test_mha_flash_attention() -> None:
     graphs = run("mha_prefill", {"b": 1, "h": 2, "s": 3, "n": 7, "d": 5}, max_block_ops=6)
     found = [k for k in single_kernel(graphs) if _flash_like(k, (2, 1))]
     assert found
-    ref = kernel_shape(examples.flash_attention(heads=2, q_len=3, kv_len=7, head_dim=5, q_blocks=1,
-                                                forloop=7)[1].ops[0])  # type: ignore[arg-type]
+    ref = kernel_shape(
+        examples.flash_attention(heads=2, q_len=3, kv_len=7, head_dim=5, q_blocks=1, forloop=7)[1].ops[0]
+    )  # type: ignore[arg-type]
     assert _flash_like(ref, (2, 1))
-    assert any(k.imaps == ((0,), (0,), (0,)) for k in found)  # one block per head, as examples.flash_attention
+    assert any(
+        k.imaps == ((0,), (0,), (0,)) for k in found
+    )  # one block per head, as examples.flash_attention
 
 
 # -------------------------------------------------------------------------------------- attention (GQA)
@@ -197,8 +231,13 @@ def _split_kv_then_combine(g: KernelGraph) -> bool:
     if [r.node for r in first.inputs] != [0, 1, 2] or any(r.node < 3 for r in second.inputs):
         return False
     splits_keys = any(k1.imaps[1][dim] == 2 and k1.imaps[2][dim] == 1 for dim in range(len(first.block.grid)))
-    first_ok = (k1.looped and k1.body["matmul"] == 2 and k1.body["exp"] == 1 and k1.accumulators == 2
-                and "div" not in k1.body + k1.post)
+    first_ok = (
+        k1.looped
+        and k1.body["matmul"] == 2
+        and k1.body["exp"] == 1
+        and k1.accumulators == 2
+        and "div" not in k1.body + k1.post
+    )
     both = k2.body + k2.post
     second_ok = both["div"] == 1 and both["matmul"] == 0 and both["exp"] == 0 and both["sum"] >= 1
     return splits_keys and first_ok and second_ok
@@ -223,9 +262,18 @@ def _split_kv_task(spec: SearchSpec) -> Task:
                 if i == ordinal:
                     break
         b = s.state.block
-        hit = (b is not None and b.inputs == (0, 1, 2) and b.r == 2 and b.looped and len(b.recs) == 1
-               and isinstance(b.recs[0], BlockOpRec) and b.recs[0].variant.op is Op.MATMUL
-               and b.recs[0].inputs == (0, 1) and b.imap[1] == (0, 2) and b.fmap[1] == 2)
+        hit = (
+            b is not None
+            and b.inputs == (0, 1, 2)
+            and b.r == 2
+            and b.looped
+            and len(b.recs) == 1
+            and isinstance(b.recs[0], BlockOpRec)
+            and b.recs[0].variant.op is Op.MATMUL
+            and b.recs[0].inputs == (0, 1)
+            and b.imap[1] == (0, 2)
+            and b.fmap[1] == 2
+        )
         for children in reversed(suspended):  # undo the path innermost first
             children.close()
         if hit:
@@ -240,8 +288,14 @@ def test_mha_decode_flash_decoding_split_kv_in_two_kernels() -> None:
     # whole two-kernel search takes many minutes (benchmarks/flash_decoding.py), too long for a test, so this walks the subtree of the split-KV first kernel only: every first kernel starting that way,
     # followed by every second kernel.
     params = {"h": 2, "n": 6, "d": 5}
-    spec = SearchSpec(program=load_config("mha_incdec", params), max_kernel_ops=2, max_block_ops=4,
-                      max_grid_dims=2, max_block_outputs=2, dims=load_dim_strategy("attention"))
+    spec = SearchSpec(
+        program=load_config("mha_incdec", params),
+        max_kernel_ops=2,
+        max_block_ops=4,
+        max_grid_dims=2,
+        max_block_outputs=2,
+        dims=load_dim_strategy("attention"),
+    )
     res = run_task(spec, _split_kv_task(spec))
     assert res.complete
     found = [c.ugraph for c in res.candidates if _split_kv_then_combine(c.ugraph)]

@@ -81,8 +81,9 @@ class ToyStats:
     verified: int = 0
 
     def __add__(self, other: ToyStats) -> ToyStats:
-        return ToyStats(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other),
-                                                 strict=True)))
+        return ToyStats(
+            *(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True))
+        )
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,13 @@ class ToyGraph:
     width: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": "gensorage.ugraph", "version": 1,
-                "inputs": [{"name": "X", "shape": [2, self.width], "dtype": "float16"}],
-                "ops": [{"kind": "op", "op": "exp", "inputs": [[0, 0]], "attrs": {}}], "outputs": [[1, 0]]}
+        return {
+            "format": "gensorage.ugraph",
+            "version": 1,
+            "inputs": [{"name": "X", "shape": [2, self.width], "dtype": "float16"}],
+            "ops": [{"kind": "op", "op": "exp", "inputs": [[0, 0]], "attrs": {}}],
+            "outputs": [[1, 0]],
+        }
 
 
 @dataclass(frozen=True)
@@ -124,9 +129,15 @@ def _hash(seed: int, i: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:8], "little")
 
 
-def toy_run_task(spec: ToySpec, task: ToyTask, *, should_stop: Callable[[], bool] = lambda: False,
-                 on_progress: Callable[[ToyStats], None] | None = None,
-                 on_save: Callable[[ToyResult], None] | None = None, save_every_s: float = 60.0) -> ToyResult:
+def toy_run_task(
+    spec: ToySpec,
+    task: ToyTask,
+    *,
+    should_stop: Callable[[], bool] = lambda: False,
+    on_progress: Callable[[ToyStats], None] | None = None,
+    on_save: Callable[[ToyResult], None] | None = None,
+    save_every_s: float = 60.0,
+) -> ToyResult:
     if task.index == spec.fail_task:
         raise ValueError(f"toy failure in task {task.index}")
     stats, cands = ToyStats(), []
@@ -139,8 +150,14 @@ def toy_run_task(spec: ToySpec, task: ToyTask, *, should_stop: Callable[[], bool
         h = _hash(spec.seed, i)
         stats = stats + ToyStats(1, h % 3, h % 2, (h >> 3) % 2, int(h % 4 == 0))
         if h % 4 == 0:
-            cands.append(ToyCandidate(ToyGraph(1 + h % 9), 1e-6 * (1 + (h >> 8) % 500),
-                                      {"trials": 2, "prime": 2_147_483_647, "state": i}, task.index))
+            cands.append(
+                ToyCandidate(
+                    ToyGraph(1 + h % 9),
+                    1e-6 * (1 + (h >> 8) % 500),
+                    {"trials": 2, "prime": 2_147_483_647, "state": i},
+                    task.index,
+                )
+            )
         if on_progress is not None:
             on_progress(stats)
         if on_save is not None and time.monotonic() >= next_save:
@@ -159,8 +176,13 @@ def toy_resume(task: ToyTask, data: dict[str, int]) -> ToyTask:
     return dataclasses.replace(task, skip=int(data["walked"]))
 
 
-TOY = SearchCore(enumerate_tasks=toy_enumerate, run_task=toy_run_task, rank_candidates=toy_rank,
-                 candidate_type=ToyCandidate, stats_type=ToyStats)
+TOY = SearchCore(
+    enumerate_tasks=toy_enumerate,
+    run_task=toy_run_task,
+    rank_candidates=toy_rank,
+    candidate_type=ToyCandidate,
+    stats_type=ToyStats,
+)
 TOY_RESUMABLE = dataclasses.replace(TOY, resume_task=toy_resume)
 
 
@@ -169,8 +191,10 @@ TOY_RESUMABLE = dataclasses.replace(TOY, resume_task=toy_resume)
 
 def summary(r: SearchResult) -> tuple[Any, ...]:
     """Everything that must not depend on workers, kills or resumes."""
-    cands = [(json.dumps(c.ugraph.to_json(), sort_keys=True), c.predicted_time_s, c.equivalence, c.found_in_task)
-             for c in r.candidates]
+    cands = [
+        (json.dumps(c.ugraph.to_json(), sort_keys=True), c.predicted_time_s, c.equivalence, c.found_in_task)
+        for c in r.candidates
+    ]
     return (cands, r.stats, r.tasks_done, r.tasks_total, r.complete)
 
 
@@ -193,8 +217,15 @@ def done_count(path: Path) -> int:
         return 0
 
 
-def spawn_search(spec: ToySpec, ckpt: Path, workers: int, *, budget: float | None = None, core: str = "TOY",
-                 save_every_s: float = 60.0) -> subprocess.Popen[str]:
+def spawn_search(
+    spec: ToySpec,
+    ckpt: Path,
+    workers: int,
+    *,
+    budget: float | None = None,
+    core: str = "TOY",
+    save_every_s: float = 60.0,
+) -> subprocess.Popen[str]:
     """A separate Python process running the toy search (to kill it)."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
@@ -213,9 +244,24 @@ def spawn_search(spec: ToySpec, ckpt: Path, workers: int, *, budget: float | Non
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
-        [sys.executable, "-c", code, str(TESTS), json.dumps(dataclasses.asdict(spec)), str(ckpt), str(workers),
-         "none" if budget is None else str(budget), core, str(save_every_s)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(TESTS),
+            json.dumps(dataclasses.asdict(spec)),
+            str(ckpt),
+            str(workers),
+            "none" if budget is None else str(budget),
+            core,
+            str(save_every_s),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_done(path: Path, at_least: int, proc: subprocess.Popen[str], timeout: float = 30) -> int:
@@ -240,7 +286,9 @@ def test_one_worker_and_two_workers_match_the_direct_answer(tmp_path: Path) -> N
     pool = run_search(spec, checkpoint=tmp_path / "c.sqlite", workers=2, core=TOY, progress=False, inline_s=0)
     assert summary(r1) == summary(r2) == summary(pool)
     want_cands, want_stats = expected(spec)
-    assert [(c.predicted_time_s, c.found_in_task, c.equivalence["state"]) for c in r1.candidates] == want_cands
+    assert [
+        (c.predicted_time_s, c.found_in_task, c.equivalence["state"]) for c in r1.candidates
+    ] == want_cands
     assert r1.stats == want_stats and r1.complete and r1.tasks_done == 5
     assert r1.best is r1.candidates[0]
     from gensorage.ugraph import KernelGraph
@@ -272,8 +320,13 @@ def test_resume_reruns_only_tasks_not_done(tmp_path: Path) -> None:
 def test_kill_9_at_any_moment_then_resume_gives_the_same_result(tmp_path: Path) -> None:
     spec = ToySpec(n_tasks=8, per_task=8, sleep_s=0.03)
     # Sleeping changes nothing but the time, so the reference runs without it.
-    reference = run_search(dataclasses.replace(spec, sleep_s=0.0), checkpoint=tmp_path / "ref.sqlite", workers=1,
-                           core=TOY, progress=False)
+    reference = run_search(
+        dataclasses.replace(spec, sleep_s=0.0),
+        checkpoint=tmp_path / "ref.sqlite",
+        workers=1,
+        core=TOY,
+        progress=False,
+    )
     ckpt = tmp_path / "killed.sqlite"
     done = 0
     # Kill twice (the second run resumes the first's file), each time right after a new task commits,
@@ -317,15 +370,18 @@ def test_kill_9_mid_task_keeps_the_last_save_point(tmp_path: Path, workers: int)
     assert saved == workers and done_count(ckpt) == 0
     resumed = run_search(spec, checkpoint=ckpt, workers=1, core=TOY_RESUMABLE, progress=False)
     assert 0 < resumed.run_stats["states"] < spec.n_tasks * spec.per_task
-    reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY_RESUMABLE, progress=False)
+    reference = run_search(
+        spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY_RESUMABLE, progress=False
+    )
     assert summary(resumed) == summary(reference)
 
 
 def test_time_budget_stops_the_running_task_and_keeps_only_finished_ones(tmp_path: Path) -> None:
     spec = ToySpec(n_tasks=3, per_task=40, sleep_s=0.05)  # 2 s per task
     t0 = time.monotonic()
-    r = run_search(spec, checkpoint=tmp_path / "t.sqlite", workers=1, core=TOY, progress=False,
-                   time_budget_s=0.5)
+    r = run_search(
+        spec, checkpoint=tmp_path / "t.sqlite", workers=1, core=TOY, progress=False, time_budget_s=0.5
+    )
     took = time.monotonic() - t0
     assert not r.complete and r.stopped_by == "time budget"
     assert r.tasks_done == 0 and r.candidates == () and r.best is None
@@ -343,8 +399,15 @@ def test_a_task_stopped_by_the_budget_continues_where_it_stopped(tmp_path: Path,
     walked, stopped_midway = [], 0
     budget = 0.5 if workers == 1 else 2.0  # spawned workers need about a second to start
     while True:
-        r = run_search(spec, checkpoint=ckpt, workers=workers, core=TOY_RESUMABLE, progress=False,
-                       time_budget_s=budget, inline_s=0)
+        r = run_search(
+            spec,
+            checkpoint=ckpt,
+            workers=workers,
+            core=TOY_RESUMABLE,
+            progress=False,
+            time_budget_s=budget,
+            inline_s=0,
+        )
         walked.append(r.run_stats["states"])
         if r.complete:
             break
@@ -353,7 +416,9 @@ def test_a_task_stopped_by_the_budget_continues_where_it_stopped(tmp_path: Path,
             stopped_midway += conn.execute("SELECT COUNT(*) FROM partial").fetchone()[0]
     assert len(walked) >= 2 and stopped_midway >= 1
     assert sum(walked) == spec.n_tasks * spec.per_task
-    reference = run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY_RESUMABLE, progress=False)
+    reference = run_search(
+        spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY_RESUMABLE, progress=False
+    )
     assert summary(r) == summary(reference)
     with closing(sqlite3.connect(ckpt)) as conn:
         assert conn.execute("SELECT COUNT(*) FROM partial").fetchone()[0] == 0  # every stop point was used up
@@ -365,8 +430,9 @@ def test_a_core_without_resume_redoes_a_stopped_task(tmp_path: Path) -> None:
     first = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False, time_budget_s=0.3)
     again = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False)
     assert first.run_stats["states"] > 0 and again.run_stats["states"] == spec.per_task
-    assert summary(again) == summary(run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY,
-                                                progress=False))
+    assert summary(again) == summary(
+        run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY, progress=False)
+    )
 
 
 def test_a_small_search_starts_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -377,8 +443,9 @@ def test_a_small_search_starts_no_process(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(SearchRun, "run_pool", no_pool)
     spec = ToySpec(n_tasks=4, per_task=5)
     r = run_search(spec, checkpoint=tmp_path / "s.sqlite", workers=2, core=TOY, progress=False, inline_s=60)
-    assert r.complete and summary(r) == summary(run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1,
-                                                                core=TOY, progress=False))
+    assert r.complete and summary(r) == summary(
+        run_search(spec, checkpoint=tmp_path / "ref.sqlite", workers=1, core=TOY, progress=False)
+    )
 
 
 @pytest.mark.parametrize("core", ["TOY", "TOY_RESUMABLE"])
@@ -397,8 +464,15 @@ def test_inline_then_pool_gives_the_same_result(tmp_path: Path, core: str) -> No
 def test_time_budget_with_a_pool(tmp_path: Path) -> None:
     spec = ToySpec(n_tasks=6, per_task=20, sleep_s=0.05)  # 1 s per task, 3 s of work per worker
     t0 = time.monotonic()
-    r = run_search(spec, checkpoint=tmp_path / "t.sqlite", workers=2, core=TOY, progress=False,
-                   time_budget_s=1.5, inline_s=0)
+    r = run_search(
+        spec,
+        checkpoint=tmp_path / "t.sqlite",
+        workers=2,
+        core=TOY,
+        progress=False,
+        time_budget_s=1.5,
+        inline_s=0,
+    )
     took = time.monotonic() - t0
     assert not r.complete and r.stopped_by == "time budget" and r.tasks_done <= 2
     assert took < 1.5 + 10  # stop request honoured (well within the 30 s grace)
@@ -419,8 +493,13 @@ def test_sigint_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
     saved = int(out.split()[1])
     assert 1 <= saved == done_count(ckpt) < spec.n_tasks
     resumed = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False)
-    reference = run_search(dataclasses.replace(spec, sleep_s=0.0), checkpoint=tmp_path / "ref.sqlite",
-                           workers=1, core=TOY, progress=False)
+    reference = run_search(
+        dataclasses.replace(spec, sleep_s=0.0),
+        checkpoint=tmp_path / "ref.sqlite",
+        workers=1,
+        core=TOY,
+        progress=False,
+    )
     assert resumed.tasks_resumed == saved and summary(resumed) == summary(reference)
 
 
@@ -467,7 +546,9 @@ def test_progress_goes_to_stderr_only(tmp_path: Path, capsys: pytest.CaptureFixt
     assert capsys.readouterr() == ("", "")
 
 
-def test_default_checkpoint_lives_under_gensorage_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_checkpoint_lives_under_gensorage_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path / "home"))
     spec = ToySpec(n_tasks=2, per_task=3)
     r = run_search(spec, workers=1, core=TOY, progress=False)
@@ -475,8 +556,9 @@ def test_default_checkpoint_lives_under_gensorage_home(tmp_path: Path, monkeypat
     assert r.checkpoint_path.is_file()
 
 
-def test_a_default_checkpoint_of_another_task_list_is_kept_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_default_checkpoint_of_another_task_list_is_kept_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # The same spec (same key) split differently, as after an upgrade that changed the search code.
     monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path / "home"))
     spec = ToySpec(n_tasks=3, per_task=2)
@@ -510,8 +592,9 @@ def test_real_core_one_and_two_workers_match_the_serial_search(tmp_path: Path) -
     serial = search_serial(spec)
     assert r1.complete and r2.complete and serial.complete and serial.best is not None
     for r in (r1, r2):
-        assert [(c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in r.candidates] == \
-               [(c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in serial.candidates]
+        assert [(c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in r.candidates] == [
+            (c.ugraph.to_json(), c.predicted_time_s, c.found_in_task) for c in serial.candidates
+        ]
         assert r.stats.logical() == serial.stats.logical()
         assert (r.tasks_done, r.tasks_total, r.complete) == (serial.tasks_done, serial.tasks_total, True)
     assert [c.equivalence for c in r1.candidates] == [c.equivalence for c in r2.candidates]
@@ -522,8 +605,15 @@ def test_progress_formatting() -> None:
 
     assert (format_count(999), format_count(1234), format_count(2_500_000)) == ("999", "1.23k", "2.5M")
     assert (format_seconds(75.2), format_seconds(3725), format_seconds(None)) == ("1:15", "1:02:05", "?")
-    snap = Snapshot({"states": 10, "pruned_expr": 3, "pruned_shape": 2, "verified": 1}, tasks_done=6,
-                    tasks_total=10, tasks_done_this_run=2, tasks_running=2, best_time_s=2.5e-6, elapsed_s=20.0)
+    snap = Snapshot(
+        {"states": 10, "pruned_expr": 3, "pruned_shape": 2, "verified": 1},
+        tasks_done=6,
+        tasks_total=10,
+        tasks_done_this_run=2,
+        tasks_running=2,
+        best_time_s=2.5e-6,
+        elapsed_s=20.0,
+    )
     assert eta_s(snap) == 40.0  # 10 s per task this run, 4 tasks left
     line = format_line(snap)
     assert "tasks 6/10 (2 running)" in line and "pruned 5 (expr 3, shape 2, mem 0)" in line
@@ -542,8 +632,15 @@ def test_final_progress_line_is_not_repeated() -> None:
 
     out = io.StringIO()
     rep = ProgressReporter(stream=out, tty=False, interval_s=0.0)
-    snap = Snapshot({"states": 10}, tasks_done=2, tasks_total=2, tasks_done_this_run=2, tasks_running=0,
-                    best_time_s=None, elapsed_s=3.0)
+    snap = Snapshot(
+        {"states": 10},
+        tasks_done=2,
+        tasks_total=2,
+        tasks_done_this_run=2,
+        tasks_running=0,
+        best_time_s=None,
+        elapsed_s=3.0,
+    )
     rep.update(snap)
     rep.finish(snap)
     assert out.getvalue().count("search: ") == 1
@@ -583,19 +680,28 @@ max_block_ops = 4
 
 
 @pytest.mark.parametrize("guarded", [False, True])
-def test_a_script_with_or_without_the_main_guard_runs_full_mode_with_workers(guarded: bool, tmp_path: Path) -> None:
+def test_a_script_with_or_without_the_main_guard_runs_full_mode_with_workers(
+    guarded: bool, tmp_path: Path
+) -> None:
     # Without the guard, spawned workers would import the script and start the search again in each (a
     # recursive-spawn traceback); the search then runs in the script's process, with a one-line note why.
     script = tmp_path / "user_script.py"
     script.write_text(_SCRIPT.format(call='if __name__ == "__main__":\n    main()' if guarded else "main()"))
     (tmp_path / "p.toml").write_text(_PRESET)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "p.toml"), str(tmp_path / "c.sqlite")],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), GENSORAGE_HOME=str(tmp_path / "home")))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "p.toml"), str(tmp_path / "c.sqlite")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), GENSORAGE_HOME=str(tmp_path / "home")),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("DONE True") and "Traceback" not in proc.stderr
     notes = [line for line in proc.stderr.splitlines() if "__main__" in line]
-    header = next(line for line in proc.stderr.splitlines() if line.startswith("gensorage search") and "tasks," in line)
+    header = next(
+        line for line in proc.stderr.splitlines() if line.startswith("gensorage search") and "tasks," in line
+    )
     if guarded:
         assert notes == [] and ", 2 workers" in header
     else:
@@ -603,17 +709,21 @@ def test_a_script_with_or_without_the_main_guard_runs_full_mode_with_workers(gua
         assert ", 1 worker" in header
 
 
-@pytest.mark.parametrize(("source", "guarded"), [
-    ("if __name__ == '__main__':\n    here()\n", True),
-    ("if '__main__' == __name__: here()\n", True),
-    ("def f():\n    here()\n\nif __name__ == '__main__':\n    f()\n", True),
-    ("here()\n", False),
-    ("def f():\n    here()\n\nf()\n", False),
-    ("if __name__ != 'x':\n    here()\n", False),
-    ("if True:\n    here()\n", False),
-])
-def test_the_main_guard_is_read_off_the_calling_line(source: str, guarded: bool, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("source", "guarded"),
+    [
+        ("if __name__ == '__main__':\n    here()\n", True),
+        ("if '__main__' == __name__: here()\n", True),
+        ("def f():\n    here()\n\nif __name__ == '__main__':\n    f()\n", True),
+        ("here()\n", False),
+        ("def f():\n    here()\n\nf()\n", False),
+        ("if __name__ != 'x':\n    here()\n", False),
+        ("if True:\n    here()\n", False),
+    ],
+)
+def test_the_main_guard_is_read_off_the_calling_line(
+    source: str, guarded: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import types
 
     from gensorage.exhaustive.run.processes import unguarded_main_script

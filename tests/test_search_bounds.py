@@ -35,7 +35,9 @@ def softmax_rows() -> Program:
 
 def test_block_nodes_limit_counts_iterators_operators_and_accumulators() -> None:
     program = load_config("gated_mlp", {"t": 3, "k": 4, "f": 5})
-    base = SearchSpec(program=program, max_kernel_ops=1, max_block_ops=4, max_grid_dims=1, max_block_outputs=1)
+    base = SearchSpec(
+        program=program, max_kernel_ops=1, max_block_ops=4, max_grid_dims=1, max_block_outputs=1
+    )
     unlimited = search_serial(base)
     assert unlimited.complete and unlimited.candidates
 
@@ -164,27 +166,40 @@ def test_marks_and_bound() -> None:
 
 
 def test_needed_ops_bound_keeps_the_verified_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = SearchSpec(program=softmax_rows(), max_kernel_ops=2, max_block_ops=2, max_grid_dims=1,
-                      max_block_outputs=1)
+    spec = SearchSpec(
+        program=softmax_rows(), max_kernel_ops=2, max_block_ops=2, max_grid_dims=1, max_block_outputs=1
+    )
     bounded = search_serial(spec)
     monkeypatch.setattr(NeededOps, "bound", lambda self, *a: (0, False))
     unbounded = search_serial(spec)
     assert bounded.complete and unbounded.complete and bounded.candidates
-    assert {ugraph_key(c.ugraph) for c in bounded.candidates} == {ugraph_key(c.ugraph) for c in unbounded.candidates}
+    assert {ugraph_key(c.ugraph) for c in bounded.candidates} == {
+        ugraph_key(c.ugraph) for c in unbounded.candidates
+    }
     assert bounded.stats.states < unbounded.stats.states
 
 
-@pytest.mark.parametrize(("program", "kernels", "block_ops", "nodes"), [
-    (softmax_rows(), 3, 2, 2),  # three kernels: the first two are both "before the last"
-    (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 2, 5, 5),  # 6 candidates, 2 kernels
-])
-def test_the_bound_before_the_last_kernel_keeps_every_candidate(program: Program, kernels: int, block_ops: int,
-                                                               nodes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("program", "kernels", "block_ops", "nodes"),
+    [
+        (softmax_rows(), 3, 2, 2),  # three kernels: the first two are both "before the last"
+        (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 2, 5, 5),  # 6 candidates, 2 kernels
+    ],
+)
+def test_the_bound_before_the_last_kernel_keeps_every_candidate(
+    program: Program, kernels: int, block_ops: int, nodes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A block graph before the last kernel operator is pruned when the needed operators and missing reduction
     classes exceed what it and the later kernels can add: the same candidates with and without it, fewer
     states with it."""
-    spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_block_nodes=nodes,
-                      max_grid_dims=1, max_block_outputs=2)
+    spec = SearchSpec(
+        program=program,
+        max_kernel_ops=kernels,
+        max_block_ops=block_ops,
+        max_block_nodes=nodes,
+        max_grid_dims=1,
+        max_block_outputs=2,
+    )
     with_bound, states_with = candidates_and_states(spec)
     monkeypatch.setattr(block_level, "earlier_site", lambda *a: None)
     without_bound, states_without = candidates_and_states(spec)
@@ -192,19 +207,30 @@ def test_the_bound_before_the_last_kernel_keeps_every_candidate(program: Program
     assert states_with < states_without
 
 
-@pytest.mark.parametrize(("program", "nodes", "grid", "dims"), [
-    (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 1, None),
-    (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 2, "attention"),
-])
+@pytest.mark.parametrize(
+    ("program", "nodes", "grid", "dims"),
+    [
+        (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 1, None),
+        (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 2, "attention"),
+    ],
+)
 def test_children_that_add_no_mark_or_class_at_a_tight_bound_are_not_generated(
-        program: Program, nodes: int, grid: int, dims: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    program: Program, nodes: int, grid: int, dims: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """When the needed marks plus the missing reduction classes take every node left, a repeat or a
     concatenating accumulator (which add neither) is not generated unless its operand's new tile has unknown
     ties: every such child was pruned at once anyway, so the candidates are the same and the states fewer."""
     from gensorage.exhaustive.dim_strategy import load_dim_strategy
-    spec = SearchSpec(program=program, max_kernel_ops=2, max_block_ops=nodes, max_block_nodes=nodes,
-                      max_grid_dims=grid, max_block_outputs=2,
-                      dims=load_dim_strategy(dims) if dims is not None else None)
+
+    spec = SearchSpec(
+        program=program,
+        max_kernel_ops=2,
+        max_block_ops=nodes,
+        max_block_nodes=nodes,
+        max_grid_dims=grid,
+        max_block_outputs=2,
+        dims=load_dim_strategy(dims) if dims is not None else None,
+    )
     with_rule, states_with = candidates_and_states(spec)
     monkeypatch.setattr(rule_ties, "TIGHT_RULE", False)
     without_rule, states_without = candidates_and_states(spec)

@@ -32,7 +32,8 @@ def test_tasks_sharing_a_context_find_what_fresh_ones_find() -> None:
 
 
 def test_process_context_is_kept_per_spec_and_restarts_its_oracle_past_the_bound(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     spec = _spec()
     ctx = process_context(spec)
     assert process_context(spec) is ctx

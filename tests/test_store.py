@@ -12,13 +12,18 @@ import pytest
 from gensorage.errors import StoreError
 from gensorage.store import ScheduleKey, ScheduleRecord, Store, default_store_path, gensorage_home
 
-SCHED = {"axes": ["i", "j", "k"], "tiles": [[2, 2, 4], [32, 32, 16], [64, 64, 64]], "vthreads": [1, 1, 1],
-         "level": 2}
+SCHED = {
+    "axes": ["i", "j", "k"],
+    "tiles": [[2, 2, 4], [32, 32, 16], [64, 64, 64]],
+    "vthreads": [1, 1, 1],
+    "level": 2,
+}
 
 
 def _record(workload: str = "gemm(M=64)", seed: int = 0, **opts: int) -> ScheduleRecord:
-    return ScheduleRecord(ScheduleKey.make(workload, "h100", "markov", seed, opts), SCHED, 1.5e-6, 0.25,
-                          time.time(), 17)
+    return ScheduleRecord(
+        ScheduleKey.make(workload, "h100", "markov", seed, opts), SCHED, 1.5e-6, 0.25, time.time(), 17
+    )
 
 
 def test_schedule_round_trip(tmp_path: Path) -> None:
@@ -93,7 +98,9 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     assert [p.exitcode for p in procs] == [0] * workers
     with Store(path) as st:
         assert len(st.keys("items")) == workers * n and st.count_schedules() == workers * n
-        assert all(st.get("items", f"{w}-{i}") == {"worker": w, "i": i} for w in range(workers) for i in range(n))
+        assert all(
+            st.get("items", f"{w}-{i}") == {"worker": w, "i": i} for w in range(workers) for i in range(n)
+        )
 
 
 def test_garbage_file_is_a_store_error(tmp_path: Path) -> None:

@@ -36,11 +36,21 @@ output O
 """
 # One graph-defined kernel of at most three block ops: enough for a fused softmax, small enough to finish in
 # seconds (56 tasks).
-TINY = {"max_kernel_ops": 1, "max_block_ops": 3, "max_grid_dims": 1, "max_block_inputs": 2,
-        "max_block_outputs": 1}
+TINY = {
+    "max_kernel_ops": 1,
+    "max_block_ops": 3,
+    "max_grid_dims": 1,
+    "max_block_inputs": 2,
+    "max_block_outputs": 1,
+}
 # Limits under which no µGraph of RMSNorm+MatMul or the gated MLP exists: the search is complete and empty.
-EMPTY = {"max_kernel_ops": 1, "max_block_ops": 2, "max_grid_dims": 1, "max_block_inputs": 2,
-         "max_block_outputs": 1}
+EMPTY = {
+    "max_kernel_ops": 1,
+    "max_block_ops": 2,
+    "max_grid_dims": 1,
+    "max_block_inputs": 2,
+    "max_block_outputs": 1,
+}
 
 
 def _preset(limits: dict[str, Any], **extra: Any) -> Any:
@@ -51,8 +61,15 @@ def _preset(limits: dict[str, Any], **extra: Any) -> Any:
 def softmax_full(tmp_path_factory: pytest.TempPathFactory) -> tuple[SuperoptResult, Path]:
     d = tmp_path_factory.mktemp("softmax")
     (d / "softmax.gsp").write_text(SOFTMAX)
-    r = superoptimize(d / "softmax.gsp", mode="full", preset=_preset(TINY), workers=1, store=d / "store.sqlite",
-                      checkpoint=d / "ckpt.sqlite", progress=False)
+    r = superoptimize(
+        d / "softmax.gsp",
+        mode="full",
+        preset=_preset(TINY),
+        workers=1,
+        store=d / "store.sqlite",
+        checkpoint=d / "ckpt.sqlite",
+        progress=False,
+    )
     return r, d
 
 
@@ -81,25 +98,37 @@ def test_full_mode_result_runs_and_prints(softmax_full: tuple[SuperoptResult, Pa
     assert data["num_kernels"] == 1 and data["verified"] is True and data["ugraph"] == r.best.to_json()
 
 
-def test_full_mode_stores_the_structure_and_fast_mode_reuses_it(softmax_full: tuple[SuperoptResult, Path]) -> None:
+def test_full_mode_stores_the_structure_and_fast_mode_reuses_it(
+    softmax_full: tuple[SuperoptResult, Path],
+) -> None:
     r, d = softmax_full
     with StructureStore(d / "store.sqlite") as st:
         rec = st.get(r.program.structure_key(), "h100")
     assert rec is not None and rec.ugraphs[0] == r.best and rec.search["complete"]
-    fast = superoptimize(d / "softmax.gsp", params={"m": 32, "n": 128}, mode="fast", store=d / "store.sqlite",
-                         progress=False)
+    fast = superoptimize(
+        d / "softmax.gsp", params={"m": 32, "n": 128}, mode="fast", store=d / "store.sqlite", progress=False
+    )
     assert fast.from_store and fast.num_kernels == 1 and fast.equivalence
     assert fast.search_params == {"m": 4, "n": 16}
     x = fast.program.random_inputs(0)
-    np.testing.assert_allclose(fast.run(*[a.astype(np.float32) for a in x])[0], fast.program.run(*x)[0],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        fast.run(*[a.astype(np.float32) for a in x])[0], fast.program.run(*x)[0], rtol=1e-5, atol=1e-6
+    )
 
 
-def test_too_large_to_check_relies_on_the_search_shapes_check(softmax_full: tuple[SuperoptResult, Path]) -> None:
+def test_too_large_to_check_relies_on_the_search_shapes_check(
+    softmax_full: tuple[SuperoptResult, Path],
+) -> None:
     r, d = softmax_full
     small_check = _preset({}, verify_max_elements=16)
-    fast = superoptimize(d / "softmax.gsp", params={"m": 8, "n": 32}, mode="fast", preset=small_check,
-                         store=d / "store.sqlite", progress=False)
+    fast = superoptimize(
+        d / "softmax.gsp",
+        params={"m": 8, "n": 32},
+        mode="fast",
+        preset=small_check,
+        store=d / "store.sqlite",
+        progress=False,
+    )
     assert fast.from_store and fast.equivalence.method == "search shapes" and fast.equivalence.report is None
     assert fast.equivalence.search_report is not None and fast.equivalence.search_report["equivalent"]
     assert "search shapes only" in str(fast.equivalence)
@@ -107,19 +136,36 @@ def test_too_large_to_check_relies_on_the_search_shapes_check(softmax_full: tupl
 
 def test_a_rerun_resumes_the_checkpoint(softmax_full: tuple[SuperoptResult, Path]) -> None:
     r, d = softmax_full
-    again = superoptimize(d / "softmax.gsp", mode="full", preset=_preset(TINY), workers=1, use_store=False,
-                          checkpoint=d / "ckpt.sqlite", progress=False)
+    again = superoptimize(
+        d / "softmax.gsp",
+        mode="full",
+        preset=_preset(TINY),
+        workers=1,
+        use_store=False,
+        checkpoint=d / "ckpt.sqlite",
+        progress=False,
+    )
     assert again.search_stats is not None
     assert again.search_stats["tasks_resumed"] == again.search_stats["tasks_total"]
     assert again.best == r.best
 
 
-@pytest.mark.parametrize(("name", "params"), [("rmsnorm", {"b": 2, "h": 8, "d": 4}),
-                                              ("gated_mlp", {"t": 2, "k": 4, "f": 8})])
-def test_full_mode_on_benchmark_programs_never_returns_worse_than_direct(tmp_path: Path, name: str,
-                                                                         params: dict[str, int]) -> None:
-    r = superoptimize(name, params=params, mode="full", preset=_preset(EMPTY), workers=1,
-                      store=tmp_path / "s.sqlite", checkpoint=tmp_path / "c.sqlite", progress=False)
+@pytest.mark.parametrize(
+    ("name", "params"), [("rmsnorm", {"b": 2, "h": 8, "d": 4}), ("gated_mlp", {"t": 2, "k": 4, "f": 8})]
+)
+def test_full_mode_on_benchmark_programs_never_returns_worse_than_direct(
+    tmp_path: Path, name: str, params: dict[str, int]
+) -> None:
+    r = superoptimize(
+        name,
+        params=params,
+        mode="full",
+        preset=_preset(EMPTY),
+        workers=1,
+        store=tmp_path / "s.sqlite",
+        checkpoint=tmp_path / "c.sqlite",
+        progress=False,
+    )
     assert r.complete and r.equivalence and r.predicted_time_s <= r.naive_predicted_time_s
     assert r.is_direct and r.origin == "direct"  # nothing exists under these limits
     x = r.program.random_inputs(0)
@@ -132,9 +178,17 @@ def test_full_mode_on_benchmark_programs_never_returns_worse_than_direct(tmp_pat
 
 
 def test_a_time_budget_stops_the_search_and_keeps_a_verified_answer(tmp_path: Path) -> None:
-    r = superoptimize("gated_mlp", params={"t": 2, "k": 8, "f": 16}, mode="full", time_budget_s=2.0,
-                      preset=_preset({"max_kernel_ops": 2, "max_block_ops": 4}), workers=1,
-                      store=tmp_path / "s.sqlite", checkpoint=tmp_path / "c.sqlite", progress=False)
+    r = superoptimize(
+        "gated_mlp",
+        params={"t": 2, "k": 8, "f": 16},
+        mode="full",
+        time_budget_s=2.0,
+        preset=_preset({"max_kernel_ops": 2, "max_block_ops": 4}),
+        workers=1,
+        store=tmp_path / "s.sqlite",
+        checkpoint=tmp_path / "c.sqlite",
+        progress=False,
+    )
     assert not r.complete and r.stopped_by == "time budget"
     assert r.equivalence and r.predicted_time_s <= r.naive_predicted_time_s
     assert r.search_stats is not None
@@ -152,8 +206,15 @@ def test_ctrl_c_returns_what_was_found(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(runner, "run_search", interrupted)
     (tmp_path / "softmax.gsp").write_text(SOFTMAX)
     with pytest.raises(SuperoptInterrupted) as info:
-        superoptimize(tmp_path / "softmax.gsp", mode="full", preset=_preset(TINY), workers=1,
-                      store=tmp_path / "s.sqlite", checkpoint=tmp_path / "c.sqlite", progress=False)
+        superoptimize(
+            tmp_path / "softmax.gsp",
+            mode="full",
+            preset=_preset(TINY),
+            workers=1,
+            store=tmp_path / "s.sqlite",
+            checkpoint=tmp_path / "c.sqlite",
+            progress=False,
+        )
     assert info.value.result.num_kernels == 1 and info.value.result.equivalence
     with StructureStore(tmp_path / "s.sqlite") as st:  # what was found is stored too
         assert st.get(info.value.result.program.structure_key(), "h100") is not None
@@ -161,7 +222,8 @@ def test_ctrl_c_returns_what_was_found(tmp_path: Path, monkeypatch: pytest.Monke
 
 @pytest.mark.parametrize("phase", ["verify", "carry_over"])
 def test_ctrl_c_after_the_search_reports_the_direct_ugraph_and_stores_what_was_found(
-        phase: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    phase: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A Ctrl-C that lands after the search (while its candidates are carried over or checked at the requested
     # shapes) used to escape as a bare KeyboardInterrupt: nothing was reported and nothing stored.
     import os
@@ -194,8 +256,16 @@ def test_ctrl_c_after_the_search_reports_the_direct_ugraph_and_stores_what_was_f
         monkeypatch.setattr(run, "structure_signature", signature)
     (tmp_path / "softmax.gsp").write_text(SOFTMAX)
     with pytest.raises(SuperoptInterrupted) as info:
-        superoptimize(tmp_path / "softmax.gsp", mode="full", params={"m": 2, "n": 8}, preset=_preset(TINY),
-                      workers=1, store=tmp_path / "s.sqlite", checkpoint=tmp_path / "c.sqlite", progress=False)
+        superoptimize(
+            tmp_path / "softmax.gsp",
+            mode="full",
+            params={"m": 2, "n": 8},
+            preset=_preset(TINY),
+            workers=1,
+            store=tmp_path / "s.sqlite",
+            checkpoint=tmp_path / "c.sqlite",
+            progress=False,
+        )
     r = info.value.result
     assert r.is_direct and r.equivalence and r.stopped_by == "interrupt" and r.complete
     assert any("interrupted" in n for n in r.notes)
@@ -257,16 +327,19 @@ def test_the_default_preset_is_small() -> None:
     load_config(pre.program, pre.run_params)
 
 
-@pytest.mark.parametrize(("text", "match"), [
-    ("top_k = 0", "top_k"),
-    ("bogus = 1", "unknown field"),
-    ("[search]\nmax_blocks = 3", "unknown search field"),
-    ("[search_params]\nb = -1", "search_params.b"),
-    ("delta = 2.0", "delta"),
-    ("modes = ['slow']", "modes"),
-    ("time_budget_s = 0", "time_budget_s"),
-    ("program = [", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("top_k = 0", "top_k"),
+        ("bogus = 1", "unknown field"),
+        ("[search]\nmax_blocks = 3", "unknown search field"),
+        ("[search_params]\nb = -1", "search_params.b"),
+        ("delta = 2.0", "delta"),
+        ("modes = ['slow']", "modes"),
+        ("time_budget_s = 0", "time_budget_s"),
+        ("program = [", "not valid TOML"),
+    ],
+)
 def test_broken_presets_are_one_line_config_errors(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "broken.toml"
     path.write_text(text + "\n")

@@ -35,7 +35,10 @@ def test_parse_example_with_overrides() -> None:
     assert p.name == "rmsnorm_matmul"
     assert p.params == {"b": 2, "d": 16}
     assert [(t.name, t.shape, t.dtype) for t in p.inputs] == [
-        ("X", (2, 16), "float16"), ("G", (16,), "float16"), ("W", (16, 2), "float16")]
+        ("X", (2, 16), "float16"),
+        ("G", (16,), "float16"),
+        ("W", (16, 2), "float16"),
+    ]
     assert [t.shape for t in p.outputs] == [(2, 2)]
     scale = next(n for n in p.nodes if n.op is Op.SCALE)
     assert dict(scale.attrs)["factor"] == 1 / 16
@@ -128,8 +131,16 @@ def test_load_program_uses_file_stem(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "error", "pattern"),
     [
-        ("input X [2]\nY = softmax(X)\noutput Y", UnsupportedOpError, r"^f\.gsp:2: unsupported op 'softmax' \(known ops: matmul"),
-        ("param d = 6\ninput X [d/4]\noutput X", ConfigError, r"^f\.gsp:2: dimension d/4 of input 'X' must be an integer, got 3/2"),
+        (
+            "input X [2]\nY = softmax(X)\noutput Y",
+            UnsupportedOpError,
+            r"^f\.gsp:2: unsupported op 'softmax' \(known ops: matmul",
+        ),
+        (
+            "param d = 6\ninput X [d/4]\noutput X",
+            ConfigError,
+            r"^f\.gsp:2: dimension d/4 of input 'X' must be an integer, got 3/2",
+        ),
         ("input X [2, 0]\noutput X", ConfigError, r"^f\.gsp:1: .*must be positive"),
         ("input X [2, q]\noutput X", ConfigError, r"^f\.gsp:1: undefined name 'q'"),
         ("input X [2]\n\nY = exp(Z)\noutput Y", ConfigError, r"^f\.gsp:3: undefined name 'Z'"),
@@ -142,20 +153,52 @@ def test_load_program_uses_file_stem(tmp_path: Path) -> None:
         ("input X [2]\nY exp(X)\noutput Y", ConfigError, r"^f\.gsp:2: expected '='"),
         ("input X [2]\nY = exp(X\noutput Y", ConfigError, r"^f\.gsp:\d+: expected ',' or '\)'"),
         ("input X [2] float8\noutput X", ConfigError, r"^f\.gsp:1: input 'X': unknown dtype 'float8'"),
-        ("input X [2, 3]\nY = matmul(X, X)\noutput Y", ProgramError, r"^f\.gsp:2: matmul: inner dims differ.*\[2, 3\], \[2, 3\]"),
-        ("input X [2] float16\ninput Z [2] float32\nY = add(X, Z)\noutput Y", ProgramError, r"^f\.gsp:3: add: inputs mix dtypes"),
-        ("input X [2]\nY = X + 1\noutput Y", ConfigError, r"^f\.gsp:2: .*only be multiplied or divided by a number"),
+        (
+            "input X [2, 3]\nY = matmul(X, X)\noutput Y",
+            ProgramError,
+            r"^f\.gsp:2: matmul: inner dims differ.*\[2, 3\], \[2, 3\]",
+        ),
+        (
+            "input X [2] float16\ninput Z [2] float32\nY = add(X, Z)\noutput Y",
+            ProgramError,
+            r"^f\.gsp:3: add: inputs mix dtypes",
+        ),
+        (
+            "input X [2]\nY = X + 1\noutput Y",
+            ConfigError,
+            r"^f\.gsp:2: .*only be multiplied or divided by a number",
+        ),
         ("input X [2]\nY = X\noutput Y", ConfigError, r"^f\.gsp:2: .*aliases are not supported"),
         ("param n = 2\nY = n * 3\noutput Y", ConfigError, r"^f\.gsp:2: 'Y' must be a tensor computation"),
-        ("input X [2]\nY = sum(X, dim=true)\noutput Y", ConfigError, r"^f\.gsp:2: sum: 'dim' must be an integer"),
-        ("input X [2]\nY = sum(X, keepdim=1, dim=0)\noutput Y", ConfigError, r"^f\.gsp:2: sum: 'keepdim' must be true or false"),
+        (
+            "input X [2]\nY = sum(X, dim=true)\noutput Y",
+            ConfigError,
+            r"^f\.gsp:2: sum: 'dim' must be an integer",
+        ),
+        (
+            "input X [2]\nY = sum(X, keepdim=1, dim=0)\noutput Y",
+            ConfigError,
+            r"^f\.gsp:2: sum: 'keepdim' must be true or false",
+        ),
         ("input X [2]\nY = exp(X, 3)\noutput Y", ConfigError, r"^f\.gsp:2: exp: too many arguments"),
-        ("input X [2]\nY = repeat(X, dim=0, times=2, dim=0)\noutput Y", ConfigError, r"^f\.gsp:2: repeat: argument 'dim' given twice"),
+        (
+            "input X [2]\nY = repeat(X, dim=0, times=2, dim=0)\noutput Y",
+            ConfigError,
+            r"^f\.gsp:2: repeat: argument 'dim' given twice",
+        ),
         ("input X [2]\nY = repeat(X, dim=0)\noutput Y", ProgramError, r"^f\.gsp:2: repeat: missing argument"),
         ("input X [4/0]\noutput X", ConfigError, r"^f\.gsp:1: division by zero"),
         ("input input [2]\noutput input", ConfigError, r"^f\.gsp:1: 'input' is a keyword"),
-        ("input X [2]\nprogram late\nY = exp(X)\noutput Y", ConfigError, r"^f\.gsp:2: 'program' must be the first"),
-        ("param p = 1.5\ninput X [2]\noutput X", ConfigError, r"^f\.gsp:1: parameter 'p' must be an integer, got 3/2"),
+        (
+            "input X [2]\nprogram late\nY = exp(X)\noutput Y",
+            ConfigError,
+            r"^f\.gsp:2: 'program' must be the first",
+        ),
+        (
+            "param p = 1.5\ninput X [2]\noutput X",
+            ConfigError,
+            r"^f\.gsp:1: parameter 'p' must be an integer, got 3/2",
+        ),
         ("hello world\n", ConfigError, r"^f\.gsp:1: expected '=' after 'hello'"),
         ("input X []\noutput X", ConfigError, r"^f\.gsp:1: input 'X' needs at least one dimension"),
         ("42\n", ConfigError, r"^f\.gsp:1: expected a statement"),
@@ -249,7 +292,8 @@ def test_round_trip_keeps_key_and_outputs(p: Program, seed: int) -> None:
     assert q.key() == p.key()
     assert q.structure_key() == p.structure_key()
     assert [(n.op, n.inputs, n.attrs, n.shape, n.dtype) for n in q.nodes] == [
-        (n.op, n.inputs, n.attrs, n.shape, n.dtype) for n in p.nodes]
+        (n.op, n.inputs, n.attrs, n.shape, n.dtype) for n in p.nodes
+    ]
     assert dump_program(q) == text  # the dump is a fixed point
     inputs = p.random_inputs(seed)
     for a, b in zip(p.run(*inputs), q.run(*inputs), strict=True):
@@ -265,10 +309,42 @@ def test_scale_factors_round_trip_exactly() -> None:
         assert dump_program(q) == dump_program(p)  # -0.0 is stored as 0.0, so its text is a fixed point too
 
 
-_FRAGMENTS = st.sampled_from([
-    "input", "output", "param", "program", "X", "Y", "[", "]", "(", ")", ",", "=", "+", "-", "*", "/", "2", "0",
-    "1.5", "\n", " ", "exp", "sum", "dim", "true", "matmul", "#", "concat", "repeat", "reshape", "scale", "$",
-])
+_FRAGMENTS = st.sampled_from(
+    [
+        "input",
+        "output",
+        "param",
+        "program",
+        "X",
+        "Y",
+        "[",
+        "]",
+        "(",
+        ")",
+        ",",
+        "=",
+        "+",
+        "-",
+        "*",
+        "/",
+        "2",
+        "0",
+        "1.5",
+        "\n",
+        " ",
+        "exp",
+        "sum",
+        "dim",
+        "true",
+        "matmul",
+        "#",
+        "concat",
+        "repeat",
+        "reshape",
+        "scale",
+        "$",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)

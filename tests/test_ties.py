@@ -111,13 +111,17 @@ def test_block_tiles_loops_and_savers() -> None:
     t = tile_ties(k, (0, 2), 2, (1, 8, 4), (2, 2), 2)  # grid 2x2 over heads and n; loop of 2 over n
     # n = 16 as blocks (stride 8) x loop (stride 4) x tile (stride 1)
     assert t.grid == (((2, A(atom(1, 0))),), ((2, A(atom(1, 2, stride=8))),))
-    assert t.loop == ((2, A(atom(1, 2, stride=4))),) and t.dims[2] == ((4, A(atom(1, 2))),) and t.dims[0] == ()
+    assert (
+        t.loop == ((2, A(atom(1, 2, stride=4))),) and t.dims[2] == ((4, A(atom(1, 2))),) and t.dims[0] == ()
+    )
     summed = loop_sum(TIES.reduce_sum(t, 2, True))
     assert summed.bound == {C(atom(1, 2))}  # tile sum and loop sum: the same index, one class
     laid = loop_concat(t, 2, 2)
     assert laid.dims[2] == ((8, A(atom(1, 2))),)
     out = saved_ties(laid, (0, 2), (2, 2))
-    assert out.shape == (2, 8, 16) and out.dims == k.dims  # the blocks put back together: the input's own ties
+    assert (
+        out.shape == (2, 8, 16) and out.dims == k.dims
+    )  # the blocks put back together: the input's own ties
 
 
 def test_strides_follow_the_pieces_of_an_axis() -> None:
@@ -130,8 +134,10 @@ def test_strides_follow_the_pieces_of_an_axis() -> None:
     # A tie of an unsplit axis with a split one: each piece carries the other axis's piece at its own stride.
     y = input_ties(1, (16,))
     assert tie(y.dims[0], major + rest) == ((16, A(atom(1, 0), atom(0, 0))),)  # the pieces line up: one index
-    assert tie(y.dims[0], rest + major) == ((4, A(atom(1, 0, stride=4), atom(0, 0))),
-                                            (4, A(atom(1, 0), atom(0, 0, stride=4))))
+    assert tie(y.dims[0], rest + major) == (
+        (4, A(atom(1, 0, stride=4), atom(0, 0))),
+        (4, A(atom(1, 0), atom(0, 0, stride=4))),
+    )
 
 
 def _gqa_rule() -> TieRule:
@@ -165,8 +171,9 @@ def test_misaligned_operators_are_marked_and_refused() -> None:
     grouped = rule.arith.matmul(q, rule.arith.repeat(k, 0, 2))  # each kv head twice in a row: the program's
     assert grouped.aligned and rule.admits(grouped)
     # Copies in front (kv head h % 2): the same classes, but Q's minor head piece tied to K's kv heads.
-    interleaved = rule.arith.matmul(q, rule.arith.reshape(rule.arith.repeat(rule.arith.reshape(k, (1, 2, 128)),
-                                                                             0, 2), (4, 8, 16)))
+    interleaved = rule.arith.matmul(
+        q, rule.arith.reshape(rule.arith.repeat(rule.arith.reshape(k, (1, 2, 128)), 0, 2), (4, 8, 16))
+    )
     assert interleaved.bound == grouped.bound
     assert not interleaved.aligned and not rule.admits(interleaved)
     assert not rule.arith.exp(interleaved).aligned  # and everything computed from it
@@ -176,8 +183,12 @@ def test_a_sum_over_copies_is_its_own_class() -> None:
     x = input_ties(0, (2, 5))
     copies = TIES.repeat(x, 1, 3)  # [2, 15]: each element three times
     assert TIES.reduce_sum(copies, 1, False).bound == {frozenset({frozenset({base(atom(0, 1))}), COPIES})}
-    assert TIES.reduce_sum(TIES.repeat(TIES.reshape(x, (2, 5, 1)), 2, 3), 2, False).bound == {frozenset({COPIES})}
-    assert TIES.reduce_max(copies, 1, False).bound == {C(atom(0, 1))}  # a maximum over copies is any one of them
+    assert TIES.reduce_sum(TIES.repeat(TIES.reshape(x, (2, 5, 1)), 2, 3), 2, False).bound == {
+        frozenset({COPIES})
+    }
+    assert TIES.reduce_max(copies, 1, False).bound == {
+        C(atom(0, 1))
+    }  # a maximum over copies is any one of them
     assert holds_copies(copies) and not holds_copies(x)
 
 
@@ -185,8 +196,9 @@ def test_a_sum_over_untied_indices_is_not_a_sum_over_tied_ones() -> None:
     x, y = input_ties(0, (4, 1)), input_ties(1, (1, 4))
     outer = TIES.reshape(TIES.mul(x, y), (16,))  # x_i * y_j: no index ties x's axis to y's
     dot = TIES.mul(input_ties(0, (4,)), input_ties(1, (4,)))  # x_i * y_i
-    assert TIES.reduce_sum(outer, 0, False).bound == {frozenset({frozenset({base(atom(0, 0))}),
-                                                                 frozenset({base(atom(1, 1))})})}
+    assert TIES.reduce_sum(outer, 0, False).bound == {
+        frozenset({frozenset({base(atom(0, 0))}), frozenset({base(atom(1, 1))})})
+    }
     assert TIES.reduce_sum(dot, 0, False).bound == {C(atom(0, 0), atom(1, 0))}
 
 
@@ -206,7 +218,7 @@ def test_attention_classes() -> None:
 
 def test_missing_counts_classes_no_tensor_has() -> None:
     rule = TieRule(frozenset({A(1), A(2), A(3)}))
-    t = Ties((4,), ((), ), frozenset({A(1)}))
+    t = Ties((4,), ((),), frozenset({A(1)}))
     assert rule.missing([t]) == 2
     assert rule.missing([t, Ties((4,), ((),), frozenset({A(2), A(3)}))]) == 0
     assert rule.missing([t, Ties((4,), ((),), known=False)]) == 0  # unknown: the bound is not applied
@@ -242,7 +254,9 @@ def _block_ties(op: GraphDefinedOp, ins: list[Ties], arith: TieArith) -> list[Ti
                 tile[node.fmap] //= b.forloop
             vals[(n, 0)] = tile_ties(t, node.imap, node.fmap, tuple(tile), b.grid, b.forloop)
         elif isinstance(node, BlockOp):
-            vals[(n, 0)] = opset.apply(node.op, arith, [vals[(r.node, r.out)] for r in node.inputs], node.attrs)
+            vals[(n, 0)] = opset.apply(
+                node.op, arith, [vals[(r.node, r.out)] for r in node.inputs], node.attrs
+            )
         elif isinstance(node, ThreadGraph):
             local = [vals[(r.node, r.out)] for r in node.inputs]
             for top in node.ops:
@@ -306,18 +320,28 @@ def _grouped_dot() -> Program:
     return p
 
 
-@pytest.mark.parametrize(("program", "kernels", "block_ops", "nodes"), [
-    (_dot_exp(), 2, 2, None),
-    (_grouped_dot(), 1, 4, 6),  # the links: K's rows tied to Q's row pairs, never to single rows
-    (_row_softmax_matmul(4, 3), 1, 4, 6),  # attention's shape: fused in one kernel
-    (_row_softmax_matmul(4, 2), 2, 3, 4),  # ... or in two
-])
-def test_the_rule_keeps_every_candidate(program: Program, kernels: int, block_ops: int, nodes: int | None,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("program", "kernels", "block_ops", "nodes"),
+    [
+        (_dot_exp(), 2, 2, None),
+        (_grouped_dot(), 1, 4, 6),  # the links: K's rows tied to Q's row pairs, never to single rows
+        (_row_softmax_matmul(4, 3), 1, 4, 6),  # attention's shape: fused in one kernel
+        (_row_softmax_matmul(4, 2), 2, 3, 4),  # ... or in two
+    ],
+)
+def test_the_rule_keeps_every_candidate(
+    program: Program, kernels: int, block_ops: int, nodes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With and without the tie rule (classes and the missing-class bound), the same candidates; with it, fewer
     states."""
-    spec = SearchSpec(program=program, max_kernel_ops=kernels, max_block_ops=block_ops, max_block_nodes=nodes,
-                      max_grid_dims=1, max_block_outputs=2)
+    spec = SearchSpec(
+        program=program,
+        max_kernel_ops=kernels,
+        max_block_ops=block_ops,
+        max_block_nodes=nodes,
+        max_grid_dims=1,
+        max_block_outputs=2,
+    )
     with_rule, states_with = candidates_and_states(spec)
     monkeypatch.setattr(ruleset.TieRule, "for_search", staticmethod(lambda *a: None))
     without_rule, states_without = candidates_and_states(spec)

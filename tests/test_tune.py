@@ -96,8 +96,12 @@ def test_corrupt_store_is_reported(tmp_path: Path) -> None:
 
 
 def test_derived_artifacts_and_check() -> None:
-    r = tune(workloads.conv2d(1, 8, 14, 14, 16, 3, 3, stride=2, padding=1, dtype="float32"), "h100", "markov",
-             use_store=False)
+    r = tune(
+        workloads.conv2d(1, 8, 14, 14, 16, 3, 3, stride=2, padding=1, dtype="float32"),
+        "h100",
+        "markov",
+        use_store=False,
+    )
     src = r.cuda_source()
     assert "__global__" in src and "__shared__" in src and r.cuda_source() is src  # cached
     assert "T.thread_binding" in r.tir() and "blockIdx.x" in r.tir()
@@ -106,7 +110,11 @@ def test_derived_artifacts_and_check() -> None:
     np.testing.assert_allclose(r.run(*xs), r.workload.reference(*xs), rtol=1e-5, atol=1e-5)
     data = r.to_json()
     assert json.loads(json.dumps(data)) == data
-    assert data["method"] == "markov" and data["from_store"] is False and data["schedule"] == r.schedule.to_json()
+    assert (
+        data["method"] == "markov"
+        and data["from_store"] is False
+        and data["schedule"] == r.schedule.to_json()
+    )
     assert data["threads_per_block"] >= 1 and data["grid_blocks"] >= 1 and data["predicted_tflops"] > 0
     with pytest.raises(GensorageError, match="unknown run target"):
         r.run(*xs, target="tpu")

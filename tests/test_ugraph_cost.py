@@ -29,20 +29,25 @@ A100 = load_profile("a100")
 
 def test_flash_attention_beats_one_kernel_per_op_at_paper_shapes() -> None:
     program = load_config("mha_prefill")  # LLaMA-7B attention: 32 heads, 512 queries, 4096 keys, head dim 128
-    _, fused = examples.flash_attention(heads=32, q_len=512, kv_len=4096, head_dim=128, q_blocks=4, forloop=32)
+    _, fused = examples.flash_attention(
+        heads=32, q_len=512, kv_len=4096, head_dim=128, q_blocks=4, forloop=32
+    )
     assert [t.shape for t in fused.inputs] == [t.shape for t in program.inputs]
     direct = from_program(program)
     for hw in (H100, A100):
         t_fused, t_direct = predict_ugraph_time(fused, hw), predict_ugraph_time(direct, hw)
         assert 0 < t_fused < t_direct / 2
         # The direct graph writes and re-reads the [32, 512, 4096] score tensor several times.
-        assert sum(c.dram_bytes for c in kernel_costs(direct, hw)) > 5 * sum(c.dram_bytes for c in kernel_costs(fused, hw))
+        assert sum(c.dram_bytes for c in kernel_costs(direct, hw)) > 5 * sum(
+            c.dram_bytes for c in kernel_costs(fused, hw)
+        )
 
 
 def test_gqa_figure_4c_beats_one_kernel_per_op_at_paper_shapes() -> None:
     program = load_config("gqa_incdec")
-    _, fig4c = examples.gqa(kv_heads=2, group=8, q_len=1, kv_len=4096, head_dim=128, kv_splits=16, forloop=8,
-                            out_splits=4)
+    _, fig4c = examples.gqa(
+        kv_heads=2, group=8, q_len=1, kv_len=4096, head_dim=128, kv_splits=16, forloop=8, out_splits=4
+    )
     assert [t.shape for t in fig4c.inputs] == [t.shape for t in program.inputs]
     assert predict_ugraph_time(fig4c, H100) < predict_ugraph_time(from_program(program), H100)
 
@@ -57,10 +62,12 @@ def _exp_kernel(n_inputs: int, rows: int, cols: int, grid: int) -> GraphDefinedO
 def test_fewer_kernels_are_faster_when_traffic_is_equal() -> None:
     specs = (TensorSpec("X", (1024, 1024)), TensorSpec("Y", (1024, 1024)))
     one = KernelGraph(specs, (_exp_kernel(2, 1024, 1024, 128),), ((2, 0), (2, 1)))
-    two_a = GraphDefinedOp(BlockGraph((128,), 1, (InputIterator(0, (0,)), BlockOp(Op.EXP, (0,)),
-                                                   OutputSaver(1, (0,)))), (0,))
-    two_b = GraphDefinedOp(BlockGraph((128,), 1, (InputIterator(0, (0,)), BlockOp(Op.EXP, (0,)),
-                                                   OutputSaver(1, (0,)))), (1,))
+    two_a = GraphDefinedOp(
+        BlockGraph((128,), 1, (InputIterator(0, (0,)), BlockOp(Op.EXP, (0,)), OutputSaver(1, (0,)))), (0,)
+    )
+    two_b = GraphDefinedOp(
+        BlockGraph((128,), 1, (InputIterator(0, (0,)), BlockOp(Op.EXP, (0,)), OutputSaver(1, (0,)))), (1,)
+    )
     two = KernelGraph(specs, (two_a, two_b), (2, 3))
     bytes_one = sum(c.dram_bytes for c in kernel_costs(one, H100))
     bytes_two = sum(c.dram_bytes for c in kernel_costs(two, H100))
@@ -88,8 +95,16 @@ def test_replicated_inputs_are_loaded_by_every_block() -> None:
     specs = (TensorSpec("X", (64, 256)), TensorSpec("W", (256, 512)))
 
     def matmul(row_blocks: int) -> KernelGraph:
-        block = BlockGraph((row_blocks,), 1, (InputIterator(0, (0,)), InputIterator(1, (None,)),
-                                              BlockOp(Op.MATMUL, (0, 1)), OutputSaver(2, (0,))))
+        block = BlockGraph(
+            (row_blocks,),
+            1,
+            (
+                InputIterator(0, (0,)),
+                InputIterator(1, (None,)),
+                BlockOp(Op.MATMUL, (0, 1)),
+                OutputSaver(2, (0,)),
+            ),
+        )
         return KernelGraph(specs, (GraphDefinedOp(block, (0, 1)),), (2,))
 
     few, many = kernel_costs(matmul(2), H100)[0], kernel_costs(matmul(16), H100)[0]

@@ -39,17 +39,36 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and bool(np.allclose(a, b, rtol=RTOL, atol=1e-12))
 
 
-def _kernel(specs: tuple[TensorSpec, ...], grid: tuple[int, ...], forloop: int, nodes: tuple, n_in: int = 2,
-            post: tuple = ()) -> KernelGraph:
+def _kernel(
+    specs: tuple[TensorSpec, ...],
+    grid: tuple[int, ...],
+    forloop: int,
+    nodes: tuple,
+    n_in: int = 2,
+    post: tuple = (),
+) -> KernelGraph:
     gd = GraphDefinedOp(BlockGraph(grid, forloop, nodes), tuple(range(n_in)))
     return KernelGraph(specs, (gd, *post), (len(specs) + len(post),))
 
 
-def _tiled_matmul(m: int, k: int, n: int, grid: tuple[int, int], forloop: int,
-                  x_imap=(None, 0), w_imap=(1, None), omap=(1, 0), x_fmap=1, w_fmap=0) -> KernelGraph:
+def _tiled_matmul(
+    m: int,
+    k: int,
+    n: int,
+    grid: tuple[int, int],
+    forloop: int,
+    x_imap=(None, 0),
+    w_imap=(1, None),
+    omap=(1, 0),
+    x_fmap=1,
+    w_fmap=0,
+) -> KernelGraph:
     looped = forloop > 1
-    nodes = [InputIterator(0, x_imap, x_fmap if looped else None),
-             InputIterator(1, w_imap, w_fmap if looped else None), BlockOp(Op.MATMUL, (0, 1))]
+    nodes = [
+        InputIterator(0, x_imap, x_fmap if looped else None),
+        InputIterator(1, w_imap, w_fmap if looped else None),
+        BlockOp(Op.MATMUL, (0, 1)),
+    ]
     if looped:
         nodes.append(Accumulator(2))
     nodes.append(OutputSaver(len(nodes) - 1, omap))
@@ -107,7 +126,9 @@ def _sum_program() -> Program:
 
 @settings(max_examples=25, deadline=None)
 @given(
-    gm=st.sampled_from([1, 2, 3]), gn=st.sampled_from([1, 2, 4]), loop=st.sampled_from([1, 2, 5]),
+    gm=st.sampled_from([1, 2, 3]),
+    gn=st.sampled_from([1, 2, 4]),
+    loop=st.sampled_from([1, 2, 5]),
     seed=st.integers(0, 2**16),
 )
 def test_tiled_matmul_any_schedule(gm: int, gn: int, loop: int, seed: int) -> None:
@@ -137,9 +158,15 @@ def test_wrong_omap_gives_wrong_answer() -> None:
 
 def _total_of_product(x_fmap: int, w_fmap: int) -> KernelGraph:
     """Σ_ij (X W)_ij with the loop splitting X by ``x_fmap`` and W by ``w_fmap``."""
-    nodes = (InputIterator(0, (None,), x_fmap), InputIterator(1, (None,), w_fmap), BlockOp(Op.MATMUL, (0, 1)),
-             BlockOp(Op.SUM, (2,), {"dim": 0}), BlockOp(Op.SUM, (3,), {"dim": 1}), Accumulator(4),
-             OutputSaver(5, (0,)))
+    nodes = (
+        InputIterator(0, (None,), x_fmap),
+        InputIterator(1, (None,), w_fmap),
+        BlockOp(Op.MATMUL, (0, 1)),
+        BlockOp(Op.SUM, (2,), {"dim": 0}),
+        BlockOp(Op.SUM, (3,), {"dim": 1}),
+        Accumulator(4),
+        OutputSaver(5, (0,)),
+    )
     return _kernel((TensorSpec("X", (4, 4)), TensorSpec("W", (4, 4))), (1,), 2, nodes)
 
 
@@ -156,7 +183,11 @@ def test_wrong_fmap_gives_wrong_answer() -> None:
 
 def test_grid_dims_on_one_data_dim_nest_x_major() -> None:
     # Blocks (x, y) of a 2x2 grid both split X's rows: block (x, y) gets row chunk 2x + y.
-    nodes = (InputIterator(0, (0, 0)), BlockOp(Op.RESHAPE, (0,), {"shape": (1, 1, 2, 3)}), OutputSaver(1, (0, 1)))
+    nodes = (
+        InputIterator(0, (0, 0)),
+        BlockOp(Op.RESHAPE, (0,), {"shape": (1, 1, 2, 3)}),
+        OutputSaver(1, (0, 1)),
+    )
     spec = (TensorSpec("X", (8, 3)),)
     g = _kernel(spec, (2, 2), 1, nodes, n_in=1, post=(KernelOp(Op.RESHAPE, (1,), {"shape": (8, 3)}),))
     (x,) = _arrays([(8, 3)])
@@ -173,8 +204,13 @@ def test_loop_walks_within_the_blocks_chunk() -> None:
 
 def test_concat_accumulator() -> None:
     # Loop over W's columns, concatenating the iterations' products.
-    nodes = (InputIterator(0, (0,)), InputIterator(1, (None,), 1), BlockOp(Op.MATMUL, (0, 1)),
-             Accumulator(2, "sum", 1), OutputSaver(3, (0,)))
+    nodes = (
+        InputIterator(0, (0,)),
+        InputIterator(1, (None,), 1),
+        BlockOp(Op.MATMUL, (0, 1)),
+        Accumulator(2, "sum", 1),
+        OutputSaver(3, (0,)),
+    )
     g = _kernel((TensorSpec("X", (4, 5)), TensorSpec("W", (5, 6))), (2,), 3, nodes)
     x, w = _arrays([(4, 5), (5, 6)])
     assert _same(g.run(x, w)[0], x @ w)
@@ -188,10 +224,17 @@ def test_max_accumulator() -> None:
 
 
 def test_multi_output_graph_defined_op() -> None:
-    nodes = (InputIterator(0, (0,)), BlockOp(Op.EXP, (0,)), BlockOp(Op.SQRT, (1,)), OutputSaver(2, (0,)),
-             OutputSaver(1, (0,)))
+    nodes = (
+        InputIterator(0, (0,)),
+        BlockOp(Op.EXP, (0,)),
+        BlockOp(Op.SQRT, (1,)),
+        OutputSaver(2, (0,)),
+        OutputSaver(1, (0,)),
+    )
     gd = GraphDefinedOp(BlockGraph((2,), 1, nodes), (0,))
-    g = KernelGraph((TensorSpec("X", (4, 2)),), (gd, KernelOp(Op.SUB, (Ref(1, 0), Ref(1, 1)))), (2, Ref(1, 1)))
+    g = KernelGraph(
+        (TensorSpec("X", (4, 2)),), (gd, KernelOp(Op.SUB, (Ref(1, 0), Ref(1, 1)))), (2, Ref(1, 1))
+    )
     (x,) = _arrays([(4, 2)])
     diff, e = g.run(x)
     assert _same(e, np.exp(x)) and _same(diff, np.sqrt(np.exp(x)) - np.exp(x))

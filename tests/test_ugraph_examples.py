@@ -40,8 +40,19 @@ VARIANTS: list[tuple[Callable[..., Any], dict[str, int]]] = [
     (rmsnorm_matmul, {"batch": 3, "hidden": 12, "out": 8, "blocks": 2, "forloop": 3}),
     (rmsnorm_matmul, {"blocks": 1, "forloop": 1}),
     (gqa, {}),
-    (gqa, {"kv_heads": 3, "group": 2, "q_len": 2, "kv_len": 16, "head_dim": 4, "kv_splits": 2, "forloop": 4,
-           "out_splits": 4}),
+    (
+        gqa,
+        {
+            "kv_heads": 3,
+            "group": 2,
+            "q_len": 2,
+            "kv_len": 16,
+            "head_dim": 4,
+            "kv_splits": 2,
+            "forloop": 4,
+            "out_splits": 4,
+        },
+    ),
     (gqa, {"kv_splits": 1, "forloop": 1, "out_splits": 1}),
     (lora, {}),
     (lora, {"m": 6, "k": 4, "n": 8, "rank": 3, "n_blocks": 4, "m_blocks": 3}),
@@ -73,8 +84,15 @@ def test_example_equals_program(build: Callable[..., Any], kwargs: dict[str, int
 
 
 def test_every_example_is_listed_and_graph_defined() -> None:
-    assert set(EXAMPLES) == {"rmsnorm_matmul", "gqa", "lora", "gated_mlp", "flash_attention", "flash_decoding",
-                             "qknorm_attention"}
+    assert set(EXAMPLES) == {
+        "rmsnorm_matmul",
+        "gqa",
+        "lora",
+        "gated_mlp",
+        "flash_attention",
+        "flash_decoding",
+        "qknorm_attention",
+    }
     for name, build in EXAMPLES.items():
         _, g = build()
         assert any(isinstance(op, GraphDefinedOp) for op in g.ops), name
@@ -120,15 +138,30 @@ def test_schedule_that_does_not_divide_is_invalid() -> None:
 # Paper-scale shapes (validity and memory only; evaluating these would be slow).
 PAPER_SCALE: list[tuple[Callable[..., Any], dict[str, int]]] = [
     (rmsnorm_matmul, {"batch": 16, "hidden": 1024, "out": 4096, "blocks": 128, "forloop": 16}),
-    (gqa, {"kv_heads": 8, "group": 8, "q_len": 1, "kv_len": 2000, "head_dim": 64, "kv_splits": 10,
-           "forloop": 20, "out_splits": 8}),
+    (
+        gqa,
+        {
+            "kv_heads": 8,
+            "group": 8,
+            "q_len": 1,
+            "kv_len": 2000,
+            "head_dim": 64,
+            "kv_splits": 10,
+            "forloop": 20,
+            "out_splits": 8,
+        },
+    ),
     (lora, {"m": 16, "k": 1024, "n": 4096, "rank": 16, "n_blocks": 256, "m_blocks": 1}),
     (gated_mlp, {"m": 16, "k": 4096, "n": 4096, "blocks": 64, "forloop": 64}),
-    (flash_attention, {"heads": 32, "q_len": 1024, "kv_len": 1024, "head_dim": 64, "q_blocks": 16,
-                       "forloop": 16}),
+    (
+        flash_attention,
+        {"heads": 32, "q_len": 1024, "kv_len": 1024, "head_dim": 64, "q_blocks": 16, "forloop": 16},
+    ),
     (flash_decoding, {"heads": 32, "group": 4, "kv_len": 4096, "head_dim": 128, "splits": 16, "forloop": 8}),
-    (qknorm_attention, {"heads": 32, "q_len": 1024, "kv_len": 1024, "head_dim": 64, "q_blocks": 16,
-                        "forloop": 16}),
+    (
+        qknorm_attention,
+        {"heads": 32, "q_len": 1024, "kv_len": 1024, "head_dim": 64, "q_blocks": 16, "forloop": 16},
+    ),
 ]
 
 
@@ -145,7 +178,9 @@ def test_paper_scale_examples_fit_h100(build: Callable[..., Any], kwargs: dict[s
 
 
 def test_oversized_block_graph_does_not_fit_h100() -> None:
-    _, g = lora(m=16, k=8192, n=4096, rank=16, n_blocks=64, m_blocks=1)  # a 16x8192 fp16 X tile alone is 256 KiB
+    _, g = lora(
+        m=16, k=8192, n=4096, rank=16, n_blocks=64, m_blocks=1
+    )  # a 16x8192 fp16 X tile alone is 256 KiB
     validate(g)
     assert not is_valid(g, _h100())
 
@@ -170,7 +205,9 @@ def test_field_catches_a_wrong_omap() -> None:
     saver = block.nodes[-1]
     assert isinstance(saver, OutputSaver) and saver.omap == (0, 1)
     # Heads and query blocks both come in 2s, so the transposed omap keeps every shape but misplaces tiles.
-    swapped_block = BlockGraph(block.grid, block.forloop, block.nodes[:-1] + (OutputSaver(saver.input, (1, 0)),))
+    swapped_block = BlockGraph(
+        block.grid, block.forloop, block.nodes[:-1] + (OutputSaver(saver.input, (1, 0)),)
+    )
     swapped = KernelGraph(g.inputs, (GraphDefinedOp(swapped_block, g.ops[0].inputs),), g.outputs)
     validate(swapped)
     arith = field.FieldArith(2, np.random.default_rng(2))

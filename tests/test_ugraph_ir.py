@@ -35,28 +35,58 @@ def _profile(name: str = "h100") -> HwProfile:
         return load_profile(name)
     except ImportError:  # profiles not available: a hand-made H100-like profile
         return HwProfile(
-            name="h100", display_name="H100", arch="sm_90", sm_count=132, clock_hz=1.98e9, warp_size=32,
-            max_threads_per_block=1024, max_threads_per_sm=2048, max_blocks_per_sm=32, registers_per_sm=65536,
-            max_registers_per_thread=255, shared_mem_per_sm=233472, shared_mem_per_block=232448,
-            l2_bytes=50 * 2**20, shared_banks=32, bank_width_bytes=4, transaction_bytes=32,
-            dram_bytes=80 * 10**9, levels=(), peak_flops=(),
+            name="h100",
+            display_name="H100",
+            arch="sm_90",
+            sm_count=132,
+            clock_hz=1.98e9,
+            warp_size=32,
+            max_threads_per_block=1024,
+            max_threads_per_sm=2048,
+            max_blocks_per_sm=32,
+            registers_per_sm=65536,
+            max_registers_per_thread=255,
+            shared_mem_per_sm=233472,
+            shared_mem_per_block=232448,
+            l2_bytes=50 * 2**20,
+            shared_banks=32,
+            bank_width_bytes=4,
+            transaction_bytes=32,
+            dram_bytes=80 * 10**9,
+            levels=(),
+            peak_flops=(),
         )
 
 
 def matmul_graph(
-    m: int = 4, k: int = 8, n: int = 6, *, grid: tuple[int, ...] = (3,), forloop: int = 2,
-    x_imap: tuple[int | None, ...] = (None,), w_imap: tuple[int | None, ...] = (1,),
-    x_fmap: int | None = 1, w_fmap: int | None = 0, omap: tuple[int, ...] = (1,), accumulate: bool = True,
+    m: int = 4,
+    k: int = 8,
+    n: int = 6,
+    *,
+    grid: tuple[int, ...] = (3,),
+    forloop: int = 2,
+    x_imap: tuple[int | None, ...] = (None,),
+    w_imap: tuple[int | None, ...] = (1,),
+    x_fmap: int | None = 1,
+    w_fmap: int | None = 0,
+    omap: tuple[int, ...] = (1,),
+    accumulate: bool = True,
     dtype: str = "float16",
 ) -> KernelGraph:
     """``X[m,k] @ W[k,n]`` as one graph-defined kernel with the given maps."""
-    nodes: list = [InputIterator(0, x_imap, x_fmap), InputIterator(1, w_imap, w_fmap), BlockOp(Op.MATMUL, (0, 1))]
+    nodes: list = [
+        InputIterator(0, x_imap, x_fmap),
+        InputIterator(1, w_imap, w_fmap),
+        BlockOp(Op.MATMUL, (0, 1)),
+    ]
     if accumulate:
         nodes.append(Accumulator(2))
     nodes.append(OutputSaver(len(nodes) - 1, omap))
     block = BlockGraph(grid, forloop, tuple(nodes))
     return KernelGraph(
-        (TensorSpec("X", (m, k), dtype), TensorSpec("W", (k, n), dtype)), (GraphDefinedOp(block, (0, 1)),), (2,)
+        (TensorSpec("X", (m, k), dtype), TensorSpec("W", (k, n), dtype)),
+        (GraphDefinedOp(block, (0, 1)),),
+        (2,),
     )
 
 
@@ -144,8 +174,10 @@ def test_omap_replica_is_unrepresentable() -> None:
 
 
 def test_grid_rules() -> None:
-    _raises(matmul_graph(grid=(1, 1, 1, 1), x_imap=(None,) * 4, w_imap=(None,) * 4, omap=(0, 1, 0, 1)),
-            "1 to 3 dims")
+    _raises(
+        matmul_graph(grid=(1, 1, 1, 1), x_imap=(None,) * 4, w_imap=(None,) * 4, omap=(0, 1, 0, 1)),
+        "1 to 3 dims",
+    )
     _raises(matmul_graph(grid=(0,)), "below 1")
 
 
@@ -155,32 +187,57 @@ def test_looped_path_without_accumulator() -> None:
 
 
 def test_accumulator_without_loop() -> None:
-    _raises(matmul_graph(forloop=1, x_fmap=None, w_fmap=None), "accumulator in a block graph without a for-loop")
+    _raises(
+        matmul_graph(forloop=1, x_fmap=None, w_fmap=None), "accumulator in a block graph without a for-loop"
+    )
 
 
 def test_post_loop_op_reading_loop_body_value() -> None:
-    nodes = (InputIterator(0, (None,), 1), InputIterator(1, (1,), 0), BlockOp(Op.MATMUL, (0, 1)), Accumulator(2),
-             BlockOp(Op.ADD, (3, 2)), OutputSaver(4, (1,)))
+    nodes = (
+        InputIterator(0, (None,), 1),
+        InputIterator(1, (1,), 0),
+        BlockOp(Op.MATMUL, (0, 1)),
+        Accumulator(2),
+        BlockOp(Op.ADD, (3, 2)),
+        OutputSaver(4, (1,)),
+    )
     g = dataclasses.replace(matmul_graph(), ops=(GraphDefinedOp(BlockGraph((3,), 2, nodes), (0, 1)),))
     _raises(g, "block node #4 (add)", "loop-body value #2")
 
 
 def test_two_accumulators_on_a_path() -> None:
-    nodes = (InputIterator(0, (None,), 1), InputIterator(1, (1,), 0), BlockOp(Op.MATMUL, (0, 1)), Accumulator(2),
-             Accumulator(3), OutputSaver(4, (1,)))
+    nodes = (
+        InputIterator(0, (None,), 1),
+        InputIterator(1, (1,), 0),
+        BlockOp(Op.MATMUL, (0, 1)),
+        Accumulator(2),
+        Accumulator(3),
+        OutputSaver(4, (1,)),
+    )
     g = dataclasses.replace(matmul_graph(), ops=(GraphDefinedOp(BlockGraph((3,), 2, nodes), (0, 1)),))
     _raises(g, "block node #4 (accumulator)", "second accumulator")
 
 
 def test_thread_graph_only_elementwise() -> None:
     tg = ThreadGraph((2,), (ThreadOp(Op.SUM, (0,), {"dim": 0}),), (1,))
-    nodes = (InputIterator(0, (None,)), InputIterator(1, (1,)), BlockOp(Op.MATMUL, (0, 1)), tg, OutputSaver(3, (1,)))
+    nodes = (
+        InputIterator(0, (None,)),
+        InputIterator(1, (1,)),
+        BlockOp(Op.MATMUL, (0, 1)),
+        tg,
+        OutputSaver(3, (1,)),
+    )
     g = dataclasses.replace(matmul_graph(), ops=(GraphDefinedOp(BlockGraph((3,), 1, nodes), (0, 1)),))
     _raises(g, "thread graph", "only elementwise")
 
 
 def test_op_spec_mismatch_names_node() -> None:
-    nodes = (InputIterator(0, (None,)), InputIterator(1, (1,)), BlockOp(Op.MATMUL, (1, 0)), OutputSaver(2, (1,)))
+    nodes = (
+        InputIterator(0, (None,)),
+        InputIterator(1, (1,)),
+        BlockOp(Op.MATMUL, (1, 0)),
+        OutputSaver(2, (1,)),
+    )
     g = dataclasses.replace(matmul_graph(), ops=(GraphDefinedOp(BlockGraph((3,), 1, nodes), (0, 1)),))
     _raises(g, "block node #2 (matmul)", "inner dims differ")
 
@@ -201,9 +258,13 @@ def test_bad_references() -> None:
 def test_kernel_level_spec_errors() -> None:
     g = KernelGraph((TensorSpec("A", (2, 3)), TensorSpec("B", (2, 3))), (KernelOp(Op.MATMUL, (0, 1)),), (2,))
     _raises(g, "kernel op %2 (matmul)", "inner dims differ")
-    dup = KernelGraph((TensorSpec("A", (2, 3)), TensorSpec("A", (3, 2))), (KernelOp(Op.MATMUL, (0, 1)),), (2,))
+    dup = KernelGraph(
+        (TensorSpec("A", (2, 3)), TensorSpec("A", (3, 2))), (KernelOp(Op.MATMUL, (0, 1)),), (2,)
+    )
     _raises(dup, "duplicate name")
-    validate(KernelGraph((TensorSpec("A", (2, 3)), TensorSpec("B", (3, 2))), (KernelOp(Op.MATMUL, (0, 1)),), (2,)))
+    validate(
+        KernelGraph((TensorSpec("A", (2, 3)), TensorSpec("B", (3, 2))), (KernelOp(Op.MATMUL, (0, 1)),), (2,))
+    )
 
 
 def test_shared_memory_budget_h100() -> None:

@@ -54,8 +54,10 @@ def _broken(mutate: Any) -> dict[str, Any]:
         (lambda d: d["ops"][0]["block"]["nodes"][8].update(accum="min"), "ops[0].block.nodes[8].accum"),
         (lambda d: d["ops"][0]["block"].update(forloop="2"), "ops[0].block.forloop"),
         (lambda d: d["ops"][1]["inputs"][0].append(0), "ops[1].inputs[0]"),
-        (lambda d: d["ops"][0]["block"]["nodes"][5]["ops"][0].update(attrs={"factor": {"a": 1}}),
-         "ops[0].block.nodes[5].ops[0].attrs.factor"),
+        (
+            lambda d: d["ops"][0]["block"]["nodes"][5]["ops"][0].update(attrs={"factor": {"a": 1}}),
+            "ops[0].block.nodes[5].ops[0].attrs.factor",
+        ),
         (lambda d: d.update(outputs=[[True, 0]]), "outputs[0][0]"),
         (lambda d: d["ops"].append("matmul"), "ops[2]: expected an object"),
     ],
@@ -91,7 +93,9 @@ def test_text_of_invalid_graph_still_prints() -> None:
     d = to_json(g)
     d["ops"][0]["block"]["grid"] = [5]
     text = to_text(from_json(d))
-    assert "(invalid: kernel op %3 (graph-defined), block node #2 (iterator): imap x->1 does not divide" in text
+    assert (
+        "(invalid: kernel op %3 (graph-defined), block node #2 (iterator): imap x->1 does not divide" in text
+    )
 
 
 def test_dot_has_clusters_and_edges() -> None:

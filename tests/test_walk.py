@@ -126,20 +126,37 @@ def dag_key(g: KernelGraph) -> str:
 
 
 def test_spec_json_round_trip_and_key() -> None:
-    spec = SearchSpec(program=load_config("rmsnorm", {"b": 3, "h": 4, "d": 5}), max_block_ops=4, seed=7,
-                      ops=("mul", "matmul", "sum", "div", "sqrt"))
+    spec = SearchSpec(
+        program=load_config("rmsnorm", {"b": 3, "h": 4, "d": 5}),
+        max_block_ops=4,
+        seed=7,
+        ops=("mul", "matmul", "sum", "div", "sqrt"),
+    )
     doc = json.loads(json.dumps(spec.to_json()))
     back = SearchSpec.from_json(doc)
     assert back == spec and back.key() == spec.key()
     assert back.program.key() == spec.program.key()
     assert dataclasses.replace(spec, seed=8).key() != spec.key()
-    other = SearchSpec(program=load_config("rmsnorm", {"b": 3, "h": 4, "d": 7}), max_block_ops=4, seed=7,
-                       ops=("mul", "matmul", "sum", "div", "sqrt"))
+    other = SearchSpec(
+        program=load_config("rmsnorm", {"b": 3, "h": 4, "d": 7}),
+        max_block_ops=4,
+        seed=7,
+        ops=("mul", "matmul", "sum", "div", "sqrt"),
+    )
     assert other.key() != spec.key() and other != spec
 
 
-@pytest.mark.parametrize("bad", [{"max_block_ops": 0}, {"max_grid_dims": 4}, {"schedule": "random"},
-                                 {"delta": 1.5}, {"max_trials": 0}, {"ops": ("frobnicate",)}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_block_ops": 0},
+        {"max_grid_dims": 4},
+        {"schedule": "random"},
+        {"delta": 1.5},
+        {"max_trials": 0},
+        {"ops": ("frobnicate",)},
+    ],
+)
 def test_spec_rejects_bad_fields(bad: dict[str, object]) -> None:
     with pytest.raises(Exception) as info:
         SearchSpec(program=exp_mul(), **bad)  # type: ignore[arg-type]
@@ -217,12 +234,15 @@ def test_canonical_form_generates_each_graph_once_and_duplicates_appear_without_
 
 
 def test_pruning_keeps_the_verified_set_and_visits_fewer_states() -> None:
-    spec = SearchSpec(program=exp_matmul(2, 4, 4), max_kernel_ops=1, max_block_ops=2, max_grid_dims=1,
-                      schedule="enumerate")
+    spec = SearchSpec(
+        program=exp_matmul(2, 4, 4), max_kernel_ops=1, max_block_ops=2, max_grid_dims=1, schedule="enumerate"
+    )
     pruned = search_serial(spec)
     full = search_serial(dataclasses.replace(spec, prune=False))
     assert pruned.complete and full.complete
-    assert {ugraph_key(c.ugraph) for c in pruned.candidates} == {ugraph_key(c.ugraph) for c in full.candidates}
+    assert {ugraph_key(c.ugraph) for c in pruned.candidates} == {
+        ugraph_key(c.ugraph) for c in full.candidates
+    }
     assert len(pruned.candidates) >= 3
     assert pruned.stats.states < full.stats.states
     assert pruned.stats.pruned_expr > 0 and full.stats.pruned_expr == 0
@@ -276,7 +296,9 @@ def test_tasks_partition_the_search() -> None:
     assert 0 < sum(r.stats.states for r in results) <= whole.stats().states
     # A structure found at two probe sizes in two tasks is sized identically in both; ranking drops the copy.
     from_tasks = rank_candidates([c for r in results for c in r.candidates])
-    assert [ugraph_key(c.ugraph) for c in from_tasks] == [ugraph_key(c.ugraph) for c in rank_candidates(whole.candidates)]
+    assert [ugraph_key(c.ugraph) for c in from_tasks] == [
+        ugraph_key(c.ugraph) for c in rank_candidates(whole.candidates)
+    ]
 
 
 def test_run_task_is_pure_and_json_able() -> None:
@@ -286,13 +308,17 @@ def test_run_task_is_pure_and_json_able() -> None:
     a, b = run_task(spec, busiest), run_task(spec, busiest)
     assert a.candidates and a.complete
     assert _candidate_json(a.candidates) == _candidate_json(b.candidates) and a.stats == b.stats
-    assert json.loads(json.dumps(_candidate_json(a.candidates))) == json.loads(json.dumps(_candidate_json(b.candidates)))
+    assert json.loads(json.dumps(_candidate_json(a.candidates))) == json.loads(
+        json.dumps(_candidate_json(b.candidates))
+    )
     assert Task.from_json(json.loads(json.dumps(busiest.to_json()))) == busiest
     assert Stats.from_json(a.stats.to_json()) == a.stats
     assert a.stats + Stats() == a.stats
 
 
-def _run_in_child(spec_json: dict[str, object], task_json: dict[str, object], out: multiprocessing.Queue) -> None:
+def _run_in_child(
+    spec_json: dict[str, object], task_json: dict[str, object], out: multiprocessing.Queue
+) -> None:
     res = run_task(SearchSpec.from_json(spec_json), Task.from_json(task_json))
     out.put(json.dumps([_candidate_json(res.candidates), res.stats.to_json()], sort_keys=True))
 
@@ -355,9 +381,12 @@ def test_every_save_point_resumes_to_the_whole_result(monkeypatch: pytest.Monkey
     whole = run_task(spec, task)
     monkeypatch.setattr(walk_mod, "POLL_EVERY", 1)
     saves: list[TaskResult] = []
-    assert _candidate_json(run_task(spec, task, on_save=saves.append, save_every_s=0.0).candidates) == \
-        _candidate_json(whole.candidates)
-    assert len(saves) == whole.stats.states - whole.stats.states_reused  # replayed subtrees have no save points
+    assert _candidate_json(
+        run_task(spec, task, on_save=saves.append, save_every_s=0.0).candidates
+    ) == _candidate_json(whole.candidates)
+    assert (
+        len(saves) == whole.stats.states - whole.stats.states_reused
+    )  # replayed subtrees have no save points
     for point in (saves[len(saves) // 3], saves[2 * len(saves) // 3]):
         assert point.resume is not None and not point.complete
         rest = run_task(spec, resume_task(task, point.resume.to_json()))
@@ -367,8 +396,15 @@ def test_every_save_point_resumes_to_the_whole_result(monkeypatch: pytest.Monkey
 
 def _logical(stats: Stats) -> tuple[int, ...]:
     """The counters a stopped and resumed walk must add up to exactly (the work counters may differ)."""
-    return (stats.states, stats.pruned_expr, stats.pruned_shape, stats.pruned_memory, stats.verified,
-            stats.rejected, stats.unstable)
+    return (
+        stats.states,
+        stats.pruned_expr,
+        stats.pruned_shape,
+        stats.pruned_memory,
+        stats.verified,
+        stats.rejected,
+        stats.unstable,
+    )
 
 
 def test_replaying_identical_subtrees_changes_nothing_but_the_work() -> None:
@@ -379,7 +415,15 @@ def test_replaying_identical_subtrees_changes_nothing_but_the_work() -> None:
     for task in enumerate_tasks(spec):
         a, b = run_task(spec, task), run_task(spec, task, reuse_subtrees=False)
         assert _candidate_json(a.candidates) == _candidate_json(b.candidates)
-        for name in ("states", "pruned_expr", "pruned_shape", "pruned_memory", "verified", "rejected", "unstable"):
+        for name in (
+            "states",
+            "pruned_expr",
+            "pruned_shape",
+            "pruned_memory",
+            "verified",
+            "rejected",
+            "unstable",
+        ):
             assert getattr(a.stats, name) == getattr(b.stats, name), name
         reused, walked = reused + a.stats, walked + b.stats
     assert reused.states_reused > 0 and walked.states_reused == 0
@@ -417,13 +461,22 @@ def test_fusion_keeps_the_function_and_fuses_single_consumer_chains(name: str) -
     program, g = examples.EXAMPLES[name]()
     # Unfuse the example's thread graphs into block operators, then fuse them back.
     flat = _unfuse(g)
-    assert not any(isinstance(n, ThreadGraph) for op in flat.ops if isinstance(op, GraphDefinedOp)
-                   for n in op.block.nodes)
+    assert not any(
+        isinstance(n, ThreadGraph)
+        for op in flat.ops
+        if isinstance(op, GraphDefinedOp)
+        for n in op.block.nodes
+    )
     fused = fuse(flat)
     validate(fused)
     assert equivalent(program, fused, 1e-6, seed=1, max_trials=8)
-    threads = [n for op in fused.ops if isinstance(op, GraphDefinedOp) for n in op.block.nodes
-               if isinstance(n, ThreadGraph)]
+    threads = [
+        n
+        for op in fused.ops
+        if isinstance(op, GraphDefinedOp)
+        for n in op.block.nodes
+        if isinstance(n, ThreadGraph)
+    ]
     assert threads and all(len(t.ops) >= 2 for t in threads)
     assert fuse(fused) == fused  # nothing left to fuse
 
@@ -513,7 +566,9 @@ def test_catalog_follows_the_program() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.lists(st.integers(1, 4), min_size=1, max_size=3))
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=3), st.lists(st.integers(1, 4), min_size=1, max_size=3)
+)
 def test_out_shape_agrees_with_opset(a: list[int], b: list[int]) -> None:
     from gensorage import opset
     from gensorage.errors import ProgramError
@@ -542,16 +597,19 @@ def test_the_package_exports_the_runner_contract() -> None:
     for name in exhaustive.__all__:
         assert getattr(exhaustive, name).__module__.startswith("gensorage.exhaustive.")
     core = default_core()
-    assert (core.enumerate_tasks, core.rank_candidates, core.resume_task) == (enumerate_tasks, rank_candidates,
-                                                                             resume_task)
+    assert (core.enumerate_tasks, core.rank_candidates, core.resume_task) == (
+        enumerate_tasks,
+        rank_candidates,
+        resume_task,
+    )
     c = Candidate(ugraph=examples.gated_mlp()[1], predicted_time_s=1.0, equivalence={}, found_in_task=0)
     assert c.structure_key() == ugraph_key(c.ugraph)
 
 
-
 @pytest.mark.parametrize("reuse", [False, True], ids=["walked", "replayed"])
 def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
-        reuse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    reuse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # should_stop is polled at ticks, before each candidate's check and between its batches of trials (a large
     # candidate takes seconds to verify). Wherever it first says stop, the stopped part plus its resumption is
     # the uninterrupted walk: a node stopped half-emitted is undone and emitted whole on resume. With subtree
@@ -559,7 +617,9 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
     # (it used to escape run_task as VerificationStopped).
     import gensorage.verify as verify
 
-    spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=2 if reuse else 1, max_grid_dims=1)
+    spec = SearchSpec(
+        program=exp_matmul(), max_kernel_ops=2, max_block_ops=2 if reuse else 1, max_grid_dims=1
+    )
     task = Task(0, (), True)
     whole = run_task(spec, task, reuse_subtrees=reuse)
     monkeypatch.setattr(walk_mod, "POLL_EVERY", 1)
@@ -585,18 +645,24 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
 
     monkeypatch.setattr(verify, "equivalent", probing)
     monkeypatch.setattr(Walk, "_replay", replay)
-    run_task(spec, task, reuse_subtrees=reuse,
-             should_stop=lambda: polls.append((depth[0] > 0, replaying[0] > 0)) or False)
+    run_task(
+        spec,
+        task,
+        reuse_subtrees=reuse,
+        should_stop=lambda: polls.append((depth[0] > 0, replaying[0] > 0)) or False,
+    )
     kinds: dict[tuple[bool, bool], list[int]] = {}
     for k, kind in enumerate(polls):
         kinds.setdefault(kind, []).append(k)
     assert (True, False) in kinds and (False, False) in kinds  # some polls inside a check, some at ticks
     assert ((True, True) in kinds) == reuse  # with reuse, some inside a replayed leaf's check
     per_kind = 2 if reuse else 4  # the replayed variant walks a larger space
-    picks = sorted({k for ks in kinds.values() for k in ks[::max(1, len(ks) // per_kind)]})
+    picks = sorted({k for ks in kinds.values() for k in ks[:: max(1, len(ks) // per_kind)]})
     for k in picks:
         polled = itertools.count()
-        res = run_task(spec, task, reuse_subtrees=reuse, should_stop=lambda polled=polled, k=k: next(polled) >= k)
+        res = run_task(
+            spec, task, reuse_subtrees=reuse, should_stop=lambda polled=polled, k=k: next(polled) >= k
+        )
         assert not res.complete and res.resume is not None
         rest = run_task(spec, resume_task(task, res.resume.to_json()), reuse_subtrees=reuse)
         assert rest.complete
@@ -638,8 +704,14 @@ def test_a_structure_already_sized_is_not_checked_again(monkeypatch: pytest.Monk
     monkeypatch.setattr(fin, "_verify", spy)
     from gensorage.exhaustive.dim_strategy import load_dim_strategy
 
-    spec = SearchSpec(program=load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), max_kernel_ops=2,
-                      max_block_ops=5, max_block_nodes=5, max_grid_dims=2, dims=load_dim_strategy("attention"))
+    spec = SearchSpec(
+        program=load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}),
+        max_kernel_ops=2,
+        max_block_ops=5,
+        max_block_nodes=5,
+        max_grid_dims=2,
+        dims=load_dim_strategy("attention"),
+    )
     result = search_serial(spec)
     passed = [(task, key) for task, key, ok in checked if ok]
     assert result.candidates and len(passed) == len(set(passed)) == result.stats.verified

@@ -50,8 +50,11 @@ def test_builtin_matches_reference_on_llvm(wl: Workload) -> None:
     np.testing.assert_allclose(_run_llvm(wl, arrays), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("wl", [workloads.gemm(16, 8, 32), workloads.conv2d(1, 4, 6, 6, 2, 3, 3, padding=1, dtype="bfloat16")],
-                         ids=lambda w: w.key())
+@pytest.mark.parametrize(
+    "wl",
+    [workloads.gemm(16, 8, 32), workloads.conv2d(1, 4, 6, 6, 2, 3, 3, padding=1, dtype="bfloat16")],
+    ids=lambda w: w.key(),
+)
 def test_16bit_inputs_accumulate_in_float32(wl: Workload) -> None:
     assert wl.output.dtype == "float32" and all(a.dtype == wl.dtype for a in wl.inputs)
     arrays = workloads.random_inputs(wl, seed=1)
@@ -81,8 +84,14 @@ def test_gemm_loop_nest() -> None:
 def test_conv_loop_nest_has_strided_offset_access() -> None:
     wl = workloads.conv2d(2, 8, 30, 30, 16, 3, 3, stride=2, padding=1)
     assert [(a.name, a.extent, a.kind) for a in wl.axes] == [
-        ("n", 2, "spatial"), ("f", 16, "spatial"), ("oh", 15, "spatial"), ("ow", 15, "spatial"),
-        ("c", 8, "reduce"), ("kh", 3, "reduce"), ("kw", 3, "reduce")]
+        ("n", 2, "spatial"),
+        ("f", 16, "spatial"),
+        ("oh", 15, "spatial"),
+        ("ow", 15, "spatial"),
+        ("c", 8, "reduce"),
+        ("kh", 3, "reduce"),
+        ("kw", 3, "reduce"),
+    ]
     x = wl.inputs[0]
     assert x.index[2] == (("oh", 2), ("kh", 1)) and x.index[3] == (("ow", 2), ("kw", 1))
     assert x.offset == (0, 0, -1, -1)
@@ -98,11 +107,23 @@ def test_avgpool_counts_padding() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 2), c=st.integers(1, 3), h=st.integers(1, 7), w=st.integers(1, 7), f=st.integers(1, 3),
-       kh=st.integers(1, 3), kw=st.integers(1, 3), sh=st.integers(1, 3), sw=st.integers(1, 3),
-       ph=st.integers(0, 2), pw=st.integers(0, 2), seed=st.integers(0, 2**16))
-def test_conv_reference_equals_direct_loops(n: int, c: int, h: int, w: int, f: int, kh: int, kw: int, sh: int,
-                                            sw: int, ph: int, pw: int, seed: int) -> None:
+@given(
+    n=st.integers(1, 2),
+    c=st.integers(1, 3),
+    h=st.integers(1, 7),
+    w=st.integers(1, 7),
+    f=st.integers(1, 3),
+    kh=st.integers(1, 3),
+    kw=st.integers(1, 3),
+    sh=st.integers(1, 3),
+    sw=st.integers(1, 3),
+    ph=st.integers(0, 2),
+    pw=st.integers(0, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_conv_reference_equals_direct_loops(
+    n: int, c: int, h: int, w: int, f: int, kh: int, kw: int, sh: int, sw: int, ph: int, pw: int, seed: int
+) -> None:
     if h + 2 * ph < kh or w + 2 * pw < kw:
         with pytest.raises(ProgramError, match="does not fit"):
             workloads.conv2d(n, c, h, w, f, kh, kw, stride=(sh, sw), padding=(ph, pw))
@@ -119,14 +140,17 @@ def test_conv_reference_equals_direct_loops(n: int, c: int, h: int, w: int, f: i
     np.testing.assert_allclose(wl.reference(x, wt), expect, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize(("call", "match"), [
-    (lambda: workloads.gemm(0, 4, 4), "M must be a positive integer"),
-    (lambda: workloads.gemm(4, 4, True), "K must be a positive integer"),
-    (lambda: workloads.gemv(4, 4, dtype="int8"), "unsupported dtype 'int8'"),
-    (lambda: workloads.conv2d(1, 1, 2, 2, 1, 3, 3), "does not fit"),
-    (lambda: workloads.avgpool2d(1, 1, 4, 4, 2, 2, stride=0), "stride must be"),
-    (lambda: workloads.conv2d(1, 1, 4, 4, 1, 3, 3, padding=-1), "padding must be"),
-])
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: workloads.gemm(0, 4, 4), "M must be a positive integer"),
+        (lambda: workloads.gemm(4, 4, True), "K must be a positive integer"),
+        (lambda: workloads.gemv(4, 4, dtype="int8"), "unsupported dtype 'int8'"),
+        (lambda: workloads.conv2d(1, 1, 2, 2, 1, 3, 3), "does not fit"),
+        (lambda: workloads.avgpool2d(1, 1, 4, 4, 2, 2, stride=0), "stride must be"),
+        (lambda: workloads.conv2d(1, 1, 4, 4, 1, 3, 3, padding=-1), "padding must be"),
+    ],
+)
 def test_bad_builtin_arguments(call: Any, match: str) -> None:
     with pytest.raises(ProgramError, match=match):
         call()
@@ -194,8 +218,11 @@ def test_from_prim_func_on_tvmscript_text() -> None:
     assert wl.flops == from_te.flops
 
 
-@pytest.mark.parametrize("wl", SMALL + [workloads.gemm(8, 8, 8), workloads.avgpool2d(1, 2, 6, 6, 3, 3, 2, 1)],
-                         ids=lambda w: w.key())
+@pytest.mark.parametrize(
+    "wl",
+    SMALL + [workloads.gemm(8, 8, 8), workloads.avgpool2d(1, 2, 6, 6, 3, 3, 2, 1)],
+    ids=lambda w: w.key(),
+)
 def test_from_prim_func_recovers_builtin_loop_nest(wl: Workload) -> None:
     got = workloads.from_prim_func(wl.build(), name=wl.name)
     assert (got.axes, got.accesses, got.flops, got.dtype) == (wl.axes, wl.accesses, wl.flops, wl.dtype)
@@ -247,8 +274,16 @@ def _unsupported_cases() -> list[tuple[str, Any, str]]:
         ("read twice", lambda: workloads.from_te([S], twice), "two different index patterns"),
         ("scheduled", lambda: workloads.from_prim_func(sch.mod["main"]), "already scheduled"),
         ("missing input", lambda: workloads.from_te([A], gemm), "placeholder B"),
-        ("output first", lambda: workloads.from_prim_func(te.create_prim_func([gemm, A, B])), "last parameter"),
-        ("unused input", lambda: workloads.from_prim_func(te.create_prim_func([A, S, B, gemm])), "never read"),
+        (
+            "output first",
+            lambda: workloads.from_prim_func(te.create_prim_func([gemm, A, B])),
+            "last parameter",
+        ),
+        (
+            "unused input",
+            lambda: workloads.from_prim_func(te.create_prim_func([A, S, B, gemm])),
+            "never read",
+        ),
         ("int8", lambda: workloads.from_te([Q], int8), "dtype int8"),
         ("not a function", lambda: workloads.from_prim_func("gemm"), "expected a tvm.tirx.PrimFunc"),
     ]
@@ -291,8 +326,11 @@ def test_all_configs_load() -> None:
         wl = by_id[wid]
         assert wl.name == op and {k: v for k, v in wl.params if k in params} == params, wid
     unbalanced = {wid: dict(by_id[wid].params) for wid in ("U1", "U2", "U3")}
-    assert unbalanced == {"U1": {"M": 65536, "N": 4, "K": 1024}, "U2": {"M": 32768, "N": 64, "K": 2048},
-                          "U3": {"M": 16384, "N": 32, "K": 1024}}
+    assert unbalanced == {
+        "U1": {"M": 65536, "N": 4, "K": 1024},
+        "U2": {"M": 32768, "N": 64, "K": 2048},
+        "U3": {"M": 16384, "N": 32, "K": 1024},
+    }
     assert {w.name for w in by_id.values()} == {"gemm", "gemv", "batch_matmul", "conv2d", "avgpool2d"}
 
 
@@ -304,23 +342,42 @@ def test_get_op_config() -> None:
 
 
 def test_workload_from_spec() -> None:
-    wl = workloads.workload_from_spec({"op": "conv2d", "N": 1, "C": 2, "H": 8, "W": 8, "F": 4, "KH": 3, "KW": 3,
-                                 "stride": [2, 1], "padding": 1, "dtype": "float32"})
+    wl = workloads.workload_from_spec(
+        {
+            "op": "conv2d",
+            "N": 1,
+            "C": 2,
+            "H": 8,
+            "W": 8,
+            "F": 4,
+            "KH": 3,
+            "KW": 3,
+            "stride": [2, 1],
+            "padding": 1,
+            "dtype": "float32",
+        }
+    )
     assert wl.key() == workloads.conv2d(1, 2, 8, 8, 4, 3, 3, stride=(2, 1), padding=1, dtype="float32").key()
 
 
-@pytest.mark.parametrize(("spec", "field", "reason"), [
-    ({"N": 4}, "op", "missing"),
-    ({"op": "matmul"}, "op", "unknown op 'matmul'"),
-    ({"op": "gemm", "M": 4, "N": 4}, "K", "missing"),
-    ({"op": "gemm", "M": 4, "N": 4, "K": "4"}, "K", "expected an integer"),
-    ({"op": "gemm", "M": 4, "N": 4, "K": True}, "K", "expected an integer"),
-    ({"op": "gemm", "M": -4, "N": 4, "K": 4}, "M", "must be a positive integer"),
-    ({"op": "gemm", "M": 4, "N": 4, "K": 4, "stride": 2}, "stride", "unknown field for op gemm"),
-    ({"op": "gemv", "M": 4, "N": 4, "dtype": 16}, "dtype", "expected a string"),
-    ({"op": "avgpool2d", "N": 1, "C": 1, "H": 4, "W": 4, "KH": 2, "KW": 2, "stride": [1, 2, 3]}, "stride",
-     "pair of integers"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field", "reason"),
+    [
+        ({"N": 4}, "op", "missing"),
+        ({"op": "matmul"}, "op", "unknown op 'matmul'"),
+        ({"op": "gemm", "M": 4, "N": 4}, "K", "missing"),
+        ({"op": "gemm", "M": 4, "N": 4, "K": "4"}, "K", "expected an integer"),
+        ({"op": "gemm", "M": 4, "N": 4, "K": True}, "K", "expected an integer"),
+        ({"op": "gemm", "M": -4, "N": 4, "K": 4}, "M", "must be a positive integer"),
+        ({"op": "gemm", "M": 4, "N": 4, "K": 4, "stride": 2}, "stride", "unknown field for op gemm"),
+        ({"op": "gemv", "M": 4, "N": 4, "dtype": 16}, "dtype", "expected a string"),
+        (
+            {"op": "avgpool2d", "N": 1, "C": 1, "H": 4, "W": 4, "KH": 2, "KW": 2, "stride": [1, 2, 3]},
+            "stride",
+            "pair of integers",
+        ),
+    ],
+)
 def test_bad_specs_name_the_field(spec: dict[str, Any], field: str, reason: str) -> None:
     with pytest.raises(ConfigError) as info:
         workloads.workload_from_spec(spec, where="--shape")
@@ -336,14 +393,17 @@ def test_spec_rejected_by_the_op_is_a_config_error() -> None:
 GOOD_ENTRY = '[[workload]]\nid = "X1"\nop = "gemv"\nM = 4\nN = 8\n'
 
 
-@pytest.mark.parametrize(("text", "expect"), [
-    (GOOD_ENTRY + "N = 9\n", "invalid TOML"),
-    (GOOD_ENTRY.replace('id = "X1"\n', ""), "entry 1: field 'id'"),
-    (GOOD_ENTRY.replace("N = 8", "N = 0"), "entry 'X1': field 'N': must be a positive integer"),
-    (GOOD_ENTRY.replace("M = 4", "Q = 4"), "entry 'X1': field 'Q': unknown field"),
-    (GOOD_ENTRY + GOOD_ENTRY, "entry 'X1': field 'id': duplicate"),
-    ("[workloads]\nid = 1\n", "field 'workloads': unknown top-level field"),
-])
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        (GOOD_ENTRY + "N = 9\n", "invalid TOML"),
+        (GOOD_ENTRY.replace('id = "X1"\n', ""), "entry 1: field 'id'"),
+        (GOOD_ENTRY.replace("N = 8", "N = 0"), "entry 'X1': field 'N': must be a positive integer"),
+        (GOOD_ENTRY.replace("M = 4", "Q = 4"), "entry 'X1': field 'Q': unknown field"),
+        (GOOD_ENTRY + GOOD_ENTRY, "entry 'X1': field 'id': duplicate"),
+        ("[workloads]\nid = 1\n", "field 'workloads': unknown top-level field"),
+    ],
+)
 def test_malformed_config_files(tmp_path: Path, text: str, expect: str) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(text)

@@ -24,8 +24,12 @@ _PENALTY_S = 1e3
 def _penalty(space: ScheduleSpace, s: Schedule) -> float:
     hw = space.hw
     r = space.resources(s)
-    over = max(r.threads / hw.max_threads_per_block, r.registers_per_thread / hw.max_registers_per_thread,
-               r.registers_per_thread * r.threads / hw.registers_per_sm, r.shared_bytes / hw.shared_mem_per_block)
+    over = max(
+        r.threads / hw.max_threads_per_block,
+        r.registers_per_thread / hw.max_registers_per_thread,
+        r.registers_per_thread * r.threads / hw.registers_per_sm,
+        r.shared_bytes / hw.shared_mem_per_block,
+    )
     return _PENALTY_S * max(1.0, over)
 
 
@@ -77,5 +81,11 @@ def search(workload: Workload, hw: HwProfile, seed: int = 0, trials: int = 100) 
     value, s = best[0]
     if s is None:
         raise ScheduleError(f"{workload.key()}: none of {trials} Optuna trials fits {hw.name}")
-    return SearchOutcome(schedule=s, predicted_time_s=value, method="optuna", evaluated=trials,
-                         elapsed_s=time.perf_counter() - start, trace=tuple(trace))
+    return SearchOutcome(
+        schedule=s,
+        predicted_time_s=value,
+        method="optuna",
+        evaluated=trials,
+        elapsed_s=time.perf_counter() - start,
+        trace=tuple(trace),
+    )

@@ -56,5 +56,11 @@ def search(workload: Workload, hw: HwProfile, seed: int = 0, trials: int = 1000)
             trace.append((time.perf_counter() - start, best))
     if best_s is None:
         raise ScheduleError(f"{workload.key()}: none of {trials} random schedules fits {hw.name}")
-    return SearchOutcome(schedule=best_s, predicted_time_s=best, method="random", evaluated=trials,
-                         elapsed_s=time.perf_counter() - start, trace=tuple(trace))
+    return SearchOutcome(
+        schedule=best_s,
+        predicted_time_s=best,
+        method="random",
+        evaluated=trials,
+        elapsed_s=time.perf_counter() - start,
+        trace=tuple(trace),
+    )

@@ -34,8 +34,9 @@ def _next_aligned(space: ScheduleSpace, axis: int, current: int, base: int) -> i
     return None
 
 
-def _grow(space: ScheduleSpace, s: Schedule, level: int, ok: Callable[[Schedule], bool],
-          saturation: float) -> Schedule:
+def _grow(
+    space: ScheduleSpace, s: Schedule, level: int, ok: Callable[[Schedule], bool], saturation: float
+) -> Schedule:
     """Greedy growth of the level-``level`` tile by the compute-to-traffic ratio.
 
     Stops when no aligned growth fits and raises the ratio, or once the ratio reaches ``saturation`` (the
@@ -72,7 +73,9 @@ def _parallel_units(space: ScheduleSpace, s: Schedule, level: int) -> int:
     return math.prod(counts[a] for a in space.spatial)
 
 
-def _keeps_parallelism(space: ScheduleSpace, start: Schedule, level: int, floor: int) -> Callable[[Schedule], bool]:
+def _keeps_parallelism(
+    space: ScheduleSpace, start: Schedule, level: int, floor: int
+) -> Callable[[Schedule], bool]:
     """Roller's scale-out rule: growth may not drop the parallel units below ``floor`` (unless already below)."""
     need = min(floor, _parallel_units(space, start, level))
     return lambda cand: space.fits(cand) and _parallel_units(space, cand, level) >= need
@@ -94,7 +97,7 @@ def _align_transactions(space: ScheduleSpace, s: Schedule) -> Schedule:
                 nxt = _next_aligned(space, a, s.tiles[1][a], s.tiles[0][a])
                 if nxt is None:
                     break
-                cand = space.make(s.tiles[0], s.tiles[1][:a] + (nxt,) + s.tiles[1][a + 1:], s.vthreads, 1)
+                cand = space.make(s.tiles[0], s.tiles[1][:a] + (nxt,) + s.tiles[1][a + 1 :], s.vthreads, 1)
                 if not space.fits(cand):
                     break
                 s = cand
@@ -110,7 +113,7 @@ def _align_warps(space: ScheduleSpace, s: Schedule) -> Schedule:
             nxt = _next_aligned(space, a, s.tiles[1][a], s.tiles[0][a])
             if nxt is None:
                 continue
-            t1 = s.tiles[1][:a] + (nxt,) + s.tiles[1][a + 1:]
+            t1 = s.tiles[1][:a] + (nxt,) + s.tiles[1][a + 1 :]
             cand = space.make(s.tiles[0], t1, s.vthreads, 1)
             if keep(cand):
                 s = cand
@@ -156,12 +159,22 @@ def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: object) 
     s = _grow(space, s, 0, _keeps_parallelism(space, s, 0, warps), peak / hw.level("shared").bandwidth_Bps)
     s = _align_transactions(space, Schedule(axes=s.axes, tiles=s.tiles, vthreads=s.vthreads, level=1))
     # Blocks: keep at least one block per SM; saturate at the DRAM balance.
-    s = _grow(space, s, 1, _keeps_parallelism(space, s, 1, hw.sm_count), peak / hw.level("dram").bandwidth_Bps)
+    s = _grow(
+        space, s, 1, _keeps_parallelism(space, s, 1, hw.sm_count), peak / hw.level("dram").bandwidth_Bps
+    )
     s = _align_warps(space, s)
     s = Schedule(axes=s.axes, tiles=s.tiles, vthreads=s.vthreads, level=len(s.tiles) - 1)
     value = space_time(space, s)
     if not math.isfinite(value):
-        raise ScheduleError(f"{workload.key()}: the Roller construction found no schedule that fits {hw.name}")
+        raise ScheduleError(
+            f"{workload.key()}: the Roller construction found no schedule that fits {hw.name}"
+        )
     elapsed = time.perf_counter() - start
-    return SearchOutcome(schedule=s, predicted_time_s=value, method="roller", evaluated=1, elapsed_s=elapsed,
-                         trace=((elapsed, value),))
+    return SearchOutcome(
+        schedule=s,
+        predicted_time_s=value,
+        method="roller",
+        evaluated=1,
+        elapsed_s=elapsed,
+        trace=((elapsed, value),),
+    )

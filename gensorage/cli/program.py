@@ -29,11 +29,17 @@ def register(subparsers: Any) -> None:
     show.add_argument("--json", action="store_true", help="print JSON instead of text")
     show.set_defaults(func=cmd_show)
 
-    run = sub.add_parser("run", help="run a program in float64 on random inputs; print output shapes and checksums")
+    run = sub.add_parser(
+        "run", help="run a program in float64 on random inputs; print output shapes and checksums"
+    )
     _add_source_args(run)
     run.add_argument("--seed", type=seed, default=0, help="random seed for the inputs (default 0)")
-    run.add_argument("--max-elements", type=positive_int, default=DEFAULT_MAX_ELEMENTS,
-                     help=f"refuse programs whose tensors hold more float64 elements (default {DEFAULT_MAX_ELEMENTS})")
+    run.add_argument(
+        "--max-elements",
+        type=positive_int,
+        default=DEFAULT_MAX_ELEMENTS,
+        help=f"refuse programs whose tensors hold more float64 elements (default {DEFAULT_MAX_ELEMENTS})",
+    )
     run.set_defaults(func=cmd_run)
 
     lst = sub.add_parser("list", help="list the bundled program configs")
@@ -41,9 +47,16 @@ def register(subparsers: Any) -> None:
 
 
 def _add_source_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="a .gsp file, or the name of a bundled config (see 'list')")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="override an integer 'param' of the program (repeatable)")
+    parser.add_argument(
+        "file", metavar="FILE", help="a .gsp file, or the name of a bundled config (see 'list')"
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override an integer 'param' of the program (repeatable)",
+    )
 
 
 def parse_params(items: list[str]) -> dict[str, int]:
@@ -80,10 +93,17 @@ def program_json(p: Program) -> dict[str, Any]:
         "params": p.params,
         "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in p.inputs],
         "nodes": [
-            {"id": n.id, "name": n.name, "op": n.op.value if n.op else None, "inputs": [names[i] for i in n.inputs],
-             "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs},
-             "shape": list(n.shape), "dtype": n.dtype}
-            for n in p.nodes if n.op is not None
+            {
+                "id": n.id,
+                "name": n.name,
+                "op": n.op.value if n.op else None,
+                "inputs": [names[i] for i in n.inputs],
+                "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in n.attrs},
+                "shape": list(n.shape),
+                "dtype": n.dtype,
+            }
+            for n in p.nodes
+            if n.op is not None
         ],
         "outputs": [t.name for t in p.outputs],
         "key": p.key(),
@@ -115,8 +135,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     outputs = p.run(*p.random_inputs(args.seed))
     for t, value in zip(p.outputs, outputs, strict=True):
         finite = bool(np.all(np.isfinite(value)))
-        print(f"{t.name}: shape {list(value.shape)} sum {float(np.sum(value)):.12g} "
-              f"l2 {float(np.linalg.norm(value)):.12g}{'' if finite else ' (non-finite values)'}")
+        print(
+            f"{t.name}: shape {list(value.shape)} sum {float(np.sum(value)):.12g} "
+            f"l2 {float(np.linalg.norm(value)):.12g}{'' if finite else ' (non-finite values)'}"
+        )
     return 0
 
 

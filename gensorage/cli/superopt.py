@@ -26,39 +26,83 @@ EMIT_KINDS = ("cuda", "tir", "dot")
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "superopt", help="superoptimise a tensor program: exhaustive µGraph search or stored-structure reuse",
+        "superopt",
+        help="superoptimise a tensor program: exhaustive µGraph search or stored-structure reuse",
         description="Superoptimise PROGRAM (a .gsp file or a bundled config name) for a GPU. Full mode runs "
-                    "the exhaustive µGraph search (checkpointed; Ctrl-C keeps what was found); fast mode "
-                    "re-uses the structure a full run stored for the same program at other shapes. Without "
-                    "PROGRAM, runs the 'default' preset (a tiny MLP, fast then full mode).",
+        "the exhaustive µGraph search (checkpointed; Ctrl-C keeps what was found); fast mode "
+        "re-uses the structure a full run stored for the same program at other shapes. Without "
+        "PROGRAM, runs the 'default' preset (a tiny MLP, fast then full mode).",
         epilog="exit codes: 0 better µGraph found, 1 nothing better than one kernel per op (or search "
-               "incomplete), 130 interrupted, 2-10 errors (see gensorage.errors)")
-    parser.add_argument("program", nargs="?", metavar="PROGRAM",
-                        help="a .gsp file or bundled program name (default: the 'default' preset's program)")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="override an integer 'param' of the program (repeatable)")
+        "incomplete), 130 interrupted, 2-10 errors (see gensorage.errors)",
+    )
+    parser.add_argument(
+        "program",
+        nargs="?",
+        metavar="PROGRAM",
+        help="a .gsp file or bundled program name (default: the 'default' preset's program)",
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override an integer 'param' of the program (repeatable)",
+    )
     parser.add_argument("--hw", default="h100", help="hardware profile name or .toml path (default h100)")
-    parser.add_argument("--mode", choices=("full", "fast"), default=None,
-                        help="full: exhaustive search; fast: re-use a stored structure (default full, or the "
-                             "preset's modes without PROGRAM)")
-    parser.add_argument("--time-budget", type=float, default=None, metavar="S",
-                        help="search time budget in seconds (default: the preset's, else none)")
-    parser.add_argument("--checkpoint", default=None, metavar="PATH",
-                        help="search checkpoint file (resumed if it exists; default: one per search)")
+    parser.add_argument(
+        "--mode",
+        choices=("full", "fast"),
+        default=None,
+        help="full: exhaustive search; fast: re-use a stored structure (default full, or the "
+        "preset's modes without PROGRAM)",
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="search time budget in seconds (default: the preset's, else none)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="PATH",
+        help="search checkpoint file (resumed if it exists; default: one per search)",
+    )
     parser.add_argument("--workers", type=int, default=None, metavar="N", help="search worker processes")
     parser.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
-    parser.add_argument("--preset", default=None, metavar="NAME",
-                        help="search preset name or .toml path (default: the one named like the program)")
-    parser.add_argument("--delta", type=float, default=None,
-                        help="false-accept probability of the equivalence checks (default: the preset's)")
-    parser.add_argument("--store", default=None, metavar="PATH",
-                        help="structure store file (default $GENSORAGE_HOME/store.sqlite)")
+    parser.add_argument(
+        "--preset",
+        default=None,
+        metavar="NAME",
+        help="search preset name or .toml path (default: the one named like the program)",
+    )
+    parser.add_argument(
+        "--delta",
+        type=float,
+        default=None,
+        help="false-accept probability of the equivalence checks (default: the preset's)",
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="PATH",
+        help="structure store file (default $GENSORAGE_HOME/store.sqlite)",
+    )
     parser.add_argument("--no-store", action="store_true", help="neither read nor write stored structures")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--emit", choices=EMIT_KINDS, default=None,
-                        help="also produce the best µGraph's CUDA C, TIR or Graphviz dot")
-    parser.add_argument("--out", default=None, metavar="FILE",
-                        help="write --emit's output to FILE (default: stdout, the summary then goes to stderr)")
+    parser.add_argument(
+        "--emit",
+        choices=EMIT_KINDS,
+        default=None,
+        help="also produce the best µGraph's CUDA C, TIR or Graphviz dot",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="write --emit's output to FILE (default: stdout, the summary then goes to stderr)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(func=cmd_superopt)
 
@@ -106,9 +150,20 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     for mode in modes:
         try:
             result = superoptimize(
-                program, hw=args.hw, mode=mode, time_budget_s=args.time_budget, checkpoint=args.checkpoint,
-                params=params or None, seed=args.seed, workers=args.workers, preset=preset,
-                store=args.store, use_store=not args.no_store, progress=not args.quiet, delta=args.delta)
+                program,
+                hw=args.hw,
+                mode=mode,
+                time_budget_s=args.time_budget,
+                checkpoint=args.checkpoint,
+                params=params or None,
+                seed=args.seed,
+                workers=args.workers,
+                preset=preset,
+                store=args.store,
+                use_store=not args.no_store,
+                progress=not args.quiet,
+                delta=args.delta,
+            )
         except SuperoptInterrupted as exc:
             result, interrupted = exc.result, True
         if mode != modes[-1] and not interrupted:
@@ -120,8 +175,10 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     assert result is not None
     _report(args, result, earlier)
     if interrupted:
-        print("gensorage: interrupted; the search checkpoint keeps what was found (run again to resume)",
-              file=sys.stderr)
+        print(
+            "gensorage: interrupted; the search checkpoint keeps what was found (run again to resume)",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     return _exit_code(result)
 

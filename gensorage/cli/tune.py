@@ -29,10 +29,12 @@ EXIT_CHECK_FAILED = 1
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "tune", help="construct a schedule for one operator (and emit / check its kernel)",
+        "tune",
+        help="construct a schedule for one operator (and emit / check its kernel)",
         description="Construct a schedule for one operator on a hardware profile with the Markov construction "
-                    "or a baseline, lower it to TVM TIR / CUDA, optionally check it on the CPU. "
-                    "With no workload argument, tunes gemm M=N=K=1024.")
+        "or a baseline, lower it to TVM TIR / CUDA, optionally check it on the CPU. "
+        "With no workload argument, tunes gemm M=N=K=1024.",
+    )
     p.add_argument("config", nargs="?", metavar="CONFIG_ID", help="id of an op configuration (e.g. M1, C2)")
     p.add_argument("--op", help="operator name (gemm, gemv, batch_matmul, conv2d, avgpool2d)")
     p.add_argument("--shape", help="operator parameters, e.g. M=1024,N=1024,K=1024 (pairs as 2:1)")
@@ -62,8 +64,9 @@ def parse_shape(text: str) -> dict[str, int | list[int]]:
             if len(parts) > 2:
                 raise ValueError(item)
         except ValueError:
-            raise ConfigError(f"--shape: expected NAME=INT[,NAME=INT...] (pairs as A:B), got {item.strip()!r}") \
-                from None
+            raise ConfigError(
+                f"--shape: expected NAME=INT[,NAME=INT...] (pairs as A:B), got {item.strip()!r}"
+            ) from None
         if name in out:
             raise ConfigError(f"--shape: {name} given twice")
         out[name] = parts[0] if len(parts) == 1 else parts
@@ -113,8 +116,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _progress(f"tuning {wl.key()} on {hw.name} with {args.method} (seed {args.seed})")
     start = time.perf_counter()
     result = tune(wl, hw, args.method, args.seed, store=args.store, use_store=not args.no_store, **opts)
-    _progress(f"schedule {'from store' if result.from_store else 'constructed'} in "
-              f"{time.perf_counter() - start:.3f} s (method time {result.construction_time_s:.3f} s)")
+    _progress(
+        f"schedule {'from store' if result.from_store else 'constructed'} in "
+        f"{time.perf_counter() - start:.3f} s (method time {result.construction_time_s:.3f} s)"
+    )
     data = result.to_json()
     if args.emit is not None:
         start = time.perf_counter()
@@ -128,9 +133,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _progress(f"CPU check in {time.perf_counter() - start:.3f} s")
     _print(data, args)
     if args.check and not data["check"]["ok"]:
-        print(f"gensorage: error: check failed: CPU result differs from the reference by "
-              f"{data['check']['max_rel_error']:.3g} (tolerance {data['check']['tolerance']:.1g})",
-              file=sys.stderr)
+        print(
+            f"gensorage: error: check failed: CPU result differs from the reference by "
+            f"{data['check']['max_rel_error']:.3g} (tolerance {data['check']['tolerance']:.1g})",
+            file=sys.stderr,
+        )
         return EXIT_CHECK_FAILED
     return 0
 
@@ -151,21 +158,36 @@ def _print(data: dict[str, Any], args: argparse.Namespace) -> None:
     rows = [
         ("workload", data["workload"]),
         ("hw", data["hw"]),
-        ("method", f"{data['method']} (seed {data['seed']}"
-                   + "".join(f", {k}={v}" for k, v in data["options"].items()) + ")"),
+        (
+            "method",
+            f"{data['method']} (seed {data['seed']}"
+            + "".join(f", {k}={v}" for k, v in data["options"].items())
+            + ")",
+        ),
         ("axes", " ".join(s["axes"])),
         ("T0 (registers)", " ".join(map(str, s["tiles"][0]))),
         ("T1 (block)", " ".join(map(str, s["tiles"][1]))),
         ("vthreads", " ".join(map(str, s["vthreads"]))),
         ("launch", f"{data['grid_blocks']} blocks x {data['threads_per_block']} threads"),
-        ("predicted", f"{data['predicted_time_s'] * 1e6:.3f} us"
-                      + (f" ({tflops:.2f} TFLOP/s)" if tflops is not None else "")),
-        ("construction", f"{data['construction_time_s']:.3f} s" + (" (stored)" if data["from_store"] else "")),
+        (
+            "predicted",
+            f"{data['predicted_time_s'] * 1e6:.3f} us"
+            + (f" ({tflops:.2f} TFLOP/s)" if tflops is not None else ""),
+        ),
+        (
+            "construction",
+            f"{data['construction_time_s']:.3f} s" + (" (stored)" if data["from_store"] else ""),
+        ),
     ]
     if "check" in data:
         c = data["check"]
-        rows.append(("check", f"max rel error {c['max_rel_error']:.3g} (tolerance {c['tolerance']:.1g}) "
-                              + ("ok" if c["ok"] else "FAILED")))
+        rows.append(
+            (
+                "check",
+                f"max rel error {c['max_rel_error']:.3g} (tolerance {c['tolerance']:.1g}) "
+                + ("ok" if c["ok"] else "FAILED"),
+            )
+        )
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

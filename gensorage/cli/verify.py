@@ -28,20 +28,42 @@ def register(subparsers: Any) -> None:
         description="Probabilistic equivalence check (Mirage §5): both sides are evaluated on random inputs in "
         "Z_p x Z_q; a pass bounds the false-accept probability by --delta. Exit 0 if equivalent, 1 if not.",
     )
-    parser.add_argument("a", metavar="A", help="a program (.gsp file or bundled config name) or a µGraph (.json)")
+    parser.add_argument(
+        "a", metavar="A", help="a program (.gsp file or bundled config name) or a µGraph (.json)"
+    )
     parser.add_argument("b", metavar="B", help="the other side, same inputs by position")
-    parser.add_argument("--delta", type=float, default=1e-9, help="false-accept probability bound (default 1e-9)")
+    parser.add_argument(
+        "--delta", type=float, default=1e-9, help="false-accept probability bound (default 1e-9)"
+    )
     parser.add_argument("--seed", type=seed, default=None, help="random seed (default: fresh, reported)")
-    parser.add_argument("--max-trials", type=int, default=None, metavar="N",
-                        help="stop after N passing trials; the report then gives the δ actually reached")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="override an integer 'param' of the .gsp programs (repeatable)")
-    parser.add_argument("--float-check", action="store_true",
-                        help="also run the float numerical-stability test of B against A")
+    parser.add_argument(
+        "--max-trials",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after N passing trials; the report then gives the δ actually reached",
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override an integer 'param' of the .gsp programs (repeatable)",
+    )
+    parser.add_argument(
+        "--float-check",
+        action="store_true",
+        help="also run the float numerical-stability test of B against A",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--max-elements", type=positive_int, default=DEFAULT_MAX_ELEMENTS, metavar="N",
-                        help=f"refuse sides with a tensor of more elements (default {DEFAULT_MAX_ELEMENTS}): each "
-                        "trial evaluates both at their shapes")
+    parser.add_argument(
+        "--max-elements",
+        type=positive_int,
+        default=DEFAULT_MAX_ELEMENTS,
+        metavar="N",
+        help=f"refuse sides with a tensor of more elements (default {DEFAULT_MAX_ELEMENTS}): each "
+        "trial evaluates both at their shapes",
+    )
     parser.set_defaults(func=cmd_verify)
 
 
@@ -56,8 +78,10 @@ def check_size(side: Any, name: str, limit: int) -> None:
     for tname, shape in tensors:
         size = math.prod(shape)
         if size > limit:
-            raise ConfigError(f"{name}: tensor '{tname}' has {size:,} elements, more than --max-elements {limit:,} "
-                              "(pass smaller --param values or raise --max-elements)")
+            raise ConfigError(
+                f"{name}: tensor '{tname}' has {size:,} elements, more than --max-elements {limit:,} "
+                "(pass smaller --param values or raise --max-elements)"
+            )
 
 
 def load_side(file: str, params: dict[str, int]) -> Any:
@@ -93,9 +117,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     check_size(b, args.b, args.max_elements)
     trial_plan = plan(a, b, args.delta)
     if args.max_trials is None and trial_plan.required > LONG_RUN_TRIALS:
-        print(f"gensorage verify: δ={args.delta:g} needs {format_count(trial_plan.required)} trials "
-              f"(k={format_count(trial_plan.k)}); this can take very long. Pass --max-trials N to cap the run "
-              "(the report then gives the δ actually reached).", file=sys.stderr)
+        print(
+            f"gensorage verify: δ={args.delta:g} needs {format_count(trial_plan.required)} trials "
+            f"(k={format_count(trial_plan.k)}); this can take very long. Pass --max-trials N to cap the run "
+            "(the report then gives the δ actually reached).",
+            file=sys.stderr,
+        )
     result = equivalent(a, b, args.delta, seed=args.seed, max_trials=args.max_trials)
     check = float_check(a, b) if args.float_check and result.equivalent else None
     if args.json:
@@ -108,8 +135,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(result)
         if check is not None:
             verdict = "ok" if check.ok else "UNSTABLE"
-            print(f"float check ({check.dtype}): {verdict}, max relative error {check.max_rel_error:.3g} "
-                  f"(reference in {check.dtype}: {check.reference_rel_error:.3g}, rtol {check.rtol:g})")
+            print(
+                f"float check ({check.dtype}): {verdict}, max relative error {check.max_rel_error:.3g} "
+                f"(reference in {check.dtype}: {check.reference_rel_error:.3g}, rtol {check.rtol:g})"
+            )
     return 0 if result.equivalent else 1
 
 

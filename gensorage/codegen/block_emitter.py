@@ -89,8 +89,16 @@ _Map = _Cyclic | _Tiled
 class BlockEmitter:
     """Emits one graph-defined op (see the module docstring); one instance per kernel and target."""
 
-    def __init__(self, g: KernelGraph, k: int, info: GraphInfo, choice: ThreadChoice, target: Target,
-                 scalar: Scalar, name: str) -> None:
+    def __init__(
+        self,
+        g: KernelGraph,
+        k: int,
+        info: GraphInfo,
+        choice: ThreadChoice,
+        target: Target,
+        scalar: Scalar,
+        name: str,
+    ) -> None:
         op = g.ops[k]
         binfo = info.blocks[k]
         assert isinstance(op, GraphDefinedOp) and binfo is not None
@@ -112,11 +120,17 @@ class BlockEmitter:
         for j, node in enumerate(self.nodes):
             for r in node_inputs(node):
                 self.consumers.setdefault(r, []).append(j)
-        self.views = {j: self._view(j, n) for j, n in enumerate(self.nodes)
-                      if isinstance(n, BlockOp) and n.op in _VIEW_OPS}
+        self.views = {
+            j: self._view(j, n)
+            for j, n in enumerate(self.nodes)
+            if isinstance(n, BlockOp) and n.op in _VIEW_OPS
+        }
         # Loop accumulators combined with sum/max live in registers across the loop (see _reg_acc_map).
-        self.reg_accs = {j: self._reg_acc_map(j, n) for j, n in enumerate(self.nodes)
-                         if isinstance(n, Accumulator) and n.fmap is None}
+        self.reg_accs = {
+            j: self._reg_acc_map(j, n)
+            for j, n in enumerate(self.nodes)
+            if isinstance(n, Accumulator) and n.fmap is None
+        }
         self.buffers: dict[Ref, str] = {}
         self.dynamic_shared = False
         self._synced = True
@@ -130,7 +144,9 @@ class BlockEmitter:
     def _check_grid(self) -> None:
         for g, n in enumerate(self.block.grid):
             if n > MAX_GRID[g]:
-                raise UnsupportedOpError(f"grid dim {_GRID_VARS[g][1]} of {n} blocks exceeds CUDA's {MAX_GRID[g]}")
+                raise UnsupportedOpError(
+                    f"grid dim {_GRID_VARS[g][1]} of {n} blocks exceeds CUDA's {MAX_GRID[g]}"
+                )
 
     def tile(self, r: Ref) -> TensorInfo:
         return self.binfo.nodes[r.node][r.out]
@@ -426,7 +442,9 @@ class BlockEmitter:
             for r, t in zip(node.inputs, local, strict=False):
                 vals.append(self.temp(self.read(r, broadcast_index(idx, t.shape))))
             for top in node.ops:
-                vals.append(self.temp(self.sc.op(self.w, top.op, top.attrs, [vals[r.node] for r in top.inputs])))
+                vals.append(
+                    self.temp(self.sc.op(self.w, top.op, top.attrs, [vals[r.node] for r in top.inputs]))
+                )
             for o, r in enumerate(node.outputs):
                 shape = local[r.node].shape
                 conds = broadcast_guard(idx, shape, space)
@@ -439,8 +457,12 @@ class BlockEmitter:
             v = self.read(src, idx)
             for s in sinks:
                 self.sink(s, idx, v, slot)
-        self._after(any(isinstance(self.nodes[s], Accumulator) and self.nodes[s].fmap is not None  # type: ignore[union-attr]
-                        for s in sinks))
+        self._after(
+            any(
+                isinstance(self.nodes[s], Accumulator) and self.nodes[s].fmap is not None  # type: ignore[union-attr]
+                for s in sinks
+            )
+        )
 
     def phase_flush(self) -> None:
         """After the loop: register accumulators to their shared buffers and fused savers (same element map)."""
@@ -458,8 +480,11 @@ class BlockEmitter:
     def writes_shared(self, j: int) -> bool:
         refs = [Ref(j, o) for o in range(len(self.binfo.nodes[j]))]
         return any(r in self.buffers for r in refs) or any(
-            Ref(s) in self.buffers and s not in self.reg_accs for r in refs for s in self.sinks_of(r)
-            if isinstance(self.nodes[s], Accumulator))
+            Ref(s) in self.buffers and s not in self.reg_accs
+            for r in refs
+            for s in self.sinks_of(r)
+            if isinstance(self.nodes[s], Accumulator)
+        )
 
     def _after(self, wrote_shared: bool) -> None:
         """Barrier after a phase whose shared-memory writes later phases read; after every phase when shared
@@ -496,12 +521,16 @@ class BlockEmitter:
             scope = "shared" if self.gpu else "global"
             for r, name in self.buffers.items():
                 shape = self.sc.buf_shape(self.tile(r).shape)
-                self.w.line(f'{name} = T.alloc_buffer({shape_text(shape)}, "{self._buf_dtype(r)}", scope="{scope}")')
+                self.w.line(
+                    f'{name} = T.alloc_buffer({shape_text(shape)}, "{self._buf_dtype(r)}", scope="{scope}")'
+                )
         for j, m in self.reg_accs.items():
             # Registers of each thread; on the CPU the threads are loop iterations, so each gets its own row.
             shape = self.sc.buf_shape((self.slots(m),) if self.gpu else (self.nt, self.slots(m)))
-            self.w.line(f'a{j} = T.alloc_buffer({shape_text(shape)}, "{self.sc.acc_dtype}", '
-                        f'scope="{"local" if self.gpu else "global"}")')
+            self.w.line(
+                f'a{j} = T.alloc_buffer({shape_text(shape)}, "{self.sc.acc_dtype}", '
+                f'scope="{"local" if self.gpu else "global"}")'
+            )
 
     def _allocate_arena(self) -> None:
         """Dynamic shared memory as one arena with a typed view per tile, at offsets we choose.
@@ -522,20 +551,33 @@ class BlockEmitter:
         # The arena has a tile's element type: TVM's StorageRewrite retypes an allocation whose every access has
         # one type to that type *keeping its element count*, so a uint8 arena of float32 tiles would grow 4x.
         arena = max((dtype for _, _, dtype, _ in views), key=dtype_bytes)
-        self.w.line(f'smem = T.alloc_buffer(({offset // dtype_bytes(arena)},), "{arena}", scope="shared.dyn")')
+        self.w.line(
+            f'smem = T.alloc_buffer(({offset // dtype_bytes(arena)},), "{arena}", scope="shared.dyn")'
+        )
         for name, shape, dtype, elem_offset in views:
-            self.w.line(f'{name} = T.decl_buffer({shape_text(shape)}, "{dtype}", data=smem.data, '
-                        f'elem_offset={elem_offset}, scope="shared.dyn")')
+            self.w.line(
+                f'{name} = T.decl_buffer({shape_text(shape)}, "{dtype}", data=smem.data, '
+                f'elem_offset={elem_offset}, scope="shared.dyn")'
+            )
 
     def params(self) -> list[KernelParam]:
         ps: list[KernelParam] = []
         for i, ref in enumerate(self.op.inputs):
             t = self.info.of(ref)
-            ps.append(KernelParam(f"in{i}", "input", ref, self.sc.buf_shape(t.shape), self.sc.buf_dtype(t.dtype)))
+            ps.append(
+                KernelParam(f"in{i}", "input", ref, self.sc.buf_shape(t.shape), self.sc.buf_dtype(t.dtype))
+            )
         node_id = len(self.g.inputs) + self.k
         for s, t in enumerate(self.binfo.outputs):
-            ps.append(KernelParam(f"out{s}", "output", Ref(node_id, s), self.sc.buf_shape(t.shape),
-                                  self.sc.buf_dtype(t.dtype)))
+            ps.append(
+                KernelParam(
+                    f"out{s}",
+                    "output",
+                    Ref(node_id, s),
+                    self.sc.buf_shape(t.shape),
+                    self.sc.buf_dtype(t.dtype),
+                )
+            )
         if self.sc.field:
             ps.append(KernelParam("F", "field", None, (FIELD_PARAMS,), "int64"))
         return ps
@@ -545,16 +587,30 @@ class BlockEmitter:
         loop = self.block.forloop > 1
         nodes = list(enumerate(self.nodes))
         # A loop-invariant tile is loaded once before the loop, unless the load itself feeds an accumulator.
-        hoisted = [j for j, n in nodes if loop and isinstance(n, InputIterator) and n.fmap is None
-                   and not self.sinks_of(Ref(j))]
-        computed = [j for j, n in nodes if j not in self.views and isinstance(n, InputIterator | BlockOp | ThreadGraph)]
+        hoisted = [
+            j
+            for j, n in nodes
+            if loop and isinstance(n, InputIterator) and n.fmap is None and not self.sinks_of(Ref(j))
+        ]
+        computed = [
+            j
+            for j, n in nodes
+            if j not in self.views and isinstance(n, InputIterator | BlockOp | ThreadGraph)
+        ]
         body = [j for j in computed if self.phase_of[j] == "body" and j not in hoisted]
         post = [j for j in computed if self.phase_of[j] == "post"]
-        copies = [(j, n) for j, n in nodes if isinstance(n, Accumulator | OutputSaver) and j not in
-                  self.sinks_of(n.input)]
+        copies = [
+            (j, n)
+            for j, n in nodes
+            if isinstance(n, Accumulator | OutputSaver) and j not in self.sinks_of(n.input)
+        ]
         for j in hoisted:
             self.phase(j)
-        with self.w.loop("it", self.block.forloop, f"T.serial({self.block.forloop})") if loop else nullcontext():
+        with (
+            self.w.loop("it", self.block.forloop, f"T.serial({self.block.forloop})")
+            if loop
+            else nullcontext()
+        ):
             for j in body:
                 self.phase(j)
             for j, n in copies:

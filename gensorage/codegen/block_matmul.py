@@ -35,7 +35,9 @@ class MatmulEmitter:
                 av = self.e.read(a, broadcast_index(idx[:-2], self.e.tile(a).shape[:-2]) + [idx[-2], kk])
                 bv = self.e.read(b, broadcast_index(idx[:-2], self.e.tile(b).shape[:-2]) + [kk, idx[-1]])
                 self.e.mac(acc, Ix(), av, bv)
-            self.e.emit_value(Ref(j), idx, self.e.sc.reduced(self.e.sc.load(acc, "0", self.e.sc.acc_dtype)), slot)
+            self.e.emit_value(
+                Ref(j), idx, self.e.sc.reduced(self.e.sc.load(acc, "0", self.e.sc.acc_dtype)), slot
+            )
 
     def tiled(self, j: int, node: BlockOp, t: MatmulTiling) -> None:
         """The constructor's register tiling: per thread a T0 tile of accumulators, T1 tiles walked in turn."""
@@ -44,9 +46,11 @@ class MatmulEmitter:
         regs = math.prod(t.t0)
         with self.e.threads():
             acc = self.e.acc_buffer(regs)
-            with self.e.w.loop(self.e.w.fresh("sb"), t.steps[0]) as sb, \
-                    self.e.w.loop(self.e.w.fresh("si"), t.steps[1]) as si, \
-                    self.e.w.loop(self.e.w.fresh("sj"), t.steps[2]) as sj:
+            with (
+                self.e.w.loop(self.e.w.fresh("sb"), t.steps[0]) as sb,
+                self.e.w.loop(self.e.w.fresh("si"), t.steps[1]) as si,
+                self.e.w.loop(self.e.w.fresh("sj"), t.steps[2]) as sj,
+            ):
                 steps = [sb, si, sj]
                 with self.e.w.loop(self.e.w.fresh("r"), regs, unroll(regs)) as r:
                     self.e.store(acc, str(r), self.e.sc.zero(), self.e.sc.acc_dtype)
@@ -64,9 +68,11 @@ class MatmulEmitter:
         """This thread's position (b, i, j) in the tiling's thread grid; the last axis varies fastest."""
         th = t.threads_per_axis
         tx = Ix.var("tx")
-        return [tx.floordiv(th[1] * th[2], self.e.nt).mod(th[0], -(-self.e.nt // (th[1] * th[2]))),
-                tx.floordiv(th[2], self.e.nt).mod(th[1], -(-self.e.nt // th[2])),
-                tx.mod(th[2], self.e.nt)]
+        return [
+            tx.floordiv(th[1] * th[2], self.e.nt).mod(th[0], -(-self.e.nt // (th[1] * th[2]))),
+            tx.floordiv(th[2], self.e.nt).mod(th[1], -(-self.e.nt // th[2])),
+            tx.mod(th[2], self.e.nt),
+        ]
 
     def tile_coords(self, t: MatmulTiling, steps: list[Ix], regs: list[Ix]) -> tuple[list[Ix], list[str]]:
         """Output coordinates (b, i, j) of register ``regs`` in step ``steps`` of this thread, and their guards.
@@ -79,8 +85,11 @@ class MatmulEmitter:
         glob, conds = [], []
         for ax in range(3):
             chunk = t.t0[ax] // t.vthreads[ax]
-            pos = regs[ax].floordiv(chunk, t.t0[ax]) * (th[ax] * chunk) + coords[ax] * chunk + \
-                regs[ax].mod(chunk, t.t0[ax])
+            pos = (
+                regs[ax].floordiv(chunk, t.t0[ax]) * (th[ax] * chunk)
+                + coords[ax] * chunk
+                + regs[ax].mod(chunk, t.t0[ax])
+            )
             gl = steps[ax] * t.t1[ax] + pos
             if th[ax] * t.t0[ax] > t.t1[ax]:
                 conds.append(f"{pos} < {t.t1[ax]}")
@@ -93,9 +102,11 @@ class MatmulEmitter:
     def register_tile(self, t: MatmulTiling, steps: list[Ix]) -> Iterator[tuple[Ix, list[Ix]]]:
         """Loops over a thread's register tile; yields (register index, output coords (b, i, j)), guarded."""
         names = [self.e.w.fresh(p) for p in ("rb", "ri", "rj")]
-        with self.e.w.loop(names[0], t.t0[0], unroll(t.t0[0])) as rb, \
-                self.e.w.loop(names[1], t.t0[1], unroll(t.t0[1])) as ri, \
-                self.e.w.loop(names[2], t.t0[2], unroll(t.t0[2])) as rj:
+        with (
+            self.e.w.loop(names[0], t.t0[0], unroll(t.t0[0])) as rb,
+            self.e.w.loop(names[1], t.t0[1], unroll(t.t0[1])) as ri,
+            self.e.w.loop(names[2], t.t0[2], unroll(t.t0[2])) as rj,
+        ):
             glob, conds = self.tile_coords(t, steps, [rb, ri, rj])
             r = rb * (t.t0[1] * t.t0[2]) + ri * t.t0[2] + rj
             with self.e.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
@@ -119,8 +130,10 @@ def check_tiling(t: MatmulTiling, threads: int) -> None:
     for ax in range(3):
         t0, t1, e, v = t.t0[ax], t.t1[ax], t.extents[ax], t.vthreads[ax]
         if not 1 <= t0 <= t1 <= e or v < 1 or v & (v - 1) or t0 % v:
-            raise UnsupportedOpError(f"matmul tiling {t.describe()} does not nest on axis {'bij'[ax]} "
-                                     f"(T0={t0}, T1={t1}, extent={e}, vthreads={v})")
+            raise UnsupportedOpError(
+                f"matmul tiling {t.describe()} does not nest on axis {'bij'[ax]} "
+                f"(T0={t0}, T1={t1}, extent={e}, vthreads={v})"
+            )
     if t.threads != threads:
         raise UnsupportedOpError(f"matmul tiling needs {t.threads} threads, the block has {threads}")
 

@@ -27,14 +27,16 @@ def cuda_target(hw: HwProfile) -> tvm.target.Target:
     """The TVM CUDA target for ``hw``: its arch plus per-block thread and shared-memory limits."""
     import tvm
 
-    return tvm.target.Target({
-        "kind": "cuda",
-        "arch": hw.arch,
-        "max_threads_per_block": hw.max_threads_per_block,
-        "max_num_threads": hw.max_threads_per_block,
-        "max_shared_memory_per_block": hw.shared_mem_per_block,
-        "thread_warp_size": hw.warp_size,
-    })
+    return tvm.target.Target(
+        {
+            "kind": "cuda",
+            "arch": hw.arch,
+            "max_threads_per_block": hw.max_threads_per_block,
+            "max_num_threads": hw.max_threads_per_block,
+            "max_shared_memory_per_block": hw.shared_mem_per_block,
+            "thread_warp_size": hw.warp_size,
+        }
+    )
 
 
 def compile_cuda_module(mod: tvm.IRModule, hw: HwProfile) -> Any:

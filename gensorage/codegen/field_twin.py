@@ -45,8 +45,10 @@ class TwinMismatch:
     reference: tuple[int, int | None]
 
     def __str__(self) -> str:
-        return (f"output {self.output} at index {list(self.index)} in trial {self.trial}: "
-                f"twin {self.twin}, reference {self.reference}")
+        return (
+            f"output {self.output} at index {list(self.index)} in trial {self.trial}: "
+            f"twin {self.twin}, reference {self.reference}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +69,10 @@ class TwinCheck:
 
     def __str__(self) -> str:
         head = "field twin matches" if self.ok else f"field twin MISMATCH: {self.mismatch}"
-        return (f"{head} ({self.trials} trial(s) against the {self.reference}, {self.skipped} degenerate skipped; "
-                f"p={self.p}, q={self.q}, seed {self.seed})")
+        return (
+            f"{head} ({self.trials} trial(s) against the {self.reference}, {self.skipped} degenerate skipped; "
+            f"p={self.p}, q={self.q}, seed {self.seed})"
+        )
 
 
 class FieldTwin:
@@ -87,21 +91,35 @@ class FieldTwin:
         Thread plans to reuse (e.g. ``CompiledUGraph.plans``); computed when None.
     """
 
-    def __init__(self, ugraph: KernelGraph, hw: HwProfile, *, p: int = DEFAULT_P, q: int = DEFAULT_Q,
-                 seed: int = 0, plans: dict[int, ThreadChoice] | None = None,
-                 kernels: Sequence[Kernel] | None = None) -> None:
+    def __init__(
+        self,
+        ugraph: KernelGraph,
+        hw: HwProfile,
+        *,
+        p: int = DEFAULT_P,
+        q: int = DEFAULT_Q,
+        seed: int = 0,
+        plans: dict[int, ThreadChoice] | None = None,
+        kernels: Sequence[Kernel] | None = None,
+    ) -> None:
         self.ugraph = ugraph
         self.hw = hw
         self.p, self.q = p, q
         self.info = validate(ugraph)
         self.scalar = FieldScalar(p, q)
         if plans is None:
-            plans = {k: plan_threads(ugraph, k, self.info, hw, seed) for k, op in enumerate(ugraph.ops)
-                     if isinstance(op, GraphDefinedOp)}
+            plans = {
+                k: plan_threads(ugraph, k, self.info, hw, seed)
+                for k, op in enumerate(ugraph.ops)
+                if isinstance(op, GraphDefinedOp)
+            }
         self.plans = plans
         self.seed = seed
-        self.kernels = list(kernels) if kernels is not None else lower_ugraph(
-            ugraph, self.info, hw, plans, target="llvm", scalar=self.scalar, seed=seed)
+        self.kernels = (
+            list(kernels)
+            if kernels is not None
+            else lower_ugraph(ugraph, self.info, hw, plans, target="llvm", scalar=self.scalar, seed=seed)
+        )
         self._ex: Any = None
 
     def with_source(self, name: str, text: str) -> FieldTwin:
@@ -109,13 +127,23 @@ class FieldTwin:
         kernels = []
         for k in self.kernels:
             if k.name == name:
-                k = Kernel(k.name, k.op_index, _parse(text, name), text, k.params, k.grid, k.threads, k.rule,
-                           k.component)
+                k = Kernel(
+                    k.name,
+                    k.op_index,
+                    _parse(text, name),
+                    text,
+                    k.params,
+                    k.grid,
+                    k.threads,
+                    k.rule,
+                    k.component,
+                )
             kernels.append(k)
         if not any(k.name == name for k in self.kernels):
             raise KeyError(name)
-        return FieldTwin(self.ugraph, self.hw, p=self.p, q=self.q, seed=self.seed, plans=self.plans,
-                         kernels=kernels)
+        return FieldTwin(
+            self.ugraph, self.hw, p=self.p, q=self.q, seed=self.seed, plans=self.plans, kernels=kernels
+        )
 
     def source(self, name: str) -> str:
         """TVMScript of kernel ``name``."""
@@ -132,14 +160,24 @@ class FieldTwin:
         for spec, x in zip(self.ugraph.inputs, inputs, strict=True):
             arr = np.ascontiguousarray(x, dtype=np.int64)
             if arr.shape != (2, *spec.shape):
-                raise ValueError(f"input {spec.name}: expected residues of shape {(2, *spec.shape)}, got {arr.shape}")
+                raise ValueError(
+                    f"input {spec.name}: expected residues of shape {(2, *spec.shape)}, got {arr.shape}"
+                )
             tensors.append(tvm.runtime.tensor(arr, device=dev))
         params = np.zeros(FIELD_PARAMS, dtype=np.int64)
         params[0] = omega
         for i, kind in enumerate(ACTIVATION_KINDS):
             params[1 + i] = keys.get(kind, 0)
-        outs = execute(self.ugraph, self.info, self.kernels, self._ex, tensors, dev, self.scalar,
-                       tvm.runtime.tensor(params, device=dev))
+        outs = execute(
+            self.ugraph,
+            self.info,
+            self.kernels,
+            self._ex,
+            tensors,
+            dev,
+            self.scalar,
+            tvm.runtime.tensor(params, device=dev),
+        )
         return [np.asarray(o.numpy()) for o in outs]
 
 
@@ -152,9 +190,17 @@ def _first_mismatch(twin: np.ndarray, ref: FieldValue, t: int, compare_q: bool) 
     return tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(diff.ravel())[0]), diff.shape))
 
 
-def check_field_twin(ugraph: KernelGraph, program: Any = None, *, trials: int = 2, seed: int = 0,
-                     hw: HwProfile | None = None, twin: FieldTwin | None = None, p: int = DEFAULT_P,
-                     q: int = DEFAULT_Q) -> TwinCheck:
+def check_field_twin(
+    ugraph: KernelGraph,
+    program: Any = None,
+    *,
+    trials: int = 2,
+    seed: int = 0,
+    hw: HwProfile | None = None,
+    twin: FieldTwin | None = None,
+    p: int = DEFAULT_P,
+    q: int = DEFAULT_Q,
+) -> TwinCheck:
     """Run the field twin of ``ugraph``'s kernels on random field inputs and compare with the reference.
 
     Parameters
@@ -211,10 +257,19 @@ def check_field_twin(ugraph: KernelGraph, program: Any = None, *, trials: int = 
             if at is not None:
                 pair = (int(got[0][at]), int(got[1][at]))
                 ref_pair = (int(want.data[0, t][at]), int(want.data[1, t][at]) if compare_q else None)
-                return TwinCheck(False, t + 1 - skipped, skipped, "program" if program is not None else "µGraph",
-                                 twin.p, twin.q, seed, TwinMismatch(o, t, at, pair, ref_pair))
-    return TwinCheck(True, trials - skipped, skipped, "program" if program is not None else "µGraph", twin.p,
-                     twin.q, seed)
+                return TwinCheck(
+                    False,
+                    t + 1 - skipped,
+                    skipped,
+                    "program" if program is not None else "µGraph",
+                    twin.p,
+                    twin.q,
+                    seed,
+                    TwinMismatch(o, t, at, pair, ref_pair),
+                )
+    return TwinCheck(
+        True, trials - skipped, skipped, "program" if program is not None else "µGraph", twin.p, twin.q, seed
+    )
 
 
 __all__ = ["FieldTwin", "TwinCheck", "TwinMismatch", "check_field_twin"]

@@ -60,11 +60,14 @@ def verify_gpu_limits(mod: tvm.IRModule, hw: HwProfile) -> BlockResources:
 
     res = block_resources(mod)
     if res.threads > hw.max_threads_per_block:
-        raise ScheduleError(f"{res.threads} threads per block exceed {hw.name}'s limit of "
-                            f"{hw.max_threads_per_block}")
+        raise ScheduleError(
+            f"{res.threads} threads per block exceed {hw.name}'s limit of {hw.max_threads_per_block}"
+        )
     if res.shared_bytes > hw.shared_mem_per_block:
-        raise ScheduleError(f"{res.shared_bytes} bytes of shared memory per block exceed {hw.name}'s limit of "
-                            f"{hw.shared_mem_per_block}")
+        raise ScheduleError(
+            f"{res.shared_bytes} bytes of shared memory per block exceed {hw.name}'s limit of "
+            f"{hw.shared_mem_per_block}"
+        )
     constraints = {
         "max_threads_per_block": hw.max_threads_per_block,
         "max_shared_memory_per_block": hw.shared_mem_per_block,
@@ -75,8 +78,10 @@ def verify_gpu_limits(mod: tvm.IRModule, hw: HwProfile) -> BlockResources:
     }
     for gv, func in _lower_for_verification(mod).functions.items():
         if not s_tir.analysis.verify_gpu_code(func, constraints):
-            raise ScheduleError(f"kernel {gv.name_hint} violates {hw.name}'s GPU limits "
-                                f"(threads, shared memory or vector width)")
+            raise ScheduleError(
+                f"kernel {gv.name_hint} violates {hw.name}'s GPU limits "
+                f"(threads, shared memory or vector width)"
+            )
     return res
 
 
@@ -107,7 +112,9 @@ def _lower_for_verification(mod: tvm.IRModule) -> tvm.IRModule:
     try:
         return tvm.ir.transform.Sequential(passes)(mod)
     except Exception as exc:
-        raise ScheduleError(f"cannot lower the scheduled module for verification: {exc}".splitlines()[0]) from exc
+        raise ScheduleError(
+            f"cannot lower the scheduled module for verification: {exc}".splitlines()[0]
+        ) from exc
 
 
 def _thread_count(func: Any) -> int:

@@ -102,7 +102,9 @@ def axis_tilings(workload: Workload, schedule: Schedule) -> tuple[AxisTiling, ..
     if tuple(schedule.axes) != names:
         raise ScheduleError(f"schedule axes {list(schedule.axes)} do not match workload axes {list(names)}")
     if len(schedule.tiles) < 2:
-        raise ScheduleError(f"schedule needs at least 2 tile levels (registers and extent), got {len(schedule.tiles)}")
+        raise ScheduleError(
+            f"schedule needs at least 2 tile levels (registers and extent), got {len(schedule.tiles)}"
+        )
     if any(len(t) != len(names) for t in schedule.tiles) or len(schedule.vthreads) != len(names):
         raise ScheduleError("schedule tiles/vthreads do not have one entry per axis")
     out = []
@@ -110,7 +112,9 @@ def axis_tilings(workload: Workload, schedule: Schedule) -> tuple[AxisTiling, ..
         t0, t1, top = schedule.tiles[0][i], schedule.tiles[1][i], schedule.tiles[-1][i]
         v = schedule.vthreads[i]
         if min(t0, t1, v) < 1:
-            raise ScheduleError(f"axis {ax.name}: tiles and vthreads must be positive (T0={t0}, T1={t1}, v={v})")
+            raise ScheduleError(
+                f"axis {ax.name}: tiles and vthreads must be positive (T0={t0}, T1={t1}, v={v})"
+            )
         if top != ax.extent:
             raise ScheduleError(f"axis {ax.name}: outermost tile {top} != extent {ax.extent}")
         if t0 > t1:
@@ -125,12 +129,14 @@ def axis_tilings(workload: Workload, schedule: Schedule) -> tuple[AxisTiling, ..
 
 def threads_per_block(workload: Workload, schedule: Schedule) -> int:
     """Number of (physical) threads of one block: the product of ceil(T1/T0) over spatial axes."""
-    return int(np.prod([t.threads for t in axis_tilings(workload, schedule) if t.kind == "spatial"],
-                       dtype=np.int64))
+    return int(
+        np.prod([t.threads for t in axis_tilings(workload, schedule) if t.kind == "spatial"], dtype=np.int64)
+    )
 
 
-def lower(workload: Workload, schedule: Schedule, target: str = "cuda", *,
-          hw: HwProfile | None = None) -> tvm.IRModule:
+def lower(
+    workload: Workload, schedule: Schedule, target: str = "cuda", *, hw: HwProfile | None = None
+) -> tvm.IRModule:
     """Apply ``schedule`` to ``workload.build()`` and return the scheduled module.
 
     Parameters
@@ -197,8 +203,10 @@ def check_inputs(workload: Workload, arrays: Sequence[np.ndarray]) -> list[np.nd
     """Check count, shape and dtype of the input arrays against the workload (converting dtype if safe)."""
     specs = workload.inputs
     if len(arrays) != len(specs):
-        raise ProgramError(f"{workload.name} takes {len(specs)} inputs "
-                           f"({', '.join(s.tensor for s in specs)}), got {len(arrays)}")
+        raise ProgramError(
+            f"{workload.name} takes {len(specs)} inputs "
+            f"({', '.join(s.tensor for s in specs)}), got {len(arrays)}"
+        )
     out = []
     for spec, arr in zip(specs, arrays, strict=True):
         a = np.asarray(arr)
@@ -266,8 +274,9 @@ def _inline_producers_and_find_main(sch: Any) -> Any:
         try:
             sch.compute_inline(b)
         except (RuntimeError, ValueError) as exc:
-            raise ScheduleError(f"producer block {name!r} cannot be inlined into {main_name!r}: "
-                                f"{_first_line(exc)}") from exc
+            raise ScheduleError(
+                f"producer block {name!r} cannot be inlined into {main_name!r}: {_first_line(exc)}"
+            ) from exc
     return sch.get_sblock(main_name)
 
 
@@ -333,7 +342,9 @@ def _loop_axes(sch: Any, main: Any, tilings: Sequence[AxisTiling]) -> list[AxisT
             # Names differ (e.g. a user PrimFunc): fall back to the next axis of the same kind, in order.
             tiling = next((t for t in remaining[kind] if t.kind == kind), None)
         if tiling is None or tiling.extent != int(iv.dom.extent):
-            raise ScheduleError(f"iterator {iv.var.name} (extent {int(iv.dom.extent)}) matches no workload axis")
+            raise ScheduleError(
+                f"iterator {iv.var.name} (extent {int(iv.dom.extent)}) matches no workload axis"
+            )
         for lst in remaining.values():
             if tiling in lst:
                 lst.remove(tiling)
@@ -393,8 +404,10 @@ def _apply_tiling(sch: Any, main: Any, tilings: Sequence[AxisTiling], *, gpu: bo
     if gpu and _shared_bytes(sch, caches, windows) > STATIC_SHARED_LIMIT_BYTES:
         for c in caches:
             sch.set_scope(c, 0, "shared.dyn")
-    vectorized = [_cooperative_fetch(sch, c, depth, nthreads, vectorize=plain and gpu and not wrap, bind=gpu)
-                  for (c, plain), wrap in zip(stages, wrapped, strict=True)]
+    vectorized = [
+        _cooperative_fetch(sch, c, depth, nthreads, vectorize=plain and gpu and not wrap, bind=gpu)
+        for (c, plain), wrap in zip(stages, wrapped, strict=True)
+    ]
     for lp in (*inner_r, *inner_s):
         sch.unroll(lp)
     sch.decompose_reduction(main, outer_r[0])
@@ -434,8 +447,9 @@ def _inline_consumers(sch: Any, write: Any) -> None:
             try:
                 sch.reverse_compute_inline(c)
             except Exception as exc:
-                raise ScheduleError(f"consumer block {name!r} cannot be inlined into the write-back: "
-                                    f"{_first_line(exc)}") from exc
+                raise ScheduleError(
+                    f"consumer block {name!r} cannot be inlined into the write-back: {_first_line(exc)}"
+                ) from exc
 
 
 def _check_block_wide(sch: Any, stage: Any, thread_loops: Sequence[Any]) -> None:
@@ -455,8 +469,9 @@ def _cache_loops(sch: Any, cache: Any, depth: int) -> list[Any]:
     return list(sch.get_loops(cache))[depth:]
 
 
-def _wrap_overallocated(sch: Any, stages: Sequence[Any], windows: Sequence[list[int]],
-                        skip: Sequence[bool]) -> list[bool]:
+def _wrap_overallocated(
+    sch: Any, stages: Sequence[Any], windows: Sequence[list[int]], skip: Sequence[bool]
+) -> list[bool]:
     """Make each shared stage's allocation exactly its per-step window; returns which stages were wrapped.
 
     TVM sizes a stage's buffer by ``CompactBufferAllocation``, which gives up (keeps the whole input
@@ -471,8 +486,12 @@ def _wrap_overallocated(sch: Any, stages: Sequence[Any], windows: Sequence[list[
     out = []
     for c, window, done in zip(stages, windows, skip, strict=True):
         shape = allocated.get(str(sch.get(c).writes[0].source.name))
-        if done or shape is None or len(shape) != len(window) or \
-                all(0 <= s <= w for s, w in zip(shape, window, strict=True)):
+        if (
+            done
+            or shape is None
+            or len(shape) != len(window)
+            or all(0 <= s <= w for s, w in zip(shape, window, strict=True))
+        ):
             out.append(False)
             continue
         wrap = [not 0 <= s <= w for s, w in zip(shape, window, strict=True)]
@@ -516,13 +535,15 @@ def _compacted_shapes(mod: Any) -> dict[str, tuple[int, ...]]:
 
     from gensorage.codegen.tir_walk import allocated_shapes
 
-    passes = tvm.ir.transform.Sequential([
-        s_tir.transform.LowerCrossThreadReduction(),
-        s_tir.transform.LowerInitBlock(),
-        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-        s_tir.transform.ConvertBlocksToOpaque(),
-        s_tir.transform.CompactBufferAllocation(),
-    ])
+    passes = tvm.ir.transform.Sequential(
+        [
+            s_tir.transform.LowerCrossThreadReduction(),
+            s_tir.transform.LowerInitBlock(),
+            s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+            s_tir.transform.ConvertBlocksToOpaque(),
+            s_tir.transform.CompactBufferAllocation(),
+        ]
+    )
     shapes: dict[str, tuple[int, ...]] = {}
     for func in passes(mod).functions.values():
         shapes.update(allocated_shapes(func))
@@ -544,7 +565,9 @@ def _dtype_bytes(dtype: Any) -> int:
     return max(1, int(dt.bits) * int(dt.lanes) // 8)
 
 
-def _cooperative_fetch(sch: Any, cache: Any, depth: int, nthreads: int, *, vectorize: bool, bind: bool) -> int:
+def _cooperative_fetch(
+    sch: Any, cache: Any, depth: int, nthreads: int, *, vectorize: bool, bind: bool
+) -> int:
     """All threads of the block fill the stage: fuse its loops, split by threads (and a vector width).
 
     Returns the vector width used (1 when scalar)."""

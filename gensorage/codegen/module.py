@@ -67,7 +67,9 @@ def _parse(text: str, name: str) -> Any:
     try:
         return tvm.script.from_source(text)
     except Exception as exc:  # a generator bug; say which kernel and keep the parser's diagnostic
-        raise UnsupportedOpError(f"internal error: emitted TVMScript for {name} does not parse: {exc}") from exc
+        raise UnsupportedOpError(
+            f"internal error: emitted TVMScript for {name} does not parse: {exc}"
+        ) from exc
 
 
 def _kernel_name(g: KernelGraph, k: int) -> str:
@@ -76,8 +78,16 @@ def _kernel_name(g: KernelGraph, k: int) -> str:
     return f"kernel{k}_{kind}"
 
 
-def lower_ugraph(g: KernelGraph, info: GraphInfo, hw: HwProfile, plans: dict[int, ThreadChoice], *,
-                 target: Target, scalar: Scalar, seed: int = 0) -> list[Kernel]:
+def lower_ugraph(
+    g: KernelGraph,
+    info: GraphInfo,
+    hw: HwProfile,
+    plans: dict[int, ThreadChoice],
+    *,
+    target: Target,
+    scalar: Scalar,
+    seed: int = 0,
+) -> list[Kernel]:
     """Every kernel of ``g`` for ``target`` in ``scalar``'s arithmetic, in launch order."""
     kernels: list[Kernel] = []
     for k, op in enumerate(g.ops):
@@ -96,12 +106,15 @@ def lower_ugraph(g: KernelGraph, info: GraphInfo, hw: HwProfile, plans: dict[int
 
 
 def _from_text(kt: KernelText) -> Kernel:
-    return Kernel(kt.name, kt.op_index, _parse(kt.text, kt.name), kt.text, kt.params, kt.grid, kt.threads, kt.rule)
+    return Kernel(
+        kt.name, kt.op_index, _parse(kt.text, kt.name), kt.text, kt.params, kt.grid, kt.threads, kt.rule
+    )
 
 
 def _from_scheduled(sk: ScheduledKernel) -> Kernel:
-    return Kernel(sk.name, sk.op_index, sk.func, sk.func.script(), sk.params, None, sk.threads, sk.rule,
-                  sk.component)
+    return Kernel(
+        sk.name, sk.op_index, sk.func, sk.func.script(), sk.params, None, sk.threads, sk.rule, sk.component
+    )
 
 
 def ir_module(kernels: Sequence[Kernel]) -> Any:
@@ -123,7 +136,9 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) ->
             return tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
     except Exception as exc:  # TVM's own error classes; the generated code is at fault, name the first line
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-        raise ScheduleError(f"{target} build of the µGraph kernels failed: {lines[-1] if lines else exc}") from exc
+        raise ScheduleError(
+            f"{target} build of the µGraph kernels failed: {lines[-1] if lines else exc}"
+        ) from exc
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -155,7 +170,9 @@ def _run_component(ex: Any, kern: Kernel, values: dict[Ref, Any], dev: Any) -> N
         values[ref] = tvm.runtime.tensor(host, device=dev)
 
 
-def _bind_outputs(g: KernelGraph, info: GraphInfo, k: int, values: dict[Ref, Any], dev: Any, scalar: Scalar) -> None:
+def _bind_outputs(
+    g: KernelGraph, info: GraphInfo, k: int, values: dict[Ref, Any], dev: Any, scalar: Scalar
+) -> None:
     """Give kernel op ``k``'s outputs their device tensors (an alias op's output is a view of its input)."""
     import tvm
 
@@ -175,12 +192,21 @@ def _by_op(kernels: Sequence[Kernel]) -> dict[int, list[Kernel]]:
 
 
 def _args(kern: Kernel, values: dict[Ref, Any], field_params: Any) -> list[Any]:
-    return [field_params if p.role == "field" else _view(values[p.ref], p.shape)  # type: ignore[index]
-            for p in kern.params]
+    return [
+        field_params if p.role == "field" else _view(values[p.ref], p.shape)  # type: ignore[index]
+        for p in kern.params
+    ]
 
 
-def launch_plan(g: KernelGraph, info: GraphInfo, kernels: Sequence[Kernel], ex: Any, inputs: Sequence[Any],
-                dev: Any, scalar: Scalar) -> tuple[list[tuple[Kernel, Any, list[Any]]], list[Any]]:
+def launch_plan(
+    g: KernelGraph,
+    info: GraphInfo,
+    kernels: Sequence[Kernel],
+    ex: Any,
+    inputs: Sequence[Any],
+    dev: Any,
+    scalar: Scalar,
+) -> tuple[list[tuple[Kernel, Any, list[Any]]], list[Any]]:
     """Allocate every intermediate and output once; returns the kernel calls in order and the output tensors.
 
     Calling ``function(*args)`` of each ``(kernel, function, args)`` in order computes the µGraph into the
@@ -198,8 +224,16 @@ def launch_plan(g: KernelGraph, info: GraphInfo, kernels: Sequence[Kernel], ex: 
     return calls, [values[r] for r in g.outputs]
 
 
-def execute(g: KernelGraph, info: GraphInfo, kernels: Sequence[Kernel], ex: Any, inputs: Sequence[Any], dev: Any,
-            scalar: Scalar, field_params: Any = None) -> list[Any]:
+def execute(
+    g: KernelGraph,
+    info: GraphInfo,
+    kernels: Sequence[Kernel],
+    ex: Any,
+    inputs: Sequence[Any],
+    dev: Any,
+    scalar: Scalar,
+    field_params: Any = None,
+) -> list[Any]:
     """Launch ``kernels`` (compiled into ``ex``) on device tensors ``inputs``; returns the output tensors."""
     values: dict[Ref, Any] = {Ref(i): t for i, t in enumerate(inputs)}
     by_op = _by_op(kernels)
@@ -235,8 +269,14 @@ class CompiledUGraph:
     Use :func:`compile_ugraph` to make one.
     """
 
-    def __init__(self, ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", seed: int = 0,
-                 plans: dict[int, ThreadChoice] | None = None) -> None:
+    def __init__(
+        self,
+        ugraph: KernelGraph,
+        hw: HwProfile,
+        target: Target = "cuda",
+        seed: int = 0,
+        plans: dict[int, ThreadChoice] | None = None,
+    ) -> None:
         if target not in TARGETS:
             raise UnsupportedOpError(f"unknown target {target!r} (expected 'cuda' or 'llvm')")
         self.ugraph = ugraph
@@ -245,8 +285,11 @@ class CompiledUGraph:
         self.seed = seed
         self.info = validate(ugraph, hw)
         self.compute = compute_dtype(ugraph, self.info)
-        self.plans = {k: plan_threads(ugraph, k, self.info, hw, seed) for k, op in enumerate(ugraph.ops)
-                      if isinstance(op, GraphDefinedOp) and (plans is None or k not in plans)}
+        self.plans = {
+            k: plan_threads(ugraph, k, self.info, hw, seed)
+            for k, op in enumerate(ugraph.ops)
+            if isinstance(op, GraphDefinedOp) and (plans is None or k not in plans)
+        }
         self.plans.update(plans or {})
         self._kernels: dict[Target, list[Kernel]] = {}
         self._executables: dict[Target, Any] = {}
@@ -256,8 +299,15 @@ class CompiledUGraph:
         """The float kernels for ``target`` (default: the compile target), in launch order."""
         t = target or self.target
         if t not in self._kernels:
-            self._kernels[t] = lower_ugraph(self.ugraph, self.info, self.hw, self.plans, target=t,
-                                            scalar=FloatScalar(self.compute), seed=self.seed)
+            self._kernels[t] = lower_ugraph(
+                self.ugraph,
+                self.info,
+                self.hw,
+                self.plans,
+                target=t,
+                scalar=FloatScalar(self.compute),
+                seed=self.seed,
+            )
             if t == "cuda":
                 self._check_limits(self._kernels[t])
         return self._kernels[t]
@@ -308,8 +358,15 @@ class CompiledUGraph:
 
         dev = tvm.cpu(0)
         inputs = [tvm.runtime.tensor(a, device=dev) for a in _check_arrays(self.ugraph, arrays)]
-        outs = execute(self.ugraph, self.info, self.kernels("llvm"), self.executable("llvm"), inputs, dev,
-                       FloatScalar(self.compute))
+        outs = execute(
+            self.ugraph,
+            self.info,
+            self.kernels("llvm"),
+            self.executable("llvm"),
+            inputs,
+            dev,
+            FloatScalar(self.compute),
+        )
         return [np.asarray(o.numpy()) for o in outs]
 
     def _run_cuda(self, arrays: Sequence[Any]) -> list[Any]:
@@ -329,10 +386,19 @@ class CompiledUGraph:
             inputs = [tvm.runtime.from_dlpack(a) for a in arrays]
             for spec, t in zip(self.ugraph.inputs, inputs, strict=True):
                 if tuple(t.shape) != spec.shape or str(t.dtype) != spec.dtype:
-                    raise ProgramError(f"input {spec.name}: got {list(t.shape)} {t.dtype}, expected "
-                                       f"{list(spec.shape)} {spec.dtype}")
-        outs = execute(self.ugraph, self.info, self.kernels("cuda"), self.executable("cuda"), inputs, dev,
-                       FloatScalar(self.compute))
+                    raise ProgramError(
+                        f"input {spec.name}: got {list(t.shape)} {t.dtype}, expected "
+                        f"{list(spec.shape)} {spec.dtype}"
+                    )
+        outs = execute(
+            self.ugraph,
+            self.info,
+            self.kernels("cuda"),
+            self.executable("cuda"),
+            inputs,
+            dev,
+            FloatScalar(self.compute),
+        )
         dev.sync()
         return [np.asarray(o.numpy()) for o in outs] if numpy_in else outs
 
@@ -341,7 +407,9 @@ class CompiledUGraph:
         from gensorage.codegen.field_twin import FieldTwin
         from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q
 
-        return FieldTwin(self.ugraph, self.hw, p=p or DEFAULT_P, q=q or DEFAULT_Q, seed=self.seed, plans=self.plans)
+        return FieldTwin(
+            self.ugraph, self.hw, p=p or DEFAULT_P, q=q or DEFAULT_Q, seed=self.seed, plans=self.plans
+        )
 
     def describe(self) -> str:
         """One line per kernel: name, launch shape and how its threads were chosen."""
@@ -358,8 +426,14 @@ def _prefer_nvcc() -> None:
     cuda_build._prefer_nvcc_when_nvrtc_missing()
 
 
-def compile_ugraph(ugraph: KernelGraph, hw: HwProfile, target: Target = "cuda", *, seed: int = 0,
-                   plans: dict[int, ThreadChoice] | None = None) -> CompiledUGraph:
+def compile_ugraph(
+    ugraph: KernelGraph,
+    hw: HwProfile,
+    target: Target = "cuda",
+    *,
+    seed: int = 0,
+    plans: dict[int, ThreadChoice] | None = None,
+) -> CompiledUGraph:
     """Lower every kernel op of ``ugraph`` to TVM TIR for ``hw``.
 
     Parameters
@@ -407,6 +481,15 @@ def build_cubin(ugraph: KernelGraph, hw: HwProfile, *, seed: int = 0) -> bytes |
 
 
 __all__ = [
-    "CompiledUGraph", "Kernel", "build_cubin", "build_cuda", "compile_kernels", "compile_ugraph", "execute",
-    "ir_module", "launch_plan", "lower_ugraph", "run_cpu",
+    "CompiledUGraph",
+    "Kernel",
+    "build_cubin",
+    "build_cuda",
+    "compile_kernels",
+    "compile_ugraph",
+    "execute",
+    "ir_module",
+    "launch_plan",
+    "lower_ugraph",
+    "run_cpu",
 ]

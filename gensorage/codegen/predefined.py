@@ -95,7 +95,7 @@ def _batch_index(b: Any, batch: tuple[int, ...], operand: tuple[int, ...]) -> An
     stride = 1
     for d in reversed(range(len(operand))):
         if operand[d] != 1:
-            inner = math.prod(batch[lead + d + 1:])
+            inner = math.prod(batch[lead + d + 1 :])
             flat = flat + tirx.floormod(tirx.floordiv(b, inner), batch[lead + d]) * stride
         stride *= operand[d]
     return flat
@@ -119,6 +119,7 @@ def _matmul_build(ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | N
             return x.astype(acc) * y.astype(acc)
 
         if ms.batch:
+
             def body(b: Any, i: Any, j: Any) -> Any:
                 ai = (_batch_index(b, ms.batch, ms.a[:-2]), i, k) if len(ms.a) > 2 else (i, k)
                 bi = (_batch_index(b, ms.batch, ms.b[:-2]), k, j) if len(ms.b) > 2 else (k, j)
@@ -138,8 +139,16 @@ def _matmul_build(ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | N
     return build
 
 
-def _matmul_kernels(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target,
-                    scalar: Scalar, name: str, seed: int) -> list[ScheduledKernel]:
+def _matmul_kernels(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    target: Target,
+    scalar: Scalar,
+    name: str,
+    seed: int,
+) -> list[ScheduledKernel]:
     from gensorage.codegen.lower_schedule import lower, threads_per_block
 
     op = g.ops[k]
@@ -152,8 +161,10 @@ def _matmul_kernels(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, targ
         schedule = construct_schedule(base, hw, seed)
     except ScheduleError:
         return []  # no schedule fits: the caller emits the one-thread-per-element kernel
-    rule = (f"markov construct on {base.key()}: T0={list(schedule.tiles[0])}, T1={list(schedule.tiles[1])}, "
-            f"vthreads={list(schedule.vthreads)}")
+    rule = (
+        f"markov construct on {base.key()}: T0={list(schedule.tiles[0])}, T1={list(schedule.tiles[1])}, "
+        f"vthreads={list(schedule.vthreads)}"
+    )
     threads = threads_per_block(base, schedule)
     mods: list[int | None] = list(scalar.mods) if isinstance(scalar, FieldScalar) else [None]
     kernels = []
@@ -178,8 +189,9 @@ def _matmul_kernels(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, targ
 # ------------------------------------------------------------------------------------------- simple kernels
 
 
-def _simple(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar,
-            name: str) -> KernelText:
+def _simple(
+    g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar, name: str
+) -> KernelText:
     """One thread per output element: ``out[unravel(bx * threads + tx)] = f(inputs)``."""
     op = g.ops[k]
     assert isinstance(op, KernelOp)
@@ -204,21 +216,31 @@ def _simple(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Targ
     return KernelText(name, k, text, tuple(params), (blocks,), nt, rule)
 
 
-def _function(g: KernelGraph, k: int, info: GraphInfo, scalar: Scalar, name: str, w: Writer
-              ) -> tuple[tuple[KernelParam, ...], str]:
+def _function(
+    g: KernelGraph, k: int, info: GraphInfo, scalar: Scalar, name: str, w: Writer
+) -> tuple[tuple[KernelParam, ...], str]:
     """The parameters (inputs, the output, the field constants) and the PrimFunc text around body ``w``."""
     op = g.ops[k]
     assert isinstance(op, KernelOp)
     out = info.nodes[len(g.inputs) + k][0]
-    params = [KernelParam(f"in{i}", "input", r, scalar.buf_shape(info.of(r).shape), scalar.buf_dtype(info.of(r).dtype))
-              for i, r in enumerate(op.inputs)]
-    params.append(KernelParam("out0", "output", Ref(len(g.inputs) + k), scalar.buf_shape(out.shape),
-                              scalar.buf_dtype(out.dtype)))
+    params = [
+        KernelParam(
+            f"in{i}", "input", r, scalar.buf_shape(info.of(r).shape), scalar.buf_dtype(info.of(r).dtype)
+        )
+        for i, r in enumerate(op.inputs)
+    ]
+    params.append(
+        KernelParam(
+            "out0", "output", Ref(len(g.inputs) + k), scalar.buf_shape(out.shape), scalar.buf_dtype(out.dtype)
+        )
+    )
     if scalar.field:
         params.append(KernelParam("F", "field", None, (FIELD_PARAMS,), "int64"))
     sig = ", ".join(f'{p.name}: T.Buffer({shape_text(p.shape)}, "{p.dtype}")' for p in params)
-    text = (f"@T.prim_func\ndef {name}({sig}):\n"
-            f'    T.func_attr({{"global_symbol": "{name}", "tir.noalias": True}})\n' + w.text())
+    text = (
+        f"@T.prim_func\ndef {name}({sig}):\n"
+        f'    T.func_attr({{"global_symbol": "{name}", "tir.noalias": True}})\n' + w.text()
+    )
     return tuple(params), text
 
 
@@ -241,7 +263,7 @@ def sum_layout(op: KernelOp, shape: tuple[int, ...]) -> tuple[int, int, bool, bo
     group = attr(op.attrs, "group")
     full = group is None or group == shape[dim]
     count = shape[dim] if full else int(group)
-    if any(s != 1 for s in shape[dim + 1:]) or count < MIN_COOPERATIVE_SUM:
+    if any(s != 1 for s in shape[dim + 1 :]) or count < MIN_COOPERATIVE_SUM:
         return None
     return dim, count, full, bool(attr(op.attrs, "keepdim", True))
 
@@ -256,8 +278,10 @@ def _blocks(blocks: int, gpu: bool) -> str:
 
 def _partials_buffer(w: Writer, sc: Scalar, nt: int, gpu: bool) -> None:
     """``red``: one partial sum per thread of the block (shared memory; on the CPU, per block iteration)."""
-    w.line(f'red = T.alloc_buffer({shape_text(sc.buf_shape((nt,)))}, "{sc.acc_dtype}", '
-           f'scope="{"shared" if gpu else "global"}")')
+    w.line(
+        f'red = T.alloc_buffer({shape_text(sc.buf_shape((nt,)))}, "{sc.acc_dtype}", '
+        f'scope="{"shared" if gpu else "global"}")'
+    )
 
 
 def _zero_acc(w: Writer, sc: Scalar) -> None:
@@ -273,8 +297,9 @@ def _keep_partial(w: Writer, sc: Scalar) -> None:
         w.line(f"{sc.at('red', c, 'tx')} = {sc.at('acc', c, '0')}")
 
 
-def _add_lanes(w: Writer, sc: Scalar, threads: str, gpu: bool, lanes: int, stride: int,
-               below: Callable[[int], str]) -> None:
+def _add_lanes(
+    w: Writer, sc: Scalar, threads: str, gpu: bool, lanes: int, stride: int, below: Callable[[int], str]
+) -> None:
     """Add the ``lanes`` partial sums of each output pairwise: consecutive lanes sit ``stride`` threads apart,
     ``below(step)`` says (in ``tx``) that a thread's lane is below ``step``, and after log2(lanes) steps lane 0
     holds the sum. A barrier precedes each step (the steps are separate thread loops, so on the CPU they run
@@ -284,7 +309,9 @@ def _add_lanes(w: Writer, sc: Scalar, threads: str, gpu: bool, lanes: int, strid
         if gpu:
             w.line('T.tvm_storage_sync("shared")')
         with w.block(f"for tx in {threads}:"), w.block(f"if {below(step)}:"):
-            both = sc.plus(sc.load("red", "tx", sc.acc_dtype), sc.load("red", f"tx + {step * stride}", sc.acc_dtype))
+            both = sc.plus(
+                sc.load("red", "tx", sc.acc_dtype), sc.load("red", f"tx + {step * stride}", sc.acc_dtype)
+            )
             for c, v in enumerate(both.comps):
                 w.line(f"{sc.at('red', c, 'tx')} = {v}")
         step //= 2
@@ -292,8 +319,9 @@ def _add_lanes(w: Writer, sc: Scalar, threads: str, gpu: bool, lanes: int, strid
         w.line('T.tvm_storage_sync("shared")')
 
 
-def _cooperative_sum(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar,
-                     name: str) -> KernelText | None:
+def _cooperative_sum(
+    g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar, name: str
+) -> KernelText | None:
     """A row sum with ``lanes`` threads per output: lane l adds elements l, l + lanes, ... (so a warp reads
     consecutive addresses), then the lanes' partial sums are added pairwise in shared memory (log2(lanes)
     steps, a barrier after each). None when the sum is not over consecutive elements or is short."""
@@ -325,7 +353,9 @@ def _cooperative_sum(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, tar
                 with w.loop("st", -(-count // lanes)) as st:
                     w.line(f"e = {st * lanes} + tx % {lanes}")
                     with w.block(f"if e < {count}:") if count % lanes else nullcontext():
-                        src = summed_index(unravel(Ix.var("f"), out.shape), dim, Ix.var("e"), count, full, keep)
+                        src = summed_index(
+                            unravel(Ix.var("f"), out.shape), dim, Ix.var("e"), count, full, keep
+                        )
                         x_e = sc.load("in0", index_text(src), sc.buf_dtype(x.dtype))
                         for c, v in enumerate(sc.plus(sc.load("acc", "0", sc.acc_dtype), x_e).comps):
                             w.line(f"{sc.at('acc', c, '0')} = {v}")
@@ -334,12 +364,15 @@ def _cooperative_sum(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, tar
         with w.block(f"for tx in {threads}:"):
             w.line(f"f = bx * {per_block} + tx // {lanes}")
             with w.block(f"if tx % {lanes} == 0 and f < {n}:"):
-                for c, v in enumerate(sc.store(sc.reduced(sc.load("red", "tx", sc.acc_dtype)),
-                                               sc.buf_dtype(out.dtype))):
+                for c, v in enumerate(
+                    sc.store(sc.reduced(sc.load("red", "tx", sc.acc_dtype)), sc.buf_dtype(out.dtype))
+                ):
                     w.line(f"{sc.at('out0', c, index_text(unravel(Ix.var('f'), out.shape)))} = {v}")
     params, text = _function(g, k, info, scalar, name, w)
-    rule = (f"cooperative sum: {lanes} threads per output over {count} consecutive elements, {per_block} "
-            f"output(s) per block, partial sums added pairwise in shared memory")
+    rule = (
+        f"cooperative sum: {lanes} threads per output over {count} consecutive elements, {per_block} "
+        f"output(s) per block, partial sums added pairwise in shared memory"
+    )
     return KernelText(name, k, text, params, (blocks,), nt, rule)
 
 
@@ -350,8 +383,9 @@ MIN_COOPERATIVE_INNER = 1024
 _MATVEC_THREADS = 1024
 
 
-def _cooperative_matvec(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar,
-                        name: str) -> KernelText | None:
+def _cooperative_matvec(
+    g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar, name: str
+) -> KernelText | None:
     """A (batched) matrix-vector product ``A[.., m, :] @ B[.., :, n]`` with the inner dim split over lanes.
 
     A block owns one row ``m`` of one batch and ``cols`` consecutive columns. Thread ``tx`` is lane
@@ -395,23 +429,34 @@ def _cooperative_matvec(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, 
                     w.line(f"kk = {st * lanes} + tx // {cols}")
                     with w.block(f"if kk < {inner}:") if inner % lanes else nullcontext():
                         kk = Ix.var("kk")
-                        av = sc.load("in0", index_text(broadcast_index(idx[:-2], ta.shape[:-2]) + [idx[-2], kk]),
-                                     sc.buf_dtype(ta.dtype))
-                        bv = sc.load("in1", index_text(broadcast_index(idx[:-2], tb.shape[:-2]) + [kk, idx[-1]]),
-                                     sc.buf_dtype(tb.dtype))
-                        for c, v in enumerate(sc.plus(sc.load("acc", "0", sc.acc_dtype), sc.product(av, bv)).comps):
+                        av = sc.load(
+                            "in0",
+                            index_text(broadcast_index(idx[:-2], ta.shape[:-2]) + [idx[-2], kk]),
+                            sc.buf_dtype(ta.dtype),
+                        )
+                        bv = sc.load(
+                            "in1",
+                            index_text(broadcast_index(idx[:-2], tb.shape[:-2]) + [kk, idx[-1]]),
+                            sc.buf_dtype(tb.dtype),
+                        )
+                        for c, v in enumerate(
+                            sc.plus(sc.load("acc", "0", sc.acc_dtype), sc.product(av, bv)).comps
+                        ):
                             w.line(f"{sc.at('acc', c, '0')} = {v}")
             _keep_partial(w, sc)
         _add_lanes(w, sc, threads, gpu, lanes, cols, lambda step: f"tx < {step * cols}")
         with w.block(f"for tx in {threads}:"), w.block(f"if tx < {cols}:"):
             idx = col_index()
             with w.block(f"if n < {n_cols}:") if tiles * cols > n_cols else nullcontext():
-                for c, v in enumerate(sc.store(sc.reduced(sc.load("red", "tx", sc.acc_dtype)),
-                                               sc.buf_dtype(out.dtype))):
+                for c, v in enumerate(
+                    sc.store(sc.reduced(sc.load("red", "tx", sc.acc_dtype)), sc.buf_dtype(out.dtype))
+                ):
                     w.line(f"{sc.at('out0', c, index_text(idx))} = {v}")
     params, text = _function(g, k, info, scalar, name, w)
-    rule = (f"cooperative matrix-vector product: {lanes} lanes split the {inner}-term inner dim for each of "
-            f"{cols} columns per block, partial sums added pairwise in shared memory")
+    rule = (
+        f"cooperative matrix-vector product: {lanes} lanes split the {inner}-term inner dim for each of "
+        f"{cols} columns per block, partial sums added pairwise in shared memory"
+    )
     return KernelText(name, k, text, params, (blocks,), nt, rule)
 
 
@@ -443,8 +488,9 @@ def _element(w: Writer, op: KernelOp, ins: list[Any], out: Any, idx: list[Ix], s
         raise UnsupportedOpError(f"pre-defined kernel op '{op.op.value}' has no code generator")
 
 
-def _sum_element(w: Writer, op: KernelOp, shape: tuple[int, ...], idx: list[Ix], sc: Scalar, load: Any,
-                 store: Any) -> None:
+def _sum_element(
+    w: Writer, op: KernelOp, shape: tuple[int, ...], idx: list[Ix], sc: Scalar, load: Any, store: Any
+) -> None:
     dim = int(attr(op.attrs, "dim")) % len(shape)
     keep = bool(attr(op.attrs, "keepdim", True))
     group = attr(op.attrs, "group")
@@ -452,7 +498,9 @@ def _sum_element(w: Writer, op: KernelOp, shape: tuple[int, ...], idx: list[Ix],
     count = shape[dim] if full else int(group)
     _zero_acc(w, sc)
     with w.loop("g", count) as gi:
-        nxt = sc.plus(sc.load("acc", "0", sc.acc_dtype), load(0, summed_index(idx, dim, gi, count, full, keep)))
+        nxt = sc.plus(
+            sc.load("acc", "0", sc.acc_dtype), load(0, summed_index(idx, dim, gi, count, full, keep))
+        )
         for c, e in enumerate(nxt.comps):
             w.line(f"{sc.at('acc', c, '0')} = {e}")
     store(sc.reduced(sc.load("acc", "0", sc.acc_dtype)))
@@ -492,8 +540,17 @@ def _concat_element(w: Writer, op: KernelOp, ins: list[Any], idx: list[Ix], load
 # ------------------------------------------------------------------------------------------- entry point
 
 
-def emit_predefined(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, *, target: Target, scalar: Scalar,
-                    name: str, seed: int = 0) -> list[KernelText | ScheduledKernel]:
+def emit_predefined(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    *,
+    target: Target,
+    scalar: Scalar,
+    name: str,
+    seed: int = 0,
+) -> list[KernelText | ScheduledKernel]:
     """The kernels computing pre-defined kernel op ``k`` (none for a reshape; two for a field-mode matmul).
 
     Raises
@@ -514,7 +571,10 @@ def emit_predefined(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, *, t
         scheduled = _matmul_kernels(g, k, info, hw, target, scalar, name, seed)
         if scheduled:
             return list(scheduled)
-    return [_cooperative_sum(g, k, info, hw, target, scalar, name) or _simple(g, k, info, hw, target, scalar, name)]
+    return [
+        _cooperative_sum(g, k, info, hw, target, scalar, name)
+        or _simple(g, k, info, hw, target, scalar, name)
+    ]
 
 
 __all__ = ["ScheduledKernel", "emit_predefined", "is_alias"]

@@ -148,7 +148,9 @@ class FloatScalar:
             case Op.RELU:
                 return self._v(f"T.max({x[0]}, {self._const(0.0)})")
             case Op.SILU:
-                return self._v(f"{_paren(x[0])} / ({self._const(1.0)} + T.exp({self._const(0.0)} - {_paren(x[0])}))")
+                return self._v(
+                    f"{_paren(x[0])} / ({self._const(1.0)} + T.exp({self._const(0.0)} - {_paren(x[0])}))"
+                )
             case Op.GELU:
                 half, one, rs2 = self._const(0.5), self._const(1.0), self._const(1.0 / math.sqrt(2.0))
                 return self._v(f"{half} * {_paren(x[0])} * ({one} + T.erf({_paren(x[0])} * {rs2}))")
@@ -221,7 +223,9 @@ class FieldScalar:
                 return self._pair(lambda c: self._mod(f"{a.comps[c]} + {b.comps[c]}", c))
             case Op.SUB:
                 assert b is not None
-                return self._pair(lambda c: self._mod(f"{a.comps[c]} - {b.comps[c]} + {self._i(self.mods[c])}", c))
+                return self._pair(
+                    lambda c: self._mod(f"{a.comps[c]} - {b.comps[c]} + {self._i(self.mods[c])}", c)
+                )
             case Op.MUL:
                 assert b is not None
                 return self.mul(a, b)
@@ -232,11 +236,15 @@ class FieldScalar:
             case Op.EXP:
                 return Val((self._pow(w, "F[0]", a.comps[1], self.q.bit_length(), 0), "T.int64(0)"), "int64")
             case Op.SQRT:
-                return Val(tuple(self._pow_const(w, a.comps[c], (self.mods[c] + 1) // 4, c) for c in range(2)),
-                           "int64")
+                return Val(
+                    tuple(self._pow_const(w, a.comps[c], (self.mods[c] + 1) // 4, c) for c in range(2)),
+                    "int64",
+                )
             case Op.SCALE:
                 f = float(attr(attrs, "factor"))
-                return self._pair(lambda c: self._mod(f"{a.comps[c]} * {self._i(field_constant(f, self.mods[c]))}", c))
+                return self._pair(
+                    lambda c: self._mod(f"{a.comps[c]} * {self._i(field_constant(f, self.mods[c]))}", c)
+                )
             case Op.RELU | Op.SILU | Op.GELU:
                 return self._activation(w, op.value, a)
             case _:
@@ -312,8 +320,10 @@ def _mulwrap_lines(w: Writer, x: str, tmp: str, c: int) -> None:
     s32 = "T.uint64(32)"
     xl, xh = f"T.bitwise_and({x}, {m})", f"T.shift_right({x}, {s32})"
     w.line(f"{tmp} = {xl} * T.uint64({lo})")
-    cross = (f"T.bitwise_and({xh} * T.uint64({lo}), {m}) + T.bitwise_and({xl} * T.uint64({hi}), {m})"
-             f" + T.shift_right({tmp}, {s32})")
+    cross = (
+        f"T.bitwise_and({xh} * T.uint64({lo}), {m}) + T.bitwise_and({xl} * T.uint64({hi}), {m})"
+        f" + T.shift_right({tmp}, {s32})"
+    )
     w.line(f"{x} = T.bitwise_or(T.shift_left(T.bitwise_and({cross}, {m}), {s32}), T.bitwise_and({tmp}, {m}))")
 
 
@@ -341,6 +351,16 @@ def keyed_hash(x_p: int, key: int, p: int, q: int) -> tuple[int, int]:
 
 
 __all__ = [
-    "FIELD_PARAMS", "FLOAT_DTYPES", "MIX_C1", "MIX_C2", "MIX_SALT", "FieldScalar", "FloatScalar", "Scalar", "Val",
-    "keyed_hash", "mix64", "mix64_steps",
+    "FIELD_PARAMS",
+    "FLOAT_DTYPES",
+    "MIX_C1",
+    "MIX_C2",
+    "MIX_SALT",
+    "FieldScalar",
+    "FloatScalar",
+    "Scalar",
+    "Val",
+    "keyed_hash",
+    "mix64",
+    "mix64_steps",
 ]

@@ -72,8 +72,11 @@ class Ix:
 
     def _paren(self) -> str:
         text = str(self)
-        return text if len(self.terms) == 1 and self.terms[0][1] == 1 and not self.const and _simple(text) else (
-            f"({text})")
+        return (
+            text
+            if len(self.terms) == 1 and self.terms[0][1] == 1 and not self.const and _simple(text)
+            else (f"({text})")
+        )
 
     def __str__(self) -> str:
         parts = [a if c == 1 else f"{_wrap(a)} * {c}" for a, c in self.terms]
@@ -156,10 +159,10 @@ def summed_index(idx: Sequence[Ix], dim: int, at: Ix, count: int, full: bool, ke
     """Index of term ``at`` (of ``count``) that a sum over ``dim`` reads for output element ``idx``: the whole dim
     (kept as size 1, or dropped), or group ``idx[dim]`` of a grouped sum."""
     if full and keep:
-        return [*idx[:dim], at, *idx[dim + 1:]]
+        return [*idx[:dim], at, *idx[dim + 1 :]]
     if full:
         return [*idx[:dim], at, *idx[dim:]]
-    return [*idx[:dim], idx[dim] * count + at, *idx[dim + 1:]]
+    return [*idx[:dim], idx[dim] * count + at, *idx[dim + 1 :]]
 
 
 def index_text(idx: Sequence[Ix | str]) -> str:

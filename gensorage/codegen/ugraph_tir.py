@@ -107,12 +107,25 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
         else:
             return ThreadChoice(tiling.threads, j, tiling, tiling.describe())
     nt = fallback_threads(_largest_tile(binfo), hw)
-    return ThreadChoice(nt, None, None, f"fallback ({why}): {nt} threads, one per element of the largest tile "
-                                        f"({_largest_tile(binfo)}) rounded to the warp size")
+    return ThreadChoice(
+        nt,
+        None,
+        None,
+        f"fallback ({why}): {nt} threads, one per element of the largest tile "
+        f"({_largest_tile(binfo)}) rounded to the warp size",
+    )
 
 
-def emit_graph_defined(g: KernelGraph, k: int, info: GraphInfo, choice: ThreadChoice, *, target: Target,
-                       scalar: Scalar, name: str) -> KernelText:
+def emit_graph_defined(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    choice: ThreadChoice,
+    *,
+    target: Target,
+    scalar: Scalar,
+    name: str,
+) -> KernelText:
     """TVMScript text of graph-defined op ``k`` of ``g`` (see the module docstring).
 
     Parameters
@@ -136,5 +149,13 @@ def emit_graph_defined(g: KernelGraph, k: int, info: GraphInfo, choice: ThreadCh
     return BlockEmitter(g, k, info, choice, target, scalar, name).emit()
 
 
-__all__ = ["MAX_ELEMENTS", "TARGETS", "KernelParam", "KernelText", "Target", "compute_dtype", "emit_graph_defined",
-           "plan_threads"]
+__all__ = [
+    "MAX_ELEMENTS",
+    "TARGETS",
+    "KernelParam",
+    "KernelText",
+    "Target",
+    "compute_dtype",
+    "emit_graph_defined",
+    "plan_threads",
+]

@@ -23,6 +23,13 @@ from gensorage.construction.kernel_sizes import SizeLattice, kernel_sizes
 from gensorage.construction.schedule import construct_schedule
 
 __all__ = [
-    "MatmulTiling", "SizeLattice", "ThreadChoice", "construct_schedule", "fallback_threads", "kernel_sizes",
-    "matmul_tiling", "matmul_workload", "widen_block_tile",
+    "MatmulTiling",
+    "SizeLattice",
+    "ThreadChoice",
+    "construct_schedule",
+    "fallback_threads",
+    "kernel_sizes",
+    "matmul_tiling",
+    "matmul_workload",
+    "widen_block_tile",
 ]

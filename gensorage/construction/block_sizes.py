@@ -65,10 +65,18 @@ def block_flops(block: BlockGraph, info: BlockInfo) -> int:
     per_block = 0
     for j, node in enumerate(block.nodes):
         if isinstance(node, BlockOp):
-            work = flops(node.op, [info.nodes[r.node][r.out].shape for r in node.inputs], info.nodes[j][0].shape)
+            work = flops(
+                node.op, [info.nodes[r.node][r.out].shape for r in node.inputs], info.nodes[j][0].shape
+            )
         elif isinstance(node, ThreadGraph):
-            work = sum(flops(t.op, [info.threads[j][r.node].shape for r in t.inputs],
-                                info.threads[j][len(node.inputs) + k].shape) for k, t in enumerate(node.ops))
+            work = sum(
+                flops(
+                    t.op,
+                    [info.threads[j][r.node].shape for r in t.inputs],
+                    info.threads[j][len(node.inputs) + k].shape,
+                )
+                for k, t in enumerate(node.ops)
+            )
         else:
             continue
         per_block += work * (block.forloop if phases[j] == "body" else 1)
@@ -118,15 +126,40 @@ def loop_nest(block: BlockGraph, args: Sequence[Shape], info: BlockInfo, dtype: 
         packed = math.prod(shape) / units_total
         if not dims:  # no axis splits it: one constant-indexed element holding the whole tensor
             index, dims = [()], [1]
-        accesses.append(Access(f"in{it.input}", tuple(dims), dtype, tuple(index), tuple(0 for _ in dims),
-                               elem_bytes=_packed_bytes(packed, dtype)))
+        accesses.append(
+            Access(
+                f"in{it.input}",
+                tuple(dims),
+                dtype,
+                tuple(index),
+                tuple(0 for _ in dims),
+                elem_bytes=_packed_bytes(packed, dtype),
+            )
+        )
     out_elems = sum(math.prod(t.shape) for t in info.outputs)
     cells = math.prod(extents)
-    accesses.append(Access("out", extents, dtype, tuple(((f"g{g}", 1),) for g in range(len(extents))),
-                           tuple(0 for _ in extents), is_output=True, elem_bytes=_packed_bytes(out_elems / cells, dtype)))
+    accesses.append(
+        Access(
+            "out",
+            extents,
+            dtype,
+            tuple(((f"g{g}", 1),) for g in range(len(extents))),
+            tuple(0 for _ in extents),
+            is_output=True,
+            elem_bytes=_packed_bytes(out_elems / cells, dtype),
+        )
+    )
     params = tuple((a.name, a.extent) for a in axes)
-    return Workload(name="block_graph", params=params, axes=tuple(axes), accesses=tuple(accesses),
-                    flops=int(block_flops(block, info)), dtype=dtype, build=_no_build, reference=_no_reference)
+    return Workload(
+        name="block_graph",
+        params=params,
+        axes=tuple(axes),
+        accesses=tuple(accesses),
+        flops=int(block_flops(block, info)),
+        dtype=dtype,
+        build=_no_build,
+        reference=_no_reference,
+    )
 
 
 def _no_build() -> Any:
@@ -137,12 +170,22 @@ def _no_reference(*arrays: Any) -> Any:
     raise GensorageError("a block graph's loop nest is a cost-model view only; evaluate the µGraph instead")
 
 
-def constructed_sizes(block: BlockGraph, args: Sequence[Shape], info: BlockInfo, dtype: str, hw: HwProfile,
-                      seed: int, cache: dict[str, tuple[float, ...] | None]) -> tuple[float, ...] | None:
+def constructed_sizes(
+    block: BlockGraph,
+    args: Sequence[Shape],
+    info: BlockInfo,
+    dtype: str,
+    hw: HwProfile,
+    seed: int,
+    cache: dict[str, tuple[float, ...] | None],
+) -> tuple[float, ...] | None:
     """Target (grid sizes..., trip count) from the Markov construction, unrounded; None if it found nothing."""
     wl = loop_nest(block, args, info, dtype)
-    key = wl.key() + f"|flops={wl.flops}|" + ";".join(f"{a.tensor}:{a.shape}:{a.elem_bytes}:{a.index}"
-                                                      for a in wl.accesses)
+    key = (
+        wl.key()
+        + f"|flops={wl.flops}|"
+        + ";".join(f"{a.tensor}:{a.shape}:{a.elem_bytes}:{a.index}" for a in wl.accesses)
+    )
     if key in cache:
         return cache[key]
     try:
@@ -158,7 +201,9 @@ def constructed_sizes(block: BlockGraph, args: Sequence[Shape], info: BlockInfo,
     return target
 
 
-def size_options(block: BlockGraph, args: Sequence[Shape], target: Sequence[float]) -> list[tuple[tuple[int, ...], int]]:
+def size_options(
+    block: BlockGraph, args: Sequence[Shape], target: Sequence[float]
+) -> list[tuple[tuple[int, ...], int]]:
     """Legal (grid, trip count) pairs, nearest to ``target`` first (log distance; ties: smaller sizes first)."""
     extents = grid_extents(block, args)
     per_dim = [_divisors(e) for e in extents]
@@ -183,5 +228,12 @@ def _product(choices: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     return out
 
 
-__all__ = ["MAX_RESIZE_OPTIONS", "block_flops", "constructed_sizes", "grid_extents", "loop_extent", "loop_nest",
-           "size_options"]
+__all__ = [
+    "MAX_RESIZE_OPTIONS",
+    "block_flops",
+    "constructed_sizes",
+    "grid_extents",
+    "loop_extent",
+    "loop_nest",
+    "size_options",
+]

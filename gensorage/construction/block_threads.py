@@ -54,7 +54,9 @@ class MatmulTiling:
     t1: tuple[int, int, int]
     vthreads: tuple[int, int, int]
     workload: str
-    constructed_t1: tuple[int, int, int] | None = None  # the constructor's T1 before widening to the fixed grid
+    constructed_t1: tuple[int, int, int] | None = (
+        None  # the constructor's T1 before widening to the fixed grid
+    )
 
     @property
     def threads_per_axis(self) -> tuple[int, int, int]:
@@ -72,10 +74,15 @@ class MatmulTiling:
         return b, i, j
 
     def describe(self) -> str:
-        widened = (f" (constructed {list(self.constructed_t1)}, widened to the fixed grid)"
-                   if self.constructed_t1 not in (None, self.t1) else "")
-        return (f"markov construct on {self.workload}: register tile T0={list(self.t0)}, block tile "
-                f"T1={list(self.t1)}{widened}, vthreads={list(self.vthreads)} -> {self.threads} threads")
+        widened = (
+            f" (constructed {list(self.constructed_t1)}, widened to the fixed grid)"
+            if self.constructed_t1 not in (None, self.t1)
+            else ""
+        )
+        return (
+            f"markov construct on {self.workload}: register tile T0={list(self.t0)}, block tile "
+            f"T1={list(self.t1)}{widened}, vthreads={list(self.vthreads)} -> {self.threads} threads"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +103,9 @@ def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:
     return workloads.gemm(m, n, k, dt) if batch == 1 else workloads.batch_matmul(batch, m, n, k, dt)
 
 
-def matmul_tiling(batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile, seed: int = 0,
-                  blocks: int = 1) -> MatmulTiling:
+def matmul_tiling(
+    batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile, seed: int = 0, blocks: int = 1
+) -> MatmulTiling:
     """Construct the tiling of a ``(batch, m, n, k)`` block matmul on ``hw`` for a grid of ``blocks`` blocks."""
     wl = matmul_workload(batch, m, n, k, dtype)
     s = construct_schedule(wl, hw, seed)
@@ -110,12 +118,15 @@ def matmul_tiling(batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile,
     t1 = (pick(s.tiles[1], "b"), pick(s.tiles[1], "i"), pick(s.tiles[1], "j"))
     v = (pick(s.vthreads, "b"), pick(s.vthreads, "i"), pick(s.vthreads, "j"))
     extents = (batch, m, n)
-    cap = min(hw.max_threads_per_block, max(hw.warp_size, hw.sm_count * hw.max_threads_per_sm // max(1, blocks)))
+    cap = min(
+        hw.max_threads_per_block, max(hw.warp_size, hw.sm_count * hw.max_threads_per_sm // max(1, blocks))
+    )
     return MatmulTiling(extents, k, t0, widen_block_tile(extents, t0, t1, cap), v, wl.key(), t1)
 
 
-def widen_block_tile(extents: tuple[int, int, int], t0: tuple[int, int, int], t1: tuple[int, int, int],
-                     cap: int) -> tuple[int, int, int]:
+def widen_block_tile(
+    extents: tuple[int, int, int], t0: tuple[int, int, int], t1: tuple[int, int, int], cap: int
+) -> tuple[int, int, int]:
     """``t1`` doubled along ``j``, ``i``, then ``b`` (at most to the extent) while ``prod(ceil(T1 / T0)) <= cap``."""
     tile = list(t1)
     for ax in (2, 1, 0):
@@ -137,6 +148,10 @@ def fallback_threads(largest_tile: int, hw: HwProfile) -> int:
 
 
 __all__ = [
-    "MatmulTiling", "ThreadChoice", "fallback_threads", "matmul_tiling", "matmul_workload",
+    "MatmulTiling",
+    "ThreadChoice",
+    "fallback_threads",
+    "matmul_tiling",
+    "matmul_workload",
     "widen_block_tile",
 ]

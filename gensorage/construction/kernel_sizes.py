@@ -83,7 +83,9 @@ class _Evaluator:
         grid, forloop = point[:-1], point[-1]
         try:
             block = self.build(grid, forloop)
-            sub = single_op_graph(GraphDefinedOp(block, tuple(Ref(i) for i in range(len(self.args)))), self.args)
+            sub = single_op_graph(
+                GraphDefinedOp(block, tuple(Ref(i) for i in range(len(self.args)))), self.args
+            )
             validate(sub, self.hw)
             t = float(self.cost(sub))
         except GensorageError as exc:
@@ -98,8 +100,15 @@ class _Evaluator:
         return min(self.seen.values(), key=lambda v: v[0], default=(math.inf, None))
 
 
-def kernel_sizes(build: BuildFn, args: tuple[TensorInfo, ...], lattice: SizeLattice, hw: HwProfile, cost: CostFn,
-                 rng: np.random.Generator, seed: int = 0) -> tuple[BlockGraph | None, str | None]:
+def kernel_sizes(
+    build: BuildFn,
+    args: tuple[TensorInfo, ...],
+    lattice: SizeLattice,
+    hw: HwProfile,
+    cost: CostFn,
+    rng: np.random.Generator,
+    seed: int = 0,
+) -> tuple[BlockGraph | None, str | None]:
     """The block graph ``build`` makes at the sizes the cost model prefers (see the module docstring).
 
     Returns the block graph, or None with the last reason a candidate was refused when none is valid.
@@ -112,8 +121,9 @@ def kernel_sizes(build: BuildFn, args: tuple[TensorInfo, ...], lattice: SizeLatt
         for point in itertools.product(*lattice.values):
             evaluate(point)
     else:
-        starts = [lattice.start] + [tuple(int(rng.choice(v)) for v in lattice.values)
-                                    for _ in range(WALK_RESTARTS - 1)]
+        starts = [lattice.start] + [
+            tuple(int(rng.choice(v)) for v in lattice.values) for _ in range(WALK_RESTARTS - 1)
+        ]
         for s in starts:
             _descend(s, lattice, evaluate)
     _, block = evaluate.best()
@@ -152,7 +162,7 @@ def _descend(start: tuple[int, ...], lattice: SizeLattice, evaluate: _Evaluator)
             i = vals.index(point[v])
             for k in (i - 1, i + 1):
                 if 0 <= k < len(vals):
-                    cand = point[:v] + (vals[k],) + point[v + 1:]
+                    cand = point[:v] + (vals[k],) + point[v + 1 :]
                     c = evaluate(cand)
                     if c < best_value:
                         best_point, best_value = cand, c
@@ -161,5 +171,14 @@ def _descend(start: tuple[int, ...], lattice: SizeLattice, evaluate: _Evaluator)
         point, value = best_point, best_value
 
 
-__all__ = ["EXHAUSTIVE_LIMIT", "WALK_RESTARTS", "BuildFn", "CostFn", "SizeLattice", "divisors", "kernel_sizes",
-           "nearest", "single_op_graph"]
+__all__ = [
+    "EXHAUSTIVE_LIMIT",
+    "WALK_RESTARTS",
+    "BuildFn",
+    "CostFn",
+    "SizeLattice",
+    "divisors",
+    "kernel_sizes",
+    "nearest",
+    "single_op_graph",
+]

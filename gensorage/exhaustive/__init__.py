@@ -68,9 +68,26 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
-    "Candidate", "DimStrategy", "Resume", "SearchCore", "SearchInterrupted", "SearchResult", "SearchSpec", "Stats",
-    "Task", "TaskResult", "default_core", "enumerate_tasks", "list_dim_strategies", "load_dim_strategy",
-    "rank_candidates", "resume_task", "run_search", "run_task", "run_task_shared", "search_serial",
+    "Candidate",
+    "DimStrategy",
+    "Resume",
+    "SearchCore",
+    "SearchInterrupted",
+    "SearchResult",
+    "SearchSpec",
+    "Stats",
+    "Task",
+    "TaskResult",
+    "default_core",
+    "enumerate_tasks",
+    "list_dim_strategies",
+    "load_dim_strategy",
+    "rank_candidates",
+    "resume_task",
+    "run_search",
+    "run_task",
+    "run_task_shared",
+    "search_serial",
 ]
 
 

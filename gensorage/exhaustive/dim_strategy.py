@@ -42,8 +42,12 @@ class DimStrategy:
     fmaps: tuple[int, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "imaps": _listed(self.imaps), "omaps": _listed(self.omaps),
-                "fmaps": None if self.fmaps is None else list(self.fmaps)}
+        return {
+            "name": self.name,
+            "imaps": _listed(self.imaps),
+            "omaps": _listed(self.omaps),
+            "fmaps": None if self.fmaps is None else list(self.fmaps),
+        }
 
     @staticmethod
     def from_json(data: Any, where: str = "dim strategy") -> DimStrategy:
@@ -52,9 +56,12 @@ class DimStrategy:
         unknown = sorted(set(data) - _KEYS - {"name"})
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)} (known: imaps, omaps, fmaps)")
-        return DimStrategy(data["name"], _slots_list(data.get("imaps"), f"{where}: imaps"),
-                           _slots_list(data.get("omaps"), f"{where}: omaps"),
-                           _fmap_list(data.get("fmaps"), f"{where}: fmaps"))
+        return DimStrategy(
+            data["name"],
+            _slots_list(data.get("imaps"), f"{where}: imaps"),
+            _slots_list(data.get("omaps"), f"{where}: omaps"),
+            _fmap_list(data.get("fmaps"), f"{where}: fmaps"),
+        )
 
     def allowed_fmaps(self) -> frozenset[int | None] | None:
         """The fmaps as gensorage writes them (None: no loop dim), or None when any is allowed."""
@@ -72,8 +79,11 @@ def _slots_list(value: Any, where: str) -> tuple[Slots, ...] | None:
         raise ConfigError(f"{where} must be a non-empty list of [x, y, z] data dims (-1: replica / unused)")
     out = []
     for m in value:
-        if (not isinstance(m, list) or len(m) != SLOTS
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in m)):
+        if (
+            not isinstance(m, list)
+            or len(m) != SLOTS
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in m)
+        ):
             raise ConfigError(f"{where}: {m!r} is not [x, y, z] with each a data dim or -1")
         dims = [d for d in m if d >= 0]
         if len(dims) != len(set(dims)):
@@ -85,8 +95,11 @@ def _slots_list(value: Any, where: str) -> tuple[Slots, ...] | None:
 def _fmap_list(value: Any, where: str) -> tuple[int, ...] | None:
     if value is None:
         return None
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in value)):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in value)
+    ):
         raise ConfigError(f"{where} must be a non-empty list of data dims (-1: no loop dim)")
     return tuple(dict.fromkeys(value))
 
@@ -151,10 +164,20 @@ def load_dim_strategy(name_or_path: str | os.PathLike[str]) -> DimStrategy:
     path, data = read_named_toml("dims", name_or_path, "dim strategy")
     unknown = sorted(set(data) - _KEYS)
     if unknown:
-        raise ConfigError(f"{path}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})")
-    return DimStrategy.from_json({**{k: v for k, v in data.items() if k != "description"}, "name": path.stem},
-                                 str(path))
+        raise ConfigError(
+            f"{path}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})"
+        )
+    return DimStrategy.from_json(
+        {**{k: v for k, v in data.items() if k != "description"}, "name": path.stem}, str(path)
+    )
 
 
-__all__ = ["DimStrategy", "fits", "imap_placements", "list_dim_strategies", "load_dim_strategy", "placements",
-           "slotted"]
+__all__ = [
+    "DimStrategy",
+    "fits",
+    "imap_placements",
+    "list_dim_strategies",
+    "load_dim_strategy",
+    "placements",
+    "slotted",
+]

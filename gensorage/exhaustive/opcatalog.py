@@ -28,8 +28,21 @@ MAX_RANK = 8  # dims tried for dim-valued attributes (tensors of the op set have
 
 # Operator types in the order the search tries them; the position is the "type" part of an operator's rank.
 TYPE_ORDER: tuple[Op, ...] = (
-    Op.MATMUL, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.EXP, Op.SQRT, Op.SCALE, Op.RELU, Op.SILU, Op.GELU, Op.SUM,
-    Op.REPEAT, Op.RESHAPE, Op.CONCAT,
+    Op.MATMUL,
+    Op.ADD,
+    Op.SUB,
+    Op.MUL,
+    Op.DIV,
+    Op.EXP,
+    Op.SQRT,
+    Op.SCALE,
+    Op.RELU,
+    Op.SILU,
+    Op.GELU,
+    Op.SUM,
+    Op.REPEAT,
+    Op.RESHAPE,
+    Op.CONCAT,
 )
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
 # The only operators that may read a scale's result (see docs/search.md: a constant factor is moved along its
@@ -86,8 +99,9 @@ def catalog(program: Program, types: Sequence[Op] | None = None) -> tuple[OpVari
         elif op is Op.SUM:
             _sum_variants(nodes, add)
         elif op is Op.REPEAT:
-            for dim, times in sorted({(int(attr(n.attrs, "dim")), int(attr(n.attrs, "times")))
-                                      for n in nodes if n.op is Op.REPEAT}):
+            for dim, times in sorted(
+                {(int(attr(n.attrs, "dim")), int(attr(n.attrs, "times"))) for n in nodes if n.op is Op.REPEAT}
+            ):
                 add(op, {"dim": dim, "times": times}, 1)
         elif op is Op.RESHAPE:
             for shape in sorted({tuple(attr(n.attrs, "shape")) for n in nodes if n.op is Op.RESHAPE}):
@@ -150,7 +164,7 @@ def out_shape(v: OpVariant, shapes: Sequence[Shape]) -> Shape | None:
     if op is Op.REPEAT:
         s = shapes[0]
         dim, times = attr(v.attrs, "dim"), attr(v.attrs, "times")
-        return None if dim >= len(s) else s[:dim] + (s[dim] * times,) + s[dim + 1:]
+        return None if dim >= len(s) else s[:dim] + (s[dim] * times,) + s[dim + 1 :]
     if op is Op.RESHAPE:
         new = attr(v.attrs, "shape")
         return new if _numel(new) == _numel(shapes[0]) and new != shapes[0] else None
@@ -161,7 +175,7 @@ def out_shape(v: OpVariant, shapes: Sequence[Shape]) -> Shape | None:
             return None
         if any(x != y for i, (x, y) in enumerate(zip(a, b, strict=True)) if i != dim):
             return None
-        return a[:dim] + (a[dim] + b[dim],) + a[dim + 1:]
+        return a[:dim] + (a[dim] + b[dim],) + a[dim + 1 :]
     return None
 
 
@@ -171,10 +185,10 @@ def _sum_shape(attrs: Attrs, s: Shape) -> Shape | None:
         return None  # summing a dim of one element is the identity
     group = attr(attrs, "group")
     if group is None or group == s[dim]:
-        return s[:dim] + ((1,) if attr(attrs, "keepdim", True) else ()) + s[dim + 1:]
+        return s[:dim] + ((1,) if attr(attrs, "keepdim", True) else ()) + s[dim + 1 :]
     if s[dim] % group:
         return None
-    return s[:dim] + (s[dim] // group,) + s[dim + 1:]
+    return s[:dim] + (s[dim] // group,) + s[dim + 1 :]
 
 
 def _numel(s: Shape) -> int:
@@ -205,6 +219,16 @@ def shape_free_term(op: Op, terms: Sequence[Term]) -> Term | None:
 
 
 __all__ = [
-    "COMMUTATIVE", "MAX_RANK", "NONLINEAR_UNARY", "SELF_USELESS", "TYPE_ORDER", "OpVariant", "broadcast", "catalog", "default_types",
-    "out_shape", "program_ops", "shape_free_term",
+    "COMMUTATIVE",
+    "MAX_RANK",
+    "NONLINEAR_UNARY",
+    "SELF_USELESS",
+    "TYPE_ORDER",
+    "OpVariant",
+    "broadcast",
+    "catalog",
+    "default_types",
+    "out_shape",
+    "program_ops",
+    "shape_free_term",
 ]

@@ -103,8 +103,9 @@ class Task:
     @staticmethod
     def from_json(data: dict[str, Any]) -> Task:
         resume = Resume.from_json(data["resume"]) if data.get("resume") is not None else None
-        return Task(int(data["index"]), tuple(int(i) for i in data["path"]), bool(data.get("subtree", True)),
-                    resume)
+        return Task(
+            int(data["index"]), tuple(int(i) for i in data["path"]), bool(data.get("subtree", True)), resume
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +176,12 @@ def rank_candidates(cands: Sequence[Candidate]) -> list[Candidate]:
     unique: dict[str, Candidate] = {}
     for key, c in keyed:
         unique.setdefault(key, c)
-    return [c for _, c in sorted(((k, c) for k, c in unique.items()), key=lambda kc: (kc[1].predicted_time_s, kc[0]))]
+    return [
+        c
+        for _, c in sorted(
+            ((k, c) for k, c in unique.items()), key=lambda kc: (kc[1].predicted_time_s, kc[0])
+        )
+    ]
 
 
 def ugraph_key(g: KernelGraph) -> str:
@@ -184,5 +190,14 @@ def ugraph_key(g: KernelGraph) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-__all__ = ["WORK_COUNTERS", "Candidate", "Resume", "SearchResult", "Stats", "Task", "TaskResult", "rank_candidates",
-           "ugraph_key"]
+__all__ = [
+    "WORK_COUNTERS",
+    "Candidate",
+    "Resume",
+    "SearchResult",
+    "Stats",
+    "Task",
+    "TaskResult",
+    "rank_candidates",
+    "ugraph_key",
+]

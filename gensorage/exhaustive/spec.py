@@ -110,26 +110,34 @@ class SearchSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"search spec: {name} must be a positive integer, got {value!r}")
-        if self.max_block_nodes is not None and (isinstance(self.max_block_nodes, bool)
-                                                 or not isinstance(self.max_block_nodes, int)
-                                                 or self.max_block_nodes < 2):
-            raise ConfigError(f"search spec: max_block_nodes must be an integer >= 2 or None, "
-                              f"got {self.max_block_nodes!r}")
+        if self.max_block_nodes is not None and (
+            isinstance(self.max_block_nodes, bool)
+            or not isinstance(self.max_block_nodes, int)
+            or self.max_block_nodes < 2
+        ):
+            raise ConfigError(
+                f"search spec: max_block_nodes must be an integer >= 2 or None, got {self.max_block_nodes!r}"
+            )
         if self.max_grid_dims not in (1, 2, 3):
             raise ConfigError(f"search spec: max_grid_dims must be 1, 2 or 3, got {self.max_grid_dims!r}")
         if self.schedule not in SCHEDULE_MODES:
-            raise ConfigError(f"search spec: schedule must be one of {', '.join(SCHEDULE_MODES)}, "
-                              f"got {self.schedule!r}")
+            raise ConfigError(
+                f"search spec: schedule must be one of {', '.join(SCHEDULE_MODES)}, got {self.schedule!r}"
+            )
         if not 0.0 < float(self.delta) < 1.0:
             raise ConfigError(f"search spec: delta must be in (0, 1), got {self.delta!r}")
         if self.max_trials is not None and (isinstance(self.max_trials, bool) or self.max_trials < 1):
-            raise ConfigError(f"search spec: max_trials must be a positive integer or None, got {self.max_trials!r}")
+            raise ConfigError(
+                f"search spec: max_trials must be a positive integer or None, got {self.max_trials!r}"
+            )
         if self.dims is not None and not isinstance(self.dims, DimStrategy):
             raise ConfigError(f"search spec: dims must be a DimStrategy, got {type(self.dims).__name__}")
         if self.dims is not None:
             self._check_dims(self.dims)
         if not isinstance(self.replicated_writes, bool):
-            raise ConfigError(f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}")
+            raise ConfigError(
+                f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"search spec: seed must be a non-negative integer, got {self.seed!r}")
         if self.ops is not None:
@@ -142,9 +150,11 @@ class SearchSpec:
         for n in self.program.nodes:
             size = math.prod(n.shape)
             if size > MAX_SEARCH_ELEMENTS:
-                raise ConfigError(f"search spec: tensor '{n.name}' of program '{self.program.name}' has {size:,} "
-                                  f"elements, more than the {MAX_SEARCH_ELEMENTS:,} a search evaluates; search at "
-                                  "small shapes (docs/search.md, 'Choosing search shapes')")
+                raise ConfigError(
+                    f"search spec: tensor '{n.name}' of program '{self.program.name}' has {size:,} "
+                    f"elements, more than the {MAX_SEARCH_ELEMENTS:,} a search evaluates; search at "
+                    "small shapes (docs/search.md, 'Choosing search shapes')"
+                )
 
     def _check_dims(self, dims: DimStrategy) -> None:
         """A strategy none of whose imaps (omaps, fmaps) fits the program's tensors admits no block graph, so the
@@ -153,18 +163,24 @@ class SearchSpec:
         rank = max(len(n.shape) for n in self.program.nodes)
         for kind, maps in (("imaps", dims.imaps), ("omaps", dims.omaps)):
             if maps is not None and not any(all(d < rank for d in m) for m in maps):
-                raise ConfigError(f"search spec: dims '{dims.name}': every listed {kind[:-1]} names a data dim "
-                                  f"beyond the program's tensors (at most {rank} dims, numbered from 0)")
+                raise ConfigError(
+                    f"search spec: dims '{dims.name}': every listed {kind[:-1]} names a data dim "
+                    f"beyond the program's tensors (at most {rank} dims, numbered from 0)"
+                )
         if dims.fmaps is not None and not any(f < rank for f in dims.fmaps):
-            raise ConfigError(f"search spec: dims '{dims.name}': every listed fmap names a data dim beyond the "
-                              f"program's tensors (at most {rank} dims, numbered from 0)")
+            raise ConfigError(
+                f"search spec: dims '{dims.name}': every listed fmap names a data dim beyond the "
+                f"program's tensors (at most {rank} dims, numbered from 0)"
+            )
 
     def _check_ops(self) -> None:
         """An operator set that cannot make the program is refused up front: without some operator whose mark
         the program's outputs carry (exp, sqrt, an activation, div; see needed_ops), no µGraph's expression
         equals the program's, so the default search (expression filter on) would walk for nothing."""
         if not self.ops:
-            raise ConfigError("search spec: ops is empty (name at least one operator type, or leave it unset)")
+            raise ConfigError(
+                "search spec: ops is empty (name at least one operator type, or leave it unset)"
+            )
         if not (self.prune and self.expr_filter):
             return
         from gensorage.exhaustive.opcatalog import program_ops
@@ -172,8 +188,10 @@ class SearchSpec:
 
         lacking = sorted(op.value for op in program_ops(self.program) & MARK_OPS if op.value not in self.ops)
         if lacking:
-            raise ConfigError(f"search spec: ops lacks {', '.join(lacking)}, which the program uses; no µGraph "
-                              "without it has the program's expression (add it, or leave ops unset)")
+            raise ConfigError(
+                f"search spec: ops lacks {', '.join(lacking)}, which the program uses; no µGraph "
+                "without it has the program's expression (add it, or leave ops unset)"
+            )
 
     @property
     def op_types(self) -> tuple[Op, ...] | None:
@@ -187,7 +205,9 @@ class SearchSpec:
             if f.name in ("program", "program_text"):
                 continue
             value = getattr(self, f.name)
-            if (f.name in OMITTED_WHEN_NONE and value is None) or (f.name in OMITTED_WHEN_TRUE and value is True):
+            if (f.name in OMITTED_WHEN_NONE and value is None) or (
+                f.name in OMITTED_WHEN_TRUE and value is True
+            ):
                 continue  # keeps the keys (checkpoint names) of specs written before the field existed
             if isinstance(value, DimStrategy):
                 out[f.name] = value.to_json()
@@ -201,7 +221,9 @@ class SearchSpec:
         if not isinstance(data, dict) or data.get("format") != SPEC_FORMAT:
             raise ConfigError("search spec: not a gensorage search-spec document")
         if data.get("version") != SPEC_VERSION:
-            raise ConfigError(f"search spec: unsupported version {data.get('version')!r} (expected {SPEC_VERSION})")
+            raise ConfigError(
+                f"search spec: unsupported version {data.get('version')!r} (expected {SPEC_VERSION})"
+            )
         text = data.get("program")
         if not isinstance(text, str):
             raise ConfigError("search spec: 'program' must be the program's .gsp text")
@@ -229,7 +251,9 @@ class SearchSpec:
 
 def _program_text(program: Program) -> str:
     """The program's ``.gsp`` text without comment lines (the loader's parameter note would not round-trip)."""
-    return "".join(line for line in dump_program(program).splitlines(keepends=True) if not line.startswith("#"))
+    return "".join(
+        line for line in dump_program(program).splitlines(keepends=True) if not line.startswith("#")
+    )
 
 
 __all__ = ["SCHEDULE_MODES", "ScheduleMode", "SearchSpec"]

@@ -96,8 +96,16 @@ def parse_nvidia_smi_csv(text: str) -> list[DetectedGpu]:
         if mem is None and not cols[1].startswith("["):  # not "[N/A]": not a GPU line
             continue
         cc = _parse_cc(cols[2]) if len(cols) > 2 else None
-        gpus.append(DetectedGpu(index=len(gpus), name=cols[0], memory_bytes=mem, compute_capability=cc,
-                                profile=match_profile(cols[0], mem), source="nvidia-smi"))
+        gpus.append(
+            DetectedGpu(
+                index=len(gpus),
+                name=cols[0],
+                memory_bytes=mem,
+                compute_capability=cc,
+                profile=match_profile(cols[0], mem),
+                source="nvidia-smi",
+            )
+        )
     return gpus
 
 
@@ -137,8 +145,13 @@ def _probe_nvml() -> tuple[list[DetectedGpu], str | None]:
 
 
 def _run_smi(exe: str, query: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([exe, f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
-                          text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
+    return subprocess.run(
+        [exe, f"--query-gpu={query}", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=NVIDIA_SMI_TIMEOUT_S,
+        check=False,
+    )
 
 
 def _probe_smi() -> tuple[list[DetectedGpu], str | None]:

@@ -30,9 +30,20 @@ REQUIRED_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 REGISTER_BYTES = 4  # CUDA registers are 32 bits wide
 
 _INT_FIELDS: tuple[str, ...] = (
-    "sm_count", "warp_size", "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm",
-    "registers_per_sm", "max_registers_per_thread", "shared_mem_per_sm", "shared_mem_per_block", "l2_bytes",
-    "shared_banks", "bank_width_bytes", "transaction_bytes", "dram_bytes",
+    "sm_count",
+    "warp_size",
+    "max_threads_per_block",
+    "max_threads_per_sm",
+    "max_blocks_per_sm",
+    "registers_per_sm",
+    "max_registers_per_thread",
+    "shared_mem_per_sm",
+    "shared_mem_per_block",
+    "l2_bytes",
+    "shared_banks",
+    "bank_width_bytes",
+    "transaction_bytes",
+    "dram_bytes",
 )
 _STR_FIELDS: tuple[str, ...] = ("name", "display_name", "arch")
 _FLOAT_FIELDS: tuple[str, ...] = ("clock_hz",)
@@ -79,7 +90,9 @@ def find_config(kind: str, name: str) -> Path | None:
     return None
 
 
-def read_named_toml(kind: str, name_or_path: str | os.PathLike[str], what: str) -> tuple[Path, dict[str, Any]]:
+def read_named_toml(
+    kind: str, name_or_path: str | os.PathLike[str], what: str
+) -> tuple[Path, dict[str, Any]]:
     """A ``kind`` config by name, or a ``.toml`` path, parsed as data; every failure is a one-line ConfigError
     naming ``what`` it is (unknown names list the known ones)."""
     text = os.fspath(name_or_path)
@@ -90,7 +103,9 @@ def read_named_toml(kind: str, name_or_path: str | os.PathLike[str], what: str) 
     else:
         found = find_config(kind, text)
         if found is None:
-            raise ConfigError(f"unknown {what} {text!r} (known: {', '.join(list_config_names(kind)) or 'none'})")
+            raise ConfigError(
+                f"unknown {what} {text!r} (known: {', '.join(list_config_names(kind)) or 'none'})"
+            )
         path = found
     try:
         return path, tomllib.loads(path.read_text(encoding="utf-8"))
@@ -207,8 +222,9 @@ def _get_int(data: Mapping[str, Any], key: str, where: str, prefix: str = "") ->
     return v
 
 
-def _get_float(data: Mapping[str, Any], key: str, where: str, prefix: str = "", *,
-               allow_zero: bool = False) -> float:
+def _get_float(
+    data: Mapping[str, Any], key: str, where: str, prefix: str = "", *, allow_zero: bool = False
+) -> float:
     v = data.get(key)
     if v is None:
         raise _fail(where, prefix + key, "missing")
@@ -251,26 +267,41 @@ def _check_unknown(data: Mapping[str, Any], allowed: tuple[str, ...], where: str
 def _parse_levels(data: Mapping[str, Any], ints: Mapping[str, int], where: str) -> tuple[MemLevel, ...]:
     table = _get_table(data, "levels", where)
     _check_unknown(table, LEVEL_NAMES, where, "levels.")
-    capacity = {"dram": ints["dram_bytes"], "l2": ints["l2_bytes"], "shared": ints["shared_mem_per_sm"],
-                "register": ints["registers_per_sm"] * REGISTER_BYTES}
+    capacity = {
+        "dram": ints["dram_bytes"],
+        "l2": ints["l2_bytes"],
+        "shared": ints["shared_mem_per_sm"],
+        "register": ints["registers_per_sm"] * REGISTER_BYTES,
+    }
     levels = []
     for name in LEVEL_NAMES:
         prefix = f"levels.{name}."
         lv = _get_table(table, name, where)
         _check_unknown(lv, _LEVEL_KEYS, where, prefix)
-        levels.append(MemLevel(name=name, bandwidth_Bps=_get_float(lv, "bandwidth_Bps", where, prefix),
-                               latency_cycles=_get_float(lv, "latency_cycles", where, prefix),
-                               capacity_bytes=capacity[name]))
+        levels.append(
+            MemLevel(
+                name=name,
+                bandwidth_Bps=_get_float(lv, "bandwidth_Bps", where, prefix),
+                latency_cycles=_get_float(lv, "latency_cycles", where, prefix),
+                capacity_bytes=capacity[name],
+            )
+        )
     # Inner levels are faster: bandwidth must not drop and latency must not grow from DRAM to registers.
     for outer, inner in zip(levels, levels[1:], strict=False):
         if inner.bandwidth_Bps < outer.bandwidth_Bps:
-            raise _fail(where, f"levels.{inner.name}.bandwidth_Bps",
-                        f"{inner.bandwidth_Bps:g} B/s is below the outer level {outer.name}'s "
-                        f"{outer.bandwidth_Bps:g} B/s (levels must be ordered dram -> register)")
+            raise _fail(
+                where,
+                f"levels.{inner.name}.bandwidth_Bps",
+                f"{inner.bandwidth_Bps:g} B/s is below the outer level {outer.name}'s "
+                f"{outer.bandwidth_Bps:g} B/s (levels must be ordered dram -> register)",
+            )
         if inner.latency_cycles > outer.latency_cycles:
-            raise _fail(where, f"levels.{inner.name}.latency_cycles",
-                        f"{inner.latency_cycles:g} cycles exceeds the outer level {outer.name}'s "
-                        f"{outer.latency_cycles:g} (levels must be ordered dram -> register)")
+            raise _fail(
+                where,
+                f"levels.{inner.name}.latency_cycles",
+                f"{inner.latency_cycles:g} cycles exceeds the outer level {outer.name}'s "
+                f"{outer.latency_cycles:g} (levels must be ordered dram -> register)",
+            )
     return tuple(levels)
 
 
@@ -297,11 +328,13 @@ def _valid_source_key(key: str, data: Mapping[str, Any]) -> bool:
         return len(parts) == 1
     if parts[0] == "levels":
         return (len(parts) == 2 and parts[1] in LEVEL_NAMES) or (
-            len(parts) == 3 and parts[1] in LEVEL_NAMES and parts[2] in _LEVEL_KEYS)
+            len(parts) == 3 and parts[1] in LEVEL_NAMES and parts[2] in _LEVEL_KEYS
+        )
     if parts[0] == "peak_flops":
         dtypes = data.get("peak_flops", {})
         return (len(parts) == 2 and parts[1] in dtypes) or (
-            len(parts) == 3 and parts[1] in dtypes and parts[2] in _FLOPS_KEYS)
+            len(parts) == 3 and parts[1] in dtypes and parts[2] in _FLOPS_KEYS
+        )
     return False
 
 
@@ -323,16 +356,31 @@ def _check_relations(ints: Mapping[str, int], where: str) -> None:
         if v & (v - 1):
             raise _fail(where, key, f"must be a power of two, got {v}")
     rules = (
-        ("max_threads_per_block", ints["max_threads_per_block"] <= ints["max_threads_per_sm"],
-         "exceeds max_threads_per_sm"),
-        ("max_threads_per_block", ints["max_threads_per_block"] % ints["warp_size"] == 0,
-         "is not a multiple of warp_size"),
-        ("max_threads_per_sm", ints["max_threads_per_sm"] % ints["warp_size"] == 0,
-         "is not a multiple of warp_size"),
-        ("shared_mem_per_block", ints["shared_mem_per_block"] <= ints["shared_mem_per_sm"],
-         "exceeds shared_mem_per_sm"),
-        ("max_registers_per_thread", ints["max_registers_per_thread"] <= ints["registers_per_sm"],
-         "exceeds registers_per_sm"),
+        (
+            "max_threads_per_block",
+            ints["max_threads_per_block"] <= ints["max_threads_per_sm"],
+            "exceeds max_threads_per_sm",
+        ),
+        (
+            "max_threads_per_block",
+            ints["max_threads_per_block"] % ints["warp_size"] == 0,
+            "is not a multiple of warp_size",
+        ),
+        (
+            "max_threads_per_sm",
+            ints["max_threads_per_sm"] % ints["warp_size"] == 0,
+            "is not a multiple of warp_size",
+        ),
+        (
+            "shared_mem_per_block",
+            ints["shared_mem_per_block"] <= ints["shared_mem_per_sm"],
+            "exceeds shared_mem_per_sm",
+        ),
+        (
+            "max_registers_per_thread",
+            ints["max_registers_per_thread"] <= ints["registers_per_sm"],
+            "exceeds registers_per_sm",
+        ),
         ("l2_bytes", ints["l2_bytes"] < ints["dram_bytes"], "is not smaller than dram_bytes"),
         ("shared_mem_per_sm", ints["shared_mem_per_sm"] < ints["l2_bytes"], "is not smaller than l2_bytes"),
     )
@@ -353,7 +401,12 @@ def profile_from_dict(data: Mapping[str, Any], *, where: str = "<profile>") -> H
         raise _fail(where, "clock_hz", f"{clock:g} is not a GPU clock in Hz (expected e.g. 1.41e9)")
     _check_relations(ints, where)
     return HwProfile(
-        name=strs["name"], display_name=strs["display_name"], arch=strs["arch"], clock_hz=clock,
-        levels=_parse_levels(data, ints, where), peak_flops=_parse_flops(data, where),
-        sources=_parse_sources(data, where), **ints,
+        name=strs["name"],
+        display_name=strs["display_name"],
+        arch=strs["arch"],
+        clock_hz=clock,
+        levels=_parse_levels(data, ints, where),
+        peak_flops=_parse_flops(data, where),
+        sources=_parse_sources(data, where),
+        **ints,
     )

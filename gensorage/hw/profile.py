@@ -44,7 +44,9 @@ class HwProfile:
     dram_bytes: int
     levels: tuple[MemLevel, ...]  # ordered from DRAM (outermost) to registers (innermost)
     # peak FLOP/s per dtype: {"float16": {"cuda": ..., "tensor": ...}, "float32": {...}, ...}
-    peak_flops: tuple[tuple[str, float, float], ...]  # (dtype, without tensor cores, with tensor cores; 0 if none)
+    peak_flops: tuple[
+        tuple[str, float, float], ...
+    ]  # (dtype, without tensor cores, with tensor cores; 0 if none)
     sources: tuple[tuple[str, str], ...] = field(default=())  # (field, where the value comes from)
 
     def level(self, name: str) -> MemLevel:

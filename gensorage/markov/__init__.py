@@ -26,8 +26,15 @@ __all__ = ["Schedule", "ScheduleSpace", "SearchOutcome", "construct", "predict_s
 # 4 walks from each of the 12 best distinct register tiles per round, until 3 rounds bring nothing better or
 # 6000 transitions are spent; walks of at most 50 steps (Algorithm 1 keeps a state with probability < 1e-4 after
 # ~40 halvings, so longer walks only add cost). The values were chosen by measurement (CHANGELOG.md).
-ANNEAL_DEFAULTS: dict[str, int] = {"walks": 4, "population": 12, "rounds": 12, "patience": 3, "top_k": 10,
-                                   "iterations": 50, "max_steps": 6000}
+ANNEAL_DEFAULTS: dict[str, int] = {
+    "walks": 4,
+    "population": 12,
+    "rounds": 12,
+    "patience": 3,
+    "top_k": 10,
+    "iterations": 50,
+    "max_steps": 6000,
+}
 
 
 def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> SearchOutcome:
@@ -68,5 +75,11 @@ def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> 
         raise ScheduleError(f"{workload.key()}: no schedule reached by the construction fits {hw.name}")
     value, best = result.ranked[0]
     best = dataclasses.replace(best, level=LAST)  # the construction is finished
-    return SearchOutcome(schedule=best, predicted_time_s=value, method="markov", evaluated=result.evaluated,
-                         elapsed_s=time.perf_counter() - start, trace=result.trace)
+    return SearchOutcome(
+        schedule=best,
+        predicted_time_s=value,
+        method="markov",
+        evaluated=result.evaluated,
+        elapsed_s=time.perf_counter() - start,
+        trace=result.trace,
+    )

@@ -54,7 +54,7 @@ def _all_actions(n: int, spatial: tuple[int, ...]) -> tuple[Action, ...]:
 
 
 def _set(t: tuple[int, ...], a: int, value: int) -> tuple[int, ...]:
-    return t[:a] + (value,) + t[a + 1:]
+    return t[:a] + (value,) + t[a + 1 :]
 
 
 def _retile(s: Schedule, a: int, new: int) -> Schedule:

@@ -81,8 +81,9 @@ def _policy_row(space: ScheduleSpace, s: Schedule) -> _Row:
     return tuple(acts), tuple(weights), tuple(succ), cache_at
 
 
-def get_policy(space: ScheduleSpace, s: Schedule, t: int, rng: np.random.Generator,
-               memo: PolicyMemo | None = None) -> tuple[Action, Schedule] | None:
+def get_policy(
+    space: ScheduleSpace, s: Schedule, t: int, rng: np.random.Generator, memo: PolicyMemo | None = None
+) -> tuple[Action, Schedule] | None:
     """Algorithm 2: roulette selection over the normalized benefits of every action at ``s``.
 
     Returns the chosen action and the state it leads to, or ``None`` when no action has positive benefit.
@@ -110,9 +111,14 @@ def get_policy(space: ScheduleSpace, s: Schedule, t: int, rng: np.random.Generat
     return acts[-1], succ[-1]  # u == total up to rounding
 
 
-def run_chain(space: ScheduleSpace, rng: np.random.Generator, start: Schedule | None = None,
-              t_start: float = T_START, threshold: float = THRESHOLD,
-              memo: PolicyMemo | None = None) -> ChainResult:
+def run_chain(
+    space: ScheduleSpace,
+    rng: np.random.Generator,
+    start: Schedule | None = None,
+    t_start: float = T_START,
+    threshold: float = THRESHOLD,
+    memo: PolicyMemo | None = None,
+) -> ChainResult:
     """Algorithm 1: one annealing walk from ``start`` (default: the unscheduled state), at level 0."""
     e = space.initial() if start is None else replace(start, level=0)
     top: list[Schedule] = []
@@ -151,9 +157,18 @@ def _diverse(ranked: list[tuple[float, Schedule]], n: int) -> list[Schedule | No
     return picked
 
 
-def anneal(space: ScheduleSpace, score: Callable[[Schedule], float], seed: int = 0, walks: int = 8,
-           population: int = 4, rounds: int = 12, patience: int = 2, top_k: int = 10,
-           iterations: int = 100, max_steps: int = 1_000_000) -> AnnealResult:
+def anneal(
+    space: ScheduleSpace,
+    score: Callable[[Schedule], float],
+    seed: int = 0,
+    walks: int = 8,
+    population: int = 4,
+    rounds: int = 12,
+    patience: int = 2,
+    top_k: int = 10,
+    iterations: int = 100,
+    max_steps: int = 1_000_000,
+) -> AnnealResult:
     """Walks seeded by ``seed`` from the best states found so far, top results scored by ``score``.
 
     Round 0 runs ``walks`` walks from the unscheduled state; each later round runs ``walks`` walks from each of

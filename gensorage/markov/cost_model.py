@@ -44,7 +44,9 @@ LAUNCH_OVERHEAD_S = 2e-6  # kernel launch + tail as seen by a device-side timer
 # float32 CUDA-core peak. Flip this only together with a lowering that emits MMA instructions.
 EMITS_TENSOR_CORES = False
 SCHEDULERS_PER_SM = 4  # warp schedulers per SM on every NVIDIA GPU since Maxwell
-FMA_DEPENDENT_CYCLES = 4  # cycles before a dependent FMA can issue; hidden by warps x independent accumulators
+FMA_DEPENDENT_CYCLES = (
+    4  # cycles before a dependent FMA can issue; hidden by warps x independent accumulators
+)
 MMA_DEPENDENT_CYCLES = 16  # same for one warp-wide mma.sync
 SYNC_CYCLES = 20  # one __syncthreads with all warps arriving together
 TENSOR_CORE_DTYPES = frozenset({"float16", "bfloat16"})
@@ -157,7 +159,9 @@ def bank_conflict(space: ScheduleSpace, s: Schedule, t: AccessInfo) -> int:
     """
     hw = space.hw
     t0, t1, v = s.tiles[0], s.tiles[1], s.vthreads
-    dims = tuple(min(size, 1 + sum(c * (t1[a] - 1) for a, c in row)) for size, row in zip(t.shape, t.dims, strict=True))
+    dims = tuple(
+        min(size, 1 + sum(c * (t1[a] - 1) for a, c in row)) for size, row in zip(t.shape, t.dims, strict=True)
+    )
     strides = [1] * len(dims)
     for d in range(len(dims) - 2, -1, -1):
         strides[d] = strides[d + 1] * dims[d + 1]
@@ -258,8 +262,10 @@ def space_breakdown(space: ScheduleSpace, s: Schedule) -> CostBreakdown | None:
     shared_writes = sum(b for t, b in l1_traffic if not t.is_output) / blocks
     l2_bytes = sum(b / _sector_efficiency(space, t, t1) for t, b in l1_traffic) / blocks
     # Cooperative global->shared copy: one load and one store instruction per vector and thread.
-    fetch_vectors = sum(n * (chunks if t.uses_reduce else 1) / _vector_width(space, t, t1)
-                        for t, n in zip(space.inputs, space.elems(t1), strict=False))
+    fetch_vectors = sum(
+        n * (chunks if t.uses_reduce else 1) / _vector_width(space, t, t1)
+        for t, n in zip(space.inputs, space.elems(t1), strict=False)
+    )
     fetch_instr = 2 * math.ceil(fetch_vectors / res.threads)
 
     # Compute: the FLOP rate the block shape sustains, and the issue slots all its instructions take.
@@ -302,14 +308,26 @@ def space_breakdown(space: ScheduleSpace, s: Schedule) -> CostBreakdown | None:
     wave_s = max(compute_s, shared_s, l2_s, register_s, latency_s)
     total = LAUNCH_OVERHEAD_S + max(waves * wave_s, dram_s)
     mean_conflict = sum(conflicts) / len(conflicts) if conflicts else 1.0
-    return CostBreakdown(blocks=blocks, threads_per_block=res.threads, blocks_per_sm=bps, waves=waves,
-                         tensor_cores=tc, compute_s=compute_s, shared_s=shared_s, l2_s=l2_s,
-                         register_s=register_s, latency_s=latency_s, dram_s=dram_s,
-                         bank_conflict=mean_conflict, total_s=total)
+    return CostBreakdown(
+        blocks=blocks,
+        threads_per_block=res.threads,
+        blocks_per_sm=bps,
+        waves=waves,
+        tensor_cores=tc,
+        compute_s=compute_s,
+        shared_s=shared_s,
+        l2_s=l2_s,
+        register_s=register_s,
+        latency_s=latency_s,
+        dram_s=dram_s,
+        bank_conflict=mean_conflict,
+        total_s=total,
+    )
 
 
-def _shared_reads(space: ScheduleSpace, s: Schedule, tc: bool, threads: int, warps: int,
-                  steps: int) -> tuple[float, float, list[int]]:
+def _shared_reads(
+    space: ScheduleSpace, s: Schedule, tc: bool, threads: int, warps: int, steps: int
+) -> tuple[float, float, list[int]]:
     """(bytes read from shared memory per block incl. conflicts, load instructions per thread, degrees).
 
     CUDA cores: every thread loads its own fragment of each input per register step, one scalar load per

@@ -41,8 +41,12 @@ class Schedule:
         return self.tiles[level][self.axes.index(axis)]
 
     def to_json(self) -> dict[str, object]:
-        return {"axes": list(self.axes), "tiles": [list(t) for t in self.tiles],
-                "vthreads": list(self.vthreads), "level": self.level}
+        return {
+            "axes": list(self.axes),
+            "tiles": [list(t) for t in self.tiles],
+            "vthreads": list(self.vthreads),
+            "level": self.level,
+        }
 
     @staticmethod
     def from_json(data: dict[str, object]) -> Schedule:

@@ -23,7 +23,9 @@ NUM_LEVELS = 3  # registers (0), shared memory / thread block (1), full extent (
 LAST = NUM_LEVELS - 1
 # Profile memory level that holds each tile level's data; L2 is a hardware-managed cache, no tiling level.
 LEVEL_MEMORY: tuple[str, ...] = ("register", "shared", "dram")
-MAX_VTHREAD = 8  # largest virtual-thread count per axis (TVM's usual bound; more only inflates the index math)
+MAX_VTHREAD = (
+    8  # largest virtual-thread count per axis (TVM's usual bound; more only inflates the index math)
+)
 # Registers a kernel needs besides its tiles (loop counters, base addresses, predicates). nvcc -Xptxas -v on
 # simple TVM GPU kernels reports roughly 16-30 registers before any tile is kept in registers.
 REGISTER_OVERHEAD = 16
@@ -70,7 +72,9 @@ def _candidates(extent: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _compile_access(wl: Workload, access_index: int, axis_pos: dict[str, int], reduce: frozenset[int]) -> AccessInfo:
+def _compile_access(
+    wl: Workload, access_index: int, axis_pos: dict[str, int], reduce: frozenset[int]
+) -> AccessInfo:
     acc = wl.accesses[access_index]
     dims: list[tuple[tuple[int, int], ...]] = []
     for terms in acc.index:
@@ -82,8 +86,15 @@ def _compile_access(wl: Workload, access_index: int, axis_pos: dict[str, int], r
                 row.append((axis_pos[name], abs(coef)))
         dims.append(tuple(row))
     used = frozenset(a for row in dims for a, _ in row)
-    return AccessInfo(name=acc.tensor, is_output=acc.is_output, elem_bytes=acc.elem_bytes or dtype_bytes(acc.dtype),
-                      shape=tuple(acc.shape), dims=tuple(dims), axes_used=used, uses_reduce=bool(used & reduce))
+    return AccessInfo(
+        name=acc.tensor,
+        is_output=acc.is_output,
+        elem_bytes=acc.elem_bytes or dtype_bytes(acc.dtype),
+        shape=tuple(acc.shape),
+        dims=tuple(dims),
+        axes_used=used,
+        uses_reduce=bool(used & reduce),
+    )
 
 
 class ScheduleSpace:
@@ -127,15 +138,20 @@ class ScheduleSpace:
     def initial(self) -> Schedule:
         """The paper's unscheduled start: every tile 1 below the full extent, no virtual threads, level 0."""
         ones = tuple(1 for _ in self.axes)
-        return Schedule(axes=self.axes, tiles=(ones, ones, self.extents),
-                        vthreads=ones, level=0)
+        return Schedule(axes=self.axes, tiles=(ones, ones, self.extents), vthreads=ones, level=0)
 
-    def make(self, t0: tuple[int, ...], t1: tuple[int, ...], vthreads: tuple[int, ...] | None = None,
-             level: int = LAST) -> Schedule:
+    def make(
+        self,
+        t0: tuple[int, ...],
+        t1: tuple[int, ...],
+        vthreads: tuple[int, ...] | None = None,
+        level: int = LAST,
+    ) -> Schedule:
         """A schedule from register and block tiles (no legality check; see :meth:`fits`)."""
         v = vthreads if vthreads is not None else tuple(1 for _ in self.axes)
-        return Schedule(axes=self.axes, tiles=(tuple(t0), tuple(t1), self.extents), vthreads=tuple(v),
-                        level=level)
+        return Schedule(
+            axes=self.axes, tiles=(tuple(t0), tuple(t1), self.extents), vthreads=tuple(v), level=level
+        )
 
     def well_formed(self, s: Schedule) -> bool:
         """Tile order, candidate membership and virtual-thread legality (no hardware limits)."""
@@ -259,8 +275,9 @@ class ScheduleSpace:
     def resources(self, s: Schedule) -> Resources:
         regs = -(-self.register_bytes(s.tiles[0]) // 4) + REGISTER_OVERHEAD
         regs = -(-regs // REGISTER_GRANULE) * REGISTER_GRANULE
-        return Resources(threads=self.threads(s), registers_per_thread=regs,
-                         shared_bytes=self.shared_bytes(s.tiles[1]))
+        return Resources(
+            threads=self.threads(s), registers_per_thread=regs, shared_bytes=self.shared_bytes(s.tiles[1])
+        )
 
     def fits_resources(self, r: Resources) -> bool:
         hw = self.hw

@@ -7,6 +7,15 @@ from gensorage.program.program import DEFAULT_DTYPE, DTYPES, Node, Program, Tens
 from gensorage.program.text_format import dump_program, load_program, parse_program
 
 __all__ = [
-    "DEFAULT_DTYPE", "DTYPES", "Node", "Program", "Tensor", "config_dir", "dump_program", "list_configs",
-    "load_config", "load_program", "parse_program",
+    "DEFAULT_DTYPE",
+    "DTYPES",
+    "Node",
+    "Program",
+    "Tensor",
+    "config_dir",
+    "dump_program",
+    "list_configs",
+    "load_config",
+    "load_program",
+    "parse_program",
 ]

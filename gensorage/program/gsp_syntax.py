@@ -167,9 +167,15 @@ class Parser:
     def statement(self) -> Statement:
         tok = self.peek()
         if tok.kind != "name":
-            raise self.error(f"expected a statement (program, param, input, output or NAME = ...), found {shown(tok)}")
-        handler = {"program": self.program_stmt, "param": self.param_stmt, "input": self.input_stmt,
-                   "output": self.output_stmt}.get(tok.text)
+            raise self.error(
+                f"expected a statement (program, param, input, output or NAME = ...), found {shown(tok)}"
+            )
+        handler = {
+            "program": self.program_stmt,
+            "param": self.param_stmt,
+            "input": self.input_stmt,
+            "output": self.output_stmt,
+        }.get(tok.text)
         if handler is not None:
             self.next()
             stmt = handler(tok.line)
@@ -192,8 +198,9 @@ class Parser:
         self.check_name(name)
         open_tok = self.next()
         if open_tok.text != "[":
-            raise self.error(f"expected '[' starting the shape of input '{name.text}', found {shown(open_tok)}",
-                             open_tok)
+            raise self.error(
+                f"expected '[' starting the shape of input '{name.text}', found {shown(open_tok)}", open_tok
+            )
         dims = self.list_items("]")
         if not dims:
             raise self.error(f"input '{name.text}' needs at least one dimension", open_tok)
@@ -214,8 +221,9 @@ class Parser:
         self.check_name(name)
         eq = self.next()
         if eq.text != "=":
-            raise self.error(f"expected '=' after '{name.text}' (a statement is NAME = expression), found "
-                             f"{shown(eq)}", eq)
+            raise self.error(
+                f"expected '=' after '{name.text}' (a statement is NAME = expression), found {shown(eq)}", eq
+            )
         return Statement("assign", name.line, name=name.text, expr=self.expr())
 
     def check_name(self, tok: Token) -> None:
@@ -302,5 +310,20 @@ def shown(tok: Token) -> str:
     return f"'{tok.text}'"
 
 
-__all__ = ["IDENT", "KEYWORDS", "BinOp", "Number", "Call", "Expr", "ListExpr", "Name", "Neg", "Num", "Parser", "Statement", "Token",
-           "shown", "tokenize"]
+__all__ = [
+    "IDENT",
+    "KEYWORDS",
+    "BinOp",
+    "Number",
+    "Call",
+    "Expr",
+    "ListExpr",
+    "Name",
+    "Neg",
+    "Num",
+    "Parser",
+    "Statement",
+    "Token",
+    "shown",
+    "tokenize",
+]

@@ -75,7 +75,9 @@ def _check_shape(what: str, shape: Any) -> Shape:
         dims = tuple(shape)
     except TypeError:
         raise ProgramError(f"{what}: shape must be a sequence of positive integers, got {shape!r}") from None
-    if not dims or not all(isinstance(d, int | np.integer) and not isinstance(d, bool) and d > 0 for d in dims):
+    if not dims or not all(
+        isinstance(d, int | np.integer) and not isinstance(d, bool) and d > 0 for d in dims
+    ):
         raise ProgramError(f"{what}: shape must be a non-empty sequence of positive integers, got {shape!r}")
     return tuple(int(d) for d in dims)
 
@@ -83,7 +85,9 @@ def _check_shape(what: str, shape: Any) -> Shape:
 def _check_dim(op: Op, dim: Any, ndim: int, shapes: Sequence[Shape]) -> int:
     if not isinstance(dim, int | np.integer) or isinstance(dim, bool) or not -ndim <= dim < ndim:
         shown = ", ".join(_shape_str(s) for s in shapes)
-        raise ProgramError(f"{op.value}: dim {dim!r} out of range for a {ndim}-d tensor (input shapes {shown})")
+        raise ProgramError(
+            f"{op.value}: dim {dim!r} out of range for a {ndim}-d tensor (input shapes {shown})"
+        )
     return int(dim) % ndim
 
 
@@ -175,7 +179,9 @@ class Program:
         """Declare an input tensor; names must be unique within the program."""
         shape_t = _check_shape(f"input '{name}'", shape)
         if dtype not in DTYPES:
-            raise ProgramError(f"input '{name}': unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})")
+            raise ProgramError(
+                f"input '{name}': unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})"
+            )
         t = self._add(None, (), (), shape_t, dtype, name, what=f"input '{name}'")
         self._inputs.append(t.id)
         return t
@@ -257,8 +263,10 @@ class Program:
         self._own(x, "repeat")
         dim_n = _check_dim(Op.REPEAT, dim, x.ndim, [x.shape])
         if not isinstance(times, int | np.integer) or isinstance(times, bool):
-            raise ProgramError(f"repeat: 'times' must be a positive integer, got {times!r} (input shape "
-                               f"{_shape_str(x.shape)})")
+            raise ProgramError(
+                f"repeat: 'times' must be a positive integer, got {times!r} (input shape "
+                f"{_shape_str(x.shape)})"
+            )
         return self._op(Op.REPEAT, [x], {"dim": dim_n, "times": int(times)}, name)
 
     def concat(self, parts: Sequence[Tensor], dim: int, name: str | None = None) -> Tensor:
@@ -271,8 +279,13 @@ class Program:
         dim_n = _check_dim(Op.CONCAT, dim, parts[0].ndim, [t.shape for t in parts])
         return self._op(Op.CONCAT, parts, {"dim": dim_n}, name)
 
-    def apply(self, op: Op | str, inputs: Sequence[Tensor], attrs: Mapping[str, Any] | None = None,
-              name: str | None = None) -> Tensor:
+    def apply(
+        self,
+        op: Op | str,
+        inputs: Sequence[Tensor],
+        attrs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> Tensor:
         """Add any op by name with keyword attributes (what the text parser uses)."""
         op = opset.parse_op(op) if isinstance(op, str) else op
         attrs = dict(attrs or {})
@@ -316,8 +329,16 @@ class Program:
         shape = opset.infer_shape(op, shapes, frozen)
         return self._add(op, tuple(t.id for t in args), frozen, shape, args[0].dtype, name, what=op.value)
 
-    def _add(self, op: Op | None, inputs: tuple[int, ...], attrs: Attrs, shape: Shape, dtype: str,
-             name: str | None, what: str) -> Tensor:
+    def _add(
+        self,
+        op: Op | None,
+        inputs: tuple[int, ...],
+        attrs: Attrs,
+        shape: Shape,
+        dtype: str,
+        name: str | None,
+        what: str,
+    ) -> Tensor:
         node_id = len(self._nodes)
         if name is None:
             name = self._fresh_name(node_id)
@@ -412,7 +433,9 @@ class Program:
 
     def _require_outputs(self, what: str) -> None:
         if not self._outputs:
-            raise ProgramError(f"program '{self.name}' has no outputs: cannot {what} it (mark one with output)")
+            raise ProgramError(
+                f"program '{self.name}' has no outputs: cannot {what} it (mark one with output)"
+            )
 
     # ------------------------------------------------------------------ identity
 

@@ -138,7 +138,9 @@ class _Builder:
         for d in stmt.dims:
             v = self.integer(self.number(d), f"dimension {_expr_text(d)} of input '{stmt.name}'")
             if v <= 0:
-                raise self.error(f"dimension {_expr_text(d)} of input '{stmt.name}' is {v}; dims must be positive")
+                raise self.error(
+                    f"dimension {_expr_text(d)} of input '{stmt.name}' is {v}; dims must be positive"
+                )
             dims.append(v)
         dtype = stmt.dtype or DEFAULT_DTYPE
         if dtype not in DTYPES:
@@ -150,11 +152,14 @@ class _Builder:
         assert stmt.expr is not None
         value = self.eval(stmt.expr, stmt.name)
         if not isinstance(value, Tensor):
-            raise self.error(f"'{stmt.name}' must be a tensor computation, got the number {_num_text(value)} "
-                             "(use 'param' for numbers)")
+            raise self.error(
+                f"'{stmt.name}' must be a tensor computation, got the number {_num_text(value)} "
+                "(use 'param' for numbers)"
+            )
         if value.name != stmt.name:
-            raise self.error(f"'{stmt.name} = {_expr_text(stmt.expr)}' only renames a tensor; aliases are not "
-                             "supported")
+            raise self.error(
+                f"'{stmt.name} = {_expr_text(stmt.expr)}' only renames a tensor; aliases are not supported"
+            )
         self.tensors[stmt.name] = value
 
     # values
@@ -233,8 +238,11 @@ class _Builder:
             if k == 0:
                 raise self.error(f"division by zero in '{_expr_text(e)}'", e.line)
             return self.program.scale(a, float(1 / k), name=name)
-        raise self.error(f"'{_expr_text(e)}': a tensor can only be multiplied or divided by a number "
-                         "(there is no op adding a constant or dividing by a tensor's reciprocal)", e.line)
+        raise self.error(
+            f"'{_expr_text(e)}': a tensor can only be multiplied or divided by a number "
+            "(there is no op adding a constant or dividing by a tensor's reciprocal)",
+            e.line,
+        )
 
     def call(self, e: Call, name: str | None) -> Value:
         if e.func == "sqrt" and len(e.args) == 1 and not e.kwargs:
@@ -249,8 +257,9 @@ class _Builder:
         args = [self.eval(a, None) for a in e.args]
         kwargs = {k: self.eval(v, None) for k, v in e.kwargs}
         if op in (Op.MUL, Op.DIV) and len(args) == 2 and not kwargs and _one_tensor(args):
-            return self.tensor_number(BinOp("*" if op is Op.MUL else "/", e.args[0], e.args[1], e.line),
-                                      args[0], args[1], name)
+            return self.tensor_number(
+                BinOp("*" if op is Op.MUL else "/", e.args[0], e.args[1], e.line), args[0], args[1], name
+            )
         if op is Op.CONCAT and args and isinstance(args[0], list):
             args = list(args[0]) + args[1:]
         tensors: list[Tensor] = []
@@ -265,8 +274,11 @@ class _Builder:
     def attrs(self, op: Op, args: list[Value], kwargs: dict[str, Value], line: int) -> dict[str, Any]:
         names = POSITIONAL_ATTRS.get(op, ())
         if len(args) > len(names):
-            raise self.error(f"{op.value}: too many arguments (after its tensors it takes "
-                             f"{', '.join(names) or 'nothing'})", line)
+            raise self.error(
+                f"{op.value}: too many arguments (after its tensors it takes "
+                f"{', '.join(names) or 'nothing'})",
+                line,
+            )
         raw = dict(zip(names, args, strict=False))
         for k, v in kwargs.items():
             if k in raw:
@@ -332,8 +344,12 @@ def _expr_text(e: Expr) -> str:
 # ---------------------------------------------------------------------------------------------- public API
 
 
-def parse_program(text: str, params: Mapping[str, int] | None = None, source: str = "<string>",
-                  default_name: str = "program") -> Program:
+def parse_program(
+    text: str,
+    params: Mapping[str, int] | None = None,
+    source: str = "<string>",
+    default_name: str = "program",
+) -> Program:
     """Parse ``.gsp`` text into a :class:`Program`.
 
     Parameters

@@ -16,7 +16,18 @@ from gensorage.superopt.sources import resolve_program
 from gensorage.superopt.structure_store import StructureRecord, StructureStore
 
 __all__ = [
-    "DEFAULT_PRESET", "MODES", "Preset", "ReshapeFailed", "StructureRecord", "StructureStore",
-    "SuperoptInterrupted", "SuperoptResult", "Verification", "list_presets", "load_preset", "reinstantiate",
-    "resolve_program", "superoptimize",
+    "DEFAULT_PRESET",
+    "MODES",
+    "Preset",
+    "ReshapeFailed",
+    "StructureRecord",
+    "StructureStore",
+    "SuperoptInterrupted",
+    "SuperoptResult",
+    "Verification",
+    "list_presets",
+    "load_preset",
+    "reinstantiate",
+    "resolve_program",
+    "superoptimize",
 ]

@@ -125,8 +125,14 @@ def superoptimize(
     with stop_requests() as run.stops:
         if mode == "fast":
             return run.fast()
-        return run.full(explicit, time_budget_s, checkpoint, workers, progress,
-                        hw if isinstance(hw, str) else profile.name)
+        return run.full(
+            explicit,
+            time_budget_s,
+            checkpoint,
+            workers,
+            progress,
+            hw if isinstance(hw, str) else profile.name,
+        )
 
 
 def _load_hw(hw: str | HwProfile) -> HwProfile:

@@ -56,12 +56,24 @@ class Option:
 
 def rank(options: list[Option]) -> list[Option]:
     """Best first: measured time when there is one, else predicted; the direct µGraph wins ties."""
-    return sorted(options, key=lambda o: (o.measured_s if o.measured_s is not None else math.inf,
-                                          o.predicted_time_s, o.origin != "direct"))
+    return sorted(
+        options,
+        key=lambda o: (
+            o.measured_s if o.measured_s is not None else math.inf,
+            o.predicted_time_s,
+            o.origin != "direct",
+        ),
+    )
 
 
-def verify_option(p: Program, opt: Option, delta: float, preset: Preset | None, seed: int,
-            should_stop: Callable[[], bool] | None = None) -> Verification:
+def verify_option(
+    p: Program,
+    opt: Option,
+    delta: float,
+    preset: Preset | None,
+    seed: int,
+    should_stop: Callable[[], bool] | None = None,
+) -> Verification:
     from gensorage.verify.equivalent import equivalent
 
     if opt.origin == "direct":
@@ -71,19 +83,28 @@ def verify_option(p: Program, opt: Option, delta: float, preset: Preset | None, 
     n = elements(p)
     if n > limit:
         ok = bool(opt.search_report and opt.search_report.get("equivalent", True))
-        return Verification(ok, "search shapes", search_report=opt.search_report,
-                            note=f"the program holds {n} elements at these shapes (limit {limit}): the µGraph "
-                                 "was checked at the search shapes only")
+        return Verification(
+            ok,
+            "search shapes",
+            search_report=opt.search_report,
+            note=f"the program holds {n} elements at these shapes (limit {limit}): the µGraph "
+            "was checked at the search shapes only",
+        )
     report = equivalent(p, opt.graph, delta, seed=seed, max_trials=max_trials, should_stop=should_stop)
     note = None
     if report.capped:
-        note = (f"verification capped at {report.trials} trials (δ reached {report.achieved_delta:.3g}, "
-                f"not {delta:g})")
-    return Verification(bool(report), "equivalence check", report=report, search_report=opt.search_report,
-                        note=note)
+        note = (
+            f"verification capped at {report.trials} trials (δ reached {report.achieved_delta:.3g}, "
+            f"not {delta:g})"
+        )
+    return Verification(
+        bool(report), "equivalence check", report=report, search_report=opt.search_report, note=note
+    )
 
 
-def try_compile(g: KernelGraph, hw: HwProfile, seed: int) -> tuple[CompiledUGraph | None, GensorageError | None]:
+def try_compile(
+    g: KernelGraph, hw: HwProfile, seed: int
+) -> tuple[CompiledUGraph | None, GensorageError | None]:
     from gensorage.codegen.module import compile_ugraph
 
     try:

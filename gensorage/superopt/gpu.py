@@ -48,8 +48,14 @@ def gpu_name() -> str:
     return str(tvm.cuda(0).device_name)
 
 
-def median_time(run: Callable[[], None], sync: Callable[[], None], *, warmup: int = 5, repeats: int = 50,
-                budget_s: float | None = None) -> Timing:
+def median_time(
+    run: Callable[[], None],
+    sync: Callable[[], None],
+    *,
+    warmup: int = 5,
+    repeats: int = 50,
+    budget_s: float | None = None,
+) -> Timing:
     """Median seconds of one ``run()``, by wall clock between ``sync()`` calls.
 
     One probe run sets the runs per sample (RUNS_PER_SAMPLE back to back for fast programs, one for slow
@@ -85,11 +91,21 @@ def program_inputs(program: Program, seed: int) -> list[Any]:
     """The program's random inputs (``Program.random_inputs``) rounded to its dtypes: what the GPU runs on."""
     from gensorage.workloads.data import numpy_dtype
 
-    return [a.astype(numpy_dtype(t.dtype)) for a, t in zip(program.random_inputs(seed), program.inputs, strict=True)]
+    return [
+        a.astype(numpy_dtype(t.dtype))
+        for a, t in zip(program.random_inputs(seed), program.inputs, strict=True)
+    ]
 
 
-def measure_ugraph(compiled: CompiledUGraph, program: Program, *, seed: int = 0, warmup: int = 5,
-                   repeats: int = 50, budget_s: float | None = None) -> Timing:
+def measure_ugraph(
+    compiled: CompiledUGraph,
+    program: Program,
+    *,
+    seed: int = 0,
+    warmup: int = 5,
+    repeats: int = 50,
+    budget_s: float | None = None,
+) -> Timing:
     """Median wall time of one launch of all of ``compiled``'s kernels on GPU 0.
 
     Inputs (random, the program's dtypes), intermediates and outputs are allocated on the device once; the
@@ -104,8 +120,15 @@ def measure_ugraph(compiled: CompiledUGraph, program: Program, *, seed: int = 0,
     compiled.run(*arrays, target="cuda")  # builds the CUDA module (and picks nvcc where NVRTC is missing)
     dev = tvm.cuda(0)
     inputs = [tvm.runtime.tensor(a, device=dev) for a in arrays]
-    calls, _ = launch_plan(compiled.ugraph, compiled.info, compiled.kernels("cuda"), compiled.executable("cuda"),
-                           inputs, dev, FloatScalar(compiled.compute))
+    calls, _ = launch_plan(
+        compiled.ugraph,
+        compiled.info,
+        compiled.kernels("cuda"),
+        compiled.executable("cuda"),
+        inputs,
+        dev,
+        FloatScalar(compiled.compute),
+    )
 
     def run() -> None:
         for _, f, args in calls:
@@ -114,5 +137,14 @@ def measure_ugraph(compiled: CompiledUGraph, program: Program, *, seed: int = 0,
     return median_time(run, dev.sync, warmup=warmup, repeats=repeats, budget_s=budget_s)
 
 
-__all__ = ["MIN_SAMPLES", "RUNS_PER_SAMPLE", "SLOW_RUN_S", "Timing", "gpu_name", "gpu_unavailable_reason",
-           "measure_ugraph", "median_time", "program_inputs"]
+__all__ = [
+    "MIN_SAMPLES",
+    "RUNS_PER_SAMPLE",
+    "SLOW_RUN_S",
+    "Timing",
+    "gpu_name",
+    "gpu_unavailable_reason",
+    "measure_ugraph",
+    "median_time",
+    "program_inputs",
+]

@@ -41,8 +41,21 @@ from gensorage.hw.loader import config_search_dirs, find_config, list_config_nam
 DEFAULT_PRESET = "default"
 #: SearchSpec fields a preset may set (the program, hw, seed and delta come from the call).
 _CALL_FIELDS = frozenset({"program", "program_text", "hw", "seed", "delta"})
-_TOP_KEYS = frozenset({"program", "description", "time_budget_s", "top_k", "delta", "verify_max_trials",
-                       "verify_max_elements", "search_params", "search", "modes", "run_params"})
+_TOP_KEYS = frozenset(
+    {
+        "program",
+        "description",
+        "time_budget_s",
+        "top_k",
+        "delta",
+        "verify_max_trials",
+        "verify_max_elements",
+        "search_params",
+        "search",
+        "modes",
+        "run_params",
+    }
+)
 DEFAULT_TOP_K = 5
 DEFAULT_DELTA = 1e-9
 DEFAULT_VERIFY_MAX_TRIALS = 64
@@ -104,12 +117,16 @@ def preset_from_dict(data: dict[str, Any], name: str, path: Path | None = None) 
     where = str(path) if path is not None else f"preset {name}"
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_TOP_KEYS))})")
+        raise ConfigError(
+            f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_TOP_KEYS))})"
+        )
     program = data.get("program", name)
     if not isinstance(program, str) or not program:
         raise ConfigError(f"{where}: 'program' must be a program config name")
     return Preset(
-        name=name, program=program, description=str(data.get("description", "")),
+        name=name,
+        program=program,
+        description=str(data.get("description", "")),
         search_params=_params(data.get("search_params", {}), where, "search_params"),
         search=_search(data.get("search", {}), where),
         time_budget_s=_opt_positive(data, "time_budget_s", where),
@@ -118,7 +135,8 @@ def preset_from_dict(data: dict[str, Any], name: str, path: Path | None = None) 
         verify_max_trials=_opt_int(data, "verify_max_trials", DEFAULT_VERIFY_MAX_TRIALS, where),
         verify_max_elements=_int(data, "verify_max_elements", DEFAULT_VERIFY_MAX_ELEMENTS, where),
         modes=_modes(data.get("modes", ["full"]), where),
-        run_params=_params(data.get("run_params", {}), where, "run_params"), path=path,
+        run_params=_params(data.get("run_params", {}), where, "run_params"),
+        path=path,
     )
 
 
@@ -141,8 +159,9 @@ def _search(value: Any, where: str) -> dict[str, Any]:
     allowed = {f.name for f in dataclasses.fields(SearchSpec)} - _CALL_FIELDS
     unknown = sorted(set(value) - allowed)
     if unknown:
-        raise ConfigError(f"{where}: unknown search field(s) {', '.join(unknown)} "
-                          f"(known: {', '.join(sorted(allowed))})")
+        raise ConfigError(
+            f"{where}: unknown search field(s) {', '.join(unknown)} (known: {', '.join(sorted(allowed))})"
+        )
     out = dict(value)
     if "ops" in out:
         if not isinstance(out["ops"], list) or not all(isinstance(o, str) for o in out["ops"]):
@@ -195,5 +214,12 @@ def _modes(v: Any, where: str) -> tuple[str, ...]:
     return tuple(v)
 
 
-__all__ = ["DEFAULT_PRESET", "Preset", "find_preset", "list_presets", "load_preset", "preset_dirs",
-           "preset_from_dict"]
+__all__ = [
+    "DEFAULT_PRESET",
+    "Preset",
+    "find_preset",
+    "list_presets",
+    "load_preset",
+    "preset_dirs",
+    "preset_from_dict",
+]

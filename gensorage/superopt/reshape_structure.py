@@ -129,7 +129,9 @@ def size_map(old: Program, new: Program) -> SizeMap:
         The programs do not share a structure key.
     """
     if old.structure_key() != new.structure_key():
-        raise ReshapeFailed(f"program '{new.name}' does not have the structure of the stored program '{old.name}'")
+        raise ReshapeFailed(
+            f"program '{new.name}' does not have the structure of the stored program '{old.name}'"
+        )
     smap = SizeMap()
     for i, j in zip(old.canonical_order(), new.canonical_order(), strict=True):
         a, b = old.nodes[i], new.nodes[j]
@@ -138,8 +140,9 @@ def size_map(old: Program, new: Program) -> SizeMap:
         if a.op is None:
             continue
         # Equal structure keys: b.op is a.op, with attributes of the same names.
-        for (key, va), (_, vb) in zip(_padded(a.op, a.attrs, old, a.inputs),
-                                      _padded(a.op, b.attrs, new, b.inputs), strict=True):
+        for (key, va), (_, vb) in zip(
+            _padded(a.op, a.attrs, old, a.inputs), _padded(a.op, b.attrs, new, b.inputs), strict=True
+        ):
             if key == "factor":
                 smap.add("factor", float(va), float(vb))
             elif key == "shape":
@@ -166,15 +169,17 @@ def _padded(op: Op, attrs: Attrs, p: Program, inputs: Sequence[int]) -> list[tup
 # ============================================================================================ attributes
 
 
-def map_attrs(op: Op, attrs: Attrs, old_in: Sequence[Shape], new_in: Sequence[Shape], smap: SizeMap,
-              where: str) -> Attrs:
+def map_attrs(
+    op: Op, attrs: Attrs, old_in: Sequence[Shape], new_in: Sequence[Shape], smap: SizeMap, where: str
+) -> Attrs:
     """``attrs`` of ``op`` at the new shapes, given the op's input shapes before and after."""
     items = dict(attrs)
     if op is Op.SCALE:
         items["factor"] = _map_factor(float(items["factor"]), smap, where)
     elif op is Op.SUM and "group" in items:
-        group = _map_group(int(items["group"]), old_in[0][int(items["dim"])], new_in[0][int(items["dim"])],
-                           smap, where)
+        group = _map_group(
+            int(items["group"]), old_in[0][int(items["dim"])], new_in[0][int(items["dim"])], smap, where
+        )
         if group is None:
             del items["group"]
         else:
@@ -238,8 +243,10 @@ def reshape_target(old_in: Shape, old_out: Shape, new_in: Shape, smap: SizeMap, 
     grouped_in = {i for ins, _ in groups for i in ins}
     stray = [i for i, d in enumerate(new_in) if i not in grouped_in and d != 1]
     if stray:
-        raise ReshapeFailed(f"{where}: input dim {stray[0]} was 1 and is now {new_in[stray[0]]}: the reshape "
-                            f"{list(old_in)} -> {list(old_out)} does not say where it goes")
+        raise ReshapeFailed(
+            f"{where}: input dim {stray[0]} was 1 and is now {new_in[stray[0]]}: the reshape "
+            f"{list(old_in)} -> {list(old_out)} does not say where it goes"
+        )
     out = [1] * len(old_out)
     for ins, outs in groups:
         total = math.prod(new_in[i] for i in ins)
@@ -337,17 +344,26 @@ def rebuild_block(ctx: _KernelContext, grid: tuple[int, ...], forloop: int) -> B
                 # Only the tiles' shapes matter here (validate() checks dtypes on the finished graph).
                 args = [TensorInfo(tiles[r.node][r.out], "float32") for r in node.inputs]
                 local = thread_shapes(new, args, where)
-                old_args = [TensorInfo(ctx.old_info.nodes[r.node][r.out].shape, "float32") for r in node.inputs]
+                old_args = [
+                    TensorInfo(ctx.old_info.nodes[r.node][r.out].shape, "float32") for r in node.inputs
+                ]
                 old_local = thread_shapes(node, old_args, where)
                 for i, top in enumerate(node.ops):
-                    same_broadcast(top.op, [old_local[r.node].shape for r in top.inputs],
-                                   [local[r.node].shape for r in top.inputs], f"{where}, thread op {i}")
+                    same_broadcast(
+                        top.op,
+                        [old_local[r.node].shape for r in top.inputs],
+                        [local[r.node].shape for r in top.inputs],
+                        f"{where}, thread op {i}",
+                    )
                 outs = tuple(local[r.node].shape for r in new.outputs)
             case Accumulator():
                 src_tile = tiles[node.input.node][node.input.out]
                 new = node
-                outs = (src_tile if node.fmap is None else
-                        src_tile[:node.fmap] + (src_tile[node.fmap] * forloop,) + src_tile[node.fmap + 1:],)
+                outs = (
+                    src_tile
+                    if node.fmap is None
+                    else src_tile[: node.fmap] + (src_tile[node.fmap] * forloop,) + src_tile[node.fmap + 1 :],
+                )
             case OutputSaver():
                 new = node
                 outs = ()
@@ -369,20 +385,28 @@ def same_broadcast(op: Op, old_in: Sequence[Shape], new_in: Sequence[Shape], whe
     if op is Op.MATMUL:  # the batch dims broadcast; the two matrix dims are checked by shape inference
         old_in, new_in = [a[:-2] for a in old_in], [a[:-2] for a in new_in]
     if _broadcast_pattern(*old_in) != _broadcast_pattern(*new_in):
-        raise ReshapeFailed(f"{where}: {op.value} broadcasts {list(new_in[0])} with {list(new_in[1])} differently "
-                            f"from the verified {list(old_in[0])} with {list(old_in[1])}")
+        raise ReshapeFailed(
+            f"{where}: {op.value} broadcasts {list(new_in[0])} with {list(new_in[1])} differently "
+            f"from the verified {list(old_in[0])} with {list(old_in[1])}"
+        )
 
 
 def _broadcast_pattern(a: Shape, b: Shape) -> tuple[str, ...]:
     """Per dim (aligned from the right): 'a' (only a is 1 and b is not: a broadcasts), 'b', or '=' otherwise."""
     n = max(len(a), len(b))
     pa, pb = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
-    return tuple("a" if x == 1 and y != 1 else "b" if y == 1 and x != 1 else "=" for x, y in zip(pa, pb, strict=True))
+    return tuple(
+        "a" if x == 1 and y != 1 else "b" if y == 1 and x != 1 else "=" for x, y in zip(pa, pb, strict=True)
+    )
 
 
 def _rebuild_thread(tg: ThreadGraph, smap: SizeMap, where: str) -> ThreadGraph:
-    ops = tuple(replace(t, attrs=map_attrs(t.op, t.attrs, [], [], smap, f"{where}, thread op {i}"))
-                if t.op is Op.SCALE else t for i, t in enumerate(tg.ops))
+    ops = tuple(
+        replace(t, attrs=map_attrs(t.op, t.attrs, [], [], smap, f"{where}, thread op {i}"))
+        if t.op is Op.SCALE
+        else t
+        for i, t in enumerate(tg.ops)
+    )
     return ThreadGraph(tg.inputs, ops, tg.outputs)
 
 
@@ -405,8 +429,12 @@ def grid_choices(ctx: _KernelContext) -> SizeLattice:
     values: list[tuple[int, ...]] = []
     start: list[int] = []
     for g, old_g in enumerate(old.grid):
-        split = [(ctx.old_args[it.input].shape[d], ctx.new_args[it.input].shape[d])
-                 for it in iters for d in [it.imap[g]] if d is not None]
+        split = [
+            (ctx.old_args[it.input].shape[d], ctx.new_args[it.input].shape[d])
+            for it in iters
+            for d in [it.imap[g]]
+            if d is not None
+        ]
         if not split:
             values.append((old_g,))
             start.append(old_g)
@@ -418,8 +446,11 @@ def grid_choices(ctx: _KernelContext) -> SizeLattice:
         values.append((1,))
         start.append(1)
     else:
-        looped = [(ctx.old_args[it.input].shape[it.fmap], ctx.new_args[it.input].shape[it.fmap])
-                  for it in iters if it.fmap is not None]
+        looped = [
+            (ctx.old_args[it.input].shape[it.fmap], ctx.new_args[it.input].shape[it.fmap])
+            for it in iters
+            if it.fmap is not None
+        ]
         if looped:
             vals = tuple(v for v in divisors(math.gcd(*(n for _, n in looped)), limit=1 << 20) if v > 1)
             if not vals:
@@ -432,15 +463,24 @@ def grid_choices(ctx: _KernelContext) -> SizeLattice:
     return SizeLattice(tuple(values), tuple(start))
 
 
-def construct_kernel(ctx: _KernelContext, hw: HwProfile, cost: CostFn, rng: np.random.Generator,
-                     seed: int = 0) -> GraphDefinedOp:
+def construct_kernel(
+    ctx: _KernelContext, hw: HwProfile, cost: CostFn, rng: np.random.Generator, seed: int = 0
+) -> GraphDefinedOp:
     """The kernel with the grid and loop the cost model prefers at the new shapes
     (:func:`gensorage.construction.kernel_sizes`, over :func:`grid_choices`)."""
-    block, error = kernel_sizes(lambda grid, forloop: rebuild_block(ctx, grid, forloop), ctx.new_args,
-                                grid_choices(ctx), hw, cost, rng, seed)
+    block, error = kernel_sizes(
+        lambda grid, forloop: rebuild_block(ctx, grid, forloop),
+        ctx.new_args,
+        grid_choices(ctx),
+        hw,
+        cost,
+        rng,
+        seed,
+    )
     if block is None:
-        raise ReshapeFailed(f"{_where(ctx)}: no grid and loop fit at the new shapes"
-                            + (f" (last: {error})" if error else ""))
+        raise ReshapeFailed(
+            f"{_where(ctx)}: no grid and loop fit at the new shapes" + (f" (last: {error})" if error else "")
+        )
     return GraphDefinedOp(block, ctx.node.inputs)
 
 
@@ -464,9 +504,9 @@ def structure_signature(g: KernelGraph) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-
-def reinstantiate(graph: KernelGraph, old: Program, new: Program, hw: HwProfile, cost: CostFn, *,
-                  seed: int = 0) -> KernelGraph:
+def reinstantiate(
+    graph: KernelGraph, old: Program, new: Program, hw: HwProfile, cost: CostFn, *, seed: int = 0
+) -> KernelGraph:
     """``graph`` (a µGraph of ``old``) rebuilt for ``new``, another instantiation of the same program.
 
     Parameters
@@ -494,11 +534,14 @@ def reinstantiate(graph: KernelGraph, old: Program, new: Program, hw: HwProfile,
     """
     smap = size_map(old, new)
     if len(graph.inputs) != len(new.inputs):
-        raise ReshapeFailed(f"the stored µGraph has {len(graph.inputs)} inputs, the program {len(new.inputs)}")
+        raise ReshapeFailed(
+            f"the stored µGraph has {len(graph.inputs)} inputs, the program {len(new.inputs)}"
+        )
     for spec, t in zip(graph.inputs, new.inputs, strict=True):
         if len(spec.shape) != len(t.shape) or spec.dtype != t.dtype:
-            raise ReshapeFailed(f"stored µGraph input '{spec.name}' does not correspond to program input "
-                                f"'{t.name}'")
+            raise ReshapeFailed(
+                f"stored µGraph input '{spec.name}' does not correspond to program input '{t.name}'"
+            )
     try:
         old_info = infer(graph)
     except UGraphError as exc:
@@ -512,8 +555,9 @@ def reinstantiate(graph: KernelGraph, old: Program, new: Program, hw: HwProfile,
         new_args = tuple(new_infos[r.node][r.out] for r in node.inputs)
         where = f"kernel op {k}"
         if isinstance(node, KernelOp):
-            attrs = map_attrs(node.op, node.attrs, [a.shape for a in old_args], [a.shape for a in new_args],
-                              smap, where)
+            attrs = map_attrs(
+                node.op, node.attrs, [a.shape for a in old_args], [a.shape for a in new_args], smap, where
+            )
             shape = _shape(node.op, [a.shape for a in new_args], attrs, where)
             ops.append(KernelOp(node.op, node.inputs, attrs))
             new_infos.append((TensorInfo(shape, new_args[0].dtype if new_args else "float32"),))
@@ -523,7 +567,9 @@ def reinstantiate(graph: KernelGraph, old: Program, new: Program, hw: HwProfile,
         ctx = _KernelContext(k, node, old_args, new_args, block_info, smap)
         built = construct_kernel(ctx, hw, cost, rng, seed)
         ops.append(built)
-        sub = single_op_graph(GraphDefinedOp(built.block, tuple(Ref(i) for i in range(len(new_args)))), new_args)
+        sub = single_op_graph(
+            GraphDefinedOp(built.block, tuple(Ref(i) for i in range(len(new_args)))), new_args
+        )
         new_infos.append(block_shapes(sub, 0, built.block, new_args).outputs)
     out = KernelGraph(specs, tuple(ops), graph.outputs)
     try:
@@ -542,5 +588,14 @@ def _check_outputs(g: KernelGraph, p: Program) -> None:
         raise ReshapeFailed(f"the re-instantiated µGraph's outputs have shapes {got}, the program's {want}")
 
 
-__all__ = ["ReshapeFailed", "SizeMap", "construct_kernel",
-           "grid_choices", "map_attrs", "reinstantiate", "reshape_target", "size_map", "structure_signature"]
+__all__ = [
+    "ReshapeFailed",
+    "SizeMap",
+    "construct_kernel",
+    "grid_choices",
+    "map_attrs",
+    "reinstantiate",
+    "reshape_target",
+    "size_map",
+    "structure_signature",
+]

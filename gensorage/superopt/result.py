@@ -45,9 +45,13 @@ class Verification:
         return text + (f"\n  note: {self.note}" if self.note else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {"verified": self.verified, "method": self.method,
-                "report": None if self.report is None else self.report.to_json(),
-                "search_report": self.search_report, "note": self.note}
+        return {
+            "verified": self.verified,
+            "method": self.method,
+            "report": None if self.report is None else self.report.to_json(),
+            "search_report": self.search_report,
+            "note": self.note,
+        }
 
 
 @dataclass(slots=True)
@@ -171,17 +175,34 @@ class SuperoptResult:
     def to_json(self) -> dict[str, Any]:
         p = self.program
         return {
-            "program": p.name, "params": dict(p.params), "program_key": p.key(),
-            "structure_key": p.structure_key(), "hw": self.hw.name, "mode": self.mode,
-            "num_kernels": self.num_kernels, "naive_num_kernels": self.naive_num_kernels,
-            "predicted_time_s": self.predicted_time_s, "naive_predicted_time_s": self.naive_predicted_time_s,
-            "speedup": self.speedup, "direct": self.is_direct, "verified": bool(self.equivalence),
-            "equivalence": self.equivalence.to_json(), "from_store": self.from_store,
-            "fallback_reason": self.fallback_reason, "selection": self.selection,
-            "search_time_s": self.search_time_s, "timings": dict(self.timings), "complete": self.complete,
-            "stopped_by": self.stopped_by, "search_params": self.search_params,
-            "search_stats": self.search_stats, "measured": self.measured, "notes": list(self.notes),
-            "seed": self.seed, "origin": self.origin, "ugraph": self.best.to_json(),
+            "program": p.name,
+            "params": dict(p.params),
+            "program_key": p.key(),
+            "structure_key": p.structure_key(),
+            "hw": self.hw.name,
+            "mode": self.mode,
+            "num_kernels": self.num_kernels,
+            "naive_num_kernels": self.naive_num_kernels,
+            "predicted_time_s": self.predicted_time_s,
+            "naive_predicted_time_s": self.naive_predicted_time_s,
+            "speedup": self.speedup,
+            "direct": self.is_direct,
+            "verified": bool(self.equivalence),
+            "equivalence": self.equivalence.to_json(),
+            "from_store": self.from_store,
+            "fallback_reason": self.fallback_reason,
+            "selection": self.selection,
+            "search_time_s": self.search_time_s,
+            "timings": dict(self.timings),
+            "complete": self.complete,
+            "stopped_by": self.stopped_by,
+            "search_params": self.search_params,
+            "search_stats": self.search_stats,
+            "measured": self.measured,
+            "notes": list(self.notes),
+            "seed": self.seed,
+            "origin": self.origin,
+            "ugraph": self.best.to_json(),
         }
 
     def summary(self) -> str:
@@ -189,7 +210,9 @@ class SuperoptResult:
         p = self.program
         params = ", ".join(f"{k}={v}" for k, v in p.params.items())
         lines = [
-            f"program {p.name}" + (f" ({params})" if params else "") + f" on {self.hw.name}, {self.mode} mode",
+            f"program {p.name}"
+            + (f" ({params})" if params else "")
+            + f" on {self.hw.name}, {self.mode} mode",
             f"  best µGraph: {self.num_kernels} kernel(s) (direct: {self.naive_num_kernels}); predicted "
             f"{format_time(self.predicted_time_s)} vs {format_time(self.naive_predicted_time_s)} direct "
             f"({self.speedup:.2f}x); chosen by {self.selection}",

@@ -87,8 +87,9 @@ class Run:
         return self.stops.count > 0
 
     # --------------------------------------------------------------------------------------- choosing
-    def carry_over(self, graphs: Sequence[tuple[KernelGraph, dict[str, Any] | None]], at: Program,
-                   label: str, keep: int) -> list[Option]:
+    def carry_over(
+        self, graphs: Sequence[tuple[KernelGraph, dict[str, Any] | None]], at: Program, label: str, keep: int
+    ) -> list[Option]:
         """The graphs (µGraphs of ``at``) rebuilt at the requested shapes, the ``keep`` predicted fastest.
 
         Graphs of one structure (same :func:`structure_signature`) are tried once, in order, until
@@ -121,15 +122,20 @@ class Run:
         self._tick("reinstantiate", t0)
         return sorted(options, key=lambda o: o.predicted_time_s)[:keep]
 
-    def choose(self, options: list[Option], measure: bool
-               ) -> tuple[Option, Verification, Any, GensorageError | None, str]:
+    def choose(
+        self, options: list[Option], measure: bool
+    ) -> tuple[Option, Verification, Any, GensorageError | None, str]:
         """Rank, measure on the GPU if asked and there is one, then take the first that verifies and lowers."""
         selection = "cost model"
         gpu = gpu_unavailable_reason() if measure else "fast mode does not measure"
         ranked = rank(options)
-        if gpu is None:  # the direct µGraph is timed too: a candidate the cost model overrates must not beat it
+        if (
+            gpu is None
+        ):  # the direct µGraph is timed too: a candidate the cost model overrates must not beat it
             top = ranked[:PROFILE_TOP]
-            selection = self.profile_on_gpu(top + [o for o in ranked if o.origin == "direct" and o not in top])
+            selection = self.profile_on_gpu(
+                top + [o for o in ranked if o.origin == "direct" and o not in top]
+            )
             ranked = rank(options)
         elif len(options) > 1 and measure:
             self.notes.append(f"chosen by the cost model, not measured: {gpu}")
@@ -139,7 +145,9 @@ class Run:
             t0 = time.perf_counter()
             self.say(f"verifying {opt.origin} ({opt.predicted_time_s:.3g} s predicted)")
             try:
-                ver = choice.verify_option(self.program, opt, self.delta, self.preset, self.seed, self.stop_requested)
+                ver = choice.verify_option(
+                    self.program, opt, self.delta, self.preset, self.seed, self.stop_requested
+                )
             except VerificationStopped:
                 self._tick("verify", t0)
                 return self.direct_on_interrupt(options, selection)
@@ -163,11 +171,14 @@ class Run:
             return opt, ver, compiled, error, selection
         raise AssertionError("the direct µGraph is always among the options and always verifies")
 
-    def direct_on_interrupt(self, options: list[Option], selection: str
-                            ) -> tuple[Option, Verification, Any, GensorageError | None, str]:
+    def direct_on_interrupt(
+        self, options: list[Option], selection: str
+    ) -> tuple[Option, Verification, Any, GensorageError | None, str]:
         """Ctrl-C while choosing: the direct µGraph (equal by construction; its kernels are built on demand)."""
-        self.notes.append("interrupted while checking the candidates at these shapes: the direct µGraph is "
-                          "reported (a rerun resumes from the search's checkpoint)")
+        self.notes.append(
+            "interrupted while checking the candidates at these shapes: the direct µGraph is "
+            "reported (a rerun resumes from the search's checkpoint)"
+        )
         direct = next(o for o in options if o.origin == "direct")
         return direct, Verification(True, "direct µGraph"), None, None, selection
 
@@ -181,8 +192,14 @@ class Run:
                 self.notes.append(f"{opt.origin}: not profiled, the code generator cannot lower it: {error}")
                 continue
             try:
-                opt.measured_s = measure_ugraph(compiled, self.program, seed=self.seed, warmup=PROFILE_WARMUP,
-                                                repeats=PROFILE_REPEATS, budget_s=PROFILE_BUDGET_S).median_s
+                opt.measured_s = measure_ugraph(
+                    compiled,
+                    self.program,
+                    seed=self.seed,
+                    warmup=PROFILE_WARMUP,
+                    repeats=PROFILE_REPEATS,
+                    budget_s=PROFILE_BUDGET_S,
+                ).median_s
             except GensorageError as exc:
                 self.notes.append(f"{opt.origin}: profiling failed: {exc}")
             self.say(f"measured {opt.origin}: {opt.measured_s}")
@@ -194,11 +211,24 @@ class Run:
         opt, ver, compiled, error, selection = self.choose(options, measure=mode == "full")
         measured = {o.origin: o.measured_s for o in options if o.measured_s is not None} or None
         return SuperoptResult(
-            program=self.program, hw=self.hw, mode=mode, best=opt.graph, predicted_time_s=opt.predicted_time_s,
-            naive_predicted_time_s=direct.predicted_time_s, equivalence=ver,
-            search_time_s=time.perf_counter() - self.start, selection=selection, timings=self.timings,
-            notes=self.notes, measured=measured, seed=self.seed, origin=opt.origin, _compiled=compiled,
-            _compile_error=error, **extra)
+            program=self.program,
+            hw=self.hw,
+            mode=mode,
+            best=opt.graph,
+            predicted_time_s=opt.predicted_time_s,
+            naive_predicted_time_s=direct.predicted_time_s,
+            equivalence=ver,
+            search_time_s=time.perf_counter() - self.start,
+            selection=selection,
+            timings=self.timings,
+            notes=self.notes,
+            measured=measured,
+            seed=self.seed,
+            origin=opt.origin,
+            _compiled=compiled,
+            _compile_error=error,
+            **extra,
+        )
 
     # ------------------------------------------------------------------------------------------ fast
     def fast(self) -> SuperoptResult:
@@ -218,14 +248,18 @@ class Run:
                 record = st.get(self.program.structure_key(), self.hw.name)
             self._tick("store", t0)
         if record is None:
-            reason = ("no structure stored for this program and GPU (run full mode once)" if self.use_store
-                      else "the store is not used")
+            reason = (
+                "no structure stored for this program and GPU (run full mode once)"
+                if self.use_store
+                else "the store is not used"
+            )
             self.say(f"{reason}; using the direct µGraph")
             return self.result("fast", [direct], fallback_reason=reason)
         self.say(f"re-instantiating the stored structure (found at {record.params or 'its shapes'})")
         stored = record.program()
-        options = self.carry_over([(g, record.report(i)) for i, g in enumerate(record.ugraphs)], stored, "stored",
-                                  self.top_k)
+        options = self.carry_over(
+            [(g, record.report(i)) for i, g in enumerate(record.ugraphs)], stored, "stored", self.top_k
+        )
         if not options:
             reason = "no stored µGraph carries over to these shapes (see notes)"
             return self.result("fast", [direct], fallback_reason=reason, search_params=record.params)
@@ -234,17 +268,30 @@ class Run:
         stored_direct = record.ugraphs[0] == from_program(stored)
         result.from_store = result.origin.startswith("stored") or stored_direct
         if not result.from_store:
-            result.fallback_reason = "no stored µGraph is faster at these shapes by the cost model (or verifies)"
+            result.fallback_reason = (
+                "no stored µGraph is faster at these shapes by the cost model (or verifies)"
+            )
         return result
 
     # ------------------------------------------------------------------------------------------ full
-    def full(self, explicit: bool, time_budget_s: float | None, checkpoint: Any, workers: int | None,
-             progress: bool, hw_name: str) -> SuperoptResult:
+    def full(
+        self,
+        explicit: bool,
+        time_budget_s: float | None,
+        checkpoint: Any,
+        workers: int | None,
+        progress: bool,
+        hw_name: str,
+    ) -> SuperoptResult:
         from gensorage.exhaustive.run.runner import SearchInterrupted, run_search
         from gensorage.exhaustive.spec import SearchSpec
 
         small = search_program(self.src, self.preset, explicit, self.notes)
-        budget = time_budget_s if time_budget_s is not None else (self.preset.time_budget_s if self.preset else None)
+        budget = (
+            time_budget_s
+            if time_budget_s is not None
+            else (self.preset.time_budget_s if self.preset else None)
+        )
         limits = dict(self.preset.search) if self.preset else {}
         spec = SearchSpec(program=small, hw=hw_name, seed=self.seed, delta=self.delta, **limits)
         if small is not self.program:
@@ -252,26 +299,43 @@ class Run:
         t0 = time.perf_counter()
         interrupted = False
         try:
-            sr = run_search(spec, checkpoint=checkpoint, workers=workers, time_budget_s=budget, progress=progress)
+            sr = run_search(
+                spec, checkpoint=checkpoint, workers=workers, time_budget_s=budget, progress=progress
+            )
         except SearchInterrupted as exc:
             sr, interrupted = exc.result, True
         self._tick("search", t0)
         self.begin_choosing()
         found = [(c.ugraph, dict(c.equivalence)) for c in sr.candidates]
-        self.say(f"search: {len(sr.candidates)} verified candidate(s); {sr.tasks_done}/{sr.tasks_total} tasks")
+        self.say(
+            f"search: {len(sr.candidates)} verified candidate(s); {sr.tasks_done}/{sr.tasks_total} tasks"
+        )
         options = [self.direct(), *self.carry_over(found, small, "search", self.top_k)]
         best = sr.candidates[0] if sr.candidates else None
-        stats = {"stats": _stats_json(sr.stats), "tasks_done": sr.tasks_done, "tasks_total": sr.tasks_total,
-                 "tasks_resumed": sr.tasks_resumed, "candidates": len(sr.candidates),
-                 "search_elapsed_s": sr.elapsed_s, "checkpoint": str(sr.checkpoint_path),
-                 # What the search found at its own shapes (before re-instantiation at the requested ones).
-                 "at_search_shapes": {
-                     "best_predicted_time_s": None if best is None else best.predicted_time_s,
-                     "best_kernels": None if best is None else len(best.ugraph.ops),
-                     "naive_predicted_time_s": self.cost(from_program(small)),
-                     "naive_kernels": len(from_program(small).ops)}}
-        result = self.result("full", options, search_stats=stats, complete=sr.complete,
-                             stopped_by=sr.stopped_by, search_params=dict(small.params))
+        stats = {
+            "stats": _stats_json(sr.stats),
+            "tasks_done": sr.tasks_done,
+            "tasks_total": sr.tasks_total,
+            "tasks_resumed": sr.tasks_resumed,
+            "candidates": len(sr.candidates),
+            "search_elapsed_s": sr.elapsed_s,
+            "checkpoint": str(sr.checkpoint_path),
+            # What the search found at its own shapes (before re-instantiation at the requested ones).
+            "at_search_shapes": {
+                "best_predicted_time_s": None if best is None else best.predicted_time_s,
+                "best_kernels": None if best is None else len(best.ugraph.ops),
+                "naive_predicted_time_s": self.cost(from_program(small)),
+                "naive_kernels": len(from_program(small).ops),
+            },
+        }
+        result = self.result(
+            "full",
+            options,
+            search_stats=stats,
+            complete=sr.complete,
+            stopped_by=sr.stopped_by,
+            search_params=dict(small.params),
+        )
         if self.use_store:
             with self.stops.critical():
                 self.save(small, found, sr, result)
@@ -280,7 +344,9 @@ class Run:
             raise SuperoptInterrupted(result)
         return result
 
-    def save(self, small: Program, found: list[tuple[KernelGraph, Any]], sr: Any, result: SuperoptResult) -> None:
+    def save(
+        self, small: Program, found: list[tuple[KernelGraph, Any]], sr: Any, result: SuperoptResult
+    ) -> None:
         """Store the search's verified candidates as this program's structure (the one chosen at the requested
         shapes first; the direct µGraph when a complete search found none). An incomplete search does not
         replace what a complete one stored."""
@@ -297,13 +363,25 @@ class Run:
                 self.notes.append("an earlier complete search's structure is kept in the store")
                 self._tick("store", t0)
                 return
-            st.put(StructureRecord(
-                structure_key=self.program.structure_key(), hw=self.hw.name, version=_version(),
-                program_text=dump_program(small), params=dict(small.params),
-                ugraphs=tuple(g for g, _ in entries), reports=tuple(r for _, r in entries),
-                predicted_time_s=self.cost(entries[0][0]), naive_predicted_time_s=self.cost(from_program(small)),
-                search={"complete": sr.complete, "candidates": len(sr.candidates), "tasks_done": sr.tasks_done,
-                        "tasks_total": sr.tasks_total}))
+            st.put(
+                StructureRecord(
+                    structure_key=self.program.structure_key(),
+                    hw=self.hw.name,
+                    version=_version(),
+                    program_text=dump_program(small),
+                    params=dict(small.params),
+                    ugraphs=tuple(g for g, _ in entries),
+                    reports=tuple(r for _, r in entries),
+                    predicted_time_s=self.cost(entries[0][0]),
+                    naive_predicted_time_s=self.cost(from_program(small)),
+                    search={
+                        "complete": sr.complete,
+                        "candidates": len(sr.candidates),
+                        "tasks_done": sr.tasks_done,
+                        "tasks_total": sr.tasks_total,
+                    },
+                )
+            )
         self._tick("store", t0)
 
 

@@ -22,8 +22,9 @@ class ProgramSource:
     name: str
 
 
-def resolve_program(program: Program | str | os.PathLike[str], params: Mapping[str, int] | None = None
-                    ) -> ProgramSource:
+def resolve_program(
+    program: Program | str | os.PathLike[str], params: Mapping[str, int] | None = None
+) -> ProgramSource:
     """``program`` as a :class:`ProgramSource`: a Program, a ``.gsp`` path, or a bundled config name."""
     if isinstance(program, Program):
         if params:
@@ -82,20 +83,27 @@ def search_program(src: ProgramSource, preset: Preset | None, explicit: bool, no
     if preset is None or not preset.search_params:
         return p
     if src.text is None:
-        notes.append(f"preset '{preset.name}' has search shapes, but the program has no source text to "
-                     "instantiate at them: searching at its own shapes")
+        notes.append(
+            f"preset '{preset.name}' has search shapes, but the program has no source text to "
+            "instantiate at them: searching at its own shapes"
+        )
         return p
     try:
-        small = parse_program(src.text, params=preset.search_params, source=f"preset {preset.name}",
-                              default_name=src.name)
+        small = parse_program(
+            src.text, params=preset.search_params, source=f"preset {preset.name}", default_name=src.name
+        )
     except GensorageError as exc:
         if explicit:
-            raise ConfigError(f"preset '{preset.name}': its search_params do not fit the program: {exc}") from None
+            raise ConfigError(
+                f"preset '{preset.name}': its search_params do not fit the program: {exc}"
+            ) from None
         notes.append(f"preset '{preset.name}' does not fit this program ({exc}); searching at its own shapes")
         return p
     if small.structure_key() != p.structure_key():
         if explicit:
-            raise ConfigError(f"preset '{preset.name}': the program at its search shapes has another structure")
+            raise ConfigError(
+                f"preset '{preset.name}': the program at its search shapes has another structure"
+            )
         notes.append(f"preset '{preset.name}' changes the program's structure; searching at its own shapes")
         return p
     return small

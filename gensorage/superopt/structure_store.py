@@ -62,11 +62,19 @@ class StructureRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": RECORD_FORMAT, "version": RECORD_VERSION, "structure_key": self.structure_key,
-            "hw": self.hw, "gensorage_version": self.version, "program": self.program_text,
-            "params": dict(self.params), "ugraphs": [g.to_json() for g in self.ugraphs],
-            "predicted_time_s": self.predicted_time_s, "naive_predicted_time_s": self.naive_predicted_time_s,
-            "search": self.search, "created_at": self.created_at, "reports": list(self.reports),
+            "format": RECORD_FORMAT,
+            "version": RECORD_VERSION,
+            "structure_key": self.structure_key,
+            "hw": self.hw,
+            "gensorage_version": self.version,
+            "program": self.program_text,
+            "params": dict(self.params),
+            "ugraphs": [g.to_json() for g in self.ugraphs],
+            "predicted_time_s": self.predicted_time_s,
+            "naive_predicted_time_s": self.naive_predicted_time_s,
+            "search": self.search,
+            "created_at": self.created_at,
+            "reports": list(self.reports),
         }
 
     @staticmethod
@@ -78,13 +86,16 @@ class StructureRecord:
             raise StoreError(f"{where}: unsupported record version {data.get('version')!r}")
         try:
             return StructureRecord(
-                structure_key=str(data["structure_key"]), hw=str(data["hw"]),
-                version=str(data["gensorage_version"]), program_text=str(data["program"]),
+                structure_key=str(data["structure_key"]),
+                hw=str(data["hw"]),
+                version=str(data["gensorage_version"]),
+                program_text=str(data["program"]),
                 params={str(k): int(v) for k, v in dict(data["params"]).items()},
                 ugraphs=tuple(KernelGraph.from_json(g) for g in data["ugraphs"]),
                 predicted_time_s=float(data["predicted_time_s"]),
                 naive_predicted_time_s=float(data["naive_predicted_time_s"]),
-                search=dict(data.get("search") or {}), created_at=float(data.get("created_at", 0.0)),
+                search=dict(data.get("search") or {}),
+                created_at=float(data.get("created_at", 0.0)),
                 reports=tuple(None if r is None else dict(r) for r in data.get("reports") or ()),
             )
         except (KeyError, TypeError, ValueError, GensorageError) as exc:

@@ -8,5 +8,14 @@ from gensorage.tuning.methods import METHODS
 from gensorage.tuning.result import CHECK_RTOL, TuneResult, check_tolerance, relative_error
 from gensorage.tuning.tuner import method_names, resolve_hw, resolve_workload, tune
 
-__all__ = ["CHECK_RTOL", "METHODS", "TuneResult", "check_tolerance", "method_names", "relative_error",
-           "resolve_hw", "resolve_workload", "tune"]
+__all__ = [
+    "CHECK_RTOL",
+    "METHODS",
+    "TuneResult",
+    "check_tolerance",
+    "method_names",
+    "relative_error",
+    "resolve_hw",
+    "resolve_workload",
+    "tune",
+]

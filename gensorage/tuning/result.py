@@ -89,8 +89,10 @@ class TuneResult:
         err = relative_error(out, ref)
         tol = check_tolerance(self.workload.output.dtype)
         if raise_on_mismatch and not err <= tol:
-            raise VerificationError(f"{self.workload.key()} with the {self.method} schedule: CPU result differs "
-                                    f"from the reference by {err:.3g} (tolerance {tol:.1g})")
+            raise VerificationError(
+                f"{self.workload.key()} with the {self.method} schedule: CPU result differs "
+                f"from the reference by {err:.3g} (tolerance {tol:.1g})"
+            )
         return err
 
     def to_json(self) -> dict[str, Any]:

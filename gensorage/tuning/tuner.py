@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from gensorage.hw.profile import HwProfile
     from gensorage.workloads.workload import Workload
 
+
 def resolve_workload(workload: Workload | str) -> Workload:
     """A Workload as given, or the default op configuration with that id (``"M1"``, ``"C2"`` ...)."""
     if isinstance(workload, str):
@@ -58,8 +59,16 @@ def _algorithm_version(profile: HwProfile) -> str:
     return f"{__version__}+{code_fingerprint('markov', 'baselines', 'workloads')}.{data_fingerprint(profile)}"
 
 
-def tune(workload: Workload | str, hw: HwProfile | str = "h100", method: str = "markov", seed: int = 0, *,
-         store: Store | str | Path | None = None, use_store: bool = True, **opts: Any) -> TuneResult:
+def tune(
+    workload: Workload | str,
+    hw: HwProfile | str = "h100",
+    method: str = "markov",
+    seed: int = 0,
+    *,
+    store: Store | str | Path | None = None,
+    use_store: bool = True,
+    **opts: Any,
+) -> TuneResult:
     """Pick a schedule for ``workload`` on ``hw`` with ``method``; reuse a stored result when there is one.
 
     Parameters
@@ -112,23 +121,47 @@ def tune(workload: Workload | str, hw: HwProfile | str = "h100", method: str = "
             st.close()
 
 
-def _run_method(wl: Workload, hw: HwProfile, method: str, seed: int, opts: dict[str, Any], st: Store | None,
-                key: ScheduleKey) -> TuneResult:
+def _run_method(
+    wl: Workload,
+    hw: HwProfile,
+    method: str,
+    seed: int,
+    opts: dict[str, Any],
+    st: Store | None,
+    key: ScheduleKey,
+) -> TuneResult:
     start = time.perf_counter()
     outcome = METHODS[method](wl, hw, seed=seed, **opts)
     elapsed = time.perf_counter() - start
-    result = TuneResult(workload=wl, hw=hw, method=method, seed=seed, options=dict(opts),
-                        schedule=outcome.schedule, predicted_time_s=float(outcome.predicted_time_s),
-                        construction_time_s=elapsed, evaluated=int(outcome.evaluated), from_store=False)
+    result = TuneResult(
+        workload=wl,
+        hw=hw,
+        method=method,
+        seed=seed,
+        options=dict(opts),
+        schedule=outcome.schedule,
+        predicted_time_s=float(outcome.predicted_time_s),
+        construction_time_s=elapsed,
+        evaluated=int(outcome.evaluated),
+        from_store=False,
+    )
     if st is not None:
-        st.put_schedule(ScheduleRecord(key=key, schedule=outcome.schedule.to_json(),
-                                       predicted_time_s=result.predicted_time_s, construction_time_s=elapsed,
-                                       created_at=time.time(), evaluated=result.evaluated))
+        st.put_schedule(
+            ScheduleRecord(
+                key=key,
+                schedule=outcome.schedule.to_json(),
+                predicted_time_s=result.predicted_time_s,
+                construction_time_s=elapsed,
+                created_at=time.time(),
+                evaluated=result.evaluated,
+            )
+        )
     return result
 
 
-def _from_record(wl: Workload, hw: HwProfile, method: str, seed: int, opts: dict[str, Any],
-                 rec: ScheduleRecord) -> TuneResult:
+def _from_record(
+    wl: Workload, hw: HwProfile, method: str, seed: int, opts: dict[str, Any], rec: ScheduleRecord
+) -> TuneResult:
     from gensorage.codegen.lower_schedule import axis_tilings
     from gensorage.errors import ScheduleError
 
@@ -136,11 +169,21 @@ def _from_record(wl: Workload, hw: HwProfile, method: str, seed: int, opts: dict
         schedule = Schedule.from_json(rec.schedule)
         axis_tilings(wl, schedule)
     except (KeyError, TypeError, ValueError, ScheduleError) as exc:
-        raise StoreError(f"stored schedule for {wl.key()} is malformed: {exc} "
-                         f"({json.dumps(rec.schedule)[:120]})") from exc
-    return TuneResult(workload=wl, hw=hw, method=method, seed=seed, options=dict(opts), schedule=schedule,
-                      predicted_time_s=rec.predicted_time_s, construction_time_s=rec.construction_time_s,
-                      evaluated=rec.evaluated, from_store=True)
+        raise StoreError(
+            f"stored schedule for {wl.key()} is malformed: {exc} ({json.dumps(rec.schedule)[:120]})"
+        ) from exc
+    return TuneResult(
+        workload=wl,
+        hw=hw,
+        method=method,
+        seed=seed,
+        options=dict(opts),
+        schedule=schedule,
+        predicted_time_s=rec.predicted_time_s,
+        construction_time_s=rec.construction_time_s,
+        evaluated=rec.evaluated,
+        from_store=True,
+    )
 
 
 __all__ = ["method_names", "resolve_hw", "resolve_workload", "tune"]

@@ -126,7 +126,9 @@ def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info
         shared += times * (sum(tensor_bytes(a) for a in args) + sum(tensor_bytes(o) for o in outs))
         if isinstance(n, BlockOp):
             w = opset.flops(n.op, [a.shape for a in args], outs[0].shape)
-            tc = n.op is Op.MATMUL and _tensor_cores(hw, outs[0].dtype, [a.shape for a in args], outs[0].shape)
+            tc = n.op is Op.MATMUL and _tensor_cores(
+                hw, outs[0].dtype, [a.shape for a in args], outs[0].shape
+            )
             work += times * w
             compute_s += times * w / _peak(hw, outs[0].dtype, tc)
         elif isinstance(n, ThreadGraph):
@@ -141,21 +143,28 @@ def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info
     waves = -(-blocks // (hw.sm_count * resident_limit))
     resident = min(resident_limit, -(-blocks // hw.sm_count))
     sm = hw.sm_count
-    per_block = max(compute_s * sm,
-                    shared / (hw.level("shared").bandwidth_Bps / sm),
-                    loads / (hw.level("l2").bandwidth_Bps / sm))
+    per_block = max(
+        compute_s * sm,
+        shared / (hw.level("shared").bandwidth_Bps / sm),
+        loads / (hw.level("l2").bandwidth_Bps / sm),
+    )
     round_trip = (loops + 1) * hw.level("dram").latency_cycles / hw.clock_hz
     wave_s = max(resident * per_block, round_trip)
     out_bytes = sum(tensor_bytes(t) for t in info.outputs)
     l2_bytes = loads * blocks + out_bytes
-    dram = _dram_input_bytes(hw, block.grid, [n for n in block.nodes if isinstance(n, InputIterator)], ins,
-                             waves) + out_bytes
+    dram = (
+        _dram_input_bytes(
+            hw, block.grid, [n for n in block.nodes if isinstance(n, InputIterator)], ins, waves
+        )
+        + out_bytes
+    )
     time = LAUNCH_OVERHEAD_S + max(waves * wave_s, dram / hw.level("dram").bandwidth_Bps)
     return KernelCost("graph-defined", time, dram, l2_bytes, work * blocks, shared * blocks, blocks, waves)
 
 
-def _dram_input_bytes(hw: HwProfile, grid: tuple[int, ...], iterators: list[InputIterator],
-                      ins: list[TensorInfo], waves: int) -> int:
+def _dram_input_bytes(
+    hw: HwProfile, grid: tuple[int, ...], iterators: list[InputIterator], ins: list[TensorInfo], waves: int
+) -> int:
     """DRAM bytes the iterators' loads cost: each input once when all fit in half of L2; otherwise an input
     replicated over ``R`` blocks is fetched once per wave it is needed in (its replicas in one wave hit in L2),
     at most ``R`` times."""

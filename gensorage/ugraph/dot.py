@@ -70,8 +70,11 @@ def to_dot(g: KernelGraph) -> str:
 def _block_cluster(node: GraphDefinedOp, n: int) -> list[str]:
     b = node.block
     grid = "x".join(str(d) for d in b.grid)
-    lines = [f"  subgraph cluster_k{n} {{", f"    label={_q(f'%{n} block graph: grid {grid}, forloop {b.forloop}')};",
-             "    style=rounded; color=blue;"]
+    lines = [
+        f"  subgraph cluster_k{n} {{",
+        f"    label={_q(f'%{n} block graph: grid {grid}, forloop {b.forloop}')};",
+        "    style=rounded; color=blue;",
+    ]
     for j, bn in enumerate(b.nodes):
         bid = f"k{n}_b{j}"
         if isinstance(bn, ThreadGraph):
@@ -125,7 +128,9 @@ def render(dot_text: str, path: str | Path, fmt: str = "svg") -> Path | None:
         return None
     out = Path(path)
     try:
-        subprocess.run([exe, f"-T{fmt}", "-o", str(out)], input=dot_text.encode(), check=True, capture_output=True)
+        subprocess.run(
+            [exe, f"-T{fmt}", "-o", str(out)], input=dot_text.encode(), check=True, capture_output=True
+        )
     except subprocess.CalledProcessError as e:
         raise GensorageError(f"dot failed: {e.stderr.decode(errors='replace').strip()}") from None
     return out

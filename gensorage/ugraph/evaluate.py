@@ -75,10 +75,14 @@ def _run_one_block(
 ) -> list[V]:
     """The saver tiles block ``bidx`` writes, in saver order."""
     nodes = block.nodes
-    tiles = {j: _block_tile(arith, args[n.input], n, block.grid, bidx)
-             for j, n in enumerate(nodes) if isinstance(n, InputIterator)}
-    accs: dict[int, Any] = {j: (None if n.fmap is None else []) for j, n in enumerate(nodes)
-                            if isinstance(n, Accumulator)}
+    tiles = {
+        j: _block_tile(arith, args[n.input], n, block.grid, bidx)
+        for j, n in enumerate(nodes)
+        if isinstance(n, InputIterator)
+    }
+    accs: dict[int, Any] = {
+        j: (None if n.fmap is None else []) for j, n in enumerate(nodes) if isinstance(n, Accumulator)
+    }
     vals: dict[int, tuple[V, ...]] = {}
     for i in range(block.forloop):
         for j, node in enumerate(nodes):
@@ -111,7 +115,9 @@ def _run_one_block(
     return outs
 
 
-def _assemble(arith: Arith[V], tiles: dict[tuple[int, ...], V], grid: Sequence[int], omap: Sequence[int]) -> V:
+def _assemble(
+    arith: Arith[V], tiles: dict[tuple[int, ...], V], grid: Sequence[int], omap: Sequence[int]
+) -> V:
     """Concatenate the blocks' tiles: along ``omap[0]`` over x (outermost), then y, then z."""
 
     def build(prefix: tuple[int, ...]) -> V:
@@ -159,7 +165,9 @@ def evaluate(g: KernelGraph, arith: Arith[V], inputs: Sequence[V], *, check: boo
         raise UGraphError(f"µGraph takes {len(g.inputs)} inputs, got {len(inputs)}")
     for spec, v in zip(g.inputs, inputs, strict=True):
         if tuple(arith.shape(v)) != spec.shape:
-            raise UGraphError(f"input {spec.name}: expected shape {list(spec.shape)}, got {list(arith.shape(v))}")
+            raise UGraphError(
+                f"input {spec.name}: expected shape {list(spec.shape)}, got {list(arith.shape(v))}"
+            )
     values: list[tuple[V, ...]] = [(v,) for v in inputs]
     for node in g.ops:
         args = [values[r.node][r.out] for r in node.inputs]

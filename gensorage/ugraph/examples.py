@@ -67,7 +67,12 @@ def _attention_program(p: Program, q: object, k: object, v: object, head_dim: in
 
 
 def rmsnorm_matmul(
-    batch: int = 4, hidden: int = 16, out: int = 12, *, blocks: int = 3, forloop: int = 4,
+    batch: int = 4,
+    hidden: int = 16,
+    out: int = 12,
+    *,
+    blocks: int = 3,
+    forloop: int = 4,
     dtype: str = "float16",
 ) -> Example:
     """RMSNorm followed by MatMul (later paper, Fig. 3): ``Z = (X ⊙ G / sqrt(mean(X²))) W``.
@@ -93,7 +98,11 @@ def rmsnorm_matmul(
         Accumulator(6),  # #8 B
         ThreadGraph(  # #9 B / sqrt(A / hidden)
             (7, 8),
-            (ThreadOp(Op.SCALE, (0,), {"factor": 1.0 / hidden}), ThreadOp(Op.SQRT, (2,)), ThreadOp(Op.DIV, (1, 3))),
+            (
+                ThreadOp(Op.SCALE, (0,), {"factor": 1.0 / hidden}),
+                ThreadOp(Op.SQRT, (2,)),
+                ThreadOp(Op.DIV, (1, 3)),
+            ),
             (4,),
         ),
         OutputSaver(9, (1,)),
@@ -106,8 +115,16 @@ def rmsnorm_matmul(
 
 
 def gqa(
-    kv_heads: int = 2, group: int = 4, q_len: int = 1, kv_len: int = 24, head_dim: int = 8, *,
-    kv_splits: int = 3, forloop: int = 2, out_splits: int = 2, dtype: str = "float16",
+    kv_heads: int = 2,
+    group: int = 4,
+    q_len: int = 1,
+    kv_len: int = 24,
+    head_dim: int = 8,
+    *,
+    kv_splits: int = 3,
+    forloop: int = 2,
+    out_splits: int = 2,
+    dtype: str = "float16",
 ) -> Example:
     """Group-query attention as Mirage found it (first paper, Fig. 4c): two graph-defined kernels, no repeat.
 
@@ -160,7 +177,13 @@ def gqa(
 
 
 def lora(
-    m: int = 4, k: int = 8, n: int = 12, rank: int = 2, *, n_blocks: int = 3, m_blocks: int = 2,
+    m: int = 4,
+    k: int = 8,
+    n: int = 12,
+    rank: int = 2,
+    *,
+    n_blocks: int = 3,
+    m_blocks: int = 2,
     dtype: str = "float16",
 ) -> Example:
     """LoRA (later paper, Fig. 9): ``X W + (X A) B = (X ‖ X A)(W ‖ B)`` in one kernel.
@@ -193,7 +216,13 @@ def lora(
 
 
 def gated_mlp(
-    m: int = 4, k: int = 16, n: int = 12, *, blocks: int = 3, forloop: int = 4, dtype: str = "float16",
+    m: int = 4,
+    k: int = 16,
+    n: int = 12,
+    *,
+    blocks: int = 3,
+    forloop: int = 4,
+    dtype: str = "float16",
 ) -> Example:
     """Gated MLP (later paper, Fig. 10): ``silu(X W1) ⊙ (X W2)``.
 
@@ -224,8 +253,14 @@ def gated_mlp(
 
 
 def flash_attention(
-    heads: int = 2, q_len: int = 8, kv_len: int = 12, head_dim: int = 4, *, q_blocks: int = 2,
-    forloop: int = 3, dtype: str = "float16",
+    heads: int = 2,
+    q_len: int = 8,
+    kv_len: int = 12,
+    head_dim: int = 4,
+    *,
+    q_blocks: int = 2,
+    forloop: int = 3,
+    dtype: str = "float16",
 ) -> Example:
     """FlashAttention for multi-head attention (prefill): one kernel, grid ``heads x q_blocks``.
 
@@ -257,7 +292,13 @@ def flash_attention(
 
 
 def flash_decoding(
-    heads: int = 4, kv_len: int = 24, head_dim: int = 4, *, group: int = 1, splits: int = 3, forloop: int = 2,
+    heads: int = 4,
+    kv_len: int = 24,
+    head_dim: int = 4,
+    *,
+    group: int = 1,
+    splits: int = 3,
+    forloop: int = 2,
     dtype: str = "float16",
 ) -> Example:
     """FlashDecoding (first paper, Fig. 4b): split-KV across blocks, then a reduction kernel.
@@ -300,7 +341,10 @@ def flash_decoding(
     ops: list[KernelOp | GraphDefinedOp] = []
     kv = (Ref(1), Ref(2))
     if group > 1:
-        ops = [KernelOp(Op.REPEAT, (1,), {"dim": 0, "times": group}), KernelOp(Op.REPEAT, (2,), {"dim": 0, "times": group})]
+        ops = [
+            KernelOp(Op.REPEAT, (1,), {"dim": 0, "times": group}),
+            KernelOp(Op.REPEAT, (2,), {"dim": 0, "times": group}),
+        ]
         kv = (Ref(3), Ref(4))
     first = 3 + len(ops)
     ops.append(GraphDefinedOp(_block((heads, splits), forloop, k1), (Ref(0),) + kv))
@@ -315,13 +359,23 @@ def _rms_normalize(x: int, sq_sum: int, dim_size: int) -> ThreadGraph:
     """Thread graph ``x / sqrt(Σx² / n)`` over block values ``x`` and ``sq_sum``."""
     return ThreadGraph(
         (sq_sum, x),
-        (ThreadOp(Op.SCALE, (0,), {"factor": 1.0 / dim_size}), ThreadOp(Op.SQRT, (2,)), ThreadOp(Op.DIV, (1, 3))),
+        (
+            ThreadOp(Op.SCALE, (0,), {"factor": 1.0 / dim_size}),
+            ThreadOp(Op.SQRT, (2,)),
+            ThreadOp(Op.DIV, (1, 3)),
+        ),
         (4,),
     )
 
 
 def qknorm_attention(
-    heads: int = 2, q_len: int = 4, kv_len: int = 12, head_dim: int = 4, *, q_blocks: int = 2, forloop: int = 3,
+    heads: int = 2,
+    q_len: int = 4,
+    kv_len: int = 12,
+    head_dim: int = 4,
+    *,
+    q_blocks: int = 2,
+    forloop: int = 3,
     dtype: str = "float16",
 ) -> Example:
     """QKNorm fused with attention (later paper, Fig. 8): RMS-normalise Q and K over the head dim, then attend.
@@ -373,6 +427,13 @@ EXAMPLES: dict[str, Callable[..., Example]] = {
 }
 
 __all__ = [
-    "EXAMPLES", "Example", "flash_attention", "flash_decoding", "gated_mlp", "gqa", "lora", "qknorm_attention",
+    "EXAMPLES",
+    "Example",
+    "flash_attention",
+    "flash_decoding",
+    "gated_mlp",
+    "gqa",
+    "lora",
+    "qknorm_attention",
     "rmsnorm_matmul",
 ]

@@ -64,7 +64,9 @@ def wrap_kernel_op(
     if not isinstance(node, KernelOp):
         raise UGraphError(f"kernel op {index} is not a pre-defined op")
     if node.op not in ELEMENTWISE and node.op is not Op.MATMUL:
-        raise UGraphError(f"cannot wrap {node.op.value}: only elementwise ops and matmul have per-tile semantics")
+        raise UGraphError(
+            f"cannot wrap {node.op.value}: only elementwise ops and matmul have per-tile semantics"
+        )
     if len(imaps) != len(node.inputs):
         raise UGraphError(f"{node.op.value} has {len(node.inputs)} inputs, got {len(imaps)} imaps")
     n = len(node.inputs)

@@ -320,7 +320,23 @@ def node_inputs(node: BlockNode) -> tuple[Ref, ...]:
 
 
 __all__ = [
-    "GRID_AXES", "AccumKind", "Accumulator", "BlockGraph", "BlockNode", "BlockOp", "GraphDefinedOp",
-    "InputIterator", "KernelGraph", "KernelNode", "KernelOp", "OutputSaver", "Ref", "TensorSpec", "ThreadGraph",
-    "ThreadOp", "UGraph", "node_inputs", "num_outputs",
+    "GRID_AXES",
+    "AccumKind",
+    "Accumulator",
+    "BlockGraph",
+    "BlockNode",
+    "BlockOp",
+    "GraphDefinedOp",
+    "InputIterator",
+    "KernelGraph",
+    "KernelNode",
+    "KernelOp",
+    "OutputSaver",
+    "Ref",
+    "TensorSpec",
+    "ThreadGraph",
+    "ThreadOp",
+    "UGraph",
+    "node_inputs",
+    "num_outputs",
 ]

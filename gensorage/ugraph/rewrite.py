@@ -24,7 +24,9 @@ def drop_loop(block: BlockGraph) -> BlockGraph:
     canonical, valid form of a graph written for a loop and instantiated with ``forloop=1``.
     """
     if block.forloop != 1:
-        raise UGraphError(f"drop_loop: block graph loops {block.forloop} times; only a trip count of 1 is dropped")
+        raise UGraphError(
+            f"drop_loop: block graph loops {block.forloop} times; only a trip count of 1 is dropped"
+        )
     alias: dict[int, Ref] = {}
     index: dict[int, int] = {}
     nodes: list[BlockNode] = []

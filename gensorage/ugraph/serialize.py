@@ -69,8 +69,12 @@ def _block_node(n: BlockNode) -> dict[str, Any]:
         case BlockOp():
             return {"kind": "op", **_op(n.op, n.inputs, n.attrs)}
         case ThreadGraph():
-            return {"kind": "thread", "inputs": [_ref(r) for r in n.inputs],
-                    "ops": [_op(t.op, t.inputs, t.attrs) for t in n.ops], "outputs": [_ref(r) for r in n.outputs]}
+            return {
+                "kind": "thread",
+                "inputs": [_ref(r) for r in n.inputs],
+                "ops": [_op(t.op, t.inputs, t.attrs) for t in n.ops],
+                "outputs": [_ref(r) for r in n.outputs],
+            }
         case Accumulator():
             return {"kind": "accumulator", "input": _ref(n.input), "accum": n.kind, "fmap": n.fmap}
         case OutputSaver():
@@ -82,8 +86,11 @@ def _kernel_node(n: KernelNode) -> dict[str, Any]:
     if isinstance(n, KernelOp):
         return {"kind": "op", **_op(n.op, n.inputs, n.attrs)}
     b = n.block
-    return {"kind": "graph", "inputs": [_ref(r) for r in n.inputs],
-            "block": {"grid": list(b.grid), "forloop": b.forloop, "nodes": [_block_node(x) for x in b.nodes]}}
+    return {
+        "kind": "graph",
+        "inputs": [_ref(r) for r in n.inputs],
+        "block": {"grid": list(b.grid), "forloop": b.forloop, "nodes": [_block_node(x) for x in b.nodes]},
+    }
 
 
 def to_json(g: KernelGraph) -> dict[str, Any]:
@@ -151,8 +158,14 @@ def _read_op(d: Any, where: str) -> tuple[Op, tuple[Ref, ...], Attrs]:
     if not isinstance(attrs, Mapping) or not all(isinstance(k, str) for k in attrs):
         raise UGraphError(f"{where}.attrs: expected an object")
     for k, val in attrs.items():
-        ok = val is None or isinstance(val, int | float | str | bool) or (
-            isinstance(val, list) and all(isinstance(x, int | float) and not isinstance(x, bool) for x in val))
+        ok = (
+            val is None
+            or isinstance(val, int | float | str | bool)
+            or (
+                isinstance(val, list)
+                and all(isinstance(x, int | float) and not isinstance(x, bool) for x in val)
+            )
+        )
         if not ok:
             raise UGraphError(f"{where}.attrs.{k}: unsupported value {val!r}")
     return op, _refs(_get(d, "inputs", where), f"{where}.inputs"), freeze_attrs(dict(attrs))
@@ -161,27 +174,42 @@ def _read_op(d: Any, where: str) -> tuple[Op, tuple[Ref, ...], Attrs]:
 def _read_block_node(d: Any, where: str) -> BlockNode:
     kind = _str(_get(d, "kind", where), f"{where}.kind")
     if kind == "iterator":
-        imap = tuple(_opt_int(x, f"{where}.imap[{i}]") for i, x in enumerate(_list(_get(d, "imap", where),
-                                                                                      f"{where}.imap")))
-        return InputIterator(_int(_get(d, "input", where), f"{where}.input"), imap,
-                             _opt_int(_get(d, "fmap", where), f"{where}.fmap"))
+        imap = tuple(
+            _opt_int(x, f"{where}.imap[{i}]")
+            for i, x in enumerate(_list(_get(d, "imap", where), f"{where}.imap"))
+        )
+        return InputIterator(
+            _int(_get(d, "input", where), f"{where}.input"),
+            imap,
+            _opt_int(_get(d, "fmap", where), f"{where}.fmap"),
+        )
     if kind == "op":
         op, ins, attrs = _read_op(d, where)
         return BlockOp(op, ins, attrs)
     if kind == "thread":
-        ops = tuple(ThreadOp(*_read_op(x, f"{where}.ops[{i}]"))
-                    for i, x in enumerate(_list(_get(d, "ops", where), f"{where}.ops")))
-        return ThreadGraph(_refs(_get(d, "inputs", where), f"{where}.inputs"), ops,
-                           _refs(_get(d, "outputs", where), f"{where}.outputs"))
+        ops = tuple(
+            ThreadOp(*_read_op(x, f"{where}.ops[{i}]"))
+            for i, x in enumerate(_list(_get(d, "ops", where), f"{where}.ops"))
+        )
+        return ThreadGraph(
+            _refs(_get(d, "inputs", where), f"{where}.inputs"),
+            ops,
+            _refs(_get(d, "outputs", where), f"{where}.outputs"),
+        )
     if kind == "accumulator":
         accum = _str(_get(d, "accum", where), f"{where}.accum")
         if accum not in ("sum", "max"):
             raise UGraphError(f"{where}.accum: expected 'sum' or 'max', got {accum!r}")
-        return Accumulator(_read_ref(_get(d, "input", where), f"{where}.input"), accum,  # type: ignore[arg-type]
-                           _opt_int(_get(d, "fmap", where), f"{where}.fmap"))
+        return Accumulator(
+            _read_ref(_get(d, "input", where), f"{where}.input"),
+            accum,  # type: ignore[arg-type]
+            _opt_int(_get(d, "fmap", where), f"{where}.fmap"),
+        )
     if kind == "saver":
-        omap = tuple(_int(x, f"{where}.omap[{i}]") for i, x in enumerate(_list(_get(d, "omap", where),
-                                                                                f"{where}.omap")))
+        omap = tuple(
+            _int(x, f"{where}.omap[{i}]")
+            for i, x in enumerate(_list(_get(d, "omap", where), f"{where}.omap"))
+        )
         return OutputSaver(_read_ref(_get(d, "input", where), f"{where}.input"), omap)
     raise UGraphError(f"{where}.kind: unknown block node kind {kind!r}")
 
@@ -196,17 +224,21 @@ def _read_kernel_node(d: Any, where: str) -> KernelNode:
     b = _get(d, "block", where)
     bw = f"{where}.block"
     grid = tuple(_int(x, f"{bw}.grid[{i}]") for i, x in enumerate(_list(_get(b, "grid", bw), f"{bw}.grid")))
-    nodes = tuple(_read_block_node(x, f"{bw}.nodes[{i}]")
-                  for i, x in enumerate(_list(_get(b, "nodes", bw), f"{bw}.nodes")))
+    nodes = tuple(
+        _read_block_node(x, f"{bw}.nodes[{i}]")
+        for i, x in enumerate(_list(_get(b, "nodes", bw), f"{bw}.nodes"))
+    )
     block = BlockGraph(grid, _int(_get(b, "forloop", bw), f"{bw}.forloop"), nodes)
     return GraphDefinedOp(block, _refs(_get(d, "inputs", where), f"{where}.inputs"))
 
 
 def _read_input(d: Any, where: str) -> TensorSpec:
-    shape = tuple(_int(x, f"{where}.shape[{i}]") for i, x in enumerate(_list(_get(d, "shape", where),
-                                                                              f"{where}.shape")))
-    return TensorSpec(_str(_get(d, "name", where), f"{where}.name"), shape,
-                      _str(_get(d, "dtype", where), f"{where}.dtype"))
+    shape = tuple(
+        _int(x, f"{where}.shape[{i}]") for i, x in enumerate(_list(_get(d, "shape", where), f"{where}.shape"))
+    )
+    return TensorSpec(
+        _str(_get(d, "name", where), f"{where}.name"), shape, _str(_get(d, "dtype", where), f"{where}.dtype")
+    )
 
 
 def from_json(data: Any) -> KernelGraph:
@@ -217,7 +249,9 @@ def from_json(data: Any) -> KernelGraph:
     version = _get(data, "version", "")
     if version != VERSION:
         raise UGraphError(f"version: unsupported version {version!r} (this gensorage reads {VERSION})")
-    inputs = tuple(_read_input(x, f"inputs[{i}]") for i, x in enumerate(_list(_get(data, "inputs", ""), "inputs")))
+    inputs = tuple(
+        _read_input(x, f"inputs[{i}]") for i, x in enumerate(_list(_get(data, "inputs", ""), "inputs"))
+    )
     ops = tuple(_read_kernel_node(x, f"ops[{i}]") for i, x in enumerate(_list(_get(data, "ops", ""), "ops")))
     return KernelGraph(inputs, ops, _refs(_get(data, "outputs", ""), "outputs"))
 

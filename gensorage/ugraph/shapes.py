@@ -90,7 +90,9 @@ def block_where(g: KernelGraph, k: int, j: int) -> str:
 def resolve(ref: Ref, infos: Sequence[tuple[TensorInfo, ...]], where: str) -> TensorInfo:
     """The tensor ``ref`` names among the nodes before the current one (``infos``), or a UGraphError."""
     if not 0 <= ref.node < len(infos):
-        raise UGraphError(f"{where}: reference to node {ref.node} is not an earlier node (0..{len(infos) - 1})")
+        raise UGraphError(
+            f"{where}: reference to node {ref.node} is not an earlier node (0..{len(infos) - 1})"
+        )
     outs = infos[ref.node]
     if not 0 <= ref.out < len(outs):
         raise UGraphError(f"{where}: reference to output {ref.out} of node {ref.node}, which has {len(outs)}")
@@ -182,9 +184,7 @@ def saver_output(sv: OutputSaver, tile: TensorInfo, grid: Sequence[int], where: 
     return TensorInfo(tuple(shape), tile.dtype)
 
 
-def block_shapes(
-    g: KernelGraph, k: int, block: BlockGraph, args: Sequence[TensorInfo]
-) -> BlockInfo:
+def block_shapes(g: KernelGraph, k: int, block: BlockGraph, args: Sequence[TensorInfo]) -> BlockInfo:
     """Infer every tile of op ``k``'s block graph given its kernel inputs ``args``."""
     here = kernel_where(g, k)
     if not 1 <= len(block.grid) <= 3:
@@ -205,7 +205,9 @@ def block_shapes(
                 if not 0 <= node.input < len(args):
                     raise UGraphError(f"{where}: input {node.input} out of range (op has {len(args)} inputs)")
                 src = args[node.input]
-                outs = (TensorInfo(iterator_tile(node, src.shape, block.grid, block.forloop, where), src.dtype),)
+                outs = (
+                    TensorInfo(iterator_tile(node, src.shape, block.grid, block.forloop, where), src.dtype),
+                )
             case BlockOp():
                 ins = [resolve(r, infos, where) for r in node.inputs]
                 outs = (_op_shape(node.op, ins, node.attrs, where),)
@@ -260,6 +262,14 @@ def infer(g: KernelGraph) -> GraphInfo:
 
 
 __all__ = [
-    "BlockInfo", "GraphInfo", "TensorInfo", "block_shapes", "infer", "iterator_tile", "node_kind", "resolve",
-    "saver_output", "thread_shapes",
+    "BlockInfo",
+    "GraphInfo",
+    "TensorInfo",
+    "block_shapes",
+    "infer",
+    "iterator_tile",
+    "node_kind",
+    "resolve",
+    "saver_output",
+    "thread_shapes",
 ]

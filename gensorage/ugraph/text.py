@@ -74,8 +74,10 @@ class _Writer:
             outs = self.info.nodes[n] if self.info else ()
             shapes = ", ".join(f"{shape_text(t.shape)} {t.dtype}" for t in outs)
             if isinstance(node, KernelOp):
-                self.lines.append(f"  %{n} = {node.op.value}({args}{attrs_text(node.attrs)})" + (
-                    f": {shapes}" if shapes else ""))
+                self.lines.append(
+                    f"  %{n} = {node.op.value}({args}{attrs_text(node.attrs)})"
+                    + (f": {shapes}" if shapes else "")
+                )
             else:
                 self.lines.append(f"  %{n} = graph-defined({args})" + (f" -> {shapes}" if shapes else ""))
                 self.block(node, self.info.blocks[k] if self.info else None)
@@ -99,8 +101,9 @@ class _Writer:
         multi = 0 <= r.node < len(b.nodes) and num_outputs(b.nodes[r.node]) > 1
         return _ref("#", r, multi or r.out != 0)
 
-    def block_node(self, node: GraphDefinedOp, bn: object, j: int, binfo: BlockInfo | None,
-                   tile: TensorInfo | None) -> str:
+    def block_node(
+        self, node: GraphDefinedOp, bn: object, j: int, binfo: BlockInfo | None, tile: TensorInfo | None
+    ) -> str:
         b = node.block
         match bn:
             case InputIterator():

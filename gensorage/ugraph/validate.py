@@ -39,6 +39,7 @@ from gensorage.ugraph.shapes import GraphInfo, TensorInfo, block_where, infer, k
 
 Phase = Literal["body", "post", "saver"]
 
+
 def tensor_bytes(t: TensorInfo) -> int:
     return math.prod(t.shape) * dtype_bytes(t.dtype)
 
@@ -71,7 +72,9 @@ def _check_paths(g: KernelGraph, k: int, block: BlockGraph) -> None:
             if not looped:
                 raise UGraphError(f"{where}: accumulator in a block graph without a for-loop")
             if phases[node.input.node] != "body":
-                raise UGraphError(f"{where}: accumulates post-loop value #{node.input.node} (a second accumulator)")
+                raise UGraphError(
+                    f"{where}: accumulates post-loop value #{node.input.node} (a second accumulator)"
+                )
         elif isinstance(node, OutputSaver):
             if looped and phases[node.input.node] != "post":
                 raise UGraphError(
@@ -131,7 +134,9 @@ def validate(g: KernelGraph, hw: HwProfile | None = None) -> GraphInfo:
     if hw is not None:
         for spec in g.inputs:  # every other tensor takes its dtype from these
             if spec.dtype not in DTYPE_BYTES:
-                raise UGraphError(f"input '{spec.name}': unknown dtype {spec.dtype!r} (known: {', '.join(DTYPE_BYTES)})")
+                raise UGraphError(
+                    f"input '{spec.name}': unknown dtype {spec.dtype!r} (known: {', '.join(DTYPE_BYTES)})"
+                )
         _check_memory(g, info, hw)
     return info
 

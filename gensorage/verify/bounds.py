@@ -180,7 +180,12 @@ def bound_sum(a: Bound, n: int, shared: bool = False) -> Bound:
         return replace(a, kn=1 if plain else _sat(n * a.kn), wn=log_n + a.wn)
     exps = {"eh": a.eh, "eu": a.eu, "wh": a.wh, "wu": a.wu}
     if a.dexp:  # each addition multiplies an exp-bearing denominator into the other side
-        exps = {"eh": a.eh + (n - 1) * a.eu, "eu": n * a.eu, "wh": log_n + a.wh + (n - 1) * a.wu, "wu": n * a.wu}
+        exps = {
+            "eh": a.eh + (n - 1) * a.eu,
+            "eu": n * a.eu,
+            "wh": log_n + a.wh + (n - 1) * a.wu,
+            "wu": n * a.wu,
+        }
     return replace(
         a,
         kn=1 if plain else _sat(n * a.kn * _sat_pow(a.kd, n - 1)),
@@ -201,8 +206,21 @@ def bound_exp(a: Bound) -> Bound:
         raise NotLaxError(
             "not in the Lax fragment: two exps on one path through exp (its input already depends on an exp)"
         )
-    return Bound(kn=1, kd=1, dn=0, dd=0, eh=a.dn, eu=a.dd, wn=0.0, wd=0.0, wh=a.wn, wu=a.wd, nexp=True,
-                 dexp=False, exped=True)
+    return Bound(
+        kn=1,
+        kd=1,
+        dn=0,
+        dd=0,
+        eh=a.dn,
+        eu=a.dd,
+        wn=0.0,
+        wd=0.0,
+        wh=a.wn,
+        wu=a.wd,
+        nexp=True,
+        dexp=False,
+        exped=True,
+    )
 
 
 @lru_cache(maxsize=4096)  # blocks of a µGraph repeat the same bounds
@@ -422,7 +440,20 @@ class BoundsArith:
 
 
 __all__ = [
-    "K_CAP", "VARIABLE", "Bound", "BoundValue", "BoundsArith", "DiffBound", "bound_add", "bound_div",
-    "bound_exp", "bound_join", "bound_mul", "bound_scale", "bound_sum", "difference", "fresh",
+    "K_CAP",
+    "VARIABLE",
+    "Bound",
+    "BoundValue",
+    "BoundsArith",
+    "DiffBound",
+    "bound_add",
+    "bound_div",
+    "bound_exp",
+    "bound_join",
+    "bound_mul",
+    "bound_scale",
+    "bound_sum",
+    "difference",
+    "fresh",
     "trivial_denominator",
 ]

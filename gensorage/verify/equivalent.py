@@ -58,7 +58,9 @@ class Counterexample:
     b: tuple[int, int | None]
 
     def __str__(self) -> str:
-        return f"output {self.output} at index {list(self.index)} in trial {self.trial}: A={self.a}, B={self.b}"
+        return (
+            f"output {self.output} at index {list(self.index)} in trial {self.trial}: A={self.a}, B={self.b}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,14 +137,20 @@ class EquivalenceResult:
             return f"NOT equivalent: {why} (after {self.trials} trial(s), {fields_}, seed {self.seed}; {ms})"
         basis = f"{self.method}: k={format_count(self.k)}, degree={self.degree}"
         if self.trials_first_paper is not None:
-            basis += (f", first paper k·ln(1/δ)={format_count(self.trials_first_paper)}, later paper "
-                      f"k²/ln q·ln(1/δ)={format_count(self.trials_later_paper or 0)}")
+            basis += (
+                f", first paper k·ln(1/δ)={format_count(self.trials_first_paper)}, later paper "
+                f"k²/ln q·ln(1/δ)={format_count(self.trials_later_paper or 0)}"
+            )
         if self.capped:
-            head = (f"equivalent on all {self.trials} trials run, but {format_count(self.required_trials)} are "
-                    f"required for δ={self.delta:g}: the δ actually reached is {self.achieved_delta:.4g}")
+            head = (
+                f"equivalent on all {self.trials} trials run, but {format_count(self.required_trials)} are "
+                f"required for δ={self.delta:g}: the δ actually reached is {self.achieved_delta:.4g}"
+            )
         else:
-            head = (f"equivalent: {self.trials} of {format_count(self.required_trials)} required trials passed, "
-                    f"false-accept probability ≤ {self.achieved_delta:.3g} (δ={self.delta:g})")
+            head = (
+                f"equivalent: {self.trials} of {format_count(self.required_trials)} required trials passed, "
+                f"false-accept probability ≤ {self.achieved_delta:.3g} (δ={self.delta:g})"
+            )
         text = f"{head} [{basis}; {fields_}; {self.degenerate_trials} degenerate; seed {self.seed}; {ms}]"
         return text + "".join(f"\n  note: {n}" for n in self.notes)
 
@@ -154,14 +162,31 @@ class EquivalenceResult:
 
         ce = self.counterexample
         return {
-            "equivalent": self.equivalent, "trials": self.trials, "required_trials": num(self.required_trials),
-            "p": self.p, "q": self.q, "delta": self.delta, "achieved_delta": self.achieved_delta,
-            "k": num(self.k), "degree": self.degree, "degenerate_trials": self.degenerate_trials,
-            "elapsed_s": self.elapsed_s, "method": self.method,
-            "trials_first_paper": num(self.trials_first_paper), "trials_later_paper": num(self.trials_later_paper),
-            "seed": self.seed, "reason": self.reason, "notes": list(self.notes),
-            "counterexample": None if ce is None else {
-                "output": ce.output, "index": list(ce.index), "trial": ce.trial, "a": list(ce.a), "b": list(ce.b),
+            "equivalent": self.equivalent,
+            "trials": self.trials,
+            "required_trials": num(self.required_trials),
+            "p": self.p,
+            "q": self.q,
+            "delta": self.delta,
+            "achieved_delta": self.achieved_delta,
+            "k": num(self.k),
+            "degree": self.degree,
+            "degenerate_trials": self.degenerate_trials,
+            "elapsed_s": self.elapsed_s,
+            "method": self.method,
+            "trials_first_paper": num(self.trials_first_paper),
+            "trials_later_paper": num(self.trials_later_paper),
+            "seed": self.seed,
+            "reason": self.reason,
+            "notes": list(self.notes),
+            "counterexample": None
+            if ce is None
+            else {
+                "output": ce.output,
+                "index": list(ce.index),
+                "trial": ce.trial,
+                "a": list(ce.a),
+                "b": list(ce.b),
             },
         }
 
@@ -197,7 +222,9 @@ def _check_inputs(sa: list[tuple[int, ...]], sb: list[tuple[int, ...]]) -> None:
             raise VerificationError(f"input {i} has shape {list(x)} on one side and {list(y)} on the other")
 
 
-def _bounds(run: Evaluator, label: str, arith: BoundsArith, shapes: list[tuple[int, ...]]) -> list[BoundValue]:
+def _bounds(
+    run: Evaluator, label: str, arith: BoundsArith, shapes: list[tuple[int, ...]]
+) -> list[BoundValue]:
     try:
         return run(arith, [arith.variable(s) for s in shapes])
     except NotLaxError as exc:
@@ -233,7 +260,9 @@ def _notes(arith: BoundsArith) -> tuple[str, ...]:
             "variables; the theorems do not cover this, so δ is heuristic"
         )
     if arith.exp_divisor:
-        notes.append("a divisor contains exp terms: the degenerate-trial probability is not bounded by a degree")
+        notes.append(
+            "a divisor contains exp terms: the degenerate-trial probability is not bounded by a degree"
+        )
     return tuple(notes)
 
 
@@ -251,8 +280,9 @@ def plan(a: Any, b: Any, delta: float = 1e-9, *, p: int = DEFAULT_P, q: int = DE
     return result[0]
 
 
-def _prepare(run_a: Evaluator, run_b: Evaluator, shapes: list[tuple[int, ...]], delta: float, p: int,
-             q: int) -> tuple[TrialPlan, int] | str:
+def _prepare(
+    run_a: Evaluator, run_b: Evaluator, shapes: list[tuple[int, ...]], delta: float, p: int, q: int
+) -> tuple[TrialPlan, int] | str:
     """(plan, elements per trial), or the reason the outputs cannot be equal."""
     arith = BoundsArith()
     oa = _bounds(run_a, "A", arith, shapes)
@@ -261,13 +291,21 @@ def _prepare(run_a: Evaluator, run_b: Evaluator, shapes: list[tuple[int, ...]], 
     if mismatch is not None:
         return mismatch
     diff = _worst([difference(x.bound, y.bound) for x, y in zip(oa, ob, strict=True)])
-    trial_plan = plan_trials(diff, delta, p, q, divisor_degree_p=arith.divisor_degree_p,
-                             divisor_degree_q=arith.divisor_degree_q, notes=_notes(arith))
+    trial_plan = plan_trials(
+        diff,
+        delta,
+        p,
+        q,
+        divisor_degree_p=arith.divisor_degree_p,
+        divisor_degree_q=arith.divisor_degree_q,
+        notes=_notes(arith),
+    )
     return trial_plan, arith.total_numel
 
 
-def _counterexample(arith: FieldArith, oa: FieldValue, ob: FieldValue, output: int, t: int,
-                    first_trial: int) -> Counterexample:
+def _counterexample(
+    arith: FieldArith, oa: FieldValue, ob: FieldValue, output: int, t: int, first_trial: int
+) -> Counterexample:
     mism = arith.mismatch(oa, ob)[t]
     flat = int(np.flatnonzero(mism.ravel())[0])
     index = tuple(int(i) for i in np.unravel_index(flat, mism.shape)) if mism.ndim else ()
@@ -343,8 +381,9 @@ def equivalent(
     run_a, run_b = _evaluator(a), _evaluator(b)
     prepared = _prepare(run_a, run_b, shapes, delta, p, q)
     if isinstance(prepared, str):
-        return EquivalenceResult(False, 0, 0, p, q, delta, 1.0, 0, 0, 0, time.perf_counter() - start,
-                                 reason=prepared, seed=seed)
+        return EquivalenceResult(
+            False, 0, 0, p, q, delta, 1.0, 0, 0, 0, time.perf_counter() - start, reason=prepared, seed=seed
+        )
     trial_plan, numel = prepared
     target = trial_plan.required if max_trials is None else min(trial_plan.required, max_trials)
     full = batch or max(1, min(MAX_BATCH, BATCH_BYTES // max(1, numel * _BYTES_PER_ELEMENT)))
@@ -355,9 +394,23 @@ def equivalent(
 
     def result(ok: bool, ce: Counterexample | None = None) -> EquivalenceResult:
         return EquivalenceResult(
-            ok, passed, trial_plan.required, p, q, delta, trial_plan.achieved_delta(passed) if ok else 1.0,
-            trial_plan.k, trial_plan.degree, degenerate, time.perf_counter() - start, ce, None,
-            trial_plan.method, trial_plan.trials_first_paper, trial_plan.trials_later_paper, seed,
+            ok,
+            passed,
+            trial_plan.required,
+            p,
+            q,
+            delta,
+            trial_plan.achieved_delta(passed) if ok else 1.0,
+            trial_plan.k,
+            trial_plan.degree,
+            degenerate,
+            time.perf_counter() - start,
+            ce,
+            None,
+            trial_plan.method,
+            trial_plan.trials_first_paper,
+            trial_plan.trials_later_paper,
+            seed,
             trial_plan.notes,
         )
 
@@ -387,5 +440,12 @@ def equivalent(
     return result(True)
 
 
-__all__ = ["BATCH_BYTES", "MAX_BATCH", "Counterexample", "EquivalenceResult", "VerificationStopped", "equivalent",
-           "plan"]
+__all__ = [
+    "BATCH_BYTES",
+    "MAX_BATCH",
+    "Counterexample",
+    "EquivalenceResult",
+    "VerificationStopped",
+    "equivalent",
+    "plan",
+]

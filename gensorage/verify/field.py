@@ -88,7 +88,9 @@ def field_constant(factor: float, m: int) -> int:
     """``factor`` as an element of ``Z_m`` (via :func:`rational_of`); ``m`` must not divide the denominator."""
     r = rational_of(factor)
     if r.denominator % m == 0:
-        raise VerificationError(f"scale factor {factor!r} = {r} has a denominator divisible by the modulus {m}")
+        raise VerificationError(
+            f"scale factor {factor!r} = {r} has a denominator divisible by the modulus {m}"
+        )
     return r.numerator * pow(r.denominator, -1, m) % m
 
 
@@ -178,7 +180,9 @@ class FieldArith:
         pp = np.asarray(p_part, dtype=np.int64)
         qq = np.asarray(q_part, dtype=np.int64)
         if pp.shape != qq.shape or pp.ndim < 1 or pp.shape[0] != self.trials:
-            raise ValueError(f"residue arrays must both have shape (T={self.trials}, ...), got {pp.shape}, {qq.shape}")
+            raise ValueError(
+                f"residue arrays must both have shape (T={self.trials}, ...), got {pp.shape}, {qq.shape}"
+            )
         return FieldValue(np.stack([pp % self.p, qq % self.q]))
 
     def equal(self, a: FieldValue, b: FieldValue) -> np.ndarray:
@@ -334,7 +338,9 @@ class FieldArith:
             return FieldValue(prod.sum(axis=-2) % m, a.tainted or b.tainted)
         acc: np.ndarray | None = None
         for start in range(0, k, _MATMUL_CHUNK):
-            part = _limb_matmul(x[..., start : start + _MATMUL_CHUNK], y[..., start : start + _MATMUL_CHUNK, :], m)
+            part = _limb_matmul(
+                x[..., start : start + _MATMUL_CHUNK], y[..., start : start + _MATMUL_CHUNK, :], m
+            )
             acc = part if acc is None else (acc + part) % m
         assert acc is not None
         return FieldValue(acc, a.tainted or b.tainted)
@@ -403,6 +409,7 @@ def _limb_width(elements: int) -> int:
     every exp of the evaluation (a µGraph calls exp once per block and iteration), so their cost is spread
     over a few calls; each element costs L gathers and L - 1 multiplications.
     """
+
     def cost(w: int) -> float:
         limbs = -(-_EXP_BITS // w)
         return limbs * (1 << w) / 8 + elements * (2 * limbs - 1)

@@ -37,7 +37,9 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
         with np.errstate(over="ignore"):
             bits = np.asarray(x, dtype=np.float32).view(np.uint32)
         # Round the low 16 bits away, to nearest even; NaN keeps a payload bit so it stays NaN.
-        rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(
+            0xFFFF0000
+        )
         rounded = np.where(np.isnan(bits.view(np.float32)), bits | np.uint32(0x00400000), rounded)
         return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
     raise VerificationError(f"cannot simulate dtype {dtype!r} (known: {', '.join(DEFAULT_RTOL)})")
@@ -191,7 +193,9 @@ def float_check(
     dt = dtype or _dtype_of(b)
     tol = DEFAULT_RTOL.get(dt, 1e-2) if rtol is None else rtol
     rng = np.random.default_rng(seed)
-    inputs = [rng.standard_normal(s) * (scale if scale is not None else 1.0 / np.sqrt(s[-1])) for s in shapes_a]
+    inputs = [
+        rng.standard_normal(s) * (scale if scale is not None else 1.0 / np.sqrt(s[-1])) for s in shapes_a
+    ]
     ref = [np.asarray(x, dtype=np.float64) for x in a.evaluate(Float64Arith(), inputs)]
     same = [np.asarray(x, dtype=np.float64) for x in b.evaluate(Float64Arith(), inputs)]
     low_inputs = [round_to(x, dt) for x in inputs]
@@ -202,8 +206,17 @@ def float_check(
     nonfinite = any(e == float("inf") for e, _ in errors)
     ok = not nonfinite and all(e <= atol + tol * s for e, s in errors)
     absolute = max((e for e, _ in errors), default=0.0)
-    return FloatCheck(ok, _relative(errors), absolute, _relative(_errors(ref, ref_low)),
-                      _relative(_errors(ref, same)), dt, tol, atol, nonfinite)
+    return FloatCheck(
+        ok,
+        _relative(errors),
+        absolute,
+        _relative(_errors(ref, ref_low)),
+        _relative(_errors(ref, same)),
+        dt,
+        tol,
+        atol,
+        nonfinite,
+    )
 
 
 __all__ = ["DEFAULT_RTOL", "FloatCheck", "RoundingArith", "float_check", "round_to"]

@@ -76,8 +76,13 @@ def _op_sites(g: KernelGraph) -> Iterator[tuple[Loc, KernelOp | BlockOp | Thread
 
 
 def _block_sites(g: KernelGraph, kind: type) -> list[tuple[int, int, Any]]:
-    return [(k, j, bn) for k, node in enumerate(g.ops) if isinstance(node, GraphDefinedOp)
-            for j, bn in enumerate(node.block.nodes) if isinstance(bn, kind)]
+    return [
+        (k, j, bn)
+        for k, node in enumerate(g.ops)
+        if isinstance(node, GraphDefinedOp)
+        for j, bn in enumerate(node.block.nodes)
+        if isinstance(bn, kind)
+    ]
 
 
 def _set_kernel(g: KernelGraph, k: int, node: Any) -> KernelGraph:
@@ -140,8 +145,11 @@ def swap_inputs(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
     sites: list[tuple[Loc, Any]] = [
         (loc, n) for loc, n in _op_sites(g) if n.op not in _COMMUTATIVE and len(set(n.inputs)) >= 2
     ]
-    sites += [(("gdo", k), n) for k, n in enumerate(g.ops)
-              if isinstance(n, GraphDefinedOp) and len(set(n.inputs)) >= 2]
+    sites += [
+        (("gdo", k), n)
+        for k, n in enumerate(g.ops)
+        if isinstance(n, GraphDefinedOp) and len(set(n.inputs)) >= 2
+    ]
     if not sites:
         return None
     loc, node = rng.choice(sites)
@@ -167,8 +175,7 @@ def change_imap(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
 
 def change_fmap(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
     """Iterate a looped input iterator along another dim (or not at all)."""
-    sites = [(k, j, it) for k, j, it in _block_sites(g, InputIterator)
-             if g.ops[k].block.forloop > 1]  # type: ignore[union-attr]
+    sites = [(k, j, it) for k, j, it in _block_sites(g, InputIterator) if g.ops[k].block.forloop > 1]  # type: ignore[union-attr]
     if not sites:
         return None
     k, j, it = rng.choice(sites)
@@ -231,10 +238,17 @@ def change_repeat(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
     times, dim = attr(node.attrs, "times"), attr(node.attrs, "dim")
     how = rng.randrange(3)
     if how == 0 and times > 1 and loc[0] != "thread":
-        return _set_op(g, loc, dataclasses.replace(node, op=Op.CONCAT, inputs=(node.inputs[0],) * times,
-                                                   attrs=freeze_attrs({"dim": dim})))
+        return _set_op(
+            g,
+            loc,
+            dataclasses.replace(
+                node, op=Op.CONCAT, inputs=(node.inputs[0],) * times, attrs=freeze_attrs({"dim": dim})
+            ),
+        )
     if how == 1:
-        return _set_op(g, loc, _with_attr(node, "times", _other(rng, times, [1, 2, times + 1, max(1, times - 1)])))
+        return _set_op(
+            g, loc, _with_attr(node, "times", _other(rng, times, [1, 2, times + 1, max(1, times - 1)]))
+        )
     value = _other(rng, dim, range(_op_input_ndim(g, loc, node)))
     return None if value is None else _set_op(g, loc, _with_attr(node, "dim", value))
 
@@ -402,8 +416,9 @@ def mutate(g: KernelGraph, rng: random.Random, kind: str | None = None) -> Mutan
     return Mutant(name, out)
 
 
-def mutants(g: KernelGraph, count: int, seed: int = 0, *, kinds: Sequence[str] | None = None,
-            attempts: int = 50) -> list[Mutant]:
+def mutants(
+    g: KernelGraph, count: int, seed: int = 0, *, kinds: Sequence[str] | None = None, attempts: int = 50
+) -> list[Mutant]:
     """Up to ``count`` valid mutants (``attempts`` tries per mutant before giving up)."""
     rng = random.Random(seed)
     names = list(kinds or sorted(MUTATIONS))
@@ -435,7 +450,21 @@ def differs_numerically(a: Any, b: Any, seed: int = 0, rtol: float = 1e-6) -> bo
 
 
 __all__ = [
-    "MUTATIONS", "Mutant", "Mutation", "add_op", "change_concat_dim", "change_fmap", "change_imap",
-    "change_omap", "change_reduction_dim", "change_repeat", "change_scale", "differs_numerically", "drop_op",
-    "mutants", "mutate", "permute_reshape", "swap_inputs",
+    "MUTATIONS",
+    "Mutant",
+    "Mutation",
+    "add_op",
+    "change_concat_dim",
+    "change_fmap",
+    "change_imap",
+    "change_omap",
+    "change_reduction_dim",
+    "change_repeat",
+    "change_scale",
+    "differs_numerically",
+    "drop_op",
+    "mutants",
+    "mutate",
+    "permute_reshape",
+    "swap_inputs",
 ]

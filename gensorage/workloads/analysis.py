@@ -33,11 +33,23 @@ _REDUCERS: dict[str, tuple[Callable[..., np.ndarray], Callable[[Any, Any], Any]]
     "min": (np.min, np.minimum),
 }
 _MATH_CALLS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "tirx.exp": np.exp, "tirx.exp2": np.exp2, "tirx.log": np.log, "tirx.log2": np.log2,
-    "tirx.log10": np.log10, "tirx.sqrt": np.sqrt, "tirx.rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "tirx.tanh": np.tanh, "tirx.sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "tirx.sin": np.sin,
-    "tirx.cos": np.cos, "tirx.fabs": np.abs, "tirx.floor": np.floor, "tirx.ceil": np.ceil,
-    "tirx.trunc": np.trunc, "tirx.round": np.round, "tirx.nearbyint": np.round,
+    "tirx.exp": np.exp,
+    "tirx.exp2": np.exp2,
+    "tirx.log": np.log,
+    "tirx.log2": np.log2,
+    "tirx.log10": np.log10,
+    "tirx.sqrt": np.sqrt,
+    "tirx.rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "tirx.tanh": np.tanh,
+    "tirx.sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "tirx.sin": np.sin,
+    "tirx.cos": np.cos,
+    "tirx.fabs": np.abs,
+    "tirx.floor": np.floor,
+    "tirx.ceil": np.ceil,
+    "tirx.trunc": np.trunc,
+    "tirx.round": np.round,
+    "tirx.nearbyint": np.round,
 }
 _IF_THEN_ELSE = "prim.if_then_else"
 _CHUNK_ELEMENTS = 1 << 22  # bound on the temporaries of the reference interpreter (x 8 bytes each)
@@ -112,11 +124,15 @@ def from_te(inputs: Sequence[Any], output: Any, name: str | None = None) -> Work
     given = list(inputs)
     for ph in _placeholders(output):
         if not any(ph.same_as(t) for t in given):
-            raise UnsupportedOpError(f"placeholder {ph.op.name} used by {output.op.name} is not among the inputs")
+            raise UnsupportedOpError(
+                f"placeholder {ph.op.name} used by {output.op.name} is not among the inputs"
+            )
     try:
         func = te.create_prim_func([*given, output])
     except Exception as exc:  # TVM reports a missing placeholder etc. as its own error types
-        raise UnsupportedOpError(f"cannot make a PrimFunc from the TE computation: {_first_line(exc)}") from exc
+        raise UnsupportedOpError(
+            f"cannot make a PrimFunc from the TE computation: {_first_line(exc)}"
+        ) from exc
     return from_prim_func(func, name=name or str(output.op.name))
 
 
@@ -162,13 +178,24 @@ def from_prim_func(func: Any, name: str | None = None) -> Workload:
     realize, loops = _single_block(func)
     nest = _analyse_block(realize, loops, params)
     inputs = _input_accesses(nest, params)
-    out_acc = Access(tensor=nest.out.name, shape=nest.out.shape, dtype=nest.out.dtype,
-                     index=tuple(((nest.names[p], 1),) for p in nest.out_perm),
-                     offset=tuple(0 for _ in nest.out.shape), is_output=True)
-    axes = tuple(Axis(n, e, "spatial") for n, e, k in zip(nest.names, nest.extents, nest.kinds, strict=True)
-                 if k == "spatial")
-    axes += tuple(Axis(n, e, "reduce") for n, e, k in zip(nest.names, nest.extents, nest.kinds, strict=True)
-                  if k == "reduce")
+    out_acc = Access(
+        tensor=nest.out.name,
+        shape=nest.out.shape,
+        dtype=nest.out.dtype,
+        index=tuple(((nest.names[p], 1),) for p in nest.out_perm),
+        offset=tuple(0 for _ in nest.out.shape),
+        is_output=True,
+    )
+    axes = tuple(
+        Axis(n, e, "spatial")
+        for n, e, k in zip(nest.names, nest.extents, nest.kinds, strict=True)
+        if k == "spatial"
+    )
+    axes += tuple(
+        Axis(n, e, "reduce")
+        for n, e, k in zip(nest.names, nest.extents, nest.kinds, strict=True)
+        if k == "reduce"
+    )
     flops = (1 + _count_flops(nest.expr)) * math.prod(nest.extents)
     dtypes = {a.dtype for a in inputs}
     dtype = inputs[0].dtype if len(dtypes) != 1 else dtypes.pop()
@@ -181,9 +208,16 @@ def from_prim_func(func: Any, name: str | None = None) -> Workload:
     def reference(*arrays: Any) -> np.ndarray:
         return _interpret(nest, in_params, arrays)
 
-    return Workload(name=name or nest.block_name, params=tuple((a.name, a.extent) for a in axes) + (("sig", sig),),
-                    axes=axes, accesses=(*inputs, out_acc), flops=int(flops), dtype=dtype, build=build,
-                    reference=reference)
+    return Workload(
+        name=name or nest.block_name,
+        params=tuple((a.name, a.extent) for a in axes) + (("sig", sig),),
+        axes=axes,
+        accesses=(*inputs, out_acc),
+        flops=int(flops),
+        dtype=dtype,
+        build=build,
+        reference=reference,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -211,13 +245,18 @@ def _buffer_params(func: Any) -> list[_Param]:
     for p in func.params:
         ty = getattr(p, "ty", None)
         if not isinstance(ty, BufferType):
-            raise UnsupportedOpError(f"parameter {p.name} is not a buffer; scalar parameters are not supported")
+            raise UnsupportedOpError(
+                f"parameter {p.name} is not a buffer; scalar parameters are not supported"
+            )
         if not all(isinstance(s, IntImm) for s in ty.shape):
-            raise UnsupportedOpError(f"buffer {p.name} has a symbolic shape {list(ty.shape)}; "
-                                     "only static shapes are supported")
+            raise UnsupportedOpError(
+                f"buffer {p.name} has a symbolic shape {list(ty.shape)}; only static shapes are supported"
+            )
         dtype = str(ty.dtype)
         if dtype not in SUPPORTED_DTYPES:
-            raise UnsupportedOpError(f"buffer {p.name} has dtype {dtype}; supported: {', '.join(SUPPORTED_DTYPES)}")
+            raise UnsupportedOpError(
+                f"buffer {p.name} has dtype {dtype}; supported: {', '.join(SUPPORTED_DTYPES)}"
+            )
         out.append(_Param(p, str(p.name), tuple(int(s) for s in ty.shape), dtype))
     return out
 
@@ -230,12 +269,16 @@ def _single_block(func: Any) -> tuple[Any, tuple[Any, ...]]:
         raise UnsupportedOpError("the function has no computation block")
     if len(found) > 1:
         names = ", ".join(r.block.name_hint for r, _ in found)
-        raise UnsupportedOpError(f"the function has {len(found)} blocks ({names}); only a single reduction block "
-                                 "is supported (inline producers or pass the reduction alone)")
+        raise UnsupportedOpError(
+            f"the function has {len(found)} blocks ({names}); only a single reduction block "
+            "is supported (inline producers or pass the reduction alone)"
+        )
     return found[0]
 
 
-def _walk(stmt: Any, loops: tuple[Any, ...], found: list[tuple[Any, tuple[Any, ...]]], *, top: bool = False) -> None:
+def _walk(
+    stmt: Any, loops: tuple[Any, ...], found: list[tuple[Any, tuple[Any, ...]]], *, top: bool = False
+) -> None:
     from tvm import s_tir, tirx
 
     if isinstance(stmt, s_tir.SBlockRealize):
@@ -246,7 +289,9 @@ def _walk(stmt: Any, loops: tuple[Any, ...], found: list[tuple[Any, tuple[Any, .
             found.append((stmt, loops))
     elif isinstance(stmt, tirx.For):
         if int(stmt.kind) != 0 or stmt.thread_binding is not None:
-            raise UnsupportedOpError(f"loop {stmt.loop_var.name} is already scheduled (not a plain serial loop)")
+            raise UnsupportedOpError(
+                f"loop {stmt.loop_var.name} is already scheduled (not a plain serial loop)"
+            )
         _walk(stmt.body, (*loops, stmt), found)
     elif isinstance(stmt, tirx.SeqStmt):
         for s in stmt.seq:
@@ -263,17 +308,28 @@ def _int(expr: Any) -> int | None:
 def _check_bindings(realize: Any, loops: tuple[Any, ...]) -> None:
     """Every block iterator must be bound to its own loop, running from 0 over the iterator's extent."""
     if _int(realize.predicate) != 1:
-        raise UnsupportedOpError("the block has a predicate (already scheduled); pass the unscheduled function")
+        raise UnsupportedOpError(
+            "the block has a predicate (already scheduled); pass the unscheduled function"
+        )
     used: set[int] = set()
     for iv, value in zip(realize.block.iter_vars, realize.iter_values, strict=True):
         pos = next((i for i, lp in enumerate(loops) if value.same_as(lp.loop_var)), None)
         if pos is None or pos in used:
-            raise UnsupportedOpError(f"block iterator {iv.var.name} is not bound to a loop of its own "
-                                     "(already scheduled?); pass the unscheduled function")
+            raise UnsupportedOpError(
+                f"block iterator {iv.var.name} is not bound to a loop of its own "
+                "(already scheduled?); pass the unscheduled function"
+            )
         used.add(pos)
         lp = loops[pos]
-        if _int(lp.min) != 0 or _int(lp.extent) != _int(iv.dom.extent) or lp.step is not None and _int(lp.step) != 1:
-            raise UnsupportedOpError(f"loop {lp.loop_var.name} does not run over iterator {iv.var.name}'s domain")
+        if (
+            _int(lp.min) != 0
+            or _int(lp.extent) != _int(iv.dom.extent)
+            or lp.step is not None
+            and _int(lp.step) != 1
+        ):
+            raise UnsupportedOpError(
+                f"loop {lp.loop_var.name} does not run over iterator {iv.var.name}'s domain"
+            )
     if len(used) != len(loops):
         raise UnsupportedOpError("the block sits under loops that bind no iterator")
 
@@ -291,8 +347,9 @@ def _iterators(block: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str,
             raise UnsupportedOpError(f"block iterator {iv.var.name} is neither spatial nor a reduction")
         extent = _int(iv.dom.extent)
         if _int(iv.dom.min) != 0 or extent is None or extent < 1:
-            raise UnsupportedOpError(f"block iterator {iv.var.name} has domain {iv.dom}; expected [0, n) with "
-                                     "a static n")
+            raise UnsupportedOpError(
+                f"block iterator {iv.var.name} has domain {iv.dom}; expected [0, n) with a static n"
+            )
         names.append(_axis_name(str(iv.var.name)))
         extents.append(extent)
         kinds.append(kind)
@@ -336,8 +393,13 @@ def _analyse_block(realize: Any, loops: tuple[Any, ...], params: list[_Param]) -
     return _Nest(ivars, names, extents, kinds, out, out_perm, reducer, init_value, expr, str(block.name_hint))
 
 
-def _output_perm(indices: Sequence[Any], ivars: tuple[Any, ...], kinds: tuple[str, ...],
-                 extents: tuple[int, ...], out: _Param) -> tuple[int, ...]:
+def _output_perm(
+    indices: Sequence[Any],
+    ivars: tuple[Any, ...],
+    kinds: tuple[str, ...],
+    extents: tuple[int, ...],
+    out: _Param,
+) -> tuple[int, ...]:
     perm = []
     for idx in indices:
         pos = next((i for i, v in enumerate(ivars) if idx.same_as(v)), None)
@@ -369,11 +431,15 @@ def _split_update(value: Any, out: _Param, indices: Sequence[Any]) -> tuple[str,
     kind = {tirx.Add: "sum", tirx.Mul: "prod", tirx.Max: "max", tirx.Min: "min"}.get(type(value))
     if kind is not None:
         for acc, other in ((value.a, value.b), (value.b, value.a)):
-            if isinstance(acc, ir.expr.TensorLoad) and acc.source.same_as(out.var) \
-                    and _same_indices(acc.indices, indices):
+            if (
+                isinstance(acc, ir.expr.TensorLoad)
+                and acc.source.same_as(out.var)
+                and _same_indices(acc.indices, indices)
+            ):
                 return kind, other
-    raise UnsupportedOpError(f"the update of {out.name} is not 'out = out + | * | max | min expr' "
-                             "over the same element")
+    raise UnsupportedOpError(
+        f"the update of {out.name} is not 'out = out + | * | max | min expr' over the same element"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -384,7 +450,9 @@ def _split_update(value: Any, out: _Param, indices: Sequence[Any]) -> tuple[str,
 def _children(expr: Any) -> list[Any]:
     from tvm import ir, tirx
 
-    if isinstance(expr, ir.prim.expr.BinaryOpExpr | ir.prim.expr.CmpExpr) or isinstance(expr, tirx.And | tirx.Or):
+    if isinstance(expr, ir.prim.expr.BinaryOpExpr | ir.prim.expr.CmpExpr) or isinstance(
+        expr, tirx.And | tirx.Or
+    ):
         return [expr.a, expr.b]
     if isinstance(expr, tirx.Not):
         return [expr.a]
@@ -408,15 +476,17 @@ def _loads(expr: Any) -> list[Any]:
     return out
 
 
-def _affine(idx: Any, ivars: tuple[Any, ...], names: tuple[str, ...], tensor: str) -> tuple[
-        tuple[tuple[str, int], ...], int]:
+def _affine(
+    idx: Any, ivars: tuple[Any, ...], names: tuple[str, ...], tensor: str
+) -> tuple[tuple[tuple[str, int], ...], int]:
     from tvm import sym
 
     coeffs = [_int(c) for c in sym.detect_linear_equation(idx, list(ivars))]
     ints = [c for c in coeffs if c is not None]
     if len(coeffs) != len(ivars) + 1 or len(ints) != len(coeffs):
-        raise UnsupportedOpError(f"index {idx} of {tensor} is not affine in the loop axes with integer "
-                                 "coefficients")
+        raise UnsupportedOpError(
+            f"index {idx} of {tensor} is not affine in the loop axes with integer coefficients"
+        )
     terms = tuple((n, c) for n, c in zip(names, ints[:-1], strict=True) if c)
     return terms, ints[-1]
 
@@ -430,11 +500,18 @@ def _input_accesses(nest: _Nest, params: list[_Param]) -> list[Access]:
         if p is nest.out:
             raise UnsupportedOpError(f"the update reads the output {p.name} outside the accumulation")
         dims = [_affine(i, nest.iter_vars, nest.names, p.name) for i in load.indices]
-        acc = Access(tensor=p.name, shape=p.shape, dtype=p.dtype, index=tuple(d[0] for d in dims),
-                     offset=tuple(d[1] for d in dims))
+        acc = Access(
+            tensor=p.name,
+            shape=p.shape,
+            dtype=p.dtype,
+            index=tuple(d[0] for d in dims),
+            offset=tuple(d[1] for d in dims),
+        )
         if p.name in seen and seen[p.name] != acc:
-            raise UnsupportedOpError(f"tensor {p.name} is read with two different index patterns; "
-                                     "one access per tensor is supported")
+            raise UnsupportedOpError(
+                f"tensor {p.name} is read with two different index patterns; "
+                "one access per tensor is supported"
+            )
         seen[p.name] = acc
     accesses = []
     for p in params[:-1]:
@@ -455,7 +532,9 @@ def _count_flops(expr: Any) -> int:
     if isinstance(expr, ir.expr.Call) and expr.op.name == _IF_THEN_ELSE:
         return _count_flops(expr.args[0]) + max(_count_flops(expr.args[1]), _count_flops(expr.args[2]))
     if isinstance(expr, tirx.Select):
-        return _count_flops(expr.condition) + max(_count_flops(expr.true_value), _count_flops(expr.false_value))
+        return _count_flops(expr.condition) + max(
+            _count_flops(expr.true_value), _count_flops(expr.false_value)
+        )
     if isinstance(expr, ir.expr.TensorLoad):
         return 0
     own = 1 if (isinstance(expr, ir.prim.expr.BinaryOpExpr | ir.expr.Call) and _is_float(expr)) else 0
@@ -471,16 +550,31 @@ def _check_interpretable(expr: Any, ivars: tuple[Any, ...]) -> None:
     """Reject, at analysis time, expression nodes the reference interpreter cannot evaluate."""
     from tvm import ir, tirx
 
-    ok_types = (ir.prim.expr.BinaryOpExpr, ir.prim.expr.CmpExpr, tirx.And, tirx.Or, tirx.Not, tirx.Cast,
-                tirx.Select, ir.expr.TensorLoad, tirx.IntImm, tirx.FloatImm)
+    ok_types = (
+        ir.prim.expr.BinaryOpExpr,
+        ir.prim.expr.CmpExpr,
+        tirx.And,
+        tirx.Or,
+        tirx.Not,
+        tirx.Cast,
+        tirx.Select,
+        ir.expr.TensorLoad,
+        tirx.IntImm,
+        tirx.FloatImm,
+    )
     if isinstance(expr, ir.expr.Call):
         if expr.op.name != _IF_THEN_ELSE and expr.op.name not in _MATH_CALLS:
             raise UnsupportedOpError(f"call to {expr.op.name} is not supported in a workload expression")
     elif isinstance(expr, tirx.Var):
         if not any(expr.same_as(v) for v in ivars):
             raise UnsupportedOpError(f"free variable {expr.name} in the block expression")
-    elif isinstance(expr, ir.prim.expr.BinaryOpExpr) and type(expr).__name__ in ("LShift", "RShift", "BitwiseAnd",
-                                                                                   "BitwiseOr", "BitwiseXor"):
+    elif isinstance(expr, ir.prim.expr.BinaryOpExpr) and type(expr).__name__ in (
+        "LShift",
+        "RShift",
+        "BitwiseAnd",
+        "BitwiseOr",
+        "BitwiseXor",
+    ):
         raise UnsupportedOpError(f"bitwise operation {type(expr).__name__} is not supported")
     elif not isinstance(expr, ok_types):
         raise UnsupportedOpError(f"expression node {type(expr).__name__} is not supported")
@@ -537,10 +631,21 @@ class _Interp:
     @staticmethod
     def _binary(op: str, a: Any, b: Any, is_float: bool) -> Any:
         simple: dict[str, Callable[[Any, Any], Any]] = {
-            "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Min": np.minimum, "Max": np.maximum,
-            "FloorDiv": np.floor_divide, "FloorMod": np.mod, "EQ": np.equal, "NE": np.not_equal,
-            "LT": np.less, "LE": np.less_equal, "GT": np.greater, "GE": np.greater_equal,
-            "And": np.logical_and, "Or": np.logical_or,
+            "Add": np.add,
+            "Sub": np.subtract,
+            "Mul": np.multiply,
+            "Min": np.minimum,
+            "Max": np.maximum,
+            "FloorDiv": np.floor_divide,
+            "FloorMod": np.mod,
+            "EQ": np.equal,
+            "NE": np.not_equal,
+            "LT": np.less,
+            "LE": np.less_equal,
+            "GT": np.greater,
+            "GE": np.greater_equal,
+            "And": np.logical_and,
+            "Or": np.logical_or,
         }
         if op in simple:
             return simple[op](a, b)
@@ -553,8 +658,10 @@ class _Interp:
 
 def _interpret(nest: _Nest, in_params: list[_Param], arrays: Sequence[Any]) -> np.ndarray:
     if len(arrays) != len(in_params):
-        raise ProgramError(f"reference takes {len(in_params)} arrays ({', '.join(p.name for p in in_params)}), "
-                           f"got {len(arrays)}")
+        raise ProgramError(
+            f"reference takes {len(in_params)} arrays ({', '.join(p.name for p in in_params)}), "
+            f"got {len(arrays)}"
+        )
     buffers = {}
     for p, a in zip(in_params, arrays, strict=True):
         arr = np.asarray(a, dtype=np.float64)

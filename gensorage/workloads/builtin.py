@@ -37,8 +37,9 @@ def _positive(op: str, **values: object) -> None:
 
 def _pair(op: str, name: str, value: object, *, minimum: int) -> tuple[int, int]:
     vals = tuple(value) if isinstance(value, tuple | list) else (value, value)
-    if len(vals) != 2 or any(isinstance(v, bool) or not isinstance(v, int | np.integer) or v < minimum
-                             for v in vals):
+    if len(vals) != 2 or any(
+        isinstance(v, bool) or not isinstance(v, int | np.integer) or v < minimum for v in vals
+    ):
         raise ProgramError(f"{op}: {name} must be an integer >= {minimum} or a pair of them, got {value!r}")
     return int(vals[0]), int(vals[1])
 
@@ -47,12 +48,23 @@ def _axes(*spec: tuple[str, int, AxisKind]) -> tuple[Axis, ...]:
     return tuple(Axis(name, int(extent), kind) for name, extent, kind in spec)
 
 
-def _access(tensor: str, shape: Sequence[int], dtype: str, index: IndexSpec,
-            offset: Sequence[int] | None = None, *, is_output: bool = False) -> Access:
-    return Access(tensor=tensor, shape=tuple(int(s) for s in shape), dtype=dtype,
-                  index=tuple(tuple((a, int(c)) for a, c in dim) for dim in index),
-                  offset=tuple(int(o) for o in offset) if offset is not None else tuple(0 for _ in shape),
-                  is_output=is_output)
+def _access(
+    tensor: str,
+    shape: Sequence[int],
+    dtype: str,
+    index: IndexSpec,
+    offset: Sequence[int] | None = None,
+    *,
+    is_output: bool = False,
+) -> Access:
+    return Access(
+        tensor=tensor,
+        shape=tuple(int(s) for s in shape),
+        dtype=dtype,
+        index=tuple(tuple((a, int(c)) for a, c in dim) for dim in index),
+        offset=tuple(int(o) for o in offset) if offset is not None else tuple(0 for _ in shape),
+        is_output=is_output,
+    )
 
 
 def _f64(*arrays: Any) -> list[np.ndarray]:
@@ -62,8 +74,10 @@ def _f64(*arrays: Any) -> list[np.ndarray]:
 def _check_ref_args(name: str, accesses: Sequence[Access], arrays: Sequence[Any]) -> list[np.ndarray]:
     inputs = [a for a in accesses if not a.is_output]
     if len(arrays) != len(inputs):
-        raise ProgramError(f"{name}: reference takes {len(inputs)} arrays ({', '.join(a.tensor for a in inputs)}),"
-                           f" got {len(arrays)}")
+        raise ProgramError(
+            f"{name}: reference takes {len(inputs)} arrays ({', '.join(a.tensor for a in inputs)}),"
+            f" got {len(arrays)}"
+        )
     out = _f64(*arrays)
     for spec, arr in zip(inputs, out, strict=True):
         if arr.shape != spec.shape:
@@ -71,14 +85,29 @@ def _check_ref_args(name: str, accesses: Sequence[Access], arrays: Sequence[Any]
     return out
 
 
-def _workload(name: str, params: Sequence[tuple[str, int]], axes: tuple[Axis, ...], accesses: tuple[Access, ...],
-              flops: int, dtype: str, build: Callable[[], Any],
-              reference: Callable[..., np.ndarray]) -> Workload:
+def _workload(
+    name: str,
+    params: Sequence[tuple[str, int]],
+    axes: tuple[Axis, ...],
+    accesses: tuple[Access, ...],
+    flops: int,
+    dtype: str,
+    build: Callable[[], Any],
+    reference: Callable[..., np.ndarray],
+) -> Workload:
     def checked_reference(*arrays: Any) -> np.ndarray:
         return reference(*_check_ref_args(name, accesses, arrays))
 
-    return Workload(name=name, params=tuple((k, int(v)) for k, v in params), axes=axes, accesses=accesses,
-                    flops=int(flops), dtype=dtype, build=build, reference=checked_reference)
+    return Workload(
+        name=name,
+        params=tuple((k, int(v)) for k, v in params),
+        axes=axes,
+        accesses=accesses,
+        flops=int(flops),
+        dtype=dtype,
+        build=build,
+        reference=checked_reference,
+    )
 
 
 def _load(tensor: Any, idx: Sequence[Any], dtype: str) -> Any:
@@ -117,15 +146,17 @@ def gemm(M: int, N: int, K: int, dtype: str = "float16") -> Workload:
         A = te.placeholder((M, K), dtype, name="A")
         B = te.placeholder((K, N), dtype, name="B")
         k = te.reduce_axis((0, K), name="k")
-        C = te.compute((M, N), lambda i, j: te.sum(_load(A, (i, k), dtype) * _load(B, (k, j), dtype), axis=k),
-                       name="C")
+        C = te.compute(
+            (M, N), lambda i, j: te.sum(_load(A, (i, k), dtype) * _load(B, (k, j), dtype), axis=k), name="C"
+        )
         return te.create_prim_func([A, B, C])
 
     def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a @ b
 
-    return _workload("gemm", (("M", M), ("N", N), ("K", K)), axes, accesses, 2 * M * N * K, dtype, build,
-                     reference)
+    return _workload(
+        "gemm", (("M", M), ("N", N), ("K", K)), axes, accesses, 2 * M * N * K, dtype, build, reference
+    )
 
 
 def gemv(M: int, N: int, dtype: str = "float16") -> Workload:
@@ -146,7 +177,9 @@ def gemv(M: int, N: int, dtype: str = "float16") -> Workload:
         A = te.placeholder((M, N), dtype, name="A")
         x = te.placeholder((N,), dtype, name="x")
         k = te.reduce_axis((0, N), name="k")
-        y = te.compute((M,), lambda i: te.sum(_load(A, (i, k), dtype) * _load(x, (k,), dtype), axis=k), name="y")
+        y = te.compute(
+            (M,), lambda i: te.sum(_load(A, (i, k), dtype) * _load(x, (k,), dtype), axis=k), name="y"
+        )
         return te.create_prim_func([A, x, y])
 
     def reference(a: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -173,15 +206,26 @@ def batch_matmul(B: int, M: int, N: int, K: int, dtype: str = "float16") -> Work
         A = te.placeholder((B, M, K), dtype, name="A")
         Bt = te.placeholder((B, K, N), dtype, name="B")
         k = te.reduce_axis((0, K), name="k")
-        C = te.compute((B, M, N), lambda b, i, j: te.sum(
-            _load(A, (b, i, k), dtype) * _load(Bt, (b, k, j), dtype), axis=k), name="C")
+        C = te.compute(
+            (B, M, N),
+            lambda b, i, j: te.sum(_load(A, (b, i, k), dtype) * _load(Bt, (b, k, j), dtype), axis=k),
+            name="C",
+        )
         return te.create_prim_func([A, Bt, C])
 
     def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.matmul(a, b)
 
-    return _workload("batch_matmul", (("B", B), ("M", M), ("N", N), ("K", K)), axes, accesses,
-                     2 * B * M * N * K, dtype, build, reference)
+    return _workload(
+        "batch_matmul",
+        (("B", B), ("M", M), ("N", N), ("K", K)),
+        axes,
+        accesses,
+        2 * B * M * N * K,
+        dtype,
+        build,
+        reference,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -196,8 +240,9 @@ def _out_size(op: str, size: int, kernel: int, stride: int, pad: int, dim: str) 
     return out
 
 
-def _padded_load(X: Any, n: Any, c: Any, h: Any, w: Any, H: int, W: int, pad: tuple[int, int],
-                 dtype: str) -> Any:
+def _padded_load(
+    X: Any, n: Any, c: Any, h: Any, w: Any, H: int, W: int, pad: tuple[int, int], dtype: str
+) -> Any:
     """``X[n, c, h, w]`` or 0 outside the input (zero padding), cast to the accumulator dtype."""
     _, tirx = _te_funcs()
     value = _load(X, (n, c, h, w), dtype)
@@ -213,17 +258,40 @@ def _padded_load(X: Any, n: Any, c: Any, h: Any, w: Any, H: int, W: int, pad: tu
 
 def _windows(xp: np.ndarray, kh: int, kw: int, oh: int, ow: int, stride: tuple[int, int]) -> np.ndarray:
     """The (N, C, OH, OW) slice of the padded input seen at kernel offset (kh, kw)."""
-    return xp[:, :, kh:kh + stride[0] * (oh - 1) + 1:stride[0], kw:kw + stride[1] * (ow - 1) + 1:stride[1]]
+    return xp[
+        :, :, kh : kh + stride[0] * (oh - 1) + 1 : stride[0], kw : kw + stride[1] * (ow - 1) + 1 : stride[1]
+    ]
 
 
-def _window_params(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int],
-                   pad: tuple[int, int]) -> list[tuple[str, int]]:
-    return [("N", N), ("C", C), ("H", H), ("W", W), ("KH", KH), ("KW", KW), ("stride_h", stride[0]),
-            ("stride_w", stride[1]), ("pad_h", pad[0]), ("pad_w", pad[1])]
+def _window_params(
+    N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int], pad: tuple[int, int]
+) -> list[tuple[str, int]]:
+    return [
+        ("N", N),
+        ("C", C),
+        ("H", H),
+        ("W", W),
+        ("KH", KH),
+        ("KW", KW),
+        ("stride_h", stride[0]),
+        ("stride_w", stride[1]),
+        ("pad_h", pad[0]),
+        ("pad_w", pad[1]),
+    ]
 
 
-def conv2d(N: int, C: int, H: int, W: int, F: int, KH: int, KW: int, stride: int | tuple[int, int] = 1,
-           padding: int | tuple[int, int] = 0, dtype: str = "float16") -> Workload:
+def conv2d(
+    N: int,
+    C: int,
+    H: int,
+    W: int,
+    F: int,
+    KH: int,
+    KW: int,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    dtype: str = "float16",
+) -> Workload:
     """2-D convolution (cross-correlation), NCHW input X (N, C, H, W), weight W (F, C, KH, KW), output Y.
 
     ``Y[n, f, oh, ow] = sum_{c, kh, kw} X[n, c, oh*sh + kh - ph, ow*sw + kw - pw] * W[f, c, kh, kw]`` with zero
@@ -238,11 +306,23 @@ def conv2d(N: int, C: int, H: int, W: int, F: int, KH: int, KW: int, stride: int
     OH = _out_size("conv2d", H, KH, st[0], pad[0], "H")
     OW = _out_size("conv2d", W, KW, st[1], pad[1], "W")
     acc = accum_dtype(dtype)
-    axes = _axes(("n", N, "spatial"), ("f", F, "spatial"), ("oh", OH, "spatial"), ("ow", OW, "spatial"),
-                 ("c", C, "reduce"), ("kh", KH, "reduce"), ("kw", KW, "reduce"))
+    axes = _axes(
+        ("n", N, "spatial"),
+        ("f", F, "spatial"),
+        ("oh", OH, "spatial"),
+        ("ow", OW, "spatial"),
+        ("c", C, "reduce"),
+        ("kh", KH, "reduce"),
+        ("kw", KW, "reduce"),
+    )
     accesses = (
-        _access("X", (N, C, H, W), dtype, [[("n", 1)], [("c", 1)], [("oh", st[0]), ("kh", 1)],
-                                           [("ow", st[1]), ("kw", 1)]], (0, 0, -pad[0], -pad[1])),
+        _access(
+            "X",
+            (N, C, H, W),
+            dtype,
+            [[("n", 1)], [("c", 1)], [("oh", st[0]), ("kh", 1)], [("ow", st[1]), ("kw", 1)]],
+            (0, 0, -pad[0], -pad[1]),
+        ),
         _access("W", (F, C, KH, KW), dtype, [[("f", 1)], [("c", 1)], [("kh", 1)], [("kw", 1)]]),
         _access("Y", (N, F, OH, OW), acc, [[("n", 1)], [("f", 1)], [("oh", 1)], [("ow", 1)]], is_output=True),
     )
@@ -272,12 +352,22 @@ def conv2d(N: int, C: int, H: int, W: int, F: int, KH: int, KW: int, stride: int
 
     params = _window_params(N, C, H, W, KH, KW, st, pad)
     params.insert(4, ("F", F))
-    return _workload("conv2d", params, axes, accesses, 2 * N * F * OH * OW * C * KH * KW, dtype, build,
-                     reference)
+    return _workload(
+        "conv2d", params, axes, accesses, 2 * N * F * OH * OW * C * KH * KW, dtype, build, reference
+    )
 
 
-def avgpool2d(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: int | tuple[int, int] | None = None,
-              padding: int | tuple[int, int] = 0, dtype: str = "float16") -> Workload:
+def avgpool2d(
+    N: int,
+    C: int,
+    H: int,
+    W: int,
+    KH: int,
+    KW: int,
+    stride: int | tuple[int, int] | None = None,
+    padding: int | tuple[int, int] = 0,
+    dtype: str = "float16",
+) -> Workload:
     """2-D average pooling over NCHW input X (N, C, H, W) with output Y (N, C, OH, OW).
 
     ``count_include_pad`` semantics (PyTorch's default): every window is divided by KH*KW, padded zeros
@@ -292,11 +382,22 @@ def avgpool2d(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: int | tu
     OH = _out_size("avgpool2d", H, KH, st[0], pad[0], "H")
     OW = _out_size("avgpool2d", W, KW, st[1], pad[1], "W")
     acc = accum_dtype(dtype)
-    axes = _axes(("n", N, "spatial"), ("c", C, "spatial"), ("oh", OH, "spatial"), ("ow", OW, "spatial"),
-                 ("kh", KH, "reduce"), ("kw", KW, "reduce"))
+    axes = _axes(
+        ("n", N, "spatial"),
+        ("c", C, "spatial"),
+        ("oh", OH, "spatial"),
+        ("ow", OW, "spatial"),
+        ("kh", KH, "reduce"),
+        ("kw", KW, "reduce"),
+    )
     accesses = (
-        _access("X", (N, C, H, W), dtype, [[("n", 1)], [("c", 1)], [("oh", st[0]), ("kh", 1)],
-                                           [("ow", st[1]), ("kw", 1)]], (0, 0, -pad[0], -pad[1])),
+        _access(
+            "X",
+            (N, C, H, W),
+            dtype,
+            [[("n", 1)], [("c", 1)], [("oh", st[0]), ("kh", 1)], [("ow", st[1]), ("kw", 1)]],
+            (0, 0, -pad[0], -pad[1]),
+        ),
         _access("Y", (N, C, OH, OW), acc, [[("n", 1)], [("c", 1)], [("oh", 1)], [("ow", 1)]], is_output=True),
     )
 
@@ -322,5 +423,13 @@ def avgpool2d(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: int | tu
                 out += _windows(xp, i, j, OH, OW, st)
         return out / (KH * KW)
 
-    return _workload("avgpool2d", _window_params(N, C, H, W, KH, KW, st, pad), axes, accesses,
-                     2 * N * C * OH * OW * KH * KW, dtype, build, reference)
+    return _workload(
+        "avgpool2d",
+        _window_params(N, C, H, W, KH, KW, st, pad),
+        axes,
+        accesses,
+        2 * N * C * OH * OW * KH * KW,
+        dtype,
+        build,
+        reference,
+    )

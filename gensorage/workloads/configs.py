@@ -132,7 +132,9 @@ def _load_file(path: Path) -> list[tuple[str, Workload]]:
     data = _read_toml(path)
     for key in data:
         if key != "workload":
-            raise ConfigError(f"{path}: field '{key}': unknown top-level field (expected [[workload]] tables)")
+            raise ConfigError(
+                f"{path}: field '{key}': unknown top-level field (expected [[workload]] tables)"
+            )
     entries = data.get("workload", [])
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: field 'workload': expected an array of tables ([[workload]])")

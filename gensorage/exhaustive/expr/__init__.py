@@ -16,5 +16,16 @@ from gensorage.exhaustive.expr.expr_arith import EXPR, ExprArith, ExprValue
 from gensorage.exhaustive.expr.oracle import SubexprOracle
 from gensorage.exhaustive.expr.ties import TieArith, Ties
 
-__all__ = ["EXPR", "Canon", "Elem", "ExprArith", "ExprValue", "SubexprOracle", "Term", "TieArith", "Ties", "TooBig",
-           "expr_of"]
+__all__ = [
+    "EXPR",
+    "Canon",
+    "Elem",
+    "ExprArith",
+    "ExprValue",
+    "SubexprOracle",
+    "Term",
+    "TieArith",
+    "Ties",
+    "TooBig",
+    "expr_of",
+]

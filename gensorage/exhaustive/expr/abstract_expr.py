@@ -222,6 +222,19 @@ def expr_of(obj: Program | KernelGraph) -> list[Term]:
 
 
 __all__ = [
-    "ACTIVATION_NAMES", "OPS", "Term", "add", "add_all", "cat", "div", "exp", "expr_of", "fn", "max_r", "mul",
-    "sqrt", "sum", "var",
+    "ACTIVATION_NAMES",
+    "OPS",
+    "Term",
+    "add",
+    "add_all",
+    "cat",
+    "div",
+    "exp",
+    "expr_of",
+    "fn",
+    "max_r",
+    "mul",
+    "sqrt",
+    "sum",
+    "var",
 ]

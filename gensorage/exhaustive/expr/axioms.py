@@ -50,7 +50,9 @@ class Theory:
         self.cat = z3.Function("cat", P, P, P)
         self.subexpr = z3.Function("subexpr", P, P, z3.BoolSort(c))
         self._fns: dict[str, z3.FuncDeclRef] = {}
-        self._pending: list[z3.BoolRef] = []  # axioms of functions declared after the solver took the base set
+        self._pending: list[
+            z3.BoolRef
+        ] = []  # axioms of functions declared after the solver took the base set
         self._cache: dict[Term, z3.ExprRef] = {}
         for name in ACTIVATION_NAMES:
             self.fn(name)

@@ -368,6 +368,21 @@ def _show_atom(a: Atom) -> str:
 
 
 __all__ = [
-    "MAX_MONOMIALS", "UNDECIDED", "Atom", "Atoms", "Canon", "Elem", "Mono", "Poly", "TooBig", "Undecided", "atoms_minus", "divisors",
-    "mono_key", "mono_mul", "poly_divide", "show", "uid_of",
+    "MAX_MONOMIALS",
+    "UNDECIDED",
+    "Atom",
+    "Atoms",
+    "Canon",
+    "Elem",
+    "Mono",
+    "Poly",
+    "TooBig",
+    "Undecided",
+    "atoms_minus",
+    "divisors",
+    "mono_key",
+    "mono_mul",
+    "poly_divide",
+    "show",
+    "uid_of",
 ]

@@ -168,7 +168,9 @@ class ExprArith:
         cut_a = (lambda s, e: a) if ax == nb - 1 else (lambda s, e: self._cut_broadcast(a, o, n, s, e))
         return self.concat([self.matmul(cut_a(s, e), p) for s, e, p in _split(b, ax)], o)
 
-    def _inner_pieces(self, v: ExprValue, w: ExprValue, v_axis: int, w_axis: int, *, first_is_a: bool) -> ExprValue:
+    def _inner_pieces(
+        self, v: ExprValue, w: ExprValue, v_axis: int, w_axis: int, *, first_is_a: bool
+    ) -> ExprValue:
         partials = []
         for s, e, p in _split(v, v_axis):
             q = self.slice(w, w_axis, s, e)
@@ -186,7 +188,11 @@ class ExprArith:
         return ExprValue(a.shape, ae.cat(a.term, b.term))
 
     def _reduce(
-        self, a: ExprValue, axis: int, keepdims: bool, red: Callable[[int, Term], Term],
+        self,
+        a: ExprValue,
+        axis: int,
+        keepdims: bool,
+        red: Callable[[int, Term], Term],
         combine: Callable[[ExprValue, ExprValue], ExprValue],
     ) -> ExprValue:
         axis = _axis(axis, len(a.shape))
@@ -249,8 +255,11 @@ class ExprArith:
         axis = _axis(axis, len(parts[0].shape))
         shape = _with_dim(parts[0].shape, axis, sum(p.shape[axis] for p in parts))
         first = parts[0]
-        if (first.layout is not None and first.layout.axis != axis
-                and all(p.term is first.term and p.layout == first.layout for p in parts)):
+        if (
+            first.layout is not None
+            and first.layout.axis != axis
+            and all(p.term is first.term and p.layout == first.layout for p in parts)
+        ):
             return ExprValue(shape, first.term, first.layout)  # identical tiles laid out across another dim
         pieces: list[tuple[int, Term]] = []
         for p in parts:
@@ -268,7 +277,9 @@ class ExprArith:
         lay = a.layout
         if lay is None or lay.axis != axis:
             return ExprValue(shape, a.term, lay)
-        pieces = [(min(e, stop) - max(s, start), p.term) for s, e, p in _split(a, axis) if s < stop and e > start]
+        pieces = [
+            (min(e, stop) - max(s, start), p.term) for s, e, p in _split(a, axis) if s < stop and e > start
+        ]
         return _from_pieces(shape, axis, pieces)
 
 

@@ -119,7 +119,6 @@ def gateways(canon: Canon, b: Elem) -> list[Elem]:
     return list(seen.values())
 
 
-
 # --------------------------------------------------------------------------------------------- the oracle
 
 

@@ -57,7 +57,9 @@ AXES = 64
 INSIDE = 1 << 20
 STRIDE = 1 << 22
 NONE: Atoms = frozenset()
-Class = frozenset[Atoms]  # a reduction's class: the atoms of each factor of the index it sums (strides dropped)
+Class = frozenset[
+    Atoms
+]  # a reduction's class: the atoms of each factor of the index it sums (strides dropped)
 #: The mark of a reduction over copies (a sum of identical terms: ``m`` copies sum to ``m`` times one).
 COPIES: Atoms = frozenset({-1})
 Factor = tuple[int, Atoms]  # (size > 1, the atoms its index runs over)
@@ -79,8 +81,10 @@ class Ties:
 
 def input_ties(index: int, shape: tuple[int, ...]) -> Ties:
     """The ties of program input ``index``."""
-    return Ties(shape, tuple(((n, frozenset({index * AXES + a + STRIDE})),) if n > 1 else ()
-                             for a, n in enumerate(shape)))
+    return Ties(
+        shape,
+        tuple(((n, frozenset({index * AXES + a + STRIDE})),) if n > 1 else () for a, n in enumerate(shape)),
+    )
 
 
 def base(part: int) -> int:
@@ -187,7 +191,9 @@ def _bind(bound: frozenset[Class], d: Dim, copies: bool = True) -> frozenset[Cla
     """``bound`` plus the class of a reduction over index ``d``: the atoms of each of its factors, and COPIES
     for a copy factor when the reduction is a sum (a maximum over copies is any one of them: no class; an index
     of size 1 has none)."""
-    cls = frozenset(frozenset(base(x) for x in atoms) if atoms else COPIES for _, atoms in d if atoms or copies)
+    cls = frozenset(
+        frozenset(base(x) for x in atoms) if atoms else COPIES for _, atoms in d if atoms or copies
+    )
     return bound | {cls} if cls and cls not in bound else bound
 
 
@@ -199,8 +205,14 @@ def _inside(a: Ties) -> Ties:
     """The result of a non-linear function: its atoms are now inside one."""
     if not a.known:
         return a
-    return Ties(a.shape, tuple(_marked(d) for d in a.dims), a.bound, _marked(a.loop), tuple(_marked(g) for g in a.grid),
-                aligned=a.aligned)
+    return Ties(
+        a.shape,
+        tuple(_marked(d) for d in a.dims),
+        a.bound,
+        _marked(a.loop),
+        tuple(_marked(g) for g in a.grid),
+        aligned=a.aligned,
+    )
 
 
 def _join_grid(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...] | None:
@@ -299,8 +311,14 @@ class TieArith:
         if lined is None or inner is None or grid is None or loop is None:
             return _unknown(out)
         aligned = a.aligned and b.aligned and self._aligned(*lined, inner, loop, *grid)
-        return Ties(out, (*lined, a.dims[-2], b.dims[-1]), _bind(a.bound | b.bound, inner), loop, grid,
-                    aligned=aligned)
+        return Ties(
+            out,
+            (*lined, a.dims[-2], b.dims[-1]),
+            _bind(a.bound | b.bound, inner),
+            loop,
+            grid,
+            aligned=aligned,
+        )
 
     def reduce_sum(self, a: Ties, axis: int, keepdims: bool) -> Ties:
         return self._reduce(a, axis, keepdims)
@@ -313,7 +331,7 @@ class TieArith:
         if keepdims:
             shape, dims = _with(a.shape, axis, 1), _with(a.dims, axis, ())
         else:
-            shape, dims = a.shape[:axis] + a.shape[axis + 1:], a.dims[:axis] + a.dims[axis + 1:]
+            shape, dims = a.shape[:axis] + a.shape[axis + 1 :], a.dims[:axis] + a.dims[axis + 1 :]
         if not a.known:
             return _unknown(shape)
         return Ties(shape, dims, _bind(a.bound, a.dims[axis], copies), a.loop, a.grid, aligned=a.aligned)
@@ -344,8 +362,14 @@ class TieArith:
         if not a.known:
             return _unknown(shape)
         copies: Dim = ((times, NONE),) if times > 1 else ()
-        return Ties(shape, _with(a.dims, axis, norm(a.dims[axis] + copies)), a.bound, a.loop, a.grid,
-                    aligned=a.aligned)
+        return Ties(
+            shape,
+            _with(a.dims, axis, norm(a.dims[axis] + copies)),
+            a.bound,
+            a.loop,
+            a.grid,
+            aligned=a.aligned,
+        )
 
     def concat(self, parts: Sequence[Ties], axis: int) -> Ties:
         axis %= len(parts[0].shape)
@@ -353,11 +377,13 @@ class TieArith:
 
     def slice(self, a: Ties, axis: int, start: int, stop: int) -> Ties:
         axis %= len(a.shape)
-        return _unknown(_with(a.shape, axis, stop - start))  # which index a slice keeps is the caller's to say
+        return _unknown(
+            _with(a.shape, axis, stop - start)
+        )  # which index a slice keeps is the caller's to say
 
 
 def _with(t: tuple, axis: int, x: object) -> tuple:  # type: ignore[type-arg]
-    return t[:axis] + (x,) + t[axis + 1:]
+    return t[:axis] + (x,) + t[axis + 1 :]
 
 
 def _lined_up(out: tuple[int, ...], a: Ties, b: Ties) -> tuple[Dim, ...] | None:
@@ -380,8 +406,14 @@ def _lined_up(out: tuple[int, ...], a: Ties, b: Ties) -> tuple[Dim, ...] | None:
 # ------------------------------------------------------------------ block graphs
 
 
-def tile_ties(t: Ties, imap: Sequence[int | None], fmap: int | None, tile: tuple[int, ...],
-              grid: Sequence[int], forloop: int) -> Ties:
+def tile_ties(
+    t: Ties,
+    imap: Sequence[int | None],
+    fmap: int | None,
+    tile: tuple[int, ...],
+    grid: Sequence[int],
+    forloop: int,
+) -> Ties:
     """An input iterator's tile of kernel tensor ``t``: grid dim ``g`` (of ``grid[g]`` blocks) takes the major
     part of dim ``imap[g]``, then the for-loop (``forloop`` iterations) the major part of what is left of dim
     ``fmap``; the tile keeps the rest. Two grid dims on one dim: unknown."""
@@ -423,7 +455,9 @@ def loop_concat(x: Ties, iterations: int, axis: int) -> Ties:
     if not x.known:
         return _unknown(shape)
     front: Dim = x.loop if x.loop else ((iterations, NONE),) if iterations > 1 else ()
-    return Ties(shape, _with(x.dims, axis, norm(front + x.dims[axis])), x.bound, (), x.grid, aligned=x.aligned)
+    return Ties(
+        shape, _with(x.dims, axis, norm(front + x.dims[axis])), x.bound, (), x.grid, aligned=x.aligned
+    )
 
 
 def saved_ties(x: Ties, omap: Sequence[int], grid: Sequence[int], live: Sequence[int] | None = None) -> Ties:
@@ -450,7 +484,6 @@ def holds_copies(t: Ties) -> bool:
 # ------------------------------------------------------------------ the program's links
 
 
-
 class Links:
     """Which pieces of atoms a program ties: atoms ``a`` and ``b`` are linked with ratio ``r`` when some tie of
     the program puts the piece of ``a`` at stride ``s`` and the piece of ``b`` at stride ``r·s`` on one index
@@ -459,7 +492,9 @@ class Links:
 
     def __init__(self, ties: Iterable[Atoms] = ()) -> None:
         self.parent: dict[int, int] = {}
-        self.weight: dict[int, Fraction] = {}  # stride of an atom's piece / stride of its parent's, on one tie
+        self.weight: dict[
+            int, Fraction
+        ] = {}  # stride of an atom's piece / stride of its parent's, on one tie
         self.free: set[int] = set()
         self._memo: dict[Atoms, bool] = {}
         for atoms in ties:
@@ -513,5 +548,26 @@ class Links:
 
 TIES = TieArith()
 
-__all__ = ["AXES", "COPIES", "INSIDE", "STRIDE", "TIES", "Atoms", "Class", "Dim", "Links", "TieArith", "Ties", "base",
-           "holds_copies", "input_ties", "loop_concat", "loop_sum", "norm", "saved_ties", "take_major", "tie", "tile_ties"]
+__all__ = [
+    "AXES",
+    "COPIES",
+    "INSIDE",
+    "STRIDE",
+    "TIES",
+    "Atoms",
+    "Class",
+    "Dim",
+    "Links",
+    "TieArith",
+    "Ties",
+    "base",
+    "holds_copies",
+    "input_ties",
+    "loop_concat",
+    "loop_sum",
+    "norm",
+    "saved_ties",
+    "take_major",
+    "tie",
+    "tile_ties",
+]

@@ -17,5 +17,19 @@ from gensorage.exhaustive.rules.rule import NO_BOUND, PRUNE, Bound, NodeRule, Pr
 from gensorage.exhaustive.rules.ruleset import RuleSet
 from gensorage.exhaustive.rules.ties import TieRule
 
-__all__ = ["NO_BOUND", "PRUNE", "Bound", "ElementCaps", "ExpConstants", "NeededOps", "NodeRule", "OccurrenceBudget",
-           "Prune", "Reductions", "RuleSet", "Site", "TieRule", "apply"]
+__all__ = [
+    "NO_BOUND",
+    "PRUNE",
+    "Bound",
+    "ElementCaps",
+    "ExpConstants",
+    "NeededOps",
+    "NodeRule",
+    "OccurrenceBudget",
+    "Prune",
+    "Reductions",
+    "RuleSet",
+    "Site",
+    "TieRule",
+    "apply",
+]

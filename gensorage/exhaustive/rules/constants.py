@@ -112,10 +112,12 @@ class ExpConstants:
                 if got is not None:
                     allowed[cls] = None if ins[0] is None else got | {ins[0]}
         self.allowed: dict[Elem, frozenset[float] | None] = {
-            k: (None if v is None else frozenset(v)) for k, v in allowed.items()}
+            k: (None if v is None else frozenset(v)) for k, v in allowed.items()
+        }
         #: Classes whose argument must carry a factor other than 1 (a scale is needed to make them).
         self.factor_marks: frozenset[Elem] = frozenset(
-            k for k, v in self.allowed.items() if v is not None and not any(same(c, 1.0) for c in v))
+            k for k, v in self.allowed.items() if v is not None and not any(same(c, 1.0) for c in v)
+        )
 
     def admits(self, term: Term, arg: Const) -> bool:
         """Whether an ``exp`` / ``silu`` / ``gelu`` operator with expression ``term`` may read an argument of

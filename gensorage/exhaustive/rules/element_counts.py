@@ -55,15 +55,18 @@ def _within(m: Counter[int], big: Counter[int]) -> bool:
 class ElementCaps:
     """The program outputs' top-level monomials and element counts, and the cap of a tensor's element count."""
 
-    def __init__(self, canon: Canon, tops: Sequence[tuple[int, list[Monomial]]], inner: list[Counter[int]]) -> None:
+    def __init__(
+        self, canon: Canon, tops: Sequence[tuple[int, list[Monomial]]], inner: list[Counter[int]]
+    ) -> None:
         self.canon = canon
         self.tops = tops  # per output: (element count, top-level numerator monomials)
         self.inner = inner
         self._memo: dict[Term, int | None] = {}
 
     @classmethod
-    def for_search(cls, canon: Canon, targets: Sequence[Term], numels: Sequence[int],
-                   variants: Iterable[OpVariant]) -> ElementCaps | None:
+    def for_search(
+        cls, canon: Canon, targets: Sequence[Term], numels: Sequence[int], variants: Iterable[OpVariant]
+    ) -> ElementCaps | None:
         """The rule for a search over ``variants`` whose outputs have ``targets`` and ``numels`` elements, or
         None where it does not apply (operators that add monomials, or outputs too big to normalise)."""
         if any(v.op in ADDING_OPS for v in variants):
@@ -95,8 +98,13 @@ class ElementCaps:
             return None
         best = 0
         for numel, tops in self.tops:
-            factor = min((max((c_top // c for c_top, top in tops if c_top >= c and _within(m, top)), default=0)
-                          for c, m in mine), default=0)
+            factor = min(
+                (
+                    max((c_top // c for c_top, top in tops if c_top >= c and _within(m, top)), default=0)
+                    for c, m in mine
+                ),
+                default=0,
+            )
             best = max(best, numel * factor)
         return best
 

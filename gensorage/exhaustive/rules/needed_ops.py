@@ -40,7 +40,9 @@ Mark = object  # an interned normal form (a class) or DIV_MARK
 class NeededOps:
     """Marks of terms (memoized per term; terms are interned) and the bound for a set of available terms."""
 
-    def __init__(self, canon: Canon, targets: Iterable[Term], factor_marks: frozenset[Mark] = frozenset()) -> None:
+    def __init__(
+        self, canon: Canon, targets: Iterable[Term], factor_marks: frozenset[Mark] = frozenset()
+    ) -> None:
         self.canon = canon
         self._memo: dict[Term, frozenset[Mark]] = {}
         self.target: frozenset[Mark] = frozenset().union(*(self.marks(t) for t in targets))
@@ -61,7 +63,9 @@ class NeededOps:
         got = self._memo[t] = frozenset(out)
         return got
 
-    def bound(self, available: Iterable[Term], factor_available: bool = True, marks: int = 0) -> tuple[int, bool]:
+    def bound(
+        self, available: Iterable[Term], factor_available: bool = True, marks: int = 0
+    ) -> tuple[int, bool]:
         """At least this many operators are needed to reach the targets from ``available`` terms (one of them
         a ``scale``, if the flag says so); ``factor_available``: some available tensor carries a factor;
         ``marks``: a lower bound on the ``exp``, ``sqrt`` and activation operators still needed known otherwise

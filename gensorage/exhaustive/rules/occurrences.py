@@ -87,8 +87,9 @@ class OccurrenceBudget:
         self.mark_moves: tuple[Counts, ...] = tuple(sorted(moves - {self._zero}))
 
     @classmethod
-    def for_search(cls, names: Sequence[str], targets: Sequence[Term],
-                   variants: Iterable[OpVariant]) -> OccurrenceBudget | None:
+    def for_search(
+        cls, names: Sequence[str], targets: Sequence[Term], variants: Iterable[OpVariant]
+    ) -> OccurrenceBudget | None:
         """The budget of a search over ``variants`` for ``targets``, or None where counts are not conserved."""
         if any(v.op in UNCOUNTABLE_OPS for v in variants):
             return None
@@ -137,16 +138,20 @@ class OccurrenceBudget:
             total = _plus(total, self.count(t))
         return all(a <= b for a, b in zip(total, self.target, strict=True))
 
-    def completable(self, pending: Sequence[Term], leaves: Iterable[Term],
-                    under_marks: Sequence[Term] = ()) -> int | None:
+    def completable(
+        self, pending: Sequence[Term], leaves: Iterable[Term], under_marks: Sequence[Term] = ()
+    ) -> int | None:
         """Whether an output tree whose leaves are ``pending`` once each plus any of ``leaves`` (each any
         number of times) can have the outputs' total and outside counts, some mark operators above the leaves
         moving their arguments' outside counts inside (see the module docstring): None if not, else a lower
         bound on the mark operators (``exp``, ``sqrt``, activations) still to add. ``under_marks``: pending
         terms that must end under a mark (a scale's result, which only a non-linear unary operator may read);
         their outside counts are moved. Memoised."""
-        key = (tuple(sorted(t.uid for t in pending)), frozenset(t.uid for t in leaves),
-               tuple(sorted(t.uid for t in under_marks)))
+        key = (
+            tuple(sorted(t.uid for t in pending)),
+            frozenset(t.uid for t in leaves),
+            tuple(sorted(t.uid for t in under_marks)),
+        )
         if key in self._complete_memo:
             return self._complete_memo[key]
         if len(self._complete_memo) >= MAX_MEMO:
@@ -154,7 +159,9 @@ class OccurrenceBudget:
         got = self._complete_memo[key] = self._completable(pending, leaves, under_marks)
         return got
 
-    def _completable(self, pending: Sequence[Term], leaves: Iterable[Term], under_marks: Sequence[Term]) -> int | None:
+    def _completable(
+        self, pending: Sequence[Term], leaves: Iterable[Term], under_marks: Sequence[Term]
+    ) -> int | None:
         # Multisets of leaves read again, each with its fewest mark nodes; the answer is the least over them.
         total, out = self._zero, self._zero
         for t in pending:
@@ -238,12 +245,18 @@ def pending_terms(st: SearchState, required: Iterable[int]) -> list[Term]:
     b = st.block
     reading = set(b.inputs) if b is not None else set()
     req = set(required)
-    out = [st.val[t].term for t in range(len(st.shape))
-           if st.uses[t] == 0 and t not in reading and (t >= st.n_inputs or t in req)]
+    out = [
+        st.val[t].term
+        for t in range(len(st.shape))
+        if st.uses[t] == 0 and t not in reading and (t >= st.n_inputs or t in req)
+    ]
     if b is not None:
         m = len(b.inputs)
-        out.extend(st.val[b.inputs[j]].term if j < m else b.val[j].term  # type: ignore[union-attr]
-                   for j in range(len(b.shape)) if b.uses[j] == 0)
+        out.extend(
+            st.val[b.inputs[j]].term if j < m else b.val[j].term  # type: ignore[union-attr]
+            for j in range(len(b.shape))
+            if b.uses[j] == 0
+        )
     return out
 
 
@@ -271,4 +284,11 @@ def _minus(a: Counts, b: Counts) -> Counts:
 MAX_MEMO = 200_000  # entries of the completability memo before it starts afresh
 
 
-__all__ = ["Counts", "OccurrenceBudget", "UNCOUNTABLE_OPS", "UNCOUNTABLE_TERMS", "pending_terms", "read_again"]
+__all__ = [
+    "Counts",
+    "OccurrenceBudget",
+    "UNCOUNTABLE_OPS",
+    "UNCOUNTABLE_TERMS",
+    "pending_terms",
+    "read_again",
+]

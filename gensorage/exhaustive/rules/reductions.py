@@ -71,7 +71,9 @@ class Reductions:
         self._memo: dict[Term, frozenset[int] | None] = {}
 
     @classmethod
-    def for_search(cls, canon: Canon, targets: Iterable[Term], variants: Iterable[OpVariant]) -> Reductions | None:
+    def for_search(
+        cls, canon: Canon, targets: Iterable[Term], variants: Iterable[OpVariant]
+    ) -> Reductions | None:
         """The rule for a search over ``variants``, or None where it does not apply (adding operators, outputs
         whose numerators are not single monomials, or nothing to make)."""
         if any(v.op in ADDING_OPS for v in variants):

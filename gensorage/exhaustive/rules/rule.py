@@ -120,5 +120,16 @@ def apply(rules: Sequence[NodeRule], site: Site) -> Bound | Prune:
     return bound
 
 
-__all__ = ["NOT_TIGHT", "NO_BOUND", "PRUNE", "TIGHT_ANY", "TIGHT_KNOWN", "UNLIMITED", "Bound", "NodeRule", "Prune",
-           "Site", "apply"]
+__all__ = [
+    "NOT_TIGHT",
+    "NO_BOUND",
+    "PRUNE",
+    "TIGHT_ANY",
+    "TIGHT_KNOWN",
+    "UNLIMITED",
+    "Bound",
+    "NodeRule",
+    "Prune",
+    "Site",
+    "apply",
+]

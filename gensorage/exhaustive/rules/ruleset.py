@@ -52,8 +52,13 @@ class RuleSet:
     nodes: tuple[NodeRule, ...] = ()
 
     @staticmethod
-    def for_search(program: Program, canon: Canon, targets: Sequence[Term], variants: Sequence[OpVariant],
-                   output_shapes: Sequence[Shape]) -> RuleSet:
+    def for_search(
+        program: Program,
+        canon: Canon,
+        targets: Sequence[Term],
+        variants: Sequence[OpVariant],
+        output_shapes: Sequence[Shape],
+    ) -> RuleSet:
         """The rules of a search of ``program`` (outputs ``targets``, normal forms in ``canon``) over
         ``variants``. The order of construction is the order the rules' normal forms enter ``canon``."""
         constants = ExpConstants(program, canon)
@@ -63,9 +68,21 @@ class RuleSet:
         ties = TieRule.for_search(program, [v.op for v in variants])
         occurrences = OccurrenceBudget.for_search([t.name for t in program.inputs], targets, variants)
         element_caps = ElementCaps.for_search(canon, targets, [math.prod(s) for s in output_shapes], variants)
-        nodes: tuple[NodeRule | None, ...] = (occurrences, needed, reductions, ties)  # the order of the docstring
-        return RuleSet(constants, needed, reductions, ties, occurrences, element_caps,
-                       tuple(r for r in nodes if r is not None))
+        nodes: tuple[NodeRule | None, ...] = (
+            occurrences,
+            needed,
+            reductions,
+            ties,
+        )  # the order of the docstring
+        return RuleSet(
+            constants,
+            needed,
+            reductions,
+            ties,
+            occurrences,
+            element_caps,
+            tuple(r for r in nodes if r is not None),
+        )
 
 
 __all__ = ["RuleSet"]

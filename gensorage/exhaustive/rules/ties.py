@@ -49,7 +49,9 @@ class TieRule:
             return None
         made: list[Atoms] = []
         try:
-            outs = program.evaluate(TieArith(record=made), [input_ties(i, t.shape) for i, t in enumerate(program.inputs)])
+            outs = program.evaluate(
+                TieArith(record=made), [input_ties(i, t.shape) for i, t in enumerate(program.inputs)]
+            )
         except ProgramError:
             return None
         if not all(o.known for o in outs):

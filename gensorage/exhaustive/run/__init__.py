@@ -17,5 +17,15 @@ from gensorage.exhaustive.run.core import SearchCore, default_core
 from gensorage.exhaustive.run.progress import ProgressReporter
 from gensorage.exhaustive.run.runner import SearchInterrupted, default_workers, run_search
 
-__all__ = ["Checkpoint", "ProgressReporter", "SearchCore", "SearchInterrupted", "StaleCheckpoint",
-           "default_checkpoint_path", "default_core", "default_workers", "run_search", "stats_to_dict"]
+__all__ = [
+    "Checkpoint",
+    "ProgressReporter",
+    "SearchCore",
+    "SearchInterrupted",
+    "StaleCheckpoint",
+    "default_checkpoint_path",
+    "default_core",
+    "default_workers",
+    "run_search",
+    "stats_to_dict",
+]

@@ -136,8 +136,15 @@ class Checkpoint(SQLiteFile):
 
     # ------------------------------------------------------------------------------------------ open
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, spec_key: str, spec_json: Any, tasks: Sequence[Any],
-             version: str | None = None) -> Checkpoint:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        spec_key: str,
+        spec_json: Any,
+        tasks: Sequence[Any],
+        version: str | None = None,
+    ) -> Checkpoint:
         """Open the checkpoint at ``path`` for the search ``spec_key``, creating it (all tasks pending) if new.
 
         Parameters
@@ -156,7 +163,9 @@ class Checkpoint(SQLiteFile):
             from gensorage import __version__ as version
         ckpt = cls(path, busy_timeout_ms=BUSY_TIMEOUT_MS)
         with ckpt.opening():
-            ckpt._setup(spec_key, spec_json, [_dumps(t, f"task {i}") for i, t in enumerate(tasks)], str(version))
+            ckpt._setup(
+                spec_key, spec_json, [_dumps(t, f"task {i}") for i, t in enumerate(tasks)], str(version)
+            )
         return ckpt
 
     def _setup(self, spec_key: str, spec_json: Any, task_texts: list[str], version: str) -> None:
@@ -172,50 +181,73 @@ class Checkpoint(SQLiteFile):
                 self._conn.execute(_PARTIAL)
         if self.meta().get("tasks_digest") != digest:
             meta = self.meta()
-            raise StaleCheckpoint(f"{self.path}: checkpoint was made for a different task list of the same search "
-                             f"({meta.get('num_tasks')} tasks, digest {meta.get('tasks_digest')}; now "
-                             f"{len(task_texts)} tasks, digest {digest}): the search code changed; delete it or "
-                             "use another path")
+            raise StaleCheckpoint(
+                f"{self.path}: checkpoint was made for a different task list of the same search "
+                f"({meta.get('num_tasks')} tasks, digest {meta.get('tasks_digest')}; now "
+                f"{len(task_texts)} tasks, digest {digest}): the search code changed; delete it or "
+                "use another path"
+            )
 
-    def _create(self, spec_key: str, spec_json: Any, task_texts: list[str], digest: str, version: str) -> None:
+    def _create(
+        self, spec_key: str, spec_json: Any, task_texts: list[str], digest: str, version: str
+    ) -> None:
         now = time.time()
         for stmt in _SCHEMA:
             self._conn.execute(stmt)
         meta = {
-            "format": FORMAT_MARKER, "format_version": str(FORMAT_VERSION), "spec_key": spec_key,
-            "spec": _dumps(spec_json, "spec"), "tasks_digest": digest, "num_tasks": str(len(task_texts)),
-            "gensorage_version": version, "created_at": repr(now), "updated_at": repr(now),
+            "format": FORMAT_MARKER,
+            "format_version": str(FORMAT_VERSION),
+            "spec_key": spec_key,
+            "spec": _dumps(spec_json, "spec"),
+            "tasks_digest": digest,
+            "num_tasks": str(len(task_texts)),
+            "gensorage_version": version,
+            "created_at": repr(now),
+            "updated_at": repr(now),
         }
         self._conn.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
-        self._conn.executemany("INSERT INTO tasks (idx, status, task, updated_at) VALUES (?, 'pending', ?, ?)",
-                               [(i, t, now) for i, t in enumerate(task_texts)])
+        self._conn.executemany(
+            "INSERT INTO tasks (idx, status, task, updated_at) VALUES (?, 'pending', ?, ?)",
+            [(i, t, now) for i, t in enumerate(task_texts)],
+        )
 
     def _check(self, spec_key: str, version: str) -> None:
         tables = self.tables()
         missing = {"meta", "tasks", "candidates"} - tables
         meta = self.meta() if "meta" in tables else {}
         if meta.get("format") != FORMAT_MARKER:
-            raise StoreError(f"{self.path}: not a gensorage search checkpoint "
-                             f"(format marker {meta.get('format')!r})")
+            raise StoreError(
+                f"{self.path}: not a gensorage search checkpoint (format marker {meta.get('format')!r})"
+            )
         if missing:
             raise StoreError(f"{self.path}: damaged search checkpoint (missing tables {sorted(missing)})")
         fv = meta.get("format_version", "")
         if not fv.isdigit() or int(fv) > FORMAT_VERSION:
-            raise StoreError(f"{self.path}: checkpoint format {fv!r} is not one this gensorage reads "
-                             f"(up to {FORMAT_VERSION})")
+            raise StoreError(
+                f"{self.path}: checkpoint format {fv!r} is not one this gensorage reads "
+                f"(up to {FORMAT_VERSION})"
+            )
         if meta.get("spec_key") != spec_key:
-            raise StoreError(f"{self.path}: checkpoint belongs to a different search (spec key "
-                             f"{meta.get('spec_key')}, this search is {spec_key}); pass another checkpoint path "
-                             "or delete the file")
+            raise StoreError(
+                f"{self.path}: checkpoint belongs to a different search (spec key "
+                f"{meta.get('spec_key')}, this search is {spec_key}); pass another checkpoint path "
+                "or delete the file"
+            )
         if meta.get("gensorage_version") != version:
-            raise StaleCheckpoint(f"{self.path}: checkpoint was written by gensorage {meta.get('gensorage_version')}, "
-                             f"this is {version}; its results may differ, so delete it or use another path")
+            raise StaleCheckpoint(
+                f"{self.path}: checkpoint was written by gensorage {meta.get('gensorage_version')}, "
+                f"this is {version}; its results may differ, so delete it or use another path"
+            )
         texts = [r[0] for r in self._conn.execute("SELECT task FROM tasks ORDER BY idx")]
         if meta.get("num_tasks") != str(len(texts)) or meta.get("tasks_digest") != _digest(texts):
-            raise StoreError(f"{self.path}: damaged search checkpoint (its task list does not match its digest)")
+            raise StoreError(
+                f"{self.path}: damaged search checkpoint (its task list does not match its digest)"
+            )
         last = self._conn.execute("SELECT MAX(idx) FROM tasks").fetchone()[0]
         if texts and last != len(texts) - 1:
-            raise StoreError(f"{self.path}: damaged search checkpoint (task indices are not 0..{len(texts) - 1})")
+            raise StoreError(
+                f"{self.path}: damaged search checkpoint (task indices are not 0..{len(texts) - 1})"
+            )
 
     # --------------------------------------------------------------------------------------- access
     def meta(self) -> dict[str, str]:
@@ -227,7 +259,8 @@ class Checkpoint(SQLiteFile):
         out: dict[int, DoneTask] = {}
         try:
             rows = self._conn.execute(
-                "SELECT idx, stats, elapsed_s FROM tasks WHERE status = 'done' ORDER BY idx").fetchall()
+                "SELECT idx, stats, elapsed_s FROM tasks WHERE status = 'done' ORDER BY idx"
+            ).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot read tasks ({exc})") from exc
         for idx, stats, elapsed in rows:
@@ -239,13 +272,17 @@ class Checkpoint(SQLiteFile):
 
     def task_jsons(self) -> list[Any]:
         """The stored tasks' JSON values, in index order."""
-        return [_loads(r[0], f"{self.path}: task {r[1]}")
-                for r in self._conn.execute("SELECT task, idx FROM tasks ORDER BY idx")]
+        return [
+            _loads(r[0], f"{self.path}: task {r[1]}")
+            for r in self._conn.execute("SELECT task, idx FROM tasks ORDER BY idx")
+        ]
 
     def pending_tasks(self) -> list[int]:
         """Indices of the tasks not marked done, ascending."""
-        return [int(r[0]) for r in
-                self._conn.execute("SELECT idx FROM tasks WHERE status = 'pending' ORDER BY idx")]
+        return [
+            int(r[0])
+            for r in self._conn.execute("SELECT idx FROM tasks WHERE status = 'pending' ORDER BY idx")
+        ]
 
     def candidates(self, status: str = "done") -> list[CandidateRow]:
         """Every stored candidate of the tasks with ``status`` (``'done'``; ``'pending'``: of stopped tasks),
@@ -254,7 +291,9 @@ class Checkpoint(SQLiteFile):
             rows = self._conn.execute(
                 "SELECT c.task_idx, c.position, c.ugraph, c.predicted_time_s, c.equivalence, c.found_in_task "
                 "FROM candidates c JOIN tasks t ON t.idx = c.task_idx WHERE t.status = ? "
-                "ORDER BY c.task_idx, c.position", (status,)).fetchall()
+                "ORDER BY c.task_idx, c.position",
+                (status,),
+            ).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot read candidates ({exc})") from exc
         out: list[CandidateRow] = []
@@ -265,7 +304,9 @@ class Checkpoint(SQLiteFile):
                 raise StoreError(f"{where}: stored µGraph or equivalence is not a JSON object")
             # A predicted time is a finite number of seconds, not negative; anything else would rank first or last.
             if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
-                raise StoreError(f"{where}: stored predicted time {t!r} is not a non-negative number of seconds")
+                raise StoreError(
+                    f"{where}: stored predicted time {t!r} is not a non-negative number of seconds"
+                )
             out.append(CandidateRow(int(task), int(pos), ugraph, float(t), equivalence, int(found)))
         return out
 
@@ -274,7 +315,8 @@ class Checkpoint(SQLiteFile):
         try:
             rows = self._conn.execute(
                 "SELECT p.idx, p.resume, p.stats, p.elapsed_s FROM partial p JOIN tasks t ON t.idx = p.idx "
-                "WHERE t.status = 'pending' ORDER BY p.idx").fetchall()
+                "WHERE t.status = 'pending' ORDER BY p.idx"
+            ).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot read stopped tasks ({exc})") from exc
         cands: dict[int, list[CandidateRow]] = {}
@@ -286,16 +328,29 @@ class Checkpoint(SQLiteFile):
             stats_value = _loads(stats, where)
             if not isinstance(stats_value, dict):
                 raise StoreError(f"{where}: stats is not a JSON object")
-            out[int(idx)] = PartialTask(int(idx), _loads(resume, where), stats_value, float(elapsed),
-                                        tuple(cands.get(int(idx), ())))
+            out[int(idx)] = PartialTask(
+                int(idx), _loads(resume, where), stats_value, float(elapsed), tuple(cands.get(int(idx), ()))
+            )
         return out
 
-    def save_partial(self, index: int, *, resume: Any, stats: dict[str, Any], elapsed_s: float,
-                     candidates: Sequence[CandidateRow]) -> bool:
+    def save_partial(
+        self,
+        index: int,
+        *,
+        resume: Any,
+        stats: dict[str, Any],
+        elapsed_s: float,
+        candidates: Sequence[CandidateRow],
+    ) -> bool:
         """Record where stopped task ``index`` continues, with everything it found so far, in one transaction
         (replacing an earlier stop of it). Returns False (and writes nothing) if the task is already done."""
-        row = (index, _dumps(resume, f"resume point of task {index}"), _dumps(stats, f"stats of task {index}"),
-               float(elapsed_s), time.time())
+        row = (
+            index,
+            _dumps(resume, f"resume point of task {index}"),
+            _dumps(stats, f"stats of task {index}"),
+            float(elapsed_s),
+            time.time(),
+        )
         try:
             with self.write():
                 if not self._pending(index):
@@ -314,13 +369,23 @@ class Checkpoint(SQLiteFile):
         return bool(status[0] == "pending")
 
     def _replace_candidates(self, index: int, candidates: Sequence[CandidateRow]) -> None:
-        rows = [(index, c.position, float(c.predicted_time_s), _dumps(c.ugraph, "µGraph"),
-                 _dumps(c.equivalence, "equivalence"), int(c.found_in_task)) for c in candidates]
+        rows = [
+            (
+                index,
+                c.position,
+                float(c.predicted_time_s),
+                _dumps(c.ugraph, "µGraph"),
+                _dumps(c.equivalence, "equivalence"),
+                int(c.found_in_task),
+            )
+            for c in candidates
+        ]
         self._conn.execute("DELETE FROM candidates WHERE task_idx = ?", (index,))
         self._conn.executemany("INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?)", rows)
 
-    def commit_task(self, index: int, *, stats: dict[str, Any], elapsed_s: float,
-                    candidates: Sequence[CandidateRow]) -> bool:
+    def commit_task(
+        self, index: int, *, stats: dict[str, Any], elapsed_s: float, candidates: Sequence[CandidateRow]
+    ) -> bool:
         """Record task ``index`` as done with its statistics and candidates, in one transaction.
 
         Returns False (and writes nothing) if the task was already done, e.g. by a second process sharing the
@@ -334,8 +399,11 @@ class Checkpoint(SQLiteFile):
                     return False
                 self._replace_candidates(index, candidates)
                 self._conn.execute("DELETE FROM partial WHERE idx = ?", (index,))
-                self._conn.execute("UPDATE tasks SET status = 'done', stats = ?, elapsed_s = ?, updated_at = ? "
-                                   "WHERE idx = ?", (stats_text, float(elapsed_s), now, index))
+                self._conn.execute(
+                    "UPDATE tasks SET status = 'done', stats = ?, elapsed_s = ?, updated_at = ? "
+                    "WHERE idx = ?",
+                    (stats_text, float(elapsed_s), now, index),
+                )
                 self._conn.execute("UPDATE meta SET value = ? WHERE name = 'updated_at'", (repr(now),))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot record task {index} ({exc})") from exc
@@ -368,5 +436,14 @@ def _loads(text: str | None, where: str) -> Any:
         raise StoreError(f"{where}: stored value is not valid JSON ({exc})") from exc
 
 
-__all__ = ["FORMAT_MARKER", "FORMAT_VERSION", "CandidateRow", "Checkpoint", "DoneTask", "PartialTask",
-           "StaleCheckpoint", "checkpoint_dir", "default_checkpoint_path"]
+__all__ = [
+    "FORMAT_MARKER",
+    "FORMAT_VERSION",
+    "CandidateRow",
+    "Checkpoint",
+    "DoneTask",
+    "PartialTask",
+    "StaleCheckpoint",
+    "checkpoint_dir",
+    "default_checkpoint_path",
+]

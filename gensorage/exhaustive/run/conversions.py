@@ -59,18 +59,37 @@ def add_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def encode(index: int, res: Any, elapsed_s: float) -> Outcome:
     if res.task_index != index:
         raise RuntimeError(f"search core bug: task {index} returned the result of task {res.task_index}")
-    rows = [CandidateRow(index, pos, c.ugraph.to_json(), float(c.predicted_time_s), dict(c.equivalence),
-                         int(c.found_in_task)) for pos, c in enumerate(res.candidates)]
+    rows = [
+        CandidateRow(
+            index,
+            pos,
+            c.ugraph.to_json(),
+            float(c.predicted_time_s),
+            dict(c.equivalence),
+            int(c.found_in_task),
+        )
+        for pos, c in enumerate(res.candidates)
+    ]
     resume = getattr(res, "resume", None)
-    return Outcome(index, bool(res.complete), stats_to_dict(res.stats), rows, float(elapsed_s),
-                    None if res.complete or resume is None else to_json(resume))
+    return Outcome(
+        index,
+        bool(res.complete),
+        stats_to_dict(res.stats),
+        rows,
+        float(elapsed_s),
+        None if res.complete or resume is None else to_json(resume),
+    )
 
 
 def decode_candidate(core: SearchCore, row: CandidateRow) -> Any:
     from gensorage.ugraph import KernelGraph
 
-    return core.candidate_type(ugraph=KernelGraph.from_json(row.ugraph), predicted_time_s=row.predicted_time_s,
-                               equivalence=row.equivalence, found_in_task=row.found_in_task)
+    return core.candidate_type(
+        ugraph=KernelGraph.from_json(row.ugraph),
+        predicted_time_s=row.predicted_time_s,
+        equivalence=row.equivalence,
+        found_in_task=row.found_in_task,
+    )
 
 
 __all__ = ["Outcome", "add_stats", "decode_candidate", "decode_stats", "encode", "stats_to_dict", "to_json"]

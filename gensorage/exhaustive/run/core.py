@@ -31,9 +31,14 @@ def default_core() -> SearchCore:
     from gensorage.exhaustive import results
     from gensorage.exhaustive.walk import tasks
 
-    return SearchCore(enumerate_tasks=tasks.enumerate_tasks, run_task=tasks.run_task_shared,
-                      rank_candidates=results.rank_candidates, candidate_type=results.Candidate,
-                      stats_type=results.Stats, resume_task=tasks.resume_task)
+    return SearchCore(
+        enumerate_tasks=tasks.enumerate_tasks,
+        run_task=tasks.run_task_shared,
+        rank_candidates=results.rank_candidates,
+        candidate_type=results.Candidate,
+        stats_type=results.Stats,
+        resume_task=tasks.resume_task,
+    )
 
 
 __all__ = ["SearchCore", "default_core"]

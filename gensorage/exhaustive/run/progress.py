@@ -85,15 +85,17 @@ def format_line(snap: Snapshot, *, compact: bool = False) -> str:
     pruned = g("pruned_expr") + g("pruned_shape") + g("pruned_memory")
     if compact:
         running = f" ({snap.tasks_running} running)" if snap.tasks_running else ""
-        return (f"tasks {snap.tasks_done}/{snap.tasks_total}{running} | states {format_count(g('states'))} | "
-                f"pruned {format_count(pruned)} | solver {format_count(g('solver_queries'))} q, "
-                f"{format_count(g('cache_hits'))} hits | verified {format_count(g('verified'))} | best "
-                f"{format_time(snap.best_time_s)} | {format_seconds(snap.elapsed_s)}, ETA {format_seconds(eta_s(snap))}")
+        return (
+            f"tasks {snap.tasks_done}/{snap.tasks_total}{running} | states {format_count(g('states'))} | "
+            f"pruned {format_count(pruned)} | solver {format_count(g('solver_queries'))} q, "
+            f"{format_count(g('cache_hits'))} hits | verified {format_count(g('verified'))} | best "
+            f"{format_time(snap.best_time_s)} | {format_seconds(snap.elapsed_s)}, ETA {format_seconds(eta_s(snap))}"
+        )
     parts = [
-        f"tasks {snap.tasks_done}/{snap.tasks_total}" + (f" ({snap.tasks_running} running)" if snap.tasks_running
-                                                         else ""),
-        f"states {format_count(g('states'))}" + (f" ({format_count(g('states_reused'))} reused)"
-                                                 if g("states_reused") else ""),
+        f"tasks {snap.tasks_done}/{snap.tasks_total}"
+        + (f" ({snap.tasks_running} running)" if snap.tasks_running else ""),
+        f"states {format_count(g('states'))}"
+        + (f" ({format_count(g('states_reused'))} reused)" if g("states_reused") else ""),
         f"pruned {format_count(pruned)} (expr {format_count(g('pruned_expr'))}, shape "
         f"{format_count(g('pruned_shape'))}, mem {format_count(g('pruned_memory'))})",
         f"solver {format_count(g('solver_queries'))} queries, {format_count(g('cache_hits'))} cache hits",
@@ -121,15 +123,23 @@ class ProgressReporter:
         :data:`LOG_INTERVAL_S`).
     """
 
-    def __init__(self, *, enabled: bool = True, stream: TextIO | None = None, tty: bool | None = None,
-                 interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        interval_s: float | None = None,
+    ) -> None:
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stderr
         if tty is None:
             isatty = getattr(self.stream, "isatty", None)
             tty = bool(isatty()) if callable(isatty) else False
         self.tty = tty
-        self.interval_s = interval_s if interval_s is not None else (TTY_INTERVAL_S if tty else LOG_INTERVAL_S)
+        self.interval_s = (
+            interval_s if interval_s is not None else (TTY_INTERVAL_S if tty else LOG_INTERVAL_S)
+        )
         self._last = -math.inf
         self._last_line = ""
         self._open_line = False
@@ -159,7 +169,7 @@ class ProgressReporter:
             # than the terminal would wrap and \r would only return to its last row, so it is cut to fit.
             width = shutil.get_terminal_size((120, 24)).columns - 1
             if len(line) > width:
-                line = line[:max(0, width - 1)] + "…"
+                line = line[: max(0, width - 1)] + "…"
             self.stream.write("\r" + line + "\x1b[K")
             self._open_line = True
         else:
@@ -179,5 +189,14 @@ class ProgressReporter:
             self._open_line = False
 
 
-__all__ = ["LOG_INTERVAL_S", "TTY_INTERVAL_S", "ProgressReporter", "Snapshot", "eta_s", "format_count",
-           "format_line", "format_seconds", "format_time"]
+__all__ = [
+    "LOG_INTERVAL_S",
+    "TTY_INTERVAL_S",
+    "ProgressReporter",
+    "Snapshot",
+    "eta_s",
+    "format_count",
+    "format_line",
+    "format_seconds",
+    "format_time",
+]

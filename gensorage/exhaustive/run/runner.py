@@ -55,7 +55,8 @@ class SearchInterrupted(KeyboardInterrupt):
     def __init__(self, result: SearchResult) -> None:
         super().__init__(
             f"search interrupted: {result.tasks_done}/{result.tasks_total} tasks done and saved in "
-            f"{result.checkpoint_path}; run the same search again with this checkpoint to resume")
+            f"{result.checkpoint_path}; run the same search again with this checkpoint to resume"
+        )
         self.result = result
 
 
@@ -70,10 +71,18 @@ def default_workers() -> int:
 # ================================================================================================ the API
 
 
-def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, workers: int | None = None,
-               time_budget_s: float | None = None, progress: bool = True, core: SearchCore | None = None,
-               progress_stream: Any = None, save_every_s: float = SAVE_EVERY_S,
-               inline_s: float = INLINE_S) -> SearchResult:
+def run_search(
+    spec: Any,
+    *,
+    checkpoint: str | os.PathLike[str] | None = None,
+    workers: int | None = None,
+    time_budget_s: float | None = None,
+    progress: bool = True,
+    core: SearchCore | None = None,
+    progress_stream: Any = None,
+    save_every_s: float = SAVE_EVERY_S,
+    inline_s: float = INLINE_S,
+) -> SearchResult:
     """Run (or resume) the exhaustive search ``spec``, keeping every finished task in a checkpoint.
 
     Parameters
@@ -134,7 +143,9 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
     enumerate_s = time.monotonic() - start
     for i, t in enumerate(tasks):
         if getattr(t, "index", None) != i:
-            raise RuntimeError(f"search core bug: task {i} of the enumeration has index {getattr(t, 'index', None)}")
+            raise RuntimeError(
+                f"search core bug: task {i} of the enumeration has index {getattr(t, 'index', None)}"
+            )
     task_json = [to_json(t) for t in tasks]
     try:
         ckpt = Checkpoint.open(path, spec_key=key, spec_json=spec.to_json(), tasks=task_json)
@@ -143,8 +154,10 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
             raise  # the user's own file: theirs to keep or delete
         # The default file of an older gensorage: keep it aside (nothing is deleted) and start afresh.
         aside = _set_aside(path)
-        reporter.message(f"search: the default checkpoint {path.name} was made by another version of the search "
-                         f"(another task list or gensorage version); kept it as {aside.name}, starting afresh")
+        reporter.message(
+            f"search: the default checkpoint {path.name} was made by another version of the search "
+            f"(another task list or gensorage version); kept it as {aside.name}, starting afresh"
+        )
         ckpt = Checkpoint.open(path, spec_key=key, spec_json=spec.to_json(), tasks=task_json)
     with ckpt:
         run = SearchRun(core, spec, tasks, ckpt, reporter, start, time_budget_s, save_every_s)
@@ -153,11 +166,17 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         script = unguarded_main_script() if n_workers > 1 else None
         if script is not None:
             n_workers = 1
-            print(f"gensorage: {script} starts the search outside `if __name__ == \"__main__\":`, which worker "
-                  "processes would run again; searching in this process (add the guard to use several)",
-                  file=progress_stream or sys.stderr, flush=True)
-        reporter.message(_header(key, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s,
-                                 len(run.stopped)))
+            print(
+                f'gensorage: {script} starts the search outside `if __name__ == "__main__":`, which worker '
+                "processes would run again; searching in this process (add the guard to use several)",
+                file=progress_stream or sys.stderr,
+                flush=True,
+            )
+        reporter.message(
+            _header(
+                key, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s, len(run.stopped)
+            )
+        )
         with stop_requests() as interrupts:
             run.interrupts = interrupts
             try:
@@ -177,8 +196,10 @@ def run_search(spec: Any, *, checkpoint: str | os.PathLike[str] | None = None, w
         reporter.finish(run.snapshot())
         if result.stopped_by == "time budget":
             kept = f" ({len(run.stopped)} stopped mid-task, kept)" if run.stopped else ""
-            reporter.message(f"search: time budget of {format_seconds(time_budget_s)} reached; "
-                             f"{result.tasks_done}/{result.tasks_total} tasks done{kept}, saved in {path}")
+            reporter.message(
+                f"search: time budget of {format_seconds(time_budget_s)} reached; "
+                f"{result.tasks_done}/{result.tasks_total} tasks done{kept}, saved in {path}"
+            )
     if result.stopped_by == "interrupt":
         raise SearchInterrupted(result)
     return result
@@ -197,8 +218,9 @@ def _set_aside(path: Path) -> Path:
     return aside
 
 
-def _header(key: str, path: Path, total: int, done: int, workers: int, budget: float | None,
-            stopped: int = 0) -> str:
+def _header(
+    key: str, path: Path, total: int, done: int, workers: int, budget: float | None, stopped: int = 0
+) -> str:
     parts = [f"gensorage search {key}: {total} tasks"]
     if done:
         parts.append(f"{done} already done (resuming)")
@@ -211,4 +233,3 @@ def _header(key: str, path: Path, total: int, done: int, workers: int, budget: f
 
 
 __all__ = ["INLINE_S", "SAVE_EVERY_S", "SearchInterrupted", "default_workers", "run_search"]
-

@@ -56,8 +56,12 @@ class SearchRun:
     run_stats: dict[str, Any] = field(default_factory=dict)  # summed stats of every task run here
     partial: dict[int, dict[str, Any]] = field(default_factory=dict)  # running tasks' stats so far
     discarded: dict[str, Any] = field(default_factory=dict)  # stats of tasks stopped before finishing
-    stopped: dict[int, PartialTask] = field(default_factory=dict)  # pending tasks that saved where they stopped
-    started_from: dict[int, PartialTask | None] = field(default_factory=dict)  # what each running task continues
+    stopped: dict[int, PartialTask] = field(
+        default_factory=dict
+    )  # pending tasks that saved where they stopped
+    started_from: dict[int, PartialTask | None] = field(
+        default_factory=dict
+    )  # what each running task continues
     running: int = 0
     done: int = 0
     resumed: int = 0
@@ -90,10 +94,14 @@ class SearchRun:
         if self.stopped_by is None:
             if self.interrupts is not None and self.interrupts.count:
                 self.stopped_by = "interrupt"
-                kept = ("they save where they stopped" if self.core.resume_task is not None
-                        else "finished ones are kept")
-                self.reporter.message(f"search: stopping; running tasks are asked to stop, {kept} (Ctrl-C again "
-                                      "aborts at once)")
+                kept = (
+                    "they save where they stopped"
+                    if self.core.resume_task is not None
+                    else "finished ones are kept"
+                )
+                self.reporter.message(
+                    f"search: stopping; running tasks are asked to stop, {kept} (Ctrl-C again aborts at once)"
+                )
             elif self.budget_s is not None and time.monotonic() - self.start >= self.budget_s:
                 self.stopped_by = "time budget"
         return self.stopped_by
@@ -102,6 +110,7 @@ class SearchRun:
     def run_inline(self, pending: Sequence[int], until: float | None = None) -> None:
         """Run the tasks one after another in this process (no process start-up cost); ``until``: stop there
         (monotonic time), the task in progress saved where it stopped."""
+
         def out_of_time() -> bool:
             return until is not None and time.monotonic() >= until
 
@@ -114,10 +123,19 @@ class SearchRun:
             saving: dict[str, Any] = {}
             if self.resumable:
                 t_start = time.perf_counter()
-                saving = {"save_every_s": self.save_every_s, "on_save": lambda res, i=idx, t=t_start: self.save_point(
-                    encode(i, res, time.perf_counter() - t))}
-            res = self.core.run_task(self.spec, self.task(idx), should_stop=should_stop,
-                                     on_progress=functools.partial(self._inline_progress, idx), **saving)
+                saving = {
+                    "save_every_s": self.save_every_s,
+                    "on_save": lambda res, i=idx, t=t_start: self.save_point(
+                        encode(i, res, time.perf_counter() - t)
+                    ),
+                }
+            res = self.core.run_task(
+                self.spec,
+                self.task(idx),
+                should_stop=should_stop,
+                on_progress=functools.partial(self._inline_progress, idx),
+                **saving,
+            )
             self.running = 0
             self.record(encode(idx, res, time.perf_counter() - t0))
             self.reporter.update(self.snapshot())
@@ -140,8 +158,12 @@ class SearchRun:
         inflight: dict[Future[Outcome], int] = {}
         stop_since: float | None = None
         error: Exception | None = None
-        executor = ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx, initializer=init_worker,
-                                       initargs=(stop_event, progress_q, os.getpid()))
+        executor = ProcessPoolExecutor(
+            max_workers=n_workers,
+            mp_context=ctx,
+            initializer=init_worker,
+            initargs=(stop_event, progress_q, os.getpid()),
+        )
         clean = False
         try:
             while True:
@@ -150,8 +172,16 @@ class SearchRun:
                     stop_since = time.monotonic()
                 while stop_since is None and todo and len(inflight) < 2 * n_workers:
                     idx = todo.popleft()
-                    inflight[submit(executor, worker_run, self.core, self.spec, self.task(idx),
-                                     self.save_every_s if self.resumable else None)] = idx
+                    inflight[
+                        submit(
+                            executor,
+                            worker_run,
+                            self.core,
+                            self.spec,
+                            self.task(idx),
+                            self.save_every_s if self.resumable else None,
+                        )
+                    ] = idx
                 if not inflight:
                     break
                 finished, _ = wait(inflight, timeout=TICK_S, return_when=FIRST_COMPLETED)
@@ -209,8 +239,9 @@ class SearchRun:
             if out.complete:
                 fresh = self.ckpt.commit_task(out.index, stats=stats, elapsed_s=elapsed, candidates=rows)
             else:
-                fresh = self.ckpt.save_partial(out.index, resume=out.resume, stats=stats, elapsed_s=elapsed,
-                                               candidates=rows)
+                fresh = self.ckpt.save_partial(
+                    out.index, resume=out.resume, stats=stats, elapsed_s=elapsed, candidates=rows
+                )
         if not out.complete:
             self.discarded = add_stats(self.discarded, out.stats)
             if fresh:
@@ -233,8 +264,9 @@ class SearchRun:
         before = self.started_from.get(out.index)
         if before is not None:
             stats, elapsed = add_stats(before.stats, stats), before.elapsed_s + elapsed
-            rows = list(before.candidates) + [dataclasses.replace(r, position=len(before.candidates) + r.position)
-                                              for r in rows]
+            rows = list(before.candidates) + [
+                dataclasses.replace(r, position=len(before.candidates) + r.position) for r in rows
+            ]
         return stats, rows, elapsed
 
     def save_point(self, out: Outcome) -> None:
@@ -243,15 +275,23 @@ class SearchRun:
             return
         stats, rows, elapsed = self._totals(out)
         with self.interrupts.critical() if self.interrupts is not None else nullcontext():
-            if self.ckpt.save_partial(out.index, resume=out.resume, stats=stats, elapsed_s=elapsed, candidates=rows):
+            if self.ckpt.save_partial(
+                out.index, resume=out.resume, stats=stats, elapsed_s=elapsed, candidates=rows
+            ):
                 self.stopped[out.index] = PartialTask(out.index, out.resume, stats, elapsed, tuple(rows))
 
     def snapshot(self) -> Snapshot:
         """For the progress line: all work so far, including running tasks and stopped ones (to be redone)."""
         live = functools.reduce(add_stats, self.partial.values(), add_stats(self.committed, self.discarded))
-        return Snapshot(stats=live, tasks_done=self.done, tasks_total=len(self.tasks),
-                        tasks_done_this_run=self.done_this_run, tasks_running=self.running,
-                        best_time_s=self.best_time, elapsed_s=time.monotonic() - self.start)
+        return Snapshot(
+            stats=live,
+            tasks_done=self.done,
+            tasks_total=len(self.tasks),
+            tasks_done_this_run=self.done_this_run,
+            tasks_running=self.running,
+            best_time_s=self.best_time,
+            elapsed_s=time.monotonic() - self.start,
+        )
 
     def result(self) -> SearchResult:
         """The result as read back from the checkpoint (so a fresh run and a resumed one are identical)."""
@@ -259,14 +299,21 @@ class SearchRun:
         cands = [decode_candidate(core, r) for r in self.ckpt.candidates()]
         ranked = tuple(core.rank_candidates(cands))
         done = self.ckpt.done_tasks()
-        stats = functools.reduce(operator.add, (decode_stats(core, done[i].stats) for i in sorted(done)),
-                                 core.stats_type())
+        stats = functools.reduce(
+            operator.add, (decode_stats(core, done[i].stats) for i in sorted(done)), core.stats_type()
+        )
         return SearchResult(
-            candidates=ranked, stats=stats, tasks_done=len(done),
-            tasks_total=len(self.tasks), complete=len(done) == len(self.tasks),
-            elapsed_s=time.monotonic() - self.start, checkpoint_path=self.ckpt.path, tasks_resumed=self.resumed,
+            candidates=ranked,
+            stats=stats,
+            tasks_done=len(done),
+            tasks_total=len(self.tasks),
+            complete=len(done) == len(self.tasks),
+            elapsed_s=time.monotonic() - self.start,
+            checkpoint_path=self.ckpt.path,
+            tasks_resumed=self.resumed,
             stopped_by=self.stopped_by if len(done) < len(self.tasks) else None,
-            run_stats=functools.reduce(add_stats, self.partial.values(), self.run_stats))
+            run_stats=functools.reduce(add_stats, self.partial.values(), self.run_stats),
+        )
 
 
 __all__ = ["STOP_GRACE_S", "TICK_S", "SearchRun"]

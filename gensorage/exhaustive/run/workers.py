@@ -60,9 +60,13 @@ def worker_run(core: SearchCore, spec: Any, task: Any, save_every_s: float | Non
 
     saving: dict[str, Any] = {}
     if save_every_s is not None:
-        saving = {"save_every_s": save_every_s,
-                  "on_save": lambda res: send(("save", idx, encode(idx, res, time.perf_counter() - t0)))}
-    res = core.run_task(spec, task, should_stop=Throttled(_worker_should_stop), on_progress=on_progress, **saving)
+        saving = {
+            "save_every_s": save_every_s,
+            "on_save": lambda res: send(("save", idx, encode(idx, res, time.perf_counter() - t0))),
+        }
+    res = core.run_task(
+        spec, task, should_stop=Throttled(_worker_should_stop), on_progress=on_progress, **saving
+    )
     return encode(idx, res, time.perf_counter() - t0)
 
 
@@ -110,4 +114,12 @@ def terminate(executor: ProcessPoolExecutor) -> None:
             proc.terminate()
 
 
-__all__ = ["STOP_POLL_S", "WORKER_PROGRESS_S", "Throttled", "init_worker", "submit", "terminate", "worker_run"]
+__all__ = [
+    "STOP_POLL_S",
+    "WORKER_PROGRESS_S",
+    "Throttled",
+    "init_worker",
+    "submit",
+    "terminate",
+    "worker_run",
+]

@@ -18,13 +18,22 @@ from __future__ import annotations
 from gensorage.exhaustive.walk.search_context import SearchContext, process_context
 from gensorage.exhaustive.walk.search_state import SearchState
 from gensorage.exhaustive.walk.tasks import (
-           enumerate_tasks,
-           resume_task,
-           run_task,
-           run_task_shared,
-           search_serial,
+    enumerate_tasks,
+    resume_task,
+    run_task,
+    run_task_shared,
+    search_serial,
 )
 from gensorage.exhaustive.walk.walk import Walk
 
-__all__ = ["SearchContext", "SearchState", "Walk", "enumerate_tasks", "process_context", "resume_task", "run_task",
-           "run_task_shared", "search_serial"]
+__all__ = [
+    "SearchContext",
+    "SearchState",
+    "Walk",
+    "enumerate_tasks",
+    "process_context",
+    "resume_task",
+    "run_task",
+    "run_task_shared",
+    "search_serial",
+]

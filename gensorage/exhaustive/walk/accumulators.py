@@ -59,7 +59,7 @@ def accumulators(s: Walk, b: BlockBuild, tight: int = NOT_TIGHT) -> Iterator[Non
                 out = shape
             else:
                 value = EXPR.concat([x] * forloop, fmap)
-                out = shape[:fmap] + (shape[fmap] * forloop,) + shape[fmap + 1:]
+                out = shape[:fmap] + (shape[fmap] * forloop,) + shape[fmap + 1 :]
             assert value is not None
             if s.spec.prune and b.exact and not s.context.oracle.is_subexpr(value.term):
                 s.counters.pruned_expr += 1
@@ -74,8 +74,17 @@ def accumulators(s: Walk, b: BlockBuild, tight: int = NOT_TIGHT) -> Iterator[Non
                 if fmap is None and not tie_rule.admits(ties):
                     s.counters.pruned_expr += 1
                     continue
-            s.state.push_block(AccumRec(j, fmap), key, out, value, True, False, b.prov[j] if fmap is None else None,
-                               b.const[j], ties=ties)
+            s.state.push_block(
+                AccumRec(j, fmap),
+                key,
+                out,
+                value,
+                True,
+                False,
+                b.prov[j] if fmap is None else None,
+                b.const[j],
+                ties=ties,
+            )
             try:
                 yield
             finally:

@@ -78,14 +78,33 @@ def _binding_args(s: Walk, b: BlockBuild, i: int) -> tuple:  # type: ignore[type
     shape = s.state.shape[b.inputs[i]]
     hints = tuple(sorted({d for k, t in enumerate(b.inputs) if k != i for d in s.state.shape[t]}))
     splits = s.context.output_splits if b.last_kernel_op else None
-    return (shape, b.r, tuple(b.grid), b.looped, b.forloop, s.spec.schedule, hints, splits, s.spec.canonical,
-            s.spec.dims)
+    return (
+        shape,
+        b.r,
+        tuple(b.grid),
+        b.looped,
+        b.forloop,
+        s.spec.schedule,
+        hints,
+        splits,
+        s.spec.canonical,
+        s.spec.dims,
+    )
 
 
 @lru_cache(maxsize=1 << 16)
-def binding_options(shape: Shape, r: int, grid: tuple[int | None, ...], looped: bool, forloop: int | None,
-                    mode: str, hints: tuple[int, ...], splits: frozenset[int] | None,
-                    canonical: bool = False, dims: DimStrategy | None = None) -> tuple[Binding, ...]:
+def binding_options(
+    shape: Shape,
+    r: int,
+    grid: tuple[int | None, ...],
+    looped: bool,
+    forloop: int | None,
+    mode: str,
+    hints: tuple[int, ...],
+    splits: frozenset[int] | None,
+    canonical: bool = False,
+    dims: DimStrategy | None = None,
+) -> tuple[Binding, ...]:
     """Every binding of an input of ``shape`` on an ``r``-d grid whose sizes so far are ``grid`` (None: not
     chosen), a pure function of its arguments and therefore cached: the search asks the same question for
     every operator that reads the iterator first. ``splits``: for the last kernel operator, the block counts
@@ -101,8 +120,10 @@ def binding_options(shape: Shape, r: int, grid: tuple[int | None, ...], looped: 
         unknown = [g for g in range(r) if imap[g] is not None and grid[g] is None]
         if canonical and not new_dims_canonical(imap, unknown, chosen_count):
             continue
-        if any(imap[g] is not None and grid[g] is not None and shape[imap[g]] % grid[g]  # type: ignore[index,operator]
-               for g in range(r)):
+        if any(
+            imap[g] is not None and grid[g] is not None and shape[imap[g]] % grid[g]  # type: ignore[index,operator]
+            for g in range(r)
+        ):
             continue
         choices = [size_candidates(shape[imap[g]], mode, hints) for g in unknown]  # type: ignore[index]
         if splits is not None:
@@ -213,8 +234,9 @@ def split_origins(ctx: SearchContext, b: BlockBuild) -> frozenset[tuple[int, int
     key = tuple(b.imap)
     got = ctx.split_memo.get(key)
     if got is None:
-        got = ctx.split_memo[key] = frozenset((i, d) for i, imap in enumerate(b.imap) if imap is not None
-                                              for d in imap if d is not None)
+        got = ctx.split_memo[key] = frozenset(
+            (i, d) for i, imap in enumerate(b.imap) if imap is not None for d in imap if d is not None
+        )
     return got
 
 
@@ -229,8 +251,10 @@ def admitted_groups(s: Walk, b: BlockBuild, i: int, groups: Groups) -> tuple[tup
     got = s.context.admit_memo.get(key)
     if got is not None and got[0] is groups:
         return got[1]  # type: ignore[return-value]
-    out = tuple(tuple(bd for bd, ok in zip(bds, _admits(dims, b.r, others, bds), strict=True) if ok)
-                for _, bds in groups)
+    out = tuple(
+        tuple(bd for bd, ok in zip(bds, _admits(dims, b.r, others, bds), strict=True) if ok)
+        for _, bds in groups
+    )
     remember(s.context.admit_memo, key, (groups, out))
     return out
 
@@ -259,6 +283,18 @@ def _other_placements(dims: DimStrategy, b: BlockBuild, i: int) -> int:
     return out
 
 
-__all__ = ["Binding", "Groups", "admitted", "admitted_groups", "apply_binding", "binding_groups", "binding_options",
-           "imap_choices", "iterator_binding_groups", "iterator_bindings", "new_dims_canonical", "split_origins",
-           "undo_binding"]
+__all__ = [
+    "Binding",
+    "Groups",
+    "admitted",
+    "admitted_groups",
+    "apply_binding",
+    "binding_groups",
+    "binding_options",
+    "imap_choices",
+    "iterator_binding_groups",
+    "iterator_bindings",
+    "new_dims_canonical",
+    "split_origins",
+    "undo_binding",
+]

@@ -103,8 +103,12 @@ def earlier_site(s: Walk, b: BlockBuild, left: int) -> Site | None:
         return None
     if b.kernel_view is None:  # the kernel tensors do not change while the block is open
         st = s.state
-        b.kernel_view = (all(v.layout is None for v in st.val), [v.term for v in st.val], carries_factor(st.const),
-                         list(st.ties))
+        b.kernel_view = (
+            all(v.layout is None for v in st.val),
+            [v.term for v in st.val],
+            carries_factor(st.const),
+            list(st.ties),
+        )
     if not b.kernel_view[0]:
         return None
     return _EarlierSite(s, b, left)
@@ -160,8 +164,11 @@ class _LastSite(Site):
 
     def scaled(self) -> list[Term]:
         b = self._b
-        return [b.val[j].term for j in range(len(b.inputs), len(b.shape))  # type: ignore[union-attr]
-                if b.scaled[j] and b.uses[j] == 0]
+        return [
+            b.val[j].term  # type: ignore[union-attr]
+            for j in range(len(b.inputs), len(b.shape))
+            if b.scaled[j] and b.uses[j] == 0
+        ]
 
 
 class _EarlierSite(Site):
@@ -188,5 +195,13 @@ class _EarlierSite(Site):
         return [*self._b.kernel_view[3], *block_ties(self._s, self._b)]  # type: ignore[index]
 
 
-__all__ = ["TIGHT", "TIGHT_SCALE", "block_children", "block_terms", "block_ties", "earlier_site", "last_site",
-           "reduction_room"]
+__all__ = [
+    "TIGHT",
+    "TIGHT_SCALE",
+    "block_children",
+    "block_terms",
+    "block_ties",
+    "earlier_site",
+    "last_site",
+    "reduction_room",
+]

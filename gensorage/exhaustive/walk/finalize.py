@@ -54,8 +54,14 @@ def _verify(s: Walk, g: KernelGraph, *, count: bool = True) -> EquivalenceResult
     from gensorage.verify import equivalent
 
     try:
-        res = equivalent(s.spec.program, g, s.spec.delta, seed=_seed(s.spec.seed, g, "eq"),
-                         max_trials=s.spec.max_trials, should_stop=s.may_stop_checks)
+        res = equivalent(
+            s.spec.program,
+            g,
+            s.spec.delta,
+            seed=_seed(s.spec.seed, g, "eq"),
+            max_trials=s.spec.max_trials,
+            should_stop=s.may_stop_checks,
+        )
     except GensorageError:
         res = None
     if not res:
@@ -69,8 +75,13 @@ def _summary(res: EquivalenceResult, stable: Any) -> dict[str, Any]:
     doc = res.to_json()
     doc.pop("elapsed_s", None)
     doc["capped"] = res.capped
-    doc["float_check"] = {"ok": bool(stable.ok), "dtype": stable.dtype, "max_rel_error": stable.max_rel_error,
-                          "reference_rel_error": stable.reference_rel_error, "rtol": stable.rtol}
+    doc["float_check"] = {
+        "ok": bool(stable.ok),
+        "dtype": stable.dtype,
+        "max_rel_error": stable.max_rel_error,
+        "reference_rel_error": stable.reference_rel_error,
+        "rtol": stable.rtol,
+    }
     return doc
 
 
@@ -78,7 +89,7 @@ def _with_block(g: KernelGraph, k: int, grid: tuple[int, ...], forloop: int) -> 
     op = g.ops[k]
     assert isinstance(op, GraphDefinedOp)
     block = BlockGraph(grid, forloop, op.block.nodes)
-    ops = g.ops[:k] + (dataclasses.replace(op, block=block),) + g.ops[k + 1:]
+    ops = g.ops[:k] + (dataclasses.replace(op, block=block),) + g.ops[k + 1 :]
     return KernelGraph(g.inputs, ops, g.outputs)
 
 
@@ -92,8 +103,9 @@ def resize(s: Walk, g: KernelGraph) -> KernelGraph:
         binfo = info.blocks[k]
         assert binfo is not None
         dtype = info.of(op.inputs[0]).dtype
-        target = constructed_sizes(op.block, args, binfo, dtype, s.context.hw, s.spec.seed,
-                                  s.context.construct_cache)
+        target = constructed_sizes(
+            op.block, args, binfo, dtype, s.context.hw, s.spec.seed, s.context.construct_cache
+        )
         if target is None:
             continue
         for grid, forloop in size_options(op.block, args, target):
@@ -134,8 +146,12 @@ def finalize(s: Walk, g: KernelGraph, task_index: int) -> Candidate | None:
     if not stable:
         s.counters.unstable += 1
         return None
-    return Candidate(ugraph=g, predicted_time_s=predict_ugraph_time(g, s.context.hw), equivalence=_summary(res, stable),
-                     found_in_task=task_index)
+    return Candidate(
+        ugraph=g,
+        predicted_time_s=predict_ugraph_time(g, s.context.hw),
+        equivalence=_summary(res, stable),
+        found_in_task=task_index,
+    )
 
 
 __all__ = ["finalize", "resize", "structure_key"]

@@ -117,13 +117,20 @@ def finish(s: Walk) -> Iterator[None]:
             continue
         ties: list[Ties | None] | None = None
         if tie_rule is not None:
-            ties = [saved_ties(b.ties[j], om, grid, live)  # type: ignore[arg-type]
-                    for j, om in zip(outs, omaps, strict=True)]
-            if (not s.spec.replicated_writes and not b.last_kernel_op
-                    and any(t is not None and holds_copies(t) for t in ties)):
+            ties = [
+                saved_ties(b.ties[j], om, grid, live)  # type: ignore[arg-type]
+                for j, om in zip(outs, omaps, strict=True)
+            ]
+            if (
+                not s.spec.replicated_writes
+                and not b.last_kernel_op
+                and any(t is not None and holds_copies(t) for t in ties)
+            ):
                 continue
         st.close_block()
-        st.push_kernel(GraphDefinedOp(block, refs), key, b.inputs, results, [b.const[j] for j in outs], ties=ties)
+        st.push_kernel(
+            GraphDefinedOp(block, refs), key, b.inputs, results, [b.const[j] for j in outs], ties=ties
+        )
         try:
             yield
         finally:
@@ -135,23 +142,30 @@ def _counts_ok(s: Walk, results: list[tuple[Shape, str, ExprValue]]) -> bool:
     """Whether each kernel tensor a block graph writes has no more elements than a µGraph equal to the program
     can reduce to its outputs (see :mod:`gensorage.exhaustive.rules.element_counts`)."""
     caps = s.context.rules.element_caps
-    return caps is None or all(v.layout is not None or caps.admits(numel(shape), v.term) for shape, _, v in results)
+    return caps is None or all(
+        v.layout is not None or caps.admits(numel(shape), v.term) for shape, _, v in results
+    )
 
 
-def _body_key(b: BlockBuild, grid: tuple[int, ...], imaps: tuple[tuple[int | None, ...], ...],
-              forloop: int) -> tuple[object, ...]:
+def _body_key(
+    b: BlockBuild, grid: tuple[int, ...], imaps: tuple[tuple[int | None, ...], ...], forloop: int
+) -> tuple[object, ...]:
     """The block graph without its savers as a tuple of ints (an injective attribute key for its rank; cheaper
     than the block's text and totally ordered, None written as -1)."""
     maps = tuple(tuple(-1 if d is None else d for d in m) for m in imaps)
     fmaps = tuple(-1 if f is None else f for f in b.fmap)
-    recs = tuple((r.variant.code, r.inputs) if isinstance(r, BlockOpRec) else (-1, (r.input, -1 if r.fmap is None
-                                                                                    else r.fmap))
-                 for r in b.recs)
+    recs = tuple(
+        (r.variant.code, r.inputs)
+        if isinstance(r, BlockOpRec)
+        else (-1, (r.input, -1 if r.fmap is None else r.fmap))
+        for r in b.recs
+    )
     return (grid, forloop, maps, fmaps, recs)
 
 
-def _final_shapes_ok(s: Walk, b: BlockBuild, outs: list[int], omaps: tuple[tuple[int, ...], ...],
-                     grid: tuple[int, ...]) -> bool:
+def _final_shapes_ok(
+    s: Walk, b: BlockBuild, outs: list[int], omaps: tuple[tuple[int, ...], ...], grid: tuple[int, ...]
+) -> bool:
     """For the last kernel operator: its outputs must have the program outputs' shapes."""
     shapes = []
     for j, om in zip(outs, omaps, strict=True):
@@ -162,8 +176,9 @@ def _final_shapes_ok(s: Walk, b: BlockBuild, outs: list[int], omaps: tuple[tuple
     return sorted(shapes) == sorted(s.context.output_shapes)
 
 
-def _outputs(s: Walk, b: BlockBuild, block: BlockGraph, outs: list[int],
-             omaps: tuple[tuple[int, ...], ...]) -> list[tuple[Shape, str, ExprValue]] | None:
+def _outputs(
+    s: Walk, b: BlockBuild, block: BlockGraph, outs: list[int], omaps: tuple[tuple[int, ...], ...]
+) -> list[tuple[Shape, str, ExprValue]] | None:
     """(shape, dtype, expression) of each kernel tensor the finished block graph writes, or None if pruned."""
     st = s.state
     values: list[ExprValue] = []

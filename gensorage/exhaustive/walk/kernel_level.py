@@ -108,13 +108,21 @@ def _predefined(s: Walk) -> Iterator[None]:
             if s.spec.prune and not ctx.oracle.is_subexpr(value.term):
                 s.counters.pruned_expr += 1
                 continue
-            if (must is None and rules.element_caps is not None and value.layout is None
-                    and not rules.element_caps.admits(numel(out), value.term)):
+            if (
+                must is None
+                and rules.element_caps is not None
+                and value.layout is None
+                and not rules.element_caps.admits(numel(out), value.term)
+            ):
                 s.counters.pruned_expr += 1
                 continue
             consts = [st.const[i] for i in ins]
-            if (v.op in BARRIERS and rules.constants is not None and value.layout is None
-                    and not rules.constants.admits(value.term, consts[0])):
+            if (
+                v.op in BARRIERS
+                and rules.constants is not None
+                and value.layout is None
+                and not rules.constants.admits(value.term, consts[0])
+            ):
                 s.counters.pruned_expr += 1
                 continue
             dtype = st.dtype[ins[0]]
@@ -128,8 +136,15 @@ def _predefined(s: Walk) -> Iterator[None]:
                     s.counters.pruned_expr += 1
                     continue
             node = KernelOp(v.op, tuple(st.ref[i] for i in ins), v.attrs)
-            st.push_kernel(node, key, ins, [(out, dtype, value)], [const_of(v.op, v.attrs, consts)], v.op is Op.SCALE,
-                           [ties])
+            st.push_kernel(
+                node,
+                key,
+                ins,
+                [(out, dtype, value)],
+                [const_of(v.op, v.attrs, consts)],
+                v.op is Op.SCALE,
+                [ties],
+            )
             s.spend(v, 1)
             try:
                 yield
@@ -143,7 +158,9 @@ def _headers(s: Walk) -> Iterator[None]:
     n = len(st.shape)
     must = must_consume(s)
     last_op = must is not None
-    max_outputs = min(s.spec.max_block_outputs, len(s.context.output_shapes)) if last_op else s.spec.max_block_outputs
+    max_outputs = (
+        min(s.spec.max_block_outputs, len(s.context.output_shapes)) if last_op else s.spec.max_block_outputs
+    )
     most = min(s.spec.max_block_inputs, n)
     if s.spec.max_block_nodes is not None:  # room for the iterators and at least one operator
         most = min(most, s.spec.max_block_nodes - 1)
@@ -179,8 +196,9 @@ def _read_again(s: Walk, ins: tuple[int, ...]) -> list[Term]:
     count is pending only if the program reads it."""
     st = s.state
     required = s.context.required_inputs
-    return read_again(ins, lambda i: st.uses[i] == 0 and (i >= st.n_inputs or i in required),
-                      lambda i: st.val[i].term)
+    return read_again(
+        ins, lambda i: st.uses[i] == 0 and (i >= st.n_inputs or i in required), lambda i: st.val[i].term
+    )
 
 
 def _cannot_finish(s: Walk, rules: Sequence[NodeRule], inputs: tuple[int, ...]) -> bool:

@@ -86,7 +86,9 @@ def variants_for(s: Walk, ins: tuple[int, ...]) -> tuple[OpVariant, ...]:
     return ctx.binary if ins[0] < ins[1] else ctx.binary_ordered
 
 
-def operators(s: Walk, b: BlockBuild, only: frozenset[Op] | None = None, tight: int = NOT_TIGHT) -> Iterator[None]:
+def operators(
+    s: Walk, b: BlockBuild, only: frozenset[Op] | None = None, tight: int = NOT_TIGHT
+) -> Iterator[None]:
     """Every compute operator child; ``only``: the operator budget is exactly what the needed marks take, so
     only operators that can add one (exp, sqrt, activations, div; a scale when the bound counts one) may be
     added."""
@@ -135,9 +137,16 @@ def operators(s: Walk, b: BlockBuild, only: frozenset[Op] | None = None, tight: 
             yield from _apply_variants(s, b, ins, head, variants, post)
 
 
-def _bind_then_apply(s: Walk, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
-                     variants: list[OpVariant], post: bool, pending: tuple[int, ...],
-                     known_tiles_pruned: bool = False) -> Iterator[None]:
+def _bind_then_apply(
+    s: Walk,
+    b: BlockBuild,
+    ins: tuple[int, ...],
+    head: tuple[tuple[int, ...], tuple[int, ...]],
+    variants: list[OpVariant],
+    post: bool,
+    pending: tuple[int, ...],
+    known_tiles_pruned: bool = False,
+) -> Iterator[None]:
     """Bind the iterators in ``pending`` (every combination of their options), then apply ``variants``.
 
     The last iterator's options are grouped by the tile they give: the operator's shape rules and the memory
@@ -190,8 +199,15 @@ def _bind_then_apply(s: Walk, b: BlockBuild, ins: tuple[int, ...], head: tuple[t
     counters.pruned_shape += trailing
 
 
-def _group_checked(s: Walk, b: BlockBuild, ins: tuple[int, ...], i: int, tile: Shape, valid: list[OpVariant],
-                   memo: dict[int, Applied]) -> list[OpVariant]:
+def _group_checked(
+    s: Walk,
+    b: BlockBuild,
+    ins: tuple[int, ...],
+    i: int,
+    tile: Shape,
+    valid: list[OpVariant],
+    memo: dict[int, Applied],
+) -> list[OpVariant]:
     """In an exact block graph, the variants on the tiles of a binding group that the budget allows and whose
     expression passes the checks, before any binding of the group is applied: an iterator's tile expression is
     its input's term with the tile's shape, whichever binding gives the tile. Fills ``memo`` as
@@ -232,8 +248,9 @@ def _expr(s: Walk, v: OpVariant, values: Sequence[ExprValue]) -> ExprValue:
 GroupEntry = tuple[int, int, list[OpVariant]]
 
 
-def _group_plan(s: Walk, b: BlockBuild, i: int, ins: tuple[int, ...], variants: list[OpVariant],
-                groups: Groups) -> tuple[tuple[GroupEntry, ...], int]:
+def _group_plan(
+    s: Walk, b: BlockBuild, i: int, ins: tuple[int, ...], variants: list[OpVariant], groups: Groups
+) -> tuple[tuple[GroupEntry, ...], int]:
     """The binding groups of iterator ``i`` that some variant accepts, and the shape-pruned count of the groups
     after the last of them: a pure function of the groups, the variants and the other operands' tiles, memoised
     per process."""
@@ -257,7 +274,9 @@ def _group_plan(s: Walk, b: BlockBuild, i: int, ins: tuple[int, ...], variants: 
     return out
 
 
-def valid_variants(ctx: SearchContext, variants: list[OpVariant], shapes: tuple[Shape, ...]) -> list[OpVariant]:
+def valid_variants(
+    ctx: SearchContext, variants: list[OpVariant], shapes: tuple[Shape, ...]
+) -> list[OpVariant]:
     """The variants whose shape rules accept operands of ``shapes`` (memoised per process)."""
     key = (tuple(v.code for v in variants), shapes)
     got = ctx.valid_memo.get(key)
@@ -283,8 +302,9 @@ def operands_read_again(s: Walk, b: BlockBuild, ins: tuple[int, ...]) -> list[Te
     return read_again(ins, lambda i: b.uses[i] == 0, lambda i: _tensor_term(s, b, i))
 
 
-def _shape_free_prefilter(s: Walk, b: BlockBuild, ins: tuple[int, ...],
-                          variants: list[OpVariant]) -> list[OpVariant]:
+def _shape_free_prefilter(
+    s: Walk, b: BlockBuild, ins: tuple[int, ...], variants: list[OpVariant]
+) -> list[OpVariant]:
     """Drop the variants whose expression does not depend on tile sizes and fails the oracle, before binding."""
     terms = [(b.val[i] if b.val[i] is not None else s.state.val[b.inputs[i]]).term for i in ins]  # type: ignore[union-attr]
     oracle, constants = s.context.oracle, s.context.rules.constants
@@ -306,9 +326,16 @@ def _shape_free_prefilter(s: Walk, b: BlockBuild, ins: tuple[int, ...],
 Applied = list  # [Shape, Provenance, ExprValue | None, bool]
 
 
-def _apply_variants(s: Walk, b: BlockBuild, ins: tuple[int, ...], head: tuple[tuple[int, ...], tuple[int, ...]],
-                    variants: list[OpVariant], post: bool, memo: dict[int, Applied] | None = None,
-                    known_tiles_pruned: bool = False) -> Iterator[None]:
+def _apply_variants(
+    s: Walk,
+    b: BlockBuild,
+    ins: tuple[int, ...],
+    head: tuple[tuple[int, ...], tuple[int, ...]],
+    variants: list[OpVariant],
+    post: bool,
+    memo: dict[int, Applied] | None = None,
+    known_tiles_pruned: bool = False,
+) -> Iterator[None]:
     """Push each variant on operands ``ins`` that passes the checks. ``memo`` is shared by the bindings of one
     binding group: their operands have the same tiles, provenance and constant factors (only imaps, fmaps and
     index ties differ), so a variant's output shape and provenance, and in an exact block graph its expression
@@ -354,7 +381,9 @@ def _apply_variants(s: Walk, b: BlockBuild, ins: tuple[int, ...], head: tuple[tu
             value = _expr(s, v, values)  # type: ignore[arg-type]
             keep = not exact_prune or oracle.is_subexpr(value.term)
             keep = keep and (not b.exact or _factor_ok(constants, v, value.term, consts[0]))
-            if b.exact:  # elsewhere a tile's expression depends on more than its shape (see the module docstring)
+            if (
+                b.exact
+            ):  # elsewhere a tile's expression depends on more than its shape (see the module docstring)
                 got[2], got[3] = value, keep
         if not keep or (caps is not None and not caps.admits(numel(out) * spread, value.term)):
             counters.pruned_expr += 1
@@ -368,8 +397,18 @@ def _apply_variants(s: Walk, b: BlockBuild, ins: tuple[int, ...], head: tuple[tu
             if not tie_rule.admits(ties):
                 counters.pruned_expr += 1
                 continue
-        s.state.push_block(BlockOpRec(v, ins), (*head, v.code, ()), out, value, post, fdep, prov,
-                           const_of(v.op, v.attrs, consts), v.op is Op.SCALE, ties)
+        s.state.push_block(
+            BlockOpRec(v, ins),
+            (*head, v.code, ()),
+            out,
+            value,
+            post,
+            fdep,
+            prov,
+            const_of(v.op, v.attrs, consts),
+            v.op is Op.SCALE,
+            ties,
+        )
         s.spend(v, 1)
         try:
             yield

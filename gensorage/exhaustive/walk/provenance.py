@@ -69,8 +69,8 @@ def of_op(op: Op, attrs: Attrs, ins: Sequence[Provenance], shapes: Sequence[Shap
         d = attr(attrs, "dim")
         reduced = reduced | dims[0][d]
         if attr(attrs, "keepdim", True):
-            return dims[0][:d] + (EMPTY,) + dims[0][d + 1:], reduced
-        return dims[0][:d] + dims[0][d + 1:], reduced
+            return dims[0][:d] + (EMPTY,) + dims[0][d + 1 :], reduced
+        return dims[0][:d] + dims[0][d + 1 :], reduced
     return None
 
 

@@ -66,5 +66,12 @@ def _attr_lt(a: object, b: object) -> bool:
         return repr(a) < repr(b)
 
 
-__all__ = ["ACCUMULATOR_CODE", "GRAPH_DEFINED_CODE", "RankKey", "follows", "head_key", "head_may_follow",
-           "rank_key"]
+__all__ = [
+    "ACCUMULATOR_CODE",
+    "GRAPH_DEFINED_CODE",
+    "RankKey",
+    "follows",
+    "head_key",
+    "head_may_follow",
+    "rank_key",
+]

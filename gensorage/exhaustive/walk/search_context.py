@@ -27,7 +27,9 @@ from gensorage.opset import Attrs, Op, Shape, attr, freeze_attrs
 
 ORACLE_TIMEOUT_MS = 2000
 MAX_ORACLE_ENTRIES = 500_000  # distinct terms memoised by a process's oracle before it starts afresh
-MAX_MEMO_ENTRIES = 200_000  # entries of each walk memo (plans, admitted bindings, expressions) before it starts afresh
+MAX_MEMO_ENTRIES = (
+    200_000  # entries of each walk memo (plans, admitted bindings, expressions) before it starts afresh
+)
 # Operators whose attributes are program constants (scale factors, repeat counts, reshape targets); see
 # docs/search.md.
 BUDGETED = frozenset({Op.SCALE, Op.REPEAT, Op.RESHAPE})
@@ -67,14 +69,17 @@ class SearchContext:
         self.binary_ordered = tuple(v for v in binary if v.op not in COMMUTATIVE)
         self.binary_self = tuple(v for v in binary if v.op not in SELF_USELESS)
         self.output_shapes = [t.shape for t in program.outputs]
-        self.output_splits = frozenset(g for shape in self.output_shapes for d in shape for g in range(2, d + 1)
-                                       if d % g == 0)
+        self.output_splits = frozenset(
+            g for shape in self.output_shapes for d in shape for g in range(2, d + 1) if d % g == 0
+        )
         used = _term_vars(self.targets)
         self.required_inputs = [i for i, t in enumerate(program.inputs) if t.name in used]
         self.rules = self._rules()
         # The split-reduction rule of the last kernel operator (see provenance) assumes no grouped sums.
-        self.split_rule = not any(program.nodes[i].op is Op.SUM and attr(program.nodes[i].attrs, "group") is not None
-                                  for i in program.live_ids())
+        self.split_rule = not any(
+            program.nodes[i].op is Op.SUM and attr(program.nodes[i].attrs, "group") is not None
+            for i in program.live_ids()
+        )
         # Budgeted operators are used at most as often as the program uses each, keyed by variant code.
         program_counts: dict[tuple[Op, Attrs], int] = {}
         for i in program.live_ids():
@@ -82,8 +87,9 @@ class SearchContext:
             if node.op in BUDGETED:
                 key = (node.op, variant_attrs(node.op, node.attrs))
                 program_counts[key] = program_counts.get(key, 0) + 1
-        self.budget: dict[int, int] = {v.code: program_counts.get((v.op, v.attrs), 0)
-                                       for v in self.variants if v.op in BUDGETED}
+        self.budget: dict[int, int] = {
+            v.code: program_counts.get((v.op, v.attrs), 0) for v in self.variants if v.op in BUDGETED
+        }
         # Memos of pure functions, shared by the tasks.
         self.construct_cache: dict[str, tuple[float, ...] | None] = {}
         self.valid_memo: dict[tuple[tuple[int, ...], tuple[Shape, ...]], list[OpVariant]] = {}
@@ -100,7 +106,9 @@ class SearchContext:
         spec = self.spec
         if not (spec.prune and spec.expr_filter):
             return RuleSet()
-        return RuleSet.for_search(spec.program, self.oracle.canon, self.targets, self.variants, self.output_shapes)
+        return RuleSet.for_search(
+            spec.program, self.oracle.canon, self.targets, self.variants, self.output_shapes
+        )
 
     def oracle_entries(self) -> int:
         """How many distinct terms the oracle has memoised."""
@@ -139,5 +147,13 @@ def process_context(spec: SearchSpec, key: str | None = None) -> SearchContext:
     return ctx
 
 
-__all__ = ["BUDGETED", "MAX_MEMO_ENTRIES", "MAX_ORACLE_ENTRIES", "ORACLE_TIMEOUT_MS", "SearchContext", "process_context",
-           "remember", "variant_attrs"]
+__all__ = [
+    "BUDGETED",
+    "MAX_MEMO_ENTRIES",
+    "MAX_ORACLE_ENTRIES",
+    "ORACLE_TIMEOUT_MS",
+    "SearchContext",
+    "process_context",
+    "remember",
+    "variant_attrs",
+]

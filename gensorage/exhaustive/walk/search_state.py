@@ -93,13 +93,17 @@ class BlockBuild:
     keys: list[RankKey] = field(default_factory=list)
     n_ops: int = 0
     smem: int = 0
-    exact: bool = True  # False when an input is a concatenation: the tile-0 expressions then under-approximate
+    exact: bool = (
+        True  # False when an input is a concatenation: the tile-0 expressions then under-approximate
+    )
     free: int = 0  # unconsumed tensors, unused iterators included (each must be consumed or saved)
     max_outputs: int = 1  # savers allowed when it finishes
     last_kernel_op: bool = False  # it is the last kernel operator the limits allow
     # (iterator, binding, trip count) -> the iterator's (tile expression, ties, provenance): the kernel tensors it
     # reads are fixed while the block is open, and every operator that first reads an iterator binds it again.
-    bound_tiles: dict[tuple[object, ...], tuple[ExprValue, Ties | None, Provenance]] = field(default_factory=dict)
+    bound_tiles: dict[tuple[object, ...], tuple[ExprValue, Ties | None, Provenance]] = field(
+        default_factory=dict
+    )
     # An iterator's binding options (and their groups by tile), keyed by iterator, grid sizes and trip count: the
     # other arguments of bindings.binding_options are fixed while the block is open.
     bindings_memo: dict[tuple[object, ...], tuple[object, ...]] = field(default_factory=dict)
@@ -122,7 +126,9 @@ class SearchState:
     def __init__(self, program: Program, hw: HwProfile, ties: bool = False) -> None:
         self.program = program
         self.hw = hw
-        self.specs: tuple[TensorSpec, ...] = tuple(TensorSpec(t.name, t.shape, t.dtype) for t in program.inputs)
+        self.specs: tuple[TensorSpec, ...] = tuple(
+            TensorSpec(t.name, t.shape, t.dtype) for t in program.inputs
+        )
         n = len(self.specs)
         self.shape: list[Shape] = [s.shape for s in self.specs]
         self.dtype: list[str] = [s.dtype for s in self.specs]
@@ -131,7 +137,9 @@ class SearchState:
         self.ref: list[Ref] = [Ref(i) for i in range(n)]
         self.scaled: list[bool] = [False] * n
         self.const: list[Const] = [1.0] * n
-        self.ties: list[Ties | None] = [input_ties(i, s.shape) if ties else None for i, s in enumerate(self.specs)]
+        self.ties: list[Ties | None] = [
+            input_ties(i, s.shape) if ties else None for i, s in enumerate(self.specs)
+        ]
         self.ops: list[KernelNode] = []
         self.op_keys: list[RankKey] = []
         self.op_outputs: list[int] = []  # tensors each op produced
@@ -148,9 +156,16 @@ class SearchState:
 
     # ------------------------------------------------------------------ kernel level
 
-    def push_kernel(self, node: KernelNode, key: RankKey, inputs: tuple[int, ...],
-                    outs: list[tuple[Shape, str, ExprValue]], consts: list[Const], scaled: bool = False,
-                    ties: list[Ties | None] | None = None) -> None:
+    def push_kernel(
+        self,
+        node: KernelNode,
+        key: RankKey,
+        inputs: tuple[int, ...],
+        outs: list[tuple[Shape, str, ExprValue]],
+        consts: list[Const],
+        scaled: bool = False,
+        ties: list[Ties | None] | None = None,
+    ) -> None:
         """Append kernel operator ``node`` reading tensors ``inputs`` and producing ``outs`` (carrying the
         factors ``consts`` and the index ties ``ties``)."""
         k = len(self.specs) + len(self.ops)
@@ -187,25 +202,52 @@ class SearchState:
 
     # ------------------------------------------------------------------ block level
 
-    def open_block(self, inputs: tuple[int, ...], r: int, looped: bool, max_outputs: int,
-                   last_kernel_op: bool) -> BlockBuild:
+    def open_block(
+        self, inputs: tuple[int, ...], r: int, looped: bool, max_outputs: int, last_kernel_op: bool
+    ) -> BlockBuild:
         m = len(inputs)
         exact = all(self.val[i].layout is None for i in inputs)
         self.block = BlockBuild(
-            inputs=inputs, r=r, looped=looped, grid=[None] * r, forloop=None if looped else 1,
-            imap=[None] * m, fmap=[None] * m, shape=[None] * m, val=[None] * m, post=[False] * m,
-            fdep=[False] * m, uses=[0] * m, dtype=[self.dtype[i] for i in inputs], prov=[None] * m,
-            scaled=[False] * m, const=[self.const[i] for i in inputs], ties=[None] * m, exact=exact, free=m,
-            max_outputs=max_outputs, last_kernel_op=last_kernel_op,
+            inputs=inputs,
+            r=r,
+            looped=looped,
+            grid=[None] * r,
+            forloop=None if looped else 1,
+            imap=[None] * m,
+            fmap=[None] * m,
+            shape=[None] * m,
+            val=[None] * m,
+            post=[False] * m,
+            fdep=[False] * m,
+            uses=[0] * m,
+            dtype=[self.dtype[i] for i in inputs],
+            prov=[None] * m,
+            scaled=[False] * m,
+            const=[self.const[i] for i in inputs],
+            ties=[None] * m,
+            exact=exact,
+            free=m,
+            max_outputs=max_outputs,
+            last_kernel_op=last_kernel_op,
         )
         return self.block
 
     def close_block(self) -> None:
         self.block = None
 
-    def push_block(self, rec: BlockOpRec | AccumRec, key: RankKey, shape: Shape, value: ExprValue,
-                   post: bool, fdep: bool, prov: Provenance, const: Const, scaled: bool = False,
-                   ties: Ties | None = None) -> None:
+    def push_block(
+        self,
+        rec: BlockOpRec | AccumRec,
+        key: RankKey,
+        shape: Shape,
+        value: ExprValue,
+        post: bool,
+        fdep: bool,
+        prov: Provenance,
+        const: Const,
+        scaled: bool = False,
+        ties: Ties | None = None,
+    ) -> None:
         b = self.block
         assert b is not None
         ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)

@@ -105,8 +105,18 @@ def subtree_key(st: SearchState, max_kernel_ops: int, budget: tuple[int, ...]) -
     last = st.last_key
     assert last is not None
     rank = last[:3] if k + 1 == max_kernel_ops else last
-    return (k, tuple(st.shape), tuple(st.dtype), tuple(st.val), tuple(st.uses), tuple(st.scaled), tuple(st.const),
-            tuple(st.ties), rank, budget)
+    return (
+        k,
+        tuple(st.shape),
+        tuple(st.dtype),
+        tuple(st.val),
+        tuple(st.uses),
+        tuple(st.scaled),
+        tuple(st.const),
+        tuple(st.ties),
+        rank,
+        budget,
+    )
 
 
 __all__ = ["MAX_ENTRIES", "Entry", "Leaf", "Memo", "Recording", "process_memo", "subtree_key"]

@@ -67,11 +67,18 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
     return [Task(i, p, sub) for i, (p, sub) in enumerate(paths)]
 
 
-def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = lambda: False,
-             on_progress: Callable[[Stats], None] | None = None,
-             on_save: Callable[[TaskResult], None] | None = None, save_every_s: float = 60.0,
-             reuse_subtrees: bool = True, memo: Memo | None = None,
-             context: SearchContext | None = None) -> TaskResult:
+def run_task(
+    spec: SearchSpec,
+    task: Task,
+    *,
+    should_stop: Callable[[], bool] = lambda: False,
+    on_progress: Callable[[Stats], None] | None = None,
+    on_save: Callable[[TaskResult], None] | None = None,
+    save_every_s: float = 60.0,
+    reuse_subtrees: bool = True,
+    memo: Memo | None = None,
+    context: SearchContext | None = None,
+) -> TaskResult:
     """Search the subtree of ``task`` and verify every complete µGraph in it.
 
     Parameters
@@ -101,14 +108,18 @@ def run_task(spec: SearchSpec, task: Task, *, should_stop: Callable[[], bool] = 
         The candidates found (in discovery order), the statistics, and whether the subtree was finished. A
         function of ``(spec, task)`` only, when complete.
     """
-    if task.resume is not None and tuple(task.resume.cursor[:len(task.path)]) != tuple(task.path):
-        raise ValueError(f"task {task.index}: resume point {list(task.resume.cursor)} is not inside its "
-                         f"subtree {list(task.path)}")
+    if task.resume is not None and tuple(task.resume.cursor[: len(task.path)]) != tuple(task.path):
+        raise ValueError(
+            f"task {task.index}: resume point {list(task.resume.cursor)} is not inside its "
+            f"subtree {list(task.path)}"
+        )
     w = Walk(spec, context, task)
     w.reuse_subtrees = reuse_subtrees
     if memo is not None:
         w.subtrees = memo
-    w.hooks = Hooks(should_stop, on_progress, on_save, save_every_s, next_save=time.monotonic() + save_every_s)
+    w.hooks = Hooks(
+        should_stop, on_progress, on_save, save_every_s, next_save=time.monotonic() + save_every_s
+    )
     try:
         w.visit(0)
     except Stopped:
@@ -159,10 +170,25 @@ def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> Searc
             break
         done += 1
     complete = done == len(tasks)
-    return SearchResult(tuple(rank_candidates(cands)), stats, done, len(tasks), complete, time.monotonic() - start,
-                        stopped_by=None if complete else "time budget", run_stats=stats.to_json(),
-                        enumerate_s=enumerate_s)
+    return SearchResult(
+        tuple(rank_candidates(cands)),
+        stats,
+        done,
+        len(tasks),
+        complete,
+        time.monotonic() - start,
+        stopped_by=None if complete else "time budget",
+        run_stats=stats.to_json(),
+        enumerate_s=enumerate_s,
+    )
 
 
-__all__ = ["MAX_SPLIT_DEPTH", "TARGET_TASKS", "enumerate_tasks", "resume_task", "run_task", "run_task_shared",
-           "search_serial"]
+__all__ = [
+    "MAX_SPLIT_DEPTH",
+    "TARGET_TASKS",
+    "enumerate_tasks",
+    "resume_task",
+    "run_task",
+    "run_task_shared",
+    "search_serial",
+]

@@ -103,8 +103,10 @@ def _remap(node: BlockNode, new_index: dict[int, int]) -> BlockNode:
 
 def fuse(g: KernelGraph) -> KernelGraph:
     """``g`` with :func:`fuse_block` applied to every block graph (pre-defined kernels are left alone)."""
-    ops = tuple(dataclasses.replace(op, block=fuse_block(op.block)) if isinstance(op, GraphDefinedOp) else op
-                for op in g.ops)
+    ops = tuple(
+        dataclasses.replace(op, block=fuse_block(op.block)) if isinstance(op, GraphDefinedOp) else op
+        for op in g.ops
+    )
     return KernelGraph(g.inputs, ops, g.outputs)
 
 

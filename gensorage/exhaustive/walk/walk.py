@@ -93,13 +93,17 @@ class Walk:
         The subtree to walk (its path, whether below it, and where a stopped walk of it continues).
     """
 
-    def __init__(self, spec: SearchSpec, context: SearchContext | None = None, task: Task | None = None) -> None:
+    def __init__(
+        self, spec: SearchSpec, context: SearchContext | None = None, task: Task | None = None
+    ) -> None:
         ctx = context if context is not None else SearchContext(spec)
         self.spec = spec
         self.context = ctx
         self.state = SearchState(spec.program, ctx.hw, ties=ctx.rules.ties is not None)
         self.counters = Counters()
-        self.budget: dict[int, int] = dict(ctx.budget)  # uses left of each budgeted variant (see search_context)
+        self.budget: dict[int, int] = dict(
+            ctx.budget
+        )  # uses left of each budgeted variant (see search_context)
         self.task = task if task is not None else Task(-1, ())
         # Continue a stopped walk at this node (see visit), with the structures it had sized.
         self.resume: tuple[int, ...] | None = None
@@ -165,10 +169,19 @@ class Walk:
     def stats(self) -> Stats:
         c, o = self.counters, self.context.oracle
         q0, h0, t0 = self._oracle_start
-        return Stats(states=c.states, pruned_expr=c.pruned_expr, pruned_shape=c.pruned_shape,
-                     pruned_memory=c.pruned_memory, solver_queries=o.queries - q0, cache_hits=o.cache_hits - h0,
-                     solver_timeouts=o.timeouts - t0, verified=c.verified, rejected=c.rejected, unstable=c.unstable,
-                     states_reused=c.states_reused)
+        return Stats(
+            states=c.states,
+            pruned_expr=c.pruned_expr,
+            pruned_shape=c.pruned_shape,
+            pruned_memory=c.pruned_memory,
+            solver_queries=o.queries - q0,
+            cache_hits=o.cache_hits - h0,
+            solver_timeouts=o.timeouts - t0,
+            verified=c.verified,
+            rejected=c.rejected,
+            unstable=c.unstable,
+            states_reused=c.states_reused,
+        )
 
     # ------------------------------------------------------------------ walking
 
@@ -222,8 +235,9 @@ class Walk:
         else:
             self._walk_children(depth, path, resume, spine)
 
-    def _walk_children(self, depth: int, path: tuple[int, ...], resume: tuple[int, ...] | None,
-                       spine: bool) -> None:
+    def _walk_children(
+        self, depth: int, path: tuple[int, ...], resume: tuple[int, ...] | None, spine: bool
+    ) -> None:
         # A resumed walk replays the stopped walk's spine; the pruning it did there up to each spine child was
         # counted by the stopped walk, so it is not counted again.
         pruned = self._pruned() if resume is not None and depth < len(resume) else None
@@ -285,10 +299,10 @@ class Walk:
 
     def _undo(self, mark: _Mark) -> None:
         """Back to ``mark``: the candidates, counters and sized structures the node's checks added are dropped."""
-        del self.candidates[mark.candidates:]
+        del self.candidates[mark.candidates :]
         for f in dataclasses.fields(Counters):
             setattr(self.counters, f.name, getattr(mark.counters, f.name))
-        for key in list(self.sized_structures)[mark.sized:]:
+        for key in list(self.sized_structures)[mark.sized :]:
             del self.sized_structures[key]
 
     def _descend(self, i: int, depth: int, spine: bool) -> None:
@@ -342,13 +356,19 @@ class Walk:
     def _finalize(self, ops: tuple[KernelNode, ...], outputs: tuple[Ref, ...]) -> None:
         """Record the complete kernel graph ``ops`` in the subtrees being recorded, then finalize it."""
         for rec in self.recordings:
-            rec.leaves.append((ops[rec.base:], outputs))
+            rec.leaves.append((ops[rec.base :], outputs))
         cand = finalize(self, KernelGraph(self.state.specs, ops, outputs), self.task.index)
         if cand is not None:
             self.candidates.append(cand)
 
-    def collect(self, depth: int, split: int, prefix: list[int], out: list[tuple[tuple[int, ...], bool]],
-                deeper: frozenset[tuple[int, ...]] = frozenset()) -> None:
+    def collect(
+        self,
+        depth: int,
+        split: int,
+        prefix: list[int],
+        out: list[tuple[tuple[int, ...], bool]],
+        deeper: frozenset[tuple[int, ...]] = frozenset(),
+    ) -> None:
         """Append the task paths of the subtree: nodes at depth ``split`` (those in ``deeper``: their children
         instead), complete µGraphs above them."""
         if depth == split + (tuple(prefix[:split]) in deeper):
