@@ -9,74 +9,31 @@ are the block iterators (``v_`` prefix dropped), spatial then reduce; accesses c
 ``tvm.sym.detect_linear_equation`` decomposition. Anything else raises :class:`UnsupportedOpError`.
 
 ``reference`` of such a workload interprets the block's expression with numpy in float64 over the whole
-iteration space (in chunks of the first spatial axis) and reduces it, so it needs no TVM build.
+iteration space (in chunks of the first spatial axis) and reduces it, so it needs no TVM build
+(:mod:`.tir_reference`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from gensorage.errors import ProgramError, UnsupportedOpError
+from gensorage.errors import UnsupportedOpError
 from gensorage.workloads.data import SUPPORTED_DTYPES
+from gensorage.workloads.tir_reference import (
+    IF_THEN_ELSE,
+    Nest,
+    Param,
+    check_interpretable,
+    children,
+    interpret,
+    is_float,
+)
 from gensorage.workloads.workload import Access, Axis, Workload
-
-_REDUCERS: dict[str, tuple[Callable[..., np.ndarray], Callable[[Any, Any], Any]]] = {
-    "sum": (np.sum, np.add),
-    "prod": (np.prod, np.multiply),
-    "max": (np.max, np.maximum),
-    "min": (np.min, np.minimum),
-}
-_MATH_CALLS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "tirx.exp": np.exp,
-    "tirx.exp2": np.exp2,
-    "tirx.log": np.log,
-    "tirx.log2": np.log2,
-    "tirx.log10": np.log10,
-    "tirx.sqrt": np.sqrt,
-    "tirx.rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "tirx.tanh": np.tanh,
-    "tirx.sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "tirx.sin": np.sin,
-    "tirx.cos": np.cos,
-    "tirx.fabs": np.abs,
-    "tirx.floor": np.floor,
-    "tirx.ceil": np.ceil,
-    "tirx.trunc": np.trunc,
-    "tirx.round": np.round,
-    "tirx.nearbyint": np.round,
-}
-_IF_THEN_ELSE = "prim.if_then_else"
-_CHUNK_ELEMENTS = 1 << 22  # bound on the temporaries of the reference interpreter (x 8 bytes each)
-
-
-@dataclass(frozen=True, slots=True)
-class _Param:
-    var: Any
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Nest:
-    """The analysed block: iterators in block order and the pieces of its reduction update."""
-
-    iter_vars: tuple[Any, ...]
-    names: tuple[str, ...]
-    extents: tuple[int, ...]
-    kinds: tuple[str, ...]
-    out: _Param
-    out_perm: tuple[int, ...]  # out_perm[d] = position (in block order) of the iterator indexing output dim d
-    reducer: str
-    init: float
-    expr: Any  # the update expression without the accumulator
-    block_name: str
 
 
 def _first_line(exc: BaseException) -> str:
@@ -206,7 +163,7 @@ def from_prim_func(func: Any, name: str | None = None) -> Workload:
         return func
 
     def reference(*arrays: Any) -> np.ndarray:
-        return _interpret(nest, in_params, arrays)
+        return interpret(nest, in_params, arrays)
 
     return Workload(
         name=name or nest.block_name,
@@ -237,7 +194,7 @@ def _as_prim_func(func: Any) -> Any:
     return func
 
 
-def _buffer_params(func: Any) -> list[_Param]:
+def _buffer_params(func: Any) -> list[Param]:
     from tvm.tirx.buffer import BufferType
 
     IntImm = _tvm().tirx.IntImm
@@ -257,7 +214,7 @@ def _buffer_params(func: Any) -> list[_Param]:
             raise UnsupportedOpError(
                 f"buffer {p.name} has dtype {dtype}; supported: {', '.join(SUPPORTED_DTYPES)}"
             )
-        out.append(_Param(p, str(p.name), tuple(int(s) for s in ty.shape), dtype))
+        out.append(Param(p, str(p.name), tuple(int(s) for s in ty.shape), dtype))
     return out
 
 
@@ -365,7 +322,7 @@ def _iterators(block: Any) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str,
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _analyse_block(realize: Any, loops: tuple[Any, ...], params: list[_Param]) -> _Nest:
+def _analyse_block(realize: Any, loops: tuple[Any, ...], params: list[Param]) -> Nest:
     from tvm import tirx
 
     block = realize.block
@@ -389,8 +346,8 @@ def _analyse_block(realize: Any, loops: tuple[Any, ...], params: list[_Param]) -
     init_value = _const(init.value)
     if init_value is None or not _same_indices(init.indices, body.indices):
         raise UnsupportedOpError("the reduction init is not a constant store to the output element")
-    _check_interpretable(expr, ivars)
-    return _Nest(ivars, names, extents, kinds, out, out_perm, reducer, init_value, expr, str(block.name_hint))
+    check_interpretable(expr, ivars)
+    return Nest(ivars, names, extents, kinds, out, out_perm, reducer, init_value, expr, str(block.name_hint))
 
 
 def _output_perm(
@@ -398,7 +355,7 @@ def _output_perm(
     ivars: tuple[Any, ...],
     kinds: tuple[str, ...],
     extents: tuple[int, ...],
-    out: _Param,
+    out: Param,
 ) -> tuple[int, ...]:
     perm = []
     for idx in indices:
@@ -424,7 +381,7 @@ def _const(expr: Any) -> float | None:
     return float(expr.value) if isinstance(expr, tirx.IntImm | tirx.FloatImm) else None
 
 
-def _split_update(value: Any, out: _Param, indices: Sequence[Any]) -> tuple[str, Any]:
+def _split_update(value: Any, out: Param, indices: Sequence[Any]) -> tuple[str, Any]:
     """Recognise ``out = out (op) expr`` and return (reducer name, expr)."""
     from tvm import ir, tirx
 
@@ -447,31 +404,11 @@ def _split_update(value: Any, out: _Param, indices: Sequence[Any]) -> tuple[str,
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _children(expr: Any) -> list[Any]:
-    from tvm import ir, tirx
-
-    if isinstance(expr, ir.prim.expr.BinaryOpExpr | ir.prim.expr.CmpExpr) or isinstance(
-        expr, tirx.And | tirx.Or
-    ):
-        return [expr.a, expr.b]
-    if isinstance(expr, tirx.Not):
-        return [expr.a]
-    if isinstance(expr, tirx.Cast):
-        return [expr.value]
-    if isinstance(expr, tirx.Select):
-        return [expr.condition, expr.true_value, expr.false_value]
-    if isinstance(expr, ir.expr.Call):
-        return list(expr.args)
-    if isinstance(expr, ir.expr.TensorLoad):
-        return list(expr.indices)
-    return []
-
-
 def _loads(expr: Any) -> list[Any]:
     from tvm import ir
 
     out = [expr] if isinstance(expr, ir.expr.TensorLoad) else []
-    for c in _children(expr):
+    for c in children(expr):
         out += _loads(c)
     return out
 
@@ -491,7 +428,7 @@ def _affine(
     return terms, ints[-1]
 
 
-def _input_accesses(nest: _Nest, params: list[_Param]) -> list[Access]:
+def _input_accesses(nest: Nest, params: list[Param]) -> list[Access]:
     seen: dict[str, Access] = {}
     for load in _loads(nest.expr):
         p = next((q for q in params if q.var.same_as(load.source)), None)
@@ -521,15 +458,11 @@ def _input_accesses(nest: _Nest, params: list[_Param]) -> list[Access]:
     return accesses
 
 
-def _is_float(expr: Any) -> bool:
-    return str(getattr(expr, "ty", "")).startswith(("float", "bfloat"))
-
-
 def _count_flops(expr: Any) -> int:
     """Floating-point operations in one evaluation of ``expr`` (casts, loads and index math are free)."""
     from tvm import ir, tirx
 
-    if isinstance(expr, ir.expr.Call) and expr.op.name == _IF_THEN_ELSE:
+    if isinstance(expr, ir.expr.Call) and expr.op.name == IF_THEN_ELSE:
         return _count_flops(expr.args[0]) + max(_count_flops(expr.args[1]), _count_flops(expr.args[2]))
     if isinstance(expr, tirx.Select):
         return _count_flops(expr.condition) + max(
@@ -537,159 +470,5 @@ def _count_flops(expr: Any) -> int:
         )
     if isinstance(expr, ir.expr.TensorLoad):
         return 0
-    own = 1 if (isinstance(expr, ir.prim.expr.BinaryOpExpr | ir.expr.Call) and _is_float(expr)) else 0
-    return own + sum(_count_flops(c) for c in _children(expr))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The numpy float64 reference
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _check_interpretable(expr: Any, ivars: tuple[Any, ...]) -> None:
-    """Reject, at analysis time, expression nodes the reference interpreter cannot evaluate."""
-    from tvm import ir, tirx
-
-    ok_types = (
-        ir.prim.expr.BinaryOpExpr,
-        ir.prim.expr.CmpExpr,
-        tirx.And,
-        tirx.Or,
-        tirx.Not,
-        tirx.Cast,
-        tirx.Select,
-        ir.expr.TensorLoad,
-        tirx.IntImm,
-        tirx.FloatImm,
-    )
-    if isinstance(expr, ir.expr.Call):
-        if expr.op.name != _IF_THEN_ELSE and expr.op.name not in _MATH_CALLS:
-            raise UnsupportedOpError(f"call to {expr.op.name} is not supported in a workload expression")
-    elif isinstance(expr, tirx.Var):
-        if not any(expr.same_as(v) for v in ivars):
-            raise UnsupportedOpError(f"free variable {expr.name} in the block expression")
-    elif isinstance(expr, ir.prim.expr.BinaryOpExpr) and type(expr).__name__ in (
-        "LShift",
-        "RShift",
-        "BitwiseAnd",
-        "BitwiseOr",
-        "BitwiseXor",
-    ):
-        raise UnsupportedOpError(f"bitwise operation {type(expr).__name__} is not supported")
-    elif not isinstance(expr, ok_types):
-        raise UnsupportedOpError(f"expression node {type(expr).__name__} is not supported")
-    for c in _children(expr):
-        _check_interpretable(c, ivars)
-
-
-class _Interp:
-    """Evaluates a block expression over a grid of iterator values (numpy broadcasting, float64 data)."""
-
-    def __init__(self, env: dict[str, np.ndarray], buffers: dict[str, np.ndarray]) -> None:
-        self.env = env
-        self.buffers = buffers
-
-    def eval(self, e: Any) -> Any:
-        from tvm import ir, tirx
-
-        if isinstance(e, tirx.IntImm):
-            return np.int64(e.value)
-        if isinstance(e, tirx.FloatImm):
-            return np.float64(e.value)
-        if isinstance(e, tirx.Var):
-            return self.env[str(e.name)]
-        if isinstance(e, ir.expr.TensorLoad):
-            return self._load(e)
-        if isinstance(e, tirx.Cast):
-            return self._cast(self.eval(e.value), str(e.ty))
-        if isinstance(e, tirx.Select):
-            return np.where(self.eval(e.condition), self.eval(e.true_value), self.eval(e.false_value))
-        if isinstance(e, ir.expr.Call):
-            args = [self.eval(a) for a in e.args]
-            if e.op.name == _IF_THEN_ELSE:
-                return np.where(args[0], args[1], args[2])
-            return _MATH_CALLS[e.op.name](np.asarray(args[0], dtype=np.float64))
-        if isinstance(e, tirx.Not):
-            return np.logical_not(self.eval(e.a))
-        return self._binary(type(e).__name__, self.eval(e.a), self.eval(e.b), _is_float(e))
-
-    def _load(self, e: Any) -> np.ndarray:
-        arr = self.buffers[str(e.source.name)]
-        idx = np.broadcast_arrays(*[np.asarray(self.eval(i), dtype=np.int64) for i in e.indices])
-        # Out-of-range indices only occur in branches an if_then_else discards; clip so the gather is defined.
-        clipped = tuple(np.clip(ix, 0, n - 1) for ix, n in zip(idx, arr.shape, strict=True))
-        return arr[clipped]
-
-    @staticmethod
-    def _cast(v: Any, dtype: str) -> Any:
-        if dtype.startswith(("float", "bfloat")):
-            return np.asarray(v, dtype=np.float64)
-        if dtype == "bool":
-            return np.asarray(v) != 0
-        return np.trunc(v).astype(np.int64)
-
-    @staticmethod
-    def _binary(op: str, a: Any, b: Any, is_float: bool) -> Any:
-        simple: dict[str, Callable[[Any, Any], Any]] = {
-            "Add": np.add,
-            "Sub": np.subtract,
-            "Mul": np.multiply,
-            "Min": np.minimum,
-            "Max": np.maximum,
-            "FloorDiv": np.floor_divide,
-            "FloorMod": np.mod,
-            "EQ": np.equal,
-            "NE": np.not_equal,
-            "LT": np.less,
-            "LE": np.less_equal,
-            "GT": np.greater,
-            "GE": np.greater_equal,
-            "And": np.logical_and,
-            "Or": np.logical_or,
-        }
-        if op in simple:
-            return simple[op](a, b)
-        if op == "Div":
-            return np.true_divide(a, b) if is_float else np.trunc(np.true_divide(a, b)).astype(np.int64)
-        if op == "Mod":
-            return np.fmod(a, b)
-        raise UnsupportedOpError(f"expression node {op} is not supported")
-
-
-def _interpret(nest: _Nest, in_params: list[_Param], arrays: Sequence[Any]) -> np.ndarray:
-    if len(arrays) != len(in_params):
-        raise ProgramError(
-            f"reference takes {len(in_params)} arrays ({', '.join(p.name for p in in_params)}), "
-            f"got {len(arrays)}"
-        )
-    buffers = {}
-    for p, a in zip(in_params, arrays, strict=True):
-        arr = np.asarray(a, dtype=np.float64)
-        if arr.shape != p.shape:
-            raise ProgramError(f"input {p.name} has shape {arr.shape}, expected {p.shape}")
-        buffers[p.name] = arr
-    n = len(nest.extents)
-    spatial = [i for i, k in enumerate(nest.kinds) if k == "spatial"]
-    reduce_pos = tuple(i for i, k in enumerate(nest.kinds) if k == "reduce")
-    # Output dims in spatial-block order -> output order.
-    perm = [spatial.index(p) for p in nest.out_perm]
-    out = np.empty(nest.out.shape, dtype=np.float64)
-    first = spatial[0]
-    per_slice = max(1, math.prod(nest.extents) // nest.extents[first])
-    chunk = max(1, _CHUNK_ELEMENTS // per_slice)
-    reduce_fn, combine = _REDUCERS[nest.reducer]
-    names = [str(v.name) for v in nest.iter_vars]
-    for start in range(0, nest.extents[first], chunk):
-        stop = min(start + chunk, nest.extents[first])
-        env = {}
-        shape = []
-        for i, (nm, ext) in enumerate(zip(names, nest.extents, strict=True)):
-            values = np.arange(start, stop) if i == first else np.arange(ext)
-            env[nm] = values.reshape([-1 if j == i else 1 for j in range(n)])
-            shape.append(len(values))
-        value = np.broadcast_to(np.asarray(_Interp(env, buffers).eval(nest.expr), dtype=np.float64), shape)
-        reduced = combine(nest.init, reduce_fn(value, axis=reduce_pos))
-        sl: list[slice] = [slice(None)] * len(perm)
-        sl[nest.out_perm.index(first)] = slice(start, stop)
-        out[tuple(sl)] = np.transpose(reduced, perm)
-    return out
+    own = 1 if (isinstance(expr, ir.prim.expr.BinaryOpExpr | ir.expr.Call) and is_float(expr)) else 0
+    return own + sum(_count_flops(c) for c in children(expr))
