@@ -20,14 +20,8 @@ from gensorage.opset import Op
 from gensorage.program import dump_program, parse_program
 from gensorage.store import Store
 from gensorage.superopt import StructureRecord, StructureStore, superoptimize
-from gensorage.superopt.reshape_structure import (
-    ReshapeFailed,
-    SizeMap,
-    reinstantiate,
-    reshape_target,
-    size_map,
-    structure_signature,
-)
+from gensorage.superopt.reshape_structure import reinstantiate, structure_signature
+from gensorage.superopt.size_map import ReshapeFailed, SizeMap, reshape_target, size_map
 from gensorage.superopt.structure_store import KIND, record_key
 from gensorage.ugraph import GraphDefinedOp, KernelGraph, ThreadGraph, ThreadOp, from_program, validate
 from gensorage.ugraph.cost import predict_ugraph_time
@@ -327,7 +321,8 @@ def test_a_stored_structure_is_only_used_for_its_gpu(tmp_path: Path) -> None:
 def test_reinstantiation_keeps_broadcasts() -> None:
     """A dim that broadcast in the verified tiles must broadcast the same way after re-instantiation."""
     from gensorage.opset import Op
-    from gensorage.superopt.reshape_structure import ReshapeFailed, same_broadcast
+    from gensorage.superopt.reshape_structure import same_broadcast
+    from gensorage.superopt.size_map import ReshapeFailed
 
     same_broadcast(Op.DIV, [(2, 3, 5), (2, 3, 1)], [(32, 64, 128), (32, 64, 1)], "here")  # broadcast kept
     same_broadcast(Op.MATMUL, [(1, 3, 5), (1, 5, 7)], [(1, 64, 128), (1, 128, 64)], "here")

@@ -16,8 +16,9 @@ from gensorage.superopt import choice
 from gensorage.superopt.choice import Option, Progress, cost_fn, rank, try_compile
 from gensorage.superopt.gpu import gpu_name, gpu_unavailable_reason, measure_ugraph
 from gensorage.superopt.presets import DEFAULT_TOP_K, Preset
-from gensorage.superopt.reshape_structure import ReshapeFailed, reinstantiate, structure_signature
+from gensorage.superopt.reshape_structure import reinstantiate, structure_signature
 from gensorage.superopt.result import SuperoptInterrupted, SuperoptResult, Verification
+from gensorage.superopt.size_map import ReshapeFailed
 from gensorage.superopt.sources import ProgramSource, search_program
 from gensorage.superopt.structure_store import StructureRecord, StructureStore
 from gensorage.ugraph import KernelGraph, from_program
