@@ -24,18 +24,31 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of ``dtype``.
+def dtype_bytes(dtype: object) -> int:
+    """Bytes per element of ``dtype``: one of :data:`DTYPE_BYTES`, else any TVM dtype of whole bytes (a
+    computation a user brings may use others, e.g. ``uint32`` or ``float16x4``).
 
     Raises
     ------
     UnsupportedOpError
-        ``dtype`` is not one of :data:`DTYPE_BYTES`.
+        ``dtype`` is neither, or not a whole number of bytes.
     """
+    name = str(dtype)
+    known = DTYPE_BYTES.get(name)
+    if known is not None:
+        return known
+    import tvm  # only for the rare dtype outside the table
+
     try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise UnsupportedOpError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPE_BYTES)})") from None
+        dt = tvm.runtime.DataType(name)
+        bits = int(dt.bits) * int(dt.lanes)
+    except ValueError:
+        bits = 0
+    if bits <= 0 or bits % 8:
+        raise UnsupportedOpError(
+            f"unknown dtype {name!r} (known: {', '.join(DTYPE_BYTES)}, or a TVM dtype of whole bytes)"
+        )
+    return bits // 8
 
 
 def numpy_dtype(dtype: str) -> Any:

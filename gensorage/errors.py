@@ -64,3 +64,11 @@ class DeviceError(GensorageError):
     """A GPU operation was requested where no usable GPU exists."""
 
     exit_code = 10
+
+
+def first_line(exc: BaseException) -> str:
+    """The line of an exception's message worth showing in a one-line error: TVM puts it last, on a line that
+    names the error, after a traceback and metadata (at most 300 characters)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    msg = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
+    return msg[:300] or type(exc).__name__

@@ -9,7 +9,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from gensorage.codegen.barriers import EXPLICIT_BARRIERS
+from gensorage.codegen.block_buffers import allocate
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
+from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
 from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val
 from gensorage.codegen.tir_text import (
@@ -27,7 +29,6 @@ from gensorage.codegen.tir_text import (
     unravel,
 )
 from gensorage.construction.block_threads import MatmulTiling, ThreadChoice
-from gensorage.dtypes import dtype_bytes
 from gensorage.errors import UnsupportedOpError
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
 from gensorage.ugraph.ir import (
@@ -44,12 +45,6 @@ from gensorage.ugraph.ir import (
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo
 from gensorage.ugraph.validate import loop_phases
 
-# CUDA caps static __shared__ arrays at 48 KiB; beyond that the kernel uses dynamic shared memory.
-STATIC_SHARED_LIMIT = 48 * 1024
-# Byte alignment of each tile inside the dynamic shared-memory arena (the widest vector access, 128 bits).
-_ARENA_ALIGN = 16
-# CUDA grid limits per dim (x, y, z).
-MAX_GRID = (2**31 - 1, 65535, 65535)
 _GRID_VARS = ("bx", "by", "bz")
 _VIEW_OPS = frozenset({Op.RESHAPE, Op.REPEAT})
 
@@ -240,9 +235,9 @@ class BlockEmitter:
         view = self.views.get(r.node)
         if view is not None:
             return self.read(view.src, view.index(idx))
-        return self.sc.load(self.buffers[r], index_text(idx), self._buf_dtype(r))
+        return self.sc.load(self.buffers[r], index_text(idx), self.buf_dtype(r))
 
-    def _buf_dtype(self, r: Ref) -> str:
+    def buf_dtype(self, r: Ref) -> str:
         # Accumulators keep the compute precision (a float16 running sum would lose the low bits every step).
         if isinstance(self.nodes[r.node], Accumulator):
             return self.sc.acc_dtype
@@ -266,7 +261,7 @@ class BlockEmitter:
         if (r in self.buffers) + len(sinks) > 1 and not all(is_atomic(e) for e in v.comps):
             v = self.temp(v)
         if r in self.buffers:
-            self.store(self.buffers[r], index_text(idx), v, self._buf_dtype(r))
+            self.store(self.buffers[r], index_text(idx), v, self.buf_dtype(r))
         for j in sinks:
             self.sink(j, idx, v, slot)
 
@@ -506,60 +501,6 @@ class BlockEmitter:
 
     # ------------------------------------------------------------------ whole kernel
 
-    def allocate(self) -> None:
-        total = 0
-        for j, outs in enumerate(self.binfo.nodes):
-            for o, t in enumerate(outs):
-                r = Ref(j, o)
-                if self.needs_buffer(r):
-                    self.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
-                    total += math.prod(self.sc.buf_shape(t.shape)) * dtype_bytes(self._buf_dtype(r))
-        self.dynamic_shared = self.gpu and total > STATIC_SHARED_LIMIT
-        if self.dynamic_shared:
-            self._allocate_arena()
-        else:
-            scope = "shared" if self.gpu else "global"
-            for r, name in self.buffers.items():
-                shape = self.sc.buf_shape(self.tile(r).shape)
-                self.w.line(
-                    f'{name} = T.alloc_buffer({shape_text(shape)}, "{self._buf_dtype(r)}", scope="{scope}")'
-                )
-        for j, m in self.reg_accs.items():
-            # Registers of each thread; on the CPU the threads are loop iterations, so each gets its own row.
-            shape = self.sc.buf_shape((self.slots(m),) if self.gpu else (self.nt, self.slots(m)))
-            self.w.line(
-                f'a{j} = T.alloc_buffer({shape_text(shape)}, "{self.sc.acc_dtype}", '
-                f'scope="{"local" if self.gpu else "global"}")'
-            )
-
-    def _allocate_arena(self) -> None:
-        """Dynamic shared memory as one arena with a typed view per tile, at offsets we choose.
-
-        TVM's ``MergeSharedMemoryAllocations`` (which the CUDA build runs to place dynamic shared buffers)
-        loses the offset of a buffer in some liveness patterns (a scalar tile written after a loop and read by
-        every thread: "buffer_byte_offsets" check), so the kernel places its tiles itself and hands TVM a
-        single allocation. Tiles never share bytes; each starts at a multiple of 16 bytes (vector loads), so
-        every offset is a whole number of elements of any tile type.
-        """
-        offset = 0
-        views: list[tuple[str, tuple[int, ...], str, int]] = []
-        for r, name in self.buffers.items():
-            dtype = self._buf_dtype(r)
-            shape = self.sc.buf_shape(self.tile(r).shape)
-            views.append((name, shape, dtype, offset // dtype_bytes(dtype)))
-            offset += -(-math.prod(shape) * dtype_bytes(dtype) // _ARENA_ALIGN) * _ARENA_ALIGN
-        # The arena has a tile's element type: TVM's StorageRewrite retypes an allocation whose every access has
-        # one type to that type *keeping its element count*, so a uint8 arena of float32 tiles would grow 4x.
-        arena = max((dtype for _, _, dtype, _ in views), key=dtype_bytes)
-        self.w.line(
-            f'smem = T.alloc_buffer(({offset // dtype_bytes(arena)},), "{arena}", scope="shared.dyn")'
-        )
-        for name, shape, dtype, elem_offset in views:
-            self.w.line(
-                f'{name} = T.decl_buffer({shape_text(shape)}, "{dtype}", data=smem.data, '
-                f'elem_offset={elem_offset}, scope="shared.dyn")'
-            )
-
     def params(self) -> list[KernelParam]:
         ps: list[KernelParam] = []
         for i, ref in enumerate(self.op.inputs):
@@ -583,7 +524,7 @@ class BlockEmitter:
         return ps
 
     def body(self) -> None:
-        self.allocate()
+        allocate(self)
         loop = self.block.forloop > 1
         nodes = list(enumerate(self.nodes))
         # A loop-invariant tile is loaded once before the loop, unless the load itself feeds an accumulator.
@@ -652,4 +593,4 @@ class BlockEmitter:
         return f"for {var} in {'T.parallel' if first else 'T.serial'}({n}):"
 
 
-__all__ = ["MAX_GRID", "STATIC_SHARED_LIMIT", "BlockEmitter"]
+__all__ = ["BlockEmitter"]

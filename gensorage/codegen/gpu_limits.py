@@ -21,8 +21,13 @@ if TYPE_CHECKING:
 
 # Widest single vector access the CUDA code generator may emit (16 bytes = float4).
 MAX_VECTOR_BYTES = 16
+# Static ``__shared__`` arrays are limited to 48 KiB per block by CUDA; past that a kernel uses dynamic shared
+# memory (TVM's "shared.dyn" scope, whose launch raises the per-kernel limit up to the opt-in maximum).
+STATIC_SHARED_LIMIT = 48 * 1024
 # CUDA's per-dimension block limits (x, y, z) on every architecture since Kepler.
 MAX_THREAD_DIMS = (1024, 1024, 64)
+# CUDA's grid limits per dimension (x, y, z): blocks a kernel launch may have along each.
+MAX_GRID = (2**31 - 1, 65535, 65535)
 
 
 @dataclass(frozen=True, slots=True)

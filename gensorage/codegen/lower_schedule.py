@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gensorage.errors import ProgramError, ScheduleError
+from gensorage.codegen.gpu_limits import MAX_VECTOR_BYTES, STATIC_SHARED_LIMIT
+from gensorage.dtypes import dtype_bytes
+from gensorage.errors import ProgramError, ScheduleError, first_line
 
 if TYPE_CHECKING:
     import tvm
@@ -46,11 +48,6 @@ if TYPE_CHECKING:
     from gensorage.markov.schedule import Schedule
     from gensorage.workloads.workload import Workload
 
-# Static ``__shared__`` arrays are limited to 48 KiB per block by CUDA; larger stages must use dynamic shared
-# memory (TVM's "shared.dyn" scope, whose launch raises the per-kernel limit up to the opt-in maximum).
-STATIC_SHARED_LIMIT_BYTES = 48 * 1024
-# Widest vector load/store CUDA offers (float4 / uint4).
-MAX_VECTOR_BYTES = 16
 _CPU_TARGETS = ("llvm", "cpu")
 
 
@@ -196,7 +193,7 @@ def compile_cpu(workload: Workload, schedule: Schedule) -> Any:
     try:
         return tvm.compile(mod, target="llvm")
     except Exception as exc:  # TVM raises its own error classes; one line is enough for the user
-        raise ScheduleError(f"llvm build of {workload.name} failed: {_first_line(exc)}") from exc
+        raise ScheduleError(f"llvm build of {workload.name} failed: {first_line(exc)}") from exc
 
 
 def check_inputs(workload: Workload, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -233,15 +230,8 @@ def _schedule(workload: Workload, schedule: Schedule, *, gpu: bool) -> Any:
         main = _inline_producers_and_find_main(sch)
         _apply_tiling(sch, main, tilings, gpu=gpu)
     except (RuntimeError, ValueError) as exc:  # TVM's ScheduleError / TVMError: the nest rejects a step
-        raise ScheduleError(f"cannot lower schedule for {workload.name}: {_first_line(exc)}") from exc
+        raise ScheduleError(f"cannot lower schedule for {workload.name}: {first_line(exc)}") from exc
     return sch
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    # TVM puts the useful message last, after a traceback.
-    msg = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
-    return msg[:300] or type(exc).__name__
 
 
 def _blocks(sch: Any) -> list[Any]:
@@ -275,7 +265,7 @@ def _inline_producers_and_find_main(sch: Any) -> Any:
             sch.compute_inline(b)
         except (RuntimeError, ValueError) as exc:
             raise ScheduleError(
-                f"producer block {name!r} cannot be inlined into {main_name!r}: {_first_line(exc)}"
+                f"producer block {name!r} cannot be inlined into {main_name!r}: {first_line(exc)}"
             ) from exc
     return sch.get_sblock(main_name)
 
@@ -401,7 +391,7 @@ def _apply_tiling(sch: Any, main: Any, tilings: Sequence[AxisTiling], *, gpu: bo
     caches = [c for c, _ in stages]
     windows = [_window(sch, c, depth) for c in caches]
     wrapped = _wrap_overallocated(sch, caches, windows, [False] * len(caches))
-    if gpu and _shared_bytes(sch, caches, windows) > STATIC_SHARED_LIMIT_BYTES:
+    if gpu and _shared_bytes(sch, caches, windows) > STATIC_SHARED_LIMIT:
         for c in caches:
             sch.set_scope(c, 0, "shared.dyn")
     vectorized = [
@@ -448,7 +438,7 @@ def _inline_consumers(sch: Any, write: Any) -> None:
                 sch.reverse_compute_inline(c)
             except Exception as exc:
                 raise ScheduleError(
-                    f"consumer block {name!r} cannot be inlined into the write-back: {_first_line(exc)}"
+                    f"consumer block {name!r} cannot be inlined into the write-back: {first_line(exc)}"
                 ) from exc
 
 
@@ -554,15 +544,8 @@ def _shared_bytes(sch: Any, caches: Sequence[Any], windows: Sequence[list[int]])
     total = 0
     for c, window in zip(caches, windows, strict=True):
         elems = int(np.prod(window, dtype=np.int64))
-        total += elems * _dtype_bytes(sch.get(c).writes[0].source.dtype)
+        total += elems * dtype_bytes(sch.get(c).writes[0].source.dtype)
     return total
-
-
-def _dtype_bytes(dtype: Any) -> int:
-    import tvm
-
-    dt = tvm.runtime.DataType(str(dtype))
-    return max(1, int(dt.bits) * int(dt.lanes) // 8)
 
 
 def _cooperative_fetch(
@@ -599,7 +582,7 @@ def _vector_width(sch: Any, cache: Any, loops: Sequence[Any], nthreads: int) -> 
         return 1  # imperfect tile or clamped region: lanes could fall out of bounds
     block = realize.block
     src = block.reads[0].source
-    elem = _dtype_bytes(src.dtype)
+    elem = dtype_bytes(src.dtype)
     last = _extent(sch, loops[-1])
     total = int(np.prod([_extent(sch, lp) for lp in loops], dtype=np.int64))
     row = int(src.shape[-1]) if isinstance(src.shape[-1], tirx.IntImm) else 1

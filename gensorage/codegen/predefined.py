@@ -22,6 +22,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import KernelParam, KernelText, Target
 from gensorage.codegen.scalar import FIELD_PARAMS, FieldScalar, Scalar
 from gensorage.codegen.tir_text import (
@@ -40,8 +41,8 @@ from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo
 
-# Every thread of an elementwise kernel handles one element; CUDA allows 2^31 - 1 blocks along x.
-_MAX_BLOCKS_X = 2**31 - 1
+# Every thread of an elementwise kernel handles one element; blocks go along x.
+_MAX_BLOCKS_X = MAX_GRID[0]
 
 
 @dataclass(frozen=True, slots=True)

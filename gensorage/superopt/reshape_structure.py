@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gensorage import opset
+from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.construction.kernel_sizes import (
     CostFn,
     SizeLattice,
@@ -64,9 +65,6 @@ from gensorage.ugraph.validate import validate
 if TYPE_CHECKING:
     from gensorage.hw.profile import HwProfile
     from gensorage.program import Program
-
-#: CUDA grid limits (x, y, z).
-GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
 
 # =========================================================================================== block graphs
@@ -212,7 +210,7 @@ def grid_choices(ctx: _KernelContext) -> SizeLattice:
             values.append((old_g,))
             start.append(old_g)
             continue
-        vals = divisors(math.gcd(*(n for _, n in split)), limit=GRID_LIMITS[g])
+        vals = divisors(math.gcd(*(n for _, n in split)), limit=MAX_GRID[g])
         values.append(vals)
         start.append(nearest(vals, old_g * split[0][1] / split[0][0]))
     if old.forloop == 1:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gensorage.errors import UnsupportedOpError
+from gensorage.errors import UnsupportedOpError, first_line
 from gensorage.workloads.data import SUPPORTED_DTYPES
 from gensorage.workloads.tir_reference import (
     IF_THEN_ELSE,
@@ -34,13 +34,6 @@ from gensorage.workloads.tir_reference import (
     is_float,
 )
 from gensorage.workloads.workload import Access, Axis, Workload
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    # TVM puts the useful message on a line naming the error, after a traceback and metadata.
-    msg = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "")
-    return msg[:300] or type(exc).__name__
 
 
 def _tvm() -> Any:
@@ -88,7 +81,7 @@ def from_te(inputs: Sequence[Any], output: Any, name: str | None = None) -> Work
         func = te.create_prim_func([*given, output])
     except Exception as exc:  # TVM reports a missing placeholder etc. as its own error types
         raise UnsupportedOpError(
-            f"cannot make a PrimFunc from the TE computation: {_first_line(exc)}"
+            f"cannot make a PrimFunc from the TE computation: {first_line(exc)}"
         ) from exc
     return from_prim_func(func, name=name or str(output.op.name))
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.exhaustive.opcatalog import OpVariant
 from gensorage.exhaustive.rules.needed_ops import UNCREATABLE
-from gensorage.exhaustive.rules.rule import PRUNE, Bound, Prune, Site
+from gensorage.exhaustive.rules.rule import PRUNE, Bound, LastSite, Prune, Site
 from gensorage.opset import Op
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ class OccurrenceBudget:
         counts, outside marks too, with the site's tensors as the leaves of their trees; the bound gets the mark
         operators that takes at least. A pending scale result that is not a whole program output by its counts
         ends under a mark (only a non-linear unary operator may read it)."""
-        if not site.last:
+        if not isinstance(site, LastSite):
             return None
         under = [t for t in site.scaled() if self.count(t) not in self.output_counts]
         got = self.completable(site.pending(), site.terms(), under)

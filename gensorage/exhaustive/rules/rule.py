@@ -19,6 +19,7 @@ input is a concatenation): the walk builds no site elsewhere.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -64,7 +65,7 @@ class Bound:
 NO_BOUND = Bound()
 
 
-class Site:
+class Site(ABC):
     """A node as the node rules see it: the tensors its completions may read, and the room they have.
 
     ``last``: the graph-defined operator is the last kernel operator the limits allow (so its outputs are the
@@ -81,21 +82,28 @@ class Site:
     reduction_room: int
     factor: bool
 
+    @abstractmethod
     def terms(self) -> Sequence[Term]:
         """The expressions of the tensors available to the completions."""
-        raise NotImplementedError
 
+    @abstractmethod
     def ties(self) -> Sequence[Ties | None]:
         """The index ties of the same tensors (None: unknown)."""
-        raise NotImplementedError
 
+
+class LastSite(Site):
+    """A site of the last kernel operator (``last`` is True): its outputs are the program's, so what is still
+    pending must end up in them."""
+
+    __slots__ = ()
+
+    @abstractmethod
     def pending(self) -> Sequence[Term]:
-        """With ``last``: the expressions of everything not consumed yet (each must occur in the outputs)."""
-        raise NotImplementedError
+        """The expressions of everything not consumed yet (each must occur in the outputs)."""
 
+    @abstractmethod
     def scaled(self) -> Sequence[Term]:
-        """With ``last``: the pending tensors that are results of a ``scale`` (read only by a mark, or saved)."""
-        raise NotImplementedError
+        """The pending tensors that are results of a ``scale`` (read only by a mark, or saved)."""
 
 
 class NodeRule(Protocol):
@@ -128,6 +136,7 @@ __all__ = [
     "TIGHT_KNOWN",
     "UNLIMITED",
     "Bound",
+    "LastSite",
     "NodeRule",
     "Prune",
     "Site",

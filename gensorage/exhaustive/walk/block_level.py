@@ -45,7 +45,7 @@ from gensorage.exhaustive.expr.ties import Ties
 from gensorage.exhaustive.rules.constants import carries_factor
 from gensorage.exhaustive.rules.needed_ops import MARK_OPS
 from gensorage.exhaustive.rules.occurrences import pending_terms
-from gensorage.exhaustive.rules.rule import NO_BOUND, UNLIMITED, Prune, Site, apply
+from gensorage.exhaustive.rules.rule import NO_BOUND, UNLIMITED, LastSite, Prune, Site, apply
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.walk.accumulators import accumulators
 from gensorage.exhaustive.walk.finishing import finish
@@ -138,7 +138,7 @@ def block_ties(s: Walk, b: BlockBuild) -> list[Ties | None]:
     return [s.state.ties[b.inputs[i]] if b.ties[i] is None else b.ties[i] for i in range(m)] + b.ties[m:]
 
 
-class _LastSite(Site):
+class _LastSite(LastSite):
     """The last kernel operator's block graph in progress: its outputs are the program's, from its own tensors."""
 
     __slots__ = ("_b", "_s", "_terms")

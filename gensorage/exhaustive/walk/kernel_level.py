@@ -28,7 +28,7 @@ from gensorage.exhaustive.expr.ties import Ties
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, NONLINEAR_UNARY, SELF_USELESS, OpVariant, out_shape
 from gensorage.exhaustive.rules.constants import BARRIERS, carries_factor, const_of
 from gensorage.exhaustive.rules.occurrences import read_again
-from gensorage.exhaustive.rules.rule import UNLIMITED, NodeRule, Prune, Site, apply
+from gensorage.exhaustive.rules.rule import UNLIMITED, LastSite, NodeRule, Prune, apply
 from gensorage.exhaustive.walk.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.walk.search_state import numel
 from gensorage.opset import Op
@@ -209,7 +209,7 @@ def _cannot_finish(s: Walk, rules: Sequence[NodeRule], inputs: tuple[int, ...]) 
     return isinstance(apply(rules, _HeaderSite(s, inputs)), Prune)
 
 
-class _HeaderSite(Site):
+class _HeaderSite(LastSite):
     """The last kernel operator before its block graph opens: its inputs are every tensor not consumed yet (see
     :func:`must_consume`), and all its block graph may read."""
 
