@@ -1,0 +1,631 @@
+"""The device half of the GPU suite: run a bundle of prepared cubins on a CUDA GPU, check and time them.
+
+``benchmarks/gpu_suite.py --prepare DIR`` (on a machine with TVM) writes the bundle (``benchmarks/gpu_bundle.py``:
+``DIR/manifest.json`` and the cubins); this module, on the GPU machine, where TVM is absent, measures every
+case and writes one JSON:
+
+- correctness first: two fresh random draws, outputs and intermediates poisoned with NaN, ‖out − ref‖/‖ref‖
+  against a float64 reference computed on the device; a case over 2e-2 (or NaN) is not timed;
+- time: CUDA events around CUDA-graph replays (plain launches when capture fails, and the JSON says so), after
+  a warm-up, cycling over enough copies of the inputs that L2 does not serve repeats; median, p10, p90 of
+  ``SAMPLES`` samples, each lasting at least ``MIN_SAMPLE_S``;
+- baselines checked and timed the same way: cuBLAS (``torch.matmul``) and ``torch.compile`` for GEMMs; torch
+  eager (:func:`gensorage.baselines.torch_eager.torch_program`), ``torch.compile`` of it and, for attention
+  programs, ``scaled_dot_product_attention``.
+
+It imports no TVM and nothing of gensorage that does; torch and cupy are imported by :func:`run_bundle` and
+passed to the helpers, so the inputs, reference, error, rotation and reporting helpers run (and are tested)
+with a CPU-only torch. Call :func:`run_bundle`, or run ``python benchmarks/gpu_runner.py --bundle DIR --out FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import git_commit, machine_info, progress, write_json  # noqa: E402
+from benchmarks.gpu_bundle import (  # noqa: E402
+    Case,
+    KernelSpec,
+    ManifestError,
+    allocate,
+    draw_inputs,
+    footprint,
+    gemm_operands,
+    load_case_program,
+    one_line,
+    parse_case,
+    passes,
+    poison,
+    program_args,
+    read_manifest,
+    reference,
+    rel_err,
+)
+from gensorage.baselines.torch_eager import TorchArith, torch_program  # noqa: E402
+from gensorage.program import Program  # noqa: E402
+
+CHECK_DRAWS = 2
+SAMPLES = 20
+MIN_SAMPLE_S = 1e-3
+WARMUP_REPLAYS = 3
+ROTATE_L2_FACTOR = 3  # inputs under this many L2 sizes are copied until the copies together reach it
+MAX_COPIES = 256
+STATIC_SMEM_LIMIT = 48 * 1024  # past this a kernel needs its dynamic shared-memory limit raised
+COMPILE_RESERVE_S = 30.0  # torch.compile is tried only with this much time left (its compile is unbounded)
+TIMING_RESERVE_S = 2.0
+CASE_RESERVE_S = 5.0
+ATTENTION_MARKERS = ("prefill", "incdec", "specdec")
+BASELINE_LABELS = {
+    "torch_matmul": "cuBLAS",
+    "torch_eager": "eager",
+    "torch_compile": "compile",
+    "sdpa": "sdpa",
+}
+INPUTS_NOTE = (
+    "standard normal drawn on the device (seeded torch.randn, Program.random_inputs' law); GEMM B / sqrt(K)"
+)
+
+Builder = Callable[[int], Callable[[], list[Any]]]  # copy index -> one run of the case on that copy's tensors
+
+
+# -------------------------------------------------------------------------- tensors, inputs and references
+
+
+def rotation_count(input_bytes: int, footprint_bytes: int, l2_bytes: int, memory_bytes: int) -> int:
+    """Copies to cycle through so that no copy's inputs are still in L2 when it comes round again."""
+    if input_bytes >= ROTATE_L2_FACTOR * l2_bytes:
+        return 1
+    want = math.ceil(ROTATE_L2_FACTOR * l2_bytes / max(input_bytes, 1))
+    fits = memory_bytes // max(footprint_bytes, 1)
+    return max(1, min(want, MAX_COPIES, fits))
+
+
+# ------------------------------------------------------------------------------------ what runs on the GPU
+
+
+class Launch:
+    """One kernel launch on fixed pointers, onto torch's current stream (the capture stream while capturing)."""
+
+    def __init__(self, env: Env, func: Any, spec: KernelSpec, pointers: list[int]) -> None:
+        self.env, self.func, self.spec = env, func, spec
+        self.args = tuple(env.np.uint64(p) for p in pointers)  # 8-byte values: the kernels' pointer params
+
+    def __call__(self) -> None:
+        stream = self.env.cupy.cuda.ExternalStream(self.env.torch.cuda.current_stream().cuda_stream)
+        self.func(self.spec.grid, self.spec.block, self.args, shared_mem=self.spec.smem, stream=stream)
+
+
+def load_kernels(env: Env, case: Case) -> list[Any]:
+    """The case's functions (modules loaded once per cubin), with their shared-memory limit raised as needed."""
+    funcs = []
+    for spec in case.kernels:
+        path = str(env.bundle_dir / spec.cubin)
+        if path not in env.modules:
+            env.modules[path] = env.cupy.RawModule(path=path)
+        funcs.append(env.modules[path].get_function(spec.entry))
+    for func, spec in zip(funcs, case.kernels, strict=True):
+        if spec.smem > STATIC_SMEM_LIMIT and func.max_dynamic_shared_size_bytes < spec.smem:
+            func.max_dynamic_shared_size_bytes = spec.smem
+    return funcs
+
+
+def ours(env: Env, case: Case, funcs: list[Any], tensors: Mapping[str, Any]) -> Callable[[], list[Any]]:
+    launches = [
+        Launch(env, f, spec, [tensors[n].data_ptr() for n in spec.args])
+        for f, spec in zip(funcs, case.kernels, strict=True)
+    ]
+    outputs = [tensors[n] for n in case.outputs_order]
+
+    def run() -> list[Any]:
+        for launch in launches:
+            launch()
+        return outputs
+
+    return run
+
+
+def capture(torch: Any, fns: list[Callable[[], Any]]) -> Any:
+    """A CUDA graph of ``fns`` run in order, after one warm-up pass on a side stream (as torch asks)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in fns:
+            f()
+    torch.cuda.synchronize()
+    return graph
+
+
+def event_time(torch: Any, step: Callable[[], Any], reps: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        step()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / 1e3
+
+
+def time_replays(torch: Any, fns: list[Callable[[], Any]]) -> dict[str, Any]:
+    """Seconds per run of one of ``fns`` (one per input copy): graph replays of all, events around them."""
+    rec: dict[str, Any] = {"timing": "graph", "copies": len(fns)}
+    try:
+        graph = capture(torch, fns)
+        step: Callable[[], Any] = graph.replay
+    except Exception as exc:  # capture refused (an uncapturable call): time plain launches instead
+        torch.cuda.synchronize()
+        rec.update(timing="events", capture_error=one_line(exc))
+
+        def step() -> None:
+            for f in fns:
+                f()
+
+    for _ in range(WARMUP_REPLAYS):
+        step()
+    one = min(event_time(torch, step, 1) for _ in range(3))
+    reps = max(1, math.ceil(MIN_SAMPLE_S / max(one, 1e-9)))
+    samples = sorted(event_time(torch, step, reps) / (reps * len(fns)) for _ in range(SAMPLES))
+    deciles = statistics.quantiles(samples, n=10)
+    rec.update(median_s=statistics.median(samples), p10_s=deciles[0], p90_s=deciles[-1], reps=reps)
+    rec["samples"] = len(samples)
+    return rec
+
+
+# ------------------------------------------------------------------------------- methods: ours and baselines
+
+
+@dataclass
+class Env:
+    """What every case shares: the modules, the device, the shared caches and the flags."""
+
+    torch: Any
+    cupy: Any
+    np: Any
+    bundle_dir: Path
+    device: str = "cuda"
+    l2_bytes: int = 50 * 2**20
+    memory_bytes: int = 8 * 2**30
+    use_compile: bool = True
+    modules: dict[str, Any] = field(default_factory=dict)
+
+    def sync(self) -> None:
+        if self.device.startswith("cuda"):
+            self.torch.cuda.synchronize()
+
+
+def gemm_baselines(env: Env, case: Case, sets: list[dict[str, Any]], use_compile: bool) -> dict[str, Builder]:
+    torch = env.torch
+
+    def matmul(a: Any, b: Any) -> Any:
+        return torch.matmul(a, b)
+
+    def builder(fn: Callable[[Any, Any], Any]) -> Builder:
+        def build(i: int) -> Callable[[], list[Any]]:
+            a, b = gemm_operands(case, *(sets[i][n] for n in case.inputs_order))
+            return lambda: [fn(a, b)]
+
+        return build
+
+    methods = {"torch_matmul": builder(matmul)}
+    if use_compile:
+        methods["torch_compile"] = builder(torch.compile(matmul, dynamic=False))
+    return methods
+
+
+def sdpa_operands(program: Program) -> str | None:
+    """Why the program's Q, K, V do not map onto SDPA (None when they do: Q [H,s,d], K [Hk,d,n], V [Hk,n,d])."""
+    shapes = {t.name: t.shape for t in program.inputs}
+    if sorted(shapes) != ["K", "Q", "V"] or any(len(s) != 3 for s in shapes.values()):
+        return f"inputs {sorted(shapes)} are not Q, K, V of rank 3"
+    (h, s, d), (hk, dk, n), (hv, nv, dv) = shapes["Q"], shapes["K"], shapes["V"]
+    if not (dk == dv == d and nv == n and hv == hk and h % hk == 0):
+        return f"shapes Q {shapes['Q']}, K {shapes['K']}, V {shapes['V']} are not Q [H,s,d], K [Hk,d,n], V [Hk,n,d]"
+    if len(program.outputs) != 1 or program.outputs[0].shape != (h, s, d):
+        return "the output is not one [H, s, d] tensor"
+    return None
+
+
+def sdpa_builder(env: Env, sets: list[dict[str, Any]]) -> Builder:
+    """SDPA on the program's inputs as one batch of H heads; K [Hk,d,n] is transposed before the timed region."""
+    torch = env.torch
+
+    def build(i: int) -> Callable[[], list[Any]]:
+        q, k, v = (sets[i][n] for n in ("Q", "K", "V"))
+        k = k.transpose(1, 2).contiguous()
+        gqa = q.shape[0] != k.shape[0]  # enable_gqa maps head j to kv head j // (H / Hk): repeat_interleave
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        return lambda: [sdpa(q[None], k[None], v[None], enable_gqa=gqa)[0]]
+
+    return build
+
+
+def program_baselines(
+    env: Env,
+    case: Case,
+    program: Program,
+    sets: list[dict[str, Any]],
+    use_compile: bool,
+    notes: dict[str, Any],
+) -> dict[str, Builder]:
+    torch = env.torch
+
+    def ordered(i: int) -> list[Any]:
+        args = program_args(program, case, [sets[i][n] for n in case.inputs_order])
+        return [args[t.name] for t in program.inputs] if isinstance(args, dict) else args
+
+    def eager(i: int) -> Callable[[], list[Any]]:
+        return torch_program(program, torch, ordered(i))
+
+    methods: dict[str, Builder] = {"torch_eager": eager}
+    if use_compile:
+        compiled = torch.compile(lambda *xs: program.evaluate(TorchArith(torch), list(xs)), dynamic=False)
+
+        def compiled_run(i: int) -> Callable[[], list[Any]]:
+            xs = ordered(i)
+            return lambda: compiled(*xs)
+
+        methods["torch_compile"] = compiled_run
+    if any(m in case.name or m in program.name for m in ATTENTION_MARKERS):
+        why = sdpa_operands(program) if sorted(case.inputs_order) == ["K", "Q", "V"] else "inputs not Q, K, V"
+        if why is None:
+            methods["sdpa"] = sdpa_builder(env, sets)
+            notes["sdpa"] = (
+                "K given as [Hk, n, d] (transposed outside the timed region); enable_gqa if Hk < H"
+            )
+        else:
+            notes["sdpa_skipped"] = why
+    return methods
+
+
+def check_methods(
+    env: Env, case: Case, program: Program | None, tensors: dict[str, Any], methods: dict[str, Builder]
+) -> dict[str, dict[str, Any]]:
+    """Each method run on ``CHECK_DRAWS`` fresh draws into copy 0 and compared with float64 (before timing)."""
+    torch = env.torch
+    recs: dict[str, dict[str, Any]] = {name: {"rel_err": []} for name in methods}
+    for draw in range(CHECK_DRAWS):
+        draw_inputs(torch, case, tensors, seed=draw)
+        refs = reference(torch, case, program, [tensors[n] for n in case.inputs_order])
+        for name, build in methods.items():
+            rec = recs[name]
+            if "error" in rec:
+                continue
+            try:
+                poison(case, tensors)
+                t0 = time.perf_counter()
+                outs = build(0)()
+                env.sync()
+                rec.setdefault("first_call_s", time.perf_counter() - t0)  # torch.compile's compile time
+                rec["rel_err"].append(rel_err(torch, outs, refs))
+                rec["nan_elements"] = sum(int(torch.isnan(o).sum()) for o in outs if o.is_floating_point())
+            except Exception as exc:
+                rec["error"] = one_line(exc)
+    for rec in recs.values():
+        rec["ok"] = "error" not in rec and all(passes(e) for e in rec["rel_err"])
+    return recs
+
+
+# ----------------------------------------------------------------------------------------------- one case
+
+
+@dataclass
+class Deadline:
+    end: float
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def case_header(case: Case) -> dict[str, Any]:
+    raw = case.raw
+    keys = ("name", "kind", "dtype", "gemm", "program", "predicted_s", "flops", "min_bytes", "meta")
+    return {k: raw.get(k) for k in keys}
+
+
+def case_methods(
+    env: Env, case: Case, program: Program | None, sets: list[dict[str, Any]], rec: dict[str, Any]
+) -> dict[str, Builder]:
+    """Ours first, then the baselines; torch.compile only while its unbounded compile time still fits."""
+    funcs = load_kernels(env, case)
+    methods: dict[str, Builder] = {"ours": lambda i: ours(env, case, funcs, sets[i])}
+    use_compile = env.use_compile and rec["deadline_left_s"] > COMPILE_RESERVE_S
+    if env.use_compile and not use_compile:
+        rec["torch_compile_skipped"] = "deadline"
+    if program is None:
+        methods.update(gemm_baselines(env, case, sets, use_compile))
+    else:
+        methods.update(program_baselines(env, case, program, sets, use_compile, rec))
+    return methods
+
+
+def run_case(env: Env, case: Case, deadline: Deadline) -> dict[str, Any]:
+    """Check then time our kernels and the baselines of one case; the record says what happened to each."""
+    torch = env.torch
+    rec = case_header(case) | {"status": "ok", "inputs": INPUTS_NOTE, "deadline_left_s": deadline.left()}
+    torch._dynamo.reset()  # each case compiles afresh, under dynamo's recompile limit
+    program = load_case_program(case)
+    copies = rotation_count(case.input_bytes(), footprint(case), env.l2_bytes, env.memory_bytes)
+    sets = [allocate(torch, case, env.device) for _ in range(copies)]
+    for i, tensors in enumerate(sets):
+        draw_inputs(torch, case, tensors, seed=100 + i)
+    methods = case_methods(env, case, program, sets, rec)
+    rec["methods"] = check_methods(env, case, program, sets[0], methods)
+    if not rec["methods"]["ours"]["ok"]:
+        rec["status"] = "failed"
+        return rec
+    for name, build in methods.items():
+        m = rec["methods"][name]
+        if not m["ok"]:
+            continue
+        if deadline.left() < TIMING_RESERVE_S:
+            m["skipped"] = "deadline"
+            continue
+        try:
+            m.update(time_replays(torch, [build(i) for i in range(copies)]))
+        except Exception as exc:
+            m["error"] = one_line(exc)
+    add_rates(rec)
+    return rec
+
+
+def add_rates(rec: dict[str, Any]) -> None:
+    """Speedups (baseline time / our time), achieved rates and predicted / measured."""
+    ours_s = rec["methods"]["ours"].get("median_s")
+    if not ours_s:
+        return
+    rec["speedup"] = {
+        name: m["median_s"] / ours_s
+        for name, m in rec["methods"].items()
+        if name != "ours" and "median_s" in m
+    }
+    rec["ours_tflops"] = (rec.get("flops") or 0) / ours_s / 1e12
+    rec["ours_gbps"] = (rec.get("min_bytes") or 0) / ours_s / 1e9
+    if rec.get("predicted_s"):
+        rec["predicted_over_measured"] = rec["predicted_s"] / ours_s
+
+
+# ---------------------------------------------------------------------------- the device, once per bundle
+
+
+SELF_CHECK_SRC = r"""
+extern "C" __global__ void gensorage_self_check(const float* x, float* y) {
+  extern __shared__ float buf[];  // launched with 64 KiB: needs the raised dynamic shared-memory limit
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  buf[threadIdx.x] = x[i]; __syncthreads(); y[i] = 2.0f * buf[threadIdx.x] + 1.0f;
+}
+"""
+
+
+def self_check(env: Env) -> dict[str, Any]:
+    """The launch path end to end on a kernel NVRTC compiles here: direct launch, graph replay, event timing."""
+    torch = env.torch
+    rec: dict[str, Any] = {"ok": False}
+    try:
+        func = env.cupy.RawKernel(SELF_CHECK_SRC, "gensorage_self_check")
+        func.max_dynamic_shared_size_bytes = 64 * 1024
+        x, y = torch.empty(256 * 256, device=env.device), torch.empty(256 * 256, device=env.device)
+        spec = KernelSpec("", "gensorage_self_check", (256, 1, 1), (256, 1, 1), 64 * 1024, ("x", "y"))
+        launch = Launch(env, func, spec, [x.data_ptr(), y.data_ptr()])
+        rec["direct"] = _self_check_run(torch, x, y, launch)
+        graph = capture(torch, [launch])
+        rec["graph"] = _self_check_run(torch, x, y, graph.replay)
+        rec.update(time_replays(torch, [launch]))
+        rec["ok"] = rec["direct"] and rec["graph"] and rec["timing"] == "graph"
+    except Exception as exc:
+        rec["error"] = one_line(exc)
+    return rec
+
+
+def _self_check_run(torch: Any, x: Any, y: Any, step: Callable[[], Any]) -> bool:
+    x.normal_()
+    y.fill_(float("nan"))
+    step()
+    torch.cuda.synchronize()
+    return bool(torch.equal(y, 2.0 * x + 1.0))
+
+
+def device_facts(torch: Any, cupy: Any) -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "sm_count": props.multi_processor_count,
+        "l2_bytes": getattr(props, "L2_cache_size", None),
+        "memory_bytes": props.total_memory,
+        "capability": f"{props.major}.{props.minor}",
+        "driver": nvidia_driver(),
+        "driver_cuda": cupy.cuda.runtime.driverGetVersion(),
+        "cuda_runtime": torch.version.cuda,
+        "torch": torch.__version__,
+        "cupy": cupy.__version__,
+    }
+
+
+def nvidia_driver() -> str | None:
+    try:
+        proc = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() or None
+
+
+def ceilings(torch: Any) -> dict[str, Any]:
+    """A 1 GiB device-to-device copy (bytes read + written) and an 8192^3 fp16 matmul, on random data."""
+
+    def copy_time() -> dict[str, Any]:
+        src = torch.randn(2**29, device="cuda", dtype=torch.float16)
+        dst = torch.empty_like(src)
+        return time_replays(torch, [lambda: dst.copy_(src)])
+
+    def matmul_time() -> dict[str, Any]:
+        a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.float16) for _ in range(2))
+        return time_replays(torch, [lambda: torch.matmul(a, b)])
+
+    copy, mm = copy_time(), matmul_time()
+    torch.cuda.empty_cache()
+    return {
+        "copy_gbps": 2 * 2**30 / copy["median_s"] / 1e9,
+        "copy": copy,
+        "matmul_fp16_tflops": 2 * 8192**3 / mm["median_s"] / 1e12,
+        "matmul": mm,
+    }
+
+
+# ----------------------------------------------------------------------------------------- the whole run
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    """A short fixed-width table: per case our time, error, and speedup over each baseline; geomeans last."""
+    labels = list(BASELINE_LABELS)
+    head = f"{'case':<44} {'status':<8} {'ours_us':>9} {'rel_err':>8} " + " ".join(
+        f"{BASELINE_LABELS[b]:>8}" for b in labels
+    )
+    lines = [head]
+    ratios: dict[str, list[float]] = {b: [] for b in labels}
+    for c in result.get("cases", []):
+        m = (c.get("methods") or {}).get("ours", {})
+        errs = m.get("rel_err") or []
+        us = f"{m['median_s'] * 1e6:9.1f}" if "median_s" in m else f"{'-':>9}"
+        worst = math.nan if any(math.isnan(e) for e in errs) else max(errs, default=0.0)
+        err = f"{worst:8.1e}" if errs else f"{'-':>8}"
+        cols = []
+        for b in labels:
+            x = (c.get("speedup") or {}).get(b)
+            cols.append(f"{x:7.2f}x" if x else f"{'-':>8}")
+            if x:
+                ratios[b].append(x)
+        lines.append(f"{c['name'][:44]:<44} {c.get('status', '?'):<8} {us} {err} " + " ".join(cols))
+    geo = [
+        f"{BASELINE_LABELS[b]} {math.exp(statistics.fmean(map(math.log, r))):.2f}x"
+        for b, r in ratios.items()
+        if r
+    ]
+    lines.append("geomean speedup (baseline / ours): " + (", ".join(geo) or "none"))
+    if result.get("not_run"):
+        lines.append(f"not run (deadline): {len(result['not_run'])} cases: {', '.join(result['not_run'])}")
+    return "\n".join(lines)
+
+
+def device_line(result: dict[str, Any]) -> str:
+    """The GPU, its measured ceilings and the self-check, in one line above the table."""
+    dev, ceil, check = result.get("device", {}), result.get("ceilings", {}), result.get("self_check", {})
+    rates = f"copy {ceil.get('copy_gbps', 0):.0f} GB/s, fp16 matmul {ceil.get('matmul_fp16_tflops', 0):.0f} TFLOP/s"
+    rates = f"ceilings failed: {ceil['error']}" if "error" in ceil else rates
+    checked = "not run" if not check else ("ok" if check.get("ok") else f"FAILED {check}")
+    return f"{dev.get('gpu')} ({dev.get('sm_count')} SMs, driver {dev.get('driver')}): {rates}; self-check {checked}"
+
+
+def start_env(bundle_dir: Path, use_compile: bool) -> Env:
+    import cupy
+    import numpy
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    free, _total = torch.cuda.mem_get_info()
+    l2 = getattr(props, "L2_cache_size", 0) or 50 * 2**20
+    return Env(torch, cupy, numpy, Path(bundle_dir), "cuda", l2, free // 2, use_compile)
+
+
+def run_bundle(
+    bundle_dir: Path | None,
+    out: Path,
+    deadline_s: float = 420.0,
+    self_check_first: bool = True,
+    use_compile: bool = True,
+    only: list[str] | None = None,
+) -> dict[str, Any]:
+    """Measure every case of ``bundle_dir`` (None: only the self-check and the device facts) into ``out``.
+
+    The JSON is rewritten after every case, so a run cut short still leaves what it measured; cases past
+    ``deadline_s`` (from the call) are listed under ``not_run``.
+    """
+    deadline = Deadline(time.monotonic() + deadline_s)
+    manifest = read_manifest(bundle_dir) if bundle_dir is not None else {"prepared": {}, "cases": []}
+    env = start_env(bundle_dir or Path("."), use_compile)
+    result: dict[str, Any] = {"benchmark": "gpu_suite", "machine": machine_info(), "deadline_s": deadline_s}
+    result["commit"] = {"prepared": manifest["prepared"].get("commit"), "runner": git_commit()}
+    result |= {"prepared": manifest["prepared"], "device": device_facts(env.torch, env.cupy)}
+    if self_check_first:
+        result["self_check"] = self_check(env)
+        progress(f"self-check: {result['self_check']}")
+    try:
+        result["ceilings"] = ceilings(env.torch)
+    except Exception as exc:
+        result["ceilings"] = {"error": one_line(exc)}
+    result |= {"cases": [], "not_run": []}
+    for raw in manifest["cases"]:
+        name = raw.get("name", "?") if isinstance(raw, dict) else "?"
+        if only and not any(o in name for o in only):
+            continue
+        if deadline.left() <= CASE_RESERVE_S:
+            result["not_run"].append(name)
+            continue
+        result["cases"].append(guarded_case(env, raw, deadline))
+        result["elapsed_s"] = deadline_s - deadline.left()
+        write_json(Path(out), result)
+    write_json(Path(out), result)
+    print(device_line(result))
+    print(summary_table(result))
+    return result
+
+
+def guarded_case(env: Env, raw: Any, deadline: Deadline) -> dict[str, Any]:
+    """:func:`run_case` with any error recorded as one line; GPU memory is released after the case."""
+    name = raw.get("name", "?") if isinstance(raw, dict) else "?"
+    t0 = time.monotonic()
+    try:
+        rec = run_case(env, parse_case(raw, env.bundle_dir), deadline)
+    except Exception as exc:
+        rec = {"name": name, "status": "error", "error": one_line(exc)}
+    rec["wall_s"] = time.monotonic() - t0
+    try:
+        env.torch.cuda.empty_cache()
+    except Exception as exc:  # a kernel broke the context: later cases will say so too
+        rec["after_case"] = one_line(exc)
+    ours_rec = (rec.get("methods") or {}).get("ours", {})
+    progress(
+        f"{name}: {rec['status']} {ours_rec.get('median_s')} s, err {ours_rec.get('rel_err')}, {rec['wall_s']:.1f} s"
+    )
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", type=Path, default=None, help="bundle folder (with manifest.json)")
+    ap.add_argument("--out", type=Path, required=True, help="result JSON")
+    ap.add_argument("--deadline-s", type=float, default=420.0, help="stop starting cases after this (s)")
+    ap.add_argument("--self-check", action="store_true", help="check the launch path first (NVRTC kernel)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    ap.add_argument("--only", nargs="*", default=None, help="run only cases whose name contains one of these")
+    args = ap.parse_args(argv)
+    if args.bundle is None and not args.self_check:
+        ap.error("give --bundle, --self-check, or both")
+    try:
+        run_bundle(args.bundle, args.out, args.deadline_s, args.self_check, not args.no_compile, args.only)
+    except ManifestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
