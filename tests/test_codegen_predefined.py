@@ -97,15 +97,33 @@ def test_float16_matmul_accumulates_in_float32_and_casts() -> None:
     assert "float32" in cg.tir()  # the register accumulator
 
 
-def test_matmul_follows_the_construction_schedule() -> None:
-    g = _graph([("A", (8, 64)), ("B", (64, 16))], [KernelOp(Op.MATMUL, (0, 1))], dtype="float16")
+def test_float32_matmul_follows_the_construction_schedule() -> None:
+    # float32 has no MMA path: the CUDA-core kernel of the Markov construction.
+    g = _graph([("A", (8, 64)), ("B", (64, 16))], [KernelOp(Op.MATMUL, (0, 1))], dtype="float32")
     cg = compile_ugraph(g, HW, "cuda")
     (kernel,) = cg.kernels("cuda")
-    wl = matmul_workload(1, 8, 16, 64, "float16")
+    wl = matmul_workload(1, 8, 16, 64, "float32")
     assert kernel.threads == threads_per_block(wl, construct_schedule(wl, HW))
     assert "markov construct" in kernel.rule
     assert "threadIdx.x" in kernel.script and "shared" in kernel.script
     assert "__syncthreads" in cg.cuda_source()
+
+
+def test_float16_matmul_runs_on_tensor_cores_with_the_constructed_tiles() -> None:
+    from gensorage.construction.tensor_core import construct_tensor_core
+
+    g = _graph([("A", (2, 40, 64)), ("B", (64, 48))], [KernelOp(Op.MATMUL, (0, 1))], dtype="float16")
+    cg = compile_ugraph(g, HW, "cuda")
+    (kernel,) = cg.kernels("cuda")
+    tiles, _ = construct_tensor_core((2, 40, 48, 64), HW)
+    assert kernel.rule.startswith("tensor-core") and tiles.describe() in kernel.rule
+    assert kernel.threads == tiles.threads
+    assert "mma.sync.aligned.m16n8k16" in cg.cuda_source()
+    xs = _inputs(g)
+    cpu = compile_ugraph(g, HW, "llvm")
+    want = np.matmul(*[x.astype(np.float64) for x in xs])
+    assert np.abs(cpu.run(*xs)[0] - want).max() / np.abs(want).max() < 2e-3
+    assert check_field_twin(g, None, trials=1, twin=cpu.field_twin())
 
 
 def test_reductions_views_and_copies() -> None:
@@ -155,7 +173,8 @@ def test_matmul_without_a_construction_schedule_falls_back_to_one_thread_per_ele
         raise ScheduleError("nothing fits")
 
     monkeypatch.setattr(predefined, "construct_schedule", no_schedule)
-    g = _graph([("A", (2, 3, 4, 5)), ("B", (5, 6))], [KernelOp(Op.MATMUL, (0, 1))], dtype="float16")
+    # float32: the tensor-core path (float16 only) does not apply either.
+    g = _graph([("A", (2, 3, 4, 5)), ("B", (5, 6))], [KernelOp(Op.MATMUL, (0, 1))], dtype="float32")
     cg = compile_ugraph(g, HW, "llvm")
     (kernel,) = cg.kernels()
     assert "fallback" in kernel.rule and kernel.threads % HW.warp_size == 0

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import sys
+import tomllib
 import types
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from gensorage.hw import (
     parse_nvidia_smi_csv,
     probe,
 )
-from gensorage.hw.loader import LEVEL_NAMES, repo_config_dir
+from gensorage.hw.loader import LEVEL_NAMES, profile_from_dict, repo_config_dir, resolve_profile_path
+from gensorage.hw.profile import CALIBRATION_KEYS
 
 # gensorage.hw exports the function ``detect``, which shadows the submodule of the same name as an attribute.
 detect_mod = sys.modules["gensorage.hw.detect"]
@@ -69,11 +71,25 @@ def test_profile_loads_and_is_consistent(name: str) -> None:
 @pytest.mark.parametrize("name", PROFILES)
 def test_every_value_has_a_source(name: str) -> None:
     p = load_profile(name)
-    scalar = [f for f in HwProfile.__dataclass_fields__ if f not in ("levels", "peak_flops", "sources")]
+    tables = ("levels", "peak_flops", "sources", "calibration")
+    scalar = [f for f in HwProfile.__dataclass_fields__ if f not in tables]
     expected = set(scalar)
     expected |= {f"levels.{lv}.{k}" for lv in LEVEL_NAMES for k in ("bandwidth_Bps", "latency_cycles")}
     expected |= {f"peak_flops.{dt}.{k}" for dt, _, _ in p.peak_flops for k in ("cuda", "tensor")}
+    # The calibration comes from measurements on the GPUs we had; the other profiles use the defaults.
+    if name in ("h100", "h200"):
+        expected |= {f"calibration.{k}" for k in CALIBRATION_KEYS}
     assert set(dict(p.sources)) == expected
+
+
+def test_calibration_is_checked() -> None:
+    data = tomllib.loads(resolve_profile_path("h200").read_text())
+    data["calibration"]["mma_sync_fraction"] = 1.5
+    with pytest.raises(ConfigError, match="calibration.mma_sync_fraction"):
+        profile_from_dict(data)
+    data["calibration"] = {"mma_rate": 1.0}
+    with pytest.raises(ConfigError, match="mma_rate"):
+        profile_from_dict(data)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from gensorage.construction.tensor_core import construct_tensor_core
 from gensorage.hw import load_profile
 from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
 from gensorage.opset import Op
@@ -36,7 +37,9 @@ def test_flash_attention_beats_one_kernel_per_op_at_paper_shapes() -> None:
     direct = from_program(program)
     for hw in (H100, A100):
         t_fused, t_direct = predict_ugraph_time(fused, hw), predict_ugraph_time(direct, hw)
-        assert 0 < t_fused < t_direct / 2
+        # The fused kernel's block matmuls run on CUDA cores and the direct µGraph's matmuls on tensor
+        # cores, yet the bytes it saves keep it ahead in the model.
+        assert 0 < t_fused < t_direct
         # The direct graph writes and re-reads the [32, 512, 4096] score tensor several times.
         assert sum(c.dram_bytes for c in kernel_costs(direct, hw)) > 5 * sum(
             c.dram_bytes for c in kernel_costs(fused, hw)
@@ -121,8 +124,19 @@ def test_predefined_kernels_follow_the_roofline() -> None:
     g = from_program(p)
     costs = kernel_costs(g, H100)
     assert costs[1].kind == "view" and costs[1].time_s == 0
+    # The float16 matmul is the constructed tensor-core kernel, priced by its construction's model: never
+    # under the tensor-core roofline, and at the rate the calibration measured for mma.sync.
     tensor_core_bound = 2 * 4096**3 / H100.flops("float16", True)
-    assert tensor_core_bound <= costs[0].time_s <= tensor_core_bound + LAUNCH_OVERHEAD_S + 1e-9
+    _, mma = construct_tensor_core((1, 4096, 4096, 4096), H100)
+    assert costs[0].time_s == mma.total_s
+    assert tensor_core_bound / H100.calibration.mma_sync_fraction <= costs[0].time_s
+    # A float32 matmul stays on CUDA cores: its roofline.
+    p32 = Program("mm32")
+    a32, b32 = p32.input("A", (1024, 1024), "float32"), p32.input("B", (1024, 1024), "float32")
+    p32.output(p32.matmul(a32, b32))
+    (cost32,) = kernel_costs(from_program(p32), H100)
+    cuda_bound = 2 * 1024**3 / H100.flops("float32", False)
+    assert cuda_bound <= cost32.time_s <= cuda_bound + LAUNCH_OVERHEAD_S + 1e-9
 
 
 @pytest.mark.parametrize("name", sorted(examples.EXAMPLES))

@@ -128,11 +128,13 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) ->
     import tvm
 
     from gensorage.codegen.cuda_build import cuda_target
+    from gensorage.codegen.tensor_core import build_config
 
     mod = ir_module(kernels)
     explicit = any(has_explicit_barriers(k.func) for k in kernels)
+    config = build_config(k.rule for k in kernels) if target == "cuda" else {}
     try:
-        with explicit_barriers() if explicit else nullcontext():
+        with explicit_barriers() if explicit else nullcontext(), tvm.transform.PassContext(config=config):
             return tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
     except Exception as exc:  # TVM's own error classes; the generated code is at fault, name the first line
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]

@@ -140,6 +140,63 @@ def _matmul_build(ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | N
     return build
 
 
+def matmul_prim_func(
+    a: tuple[int, ...], b: tuple[int, ...], out: tuple[int, ...], dtype: str, out_dtype: str
+) -> Any:
+    """The PrimFunc a matmul kernel op of these shapes is scheduled from (float arithmetic)."""
+    return _matmul_build(_MatmulShape(a, b, out), dtype, out_dtype, None)()
+
+
+def _tensor_core_kernels(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    target: Target,
+    scalar: Scalar,
+    name: str,
+    seed: int,
+) -> list[ScheduledKernel]:
+    """The matmul on tensor cores when its operands are float16 (none otherwise).
+
+    The field twin and the llvm twin run the same tiling without tensorization (see
+    :mod:`gensorage.codegen.tensor_core`).
+    """
+    from gensorage.codegen.tensor_core import MMA_DTYPES, RULE, schedule_tensor_core
+    from gensorage.construction.tensor_core import construct_tensor_core
+
+    op = g.ops[k]
+    assert isinstance(op, KernelOp)
+    ta, tb = (info.of(r) for r in op.inputs)
+    out = info.nodes[len(g.inputs) + k][0]
+    if ta.dtype not in MMA_DTYPES or tb.dtype != ta.dtype:
+        return []
+    ms = _MatmulShape(ta.shape, tb.shape, out.shape)
+    try:
+        tiles, cost = construct_tensor_core(ms.dims, hw, ta.dtype, seed)
+    except ScheduleError:
+        return []
+    rule = f"{RULE} construct on matmul {list(ms.dims)}: {tiles.describe()}"
+    mods: list[int | None] = list(scalar.mods) if isinstance(scalar, FieldScalar) else [None]
+    kernels = []
+    for c, m in enumerate(mods):
+        func = _matmul_build(ms, ta.dtype, out.dtype, m)()
+        try:
+            sch = schedule_tensor_core(func, tiles, gpu=target == "cuda")
+        except ScheduleError as exc:
+            raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
+        kname = name if m is None else f"{name}_c{c}"
+        dt = "int64" if m is not None else None
+        params = (
+            KernelParam("A", "input", op.inputs[0], ms.flat(ta.shape), dt or ta.dtype),
+            KernelParam("B", "input", op.inputs[1], ms.flat(tb.shape), dt or tb.dtype),
+            KernelParam("C", "output", Ref(len(g.inputs) + k), ms.flat(out.shape), dt or out.dtype),
+        )
+        f = sch.mod["main"].with_attr("global_symbol", kname)
+        kernels.append(ScheduledKernel(kname, k, f, params, tiles.threads, rule, None if m is None else c))
+    return kernels
+
+
 def _matmul_kernels(
     g: KernelGraph,
     k: int,
@@ -569,7 +626,9 @@ def emit_predefined(
         matvec = _cooperative_matvec(g, k, info, hw, target, scalar, name)
         if matvec is not None:
             return [matvec]
-        scheduled = _matmul_kernels(g, k, info, hw, target, scalar, name, seed)
+        scheduled = _tensor_core_kernels(g, k, info, hw, target, scalar, name, seed) or _matmul_kernels(
+            g, k, info, hw, target, scalar, name, seed
+        )
         if scheduled:
             return list(scheduled)
     return [

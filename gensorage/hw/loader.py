@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gensorage.errors import ConfigError
-from gensorage.hw.profile import HwProfile, MemLevel
+from gensorage.hw.profile import CALIBRATION_KEYS, Calibration, HwProfile, MemLevel
 
 ENV_CONFIG_DIR = "GENSORAGE_CONFIG_DIR"
 
@@ -47,7 +47,7 @@ _INT_FIELDS: tuple[str, ...] = (
 )
 _STR_FIELDS: tuple[str, ...] = ("name", "display_name", "arch")
 _FLOAT_FIELDS: tuple[str, ...] = ("clock_hz",)
-_TABLE_FIELDS: tuple[str, ...] = ("levels", "peak_flops", "sources")
+_TABLE_FIELDS: tuple[str, ...] = ("levels", "peak_flops", "sources", "calibration")
 _LEVEL_KEYS: tuple[str, ...] = ("bandwidth_Bps", "latency_cycles")
 _FLOPS_KEYS: tuple[str, ...] = ("cuda", "tensor")
 # Sizes whose hardware values are always powers of two; a typo there (e.g. 33 banks) is caught early.
@@ -330,6 +330,8 @@ def _valid_source_key(key: str, data: Mapping[str, Any]) -> bool:
         return (len(parts) == 2 and parts[1] in LEVEL_NAMES) or (
             len(parts) == 3 and parts[1] in LEVEL_NAMES and parts[2] in _LEVEL_KEYS
         )
+    if parts[0] == "calibration":
+        return len(parts) == 2 and parts[1] in CALIBRATION_KEYS
     if parts[0] == "peak_flops":
         dtypes = data.get("peak_flops", {})
         return (len(parts) == 2 and parts[1] in dtypes) or (
@@ -348,6 +350,15 @@ def _parse_sources(data: Mapping[str, Any], where: str) -> tuple[tuple[str, str]
             raise _fail(where, f"sources.{key}", f"expected a non-empty string, got {value!r}")
         out.append((key, value))
     return tuple(out)
+
+
+def _parse_calibration(data: Mapping[str, Any], where: str) -> Calibration:
+    table = _get_table(data, "calibration", where, required=False)
+    _check_unknown(table, CALIBRATION_KEYS, where, "calibration.")
+    values = {k: _get_float(table, k, where, "calibration.") for k in CALIBRATION_KEYS if k in table}
+    if values.get("mma_sync_fraction", 0.5) > 1:
+        raise _fail(where, "calibration.mma_sync_fraction", "is a fraction of the tensor peak (at most 1)")
+    return Calibration(**values)
 
 
 def _check_relations(ints: Mapping[str, int], where: str) -> None:
@@ -408,5 +419,6 @@ def profile_from_dict(data: Mapping[str, Any], *, where: str = "<profile>") -> H
         levels=_parse_levels(data, ints, where),
         peak_flops=_parse_flops(data, where),
         sources=_parse_sources(data, where),
+        calibration=_parse_calibration(data, where),
         **ints,
     )

@@ -21,6 +21,34 @@ class MemLevel:
 
 
 @dataclass(frozen=True, slots=True)
+class Calibration:
+    """Constants of the emitted kernels on this GPU that no datasheet gives (``[calibration]`` in the TOML).
+
+    ``mma_sync_fraction``: the fraction of the tensor peak that warp-level ``mma.sync`` reaches (Hopper's full
+    rate needs ``wgmma``); ``l2_fraction``: the fraction of the profile's L2 bandwidth that the operand tiles
+    of a GEMM stream at; ``mma_in_flight``: independent MMAs per SM sub-core that hide its latency;
+    ``step_cycles``: the cycles one reduction step costs besides its MMAs (barriers, waiting for its copies,
+    address arithmetic); ``launch_overhead_s``: one kernel launch as a device timer sees it
+    back to back (CUDA-graph replay).
+    """
+
+    mma_sync_fraction: float = 0.6
+    l2_fraction: float = 1.0
+    mma_in_flight: float = 4.0
+    step_cycles: float = 100.0
+    launch_overhead_s: float = 2e-6
+
+
+CALIBRATION_KEYS: tuple[str, ...] = (
+    "mma_sync_fraction",
+    "l2_fraction",
+    "mma_in_flight",
+    "step_cycles",
+    "launch_overhead_s",
+)
+
+
+@dataclass(frozen=True, slots=True)
 class HwProfile:
     """A GPU as the construction tuner sees it. Loaded from ``configs/hw/<name>.toml`` by ``gensorage.hw``."""
 
@@ -48,6 +76,7 @@ class HwProfile:
         tuple[str, float, float], ...
     ]  # (dtype, without tensor cores, with tensor cores; 0 if none)
     sources: tuple[tuple[str, str], ...] = field(default=())  # (field, where the value comes from)
+    calibration: Calibration = field(default=Calibration())
 
     def level(self, name: str) -> MemLevel:
         for lv in self.levels:

@@ -9,9 +9,9 @@ Per kernel operator (they run one after another, so times add up):
   by L2 (``l2`` bandwidth); DRAM sees each input once when all the operator's inputs fit in half of L2, otherwise
   once per wave that needs it (replicas running in the same wave hit in L2), at most once per replica; plus the
   outputs;
-- compute: every block operator's FLOPs (body operators ``F`` times) at the peak of its kind: tensor cores for a
-  matmul whose tile is at least 16 x 8 x 16 in a dtype the profile has tensor-core peak for, CUDA cores
-  otherwise;
+- compute: every block operator's FLOPs (body operators ``F`` times) at the CUDA-core peak (graph-defined
+  kernels compute their block matmuls with FMA); a pre-defined float16 matmul is the tensor-core kernel
+  :mod:`gensorage.construction.tensor_core` constructs, priced by that construction's model;
 - shared memory: every block operator reads its operands from and writes its result to shared memory (a thread
   graph only its inputs and outputs: its intermediates stay in registers); iterators write their tiles,
   accumulators read and write theirs;
@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from gensorage import opset
+from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
-from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S, TENSOR_CORE_DTYPES
+from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
 from gensorage.opset import Op, Shape
 from gensorage.ugraph.ir import (
     Accumulator,
@@ -51,7 +53,6 @@ from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
 from gensorage.ugraph.validate import loop_phases, tensor_bytes, validate
 
 SHARED_RESERVED_PER_BLOCK = 1024  # bytes the CUDA runtime reserves per resident block (sm_80+)
-MMA_MIN = (16, 8, 16)  # smallest (M, N, K) tile a warp-level mma.sync m16n8k16 covers
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +73,6 @@ def _numel(shape: Shape) -> int:
     return math.prod(shape)
 
 
-def _tensor_cores(hw: HwProfile, dtype: str, ins: list[Shape], out: Shape) -> bool:
-    """A matmul tile big enough for warp-level MMA, in a dtype with a tensor-core peak on ``hw``."""
-    if dtype not in TENSOR_CORE_DTYPES:
-        return False
-    try:
-        if hw.flops(dtype, True) <= hw.flops(dtype, False):
-            return False
-    except KeyError:
-        return False
-    rows = _numel(out[:-1])  # batch dims stack up rows of one GEMM when the other operand is shared
-    return rows >= MMA_MIN[0] and out[-1] >= MMA_MIN[1] and ins[0][-1] >= MMA_MIN[2]
-
-
 def _peak(hw: HwProfile, dtype: str, tensor_cores: bool) -> float:
     try:
         return hw.flops(dtype, tensor_cores)
@@ -97,10 +85,26 @@ def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: 
         return KernelCost("view", 0.0, 0, 0, 0, 0, 0, 0)
     moved = sum(tensor_bytes(t) for t in ins) + tensor_bytes(out)
     work = opset.flops(node.op, [t.shape for t in ins], out.shape)
-    tc = node.op is Op.MATMUL and _tensor_cores(hw, out.dtype, [t.shape for t in ins], out.shape)
-    compute = work / _peak(hw, out.dtype, tc)
+    mma = _tensor_core_matmul(hw, node, ins, out)
+    if mma is not None:  # the kernel the code generator emits, priced by the model that constructed it
+        return KernelCost(node.op.value, mma.total_s, moved, moved, work, 0, mma.blocks, mma.waves)
+    compute = work / _peak(hw, out.dtype, False)
     time = LAUNCH_OVERHEAD_S + max(moved / hw.level("dram").bandwidth_Bps, compute)
     return KernelCost(node.op.value, time, moved, moved, work, 0, 0, 0)
+
+
+def _tensor_core_matmul(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> Any:
+    """The construction's cost of the tensor-core kernel a pre-defined matmul lowers to (None: no such kernel)."""
+    from gensorage.codegen.tensor_core import MMA_DTYPES
+    from gensorage.construction.tensor_core import construct_tensor_core
+
+    if node.op is not Op.MATMUL or ins[0].dtype not in MMA_DTYPES or ins[1].dtype != ins[0].dtype:
+        return None
+    dims = (math.prod(out.shape[:-2]), out.shape[-2], out.shape[-1], ins[0].shape[-1])
+    try:
+        return construct_tensor_core(dims, hw, ins[0].dtype)[1]
+    except ScheduleError:
+        return None
 
 
 def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info: BlockInfo) -> KernelCost:
@@ -126,11 +130,9 @@ def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info
         shared += times * (sum(tensor_bytes(a) for a in args) + sum(tensor_bytes(o) for o in outs))
         if isinstance(n, BlockOp):
             w = opset.flops(n.op, [a.shape for a in args], outs[0].shape)
-            tc = n.op is Op.MATMUL and _tensor_cores(
-                hw, outs[0].dtype, [a.shape for a in args], outs[0].shape
-            )
+            # Block matmuls of graph-defined kernels are emitted as CUDA-core FMA (codegen/block_matmul.py).
             work += times * w
-            compute_s += times * w / _peak(hw, outs[0].dtype, tc)
+            compute_s += times * w / _peak(hw, outs[0].dtype, False)
         elif isinstance(n, ThreadGraph):
             local = info.threads[j]
             for k, t in enumerate(n.ops):

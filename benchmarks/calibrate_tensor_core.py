@@ -1,0 +1,128 @@
+"""Calibrate the tensor-core cost model on measured kernels, and report how well it predicts them.
+
+Reads GPU-suite results (``benchmarks/results/gpu_suite-*.json``): every tensor-core GEMM case records its tiles
+(``meta.tiles``), its shape and its measured median. A grid search over the profile's ``[calibration]``
+constants (:class:`gensorage.hw.profile.Calibration`) minimises the median |log(predicted / measured)|; the
+report gives that error and the Spearman rank correlation for the profile as it is and as calibrated, so the
+values written into ``configs/hw/<name>.toml`` come with their evidence::
+
+    python benchmarks/calibrate_tensor_core.py benchmarks/results/gpu_suite-h200-*.json --hw h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gensorage.codegen.tensor_core import TensorCoreTiles  # noqa: E402
+from gensorage.construction.tensor_core import predict_tensor_core_time  # noqa: E402
+from gensorage.hw import load_profile  # noqa: E402
+from gensorage.hw.profile import Calibration, HwProfile  # noqa: E402
+
+GRID = {
+    "mma_sync_fraction": [0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6],
+    "l2_fraction": [0.3, 0.4, 0.5, 0.6, 0.8, 1.0],
+    "mma_in_flight": [2.0, 4.0, 8.0, 16.0],
+    "step_cycles": [0.0, 100.0, 200.0, 400.0, 800.0],
+    "launch_overhead_s": [2e-6, 4e-6],
+}
+
+
+def measured_kernels(paths: list[Path]) -> list[tuple[tuple[int, int, int, int], TensorCoreTiles, float]]:
+    """(dims, tiles, measured seconds) of every tensor-core GEMM case that passed its check, deduplicated."""
+    seen: dict[tuple[Any, ...], tuple[tuple[int, int, int, int], TensorCoreTiles, float]] = {}
+    for path in paths:
+        for case in json.loads(path.read_text())["cases"]:
+            tiles = (case.get("meta") or {}).get("tiles")
+            ours = (case.get("methods") or {}).get("ours", {})
+            if case.get("kind") != "gemm" or not tiles or "median_s" not in ours:
+                continue
+            g = case["gemm"]
+            dims = (g.get("batch") or 1, g["M"], g["N"], g["K"])
+            t = TensorCoreTiles(**tiles)
+            seen[(dims, t)] = (dims, t, float(ours["median_s"]))
+    return list(seen.values())
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for q in range(i, j + 1):
+            ranks[order[q]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va = math.sqrt(sum((x - ma) ** 2 for x in ra))
+    vb = math.sqrt(sum((y - mb) ** 2 for y in rb))
+    return cov / (va * vb) if va and vb else 0.0
+
+
+def score(
+    hw: HwProfile, data: list[tuple[tuple[int, int, int, int], TensorCoreTiles, float]]
+) -> dict[str, float]:
+    pred, meas = [], []
+    for dims, t, m in data:
+        c = predict_tensor_core_time(dims, t, hw)
+        if c is not None:
+            pred.append(c.total_s)
+            meas.append(m)
+    errs = [abs(math.log(p / m)) for p, m in zip(pred, meas, strict=True)]
+    return {
+        "kernels": len(pred),
+        "median_abs_log_error": statistics.median(errs),
+        "median_error_factor": math.exp(statistics.median(errs)),
+        "spearman": spearman(pred, meas),
+    }
+
+
+def calibrate(
+    hw: HwProfile, data: list[tuple[tuple[int, int, int, int], TensorCoreTiles, float]]
+) -> tuple[Calibration, dict[str, float]]:
+    best: tuple[tuple[float, float], Calibration, dict[str, float]] | None = None
+    for values in itertools.product(*GRID.values()):
+        cal = Calibration(**dict(zip(GRID, values, strict=True)))
+        s = score(dataclasses.replace(hw, calibration=cal), data)
+        key = (s["median_abs_log_error"], -s["spearman"])
+        if best is None or key < best[0]:
+            best = (key, cal, s)
+    assert best is not None
+    return best[1], best[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="+", type=Path)
+    ap.add_argument("--hw", default="h200")
+    args = ap.parse_args(argv)
+    hw = load_profile(args.hw)
+    data = measured_kernels(args.results)
+    before = score(hw, data)
+    cal, after = calibrate(hw, data)
+    print(
+        json.dumps({"profile": before, "calibrated": after, "calibration": dataclasses.asdict(cal)}, indent=1)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,305 @@
+"""The GPU suite's bundle: every kernel to measure, built here (TVM + nvcc), runnable on a GPU without TVM.
+
+The lent GPU machines have torch, CuPy and the CUDA driver but no TVM, and TVM's wheel is too large to travel
+with the working tree. So the suite builds on this machine: each case's kernels are lowered by gensorage,
+compiled by nvcc to a cubin for the profile's arch, and described in ``manifest.json`` with their launch
+configuration (read off TVM's host code, :func:`gensorage.codegen.launch.launch_specs`) and the tensors their
+pointer arguments refer to. ``benchmarks/gpu_runner.py`` loads the bundle on the device.
+
+Cases:
+
+- ``gemm``: the GEMMs of Gensor's Table IV and the LLaMA-3-8B projections at M in {16, 4096}, float16. Per
+  shape: the tensor-core kernel the construction picks, a few fixed tensor-core tilings (so the cost model is
+  judged on more than its own choices), and the CUDA-core kernel of the Markov construction.
+- ``program``: each bundled program's direct µGraph (one kernel per op) at the program's shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gensorage.codegen.cuda_build import build_cubin, cuda_target
+from gensorage.codegen.launch import Launch, launch_specs
+from gensorage.codegen.module import compile_ugraph, ir_module
+from gensorage.codegen.predefined import matmul_prim_func
+from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
+from gensorage.construction import construct_schedule, matmul_workload
+from gensorage.construction.tensor_core import construct_tensor_core, predict_tensor_core_time
+from gensorage.errors import GensorageError
+from gensorage.hw.profile import HwProfile
+from gensorage.markov.cost_model import predict_schedule_time
+from gensorage.opset import Op
+from gensorage.program import Program, load_config
+from gensorage.ugraph import KernelGraph, from_program
+from gensorage.ugraph.ir import KernelOp, Ref
+from gensorage.ugraph.shapes import GraphInfo, infer
+
+#: Gensor Table IV (M, N, K) and the LLaMA-3-8B projections (q/o, k/v, gate/up, down) at M = 16 and 4096.
+GEMMS: dict[str, tuple[int, int, int]] = {
+    "M1": (8192, 8192, 8192),
+    "M2": (65536, 1024, 4),
+    "M3": (65536, 4096, 1024),
+    **{
+        f"llama_{proj}_m{m}": (m, n, k)
+        for m in (16, 4096)
+        for proj, (n, k) in {
+            "qo": (4096, 4096),
+            "kv": (1024, 4096),
+            "gateup": (14336, 4096),
+            "down": (4096, 14336),
+        }.items()
+    },
+}
+
+#: Fixed tilings timed beside the constructed one (where they fit the shape).
+VARIANTS: tuple[TensorCoreTiles, ...] = (
+    TensorCoreTiles(128, 128, 32, 64, 64, 3),
+    TensorCoreTiles(128, 256, 32, 64, 64, 3),
+    TensorCoreTiles(64, 64, 32, 32, 32, 3),
+    TensorCoreTiles(16, 64, 64, 16, 16, 4),
+)
+
+
+def _kernel_entry(
+    launch: Launch, cubin: str, tensors: Sequence[str], shapes: Sequence[Sequence[int]]
+) -> dict[str, Any]:
+    return {
+        "cubin": cubin,
+        "entry": launch.kernel,
+        "grid": list(launch.grid),
+        "block": list(launch.block),
+        "smem": launch.shared_bytes,
+        "args": [{"tensor": tensors[i], "shape": list(shapes[i])} for i in launch.args],
+    }
+
+
+def _cubin(mod: Any, hw: HwProfile, config: dict[str, Any], out: Path, name: str) -> str:
+    import tvm
+
+    with tvm.transform.PassContext(config=config):
+        ex = tvm.compile(mod, target=cuda_target(hw))
+    src = str(ex.mod.imports[0].inspect_source())
+    binary = build_cubin(src, hw.arch)
+    if binary is None:
+        raise GensorageError("nvcc is needed to prepare the GPU bundle")
+    (out / f"{name}.cubin").write_bytes(binary)
+    (out / f"{name}.cu").write_text(src)
+    return f"{name}.cubin"
+
+
+def _gemm_case(
+    name: str,
+    dims: tuple[int, int, int],
+    variant: str,
+    mod: Any,
+    config: dict[str, Any],
+    hw: HwProfile,
+    out: Path,
+    predicted: float | None,
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    m, n, k = dims
+    cubin = _cubin(mod, hw, config, out, f"{name}_{variant}")
+    launches = launch_specs(mod, cuda_target(hw), config)
+    names, shapes = ("A", "B", "C"), ((m, k), (k, n), (m, n))
+    return {
+        "name": f"gemm_{name}_{variant}",
+        "kind": "gemm",
+        "dtype": "float16",
+        "tensors": [
+            {"name": t, "shape": list(s), "dtype": "float16", "role": r, "view_of": None}
+            for t, s, r in zip(names, shapes, ("input", "input", "output"), strict=True)
+        ],
+        "inputs_order": ["A", "B"],
+        "outputs_order": ["C"],
+        "kernels": [_kernel_entry(la, cubin, names, shapes) for la in launches],
+        "gemm": {"M": m, "N": n, "K": k, "batch": None},
+        "predicted_s": predicted,
+        "flops": 2 * m * n * k,
+        "min_bytes": 2 * (m * k + k * n + m * n),
+        "meta": {"shape": name, "variant": variant, **meta},
+    }
+
+
+def gemm_cases(hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]]) -> list[dict[str, Any]]:
+    cases = []
+    for name, (m, n, k) in shapes.items():
+        dims4 = (1, m, n, k)
+        tiles, cost = construct_tensor_core(dims4, hw)
+        chosen = [("constructed", tiles, cost.total_s)]
+        for v in VARIANTS:
+            c = predict_tensor_core_time(dims4, v, hw)
+            if v != tiles and c is not None and v.block_m <= max(16, m) and v.block_n <= n:
+                chosen.append((_variant_name(v), v, c.total_s))
+        for variant, t, predicted in chosen:
+            func = matmul_prim_func((m, k), (k, n), (m, n), "float16", "float16")
+            mod = schedule_tensor_core(func, t).mod
+            meta = {"tiles": dataclasses.asdict(t), "rule": f"{RULE}: {t.describe()}", "tensor_cores": True}
+            cases.append(
+                _gemm_case(name, (m, n, k), variant, mod, build_config([RULE]), hw, out, predicted, meta)
+            )
+        cases.append(_cuda_core_case(name, (m, n, k), hw, out))
+    return cases
+
+
+def _variant_name(t: TensorCoreTiles) -> str:
+    name = f"tc{t.block_m}x{t.block_n}x{t.block_k}w{t.warp_m}x{t.warp_n}s{t.stages}"
+    return name if t.fragment_pipeline else name + "np"
+
+
+def sweep_cases(hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """Many tilings of a few large GEMMs: what the cost model is calibrated on."""
+    cases = []
+    for name, (m, n, k) in shapes.items():
+        for bm, bn in ((128, 128), (128, 256), (256, 128), (64, 128)):
+            for bk in (32, 64):
+                for stages in (2, 3, 4):
+                    for frag in (True, False):
+                        t = TensorCoreTiles(bm, bn, bk, 64, 64, stages, frag)
+                        c = predict_tensor_core_time((1, m, n, k), t, hw)
+                        if c is None:
+                            continue
+                        func = matmul_prim_func((m, k), (k, n), (m, n), "float16", "float16")
+                        mod = schedule_tensor_core(func, t).mod
+                        meta = {
+                            "tiles": dataclasses.asdict(t),
+                            "rule": f"{RULE}: {t.describe()}",
+                            "tensor_cores": True,
+                        }
+                        cases.append(
+                            _gemm_case(
+                                name,
+                                (m, n, k),
+                                _variant_name(t),
+                                mod,
+                                build_config([RULE]),
+                                hw,
+                                out,
+                                c.total_s,
+                                meta,
+                            )
+                        )
+    return cases
+
+
+def _cuda_core_case(name: str, dims: tuple[int, int, int], hw: HwProfile, out: Path) -> dict[str, Any]:
+    from gensorage.codegen.lower_schedule import lower
+
+    m, n, k = dims
+    base = matmul_workload(1, m, n, k, "float16")
+    schedule = construct_schedule(base, hw)
+    wl = dataclasses.replace(
+        base, build=lambda: matmul_prim_func((m, k), (k, n), (m, n), "float16", "float16")
+    )
+    mod = lower(wl, schedule, "cuda", hw=hw)
+    meta = {
+        "rule": f"markov construct: T0={list(schedule.tiles[0])}, T1={list(schedule.tiles[1])}",
+        "tensor_cores": False,
+    }
+    return _gemm_case(
+        name, dims, "cuda_core", mod, {}, hw, out, predict_schedule_time(base, hw, schedule), meta
+    )
+
+
+def _tensor_names(g: KernelGraph, info: GraphInfo) -> dict[Ref, str]:
+    """Each tensor's storage name; an alias op's (reshape's) output names its input's storage."""
+    names: dict[Ref, str] = {Ref(i): t.name for i, t in enumerate(g.inputs)}
+    for k in range(len(g.ops)):
+        node = len(g.inputs) + k
+        for o in range(len(info.nodes[node])):
+            names[Ref(node, o)] = f"t{node}_{o}"
+    return names
+
+
+def program_case(name: str, program: Program, hw: HwProfile, out: Path) -> dict[str, Any]:
+    from gensorage.ugraph.cost import predict_ugraph_time
+
+    g = from_program(program)
+    info = infer(g)
+    cg = compile_ugraph(g, hw, "cuda")
+    kernels = cg.kernels()
+    config = build_config(k.rule for k in kernels)
+    mod = ir_module(kernels)
+    cubin = _cubin(mod, hw, config, out, f"program_{name}")
+    names = _tensor_names(g, info)
+    tensors = _program_tensors(g, info, names)
+    by_function = {k.name: k for k in kernels}
+    entries = []
+    for la in launch_specs(mod, cuda_target(hw), config, order=[k.name for k in kernels]):
+        kern = by_function[la.function]
+        refs = [names[p.ref] for p in kern.params]  # type: ignore[index]
+        entries.append(_kernel_entry(la, cubin, refs, [p.shape for p in kern.params]))
+    return {
+        "name": f"program_{name}",
+        "kind": "program",
+        "dtype": program.inputs[0].dtype,
+        "tensors": tensors,
+        "inputs_order": [names[Ref(i)] for i in range(len(g.inputs))],
+        "outputs_order": [names[r] for r in g.outputs],
+        "kernels": entries,
+        "program": {"path": f"configs/programs/{name}.gsp", "params": {}},
+        "predicted_s": predict_ugraph_time(g, hw),
+        "flops": 0,
+        "min_bytes": sum(math.prod(t.shape) * 2 for t in program.inputs),
+        "meta": {
+            "rules": [k.rule for k in kernels],
+            "tensor_cores": any(k.rule.startswith(RULE) for k in kernels),
+        },
+    }
+
+
+def _program_tensors(g: KernelGraph, info: GraphInfo, names: dict[Ref, str]) -> list[dict[str, Any]]:
+    tensors = []
+    outputs = set(g.outputs)
+    for ref, name in names.items():
+        t = info.of(ref)
+        role = "input" if ref.node < len(g.inputs) else ("output" if ref in outputs else "intermediate")
+        view_of = None
+        if ref.node >= len(g.inputs):
+            op = g.ops[ref.node - len(g.inputs)]
+            if isinstance(op, KernelOp) and op.op is Op.RESHAPE:
+                view_of = _base(g, names, op.inputs[0])
+        tensors.append(
+            {"name": name, "shape": list(t.shape), "dtype": t.dtype, "role": role, "view_of": view_of}
+        )
+    return tensors
+
+
+def _base(g: KernelGraph, names: dict[Ref, str], ref: Ref) -> str:
+    """The storage a reshape chain ends at."""
+    while ref.node >= len(g.inputs):
+        op = g.ops[ref.node - len(g.inputs)]
+        if not (isinstance(op, KernelOp) and op.op is Op.RESHAPE):
+            break
+        ref = op.inputs[0]
+    return names[ref]
+
+
+def _priority(case: dict[str, Any]) -> int:
+    """What the runner reaches first if its deadline cuts the run short: constructed GEMMs, programs, the rest."""
+    if case["kind"] == "program":
+        return 1
+    variant = case["meta"].get("variant")
+    return 0 if variant == "constructed" else 2 if variant == "cuda_core" else 3
+
+
+def write_manifest(out: Path, cases: list[dict[str, Any]], prepared: dict[str, Any]) -> Path:
+    cases = sorted(cases, key=_priority)
+    path = out / "manifest.json"
+    path.write_text(json.dumps({"prepared": prepared, "cases": cases}, indent=1))
+    return path
+
+
+def program_names() -> list[str]:
+    from gensorage.program import list_configs
+
+    return [p.stem for p in list_configs()]
+
+
+def load_program(name: str) -> Program:
+    return load_config(name)

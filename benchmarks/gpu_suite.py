@@ -1,0 +1,102 @@
+"""The GPU suite: every bundled program and the GEMM set against cuBLAS, torch eager and torch.compile.
+
+Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py``):
+
+1. Here (TVM and nvcc, no GPU needed)::
+
+       python benchmarks/gpu_suite.py --prepare gpu_bundle            # every case
+       python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms M1 --programs rmsnorm
+
+   writes ``gpu_bundle/manifest.json`` and one cubin (and its CUDA source) per case.
+2. On the GPU machine (torch, CuPy; no TVM), in one call of at most 8 minutes::
+
+       python3 benchmarks/gpu_suite.py --bundle gpu_bundle --out $OUT/gpu_suite.json
+
+   checks every case against float64 on fresh inputs, then times it and its baselines with CUDA events over
+   CUDA-graph replays, rotating inputs so L2 does not serve repeats (``benchmarks/gpu_runner.py``).
+
+The JSON records the GPU, date and git commit; commit it under ``benchmarks/results/`` and update docs/gpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def prepare(args: argparse.Namespace) -> int:
+    from benchmarks import gpu_prepare as gpu_bundle
+    from benchmarks.common import machine_info
+    from gensorage.hw import load_profile
+
+    hw = load_profile(args.hw)
+    out = Path(args.prepare)
+    out.mkdir(parents=True, exist_ok=True)
+    gemms = {k: v for k, v in gpu_bundle.GEMMS.items() if not args.gemms or k in args.gemms}
+    programs = args.programs if args.programs is not None else gpu_bundle.program_names()
+    cases = []
+    t0 = time.perf_counter()
+    for name, dims in gemms.items():
+        cases += gpu_bundle.gemm_cases(hw, out, {name: dims})
+        print(f"[{time.perf_counter() - t0:6.1f}s] gemm {name}: {len(cases)} cases", file=sys.stderr)
+    if args.sweep:
+        sweep = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.sweep}
+        cases += gpu_bundle.sweep_cases(hw, out, sweep)
+        print(f"[{time.perf_counter() - t0:6.1f}s] sweep: {len(cases)} cases", file=sys.stderr)
+    for name in programs:
+        try:
+            cases.append(gpu_bundle.program_case(name, gpu_bundle.load_program(name), hw, out))
+        except Exception as exc:  # one program's failure is recorded, the bundle still gets the rest
+            print(f"program {name}: not bundled: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        print(f"[{time.perf_counter() - t0:6.1f}s] program {name}", file=sys.stderr)
+    info = machine_info()
+    prepared = {"machine": info, "date": info.get("date"), "commit": info.get("git_commit"), "hw": args.hw}
+    path = gpu_bundle.write_manifest(out, cases, prepared)
+    print(f"{len(cases)} cases -> {path}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from benchmarks import gpu_runner
+
+    gpu_runner.run_bundle(
+        Path(args.bundle),
+        Path(args.out),
+        deadline_s=args.deadline,
+        use_compile=not args.no_compile,
+        only=args.only,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--prepare", metavar="DIR", help="build the bundle here (TVM + nvcc)")
+    mode.add_argument("--bundle", metavar="DIR", help="measure a bundle on this machine's GPU")
+    ap.add_argument("--out", default="gpu_suite.json", help="result JSON (with --bundle)")
+    ap.add_argument("--deadline", type=float, default=420.0, help="seconds for all cases (with --bundle)")
+    ap.add_argument(
+        "--only", nargs="*", default=None, help="cases whose name contains one of these (with --bundle)"
+    )
+    ap.add_argument(
+        "--no-compile", action="store_true", help="skip the torch.compile baselines (with --bundle)"
+    )
+    ap.add_argument("--hw", default="h100", help="hardware profile (with --prepare)")
+    ap.add_argument("--gemms", nargs="*", default=None, help="GEMM names (default: all)")
+    ap.add_argument(
+        "--sweep", nargs="*", default=None, help="GEMM names to sweep many tilings of (with --prepare)"
+    )
+    ap.add_argument("--programs", nargs="*", default=None, help="program names (default: all bundled)")
+    args = ap.parse_args(argv)
+    return prepare(args) if args.prepare else run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""Construction of tensor-core matmul kernels: Gensor's Markov chain over the levels of an MMA kernel.
+
+The state is a :class:`~gensorage.codegen.tensor_core.TensorCoreTiles` (block tile, warp tile, reduction step,
+pipeline stages). An action doubles or halves one level or adds or removes a stage; its benefit is the drop of
+the predicted time (:func:`predict_tensor_core_time`). From the smallest kernel (one warp, one 16 x 16 tile,
+one stage) a chain moves with probability proportional to the benefit of each improving action (greedily at
+temperature 0) until no action improves; a few chains with different seeds run and the best state wins. Like
+the CUDA-core construction it measures nothing, and it is a pure function of (shape, dtype, profile, seed).
+
+The cost model prices what :mod:`gensorage.codegen.tensor_core` emits: ``mma.sync`` at the profile's tensor
+rate times the fraction of it that warp-level MMA reaches on the device (``mma_sync_fraction``), occupancy from
+registers, shared memory and threads, wave quantization, the bytes each level moves (the operand tiles every
+block re-reads from L2, the ldmatrix traffic from shared memory, DRAM traffic with L2 reuse within a wave),
+one exposed global round trip per reduction step when the loop is not pipelined, and the launch overhead.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from gensorage.codegen.tensor_core import MMA, WARP, TensorCoreTiles, shared_bytes
+from gensorage.errors import ScheduleError
+from gensorage.hw.profile import HwProfile
+
+CHAINS = 24
+MAX_STEPS = 64
+PLATEAU_WEIGHT = 0.05  # a plateau move's weight relative to the best improving move
+MAX_TILE = 256
+MAX_STAGES = 4
+MAX_BLOCK_K = 64  # the measured range of the calibration (benchmarks/results/gpu_suite-h200-*.json)
+REGISTER_OVERHEAD = 40  # addresses, loop counters and pipeline bookkeeping per thread (ptxas reports)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorCoreCost:
+    """The predicted time of a tensor-core kernel and the term that bounds it."""
+
+    total_s: float
+    bound: str
+    blocks: int
+    blocks_per_sm: int
+    waves: int
+
+
+def registers(t: TensorCoreTiles) -> int:
+    """Registers per thread: float32 accumulators, the A/B fragments of one k step, and overhead."""
+    acc = t.warp_m * t.warp_n // WARP
+    frags = (t.warp_m // MMA) * 4 + (t.warp_n // MMA) * 4
+    return acc + frags + REGISTER_OVERHEAD
+
+
+def predict_tensor_core_time(
+    dims: tuple[int, int, int, int], tiles: TensorCoreTiles, hw: HwProfile, dtype: str = "float16"
+) -> TensorCoreCost | None:
+    """Predicted time of the tensor-core kernel for ``(batch, m, n, k)``; None when it cannot run on ``hw``."""
+    from gensorage.markov.cost_model import blocks_per_sm
+
+    batch, m, n, k = dims
+    t = tiles
+    regs = registers(t)
+    smem = shared_bytes(t)
+    if t.invalid() or regs > hw.max_registers_per_thread or smem > hw.shared_mem_per_block:
+        return None
+    bps = blocks_per_sm(hw, t.threads, regs, smem)
+    if bps == 0:
+        return None
+    cal = hw.calibration
+    gm, gn, kp = -(-m // t.block_m), -(-n // t.block_n), -(-k // t.block_k) * t.block_k
+    blocks = batch * gm * gn
+    waves = -(-blocks // (hw.sm_count * bps))
+    resident = min(bps, -(-blocks // hw.sm_count))
+    # Tensor rate: a sub-core needs several independent MMAs in flight to hide the mma.sync latency.
+    in_flight = resident * t.warps / 4 * (t.warp_m // MMA) * (t.warp_n // 8)
+    ilp = min(1.0, in_flight / cal.mma_in_flight)
+    rate_sm = hw.flops(dtype, True) * cal.mma_sync_fraction / hw.sm_count
+    block_flops = 2.0 * t.block_m * t.block_n * kp
+    steps = kp // t.block_k
+    # Each reduction step also costs its barriers, the wait for its copies and its address arithmetic.
+    compute_s = resident * block_flops / (rate_sm * ilp) + steps * cal.step_cycles / hw.clock_hz
+    # Shared memory: operand tiles written once per step, ldmatrix reads per warp, the staged write-back.
+    ldmatrix = t.warps * (t.warp_m + t.warp_n) * kp * 2
+    staged = (t.block_m + t.block_n) * kp * 2 + 2 * t.block_m * t.block_n * 4
+    shared_s = resident * (ldmatrix + staged) / (hw.level("shared").bandwidth_Bps / hw.sm_count)
+    l2_bw = hw.level("l2").bandwidth_Bps * cal.l2_fraction
+    l2_s = resident * (t.block_m + t.block_n) * kp * 2 / (l2_bw / hw.sm_count)
+    # DRAM: C once; A once (a wave sweeps whole rows of blocks); B once per wave unless it stays in L2.
+    a_bytes, b_bytes, c_bytes = 2 * batch * m * k, 2 * batch * k * n, 2 * batch * m * n
+    b_reads = 1 if b_bytes <= hw.l2_bytes // 2 else waves
+    dram_s = (a_bytes + b_reads * b_bytes + c_bytes) / hw.level("dram").bandwidth_Bps
+    # Latency: a pipelined loop overlaps the copies with the MMAs; a one-stage loop waits for each step's tiles
+    # before its MMAs (in series), and only its filling steps are exposed otherwise.
+    global_lat = hw.level("dram").latency_cycles
+    if t.stages == 1:
+        compute_s += steps * global_lat / hw.clock_hz
+    latency_s = t.stages * global_lat / hw.clock_hz
+    # Little's law: the operand bytes in flight (one tile per pipeline stage ahead) over the memory latency.
+    ahead = max(1, t.stages - 1) * (t.block_m + t.block_n) * t.block_k * 2
+    flight_s = resident * (t.block_m + t.block_n) * kp * 2 * global_lat / (resident * ahead * hw.clock_hz)
+    terms = {
+        "compute": compute_s,
+        "shared": shared_s,
+        "l2": l2_s,
+        "latency": latency_s,
+        "in_flight": flight_s,
+    }
+    bound = max(terms, key=lambda name: terms[name])
+    wave_s = terms[bound]
+    if dram_s > waves * wave_s:
+        bound, body = "dram", dram_s
+    else:
+        body = waves * wave_s
+    return TensorCoreCost(cal.launch_overhead_s + body, bound, blocks, bps, waves)
+
+
+def neighbours(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> list[TensorCoreTiles]:
+    """The states one action away that fit the shape: one level doubled or halved, one stage more or less."""
+    out = []
+    for name in ("block_m", "block_n", "block_k", "warp_m", "warp_n"):
+        v = getattr(t, name)
+        out += [replace(t, **{name: v * 2}), replace(t, **{name: v // 2})]
+    out += [replace(t, stages=t.stages + 1), replace(t, stages=t.stages - 1)]
+    return [n for n in out if _fits(n, dims)]
+
+
+def _fits(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> bool:
+    _, m, n, k = dims
+    limits = (t.block_m <= max(MMA, _round16(m)), t.block_n <= max(MMA, _round16(n)))
+    return (
+        t.invalid() is None
+        and all(limits)
+        and max(t.block_m, t.block_n) <= MAX_TILE
+        and t.block_k <= min(MAX_BLOCK_K, max(MMA, _round16(k)))
+        and t.stages <= min(MAX_STAGES, max(1, -(-k // t.block_k)))
+        and (t.stages >= 2 or k <= t.block_k)  # a loop of several steps is pipelined
+    )
+
+
+def _round16(x: int) -> int:
+    return -(-x // MMA) * MMA
+
+
+def _chain(
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, rng: random.Random | None
+) -> tuple[float, TensorCoreTiles] | None:
+    """One Markov chain from the smallest kernel; returns the best state it visited.
+
+    The greedy chain (``rng`` None) takes the largest benefit and stops at the first local optimum. A random
+    chain moves with probability proportional to the benefit and also crosses plateaus (moves that change no
+    predicted time, such as a warp tile under an L2-bound block tile) with a small weight, for at most
+    ``MAX_STEPS`` moves.
+    """
+    state = TensorCoreTiles(MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2)
+    cost = predict_tensor_core_time(dims, state, hw, dtype)
+    if cost is None:
+        return None
+    time_s = cost.total_s
+    best = (time_s, state)
+    for _ in range(MAX_STEPS):
+        moves = []
+        for nxt in neighbours(state, dims):
+            c = predict_tensor_core_time(dims, nxt, hw, dtype)
+            if c is not None and c.total_s <= time_s:
+                moves.append((time_s - c.total_s, c.total_s, nxt))
+        better = [m for m in moves if m[0] > 0]
+        if rng is None:  # the greedy chain: the largest benefit
+            if not better:
+                break
+            _, time_s, state = max(better, key=lambda b: (b[0], b[2].describe()))
+        else:
+            if not moves:
+                break
+            floor = PLATEAU_WEIGHT * max([m[0] for m in better], default=time_s)
+            _, time_s, state = rng.choices(moves, weights=[max(m[0], floor) for m in moves])[0]
+        best = min(best, (time_s, state), key=lambda b: (b[0], b[1].describe()))
+    return best
+
+
+@lru_cache(maxsize=256)
+def construct_tensor_core(
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0
+) -> tuple[TensorCoreTiles, TensorCoreCost]:
+    """The tiles Gensor's construction picks for a ``(batch, m, n, k)`` matmul, with their predicted cost.
+
+    Raises
+    ------
+    ScheduleError
+        No tensor-core kernel fits ``hw`` (or its profile has no tensor-core rate for ``dtype``).
+    """
+    try:
+        hw.flops(dtype, True)
+    except KeyError:
+        raise ScheduleError(f"hardware profile {hw.name} has no tensor-core rate for {dtype}") from None
+    runs = [_chain(dims, hw, dtype, None)]
+    runs += [_chain(dims, hw, dtype, random.Random(seed * 1000 + c)) for c in range(CHAINS - 1)]
+    found = [r for r in runs if r is not None]
+    if not found:
+        raise ScheduleError(f"no tensor-core kernel fits {hw.name} for matmul {dims}")
+    _, best = min(found, key=lambda r: (r[0], r[1].describe()))
+    cost = predict_tensor_core_time(dims, best, hw, dtype)
+    assert cost is not None
+    return best, cost
+
+
+def tensor_core_flops(dims: tuple[int, int, int, int]) -> int:
+    return 2 * math.prod(dims)

@@ -1,0 +1,244 @@
+"""Tensor-core matmul kernels: the schedule's CPU twin against float64, the CUDA it emits, its construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gensorage.codegen.cuda_build import build_cubin, cubin_unavailable_reason
+from gensorage.codegen.launch import launch_specs
+from gensorage.codegen.predefined import matmul_prim_func
+from gensorage.codegen.tensor_core import (
+    RULE,
+    TensorCoreTiles,
+    build_config,
+    fragment_lane,
+    schedule_tensor_core,
+    shared_bytes,
+)
+from gensorage.construction.tensor_core import (
+    construct_tensor_core,
+    neighbours,
+    predict_tensor_core_time,
+    registers,
+)
+from gensorage.errors import ScheduleError
+from gensorage.hw import load_profile
+
+HW = load_profile("h100")
+SMALL = TensorCoreTiles(32, 32, 32, 16, 16, 2)
+
+
+def _run_twin(a: np.ndarray, b: np.ndarray, out_shape: tuple[int, ...], tiles: TensorCoreTiles) -> np.ndarray:
+    import tvm
+
+    func = matmul_prim_func(a.shape, b.shape, out_shape, "float16", "float16")
+    ex = tvm.compile(schedule_tensor_core(func, tiles, gpu=False).mod, target="llvm")
+    out = tvm.runtime.empty(out_shape, "float16", tvm.cpu())
+    ex(tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    return out.numpy()
+
+
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+
+
+def test_the_fragment_layout_is_a_bijection_onto_32_lanes_of_8() -> None:
+    # Every lane holds 8 elements of the 16 x 16 tile, and no two elements share a (lane, slot).
+    slots = {fragment_lane(i, j) for i in range(16) for j in range(16)}
+    assert len(slots) == 256
+    assert {lane for lane, _ in slots} == set(range(32))
+    assert {e for _, e in slots} == set(range(8))
+    # Lane 0 holds columns 0-1 and 8-9 of rows 0 and 8 (the PTX ISA's m16n8k16 A-fragment layout).
+    assert sorted(fragment_lane(i, j) for i in (0, 8) for j in (0, 1, 8, 9)) == [(0, e) for e in range(8)]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 70),
+    n=st.integers(1, 70),
+    k=st.integers(1, 70),
+    tiles=st.sampled_from(
+        [SMALL, TensorCoreTiles(16, 32, 16, 16, 16, 1), TensorCoreTiles(64, 32, 32, 32, 16, 3)]
+    ),
+    scale=st.sampled_from([1e-3, 1.0, 30.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_twin_matches_float64_at_any_shape_and_magnitude(
+    m: int, n: int, k: int, tiles: TensorCoreTiles, scale: float, seed: int
+) -> None:
+    # Shapes that are not tile multiples are padded; magnitudes up to 30 keep the fp16 output finite.
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((m, k)) * scale).astype(np.float16)
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    got = _run_twin(a, b, (m, n), tiles)
+    assert np.isfinite(got).all()
+    assert _rel(got, want) < 2e-3
+
+
+def test_twin_batched_and_broadcast_operands() -> None:
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 40, 48)).astype(np.float16)
+    b = rng.standard_normal((48, 24)).astype(np.float16)  # one B for every batch (a weight)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert _rel(_run_twin(a, b, (3, 40, 24), SMALL), want) < 2e-3
+    bb = rng.standard_normal((3, 48, 24)).astype(np.float16)
+    want = a.astype(np.float64) @ bb.astype(np.float64)
+    assert _rel(_run_twin(a, bb, (3, 40, 24), SMALL), want) < 2e-3
+
+
+def test_a_fragment_layout_other_than_the_intrinsics_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Any bijective layout computes the same function in the twin; what makes ours right is that it equals the
+    # layout TVM's ldmatrix/mma intrinsics assume, which tensorize checks against their descriptions.
+    import gensorage.codegen.tensor_core as tc
+
+    monkeypatch.setattr(
+        tc, "fragment_lane", lambda i, j: (4 * (j % 8) + (i % 8) // 2, 4 * (i // 8) + (j // 8) * 2 + i % 2)
+    )
+    func = matmul_prim_func((64, 64), (64, 64), (64, 64), "float16", "float16")
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((32, 32)).astype(np.float16)
+    b = rng.standard_normal((32, 32)).astype(np.float16)
+    assert _rel(_run_twin(a, b, (32, 32), SMALL), a.astype(np.float64) @ b.astype(np.float64)) < 2e-3
+    with pytest.raises(ScheduleError, match="tensor-core schedule"):
+        schedule_tensor_core(func, SMALL, gpu=True)
+
+
+def _cuda(tiles: TensorCoreTiles, shape: tuple[int, int, int] = (256, 256, 256)) -> str:
+    import tvm
+
+    from gensorage.codegen.cuda_build import cuda_target
+
+    m, n, k = shape
+    mod = schedule_tensor_core(matmul_prim_func((m, k), (k, n), (m, n), "float16", "float16"), tiles).mod
+    with tvm.transform.PassContext(config=build_config([RULE])):
+        ex = tvm.compile(mod, target=cuda_target(HW))
+    return str(ex.mod.imports[0].inspect_source())
+
+
+def test_emitted_cuda_uses_mma_ldmatrix_and_cp_async() -> None:
+    src = _cuda(TensorCoreTiles(64, 64, 32, 32, 32, 3))
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src  # B is row-major [K, N]
+    assert "cp.async" in src
+    # One stage: no asynchronous copies.
+    assert "cp.async" not in _cuda(TensorCoreTiles(64, 64, 32, 32, 32, 1))
+
+
+def test_ptx_has_mma_and_the_resource_report_fits() -> None:
+    if cubin_unavailable_reason() is not None:
+        pytest.skip(cubin_unavailable_reason())
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    src = _cuda(TensorCoreTiles(128, 128, 32, 64, 64, 3), (512, 512, 512))
+    assert build_cubin(src, HW.arch)
+    with tempfile.TemporaryDirectory() as d:
+        cu = Path(d) / "k.cu"
+        cu.write_text(src)
+        ptx = subprocess.run(
+            ["nvcc", "--ptx", f"-arch={HW.arch}", "-o", str(Path(d) / "k.ptx"), str(cu)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert ptx.returncode == 0
+        text = (Path(d) / "k.ptx").read_text()
+        report = subprocess.run(
+            ["nvcc", "--cubin", f"-arch={HW.arch}", "-Xptxas", "-v", "-o", str(Path(d) / "k.cubin"), str(cu)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+    assert re.search(r"mma\.sync\.aligned\.m16n8k16", text)
+    assert "ldmatrix" in text and "cp.async" in text
+    used = int(re.search(r"Used (\d+) registers", report).group(1))  # type: ignore[union-attr]
+    assert "0 bytes spill stores" in report
+    assert used <= 255
+
+
+def test_launch_specs_read_the_grid_block_and_shared_memory() -> None:
+    from gensorage.codegen.cuda_build import cuda_target
+
+    t = TensorCoreTiles(64, 128, 32, 32, 64, 2)
+    mod = schedule_tensor_core(
+        matmul_prim_func((200, 96), (96, 384), (200, 384), "float16", "float16"), t
+    ).mod
+    (launch,) = launch_specs(mod, cuda_target(HW), build_config([RULE]))
+    assert launch.grid == (4 * 3, 1, 1)  # ceil(200 / 64) x 384 / 128
+    assert launch.block == (32, t.warps, 1)
+    assert launch.args == (0, 1, 2)
+    assert 0 < launch.shared_bytes <= shared_bytes(t)
+
+
+def test_launch_specs_follow_the_given_order_not_the_modules() -> None:
+    # A µGraph of 11 kernels: the module sorts kernel10 before kernel2, the launches must not.
+    from gensorage.codegen.cuda_build import cuda_target
+    from gensorage.codegen.module import compile_ugraph, ir_module
+    from gensorage.program import load_config
+    from gensorage.ugraph import from_program
+
+    kernels = compile_ugraph(from_program(load_config("ntrans")), HW, "cuda").kernels()
+    names = [k.name for k in kernels]
+    assert len(names) > 10
+    launches = launch_specs(ir_module(kernels), cuda_target(HW), order=names)
+    assert [la.function for la in launches] == names
+    assert [la.kernel for la in launches] == [f"{n}_kernel" for n in names]
+
+
+@pytest.mark.parametrize(
+    ("tiles", "why"),
+    [
+        (TensorCoreTiles(24, 32, 32, 16, 16, 1), "block_m=24"),
+        (TensorCoreTiles(32, 32, 32, 32, 48, 1), "warp_n=48"),
+        (TensorCoreTiles(256, 256, 32, 16, 16, 1), "threads"),
+        (TensorCoreTiles(32, 32, 32, 16, 16, 0), "stages"),
+    ],
+)
+def test_tiles_that_cannot_be_scheduled_are_refused(tiles: TensorCoreTiles, why: str) -> None:
+    func = matmul_prim_func((64, 64), (64, 64), (64, 64), "float16", "float16")
+    with pytest.raises(ScheduleError, match=why):
+        schedule_tensor_core(func, tiles)
+
+
+@pytest.mark.parametrize(
+    "dims",
+    [(1, 8192, 8192, 8192), (1, 16, 4096, 4096), (1, 65536, 1024, 4), (4, 100, 72, 40), (1, 1, 16, 16)],
+)
+def test_construction_picks_tiles_that_fit_the_profile(dims: tuple[int, int, int, int]) -> None:
+    tiles, cost = construct_tensor_core(dims, HW)
+    assert tiles.invalid() is None
+    assert shared_bytes(tiles) <= HW.shared_mem_per_block
+    assert registers(tiles) <= HW.max_registers_per_thread
+    assert construct_tensor_core(dims, HW) == (tiles, cost)  # deterministic
+    # Never faster than the tensor rate or DRAM allow.
+    floor = 2 * np.prod(dims) / HW.flops("float16", True)
+    assert cost.total_s >= floor
+    # And no neighbour the chain could move to is predicted faster (a local optimum of the model).
+    for other in neighbours(tiles, dims):
+        c = predict_tensor_core_time(dims, other, HW)
+        assert c is None or c.total_s >= cost.total_s
+
+
+def test_large_gemms_get_large_block_tiles_and_a_pipeline() -> None:
+    tiles, cost = construct_tensor_core((1, 4096, 4096, 4096), HW)
+    assert tiles.block_m * tiles.block_n >= 64 * 128
+    assert tiles.stages >= 2
+    assert cost.bound == "compute"
+
+
+def test_calibration_comes_from_the_profile() -> None:
+    half = HW.calibration.mma_sync_fraction / 2
+    slow = dataclasses.replace(HW, calibration=dataclasses.replace(HW.calibration, mma_sync_fraction=half))
+    t = TensorCoreTiles(128, 128, 32, 64, 64, 3)
+    fast_c, slow_c = (predict_tensor_core_time((1, 4096, 4096, 4096), t, h) for h in (HW, slow))
+    assert fast_c is not None and slow_c is not None
+    assert slow_c.total_s > 1.5 * fast_c.total_s
