@@ -26,7 +26,7 @@ from typing import Any
 from gensorage.codegen.cuda_build import build_cubin, cuda_target
 from gensorage.codegen.launch import Launch, launch_specs
 from gensorage.codegen.module import compile_ugraph, ir_module
-from gensorage.codegen.predefined import matmul_prim_func
+from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.construction.tensor_core import construct_tensor_core, predict_tensor_core_time
@@ -102,17 +102,20 @@ def _gemm_case(
     out: Path,
     predicted: float | None,
     meta: dict[str, Any],
+    dtype: str = "float16",
 ) -> dict[str, Any]:
     m, n, k = dims
+    if dtype != "float16":
+        name = f"{name}_{dtype}"
     cubin = _cubin(mod, hw, config, out, f"{name}_{variant}")
     launches = launch_specs(mod, cuda_target(hw), config)
     names, shapes = ("A", "B", "C"), ((m, k), (k, n), (m, n))
     return {
         "name": f"gemm_{name}_{variant}",
         "kind": "gemm",
-        "dtype": "float16",
+        "dtype": dtype,
         "tensors": [
-            {"name": t, "shape": list(s), "dtype": "float16", "role": r, "view_of": None}
+            {"name": t, "shape": list(s), "dtype": dtype, "role": r, "view_of": None}
             for t, s, r in zip(names, shapes, ("input", "input", "output"), strict=True)
         ],
         "inputs_order": ["A", "B"],
@@ -126,24 +129,35 @@ def _gemm_case(
     }
 
 
-def gemm_cases(hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]]) -> list[dict[str, Any]]:
+def gemm_cases(
+    hw: HwProfile,
+    out: Path,
+    shapes: dict[str, tuple[int, int, int]],
+    dtype: str = "float16",
+    *,
+    variants: bool = True,
+) -> list[dict[str, Any]]:
+    """Per shape: the constructed tiling; with ``variants``, also the fixed tilings and the CUDA-core kernel."""
     cases = []
     for name, (m, n, k) in shapes.items():
         dims4 = (1, m, n, k)
-        tiles, cost = construct_tensor_core(dims4, hw)
+        tiles, cost = construct_tensor_core(dims4, hw, dtype)
         chosen = [("constructed", tiles, cost.total_s)]
-        for v in VARIANTS:
+        for v in VARIANTS if variants else ():
             c = predict_tensor_core_time(dims4, v, hw)
             if v != tiles and c is not None and v.block_m <= max(16, m) and v.block_n <= n:
                 chosen.append((_variant_name(v), v, c.total_s))
         for variant, t, predicted in chosen:
-            func = matmul_prim_func((m, k), (k, n), (m, n), "float16", "float16")
+            func = matmul_prim_func((m, k), (k, n), (m, n), dtype, dtype)
             mod = schedule_tensor_core(func, t).mod
             meta = {"tiles": dataclasses.asdict(t), "rule": f"{RULE}: {t.describe()}", "tensor_cores": True}
             cases.append(
-                _gemm_case(name, (m, n, k), variant, mod, build_config([RULE]), hw, out, predicted, meta)
+                _gemm_case(
+                    name, (m, n, k), variant, mod, build_config([RULE]), hw, out, predicted, meta, dtype
+                )
             )
-        cases.append(_cuda_core_case(name, (m, n, k), hw, out))
+        if variants:
+            cases.append(_cuda_core_case(name, (m, n, k), hw, out))
     return cases
 
 

@@ -23,11 +23,10 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,6 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from benchmarks.common import git_commit, machine_info, progress, write_json  # noqa: E402
 from benchmarks.gpu_bundle import (  # noqa: E402
     Case,
-    KernelSpec,
     ManifestError,
     allocate,
     draw_inputs,
@@ -53,16 +51,21 @@ from benchmarks.gpu_bundle import (  # noqa: E402
     reference,
     rel_err,
 )
+from benchmarks.gpu_device import (  # noqa: E402
+    Env,
+    ceilings,
+    device_facts,
+    load_kernels,
+    ours,
+    self_check,
+    time_replays,
+)
 from gensorage.baselines.torch_eager import TorchArith, torch_program  # noqa: E402
 from gensorage.program import Program  # noqa: E402
 
 CHECK_DRAWS = 2
-SAMPLES = 20
-MIN_SAMPLE_S = 1e-3
-WARMUP_REPLAYS = 3
 ROTATE_L2_FACTOR = 3  # inputs under this many L2 sizes are copied until the copies together reach it
 MAX_COPIES = 256
-STATIC_SMEM_LIMIT = 48 * 1024  # past this a kernel needs its dynamic shared-memory limit raised
 COMPILE_RESERVE_S = 30.0  # torch.compile is tried only with this much time left (its compile is unbounded)
 TIMING_RESERVE_S = 2.0
 CASE_RESERVE_S = 5.0
@@ -92,124 +95,7 @@ def rotation_count(input_bytes: int, footprint_bytes: int, l2_bytes: int, memory
     return max(1, min(want, MAX_COPIES, fits))
 
 
-# ------------------------------------------------------------------------------------ what runs on the GPU
-
-
-class Launch:
-    """One kernel launch on fixed pointers, onto torch's current stream (the capture stream while capturing)."""
-
-    def __init__(self, env: Env, func: Any, spec: KernelSpec, pointers: list[int]) -> None:
-        self.env, self.func, self.spec = env, func, spec
-        self.args = tuple(env.np.uint64(p) for p in pointers)  # 8-byte values: the kernels' pointer params
-
-    def __call__(self) -> None:
-        stream = self.env.cupy.cuda.ExternalStream(self.env.torch.cuda.current_stream().cuda_stream)
-        self.func(self.spec.grid, self.spec.block, self.args, shared_mem=self.spec.smem, stream=stream)
-
-
-def load_kernels(env: Env, case: Case) -> list[Any]:
-    """The case's functions (modules loaded once per cubin), with their shared-memory limit raised as needed."""
-    funcs = []
-    for spec in case.kernels:
-        path = str(env.bundle_dir / spec.cubin)
-        if path not in env.modules:
-            env.modules[path] = env.cupy.RawModule(path=path)
-        funcs.append(env.modules[path].get_function(spec.entry))
-    for func, spec in zip(funcs, case.kernels, strict=True):
-        if spec.smem > STATIC_SMEM_LIMIT and func.max_dynamic_shared_size_bytes < spec.smem:
-            func.max_dynamic_shared_size_bytes = spec.smem
-    return funcs
-
-
-def ours(env: Env, case: Case, funcs: list[Any], tensors: Mapping[str, Any]) -> Callable[[], list[Any]]:
-    launches = [
-        Launch(env, f, spec, [tensors[n].data_ptr() for n in spec.args])
-        for f, spec in zip(funcs, case.kernels, strict=True)
-    ]
-    outputs = [tensors[n] for n in case.outputs_order]
-
-    def run() -> list[Any]:
-        for launch in launches:
-            launch()
-        return outputs
-
-    return run
-
-
-def capture(torch: Any, fns: list[Callable[[], Any]]) -> Any:
-    """A CUDA graph of ``fns`` run in order, after one warm-up pass on a side stream (as torch asks)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fns:
-            f()
-    torch.cuda.synchronize()
-    return graph
-
-
-def event_time(torch: Any, step: Callable[[], Any], reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        step()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end)) / 1e3
-
-
-def time_replays(torch: Any, fns: list[Callable[[], Any]]) -> dict[str, Any]:
-    """Seconds per run of one of ``fns`` (one per input copy): graph replays of all, events around them."""
-    rec: dict[str, Any] = {"timing": "graph", "copies": len(fns)}
-    try:
-        graph = capture(torch, fns)
-        step: Callable[[], Any] = graph.replay
-    except Exception as exc:  # capture refused (an uncapturable call): time plain launches instead
-        torch.cuda.synchronize()
-        rec.update(timing="events", capture_error=one_line(exc))
-
-        def step() -> None:
-            for f in fns:
-                f()
-
-    for _ in range(WARMUP_REPLAYS):
-        step()
-    one = min(event_time(torch, step, 1) for _ in range(3))
-    reps = max(1, math.ceil(MIN_SAMPLE_S / max(one, 1e-9)))
-    samples = sorted(event_time(torch, step, reps) / (reps * len(fns)) for _ in range(SAMPLES))
-    deciles = statistics.quantiles(samples, n=10)
-    rec.update(median_s=statistics.median(samples), p10_s=deciles[0], p90_s=deciles[-1], reps=reps)
-    rec["samples"] = len(samples)
-    return rec
-
-
 # ------------------------------------------------------------------------------- methods: ours and baselines
-
-
-@dataclass
-class Env:
-    """What every case shares: the modules, the device, the shared caches and the flags."""
-
-    torch: Any
-    cupy: Any
-    np: Any
-    bundle_dir: Path
-    device: str = "cuda"
-    l2_bytes: int = 50 * 2**20
-    memory_bytes: int = 8 * 2**30
-    use_compile: bool = True
-    modules: dict[str, Any] = field(default_factory=dict)
-    # Baselines measured once per (kind, shape or program, dtype): a GEMM's tilings share one cuBLAS timing.
-    baselines: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-
-    def sync(self) -> None:
-        if self.device.startswith("cuda"):
-            self.torch.cuda.synchronize()
 
 
 def gemm_baselines(env: Env, case: Case, sets: list[dict[str, Any]], use_compile: bool) -> dict[str, Builder]:
@@ -412,95 +298,6 @@ def add_rates(rec: dict[str, Any]) -> None:
     rec["ours_gbps"] = (rec.get("min_bytes") or 0) / ours_s / 1e9
     if rec.get("predicted_s"):
         rec["predicted_over_measured"] = rec["predicted_s"] / ours_s
-
-
-# ---------------------------------------------------------------------------- the device, once per bundle
-
-
-SELF_CHECK_SRC = r"""
-extern "C" __global__ void gensorage_self_check(const float* x, float* y) {
-  extern __shared__ float buf[];  // launched with 64 KiB: needs the raised dynamic shared-memory limit
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  buf[threadIdx.x] = x[i]; __syncthreads(); y[i] = 2.0f * buf[threadIdx.x] + 1.0f;
-}
-"""
-
-
-def self_check(env: Env) -> dict[str, Any]:
-    """The launch path end to end on a kernel NVRTC compiles here: direct launch, graph replay, event timing."""
-    torch = env.torch
-    rec: dict[str, Any] = {"ok": False}
-    try:
-        func = env.cupy.RawKernel(SELF_CHECK_SRC, "gensorage_self_check")
-        func.max_dynamic_shared_size_bytes = 64 * 1024
-        x, y = torch.empty(256 * 256, device=env.device), torch.empty(256 * 256, device=env.device)
-        spec = KernelSpec("", "gensorage_self_check", (256, 1, 1), (256, 1, 1), 64 * 1024, ("x", "y"))
-        launch = Launch(env, func, spec, [x.data_ptr(), y.data_ptr()])
-        rec["direct"] = _self_check_run(torch, x, y, launch)
-        graph = capture(torch, [launch])
-        rec["graph"] = _self_check_run(torch, x, y, graph.replay)
-        rec.update(time_replays(torch, [launch]))
-        rec["ok"] = rec["direct"] and rec["graph"] and rec["timing"] == "graph"
-    except Exception as exc:
-        rec["error"] = one_line(exc)
-    return rec
-
-
-def _self_check_run(torch: Any, x: Any, y: Any, step: Callable[[], Any]) -> bool:
-    x.normal_()
-    y.fill_(float("nan"))
-    step()
-    torch.cuda.synchronize()
-    return bool(torch.equal(y, 2.0 * x + 1.0))
-
-
-def device_facts(torch: Any, cupy: Any) -> dict[str, Any]:
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": torch.cuda.get_device_name(0),
-        "sm_count": props.multi_processor_count,
-        "l2_bytes": getattr(props, "L2_cache_size", None),
-        "memory_bytes": props.total_memory,
-        "capability": f"{props.major}.{props.minor}",
-        "driver": nvidia_driver(),
-        "driver_cuda": cupy.cuda.runtime.driverGetVersion(),
-        "cuda_runtime": torch.version.cuda,
-        "torch": torch.__version__,
-        "cupy": cupy.__version__,
-    }
-
-
-def nvidia_driver() -> str | None:
-    try:
-        proc = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout.strip() or None
-
-
-def ceilings(torch: Any) -> dict[str, Any]:
-    """A 1 GiB device-to-device copy (bytes read + written) and an 8192^3 fp16 matmul, on random data."""
-
-    def copy_time() -> dict[str, Any]:
-        src = torch.randn(2**29, device="cuda", dtype=torch.float16)
-        dst = torch.empty_like(src)
-        return time_replays(torch, [lambda: dst.copy_(src)])
-
-    def matmul_time() -> dict[str, Any]:
-        a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.float16) for _ in range(2))
-        return time_replays(torch, [lambda: torch.matmul(a, b)])
-
-    copy, mm = copy_time(), matmul_time()
-    torch.cuda.empty_cache()
-    return {
-        "copy_gbps": 2 * 2**30 / copy["median_s"] / 1e9,
-        "copy": copy,
-        "matmul_fp16_tflops": 2 * 8192**3 / mm["median_s"] / 1e12,
-        "matmul": mm,
-    }
 
 
 # ----------------------------------------------------------------------------------------- the whole run

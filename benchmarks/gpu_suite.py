@@ -41,9 +41,12 @@ def prepare(args: argparse.Namespace) -> int:
     programs = args.programs if args.programs is not None else gpu_bundle.program_names()
     cases = []
     t0 = time.perf_counter()
-    for name, dims in gemms.items():
-        cases += gpu_bundle.gemm_cases(hw, out, {name: dims})
-        print(f"[{time.perf_counter() - t0:6.1f}s] gemm {name}: {len(cases)} cases", file=sys.stderr)
+    for dtype in args.dtypes:
+        for name, dims in gemms.items():
+            cases += gpu_bundle.gemm_cases(hw, out, {name: dims}, dtype, variants=not args.constructed_only)
+            print(
+                f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype}: {len(cases)} cases", file=sys.stderr
+            )
     if args.sweep:
         sweep = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.sweep}
         cases += gpu_bundle.sweep_cases(hw, out, sweep)
@@ -94,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep", nargs="*", default=None, help="GEMM names to sweep many tilings of (with --prepare)"
     )
     ap.add_argument("--programs", nargs="*", default=None, help="program names (default: all bundled)")
+    ap.add_argument(
+        "--dtypes", nargs="+", default=["float16", "bfloat16"], help="GEMM dtypes (with --prepare)"
+    )
+    ap.add_argument("--constructed-only", action="store_true", help="GEMMs: only the constructed tiling")
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)
 

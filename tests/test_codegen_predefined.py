@@ -166,13 +166,13 @@ def test_elementwise_ops_and_activations() -> None:
 def test_matmul_without_a_construction_schedule_falls_back_to_one_thread_per_element(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gensorage.codegen import predefined
+    from gensorage.codegen import predefined_matmul
     from gensorage.errors import ScheduleError
 
     def no_schedule(*args: object, **kwargs: object) -> None:
         raise ScheduleError("nothing fits")
 
-    monkeypatch.setattr(predefined, "construct_schedule", no_schedule)
+    monkeypatch.setattr(predefined_matmul, "construct_schedule", no_schedule)
     # float32: the tensor-core path (float16 only) does not apply either.
     g = _graph([("A", (2, 3, 4, 5)), ("B", (5, 6))], [KernelOp(Op.MATMUL, (0, 1))], dtype="float32")
     cg = compile_ugraph(g, HW, "llvm")

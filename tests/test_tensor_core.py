@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gensorage.codegen.cuda_build import build_cubin, cubin_unavailable_reason
 from gensorage.codegen.launch import launch_specs
-from gensorage.codegen.predefined import matmul_prim_func
+from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import (
     RULE,
     TensorCoreTiles,
@@ -27,6 +27,7 @@ from gensorage.construction.tensor_core import (
     predict_tensor_core_time,
     registers,
 )
+from gensorage.dtypes import numpy_dtype
 from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
 
@@ -37,9 +38,10 @@ SMALL = TensorCoreTiles(32, 32, 32, 16, 16, 2)
 def _run_twin(a: np.ndarray, b: np.ndarray, out_shape: tuple[int, ...], tiles: TensorCoreTiles) -> np.ndarray:
     import tvm
 
-    func = matmul_prim_func(a.shape, b.shape, out_shape, "float16", "float16")
+    dtype = "bfloat16" if a.dtype == numpy_dtype("bfloat16") else "float16"
+    func = matmul_prim_func(a.shape, b.shape, out_shape, dtype, dtype)
     ex = tvm.compile(schedule_tensor_core(func, tiles, gpu=False).mod, target="llvm")
-    out = tvm.runtime.empty(out_shape, "float16", tvm.cpu())
+    out = tvm.runtime.empty(out_shape, dtype, tvm.cpu())
     ex(tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
     return out.numpy()
 
@@ -68,18 +70,20 @@ def test_the_fragment_layout_is_a_bijection_onto_32_lanes_of_8() -> None:
     ),
     scale=st.sampled_from([1e-3, 1.0, 30.0]),
     seed=st.integers(0, 2**16),
+    dtype=st.sampled_from(["float16", "bfloat16"]),
 )
 def test_twin_matches_float64_at_any_shape_and_magnitude(
-    m: int, n: int, k: int, tiles: TensorCoreTiles, scale: float, seed: int
+    m: int, n: int, k: int, tiles: TensorCoreTiles, scale: float, seed: int, dtype: str
 ) -> None:
     # Shapes that are not tile multiples are padded; magnitudes up to 30 keep the fp16 output finite.
     rng = np.random.default_rng(seed)
-    a = (rng.standard_normal((m, k)) * scale).astype(np.float16)
-    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    a = (rng.standard_normal((m, k)) * scale).astype(numpy_dtype(dtype))
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(numpy_dtype(dtype))
     want = a.astype(np.float64) @ b.astype(np.float64)
-    got = _run_twin(a, b, (m, n), tiles)
+    got = _run_twin(a, b, (m, n), tiles).astype(np.float64)
     assert np.isfinite(got).all()
-    assert _rel(got, want) < 2e-3
+    # One rounding of the float32 accumulator to the output dtype: 2^-11 (float16), 2^-8 (bfloat16).
+    assert _rel(got, want) < (2e-3 if dtype == "float16" else 8e-3)
 
 
 def test_twin_batched_and_broadcast_operands() -> None:
@@ -110,13 +114,15 @@ def test_a_fragment_layout_other_than_the_intrinsics_is_refused(monkeypatch: pyt
         schedule_tensor_core(func, SMALL, gpu=True)
 
 
-def _cuda(tiles: TensorCoreTiles, shape: tuple[int, int, int] = (256, 256, 256)) -> str:
+def _cuda(
+    tiles: TensorCoreTiles, shape: tuple[int, int, int] = (256, 256, 256), dtype: str = "float16"
+) -> str:
     import tvm
 
     from gensorage.codegen.cuda_build import cuda_target
 
     m, n, k = shape
-    mod = schedule_tensor_core(matmul_prim_func((m, k), (k, n), (m, n), "float16", "float16"), tiles).mod
+    mod = schedule_tensor_core(matmul_prim_func((m, k), (k, n), (m, n), dtype, dtype), tiles).mod
     with tvm.transform.PassContext(config=build_config([RULE])):
         ex = tvm.compile(mod, target=cuda_target(HW))
     return str(ex.mod.imports[0].inspect_source())
@@ -130,6 +136,19 @@ def test_emitted_cuda_uses_mma_ldmatrix_and_cp_async() -> None:
     assert "cp.async" in src
     # One stage: no asynchronous copies.
     assert "cp.async" not in _cuda(TensorCoreTiles(64, 64, 32, 32, 32, 1))
+
+
+def test_bfloat16_uses_the_bf16_mma_and_the_same_loads() -> None:
+    src = _cuda(TensorCoreTiles(64, 64, 32, 32, 32, 3), dtype="bfloat16")
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in src
+    assert "f16.f16" not in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src and "cp.async" in src
+
+
+def test_other_operand_dtypes_are_refused() -> None:
+    func = matmul_prim_func((32, 32), (32, 32), (32, 32), "float32", "float32")
+    with pytest.raises(ScheduleError, match="float32"):
+        schedule_tensor_core(func, SMALL)
 
 
 def test_ptx_has_mma_and_the_resource_report_fits() -> None:

@@ -1,9 +1,10 @@
-"""What an emitted kernel is: the TVMScript text of one PrimFunc, its parameters and its launch shape."""
+"""What an emitted kernel is: the TVMScript text of one PrimFunc (or a scheduled PrimFunc), its parameters and its
+launch shape."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from gensorage.ugraph.ir import Ref
 
@@ -39,3 +40,16 @@ class KernelText:
 
 
 __all__ = ["TARGETS", "KernelParam", "KernelText", "Target"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledKernel:
+    """A kernel lowered by :mod:`gensorage.codegen.lower_schedule` (a PrimFunc rather than text)."""
+
+    name: str
+    op_index: int
+    func: Any
+    params: tuple[KernelParam, ...]
+    threads: int
+    rule: str
+    component: int | None = None  # field mode: which residue (0: mod p, 1: mod q) this kernel computes

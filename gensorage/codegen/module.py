@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from gensorage.codegen.barriers import explicit_barriers, has_explicit_barriers
-from gensorage.codegen.predefined import ScheduledKernel, emit_predefined, is_alias
+from gensorage.codegen.kernel_text import ScheduledKernel
+from gensorage.codegen.predefined import emit_predefined, is_alias
 from gensorage.codegen.scalar import FloatScalar, Scalar
 from gensorage.codegen.ugraph_tir import (
     TARGETS,

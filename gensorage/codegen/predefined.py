@@ -1,13 +1,8 @@
 """Pre-defined kernel ops of a µGraph lowered to TVM PrimFuncs.
 
-- ``matmul`` (2-D or batched, numpy broadcasting over batch dims): the construction tuner's kernel. The tile
-  workload (:func:`gensorage.construction.block_threads.matmul_workload`: ``gemm`` or ``batch_matmul`` with the
-  batch dims flattened) is scheduled by :func:`gensorage.markov.construct`, and the schedule is applied by
-  :func:`gensorage.codegen.lower_schedule.lower` to a PrimFunc with the same axes whose loads follow the
-  broadcast and whose write-back casts to the tensor's dtype (16-bit inputs accumulate in float32). In field
-  mode the same schedule is applied to an int64 reduction of ``truncmod(a * b, m)`` with a ``mod m`` epilogue,
-  once per modulus (component). When the construction finds no schedule that fits, the matmul falls back to
-  one thread per output element (the rule of the next item).
+- ``matmul``: :mod:`gensorage.codegen.predefined_matmul` (tensor cores for 16-bit operands, the construction
+  tuner's CUDA-core kernel otherwise); a matrix-vector product of a few rows gets the cooperative kernel below;
+  a matmul no construction fits falls back to one thread per output element (the rule of the next item).
 - elementwise ops, ``sum`` (full or grouped), ``repeat`` and ``concat``: one thread per output element,
   ``threads`` from the fallback rule of :mod:`gensorage.construction.block_threads`, blocks along x.
 - ``reshape``: no kernel: the output is a view of the input (row-major, contiguous).
@@ -15,16 +10,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 from gensorage.codegen.gpu_limits import MAX_GRID
-from gensorage.codegen.kernel_text import KernelParam, KernelText, Target
-from gensorage.codegen.scalar import FIELD_PARAMS, FieldScalar, Scalar
+from gensorage.codegen.kernel_text import KernelParam, KernelText, ScheduledKernel, Target
+from gensorage.codegen.predefined_matmul import matmul_kernels, tensor_core_kernels
+from gensorage.codegen.scalar import FIELD_PARAMS, Scalar
 from gensorage.codegen.tir_text import (
     Ix,
     Writer,
@@ -34,8 +28,8 @@ from gensorage.codegen.tir_text import (
     summed_index,
     unravel,
 )
-from gensorage.construction import construct_schedule, fallback_threads, matmul_workload
-from gensorage.errors import ScheduleError, UnsupportedOpError
+from gensorage.construction import fallback_threads
+from gensorage.errors import UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
@@ -45,203 +39,9 @@ from gensorage.ugraph.shapes import GraphInfo
 _MAX_BLOCKS_X = MAX_GRID[0]
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledKernel:
-    """A kernel lowered by :mod:`gensorage.codegen.lower_schedule` (a PrimFunc rather than text)."""
-
-    name: str
-    op_index: int
-    func: Any
-    params: tuple[KernelParam, ...]
-    threads: int
-    rule: str
-    component: int | None = None  # field mode: which residue (0: mod p, 1: mod q) this kernel computes
-
-
 def is_alias(op: KernelOp) -> bool:
     """Ops that need no kernel (their output is a view of their input)."""
     return op.op is Op.RESHAPE
-
-
-# ------------------------------------------------------------------------------------------- matmul
-
-
-@dataclass(frozen=True, slots=True)
-class _MatmulShape:
-    a: tuple[int, ...]
-    b: tuple[int, ...]
-    out: tuple[int, ...]
-
-    @property
-    def batch(self) -> tuple[int, ...]:
-        return self.out[:-2]
-
-    @property
-    def dims(self) -> tuple[int, int, int, int]:
-        return math.prod(self.batch), self.out[-2], self.out[-1], self.a[-1]
-
-    def flat(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The kernel's view of an operand: batch dims flattened into one (none for 2-D matmuls)."""
-        return shape if not self.batch or len(shape) == 2 else (math.prod(shape[:-2]), *shape[-2:])
-
-
-def _batch_index(b: Any, batch: tuple[int, ...], operand: tuple[int, ...]) -> Any:
-    """Flat batch index into ``operand``'s batch dims (numpy-broadcast against ``batch``) for output batch ``b``."""
-    from tvm import tirx
-
-    if operand == batch:
-        return b
-    lead = len(batch) - len(operand)
-    flat: Any = tirx.const(0, "int32")
-    stride = 1
-    for d in reversed(range(len(operand))):
-        if operand[d] != 1:
-            inner = math.prod(batch[lead + d + 1 :])
-            flat = flat + tirx.floormod(tirx.floordiv(b, inner), batch[lead + d]) * stride
-        stride *= operand[d]
-    return flat
-
-
-def _matmul_build(ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | None) -> Any:
-    """Build function of the lowered workload: broadcast loads, reduction, cast (float) or mod (field) epilogue."""
-    from tvm import te, tirx
-
-    def build() -> Any:
-        in_dtype = "int64" if modulus is not None else dtype
-        a = te.placeholder(ms.flat(ms.a), in_dtype, name="A")
-        bt = te.placeholder(ms.flat(ms.b), in_dtype, name="B")
-        _, m, n, kdim = ms.dims
-        k = te.reduce_axis((0, kdim), name="k")
-        acc = "int64" if modulus is not None else ("float32" if dtype in ("float16", "bfloat16") else dtype)
-
-        def term(x: Any, y: Any) -> Any:
-            if modulus is not None:
-                return tirx.truncmod(x * y, tirx.const(modulus, "int64"))
-            return x.astype(acc) * y.astype(acc)
-
-        if ms.batch:
-
-            def body(b: Any, i: Any, j: Any) -> Any:
-                ai = (_batch_index(b, ms.batch, ms.a[:-2]), i, k) if len(ms.a) > 2 else (i, k)
-                bi = (_batch_index(b, ms.batch, ms.b[:-2]), k, j) if len(ms.b) > 2 else (k, j)
-                return te.sum(term(a[ai], bt[bi]), axis=k)
-
-            c = te.compute((math.prod(ms.batch), m, n), body, name="C")
-        else:
-            c = te.compute((m, n), lambda i, j: te.sum(term(a[i, k], bt[k, j]), axis=k), name="C")
-        if modulus is not None:
-            d = te.compute(c.shape, lambda *ix: tirx.truncmod(c[ix], tirx.const(modulus, "int64")), name="D")
-        elif out_dtype != acc:
-            d = te.compute(c.shape, lambda *ix: c[ix].astype(out_dtype), name="D")
-        else:
-            d = c
-        return te.create_prim_func([a, bt, d])
-
-    return build
-
-
-def matmul_prim_func(
-    a: tuple[int, ...], b: tuple[int, ...], out: tuple[int, ...], dtype: str, out_dtype: str
-) -> Any:
-    """The PrimFunc a matmul kernel op of these shapes is scheduled from (float arithmetic)."""
-    return _matmul_build(_MatmulShape(a, b, out), dtype, out_dtype, None)()
-
-
-def _tensor_core_kernels(
-    g: KernelGraph,
-    k: int,
-    info: GraphInfo,
-    hw: HwProfile,
-    target: Target,
-    scalar: Scalar,
-    name: str,
-    seed: int,
-) -> list[ScheduledKernel]:
-    """The matmul on tensor cores when its operands are float16 (none otherwise).
-
-    The field twin and the llvm twin run the same tiling without tensorization (see
-    :mod:`gensorage.codegen.tensor_core`).
-    """
-    from gensorage.codegen.tensor_core import MMA_DTYPES, RULE, schedule_tensor_core
-    from gensorage.construction.tensor_core import construct_tensor_core
-
-    op = g.ops[k]
-    assert isinstance(op, KernelOp)
-    ta, tb = (info.of(r) for r in op.inputs)
-    out = info.nodes[len(g.inputs) + k][0]
-    if ta.dtype not in MMA_DTYPES or tb.dtype != ta.dtype:
-        return []
-    ms = _MatmulShape(ta.shape, tb.shape, out.shape)
-    try:
-        tiles, cost = construct_tensor_core(ms.dims, hw, ta.dtype, seed)
-    except ScheduleError:
-        return []
-    rule = f"{RULE} construct on matmul {list(ms.dims)}: {tiles.describe()}"
-    mods: list[int | None] = list(scalar.mods) if isinstance(scalar, FieldScalar) else [None]
-    kernels = []
-    for c, m in enumerate(mods):
-        func = _matmul_build(ms, ta.dtype, out.dtype, m)()
-        try:
-            sch = schedule_tensor_core(func, tiles, gpu=target == "cuda")
-        except ScheduleError as exc:
-            raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
-        kname = name if m is None else f"{name}_c{c}"
-        dt = "int64" if m is not None else None
-        params = (
-            KernelParam("A", "input", op.inputs[0], ms.flat(ta.shape), dt or ta.dtype),
-            KernelParam("B", "input", op.inputs[1], ms.flat(tb.shape), dt or tb.dtype),
-            KernelParam("C", "output", Ref(len(g.inputs) + k), ms.flat(out.shape), dt or out.dtype),
-        )
-        f = sch.mod["main"].with_attr("global_symbol", kname)
-        kernels.append(ScheduledKernel(kname, k, f, params, tiles.threads, rule, None if m is None else c))
-    return kernels
-
-
-def _matmul_kernels(
-    g: KernelGraph,
-    k: int,
-    info: GraphInfo,
-    hw: HwProfile,
-    target: Target,
-    scalar: Scalar,
-    name: str,
-    seed: int,
-) -> list[ScheduledKernel]:
-    from gensorage.codegen.lower_schedule import lower, threads_per_block
-
-    op = g.ops[k]
-    assert isinstance(op, KernelOp)
-    ta, tb = (info.of(r) for r in op.inputs)
-    out = info.nodes[len(g.inputs) + k][0]
-    ms = _MatmulShape(ta.shape, tb.shape, out.shape)
-    base = matmul_workload(*ms.dims, ta.dtype)
-    try:
-        schedule = construct_schedule(base, hw, seed)
-    except ScheduleError:
-        return []  # no schedule fits: the caller emits the one-thread-per-element kernel
-    rule = (
-        f"markov construct on {base.key()}: T0={list(schedule.tiles[0])}, T1={list(schedule.tiles[1])}, "
-        f"vthreads={list(schedule.vthreads)}"
-    )
-    threads = threads_per_block(base, schedule)
-    mods: list[int | None] = list(scalar.mods) if isinstance(scalar, FieldScalar) else [None]
-    kernels = []
-    for c, m in enumerate(mods):
-        wl = dataclasses.replace(base, build=_matmul_build(ms, ta.dtype, out.dtype, m))
-        try:
-            mod = lower(wl, schedule, target, hw=hw if target == "cuda" else None)
-        except ScheduleError as exc:
-            raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
-        kname = name if m is None else f"{name}_c{c}"
-        func = mod["main"].with_attr("global_symbol", kname)
-        dt = "int64" if m is not None else None
-        params = (
-            KernelParam("A", "input", op.inputs[0], ms.flat(ta.shape), dt or ta.dtype),
-            KernelParam("B", "input", op.inputs[1], ms.flat(tb.shape), dt or tb.dtype),
-            KernelParam("C", "output", Ref(len(g.inputs) + k), ms.flat(out.shape), dt or out.dtype),
-        )
-        kernels.append(ScheduledKernel(kname, k, func, params, threads, rule, None if m is None else c))
-    return kernels
 
 
 # ------------------------------------------------------------------------------------------- simple kernels
@@ -626,7 +426,7 @@ def emit_predefined(
         matvec = _cooperative_matvec(g, k, info, hw, target, scalar, name)
         if matvec is not None:
             return [matvec]
-        scheduled = _tensor_core_kernels(g, k, info, hw, target, scalar, name, seed) or _matmul_kernels(
+        scheduled = tensor_core_kernels(g, k, info, hw, target, scalar, name, seed) or matmul_kernels(
             g, k, info, hw, target, scalar, name, seed
         )
         if scheduled:
@@ -637,4 +437,4 @@ def emit_predefined(
     ]
 
 
-__all__ = ["ScheduledKernel", "emit_predefined", "is_alias"]
+__all__ = ["emit_predefined", "is_alias"]

@@ -37,7 +37,7 @@ from gensorage.errors import ScheduleError, first_line
 
 MMA = 16  # the m16n8k16 instruction pair covers a 16 x 16 x 16 tile
 WARP = 32
-MMA_DTYPES = ("float16",)  # operand dtypes this lowering emits MMA for
+MMA_DTYPES = ("float16", "bfloat16")  # operand dtypes this lowering emits MMA for
 RULE = "tensor-core"  # how a kernel's rule names this lowering
 
 
@@ -97,12 +97,41 @@ def build_config(rules: Any) -> dict[str, Any]:
     return {"tirx.use_async_copy": 1} if any(r.startswith(RULE) for r in rules) else {}
 
 
+@dataclass(frozen=True, slots=True)
+class Intrinsics:
+    """The names of the tensor intrinsics one operand dtype is tensorized with."""
+
+    load_a: str
+    load_b: str
+    mma: str
+    fill: str
+    store: str
+
+
 @cache
-def _intrinsics() -> Any:
-    """TVM's CUDA tensor intrinsics (registering them imports a large module once per process)."""
+def intrinsics(dtype: str) -> Intrinsics:
+    """TVM's float16 intrinsics, or the bfloat16 ones of :mod:`gensorage.codegen.mma_bfloat16`.
+
+    Importing TVM's CUDA intrinsics registers them, which takes seconds once per process: only the GPU
+    schedule asks for them.
+    """
     from tvm.s_tir.tensor_intrin import cuda
 
-    return cuda
+    fill, store = cuda.MMA_fill_16x16_f32_INTRIN, cuda.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE
+    if dtype == "float16":
+        return Intrinsics(
+            cuda.LDMATRIX_f16_A_DYN_INTRIN,
+            cuda.LDMATRIX_f16_B_DYN_INTRIN,
+            cuda.MMA_f16f16f32_INTRIN,
+            fill,
+            store,
+        )
+    if dtype == "bfloat16":
+        from gensorage.codegen import mma_bfloat16 as bf
+
+        bf.register()
+        return Intrinsics(bf.LDMATRIX_A, bf.LDMATRIX_B, bf.MMA, fill, store)
+    raise ScheduleError(f"tensor-core schedule: no MMA intrinsics for operand dtype {dtype}")
 
 
 def fragment_lane(i: Any, j: Any) -> tuple[Any, Any]:
@@ -169,8 +198,14 @@ def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True)
 
 
 def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool) -> None:
-    ci = _intrinsics() if gpu else None  # importing them takes seconds: only the GPU path needs them
     main = sch.get_sblock("C")
+    dtypes = sorted({str(r.source.dtype) for r in sch.get(main).reads if r.source.name in ("A", "B")})
+    if len(dtypes) != 1 or dtypes[0] not in MMA_DTYPES:
+        raise ScheduleError(
+            f"tensor-core schedule: operands of dtypes {dtypes}, expected one of {MMA_DTYPES}"
+        )
+    dtype = dtypes[0]
+    ci = intrinsics(dtype) if gpu else None
     nbatch = len(sch.get_loops(main)) - 3
     sch.pad_einsum(main, [1] * nbatch + [t.block_m, t.block_n, t.block_k])
     loops = sch.get_loops(main)
@@ -214,11 +249,11 @@ def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool) -> None:
     _copy_out(sch, staged, t.warps, gpu=gpu)
     if ci is None:
         return
-    sch.tensorize(a_loop, ci.LDMATRIX_f16_A_DYN_INTRIN)
-    sch.tensorize(b_loop, ci.LDMATRIX_f16_B_DYN_INTRIN)
-    sch.tensorize(sch.get_loops(main)[-3], ci.MMA_f16f16f32_INTRIN)
-    sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], ci.MMA_fill_16x16_f32_INTRIN)
-    sch.tensorize(store_loop, ci.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE)
+    sch.tensorize(a_loop, ci.load_a)
+    sch.tensorize(b_loop, ci.load_b)
+    sch.tensorize(sch.get_loops(main)[-3], ci.mma)
+    sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], ci.fill)
+    sch.tensorize(store_loop, ci.store)
     inner = t.fragment_pipeline and t.block_k > MMA
     if inner:
         # Fragments of the next 16-wide k step are loaded (ldmatrix) while this step's MMAs run.

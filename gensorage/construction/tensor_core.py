@@ -27,6 +27,7 @@ from gensorage.hw.profile import HwProfile
 
 CHAINS = 24
 MAX_STEPS = 64
+TIE = 0.02  # predicted times this close count as equal
 PLATEAU_WEIGHT = 0.05  # a plateau move's weight relative to the best improving move
 MAX_TILE = 256
 MAX_STAGES = 4
@@ -89,15 +90,18 @@ def predict_tensor_core_time(
     # DRAM: C once; A once (a wave sweeps whole rows of blocks); B once per wave unless it stays in L2.
     a_bytes, b_bytes, c_bytes = 2 * batch * m * k, 2 * batch * k * n, 2 * batch * m * n
     b_reads = 1 if b_bytes <= hw.l2_bytes // 2 else waves
-    dram_s = (a_bytes + b_reads * b_bytes + c_bytes) / hw.level("dram").bandwidth_Bps
+    dram_s = (a_bytes + b_reads * b_bytes + c_bytes) / (hw.level("dram").bandwidth_Bps * cal.dram_fraction)
     # Latency: a pipelined loop overlaps the copies with the MMAs; a one-stage loop waits for each step's tiles
     # before its MMAs (in series), and only its filling steps are exposed otherwise.
     global_lat = hw.level("dram").latency_cycles
     if t.stages == 1:
         compute_s += steps * global_lat / hw.clock_hz
     latency_s = t.stages * global_lat / hw.clock_hz
-    # Little's law: the operand bytes in flight (one tile per pipeline stage ahead) over the memory latency.
-    ahead = max(1, t.stages - 1) * (t.block_m + t.block_n) * t.block_k * 2
+    # Little's law: the operand bytes in flight (one tile per pipeline stage ahead, at most what the block's
+    # warps keep outstanding) over the memory latency.
+    ahead = min(
+        max(1, t.stages - 1) * (t.block_m + t.block_n) * t.block_k * 2, t.warps * cal.warp_flight_bytes
+    )
     flight_s = resident * (t.block_m + t.block_n) * kp * 2 * global_lat / (resident * ahead * hw.clock_hz)
     terms = {
         "compute": compute_s,
@@ -144,8 +148,8 @@ def _round16(x: int) -> int:
 
 def _chain(
     dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, rng: random.Random | None
-) -> tuple[float, TensorCoreTiles] | None:
-    """One Markov chain from the smallest kernel; returns the best state it visited.
+) -> list[tuple[float, TensorCoreTiles]]:
+    """One Markov chain from the smallest kernel; returns the states it visited with their predicted times.
 
     The greedy chain (``rng`` None) takes the largest benefit and stops at the first local optimum. A random
     chain moves with probability proportional to the benefit and also crosses plateaus (moves that change no
@@ -155,9 +159,9 @@ def _chain(
     state = TensorCoreTiles(MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2)
     cost = predict_tensor_core_time(dims, state, hw, dtype)
     if cost is None:
-        return None
+        return []
     time_s = cost.total_s
-    best = (time_s, state)
+    visited = [(time_s, state)]
     for _ in range(MAX_STEPS):
         moves = []
         for nxt in neighbours(state, dims):
@@ -174,8 +178,8 @@ def _chain(
                 break
             floor = PLATEAU_WEIGHT * max([m[0] for m in better], default=time_s)
             _, time_s, state = rng.choices(moves, weights=[max(m[0], floor) for m in moves])[0]
-        best = min(best, (time_s, state), key=lambda b: (b[0], b[1].describe()))
-    return best
+        visited.append((time_s, state))
+    return visited
 
 
 @lru_cache(maxsize=256)
@@ -193,15 +197,37 @@ def construct_tensor_core(
         hw.flops(dtype, True)
     except KeyError:
         raise ScheduleError(f"hardware profile {hw.name} has no tensor-core rate for {dtype}") from None
-    runs = [_chain(dims, hw, dtype, None)]
-    runs += [_chain(dims, hw, dtype, random.Random(seed * 1000 + c)) for c in range(CHAINS - 1)]
-    found = [r for r in runs if r is not None]
+    found = _chain(dims, hw, dtype, None)
+    for c in range(CHAINS - 1):
+        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c))
     if not found:
         raise ScheduleError(f"no tensor-core kernel fits {hw.name} for matmul {dims}")
-    _, best = min(found, key=lambda r: (r[0], r[1].describe()))
-    cost = predict_tensor_core_time(dims, best, hw, dtype)
+    fastest = min(t for t, _ in found)
+    near = {s for t, s in found if t <= fastest * (1 + TIE)}
+    costs = {s: predict_tensor_core_time(dims, s, hw, dtype) for s in near}
+    best = max(near, key=lambda s: _tie_break(s, costs[s], hw))
+    cost = costs[best]
     assert cost is not None
     return best, cost
+
+
+def _tie_break(t: TensorCoreTiles, cost: TensorCoreCost | None, hw: HwProfile) -> tuple[float, ...]:
+    """The preference among states the model predicts within ``TIE`` of each other.
+
+    Memory-bound (the DRAM bound leaves many states equal): the most warps resident over the whole GPU (the
+    most copies in flight; on the H200, one-warp blocks of small-M GEMMs measured up to 1.6x slower than
+    four-warp ones the model priced the same), then the predicted time, then wider and deeper tiles.
+    Otherwise: the largest block tile (the most reuse per byte from L2), then the fewest stages.
+    """
+    assert cost is not None
+    if cost.bound == "dram":
+        return (_resident_warps(t, cost, hw), -cost.total_s, t.block_n, t.stages)
+    return (t.block_m * t.block_n, -t.stages, -cost.total_s)
+
+
+def _resident_warps(t: TensorCoreTiles, cost: TensorCoreCost | None, hw: HwProfile) -> int:
+    assert cost is not None
+    return min(cost.blocks, hw.sm_count * cost.blocks_per_sm) * t.warps
 
 
 def tensor_core_flops(dims: tuple[int, int, int, int]) -> int:

@@ -26,7 +26,8 @@ class Calibration:
 
     ``mma_sync_fraction``: the fraction of the tensor peak that warp-level ``mma.sync`` reaches (Hopper's full
     rate needs ``wgmma``); ``l2_fraction``: the fraction of the profile's L2 bandwidth that the operand tiles
-    of a GEMM stream at; ``mma_in_flight``: independent MMAs per SM sub-core that hide its latency;
+    of a GEMM stream at; ``dram_fraction`` likewise for DRAM; ``warp_flight_bytes``: the operand bytes one
+    warp keeps in flight (its outstanding asynchronous copies); ``mma_in_flight``: independent MMAs per SM sub-core that hide its latency;
     ``step_cycles``: the cycles one reduction step costs besides its MMAs (barriers, waiting for its copies,
     address arithmetic); ``launch_overhead_s``: one kernel launch as a device timer sees it
     back to back (CUDA-graph replay).
@@ -34,6 +35,8 @@ class Calibration:
 
     mma_sync_fraction: float = 0.6
     l2_fraction: float = 1.0
+    dram_fraction: float = 1.0
+    warp_flight_bytes: float = 8192.0
     mma_in_flight: float = 4.0
     step_cycles: float = 100.0
     launch_overhead_s: float = 2e-6
@@ -42,6 +45,8 @@ class Calibration:
 CALIBRATION_KEYS: tuple[str, ...] = (
     "mma_sync_fraction",
     "l2_fraction",
+    "dram_fraction",
+    "warp_flight_bytes",
     "mma_in_flight",
     "step_cycles",
     "launch_overhead_s",
