@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -136,21 +137,33 @@ def gemm_cases(
     dtype: str = "float16",
     *,
     variants: bool = True,
+    searches: bool = False,
 ) -> list[dict[str, Any]]:
-    """Per shape: the constructed tiling; with ``variants``, also the fixed tilings and the CUDA-core kernel."""
+    """Per shape: the constructed tiling; with ``variants``, also the fixed tilings and the CUDA-core kernel;
+    with ``searches``, the tilings Optuna (1000 TPE trials) and random sampling (1000) pick with the same model."""
+    from gensorage.baselines.tensor_core_search import optuna_tiling, random_tiling
+
     cases = []
     for name, (m, n, k) in shapes.items():
         dims4 = (1, m, n, k)
+        t0 = time.perf_counter()
         tiles, cost = construct_tensor_core(dims4, hw, dtype)
-        chosen = [("constructed", tiles, cost.total_s)]
+        chosen = [("constructed", tiles, cost.total_s, time.perf_counter() - t0)]
+        for label, search in (
+            (("optuna1000", optuna_tiling), ("random1000", random_tiling)) if searches else ()
+        ):
+            found = search(dims4, hw, dtype)
+            chosen.append((label, found.tiles, found.predicted_s, found.wall_s))
         for v in VARIANTS if variants else ():
             c = predict_tensor_core_time(dims4, v, hw)
             if v != tiles and c is not None and v.block_m <= max(16, m) and v.block_n <= n:
-                chosen.append((_variant_name(v), v, c.total_s))
-        for variant, t, predicted in chosen:
+                chosen.append((_variant_name(v), v, c.total_s, None))
+        for variant, t, predicted, wall_s in chosen:
             func = matmul_prim_func((m, k), (k, n), (m, n), dtype, dtype)
             mod = schedule_tensor_core(func, t).mod
             meta = {"tiles": dataclasses.asdict(t), "rule": f"{RULE}: {t.describe()}", "tensor_cores": True}
+            if wall_s is not None:
+                meta["search_wall_s"] = wall_s
             cases.append(
                 _gemm_case(
                     name, (m, n, k), variant, mod, build_config([RULE]), hw, out, predicted, meta, dtype
@@ -299,7 +312,7 @@ def _priority(case: dict[str, Any]) -> int:
     if case["kind"] == "program":
         return 1
     variant = case["meta"].get("variant")
-    return 0 if variant == "constructed" else 2 if variant == "cuda_core" else 3
+    return 0 if variant in ("constructed", "optuna1000", "random1000") else 2 if variant == "cuda_core" else 3
 
 
 def write_manifest(out: Path, cases: list[dict[str, Any]], prepared: dict[str, Any]) -> Path:

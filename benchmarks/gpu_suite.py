@@ -43,7 +43,9 @@ def prepare(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     for dtype in args.dtypes:
         for name, dims in gemms.items():
-            cases += gpu_bundle.gemm_cases(hw, out, {name: dims}, dtype, variants=not args.constructed_only)
+            cases += gpu_bundle.gemm_cases(
+                hw, out, {name: dims}, dtype, variants=not args.constructed_only, searches=args.searches
+            )
             print(
                 f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype}: {len(cases)} cases", file=sys.stderr
             )
@@ -101,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         "--dtypes", nargs="+", default=["float16", "bfloat16"], help="GEMM dtypes (with --prepare)"
     )
     ap.add_argument("--constructed-only", action="store_true", help="GEMMs: only the constructed tiling")
+    ap.add_argument(
+        "--searches", action="store_true", help="GEMMs: also Optuna's and random search's tilings"
+    )
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)
 

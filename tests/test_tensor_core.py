@@ -261,3 +261,18 @@ def test_calibration_comes_from_the_profile() -> None:
     fast_c, slow_c = (predict_tensor_core_time((1, 4096, 4096, 4096), t, h) for h in (HW, slow))
     assert fast_c is not None and slow_c is not None
     assert slow_c.total_s > 1.5 * fast_c.total_s
+
+
+@pytest.mark.parametrize("search", ["optuna", "random"])
+def test_search_baselines_share_the_space_and_the_model(search: str) -> None:
+    from gensorage.baselines.tensor_core_search import optuna_tiling, random_tiling
+    from gensorage.construction.tensor_core import fits
+
+    run = optuna_tiling if search == "optuna" else random_tiling
+    dims = (1, 512, 1024, 256)
+    found = run(dims, HW, trials=60, seed=3)
+    assert fits(found.tiles, dims)
+    cost = predict_tensor_core_time(dims, found.tiles, HW)
+    assert cost is not None and cost.total_s == found.predicted_s
+    assert found.trials == 60 and found.wall_s > 0
+    assert run(dims, HW, trials=60, seed=3).tiles == found.tiles  # seeded

@@ -199,8 +199,9 @@ def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True)
 
 def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool) -> None:
     main = sch.get_sblock("C")
+    # The twins run any operand dtype (int64 residues for the field twin); MMA needs a 16-bit one.
     dtypes = sorted({str(r.source.dtype) for r in sch.get(main).reads if r.source.name in ("A", "B")})
-    if len(dtypes) != 1 or dtypes[0] not in MMA_DTYPES:
+    if gpu and (len(dtypes) != 1 or dtypes[0] not in MMA_DTYPES):
         raise ScheduleError(
             f"tensor-core schedule: operands of dtypes {dtypes}, expected one of {MMA_DTYPES}"
         )

@@ -126,10 +126,11 @@ def neighbours(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> list[Tens
         v = getattr(t, name)
         out += [replace(t, **{name: v * 2}), replace(t, **{name: v // 2})]
     out += [replace(t, stages=t.stages + 1), replace(t, stages=t.stages - 1)]
-    return [n for n in out if _fits(n, dims)]
+    return [n for n in out if fits(n, dims)]
 
 
-def _fits(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> bool:
+def fits(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> bool:
+    """Whether the construction's space holds ``t`` for this shape (tile limits, k step, pipelining)."""
     _, m, n, k = dims
     limits = (t.block_m <= max(MMA, _round16(m)), t.block_n <= max(MMA, _round16(n)))
     return (
