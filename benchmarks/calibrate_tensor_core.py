@@ -36,7 +36,7 @@ GRID = {
     "warp_flight_bytes": [1024.0, 2048.0, 4096.0, 8192.0],
     "mma_in_flight": [2.0, 4.0, 8.0],
     "step_cycles": [100.0, 200.0, 400.0],
-    "launch_overhead_s": [2e-6, 4e-6],
+    "launch_overhead_s": [1e-6, 2e-6, 4e-6],
 }
 
 

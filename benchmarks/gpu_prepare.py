@@ -30,7 +30,7 @@ from gensorage.codegen.module import compile_ugraph, ir_module
 from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
 from gensorage.construction import construct_schedule, matmul_workload
-from gensorage.construction.tensor_core import construct_tensor_core, predict_tensor_core_time
+from gensorage.construction.tensor_core import construct_tensor_core, fits, predict_tensor_core_time
 from gensorage.errors import GensorageError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import predict_schedule_time
@@ -55,6 +55,12 @@ GEMMS: dict[str, tuple[int, int, int]] = {
             "down": (4096, 14336),
         }.items()
     },
+}
+
+#: Decode-sized GEMMs of the bundled programs (gated_mlp, mlp: 8 tokens; lora: 16) swept for split-k.
+EXTRA_GEMMS: dict[str, tuple[int, int, int]] = {
+    "decode_t8": (8, 4096, 4096),
+    "decode_t8_wide": (8, 14336, 4096),
 }
 
 #: Fixed tilings timed beside the constructed one (where they fit the shape).
@@ -110,14 +116,25 @@ def _gemm_case(
         name = f"{name}_{dtype}"
     cubin = _cubin(mod, hw, config, out, f"{name}_{variant}")
     launches = launch_specs(mod, cuda_target(hw), config)
-    names, shapes = ("A", "B", "C"), ((m, k), (k, n), (m, n))
+    names: tuple[str, ...] = ("A", "B", "C")
+    shapes: tuple[tuple[int, ...], ...] = ((m, k), (k, n), (m, n))
+    split = meta.get("tiles", {}).get("split_k", 1)
+    if split > 1:  # the partials' scratch parameter
+        rows = -(-m // meta["tiles"]["block_m"]) * meta["tiles"]["block_m"]
+        names, shapes = (*names, "P"), (*shapes, (split, rows, n))
     return {
         "name": f"gemm_{name}_{variant}",
         "kind": "gemm",
         "dtype": dtype,
         "tensors": [
-            {"name": t, "shape": list(s), "dtype": dtype, "role": r, "view_of": None}
-            for t, s, r in zip(names, shapes, ("input", "input", "output"), strict=True)
+            {
+                "name": t,
+                "shape": list(s),
+                "dtype": "float32" if t == "P" else dtype,
+                "role": r,
+                "view_of": None,
+            }
+            for t, s, r in zip(names, shapes, ("input", "input", "output", "intermediate"), strict=False)
         ],
         "inputs_order": ["A", "B"],
         "outputs_order": ["C"],
@@ -159,7 +176,7 @@ def gemm_cases(
             if v != tiles and c is not None and v.block_m <= max(16, m) and v.block_n <= n:
                 chosen.append((_variant_name(v), v, c.total_s, None))
         for variant, t, predicted, wall_s in chosen:
-            func = matmul_prim_func((m, k), (k, n), (m, n), dtype, dtype)
+            func = matmul_prim_func((m, k), (k, n), (m, n), dtype, dtype, t.split_k, t.block_m)
             mod = schedule_tensor_core(func, t).mod
             meta = {"tiles": dataclasses.asdict(t), "rule": f"{RULE}: {t.describe()}", "tensor_cores": True}
             if wall_s is not None:
@@ -176,6 +193,7 @@ def gemm_cases(
 
 def _variant_name(t: TensorCoreTiles) -> str:
     name = f"tc{t.block_m}x{t.block_n}x{t.block_k}w{t.warp_m}x{t.warp_n}s{t.stages}"
+    name += "" if t.split_k == 1 else f"k{t.split_k}"
     return name if t.fragment_pipeline else name + "np"
 
 
@@ -211,6 +229,32 @@ def sweep_cases(hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]
                                 meta,
                             )
                         )
+    return cases
+
+
+def split_sweep_cases(
+    hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]]
+) -> list[dict[str, Any]]:
+    """Split-k 1-8 over a few small-M tilings of the named GEMMs: what split-k is calibrated on."""
+    cases = []
+    for name, (m, n, k) in shapes.items():
+        for bn in (32, 64, 128):
+            for split in (1, 2, 4, 8):
+                t = TensorCoreTiles(16, bn, 64, 16, 16, 4, split_k=split)
+                c = predict_tensor_core_time((1, m, n, k), t, hw)
+                if c is None or not fits(t, (1, m, n, k)):
+                    continue
+                func = matmul_prim_func((m, k), (k, n), (m, n), "float16", "float16", split, t.block_m)
+                mod = schedule_tensor_core(func, t).mod
+                meta = {
+                    "tiles": dataclasses.asdict(t),
+                    "rule": f"{RULE}: {t.describe()}",
+                    "tensor_cores": True,
+                }
+                config = build_config([RULE])
+                cases.append(
+                    _gemm_case(name, (m, n, k), _variant_name(t), mod, config, hw, out, c.total_s, meta)
+                )
     return cases
 
 
@@ -259,8 +303,20 @@ def program_case(name: str, program: Program, hw: HwProfile, out: Path) -> dict[
     entries = []
     for la in launch_specs(mod, cuda_target(hw), config, order=[k.name for k in kernels]):
         kern = by_function[la.function]
-        refs = [names[p.ref] for p in kern.params]  # type: ignore[index]
+        refs = [names[p.ref] if p.ref is not None else f"{kern.name}_{p.name}" for p in kern.params]
         entries.append(_kernel_entry(la, cubin, refs, [p.shape for p in kern.params]))
+    for kern in kernels:  # split-k partials: a buffer of the kernel's own
+        tensors += [
+            {
+                "name": f"{kern.name}_{p.name}",
+                "shape": list(p.shape),
+                "dtype": p.dtype,
+                "role": "intermediate",
+                "view_of": None,
+            }
+            for p in kern.params
+            if p.role == "scratch"
+        ]
     return {
         "name": f"program_{name}",
         "kind": "program",

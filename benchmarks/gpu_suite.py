@@ -49,6 +49,11 @@ def prepare(args: argparse.Namespace) -> int:
             print(
                 f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype}: {len(cases)} cases", file=sys.stderr
             )
+    if args.split_sweep:
+        shapes = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.split_sweep}
+        shapes |= {s: gpu_bundle.EXTRA_GEMMS[s] for s in args.split_sweep if s in gpu_bundle.EXTRA_GEMMS}
+        cases += gpu_bundle.split_sweep_cases(hw, out, shapes)
+        print(f"[{time.perf_counter() - t0:6.1f}s] split-k sweep: {len(cases)} cases", file=sys.stderr)
     if args.sweep:
         sweep = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.sweep}
         cases += gpu_bundle.sweep_cases(hw, out, sweep)
@@ -106,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--searches", action="store_true", help="GEMMs: also Optuna's and random search's tilings"
     )
+    ap.add_argument("--split-sweep", nargs="*", default=None, help="GEMM names to sweep split-k on")
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)
 

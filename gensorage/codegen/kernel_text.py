@@ -14,13 +14,14 @@ TARGETS: tuple[Target, ...] = ("cuda", "llvm")
 
 @dataclass(frozen=True, slots=True)
 class KernelParam:
-    """One PrimFunc parameter: ``role`` input/output (a kernel-graph tensor ``ref``) or the field parameters.
+    """One PrimFunc parameter: ``role`` input/output (a kernel-graph tensor ``ref``), the field parameters, or
+    ``scratch``: a buffer of the kernel's own (split-k partials) that the caller allocates, no graph tensor.
 
     ``shape`` and ``dtype`` are what the kernel declares (with the leading component dim in field mode).
     """
 
     name: str
-    role: Literal["input", "output", "field"]
+    role: Literal["input", "output", "field", "scratch"]
     ref: Ref | None
     shape: tuple[int, ...]
     dtype: str

@@ -162,6 +162,9 @@ def _run_component(ex: Any, kern: Kernel, values: dict[Ref, Any], dev: Any) -> N
     c = kern.component
     args, outs = [], []
     for p in kern.params:
+        if p.role == "scratch":
+            args.append(tvm.runtime.empty(p.shape, p.dtype, dev))
+            continue
         assert p.ref is not None
         host = values[p.ref].numpy()
         args.append(tvm.runtime.tensor(np.ascontiguousarray(host[c].reshape(p.shape)), device=dev))
@@ -194,11 +197,17 @@ def _by_op(kernels: Sequence[Kernel]) -> dict[int, list[Kernel]]:
     return by_op
 
 
-def _args(kern: Kernel, values: dict[Ref, Any], field_params: Any) -> list[Any]:
-    return [
-        field_params if p.role == "field" else _view(values[p.ref], p.shape)  # type: ignore[index]
-        for p in kern.params
-    ]
+def _args(kern: Kernel, values: dict[Ref, Any], field_params: Any, dev: Any) -> list[Any]:
+    import tvm
+
+    def arg(p: KernelParam) -> Any:
+        if p.role == "field":
+            return field_params
+        if p.role == "scratch":  # allocated here, once per launch plan or execution
+            return tvm.runtime.empty(p.shape, p.dtype, dev)
+        return _view(values[p.ref], p.shape)  # type: ignore[index]
+
+    return [arg(p) for p in kern.params]
 
 
 def launch_plan(
@@ -223,7 +232,7 @@ def launch_plan(
     calls: list[tuple[Kernel, Any, list[Any]]] = []
     for k in range(len(g.ops)):
         _bind_outputs(g, info, k, values, dev, scalar)
-        calls.extend((kern, ex[kern.name], _args(kern, values, None)) for kern in by_op.get(k, []))
+        calls.extend((kern, ex[kern.name], _args(kern, values, None, dev)) for kern in by_op.get(k, []))
     return calls, [values[r] for r in g.outputs]
 
 
@@ -246,7 +255,7 @@ def execute(
             if kern.component is not None:
                 _run_component(ex, kern, values, dev)
             else:
-                ex[kern.name](*_args(kern, values, field_params))
+                ex[kern.name](*_args(kern, values, field_params, dev))
     return [values[r] for r in g.outputs]
 
 

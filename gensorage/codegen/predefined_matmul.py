@@ -65,8 +65,16 @@ def _batch_index(b: Any, batch: tuple[int, ...], operand: tuple[int, ...]) -> An
     return flat
 
 
-def _matmul_build(ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | None) -> Any:
-    """Build function of the lowered workload: broadcast loads, reduction, cast (float) or mod (field) epilogue."""
+def _matmul_build(
+    ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | None, split_k: int = 1, rows_to: int = 1
+) -> Any:
+    """Build function of the lowered workload: broadcast loads, reduction, cast (float) or mod (field) epilogue.
+
+    With ``split_k > 1`` (2-D matmuls): ``C[s, i, j]`` sums the ``s``-th slice of the reduction, ``C`` is a
+    fourth parameter (the partials' scratch buffer) and ``D`` adds the slices before its epilogue. Its rows
+    are padded to a multiple of ``rows_to`` by a zero-filling producer of A (the slice index is not an
+    einsum, so the schedule's ``pad_einsum`` cannot do it).
+    """
     from tvm import te, tirx
 
     def build() -> Any:
@@ -82,6 +90,8 @@ def _matmul_build(ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | N
                 return tirx.truncmod(x * y, tirx.const(modulus, "int64"))
             return x.astype(acc) * y.astype(acc)
 
+        if split_k > 1:
+            return _split_k_func(a, bt, (m, n, kdim), split_k, rows_to, term, acc, out_dtype, modulus)
         if ms.batch:
 
             def body(b: Any, i: Any, j: Any) -> Any:
@@ -103,11 +113,55 @@ def _matmul_build(ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | N
     return build
 
 
+def _split_k_func(
+    a: Any,
+    bt: Any,
+    mnk: tuple[int, int, int],
+    split_k: int,
+    rows_to: int,
+    term: Any,
+    acc: str,
+    out_dtype: str,
+    modulus: int | None,
+) -> Any:
+    from tvm import te, tirx
+
+    m, n, kdim = mnk
+    kc = kdim // split_k
+    mp = -(-m // rows_to) * rows_to
+    if mp != m:
+        zero = tirx.const(0, a.dtype)
+        a = te.compute((mp, kdim), lambda i, k: tirx.if_then_else(i < m, a[i, k], zero), name="A_pad")
+    kk = te.reduce_axis((0, kc), name="k")
+    c = te.compute(
+        (split_k, mp, n),
+        lambda s, i, j: te.sum(term(a[i, s * kc + kk], bt[s * kc + kk, j]), axis=kk),
+        name="C",
+    )
+
+    def total(i: Any, j: Any) -> Any:
+        v = c[0, i, j]
+        for s in range(1, split_k):  # a few slices: an unrolled sum keeps D elementwise
+            v = v + c[s, i, j]
+        if modulus is not None:
+            return tirx.truncmod(v, tirx.const(modulus, "int64"))
+        return v if out_dtype == acc else v.astype(out_dtype)
+
+    d = te.compute((m, n), total, name="D")
+    return te.create_prim_func([a.op.input_tensors[0] if mp != m else a, bt, d, c])
+
+
 def matmul_prim_func(
-    a: tuple[int, ...], b: tuple[int, ...], out: tuple[int, ...], dtype: str, out_dtype: str
+    a: tuple[int, ...],
+    b: tuple[int, ...],
+    out: tuple[int, ...],
+    dtype: str,
+    out_dtype: str,
+    split_k: int = 1,
+    rows_to: int = 1,
 ) -> Any:
     """The PrimFunc a matmul kernel op of these shapes is scheduled from (float arithmetic)."""
-    return _matmul_build(_MatmulShape(a, b, out), dtype, out_dtype, None)()
+    return _matmul_build(_MatmulShape(a, b, out), dtype, out_dtype, None, split_k, rows_to)()
 
 
 def tensor_core_kernels(
@@ -143,18 +197,23 @@ def tensor_core_kernels(
     mods: list[int | None] = list(scalar.mods) if isinstance(scalar, FieldScalar) else [None]
     kernels = []
     for c, m in enumerate(mods):
-        func = _matmul_build(ms, ta.dtype, out.dtype, m)()
+        func = _matmul_build(ms, ta.dtype, out.dtype, m, tiles.split_k, tiles.block_m)()
         try:
             sch = schedule_tensor_core(func, tiles, gpu=target == "cuda")
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"
         dt = "int64" if m is not None else None
-        params = (
+        params: tuple[KernelParam, ...] = (
             KernelParam("A", "input", op.inputs[0], ms.flat(ta.shape), dt or ta.dtype),
             KernelParam("B", "input", op.inputs[1], ms.flat(tb.shape), dt or tb.dtype),
             KernelParam("C", "output", Ref(len(g.inputs) + k), ms.flat(out.shape), dt or out.dtype),
         )
+        if tiles.split_k > 1:  # the partials: float32 (int64 residues in field mode), written then added
+            rows = -(-out.shape[0] // tiles.block_m) * tiles.block_m
+            params += (
+                KernelParam("P", "scratch", None, (tiles.split_k, rows, out.shape[1]), dt or "float32"),
+            )
         f = sch.mod["main"].with_attr("global_symbol", kname)
         kernels.append(ScheduledKernel(kname, k, f, params, tiles.threads, rule, None if m is None else c))
     return kernels

@@ -16,7 +16,10 @@ output dtype by a consumer block) is scheduled into the shape of a CUTLASS-style
 * with ``stages >= 2`` the reduction loop is software-pipelined and the global -> shared copies become
   ``cp.async`` (``tirx.use_async_copy``): ``stages`` shared buffers in flight;
 * the accumulators go back through shared memory (float32, padded), and the copy to global memory does the
-  cast to the output dtype (the cast block is inlined into it) with coalesced vector stores.
+  cast to the output dtype (the cast block is inlined into it) with coalesced vector stores;
+* with ``split_k > 1`` (2-D matmuls with few output tiles) the reduction is cut into ``split_k`` slices: the
+  grid's y dimension runs the slices, each writes its float32 partial tile to a scratch parameter, and a
+  second kernel adds the slices and casts.
 
 Extents that are not multiples of the tiles are padded (``pad_einsum``): the padded loads read zeros and the
 padded outputs are never written.
@@ -52,6 +55,7 @@ class TensorCoreTiles:
     warp_n: int
     stages: int
     fragment_pipeline: bool = True  # load the next k step's fragments while this step's MMAs run
+    split_k: int = 1  # the reduction split over this many blocks, whose float32 partials a second kernel adds
 
     @property
     def warps(self) -> int:
@@ -66,6 +70,7 @@ class TensorCoreTiles:
             f"block {self.block_m}x{self.block_n}x{self.block_k}, warp {self.warp_m}x{self.warp_n}, "
             f"{self.stages} stage{'s' if self.stages > 1 else ''}"
             + ("" if self.fragment_pipeline else ", fragments not pipelined")
+            + (f", split-k {self.split_k}" if self.split_k > 1 else "")
         )
 
     def invalid(self) -> str | None:
@@ -80,6 +85,8 @@ class TensorCoreTiles:
             return f"{self.threads} threads per block exceed 1024"
         if self.stages < 1:
             return f"stages={self.stages} must be at least 1"
+        if self.split_k < 1 or self.split_k & (self.split_k - 1):
+            return f"split_k={self.split_k} must be a power of two"
         return None
 
 
@@ -208,7 +215,8 @@ def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool) -> None:
     dtype = dtypes[0]
     ci = intrinsics(dtype) if gpu else None
     nbatch = len(sch.get_loops(main)) - 3
-    sch.pad_einsum(main, [1] * nbatch + [t.block_m, t.block_n, t.block_k])
+    if t.split_k == 1:  # split-k's build pads its rows itself, and its slices divide n and k (construction)
+        sch.pad_einsum(main, [1] * nbatch + [t.block_m, t.block_n, t.block_k])
     loops = sch.get_loops(main)
     batch, (i, j, k) = loops[:nbatch], loops[nbatch:]
     i, i_tc = sch.split(i, [None, MMA])
@@ -235,8 +243,9 @@ def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool) -> None:
     sch.compute_at(a_frag, k1)
     sch.compute_at(b_frag, k1)
     staged = sch.cache_write(outer, 0, "shared.dyn")
-    sch.storage_align(staged, 0, axis=-2, factor=16, offset=4)
     acc = sch.cache_write(outer, 0, "warp" if gpu else "local")
+    # The float32 staging rows padded by 4 words: the fragment stores of a warp spread over the banks.
+    sch.storage_align(acc, 0, axis=-2, factor=16, offset=4)
     sch.reverse_compute_at(acc, ty)
     sch.reverse_compute_at(staged, ty)
     store_loop = _tile_2d(sch, acc)
@@ -246,7 +255,10 @@ def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool) -> None:
     _layout(sch, a_frag, ("write", 0), batched and _ndim(sch, a_frag) == 3)
     _layout(sch, b_frag, ("write", 0), batched and _ndim(sch, b_frag) == 3)
     _layout(sch, acc, ("read", 0), batched)
-    _inline_epilogue(sch, staged)
+    if t.split_k > 1:
+        _add_partials(sch, t.warps, gpu=gpu)  # D adds the slices in a kernel of its own
+    else:
+        _inline_epilogue(sch, staged)
     _copy_out(sch, staged, t.warps, gpu=gpu)
     if ci is None:
         return
@@ -309,6 +321,21 @@ def _inline_epilogue(sch: Any, staged: Any) -> None:
         if len(consumers) != 1:
             raise ScheduleError("tensor-core schedule: the matmul result has several consumers")
         sch.reverse_compute_inline(consumers[0])
+
+
+def _add_partials(sch: Any, warps: int, *, gpu: bool) -> None:
+    """Split-k's second kernel: ``D[i, j]`` adds the ``split_k`` partials, one thread per element.
+
+    Its blocks have the MMA kernel's shape (32 x ``warps`` threads): one PrimFunc's kernels share their
+    thread extents, which is what the launch and the limits check read.
+    """
+    add = sch.get_sblock("D")
+    fused = sch.fuse(*sch.get_loops(add))
+    bx, ty, tx = sch.split(fused, [None, warps, WARP])
+    if gpu:
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
 
 
 def _copy_out(sch: Any, staged: Any, warps: int, *, gpu: bool) -> None:

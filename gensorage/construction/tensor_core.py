@@ -31,6 +31,7 @@ TIE = 0.02  # predicted times this close count as equal
 PLATEAU_WEIGHT = 0.05  # a plateau move's weight relative to the best improving move
 MAX_TILE = 256
 MAX_STAGES = 4
+MAX_SPLIT_K = 8
 MAX_BLOCK_K = 64  # the measured range of the calibration (benchmarks/results/gpu_suite-h200-*.json)
 REGISTER_OVERHEAD = 40  # addresses, loop counters and pipeline bookkeeping per thread (ptxas reports)
 
@@ -61,6 +62,10 @@ def predict_tensor_core_time(
 
     batch, m, n, k = dims
     t = tiles
+    if t.split_k > 1:  # each split is one batch of the MMA kernel over k / split_k; see _split_epilogue_s
+        if batch != 1 or k % t.split_k:
+            return None
+        batch, k = t.split_k, k // t.split_k
     regs = registers(t)
     smem = shared_bytes(t)
     if t.invalid() or regs > hw.max_registers_per_thread or smem > hw.shared_mem_per_block:
@@ -90,7 +95,10 @@ def predict_tensor_core_time(
     # DRAM: C once; A once (a wave sweeps whole rows of blocks); B once per wave unless it stays in L2.
     a_bytes, b_bytes, c_bytes = 2 * batch * m * k, 2 * batch * k * n, 2 * batch * m * n
     b_reads = 1 if b_bytes <= hw.l2_bytes // 2 else waves
-    dram_s = (a_bytes + b_reads * b_bytes + c_bytes) / (hw.level("dram").bandwidth_Bps * cal.dram_fraction)
+    # A grid smaller than the GPU streams from DRAM with only its SMs' load units: split-k's reason to be.
+    sm_share = min(1.0, blocks / hw.sm_count)
+    dram_bw = hw.level("dram").bandwidth_Bps * cal.dram_fraction * sm_share
+    dram_s = (a_bytes + b_reads * b_bytes + c_bytes) / dram_bw
     # Latency: a pipelined loop overlaps the copies with the MMAs; a one-stage loop waits for each step's tiles
     # before its MMAs (in series), and only its filling steps are exposed otherwise.
     global_lat = hw.level("dram").latency_cycles
@@ -116,7 +124,17 @@ def predict_tensor_core_time(
         bound, body = "dram", dram_s
     else:
         body = waves * wave_s
-    return TensorCoreCost(cal.launch_overhead_s + body, bound, blocks, bps, waves)
+    total = cal.launch_overhead_s + body
+    if t.split_k > 1:
+        total += _split_epilogue_s(t.split_k, m, n, hw)
+    return TensorCoreCost(total, bound, blocks, bps, waves)
+
+
+def _split_epilogue_s(split: int, m: int, n: int, hw: HwProfile) -> float:
+    """The split-k kernel's extra cost: its float32 partials written and read back, and the adding kernel."""
+    cal = hw.calibration
+    partials = 2 * split * m * n * 4 + 2 * m * n
+    return cal.launch_overhead_s + partials / (hw.level("dram").bandwidth_Bps * cal.dram_fraction)
 
 
 def neighbours(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> list[TensorCoreTiles]:
@@ -126,12 +144,20 @@ def neighbours(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> list[Tens
         v = getattr(t, name)
         out += [replace(t, **{name: v * 2}), replace(t, **{name: v // 2})]
     out += [replace(t, stages=t.stages + 1), replace(t, stages=t.stages - 1)]
-    return [n for n in out if fits(n, dims)]
+    out += [replace(t, split_k=t.split_k * 2), replace(t, split_k=max(1, t.split_k // 2))]
+    return [n for n in out if n != t and fits(n, dims)]
 
 
 def fits(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> bool:
-    """Whether the construction's space holds ``t`` for this shape (tile limits, k step, pipelining)."""
-    _, m, n, k = dims
+    """Whether the construction's space holds ``t`` for this shape (tile limits, k step, pipelining, split)."""
+    batch, m, n, k = dims
+    if t.split_k > 1:
+        # Split-k serves 2-D matmuls whose reduction divides into whole splits of at least one k step.
+        if batch != 1 or t.split_k > MAX_SPLIT_K or k % t.split_k or (k // t.split_k) % t.block_k:
+            return False
+        if n % t.block_n:  # no pad_einsum for the slices: n and each slice divide into whole tiles
+            return False
+        k //= t.split_k
     limits = (t.block_m <= max(MMA, _round16(m)), t.block_n <= max(MMA, _round16(n)))
     return (
         t.invalid() is None
