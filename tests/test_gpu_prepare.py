@@ -1,0 +1,43 @@
+"""The GPU suite's bundle, built here (TVM + nvcc) and checked by the runner's own manifest validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_prepare
+from benchmarks.gpu_bundle import validate_bundle
+from gensorage.codegen.cuda_build import cubin_unavailable_reason
+from gensorage.hw import load_profile
+
+pytestmark = pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="needs nvcc to build cubins")
+HW = load_profile("h200")
+
+
+def test_a_bundle_of_gemms_and_a_program_validates(tmp_path: Path) -> None:
+    # A constructed GEMM that splits k (two kernels, a scratch tensor), one without, and a program's µGraph.
+    cases = gpu_prepare.gemm_cases(
+        HW, tmp_path, {"kv": (16, 1024, 4096), "sq": (256, 256, 256)}, variants=False
+    )
+    cases += gpu_prepare.gemm_cases(HW, tmp_path, {"sq": (256, 256, 256)}, "bfloat16", variants=False)
+    cases.append(gpu_prepare.program_case("rmsnorm", gpu_prepare.load_program("rmsnorm"), HW, tmp_path))
+    gpu_prepare.write_manifest(tmp_path, cases, {"hw": "h200"})
+    parsed = {c.name: c for c in validate_bundle(tmp_path)}
+    assert set(parsed) == {
+        "gemm_kv_constructed",
+        "gemm_sq_constructed",
+        "gemm_sq_bfloat16_constructed",
+        "program_rmsnorm",
+    }
+    split = parsed["gemm_kv_constructed"]
+    assert len(split.kernels) == 2 and split.kernels[0].grid[1] > 1  # the slices, then the adding kernel
+    assert split.kernels[0].args[-1] == split.kernels[1].args[0] == "P"
+    program = parsed["program_rmsnorm"]
+    assert [k.entry for k in program.kernels][:2] == ["kernel0_mul_kernel", "kernel1_sum_kernel"]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert [c["meta"].get("variant") for c in manifest["cases"]][:3] == ["constructed"] * 3  # GEMMs first
+    for case in manifest["cases"]:
+        for kernel in case["kernels"]:
+            assert (tmp_path / kernel["cubin"]).stat().st_size > 0
