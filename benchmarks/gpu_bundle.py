@@ -27,7 +27,8 @@ from gensorage.program import Program, load_program
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOL = 2e-2  # rel_err over this (or NaN) fails a case: fp16/bf16 operands land between 1e-3 and 1e-2
-KINDS = ("gemm", "program")
+KINDS = ("gemm", "program", "conv")
+CONV_KEYS = ("n", "c", "h", "w", "f", "kh", "kw")
 CASE_DTYPES = ("float16", "bfloat16")
 TENSOR_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 ROLES = ("input", "intermediate", "output")
@@ -179,6 +180,32 @@ def check_gemm(
         _need(numel(tensors[name].shape) == size * (batch or 1), where, f"{name} is not of the gemm's size")
 
 
+def check_conv(
+    conv: Any, tensors: dict[str, TensorSpec], ins: list[str], outs: list[str], where: str
+) -> None:
+    """A conv case: inputs [X (n, c, h, w), W (f, c, kh, kw)], output [Y (n, f, oh, ow)], NCHW."""
+    _need(isinstance(conv, dict), where, "conv case without a conv object")
+    sizes = [conv.get(k) for k in CONV_KEYS]
+    _need(all(isinstance(v, int) and v > 0 for v in sizes), where, f"conv {CONV_KEYS} must be positive ints")
+    pairs = [conv.get("stride"), conv.get("padding")]
+    _need(
+        all(isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) for v in p) for p in pairs),
+        where,
+        "conv stride and padding must be [h, w] int pairs",
+    )
+    _need(len(ins) == 2 and len(outs) == 1, where, "conv takes inputs [X, W] and outputs [Y]")
+    n, c, h, w, f, kh, kw = sizes
+    _need(tensors[ins[0]].shape == (n, c, h, w), where, "X is not (n, c, h, w)")
+    _need(tensors[ins[1]].shape == (f, c, kh, kw), where, "W is not (f, c, kh, kw)")
+    oh, ow = conv_out_hw(conv)
+    _need(tensors[outs[0]].shape == (n, f, oh, ow), where, "Y is not (n, f, oh, ow)")
+
+
+def conv_out_hw(conv: Mapping[str, Any]) -> tuple[int, int]:
+    (sh, sw), (ph, pw) = conv["stride"], conv["padding"]
+    return (conv["h"] + 2 * ph - conv["kh"]) // sh + 1, (conv["w"] + 2 * pw - conv["kw"]) // sw + 1
+
+
 def parse_case(raw: Any, bundle_dir: Path) -> Case:
     """One case of the manifest, validated; :class:`ManifestError` (one line) names what is wrong."""
     _need(isinstance(raw, dict) and isinstance(raw.get("name"), str), "manifest", "case without a name")
@@ -199,6 +226,8 @@ def parse_case(raw: Any, bundle_dir: Path) -> Case:
     kernels = tuple(parse_kernel(k, tensors, bundle_dir, where) for k in raw["kernels"])
     if raw["kind"] == "gemm":
         check_gemm(raw.get("gemm"), tensors, ins, outs, where)
+    elif raw["kind"] == "conv":
+        check_conv(raw.get("conv"), tensors, ins, outs, where)
     else:
         prog = raw.get("program")
         _need(
@@ -263,6 +292,9 @@ def draw_inputs(torch: Any, case: Case, tensors: Mapping[str, Any], seed: int) -
         x = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
         if case.kind == "gemm" and i == 1:
             x.mul_(1.0 / math.sqrt(case.gemm["K"]))  # type: ignore[index]
+        if case.kind == "conv" and i == 1:  # the weight over sqrt(c kh kw), as a GEMM's B
+            conv = case.raw["conv"]
+            x.mul_(1.0 / math.sqrt(conv["c"] * conv["kh"] * conv["kw"]))
         t.copy_(x)
 
 
@@ -299,6 +331,9 @@ def program_args(program: Program, case: Case, inputs: list[Any]) -> list[Any] |
 def reference(torch: Any, case: Case, program: Program | None, inputs: list[Any]) -> list[Any]:
     """The case's outputs in float64, on the inputs' device."""
     xs = [x.to(torch.float64) for x in inputs]
+    if case.kind == "conv":
+        conv = case.raw["conv"]
+        return [torch.nn.functional.conv2d(xs[0], xs[1], stride=conv["stride"], padding=conv["padding"])]
     if program is None:
         return [torch.matmul(*gemm_operands(case, xs[0], xs[1]))]
     return program.evaluate(TorchArith(torch), program_args(program, case, xs))

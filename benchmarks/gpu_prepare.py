@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gensorage.codegen.cuda_build import build_cubin, cuda_target
+from gensorage.codegen.implicit_gemm import Conv2d, conv2d_tensor_core
 from gensorage.codegen.launch import Launch, launch_specs
 from gensorage.codegen.module import compile_ugraph, ir_module
 from gensorage.codegen.predefined_matmul import matmul_prim_func
@@ -55,6 +56,13 @@ GEMMS: dict[str, tuple[int, int, int]] = {
             "down": (4096, 14336),
         }.items()
     },
+}
+
+#: Gensor Table IV's convolutions (configs/ops/1_gensor_table4.toml: NCHW, padding 0), as implicit GEMMs.
+CONVS: dict[str, Conv2d] = {
+    "C1": Conv2d(128, 256, 30, 30, 256, 3, 3, (2, 2)),
+    "C2": Conv2d(128, 128, 28, 28, 128, 3, 3),
+    "C3": Conv2d(128, 128, 58, 58, 128, 3, 3, (2, 2)),
 }
 
 #: Decode-sized GEMMs of the bundled programs (gated_mlp, mlp: 8 tokens; lora: 16) swept for split-k.
@@ -258,6 +266,48 @@ def split_sweep_cases(
     return cases
 
 
+def conv_cases(
+    hw: HwProfile, out: Path, convs: dict[str, Conv2d], dtype: str = "float16"
+) -> list[dict[str, Any]]:
+    """Each convolution's implicit GEMM on tensor cores, with the tiles the construction picks for it."""
+    cases = []
+    for name, conv in convs.items():
+        tiles, cost = construct_tensor_core(conv.gemm, hw, dtype, split=False)
+        mod = conv2d_tensor_core(conv, tiles, dtype)
+        config = build_config([RULE])
+        cubin = _cubin(mod, hw, config, out, f"conv_{name}")
+        oh, ow = conv.out_hw
+        names = ("X", "W", "Y")
+        shapes = (
+            (conv.n, conv.c, conv.h, conv.w),
+            (conv.f, conv.c, conv.kh, conv.kw),
+            (conv.n, conv.f, oh, ow),
+        )
+        _, m, n, k = conv.gemm
+        cases.append(
+            {
+                "name": f"conv_{name}_constructed",
+                "kind": "conv",
+                "dtype": dtype,
+                "tensors": [
+                    {"name": t, "shape": list(sh), "dtype": dtype, "role": r, "view_of": None}
+                    for t, sh, r in zip(names, shapes, ("input", "input", "output"), strict=True)
+                ],
+                "inputs_order": ["X", "W"],
+                "outputs_order": ["Y"],
+                "kernels": [_kernel_entry(la, cubin, names, shapes) for la in launch_specs(mod, cuda_target(hw), config)],
+                "conv": {**{k2: getattr(conv, k2) for k2 in ("n", "c", "h", "w", "f", "kh", "kw")},
+                         "stride": list(conv.stride), "padding": list(conv.padding)},
+                "predicted_s": cost.total_s,
+                "flops": 2 * m * n * k,
+                "min_bytes": 2 * (math.prod(shapes[0]) + math.prod(shapes[1]) + math.prod(shapes[2])),
+                "meta": {"shape": name, "variant": "constructed", "tiles": dataclasses.asdict(tiles),
+                         "rule": f"{RULE} implicit GEMM {list(conv.gemm)}: {tiles.describe()}", "tensor_cores": True},
+            }
+        )  # fmt: skip
+    return cases
+
+
 def _cuda_core_case(name: str, dims: tuple[int, int, int], hw: HwProfile, out: Path) -> dict[str, Any]:
     from gensorage.codegen.lower_schedule import lower
 
@@ -365,7 +415,7 @@ def _base(g: KernelGraph, names: dict[Ref, str], ref: Ref) -> str:
 
 def _priority(case: dict[str, Any]) -> int:
     """What the runner reaches first if its deadline cuts the run short: constructed GEMMs, programs, the rest."""
-    if case["kind"] == "program":
+    if case["kind"] in ("program", "conv"):
         return 1
     variant = case["meta"].get("variant")
     return 0 if variant in ("constructed", "optuna1000", "random1000") else 2 if variant == "cuda_core" else 3

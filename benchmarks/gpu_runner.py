@@ -72,6 +72,7 @@ CASE_RESERVE_S = 5.0
 ATTENTION_MARKERS = ("prefill", "incdec", "specdec")
 BASELINE_LABELS = {
     "torch_matmul": "cuBLAS",
+    "torch_conv2d": "cuDNN",
     "torch_eager": "eager",
     "torch_compile": "compile",
     "sdpa": "sdpa",
@@ -114,6 +115,27 @@ def gemm_baselines(env: Env, case: Case, sets: list[dict[str, Any]], use_compile
     methods = {"torch_matmul": builder(matmul)}
     if use_compile:
         methods["torch_compile"] = builder(torch.compile(matmul, dynamic=False))
+    return methods
+
+
+def conv_baselines(env: Env, case: Case, sets: list[dict[str, Any]], use_compile: bool) -> dict[str, Builder]:
+    """``F.conv2d`` (cuDNN) on the case's X and W, and ``torch.compile`` of it."""
+    torch = env.torch
+    conv = case.raw["conv"]
+
+    def conv2d(x: Any, w: Any) -> Any:
+        return torch.nn.functional.conv2d(x, w, stride=conv["stride"], padding=conv["padding"])
+
+    def builder(fn: Callable[[Any, Any], Any]) -> Builder:
+        def build(i: int) -> Callable[[], list[Any]]:
+            x, w = (sets[i][n] for n in case.inputs_order)
+            return lambda: [fn(x, w)]
+
+        return build
+
+    methods = {"torch_conv2d": builder(conv2d)}
+    if use_compile:
+        methods["torch_compile"] = builder(torch.compile(conv2d, dynamic=False))
     return methods
 
 
@@ -236,7 +258,9 @@ def case_methods(
     use_compile = env.use_compile and rec["deadline_left_s"] > COMPILE_RESERVE_S
     if env.use_compile and not use_compile:
         rec["torch_compile_skipped"] = "deadline"
-    if program is None:
+    if case.kind == "conv":
+        methods.update(conv_baselines(env, case, sets, use_compile))
+    elif program is None:
         methods.update(gemm_baselines(env, case, sets, use_compile))
     else:
         methods.update(program_baselines(env, case, program, sets, use_compile, rec))
@@ -280,7 +304,7 @@ def run_case(env: Env, case: Case, deadline: Deadline) -> dict[str, Any]:
 
 def baseline_key(case: Case) -> str:
     """Cases with the same key compute the same function on the same shapes: their baselines are shared."""
-    what = case.gemm if case.kind == "gemm" else case.program
+    what = {"gemm": case.gemm, "program": case.program, "conv": case.raw.get("conv")}[case.kind]
     return f"{case.kind}:{sorted((what or {}).items())}:{case.dtype}"
 
 

@@ -49,6 +49,10 @@ def prepare(args: argparse.Namespace) -> int:
             print(
                 f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype}: {len(cases)} cases", file=sys.stderr
             )
+    convs = {k: v for k, v in gpu_bundle.CONVS.items() if args.convs is None or k in args.convs}
+    for dtype in args.dtypes:
+        cases += gpu_bundle.conv_cases(hw, out, convs, dtype)
+    print(f"[{time.perf_counter() - t0:6.1f}s] convs: {len(cases)} cases", file=sys.stderr)
     if args.split_sweep:
         shapes = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.split_sweep}
         shapes |= {s: gpu_bundle.EXTRA_GEMMS[s] for s in args.split_sweep if s in gpu_bundle.EXTRA_GEMMS}
@@ -112,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "--searches", action="store_true", help="GEMMs: also Optuna's and random search's tilings"
     )
     ap.add_argument("--split-sweep", nargs="*", default=None, help="GEMM names to sweep split-k on")
+    ap.add_argument("--convs", nargs="*", default=None, help="convolution names (default: Table IV's C1-C3)")
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)
 

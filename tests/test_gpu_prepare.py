@@ -17,12 +17,16 @@ HW = load_profile("h200")
 
 
 def test_a_bundle_of_gemms_and_a_program_validates(tmp_path: Path) -> None:
-    # A constructed GEMM that splits k (two kernels, a scratch tensor), one without, and a program's µGraph.
+    # A constructed GEMM that splits k (two kernels, a scratch tensor), one without, a program's µGraph and a
+    # convolution's implicit GEMM.
     cases = gpu_prepare.gemm_cases(
         HW, tmp_path, {"kv": (16, 1024, 4096), "sq": (256, 256, 256)}, variants=False
     )
     cases += gpu_prepare.gemm_cases(HW, tmp_path, {"sq": (256, 256, 256)}, "bfloat16", variants=False)
     cases.append(gpu_prepare.program_case("rmsnorm", gpu_prepare.load_program("rmsnorm"), HW, tmp_path))
+    cases += gpu_prepare.conv_cases(
+        HW, tmp_path, {"small": gpu_prepare.Conv2d(2, 8, 9, 9, 32, 3, 3, (2, 2), (1, 1))}
+    )
     gpu_prepare.write_manifest(tmp_path, cases, {"hw": "h200"})
     parsed = {c.name: c for c in validate_bundle(tmp_path)}
     assert set(parsed) == {
@@ -30,7 +34,12 @@ def test_a_bundle_of_gemms_and_a_program_validates(tmp_path: Path) -> None:
         "gemm_sq_constructed",
         "gemm_sq_bfloat16_constructed",
         "program_rmsnorm",
+        "conv_small_constructed",
     }
+    conv = parsed["conv_small_constructed"]
+    assert conv.kind == "conv" and conv.raw["conv"]["stride"] == [2, 2]
+    assert [t.shape for t in conv.tensors] == [(2, 8, 9, 9), (32, 8, 3, 3), (2, 32, 5, 5)]
+    assert sorted(conv.kernels[0].args) == ["W", "X", "Y"]  # no im2col buffer: the gather is inlined
     split = parsed["gemm_kv_constructed"]
     assert len(split.kernels) == 2 and split.kernels[0].grid[1] > 1  # the slices, then the adding kernel
     assert split.kernels[0].args[-1] == split.kernels[1].args[0] == "P"

@@ -136,7 +136,7 @@ def broken(change: str) -> dict[str, Any]:
     tensors = {t["name"]: t for t in case["tensors"]}
     match change:
         case "kind":
-            case["kind"] = "conv"
+            case["kind"] = "attention"
         case "unknown view":
             tensors["A_flat"]["view_of"] = "Z"
         case "view size":
@@ -169,7 +169,7 @@ def broken(change: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        ("kind", "kind 'conv'"),
+        ("kind", "kind 'attention'"),
         ("unknown view", "unknown tensor Z"),
         ("view size", "differ in size"),
         ("view loop", "loop"),
@@ -416,3 +416,35 @@ def test_device_line() -> None:
     assert "self-check FAILED" in gr.device_line(result) and "CUDADriverError" in gr.device_line(result)
     result["ceilings"] = {"error": "OutOfMemoryError: x"}
     assert "ceilings failed: OutOfMemoryError" in gr.device_line(result)
+
+
+def test_conv_case_reference_is_torch_conv2d_in_float64() -> None:
+    torch = pytest.importorskip("torch")
+    raw = {
+        "name": "conv_x",
+        "kind": "conv",
+        "dtype": "float16",
+        "tensors": [
+            {"name": "X", "shape": [2, 3, 7, 7], "dtype": "float16", "role": "input", "view_of": None},
+            {"name": "W", "shape": [4, 3, 3, 3], "dtype": "float16", "role": "input", "view_of": None},
+            {"name": "Y", "shape": [2, 4, 4, 4], "dtype": "float16", "role": "output", "view_of": None},
+        ],
+        "inputs_order": ["X", "W"],
+        "outputs_order": ["Y"],
+        "kernels": [{"cubin": "k.cubin", "entry": "k", "grid": [1, 1, 1], "block": [32, 1, 1], "smem": 0,
+                     "args": [{"tensor": "X", "shape": [2, 3, 7, 7]}, {"tensor": "W", "shape": [4, 3, 3, 3]},
+                              {"tensor": "Y", "shape": [2, 4, 4, 4]}]}],
+        "conv": {"n": 2, "c": 3, "h": 7, "w": 7, "f": 4, "kh": 3, "kw": 3, "stride": [2, 2], "padding": [1, 1]},
+    }  # fmt: skip
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.cubin").write_bytes(b"x")
+        case = parse_case(raw, Path(d))
+        x, w = torch.randn(2, 3, 7, 7, dtype=torch.float64), torch.randn(4, 3, 3, 3, dtype=torch.float64)
+        (ref,) = gb.reference(torch, case, None, [x, w])
+        assert torch.allclose(ref, torch.nn.functional.conv2d(x, w, stride=2, padding=1))
+        bad = dict(raw, conv=dict(raw["conv"], stride=[1, 1]))  # Y no longer (n, f, oh, ow)
+        with pytest.raises(ManifestError, match="Y is not"):
+            parse_case(bad, Path(d))

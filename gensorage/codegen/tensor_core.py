@@ -42,6 +42,7 @@ MMA = 16  # the m16n8k16 instruction pair covers a 16 x 16 x 16 tile
 WARP = 32
 MMA_DTYPES = ("float16", "bfloat16")  # operand dtypes this lowering emits MMA for
 RULE = "tensor-core"  # how a kernel's rule names this lowering
+VECTOR = 8  # 16-bit elements per 16-byte copy from global to shared memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +168,7 @@ def _layout(sch: Any, block: Any, buffer: tuple[str, int], batched: bool) -> Non
     sch.transform_layout(block, buffer, _batched_fragment_map if batched else _fragment_map)
 
 
-def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True) -> Any:
+def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True, gather: bool = False) -> Any:
     """Schedule a matmul PrimFunc (blocks ``C`` and an optional cast ``D``) onto tensor cores.
 
     Parameters
@@ -179,6 +180,9 @@ def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True)
         Block, warp and reduction tiles and the pipeline depth.
     gpu
         False gives the CPU twin: the same schedule without thread bindings and tensorization.
+    gather
+        The operands are gathered, not rows of contiguous tensors (an implicit GEMM): the copies to shared memory
+        move one element per thread and step instead of 16-byte vectors (and so are not asynchronous).
 
     Returns
     -------
@@ -196,7 +200,7 @@ def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True)
 
     sch = s_tir.Schedule(func)
     try:
-        _schedule(sch, tiles, gpu=gpu)
+        _schedule(sch, tiles, gpu=gpu, vector=1 if gather else VECTOR)
     except ScheduleError:
         raise
     except Exception as exc:  # TVM's schedule errors: a PrimFunc of an unexpected form
@@ -204,7 +208,7 @@ def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True)
     return sch
 
 
-def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool) -> None:
+def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool, vector: int) -> None:
     main = sch.get_sblock("C")
     # The twins run any operand dtype (int64 residues for the field twin); MMA needs a 16-bit one.
     dtypes = sorted({str(r.source.dtype) for r in sch.get(main).reads if r.source.name in ("A", "B")})
@@ -237,7 +241,7 @@ def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool) -> None:
         sch.bind(bx, "blockIdx.x")
         sch.bind(ty, "threadIdx.y")
     for operand in (0, 1):
-        _fetch_to_shared(sch, outer, operand, k0, t.warps, gpu=gpu)
+        _fetch_to_shared(sch, outer, operand, k0, t.warps, vector, gpu=gpu)
     a_frag = sch.cache_read(outer, 0, "warp" if gpu else "local")
     b_frag = sch.cache_read(outer, 1, "warp" if gpu else "local")
     sch.compute_at(a_frag, k1)
@@ -294,25 +298,30 @@ def _tile_2d(sch: Any, block: Any) -> Any:
     return a1
 
 
-def _fetch_to_shared(sch: Any, block: Any, operand: int, at: Any, warps: int, *, gpu: bool) -> None:
+def _fetch_to_shared(
+    sch: Any, block: Any, operand: int, at: Any, warps: int, vector: int, *, gpu: bool
+) -> None:
     """Stage one operand tile per reduction step in shared memory, copied by all threads in 16-byte vectors."""
     stage = sch.cache_read(block, operand, "shared.dyn")
     sch.compute_at(stage, at)
     _inline_pad(sch, stage)
     fused = sch.fuse(*sch.get_loops(stage)[-2:])
-    _, f1, f2, f3 = sch.split(fused, [None, warps, WARP, 8])
+    _, f1, f2, f3 = sch.split(fused, [None, warps, WARP, vector])
     if gpu:
         sch.bind(f2, "threadIdx.x")
         sch.bind(f1, "threadIdx.y")
-        sch.vectorize(f3)
+        if vector > 1:
+            sch.vectorize(f3)
     # Rows padded by 8 halves (16 bytes): the 8 rows one ldmatrix phase reads start in different banks.
     sch.storage_align(stage, 0, axis=-2, factor=32, offset=8)
 
 
 def _inline_pad(sch: Any, stage: Any) -> None:
-    """``pad_einsum``'s zero-padding producer becomes a guarded load of the shared stage."""
-    for producer in sch.get_producers(stage):
-        sch.compute_inline(producer)
+    """Every producer block of the operand (``pad_einsum``'s zero padding, an implicit GEMM's gather) is
+    inlined into the shared stage, which then loads from the function's own inputs with guards."""
+    while producers := sch.get_producers(stage):
+        for producer in producers:
+            sch.compute_inline(producer)
 
 
 def _inline_epilogue(sch: Any, staged: Any) -> None:

@@ -137,14 +137,18 @@ def _split_epilogue_s(split: int, m: int, n: int, hw: HwProfile) -> float:
     return cal.launch_overhead_s + partials / (hw.level("dram").bandwidth_Bps * cal.dram_fraction)
 
 
-def neighbours(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> list[TensorCoreTiles]:
-    """The states one action away that fit the shape: one level doubled or halved, one stage more or less."""
+def neighbours(
+    t: TensorCoreTiles, dims: tuple[int, int, int, int], split: bool = True
+) -> list[TensorCoreTiles]:
+    """The states one action away that fit the shape: one level doubled or halved, one stage more or less,
+    split-k doubled or halved (unless ``split`` is False)."""
     out = []
     for name in ("block_m", "block_n", "block_k", "warp_m", "warp_n"):
         v = getattr(t, name)
         out += [replace(t, **{name: v * 2}), replace(t, **{name: v // 2})]
     out += [replace(t, stages=t.stages + 1), replace(t, stages=t.stages - 1)]
-    out += [replace(t, split_k=t.split_k * 2), replace(t, split_k=max(1, t.split_k // 2))]
+    if split:
+        out += [replace(t, split_k=t.split_k * 2), replace(t, split_k=max(1, t.split_k // 2))]
     return [n for n in out if n != t and fits(n, dims)]
 
 
@@ -174,7 +178,7 @@ def _round16(x: int) -> int:
 
 
 def _chain(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, rng: random.Random | None
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, rng: random.Random | None, split: bool
 ) -> list[tuple[float, TensorCoreTiles]]:
     """One Markov chain from the smallest kernel; returns the states it visited with their predicted times.
 
@@ -191,7 +195,7 @@ def _chain(
     visited = [(time_s, state)]
     for _ in range(MAX_STEPS):
         moves = []
-        for nxt in neighbours(state, dims):
+        for nxt in neighbours(state, dims, split):
             c = predict_tensor_core_time(dims, nxt, hw, dtype)
             if c is not None and c.total_s <= time_s:
                 moves.append((time_s - c.total_s, c.total_s, nxt))
@@ -211,9 +215,11 @@ def _chain(
 
 @lru_cache(maxsize=256)
 def construct_tensor_core(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0, split: bool = True
 ) -> tuple[TensorCoreTiles, TensorCoreCost]:
     """The tiles Gensor's construction picks for a ``(batch, m, n, k)`` matmul, with their predicted cost.
+
+    ``split=False`` keeps split-k out of the space (the implicit GEMM of a convolution has no split path).
 
     Raises
     ------
@@ -224,9 +230,9 @@ def construct_tensor_core(
         hw.flops(dtype, True)
     except KeyError:
         raise ScheduleError(f"hardware profile {hw.name} has no tensor-core rate for {dtype}") from None
-    found = _chain(dims, hw, dtype, None)
+    found = _chain(dims, hw, dtype, None, split)
     for c in range(CHAINS - 1):
-        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c))
+        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split)
     if not found:
         raise ScheduleError(f"no tensor-core kernel fits {hw.name} for matmul {dims}")
     fastest = min(t for t, _ in found)
