@@ -31,6 +31,9 @@ class Calibration:
     ``step_cycles``: the cycles one reduction step costs besides its MMAs (barriers, waiting for its copies,
     address arithmetic); ``launch_overhead_s``: one kernel launch as a device timer sees it
     back to back (CUDA-graph replay).
+
+    The defaults are not measurements: they stand for GPUs no run has calibrated yet (every profile but
+    h100 and h200, whose ``[calibration]`` tables name the runs they were fitted on).
     """
 
     mma_sync_fraction: float = 0.6
