@@ -46,7 +46,7 @@ class Env:
 # ------------------------------------------------------------------------------------ what runs on the GPU
 
 
-class Launch:
+class BoundLaunch:
     """One kernel launch on fixed pointers, onto torch's current stream (the capture stream while capturing)."""
 
     def __init__(self, env: Env, func: Any, spec: KernelSpec, pointers: list[int]) -> None:
@@ -74,7 +74,7 @@ def load_kernels(env: Env, case: Case) -> list[Any]:
 
 def ours(env: Env, case: Case, funcs: list[Any], tensors: Mapping[str, Any]) -> Callable[[], list[Any]]:
     launches = [
-        Launch(env, f, spec, [tensors[n].data_ptr() for n in spec.args])
+        BoundLaunch(env, f, spec, [tensors[n].data_ptr() for n in spec.args])
         for f, spec in zip(funcs, case.kernels, strict=True)
     ]
     outputs = [tensors[n] for n in case.outputs_order]
@@ -160,7 +160,7 @@ def self_check(env: Env) -> dict[str, Any]:
         func.max_dynamic_shared_size_bytes = 64 * 1024
         x, y = torch.empty(256 * 256, device=env.device), torch.empty(256 * 256, device=env.device)
         spec = KernelSpec("", "gensorage_self_check", (256, 1, 1), (256, 1, 1), 64 * 1024, ("x", "y"))
-        launch = Launch(env, func, spec, [x.data_ptr(), y.data_ptr()])
+        launch = BoundLaunch(env, func, spec, [x.data_ptr(), y.data_ptr()])
         rec["direct"] = _self_check_run(torch, x, y, launch)
         graph = capture(torch, [launch])
         rec["graph"] = _self_check_run(torch, x, y, graph.replay)

@@ -99,23 +99,39 @@ def rotation_count(input_bytes: int, footprint_bytes: int, l2_bytes: int, memory
 # ------------------------------------------------------------------------------- methods: ours and baselines
 
 
+def _library_baselines(
+    env: Env,
+    use_compile: bool,
+    label: str,
+    fn: Callable[[Any, Any], Any],
+    operands: Callable[[int], tuple[Any, Any]],
+) -> dict[str, Builder]:
+    """The library call ``fn`` on copy ``i``'s two operands under ``label``, and ``torch.compile`` of it."""
+
+    def builder(call: Callable[[Any, Any], Any]) -> Builder:
+        def build(i: int) -> Callable[[], list[Any]]:
+            x, y = operands(i)
+            return lambda: [call(x, y)]
+
+        return build
+
+    methods = {label: builder(fn)}
+    if use_compile:
+        methods["torch_compile"] = builder(env.torch.compile(fn, dynamic=False))
+    return methods
+
+
 def gemm_baselines(env: Env, case: Case, sets: list[dict[str, Any]], use_compile: bool) -> dict[str, Builder]:
+    """``torch.matmul`` (cuBLAS) on the case's A and B, and ``torch.compile`` of it."""
     torch = env.torch
 
     def matmul(a: Any, b: Any) -> Any:
         return torch.matmul(a, b)
 
-    def builder(fn: Callable[[Any, Any], Any]) -> Builder:
-        def build(i: int) -> Callable[[], list[Any]]:
-            a, b = gemm_operands(case, *(sets[i][n] for n in case.inputs_order))
-            return lambda: [fn(a, b)]
+    def operands(i: int) -> tuple[Any, Any]:
+        return gemm_operands(case, *(sets[i][n] for n in case.inputs_order))
 
-        return build
-
-    methods = {"torch_matmul": builder(matmul)}
-    if use_compile:
-        methods["torch_compile"] = builder(torch.compile(matmul, dynamic=False))
-    return methods
+    return _library_baselines(env, use_compile, "torch_matmul", matmul, operands)
 
 
 def conv_baselines(env: Env, case: Case, sets: list[dict[str, Any]], use_compile: bool) -> dict[str, Builder]:
@@ -126,17 +142,11 @@ def conv_baselines(env: Env, case: Case, sets: list[dict[str, Any]], use_compile
     def conv2d(x: Any, w: Any) -> Any:
         return torch.nn.functional.conv2d(x, w, stride=conv["stride"], padding=conv["padding"])
 
-    def builder(fn: Callable[[Any, Any], Any]) -> Builder:
-        def build(i: int) -> Callable[[], list[Any]]:
-            x, w = (sets[i][n] for n in case.inputs_order)
-            return lambda: [fn(x, w)]
+    def operands(i: int) -> tuple[Any, Any]:
+        x, w = (sets[i][n] for n in case.inputs_order)
+        return x, w
 
-        return build
-
-    methods = {"torch_conv2d": builder(conv2d)}
-    if use_compile:
-        methods["torch_compile"] = builder(torch.compile(conv2d, dynamic=False))
-    return methods
+    return _library_baselines(env, use_compile, "torch_conv2d", conv2d, operands)
 
 
 def sdpa_operands(program: Program) -> str | None:

@@ -90,6 +90,22 @@ def test_twin_matches_float64_at_any_shape_and_magnitude(
     assert np.linalg.norm(got - want) <= tol
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_twin_survives_a_massive_activation_channel(dtype: str) -> None:
+    # LLaMA-style outliers: one hidden channel at |x| ~ 300 among N(0, 1) ones, at a real hidden size (4096)
+    # and an odd token count. float32 accumulation keeps every output finite and within one output rounding.
+    rng = np.random.default_rng(7)
+    m, k, n = 13, 4096, 96
+    x = rng.standard_normal((m, k))
+    x[:, 1234] = 300.0 * np.sign(rng.standard_normal(m))
+    a = x.astype(numpy_dtype(dtype))
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(numpy_dtype(dtype))
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    got = _run_twin(a, b, (m, n), TensorCoreTiles(16, 32, 64, 16, 16, 3)).astype(np.float64)
+    assert np.isfinite(got).all()
+    assert _rel(got, want) < (2e-3 if dtype == "float16" else 8e-3)
+
+
 def test_twin_batched_and_broadcast_operands() -> None:
     rng = np.random.default_rng(1)
     a = rng.standard_normal((3, 40, 48)).astype(np.float16)
@@ -155,9 +171,8 @@ def test_other_operand_dtypes_are_refused() -> None:
         schedule_tensor_core(func, SMALL)
 
 
+@pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="needs nvcc for the PTX")
 def test_ptx_has_mma_and_the_resource_report_fits() -> None:
-    if cubin_unavailable_reason() is not None:
-        pytest.skip(cubin_unavailable_reason())
     import subprocess
     import tempfile
     from pathlib import Path
@@ -417,3 +432,14 @@ def test_conv2d_on_tensor_cores_compiles_to_mma_from_the_construction() -> None:
         conv2d_tensor_core(conv, dataclasses.replace(tiles, split_k=2))
     with pytest.raises(ScheduleError, match="no output"):
         conv2d_tensor_core(Conv2d(1, 1, 2, 2, 1, 3, 3), SMALL)
+
+
+def test_calibration_scores_rank_correlation_like_spearman() -> None:
+    # benchmarks/calibrate_tensor_core.py's Spearman (no scipy here): ranks with ties averaged.
+    from benchmarks.calibrate_tensor_core import spearman
+
+    assert spearman([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]) == pytest.approx(1.0)
+    assert spearman([1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    # Monotone transforms do not change it; ties share their mean rank (scipy.stats.spearmanr: 0.9486833).
+    assert spearman([1.0, 2.0, 2.0, 3.0], [1.0, 4.0, 4.0, 27.0]) == pytest.approx(1.0)
+    assert spearman([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 2.0, 4.0]) == pytest.approx(0.9486833, abs=1e-6)

@@ -26,7 +26,7 @@ from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
-from gensorage.ugraph.shapes import GraphInfo
+from gensorage.ugraph.shapes import GraphInfo, TensorInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +164,41 @@ def matmul_prim_func(
     return _matmul_build(_MatmulShape(a, b, out), dtype, out_dtype, None, split_k, rows_to)()
 
 
+@dataclass(frozen=True, slots=True)
+class _Operands:
+    """A matmul kernel op's tensors and shapes, as both kernel builders see them."""
+
+    op: KernelOp
+    a: TensorInfo
+    b: TensorInfo
+    out: TensorInfo
+    shape: _MatmulShape
+    out_ref: Ref
+
+    def params(self, modulus: int | None) -> tuple[KernelParam, ...]:
+        """A, B, C as the kernel declares them (int64 residues in field mode)."""
+        dt = "int64" if modulus is not None else None
+        ms = self.shape
+        return (
+            KernelParam("A", "input", self.op.inputs[0], ms.flat(self.a.shape), dt or self.a.dtype),
+            KernelParam("B", "input", self.op.inputs[1], ms.flat(self.b.shape), dt or self.b.dtype),
+            KernelParam("C", "output", self.out_ref, ms.flat(self.out.shape), dt or self.out.dtype),
+        )
+
+
+def _operands(g: KernelGraph, k: int, info: GraphInfo) -> _Operands:
+    op = g.ops[k]
+    assert isinstance(op, KernelOp)
+    ta, tb = (info.of(r) for r in op.inputs)
+    out = info.nodes[len(g.inputs) + k][0]
+    return _Operands(op, ta, tb, out, _MatmulShape(ta.shape, tb.shape, out.shape), Ref(len(g.inputs) + k))
+
+
+def _moduli(scalar: Scalar) -> list[int | None]:
+    """One kernel per modulus in field mode (each computes one residue), one float kernel otherwise."""
+    return list(scalar.mods) if isinstance(scalar, FieldScalar) else [None]
+
+
 def tensor_core_kernels(
     g: KernelGraph,
     k: int,
@@ -182,38 +217,28 @@ def tensor_core_kernels(
     from gensorage.codegen.tensor_core import MMA_DTYPES, RULE, schedule_tensor_core
     from gensorage.construction.tensor_core import construct_tensor_core
 
-    op = g.ops[k]
-    assert isinstance(op, KernelOp)
-    ta, tb = (info.of(r) for r in op.inputs)
-    out = info.nodes[len(g.inputs) + k][0]
-    if ta.dtype not in MMA_DTYPES or tb.dtype != ta.dtype:
+    ops = _operands(g, k, info)
+    if ops.a.dtype not in MMA_DTYPES or ops.b.dtype != ops.a.dtype:
         return []
-    ms = _MatmulShape(ta.shape, tb.shape, out.shape)
+    ms = ops.shape
     try:
-        tiles, cost = construct_tensor_core(ms.dims, hw, ta.dtype, seed)
+        tiles, _ = construct_tensor_core(ms.dims, hw, ops.a.dtype, seed)
     except ScheduleError:
         return []
     rule = f"{RULE} construct on matmul {list(ms.dims)}: {tiles.describe()}"
-    mods: list[int | None] = list(scalar.mods) if isinstance(scalar, FieldScalar) else [None]
     kernels = []
-    for c, m in enumerate(mods):
-        func = _matmul_build(ms, ta.dtype, out.dtype, m, tiles.split_k, tiles.block_m)()
+    for c, m in enumerate(_moduli(scalar)):
+        func = _matmul_build(ms, ops.a.dtype, ops.out.dtype, m, tiles.split_k, tiles.block_m)()
         try:
             sch = schedule_tensor_core(func, tiles, gpu=target == "cuda")
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"
-        dt = "int64" if m is not None else None
-        params: tuple[KernelParam, ...] = (
-            KernelParam("A", "input", op.inputs[0], ms.flat(ta.shape), dt or ta.dtype),
-            KernelParam("B", "input", op.inputs[1], ms.flat(tb.shape), dt or tb.dtype),
-            KernelParam("C", "output", Ref(len(g.inputs) + k), ms.flat(out.shape), dt or out.dtype),
-        )
+        params = ops.params(m)
         if tiles.split_k > 1:  # the partials: float32 (int64 residues in field mode), written then added
-            rows = -(-out.shape[0] // tiles.block_m) * tiles.block_m
-            params += (
-                KernelParam("P", "scratch", None, (tiles.split_k, rows, out.shape[1]), dt or "float32"),
-            )
+            rows = -(-ops.out.shape[0] // tiles.block_m) * tiles.block_m
+            shape = (tiles.split_k, rows, ops.out.shape[1])
+            params += (KernelParam("P", "scratch", None, shape, "int64" if m is not None else "float32"),)
         f = sch.mod["main"].with_attr("global_symbol", kname)
         kernels.append(ScheduledKernel(kname, k, f, params, tiles.threads, rule, None if m is None else c))
     return kernels
@@ -231,12 +256,9 @@ def matmul_kernels(
 ) -> list[ScheduledKernel]:
     from gensorage.codegen.lower_schedule import lower, threads_per_block
 
-    op = g.ops[k]
-    assert isinstance(op, KernelOp)
-    ta, tb = (info.of(r) for r in op.inputs)
-    out = info.nodes[len(g.inputs) + k][0]
-    ms = _MatmulShape(ta.shape, tb.shape, out.shape)
-    base = matmul_workload(*ms.dims, ta.dtype)
+    ops = _operands(g, k, info)
+    ms = ops.shape
+    base = matmul_workload(*ms.dims, ops.a.dtype)
     try:
         schedule = construct_schedule(base, hw, seed)
     except ScheduleError:
@@ -246,21 +268,16 @@ def matmul_kernels(
         f"vthreads={list(schedule.vthreads)}"
     )
     threads = threads_per_block(base, schedule)
-    mods: list[int | None] = list(scalar.mods) if isinstance(scalar, FieldScalar) else [None]
     kernels = []
-    for c, m in enumerate(mods):
-        wl = dataclasses.replace(base, build=_matmul_build(ms, ta.dtype, out.dtype, m))
+    for c, m in enumerate(_moduli(scalar)):
+        wl = dataclasses.replace(base, build=_matmul_build(ms, ops.a.dtype, ops.out.dtype, m))
         try:
             mod = lower(wl, schedule, target, hw=hw if target == "cuda" else None)
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"
         func = mod["main"].with_attr("global_symbol", kname)
-        dt = "int64" if m is not None else None
-        params = (
-            KernelParam("A", "input", op.inputs[0], ms.flat(ta.shape), dt or ta.dtype),
-            KernelParam("B", "input", op.inputs[1], ms.flat(tb.shape), dt or tb.dtype),
-            KernelParam("C", "output", Ref(len(g.inputs) + k), ms.flat(out.shape), dt or out.dtype),
+        kernels.append(
+            ScheduledKernel(kname, k, func, ops.params(m), threads, rule, None if m is None else c)
         )
-        kernels.append(ScheduledKernel(kname, k, func, params, threads, rule, None if m is None else c))
     return kernels

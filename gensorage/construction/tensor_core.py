@@ -24,6 +24,7 @@ from functools import lru_cache
 from gensorage.codegen.tensor_core import MMA, WARP, TensorCoreTiles, shared_bytes
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
+from gensorage.markov.cost_model import blocks_per_sm
 
 CHAINS = 24
 MAX_STEPS = 64
@@ -58,8 +59,6 @@ def predict_tensor_core_time(
     dims: tuple[int, int, int, int], tiles: TensorCoreTiles, hw: HwProfile, dtype: str = "float16"
 ) -> TensorCoreCost | None:
     """Predicted time of the tensor-core kernel for ``(batch, m, n, k)``; None when it cannot run on ``hw``."""
-    from gensorage.markov.cost_model import blocks_per_sm
-
     batch, m, n, k = dims
     t = tiles
     if t.split_k > 1:  # each split is one batch of the MMA kernel over k / split_k; see _split_epilogue_s

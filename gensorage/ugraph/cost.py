@@ -95,6 +95,7 @@ def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: 
 
 def _tensor_core_matmul(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> Any:
     """The construction's cost of the tensor-core kernel a pre-defined matmul lowers to (None: no such kernel)."""
+    # Imported here: gensorage.construction imports the µGraph modules this one belongs to.
     from gensorage.codegen.tensor_core import MMA_DTYPES
     from gensorage.construction.tensor_core import construct_tensor_core
 
