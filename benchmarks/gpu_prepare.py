@@ -271,7 +271,9 @@ def conv_cases(
 ) -> list[dict[str, Any]]:
     """Each convolution's implicit GEMM on tensor cores, with the tiles the construction picks for it."""
     cases = []
-    for name, conv in convs.items():
+    for shape_name, conv in convs.items():
+        # float16 keeps the bare name; another dtype is in the name, so its files do not overwrite these.
+        name = shape_name if dtype == "float16" else f"{shape_name}_{dtype}"
         tiles, cost = construct_tensor_core(conv.gemm, hw, dtype, split=False)
         mod = conv2d_tensor_core(conv, tiles, dtype)
         config = build_config([RULE])
@@ -301,7 +303,7 @@ def conv_cases(
                 "predicted_s": cost.total_s,
                 "flops": 2 * m * n * k,
                 "min_bytes": 2 * (math.prod(shapes[0]) + math.prod(shapes[1]) + math.prod(shapes[2])),
-                "meta": {"shape": name, "variant": "constructed", "tiles": dataclasses.asdict(tiles),
+                "meta": {"shape": shape_name, "variant": "constructed", "tiles": dataclasses.asdict(tiles),
                          "rule": f"{RULE} implicit GEMM {list(conv.gemm)}: {tiles.describe()}", "tensor_cores": True},
             }
         )  # fmt: skip

@@ -49,7 +49,7 @@ def prepare(args: argparse.Namespace) -> int:
             print(
                 f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype}: {len(cases)} cases", file=sys.stderr
             )
-    convs = {k: v for k, v in gpu_bundle.CONVS.items() if args.convs is None or k in args.convs}
+    convs = {k: v for k, v in gpu_bundle.CONVS.items() if not args.convs or k in args.convs}
     for dtype in args.dtypes:
         cases += gpu_bundle.conv_cases(hw, out, convs, dtype)
     print(f"[{time.perf_counter() - t0:6.1f}s] convs: {len(cases)} cases", file=sys.stderr)
