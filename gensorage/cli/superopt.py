@@ -17,6 +17,7 @@ from typing import Any
 
 from gensorage.cli.argtypes import seed
 from gensorage.errors import ConfigError
+from gensorage.precision import DEFAULT_PRECISION, PRECISIONS
 
 EXIT_OK = 0
 EXIT_NOT_IMPROVED = 1
@@ -82,6 +83,13 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         help="false-accept probability of the equivalence checks (default: the preset's)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=DEFAULT_PRECISION,
+        help="how intermediates are stored: float32 where the program's dtype could overflow (default), "
+        "or the program's dtype everywhere ('storage')",
     )
     parser.add_argument(
         "--store",
@@ -163,6 +171,7 @@ def cmd_superopt(args: argparse.Namespace) -> int:
                 use_store=not args.no_store,
                 progress=not args.quiet,
                 delta=args.delta,
+                precision=args.precision,
             )
         except SuperoptInterrupted as exc:
             result, interrupted = exc.result, True

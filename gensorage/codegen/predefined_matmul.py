@@ -25,6 +25,7 @@ from gensorage.codegen.scalar import FieldScalar, Scalar
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
+from gensorage.precision import promote
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo
 
@@ -66,24 +67,39 @@ def _batch_index(b: Any, batch: tuple[int, ...], operand: tuple[int, ...]) -> An
 
 
 def _matmul_build(
-    ms: _MatmulShape, dtype: str, out_dtype: str, modulus: int | None, split_k: int = 1, rows_to: int = 1
+    ms: _MatmulShape,
+    dtype: str,
+    out_dtype: str,
+    modulus: int | None,
+    split_k: int = 1,
+    rows_to: int = 1,
+    b_dtype: str | None = None,
+    cast_to: str | None = None,
 ) -> Any:
     """Build function of the lowered workload: broadcast loads, reduction, cast (float) or mod (field) epilogue.
 
     With ``split_k > 1`` (2-D matmuls): ``C[s, i, j]`` sums the ``s``-th slice of the reduction, ``C`` is a
     fourth parameter (the partials' scratch buffer) and ``D`` adds the slices before its epilogue. Its rows
     are padded to a multiple of ``rows_to`` by a zero-filling producer of A (the slice index is not an
-    einsum, so the schedule's ``pad_einsum`` cannot do it).
+    einsum, so the schedule's ``pad_einsum`` cannot do it). ``B`` has ``b_dtype`` when it differs from A's (a
+    float32 intermediate times a float16 weight); the product accumulates in the wider of float32 and both.
+    ``cast_to`` converts both operands first (the tensor-core MMA dtype of mixed operands, see
+    :func:`~gensorage.codegen.tensor_core.mma_dtype`), in producers the schedule inlines into its shared copies.
     """
     from tvm import te, tirx
 
+    b_type = b_dtype or dtype
+
     def build() -> Any:
-        in_dtype = "int64" if modulus is not None else dtype
-        a = te.placeholder(ms.flat(ms.a), in_dtype, name="A")
-        bt = te.placeholder(ms.flat(ms.b), in_dtype, name="B")
+        field = modulus is not None
+        a = te.placeholder(ms.flat(ms.a), "int64" if field else dtype, name="A")
+        bt = te.placeholder(ms.flat(ms.b), "int64" if field else b_type, name="B")
         _, m, n, kdim = ms.dims
         k = te.reduce_axis((0, kdim), name="k")
-        acc = "int64" if modulus is not None else ("float32" if dtype in ("float16", "bfloat16") else dtype)
+        acc = "int64" if field else promote([dtype, b_type, "float32"])
+        if cast_to is not None and not field:
+            a = _cast(a, cast_to, "A_mma")
+            bt = _cast(bt, cast_to, "B_mma")
 
         def term(x: Any, y: Any) -> Any:
             if modulus is not None:
@@ -108,9 +124,26 @@ def _matmul_build(
             d = te.compute(c.shape, lambda *ix: c[ix].astype(out_dtype), name="D")
         else:
             d = c
-        return te.create_prim_func([a, bt, d])
+        return te.create_prim_func([_param(a), _param(bt), d])
 
     return build
+
+
+def _param(t: Any) -> Any:
+    """The placeholder (function parameter) under an operand's producers (a cast, the rows' padding)."""
+    from tvm import te
+
+    while not isinstance(t.op, te.PlaceholderOp):
+        t = t.op.input_tensors[0]
+    return t
+
+
+def _cast(x: Any, dtype: str, name: str) -> Any:
+    from tvm import te
+
+    if str(x.dtype) == dtype:
+        return x
+    return te.compute(x.shape, lambda *i: x[i].astype(dtype), name=name)
 
 
 def _split_k_func(
@@ -148,7 +181,7 @@ def _split_k_func(
         return v if out_dtype == acc else v.astype(out_dtype)
 
     d = te.compute((m, n), total, name="D")
-    return te.create_prim_func([a.op.input_tensors[0] if mp != m else a, bt, d, c])
+    return te.create_prim_func([_param(a), _param(bt), d, c])
 
 
 def matmul_prim_func(
@@ -214,23 +247,28 @@ def tensor_core_kernels(
     The field twin and the llvm twin run the same tiling without tensorization (see
     :mod:`gensorage.codegen.tensor_core`).
     """
-    from gensorage.codegen.tensor_core import MMA_DTYPES, RULE, schedule_tensor_core
+    from gensorage.codegen.tensor_core import RULE, mma_dtype, schedule_tensor_core
     from gensorage.construction.tensor_core import construct_tensor_core
 
     ops = _operands(g, k, info)
-    if ops.a.dtype not in MMA_DTYPES or ops.b.dtype != ops.a.dtype:
+    mma = mma_dtype(ops.a.dtype, ops.b.dtype)
+    if mma is None:
         return []
     ms = ops.shape
+    cast = None if mma == ops.a.dtype == ops.b.dtype else mma
     try:
-        tiles, _ = construct_tensor_core(ms.dims, hw, ops.a.dtype, seed)
+        tiles, _ = construct_tensor_core(ms.dims, hw, mma, seed)
     except ScheduleError:
         return []
     rule = f"{RULE} construct on matmul {list(ms.dims)}: {tiles.describe()}"
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
-        func = _matmul_build(ms, ops.a.dtype, ops.out.dtype, m, tiles.split_k, tiles.block_m)()
+        build = _matmul_build(
+            ms, ops.a.dtype, ops.out.dtype, m, tiles.split_k, tiles.block_m, ops.b.dtype, cast
+        )
         try:
-            sch = schedule_tensor_core(func, tiles, gpu=target == "cuda")
+            # A converting copy is not a byte copy: one element per thread and step, not cp.async vectors.
+            sch = schedule_tensor_core(build(), tiles, gpu=target == "cuda", gather=cast is not None)
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"
@@ -270,7 +308,8 @@ def matmul_kernels(
     threads = threads_per_block(base, schedule)
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
-        wl = dataclasses.replace(base, build=_matmul_build(ms, ops.a.dtype, ops.out.dtype, m))
+        build = _matmul_build(ms, ops.a.dtype, ops.out.dtype, m, b_dtype=ops.b.dtype)
+        wl = dataclasses.replace(base, build=build)
         try:
             mod = lower(wl, schedule, target, hw=hw if target == "cuda" else None)
         except ScheduleError as exc:

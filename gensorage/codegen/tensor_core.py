@@ -41,6 +41,22 @@ from gensorage.errors import ScheduleError, first_line
 MMA = 16  # the m16n8k16 instruction pair covers a 16 x 16 x 16 tile
 WARP = 32
 MMA_DTYPES = ("float16", "bfloat16")  # operand dtypes this lowering emits MMA for
+
+
+def mma_dtype(a: str, b: str) -> str | None:
+    """The MMA operand dtype of a matmul of ``a`` by ``b`` (None: not on tensor cores).
+
+    Two equal 16-bit dtypes multiply as they are. A float32 operand (an intermediate the precision policy
+    keeps wide, e.g. a normalised activation) with a 16-bit one multiplies in bfloat16: its range is float32's,
+    so nothing overflows, at 8 significant bits per operand (the products accumulate in float32).
+    """
+    if a == b and a in MMA_DTYPES:
+        return a
+    if {a, b} <= {"float32", *MMA_DTYPES} and {a, b} & set(MMA_DTYPES):
+        return "bfloat16"
+    return None
+
+
 RULE = "tensor-core"  # how a kernel's rule names this lowering
 VECTOR = 8  # 16-bit elements per 16-byte copy from global to shared memory
 
@@ -211,7 +227,7 @@ def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True,
 def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool, vector: int) -> None:
     main = sch.get_sblock("C")
     # The twins run any operand dtype (int64 residues for the field twin); MMA needs a 16-bit one.
-    dtypes = sorted({str(r.source.dtype) for r in sch.get(main).reads if r.source.name in ("A", "B")})
+    dtypes = sorted({str(r.source.dtype) for r in sch.get(main).reads if r.source.name != "C"})
     if gpu and (len(dtypes) != 1 or dtypes[0] not in MMA_DTYPES):
         raise ScheduleError(
             f"tensor-core schedule: operands of dtypes {dtypes}, expected one of {MMA_DTYPES}"

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Literal
 
 from gensorage.errors import ConfigError
 from gensorage.interrupts import stop_requests
+from gensorage.precision import DEFAULT_PRECISION, check_precision
 from gensorage.program import Program
 from gensorage.superopt.choice import Progress
 from gensorage.superopt.presets import DEFAULT_DELTA, Preset
@@ -61,6 +62,7 @@ def superoptimize(
     use_store: bool = True,
     progress: bool = True,
     delta: float | None = None,
+    precision: str = DEFAULT_PRECISION,
 ) -> SuperoptResult:
     """Superoptimise ``program`` for the GPU ``hw``.
 
@@ -96,6 +98,11 @@ def superoptimize(
         Report progress on stderr.
     delta : float, optional
         False-accept probability of the equivalence checks (default: the preset's, else 1e-9).
+    precision : {"float32", "storage"}
+        How intermediates are stored (:mod:`gensorage.precision`): ``"float32"`` keeps the results of exp,
+        sums, sqrt, div and squares in float32 when the program's dtype is narrower (torch autocast's list), so
+        large logits and activations do not overflow float16; ``"storage"`` stores every tensor in the
+        program's dtype (fewer bytes, no overflow protection). Outputs keep the program's dtype either way.
 
     Returns
     -------
@@ -111,6 +118,7 @@ def superoptimize(
     start = time.perf_counter()
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    check_precision(precision)
     if time_budget_s is not None and not (time_budget_s > 0 and math.isfinite(time_budget_s)):
         raise ConfigError(f"time budget must be a positive number of seconds, got {time_budget_s!r}")
     say = Progress(progress)
@@ -121,7 +129,7 @@ def superoptimize(
     d = delta if delta is not None else (chosen_preset.delta if chosen_preset else DEFAULT_DELTA)
     if not 0 < d < 1:
         raise ConfigError(f"delta must be in (0, 1), got {d!r}")
-    run = Run(src, profile, chosen_preset, d, seed, say, notes, start, store, use_store)
+    run = Run(src, profile, chosen_preset, d, seed, say, notes, start, store, use_store, precision)
     with stop_requests() as run.stops:
         if mode == "fast":
             return run.fast()

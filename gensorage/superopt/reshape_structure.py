@@ -331,7 +331,8 @@ def reinstantiate(
             )
             shape = _shape(node.op, [a.shape for a in new_args], attrs, where)
             ops.append(KernelOp(node.op, node.inputs, attrs))
-            new_infos.append((TensorInfo(shape, new_args[0].dtype if new_args else "float32"),))
+            old_out = old_info.nodes[len(specs) + k][0]  # dtypes do not depend on shapes
+            new_infos.append((TensorInfo(shape, old_out.dtype, old_out.program),))
             continue
         block_info = old_info.blocks[k]
         assert block_info is not None  # a graph-defined op always has block info
@@ -341,8 +342,12 @@ def reinstantiate(
         sub = single_op_graph(
             GraphDefinedOp(built.block, tuple(Ref(i) for i in range(len(new_args)))), new_args
         )
-        new_infos.append(block_shapes(sub, 0, built.block, new_args).outputs)
-    out = KernelGraph(specs, tuple(ops), graph.outputs)
+        shapes = block_shapes(sub, 0, built.block, new_args).outputs
+        olds = old_info.nodes[len(specs) + k]
+        new_infos.append(
+            tuple(TensorInfo(t.shape, o.dtype, o.program) for t, o in zip(shapes, olds, strict=True))
+        )
+    out = KernelGraph(specs, tuple(ops), graph.outputs, graph.precision)
     try:
         validate(out, hw)
     except UGraphError as exc:

@@ -3,6 +3,7 @@ the requested shapes, Ctrl-C, and what goes to the structure store (see :mod:`ge
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any
 from gensorage.errors import GensorageError
 from gensorage.hw.profile import HwProfile
 from gensorage.interrupts import StopRequests
+from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program, dump_program
 from gensorage.superopt import choice
 from gensorage.superopt.choice import Option, Progress, cost_fn, rank, try_compile
@@ -51,6 +53,7 @@ class Run:
     start: float
     store: Any
     use_store: bool
+    precision: str = DEFAULT_PRECISION
     timings: dict[str, float] = field(default_factory=dict)
     _cost: Callable[[KernelGraph], float] | None = None
     stops: StopRequests = field(default_factory=StopRequests)
@@ -70,7 +73,7 @@ class Run:
         return self.preset.top_k if self.preset else DEFAULT_TOP_K
 
     def direct(self) -> Option:
-        g = from_program(self.program)
+        g = from_program(self.program, self.precision)
         return Option(g, self.cost(g), "direct")
 
     def _tick(self, phase: str, t0: float) -> None:
@@ -113,6 +116,8 @@ class Run:
             seen.add(sig)
             try:
                 new = g if same else reinstantiate(g, at, self.program, self.hw, self.cost, seed=self.seed)
+                # The search works under the default policy; the graph's ops do not depend on it.
+                new = dataclasses.replace(new, precision=self.precision)
                 options.append(Option(new, self.cost(new), f"{label} #{i}", g, report))
             except (ReshapeFailed, GensorageError) as exc:
                 failed += 1

@@ -96,14 +96,15 @@ def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: 
 def _tensor_core_matmul(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> Any:
     """The construction's cost of the tensor-core kernel a pre-defined matmul lowers to (None: no such kernel)."""
     # Imported here: gensorage.construction imports the µGraph modules this one belongs to.
-    from gensorage.codegen.tensor_core import MMA_DTYPES
+    from gensorage.codegen.tensor_core import mma_dtype
     from gensorage.construction.tensor_core import construct_tensor_core
 
-    if node.op is not Op.MATMUL or ins[0].dtype not in MMA_DTYPES or ins[1].dtype != ins[0].dtype:
+    mma = mma_dtype(ins[0].dtype, ins[1].dtype) if node.op is Op.MATMUL else None
+    if mma is None:
         return None
     dims = (math.prod(out.shape[:-2]), out.shape[-2], out.shape[-1], ins[0].shape[-1])
     try:
-        return construct_tensor_core(dims, hw, ins[0].dtype)[1]
+        return construct_tensor_core(dims, hw, mma)[1]
     except ScheduleError:
         return None
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from gensorage.errors import UGraphError
 from gensorage.opset import ELEMENTWISE, Op
+from gensorage.precision import DEFAULT_PRECISION
 from gensorage.ugraph.ir import (
     BlockGraph,
     BlockNode,
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from gensorage.program import Program
 
 
-def from_program(program: Program) -> KernelGraph:
+def from_program(program: Program, precision: str = DEFAULT_PRECISION) -> KernelGraph:
     """The µGraph running each op of ``program`` as its own pre-defined kernel.
 
     Kernel inputs follow ``program.inputs`` (names, shapes, dtypes); ops follow node order; ops no output depends
@@ -42,7 +43,7 @@ def from_program(program: Program) -> KernelGraph:
             continue
         ops.append(KernelOp(node.op, tuple(ref_of[i] for i in node.inputs), node.attrs))
         ref_of[nid] = Ref(len(specs) + len(ops) - 1)
-    return KernelGraph(specs, tuple(ops), tuple(ref_of[t.id] for t in program.outputs))
+    return KernelGraph(specs, tuple(ops), tuple(ref_of[t.id] for t in program.outputs), precision)
 
 
 def wrap_kernel_op(
@@ -75,7 +76,7 @@ def wrap_kernel_op(
     nodes.append(OutputSaver(Ref(n), tuple(omap)))
     wrapped = GraphDefinedOp(BlockGraph(tuple(grid), 1, tuple(nodes)), node.inputs)
     ops = g.ops[:index] + (wrapped,) + g.ops[index + 1 :]
-    return KernelGraph(g.inputs, ops, g.outputs)
+    return KernelGraph(g.inputs, ops, g.outputs, g.precision)
 
 
 __all__ = ["from_program", "wrap_kernel_op"]

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from gensorage.opset import Attrs, Op, Shape, freeze_attrs
+from gensorage.precision import DEFAULT_PRECISION, check_precision
 
 if TYPE_CHECKING:
     import numpy as np
@@ -236,16 +237,19 @@ KernelNode = KernelOp | GraphDefinedOp
 
 @dataclass(frozen=True, slots=True)
 class KernelGraph:
-    """A µGraph: kernel inputs, kernel ops in topological order, outputs (refs into ``inputs + ops``)."""
+    """A µGraph: kernel inputs, kernel ops in topological order, outputs (refs into ``inputs + ops``), and the
+    precision policy its intermediates are stored under (:mod:`gensorage.precision`)."""
 
     inputs: tuple[TensorSpec, ...]
     ops: tuple[KernelNode, ...]
     outputs: tuple[Ref, ...]
+    precision: str = DEFAULT_PRECISION
 
     def __post_init__(self) -> None:
         _set(self, "inputs", tuple(self.inputs))
         _set(self, "ops", tuple(self.ops))
         _set(self, "outputs", _refs(self.outputs))
+        check_precision(self.precision)
 
     # Behaviour lives in sibling modules; these are conveniences that delegate to them.
     def evaluate(self, arith: Arith[Any], inputs: Sequence[Any]) -> list[Any]:

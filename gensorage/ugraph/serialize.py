@@ -27,6 +27,7 @@ from typing import Any
 
 from gensorage.errors import UGraphError
 from gensorage.opset import Attrs, Op, freeze_attrs
+from gensorage.precision import DEFAULT_PRECISION, PRECISIONS
 from gensorage.ugraph.ir import (
     Accumulator,
     BlockGraph,
@@ -101,6 +102,7 @@ def to_json(g: KernelGraph) -> dict[str, Any]:
         "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in g.inputs],
         "ops": [_kernel_node(n) for n in g.ops],
         "outputs": [_ref(r) for r in g.outputs],
+        "precision": g.precision,
     }
 
 
@@ -253,7 +255,10 @@ def from_json(data: Any) -> KernelGraph:
         _read_input(x, f"inputs[{i}]") for i, x in enumerate(_list(_get(data, "inputs", ""), "inputs"))
     )
     ops = tuple(_read_kernel_node(x, f"ops[{i}]") for i, x in enumerate(_list(_get(data, "ops", ""), "ops")))
-    return KernelGraph(inputs, ops, _refs(_get(data, "outputs", ""), "outputs"))
+    precision = data.get("precision", DEFAULT_PRECISION)  # documents written before the policy existed
+    if precision not in PRECISIONS:
+        raise UGraphError(f"precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return KernelGraph(inputs, ops, _refs(_get(data, "outputs", ""), "outputs"), precision)
 
 
 __all__ = ["FORMAT", "VERSION", "from_json", "to_json"]

@@ -1,5 +1,8 @@
 """Shape and dtype inference for every tensor of a µGraph, checking each operator's spec on the way.
 
+Dtypes follow the graph's precision policy (:mod:`gensorage.precision`): ``dtype`` is what a tensor is stored
+in, ``program_dtype`` what the program's own types give it; a kernel-graph output is stored in its program dtype.
+
 Kernel tensors have full shapes; a block-level tensor's shape is the per-block, per-iteration tile (an
 accumulator's is the accumulated tile). Every violation is a :class:`UGraphError` whose message names the kernel
 node (``%n``, its index in ``inputs + ops``), the block node (``#j``) and the thread op where relevant.
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from gensorage import opset
 from gensorage.errors import ProgramError, UGraphError
 from gensorage.opset import ELEMENTWISE, Op, Shape
+from gensorage.precision import DEFAULT_PRECISION, is_square, stored_dtype
 from gensorage.ugraph.ir import (
     GRID_AXES,
     Accumulator,
@@ -30,8 +34,20 @@ from gensorage.ugraph.ir import (
 
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
+    """A tensor's shape, the dtype it is stored in, and (when they differ) the dtype the program gives it."""
+
     shape: Shape
     dtype: str
+    program: str = ""  # "" when the program's dtype is the stored one
+
+    @property
+    def program_dtype(self) -> str:
+        return self.program or self.dtype
+
+    def stored_as(self, dtype: str) -> TensorInfo:
+        """This tensor stored in ``dtype`` (its program dtype unchanged)."""
+        program = self.program_dtype
+        return TensorInfo(self.shape, dtype, "" if program == dtype else program)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +115,22 @@ def resolve(ref: Ref, infos: Sequence[tuple[TensorInfo, ...]], where: str) -> Te
     return outs[ref.out]
 
 
-def _op_shape(op: Op, args: Sequence[TensorInfo], attrs: opset.Attrs, where: str) -> TensorInfo:
+def _op_shape(
+    op: Op,
+    args: Sequence[TensorInfo],
+    attrs: opset.Attrs,
+    where: str,
+    refs: Sequence[Ref] = (),
+    precision: str = DEFAULT_PRECISION,
+) -> TensorInfo:
+    """``op``'s result on ``args`` (read through ``refs``): its shape, and dtypes under ``precision``."""
     try:
         shape = opset.infer_shape(op, [a.shape for a in args], attrs)
     except ProgramError as e:
         raise UGraphError(f"{where}: {e}") from None
-    return TensorInfo(shape, args[0].dtype if args else "float32")
+    square = is_square(op, refs)
+    program = stored_dtype(op, [a.program_dtype for a in args], square, "storage")
+    return TensorInfo(shape, program).stored_as(stored_dtype(op, [a.dtype for a in args], square, precision))
 
 
 def _check_dim(dim: object, ndim: int, what: str, where: str) -> int:
@@ -139,7 +165,9 @@ def iterator_tile(it: InputIterator, shape: Shape, grid: Sequence[int], forloop:
     return tuple(tile)
 
 
-def thread_shapes(tg: ThreadGraph, args: Sequence[TensorInfo], where: str) -> tuple[TensorInfo, ...]:
+def thread_shapes(
+    tg: ThreadGraph, args: Sequence[TensorInfo], where: str, precision: str = DEFAULT_PRECISION
+) -> tuple[TensorInfo, ...]:
     """Tiles of a thread graph's local values (inputs then ops); its ops must be elementwise."""
     if not tg.ops:
         raise UGraphError(f"{where}: a thread graph needs at least one op")
@@ -151,7 +179,7 @@ def thread_shapes(tg: ThreadGraph, args: Sequence[TensorInfo], where: str) -> tu
         if top.op not in ELEMENTWISE:
             raise UGraphError(f"{here}: only elementwise ops may run in a thread graph")
         ins = [resolve(r, local, here) for r in top.inputs]
-        local.append((_op_shape(top.op, ins, top.attrs, here),))
+        local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision),))
     for r in tg.outputs:
         resolve(r, local, f"{where}, thread output")
         if r.node < len(args):
@@ -159,16 +187,18 @@ def thread_shapes(tg: ThreadGraph, args: Sequence[TensorInfo], where: str) -> tu
     return tuple(t for (t,) in local)
 
 
-def _accum_tile(acc: Accumulator, arg: TensorInfo, forloop: int, where: str) -> TensorInfo:
+def _accum_tile(acc: Accumulator, arg: TensorInfo, forloop: int, where: str, precision: str) -> TensorInfo:
     if acc.kind not in ("sum", "max"):
         raise UGraphError(f"{where}: accumulator kind {acc.kind!r} is not 'sum' or 'max'")
     if acc.fmap is None:
+        if acc.kind == "sum":  # a loop sum is a sum: stored like one
+            return arg.stored_as(stored_dtype(Op.SUM, [arg.dtype], False, precision))
         return arg
     if acc.kind != "sum":
         raise UGraphError(f"{where}: a concatenating accumulator (fmap {acc.fmap}) takes kind 'sum'")
     d = _check_dim(acc.fmap, len(arg.shape), "accumulator fmap dim", where)
     shape = arg.shape[:d] + (arg.shape[d] * forloop,) + arg.shape[d + 1 :]
-    return TensorInfo(shape, arg.dtype)
+    return TensorInfo(shape, arg.dtype, arg.program)
 
 
 def saver_output(sv: OutputSaver, tile: TensorInfo, grid: Sequence[int], where: str) -> TensorInfo:
@@ -181,7 +211,7 @@ def saver_output(sv: OutputSaver, tile: TensorInfo, grid: Sequence[int], where: 
         shape[d] *= grid[g]
     if len(set(sv.omap)) != len(sv.omap):
         raise UGraphError(f"{where}: omap {list(sv.omap)} maps two grid dims to one output dim")
-    return TensorInfo(tuple(shape), tile.dtype)
+    return TensorInfo(tuple(shape), tile.dtype, tile.program)
 
 
 def block_shapes(g: KernelGraph, k: int, block: BlockGraph, args: Sequence[TensorInfo]) -> BlockInfo:
@@ -196,6 +226,8 @@ def block_shapes(g: KernelGraph, k: int, block: BlockGraph, args: Sequence[Tenso
     infos: list[tuple[TensorInfo, ...]] = []
     threads: list[tuple[TensorInfo, ...]] = []
     outputs: list[TensorInfo] = []
+    graph_outputs = set(g.outputs)
+    me = len(g.inputs) + k
     for j, node in enumerate(block.nodes):
         where = block_where(g, k, j)
         local: tuple[TensorInfo, ...] = ()
@@ -206,19 +238,27 @@ def block_shapes(g: KernelGraph, k: int, block: BlockGraph, args: Sequence[Tenso
                     raise UGraphError(f"{where}: input {node.input} out of range (op has {len(args)} inputs)")
                 src = args[node.input]
                 outs = (
-                    TensorInfo(iterator_tile(node, src.shape, block.grid, block.forloop, where), src.dtype),
+                    TensorInfo(
+                        iterator_tile(node, src.shape, block.grid, block.forloop, where),
+                        src.dtype,
+                        src.program,
+                    ),
                 )
             case BlockOp():
                 ins = [resolve(r, infos, where) for r in node.inputs]
-                outs = (_op_shape(node.op, ins, node.attrs, where),)
+                outs = (_op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision),)
             case ThreadGraph():
                 ins = [resolve(r, infos, where) for r in node.inputs]
-                local = thread_shapes(node, ins, where)
+                local = thread_shapes(node, ins, where, g.precision)
                 outs = tuple(local[r.node] for r in node.outputs)
             case Accumulator():
-                outs = (_accum_tile(node, resolve(node.input, infos, where), block.forloop, where),)
+                acc = resolve(node.input, infos, where)
+                outs = (_accum_tile(node, acc, block.forloop, where, g.precision),)
             case OutputSaver():
-                outputs.append(saver_output(node, resolve(node.input, infos, where), block.grid, where))
+                full = saver_output(node, resolve(node.input, infos, where), block.grid, where)
+                if Ref(me, len(outputs)) in graph_outputs:  # a program output keeps the program's dtype
+                    full = full.stored_as(full.program_dtype)
+                outputs.append(full)
                 outs = ()
             case _:
                 raise UGraphError(f"{where}: not a block node: {type(node).__name__}")
@@ -233,6 +273,7 @@ def infer(g: KernelGraph) -> GraphInfo:
     """Shapes and dtypes of every tensor of ``g``; raises :class:`UGraphError` at the first spec violation."""
     infos: list[tuple[TensorInfo, ...]] = []
     names: set[str] = set()
+    graph_outputs = set(g.outputs)
     for i, spec in enumerate(g.inputs):
         if spec.name in names:
             raise UGraphError(f"kernel input %{i}: duplicate name {spec.name!r}")
@@ -245,7 +286,10 @@ def infer(g: KernelGraph) -> GraphInfo:
         where = kernel_where(g, k)
         if isinstance(node, KernelOp):
             ins = [resolve(r, infos, where) for r in node.inputs]
-            infos.append((_op_shape(node.op, ins, node.attrs, where),))
+            out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision)
+            if Ref(len(infos)) in graph_outputs:  # a program output keeps the program's dtype
+                out = out.stored_as(out.program_dtype)
+            infos.append((out,))
             blocks.append(None)
         elif isinstance(node, GraphDefinedOp):
             ins = [resolve(r, infos, where) for r in node.inputs]

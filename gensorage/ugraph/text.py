@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from gensorage.errors import UGraphError
 from gensorage.opset import Attrs
+from gensorage.precision import DEFAULT_PRECISION
 from gensorage.ugraph.ir import (
     GRID_AXES,
     Accumulator,
@@ -82,6 +83,8 @@ class _Writer:
                 self.lines.append(f"  %{n} = graph-defined({args})" + (f" -> {shapes}" if shapes else ""))
                 self.block(node, self.info.blocks[k] if self.info else None)
         self.lines.append("  output " + ", ".join(self.kref(r) for r in g.outputs))
+        if g.precision != DEFAULT_PRECISION:
+            self.lines.append(f"  precision {g.precision}")
 
     def block(self, node: GraphDefinedOp, binfo: BlockInfo | None) -> None:
         b = node.block

@@ -86,7 +86,7 @@ def _block_sites(g: KernelGraph, kind: type) -> list[tuple[int, int, Any]]:
 
 
 def _set_kernel(g: KernelGraph, k: int, node: Any) -> KernelGraph:
-    return KernelGraph(g.inputs, g.ops[:k] + (node,) + g.ops[k + 1 :], g.outputs)
+    return KernelGraph(g.inputs, g.ops[:k] + (node,) + g.ops[k + 1 :], g.outputs, g.precision)
 
 
 def _set_block(g: KernelGraph, k: int, block: BlockGraph) -> KernelGraph:
@@ -301,7 +301,7 @@ def drop_op(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
     if loc[0] == "kernel":
         me = len(g.inputs) + loc[1]
         ops = tuple(_retarget_kernel(n, me, src) for n in g.ops)
-        return KernelGraph(g.inputs, ops, _redirect(g.outputs, me, src))
+        return KernelGraph(g.inputs, ops, _redirect(g.outputs, me, src), g.precision)
     if loc[0] == "block":
         k, j = loc[1], loc[2]
         block = g.ops[k].block  # type: ignore[union-attr]
@@ -345,7 +345,7 @@ def add_op(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
         new = _new_unary(rng, KernelOp, g.outputs[i])
         ops = g.ops + (new,)
         ref = Ref(len(g.inputs) + len(ops) - 1)
-        return KernelGraph(g.inputs, ops, g.outputs[:i] + (ref,) + g.outputs[i + 1 :])
+        return KernelGraph(g.inputs, ops, g.outputs[:i] + (ref,) + g.outputs[i + 1 :], g.precision)
     if where == 1:
         sites = _block_sites(g, OutputSaver)
         if not sites:

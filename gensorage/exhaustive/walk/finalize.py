@@ -90,7 +90,7 @@ def _with_block(g: KernelGraph, k: int, grid: tuple[int, ...], forloop: int) -> 
     assert isinstance(op, GraphDefinedOp)
     block = BlockGraph(grid, forloop, op.block.nodes)
     ops = g.ops[:k] + (dataclasses.replace(op, block=block),) + g.ops[k + 1 :]
-    return KernelGraph(g.inputs, ops, g.outputs)
+    return KernelGraph(g.inputs, ops, g.outputs, g.precision)
 
 
 def resize(s: Walk, g: KernelGraph) -> KernelGraph:

@@ -107,7 +107,7 @@ def fuse(g: KernelGraph) -> KernelGraph:
         dataclasses.replace(op, block=fuse_block(op.block)) if isinstance(op, GraphDefinedOp) else op
         for op in g.ops
     )
-    return KernelGraph(g.inputs, ops, g.outputs)
+    return KernelGraph(g.inputs, ops, g.outputs, g.precision)
 
 
 __all__ = ["fuse", "fuse_block"]

@@ -1,0 +1,178 @@
+"""The precision policy: float32 intermediates where the program's dtype overflows, outputs in the program's dtype.
+
+End to end on the CPU (llvm build of the kernels) against float64, on the data that broke float16 kernels: a
+massive-activation channel before RMSNorm + matmul, and an attention-sink logit in the papers' (unstabilised)
+form of attention. Each numeric test also runs the ``"storage"`` policy and sees it overflow, so it can fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gensorage import superoptimize
+from gensorage.codegen.module import compile_ugraph, run_cpu
+from gensorage.errors import ConfigError, UGraphError
+from gensorage.hw import load_profile
+from gensorage.opset import Op
+from gensorage.precision import PRECISIONS, check_precision, promote, stored_dtype
+from gensorage.program import Program
+from gensorage.ugraph import KernelGraph, from_program
+from gensorage.ugraph.shapes import infer
+
+HW = load_profile("h100")
+LOW = ("float16", "bfloat16")
+
+
+def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+
+
+def rms_matmul(dtype: str, rows: int = 8, hidden: int = 256, out: int = 64) -> Program:
+    """LLaMA's RMSNorm (weight G) followed by a projection W."""
+    p = Program("rms_matmul")
+    x = p.input("X", (rows, hidden), dtype)
+    g = p.input("G", (hidden,), dtype)
+    w = p.input("W", (hidden, out), dtype)
+    ms = p.scale(p.sum(p.mul(x, x), dim=1), 1 / hidden)
+    p.output(p.matmul(p.div(p.mul(x, g), p.sqrt(ms)), w))
+    return p
+
+
+def papers_attention(dtype: str, heads: int = 2, q: int = 8, kv: int = 32, d: int = 16) -> Program:
+    """softmax(Q K / sqrt(d)) V with the papers' unstabilised softmax: exp(S) V / sum(exp(S))."""
+    p = Program("papers_attention")
+    qq = p.input("Q", (heads, q, d), dtype)
+    k = p.input("K", (heads, d, kv), dtype)
+    v = p.input("V", (heads, kv, d), dtype)
+    e = p.exp(p.scale(p.matmul(qq, k), d**-0.5))
+    p.output(p.div(p.matmul(e, v), p.sum(e, dim=2)))
+    return p
+
+
+def massive_activation(rng: np.random.Generator, rows: int, hidden: int, out: int, peak: float) -> list:
+    x = rng.standard_normal((rows, hidden))
+    x[:, 7] = peak * rng.choice([-1.0, 1.0], rows)  # one channel of massive activations, as LLaMA's
+    return [x, 1 + 0.1 * rng.standard_normal(hidden), rng.standard_normal((hidden, out)) / np.sqrt(hidden)]
+
+
+def attention_sink(rng: np.random.Generator, heads: int, q: int, kv: int, d: int, logit: float) -> list:
+    """Inputs whose key 0 gets logit ≈ ``logit`` from every query (an attention sink)."""
+    qq = 0.3 * rng.standard_normal((heads, q, d))
+    qq[..., 0] = 1.0
+    k = rng.standard_normal((heads, d, kv))
+    k[:, :, 0] = 0.0
+    k[:, 0, 0] = logit * np.sqrt(d)
+    return [qq, k, rng.standard_normal((heads, kv, d))]
+
+
+# ------------------------------------------------------------------------------------------------ the policy
+
+
+def test_policy_rules() -> None:
+    assert stored_dtype(Op.EXP, ["float16"], False, "float32") == "float32"
+    assert stored_dtype(Op.EXP, ["float16"], False, "storage") == "float16"
+    assert stored_dtype(Op.MUL, ["bfloat16", "bfloat16"], True, "float32") == "float32"  # a square
+    assert stored_dtype(Op.MUL, ["float16", "float16"], False, "float32") == "float16"
+    assert stored_dtype(Op.MATMUL, ["float32", "float16"], False, "float32") == "float32"  # promotion
+    assert stored_dtype(Op.SUM, ["float64"], False, "float32") == "float64"  # never narrows
+    assert promote(["float16", "bfloat16"]) == "float32"
+    assert set(PRECISIONS) == {"float32", "storage"}
+
+
+def test_unknown_precision_is_a_one_line_error() -> None:
+    with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
+        check_precision("fp8")
+    with pytest.raises(ConfigError, match="unknown precision"):
+        superoptimize(rms_matmul("float16"), mode="fast", use_store=False, progress=False, precision="half")
+    g = from_program(rms_matmul("float16"))
+    with pytest.raises(UGraphError, match="precision"):
+        KernelGraph.from_json({**g.to_json(), "precision": "half"})
+
+
+def test_intermediates_are_float32_and_outputs_keep_the_program_dtype() -> None:
+    for dtype in LOW:
+        g = from_program(papers_attention(dtype))
+        info = infer(g)
+        stored = [info.nodes[len(g.inputs) + k][0].dtype for k in range(len(g.ops))]
+        # matmul, scale, exp, matmul(exp, V), sum, div (the output)
+        assert stored == [dtype, dtype, "float32", "float32", "float32", dtype]
+        narrow = infer(dataclasses.replace(g, precision="storage"))
+        assert {t.dtype for outs in narrow.nodes for t in outs} == {dtype}
+        assert KernelGraph.from_json(g.to_json()) == g
+        assert KernelGraph.from_json(narrow_json := dataclasses.replace(g, precision="storage").to_json()) != g
+        assert narrow_json["precision"] == "storage"
+
+
+# ------------------------------------------------------------------------------------------ end to end (CPU)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_massive_activation_rmsnorm_matmul(dtype: str) -> None:
+    p = rms_matmul(dtype)
+    xs = massive_activation(np.random.default_rng(0), 8, 256, 64, peak=1000.0)
+    want = p.run(*xs)[0]
+    got = run_cpu(from_program(p), HW, *xs)[0]
+    assert np.isfinite(got.astype(np.float64)).all()
+    assert _rel_err(got, want) < 2e-2
+    if dtype == "float16":  # 1000² overflows float16: storing the squares in the program's dtype fails
+        narrow = run_cpu(from_program(p, "storage"), HW, *xs)[0]
+        assert not (np.isfinite(narrow.astype(np.float64)).all() and _rel_err(narrow, want) < 2e-2)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_attention_sink_in_the_papers_form(dtype: str) -> None:
+    p = papers_attention(dtype)
+    xs = attention_sink(np.random.default_rng(1), 2, 8, 32, 16, logit=14.0)
+    want = p.run(*xs)[0]
+    got = run_cpu(from_program(p), HW, *xs)[0]
+    assert np.isfinite(got.astype(np.float64)).all()
+    assert _rel_err(got, want) < 2e-2
+    if dtype == "float16":  # exp(14) > 65504: the unstabilised form overflows when stored in float16
+        narrow = run_cpu(from_program(p, "storage"), HW, *xs)[0]
+        assert not np.isfinite(narrow.astype(np.float64)).all()
+
+
+def test_superoptimize_chooses_the_policy() -> None:
+    p = papers_attention("float16")
+    xs = attention_sink(np.random.default_rng(2), 2, 8, 32, 16, logit=13.0)
+    want = p.run(*xs)[0]
+    safe = superoptimize(p, mode="fast", use_store=False, progress=False)
+    assert safe.best.precision == "float32"
+    assert _rel_err(safe.run(*[x.astype(np.float16) for x in xs])[0], want) < 2e-2
+    narrow = superoptimize(p, mode="fast", use_store=False, progress=False, precision="storage")
+    assert narrow.best.precision == "storage"
+    assert not np.isfinite(narrow.run(*[x.astype(np.float16) for x in xs])[0].astype(np.float64)).all()
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    peak=st.floats(1.0, 1000.0),
+    scale=st.sampled_from([1e-3, 1.0, 30.0]),
+    dtype=st.sampled_from(LOW),
+    seed=st.integers(0, 2**16),
+)
+def test_rmsnorm_matmul_over_magnitudes(peak: float, scale: float, dtype: str, seed: int) -> None:
+    p = rms_matmul(dtype, rows=4, hidden=64, out=16)
+    xs = massive_activation(np.random.default_rng(seed), 4, 64, 16, peak)
+    xs[0] = xs[0] * scale
+    want = p.run(*xs)[0]
+    got = _cpu_program(p)(*xs)[0]
+    assert np.isfinite(got.astype(np.float64)).all()
+    assert _rel_err(got, want) < 2e-2
+
+
+_BUILT: dict[str, object] = {}
+
+
+def _cpu_program(p: Program):  # type: ignore[no-untyped-def]
+    """The llvm build of ``p``'s direct µGraph, built once per program key (hypothesis draws many inputs)."""
+    key = p.key()
+    if key not in _BUILT:
+        _BUILT[key] = compile_ugraph(from_program(p), HW, "llvm")
+    built = _BUILT[key]
+    return lambda *xs: built.run(*xs, target="cpu")  # type: ignore[attr-defined]
