@@ -8,10 +8,12 @@ Semantics (numpy conventions):
 - ``matmul``: the last two dims multiply, leading dims broadcast (``numpy.matmul`` with ndim >= 2).
 - ``add``/``sub``/``mul``/``div``: elementwise with numpy broadcasting.
 - ``exp``/``sqrt``/``relu``/``silu``/``gelu``: elementwise; ``gelu`` is the exact erf form.
-- ``scale(factor)``: multiply by a scalar constant.
+- ``scale(factor)``: multiply by a scalar constant; ``add_scalar(value)``: add a scalar constant.
 - ``sum(dim, keepdim=True, group=None)``: sum along ``dim``; with ``group=g`` every ``g`` consecutive elements
   are summed (the dim shrinks by a factor ``g``, Mirage's Sum(d_r, k_r)); ``keepdim=False`` drops a fully
   reduced dim.
+- ``max(dim, keepdim=False)``: maximum along ``dim`` (``keepdim=False`` drops the dim, like ``torch.amax``).
+- ``transpose(dim0, dim1)``: swap two dims (a layout op: the elements are unchanged, only where they sit).
 - ``reshape(shape)``: row-major reshape, same element count.
 - ``repeat(dim, times)``: ``numpy.repeat`` along ``dim`` — each slice repeated ``times`` times consecutively
   (what GQA's K/V head replication needs: query head i reads K head i // times).
@@ -46,15 +48,22 @@ class Op(StrEnum):
     SILU = "silu"
     GELU = "gelu"
     SUM = "sum"
+    MAX = "max"
+    ADD_SCALAR = "add_scalar"
+    TRANSPOSE = "transpose"
     RESHAPE = "reshape"
     REPEAT = "repeat"
     CONCAT = "concat"
 
 
 BINARY_ELEMENTWISE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
-UNARY_ELEMENTWISE = frozenset({Op.EXP, Op.SQRT, Op.SCALE, Op.RELU, Op.SILU, Op.GELU})
+UNARY_ELEMENTWISE = frozenset({Op.EXP, Op.SQRT, Op.SCALE, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU})
 ELEMENTWISE = BINARY_ELEMENTWISE | UNARY_ELEMENTWISE
 ACTIVATIONS = frozenset({Op.RELU, Op.SILU, Op.GELU})
+#: Ops that move elements without computing (zero flops).
+LAYOUT = frozenset({Op.RESHAPE, Op.REPEAT, Op.CONCAT, Op.TRANSPOSE})
+#: Ops that reduce along one dim (one flop per element reduced).
+REDUCTIONS = frozenset({Op.SUM, Op.MAX})
 # Ops outside the Lax fragment (verified by treating them as uninterpreted functions; see gensorage.verify).
 NON_LAX = ACTIVATIONS
 ARITY: Mapping[Op, int | None] = {
@@ -62,6 +71,8 @@ ARITY: Mapping[Op, int | None] = {
     **{op: 1 for op in UNARY_ELEMENTWISE},
     Op.MATMUL: 2,
     Op.SUM: 1,
+    Op.MAX: 1,
+    Op.TRANSPOSE: 1,
     Op.RESHAPE: 1,
     Op.REPEAT: 1,
     Op.CONCAT: None,  # two or more
@@ -129,12 +140,26 @@ def infer_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs = ()) -> Shape:
     if op in UNARY_ELEMENTWISE:
         if op is Op.SCALE and not isinstance(attr(attrs, "factor"), int | float):
             raise _fail(op, shapes, "needs a numeric 'factor'")
+        if op is Op.ADD_SCALAR and not _finite(attr(attrs, "value")):
+            raise _fail(op, shapes, f"'value' must be a finite number, got {attr(attrs, 'value')!r}")
         return shapes[0]
     match op:
         case Op.MATMUL:
             return _matmul_shape(op, shapes)
         case Op.SUM:
             return _sum_shape(op, shapes, attrs)
+        case Op.MAX:
+            s = shapes[0]
+            dim = _norm_dim(op, shapes, attr(attrs, "dim"), len(s))
+            keepdim = attr(attrs, "keepdim", False)
+            if not isinstance(keepdim, bool):
+                raise _fail(op, shapes, f"keepdim must be true or false, got {keepdim!r}")
+            return s[:dim] + ((1,) if keepdim else ()) + s[dim + 1 :]
+        case Op.TRANSPOSE:
+            s = shapes[0]
+            d0 = _norm_dim(op, shapes, attr(attrs, "dim0"), len(s))
+            d1 = _norm_dim(op, shapes, attr(attrs, "dim1"), len(s))
+            return transposed(s, d0, d1)
         case Op.RESHAPE:
             new = attr(attrs, "shape")
             if not isinstance(new, tuple) or not new or not all(isinstance(d, int) and d > 0 for d in new):
@@ -153,6 +178,17 @@ def infer_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs = ()) -> Shape:
             return _concat_shape(op, shapes, attrs)
         case _:
             raise _fail(op, shapes, "unhandled op")
+
+
+def transposed(t: tuple[V, ...], dim0: int, dim1: int) -> tuple[V, ...]:
+    """``t`` with entries ``dim0`` and ``dim1`` swapped (a shape, or anything indexed by dim)."""
+    out = list(t)
+    out[dim0], out[dim1] = out[dim1], out[dim0]
+    return tuple(out)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _matmul_shape(op: Op, shapes: Sequence[Shape]) -> Shape:
@@ -211,12 +247,22 @@ def apply(op: Op, arith: Arith[V], inputs: Sequence[V], attrs: Attrs = ()) -> V:
             return arith.sqrt(inputs[0])
         case Op.SCALE:
             return arith.scale(inputs[0], float(attr(attrs, "factor")))
+        case Op.ADD_SCALAR:
+            return arith.add_scalar(inputs[0], float(attr(attrs, "value")))
         case Op.RELU | Op.SILU | Op.GELU:
             return arith.activation(op.value, inputs[0])  # type: ignore[arg-type]
         case Op.MATMUL:
             return arith.matmul(inputs[0], inputs[1])
         case Op.SUM:
             return _apply_sum(arith, inputs[0], attrs)
+        case Op.MAX:
+            x = inputs[0]
+            dim = int(attr(attrs, "dim")) % len(arith.shape(x))
+            return arith.reduce_max(x, dim, bool(attr(attrs, "keepdim", False)))
+        case Op.TRANSPOSE:
+            x = inputs[0]
+            nd = len(arith.shape(x))
+            return arith.transpose(x, int(attr(attrs, "dim0")) % nd, int(attr(attrs, "dim1")) % nd)
         case Op.RESHAPE:
             return arith.reshape(inputs[0], tuple(attr(attrs, "shape")))
         case Op.REPEAT:
@@ -244,12 +290,12 @@ def _apply_sum(arith: Arith[V], x: V, attrs: Attrs) -> V:
 
 def flops(op: Op, in_shapes: Sequence[Shape], out: Shape) -> int:
     """Floating-point operations of one application (2 per multiply-add of a matmul, one per element summed by a
-    ``sum``, none for layout operators, one per output element otherwise)."""
+    ``sum`` or ``max``, none for layout operators, one per output element otherwise)."""
     if op is Op.MATMUL:
         return 2 * math.prod(out) * in_shapes[0][-1]
-    if op in (Op.RESHAPE, Op.REPEAT, Op.CONCAT):
+    if op in LAYOUT:
         return 0
-    if op is Op.SUM:
+    if op in REDUCTIONS:
         return math.prod(in_shapes[0])
     return math.prod(out)
 
@@ -264,6 +310,8 @@ __all__ = [
     "ARITY",
     "BINARY_ELEMENTWISE",
     "ELEMENTWISE",
+    "LAYOUT",
+    "REDUCTIONS",
     "NON_LAX",
     "UNARY_ELEMENTWISE",
     "Attrs",
@@ -277,4 +325,5 @@ __all__ = [
     "freeze_attrs",
     "infer_shape",
     "parse_op",
+    "transposed",
 ]

@@ -28,6 +28,16 @@ def layout_case() -> tuple[Program, KernelGraph]:
     return p, from_program(p)
 
 
+def real_model_case() -> tuple[Program, KernelGraph]:
+    """The ops real models write that the field verifier interprets: a transpose of a cube (so another pair of
+    dims keeps the shape) and an epsilon (add_scalar)."""
+    p = Program("real_model")
+    x = p.input("X", (3, 3, 3))
+    t = p.transpose(x, 0, 1)
+    p.output(p.div(t, p.sqrt(p.add(p.sum(p.mul(t, t), 2), 1e-6))))
+    return p, from_program(p)
+
+
 # Every paper example at its default (small) shapes, plus shapes/programs where the size-changing mutations
 # (fmap, repeat, concat dim) can give valid graphs: FlashAttention with a loop that also divides the Q tile,
 # GQA the FlashDecoding way (Repeat kernels), and the layout case.
@@ -36,6 +46,7 @@ CASES: dict[str, Callable[[], tuple[Program, KernelGraph]]] = {
     "flash_attention_loop2": lambda: flash_attention(forloop=2),
     "flash_decoding_gqa": lambda: flash_decoding(group=2),
     "layout": layout_case,
+    "real_model": real_model_case,
 }
 
 

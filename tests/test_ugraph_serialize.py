@@ -49,7 +49,7 @@ def _broken(mutate: Any) -> dict[str, Any]:
         (lambda d: d["inputs"][1].update(shape=[2, "x"]), "inputs[1].shape[1]"),
         (lambda d: d["inputs"][0].pop("dtype"), "inputs[0].dtype: missing"),
         (lambda d: d["ops"][0]["block"]["nodes"][1].update(imap=[0, 1.5]), "ops[0].block.nodes[1].imap[1]"),
-        (lambda d: d["ops"][0]["block"]["nodes"][3].update(op="transpose"), "ops[0].block.nodes[3].op"),
+        (lambda d: d["ops"][0]["block"]["nodes"][3].update(op="layer_norm"), "ops[0].block.nodes[3].op"),
         (lambda d: d["ops"][0]["block"]["nodes"][3].update(kind="loop"), "ops[0].block.nodes[3].kind"),
         (lambda d: d["ops"][0]["block"]["nodes"][8].update(accum="min"), "ops[0].block.nodes[8].accum"),
         (lambda d: d["ops"][0]["block"].update(forloop="2"), "ops[0].block.forloop"),

@@ -49,6 +49,9 @@ class TorchArith:
     def scale(self, a: Any, factor: float) -> Any:
         return a * float(factor)
 
+    def add_scalar(self, a: Any, value: float) -> Any:
+        return a + float(value)
+
     def activation(self, kind: Activation, a: Any) -> Any:
         f = self.torch.nn.functional
         if kind == "relu":
@@ -78,6 +81,9 @@ class TorchArith:
 
     def repeat(self, a: Any, axis: int, times: int) -> Any:
         return self.torch.repeat_interleave(a, times, dim=axis)
+
+    def transpose(self, a: Any, axis0: int, axis1: int) -> Any:
+        return a.transpose(axis0, axis1)
 
     def concat(self, parts: Sequence[Any], axis: int) -> Any:
         return self.torch.cat(list(parts), dim=axis)

@@ -13,7 +13,7 @@ from gensorage.codegen.block_buffers import allocate
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
-from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val
+from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val, combined, reduction_kind
 from gensorage.codegen.tir_text import (
     Ix,
     Writer,
@@ -30,7 +30,7 @@ from gensorage.codegen.tir_text import (
 )
 from gensorage.construction.block_threads import MatmulTiling, ThreadChoice
 from gensorage.errors import UnsupportedOpError
-from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
+from gensorage.opset import BINARY_ELEMENTWISE, REDUCTIONS, UNARY_ELEMENTWISE, Op, attr
 from gensorage.ugraph.ir import (
     Accumulator,
     BlockOp,
@@ -374,7 +374,7 @@ class BlockEmitter:
                 self.matmul.tiled(j, node, tiling)
             else:
                 self.matmul.cyclic(j, node)
-        elif node.op is Op.SUM:
+        elif node.op in REDUCTIONS:
             self.phase_sum(j, node)
         elif node.op is Op.CONCAT:
             self.phase_concat(j, node)
@@ -401,17 +401,20 @@ class BlockEmitter:
         x = node.inputs[0]
         shape = self.tile(x).shape
         dim = int(attr(node.attrs, "dim")) % len(shape)
-        keep = bool(attr(node.attrs, "keepdim", True))
+        kind = reduction_kind(node.op)
+        keep = bool(attr(node.attrs, "keepdim", kind == "sum"))  # sum keeps the dim by default, max drops it
         group = attr(node.attrs, "group")
         full = group is None or group == shape[dim]
         count = shape[dim] if full else int(group)
         with self.threads(), self.elements(self.tile(Ref(j)).shape) as (idx, slot):
             acc = self.acc_buffer(1)
-            self.store(acc, "0", self.sc.zero(), self.sc.acc_dtype)
+            self.store(acc, "0", self.sc.initial(kind), self.sc.acc_dtype)
             with self.w.loop(self.w.fresh("g"), count) as gi:
                 cur = self.sc.load(acc, "0", self.sc.acc_dtype)
-                src = summed_index(idx, dim, gi, count, full, keep)
-                self.store(acc, "0", self.sc.plus(cur, self.read(x, src)), self.sc.acc_dtype)
+                nxt = combined(
+                    self.sc, kind, cur, self.read(x, summed_index(idx, dim, gi, count, full, keep))
+                )
+                self.store(acc, "0", nxt, self.sc.acc_dtype)
             self.emit_value(Ref(j), idx, self.sc.reduced(self.sc.load(acc, "0", self.sc.acc_dtype)), slot)
 
     def phase_concat(self, j: int, node: BlockOp) -> None:

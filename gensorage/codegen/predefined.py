@@ -3,8 +3,11 @@
 - ``matmul``: :mod:`gensorage.codegen.predefined_matmul` (tensor cores for 16-bit operands, the construction
   tuner's CUDA-core kernel otherwise); a matrix-vector product of a few rows gets the cooperative kernel below;
   a matmul no construction fits falls back to one thread per output element (the rule of the next item).
-- elementwise ops, ``sum`` (full or grouped), ``repeat`` and ``concat``: one thread per output element,
-  ``threads`` from the fallback rule of :mod:`gensorage.construction.block_threads`, blocks along x.
+- elementwise ops (``add_scalar`` too), ``sum`` (full or grouped), ``max``, ``repeat``, ``transpose`` (a copy)
+  and ``concat``: one thread per output element, ``threads`` from the fallback rule of
+  :mod:`gensorage.construction.block_threads`, blocks along x. A ``sum`` or ``max`` over at least
+  :data:`MIN_COOPERATIVE_SUM` consecutive elements (a row) gets the cooperative row reduction instead: lanes
+  combine partial results pairwise in shared memory (``max`` starts from the dtype's lowest value).
 - ``reshape``: no kernel: the output is a view of the input (row-major, contiguous).
 """
 
@@ -18,7 +21,7 @@ from typing import Any
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import KernelParam, KernelText, ScheduledKernel, Target
 from gensorage.codegen.predefined_matmul import matmul_kernels, tensor_core_kernels
-from gensorage.codegen.scalar import FIELD_PARAMS, Scalar
+from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, combined, reduction_kind
 from gensorage.codegen.tir_text import (
     Ix,
     Writer,
@@ -31,7 +34,7 @@ from gensorage.codegen.tir_text import (
 from gensorage.construction import fallback_threads
 from gensorage.errors import UnsupportedOpError
 from gensorage.hw.profile import HwProfile
-from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op, attr
+from gensorage.opset import BINARY_ELEMENTWISE, REDUCTIONS, UNARY_ELEMENTWISE, Op, attr, transposed
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo
 
@@ -113,9 +116,10 @@ _PER_LANE = 16
 
 
 def sum_layout(op: KernelOp, shape: tuple[int, ...]) -> tuple[int, int, bool, bool] | None:
-    """(dim, count, full, keep) of a sum whose summed elements are consecutive in memory, else None.
+    """(dim, count, full, keep) of a sum or max whose reduced elements are consecutive in memory, else None.
 
-    Consecutive means every dim after the summed one has extent 1 (a row sum, or groups along the last dim).
+    Consecutive means every dim after the reduced one has extent 1 (a row reduction, or groups along the last
+    dim).
     """
     dim = int(attr(op.attrs, "dim")) % len(shape)
     group = attr(op.attrs, "group")
@@ -123,7 +127,12 @@ def sum_layout(op: KernelOp, shape: tuple[int, ...]) -> tuple[int, int, bool, bo
     count = shape[dim] if full else int(group)
     if any(s != 1 for s in shape[dim + 1 :]) or count < MIN_COOPERATIVE_SUM:
         return None
-    return dim, count, full, bool(attr(op.attrs, "keepdim", True))
+    return dim, count, full, _keepdim(op)
+
+
+def _keepdim(op: KernelOp) -> bool:
+    """A reduction's keepdim (the ops' defaults differ: sum keeps the dim, max drops it, like torch)."""
+    return bool(attr(op.attrs, "keepdim", op.op is Op.SUM))
 
 
 def _threads(nt: int, gpu: bool) -> str:
@@ -142,10 +151,10 @@ def _partials_buffer(w: Writer, sc: Scalar, nt: int, gpu: bool) -> None:
     )
 
 
-def _zero_acc(w: Writer, sc: Scalar) -> None:
-    """``acc``: one accumulator in registers, zeroed."""
+def _zero_acc(w: Writer, sc: Scalar, kind: str = "sum") -> None:
+    """``acc``: one accumulator in registers, set to the identity of ``kind`` (0, or the lowest value)."""
     w.line(f'acc = T.alloc_buffer({shape_text(sc.buf_shape((1,)))}, "{sc.acc_dtype}", scope="local")')
-    for c, e in enumerate(sc.zero().comps):
+    for c, e in enumerate(sc.initial(kind).comps):
         w.line(f"{sc.at('acc', c, '0')} = {e}")
 
 
@@ -156,7 +165,14 @@ def _keep_partial(w: Writer, sc: Scalar) -> None:
 
 
 def _add_lanes(
-    w: Writer, sc: Scalar, threads: str, gpu: bool, lanes: int, stride: int, below: Callable[[int], str]
+    w: Writer,
+    sc: Scalar,
+    threads: str,
+    gpu: bool,
+    lanes: int,
+    stride: int,
+    below: Callable[[int], str],
+    kind: str = "sum",
 ) -> None:
     """Add the ``lanes`` partial sums of each output pairwise: consecutive lanes sit ``stride`` threads apart,
     ``below(step)`` says (in ``tx``) that a thread's lane is below ``step``, and after log2(lanes) steps lane 0
@@ -167,8 +183,11 @@ def _add_lanes(
         if gpu:
             w.line('T.tvm_storage_sync("shared")')
         with w.block(f"for tx in {threads}:"), w.block(f"if {below(step)}:"):
-            both = sc.plus(
-                sc.load("red", "tx", sc.acc_dtype), sc.load("red", f"tx + {step * stride}", sc.acc_dtype)
+            both = combined(
+                sc,
+                kind,
+                sc.load("red", "tx", sc.acc_dtype),
+                sc.load("red", f"tx + {step * stride}", sc.acc_dtype),
             )
             for c, v in enumerate(both.comps):
                 w.line(f"{sc.at('red', c, 'tx')} = {v}")
@@ -186,10 +205,11 @@ def _cooperative_sum(
     op = g.ops[k]
     assert isinstance(op, KernelOp)
     x = info.of(op.inputs[0])
-    layout = sum_layout(op, x.shape) if op.op is Op.SUM else None
+    layout = sum_layout(op, x.shape) if op.op in REDUCTIONS else None
     if layout is None:
         return None
     dim, count, full, keep = layout
+    kind = reduction_kind(op.op)
     out = info.nodes[len(g.inputs) + k][0]
     n = math.prod(out.shape)
     lanes = hw.warp_size
@@ -206,7 +226,7 @@ def _cooperative_sum(
         _partials_buffer(w, sc, nt, gpu)
         with w.block(f"for tx in {threads}:"):
             w.line(f"f = bx * {per_block} + tx // {lanes}")
-            _zero_acc(w, sc)
+            _zero_acc(w, sc, kind)
             with w.block(f"if f < {n}:") if blocks * per_block > n else nullcontext():
                 with w.loop("st", -(-count // lanes)) as st:
                     w.line(f"e = {st * lanes} + tx % {lanes}")
@@ -215,10 +235,12 @@ def _cooperative_sum(
                             unravel(Ix.var("f"), out.shape), dim, Ix.var("e"), count, full, keep
                         )
                         x_e = sc.load("in0", index_text(src), sc.buf_dtype(x.dtype))
-                        for c, v in enumerate(sc.plus(sc.load("acc", "0", sc.acc_dtype), x_e).comps):
+                        for c, v in enumerate(
+                            combined(sc, kind, sc.load("acc", "0", sc.acc_dtype), x_e).comps
+                        ):
                             w.line(f"{sc.at('acc', c, '0')} = {v}")
             _keep_partial(w, sc)
-        _add_lanes(w, sc, threads, gpu, lanes, 1, lambda step: f"tx % {lanes} < {step}")
+        _add_lanes(w, sc, threads, gpu, lanes, 1, lambda step: f"tx % {lanes} < {step}", kind)
         with w.block(f"for tx in {threads}:"):
             w.line(f"f = bx * {per_block} + tx // {lanes}")
             with w.block(f"if tx % {lanes} == 0 and f < {n}:"):
@@ -228,8 +250,8 @@ def _cooperative_sum(
                     w.line(f"{sc.at('out0', c, index_text(unravel(Ix.var('f'), out.shape)))} = {v}")
     params, text = _function(g, k, info, scalar, name, w)
     rule = (
-        f"cooperative sum: {lanes} threads per output over {count} consecutive elements, {per_block} "
-        f"output(s) per block, partial sums added pairwise in shared memory"
+        f"cooperative {op.op.value}: {lanes} threads per output over {count} consecutive elements, {per_block} "
+        f"output(s) per block, partial results combined pairwise in shared memory"
     )
     return KernelText(name, k, text, params, (blocks,), nt, rule)
 
@@ -331,8 +353,18 @@ def _element(w: Writer, op: KernelOp, ins: list[Any], out: Any, idx: list[Ix], s
     if op.op in BINARY_ELEMENTWISE or op.op in UNARY_ELEMENTWISE:
         args = [load(i, broadcast_index(idx, t.shape)) for i, t in enumerate(ins)]
         store(sc.op(w, op.op, op.attrs, args))
-    elif op.op is Op.SUM:
+    elif op.op in REDUCTIONS:
         _sum_element(w, op, ins[0].shape, idx, sc, load, store)
+    elif op.op is Op.TRANSPOSE:
+        nd = len(out.shape)
+        store(
+            load(
+                0,
+                list(
+                    transposed(tuple(idx), int(attr(op.attrs, "dim0")) % nd, int(attr(op.attrs, "dim1")) % nd)
+                ),
+            )
+        )
     elif op.op is Op.REPEAT:
         dim = int(attr(op.attrs, "dim")) % len(out.shape)
         src = list(idx)
@@ -350,14 +382,18 @@ def _sum_element(
     w: Writer, op: KernelOp, shape: tuple[int, ...], idx: list[Ix], sc: Scalar, load: Any, store: Any
 ) -> None:
     dim = int(attr(op.attrs, "dim")) % len(shape)
-    keep = bool(attr(op.attrs, "keepdim", True))
+    keep = _keepdim(op)
     group = attr(op.attrs, "group")
     full = group is None or group == shape[dim]
     count = shape[dim] if full else int(group)
-    _zero_acc(w, sc)
+    kind = reduction_kind(op.op)
+    _zero_acc(w, sc, kind)
     with w.loop("g", count) as gi:
-        nxt = sc.plus(
-            sc.load("acc", "0", sc.acc_dtype), load(0, summed_index(idx, dim, gi, count, full, keep))
+        nxt = combined(
+            sc,
+            kind,
+            sc.load("acc", "0", sc.acc_dtype),
+            load(0, summed_index(idx, dim, gi, count, full, keep)),
         )
         for c, e in enumerate(nxt.comps):
             w.line(f"{sc.at('acc', c, '0')} = {e}")

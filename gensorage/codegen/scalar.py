@@ -12,7 +12,8 @@ function of the same indices and the field run can be compared bit for bit with 
 - exp: ``(ω^(x_q) mod p, 0)`` by square-and-multiply over the bits of ``x_q``; ω is read from the kernel's
   field-parameter buffer ``F[0]`` (one ω per trial);
 - sqrt: ``x^((m+1)/4) mod m`` per component;
-- scale(f): multiply by :func:`gensorage.verify.field.field_constant` of ``f``;
+- scale(f): multiply by :func:`gensorage.verify.field.field_constant` of ``f``; add_scalar(c): add that of ``c``;
+- max (a reduction or accumulator): no field semantics, :class:`~gensorage.errors.NotLaxError` (as FieldArith);
 - relu / silu / gelu: FieldArith's keyed splitmix64 hash of ``x_p`` (keys in ``F[1..3]``). TVM's LLVM backend
   marks unsigned multiplies ``nuw`` (overflow is poison), so the wrapping 64-bit multiply of splitmix64 is
   built from 32-bit halves whose partial products cannot overflow (:func:`mix64_steps`).
@@ -61,6 +62,7 @@ class Scalar(Protocol):
     def store(self, v: Val, dtype: str) -> tuple[str, ...]: ...
     def op(self, w: Writer, op: Op, attrs: Attrs, args: list[Val]) -> Val: ...
     def zero(self) -> Val: ...
+    def initial(self, kind: str) -> Val: ...
     def product(self, a: Val, b: Val) -> Val: ...
     def plus(self, a: Val, b: Val) -> Val: ...
     def reduced(self, v: Val) -> Val: ...
@@ -145,6 +147,8 @@ class FloatScalar:
                 return self._v(f"T.sqrt({x[0]})")
             case Op.SCALE:
                 return self._v(f"{_paren(x[0])} * {self._const(float(attr(attrs, 'factor')))}")
+            case Op.ADD_SCALAR:
+                return self._v(f"{x[0]} + {self._const(float(attr(attrs, 'value')))}")
             case Op.RELU:
                 return self._v(f"T.max({x[0]}, {self._const(0.0)})")
             case Op.SILU:
@@ -159,6 +163,10 @@ class FloatScalar:
 
     def zero(self) -> Val:
         return self._v(self._const(0.0))
+
+    def initial(self, kind: str) -> Val:
+        """The identity of a reduction: 0 for a sum, the lowest value of the compute dtype for a max."""
+        return self._v(self._const(-math.inf)) if kind == "max" else self.zero()
 
     def product(self, a: Val, b: Val) -> Val:
         return self._v(f"{_paren(self._c(a))} * {_paren(self._c(b))}")
@@ -245,6 +253,11 @@ class FieldScalar:
                 return self._pair(
                     lambda c: self._mod(f"{a.comps[c]} * {self._i(field_constant(f, self.mods[c]))}", c)
                 )
+            case Op.ADD_SCALAR:
+                v = float(attr(attrs, "value"))
+                return self._pair(
+                    lambda c: self._mod(f"{a.comps[c]} + {self._i(field_constant(v, self.mods[c]))}", c)
+                )
             case Op.RELU | Op.SILU | Op.GELU:
                 return self._activation(w, op.value, a)
             case _:
@@ -290,6 +303,11 @@ class FieldScalar:
     def zero(self) -> Val:
         return Val(("T.int64(0)", "T.int64(0)"), "int64")
 
+    def initial(self, kind: str) -> Val:
+        if kind != "sum":
+            raise NotLaxError(f"accumulate({kind}) has no finite-field semantics (outside the Lax fragment)")
+        return self.zero()
+
     def product(self, a: Val, b: Val) -> Val:
         return self.mul(a, b)
 
@@ -304,6 +322,16 @@ class FieldScalar:
         if kind != "sum":
             raise NotLaxError(f"accumulate({kind}) has no finite-field semantics (outside the Lax fragment)")
         return self.reduced(self.plus(acc, x))
+
+
+def reduction_kind(op: Op) -> str:
+    """How a reduction op (``sum``, ``max``) combines elements: the ``kind`` of :meth:`Scalar.combine`."""
+    return "max" if op is Op.MAX else "sum"
+
+
+def combined(sc: Scalar, kind: str, acc: Val, x: Val) -> Val:
+    """``acc`` combined with ``x``; a sum stays unreduced (field sums are reduced once, at the end)."""
+    return sc.plus(acc, x) if kind == "sum" else sc.combine(kind, acc, x)
 
 
 def _u64(x: int) -> str:
@@ -360,7 +388,9 @@ __all__ = [
     "FloatScalar",
     "Scalar",
     "Val",
+    "combined",
     "keyed_hash",
     "mix64",
     "mix64_steps",
+    "reduction_kind",
 ]

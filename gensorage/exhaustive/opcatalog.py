@@ -7,8 +7,9 @@ Which variants exist is derived from the program (:func:`catalog`):
   another kernel, split-K) and ``concat`` when it has a ``matmul`` and an ``add`` (``X W + Y B = (X‖Y)(W‖B)``,
   LoRA); :attr:`SearchSpec.ops` overrides the set;
 - attributes that are sizes-free (``sum``'s dim, ``concat``'s dim) are tried on every dim; attributes that are
-  constants of the program (``scale`` factors, ``repeat`` counts, ``reshape`` targets, ``sum`` groups) are
-  taken from the program, since no other constant can appear in an equivalent µGraph of the op set.
+  constants of the program (``scale`` factors, ``add_scalar`` values, ``repeat`` counts, ``transpose`` dim
+  pairs, ``reshape`` targets, ``sum`` groups) are taken from the program, since no other constant can appear in
+  an equivalent µGraph of the op set; ``max`` is tried over every dim (keepdim) plus the program's own.
 
 :func:`out_shape` is shape inference for a variant that returns None instead of raising: the search calls it
 for every candidate operator, where exceptions would dominate the time.
@@ -21,7 +22,16 @@ from dataclasses import dataclass
 
 from gensorage.exhaustive.expr import abstract_expr as ae
 from gensorage.exhaustive.expr.abstract_expr import Term
-from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Attrs, Op, Shape, attr, freeze_attrs
+from gensorage.opset import (
+    BINARY_ELEMENTWISE,
+    UNARY_ELEMENTWISE,
+    Attrs,
+    Op,
+    Shape,
+    attr,
+    freeze_attrs,
+    transposed,
+)
 from gensorage.program import Program
 
 MAX_RANK = 8  # dims tried for dim-valued attributes (tensors of the op set have far fewer)
@@ -36,18 +46,24 @@ TYPE_ORDER: tuple[Op, ...] = (
     Op.EXP,
     Op.SQRT,
     Op.SCALE,
+    Op.ADD_SCALAR,
     Op.RELU,
     Op.SILU,
     Op.GELU,
     Op.SUM,
+    Op.MAX,
     Op.REPEAT,
+    Op.TRANSPOSE,
     Op.RESHAPE,
     Op.CONCAT,
 )
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
+# Operators the search adds as pre-defined kernel operators only (the block emitter has no transpose).
+KERNEL_ONLY = frozenset({Op.TRANSPOSE})
 # The only operators that may read a scale's result (see docs/search.md: a constant factor is moved along its
-# linear chain to just before the next non-linear operator or the output).
-NONLINEAR_UNARY = frozenset({Op.EXP, Op.SQRT, Op.RELU, Op.SILU, Op.GELU})
+# linear chain to just before the next non-linear operator or the output). Adding a constant is not linear:
+# ``c·x + v`` is no ``c·(x + v)``, so a scale cannot move past an add_scalar (an RMSNorm's mean + eps).
+NONLINEAR_UNARY = frozenset({Op.EXP, Op.SQRT, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU})
 # x + x, x - x and x / x are 2x, 0 and 1: never what an equivalent µGraph needs an operator for.
 SELF_USELESS = frozenset({Op.ADD, Op.SUB, Op.DIV})
 
@@ -94,8 +110,26 @@ def catalog(program: Program, types: Sequence[Op] | None = None) -> tuple[OpVari
         elif op is Op.SCALE:
             for f in sorted({float(attr(n.attrs, "factor")) for n in nodes if n.op is Op.SCALE}):
                 add(op, {"factor": f}, 1)
+        elif op is Op.ADD_SCALAR:
+            for c in sorted({float(attr(n.attrs, "value")) for n in nodes if n.op is Op.ADD_SCALAR}):
+                add(op, {"value": c}, 1)
         elif op in UNARY_ELEMENTWISE:
             add(op, {}, 1)
+        elif op is Op.MAX:
+            for dim, keep in sorted(
+                {(int(attr(n.attrs, "dim")), bool(attr(n.attrs, "keepdim"))) for n in nodes if n.op is Op.MAX}
+                | {(d, True) for d in range(MAX_RANK)}
+            ):
+                add(op, {"dim": dim, "keepdim": keep}, 1)
+        elif op is Op.TRANSPOSE:
+            for d0, d1 in sorted(
+                {
+                    (int(attr(n.attrs, "dim0")), int(attr(n.attrs, "dim1")))
+                    for n in nodes
+                    if n.op is Op.TRANSPOSE
+                }
+            ):
+                add(op, {"dim0": d0, "dim1": d1}, 1)
         elif op is Op.SUM:
             _sum_variants(nodes, add)
         elif op is Op.REPEAT:
@@ -161,6 +195,14 @@ def out_shape(v: OpVariant, shapes: Sequence[Shape]) -> Shape | None:
         return None if batch is None else batch + (a[-2], b[-1])
     if op is Op.SUM:
         return _sum_shape(v.attrs, shapes[0])
+    if op is Op.MAX:
+        s, dim = shapes[0], attr(v.attrs, "dim")
+        if dim >= len(s) or s[dim] == 1:
+            return None  # the max of one element is the identity
+        return s[:dim] + ((1,) if attr(v.attrs, "keepdim") else ()) + s[dim + 1 :]
+    if op is Op.TRANSPOSE:
+        s, d0, d1 = shapes[0], attr(v.attrs, "dim0"), attr(v.attrs, "dim1")
+        return None if max(d0, d1) >= len(s) or d0 == d1 else transposed(s, d0, d1)
     if op is Op.REPEAT:
         s = shapes[0]
         dim, times = attr(v.attrs, "dim"), attr(v.attrs, "times")
@@ -201,7 +243,7 @@ def _numel(s: Shape) -> int:
 def shape_free_term(op: Op, terms: Sequence[Term]) -> Term | None:
     """The abstract expression of ``op`` on operands with ``terms`` when it does not depend on their shapes
     (elementwise operators and layout changes; Table 1 as in :class:`~.expr_arith.ExprArith`), else None."""
-    if op in (Op.SCALE, Op.RESHAPE, Op.REPEAT):
+    if op in (Op.SCALE, Op.ADD_SCALAR, Op.RESHAPE, Op.REPEAT, Op.TRANSPOSE):
         return terms[0]
     if op in (Op.ADD, Op.SUB):
         return ae.add(terms[0], terms[1])
@@ -220,6 +262,7 @@ def shape_free_term(op: Op, terms: Sequence[Term]) -> Term | None:
 
 __all__ = [
     "COMMUTATIVE",
+    "KERNEL_ONLY",
     "MAX_RANK",
     "NONLINEAR_UNARY",
     "SELF_USELESS",

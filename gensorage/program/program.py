@@ -82,11 +82,11 @@ def _check_shape(what: str, shape: Any) -> Shape:
     return tuple(int(d) for d in dims)
 
 
-def _check_dim(op: Op, dim: Any, ndim: int, shapes: Sequence[Shape]) -> int:
+def _check_dim(op: Op | str, dim: Any, ndim: int, shapes: Sequence[Shape]) -> int:
     if not isinstance(dim, int | np.integer) or isinstance(dim, bool) or not -ndim <= dim < ndim:
         shown = ", ".join(_shape_str(s) for s in shapes)
         raise ProgramError(
-            f"{op.value}: dim {dim!r} out of range for a {ndim}-d tensor (input shapes {shown})"
+            f"{op if isinstance(op, str) else op.value}: dim {dim!r} out of range for a {ndim}-d tensor (input shapes {shown})"
         )
     return int(dim) % ndim
 
@@ -198,11 +198,26 @@ class Program:
         """``a @ b``: last two dims multiply, leading (batch) dims broadcast."""
         return self._op(Op.MATMUL, [a, b], {}, name)
 
-    def add(self, a: Tensor, b: Tensor, name: str | None = None) -> Tensor:
-        return self._op(Op.ADD, [a, b], {}, name)
+    def add(self, a: Tensor | float, b: Tensor | float, name: str | None = None) -> Tensor:
+        """Elementwise sum; with one Python number operand it is :meth:`add_scalar`."""
+        if _is_number(b) and isinstance(a, Tensor):
+            return self.add_scalar(a, b, name=name)  # type: ignore[arg-type]
+        if _is_number(a) and isinstance(b, Tensor):
+            return self.add_scalar(b, a, name=name)  # type: ignore[arg-type]
+        return self._op(Op.ADD, [a, b], {}, name)  # type: ignore[list-item]
 
-    def sub(self, a: Tensor, b: Tensor, name: str | None = None) -> Tensor:
-        return self._op(Op.SUB, [a, b], {}, name)
+    def sub(self, a: Tensor | float, b: Tensor | float, name: str | None = None) -> Tensor:
+        """Elementwise difference; ``x - c`` is ``add_scalar(x, -c)``, ``c - x`` is ``add_scalar(-x, c)``."""
+        if _is_number(b) and isinstance(a, Tensor):
+            return self.add_scalar(a, -_finite_number("sub", b), name=name)
+        if _is_number(a) and isinstance(b, Tensor):
+            return self.add_scalar(self.scale(b, -1.0), a, name=name)  # type: ignore[arg-type]
+        return self._op(Op.SUB, [a, b], {}, name)  # type: ignore[list-item]
+
+    def add_scalar(self, x: Tensor, value: float, name: str | None = None) -> Tensor:
+        """``x + value`` for a finite scalar constant ``value`` (stored as a float, -0.0 as 0.0)."""
+        self._own(x, "add_scalar")
+        return self._op(Op.ADD_SCALAR, [x], {"value": _finite_number("add_scalar", value) + 0.0}, name)
 
     def mul(self, a: Tensor | float, b: Tensor | float, name: str | None = None) -> Tensor:
         """Elementwise product; with one Python number operand it is :meth:`scale`."""
@@ -252,6 +267,37 @@ class Program:
         if group is not None and group != x.shape[dim_n]:
             attrs["group"] = group  # a group equal to the dim size is a full reduction: store it as one
         return self._op(Op.SUM, [x], attrs, name)
+
+    def max(self, x: Tensor, dim: int, keepdim: bool = False, name: str | None = None) -> Tensor:
+        """Maximum along ``dim`` (``keepdim=False`` drops the dim, like ``torch.amax``)."""
+        self._own(x, "max")
+        dim_n = _check_dim(Op.MAX, dim, x.ndim, [x.shape])
+        if not isinstance(keepdim, bool):
+            raise ProgramError(f"max: keepdim must be true or false, got {keepdim!r}")
+        return self._op(Op.MAX, [x], {"dim": dim_n, "keepdim": keepdim}, name)
+
+    def transpose(self, x: Tensor, dim0: int, dim1: int, name: str | None = None) -> Tensor:
+        """Swap dims ``dim0`` and ``dim1`` (negative dims count from the end; stored normalised)."""
+        self._own(x, "transpose")
+        d0 = _check_dim(Op.TRANSPOSE, dim0, x.ndim, [x.shape])
+        d1 = _check_dim(Op.TRANSPOSE, dim1, x.ndim, [x.shape])
+        return self._op(Op.TRANSPOSE, [x], {"dim0": d0, "dim1": d1}, name)
+
+    def softmax(self, x: Tensor, dim: int, name: str | None = None) -> Tensor:
+        """``exp(x - m) / Σ exp(x - m)`` along ``dim`` with ``m`` the row maximum (the stable form; no new op)."""
+        self._own(x, "softmax")
+        dim_n = _check_dim("softmax", dim, x.ndim, [x.shape])
+        e = self.exp(self.sub(x, self.max(x, dim_n, keepdim=True)))
+        return self.div(e, self.sum(e, dim_n, keepdim=True), name=name)
+
+    def rms_norm(self, x: Tensor, eps: float = 1e-6, dim: int = -1, name: str | None = None) -> Tensor:
+        """``x / sqrt(mean(x·x, dim) + eps)`` (no weight; multiply by one after if the model has it)."""
+        self._own(x, "rms_norm")
+        dim_n = _check_dim("rms_norm", dim, x.ndim, [x.shape])
+        if not _is_number(eps) or not math.isfinite(float(eps)) or eps < 0:
+            raise ProgramError(f"rms_norm: eps must be a finite number >= 0, got {eps!r}")
+        mean = self.scale(self.sum(self.mul(x, x), dim_n, keepdim=True), 1.0 / x.shape[dim_n])
+        return self.div(x, self.sqrt(self.add_scalar(mean, float(eps))), name=name)
 
     def reshape(self, x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
         """Row-major reshape to ``shape`` (same element count)."""
@@ -305,6 +351,15 @@ class Program:
             case Op.SCALE:
                 _only(op, attrs, {"factor"}, {"factor"})
                 return self.scale(_one(op, inputs), attrs["factor"], name=name)
+            case Op.ADD_SCALAR:
+                _only(op, attrs, {"value"}, {"value"})
+                return self.add_scalar(_one(op, inputs), attrs["value"], name=name)
+            case Op.MAX:
+                _only(op, attrs, {"dim", "keepdim"}, {"dim"})
+                return self.max(_one(op, inputs), name=name, **attrs)
+            case Op.TRANSPOSE:
+                _only(op, attrs, {"dim0", "dim1"}, {"dim0", "dim1"})
+                return self.transpose(_one(op, inputs), attrs["dim0"], attrs["dim1"], name=name)
             case _:
                 _only(op, attrs, set(), set())
                 return self._op(op, list(inputs), {}, name)
@@ -516,6 +571,12 @@ def _attr_text(v: Any) -> str:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
+
+
+def _finite_number(what: str, x: Any) -> float:
+    if not _is_number(x) or not math.isfinite(float(x)):
+        raise ProgramError(f"{what}: the scalar must be a finite number, got {x!r}")
+    return float(x)
 
 
 def _one(op: Op, inputs: Sequence[Tensor]) -> Tensor:

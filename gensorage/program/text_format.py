@@ -13,10 +13,13 @@ Python). Grammar, one statement per line (a line break inside brackets continues
 An expression is a number, a parameter, a tensor name, a call ``op(arg, ..., key=value)``, a list
 ``[e, ...]``, or ``+ - * /`` and unary minus on those. Numbers are exact rationals until a ``sqrt`` or a float
 needs them as floats, so a dim such as ``d/8`` must divide exactly. Between tensors ``+ - * /`` are the
-elementwise ops; a tensor times (or divided by) a number is ``scale``. Op arguments are the tensors first, then
-attributes by position (``sum(x, 2)``, ``repeat(k, 0, 8)``, ``scale(s, 1/d)``, ``reshape(x, [a, b])``) or by
-keyword (``dim=``, ``keepdim=``, ``group=``, ``times=``, ``factor=``, ``shape=``); ``concat`` takes its tensors
-positionally or as a list. ``sqrt`` of a number is a number.
+elementwise ops; a tensor times (or divided by) a number is ``scale``, a tensor plus (or minus) a number is
+``add_scalar`` (``x + 1e-6``, ``add(x, 1e-6)``). Op arguments are the tensors first, then attributes by position
+(``sum(x, 2)``, ``max(x, 1, true)``, ``transpose(x, 0, 1)``, ``repeat(k, 0, 8)``, ``scale(s, 1/d)``,
+``reshape(x, [a, b])``) or by keyword (``dim=``, ``keepdim=``, ``group=``, ``times=``, ``factor=``, ``value=``,
+``dim0=``, ``dim1=``, ``shape=``); ``concat`` takes its tensors positionally or as a list. ``sqrt`` of a number is
+a number. Two composites expand to several ops: ``softmax(x, dim=..)`` (the stable form, with the row maximum
+subtracted) and ``rms_norm(x, eps=.., dim=-1)``; a written program lists the ops they expand to.
 
 Errors are :class:`~gensorage.errors.ConfigError` (syntax, names, parameters) or the builder's
 :class:`~gensorage.errors.ProgramError` / :class:`~gensorage.errors.UnsupportedOpError` (shapes, ops), each
@@ -54,11 +57,19 @@ from gensorage.program.program import DEFAULT_DTYPE, DTYPES, Program, Tensor
 # Attributes an op takes by position, after its tensor arguments.
 POSITIONAL_ATTRS: Mapping[Op, tuple[str, ...]] = {
     Op.SUM: ("dim", "keepdim", "group"),
+    Op.MAX: ("dim", "keepdim"),
+    Op.TRANSPOSE: ("dim0", "dim1"),
+    Op.ADD_SCALAR: ("value",),
     Op.REPEAT: ("dim", "times"),
     Op.CONCAT: ("dim",),
     Op.SCALE: ("factor",),
     Op.RESHAPE: ("shape",),
 }
+
+#: Calls that expand to several ops (Program methods), with their attributes by position after the tensor.
+COMPOSITES: Mapping[str, tuple[str, ...]] = {"softmax": ("dim",), "rms_norm": ("eps", "dim")}
+#: Attributes that are real numbers (every other numeric attribute is an integer).
+REAL_ATTRS = frozenset({"factor", "value", "eps"})
 
 Value = Tensor | Number | bool | list[Any]
 
@@ -205,6 +216,16 @@ class _Builder:
             return self.tensors[ident]
         raise self.error(f"undefined name '{ident}'", line)
 
+    def real(self, v: Value, op: str, line: int) -> float:
+        """``v`` as a float; a number beyond float's range is an error naming it."""
+        x = self.arith_operand(v, op, line)
+        try:
+            return float(x)
+        except OverflowError:
+            raise self.error(
+                f"{op}: a number beyond the range of floats (it would be infinite)", line
+            ) from None
+
     def arith_operand(self, v: Value, op: str, line: int) -> Number:
         if isinstance(v, bool) or not isinstance(v, Fraction | float):
             raise self.error(f"'{op}' cannot take {_kind(v)}", line)
@@ -230,17 +251,20 @@ class _Builder:
         return x * y if e.op == "*" else x / y
 
     def tensor_number(self, e: BinOp, a: Value, b: Value, name: str | None) -> Tensor:
+        if e.op in ("+", "-"):
+            c = self.real(b if isinstance(a, Tensor) else a, e.op, e.line)
+            method = self.program.add if e.op == "+" else self.program.sub
+            return method(a, c, name=name) if isinstance(a, Tensor) else method(c, b, name=name)  # type: ignore[arg-type]
         if e.op == "*":
-            t, k = (a, b) if isinstance(a, Tensor) else (b, a)
-            return self.program.scale(t, float(self.arith_operand(k, "*", e.line)), name=name)  # type: ignore[arg-type]
+            t, f = (a, b) if isinstance(a, Tensor) else (b, a)
+            return self.program.scale(t, self.real(f, "*", e.line), name=name)  # type: ignore[arg-type]
         if e.op == "/" and isinstance(a, Tensor):
             k = self.arith_operand(b, "/", e.line)
             if k == 0:
                 raise self.error(f"division by zero in '{_expr_text(e)}'", e.line)
             return self.program.scale(a, float(1 / k), name=name)
         raise self.error(
-            f"'{_expr_text(e)}': a tensor can only be multiplied or divided by a number "
-            "(there is no op adding a constant or dividing by a tensor's reciprocal)",
+            f"'{_expr_text(e)}': a number cannot be divided by a tensor (there is no reciprocal op)",
             e.line,
         )
 
@@ -253,13 +277,14 @@ class _Builder:
                     raise self.error(f"sqrt of a negative number in '{_expr_text(e)}'", e.line)
                 return math.sqrt(x)
             return self.program.sqrt(v, name=name)
+        if e.func in COMPOSITES:
+            return self.composite(e, name)
         op = opset.parse_op(e.func)
         args = [self.eval(a, None) for a in e.args]
         kwargs = {k: self.eval(v, None) for k, v in e.kwargs}
-        if op in (Op.MUL, Op.DIV) and len(args) == 2 and not kwargs and _one_tensor(args):
-            return self.tensor_number(
-                BinOp("*" if op is Op.MUL else "/", e.args[0], e.args[1], e.line), args[0], args[1], name
-            )
+        symbol = _SYMBOLS.get(op)
+        if symbol is not None and len(args) == 2 and not kwargs and _one_tensor(args):
+            return self.tensor_number(BinOp(symbol, e.args[0], e.args[1], e.line), args[0], args[1], name)
         if op is Op.CONCAT and args and isinstance(args[0], list):
             args = list(args[0]) + args[1:]
         tensors: list[Tensor] = []
@@ -268,32 +293,59 @@ class _Builder:
             args.pop(0)
         if any(isinstance(a, Tensor) for a in args):
             raise self.error(f"{op.value}: tensor arguments must come before attributes", e.line)
-        attrs = self.attrs(op, args, kwargs, e.line)
+        attrs = self.attrs(op, None, args, kwargs, e.line)
         return self.program.apply(op, tensors, attrs, name=name)
 
-    def attrs(self, op: Op, args: list[Value], kwargs: dict[str, Value], line: int) -> dict[str, Any]:
-        names = POSITIONAL_ATTRS.get(op, ())
+    def composite(self, e: Call, name: str | None) -> Tensor:
+        """``softmax(x, dim)`` / ``rms_norm(x, eps, dim)``: one tensor, then attributes."""
+        args = [self.eval(a, None) for a in e.args]
+        kwargs = {k: self.eval(v, None) for k, v in e.kwargs}
+        if not args or not isinstance(args[0], Tensor) or any(isinstance(a, Tensor) for a in args[1:]):
+            raise self.error(f"{e.func}: takes one tensor, then its attributes", e.line)
+        attrs = self.attrs(e.func, COMPOSITES[e.func], args[1:], kwargs, e.line)
+        unknown = sorted(set(attrs) - set(COMPOSITES[e.func]))
+        if unknown:
+            raise self.error(
+                f"{e.func}: unknown argument(s) {', '.join(unknown)} (allowed: {', '.join(COMPOSITES[e.func])})",
+                e.line,
+            )
+        if e.func == "softmax":
+            if "dim" not in attrs:
+                raise self.error("softmax: missing argument dim", e.line)
+            return self.program.softmax(args[0], attrs["dim"], name=name)
+        return self.program.rms_norm(args[0], name=name, **attrs)
+
+    def attrs(
+        self,
+        op: Op | str,
+        names: tuple[str, ...] | None,
+        args: list[Value],
+        kwargs: dict[str, Value],
+        line: int,
+    ) -> dict[str, Any]:
+        what = op if isinstance(op, str) else op.value
+        if names is None:
+            names = POSITIONAL_ATTRS.get(op, ()) if isinstance(op, Op) else ()
         if len(args) > len(names):
             raise self.error(
-                f"{op.value}: too many arguments (after its tensors it takes "
-                f"{', '.join(names) or 'nothing'})",
+                f"{what}: too many arguments (after its tensors it takes {', '.join(names) or 'nothing'})",
                 line,
             )
         raw = dict(zip(names, args, strict=False))
         for k, v in kwargs.items():
             if k in raw:
-                raise self.error(f"{op.value}: argument '{k}' given twice", line)
+                raise self.error(f"{what}: argument '{k}' given twice", line)
             raw[k] = v
-        return {k: self.attr_value(op, k, v, line) for k, v in raw.items()}
+        return {k: self.attr_value(what, k, v, line) for k, v in raw.items()}
 
-    def attr_value(self, op: Op, key: str, v: Value, line: int) -> Any:
-        what = f"{op.value}: '{key}'"
+    def attr_value(self, op: str, key: str, v: Value, line: int) -> Any:
+        what = f"{op}: '{key}'"
         if key == "keepdim":
             if not isinstance(v, bool):
                 raise self.error(f"{what} must be true or false, got {_kind(v)}", line)
             return v
-        if key == "factor":
-            return float(self.arith_operand(v, op.value, line))
+        if key in REAL_ATTRS:
+            return self.real(v, op, line)
         if key == "shape":
             if not isinstance(v, list):
                 raise self.error(f"{what} must be a list like [a, b], got {_kind(v)}", line)
@@ -301,6 +353,10 @@ class _Builder:
         if isinstance(v, bool | list | Tensor):
             raise self.error(f"{what} must be an integer, got {_kind(v)}", line)
         return self.integer(v, what)
+
+
+# Binary ops whose call with one tensor and one number is the tensor-number expression of that symbol.
+_SYMBOLS: Mapping[Op, str] = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.DIV: "/"}
 
 
 def _one_tensor(args: list[Value]) -> bool:

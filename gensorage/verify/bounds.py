@@ -35,7 +35,7 @@ from functools import lru_cache
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import NotLaxError
-from gensorage.opset import broadcast_shapes
+from gensorage.opset import broadcast_shapes, transposed
 from gensorage.verify.field import rational_of
 
 #: Term counts saturate here: a count this large means "astronomically many" (no feasible trial count), and
@@ -230,6 +230,12 @@ def bound_scale(a: Bound, factor: float) -> Bound:
     return replace(a, wn=a.wn + math.log2(max(abs(r.numerator), 1)), wd=a.wd + math.log2(r.denominator))
 
 
+def bound_constant(value: float) -> Bound:
+    """The constant ``n/d`` (the rational of ``value``, as for scale): degree 0, coefficients n over d."""
+    r = rational_of(value)
+    return Bound(dn=0, wn=math.log2(max(abs(r.numerator), 1)), wd=math.log2(r.denominator))
+
+
 def fresh(exped: bool = False) -> Bound:
     """An opaque result (sqrt, activation) treated as a fresh degree-1 variable."""
     return replace(VARIABLE, exped=exped)
@@ -391,6 +397,9 @@ class BoundsArith:
     def scale(self, a: BoundValue, factor: float) -> BoundValue:
         return self._new(a.shape, bound_scale(a.bound, factor), a.shared)
 
+    def add_scalar(self, a: BoundValue, value: float) -> BoundValue:
+        return self._new(a.shape, bound_add(a.bound, bound_constant(value)), a.shared)
+
     def activation(self, kind: Activation, a: BoundValue) -> BoundValue:
         self.opaque.add(kind)
         return self._new(a.shape, fresh(False), a.shared)
@@ -428,6 +437,9 @@ class BoundsArith:
         shape = a.shape[:axis] + (a.shape[axis] * times,) + a.shape[axis + 1 :]
         return self._new(shape, a.bound, a.shared)
 
+    def transpose(self, a: BoundValue, axis0: int, axis1: int) -> BoundValue:
+        return self._new(transposed(a.shape, axis0, axis1), a.bound, transposed(a.shared, axis0, axis1))
+
     def concat(self, parts: Sequence[BoundValue], axis: int) -> BoundValue:
         first = parts[0].shape
         shape = first[:axis] + (sum(p.shape[axis] for p in parts),) + first[axis + 1 :]
@@ -447,6 +459,7 @@ __all__ = [
     "BoundsArith",
     "DiffBound",
     "bound_add",
+    "bound_constant",
     "bound_div",
     "bound_exp",
     "bound_join",

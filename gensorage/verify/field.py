@@ -17,7 +17,7 @@ many independent trials at once: :attr:`FieldValue.data` is an int64 array of sh
   for a non-residue it is the square root of ``-x``. Either way it is a deterministic function of ``x`` (and a
   multiplicative one), so equivalent programs still agree.
 - scale(f): multiply by the exact rational ``Fraction(f).limit_denominator(10**9)`` mapped into both fields; the
-  same float factor gives the same field constant on both sides.
+  same float factor gives the same field constant on both sides. add_scalar(c): add that constant of ``c``.
 - relu / silu / gelu (outside the Lax fragment): an *uninterpreted function*. The result is a keyed
   pseudo-random function (splitmix64) of the input's p residue, giving a fresh untainted ``(p, q)`` pair. Equal
   inputs give equal outputs, so programs that agree for *every* function in the activation's place are accepted;
@@ -26,7 +26,7 @@ many independent trials at once: :attr:`FieldValue.data` is an int64 array of sh
 - matmul / reduce_sum: exact. Matmul splits both operands into 16-bit limbs and multiplies limbs in float64
   BLAS (exact while K · (2^16 - 1)^2 < 2^53, i.e. K < 2^21; longer K is chunked), then recombines mod m.
 - reduce_max / accumulate(max): no field semantics; :class:`~gensorage.errors.NotLaxError`.
-- reshape / repeat / concat / slice: act on the logical axes.
+- reshape / repeat / transpose / concat / slice: act on the logical axes.
 """
 
 from __future__ import annotations
@@ -309,13 +309,24 @@ class FieldArith:
     def sqrt(self, a: FieldValue) -> FieldValue:
         return FieldValue(self._pow(a.data, ((self.p + 1) // 4, (self.q + 1) // 4)), a.tainted)
 
-    def scale(self, a: FieldValue, factor: float) -> FieldValue:
-        c = self._scale_cache.get(factor)
+    def _constant(self, x: float) -> np.ndarray:
+        """``[x mod p, x mod q]`` (via :func:`field_constant`), memoised."""
+        c = self._scale_cache.get(x)
         if c is None:
-            c = np.array([field_constant(factor, self.p), field_constant(factor, self.q)], dtype=np.int64)
-            self._scale_cache[factor] = c
+            c = np.array([field_constant(x, self.p), field_constant(x, self.q)], dtype=np.int64)
+            self._scale_cache[x] = c
+        return c
+
+    def scale(self, a: FieldValue, factor: float) -> FieldValue:
         nd = a.data.ndim - 2
-        return FieldValue(a.data * c.reshape((2,) + (1,) * (nd + 1)) % self.mod(nd), a.tainted)
+        c = self._constant(factor).reshape((2,) + (1,) * (nd + 1))
+        return FieldValue(a.data * c % self.mod(nd), a.tainted)
+
+    def add_scalar(self, a: FieldValue, value: float) -> FieldValue:
+        # A tainted value's q component is filler: adding to it keeps it filler, as add does.
+        nd = a.data.ndim - 2
+        c = self._constant(value).reshape((2,) + (1,) * (nd + 1))
+        return FieldValue((a.data + c) % self.mod(nd), a.tainted)
 
     def activation(self, kind: Activation, a: FieldValue) -> FieldValue:
         key = self.keys.get(kind)
@@ -363,6 +374,9 @@ class FieldArith:
 
     def repeat(self, a: FieldValue, axis: int, times: int) -> FieldValue:
         return FieldValue(np.repeat(a.data, times, axis=axis + 2), a.tainted)
+
+    def transpose(self, a: FieldValue, axis0: int, axis1: int) -> FieldValue:
+        return FieldValue(np.swapaxes(a.data, axis0 + 2, axis1 + 2), a.tainted)
 
     def concat(self, parts: Sequence[FieldValue], axis: int) -> FieldValue:
         data = np.concatenate([v.data for v in parts], axis=axis + 2)

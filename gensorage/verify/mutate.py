@@ -44,7 +44,7 @@ from gensorage.ugraph.validate import validate
 Mutation = Callable[[KernelGraph, random.Random], KernelGraph | None]
 # Ops whose operands can be swapped without changing the result: swapping them is no mutation.
 _COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
-_UNARY_DROPPABLE = frozenset({Op.EXP, Op.SQRT, Op.SCALE, Op.RELU, Op.SILU, Op.GELU})
+_UNARY_DROPPABLE = frozenset({Op.EXP, Op.SQRT, Op.SCALE, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU})
 _ATTR_OPS = (KernelOp, BlockOp, ThreadOp)
 
 
@@ -254,14 +254,29 @@ def change_repeat(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
 
 
 def change_scale(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
-    """Scale by another factor."""
-    sites = _attr_sites(g, Op.SCALE)
+    """Scale by another factor, or add another constant (an add_scalar's value)."""
+    sites = _attr_sites(g, Op.SCALE) + _attr_sites(g, Op.ADD_SCALAR)
     if not sites:
         return None
     loc, node = rng.choice(sites)
-    factor = float(attr(node.attrs, "factor"))
-    new = rng.choice([2.0 * factor, 0.5 * factor, -factor, factor + 1.0, 1.0])
-    return None if new == factor else _set_op(g, loc, _with_attr(node, "factor", new))
+    key = "factor" if node.op is Op.SCALE else "value"
+    c = float(attr(node.attrs, key))
+    new = rng.choice([2.0 * c, 0.5 * c, -c, c + 1.0, 1.0])
+    return None if new == c else _set_op(g, loc, _with_attr(node, key, new))
+
+
+def swap_transpose(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
+    """Transpose another pair of dims (a wrong layout of a square or cube)."""
+    sites = _attr_sites(g, Op.TRANSPOSE)
+    if not sites:
+        return None
+    loc, node = rng.choice(sites)
+    ndim = _op_input_ndim(g, loc, node)
+    pair = (attr(node.attrs, "dim0"), attr(node.attrs, "dim1"))
+    new = _other(rng, pair, [(i, j) for i in range(ndim) for j in range(i + 1, ndim)])
+    if new is None:
+        return None
+    return _set_op(g, loc, dataclasses.replace(node, attrs=freeze_attrs({"dim0": new[0], "dim1": new[1]})))
 
 
 def permute_reshape(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
@@ -393,6 +408,7 @@ MUTATIONS: dict[str, Mutation] = {
     "add_op": add_op,
     "change_repeat": change_repeat,
     "change_scale": change_scale,
+    "swap_transpose": swap_transpose,
     "permute_reshape": permute_reshape,
     "change_concat_dim": change_concat_dim,
 }
@@ -461,6 +477,7 @@ __all__ = [
     "change_reduction_dim",
     "change_repeat",
     "change_scale",
+    "swap_transpose",
     "differs_numerically",
     "drop_op",
     "mutants",

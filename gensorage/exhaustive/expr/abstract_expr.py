@@ -11,7 +11,8 @@ Table 2's ``A_eq`` (``sum(1, x) = x``, ``sum(i, sum(j, x)) = sum(i*j, x)``, argu
 
 Table 1 as implemented by :class:`gensorage.exhaustive.expr.expr_arith.ExprArith`:
 
-- input ``X``: ``var("X")``; ``reshape``, ``repeat``, iterator tiles (``slice``): ``E(X)``;
+- input ``X``: ``var("X")``; ``reshape``, ``repeat``, ``transpose``, iterator tiles (``slice``): ``E(X)`` (a
+  layout op moves elements without changing any one element's expression);
 - ``add``: ``add``; ``sub``: ``add`` too (signs are not part of the abstraction, like ``scale``);
 - ``mul``/``div``/``exp``/``sqrt``: the same-named term; ``relu``/``silu``/``gelu``: ``fn(name, E)``;
 - ``matmul`` with inner size ``k``: ``sum(k, mul(E(X), E(Y)))``; ``Sum(d, k)`` / a reduction of size ``k``:
@@ -21,6 +22,9 @@ Table 1 as implemented by :class:`gensorage.exhaustive.expr.expr_arith.ExprArith
   so identifying ``c*X`` with ``X`` can only keep more prefixes, never prune a useful one. A ``const(c)`` factor
   would instead split programs that place the same constant differently (``scale`` before vs after a matmul
   needs commuting constants, ``1/sqrt(d)`` folded into an ``exp`` argument needs arithmetic on constants);
+- ``add_scalar`` (``x + c``, e.g. an epsilon): ``E(X)`` for the same reason (constants are dropped; the
+  verifier, not the abstraction, tells ``x + c`` from ``x``);
+- ``max`` over a dim of size ``k`` (the program op, a block op or a max accumulator): ``max_r(k, E)``;
 - for-loop accumulators over ``r`` iterations: ``sum(r, E)`` (sum), ``max_r(r, E)`` (max), ``E`` (fmap
   concatenation); grid blocks' tiles of one term concatenate to that term;
 - ``concat``: ``cat(E(X), E(Y), ...)`` — see below.

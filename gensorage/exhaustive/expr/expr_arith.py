@@ -22,7 +22,7 @@ from gensorage.arith import AccumKind, Activation
 from gensorage.errors import ProgramError
 from gensorage.exhaustive.expr import abstract_expr as ae
 from gensorage.exhaustive.expr.abstract_expr import Term
-from gensorage.opset import broadcast_shapes
+from gensorage.opset import broadcast_shapes, transposed
 
 Shape = tuple[int, ...]
 
@@ -108,6 +108,9 @@ class ExprArith:
 
     def scale(self, a: ExprValue, factor: float) -> ExprValue:
         return _plain(a)  # constants are not part of the abstraction (see abstract_expr)
+
+    def add_scalar(self, a: ExprValue, value: float) -> ExprValue:
+        return _plain(a)  # likewise: x + c has the expression of x
 
     def activation(self, kind: Activation, a: ExprValue) -> ExprValue:
         return self._unary(a, functools.partial(ae.fn, kind))
@@ -248,6 +251,15 @@ class ExprArith:
         if lay is not None and lay.axis == axis:  # numpy.repeat keeps each piece contiguous, `times` as long
             return ExprValue(shape, a.term, Layout(axis, tuple((s * times, t) for s, t in lay.pieces)))
         return ExprValue(shape, a.term, lay)
+
+    def transpose(self, a: ExprValue, axis0: int, axis1: int) -> ExprValue:
+        nd = len(a.shape)
+        axis0, axis1 = _axis(axis0, nd), _axis(axis1, nd)
+        shape = transposed(a.shape, axis0, axis1)
+        lay = a.layout
+        if lay is None or lay.axis not in (axis0, axis1):
+            return ExprValue(shape, a.term, lay)
+        return ExprValue(shape, a.term, Layout(axis1 if lay.axis == axis0 else axis0, lay.pieces))
 
     def concat(self, parts: Sequence[ExprValue], axis: int) -> ExprValue:
         if not parts:

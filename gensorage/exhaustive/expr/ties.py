@@ -50,7 +50,7 @@ from fractions import Fraction
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import ProgramError
-from gensorage.opset import broadcast_shapes
+from gensorage.opset import broadcast_shapes, transposed
 
 Atoms = frozenset[int]  # atom parts: ``input * AXES + axis`` (plus INSIDE) + ``stride * STRIDE``; see below
 AXES = 64
@@ -279,6 +279,9 @@ class TieArith:
     def scale(self, a: Ties, factor: float) -> Ties:
         return a
 
+    def add_scalar(self, a: Ties, value: float) -> Ties:
+        return a
+
     def activation(self, kind: Activation, a: Ties) -> Ties:
         return _inside(a)
 
@@ -370,6 +373,14 @@ class TieArith:
             a.grid,
             aligned=a.aligned,
         )
+
+    def transpose(self, a: Ties, axis0: int, axis1: int) -> Ties:
+        nd = len(a.shape)
+        axis0, axis1 = axis0 % nd, axis1 % nd
+        shape = transposed(a.shape, axis0, axis1)
+        if not a.known:
+            return _unknown(shape)
+        return Ties(shape, transposed(a.dims, axis0, axis1), a.bound, a.loop, a.grid, aligned=a.aligned)
 
     def concat(self, parts: Sequence[Ties], axis: int) -> Ties:
         axis %= len(parts[0].shape)

@@ -73,7 +73,13 @@ def const_of(op: Op, attrs: Attrs, ins: Sequence[Const]) -> Const:
             if first is None or any(c is None or not same(c, first) for c in ins[1:]):
                 return None
             return first
-        case Op.SUM | Op.RESHAPE | Op.REPEAT:
+        case Op.ADD_SCALAR:  # c·x + v: no factor comes out (v/c is no constant of the program)
+            c = ins[0]
+            return 1.0 if c is not None and same(c, 1.0) else None
+        case Op.MAX:  # max(c·x) = c·max(x) for c > 0 only
+            c = ins[0]
+            return c if c is not None and c > 0 else None
+        case Op.SUM | Op.RESHAPE | Op.REPEAT | Op.TRANSPOSE:
             return ins[0]
         case _:
             assert_never(op)

@@ -17,7 +17,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from gensorage.opset import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Attrs, Op, Shape, attr
+from gensorage.opset import (
+    BINARY_ELEMENTWISE,
+    REDUCTIONS,
+    UNARY_ELEMENTWISE,
+    Attrs,
+    Op,
+    Shape,
+    attr,
+    transposed,
+)
 
 Origins = frozenset[tuple[int, int]]
 Dims = tuple[Origins, ...]
@@ -57,6 +66,8 @@ def of_op(op: Op, attrs: Attrs, ins: Sequence[Provenance], shapes: Sequence[Shap
     reduced = EMPTY.union(*(p[1] for p in ins))  # type: ignore[index]
     if op in UNARY_ELEMENTWISE or op is Op.REPEAT:
         return dims[0], reduced
+    if op is Op.TRANSPOSE:
+        return transposed(dims[0], attr(attrs, "dim0"), attr(attrs, "dim1")), reduced
     if op in BINARY_ELEMENTWISE:
         return _broadcast(dims[0], dims[1], shapes[0], shapes[1]), reduced
     if op is Op.MATMUL:
@@ -65,10 +76,10 @@ def of_op(op: Op, attrs: Attrs, ins: Sequence[Provenance], shapes: Sequence[Shap
         if shapes[0][-1] > 1:
             reduced = reduced | a[-1] | b[-2]
         return (*batch, a[-2], b[-1]), reduced
-    if op is Op.SUM and attr(attrs, "group") is None:
+    if op in REDUCTIONS and attr(attrs, "group") is None:
         d = attr(attrs, "dim")
         reduced = reduced | dims[0][d]
-        if attr(attrs, "keepdim", True):
+        if attr(attrs, "keepdim", op is Op.SUM):
             return dims[0][:d] + (EMPTY,) + dims[0][d + 1 :], reduced
         return dims[0][:d] + dims[0][d + 1 :], reduced
     return None

@@ -18,7 +18,7 @@ from typing import Any
 
 from gensorage.exhaustive.expr.abstract_expr import Term, expr_of
 from gensorage.exhaustive.expr.oracle import SubexprOracle
-from gensorage.exhaustive.opcatalog import COMMUTATIVE, SELF_USELESS, OpVariant, catalog
+from gensorage.exhaustive.opcatalog import COMMUTATIVE, KERNEL_ONLY, SELF_USELESS, OpVariant, catalog
 from gensorage.exhaustive.rules.ruleset import RuleSet
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.hw import load_profile
@@ -32,13 +32,15 @@ MAX_MEMO_ENTRIES = (
 )
 # Operators whose attributes are program constants (scale factors, repeat counts, reshape targets); see
 # docs/search.md.
-BUDGETED = frozenset({Op.SCALE, Op.REPEAT, Op.RESHAPE})
+BUDGETED = frozenset({Op.SCALE, Op.ADD_SCALAR, Op.REPEAT, Op.RESHAPE, Op.TRANSPOSE})
 
 
 def variant_attrs(op: Op, attrs: Attrs) -> Attrs:
     """A program node's attributes as the catalog writes them for ``op``."""
     if op is Op.SCALE:
         return freeze_attrs({"factor": float(attr(attrs, "factor"))})
+    if op is Op.ADD_SCALAR:
+        return freeze_attrs({"value": float(attr(attrs, "value"))})
     return attrs
 
 
@@ -64,7 +66,7 @@ class SearchContext:
         self.target_nfs = [self.oracle.canon.nf(t) for t in self.targets]
         self.variants = catalog(program, spec.op_types)
         binary = tuple(v for v in self.variants if v.arity == 2)
-        self.unary = tuple(v for v in self.variants if v.arity == 1)
+        self.unary = tuple(v for v in self.variants if v.arity == 1 and v.op not in KERNEL_ONLY)
         self.binary = binary
         self.binary_ordered = tuple(v for v in binary if v.op not in COMMUTATIVE)
         self.binary_self = tuple(v for v in binary if v.op not in SELF_USELESS)
