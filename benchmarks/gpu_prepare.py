@@ -36,7 +36,8 @@ from gensorage.errors import GensorageError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import predict_schedule_time
 from gensorage.opset import Op
-from gensorage.program import Program, load_config
+from gensorage.precision import DEFAULT_PRECISION
+from gensorage.program import Program, dump_program, load_config
 from gensorage.ugraph import KernelGraph, from_program
 from gensorage.ugraph.ir import KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo, infer
@@ -339,10 +340,16 @@ def _tensor_names(g: KernelGraph, info: GraphInfo) -> dict[Ref, str]:
     return names
 
 
-def program_case(name: str, program: Program, hw: HwProfile, out: Path) -> dict[str, Any]:
+def program_case(
+    name: str, program: Program, hw: HwProfile, out: Path, precision: str = DEFAULT_PRECISION
+) -> dict[str, Any]:
+    """The program's direct µGraph under ``precision`` (named ``program_<name>``, plus ``_<precision>`` when it
+    is not the default)."""
     from gensorage.ugraph.cost import predict_ugraph_time
 
-    g = from_program(program)
+    g = from_program(program, precision)
+    if precision != DEFAULT_PRECISION:
+        name = f"{name}_{precision}"
     info = infer(g)
     cg = compile_ugraph(g, hw, "cuda")
     kernels = cg.kernels()
@@ -377,7 +384,7 @@ def program_case(name: str, program: Program, hw: HwProfile, out: Path) -> dict[
         "inputs_order": [names[Ref(i)] for i in range(len(g.inputs))],
         "outputs_order": [names[r] for r in g.outputs],
         "kernels": entries,
-        "program": {"path": f"configs/programs/{name}.gsp", "params": {}},
+        "program": {"path": _program_path(name, program, out), "params": {}},
         "predicted_s": predict_ugraph_time(g, hw),
         "flops": 0,
         "min_bytes": sum(math.prod(t.shape) * 2 for t in program.inputs),
@@ -436,5 +443,38 @@ def program_names() -> list[str]:
     return [p.stem for p in list_configs()]
 
 
+def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> Program:
+    """LLaMA-3-8B attention as models write it: 32 query heads, 8 key/value heads, head dim 128, K kept as
+    [heads, keys, dim] and transposed, the stable softmax (issue 23), GQA by repeating K and V."""
+    p = Program(f"llama3_attention_q{queries}")
+    q = p.input("Q", (32, queries, 128), dtype)
+    k = p.input("K", (8, keys, 128), dtype)
+    v = p.input("V", (8, keys, 128), dtype)
+    kt = p.transpose(p.repeat(k, 0, 4), 1, 2)
+    scores = p.softmax(p.scale(p.matmul(q, kt), 128**-0.5), dim=2)
+    p.output(p.matmul(scores, p.repeat(v, 0, 4)))
+    return p
+
+
+def _program_path(name: str, program: Program, out: Path) -> str:
+    """Where the device reads the program: its config, or (a program built here) its text in the bundle."""
+    if name.removesuffix("_storage") not in EXTRA_PROGRAMS:
+        return f"configs/programs/{name.removesuffix('_storage')}.gsp"
+    path = out / f"program_{name}.gsp"
+    path.write_text(dump_program(program))
+    root = Path(__file__).resolve().parents[1]
+    return (
+        str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path.resolve())
+    )
+
+
+#: Programs the suite can bundle besides the bundled configs (name -> builder).
+EXTRA_PROGRAMS = {
+    "llama3_attention_prefill": lambda: llama3_attention(1024),
+    "llama3_attention_decode": lambda: llama3_attention(1),
+}
+
+
 def load_program(name: str) -> Program:
-    return load_config(name)
+    build = EXTRA_PROGRAMS.get(name)
+    return build() if build is not None else load_config(name)

@@ -149,26 +149,34 @@ def conv_baselines(env: Env, case: Case, sets: list[dict[str, Any]], use_compile
     return _library_baselines(env, use_compile, "torch_conv2d", conv2d, operands)
 
 
+def keys_last(program: Program) -> bool:
+    """Whether K is [Hk, d, n] (the papers' form) rather than [Hk, n, d] transposed in the program (models')."""
+    return not any(n.op is not None and n.op.value == "transpose" for n in program.nodes)
+
+
 def sdpa_operands(program: Program) -> str | None:
-    """Why the program's Q, K, V do not map onto SDPA (None when they do: Q [H,s,d], K [Hk,d,n], V [Hk,n,d])."""
+    """Why the program's Q, K, V do not map onto SDPA (None when they do: Q [H,s,d], V [Hk,n,d], and K
+    [Hk,d,n] or, when the program transposes it, [Hk,n,d])."""
     shapes = {t.name: t.shape for t in program.inputs}
     if sorted(shapes) != ["K", "Q", "V"] or any(len(s) != 3 for s in shapes.values()):
         return f"inputs {sorted(shapes)} are not Q, K, V of rank 3"
-    (h, s, d), (hk, dk, n), (hv, nv, dv) = shapes["Q"], shapes["K"], shapes["V"]
+    (h, s, d), (hk, k1, k2), (hv, nv, dv) = shapes["Q"], shapes["K"], shapes["V"]
+    dk, n = (k1, k2) if keys_last(program) else (k2, k1)
     if not (dk == dv == d and nv == n and hv == hk and h % hk == 0):
-        return f"shapes Q {shapes['Q']}, K {shapes['K']}, V {shapes['V']} are not Q [H,s,d], K [Hk,d,n], V [Hk,n,d]"
+        return f"shapes Q {shapes['Q']}, K {shapes['K']}, V {shapes['V']} do not map onto SDPA's Q, K, V"
     if len(program.outputs) != 1 or program.outputs[0].shape != (h, s, d):
         return "the output is not one [H, s, d] tensor"
     return None
 
 
-def sdpa_builder(env: Env, sets: list[dict[str, Any]]) -> Builder:
+def sdpa_builder(env: Env, sets: list[dict[str, Any]], transpose_k: bool = True) -> Builder:
     """SDPA on the program's inputs as one batch of H heads; K [Hk,d,n] is transposed before the timed region."""
     torch = env.torch
 
     def build(i: int) -> Callable[[], list[Any]]:
         q, k, v = (sets[i][n] for n in ("Q", "K", "V"))
-        k = k.transpose(1, 2).contiguous()
+        if transpose_k:
+            k = k.transpose(1, 2).contiguous()
         gqa = q.shape[0] != k.shape[0]  # enable_gqa maps head j to kv head j // (H / Hk): repeat_interleave
         sdpa = torch.nn.functional.scaled_dot_product_attention
         return lambda: [sdpa(q[None], k[None], v[None], enable_gqa=gqa)[0]]
@@ -205,7 +213,7 @@ def program_baselines(
     if any(m in case.name or m in program.name for m in ATTENTION_MARKERS):
         why = sdpa_operands(program) if sorted(case.inputs_order) == ["K", "Q", "V"] else "inputs not Q, K, V"
         if why is None:
-            methods["sdpa"] = sdpa_builder(env, sets)
+            methods["sdpa"] = sdpa_builder(env, sets, keys_last(program))
             notes["sdpa"] = (
                 "K given as [Hk, n, d] (transposed outside the timed region); enable_gqa if Hk < H"
             )

@@ -64,7 +64,9 @@ def prepare(args: argparse.Namespace) -> int:
         print(f"[{time.perf_counter() - t0:6.1f}s] sweep: {len(cases)} cases", file=sys.stderr)
     for name in programs:
         try:
-            cases.append(gpu_bundle.program_case(name, gpu_bundle.load_program(name), hw, out))
+            for precision in args.precisions:
+                program = gpu_bundle.load_program(name)
+                cases.append(gpu_bundle.program_case(name, program, hw, out, precision))
         except Exception as exc:  # one program's failure is recorded, the bundle still gets the rest
             print(f"program {name}: not bundled: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
@@ -116,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         "--searches", action="store_true", help="GEMMs: also Optuna's and random search's tilings"
     )
     ap.add_argument("--split-sweep", nargs="*", default=None, help="GEMM names to sweep split-k on")
+    ap.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["float32"],
+        help="programs: precision policies to bundle each under (float32, storage)",
+    )
     ap.add_argument("--convs", nargs="*", default=None, help="convolution names (default: Table IV's C1-C3)")
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)

@@ -104,7 +104,9 @@ def test_intermediates_are_float32_and_outputs_keep_the_program_dtype() -> None:
         narrow = infer(dataclasses.replace(g, precision="storage"))
         assert {t.dtype for outs in narrow.nodes for t in outs} == {dtype}
         assert KernelGraph.from_json(g.to_json()) == g
-        assert KernelGraph.from_json(narrow_json := dataclasses.replace(g, precision="storage").to_json()) != g
+        assert (
+            KernelGraph.from_json(narrow_json := dataclasses.replace(g, precision="storage").to_json()) != g
+        )
         assert narrow_json["precision"] == "storage"
 
 

@@ -267,8 +267,8 @@ def tensor_core_kernels(
             ms, ops.a.dtype, ops.out.dtype, m, tiles.split_k, tiles.block_m, ops.b.dtype, cast
         )
         try:
-            # A converting copy is not a byte copy: one element per thread and step, not cp.async vectors.
-            sch = schedule_tensor_core(build(), tiles, gpu=target == "cuda", gather=cast is not None)
+            # A converting copy is not a byte copy: shorter vectors, not cp.async.
+            sch = schedule_tensor_core(build(), tiles, gpu=target == "cuda", convert=cast is not None)
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"

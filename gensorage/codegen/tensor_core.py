@@ -59,6 +59,7 @@ def mma_dtype(a: str, b: str) -> str | None:
 
 RULE = "tensor-core"  # how a kernel's rule names this lowering
 VECTOR = 8  # 16-bit elements per 16-byte copy from global to shared memory
+CONVERT_VECTOR = 4  # elements per converting copy (16 bytes of a float32 operand)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +185,9 @@ def _layout(sch: Any, block: Any, buffer: tuple[str, int], batched: bool) -> Non
     sch.transform_layout(block, buffer, _batched_fragment_map if batched else _fragment_map)
 
 
-def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True, gather: bool = False) -> Any:
+def schedule_tensor_core(
+    func: Any, tiles: TensorCoreTiles, *, gpu: bool = True, gather: bool = False, convert: bool = False
+) -> Any:
     """Schedule a matmul PrimFunc (blocks ``C`` and an optional cast ``D``) onto tensor cores.
 
     Parameters
@@ -199,6 +202,9 @@ def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True,
     gather
         The operands are gathered, not rows of contiguous tensors (an implicit GEMM): the copies to shared memory
         move one element per thread and step instead of 16-byte vectors (and so are not asynchronous).
+    convert
+        The operands are converted to the MMA dtype on their way to shared memory: the copies move
+        ``CONVERT_VECTOR`` elements per thread and step (not asynchronous either).
 
     Returns
     -------
@@ -216,7 +222,7 @@ def schedule_tensor_core(func: Any, tiles: TensorCoreTiles, *, gpu: bool = True,
 
     sch = s_tir.Schedule(func)
     try:
-        _schedule(sch, tiles, gpu=gpu, vector=1 if gather else VECTOR)
+        _schedule(sch, tiles, gpu=gpu, vector=1 if gather else CONVERT_VECTOR if convert else VECTOR)
     except ScheduleError:
         raise
     except Exception as exc:  # TVM's schedule errors: a PrimFunc of an unexpected form
