@@ -396,12 +396,13 @@ def test_cli_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "m.json"
     bad.write_text(json.dumps(mutant.graph.to_json()))
     assert cli_main(["verify", str(gsp), str(good), "--seed", "1"]) == 0
-    assert "equivalent" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "equivalent" in out and "tier 1" in out
     assert cli_main(["verify", str(gsp), str(bad), "--seed", "1"]) == 1
     assert "NOT equivalent" in capsys.readouterr().out
     assert cli_main(["verify", str(gsp), str(good), "--json", "--float-check"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["equivalent"] is True and doc["float_check"]["ok"] is True
+    assert doc["equivalent"] is True and doc["float_check"]["ok"] is True and doc["tier"] == 1
     (tmp_path / "broken.json").write_text("{not json")
     assert cli_main(["verify", str(gsp), str(tmp_path / "broken.json")]) == 6
     other = tmp_path / "o.gsp"

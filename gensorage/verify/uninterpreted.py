@@ -82,7 +82,11 @@ class UninterpretedArith:
     def random_input(self, shape: Sequence[int]) -> UFValue:
         """A value uniform in ``Z_M61`` per element and trial."""
         size = (self.trials,) + tuple(int(s) for s in shape)
-        return UFValue(self.rng.integers(0, mersenne.M61, size=size, dtype=np.uint64))
+        # The top 61 bits of raw 64-bit draws are uniform on [0, 2^61); the one value ≥ M61 is redrawn.
+        raw = self.rng.bit_generator.random_raw(size) >> np.uint64(3)
+        while (bad := raw == np.uint64(mersenne.M61)).any():
+            raw[bad] = self.rng.bit_generator.random_raw(int(bad.sum())) >> np.uint64(3)
+        return UFValue(raw)
 
     def value(self, residues: np.ndarray) -> UFValue:
         """A value from explicit residues of shape ``(T, *shape)`` (reduced mod M61)."""
