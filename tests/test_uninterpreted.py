@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,12 +115,12 @@ def online_softmax_av(a: Any, s: Any, v: Any) -> Any:
         tile = a.slice(s, 1, c * n, (c + 1) * n)
         new = a.accumulate(m, a.reduce_max(tile, 1, True), "max")
         e = a.exp(a.sub(tile, new))
-        pv, l = a.matmul(e, a.slice(v, 0, c * n, (c + 1) * n)), a.reduce_sum(e, 1, True)
+        pv, rowsum = a.matmul(e, a.slice(v, 0, c * n, (c + 1) * n)), a.reduce_sum(e, 1, True)
         if m is None:
-            out, total = pv, l
+            out, total = pv, rowsum
         else:
             r = a.exp(a.sub(m, new))
-            out, total = a.add(a.mul(out, r), pv), a.add(a.mul(total, r), l)
+            out, total = a.add(a.mul(out, r), pv), a.add(a.mul(total, r), rowsum)
         m = new
     return a.div(out, total)
 
