@@ -24,6 +24,7 @@ from gensorage.verify.bounds import (
     difference,
 )
 from gensorage.verify.equivalent import plan
+from gensorage.verify.mersenne import M61
 from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q
 from gensorage.verify.trials import format_count, plan_trials
 
@@ -102,17 +103,22 @@ def test_mul_and_div_rules() -> None:
 
 
 def test_lax_check_names_the_op() -> None:
+    # The second tier's Lax check; the first tier takes any nesting (exp is a fresh variable there).
+    nested = program([(2, 3)], lambda p, x: p.exp(p.exp(x)))
     with pytest.raises(NotLaxError, match="two exps on one path through exp"):
-        plan(program([(2, 3)], lambda p, x: p.exp(p.exp(x))), program([(2, 3)], lambda p, x: x))
+        plan(nested, program([(2, 3)], lambda p, x: x), tier=2)
+    assert plan(nested, nested).method == "uninterpreted"
     with pytest.raises(NotLaxError, match="two exps on one path"):
         plan(
             program([(2, 3)], lambda p, x: x),
             program([(2, 3)], lambda p, x: p.exp(p.sum(p.mul(p.exp(x), x), dim=1))),
+            tier=2,
         )
     # exp of an activation of an exp is Lax (the activation is an uninterpreted fresh value)
     plan(
         program([(2, 3)], lambda p, x: p.exp(p.relu(p.exp(x)))),
         program([(2, 3)], lambda p, x: p.exp(p.relu(p.exp(x)))),
+        tier=2,
     )
 
 
@@ -137,7 +143,7 @@ def test_microgaph_bounds_run_through_the_same_walk() -> None:
 
 def test_schwartz_zippel_count() -> None:
     a = program([(3, 4), (4, 5)], lambda p, x, y: p.matmul(x, y))
-    tp = plan(a, a, 1e-9)
+    tp = plan(a, a, 1e-9, tier=2)
     assert tp.method == "schwartz-zippel" and tp.degree == 2
     eps = 2 / DEFAULT_P
     assert tp.per_trial == pytest.approx(eps)
@@ -149,7 +155,7 @@ def test_lax_counts_take_the_larger_theorem() -> None:
     a = program(ATTN, softmax_av)
     b = program(ATTN, softmax_then_av)
     delta = 1e-6
-    tp = plan(a, b, delta)
+    tp = plan(a, b, delta, tier=2)
     k = 2 * 6 * 6
     assert tp.method == "lax-theorem" and tp.k == k
     assert tp.trials_first_paper == math.ceil(k * math.log(1 / delta))
@@ -159,8 +165,22 @@ def test_lax_counts_take_the_larger_theorem() -> None:
     assert tp.achieved_delta(tp.required // 2) > delta
     assert not any("d·k^4 < q" in n for n in tp.notes)  # 2 · 72^4 < q: the first paper's condition holds
     wide = [(4, 8), (8, 16), (16, 5)]
-    tp = plan(program(wide, softmax_av), program(wide, softmax_then_av), delta)
+    tp = plan(program(wide, softmax_av), program(wide, softmax_then_av), delta, tier=2)
     assert tp.k == 2 * 16 * 16 and any("d·k^4 < q" in n for n in tp.notes)
+
+
+def test_first_tier_count_is_a_collision_term_plus_schwartz_zippel() -> None:
+    a, b = program(ATTN, softmax_av), program(ATTN, softmax_then_av)
+    tp = plan(a, b, 1e-9)
+    # exp applied to the 4·6 scores of each side, arguments of degree 2; the sums' common denominators
+    # cross-multiplied give a difference numerator of degree 2 in the fresh exp values and V.
+    m = 2 * (4 * 6)
+    collide = m * (m - 1) / 2 * 2 / M61
+    assert tp.method == "uninterpreted" and tp.required == 1
+    assert tp.per_trial is not None and collide < tp.per_trial < collide + 10 / M61
+    wide = [(64, 128), (128, 4096), (4096, 128)]
+    tp = plan(program(wide, softmax_av), program(wide, softmax_then_av), 1e-9)
+    assert tp.required == 2 and tp.per_trial is not None and 1e-9 < tp.per_trial < 1e-5
 
 
 def test_plan_rejects_bad_delta() -> None:

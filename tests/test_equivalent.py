@@ -195,7 +195,8 @@ def test_counterexample_points_at_a_differing_element() -> None:
     assert not r and r.counterexample is not None
     ce = r.counterexample
     assert ce.output == 0 and ce.index[1] >= 2  # only the second half differs
-    assert ce.trial == 0 and ce.a != ce.b and ce.a[1] is not None
+    # Decided by the first tier (no exp: its difference is final), whose one field leaves x_q absent.
+    assert ce.trial == 0 and ce.a != ce.b and ce.a[1] is None and r.tier == 1
 
 
 def test_result_api() -> None:
@@ -203,8 +204,8 @@ def test_result_api() -> None:
     assert isinstance(r, EquivalenceResult) and bool(r) is True
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.equivalent = False  # type: ignore[misc]
-    assert r.delta == 1e-12 and r.p > 2**30 and r.q > 10**9 and (r.p - 1) % r.q == 0
-    assert r.method == "schwartz-zippel" and r.degree == 2 and r.k == 1
+    assert r.delta == 1e-12 and r.p == 2**61 - 1 and r.tier == 1 and r.trials == r.required_trials <= 2
+    assert r.method == "uninterpreted" and r.degree == 2 and r.k == 1
     assert r.elapsed_s > 0 and r.degenerate_trials == 0 and not r.capped
     doc = r.to_json()
     assert json.loads(json.dumps(doc))["equivalent"] is True
@@ -214,24 +215,30 @@ def test_result_api() -> None:
     assert not again and again.counterexample == once_more.counterexample
 
 
+def shifted_softmax_pair(shapes: list[tuple[int, ...]]) -> tuple[Program, Program]:
+    """``exp(S)V / Σexp(S)`` and the same with a row value z subtracted first (equal by the exp law only)."""
+
+    def attention(shift: bool) -> Body:
+        def body(p: Program, q: Tensor, k: Tensor, v: Tensor, z: Tensor) -> Tensor:
+            s = p.matmul(q, k)
+            e = p.exp(p.sub(s, z) if shift else s)
+            return p.div(p.matmul(e, v), p.sum(e, dim=1))
+
+        return body
+
+    return program(shapes, attention(False)), program(shapes, attention(True))
+
+
 def test_max_trials_caps_and_reports_the_reached_delta() -> None:
-    shapes = [(2, 3), (3, 4), (4, 3)]
-    a = program(
-        shapes,
-        lambda p, q, k, v: p.div(p.matmul(p.exp(p.matmul(q, k)), v), p.sum(p.exp(p.matmul(q, k)), dim=1)),
-    )
-    b = program(
-        shapes,
-        lambda p, q, k, v: p.matmul(p.div(p.exp(p.matmul(q, k)), p.sum(p.exp(p.matmul(q, k)), dim=1)), v),
-    )
+    a, b = shifted_softmax_pair([(2, 3), (3, 4), (4, 3), (2, 1)])
     r = equivalent(a, b, 1e-9, seed=0, max_trials=10)
-    assert r and r.capped and r.trials == 10 < r.required_trials
+    assert r and r.tier == 2 and r.capped and r.trials == 10 < r.required_trials
     assert r.achieved_delta > r.delta
     assert "actually reached" in str(r)
     assert r.trials_first_paper is not None and r.trials_later_paper is not None
     assert r.required_trials == max(r.trials_first_paper, r.trials_later_paper)
     full = equivalent(a, b, 1e-3, seed=0)
-    assert full and full.trials == full.required_trials and full.achieved_delta <= 1e-3
+    assert full and full.tier == 2 and full.trials == full.required_trials and full.achieved_delta <= 1e-3
 
 
 def test_lax_violations_are_refused() -> None:
@@ -270,11 +277,12 @@ def test_multiple_outputs_compared_by_position() -> None:
 
 
 def test_degenerate_trials_are_replaced_not_passed() -> None:
-    # p = 23, q = 11: a divisor is zero in about 13% of trials, so degenerate trials happen and are resampled.
-    a = program([(1, 1), (1, 1)], lambda p, x, y: p.div(p.mul(x, y), y))
-    b = program([(1, 1), (1, 1)], lambda p, x, y: x)
+    # p = 23, q = 11 (the second tier, reached because exp(2x) = exp(x)² needs the exp law): a divisor is zero
+    # in about 13% of trials, so degenerate trials happen and are resampled.
+    a = program([(1, 1), (1, 1)], lambda p, x, y: p.div(p.mul(p.exp(p.add(x, x)), y), y))
+    b = program([(1, 1), (1, 1)], lambda p, x, y: p.mul(p.exp(x), p.exp(x)))
     r = equivalent(a, b, 1e-30, seed=0, p=23, q=11)
-    assert r and r.trials == r.required_trials and r.degenerate_trials > 0
+    assert r and r.tier == 2 and r.trials == r.required_trials and r.degenerate_trials > 0
     # A pair that differs only where the divisor is non-zero: degenerate trials (where the field's 0^-1 = 0
     # makes both sides 0) must not count as passes.
     c = program([(1, 1), (1, 1)], lambda p, x, y: p.div(x, y))
@@ -388,12 +396,13 @@ def test_cli_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "m.json"
     bad.write_text(json.dumps(mutant.graph.to_json()))
     assert cli_main(["verify", str(gsp), str(good), "--seed", "1"]) == 0
-    assert "equivalent" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "equivalent" in out and "tier 1" in out
     assert cli_main(["verify", str(gsp), str(bad), "--seed", "1"]) == 1
     assert "NOT equivalent" in capsys.readouterr().out
     assert cli_main(["verify", str(gsp), str(good), "--json", "--float-check"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["equivalent"] is True and doc["float_check"]["ok"] is True
+    assert doc["equivalent"] is True and doc["float_check"]["ok"] is True and doc["tier"] == 1
     (tmp_path / "broken.json").write_text("{not json")
     assert cli_main(["verify", str(gsp), str(tmp_path / "broken.json")]) == 6
     other = tmp_path / "o.gsp"

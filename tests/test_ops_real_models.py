@@ -18,7 +18,7 @@ import gensorage
 from gensorage.cli import main
 from gensorage.codegen.module import run_cpu
 from gensorage.dtypes import numpy_dtype
-from gensorage.errors import NotLaxError, ProgramError
+from gensorage.errors import ProgramError
 from gensorage.exhaustive.run.runner import run_search
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.hw import load_profile
@@ -186,11 +186,14 @@ def test_equivalent_handles_add_scalar_and_transpose() -> None:
     assert not equivalent(_normed("first"), wrong, seed=0)
 
 
-def test_max_is_refused_by_the_field_verifier_in_one_line() -> None:
-    p = _one_op(lambda p, t: p.softmax(t, -1), (2, 4))
-    with pytest.raises(NotLaxError, match="max") as err:
-        equivalent(p, from_program(p), seed=0)
-    assert "\n" not in str(err.value)
+def test_softmax_verifies_in_both_tiers() -> None:
+    stable = _one_op(lambda p, t: p.softmax(t, -1), (2, 4))
+    assert equivalent(stable, from_program(stable), seed=0).tier == 1  # same form: no exp law needed
+    papers = _one_op(lambda p, t: p.div(p.exp(t), p.sum(p.exp(t), dim=-1)), (2, 4))
+    # exp(x - m) / Σ exp(x - m) = exp(x) / Σ exp(x) needs exp(a - b) = exp(a) / exp(b): the second tier.
+    r = equivalent(stable, papers, seed=0)
+    assert r and r.tier == 2
+    assert not equivalent(stable, _one_op(lambda p, t: p.softmax(t, 0), (2, 4)), seed=0)
 
 
 # ------------------------------------------------------------------------------- end to end on the CPU

@@ -106,7 +106,7 @@ def load_side(file: str, params: dict[str, int]) -> Any:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from gensorage.cli.program import parse_params
-    from gensorage.verify import equivalent, float_check, plan
+    from gensorage.verify import TrialPlan, equivalent, float_check
     from gensorage.verify.trials import format_count
 
     if not 0.0 < args.delta < 1.0:
@@ -115,15 +115,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     a, b = load_side(args.a, params), load_side(args.b, params)
     check_size(a, args.a, args.max_elements)
     check_size(b, args.b, args.max_elements)
-    trial_plan = plan(a, b, args.delta)
-    if args.max_trials is None and trial_plan.required > LONG_RUN_TRIALS:
-        print(
-            f"gensorage verify: δ={args.delta:g} needs {format_count(trial_plan.required)} trials "
-            f"(k={format_count(trial_plan.k)}); this can take very long. Pass --max-trials N to cap the run "
-            "(the report then gives the δ actually reached).",
-            file=sys.stderr,
-        )
-    result = equivalent(a, b, args.delta, seed=args.seed, max_trials=args.max_trials)
+
+    def warn(trial_plan: TrialPlan) -> None:
+        if args.max_trials is None and trial_plan.required > LONG_RUN_TRIALS:
+            print(
+                f"gensorage verify: the first tier found a difference that may need exp's law; the second tier "
+                f"needs {format_count(trial_plan.required)} trials for δ={args.delta:g} "
+                f"(k={format_count(trial_plan.k)}); this can take very long. Pass --max-trials N to cap the run "
+                "(the report then gives the δ actually reached).",
+                file=sys.stderr,
+            )
+
+    result = equivalent(a, b, args.delta, seed=args.seed, max_trials=args.max_trials, on_second_tier=warn)
     check = float_check(a, b) if args.float_check and result.equivalent else None
     if args.json:
         doc = result.to_json()
@@ -132,7 +135,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         print()
     else:
-        print(result)
+        print(result)  # its first line names the tier that decided
         if check is not None:
             verdict = "ok" if check.ok else "UNSTABLE"
             print(

@@ -31,7 +31,7 @@ from gensorage.errors import NotLaxError, UnsupportedOpError
 from gensorage.opset import Attrs, Op, attr
 from gensorage.verify.field import ACTIVATION_KINDS, field_constant
 
-# splitmix64 finaliser constants (gensorage.verify.field._mix64) and the second-hash salt of FieldArith.
+# splitmix64 finaliser constants (gensorage.verify.maxset.mix64) and the second-hash salt of FieldArith.
 MIX_C1 = 0xBF58476D1CE4E5B9
 MIX_C2 = 0x94D049BB133111EB
 MIX_SALT = 0x9E3779B97F4A7C15

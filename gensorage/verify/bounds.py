@@ -18,12 +18,15 @@ with polynomial coefficients ``c`` (degree ≤ ``dn`` in N, ≤ ``dd`` in D) and
 Rules (``a + b = (Na·Db + Nb·Da)/(Da·Db)``, ``a·b = Na·Nb/(Da·Db)``, ``a/b = Na·Db/(Da·Nb)``): term counts
 multiply and add accordingly, degrees and log-coefficients add, and exponents combine (``e + e'``, degrees
 ``max(eh + eu', eh' + eu), eu + eu'``) whenever two exp-bearing parts multiply. A sum of n equal-bound terms
-(reduce_sum over n, matmul with inner dim K = n) is the add rule applied n - 1 times, in closed form. sqrt and
-the activations are *fresh variables* of degree 1 (their true algebraic relation to the input is ignored); this
-is a heuristic the theorems do not cover, and the results say so.
+(reduce_sum over n, matmul with inner dim K = n) is the add rule applied n - 1 times, in closed form. sqrt,
+the activations and max are *fresh variables* of degree 1 (their true algebraic relation to the input is
+ignored); for the Lax theorems this is a heuristic they do not cover, and the results say so. With
+``uninterpreted=True`` (the first tier) exp is a fresh variable too, and fresh variables are exactly what the
+first tier's theorem is about.
 
 :class:`BoundsArith` also records, for the degenerate-trial event, the sum over every divisor element of its
-numerator degree, and the element counts used to size trial batches.
+numerator degree, the element counts used to size trial batches, and per uninterpreted symbol the number of
+applications and bounds on their arguments (:class:`Applications`, for the first tier's collision term).
 """
 
 from __future__ import annotations
@@ -251,6 +254,35 @@ def trivial_denominator(b: Bound) -> bool:
     return b.kd == 1 and b.dd == 0 and not b.dexp
 
 
+@dataclass(slots=True)
+class Applications:
+    """Element-wise applications of one uninterpreted function symbol, and bounds on their arguments.
+
+    ``count`` applications (an upper bound on the number of distinct arguments); every argument is ``N / D``
+    with ``deg N ≤ dn``, ``deg D ≤ dd`` and log2 coefficient sums ``≤ wn``, ``wd``. Two arguments differ by
+    ``(N_i·D_j − N_j·D_i)/(D_i·D_j)``, a numerator of degree ``≤ dn + dd`` (:attr:`difference_degree`).
+    """
+
+    count: int = 0
+    dn: int = 0
+    dd: int = 0
+    wn: float = 0.0
+    wd: float = 0.0
+
+    def add(self, count: int, arg: Bound) -> None:
+        self.count += count
+        self.dn, self.dd = max(self.dn, arg.dn), max(self.dd, arg.dd)
+        self.wn, self.wd = max(self.wn, arg.wn), max(self.wd, arg.wd)
+
+    @property
+    def difference_degree(self) -> int:
+        return self.dn + self.dd
+
+    @property
+    def difference_log2_coeff(self) -> float:
+        return self.wn + self.wd + 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class BoundValue:
     """A tensor in :class:`BoundsArith`: logical shape, element bound, and denominator sharing.
@@ -336,16 +368,37 @@ class BoundsArith:
         Ops evaluated as fresh variables (``sqrt``, activations).
     total_numel : int
         Elements of every value computed (an upper bound on what an evaluation holds at once).
+    uninterpreted : bool
+        Bound the first tier (:mod:`gensorage.verify.uninterpreted`): exp is an uninterpreted function (a fresh
+        variable) like sqrt and the activations, so no exponential terms arise and any nesting is allowed.
+    applications : dict of str to Applications
+        Per uninterpreted symbol (``exp``, ``sqrt``, activations, ``max-element`` for the elements a max hashes,
+        ``max`` for its digests), the applications and their argument bounds.
     """
 
     name = "bounds"
 
-    def __init__(self) -> None:
+    def __init__(self, *, uninterpreted: bool = False) -> None:
+        self.uninterpreted = uninterpreted
         self.divisor_degree_p = 0
         self.divisor_degree_q = 0
         self.exp_divisor = False
         self.opaque: set[str] = set()
         self.total_numel = 0
+        self.applications: dict[str, Applications] = {}
+
+    def _applied(self, symbol: str, count: int, arg: Bound) -> None:
+        self.applications.setdefault(symbol, Applications()).add(count, arg)
+
+    def _max(self, elements: int, arg: Bound, shape: tuple[int, ...], shared: Sequence[bool]) -> BoundValue:
+        """A max result: ``elements`` elements bounded by ``arg`` hashed, one digest per output element.
+
+        A digest is linear in the element hashes with multiplicities ≤ ``elements`` as coefficients.
+        """
+        self.opaque.add("max")
+        self._applied("max-element", elements, arg)
+        self._applied("max", math.prod(shape), replace(VARIABLE, wn=math.log2(elements + 1)))
+        return self._new(shape, fresh(False), shared)
 
     def variable(self, shape: Sequence[int]) -> BoundValue:
         """An input tensor: independent variables."""
@@ -388,11 +441,15 @@ class BoundsArith:
         return self._binary(a, b, bound_div(a.bound, b.bound), divide=True)
 
     def exp(self, a: BoundValue) -> BoundValue:
+        self._applied("exp", a.numel, a.bound)
+        if self.uninterpreted:
+            return self._new(a.shape, fresh(False), a.shared)
         return self._new(a.shape, bound_exp(a.bound), a.shared)
 
     def sqrt(self, a: BoundValue) -> BoundValue:
         self.opaque.add("sqrt")
-        return self._new(a.shape, fresh(a.bound.exped), a.shared)
+        self._applied("sqrt", a.numel, a.bound)
+        return self._new(a.shape, fresh(a.bound.exped and not self.uninterpreted), a.shared)
 
     def scale(self, a: BoundValue, factor: float) -> BoundValue:
         return self._new(a.shape, bound_scale(a.bound, factor), a.shared)
@@ -402,6 +459,7 @@ class BoundsArith:
 
     def activation(self, kind: Activation, a: BoundValue) -> BoundValue:
         self.opaque.add(kind)
+        self._applied(kind, a.numel, a.bound)
         return self._new(a.shape, fresh(False), a.shared)
 
     def matmul(self, a: BoundValue, b: BoundValue) -> BoundValue:
@@ -422,12 +480,18 @@ class BoundsArith:
         return self._new(shape, bound_sum(a.bound, a.shape[axis], a.shared[axis]), shared)
 
     def reduce_max(self, a: BoundValue, axis: int, keepdims: bool) -> BoundValue:
-        raise NotLaxError("reduce_max has no finite-field semantics (max is outside the Lax fragment)")
+        if a.shape[axis] == 1:  # max({s}) = s
+            return self.reshape(a, a.shape[:axis] + ((1,) if keepdims else ()) + a.shape[axis + 1 :])
+        shape = a.shape[:axis] + ((1,) if keepdims else ()) + a.shape[axis + 1 :]
+        shared = a.shared[:axis] + ((True,) if keepdims else ()) + a.shared[axis + 1 :]
+        return self._max(a.numel, a.bound, shape, shared)
 
     def accumulate(self, acc: BoundValue | None, x: BoundValue, kind: AccumKind) -> BoundValue:
-        if kind != "sum":
-            raise NotLaxError(f"accumulate({kind}) has no finite-field semantics (outside the Lax fragment)")
-        return x if acc is None else self.add(acc, x)
+        if acc is None:
+            return x
+        if kind == "sum":
+            return self.add(acc, x)
+        return self._max(acc.numel + x.numel, bound_join([acc.bound, x.bound]), x.shape, x.shared)
 
     def reshape(self, a: BoundValue, shape: tuple[int, ...]) -> BoundValue:
         new = tuple(int(d) for d in shape)
@@ -454,6 +518,7 @@ class BoundsArith:
 __all__ = [
     "K_CAP",
     "VARIABLE",
+    "Applications",
     "Bound",
     "BoundValue",
     "BoundsArith",

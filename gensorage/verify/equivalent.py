@@ -1,33 +1,40 @@
-"""The probabilistic equivalence check of two programs or µGraphs (random tests over Z_p × Z_q).
+"""The probabilistic equivalence check of two programs or µGraphs, in two tiers.
 
 :func:`equivalent` works on any two objects with ``.inputs`` (each with ``.shape``) and
 ``.evaluate(arith, values) -> list``: :class:`gensorage.program.Program` and
-:class:`gensorage.ugraph.KernelGraph` alike. It
+:class:`gensorage.ugraph.KernelGraph` alike. Each tier
 
-1. runs both through :class:`~gensorage.verify.bounds.BoundsArith` (Lax check, term counts, degrees),
+1. runs both through :class:`~gensorage.verify.bounds.BoundsArith` (degrees, function applications; in the
+   second tier the Lax check and term counts),
 2. derives the trial count for δ (:mod:`gensorage.verify.trials`),
-3. evaluates both on the same fresh uniform inputs in :class:`~gensorage.verify.field.FieldArith`, many trials
-   per vectorised batch, discarding degenerate trials (a zero divisor) and stopping at the first disagreement.
+3. evaluates both on the same fresh uniform inputs, many trials per vectorised batch, discarding degenerate
+   trials (a zero divisor) and stopping at the first disagreement.
 
-Equivalent programs always pass (no false rejections): every op is a deterministic function of its inputs'
-field values, identical for both sides. A pass bounds the false-accept probability by δ under the conditions
-listed in the result's ``notes`` (see docs/verification.md).
+The first tier (:class:`~gensorage.verify.uninterpreted.UninterpretedArith`) treats exp, sqrt, activations and
+max as random functions over ``Z_M61``; the second (:class:`~gensorage.verify.field.FieldArith`, Mirage's
+``ω^x`` test over ``Z_p × Z_q``) runs only when the first found a difference and a side uses exp or sqrt.
+Equivalent programs pass the first tier unless their identity needs a law of exp or sqrt (or max's
+idempotence); a pass bounds the false-accept probability by δ under the conditions listed in the result's
+``notes`` (see docs/verification.md).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gensorage.errors import NotLaxError, VerificationError
+from gensorage.verify import mersenne
 from gensorage.verify.bounds import BoundsArith, BoundValue, DiffBound, difference
-from gensorage.verify.field import ACTIVATION_KINDS, FieldArith, FieldValue
+from gensorage.verify.field import KEYED, FieldArith, FieldValue
 from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q
-from gensorage.verify.trials import TrialPlan, format_count, plan_trials
+from gensorage.verify.result import Counterexample, EquivalenceResult
+from gensorage.verify.trials import TrialPlan, plan_trials, plan_uninterpreted
+from gensorage.verify.uninterpreted import UninterpretedArith
 
 #: Memory one batch may use (bytes); the batch size follows from the programs' element counts.
 BATCH_BYTES = 64 << 20
@@ -41,154 +48,6 @@ _BYTES_PER_ELEMENT = 16 * 3
 
 class VerificationStopped(Exception):
     """The caller's ``should_stop`` ended :func:`equivalent` before a verdict (not an error: nothing is decided)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Counterexample:
-    """Where the two sides disagreed: output ``output`` at ``index`` in trial ``trial`` (0-based, all trials).
-
-    ``a`` and ``b`` are the ``(x_p, x_q)`` residues of each side there; ``x_q`` is None where it is filler
-    (the value depends on an exp).
-    """
-
-    output: int
-    index: tuple[int, ...]
-    trial: int
-    a: tuple[int, int | None]
-    b: tuple[int, int | None]
-
-    def __str__(self) -> str:
-        return (
-            f"output {self.output} at index {list(self.index)} in trial {self.trial}: A={self.a}, B={self.b}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class EquivalenceResult:
-    """The outcome of :func:`equivalent`; truthy exactly when the programs were found equivalent.
-
-    Attributes
-    ----------
-    equivalent : bool
-        True when every trial run agreed (and at least one ran).
-    trials : int
-        Non-degenerate trials run (the last one is the failing one when rejected).
-    required_trials : int
-        Trials the bound needs for ``delta``.
-    p, q : int
-        The field moduli.
-    delta : float
-        The requested false-accept probability.
-    achieved_delta : float
-        The bound the trials run actually give (≤ ``delta`` when ``trials >= required_trials``; larger when
-        ``max_trials`` capped the run).
-    k, degree : int
-        Exponential-term and degree bounds of the difference (see :class:`~gensorage.verify.trials.TrialPlan`).
-    degenerate_trials : int
-        Trials discarded because some divisor was zero.
-    elapsed_s : float
-        Wall time of the whole check.
-    counterexample : Counterexample or None
-        Where the sides differed (rejections found by a trial).
-    reason : str or None
-        Why the programs were rejected without trials (output count or shape mismatch).
-    method : str
-        ``"schwartz-zippel"`` or ``"lax-theorem"``.
-    trials_first_paper, trials_later_paper : int or None
-        The Lax theorems' counts ``k·ln(1/δ)`` and ``k²/ln q·ln(1/δ)`` (the larger is required).
-    seed : int
-        Seed of the random stream (re-running with it repeats the check).
-    notes : tuple of str
-        Unmet theorem conditions and heuristics in use.
-    """
-
-    equivalent: bool
-    trials: int
-    required_trials: int
-    p: int
-    q: int
-    delta: float
-    achieved_delta: float
-    k: int
-    degree: int
-    degenerate_trials: int
-    elapsed_s: float
-    counterexample: Counterexample | None = None
-    reason: str | None = None
-    method: str = "schwartz-zippel"
-    trials_first_paper: int | None = None
-    trials_later_paper: int | None = None
-    seed: int = 0
-    notes: tuple[str, ...] = field(default=())
-
-    def __bool__(self) -> bool:
-        return self.equivalent
-
-    @property
-    def capped(self) -> bool:
-        """The run stopped (passing) before the required trial count."""
-        return self.equivalent and self.trials < self.required_trials
-
-    def __str__(self) -> str:
-        ms = f"{self.elapsed_s * 1e3:.1f} ms"
-        fields_ = f"p={self.p}, q={self.q}"
-        if not self.equivalent:
-            why = self.reason or (str(self.counterexample) if self.counterexample else "no trial ran")
-            return f"NOT equivalent: {why} (after {self.trials} trial(s), {fields_}, seed {self.seed}; {ms})"
-        basis = f"{self.method}: k={format_count(self.k)}, degree={self.degree}"
-        if self.trials_first_paper is not None:
-            basis += (
-                f", first paper k·ln(1/δ)={format_count(self.trials_first_paper)}, later paper "
-                f"k²/ln q·ln(1/δ)={format_count(self.trials_later_paper or 0)}"
-            )
-        if self.capped:
-            head = (
-                f"equivalent on all {self.trials} trials run, but {format_count(self.required_trials)} are "
-                f"required for δ={self.delta:g}: the δ actually reached is {self.achieved_delta:.4g}"
-            )
-        else:
-            head = (
-                f"equivalent: {self.trials} of {format_count(self.required_trials)} required trials passed, "
-                f"false-accept probability ≤ {self.achieved_delta:.3g} (δ={self.delta:g})"
-            )
-        text = f"{head} [{basis}; {fields_}; {self.degenerate_trials} degenerate; seed {self.seed}; {ms}]"
-        return text + "".join(f"\n  note: {n}" for n in self.notes)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (huge counts as strings)."""
-
-        def num(x: int | None) -> int | str | None:
-            return x if x is None or x < 1 << 63 else format_count(x)
-
-        ce = self.counterexample
-        return {
-            "equivalent": self.equivalent,
-            "trials": self.trials,
-            "required_trials": num(self.required_trials),
-            "p": self.p,
-            "q": self.q,
-            "delta": self.delta,
-            "achieved_delta": self.achieved_delta,
-            "k": num(self.k),
-            "degree": self.degree,
-            "degenerate_trials": self.degenerate_trials,
-            "elapsed_s": self.elapsed_s,
-            "method": self.method,
-            "trials_first_paper": num(self.trials_first_paper),
-            "trials_later_paper": num(self.trials_later_paper),
-            "seed": self.seed,
-            "reason": self.reason,
-            "notes": list(self.notes),
-            "counterexample": None
-            if ce is None
-            else {
-                "output": ce.output,
-                "index": list(ce.index),
-                "trial": ce.trial,
-                "a": list(ce.a),
-                "b": list(ce.b),
-            },
-        }
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -253,7 +112,7 @@ def _worst(diffs: list[DiffBound]) -> DiffBound:
 
 def _notes(arith: BoundsArith) -> tuple[str, ...]:
     notes: list[str] = []
-    if arith.opaque:
+    if arith.opaque and not arith.uninterpreted:
         ops = ", ".join(sorted(arith.opaque))
         notes.append(
             f"{ops} evaluated as uninterpreted functions (sqrt: x^((m+1)/4)) and bounded as fresh degree-1 "
@@ -266,31 +125,67 @@ def _notes(arith: BoundsArith) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def plan(a: Any, b: Any, delta: float = 1e-9, *, p: int = DEFAULT_P, q: int = DEFAULT_Q) -> TrialPlan:
-    """The :class:`~gensorage.verify.trials.TrialPlan` :func:`equivalent` would follow (no trials are run).
+def plan(
+    a: Any, b: Any, delta: float = 1e-9, *, p: int = DEFAULT_P, q: int = DEFAULT_Q, tier: int = 1
+) -> TrialPlan:
+    """The :class:`~gensorage.verify.trials.TrialPlan` of one tier of :func:`equivalent` (no trials are run).
 
-    Raises :class:`~gensorage.errors.NotLaxError` when either side is outside the Lax fragment and
-    :class:`~gensorage.errors.VerificationError` when the inputs or outputs do not correspond.
+    ``tier=1`` (what :func:`equivalent` runs first) or ``tier=2`` (the homomorphic test, run after a first-tier
+    difference when a side uses exp or sqrt). Raises :class:`~gensorage.errors.NotLaxError` when ``tier=2`` and
+    a side is outside the Lax fragment, and :class:`~gensorage.errors.VerificationError` when the inputs or
+    outputs do not correspond.
     """
     sa, sb = _input_shapes(a, "A"), _input_shapes(b, "B")
     _check_inputs(sa, sb)
-    result = _prepare(_evaluator(a), _evaluator(b), sa, delta, p, q)
+    prepare = _prepare_first if tier == 1 else _prepare_second
+    result = prepare(_evaluator(a), _evaluator(b), sa, delta, p, q)
     if isinstance(result, str):
         raise VerificationError(result)
     return result[0]
 
 
-def _prepare(
-    run_a: Evaluator, run_b: Evaluator, shapes: list[tuple[int, ...]], delta: float, p: int, q: int
-) -> tuple[TrialPlan, int] | str:
-    """(plan, elements per trial), or the reason the outputs cannot be equal."""
-    arith = BoundsArith()
+Prepared = tuple[TrialPlan, int, bool] | str
+
+
+def _diff(
+    run_a: Evaluator, run_b: Evaluator, shapes: list[tuple[int, ...]], arith: BoundsArith
+) -> DiffBound | str:
+    """The worst difference bound over the outputs, or the reason the outputs cannot be equal."""
     oa = _bounds(run_a, "A", arith, shapes)
     ob = _bounds(run_b, "B", arith, shapes)
     mismatch = _output_mismatch(oa, ob)
     if mismatch is not None:
         return mismatch
-    diff = _worst([difference(x.bound, y.bound) for x, y in zip(oa, ob, strict=True)])
+    return _worst([difference(x.bound, y.bound) for x, y in zip(oa, ob, strict=True)])
+
+
+def _prepare_first(
+    run_a: Evaluator, run_b: Evaluator, shapes: list[tuple[int, ...]], delta: float, p: int, q: int
+) -> Prepared:
+    """(first-tier plan, elements per trial, whether a side uses exp or sqrt), or why the outputs differ."""
+    arith = BoundsArith(uninterpreted=True)
+    diff = _diff(run_a, run_b, shapes, arith)
+    if isinstance(diff, str):
+        return diff
+    plan1 = plan_uninterpreted(
+        diff,
+        delta,
+        mersenne.M61,
+        arith.applications,
+        divisor_degree=arith.divisor_degree_p,
+        notes=_notes(arith),
+    )
+    return plan1, arith.total_numel, bool({"exp", "sqrt"} & arith.applications.keys())
+
+
+def _prepare_second(
+    run_a: Evaluator, run_b: Evaluator, shapes: list[tuple[int, ...]], delta: float, p: int, q: int
+) -> Prepared:
+    """(second-tier plan, elements per trial, True), or the reason the outputs cannot be equal."""
+    arith = BoundsArith()
+    diff = _diff(run_a, run_b, shapes, arith)
+    if isinstance(diff, str):
+        return diff
     trial_plan = plan_trials(
         diff,
         delta,
@@ -300,21 +195,71 @@ def _prepare(
         divisor_degree_q=arith.divisor_degree_q,
         notes=_notes(arith),
     )
-    return trial_plan, arith.total_numel
+    return trial_plan, arith.total_numel, True
 
 
-def _counterexample(
-    arith: FieldArith, oa: FieldValue, ob: FieldValue, output: int, t: int, first_trial: int
-) -> Counterexample:
+def _residues(v: Any, t: int, flat: int) -> tuple[int, int | None]:
+    """``(x_p, x_q)`` of element ``flat`` in trial ``t`` (``x_q`` None where it is filler or absent)."""
+    if isinstance(v, FieldValue):
+        pv = int(v.data[0, t].ravel()[flat])
+        return pv, None if v.tainted else int(v.data[1, t].ravel()[flat])
+    return int(v.data[t].ravel()[flat]), None
+
+
+def _counterexample(arith: Any, oa: Any, ob: Any, output: int, t: int, first_trial: int) -> Counterexample:
     mism = arith.mismatch(oa, ob)[t]
     flat = int(np.flatnonzero(mism.ravel())[0])
     index = tuple(int(i) for i in np.unravel_index(flat, mism.shape)) if mism.ndim else ()
+    return Counterexample(output, index, first_trial + t, _residues(oa, t, flat), _residues(ob, t, flat))
 
-    def at(v: FieldValue) -> tuple[int, int | None]:
-        pv = int(v.data[0, t].ravel()[flat])
-        return pv, None if v.tainted else int(v.data[1, t].ravel()[flat])
 
-    return Counterexample(output, index, first_trial + t, at(oa), at(ob))
+@dataclass(slots=True)
+class _Run:
+    """The outcome of one tier's trials."""
+
+    passed: int = 0
+    degenerate: int = 0
+    counterexample: Counterexample | None = None
+
+
+def _trials(
+    make_arith: Callable[[int], Any],
+    run_a: Evaluator,
+    run_b: Evaluator,
+    shapes: list[tuple[int, ...]],
+    target: int,
+    full: int,
+    first: int,
+    should_stop: Callable[[], bool] | None,
+) -> _Run:
+    """Run ``target`` non-degenerate trials in batches (the first of ``first``) until one disagrees."""
+    run = _Run()
+    size = first
+    while run.passed < target:
+        if should_stop is not None and should_stop():
+            raise VerificationStopped(f"stopped after {run.passed} of {target} trials")
+        n = min(size, target - run.passed)
+        size = full
+        arith = make_arith(n)
+        inputs = [arith.random_input(s) for s in shapes]
+        oa, ob = run_a(arith, inputs), run_b(arith, inputs)
+        valid = ~arith.degenerate
+        for i, (x, y) in enumerate(zip(oa, ob, strict=True)):
+            bad = ~arith.equal(x, y) & valid
+            if bad.any():
+                t = int(np.flatnonzero(bad)[0])
+                run.counterexample = _counterexample(arith, x, y, i, t, run.passed + run.degenerate)
+                run.passed += int(valid[:t].sum()) + 1
+                run.degenerate += int((~valid[:t]).sum())
+                return run
+        run.passed += int(valid.sum())
+        run.degenerate += n - int(valid.sum())
+        if run.degenerate >= 32 and run.degenerate > 4 * run.passed:
+            raise VerificationError(
+                f"{run.degenerate} of {run.degenerate + run.passed} trials divided by zero: a divisor is (almost) "
+                "always zero"
+            )
+    return run
 
 
 # ------------------------------------------------------------------------------------------------ entry point
@@ -331,8 +276,15 @@ def equivalent(
     p: int = DEFAULT_P,
     q: int = DEFAULT_Q,
     should_stop: Callable[[], bool] | None = None,
+    on_second_tier: Callable[[TrialPlan], None] | None = None,
 ) -> EquivalenceResult:
     """Test whether ``a`` and ``b`` compute the same function, with false-accept probability ≤ ``delta``.
+
+    Two tiers (docs/verification.md). The first evaluates exp, sqrt, activations and max as random functions
+    over ``Z_M61`` and needs one or two trials; a pass there is final. A first-tier difference is final too
+    unless a side uses exp or sqrt: the identity may then need ``exp(a + b) = exp(a)·exp(b)`` (an online-softmax
+    rescale) or sqrt's law, and the second tier, the homomorphic ``ω^x`` test of Mirage over ``Z_p × Z_q``,
+    decides.
 
     Parameters
     ----------
@@ -342,28 +294,31 @@ def equivalent(
     delta : float
         Target false-accept probability, 0 < δ < 1.
     seed : int, optional
-        Seed of all randomness (inputs, ω, activation keys); drawn from the OS when None and reported.
+        Seed of all randomness (inputs, ω, function keys); drawn from the OS when None and reported.
     max_trials : int, optional
         Stop after this many passing trials even if the bound needs more; the result then reports the δ
         actually reached in ``achieved_delta``.
     batch : int, optional
         Trials per vectorised evaluation; by default batches are sized so a batch stays within ``BATCH_BYTES``.
-        The first batch has at most ``FIRST_BATCH`` trials (cheap rejection).
+        The second tier's first batch has at most ``FIRST_BATCH`` trials (cheap rejection).
     p, q : int
-        Field moduli (primes ≡ 3 mod 4 with ``q | p - 1``, ``p < 2^31``).
+        The second tier's field moduli (primes ≡ 3 mod 4 with ``q | p - 1``, ``p < 2^31``).
     should_stop : callable, optional
         Polled before each batch of trials; when it returns True the test ends with :class:`VerificationStopped`
         (no verdict), so a long search can stop in the middle of a large candidate's check.
+    on_second_tier : callable, optional
+        Called with the second tier's plan before its trials run (the command line warns of long runs).
 
     Returns
     -------
     EquivalenceResult
-        Truthy exactly when equivalent.
+        Truthy exactly when equivalent; ``tier`` says which test decided.
 
     Raises
     ------
     NotLaxError
-        A side has two exps on one path or a max reduction.
+        The first tier found a difference, a side uses exp or sqrt, and the second tier does not apply (two
+        exps on one path).
     VerificationError
         Inputs that do not correspond, a bad δ, or a divisor that is zero in every trial.
     VerificationStopped
@@ -379,65 +334,84 @@ def equivalent(
     shapes = _input_shapes(a, "A")
     _check_inputs(shapes, _input_shapes(b, "B"))
     run_a, run_b = _evaluator(a), _evaluator(b)
-    prepared = _prepare(run_a, run_b, shapes, delta, p, q)
-    if isinstance(prepared, str):
-        return EquivalenceResult(
-            False, 0, 0, p, q, delta, 1.0, 0, 0, 0, time.perf_counter() - start, reason=prepared, seed=seed
-        )
-    trial_plan, numel = prepared
-    target = trial_plan.required if max_trials is None else min(trial_plan.required, max_trials)
-    full = batch or max(1, min(MAX_BATCH, BATCH_BYTES // max(1, numel * _BYTES_PER_ELEMENT)))
-    rng = np.random.default_rng(seed)
-    keys: dict[str, int] = {k: int(rng.integers(0, 2**63)) for k in ACTIVATION_KINDS}
-    passed = degenerate = 0
-    size = min(FIRST_BATCH, full) if batch is None else full
 
-    def result(ok: bool, ce: Counterexample | None = None) -> EquivalenceResult:
+    def result(tier: int, tp: TrialPlan, run: _Run, modulus: int) -> EquivalenceResult:
+        ok = run.counterexample is None
         return EquivalenceResult(
             ok,
-            passed,
-            trial_plan.required,
+            run.passed,
+            tp.required,
+            modulus,
+            q,
+            delta,
+            tp.achieved_delta(run.passed) if ok else 1.0,
+            tp.k,
+            tp.degree,
+            run.degenerate,
+            time.perf_counter() - start,
+            run.counterexample,
+            None,
+            tp.method,
+            tp.trials_first_paper,
+            tp.trials_later_paper,
+            seed,
+            tp.notes,
+            tier,
+        )
+
+    first = _prepare_first(run_a, run_b, shapes, delta, p, q)
+    if isinstance(first, str):
+        return EquivalenceResult(
+            False,
+            0,
+            0,
             p,
             q,
             delta,
-            trial_plan.achieved_delta(passed) if ok else 1.0,
-            trial_plan.k,
-            trial_plan.degree,
-            degenerate,
+            1.0,
+            0,
+            0,
+            0,
             time.perf_counter() - start,
-            ce,
-            None,
-            trial_plan.method,
-            trial_plan.trials_first_paper,
-            trial_plan.trials_later_paper,
-            seed,
-            trial_plan.notes,
+            reason=first,
+            seed=seed,
+            tier=0,
         )
+    plan1, numel, interpreted = first
+    # Every trial draws its own function keys (one arithmetic serves both sides, so they share them).
+    rng1 = np.random.default_rng((seed, 1))
+    cap = plan1.required if max_trials is None else min(plan1.required, max_trials)
+    full = batch or max(1, min(MAX_BATCH, BATCH_BYTES // max(1, numel * _BYTES_PER_ELEMENT)))
+    run1 = _trials(lambda n: UninterpretedArith(n, rng1), run_a, run_b, shapes, cap, full, full, should_stop)
+    if run1.counterexample is None or not interpreted:
+        return result(1, plan1, run1, mersenne.M61)
 
-    while passed < target:
-        if should_stop is not None and should_stop():
-            raise VerificationStopped(f"stopped after {passed} of {target} trials")
-        n = min(size, target - passed)
-        size = full
-        arith = FieldArith(n, rng, p=p, q=q, keys=keys)
-        inputs = [arith.random_input(s) for s in shapes]
-        oa, ob = run_a(arith, inputs), run_b(arith, inputs)
-        valid = ~arith.degenerate
-        for i, (x, y) in enumerate(zip(oa, ob, strict=True)):
-            bad = ~arith.equal(x, y) & valid
-            if bad.any():
-                t = int(np.flatnonzero(bad)[0])
-                ce = _counterexample(arith, x, y, i, t, passed + degenerate)
-                passed += int(valid[:t].sum()) + 1
-                degenerate += int((~valid[:t]).sum())
-                return result(False, ce)
-        passed += int(valid.sum())
-        degenerate += n - int(valid.sum())
-        if degenerate >= 32 and degenerate > 4 * passed:
-            raise VerificationError(
-                f"{degenerate} of {degenerate + passed} trials divided by zero: a divisor is (almost) always zero"
-            )
-    return result(True)
+    try:
+        prepared = _prepare_second(run_a, run_b, shapes, delta, p, q)
+    except NotLaxError as exc:
+        raise NotLaxError(
+            f"the first tier found a difference with exp and sqrt as uninterpreted functions, and the exp-law "
+            f"test does not apply: {exc}"
+        ) from None
+    assert not isinstance(prepared, str)  # the first tier already compared the output shapes
+    plan2, numel, _ = prepared
+    if on_second_tier is not None:
+        on_second_tier(plan2)
+    target = plan2.required if max_trials is None else min(plan2.required, max_trials)
+    full = batch or max(1, min(MAX_BATCH, BATCH_BYTES // max(1, numel * _BYTES_PER_ELEMENT)))
+    rng2 = np.random.default_rng(seed)
+    field_keys: dict[str, int] = {k: int(rng2.integers(0, 2**63)) for k in KEYED}
+    run2 = _trials(
+        lambda n: FieldArith(n, rng2, p=p, q=q, keys=field_keys),
+        run_a,
+        run_b,
+        shapes,
+        target,
+        full,
+        min(FIRST_BATCH, full) if batch is None else full,
+        should_stop,
+    )
+    return result(2, plan2, run2, p)
 
 
 __all__ = [

@@ -25,7 +25,10 @@ many independent trials at once: :attr:`FieldValue.data` is an int64 array of sh
   tainted, and whether a value is tainted may differ between equivalent programs.
 - matmul / reduce_sum: exact. Matmul splits both operands into 16-bit limbs and multiplies limbs in float64
   BLAS (exact while K · (2^16 - 1)^2 < 2^53, i.e. K < 2^21; longer K is chunked), then recombines mod m.
-- reduce_max / accumulate(max): no field semantics; :class:`~gensorage.errors.NotLaxError`.
+- reduce_max / accumulate(max): an uninterpreted function of the flattened multiset of the elements' p residues
+  (:mod:`gensorage.verify.maxset`), giving a fresh untainted pair like an activation. The value of a softmax does
+  not depend on what is subtracted from its row, so any function in max's place keeps softmax identities
+  (docs/verification.md).
 - reshape / repeat / transpose / concat / slice: act on the logical axes.
 """
 
@@ -39,6 +42,9 @@ import numpy as np
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import NotLaxError, VerificationError
+from gensorage.verify import maxset
+from gensorage.verify.limbs import batch_inverse, limb_products
+from gensorage.verify.maxset import mix64
 from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q, is_prime
 
 # Largest inner dimension one float64 limb product can sum exactly: K * (2^16 - 1)^2 < 2^53.
@@ -47,25 +53,28 @@ _LIMB = 16
 # Below this many scalar products per component (trials · batch · rows · inner · cols) matmul multiplies
 # directly.
 _SMALL_MATMUL = 1 << 14
-_LIMB_MASK = (1 << _LIMB) - 1
 # exp splits the exponent e < 2^30 into limbs and gathers ω^limb from one table per limb.
 _EXP_BITS = 30
 _SCALE_MAX_DENOMINATOR = 10**9
 ACTIVATION_KINDS: tuple[Activation, ...] = ("relu", "silu", "gelu")
+#: Symbols with a hash key per check: the activations, and max (digests) and its elements.
+KEYED: tuple[str, ...] = ACTIVATION_KINDS + ("max", "max-element")
 
 
 class FieldValue:
     """Residues ``data[0] ∈ Z_p`` and ``data[1] ∈ Z_q`` (int64, shape ``(2, T, *shape)``), plus the taint flag.
 
     ``tainted`` is True when some exp lies on a path into this value: then ``data[1]`` is filler and must not
-    be used (not exponentiated again, not compared).
+    be used (not exponentiated again, not compared). ``digest`` identifies the multisets of max results.
     """
 
-    __slots__ = ("data", "tainted")
+    __slots__ = ("data", "digest", "tainted")
 
-    def __init__(self, data: np.ndarray, tainted: bool = False) -> None:
+    def __init__(self, data: np.ndarray, tainted: bool = False, digest: np.ndarray | None = None) -> None:
         self.data = data
         self.tainted = tainted
+        #: Multiset digests of max results (:mod:`gensorage.verify.maxset`), shape ``(T, *shape)``, or None.
+        self.digest = digest
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -92,13 +101,6 @@ def field_constant(factor: float, m: int) -> int:
             f"scale factor {factor!r} = {r} has a denominator divisible by the modulus {m}"
         )
     return r.numerator * pow(r.denominator, -1, m) % m
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser on uint64 arrays (wrapping arithmetic)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 def check_moduli(p: int, q: int) -> None:
@@ -150,7 +152,7 @@ class FieldArith:
         #: Per trial: some divisor element was zero (the trial must be discarded).
         self.degenerate = np.zeros(trials, dtype=bool)
         if keys is None:
-            keys = {k: int(rng.integers(0, 2**63)) for k in ACTIVATION_KINDS}
+            keys = {k: int(rng.integers(0, 2**63)) for k in KEYED}
         self.keys = dict(keys)
         self._mods: dict[int, np.ndarray] = {}
         self._scale_cache: dict[float, np.ndarray] = {}
@@ -285,7 +287,9 @@ class FieldArith:
         if not b.tainted:
             zero |= b.data[1] == 0
         self.degenerate |= zero.reshape(self.trials, -1).any(axis=1)
-        inv = _batch_inverse(b.data.reshape(2, -1), (self.p, self.q)).reshape(b.data.shape)
+        m = self.mod(0)  # shape (2, 1): one modulus per row of the flattened residues
+        flat = b.data.reshape(2, -1)
+        inv = batch_inverse(flat, (self.p, self.q), lambda x, y: x * y % m).reshape(b.data.shape)
         return self.mul(a, FieldValue(inv, b.tainted))
 
     def exp(self, a: FieldValue) -> FieldValue:
@@ -332,8 +336,8 @@ class FieldArith:
         key = self.keys.get(kind)
         if key is None:
             raise NotLaxError(f"activation '{kind}' has no finite-field substitute")
-        h = _mix64(a.data[0].astype(np.uint64) + np.uint64(key))
-        h2 = _mix64(h ^ np.uint64(0x9E3779B97F4A7C15))
+        h = mix64(a.data[0].astype(np.uint64) + np.uint64(key))
+        h2 = mix64(h ^ np.uint64(0x9E3779B97F4A7C15))
         out = np.stack([(h % np.uint64(self.p)).astype(np.int64), (h2 % np.uint64(self.q)).astype(np.int64)])
         return FieldValue(out, False)
 
@@ -361,59 +365,55 @@ class FieldArith:
         s = np.sum(a.data, axis=axis + 2, keepdims=keepdims)
         return FieldValue(s % self.mod(s.ndim - 2), a.tainted)
 
+    def _contributions(self, a: FieldValue) -> np.ndarray:
+        # Only x_p is hashed: x_q is filler after an exp (as for activations).
+        return maxset.contributions(a.data[0], a.digest, np.uint64(self.keys["max-element"]))
+
+    def _max_of(self, digest: np.ndarray) -> FieldValue:
+        key = np.uint64(self.keys["max"])
+        out = np.stack(
+            [
+                (maxset.keyed_hash(digest, key) % np.uint64(self.p)).astype(np.int64),
+                (maxset.keyed_hash(digest, ~key) % np.uint64(self.q)).astype(np.int64),
+            ]
+        )
+        return FieldValue(out, False, digest)
+
     def reduce_max(self, a: FieldValue, axis: int, keepdims: bool) -> FieldValue:
-        raise NotLaxError("reduce_max has no finite-field semantics (max is outside the Lax fragment)")
+        if a.shape[axis] == 1:  # max({s}) = s
+            return a if keepdims else self.reshape(a, a.shape[:axis] + a.shape[axis + 1 :])
+        return self._max_of(maxset.reduce_digest(self._contributions(a), axis + 1, keepdims))
 
     def accumulate(self, acc: FieldValue | None, x: FieldValue, kind: AccumKind) -> FieldValue:
-        if kind != "sum":
-            raise NotLaxError(f"accumulate({kind}) has no finite-field semantics (outside the Lax fragment)")
-        return x if acc is None else self.add(acc, x)
+        if acc is None:
+            return x
+        if kind == "sum":
+            return self.add(acc, x)
+        ca, cx = np.broadcast_arrays(self._contributions(acc), self._contributions(x))
+        return self._max_of(maxset.merge(ca, cx))
 
     def reshape(self, a: FieldValue, shape: tuple[int, ...]) -> FieldValue:
-        return FieldValue(a.data.reshape(a.data.shape[:2] + tuple(shape)), a.tainted)
+        new = a.data.shape[1:2] + tuple(shape)
+        digest = maxset.layout(a.digest, lambda d: d.reshape(new))
+        return FieldValue(a.data.reshape((2,) + new), a.tainted, digest)
 
     def repeat(self, a: FieldValue, axis: int, times: int) -> FieldValue:
-        return FieldValue(np.repeat(a.data, times, axis=axis + 2), a.tainted)
+        digest = maxset.layout(a.digest, lambda d: np.repeat(d, times, axis=axis + 1))
+        return FieldValue(np.repeat(a.data, times, axis=axis + 2), a.tainted, digest)
 
     def transpose(self, a: FieldValue, axis0: int, axis1: int) -> FieldValue:
-        return FieldValue(np.swapaxes(a.data, axis0 + 2, axis1 + 2), a.tainted)
+        digest = maxset.layout(a.digest, lambda d: np.swapaxes(d, axis0 + 1, axis1 + 1))
+        return FieldValue(np.swapaxes(a.data, axis0 + 2, axis1 + 2), a.tainted, digest)
 
     def concat(self, parts: Sequence[FieldValue], axis: int) -> FieldValue:
         data = np.concatenate([v.data for v in parts], axis=axis + 2)
-        return FieldValue(data, any(v.tainted for v in parts))
+        digest = maxset.concat([v.digest for v in parts], [v.data.shape[1:] for v in parts], axis + 1)
+        return FieldValue(data, any(v.tainted for v in parts), digest)
 
     def slice(self, a: FieldValue, axis: int, start: int, stop: int) -> FieldValue:
-        index = (slice(None),) * (axis + 2) + (slice(start, stop),)
-        return FieldValue(a.data[index], a.tainted)
-
-
-def _batch_inverse(x: np.ndarray, mods: tuple[int, int]) -> np.ndarray:
-    """Inverses of the residues in row c of ``x`` (shape ``(2, n)``) modulo ``mods[c]``; 0 maps to 0.
-
-    Montgomery's trick on a product tree: multiply pairs up to one product per row, invert that with Python's
-    ``pow(v, -1, m)``, and walk back down (the inverse of a left child is the parent's inverse times the right
-    child). About 3n modular multiplications and 8·log2(n) numpy calls, against ~45n multiplications and ~100
-    calls for Fermat's ``y^(m-2)``.
-    """
-    m = np.array(mods, dtype=np.int64).reshape(2, 1)
-    zero = x == 0
-    level = np.where(zero, 1, x % m)
-    levels: list[np.ndarray] = []
-    while level.shape[1] > 1:
-        if level.shape[1] % 2:
-            level = np.concatenate([level, np.ones((2, 1), dtype=np.int64)], axis=1)
-        levels.append(level)
-        level = level[:, 0::2] * level[:, 1::2] % m
-    inv = np.array([[pow(int(level[c, 0]), -1, mods[c])] for c in range(2)], dtype=np.int64)
-    for lvl in reversed(levels):
-        inv = inv[:, : lvl.shape[1] // 2]  # drop the inverse of a padding 1
-        out = np.empty_like(lvl)
-        out[:, 0::2] = inv * lvl[:, 1::2] % m
-        out[:, 1::2] = inv * lvl[:, 0::2] % m
-        inv = out
-    inv = inv[:, : x.shape[1]]
-    inv[zero] = 0
-    return inv
+        index = (slice(None),) * (axis + 1) + (slice(start, stop),)
+        digest = maxset.layout(a.digest, lambda d: d[index])
+        return FieldValue(a.data[(slice(None),) + index], a.tainted, digest)
 
 
 def _limb_width(elements: int) -> int:
@@ -444,37 +444,20 @@ def _powmod(x: np.ndarray, e: int, m: int) -> np.ndarray:
     return acc
 
 
-def _limbs(x: np.ndarray, axis: int) -> np.ndarray:
-    """Low and high 16-bit limbs of ``x`` stacked along ``axis`` (-1 or -2), as float64, written in place.
-
-    Writing each limb straight into the float result (two passes over ``x``) avoids the int64 temporaries and
-    the copy of a concatenate, which dominate at paper shapes.
-    """
-    n = x.shape[axis]
-    shape = list(x.shape)
-    shape[axis] = 2 * n
-    out = np.empty(shape, dtype=np.float64)
-    lo = out[..., :n] if axis == -1 else out[..., :n, :]
-    hi = out[..., n:] if axis == -1 else out[..., n:, :]
-    np.bitwise_and(x, _LIMB_MASK, out=lo, casting="unsafe")
-    np.right_shift(x, _LIMB, out=hi, casting="unsafe")
-    return out
-
-
 def _limb_matmul(x: np.ndarray, y: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """``x @ y mod m`` for residues < 2^31 and inner dim ≤ 2^21, exactly, via 16-bit limbs in float64 BLAS.
-
-    With ``x = x1·2^16 + x0`` and ``y = y1·2^16 + y0`` one float64 matmul of the stacked limbs
-    ``[x0; x1] @ [y0, y1]`` yields all four limb products; each entry is a sum of at most 2^21 products below
-    2^32, hence an exact integer below 2^53.
-    """
-    rows, cols = x.shape[-2], y.shape[-1]
-    c = np.matmul(_limbs(x, -2), _limbs(y, -1)).astype(np.int64)
-    c00, c01 = c[..., :rows, :cols], c[..., :rows, cols:]
-    c10, c11 = c[..., rows:, :cols], c[..., rows:, cols:]
+    """``x @ y mod m`` for residues < 2^31 and inner dim ≤ 2^21, exactly, via two 16-bit limbs in float64 BLAS."""
+    c0, c1, c2 = limb_products(x, y, 2)
     r32 = np.array([(1 << 32) % int(v) for v in m.ravel()], dtype=np.int64).reshape(m.shape)
-    # (c11 mod m)·(2^32 mod m) < 2^62, ((c01 + c10) mod m)·2^16 < 2^47, c00 < 2^53: the sum stays below 2^63.
-    return ((c11 % m) * r32 + ((c01 + c10) % m) * (1 << _LIMB) + c00) % m
+    # (c2 mod m)·(2^32 mod m) < 2^62, (c1 mod m)·2^16 < 2^47, c0 < 2^53: the sum stays below 2^63.
+    return ((c2 % m) * r32 + (c1 % m) * (1 << _LIMB) + c0) % m
 
 
-__all__ = ["ACTIVATION_KINDS", "FieldArith", "FieldValue", "check_moduli", "field_constant", "rational_of"]
+__all__ = [
+    "ACTIVATION_KINDS",
+    "KEYED",
+    "FieldArith",
+    "FieldValue",
+    "check_moduli",
+    "field_constant",
+    "rational_of",
+]

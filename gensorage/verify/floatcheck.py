@@ -46,20 +46,42 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 class RoundingArith(Float64Arith):
-    """Float64 numerics with every computed value rounded to ``dtype`` (layout ops need no rounding)."""
+    """Float64 numerics with every computed value rounded to ``dtype`` (layout ops need no rounding).
+
+    It also checks stability of max subtraction, which the identity test cannot see (max is a free function
+    there): every ``x − m`` where ``m`` is a max result (a reduce_max or max-accumulator, possibly reshaped,
+    repeated, sliced or concatenated) counts in :attr:`max_subtractions`, and those where some ``x > m`` (the
+    subtracted value does not bound its row, so ``exp(x − m)`` may overflow) in :attr:`unbounded`.
+    """
 
     def __init__(self, dtype: str) -> None:
         round_to(np.zeros(1), dtype)  # validates the dtype
         self.dtype = dtype
         self.name = f"rounded-{dtype}"
+        self.max_subtractions = 0
+        self.unbounded = 0
+        # id -> array for max results; the array is held so its id cannot be reused while tracked.
+        self._maxes: dict[int, np.ndarray] = {}
 
     def _r(self, x: np.ndarray) -> np.ndarray:
         return round_to(x, self.dtype)
+
+    def _is_max(self, x: np.ndarray) -> bool:
+        return id(x) in self._maxes
+
+    def _tag(self, x: np.ndarray, tagged: bool = True) -> np.ndarray:
+        if tagged:
+            self._maxes[id(x)] = x
+        return x
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return self._r(super().add(a, b))
 
     def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if self._is_max(b):
+            self.max_subtractions += 1
+            with np.errstate(invalid="ignore"):
+                self.unbounded += bool(np.any(np.asarray(a) > np.asarray(b)))
         return self._r(super().sub(a, b))
 
     def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -77,6 +99,9 @@ class RoundingArith(Float64Arith):
     def scale(self, a: np.ndarray, factor: float) -> np.ndarray:
         return self._r(super().scale(a, factor))
 
+    def add_scalar(self, a: np.ndarray, value: float) -> np.ndarray:
+        return self._r(super().add_scalar(a, value))
+
     def activation(self, kind: Activation, a: np.ndarray) -> np.ndarray:
         return self._r(super().activation(kind, a))
 
@@ -86,8 +111,26 @@ class RoundingArith(Float64Arith):
     def reduce_sum(self, a: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
         return self._r(super().reduce_sum(a, axis, keepdims))
 
+    def reduce_max(self, a: np.ndarray, axis: int, keepdims: bool) -> np.ndarray:
+        return self._tag(self._r(super().reduce_max(a, axis, keepdims)))
+
     def accumulate(self, acc: np.ndarray | None, x: np.ndarray, kind: AccumKind) -> np.ndarray:
-        return self._r(super().accumulate(acc, x, kind))
+        return self._tag(self._r(super().accumulate(acc, x, kind)), kind == "max")
+
+    def reshape(self, a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return self._tag(super().reshape(a, shape), self._is_max(a))
+
+    def repeat(self, a: np.ndarray, axis: int, times: int) -> np.ndarray:
+        return self._tag(super().repeat(a, axis, times), self._is_max(a))
+
+    def transpose(self, a: np.ndarray, axis0: int, axis1: int) -> np.ndarray:
+        return self._tag(super().transpose(a, axis0, axis1), self._is_max(a))
+
+    def concat(self, parts: Sequence[np.ndarray], axis: int) -> np.ndarray:
+        return self._tag(super().concat(parts, axis), all(self._is_max(x) for x in parts))
+
+    def slice(self, a: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+        return self._tag(super().slice(a, axis, start, stop), self._is_max(a))
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +154,11 @@ class FloatCheck:
     rtol, atol : float
     nonfinite : bool
         Some output of ``b`` in ``dtype`` is inf or NaN where the reference is finite.
+    max_subtractions : int
+        Subtractions ``x − m`` in ``b`` with ``m`` a max result (a stable softmax's ``exp(x − max)``).
+    unbounded_max : int
+        Those where ``m`` did not bound ``x`` (some ``x > m``): the candidate subtracts a value that is not
+        its row's max, so ``exp(x − m)`` can overflow although the identity test (max free) accepts it.
     """
 
     ok: bool
@@ -122,6 +170,8 @@ class FloatCheck:
     rtol: float
     atol: float
     nonfinite: bool
+    max_subtractions: int = 0
+    unbounded_max: int = 0
 
     def __bool__(self) -> bool:
         return self.ok
@@ -184,7 +234,8 @@ def float_check(
     Returns
     -------
     FloatCheck
-        Truthy when ``b`` is finite and within tolerance.
+        Truthy when ``b`` is finite, within tolerance, and every max it subtracts bounds what it is subtracted
+        from (stability of ``exp(x − max)``, which equality alone does not establish).
     """
     shapes_a = [tuple(t.shape) for t in a.inputs]
     shapes_b = [tuple(t.shape) for t in b.inputs]
@@ -201,10 +252,10 @@ def float_check(
     low_inputs = [round_to(x, dt) for x in inputs]
     rounding = RoundingArith(dt)
     got = [np.asarray(x) for x in b.evaluate(rounding, low_inputs)]
-    ref_low = [np.asarray(x) for x in a.evaluate(rounding, low_inputs)]
+    ref_low = [np.asarray(x) for x in a.evaluate(RoundingArith(dt), low_inputs)]
     errors = _errors(ref, got)
     nonfinite = any(e == float("inf") for e, _ in errors)
-    ok = not nonfinite and all(e <= atol + tol * s for e, s in errors)
+    ok = not nonfinite and rounding.unbounded == 0 and all(e <= atol + tol * s for e, s in errors)
     absolute = max((e for e, _ in errors), default=0.0)
     return FloatCheck(
         ok,
@@ -216,6 +267,8 @@ def float_check(
         tol,
         atol,
         nonfinite,
+        rounding.max_subtractions,
+        rounding.unbounded,
     )
 
 

@@ -1,6 +1,10 @@
 """How many random trials reach a false-accept probability δ, from the bounds of the two programs.
 
-Two regimes (``k`` and the degrees come from :func:`gensorage.verify.bounds.difference`, maximised over the
+*First tier* (:func:`plan_uninterpreted`) — exp, sqrt, activations and max are random functions over
+``Z_M61``; the per-trial bound is a collision term (two different arguments of one function meeting) plus a
+Schwartz–Zippel term, both over ``p ≈ 2^61`` (Theorem 1 of docs/verification.md).
+
+*Second tier*, two regimes (``k`` and the degrees come from :func:`gensorage.verify.bounds.difference`, maximised over the
 output pairs; a non-equivalent pair differs in at least one output element, and every bound holds for each):
 
 *No exp on either side* — Schwartz–Zippel over ``Z_p``. The difference ``A - B`` is a rational function whose
@@ -19,14 +23,15 @@ of the first paper is ignored. The theorems' side conditions are checked and any
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
 from gensorage.errors import VerificationError
-from gensorage.verify.bounds import K_CAP, DiffBound
+from gensorage.verify.bounds import K_CAP, Applications, DiffBound
 
-Method = Literal["schwartz-zippel", "lax-theorem"]
+Method = Literal["uninterpreted", "schwartz-zippel", "lax-theorem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +40,8 @@ class TrialPlan:
 
     Attributes
     ----------
-    method : {"schwartz-zippel", "lax-theorem"}
+    method : {"uninterpreted", "schwartz-zippel", "lax-theorem"}
+        ``"uninterpreted"`` is the first tier (Theorem 1 of docs/verification.md); the others the second.
     required : int
         Trials needed for the requested δ.
     k : int
@@ -44,7 +50,7 @@ class TrialPlan:
         Degree bound used (numerator degree of the difference for Schwartz–Zippel; the largest polynomial degree
         for the Lax theorems).
     per_trial : float or None
-        Schwartz–Zippel per-trial false-accept bound ε (None for the Lax theorems).
+        Per-trial false-accept bound ε (None for the Lax theorems).
     trials_first_paper, trials_later_paper : int or None
         ``ceil(k·ln(1/δ))`` and ``ceil(k²/ln q · ln(1/δ))`` (Lax theorems only).
     notes : tuple of str
@@ -65,8 +71,7 @@ class TrialPlan:
         """The false-accept bound after ``trials`` passing trials (the larger of the two Lax bounds)."""
         if trials <= 0:
             return 1.0
-        if self.method == "schwartz-zippel":
-            assert self.per_trial is not None
+        if self.per_trial is not None:
             return self.per_trial**trials
         first = math.exp(-float(Fraction(trials, self.k)))
         later = math.exp(-float(Fraction(trials, self.k * self.k)) * math.log(self.q))
@@ -128,6 +133,44 @@ def _schwartz_zippel(
     return TrialPlan("schwartz-zippel", required, 1, d, eps, None, None, q, notes)
 
 
+def plan_uninterpreted(
+    diff: DiffBound,
+    delta: float,
+    p: int,
+    applications: Mapping[str, Applications],
+    *,
+    divisor_degree: int = 0,
+    notes: tuple[str, ...] = (),
+) -> TrialPlan:
+    """The first tier's :class:`TrialPlan` (Theorem 1 of docs/verification.md).
+
+    Per trial ``ε = (C + d/p) / (1 − C − S/p)`` with the collision term ``C = Σ_f C(m_f, 2)·d_f / p`` over the
+    uninterpreted symbols f (``m_f`` applications whose arguments differ by numerators of degree ≤ ``d_f``),
+    ``d`` the numerator degree of the difference and ``S`` the divisors' total numerator degree.
+    """
+    if not 0.0 < delta < 1.0:
+        raise VerificationError(f"delta must lie strictly between 0 and 1, got {delta!r}")
+    collide = sum(
+        Fraction(a.count * (a.count - 1), 2) * a.difference_degree for a in applications.values()
+    ) / Fraction(p)
+    degenerate = Fraction(divisor_degree, p)
+    if collide + degenerate >= Fraction(1, 2):
+        raise VerificationError(
+            f"cannot bound the first tier's error: {sum(a.count for a in applications.values())} function "
+            f"applications and divisors of total degree {divisor_degree} are too many for p = {p}"
+        )
+    eps = float((collide + Fraction(diff.numerator_degree, p)) / (1 - collide - degenerate))
+    required = 1 if eps == 0.0 else max(1, math.ceil(math.log(delta) / math.log(eps)))
+    extra = list(notes)
+    log2_coeff = max([diff.log2_coeff + 1.0] + [a.difference_log2_coeff for a in applications.values()])
+    if log2_coeff >= math.log2(p):
+        extra.append(
+            f"coefficients of the difference may reach 2^{log2_coeff:.0f} ≥ p: the bound proves equality over "
+            f"Z_p, and a difference over the rationals escapes only if p divides every one of its coefficients"
+        )
+    return TrialPlan("uninterpreted", required, 1, diff.numerator_degree, eps, None, None, 0, tuple(extra))
+
+
 def format_count(n: int) -> str:
     """An integer as text, in scientific notation once it has more than 12 digits (counts can be astronomic)."""
     if n < 10**12:
@@ -137,4 +180,4 @@ def format_count(n: int) -> str:
     return f"{10 ** (lg - e):.2f}e{e}"
 
 
-__all__ = ["Method", "TrialPlan", "format_count", "plan_trials"]
+__all__ = ["Method", "TrialPlan", "format_count", "plan_trials", "plan_uninterpreted"]
