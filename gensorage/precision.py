@@ -15,15 +15,19 @@ global memory between kernels, in shared memory between block operators.
     logit or activation overflows float16).
 
 Program outputs keep the program's dtype under both policies: the operator that writes one casts on store.
+
+Under ``"float32"`` a value the graph's structure bounds to [0, 1] is stored in the program's dtype even when its
+operator is on the list (:func:`value_range`): a stable softmax's ``exp(x − max(x))`` and its probabilities
+``e / Σ e``. float16 holds those safely, and the matmul that reads them keeps its 16-bit operands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 from gensorage.errors import ConfigError
-from gensorage.opset import Op
+from gensorage.opset import Attrs, Op, attr
 
 Precision = Literal["float32", "storage"]
 PRECISIONS: tuple[str, ...] = ("float32", "storage")
@@ -69,8 +73,46 @@ def stored_dtype(op: Op, dtypes: Sequence[str], square: bool, precision: str) ->
     return widest if _RANK.get(widest, 2) >= _RANK["float32"] else "float32"
 
 
+#: What a reference's producer is (its operator, the references it reads, its attributes), None for a value that
+#: is not an operator's result at this level (an input, an iterator, a thread graph's output).
+Producer = Callable[[Any], "tuple[Op, tuple[Any, ...], Attrs] | None"]
+NONPOSITIVE, UNIT = "nonpositive", "unit"
+
+
+def value_range(
+    op: Op, refs: Sequence[Any], attrs: Attrs, producer: Producer, ranges: Mapping[Any, str]
+) -> str | None:
+    """What the structure proves of ``op``'s result: ``"nonpositive"``, ``"unit"`` (in [0, 1]) or None.
+
+    ``ranges`` holds what was proved of earlier references. The rules: ``x − max(x)`` (max along a dim, kept) is
+    non-positive, and so is a non-negative multiple of it; exp of a non-positive value is in (0, 1]; ``e / Σ e``
+    of a non-negative ``e`` in [0, 1] is in [0, 1] (each term is at most the sum).
+    """
+    match op:
+        case Op.SUB:
+            m = producer(refs[1])
+            if m is not None and m[0] is Op.MAX and m[1] == (refs[0],) and attr(m[2], "keepdim", False):
+                return NONPOSITIVE
+        case Op.SCALE:
+            if ranges.get(refs[0]) == NONPOSITIVE and float(attr(attrs, "factor")) >= 0:
+                return NONPOSITIVE
+        case Op.EXP:
+            if ranges.get(refs[0]) == NONPOSITIVE:
+                return UNIT
+        case Op.DIV:
+            s = producer(refs[1])
+            if ranges.get(refs[0]) == UNIT and s is not None and s[0] is Op.SUM and s[1] == (refs[0],):
+                return UNIT if attr(s[2], "keepdim", True) and attr(s[2], "group") is None else None
+        case _:
+            return None
+    return None
+
+
 __all__ = [
     "DEFAULT_PRECISION",
+    "NONPOSITIVE",
+    "UNIT",
+    "Producer",
     "FLOAT32_OPS",
     "PRECISIONS",
     "Precision",
@@ -78,4 +120,5 @@ __all__ = [
     "is_square",
     "promote",
     "stored_dtype",
+    "value_range",
 ]

@@ -178,3 +178,27 @@ def _cpu_program(p: Program):  # type: ignore[no-untyped-def]
         _BUILT[key] = compile_ugraph(from_program(p), HW, "llvm")
     built = _BUILT[key]
     return lambda *xs: built.run(*xs, target="cpu")  # type: ignore[attr-defined]
+
+
+def test_a_stable_softmax_is_bounded_and_stays_in_the_program_dtype() -> None:
+    def dtypes(build) -> list[str]:  # type: ignore[no-untyped-def]
+        p = Program("softmax")
+        x = p.input("X", (4, 32), "float16")
+        p.output(p.matmul(build(p, x), p.input("V", (32, 8), "float16")))
+        g = from_program(p)
+        info = infer(g)
+        return [info.nodes[len(g.inputs) + k][0].dtype for k in range(len(g.ops))]
+
+    # max, sub, exp (in (0, 1]), sum, div (in [0, 1]), matmul: only the sum needs float32.
+    stable = dtypes(lambda p, x: p.softmax(x, dim=1))
+    assert stable == ["float16", "float16", "float16", "float32", "float16", "float16"]
+    # exp(−(x − m)) is not bounded: a negative factor breaks the proof, so exp and div stay float32.
+    flipped = dtypes(
+        lambda p, x: p.div(e := p.exp(p.scale(p.sub(x, p.max(x, 1, keepdim=True)), -1.0)), p.sum(e, dim=1))
+    )
+    assert flipped == ["float16", "float16", "float16", "float32", "float32", "float32", "float16"]
+    # Dividing by the sum of something else proves nothing either.
+    other = dtypes(
+        lambda p, x: p.div(e := p.exp(p.sub(x, p.max(x, 1, keepdim=True))), p.sum(p.mul(e, e), dim=1))
+    )
+    assert other[-2] == "float32"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gensorage import opset
 from gensorage.errors import ProgramError, UGraphError
 from gensorage.opset import ELEMENTWISE, Op, Shape
-from gensorage.precision import DEFAULT_PRECISION, is_square, stored_dtype
+from gensorage.precision import DEFAULT_PRECISION, Producer, is_square, stored_dtype, value_range
 from gensorage.ugraph.ir import (
     GRID_AXES,
     Accumulator,
@@ -122,15 +122,34 @@ def _op_shape(
     where: str,
     refs: Sequence[Ref] = (),
     precision: str = DEFAULT_PRECISION,
+    bounded: bool = False,
 ) -> TensorInfo:
-    """``op``'s result on ``args`` (read through ``refs``): its shape, and dtypes under ``precision``."""
+    """``op``'s result on ``args`` (read through ``refs``): its shape, and dtypes under ``precision``
+    (``bounded``: the structure proves it in [0, 1], so the program's dtype holds it)."""
     try:
         shape = opset.infer_shape(op, [a.shape for a in args], attrs)
     except ProgramError as e:
         raise UGraphError(f"{where}: {e}") from None
     square = is_square(op, refs)
     program = stored_dtype(op, [a.program_dtype for a in args], square, "storage")
+    if bounded:
+        return TensorInfo(shape, program)
     return TensorInfo(shape, program).stored_as(stored_dtype(op, [a.dtype for a in args], square, precision))
+
+
+class _Ranges:
+    """What the structure proves of each value's range at one level (:func:`gensorage.precision.value_range`)."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.producer = producer
+        self.known: dict[Ref, str] = {}
+
+    def of(self, at: Ref, op: Op, refs: Sequence[Ref], attrs: opset.Attrs) -> bool:
+        """Record ``at``'s range; whether it is in [0, 1]."""
+        found = value_range(op, refs, attrs, self.producer, self.known)
+        if found is not None:
+            self.known[at] = found
+        return found == "unit"
 
 
 def _check_dim(dim: object, ndim: int, what: str, where: str) -> int:
@@ -174,12 +193,19 @@ def thread_shapes(
     if not tg.outputs:
         raise UGraphError(f"{where}: a thread graph needs at least one output")
     local: list[tuple[TensorInfo, ...]] = [(a,) for a in args]
+
+    def producer(r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
+        n = r.node - len(args)
+        return (tg.ops[n].op, tg.ops[n].inputs, tg.ops[n].attrs) if 0 <= n < len(tg.ops) else None
+
+    ranges = _Ranges(producer)
     for i, top in enumerate(tg.ops):
         here = f"{where}, thread op {i} ({top.op.value})"
         if top.op not in ELEMENTWISE:
             raise UGraphError(f"{here}: only elementwise ops may run in a thread graph")
         ins = [resolve(r, local, here) for r in top.inputs]
-        local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision),))
+        unit = ranges.of(Ref(len(local)), top.op, top.inputs, top.attrs)
+        local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision, unit),))
     for r in tg.outputs:
         resolve(r, local, f"{where}, thread output")
         if r.node < len(args):
@@ -228,6 +254,12 @@ def block_shapes(g: KernelGraph, k: int, block: BlockGraph, args: Sequence[Tenso
     outputs: list[TensorInfo] = []
     graph_outputs = set(g.outputs)
     me = len(g.inputs) + k
+
+    def producer(r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
+        n = block.nodes[r.node] if 0 <= r.node < len(block.nodes) else None
+        return (n.op, n.inputs, n.attrs) if isinstance(n, BlockOp) else None
+
+    ranges = _Ranges(producer)
     for j, node in enumerate(block.nodes):
         where = block_where(g, k, j)
         local: tuple[TensorInfo, ...] = ()
@@ -246,7 +278,8 @@ def block_shapes(g: KernelGraph, k: int, block: BlockGraph, args: Sequence[Tenso
                 )
             case BlockOp():
                 ins = [resolve(r, infos, where) for r in node.inputs]
-                outs = (_op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision),)
+                unit = ranges.of(Ref(j), node.op, node.inputs, node.attrs)
+                outs = (_op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit),)
             case ThreadGraph():
                 ins = [resolve(r, infos, where) for r in node.inputs]
                 local = thread_shapes(node, ins, where, g.precision)
@@ -282,11 +315,18 @@ def infer(g: KernelGraph) -> GraphInfo:
             raise UGraphError(f"kernel input %{i} ({spec.name}): bad shape {list(spec.shape)}")
         infos.append((TensorInfo(spec.shape, spec.dtype),))
     blocks: list[BlockInfo | None] = []
+
+    def producer(r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
+        n = g.ops[r.node - len(g.inputs)] if 0 <= r.node - len(g.inputs) < len(g.ops) else None
+        return (n.op, n.inputs, n.attrs) if isinstance(n, KernelOp) else None
+
+    ranges = _Ranges(producer)
     for k, node in enumerate(g.ops):
         where = kernel_where(g, k)
         if isinstance(node, KernelOp):
             ins = [resolve(r, infos, where) for r in node.inputs]
-            out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision)
+            unit = ranges.of(Ref(len(infos)), node.op, node.inputs, node.attrs)
+            out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit)
             if Ref(len(infos)) in graph_outputs:  # a program output keeps the program's dtype
                 out = out.stored_as(out.program_dtype)
             infos.append((out,))
