@@ -62,6 +62,9 @@ class UninterpretedArith:
     """
 
     name = "uninterpreted"
+    #: Exact: a value's residues do not depend on how elements are batched, so the µGraph evaluator may stack a
+    #: grid's blocks (:mod:`gensorage.ugraph.stacked`).
+    stacks_blocks = True
     p = mersenne.M61
 
     def __init__(
