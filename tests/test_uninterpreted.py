@@ -11,10 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gensorage.program import Program
 from gensorage.ugraph.examples import EXAMPLES
 from gensorage.verify import UninterpretedArith, blas, equivalent, float_check, plan
 from gensorage.verify import mersenne as m61
 from gensorage.verify.mersenne import M61
+from gensorage.verify.shared import SharedArith
 
 # ------------------------------------------------------------------------------------------ Z_M61 arithmetic
 
@@ -268,3 +270,37 @@ def test_float_check_confirms_the_subtracted_max_bounds_its_row() -> None:
     half = Fn(shapes, lambda ar, s: softmax(ar, s, ar.reduce_max(ar.slice(s, 1, 0, 8), 1, True)))
     bad = float_check(ref, half, scale=30.0)
     assert not bad and bad.max_subtractions == 1 and bad.unbounded_max == 1
+
+
+# ------------------------------------------------------------------------------------------ shared evaluation
+
+
+class _Counting(UninterpretedArith):
+    matmuls = 0
+
+    def matmul(self, a, b):  # type: ignore[no-untyped-def]
+        self.matmuls += 1
+        return super().matmul(a, b)
+
+
+def _attention(reorder: bool) -> Program:
+    p = Program("attention")
+    q, k, v = p.input("Q", (2, 3, 4)), p.input("K", (2, 4, 5)), p.input("V", (2, 5, 4))
+    e = p.exp(p.scale(p.matmul(q, k), 0.5))
+    s = p.sum(e, dim=2)
+    p.output(p.matmul(p.div(e, s), v) if reorder else p.div(p.matmul(e, v), s))
+    return p
+
+
+def test_shared_arith_computes_common_steps_once_with_the_same_residues() -> None:
+    a, b = _attention(False), _attention(True)
+    plain = _Counting(2, np.random.default_rng(0))
+    inputs = [plain.random_input(t.shape) for t in a.inputs]
+    want = [a.evaluate(plain, inputs)[0], b.evaluate(plain, inputs)[0]]
+    assert plain.matmuls == 4
+    counting = _Counting(2, np.random.default_rng(0), keys=plain.keys)
+    shared = SharedArith(counting)
+    got = [a.evaluate(shared, inputs)[0], b.evaluate(shared, inputs)[0]]
+    assert counting.matmuls == 3  # Q·K once for both sides
+    assert all(np.array_equal(x.data, y.data) for x, y in zip(got, want, strict=True))
+    assert np.array_equal(got[0].data, got[1].data)  # the two sides agree (an identity)
