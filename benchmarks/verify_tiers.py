@@ -9,7 +9,8 @@ the Lax theorems and its measured time per trial, extrapolated to the count when
 * 4,096 keys: decode attention (one query) with 32 heads of dim 128, with 8 KV heads (GQA, LLaMA-3-8B) and 32,
   and one prefill head (512 queries).
 
-Writes ``benchmarks/results/verify_tiers-<date>.json``. Usage: ``python -m benchmarks.verify_tiers [--repeats 5]``
+Writes ``benchmarks/results/verify_tiers-<date>.json`` (or ``--out``). Usage:
+``python -m benchmarks.verify_tiers [--repeats 5] [--out FILE]``
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ def _case(a: Any, b: Any, repeats: int, before: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--out", type=Path, help="results file (default benchmarks/results/verify_tiers-<date>.json)"
+    )
     args = ap.parse_args(argv)
     out: dict[str, Any] = {
         "benchmark": NAME,
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefill@1h-512q-4096k-d128": dict(heads=1, queries=512, keys=4096, dim=128),
     }
     for name, kw in real.items():
-        cases[name] = (attention(**kw, reorder=False), attention(**kw, reorder=True), 3, False)  # type: ignore[arg-type]
+        cases[name] = (attention(**kw, reorder=False), attention(**kw, reorder=True), args.repeats, False)  # type: ignore[arg-type]
     for name, (a, b, repeats, before) in cases.items():
         progress(f"{name} ...")
         out["cases"][name] = res = _case(a, b, repeats, before)
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f"; before: {res['before']['required_trials']} trials" if before else "")
         )
     out["load_average_end"] = os.getloadavg()
-    path = result_path(NAME)
+    path = args.out or result_path(NAME)
     write_json(path, out)
     progress(f"wrote {path}")
     return 0

@@ -11,10 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gensorage.program import Program
 from gensorage.ugraph.examples import EXAMPLES
-from gensorage.verify import UninterpretedArith, equivalent, float_check, plan
+from gensorage.verify import UninterpretedArith, blas, equivalent, float_check, plan
 from gensorage.verify import mersenne as m61
 from gensorage.verify.mersenne import M61
+from gensorage.verify.shared import SharedArith
 
 # ------------------------------------------------------------------------------------------ Z_M61 arithmetic
 
@@ -54,6 +56,38 @@ def test_matmul_is_exact_at_the_largest_residues() -> None:
     k = 70000  # beyond one float64 limb product's exact range is chunked: K < 2^21 stays exact
     x = np.full((1, 1, k), M61 - 1, dtype=np.uint64)
     assert int(m61.matmul(x, x.reshape(1, k, 1))[0, 0, 0]) == k * (M61 - 1) ** 2 % M61
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.sampled_from([1, 3, 17, 2049, 4097]),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.sampled_from([0, 2**21 - 1, 2**32 - 1, M61 - 2**20]),
+    st.integers(0, 2**32),
+)
+def test_every_limb_plan_is_exact(k: int, rows: int, cols: int, base: int, seed: int) -> None:
+    """Each plan matmul chooses from (and a plan with 1-element chunks, which folds its sums on the way)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.integers(0, 2**20, size=(2, rows, k), dtype=np.uint64) + np.uint64(base)) % np.uint64(M61)
+    y = rng.integers(0, M61, size=(k, cols), dtype=np.uint64)
+    want = (x.astype(object) @ y.astype(object)) % M61
+    tiny = m61.LimbPlan(m61.plans(k)[0].x_widths, m61.plans(k)[0].y_widths, 1)
+    for lp in [*m61.plans(k), tiny]:
+        assert (m61.matmul(x, y, lp).astype(object) == want).all(), lp
+
+
+def test_single_threaded_restores_the_thread_count() -> None:
+    fn = blas._set_local()
+    if fn is None:
+        pytest.skip("numpy is not linked to an OpenBLAS with openblas_set_num_threads_local")
+    before = fn(2)
+    try:
+        with blas.single_threaded():
+            assert fn(1) == 1  # inside: one thread
+        assert fn(2) == 2  # restored on exit
+    finally:
+        fn(before)
 
 
 # ------------------------------------------------------------------------------------------ test programs
@@ -236,3 +270,37 @@ def test_float_check_confirms_the_subtracted_max_bounds_its_row() -> None:
     half = Fn(shapes, lambda ar, s: softmax(ar, s, ar.reduce_max(ar.slice(s, 1, 0, 8), 1, True)))
     bad = float_check(ref, half, scale=30.0)
     assert not bad and bad.max_subtractions == 1 and bad.unbounded_max == 1
+
+
+# ------------------------------------------------------------------------------------------ shared evaluation
+
+
+class _Counting(UninterpretedArith):
+    matmuls = 0
+
+    def matmul(self, a, b):  # type: ignore[no-untyped-def]
+        self.matmuls += 1
+        return super().matmul(a, b)
+
+
+def _attention(reorder: bool) -> Program:
+    p = Program("attention")
+    q, k, v = p.input("Q", (2, 3, 4)), p.input("K", (2, 4, 5)), p.input("V", (2, 5, 4))
+    e = p.exp(p.scale(p.matmul(q, k), 0.5))
+    s = p.sum(e, dim=2)
+    p.output(p.matmul(p.div(e, s), v) if reorder else p.div(p.matmul(e, v), s))
+    return p
+
+
+def test_shared_arith_computes_common_steps_once_with_the_same_residues() -> None:
+    a, b = _attention(False), _attention(True)
+    plain = _Counting(2, np.random.default_rng(0))
+    inputs = [plain.random_input(t.shape) for t in a.inputs]
+    want = [a.evaluate(plain, inputs)[0], b.evaluate(plain, inputs)[0]]
+    assert plain.matmuls == 4
+    counting = _Counting(2, np.random.default_rng(0), keys=plain.keys)
+    shared = SharedArith(counting)
+    got = [a.evaluate(shared, inputs)[0], b.evaluate(shared, inputs)[0]]
+    assert counting.matmuls == 3  # Q·K once for both sides
+    assert all(np.array_equal(x.data, y.data) for x, y in zip(got, want, strict=True))
+    assert np.array_equal(got[0].data, got[1].data)  # the two sides agree (an identity)

@@ -5,6 +5,11 @@ numerics, the finite-field identity test and abstract arithmetics. Partitioning 
 iterator's tile is cut out with ``arith.slice`` per imap (x, y, z in order) and fmap, accumulators combine
 iterations with ``arith.accumulate`` (or concatenate them), and every output is assembled with ``arith.concat``
 of the blocks' saver tiles in grid order — so a wrong imap, fmap or omap gives a wrong answer.
+
+In the exact arithmetics (the verifier's fields) the blocks of a grid run *stacked*: each block's tiles are cut
+out as above and stacked along a leading axis, the block graph's body runs once per for-loop iteration on the
+stack (:class:`gensorage.ugraph.stacked.StackedArith`), and the stack is split back into per-block tiles for the
+assembly. Every residue is the same as one block at a time; the Python loop no longer grows with the grid.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from gensorage.ugraph.ir import (
     OutputSaver,
     ThreadGraph,
 )
+from gensorage.ugraph.stacked import StackedArith, can_stack
 from gensorage.ugraph.validate import loop_phases, validate
 
 V = TypeVar("V")
@@ -70,16 +76,9 @@ def _compute(arith: Arith[V], node: BlockOp | ThreadGraph, vals: dict[int, tuple
     return _thread(arith, node, args)
 
 
-def _run_one_block(
-    arith: Arith[V], block: BlockGraph, args: Sequence[V], bidx: Sequence[int], phases: Sequence[str]
-) -> list[V]:
-    """The saver tiles block ``bidx`` writes, in saver order."""
+def _run_tiles(arith: Arith[V], block: BlockGraph, tiles: dict[int, V], phases: Sequence[str]) -> list[V]:
+    """The saver tiles of a block whose input iterators cut ``tiles`` (by node index), in saver order."""
     nodes = block.nodes
-    tiles = {
-        j: _block_tile(arith, args[n.input], n, block.grid, bidx)
-        for j, n in enumerate(nodes)
-        if isinstance(n, InputIterator)
-    }
     accs: dict[int, Any] = {
         j: (None if n.fmap is None else []) for j, n in enumerate(nodes) if isinstance(n, Accumulator)
     }
@@ -115,6 +114,35 @@ def _run_one_block(
     return outs
 
 
+def _iterators(block: BlockGraph) -> list[tuple[int, InputIterator]]:
+    return [(j, n) for j, n in enumerate(block.nodes) if isinstance(n, InputIterator)]
+
+
+def _run_blocks(
+    arith: Arith[V], block: BlockGraph, args: Sequence[V], phases: Sequence[str]
+) -> list[list[V]]:
+    """Per saver, the tile of every block (in grid order), one block at a time."""
+    per_saver: list[list[V]] = [[] for _ in block.savers]
+    for bidx in itertools.product(*(range(n) for n in block.grid)):
+        tiles = {j: _block_tile(arith, args[n.input], n, block.grid, bidx) for j, n in _iterators(block)}
+        for s, tile in enumerate(_run_tiles(arith, block, tiles, phases)):
+            per_saver[s].append(tile)
+    return per_saver
+
+
+def _run_stacked(
+    arith: Arith[V], block: BlockGraph, args: Sequence[V], phases: Sequence[str]
+) -> list[list[V]]:
+    """:func:`_run_blocks` with the body run once on every block's tiles stacked (:mod:`.stacked`)."""
+    blocks = list(itertools.product(*(range(n) for n in block.grid)))
+    stacked = StackedArith(arith)
+    tiles = {
+        j: stacked.stack([_block_tile(arith, args[n.input], n, block.grid, bidx) for bidx in blocks])
+        for j, n in _iterators(block)
+    }
+    return [stacked.unstack(out) for out in _run_tiles(stacked, block, tiles, phases)]
+
+
 def _assemble(
     arith: Arith[V], tiles: dict[tuple[int, ...], V], grid: Sequence[int], omap: Sequence[int]
 ) -> V:
@@ -129,18 +157,27 @@ def _assemble(
     return build(())
 
 
-def run_block_graph(arith: Arith[V], block: BlockGraph, args: Sequence[V]) -> list[V]:
-    """Outputs of a graph-defined kernel op with block graph ``block`` on kernel inputs ``args``."""
+def run_block_graph(
+    arith: Arith[V], block: BlockGraph, args: Sequence[V], *, stack: bool | None = None
+) -> list[V]:
+    """Outputs of a graph-defined kernel op with block graph ``block`` on kernel inputs ``args``.
+
+    ``stack``: run the blocks together on stacked tiles (:mod:`gensorage.ugraph.stacked`); by default when the
+    arithmetic declares that batching does not change its results (the exact fields).
+    """
     phases = loop_phases(block)
-    savers = block.savers
-    per_block: list[dict[tuple[int, ...], V]] = [{} for _ in savers]
-    for bidx in itertools.product(*(range(n) for n in block.grid)):
-        for s, tile in enumerate(_run_one_block(arith, block, args, bidx, phases)):
-            per_block[s][bidx] = tile
-    return [_assemble(arith, per_block[s], block.grid, sv.omap) for s, sv in enumerate(savers)]
+    together = can_stack(arith) if stack is None else stack
+    per_saver = (_run_stacked if together else _run_blocks)(arith, block, args, phases)
+    grid = list(itertools.product(*(range(n) for n in block.grid)))
+    return [
+        _assemble(arith, dict(zip(grid, tiles, strict=True)), block.grid, sv.omap)
+        for tiles, sv in zip(per_saver, block.savers, strict=True)
+    ]
 
 
-def evaluate(g: KernelGraph, arith: Arith[V], inputs: Sequence[V], *, check: bool = True) -> list[V]:
+def evaluate(
+    g: KernelGraph, arith: Arith[V], inputs: Sequence[V], *, check: bool = True, stack: bool | None = None
+) -> list[V]:
     """Evaluate µGraph ``g`` on ``inputs`` (one per kernel input, in order) in ``arith``.
 
     Parameters
@@ -153,6 +190,9 @@ def evaluate(g: KernelGraph, arith: Arith[V], inputs: Sequence[V], *, check: boo
         One value per ``g.inputs``, of the declared shape.
     check : bool
         Validate ``g`` (without a hardware profile) first; skip only for graphs already validated.
+    stack : bool, optional
+        Run each grid's blocks together on stacked tiles; by default exactly for arithmetics that declare
+        batching does not change their results (the finite fields), never for float64.
 
     Returns
     -------
@@ -174,7 +214,7 @@ def evaluate(g: KernelGraph, arith: Arith[V], inputs: Sequence[V], *, check: boo
         if isinstance(node, KernelOp):
             values.append((opset.apply(node.op, arith, args, node.attrs),))
         elif isinstance(node, GraphDefinedOp):
-            values.append(tuple(run_block_graph(arith, node.block, args)))
+            values.append(tuple(run_block_graph(arith, node.block, args, stack=stack)))
         else:
             raise UGraphError(f"not a kernel op: {type(node).__name__}")
     return [values[r.node][r.out] for r in g.outputs]

@@ -132,6 +132,9 @@ class FieldArith:
     """
 
     name = "field"
+    #: Exact: a value's residues do not depend on how elements are batched, so the µGraph evaluator may stack a
+    #: grid's blocks (:mod:`gensorage.ugraph.stacked`).
+    stacks_blocks = True
 
     def __init__(
         self,

@@ -1,5 +1,6 @@
 """Limb matmul and batch inversion shared by both fields (``Z_p × Z_q`` and ``Z_M61``).
 
+- :func:`split`: residues as float64 limbs of any widths (the first tier's matmul chooses them per shape).
 - :func:`limb_products`: split residues into 16-bit limbs, multiply the stacked limbs in one float64 BLAS
   matmul (exact while every entry is below 2^53), and return the sums of limb products grouped by shift; each
   field recombines them with its own reduction.
@@ -30,6 +31,38 @@ def limbs(x: np.ndarray, axis: int, count: int) -> np.ndarray:
     for j in range(count):
         part = out[..., j * n : (j + 1) * n] if axis == -1 else out[..., j * n : (j + 1) * n, :]
         np.copyto(part, words[..., j], casting="unsafe")
+    return out
+
+
+def split(x: np.ndarray, widths: Sequence[int], axis: int) -> np.ndarray:
+    """The limbs of uint64 ``x`` (low first; limb j holds the ``widths[j]`` bits above the earlier limbs, the last
+    one every bit left) stacked along ``axis`` (-1 or -2), as float64.
+
+    A limb that is a whole aligned 16- or 32-bit word is copied straight from a little-endian view (one strided
+    pass); any other limb costs a shift, a mask and a conversion.
+    """
+    n = x.shape[axis]
+    shape = list(x.shape)
+    shape[axis] = len(widths) * n
+    out = np.empty(shape, dtype=np.float64)
+    words: dict[int, np.ndarray] = {}
+    tmp: np.ndarray | None = None
+    start = 0
+    for j, w in enumerate(widths):
+        part = out[..., j * n : (j + 1) * n] if axis == -1 else out[..., j * n : (j + 1) * n, :]
+        last = j == len(widths) - 1
+        word = next((b for b in (32, 16) if start % b == 0 and (w == b or (last and start + b == 64))), 0)
+        if word:
+            if word not in words:
+                xc = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("<"))
+                words[word] = xc.view(f"<u{word // 8}").reshape(x.shape + (64 // word,))
+            np.copyto(part, words[word][..., start // word], casting="unsafe")
+        else:
+            tmp = np.right_shift(x, np.uint64(start), out=tmp)
+            if not last:
+                np.bitwise_and(tmp, np.uint64((1 << w) - 1), out=tmp)
+            np.copyto(part, tmp, casting="unsafe")
+        start += w
     return out
 
 
@@ -85,4 +118,4 @@ def batch_inverse(x: np.ndarray, mods: Sequence[int], mul: Mul) -> np.ndarray:
     return inv
 
 
-__all__ = ["LIMB", "batch_inverse", "limb_products", "limbs"]
+__all__ = ["LIMB", "batch_inverse", "limb_products", "limbs", "split"]

@@ -7,17 +7,21 @@ and a mask (``2^61 ≡ 1``), and multiplying by ``2^k`` a 61-bit rotation.
 - :func:`mul`: 31-bit halves give three partial products below ``2^62``; folded with ``2^61 ≡ 1`` their sum
   stays below ``2^64``, then one :func:`reduce`.
 - :func:`sum_axis`: low 32 and high 29 bits are summed separately (exact below ``2^32`` terms) and recombined.
-- :func:`matmul`: 16-bit limbs multiplied in float64 BLAS (the limb scheme of :mod:`gensorage.verify.field`,
-  with four limbs instead of two), batched so the limb copies stay within a memory budget.
+- :func:`matmul`: limbs multiplied in float64 BLAS (the limb scheme of :mod:`gensorage.verify.field`), with
+  the limb widths chosen per shape (:func:`plans`): three 21-bit limbs a side when both operands are large, a
+  large operand's two 32-bit words against narrow limbs of a small one for skinny products (decode attention).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from gensorage.verify.limbs import limb_products
+from gensorage.verify.blas import single_threaded
+from gensorage.verify.limbs import split
 
 #: The modulus, ``2^61 - 1`` (prime).
 M61 = (1 << 61) - 1
@@ -25,8 +29,6 @@ _M = np.uint64(M61)
 _LOW31 = np.uint64((1 << 31) - 1)
 _LOW30 = np.uint64((1 << 30) - 1)
 _LOW32 = np.uint64((1 << 32) - 1)
-# A 61-bit residue is four 16-bit limbs (the top one 13 bits).
-LIMBS = 4
 # Bytes of float64 limb copies one batched matmul chunk may hold.
 _CHUNK_BYTES = 64 << 20
 
@@ -75,42 +77,161 @@ def constant(value: int) -> np.uint64:
     return np.uint64(value % M61)
 
 
-def _recombine(parts: list[np.ndarray]) -> np.ndarray:
-    """``Σ_s parts[s] · 2^(16 s) mod M61`` for integer parts below 2^63."""
+# --------------------------------------------------------------------------------------------- matmul
+
+#: Products of limbs are summed in float64, exact below 2^53: limb widths wx + wy plus log2 of the inner chunk
+#: must not exceed this.
+_EXACT_BITS = 53
+# Cost model of a limb plan, in element passes (one numpy pass over one uint64 element): a limb copied from a
+# word view costs one, a shifted and masked limb three; a pass is worth this many flops of float64 GEMM.
+_FLOPS_PER_PASS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LimbPlan:
+    """How :func:`matmul` splits its operands: limb widths of x and of y, and the inner-dim chunk."""
+
+    x_widths: tuple[int, ...]
+    y_widths: tuple[int, ...]
+    kstep: int
+
+    def cost(self, batch: int, rows: int, k: int, cols: int) -> float:
+        """Estimated element passes for a ``(batch, rows, k) @ (batch, k, cols)`` product."""
+
+        def split(n: int, widths: tuple[int, ...]) -> float:
+            return n * sum(1 if w in (16, 32) else 3 for w in widths)
+
+        lx, ly = len(self.x_widths), len(self.y_widths)
+        chunks = -(-k // self.kstep)
+        gemm = 2 * lx * ly * batch * rows * k * cols / _FLOPS_PER_PASS
+        recombine = batch * rows * cols * (lx * ly * chunks + 5 * (lx + ly))
+        return (
+            split(batch * rows * k, self.x_widths) + split(batch * k * cols, self.y_widths) + gemm + recombine
+        )
+
+
+def _widths(width: int) -> tuple[int, ...]:
+    """61 bits as limbs of ``width`` bits (the last one the rest)."""
+    n = -(-61 // width)
+    return (width,) * (n - 1) + (61 - width * (n - 1),)
+
+
+def plans(k: int) -> list[LimbPlan]:
+    """The limb plans :func:`matmul` chooses from for inner size ``k``, each exact (``wx + wy + log2 kstep ≤ 53``).
+
+    Three 21-bit limbs on each side (9 limb products, chunks of 2^11) suit products whose operands are both
+    large; for a skinny product, the large operand in its two 32-bit words (copied, not shifted) and the small
+    one in as many narrow limbs as exactness needs.
+    """
+    kstep = min(max(k, 1), 1 << 12)
+    kbits = (kstep - 1).bit_length()
+    narrow = _widths(_EXACT_BITS - 32 - kbits)
+    wide = (32, 29)
+    sym = min(max(k, 1), 1 << (_EXACT_BITS - 42))
+    return [
+        LimbPlan(_widths(21), _widths(21), sym),
+        LimbPlan(wide, narrow, kstep),
+        LimbPlan(narrow, wide, kstep),
+        LimbPlan(_widths(16), _widths(16), min(max(k, 1), 1 << (_EXACT_BITS - 32))),
+    ]
+
+
+def _offsets(widths: tuple[int, ...]) -> np.ndarray:
+    return np.cumsum((0,) + widths[:-1])
+
+
+def _place(g: np.ndarray, s: int) -> np.ndarray:
+    """A value ≡ ``g · 2^s`` (mod M61) below ``2^61 + (g >> (61 - s))``, for any uint64 ``g`` and 0 ≤ s < 61.
+
+    ``g = lo + hi·2^(61-s)`` with ``lo < 2^(61-s)``: ``g·2^s = lo·2^s + hi·2^61 ≡ lo·2^s + hi``.
+    """
+    if s == 0:
+        return g
+    lo = np.left_shift(g, np.uint64(s))
+    np.bitwise_and(lo, _M, out=lo)
+    return np.add(lo, np.right_shift(g, np.uint64(61 - s)), out=lo)
+
+
+@lru_cache(maxsize=64)
+def _groups(plan: LimbPlan) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """The limb pairs ``(i, j)`` of each shift ``s_i + t_j mod 61``, by shift."""
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for i, si in enumerate(_offsets(plan.x_widths)):
+        for j, tj in enumerate(_offsets(plan.y_widths)):
+            groups.setdefault(int(si + tj) % 61, []).append((i, j))
+    return tuple((s, tuple(m)) for s, m in sorted(groups.items()))
+
+
+def _recombine(products: np.ndarray, plan: LimbPlan, rows: int, cols: int, units: int) -> np.ndarray:
+    """``Σ_ij c_ij · 2^(s_i + t_j) mod M61`` from the limb products ``c`` (uint64, each below ``units · 2^53``).
+
+    Products of equal shift (mod 61) are added first (kept below 8·2^53 = 2^56, else reduced), so each shift
+    costs one placement; placed terms (each below 2^61 + 2^56) are folded every seven additions.
+    """
+    lx, ly = len(plan.x_widths), len(plan.y_widths)
+    terms = products.reshape(products.shape[0], lx, rows, ly, cols)
+    out: np.ndarray | None = None
+    pending = 0
+    for s, members in _groups(plan):
+        g = terms[:, members[0][0], :, members[0][1], :]
+        for i, j in members[1:]:
+            g = g + terms[:, i, :, j, :]
+        if len(members) * units > 8:
+            g = reduce(g)
+        term = _place(g, s)
+        if out is None:
+            out = np.array(term, copy=True)
+        else:
+            if pending == 7:
+                out, pending = (out & _M) + (out >> np.uint64(61)), 0
+            np.add(out, term, out=out)
+        pending += 1
+    assert out is not None
+    return reduce(out)
+
+
+def _chunk_product(x: np.ndarray, y: np.ndarray, plan: LimbPlan) -> np.ndarray:
+    """``x @ y mod M61`` for 3-d ``(B, r, K)`` and ``(B, K, c)``: limb products in float64, then recombined."""
+    rows, k, cols = x.shape[-2], x.shape[-1], y.shape[-1]
+    xl, yl = split(x, plan.x_widths, -2), split(y, plan.y_widths, -1)
+    widest = max(len(m) for _, m in _groups(plan))
     acc: np.ndarray | None = None
-    for s, c in enumerate(parts):
-        term = rotate(reduce(c.astype(np.uint64)), 16 * s)
-        acc = term if acc is None else acc + term  # at most 7 terms below 2^61: no overflow
+    units = 0  # acc < units · 2^53
+    for k0 in range(0, k, plan.kstep):
+        c = np.matmul(xl[..., k0 : k0 + plan.kstep], yl[..., k0 : k0 + plan.kstep, :])
+        # Each entry is an integer below 2^53; convert before adding, as a float64 sum would round.
+        part = c.astype(np.uint64)
+        acc = part if acc is None else np.add(acc, part, out=acc)
+        units += 1
+        if (units + 1) * widest > 2048:  # one more chunk could overflow a group's sum: reduce (below 2^61)
+            acc, units = reduce(acc), 256
     assert acc is not None
-    return reduce(acc)
+    return _recombine(acc, plan, rows, cols, units)
 
 
-def _limb_matmul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``x @ y mod M61`` for 3-d ``(B, r, K)`` and ``(B, K, c)``, K ≤ 2^21."""
-    return _recombine(limb_products(x, y, LIMBS))
-
-
-def matmul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def matmul(x: np.ndarray, y: np.ndarray, plan: LimbPlan | None = None) -> np.ndarray:
     """``x @ y mod M61`` (numpy matmul broadcasting of the leading dims), exact at any inner size.
 
-    The inner dim is chunked at 2^21 (limb products must stay below 2^53); the broadcast batch is chunked so
-    that the float64 limb copies of one chunk stay near 64 MiB.
+    The limb plan is ``plan`` or the cheapest of :func:`plans` by :meth:`LimbPlan.cost`; the broadcast batch is chunked so
+    that the float64 limb copies of one chunk stay near 64 MiB. BLAS runs single-threaded
+    (:func:`gensorage.verify.blas.single_threaded`).
     """
     batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
     rows, k, cols = x.shape[-2], x.shape[-1], y.shape[-1]
+    items = math.prod(batch)
+    if plan is None:
+        plan = min(plans(k), key=lambda p: p.cost(items, rows, k, cols))
     xb = np.broadcast_to(x, batch + (rows, k)).reshape(-1, rows, k)
     yb = np.broadcast_to(y, batch + (k, cols)).reshape(-1, k, cols)
-    per_item = 8 * LIMBS * (rows * k + k * cols + LIMBS * rows * cols)
+    lx, ly = len(plan.x_widths), len(plan.y_widths)
+    per_item = 8 * (lx * rows * k + ly * k * cols + 2 * lx * ly * rows * cols)
     step = max(1, _CHUNK_BYTES // max(1, per_item))
-    kstep = 1 << 21
-    out = np.empty((xb.shape[0], rows, cols), dtype=np.uint64)
-    for b0 in range(0, xb.shape[0], step):
-        acc: np.ndarray | None = None
-        for k0 in range(0, k, kstep):
-            part = _limb_matmul(xb[b0 : b0 + step, :, k0 : k0 + kstep], yb[b0 : b0 + step, k0 : k0 + kstep])
-            acc = part if acc is None else add(acc, part)
-        assert acc is not None
-        out[b0 : b0 + step] = acc
+    out = np.zeros((xb.shape[0], rows, cols), dtype=np.uint64)
+    if k == 0:  # an empty sum
+        return out.reshape(batch + (rows, cols))
+    with single_threaded():
+        for b0 in range(0, xb.shape[0], step):
+            out[b0 : b0 + step] = _chunk_product(xb[b0 : b0 + step], yb[b0 : b0 + step], plan)
     return out.reshape(batch + (rows, cols))
 
 
@@ -119,13 +240,14 @@ def log2_modulus() -> float:
 
 
 __all__ = [
-    "LIMBS",
+    "LimbPlan",
     "M61",
     "add",
     "constant",
     "log2_modulus",
     "matmul",
     "mul",
+    "plans",
     "reduce",
     "rotate",
     "sub",

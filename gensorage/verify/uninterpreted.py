@@ -62,6 +62,9 @@ class UninterpretedArith:
     """
 
     name = "uninterpreted"
+    #: Exact: a value's residues do not depend on how elements are batched, so the µGraph evaluator may stack a
+    #: grid's blocks (:mod:`gensorage.ugraph.stacked`).
+    stacks_blocks = True
     p = mersenne.M61
 
     def __init__(
@@ -82,9 +85,12 @@ class UninterpretedArith:
     def random_input(self, shape: Sequence[int]) -> UFValue:
         """A value uniform in ``Z_M61`` per element and trial."""
         size = (self.trials,) + tuple(int(s) for s in shape)
-        # The top 61 bits of raw 64-bit draws are uniform on [0, 2^61); the one value ≥ M61 is redrawn.
-        raw = self.rng.bit_generator.random_raw(size) >> np.uint64(3)
-        while (bad := raw == np.uint64(mersenne.M61)).any():
+        # The top 61 bits of raw 64-bit draws are uniform on [0, 2^61); the one value ≥ M61 (the largest, so one
+        # max() finds it) is redrawn.
+        raw = self.rng.bit_generator.random_raw(size)
+        np.right_shift(raw, np.uint64(3), out=raw)
+        while raw.size and raw.max() == np.uint64(mersenne.M61):
+            bad = raw == np.uint64(mersenne.M61)
             raw[bad] = self.rng.bit_generator.random_raw(int(bad.sum())) >> np.uint64(3)
         return UFValue(raw)
 

@@ -1,0 +1,79 @@
+"""One evaluation of what both sides of a check compute alike.
+
+:func:`gensorage.verify.equivalent` evaluates both sides on the same inputs in the same arithmetic. Two programs
+that differ only in their last steps (attention with the division before or after the product with V) compute
+the same scores, exps and sums: :class:`SharedArith` memoises every operation on the identity of its argument
+values, so the second side reuses the first side's results instead of recomputing them.
+
+Why the verdict cannot change: every operation of a verification arithmetic is a deterministic function of its
+arguments and of the arithmetic's keys (fixed for the batch), and values are never modified in place, so a
+memoised result holds exactly the residues a recomputation would. The memo keeps its arguments alive, so an
+``id`` is never reused while the memo exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+#: The value-to-value methods of :class:`gensorage.arith.Arith` (``shape`` and drawing inputs are not memoised).
+MEMOISED = frozenset(
+    {
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "exp",
+        "sqrt",
+        "scale",
+        "add_scalar",
+        "activation",
+        "matmul",
+        "reduce_sum",
+        "reduce_max",
+        "accumulate",
+        "reshape",
+        "repeat",
+        "transpose",
+        "concat",
+        "slice",
+    }
+)
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _key(arg: Any) -> Any:
+    if isinstance(arg, _PLAIN):
+        return arg
+    if isinstance(arg, list | tuple):
+        return tuple(_key(a) for a in arg)
+    return ("value", id(arg))
+
+
+class SharedArith:
+    """``inner`` with each Arith operation computed once per distinct (operation, arguments)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._memo: dict[Any, tuple[tuple[Any, ...], Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in MEMOISED:
+            return attr
+        return self._memoised(name, attr)
+
+    def _memoised(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            key = (name, *map(_key, args))
+            hit = self._memo.get(key)
+            if hit is not None:
+                return hit[1]
+            out = method(*args)
+            self._memo[key] = (args, out)
+            return out
+
+        return call
+
+
+__all__ = ["MEMOISED", "SharedArith"]
