@@ -129,3 +129,21 @@ def test_cost_and_code_generation() -> None:
         with pytest.raises(UnsupportedOpError, match="no code generation for softmax_") as info:
             compile_ugraph(g, hw, "llvm")
         assert "\n" not in str(info.value)
+
+
+def test_one_iteration_is_plain_block_ops_and_runs_on_the_cpu() -> None:
+    # With a trip count of 1, drop_loop writes the one online step as max, exp(s − max) and a sum / matmul.
+    from gensorage.codegen.module import compile_ugraph
+    from gensorage.hw import load_profile
+
+    program, g = examples.flash_attention2(
+        heads=2, q_len=4, kv_len=8, head_dim=4, q_blocks=2, forloop=1, dtype="float32"
+    )
+    assert not any(isinstance(n, Accumulator) for n in _block_nodes(g, 1))
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(t.shape).astype("float32") for t in program.inputs]
+    xs[0] *= 30.0  # logits up to ~100
+    (got,) = compile_ugraph(g, load_profile("h100"), "llvm").run(*xs)
+    (want,) = program.run(*xs)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
