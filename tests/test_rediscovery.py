@@ -303,3 +303,56 @@ def test_mha_decode_flash_decoding_split_kv_in_two_kernels() -> None:
     program, example = examples.flash_decoding(heads=2, kv_len=6, head_dim=5, splits=2, forloop=3)
     assert _split_kv_then_combine(example)
     assert equivalent(program, found[0], 1e-9, seed=5, max_trials=16)
+
+
+# ------------------------------------------------------------------------- stable attention (FlashAttention-2)
+
+
+def _transpose_k_task(spec: SearchSpec) -> Task:
+    """The task of the node whose first kernel operator is K's transpose (the only way the block matmul can
+    read K kept as models keep it, [heads, keys, dim]): every second kernel after it."""
+    paths: list[tuple[tuple[int, ...], bool]] = []
+    Walk(spec).collect(0, 1, [], paths)
+    for index, (path, subtree) in enumerate(paths):
+        s = Walk(spec)
+        children = s.children()
+        for i, _ in enumerate(children):
+            if i == path[0]:
+                break
+        op = s.state.ops[0] if s.state.ops else None
+        hit = isinstance(op, KernelOp) and op.op is Op.TRANSPOSE and op.inputs[0].node == 1
+        children.close()
+        if hit and subtree:
+            return Task(index, path, True)
+    raise AssertionError("no task starts with K's transpose")
+
+
+def test_stable_attention_flash_attention2_online_softmax() -> None:
+    # softmax(Q Kᵀ/√d) V with the max-subtracting softmax: after K's transpose, one kernel whose loop over the
+    # keys keeps the online-softmax accumulators (running max, rescaled Σ exp(S − m) and exp(S − m)·V), one
+    # division after the loop: FlashAttention-2. The rescale needs exp's law, so the second tier verifies it.
+    h, s, n, d = 2, 3, 4, 5
+    program, example = examples.flash_attention2(
+        heads=h, q_len=s, kv_len=n, head_dim=d, q_blocks=1, forloop=2
+    )
+    spec = SearchSpec(
+        program=program, max_kernel_ops=2, max_block_ops=3, max_grid_dims=1, max_block_outputs=1
+    )
+    res = run_task(spec, _transpose_k_task(spec))
+    assert res.complete and res.candidates
+    found = []
+    for c in res.candidates:
+        (k,) = custom_kernels(c.ugraph)
+        op = c.ugraph.ops[1]
+        assert isinstance(op, GraphDefinedOp)
+        kinds = sorted(n.kind for n in op.block.nodes if isinstance(n, Accumulator))
+        if k.looped and k.body == Counter({"matmul": 1, "scale": 1}) and k.post == Counter({"div": 1}):
+            found.append((c.ugraph, k, kinds))
+    assert found
+    assert all(kinds == ["softmax_matmul", "softmax_sum"] for _, _, kinds in found)
+    ref = kernel_shape(example.ops[1])  # type: ignore[arg-type]
+    # Q whole per head, Kᵀ walked along its keys (dim 2) and V along its keys (dim 1), as flash_attention2.
+    g, k, _ = next((g, k, kinds) for g, k, kinds in found if k.fmaps == (None, 1, 2))
+    assert (ref.body, ref.post, ref.accumulators) == (k.body, k.post, k.accumulators)
+    r = equivalent(program, g, 1e-9, seed=5)
+    assert r and r.tier == 2

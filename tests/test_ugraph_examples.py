@@ -25,7 +25,9 @@ from gensorage.ugraph import (
 from gensorage.ugraph.examples import (
     EXAMPLES,
     flash_attention,
+    flash_attention2,
     flash_decoding,
+    flash_decoding_stable,
     gated_mlp,
     gqa,
     lora,
@@ -64,6 +66,10 @@ VARIANTS: list[tuple[Callable[..., Any], dict[str, int]]] = [
     (flash_decoding, {"heads": 6, "group": 3, "kv_len": 12, "splits": 2, "forloop": 3}),
     (qknorm_attention, {}),
     (qknorm_attention, {"q_len": 6, "kv_len": 8, "q_blocks": 3, "forloop": 2}),
+    (flash_attention2, {}),
+    (flash_attention2, {"forloop": 1}),
+    (flash_decoding_stable, {}),
+    (flash_decoding_stable, {"splits": 2, "forloop": 1}),
 ]
 
 

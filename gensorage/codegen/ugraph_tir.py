@@ -52,6 +52,8 @@ from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Op
 from gensorage.ugraph.ir import (
+    ONLINE_SOFTMAX_KINDS,
+    Accumulator,
     BlockOp,
     GraphDefinedOp,
     KernelGraph,
@@ -146,6 +148,13 @@ def emit_graph_defined(
     UnsupportedOpError
         A dtype, op or grid the generator cannot emit correctly.
     """
+    op = g.ops[k]
+    assert isinstance(op, GraphDefinedOp)
+    online = [n for n in op.block.nodes if isinstance(n, Accumulator) and n.kind in ONLINE_SOFTMAX_KINDS]
+    if online:  # the emitter has no register state for the running max and its rescale yet
+        raise UnsupportedOpError(
+            f"kernel op %{len(g.inputs) + k}: no code generation for {online[0].kind} accumulators yet"
+        )
     return BlockEmitter(g, k, info, choice, target, scalar, name).emit()
 
 

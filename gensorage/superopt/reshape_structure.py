@@ -45,6 +45,7 @@ from gensorage.errors import ProgramError, UGraphError
 from gensorage.opset import Attrs, Op, Shape
 from gensorage.superopt.size_map import ReshapeFailed, SizeMap, map_attrs, size_map
 from gensorage.ugraph.ir import (
+    ONLINE_SOFTMAX_KINDS,
     Accumulator,
     BlockGraph,
     BlockNode,
@@ -127,6 +128,14 @@ def rebuild_block(ctx: _KernelContext, grid: tuple[int, ...], forloop: int) -> B
                         f"{where}, thread op {i}",
                     )
                 outs = tuple(local[r.node].shape for r in new.outputs)
+            case Accumulator() if node.kind in ONLINE_SOFTMAX_KINDS:
+                new = node
+                s_tile = tiles[node.input.node][node.input.out]
+                if node.values is None:
+                    outs = (s_tile[:-1] + (1,),)
+                else:
+                    v_tile = tiles[node.values.node][node.values.out]
+                    outs = (s_tile[:-1] + v_tile[-1:],)
             case Accumulator():
                 src_tile = tiles[node.input.node][node.input.out]
                 new = node

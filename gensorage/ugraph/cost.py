@@ -40,6 +40,7 @@ from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
 from gensorage.opset import Op, Shape
 from gensorage.ugraph.ir import (
+    ONLINE_SOFTMAX_KINDS,
     Accumulator,
     BlockOp,
     GraphDefinedOp,
@@ -135,6 +136,10 @@ def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info
             # Block matmuls of graph-defined kernels are emitted as CUDA-core FMA (codegen/block_matmul.py).
             work += times * w
             compute_s += times * w / _peak(hw, outs[0].dtype, False)
+        elif isinstance(n, Accumulator) and n.kind in ONLINE_SOFTMAX_KINDS:
+            w = online_flops(args[0].shape, outs[0].shape, n.kind)
+            work += times * w
+            compute_s += times * w / _peak(hw, outs[0].dtype, False)
         elif isinstance(n, ThreadGraph):
             local = info.threads[j]
             for k, t in enumerate(n.ops):
@@ -183,11 +188,20 @@ def _dram_input_bytes(
     return total
 
 
+def online_flops(scores: tuple[int, ...], out: tuple[int, ...], kind: str) -> int:
+    """One online-softmax step: row max, subtract, exp (counted as 4) and the sum or matmul over the keys, and
+    the rescale of the running result (exp per row, multiply-add per element)."""
+    work = 7 * math.prod(scores) + 2 * math.prod(out) + 4 * math.prod(scores[:-1])
+    if kind == "softmax_matmul":
+        work += 2 * math.prod(scores) * out[-1]
+    return work
+
+
 def _inputs(n: object) -> tuple:  # type: ignore[type-arg]
     if isinstance(n, BlockOp | ThreadGraph):
         return n.inputs
     if isinstance(n, Accumulator):
-        return (n.input,)
+        return n.reads
     return ()
 
 

@@ -24,6 +24,7 @@ from gensorage import opset
 from gensorage.arith import Arith, Float64Arith
 from gensorage.errors import UGraphError
 from gensorage.ugraph.ir import (
+    ONLINE_SOFTMAX_KINDS,
     Accumulator,
     BlockGraph,
     BlockOp,
@@ -34,6 +35,7 @@ from gensorage.ugraph.ir import (
     OutputSaver,
     ThreadGraph,
 )
+from gensorage.ugraph.online_softmax import online_result, online_step
 from gensorage.ugraph.stacked import StackedArith, can_stack
 from gensorage.ugraph.validate import loop_phases, validate
 
@@ -97,15 +99,21 @@ def _run_tiles(arith: Arith[V], block: BlockGraph, tiles: dict[int, V], phases: 
             node = nodes[j]
             assert isinstance(node, Accumulator)
             x = vals[node.input.node][node.input.out]
-            if node.fmap is None:
-                accs[j] = arith.accumulate(acc, x, node.kind)
+            if node.kind in ONLINE_SOFTMAX_KINDS:
+                v = None if node.values is None else vals[node.values.node][node.values.out]
+                accs[j] = online_step(arith, acc, x, v, node.kind)
+            elif node.fmap is None:
+                accs[j] = arith.accumulate(acc, x, node.kind)  # type: ignore[arg-type]
             else:
                 acc.append(x)
     outs: list[V] = []
     for j, node in enumerate(nodes):
         if isinstance(node, Accumulator):
             acc = accs[j]
-            vals[j] = (acc if node.fmap is None else _concat(arith, acc, node.fmap),)
+            if node.kind in ONLINE_SOFTMAX_KINDS:
+                vals[j] = (online_result(arith, acc),)
+            else:
+                vals[j] = (acc if node.fmap is None else _concat(arith, acc, node.fmap),)
         elif isinstance(node, OutputSaver):
             outs.append(vals[node.input.node][node.input.out])
         elif phases[j] == "post":

@@ -26,6 +26,12 @@ the loop, each splitting what the previous left (so two grid dims on one data di
 walks within a block's chunk). An :class:`OutputSaver`'s ``omap[g]`` names the output dim the blocks along grid
 dim ``g`` are concatenated along (distinct dims, never a replica). An :class:`Accumulator` with ``fmap=None``
 combines the iterations' tiles with ``kind`` (sum or max); with ``fmap=d`` it concatenates them along ``d``.
+The online-softmax kinds (FlashAttention-2) read a score tile ``s`` (``input``, rows in its last-but-one dim, keys
+in its last) and keep the running row maximum ``m`` of every score seen: ``softmax_sum`` gives
+``l = Σ exp(s − m)`` and ``softmax_matmul`` (which also reads a value tile ``values``, keys in its last-but-one
+dim) gives ``o = Σ exp(s − m)·v``, both rescaled by ``exp(m_old − m_new)`` whenever the maximum grows, so after
+the loop they hold the sums relative to the row's full maximum, which a ``max`` accumulator of the same scores
+gives (FlashDecoding's combine needs it).
 The loop body is every node that does not depend on an accumulator; the nodes that do run once after the loop.
 """
 
@@ -45,7 +51,10 @@ if TYPE_CHECKING:
     from gensorage.hw.profile import HwProfile
     from gensorage.ugraph.shapes import GraphInfo
 
-AccumKind = Literal["sum", "max"]
+AccumKind = Literal["sum", "max", "softmax_sum", "softmax_matmul"]
+#: Accumulator kinds that keep a running row maximum and rescale (FlashAttention-2's online softmax).
+ONLINE_SOFTMAX_KINDS: tuple[AccumKind, ...] = ("softmax_sum", "softmax_matmul")
+ACCUM_KINDS: tuple[AccumKind, ...] = ("sum", "max", *ONLINE_SOFTMAX_KINDS)
 GRID_AXES = ("x", "y", "z")
 
 
@@ -159,15 +168,25 @@ class BlockOp:
 
 @dataclass(frozen=True, slots=True)
 class Accumulator:
-    """For-loop accumulator: combine iterations with ``kind`` (``fmap=None``) or concatenate along ``fmap``."""
+    """For-loop accumulator: combine iterations with ``kind`` (``fmap=None``) or concatenate along ``fmap``;
+    ``values`` is the value tile of a ``softmax_matmul`` accumulator (None for every other kind)."""
 
     input: Ref
     kind: AccumKind = "sum"
     fmap: int | None = None
+    values: Ref | None = None
 
     def __post_init__(self) -> None:
         (ref,) = _refs([self.input])
         _set(self, "input", ref)
+        if self.values is not None:
+            (v,) = _refs([self.values])
+            _set(self, "values", v)
+
+    @property
+    def reads(self) -> tuple[Ref, ...]:
+        """The block tensors it reads: the scores (or tile), then the values of a ``softmax_matmul``."""
+        return (self.input,) if self.values is None else (self.input, self.values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,11 +339,15 @@ def node_inputs(node: BlockNode) -> tuple[Ref, ...]:
         return ()
     if isinstance(node, BlockOp | ThreadGraph):
         return node.inputs
+    if isinstance(node, Accumulator):
+        return node.reads
     return (node.input,)
 
 
 __all__ = [
+    "ACCUM_KINDS",
     "GRID_AXES",
+    "ONLINE_SOFTMAX_KINDS",
     "AccumKind",
     "Accumulator",
     "BlockGraph",

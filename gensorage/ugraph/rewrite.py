@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from gensorage.errors import UGraphError
+from gensorage.opset import Op, freeze_attrs
 from gensorage.ugraph.ir import (
+    ONLINE_SOFTMAX_KINDS,
     Accumulator,
     BlockGraph,
     BlockNode,
@@ -14,14 +16,17 @@ from gensorage.ugraph.ir import (
     OutputSaver,
     Ref,
     ThreadGraph,
+    ThreadOp,
 )
 
 
 def drop_loop(block: BlockGraph) -> BlockGraph:
     """The same block graph with no for-loop: fmaps cleared, accumulators removed (readers read their input).
 
-    With a trip count of 1 an iterator's fmap and every accumulator are identities, so this is the
-    canonical, valid form of a graph written for a loop and instantiated with ``forloop=1``.
+    With a trip count of 1 an iterator's fmap and every sum, max or concatenating accumulator are identities, so
+    this is the canonical, valid form of a graph written for a loop and instantiated with ``forloop=1``. An
+    online-softmax accumulator becomes what its one iteration computes: ``exp(s − rowmax(s))`` summed over the
+    keys, or multiplied by the values.
     """
     if block.forloop != 1:
         raise UGraphError(
@@ -36,6 +41,14 @@ def drop_loop(block: BlockGraph) -> BlockGraph:
 
     for j, node in enumerate(block.nodes):
         match node:
+            case Accumulator() if node.kind in ONLINE_SOFTMAX_KINDS:
+                nodes.extend(
+                    _one_online_step(
+                        node.kind, remap(node.input), [remap(r) for r in node.reads[1:]], len(nodes)
+                    )
+                )
+                alias[j] = Ref(len(nodes) - 1)
+                continue
             case Accumulator():
                 alias[j] = remap(node.input)
                 continue
@@ -48,6 +61,18 @@ def drop_loop(block: BlockGraph) -> BlockGraph:
         index[j] = len(nodes)
         nodes.append(new)
     return BlockGraph(block.grid, 1, tuple(nodes))
+
+
+def _one_online_step(kind: str, s: Ref, values: list[Ref], at: int) -> list[BlockNode]:
+    """Block operators computing one online-softmax iteration on ``s`` (they become nodes ``at, at + 1, ...``)."""
+    last = freeze_attrs({"dim": -1, "keepdim": True})
+    exp_shifted = (ThreadOp(Op.SUB, (Ref(0), Ref(1))), ThreadOp(Op.EXP, (Ref(2),)))
+    p = Ref(at + 1)
+    return [
+        BlockOp(Op.MAX, (s,), last),
+        ThreadGraph((s, Ref(at)), exp_shifted, (Ref(3),)),
+        BlockOp(Op.SUM, (p,), last) if kind == "softmax_sum" else BlockOp(Op.MATMUL, (p, values[0])),
+    ]
 
 
 __all__ = ["drop_loop"]

@@ -29,6 +29,7 @@ from gensorage.errors import UGraphError
 from gensorage.opset import Attrs, Op, freeze_attrs
 from gensorage.precision import DEFAULT_PRECISION, PRECISIONS
 from gensorage.ugraph.ir import (
+    ACCUM_KINDS,
     Accumulator,
     BlockGraph,
     BlockNode,
@@ -77,7 +78,8 @@ def _block_node(n: BlockNode) -> dict[str, Any]:
                 "outputs": [_ref(r) for r in n.outputs],
             }
         case Accumulator():
-            return {"kind": "accumulator", "input": _ref(n.input), "accum": n.kind, "fmap": n.fmap}
+            out = {"kind": "accumulator", "input": _ref(n.input), "accum": n.kind, "fmap": n.fmap}
+            return out if n.values is None else {**out, "values": _ref(n.values)}
         case OutputSaver():
             return {"kind": "saver", "input": _ref(n.input), "omap": list(n.omap)}
     raise UGraphError(f"not a block node: {type(n).__name__}")
@@ -200,12 +202,14 @@ def _read_block_node(d: Any, where: str) -> BlockNode:
         )
     if kind == "accumulator":
         accum = _str(_get(d, "accum", where), f"{where}.accum")
-        if accum not in ("sum", "max"):
-            raise UGraphError(f"{where}.accum: expected 'sum' or 'max', got {accum!r}")
+        if accum not in ACCUM_KINDS:
+            raise UGraphError(f"{where}.accum: expected one of {', '.join(ACCUM_KINDS)}, got {accum!r}")
+        values = d.get("values")
         return Accumulator(
             _read_ref(_get(d, "input", where), f"{where}.input"),
             accum,  # type: ignore[arg-type]
             _opt_int(_get(d, "fmap", where), f"{where}.fmap"),
+            None if values is None else _read_ref(values, f"{where}.values"),
         )
     if kind == "saver":
         omap = tuple(

@@ -18,7 +18,9 @@ from gensorage.errors import ProgramError, UGraphError
 from gensorage.opset import ELEMENTWISE, Op, Shape
 from gensorage.precision import DEFAULT_PRECISION, Producer, is_square, stored_dtype, value_range
 from gensorage.ugraph.ir import (
+    ACCUM_KINDS,
     GRID_AXES,
+    ONLINE_SOFTMAX_KINDS,
     Accumulator,
     BlockGraph,
     BlockOp,
@@ -213,9 +215,28 @@ def thread_shapes(
     return tuple(t for (t,) in local)
 
 
+def _online_tile(
+    acc: Accumulator, s: TensorInfo, v: TensorInfo | None, where: str, precision: str
+) -> TensorInfo:
+    """``softmax_sum``: one per score row (keys reduced, kept as a dim of 1); ``softmax_matmul``: ``exp(s)·v``."""
+    if acc.fmap is not None:
+        raise UGraphError(f"{where}: a {acc.kind} accumulator does not concatenate (fmap {acc.fmap})")
+    if len(s.shape) < 2:
+        raise UGraphError(f"{where}: {acc.kind} scores {list(s.shape)} need rows and keys (2+ dims)")
+    if (acc.kind == "softmax_matmul") != (v is not None):
+        raise UGraphError(f"{where}: a {acc.kind} accumulator {'needs' if v is None else 'takes no'} values")
+    dtype = stored_dtype(Op.EXP, [s.dtype], False, precision)
+    if v is None:
+        return TensorInfo(s.shape[:-1] + (1,), s.program_dtype).stored_as(dtype)
+    out = _op_shape(Op.MATMUL, [s, v], (), where, acc.reads, precision)
+    return TensorInfo(out.shape, out.program_dtype).stored_as(
+        stored_dtype(Op.SUM, [dtype, v.dtype], False, precision)
+    )
+
+
 def _accum_tile(acc: Accumulator, arg: TensorInfo, forloop: int, where: str, precision: str) -> TensorInfo:
     if acc.kind not in ("sum", "max"):
-        raise UGraphError(f"{where}: accumulator kind {acc.kind!r} is not 'sum' or 'max'")
+        raise UGraphError(f"{where}: accumulator kind {acc.kind!r} is not one of {ACCUM_KINDS}")
     if acc.fmap is None:
         if acc.kind == "sum":  # a loop sum is a sum: stored like one
             return arg.stored_as(stored_dtype(Op.SUM, [arg.dtype], False, precision))
@@ -284,7 +305,12 @@ def block_shapes(g: KernelGraph, k: int, block: BlockGraph, args: Sequence[Tenso
                 ins = [resolve(r, infos, where) for r in node.inputs]
                 local = thread_shapes(node, ins, where, g.precision)
                 outs = tuple(local[r.node] for r in node.outputs)
+            case Accumulator() if node.kind in ONLINE_SOFTMAX_KINDS:
+                ins = [resolve(r, infos, where) for r in node.reads]
+                outs = (_online_tile(node, ins[0], (ins + [None])[1], where, g.precision),)
             case Accumulator():
+                if node.values is not None:
+                    raise UGraphError(f"{where}: a {node.kind!r} accumulator reads no values")
                 acc = resolve(node.input, infos, where)
                 outs = (_accum_tile(node, acc, block.forloop, where, g.precision),)
             case OutputSaver():

@@ -122,7 +122,8 @@ class _Writer:
                 return f"thread graph({args})" + (f" -> {shapes}" if shapes else "")
             case Accumulator():
                 fm = map_text("fmap", [bn.fmap], ("i",))
-                return f"accumulator({self.bref(b, bn.input)}, {bn.kind}) {fm}{_ti(tile)}"
+                args = ", ".join(self.bref(b, r) for r in bn.reads)
+                return f"accumulator({args}, {bn.kind}) {fm}{_ti(tile)}"
             case OutputSaver():
                 out = ""
                 if binfo is not None:

@@ -71,10 +71,11 @@ def _check_paths(g: KernelGraph, k: int, block: BlockGraph) -> None:
         if isinstance(node, Accumulator):
             if not looped:
                 raise UGraphError(f"{where}: accumulator in a block graph without a for-loop")
-            if phases[node.input.node] != "body":
-                raise UGraphError(
-                    f"{where}: accumulates post-loop value #{node.input.node} (a second accumulator)"
-                )
+            for r in node.reads:
+                if phases[r.node] != "body":
+                    raise UGraphError(
+                        f"{where}: accumulates post-loop value #{r.node} (a second accumulator)"
+                    )
         elif isinstance(node, OutputSaver):
             if looped and phases[node.input.node] != "post":
                 raise UGraphError(

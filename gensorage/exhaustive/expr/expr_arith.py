@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import ProgramError
@@ -43,6 +44,19 @@ class ExprValue:
     term: Term
     layout: Layout | None = None
     acc: tuple[tuple[AccumKind, Term, int], ...] | None = None
+
+
+OnlineKind = Literal["softmax_sum", "softmax_matmul"]
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineState:
+    """An online-softmax accumulator's iterations: ``((scores term, values term or None), count)`` entries."""
+
+    kind: OnlineKind
+    scores: Shape
+    values: Shape | None
+    entries: tuple[tuple[tuple[Term, Term | None], int], ...]
 
 
 def _with_dim(shape: Shape, axis: int, size: int) -> Shape:
@@ -229,6 +243,47 @@ class ExprArith:
         entries: tuple[tuple[AccumKind, Term, int], ...] = ((kind, x.term, times),)
         return ExprValue(x.shape, _accumulated(entries), None, entries)
 
+    def online_softmax(
+        self, state: OnlineState | None, s: ExprValue, v: ExprValue | None, kind: OnlineKind
+    ) -> OnlineState:
+        """One iteration of an online-softmax accumulator (``gensorage.ugraph.online_softmax``), abstracted as
+        the plain form: the state counts the iterations per (scores, values) term pair."""
+        pair = (s.term, None if v is None else v.term)
+        entries = list(state.entries) if state is not None else []
+        for i, (t, n) in enumerate(entries):
+            if t == pair:
+                entries[i] = (t, n + 1)
+                break
+        else:
+            entries.append((pair, 1))
+        return OnlineState(kind, s.shape, None if v is None else v.shape, tuple(entries))
+
+    def online_softmax_result(self, state: OnlineState) -> ExprValue:
+        """The accumulator after the loop: ``Σ exp(s − m)`` (times ``v``) over every key seen, ``m`` the maximum
+        over every key (the full row's, as the plain form subtracts)."""
+        keys = state.scores[-1]
+        maxima = [ae.max_r(n * keys, s) for (s, _), n in state.entries]
+        m = maxima[0] if len(maxima) == 1 else ae.cat(*maxima)
+        parts = []
+        for (s, v), n in state.entries:
+            p = ae.exp(ae.add(s, m))
+            parts.append(ae.sum(n * keys, p if v is None else ae.mul(p, v)))
+        if state.values is None:
+            shape = state.scores[:-1] + (1,)
+        else:
+            shape = state.scores[:-1] + state.values[-1:]
+        return ExprValue(shape, ae.add_all(parts))
+
+    def online_softmax_times(
+        self, s: ExprValue, v: ExprValue | None, times: int, kind: OnlineKind
+    ) -> ExprValue:
+        """What ``times`` iterations on the same tiles give, in one step (as :meth:`accumulate_times`)."""
+        if times < 1:
+            raise ProgramError(f"an accumulator needs at least one iteration, got {times}")
+        pair = (s.term, None if v is None else v.term)
+        state = OnlineState(kind, s.shape, None if v is None else v.shape, ((pair, times),))
+        return self.online_softmax_result(state)
+
     # ------------------------------------------------------------------ data movement
 
     def reshape(self, a: ExprValue, shape: tuple[int, ...]) -> ExprValue:
@@ -316,4 +371,4 @@ def _accumulated(entries: Sequence[tuple[AccumKind, Term, int]]) -> Term:
 EXPR = ExprArith()
 
 
-__all__ = ["EXPR", "ExprArith", "ExprValue", "Layout"]
+__all__ = ["EXPR", "ExprArith", "ExprValue", "Layout", "OnlineState"]

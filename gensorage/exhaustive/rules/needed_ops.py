@@ -18,6 +18,10 @@ With :mod:`.constants`, a missing ``exp`` class whose argument must carry a fact
 ``scale`` operator, unless an available tensor already carries a factor: every factor a block graph makes starts
 at a ``scale`` (every other operator keeps factors of 1 at 1), so when no available tensor carries one, at least
 one more operator (a ``scale``) is needed.
+
+An online-softmax accumulator (``softmax_sum``, ``softmax_matmul``) is no operator but makes an ``exp`` class of
+the form ``exp(x + max(…))`` (a max-subtracting softmax's): such classes are not counted, since a loop may supply
+them with no operator (the bound only gets lower, so it stays a bound).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class NeededOps:
     ) -> None:
         self.canon = canon
         self._memo: dict[Term, frozenset[Mark]] = {}
+        self._online: set[Mark] = set()  # exp classes an online-softmax accumulator can make
         self.target: frozenset[Mark] = frozenset().union(*(self.marks(t) for t in targets))
         self.factor_marks: frozenset[Mark] = factor_marks & self.target  # exp classes that need a scale first
 
@@ -58,6 +63,8 @@ class NeededOps:
             out |= self.marks(a)
         if t.op in UNCREATABLE:
             out.add(self.canon.nf(t))
+            if t.op == "exp" and any(x.op == "max" for x in t.args[0].subterms()):
+                self._online.add(self.canon.nf(t))
         elif t.op == "div":
             out.add(DIV_MARK)
         got = self._memo[t] = frozenset(out)
@@ -75,6 +82,7 @@ class NeededOps:
             if not missing:
                 break
             missing -= self.marks(t)
+        missing -= self._online
         if not missing and not marks:
             return 0, False
         scale = not factor_available and not self.factor_marks.isdisjoint(missing)

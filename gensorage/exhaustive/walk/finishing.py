@@ -64,7 +64,8 @@ def block_nodes(b: BlockBuild) -> list[BlockNode]:
         if isinstance(rec, BlockOpRec):
             nodes.append(BlockOp(rec.variant.op, tuple(Ref(i) for i in rec.inputs), rec.variant.attrs))
         else:
-            nodes.append(Accumulator(Ref(rec.input), "sum", rec.fmap))
+            values = None if rec.values is None else Ref(rec.values)
+            nodes.append(Accumulator(Ref(rec.input), rec.kind, rec.fmap, values))
     return nodes
 
 
@@ -155,10 +156,7 @@ def _body_key(
     maps = tuple(tuple(-1 if d is None else d for d in m) for m in imaps)
     fmaps = tuple(-1 if f is None else f for f in b.fmap)
     recs = tuple(
-        (r.variant.code, r.inputs)
-        if isinstance(r, BlockOpRec)
-        else (-1, (r.input, -1 if r.fmap is None else r.fmap))
-        for r in b.recs
+        (r.variant.code, r.inputs) if isinstance(r, BlockOpRec) else (-1, (r.inputs, r.code)) for r in b.recs
     )
     return (grid, forloop, maps, fmaps, recs)
 

@@ -21,7 +21,7 @@ from gensorage.exhaustive.walk.rank import RankKey
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Shape
 from gensorage.program import Program
-from gensorage.ugraph.ir import KernelNode, Ref, TensorSpec
+from gensorage.ugraph.ir import ACCUM_KINDS, AccumKind, KernelNode, Ref, TensorSpec
 
 
 def free_after(b: BlockBuild, ins: tuple[int, ...]) -> int:
@@ -56,10 +56,22 @@ class BlockOpRec:
 
 @dataclass(slots=True)
 class AccumRec:
-    """A for-loop accumulator of block tensor ``input`` (``fmap`` None sums, a dim concatenates)."""
+    """A for-loop accumulator of block tensor ``input`` (``fmap`` None combines with ``kind``, a dim
+    concatenates); ``values`` is the value tensor of a ``softmax_matmul``."""
 
     input: int
     fmap: int | None
+    kind: AccumKind = "sum"
+    values: int | None = None
+
+    @property
+    def inputs(self) -> tuple[int, ...]:
+        return (self.input,) if self.values is None else (self.input, self.values)
+
+    @property
+    def code(self) -> int:
+        """The kind's place in the rank key's attributes (a concatenation's is its dim)."""
+        return -1 - ACCUM_KINDS.index(self.kind) if self.fmap is None else self.fmap
 
 
 @dataclass(slots=True)
@@ -250,7 +262,7 @@ class SearchState:
     ) -> None:
         b = self.block
         assert b is not None
-        ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
+        ins = rec.inputs
         for i in ins:
             if b.uses[i] == 0:
                 b.free -= 1
@@ -287,7 +299,7 @@ class SearchState:
         b.ties.pop()
         b.uses.pop()
         b.smem -= numel(shape) * dtype_bytes(b.dtype.pop())  # type: ignore[arg-type]
-        ins = rec.inputs if isinstance(rec, BlockOpRec) else (rec.input,)
+        ins = rec.inputs
         b.free -= 1
         for i in ins:
             b.uses[i] -= 1
