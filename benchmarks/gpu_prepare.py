@@ -38,7 +38,7 @@ from gensorage.markov.cost_model import predict_schedule_time
 from gensorage.opset import Op
 from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program, dump_program, load_config
-from gensorage.ugraph import KernelGraph, from_program
+from gensorage.ugraph import KernelGraph, examples, from_program
 from gensorage.ugraph.ir import KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo, infer
 
@@ -341,13 +341,22 @@ def _tensor_names(g: KernelGraph, info: GraphInfo) -> dict[Ref, str]:
 
 
 def program_case(
-    name: str, program: Program, hw: HwProfile, out: Path, precision: str = DEFAULT_PRECISION
+    name: str,
+    program: Program,
+    hw: HwProfile,
+    out: Path,
+    precision: str = DEFAULT_PRECISION,
+    ugraph: KernelGraph | None = None,
 ) -> dict[str, Any]:
-    """The program's direct µGraph under ``precision`` (named ``program_<name>``, plus ``_<precision>`` when it
-    is not the default)."""
+    """The program's direct µGraph, or ``ugraph`` (a fused one of the same program), under ``precision`` (named
+    ``program_<name>``, plus ``_<precision>`` when it is not the default)."""
     from gensorage.ugraph.cost import predict_ugraph_time
 
-    g = from_program(program, precision)
+    g = (
+        from_program(program, precision)
+        if ugraph is None
+        else dataclasses.replace(ugraph, precision=precision)
+    )
     if precision != DEFAULT_PRECISION:
         name = f"{name}_{precision}"
     info = infer(g)
@@ -458,7 +467,8 @@ def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> 
 
 def _program_path(name: str, program: Program, out: Path) -> str:
     """Where the device reads the program: its config, or (a program built here) its text in the bundle."""
-    if name.removesuffix("_storage") not in EXTRA_PROGRAMS:
+    base = name.removesuffix("_storage")
+    if base not in EXTRA_PROGRAMS and base not in EXTRA_UGRAPHS:
         return f"configs/programs/{name.removesuffix('_storage')}.gsp"
     path = out / f"program_{name}.gsp"
     path.write_text(dump_program(program))
@@ -466,6 +476,19 @@ def _program_path(name: str, program: Program, out: Path) -> str:
     return (
         str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path.resolve())
     )
+
+
+#: Fused µGraphs the suite can bundle (name -> (program, µGraph)): the stable attention of LLaMA-3-8B's
+#: attention heads (32 heads of 128, 1,024 queries and keys) as FlashAttention-2 with online softmax.
+EXTRA_UGRAPHS: dict[str, Any] = {
+    "llama3_flash_attention2": lambda: examples.flash_attention2(
+        heads=32, q_len=1024, kv_len=1024, head_dim=128, q_blocks=16, forloop=16
+    ),
+    # The papers' form (exp(S) V / Σ exp(S), K as [heads, dim, keys]) fused the same way, for comparison.
+    "llama3_flash_attention_papers": lambda: examples.flash_attention(
+        heads=32, q_len=1024, kv_len=1024, head_dim=128, q_blocks=16, forloop=16
+    ),
+}
 
 
 #: Programs the suite can bundle besides the bundled configs (name -> builder).
@@ -476,5 +499,12 @@ EXTRA_PROGRAMS = {
 
 
 def load_program(name: str) -> Program:
+    if name in EXTRA_UGRAPHS:
+        return EXTRA_UGRAPHS[name]()[0]
     build = EXTRA_PROGRAMS.get(name)
     return build() if build is not None else load_config(name)
+
+
+def load_ugraph(name: str) -> KernelGraph | None:
+    """The fused µGraph bundled under ``name`` (None: the program's direct µGraph)."""
+    return EXTRA_UGRAPHS[name]()[1] if name in EXTRA_UGRAPHS else None

@@ -65,8 +65,8 @@ def prepare(args: argparse.Namespace) -> int:
     for name in programs:
         try:
             for precision in args.precisions:
-                program = gpu_bundle.load_program(name)
-                cases.append(gpu_bundle.program_case(name, program, hw, out, precision))
+                program, fused = gpu_bundle.load_program(name), gpu_bundle.load_ugraph(name)
+                cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused))
         except Exception as exc:  # one program's failure is recorded, the bundle still gets the rest
             print(f"program {name}: not bundled: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
