@@ -155,7 +155,11 @@ class BlockEmitter:
             return [c for c in cons if isinstance(self.nodes[c], OutputSaver)]
         if not self.fusable(r):
             return []
-        return [c for c in cons if isinstance(self.nodes[c], Accumulator | OutputSaver)]
+        return [
+            c
+            for c in cons
+            if isinstance(self.nodes[c], Accumulator | OutputSaver) and not self.accs.is_online(c)
+        ]
 
     def needs_buffer(self, r: Ref) -> bool:
         """Whether block tensor ``r`` is materialised in shared memory (something reads it element-wise)."""
@@ -484,7 +488,7 @@ class BlockEmitter:
                 self.phase(j)
             for j, n in copies:
                 if isinstance(n, Accumulator):
-                    self.accs.phase_copy(n.input, [j])
+                    self.accs.phase(j)
             if loop and not self._synced:
                 self.sync()  # the next iteration overwrites tiles this one read
         self.accs.phase_flush()
