@@ -39,10 +39,11 @@ def allocate(e: BlockEmitter) -> None:
     for j, m in e.reg_accs.items():
         # Registers of each thread; on the CPU the threads are loop iterations, so each gets its own row.
         shape = e.sc.buf_shape((e.slots(m),) if e.gpu else (e.nt, e.slots(m)))
-        e.w.line(
-            f'a{j} = T.alloc_buffer({shape_text(shape)}, "{e.sc.acc_dtype}", '
-            f'scope="{"local" if e.gpu else "global"}")'
-        )
+        for name in e.accs.registers(j):
+            e.w.line(
+                f'{name} = T.alloc_buffer({shape_text(shape)}, "{e.sc.acc_dtype}", '
+                f'scope="{"local" if e.gpu else "global"}")'
+            )
 
 
 def _allocate_arena(e: BlockEmitter) -> None:

@@ -1,5 +1,6 @@
 """The emitter of one graph-defined kernel: phases, buffers, barriers (see :mod:`.ugraph_tir` for the kernel's
-structure and semantics); the block's matmuls are emitted by :mod:`.block_matmul`."""
+structure and semantics); the block's matmuls are emitted by :mod:`.block_matmul`, its loop accumulators by
+:mod:`.block_accumulators`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from gensorage.codegen.barriers import EXPLICIT_BARRIERS
+from gensorage.codegen.block_accumulators import AccumulatorEmitter
 from gensorage.codegen.block_buffers import allocate
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
+from gensorage.codegen.element_maps import Cyclic, ElementMap, Tiled
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
 from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val, combined, reduction_kind
@@ -60,27 +63,6 @@ class _View:
     index: Callable[[list[Ix]], list[Ix]]
 
 
-@dataclass(frozen=True, slots=True)
-class _Cyclic:
-    """Elements dealt cyclically: slot ``e`` of thread ``tx`` is flat element ``e * threads + tx`` of ``space``;
-    the value written has ``shape`` (``space`` projected by broadcasting, stored where the projection is
-    the first element)."""
-
-    space: tuple[int, ...]
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Tiled:
-    """The constructor's register tiling of a matmul with batch dims ``batch`` (slot = step, then register)."""
-
-    tiling: MatmulTiling
-    batch: tuple[int, ...]
-
-
-_Map = _Cyclic | _Tiled
-
-
 class BlockEmitter:
     """Emits one graph-defined op (see the module docstring); one instance per kernel and target."""
 
@@ -120,12 +102,9 @@ class BlockEmitter:
             for j, n in enumerate(self.nodes)
             if isinstance(n, BlockOp) and n.op in _VIEW_OPS
         }
-        # Loop accumulators combined with sum/max live in registers across the loop (see _reg_acc_map).
-        self.reg_accs = {
-            j: self._reg_acc_map(j, n)
-            for j, n in enumerate(self.nodes)
-            if isinstance(n, Accumulator) and n.fmap is None
-        }
+        self.accs = AccumulatorEmitter(self)
+        # Loop accumulators combined with sum/max live in registers across the loop (see block_accumulators).
+        self.reg_accs = self.accs.register_maps()
         self.buffers: dict[Ref, str] = {}
         self.dynamic_shared = False
         self._synced = True
@@ -162,7 +141,7 @@ class BlockEmitter:
 
         return _View(src, repeat)
 
-    def _fusable(self, r: Ref) -> bool:
+    def fusable(self, r: Ref) -> bool:
         """Whether accumulators/savers reading ``r`` are written from the phase that computes ``r``."""
         node = self.nodes[r.node]
         if r.node in self.views or isinstance(node, Accumulator):
@@ -174,9 +153,13 @@ class BlockEmitter:
         cons = self.consumers.get(r, [])
         if r.node in self.reg_accs:
             return [c for c in cons if isinstance(self.nodes[c], OutputSaver)]
-        if not self._fusable(r):
+        if not self.fusable(r):
             return []
-        return [c for c in cons if isinstance(self.nodes[c], Accumulator | OutputSaver)]
+        return [
+            c
+            for c in cons
+            if isinstance(self.nodes[c], Accumulator | OutputSaver) and not self.accs.is_online(c)
+        ]
 
     def needs_buffer(self, r: Ref) -> bool:
         """Whether block tensor ``r`` is materialised in shared memory (something reads it element-wise)."""
@@ -192,29 +175,18 @@ class BlockEmitter:
             return True
         return False
 
-    def _producer_map(self, r: Ref) -> _Map:
+    def producer_map(self, r: Ref) -> ElementMap:
         """How the phase computing ``r`` deals ``r``'s elements to threads."""
         node = self.nodes[r.node]
         shape = self.tile(r).shape
         if isinstance(node, ThreadGraph):
             local = self.binfo.threads[r.node]
-            return _Cyclic(broadcast_all([t.shape for t in local]), shape)
+            return Cyclic(broadcast_all([t.shape for t in local]), shape)
         if isinstance(node, BlockOp) and node.op is Op.MATMUL and self._tiled(r.node) is not None:
             tiling = self._tiled(r.node)
             assert tiling is not None
-            return _Tiled(tiling, shape[:-2])
-        return _Cyclic(shape, shape)
-
-    def _reg_acc_map(self, j: int, node: Accumulator) -> _Map:
-        """Element-to-thread map of a register accumulator: its producer's (fused) or a cyclic copy phase's.
-
-        Every iteration runs the same phase, so a thread always combines the same elements and can keep them
-        in registers; read-modify-writes of shared memory in a loop would also make TVM's barrier insertion put
-        a barrier inside the loop.
-        """
-        r = node.input
-        shape = self.tile(r).shape
-        return self._producer_map(r) if self._fusable(r) else _Cyclic(shape, shape)
+            return Tiled(tiling, shape[:-2])
+        return Cyclic(shape, shape)
 
     def _tiled(self, j: int) -> MatmulTiling | None:
         t = self.choice.tiling
@@ -224,8 +196,8 @@ class BlockEmitter:
         b, m, n, k = matmul_dims(self.binfo, node, j)
         return t if (b, m, n) == t.extents and k == t.k else None
 
-    def slots(self, m: _Map) -> int:
-        if isinstance(m, _Tiled):
+    def slots(self, m: ElementMap) -> int:
+        if isinstance(m, Tiled):
             return math.prod(m.tiling.steps) * math.prod(m.tiling.t0)
         return -(-math.prod(m.space) // self.nt)
 
@@ -265,28 +237,11 @@ class BlockEmitter:
         for j in sinks:
             self.sink(j, idx, v, slot)
 
-    def _reg(self, j: int, slot: Ix) -> str:
-        """Index text of this thread's register ``slot`` of accumulator ``j`` (a row per thread on the CPU)."""
-        return str(slot) if self.gpu else f"tx, {slot}"
-
     def sink(self, j: int, idx: list[Ix], v: Val, slot: Ix) -> None:
-        node = self.nodes[j]
-        if isinstance(node, OutputSaver):
+        if isinstance(self.nodes[j], OutputSaver):
             self._save(j, idx, v)
-            return
-        assert isinstance(node, Accumulator)
-        if node.fmap is not None:
-            shifted = list(idx)
-            shifted[node.fmap] = idx[node.fmap] + Ix.var("it") * self.tile(node.input).shape[node.fmap]
-            self.store(self.buffers[Ref(j)], index_text(shifted), v, self.sc.acc_dtype)
-            return
-        if not all(is_atomic(e) for e in v.comps):
-            v = self.temp(v)
-        reg, at = f"a{j}", self._reg(j, slot)
-        new = self.sc.combine(node.kind, self.sc.load(reg, at, self.sc.acc_dtype), v)
-        first = self.sc.store(v, self.sc.acc_dtype)
-        for c, e in enumerate(self.sc.store(new, self.sc.acc_dtype)):
-            self.w.line(f"{self.sc.at(reg, c, at)} = T.if_then_else(it == 0, {first[c]}, {e})")
+        else:
+            self.accs.sink(j, idx, v, slot)
 
     def _save(self, j: int, idx: list[Ix], v: Val) -> None:
         node = self.nodes[j]
@@ -331,9 +286,9 @@ class BlockEmitter:
             return Ix.var(f)
         return flat
 
-    def locate(self, m: _Map, slot: Ix) -> tuple[list[Ix], list[str]]:
+    def locate(self, m: ElementMap, slot: Ix) -> tuple[list[Ix], list[str]]:
         """Element of a map's value held in ``slot`` of this thread, and the conditions for it to exist."""
-        if isinstance(m, _Tiled):
+        if isinstance(m, Tiled):
             t = m.tiling
             parts = unravel(slot, (*t.steps, *t.t0))
             glob, conds = self.matmul.tile_coords(t, parts[:3], parts[3:])
@@ -449,32 +404,6 @@ class BlockEmitter:
                 with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
                     self.emit_value(Ref(j, o), broadcast_index(idx, shape), vals[r.node], slot)
 
-    def phase_copy(self, src: Ref, sinks: list[int]) -> None:
-        """Accumulators/savers reading a view, a concat or a shared accumulator: a cyclic pass over the value."""
-        with self.threads(), self.elements(self.tile(src).shape) as (idx, slot):
-            v = self.read(src, idx)
-            for s in sinks:
-                self.sink(s, idx, v, slot)
-        self._after(
-            any(
-                isinstance(self.nodes[s], Accumulator) and self.nodes[s].fmap is not None  # type: ignore[union-attr]
-                for s in sinks
-            )
-        )
-
-    def phase_flush(self) -> None:
-        """After the loop: register accumulators to their shared buffers and fused savers (same element map)."""
-        if not self.reg_accs:
-            return
-        with self.threads():
-            for j, m in self.reg_accs.items():
-                with self.w.loop(self.w.fresh("sl"), self.slots(m)) as slot:
-                    idx, conds = self.locate(m, slot)
-                    with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
-                        v = self.sc.load(f"a{j}", self._reg(j, slot), self.sc.acc_dtype)
-                        self.emit_value(Ref(j), idx, v, slot)
-        self._after(any(Ref(j) in self.buffers for j in self.reg_accs))
-
     def writes_shared(self, j: int) -> bool:
         refs = [Ref(j, o) for o in range(len(self.binfo.nodes[j]))]
         return any(r in self.buffers for r in refs) or any(
@@ -484,7 +413,7 @@ class BlockEmitter:
             if isinstance(self.nodes[s], Accumulator)
         )
 
-    def _after(self, wrote_shared: bool) -> None:
+    def after(self, wrote_shared: bool) -> None:
         """Barrier after a phase whose shared-memory writes later phases read; after every phase when shared
         memory is dynamic (see :mod:`gensorage.codegen.barriers`)."""
         if wrote_shared or self.dynamic_shared:
@@ -500,7 +429,7 @@ class BlockEmitter:
             self.phase_thread_graph(j)
         else:
             self.phase_op(j)
-        self._after(self.writes_shared(j))
+        self.after(self.writes_shared(j))
 
     # ------------------------------------------------------------------ whole kernel
 
@@ -559,15 +488,15 @@ class BlockEmitter:
                 self.phase(j)
             for j, n in copies:
                 if isinstance(n, Accumulator):
-                    self.phase_copy(n.input, [j])
+                    self.accs.phase(j)
             if loop and not self._synced:
                 self.sync()  # the next iteration overwrites tiles this one read
-        self.phase_flush()
+        self.accs.phase_flush()
         for j in post:
             self.phase(j)
         for j, n in copies:
             if isinstance(n, OutputSaver):
-                self.phase_copy(n.input, [j])
+                self.accs.phase_copy(n.input, [j])
 
     def emit(self) -> KernelText:
         params = self.params()

@@ -228,7 +228,8 @@ def check_field_twin(
     Raises
     ------
     NotLaxError
-        The µGraph or program has no field semantics (max accumulation or reduction, two exps on a path).
+        The µGraph or program has no field semantics (max accumulation or reduction, two exps on a path,
+        an online-softmax accumulator).
     """
     if trials < 1:
         raise ValueError(f"trials must be positive, got {trials}")

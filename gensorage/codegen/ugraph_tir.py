@@ -29,6 +29,11 @@ Semantics (:mod:`gensorage.ugraph.ir`, reproduced by :mod:`gensorage.ugraph.eval
   accumulator's shared tile (with the same element-to-thread map). Combining in shared memory instead would be
   a read-modify-write in a loop, which TVM's barrier insertion answers with a barrier inside that loop. A
   concatenating accumulator (``fmap=d``) writes each iteration's tile to shared memory at offset ``it * tile``;
+- an online-softmax accumulator (``softmax_sum``, ``softmax_matmul``) has a phase of its own after the loop
+  body, reading the score (and value) tiles from shared memory: each thread keeps, per element of the result,
+  the row's running maximum and the rescaled sum in registers, flushed like a ``sum`` accumulator's (see
+  :mod:`gensorage.codegen.block_accumulators`). Its field twin is refused in one line (:class:`NotLaxError`):
+  the rescale needs ``exp(a + b) = exp(a)·exp(b)``, which only the second verification tier models;
 - accumulators and output savers of a value computed by a block op, a thread graph or an iterator are
   written from that producer's phase (no intermediate tile); an output saver writes element ``i`` of its tile
   to ``out[..., b_g * tile_d + i_d, ...]`` for ``omap[g] = d``.
@@ -52,8 +57,6 @@ from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Op
 from gensorage.ugraph.ir import (
-    ONLINE_SOFTMAX_KINDS,
-    Accumulator,
     BlockOp,
     GraphDefinedOp,
     KernelGraph,
@@ -148,13 +151,6 @@ def emit_graph_defined(
     UnsupportedOpError
         A dtype, op or grid the generator cannot emit correctly.
     """
-    op = g.ops[k]
-    assert isinstance(op, GraphDefinedOp)
-    online = [n for n in op.block.nodes if isinstance(n, Accumulator) and n.kind in ONLINE_SOFTMAX_KINDS]
-    if online:  # the emitter has no register state for the running max and its rescale yet
-        raise UnsupportedOpError(
-            f"kernel op %{len(g.inputs) + k}: no code generation for {online[0].kind} accumulators yet"
-        )
     return BlockEmitter(g, k, info, choice, target, scalar, name).emit()
 
 

@@ -1,0 +1,30 @@
+"""How a phase of a graph-defined kernel deals the elements of a block tensor to the block's threads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gensorage.construction.block_threads import MatmulTiling
+
+
+@dataclass(frozen=True, slots=True)
+class Cyclic:
+    """Elements dealt cyclically: slot ``e`` of thread ``tx`` is flat element ``e * threads + tx`` of ``space``;
+    the value written has ``shape`` (``space`` projected by broadcasting, stored where the projection is
+    the first element)."""
+
+    space: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Tiled:
+    """The constructor's register tiling of a matmul with batch dims ``batch`` (slot = step, then register)."""
+
+    tiling: MatmulTiling
+    batch: tuple[int, ...]
+
+
+ElementMap = Cyclic | Tiled
+
+__all__ = ["Cyclic", "ElementMap", "Tiled"]
