@@ -124,7 +124,7 @@ class GensorageSubgraph(torch.nn.Module):
         self.report.subgraph(
             self.name,
             f"gensorage: {res.num_kernels} kernel(s) for {len(lowered.program.live_ids())} program nodes, "
-            f"{dtype}; µGraph {res.equivalence.method}; kernels within {err:.1e} of torch",
+            f"{dtype}; µGraph: {res.equivalence.method}; kernels within {err:.1e} of torch",
         )
 
 
