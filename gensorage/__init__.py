@@ -35,9 +35,13 @@ _SUBMODULES = (
     "codegen",
     "errors",
     "opset",
+    "torch",
 )
 
 __all__ = ["__version__", *_EXPORTS, *_SUBMODULES]
+
+# torch.compile(model, backend="gensorage") works once gensorage is imported (torch itself is not imported here).
+importlib.import_module("gensorage.torch.registration").install()
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,10 @@ the padding and the write-back run on llvm, with each 16 x 16 x 16 MMA tile comp
 
 from __future__ import annotations
 
+import inspect
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -133,6 +137,34 @@ class Intrinsics:
     store: str
 
 
+@contextmanager
+def _stack_without_source() -> Iterator[None]:
+    """``inspect.stack()`` without the source file and lines of each frame, while TVM's intrinsics register.
+
+    TVM's ``prim_func`` decorator calls ``inspect.stack()``, which looks up each frame's source file: for frames
+    of ``<frozen importlib>`` that searches every module in ``sys.modules``, so registering the 500 intrinsics
+    took 35 s on the development machine, over 60 s with torch loaded. The decorator uses the frames themselves
+    (closure variables) and a frame's source line only to detect an ``@I.ir_module`` class, which the
+    intrinsics modules do not have.
+    """
+    full = inspect.stack
+
+    def frames(context: int = 1) -> list[inspect.FrameInfo]:
+        out = []
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            out.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name, None, None))
+            frame = frame.f_back  # type: ignore[assignment]
+        return out
+
+    inspect.stack = frames
+    try:
+        yield
+    finally:
+        inspect.stack = full
+
+
 @cache
 def intrinsics(dtype: str) -> Intrinsics:
     """TVM's float16 intrinsics, or the bfloat16 ones of :mod:`gensorage.codegen.mma_bfloat16`.
@@ -140,6 +172,11 @@ def intrinsics(dtype: str) -> Intrinsics:
     Importing TVM's CUDA intrinsics registers them, which takes seconds once per process: only the GPU
     schedule asks for them.
     """
+    with _stack_without_source():
+        return _intrinsics(dtype)
+
+
+def _intrinsics(dtype: str) -> Intrinsics:
     from tvm.s_tir.tensor_intrin import cuda
 
     fill, store = cuda.MMA_fill_16x16_f32_INTRIN, cuda.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE

@@ -1,0 +1,90 @@
+"""The PyTorch front end: hand gensorage a model (``gensorage.torch.compile`` or ``backend="gensorage"``).
+
+torch is imported only when a model is compiled, so ``import gensorage`` does not import it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from gensorage.errors import ConfigError
+
+MODES = ("fast", "full")
+
+
+class Compiled:
+    """The compiled model: call it like the module (or function) it wraps; :meth:`explain` says what ran where."""
+
+    def __init__(self, fn: Any, compiled: Callable[..., Any], report: Any) -> None:
+        self._fn = fn
+        self._compiled = compiled
+        self.report = report
+        target = fn.forward if hasattr(fn, "forward") else fn
+        functools.update_wrapper(self, target, updated=())
+        self.__signature__ = inspect.signature(target)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled(*args, **kwargs)
+
+    def explain(self) -> str:
+        """Which ops ran in gensorage and which in torch, and why (one line per decision)."""
+        return str(self.report.text())
+
+
+def compile(
+    module_or_fn: Any,
+    *,
+    hw: str = "h100",
+    mode: str = "fast",
+    time_budget_s: float | None = None,
+    explain: bool = False,
+) -> Compiled:
+    """Compile a torch module or function: captured by dynamo, lowered to Programs where gensorage can, run by
+    gensorage kernels once they are checked, by torch elsewhere.
+
+    Parameters
+    ----------
+    module_or_fn : torch.nn.Module or callable
+        What to compile; it is called with the same arguments.
+    hw : str
+        The hardware profile the kernels are built for (``gensorage hw list``).
+    mode : {"fast", "full"}
+        :func:`gensorage.superoptimize`'s mode for each subgraph.
+    time_budget_s : float, optional
+        Search budget per subgraph (full mode).
+    explain : bool
+        Print what ran where, and why, to stderr as graphs are compiled (always available from
+        :meth:`Compiled.explain`).
+
+    Returns
+    -------
+    Compiled
+        Call it like ``module_or_fn``. Each new input shape is captured and compiled again (static shapes);
+        kernels for a shape seen before are reused.
+
+    Raises
+    ------
+    ConfigError
+        A bad mode or budget.
+    """
+    import torch
+
+    from gensorage.torch.backend import make_backend
+    from gensorage.torch.report import Report
+    from gensorage.torch.subgraph import Options
+
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise ConfigError(f"time budget must be a positive number of seconds, got {time_budget_s!r}")
+    if not callable(module_or_fn):
+        raise ConfigError(f"expected a torch.nn.Module or a function, got {type(module_or_fn).__name__}")
+    report = Report(echo=explain)
+    backend = make_backend(Options(hw, mode, time_budget_s, explain), report)
+    return Compiled(module_or_fn, torch.compile(module_or_fn, backend=backend, dynamic=False), report)
+
+
+__all__ = ["Compiled", "compile"]

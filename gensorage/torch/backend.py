@@ -1,0 +1,99 @@
+"""The dynamo backend: torch captures, gensorage takes the subgraphs it can express, torch runs the rest.
+
+Dynamo hands the backend an FX graph of the model's torch calls; AOTAutograd turns it into a functional aten
+graph (``view``, ``mm``, ``_softmax``, ``_scaled_dot_product_flash_attention_for_cpu``, ...) with static shapes.
+Each aten node is tried alone against the lowering rules (:mod:`.lowering`); torch's capability-based partitioner
+groups the supported nodes into the largest acyclic subgraphs, and each becomes a :class:`.GensorageSubgraph`.
+Subgraphs of layout ops only (views, transposes) stay in torch: they compute nothing a kernel could speed up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._dynamo.backends.common import aot_autograd
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+from gensorage.errors import UnsupportedOpError
+from gensorage.program import Program
+from gensorage.torch.lowering import LAYOUT_RULES, Lowering, _target_name
+from gensorage.torch.report import Report
+from gensorage.torch.subgraph import GensorageSubgraph, Options
+
+PREFIX = "gensorage_"
+
+
+def why_unsupported(node: fx.Node) -> str | None:
+    """None when ``node`` lowers on its own (its tensor arguments as inputs), else the one-line reason."""
+    try:
+        Lowering(Program(name="probe")).lower(node)
+    except UnsupportedOpError as exc:
+        return str(exc).removeprefix(f"{node.name}: ")
+    return None
+
+
+class _Supported(OperatorSupportBase):
+    def __init__(self, reasons: Mapping[fx.Node, str | None]) -> None:
+        self.reasons = reasons
+
+    def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: fx.Node) -> bool:
+        return node.op == "call_function" and self.reasons.get(node) is None
+
+
+def partition(gm: fx.GraphModule, options: Options, report: Report) -> fx.GraphModule:
+    """``gm`` with its supported subgraphs replaced by :class:`GensorageSubgraph` modules."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    reasons = {n: why_unsupported(n) for n in calls}
+    proposed = CapabilityBasedPartitioner(gm, _Supported(reasons), allows_single_node_partition=True)
+    parts = [
+        part.nodes
+        for part in proposed.propose_partitions()
+        if any(_target_name(n) not in LAYOUT_RULES for n in part.nodes)
+    ]
+    taken = {n for part in parts for n in part}
+    torch_reasons = {n.name: reasons[n] or "layout only, no computation" for n in calls if n not in taken}
+    report.graph(len(calls), len(taken), torch_reasons)  # type: ignore[arg-type]
+    fused = fuse_by_partitions(gm, [dict(p) for p in parts], prefix=PREFIX, always_return_tuple=True)
+    first = report.graphs
+    for name, sub in list(fused.named_children()):
+        if name.startswith(PREFIX) and isinstance(sub, fx.GraphModule):
+            label = f"graph {first} {name.removeprefix(PREFIX).join(('subgraph ', ''))}"
+            setattr(fused, name, GensorageSubgraph(sub, label, options, report))
+    fused.recompile()
+    return fused
+
+
+def _in_torch(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    return gm
+
+
+def make_backend(options: Options, report: Report) -> Callable[..., Any]:
+    """A dynamo backend (``fn(gm, example_inputs)``) for ``options``, reporting into ``report``.
+
+    The forward (inference) graph is partitioned; a backward graph, if autograd asks for one, runs in torch.
+    """
+
+    def forward_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        return partition(gm, options, report)
+
+    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=_in_torch)  # type: ignore[no-any-return]
+
+
+_REGISTERED_REPORT = Report()
+
+
+def gensorage_backend(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None
+) -> Callable[..., Any]:
+    """``torch.compile(model, backend="gensorage", options={"hw": ..., "mode": ...})``."""
+    opts = Options(**dict(options or {}))
+    report = _REGISTERED_REPORT if not opts.explain else Report(echo=True)
+    return make_backend(opts, report)(gm, example_inputs)  # type: ignore[no-any-return]
+
+
+__all__ = ["PREFIX", "gensorage_backend", "make_backend", "partition", "why_unsupported"]

@@ -1,0 +1,487 @@
+"""aten → :class:`~gensorage.program.Program`: one lowering rule per aten operator of decoder blocks.
+
+The graph comes from torch's own capture (dynamo, then AOTAutograd's functional aten graph), so every node has a
+static ``meta["val"]`` (a fake tensor) giving its shape and dtype. A rule turns one node into Program ops; a node
+no rule covers, or one whose arguments a rule cannot express (a boolean mask, ``pow(x, 3)``, a symbolic shape,
+float64), raises :class:`~gensorage.errors.UnsupportedOpError` with a one-line reason and stays in torch.
+
+``rsqrt``/``reciprocal`` produce a :class:`Recip` (a value not yet divided) so that ``x * rsqrt(v)`` becomes
+``x / sqrt(v)``, the form the Program's ``rms_norm`` has; a reciprocal used any other way is materialised as
+``s / (s * s)``.
+
+A lowering may need a tensor the graph does not hold (the causal mask of ``scaled_dot_product_attention``): it
+becomes an extra program input, built by :class:`Extra` from the shapes alone, so the Program stays the
+definition of what the kernels compute.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from gensorage.errors import ProgramError, UnsupportedOpError
+from gensorage.program import Program, Tensor
+
+#: The dtypes gensorage kernels take (torch name → gensorage name).
+DTYPES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Recip:
+    """``1 / of``, not yet divided: ``x * Recip(s)`` lowers to ``x / s``."""
+
+    of: Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class Extra:
+    """A program input the graph does not hold: the additive causal mask (0 on and below the diagonal, -inf
+    above, top-left aligned like torch's ``is_causal``) of shape ``(rows, cols)``."""
+
+    rows: int
+    cols: int
+
+    def make(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        keep = torch.ones(self.rows, self.cols, dtype=torch.bool, device=device).tril()
+        zero = torch.zeros((), dtype=dtype, device=device)
+        return torch.where(keep, zero, torch.tensor(-math.inf, dtype=dtype, device=device))
+
+
+Value = Tensor | Recip
+Rule = Callable[["Lowering", fx.Node], Value]
+
+
+class Lowering:
+    """Lowers the nodes of one FX graph, in order, into ``program``.
+
+    ``env`` maps graph nodes to program values; a node's argument not in ``env`` becomes a program input
+    (placeholders, and the outputs of nodes that stay in torch) named after the node.
+    """
+
+    def __init__(self, program: Program) -> None:
+        self.p = program
+        self.env: dict[fx.Node, Value] = {}
+        self.dtype: str | None = None
+        self.inputs: list[fx.Node] = []
+        self.extras: list[tuple[Tensor, Extra]] = []
+
+    def lower(self, node: fx.Node) -> Value:
+        """Lower ``node`` (its tensor arguments lowered or declared as inputs first) and remember its value."""
+        rule = RULES.get(_target_name(node))
+        if rule is None:
+            raise UnsupportedOpError(f"{_target_name(node)}: no gensorage lowering")
+        _check_val(node)
+        try:
+            value = rule(self, node)
+        except ProgramError as exc:
+            raise UnsupportedOpError(f"{_target_name(node)}: {exc}") from None
+        self.env[node] = value
+        return value
+
+    def tensor(self, arg: Any) -> Tensor:
+        """The program tensor of graph value ``arg`` (a reciprocal materialised)."""
+        v = self.value(arg)
+        if isinstance(v, Recip):
+            return self.p.div(v.of, self.p.mul(v.of, v.of))
+        return v
+
+    def value(self, arg: Any) -> Value:
+        if not isinstance(arg, fx.Node):
+            raise UnsupportedOpError(f"expected a tensor argument, got {type(arg).__name__} {arg!r}")
+        if arg not in self.env:
+            self.env[arg] = self._input(arg)
+        return self.env[arg]
+
+    def extra(self, spec: Extra) -> Tensor:
+        for t, s in self.extras:
+            if s == spec:
+                return t
+        assert self.dtype is not None  # an extra is built for an op whose operands set the dtype
+        t = self.p.input(f"extra{len(self.extras)}", (spec.rows, spec.cols), self.dtype)
+        self.extras.append((t, spec))
+        return t
+
+    def _input(self, node: fx.Node) -> Tensor:
+        shape, dtype = _check_val(node)
+        if self.dtype is None:
+            self.dtype = dtype
+        elif dtype != self.dtype:
+            raise UnsupportedOpError(f"{node.name}: dtype {dtype} mixed with {self.dtype} in one subgraph")
+        self.inputs.append(node)
+        return self.p.input(f"in{len(self.inputs) - 1}", shape, dtype)
+
+    def shape(self, arg: Any) -> tuple[int, ...]:
+        return _check_val(arg)[0]
+
+
+def _target_name(node: fx.Node) -> str:
+    if node.op != "call_function":
+        return f"{node.op} {node.target}"
+    t = node.target
+    return "getitem" if t is operator.getitem else str(t)
+
+
+def _check_val(node: fx.Node) -> tuple[tuple[int, ...], str]:
+    """Static shape and gensorage dtype of ``node``'s value, or the reason it has none."""
+    val = node.meta.get("val")
+    if isinstance(val, tuple | list) and node.op == "call_function" and _target_name(node) in MULTI_OUTPUT:
+        val = val[0]
+    if not isinstance(val, torch.Tensor):
+        raise UnsupportedOpError(f"{node.name}: not a single tensor")
+    if val.dtype not in DTYPES:
+        raise UnsupportedOpError(
+            f"{node.name}: dtype {val.dtype} (gensorage takes float32, float16, bfloat16)"
+        )
+    if not all(isinstance(d, int) for d in val.shape):
+        raise UnsupportedOpError(f"{node.name}: symbolic shape {list(val.shape)}")
+    if val.dim() == 0 or 0 in val.shape:
+        raise UnsupportedOpError(f"{node.name}: shape {list(val.shape)} (needs at least 1 dim, no empty dim)")
+    return tuple(int(d) for d in val.shape), DTYPES[val.dtype]
+
+
+def _args(node: fx.Node) -> tuple[Any, ...]:
+    """A node's positional arguments (FX types them as every possible argument; rules check what they use)."""
+    return tuple(node.args)
+
+
+def _kw(node: fx.Node) -> dict[str, Any]:
+    return dict(node.kwargs)
+
+
+def _scalar(node: fx.Node, x: Any) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        raise UnsupportedOpError(f"{node.name}: scalar argument {x!r} is not a finite number")
+    return float(x)
+
+
+def _dims(x: Any, ndim: int) -> list[int]:
+    dims = [x] if isinstance(x, int) else list(x or range(ndim))
+    return sorted({d % ndim for d in dims})
+
+
+# ---------------------------------------------------------------------------------------------- elementwise
+
+
+def _binary(op: str) -> Rule:
+    def rule(lw: Lowering, node: fx.Node) -> Value:
+        a, b = _args(node)[:2]
+        if _kw(node).get("alpha", 1) != 1 or len(_args(node)) > 2:
+            raise UnsupportedOpError(f"{node.name}: alpha other than 1")
+        if op == "mul":
+            return _mul(lw, node, a, b)
+        if op == "div":
+            return _div(lw, node, a, b)
+        xa = lw.tensor(a) if isinstance(a, fx.Node) else _scalar(node, a)
+        xb = lw.tensor(b) if isinstance(b, fx.Node) else _scalar(node, b)
+        return lw.p.add(xa, xb) if op == "add" else lw.p.sub(xa, xb)
+
+    return rule
+
+
+def _div(lw: Lowering, node: fx.Node, a: Any, b: Any) -> Value:
+    """``x / c`` is a scale, ``x / rsqrt(v)`` a product, ``1 / x`` a reciprocal."""
+    if not isinstance(b, fx.Node):
+        if _scalar(node, b) == 0.0:
+            raise UnsupportedOpError(f"{node.name}: division by the scalar 0")
+        return lw.p.scale(lw.tensor(a), 1.0 / _scalar(node, b))
+    vb = lw.value(b)
+    if isinstance(vb, Recip):
+        return lw.p.mul(lw.tensor(a), vb.of)
+    if not isinstance(a, fx.Node):
+        if _scalar(node, a) != 1.0:
+            raise UnsupportedOpError(f"{node.name}: a scalar other than 1 divided by a tensor")
+        return Recip(vb)
+    return lw.p.div(lw.tensor(a), vb)
+
+
+def _mul(lw: Lowering, node: fx.Node, a: Any, b: Any) -> Value:
+    if not isinstance(a, fx.Node):
+        a, b = b, a
+    if not isinstance(b, fx.Node):
+        va = lw.value(a)
+        factor = _scalar(node, b)
+        return Recip(va.of) if isinstance(va, Recip) and factor == 1.0 else lw.p.scale(lw.tensor(a), factor)
+    va, vb = lw.value(a), lw.value(b)
+    if isinstance(vb, Recip) and not isinstance(va, Recip):
+        return lw.p.div(va, vb.of)
+    if isinstance(va, Recip) and not isinstance(vb, Recip):
+        return lw.p.div(vb, va.of)
+    return lw.p.mul(lw.tensor(a), lw.tensor(b))
+
+
+def _unary(fn: Callable[[Program, Tensor], Tensor]) -> Rule:
+    def rule(lw: Lowering, node: fx.Node) -> Value:
+        return fn(lw.p, lw.tensor(_args(node)[0]))
+
+    return rule
+
+
+def _rsqrt(lw: Lowering, node: fx.Node) -> Value:
+    return Recip(lw.p.sqrt(lw.tensor(_args(node)[0])))
+
+
+def _reciprocal(lw: Lowering, node: fx.Node) -> Value:
+    return Recip(lw.tensor(_args(node)[0]))
+
+
+def _pow(lw: Lowering, node: fx.Node) -> Value:
+    x, e = _args(node)[:2]
+    if e == 2:
+        t = lw.tensor(x)
+        return lw.p.mul(t, t)
+    if e == 0.5:
+        return lw.p.sqrt(lw.tensor(x))
+    if e == -0.5:
+        return Recip(lw.p.sqrt(lw.tensor(x)))
+    raise UnsupportedOpError(f"{node.name}: pow with exponent {e!r} (supported: 2, 0.5, -0.5)")
+
+
+def _gelu(lw: Lowering, node: fx.Node) -> Value:
+    if _kw(node).get("approximate", "none") != "none":
+        raise UnsupportedOpError(f"{node.name}: tanh-approximate gelu (gensorage has the exact erf form)")
+    return lw.p.gelu(lw.tensor(_args(node)[0]))
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+
+
+def _reduce(kind: str) -> Rule:
+    def rule(lw: Lowering, node: fx.Node) -> Value:
+        x = lw.tensor(_args(node)[0])
+        dims = _dims(_args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim"), x.ndim)
+        keepdim = bool(_args(node)[2] if len(_args(node)) > 2 else _kw(node).get("keepdim", False))
+        if _kw(node).get("dtype") is not None:
+            raise UnsupportedOpError(f"{node.name}: a reduction with a dtype conversion")
+        count = 1
+        for d in dims:
+            count *= x.shape[d]
+            x = lw.p.max(x, d, keepdim=True) if kind == "amax" else lw.p.sum(x, d, keepdim=True)
+        if kind == "mean":
+            x = lw.p.scale(x, 1.0 / count)
+        if not keepdim:
+            x = lw.p.reshape(x, lw.shape(node))
+        return x
+
+    return rule
+
+
+def _softmax(lw: Lowering, node: fx.Node) -> Value:
+    x, dim = _args(node)[:2]
+    if len(_args(node)) > 2 and _args(node)[2]:
+        raise UnsupportedOpError(f"{node.name}: softmax with half_to_float")
+    return lw.p.softmax(lw.tensor(x), dim)
+
+
+# ---------------------------------------------------------------------------------------------- matmul
+
+
+def _matmul(lw: Lowering, node: fx.Node) -> Value:
+    a, b = (lw.tensor(x) for x in _args(node)[:2])
+    if a.ndim < 2 or b.ndim < 2:
+        raise UnsupportedOpError(f"{node.name}: a matrix-vector product")
+    return lw.p.matmul(a, b)
+
+
+def _addmm(lw: Lowering, node: fx.Node) -> Value:
+    if _kw(node).get("beta", 1) != 1 or _kw(node).get("alpha", 1) != 1:
+        raise UnsupportedOpError(f"{node.name}: addmm with alpha or beta")
+    bias, a, b = (lw.tensor(x) for x in _args(node)[:3])
+    return lw.p.add(lw.p.matmul(a, b), bias)
+
+
+def _sdpa(lw: Lowering, node: fx.Node) -> Value:
+    """``softmax(q kᵀ · scale + mask) v``; GQA (fewer K/V heads) repeats each K/V head."""
+    users = list(node.users)
+    if any(u.target is not operator.getitem or _args(u)[1] != 0 for u in users):
+        raise UnsupportedOpError(f"{node.name}: attention's log-sum-exp is used (training graph)")
+    name = _target_name(node)
+    args = dict(zip(SDPA_ARGS[name], _args(node), strict=False)) | dict(_kw(node))
+    if args.get("dropout_p", 0.0) != 0.0:
+        raise UnsupportedOpError(f"{node.name}: attention with dropout")
+    q, k, v = (lw.tensor(args[n]) for n in ("query", "key", "value"))
+    if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise UnsupportedOpError(f"{node.name}: attention operands of ranks {q.ndim}, {k.ndim}, {v.ndim}")
+    if k.shape[-3] != q.shape[-3]:
+        if q.shape[-3] % k.shape[-3]:
+            raise UnsupportedOpError(f"{node.name}: {q.shape[-3]} query heads over {k.shape[-3]} K/V heads")
+        k = lw.p.repeat(k, -3, q.shape[-3] // k.shape[-3])
+        v = lw.p.repeat(v, -3, q.shape[-3] // v.shape[-3])
+    scale = args.get("scale")
+    s = lw.p.matmul(q, lw.p.transpose(k, -1, -2))
+    s = lw.p.scale(s, 1.0 / math.sqrt(q.shape[-1]) if scale is None else _scalar(node, scale))
+    mask = args.get("attn_mask", args.get("attn_bias"))
+    if mask is not None:
+        s = lw.p.add(s, lw.tensor(mask))
+    if args.get("is_causal", False):
+        s = lw.p.add(s, lw.extra(Extra(q.shape[-2], k.shape[-2])))
+    return lw.p.matmul(lw.p.softmax(s, -1), v)
+
+
+def _getitem(lw: Lowering, node: fx.Node) -> Value:
+    src, index = _args(node)
+    if not isinstance(src, fx.Node) or _target_name(src) not in MULTI_OUTPUT or index != 0:
+        raise UnsupportedOpError(f"{node.name}: item {index} of a multi-output op")
+    return lw.value(src)
+
+
+# ---------------------------------------------------------------------------------------------- layout
+
+
+def _reshape(lw: Lowering, node: fx.Node) -> Value:
+    x = lw.tensor(_args(node)[0])
+    shape = lw.shape(node)
+    return x if shape == x.shape else lw.p.reshape(x, shape)
+
+
+def _identity(lw: Lowering, node: fx.Node) -> Value:
+    if _kw(node).get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
+        raise UnsupportedOpError(f"{node.name}: memory format {_kw(node)['memory_format']}")
+    return lw.value(_args(node)[0])
+
+
+def _transpose(lw: Lowering, node: fx.Node) -> Value:
+    x = lw.tensor(_args(node)[0])
+    if x.ndim < 2:
+        return x
+    d0, d1 = _args(node)[1:3] if len(_args(node)) >= 3 else (0, 1)
+    return x if d0 % x.ndim == d1 % x.ndim else lw.p.transpose(x, d0, d1)
+
+
+def _permute(lw: Lowering, node: fx.Node) -> Value:
+    """A permutation as a sequence of swaps (selection sort on where each dim must end up)."""
+    x = lw.tensor(_args(node)[0])
+    perm = [d % x.ndim for d in _args(node)[1]]  # type: ignore[union-attr]
+    current = list(range(x.ndim))
+    for i, want in enumerate(perm):
+        j = current.index(want)
+        if j != i:
+            x = lw.p.transpose(x, i, j)
+            current[i], current[j] = current[j], current[i]
+    return x
+
+
+def _expand(lw: Lowering, node: fx.Node) -> Value:
+    """Broadcasting size-1 dims as repeats (new leading dims first appear as size 1 by a reshape)."""
+    x = lw.tensor(_args(node)[0])
+    target = lw.shape(node)
+    if len(target) > x.ndim:
+        x = lw.p.reshape(x, (1,) * (len(target) - x.ndim) + x.shape)
+    for d, (have, want) in enumerate(zip(x.shape, target, strict=True)):
+        if have != want:
+            x = lw.p.repeat(x, d, want)
+    return x
+
+
+def _repeat_interleave(lw: Lowering, node: fx.Node) -> Value:
+    x = lw.tensor(_args(node)[0])
+    times = _args(node)[1] if len(_args(node)) > 1 else _kw(node).get("repeats")
+    dim = _args(node)[2] if len(_args(node)) > 2 else _kw(node).get("dim")
+    if not isinstance(times, int) or dim is None:
+        raise UnsupportedOpError(f"{node.name}: repeat_interleave needs an int count and a dim")
+    return lw.p.repeat(x, dim, times)
+
+
+def _cat(lw: Lowering, node: fx.Node) -> Value:
+    parts = [lw.tensor(x) for x in _args(node)[0]]  # type: ignore[union-attr]
+    dim = _args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim", 0)
+    return parts[0] if len(parts) == 1 else lw.p.concat(parts, dim)  # type: ignore[arg-type]
+
+
+SDPA_ARGS: dict[str, Sequence[str]] = {
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": (
+        "query",
+        "key",
+        "value",
+        "dropout_p",
+        "is_causal",
+    ),
+    "aten._scaled_dot_product_flash_attention.default": (
+        "query",
+        "key",
+        "value",
+        "dropout_p",
+        "is_causal",
+        "return_debug_mask",
+    ),
+    "aten._scaled_dot_product_efficient_attention.default": (
+        "query",
+        "key",
+        "value",
+        "attn_bias",
+        "compute_log_sumexp",
+        "dropout_p",
+        "is_causal",
+    ),
+    "aten.scaled_dot_product_attention.default": (
+        "query",
+        "key",
+        "value",
+        "attn_mask",
+        "dropout_p",
+        "is_causal",
+    ),
+}
+MULTI_OUTPUT = frozenset(n for n in SDPA_ARGS if n != "aten.scaled_dot_product_attention.default")
+
+#: One rule per aten overload (the key is ``str(overload)``).
+RULES: dict[str, Rule] = {
+    "aten.add.Tensor": _binary("add"),
+    "aten.add.Scalar": _binary("add"),
+    "aten.sub.Tensor": _binary("sub"),
+    "aten.sub.Scalar": _binary("sub"),
+    "aten.mul.Tensor": _binary("mul"),
+    "aten.mul.Scalar": _binary("mul"),
+    "aten.div.Tensor": _binary("div"),
+    "aten.div.Scalar": _binary("div"),
+    "aten.neg.default": _unary(lambda p, x: p.scale(x, -1.0)),
+    "aten.exp.default": _unary(Program.exp),
+    "aten.sqrt.default": _unary(Program.sqrt),
+    "aten.rsqrt.default": _rsqrt,
+    "aten.reciprocal.default": _reciprocal,
+    "aten.pow.Tensor_Scalar": _pow,
+    "aten.relu.default": _unary(Program.relu),
+    "aten.silu.default": _unary(Program.silu),
+    "aten.gelu.default": _gelu,
+    "aten.sum.dim_IntList": _reduce("sum"),
+    "aten.mean.dim": _reduce("mean"),
+    "aten.amax.default": _reduce("amax"),
+    "aten._softmax.default": _softmax,
+    "aten.softmax.int": _softmax,
+    "aten.mm.default": _matmul,
+    "aten.bmm.default": _matmul,
+    "aten.matmul.default": _matmul,
+    "aten.addmm.default": _addmm,
+    **{name: _sdpa for name in SDPA_ARGS},
+    "getitem": _getitem,
+    "aten.view.default": _reshape,
+    "aten._unsafe_view.default": _reshape,
+    "aten.reshape.default": _reshape,
+    "aten.unsqueeze.default": _reshape,
+    "aten.squeeze.dim": _reshape,
+    "aten.squeeze.dims": _reshape,
+    "aten.clone.default": _identity,
+    "aten.alias.default": _identity,
+    "aten.t.default": _transpose,
+    "aten.transpose.int": _transpose,
+    "aten.permute.default": _permute,
+    "aten.expand.default": _expand,
+    "aten.repeat_interleave.self_int": _repeat_interleave,
+    "aten.cat.default": _cat,
+}
+
+#: Rules that only move or rename elements: a subgraph made of these alone is left to torch (no kernel to gain).
+LAYOUT_RULES = frozenset(
+    n for n, r in RULES.items() if r in (_reshape, _identity, _transpose, _permute, _expand, _getitem, _cat)
+)
+
+__all__ = ["DTYPES", "LAYOUT_RULES", "RULES", "Extra", "Lowering", "Recip"]

@@ -1,0 +1,43 @@
+"""What ran where: the partition of each captured graph and what became of each subgraph."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+log = logging.getLogger("gensorage.torch")
+
+
+@dataclass(slots=True)
+class Report:
+    """Lines for people, added as graphs are partitioned and subgraphs compiled (``print`` when ``echo``)."""
+
+    echo: bool = False
+    lines: list[str] = field(default_factory=list)
+    graphs: int = 0
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        log.info(line)
+        if self.echo:
+            print(f"gensorage: {line}", file=sys.stderr)
+
+    def graph(self, nodes: int, in_gensorage: int, torch_reasons: dict[str, str]) -> None:
+        """One captured graph: how many of its ``nodes`` ops went to gensorage, and why the others did not."""
+        self.graphs += 1
+        self.add(f"graph {self.graphs}: {in_gensorage} of {nodes} ops in gensorage subgraphs")
+        for why, count in Counter(torch_reasons.values()).most_common():
+            names = [n for n, r in torch_reasons.items() if r == why]
+            shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+            self.add(f"  torch ({count}): {why}  [{shown}]")
+
+    def subgraph(self, name: str, what: str) -> None:
+        self.add(f"{name}: {what}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+__all__ = ["Report"]
