@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import ClassVar, Self, TypeVar
 
 from gensorage.errors import StoreError
+
+T = TypeVar("T")
 
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
 
@@ -52,16 +55,40 @@ class SQLiteFile:
             raise StoreError(f"{self.path}: cannot open {self.what} ({exc})") from exc
         with self.opening():
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            tables = self.tables()
-            if tables and self.meta_table not in tables:
-                raise StoreError(
-                    f"{self.path}: a SQLite database that is not a {self.what} "
-                    f"(tables: {', '.join(sorted(tables)[:5])})"
-                )
-            mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            if mode is None or str(mode[0]).lower() != "wal":
-                raise StoreError(f"{self.path}: cannot switch the {self.what} to WAL mode (got {mode})")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._retry_locked(self._set_up, busy_timeout_ms)
+
+    def _set_up(self) -> None:
+        """Check the file is ours (or new) and switch it to WAL."""
+        tables = self.tables()
+        if tables and self.meta_table not in tables:
+            raise StoreError(
+                f"{self.path}: a SQLite database that is not a {self.what} "
+                f"(tables: {', '.join(sorted(tables)[:5])})"
+            )
+        mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            raise StoreError(f"{self.path}: cannot switch the {self.what} to WAL mode (got {mode})")
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+
+    @staticmethod
+    def _retry_locked(step: Callable[[], T], timeout_ms: int) -> T:
+        """``step`` again while the file is locked, up to ``timeout_ms``.
+
+        Switching a new file to WAL needs an exclusive lock. When several processes open the same new file at
+        once, SQLite refuses the switch at once with "database is locked" instead of waiting in the busy
+        handler (its deadlock avoidance between a shared and an exclusive lock), so the wait is done here.
+        """
+        deadline = time.monotonic() + timeout_ms / 1000
+        delay = 0.001
+        while True:
+            try:
+                return step()
+            except sqlite3.OperationalError as exc:
+                locked = "locked" in str(exc) or "busy" in str(exc)
+                if not locked or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
 
     @contextmanager
     def opening(self) -> Iterator[None]:

@@ -65,3 +65,33 @@ def test_sqlite_failures_are_one_line_store_errors(tmp_path: Path) -> None:
         notes._conn.execute("DROP TABLE notes")
         with pytest.raises(StoreError, match=r"cannot add a note \(no such table: notes\)"):
             notes.add(1)
+
+
+def test_a_locked_set_up_is_retried_until_the_timeout() -> None:
+    # Several processes opening one new file: SQLite refuses the switch to WAL with "database is locked"
+    # at once (no busy handler), so opening retries.
+    import sqlite3
+
+    from gensorage.sqlite_file import SQLiteFile
+
+    calls: list[int] = []
+
+    def locked_twice() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return "wal"
+
+    assert SQLiteFile._retry_locked(locked_twice, 1000) == "wal" and len(calls) == 3
+
+    def other() -> None:
+        raise sqlite3.OperationalError("no such table: x")
+
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        SQLiteFile._retry_locked(other, 1000)
+
+    def always() -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        SQLiteFile._retry_locked(always, 20)
