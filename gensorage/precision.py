@@ -10,6 +10,8 @@ global memory between kernels, in shared memory between block operators.
     program's dtype is narrower, since float16 overflows at 65504 (exp(11.1), 256²) and bfloat16 keeps 8
     significant bits of a sum. Every other operator stores the widest dtype among its inputs (numpy's
     promotion), so a value derived from a float32 intermediate stays float32 until it is a program output.
+    Loop accumulators follow the same rule: a running sum is a sum, and a running max is stored in float32
+    too, since an online softmax subtracts it inside exp, where its rounding would scale every term.
 ``"storage"``
     Every tensor is stored in the program's dtype, as the program's own types say (fewer bytes, but a large
     logit or activation overflows float16).

@@ -238,9 +238,9 @@ def _accum_tile(acc: Accumulator, arg: TensorInfo, forloop: int, where: str, pre
     if acc.kind not in ("sum", "max"):
         raise UGraphError(f"{where}: accumulator kind {acc.kind!r} is not one of {ACCUM_KINDS}")
     if acc.fmap is None:
-        if acc.kind == "sum":  # a loop sum is a sum: stored like one
-            return arg.stored_as(stored_dtype(Op.SUM, [arg.dtype], False, precision))
-        return arg
+        # A loop sum is a sum: stored like one. A running max is stored in float32 too: an online softmax
+        # subtracts it inside exp, where its rounding would scale every term (exp(ulp/2) at a logit of 100).
+        return arg.stored_as(stored_dtype(Op.SUM, [arg.dtype], False, precision))
     if acc.kind != "sum":
         raise UGraphError(f"{where}: a concatenating accumulator (fmap {acc.fmap}) takes kind 'sum'")
     d = _check_dim(acc.fmap, len(arg.shape), "accumulator fmap dim", where)
