@@ -484,6 +484,10 @@ EXTRA_UGRAPHS: dict[str, Any] = {
     "llama3_flash_attention2": lambda: examples.flash_attention2(
         heads=32, q_len=1024, kv_len=1024, head_dim=128, q_blocks=16, forloop=16
     ),
+    # Decode (one query, 4,096 keys): FlashDecoding's split-KV with online softmax, then the combine kernel.
+    "llama3_flash_decoding_stable": lambda: examples.flash_decoding_stable(
+        heads=32, kv_len=4096, head_dim=128, splits=16, forloop=4
+    ),
     # The papers' form (exp(S) V / Σ exp(S), K as [heads, dim, keys]) fused the same way, for comparison.
     "llama3_flash_attention_papers": lambda: examples.flash_attention(
         heads=32, q_len=1024, kv_len=1024, head_dim=128, q_blocks=16, forloop=16
