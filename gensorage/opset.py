@@ -23,6 +23,7 @@ Semantics (numpy conventions):
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar, assert_never
@@ -51,6 +52,7 @@ class Op(StrEnum):
     MAX = "max"
     ADD_SCALAR = "add_scalar"
     TRANSPOSE = "transpose"
+    SLICE = "slice"
     RESHAPE = "reshape"
     REPEAT = "repeat"
     CONCAT = "concat"
@@ -61,7 +63,7 @@ UNARY_ELEMENTWISE = frozenset({Op.EXP, Op.SQRT, Op.SCALE, Op.ADD_SCALAR, Op.RELU
 ELEMENTWISE = BINARY_ELEMENTWISE | UNARY_ELEMENTWISE
 ACTIVATIONS = frozenset({Op.RELU, Op.SILU, Op.GELU})
 #: Ops that move elements without computing (zero flops).
-LAYOUT = frozenset({Op.RESHAPE, Op.REPEAT, Op.CONCAT, Op.TRANSPOSE})
+LAYOUT = frozenset({Op.RESHAPE, Op.REPEAT, Op.CONCAT, Op.TRANSPOSE, Op.SLICE})
 #: Ops that reduce along one dim (one flop per element reduced).
 REDUCTIONS = frozenset({Op.SUM, Op.MAX})
 # Ops outside the Lax fragment (verified by treating them as uninterpreted functions; see gensorage.verify).
@@ -73,9 +75,18 @@ ARITY: Mapping[Op, int | None] = {
     Op.SUM: 1,
     Op.MAX: 1,
     Op.TRANSPOSE: 1,
+    Op.SLICE: 1,
     Op.RESHAPE: 1,
     Op.REPEAT: 1,
     Op.CONCAT: None,  # two or more
+}
+
+#: Layout ops whose attributes are all required (by name).
+REQUIRED_ATTRS: Mapping[Op, tuple[str, ...]] = {
+    Op.RESHAPE: ("shape",),
+    Op.REPEAT: ("dim", "times"),
+    Op.TRANSPOSE: ("dim0", "dim1"),
+    Op.SLICE: ("dim", "start", "stop"),
 }
 
 
@@ -160,6 +171,11 @@ def infer_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs = ()) -> Shape:
             d0 = _norm_dim(op, shapes, attr(attrs, "dim0"), len(s))
             d1 = _norm_dim(op, shapes, attr(attrs, "dim1"), len(s))
             return transposed(s, d0, d1)
+        case Op.SLICE:
+            s = shapes[0]
+            dim = _norm_dim(op, shapes, attr(attrs, "dim"), len(s))
+            start, stop = slice_bounds(op, shapes, s[dim], attr(attrs, "start"), attr(attrs, "stop"))
+            return s[:dim] + (stop - start,) + s[dim + 1 :]
         case Op.RESHAPE:
             new = attr(attrs, "shape")
             if not isinstance(new, tuple) or not new or not all(isinstance(d, int) and d > 0 for d in new):
@@ -185,6 +201,18 @@ def transposed(t: tuple[V, ...], dim0: int, dim1: int) -> tuple[V, ...]:
     out = list(t)
     out[dim0], out[dim1] = out[dim1], out[dim0]
     return tuple(out)
+
+
+def slice_bounds(op: Op, shapes: Sequence[Shape], size: int, start: Any, stop: Any) -> tuple[int, int]:
+    """``start`` and ``stop`` normalised as Python slices them on a dim of ``size`` (negative counts from the end,
+    oversized clamps); an empty result or a non-integer bound is a :class:`ProgramError`."""
+    for name, v in (("start", start), ("stop", stop)):
+        if isinstance(v, bool) or not hasattr(v, "__index__") or isinstance(v, float):
+            raise _fail(op, shapes, f"'{name}' must be an integer, got {v!r}")
+    lo, hi, _ = slice(operator.index(start), operator.index(stop)).indices(size)
+    if hi <= lo:
+        raise _fail(op, shapes, f"slice [{start}:{stop}] of a dim of size {size} is empty")
+    return lo, hi
 
 
 def _finite(x: Any) -> bool:
@@ -263,6 +291,13 @@ def apply(op: Op, arith: Arith[V], inputs: Sequence[V], attrs: Attrs = ()) -> V:
             x = inputs[0]
             nd = len(arith.shape(x))
             return arith.transpose(x, int(attr(attrs, "dim0")) % nd, int(attr(attrs, "dim1")) % nd)
+        case Op.SLICE:
+            x = inputs[0]
+            dim = int(attr(attrs, "dim")) % len(arith.shape(x))
+            lo, hi, _ = slice(int(attr(attrs, "start")), int(attr(attrs, "stop"))).indices(
+                arith.shape(x)[dim]
+            )
+            return arith.slice(x, dim, lo, hi)
         case Op.RESHAPE:
             return arith.reshape(inputs[0], tuple(attr(attrs, "shape")))
         case Op.REPEAT:

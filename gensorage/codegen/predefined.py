@@ -365,6 +365,12 @@ def _element(w: Writer, op: KernelOp, ins: list[Any], out: Any, idx: list[Ix], s
                 ),
             )
         )
+    elif op.op is Op.SLICE:  # a copy from the window's start along dim
+        dim = int(attr(op.attrs, "dim")) % len(out.shape)
+        start = slice(int(attr(op.attrs, "start")), int(attr(op.attrs, "stop"))).indices(ins[0].shape[dim])[0]
+        src = list(idx)
+        src[dim] = idx[dim] + start
+        store(load(0, src))
     elif op.op is Op.REPEAT:
         dim = int(attr(op.attrs, "dim")) % len(out.shape)
         src = list(idx)

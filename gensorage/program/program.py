@@ -283,6 +283,13 @@ class Program:
         d1 = _check_dim(Op.TRANSPOSE, dim1, x.ndim, [x.shape])
         return self._op(Op.TRANSPOSE, [x], {"dim0": d0, "dim1": d1}, name)
 
+    def slice(self, x: Tensor, dim: int, start: int, stop: int, name: str | None = None) -> Tensor:
+        """``x[..., start:stop]`` along ``dim`` (step 1; bounds normalised as Python's; empty is an error)."""
+        self._own(x, "slice")
+        d = _check_dim(Op.SLICE, dim, x.ndim, [x.shape])
+        lo, hi = opset.slice_bounds(Op.SLICE, [x.shape], x.shape[d], start, stop)
+        return self._op(Op.SLICE, [x], {"dim": d, "start": lo, "stop": hi}, name)
+
     def softmax(self, x: Tensor, dim: int, name: str | None = None) -> Tensor:
         """``exp(x - m) / Σ exp(x - m)`` along ``dim`` with ``m`` the row maximum (the stable form; no new op)."""
         self._own(x, "softmax")
@@ -339,12 +346,10 @@ class Program:
             case Op.SUM:
                 _only(op, attrs, {"dim", "keepdim", "group"}, {"dim"})
                 return self.sum(_one(op, inputs), name=name, **attrs)
-            case Op.RESHAPE:
-                _only(op, attrs, {"shape"}, {"shape"})
-                return self.reshape(_one(op, inputs), attrs["shape"], name=name)
-            case Op.REPEAT:
-                _only(op, attrs, {"dim", "times"}, {"dim", "times"})
-                return self.repeat(_one(op, inputs), attrs["dim"], attrs["times"], name=name)
+            case Op.RESHAPE | Op.REPEAT | Op.TRANSPOSE | Op.SLICE:  # every attribute required, passed by name
+                need = set(opset.REQUIRED_ATTRS[op])
+                _only(op, attrs, need, need)
+                return getattr(self, op.value)(_one(op, inputs), name=name, **attrs)  # type: ignore[no-any-return]
             case Op.CONCAT:
                 _only(op, attrs, {"dim"}, {"dim"})
                 return self.concat(inputs, attrs["dim"], name=name)
@@ -357,9 +362,6 @@ class Program:
             case Op.MAX:
                 _only(op, attrs, {"dim", "keepdim"}, {"dim"})
                 return self.max(_one(op, inputs), name=name, **attrs)
-            case Op.TRANSPOSE:
-                _only(op, attrs, {"dim0", "dim1"}, {"dim0", "dim1"})
-                return self.transpose(_one(op, inputs), attrs["dim0"], attrs["dim1"], name=name)
             case _:
                 _only(op, attrs, set(), set())
                 return self._op(op, list(inputs), {}, name)

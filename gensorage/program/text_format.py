@@ -59,6 +59,7 @@ POSITIONAL_ATTRS: Mapping[Op, tuple[str, ...]] = {
     Op.SUM: ("dim", "keepdim", "group"),
     Op.MAX: ("dim", "keepdim"),
     Op.TRANSPOSE: ("dim0", "dim1"),
+    Op.SLICE: ("dim", "start", "stop"),
     Op.ADD_SCALAR: ("value",),
     Op.REPEAT: ("dim", "times"),
     Op.CONCAT: ("dim",),

@@ -79,7 +79,7 @@ def const_of(op: Op, attrs: Attrs, ins: Sequence[Const]) -> Const:
         case Op.MAX:  # max(c·x) = c·max(x) for c > 0 only
             c = ins[0]
             return c if c is not None and c > 0 else None
-        case Op.SUM | Op.RESHAPE | Op.REPEAT | Op.TRANSPOSE:
+        case Op.SUM | Op.RESHAPE | Op.REPEAT | Op.TRANSPOSE | Op.SLICE:
             return ins[0]
         case _:
             assert_never(op)
