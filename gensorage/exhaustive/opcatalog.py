@@ -60,6 +60,8 @@ TYPE_ORDER: tuple[Op, ...] = (
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
 # Operators the search adds as pre-defined kernel operators only (the block emitter has no transpose).
 KERNEL_ONLY = frozenset({Op.TRANSPOSE})
+# Operators a searched program may not use (see :func:`unsearched`).
+NOT_SEARCHED = frozenset({Op.SLICE})
 # The only operators that may read a scale's result (see docs/search.md: a constant factor is moved along its
 # linear chain to just before the next non-linear operator or the output). Adding a constant is not linear:
 # ``c·x + v`` is no ``c·(x + v)``, so a scale cannot move past an add_scalar (an RMSNorm's mean + eps).
@@ -81,6 +83,16 @@ class OpVariant:
 def program_ops(program: Program) -> frozenset[Op]:
     """Operator types the program's live nodes use."""
     return frozenset(n.op for i in program.live_ids() if (n := program.nodes[i]).op is not None)
+
+
+def unsearched(program: Program) -> str | None:
+    """Why the search cannot take ``program``, or None. A slice's window is an absolute range of its dim, which
+    neither the abstract expressions nor a re-instantiation at other shapes model: such a program is refused (full
+    mode keeps the direct µGraph) rather than searched unsoundly."""
+    ops = sorted(o.value for o in program_ops(program) & NOT_SEARCHED)
+    return (
+        f"the search does not take {', '.join(ops)} (its window is no abstract expression)" if ops else None
+    )
 
 
 def default_types(program: Program) -> frozenset[Op]:
@@ -264,6 +276,7 @@ __all__ = [
     "COMMUTATIVE",
     "KERNEL_ONLY",
     "MAX_RANK",
+    "NOT_SEARCHED",
     "NONLINEAR_UNARY",
     "SELF_USELESS",
     "TYPE_ORDER",
@@ -272,6 +285,7 @@ __all__ = [
     "catalog",
     "default_types",
     "out_shape",
+    "unsearched",
     "program_ops",
     "shape_free_term",
 ]

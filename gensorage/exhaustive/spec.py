@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from gensorage.errors import ConfigError
+from gensorage.errors import ConfigError, UnsupportedOpError
 from gensorage.exhaustive.dim_strategy import DimStrategy
+from gensorage.exhaustive.opcatalog import unsearched
 from gensorage.opset import Op, parse_op
 from gensorage.program import Program, dump_program, parse_program
 
@@ -104,6 +105,8 @@ class SearchSpec:
             raise ConfigError(f"search spec: program must be a Program, got {type(self.program).__name__}")
         if not self.program.outputs:
             raise ConfigError(f"search spec: program '{self.program.name}' has no outputs")
+        if (why := unsearched(self.program)) is not None:
+            raise UnsupportedOpError(f"search spec: program '{self.program.name}': {why}")
         object.__setattr__(self, "program_text", _program_text(self.program))
         self._check_size()
         for name in ("max_kernel_ops", "max_block_ops", "max_block_inputs", "max_block_outputs"):

@@ -289,9 +289,14 @@ class Run:
         progress: bool,
         hw_name: str,
     ) -> SuperoptResult:
+        from gensorage.exhaustive.opcatalog import unsearched
         from gensorage.exhaustive.run.runner import SearchInterrupted, run_search
         from gensorage.exhaustive.spec import SearchSpec
 
+        if (why := unsearched(self.program)) is not None:
+            self.begin_choosing()
+            self.say(f"{why}; using the direct µGraph")
+            return self.result("full", [self.direct()], fallback_reason=why)
         small = search_program(self.src, self.preset, explicit, self.notes)
         budget = (
             time_budget_s
