@@ -391,6 +391,19 @@ def _repeat_interleave(lw: Lowering, node: fx.Node) -> Value:
     return lw.p.repeat(x, dim, times)
 
 
+def _slice(lw: Lowering, node: fx.Node) -> Value:
+    """``x[..., start:end]`` along ``dim`` (step 1; a window covering the whole dim is ``x`` itself)."""
+    x = lw.tensor(_args(node)[0])
+    names = ("dim", "start", "end", "step")
+    given = {**dict(zip(names, _args(node)[1:], strict=False)), **_kw(node)}
+    dim, start, end, step = given.get("dim", 0), given.get("start"), given.get("end"), given.get("step", 1)
+    if step != 1 or not all(v is None or type(v) is int for v in (dim, start, end)):
+        raise UnsupportedOpError(f"{node.name}: slice needs int bounds and step 1, got {start}:{end}:{step}")
+    d = dim % x.ndim  # type: ignore[operator]
+    lo, hi, _ = slice(start, end).indices(x.shape[d])
+    return x if (lo, hi) == (0, x.shape[d]) else lw.p.slice(x, d, lo, hi)
+
+
 def _cat(lw: Lowering, node: fx.Node) -> Value:
     parts = [lw.tensor(x) for x in _args(node)[0]]  # type: ignore[union-attr]
     dim = _args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim", 0)
@@ -477,11 +490,14 @@ RULES: dict[str, Rule] = {
     "aten.expand.default": _expand,
     "aten.repeat_interleave.self_int": _repeat_interleave,
     "aten.cat.default": _cat,
+    "aten.slice.Tensor": _slice,
 }
 
 #: Rules that only move or rename elements: a subgraph made of these alone is left to torch (no kernel to gain).
 LAYOUT_RULES = frozenset(
-    n for n, r in RULES.items() if r in (_reshape, _identity, _transpose, _permute, _expand, _getitem, _cat)
+    n
+    for n, r in RULES.items()
+    if r in (_reshape, _identity, _transpose, _permute, _expand, _getitem, _cat, _slice)
 )
 
 __all__ = ["DTYPES", "LAYOUT_RULES", "RULES", "Extra", "Lowering", "Recip"]
