@@ -256,7 +256,7 @@ def programs(draw: st.DrawFn) -> Program:
         if name is not None and name in {n.name for n in p.nodes}:
             name = None
         x = draw(pick)
-        if x.ndim == 0 and op in (Op.SUM, Op.MAX, Op.TRANSPOSE, Op.RESHAPE, Op.REPEAT, Op.CONCAT):
+        if x.ndim == 0 and op in (Op.SUM, Op.MAX, Op.TRANSPOSE, Op.SLICE, Op.RESHAPE, Op.REPEAT, Op.CONCAT):
             continue  # a fully reduced scalar has no dim to pick
         try:
             if op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MATMUL):
@@ -271,6 +271,9 @@ def programs(draw: st.DrawFn) -> Program:
             elif op is Op.TRANSPOSE:
                 dims = st.integers(-x.ndim, x.ndim - 1)
                 t = p.transpose(x, draw(dims), draw(dims), name=name)
+            elif op is Op.SLICE:
+                bounds = st.integers(-6, 6)
+                t = p.slice(x, draw(st.integers(-x.ndim, x.ndim - 1)), draw(bounds), draw(bounds), name=name)
             elif op is Op.SUM:
                 dim = draw(st.integers(-x.ndim, x.ndim - 1))
                 group = draw(st.one_of(st.none(), st.integers(1, 4)))
