@@ -20,6 +20,7 @@ from gensorage.hw import load_profile
 from gensorage.opset import Op, flops, infer_shape
 from gensorage.program import Program, dump_program, parse_program
 from gensorage.ugraph import KernelGraph, from_program
+from gensorage.ugraph.cost import kernel_costs
 from gensorage.ugraph.ir import KernelOp
 from gensorage.verify import equivalent
 
@@ -179,6 +180,14 @@ def test_llvm_kernel_matches_numpy(dtype: str) -> None:
     ref = p.run(x)[0]
     np.testing.assert_allclose(ref, _numpy_rotate_half(x), rtol=1e-12)  # the reference is the numpy slicing
     assert np.max(np.abs(np.asarray(out, np.float64) - ref)) <= tol * np.max(np.abs(ref))
+
+
+def test_cost_moves_the_window_only() -> None:
+    p = Program(name="window")
+    x = p.input("X", (64, 256), "float16")
+    p.output(p.slice(x, 1, 32, 96))  # a quarter of X, copied
+    (cost,) = kernel_costs(from_program(p), load_profile("h100"))
+    assert cost.flops == 0 and cost.dram_bytes == 2 * (64 * 64 * 2)  # read the window, write it
 
 
 def test_fast_mode_runs_on_the_cpu_and_full_mode_keeps_the_direct_ugraph() -> None:

@@ -84,7 +84,10 @@ def _peak(hw: HwProfile, dtype: str, tensor_cores: bool) -> float:
 def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> KernelCost:
     if node.op is Op.RESHAPE:
         return KernelCost("view", 0.0, 0, 0, 0, 0, 0, 0)
-    moved = sum(tensor_bytes(t) for t in ins) + tensor_bytes(out)
+    read = sum(tensor_bytes(t) for t in ins)
+    if node.op is Op.SLICE:  # the copy reads its window only
+        read = read * _numel(out.shape) // _numel(ins[0].shape)
+    moved = read + tensor_bytes(out)
     work = opset.flops(node.op, [t.shape for t in ins], out.shape)
     mma = _tensor_core_matmul(hw, node, ins, out)
     if mma is not None:  # the kernel the code generator emits, priced by the model that constructed it
