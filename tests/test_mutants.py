@@ -38,6 +38,16 @@ def real_model_case() -> tuple[Program, KernelGraph]:
     return p, from_program(p)
 
 
+def rotate_half_case() -> tuple[Program, KernelGraph]:
+    """RoPE's rotate_half: two windows of the last dim, whose starts can move by one without changing shapes."""
+    p = Program("rotate_half")
+    x = p.input("X", (2, 3, 8))
+    rotated = p.concat([p.scale(p.slice(x, -1, 5, 8), -1.0), p.slice(x, -1, 1, 4)], -1)  # windows with room
+    s = p.slice(x, 2, 1, 7)
+    p.output(p.add(p.mul(s, s), rotated))
+    return p, from_program(p)
+
+
 # Every paper example at its default (small) shapes, plus shapes/programs where the size-changing mutations
 # (fmap, repeat, concat dim) can give valid graphs: FlashAttention with a loop that also divides the Q tile,
 # GQA the FlashDecoding way (Repeat kernels), and the layout case.
@@ -47,6 +57,7 @@ CASES: dict[str, Callable[[], tuple[Program, KernelGraph]]] = {
     "flash_decoding_gqa": lambda: flash_decoding(group=2),
     "layout": layout_case,
     "real_model": real_model_case,
+    "rotate_half": rotate_half_case,
 }
 
 

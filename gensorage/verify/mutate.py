@@ -279,6 +279,26 @@ def swap_transpose(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
     return _set_op(g, loc, dataclasses.replace(node, attrs=freeze_attrs({"dim0": new[0], "dim1": new[1]})))
 
 
+def shift_slice(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
+    """Move a slice's window by one element (the same shape, other elements: rotate_half's halves off by one)."""
+    sites = [
+        (loc, n) for loc, n in _attr_sites(g, Op.SLICE) if loc[0] == "kernel"
+    ]  # slice is kernel-level only
+    if not sites:
+        return None
+    loc, node = rng.choice(sites)
+    dim = attr(node.attrs, "dim") % _op_input_ndim(g, loc, node)
+    size = infer(g).of(node.inputs[0]).shape[dim]
+    lo, hi, _ = slice(attr(node.attrs, "start"), attr(node.attrs, "stop")).indices(size)
+    moves = [d for d in (-1, 1) if lo + d >= 0 and hi + d <= size]
+    if not moves:
+        return None
+    d = rng.choice(moves)
+    return _set_op(
+        g, loc, dataclasses.replace(node, attrs=freeze_attrs({"dim": dim, "start": lo + d, "stop": hi + d}))
+    )
+
+
 def permute_reshape(g: KernelGraph, rng: random.Random) -> KernelGraph | None:
     """Reshape to a permutation of the target shape (a wrong layout)."""
     sites = [(loc, n) for loc, n in _attr_sites(g, Op.RESHAPE) if len(set(attr(n.attrs, "shape"))) > 1]
@@ -409,6 +429,7 @@ MUTATIONS: dict[str, Mutation] = {
     "change_repeat": change_repeat,
     "change_scale": change_scale,
     "swap_transpose": swap_transpose,
+    "shift_slice": shift_slice,
     "permute_reshape": permute_reshape,
     "change_concat_dim": change_concat_dim,
 }
