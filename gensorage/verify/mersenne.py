@@ -14,6 +14,7 @@ and a mask (``2^61 ≡ 1``), and multiplying by ``2^k`` a 61-bit rotation.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -209,12 +210,19 @@ def _chunk_product(x: np.ndarray, y: np.ndarray, plan: LimbPlan) -> np.ndarray:
     return _recombine(acc, plan, rows, cols, units)
 
 
+#: Products with at least this many rows and columns use BLAS's threads. Skinny ones (a decode step's few rows)
+#: measured 5-100x slower with two threads on a loaded 2-core machine; a 512-row prefill product ran 1.8x
+#: faster with two threads on an idle one (1.36 s -> 0.75 s per check) and no slower on a loaded one.
+THREADED_FROM = 64
+
+
 def matmul(x: np.ndarray, y: np.ndarray, plan: LimbPlan | None = None) -> np.ndarray:
     """``x @ y mod M61`` (numpy matmul broadcasting of the leading dims), exact at any inner size.
 
     The limb plan is ``plan`` or the cheapest of :func:`plans` by :meth:`LimbPlan.cost`; the broadcast batch is chunked so
-    that the float64 limb copies of one chunk stay near 64 MiB. BLAS runs single-threaded
-    (:func:`gensorage.verify.blas.single_threaded`).
+    that the float64 limb copies of one chunk stay near 64 MiB. A skinny product (fewer than
+    :data:`THREADED_FROM` rows or columns) runs BLAS single-threaded
+    (:func:`gensorage.verify.blas.single_threaded`); a large one uses BLAS's threads.
     """
     batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
     rows, k, cols = x.shape[-2], x.shape[-1], y.shape[-1]
@@ -229,7 +237,7 @@ def matmul(x: np.ndarray, y: np.ndarray, plan: LimbPlan | None = None) -> np.nda
     out = np.zeros((xb.shape[0], rows, cols), dtype=np.uint64)
     if k == 0:  # an empty sum
         return out.reshape(batch + (rows, cols))
-    with single_threaded():
+    with single_threaded() if min(rows, cols) < THREADED_FROM else contextlib.nullcontext():
         for b0 in range(0, xb.shape[0], step):
             out[b0 : b0 + step] = _chunk_product(xb[b0 : b0 + step], yb[b0 : b0 + step], plan)
     return out.reshape(batch + (rows, cols))
