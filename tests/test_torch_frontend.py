@@ -154,6 +154,23 @@ def test_attention_with_explicit_mask_and_gelu() -> None:
     assert len(gensorage_subgraphs(compiled.explain())) == 1, compiled.explain()
 
 
+@pytest.mark.parametrize(("dtype", "rel"), [(torch.float32, 1e-3), (torch.bfloat16, 2e-2)])
+def test_layer_norm_with_an_outlier_channel(dtype: torch.dtype, rel: float) -> None:
+    """LayerNorm (weight and bias) then a projection, with one channel at 500: lowered, not left to torch."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.LayerNorm(48), nn.Linear(48, 24)).eval().to(dtype)
+    x = 3.0 * torch.randn(2, 5, 48)
+    x[..., 11] = 500.0
+    x = x.to(dtype)
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        got = compiled(x)
+        want = model.double()(x.double())
+    assert_close(got, want, rel)
+    report = compiled.explain()
+    assert "native_layer_norm" not in report and len(gensorage_subgraphs(report)) == 1, report
+
+
 def test_unsupported_pieces_stay_in_torch() -> None:
     """tanh has no lowering, float64 no kernels: both run in torch, with their reasons reported, and the answer
     is torch's; the supported part around tanh still runs in gensorage."""

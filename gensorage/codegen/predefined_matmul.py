@@ -242,7 +242,9 @@ def tensor_core_kernels(
     name: str,
     seed: int,
 ) -> list[ScheduledKernel]:
-    """The matmul on tensor cores when its operands are float16 (none otherwise).
+    """The matmul on tensor cores when :func:`~gensorage.codegen.tensor_core.mma_dtype` gives its operands an
+    MMA dtype (two equal 16-bit dtypes, or a float32 operand with a 16-bit one, converted to bfloat16); none
+    otherwise.
 
     The field twin and the llvm twin run the same tiling without tensorization (see
     :mod:`gensorage.codegen.tensor_core`).

@@ -231,7 +231,8 @@ def schedule_tensor_core(
     ----------
     func
         A PrimFunc whose reduction block ``C`` is ``C[.., i, j] += float32(A[.., i, k]) * float32(B[.., k, j])``
-        with float16 operands; a consumer block ``D`` (the cast) is inlined into the write-back.
+        with 16-bit operands (read directly, or produced by conversions ``A_mma`` / ``B_mma``, which are inlined
+        into the shared copies); a consumer block ``D`` (the cast) is inlined into the write-back.
     tiles
         Block, warp and reduction tiles and the pipeline depth.
     gpu

@@ -275,6 +275,30 @@ def _reduce(kind: str) -> Rule:
     return rule
 
 
+def _layer_norm(lw: Lowering, node: fx.Node) -> Value:
+    """``(x − mean) / sqrt(var + eps) · weight + bias`` over the trailing ``normalized_shape`` dims (the biased
+    variance, as torch's); only the normalised output may be used (mean and rstd are for training)."""
+    if any(u.target is not operator.getitem or _args(u)[1] != 0 for u in node.users):
+        raise UnsupportedOpError(f"{node.name}: layer_norm's mean or rstd is used (training graph)")
+    x, shape, weight, bias, eps = _args(node)[:5]
+    x = lw.tensor(x)
+    dims = list(range(x.ndim - len(shape), x.ndim))
+    count = math.prod(x.shape[d] for d in dims)
+
+    def mean(t: Tensor) -> Tensor:
+        for d in dims:
+            t = lw.p.sum(t, d, keepdim=True)
+        return lw.p.scale(t, 1.0 / count)
+
+    centred = lw.p.sub(x, mean(x))
+    y = lw.p.div(centred, lw.p.sqrt(lw.p.add(mean(lw.p.mul(centred, centred)), _scalar(node, eps))))
+    if weight is not None:
+        y = lw.p.mul(y, lw.tensor(weight))
+    if bias is not None:
+        y = lw.p.add(y, lw.tensor(bias))
+    return y
+
+
 def _softmax(lw: Lowering, node: fx.Node) -> Value:
     x, dim = _args(node)[:2]
     if len(_args(node)) > 2 and _args(node)[2]:
@@ -444,7 +468,12 @@ SDPA_ARGS: dict[str, Sequence[str]] = {
         "is_causal",
     ),
 }
-MULTI_OUTPUT = frozenset(n for n in SDPA_ARGS if n != "aten.scaled_dot_product_attention.default")
+MULTI_OUTPUT = frozenset(
+    {
+        *(n for n in SDPA_ARGS if n != "aten.scaled_dot_product_attention.default"),
+        "aten.native_layer_norm.default",
+    }
+)
 
 #: One rule per aten overload (the key is ``str(overload)``).
 RULES: dict[str, Rule] = {
@@ -469,6 +498,7 @@ RULES: dict[str, Rule] = {
     "aten.mean.dim": _reduce("mean"),
     "aten.amax.default": _reduce("amax"),
     "aten._softmax.default": _softmax,
+    "aten.native_layer_norm.default": _layer_norm,
     "aten.softmax.int": _softmax,
     "aten.mm.default": _matmul,
     "aten.bmm.default": _matmul,
