@@ -272,6 +272,16 @@ def _check_arrays(g: KernelGraph, arrays: Sequence[Any]) -> list[np.ndarray]:
     return out
 
 
+def _check_tensors(g: KernelGraph, tensors: Sequence[Any]) -> None:
+    if len(tensors) != len(g.inputs):
+        raise ProgramError(f"µGraph takes {len(g.inputs)} inputs, got {len(tensors)}")
+    for spec, t in zip(g.inputs, tensors, strict=True):
+        if tuple(t.shape) != spec.shape or str(t.dtype) != spec.dtype:
+            raise ProgramError(
+                f"input {spec.name}: got {list(t.shape)} {t.dtype}, expected {list(spec.shape)} {spec.dtype}"
+            )
+
+
 # ------------------------------------------------------------------------------------------------ public API
 
 
@@ -396,23 +406,24 @@ class CompiledUGraph:
             inputs = [tvm.runtime.tensor(a, device=dev) for a in _check_arrays(self.ugraph, arrays)]
         else:
             inputs = [tvm.runtime.from_dlpack(a) for a in arrays]
-            for spec, t in zip(self.ugraph.inputs, inputs, strict=True):
-                if tuple(t.shape) != spec.shape or str(t.dtype) != spec.dtype:
-                    raise ProgramError(
-                        f"input {spec.name}: got {list(t.shape)} {t.dtype}, expected "
-                        f"{list(spec.shape)} {spec.dtype}"
-                    )
-        outs = execute(
-            self.ugraph,
-            self.info,
-            self.kernels("cuda"),
-            self.executable("cuda"),
-            inputs,
-            dev,
-            FloatScalar(self.compute),
-        )
+        outs = self.run_tensors(inputs, "cuda")
         dev.sync()
         return [np.asarray(o.numpy()) for o in outs] if numpy_in else outs
+
+    def run_tensors(self, inputs: Sequence[Any], target: Target) -> list[Any]:
+        """Run the ``target`` build on TVM tensors already on its device (DLPack imports of torch tensors, say:
+        no copies); returns the outputs as new TVM tensors on the inputs' device.
+
+        The launches are asynchronous on a GPU (on TVM's current stream); reading the outputs on that stream
+        (or after a sync) sees them. Raises :class:`ProgramError` for a wrong count, shape or dtype.
+        """
+        import tvm
+
+        _check_tensors(self.ugraph, inputs)
+        dev = inputs[0].device if inputs else tvm.cpu(0)
+        scalar = FloatScalar(self.compute)
+        kernels, ex = self.kernels(target), self.executable(target)
+        return execute(self.ugraph, self.info, kernels, ex, inputs, dev, scalar)
 
     def field_twin(self, p: int | None = None, q: int | None = None) -> Any:
         """The :class:`~gensorage.codegen.field_twin.FieldTwin` of these kernels (same thread plans)."""

@@ -27,11 +27,39 @@ class Compiled:
         self.__signature__ = inspect.signature(target)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._compiled(*args, **kwargs)
+        from torch._dynamo.exc import TorchDynamoException
+        from torch._dynamo.utils import counters
+
+        breaks = counters["graph_break"]
+        before = dict(breaks)
+        try:
+            return self._compiled(*args, **kwargs)
+        except TorchDynamoException as exc:  # capture or compilation failed: torch runs the model as written
+            self.report.add(f"torch.compile failed, eager torch runs the model from now on: {_line(exc)}")
+            self._compiled = self._fn
+            return self._call_eager(*args, **kwargs)
+        except Exception as exc:  # the model's own error, raised as eager torch raises it
+            self.report.add(f"the model raised {type(exc).__name__}: {_line(exc)}")
+            raise
+        finally:
+            if breaks != before:
+                self.report.graph_breaks([why for why, n in breaks.items() if n != before.get(why)])
+
+    def _call_eager(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._fn(*args, **kwargs)
+        except Exception as exc:
+            self.report.add(f"the model raised {type(exc).__name__}: {_line(exc)}")
+            raise
 
     def explain(self) -> str:
         """Which ops ran in gensorage and which in torch, and why (one line per decision)."""
         return str(self.report.text())
+
+
+def _line(exc: BaseException) -> str:
+    """The first non-empty line of ``exc``'s message (dynamo's messages run to pages)."""
+    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
 
 
 def compile(

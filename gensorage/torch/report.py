@@ -33,6 +33,15 @@ class Report:
             shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
             self.add(f"  torch ({count}): {why}  [{shown}]")
 
+    def graph_breaks(self, reasons: list[str]) -> None:
+        """Where dynamo split the model (a data-dependent shape, say): the code between graphs runs in torch."""
+        for why in reasons:
+            lines = [ln.strip() for ln in why.splitlines() if ln.strip()]
+            detail = lines[1].removeprefix("Explanation: ") if len(lines) > 1 else ""
+            self.add(
+                f"graph break, runs in torch: {': '.join(filter(None, (lines[0] if lines else '', detail)))}"
+            )
+
     def subgraph(self, name: str, what: str) -> None:
         self.add(f"{name}: {what}")
 

@@ -3,8 +3,9 @@
 The Program lowered from the subgraph is its definition. On the first call (real tensors at hand) the Program is
 superoptimised (:func:`gensorage.superoptimize`, which proves the chosen µGraph equal to the Program), the kernels
 run on the call's inputs and their outputs are compared with torch running the same subgraph; only then are the
-kernels used. Anything that fails (lowering, search, build, the comparison, a device the path does not serve)
-leaves the subgraph in torch with a one-line reason in the report, so the answer is always torch's or checked.
+kernels used. Anything that fails (lowering, search, build, the comparison, a device the path does not serve,
+an error of TVM's own) leaves the subgraph in torch with a one-line reason in the report, so the answer is always
+torch's or checked. The kernels run where the tensors are (:mod:`.device`).
 
 Compiled kernels are cached by the Program's key (ops, shapes, dtypes; not names), so a shape seen before — in
 this graph, another layer, or a recompiled graph — reuses its kernels without searching or building again.
@@ -15,14 +16,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.fx as fx
 
-from gensorage.dtypes import numpy_dtype
 from gensorage.errors import GensorageError, UnsupportedOpError
 from gensorage.program import Program
 from gensorage.superopt import SuperoptResult, superoptimize
+from gensorage.torch.device import build_for, kernels_for, run_on_device
 from gensorage.torch.lowering import Extra, Lowering
 from gensorage.torch.report import Report
 
@@ -98,27 +98,40 @@ class GensorageSubgraph(torch.nn.Module):
             return tuple(
                 self.sub(*args)
             )  # a guard let other shapes through: torch's answer, never a wrong one
-        return run_kernels(lowered, res, [*args, *self._extras])
+        try:
+            return run_kernels(lowered, res, [*args, *self._extras])
+        except Exception as exc:  # e.g. a device the kernels were not built for: torch from now on
+            self._fall_back(f"kernels failed on a later call: {type(exc).__name__}: {exc}")
+            return tuple(self.sub(*args))
+
+    def _fall_back(self, reason: str) -> None:
+        self._kernels, self._fallback = None, (reason.strip().splitlines() or ["?"])[0]
+        self.report.subgraph(self.name, f"stays in torch: {self._fallback}")
 
     def _prepare(self, args: tuple[torch.Tensor, ...]) -> None:
+        # torch's answer first: an error here is the model's own, raised as eager torch raises it
+        want = tuple(self.sub(*args))
         try:
             lowered = lower(self.sub, self.name)
-            if any(a.device.type != "cpu" for a in args):
+            if len({a.device for a in args}) > 1:
                 raise UnsupportedOpError(
-                    f"tensors on {args[0].device}: the CUDA (DLPack) path is not wired yet"
+                    f"inputs on several devices: {sorted({str(a.device) for a in args})}"
                 )
+            build_for(args[0].device)
             res = compiled(lowered.program, self.options)
             extras = [spec.make(args[0].dtype, args[0].device) for spec in lowered.extras]
             got = run_kernels(lowered, res, [*args, *extras])
-            err = mismatch(got, tuple(self.sub(*args)))
+            err = mismatch(got, want)
             dtype = lowered.program.inputs[0].dtype
             if not err <= TOLERANCE[dtype]:
                 raise GensorageError(
                     f"kernels differ from torch by {err:.2e} (tolerance {TOLERANCE[dtype]:.0e})"
                 )
         except GensorageError as exc:
-            self._fallback = str(exc).splitlines()[0]
-            self.report.subgraph(self.name, f"stays in torch: {self._fallback}")
+            self._fall_back(str(exc))
+            return
+        except Exception as exc:  # TVM's or DLPack's own error class: ours to fix, never the user's answer
+            self._fall_back(f"internal error: {type(exc).__name__}: {exc}")
             return
         self._kernels, self._extras = (lowered, res), extras
         self.report.subgraph(
@@ -150,9 +163,8 @@ def compiled(program: Program, options: Options) -> SuperoptResult:
 
 
 def run_kernels(lowered: Lowered, res: SuperoptResult, args: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The kernels of ``res`` on CPU tensors (through numpy views, no conversion of values)."""
-    outs = res.run(*(_to_numpy(a) for a in args), target="cpu")
-    tensors = [_to_torch(o) for o in outs]
+    """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies)."""
+    tensors = run_on_device(kernels_for(res, args[0].device), args)
     return tuple(_strided(tensors[i], s) for i, s in zip(lowered.outputs, lowered.strides, strict=True))
 
 
@@ -162,19 +174,6 @@ def _strided(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     if t.stride() == stride or t.numel() <= 1:
         return t
     return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
-    return t.numpy()
-
-
-def _to_torch(a: np.ndarray) -> torch.Tensor:
-    if a.dtype == numpy_dtype("bfloat16"):
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 def mismatch(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> float:

@@ -1,0 +1,116 @@
+"""Where a subgraph's kernels run: the tensors' device picks the build, and the tensors reach the kernels and come
+back through DLPack, without copies.
+
+CPU tensors run the llvm build; CUDA tensors run a CUDA build for the GPU they are on (its compute capability, not
+the profile's, when the two differ) on torch's current stream, so the kernels are ordered with the torch ops
+around them without a device sync. Inputs are imported with ``tvm.runtime.from_dlpack`` (the same memory); the
+kernels need contiguous data aligned to 64 bytes, so a strided or offset view is first copied by torch on its own
+device. Outputs are TVM allocations handed to torch with ``torch.from_dlpack`` (the same memory again). Nothing
+passes through numpy or the host on the CUDA path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gensorage.codegen.module import CompiledUGraph, compile_ugraph
+from gensorage.codegen.ugraph_tir import Target
+from gensorage.errors import UnsupportedOpError
+
+if TYPE_CHECKING:
+    from gensorage.hw.profile import HwProfile
+    from gensorage.superopt.result import SuperoptResult
+
+#: The kernel build for each torch device type.
+BUILDS: dict[str, Target] = {"cpu": "llvm", "cuda": "cuda"}
+
+#: TVM needs this alignment of a tensor's data (``tvm.runtime.from_dlpack`` checks it).
+ALIGNMENT = 64
+
+
+def build_for(device: torch.device) -> Target:
+    """The kernel build that runs on ``device``'s tensors; a one-line error for other devices."""
+    if device.type not in BUILDS:
+        raise UnsupportedOpError(f"tensors on {device}: gensorage kernels run on cpu and cuda tensors")
+    return BUILDS[device.type]
+
+
+def cuda_arch(capability: tuple[int, int]) -> str:
+    """The CUDA arch of a compute capability: (9, 0) -> ``"sm_90"``."""
+    major, minor = capability
+    return f"sm_{major}{minor}"
+
+
+def profile_for(hw: HwProfile, capability: tuple[int, int]) -> HwProfile:
+    """``hw`` with the arch of the GPU at hand (its limits stay the profile's: they only bound the kernels)."""
+    arch = cuda_arch(capability)
+    return hw if hw.arch.removesuffix("a") == arch else replace(hw, arch=arch)
+
+
+_BUILT: dict[tuple[Any, ...], CompiledUGraph] = {}
+
+
+def kernels_for(res: SuperoptResult, device: torch.device) -> CompiledUGraph:
+    """``res``'s kernels built for ``device`` (built once per µGraph and arch, then kept)."""
+    target = build_for(device)
+    if target == "llvm":
+        cg = res.compiled()
+        cg.executable("llvm")  # build now: a failure is a fallback reason at the first call
+        return cg
+    return cuda_kernels(res, torch.cuda.get_device_capability(device))
+
+
+def cuda_kernels(res: SuperoptResult, capability: tuple[int, int]) -> CompiledUGraph:
+    """``res``'s CUDA build for a GPU of ``capability`` (compiles without a GPU; loading the module needs one)."""
+    hw = profile_for(res.hw, capability)
+    key = (res.best, hw, res.seed)
+    if key not in _BUILT:
+        cg = res.compiled() if hw is res.hw else compile_ugraph(res.best, hw, "cuda", seed=res.seed)
+        cg.executable("cuda")
+        _BUILT[key] = cg
+    return _BUILT[key]
+
+
+def kernel_input(t: torch.Tensor) -> Any:
+    """``t`` as a TVM tensor on its device: the same memory when it is contiguous and aligned, else a torch copy."""
+    import tvm
+
+    t = t.detach()
+    if not t.is_contiguous() or t.data_ptr() % ALIGNMENT:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return tvm.runtime.from_dlpack(t)
+
+
+def _stream(device: torch.device) -> AbstractContextManager[Any]:
+    if device.type != "cuda":
+        return nullcontext()
+    import tvm_ffi
+
+    return tvm_ffi.use_torch_stream()  # type: ignore[no-any-return]
+
+
+def run_on_device(cg: CompiledUGraph, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The kernels of ``cg`` on ``args`` (all on one device), outputs as torch tensors on that device."""
+    device = args[0].device
+    target = build_for(device)
+    with torch.cuda.device(device) if device.type == "cuda" else nullcontext(), _stream(device):
+        outs = cg.run_tensors([kernel_input(a) for a in args], target)
+    return [torch.from_dlpack(o) for o in outs]
+
+
+__all__ = [
+    "ALIGNMENT",
+    "BUILDS",
+    "build_for",
+    "cuda_arch",
+    "cuda_kernels",
+    "kernel_input",
+    "kernels_for",
+    "profile_for",
+    "run_on_device",
+]
