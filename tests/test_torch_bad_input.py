@@ -1,0 +1,162 @@
+"""Bad input to ``gensorage.torch.compile``: each case gets torch's answer (or torch's own exception) and one line
+in the report saying why, never a wrong answer.
+
+Unsupported dtypes, a data-dependent shape (``nonzero``, boolean-mask indexing), a model that raises, a failure
+inside torch.compile, TVM errors and wrong kernel outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from test_torch_frontend import assert_close, gensorage_subgraphs  # noqa: E402
+
+import gensorage.torch as gtorch  # noqa: E402
+from gensorage.torch import backend, subgraph  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path / "home"))
+    torch._dynamo.reset()  # the tests compile the same functions: each starts from dynamo's empty cache
+
+
+def _draw(seed: int, scale: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(4, 16, generator=g), torch.randn(16, 8, generator=g)
+
+
+def _softmax_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x @ w, dim=-1)
+
+
+def _one_line_reasons(report: str) -> None:
+    assert all(ln.strip() for ln in report.splitlines()), report  # no blank or multi-line entries
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float64])
+def test_unsupported_dtype_runs_in_torch(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x @ w).sum(-1) * 2
+
+    x, w = (t.round().to(dtype) for t in _draw(1))
+    compiled = gtorch.compile(f)
+    with torch.no_grad():
+        got = compiled(x, w)
+    want = f(x, w)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    report = compiled.explain()
+    assert f"dtype {dtype} (gensorage takes float32, float16, bfloat16)" in report, report
+    assert not gensorage_subgraphs(report), report
+    _one_line_reasons(report)
+
+
+@pytest.mark.parametrize("how", ["nonzero", "boolean mask"])
+def test_data_dependent_shape_splits_the_graph(how: str) -> None:
+    """A shape that depends on the values: dynamo breaks the graph there and torch runs it; the softmax before it
+    still runs in gensorage. Two draws whose masks keep different counts."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = torch.softmax(x @ w, dim=-1)
+        if how == "nonzero":
+            return y * torch.nonzero(y > 0.2).shape[0]
+        return y[y > 0.2].exp().sum() + y
+
+    compiled = gtorch.compile(f)
+    kept = set()
+    with torch.no_grad():
+        for seed in (2, 3):
+            x, w = _draw(seed, scale=0.5)
+            kept.add(int((torch.softmax(x @ w, -1) > 0.2).sum()))
+            assert_close(compiled(x, w), f(x, w), 1e-3)
+    assert len(kept) == 2  # the draws differ in the data-dependent size
+    report = compiled.explain()
+    assert (
+        "graph break, runs in torch: Dynamic shape operator: Operator `aten.nonzero.default`'s output shape "
+        in (report)
+    )
+    assert gensorage_subgraphs(report), report
+    _one_line_reasons(report)
+
+
+def test_a_model_that_raises_raises_as_in_eager() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if (x < 0).all():
+            raise ValueError("all inputs negative")
+        return _softmax_product(x, w)
+
+    compiled = gtorch.compile(f)
+    x, w = _draw(4)
+    with torch.no_grad():
+        assert_close(compiled(x, w), f(x, w), 1e-3)
+        with pytest.raises(ValueError, match="^all inputs negative$"):
+            compiled(-x.abs() - 1, w)
+    report = compiled.explain()
+    assert "the model raised ValueError: all inputs negative" in report, report
+    _one_line_reasons(report)
+
+
+def test_a_shape_error_is_torchs_own() -> None:
+    """Mismatched matmul shapes: the call raises torch's RuntimeError as eager does, not a dynamo wrapper."""
+    x, w = _draw(5)
+    with pytest.raises(RuntimeError) as eager:
+        _softmax_product(x, w.t())
+    compiled = gtorch.compile(_softmax_product)
+    with torch.no_grad(), pytest.raises(RuntimeError) as got:
+        compiled(x, w.t())
+    assert type(got.value) is type(eager.value)
+    assert "the model raised RuntimeError" in compiled.explain()
+
+
+def test_a_failing_backend_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(node: Any) -> str | None:
+        raise KeyError("a lowering bug")
+
+    monkeypatch.setattr(backend, "why_unsupported", broken)
+    compiled = gtorch.compile(_softmax_product)
+    with torch.no_grad():
+        for seed in (6, 7):
+            x, w = _draw(seed)
+            assert torch.equal(compiled(x, w), _softmax_product(x, w))
+    report = compiled.explain()
+    assert report.startswith("torch.compile failed, eager torch runs the model from now on: "), report
+    assert len(report.splitlines()) == 1, report  # said once; the second call went straight to eager
+
+
+@pytest.mark.parametrize("when", ["first call", "later call"])
+def test_kernel_errors_leave_the_subgraph_in_torch(monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """An error of TVM's own class from the kernels, at the checked first call or a later one: torch's answer."""
+    real = subgraph.run_on_device
+    failing = {"on": when == "first call"}
+
+    def run(cg: Any, args: Any) -> Any:
+        if failing["on"]:
+            raise RuntimeError("TVM: device mismatch\nlong trace")
+        return real(cg, args)
+
+    monkeypatch.setattr(subgraph, "run_on_device", run)
+    compiled = gtorch.compile(_softmax_product)
+    with torch.no_grad():
+        for seed in (8, 9):
+            x, w = _draw(seed)
+            assert_close(compiled(x, w), _softmax_product(x, w), 1e-3)
+            failing["on"] = True
+    report = compiled.explain()
+    prefix = "internal error" if when == "first call" else "kernels failed on a later call"
+    assert f"stays in torch: {prefix}: RuntimeError: TVM: device mismatch" in report, report
+    _one_line_reasons(report)
+
+
+def test_wrong_kernel_outputs_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels off by 1% are not used: the check against torch on the first call rejects them."""
+    real = subgraph.run_on_device
+    monkeypatch.setattr(subgraph, "run_on_device", lambda cg, args: [1.01 * t for t in real(cg, args)])
+    compiled = gtorch.compile(_softmax_product)
+    x, w = _draw(10)
+    with torch.no_grad():
+        assert torch.equal(compiled(x, w), _softmax_product(x, w))
+    assert "stays in torch: kernels differ from torch by 1.00e-02 (tolerance 1e-03)" in compiled.explain()
