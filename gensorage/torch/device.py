@@ -55,14 +55,24 @@ def profile_for(hw: HwProfile, capability: tuple[int, int]) -> HwProfile:
 _BUILT: dict[tuple[Any, ...], CompiledUGraph] = {}
 
 
+_ON_DEVICE: dict[tuple[int, torch.device], tuple[SuperoptResult, CompiledUGraph]] = {}
+
+
 def kernels_for(res: SuperoptResult, device: torch.device) -> CompiledUGraph:
-    """``res``'s kernels built for ``device`` (built once per µGraph and arch, then kept)."""
-    target = build_for(device)
-    if target == "llvm":
-        cg = res.compiled()
-        cg.executable("llvm")  # build now: a failure is a fallback reason at the first call
-        return cg
-    return cuda_kernels(res, torch.cuda.get_device_capability(device))
+    """``res``'s kernels built for ``device`` (built once per µGraph and arch, then kept).
+
+    Looked up by ``res``'s identity on every call (hashing the µGraph would cost more than a small kernel); the
+    entry holds ``res``, so the identity is not reused while the entry lives.
+    """
+    key = (id(res), device)
+    if key not in _ON_DEVICE:
+        if build_for(device) == "llvm":
+            cg = res.compiled()
+            cg.executable("llvm")  # build now: a failure is a fallback reason at the first call
+        else:
+            cg = cuda_kernels(res, torch.cuda.get_device_capability(device))
+        _ON_DEVICE[key] = (res, cg)
+    return _ON_DEVICE[key][1]
 
 
 def cuda_kernels(res: SuperoptResult, capability: tuple[int, int]) -> CompiledUGraph:
