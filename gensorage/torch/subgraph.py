@@ -90,7 +90,7 @@ class GensorageSubgraph(torch.nn.Module):
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self._kernels is None and self._fallback is None:
-            self._prepare(args)
+            return self._prepare(args)  # the first call's outputs: torch's, or the kernels' once checked
         if self._kernels is None:
             return tuple(self.sub(*args))
         lowered, res = self._kernels
@@ -108,7 +108,9 @@ class GensorageSubgraph(torch.nn.Module):
         self._kernels, self._fallback = None, (reason.strip().splitlines() or ["?"])[0]
         self.report.subgraph(self.name, f"stays in torch: {self._fallback}")
 
-    def _prepare(self, args: tuple[torch.Tensor, ...]) -> None:
+    def _prepare(self, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """Build and check the kernels on ``args``; their outputs when they pass (the kernels are kept), else
+        torch's (the subgraph stays in torch)."""
         # torch's answer first: an error here is the model's own, raised as eager torch raises it
         want = tuple(self.sub(*args))
         try:
@@ -129,16 +131,17 @@ class GensorageSubgraph(torch.nn.Module):
                 )
         except GensorageError as exc:
             self._fall_back(str(exc))
-            return
+            return want
         except Exception as exc:  # TVM's or DLPack's own error class: ours to fix, never the user's answer
             self._fall_back(f"internal error: {type(exc).__name__}: {exc}")
-            return
+            return want
         self._kernels, self._extras = (lowered, res), extras
         self.report.subgraph(
             self.name,
             f"gensorage: {res.num_kernels} kernel(s) for {len(lowered.program.live_ids())} program nodes, "
             f"{dtype}; µGraph: {res.equivalence.method}; kernels within {err:.1e} of torch",
         )
+        return got
 
 
 _COMPILED: dict[tuple[str, Options], SuperoptResult] = {}
