@@ -25,16 +25,17 @@ class Compiled:
         target = fn.forward if hasattr(fn, "forward") else fn
         functools.update_wrapper(self, target, updated=())
         self.__signature__ = inspect.signature(target)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from torch._dynamo.exc import TorchDynamoException
         from torch._dynamo.utils import counters
 
-        breaks = counters["graph_break"]
+        self._dynamo_error, self._counters = TorchDynamoException, counters
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        breaks = self._counters["graph_break"]  # dynamo's count of each graph break reason, process-wide
         before = dict(breaks)
         try:
             return self._compiled(*args, **kwargs)
-        except TorchDynamoException as exc:  # capture or compilation failed: torch runs the model as written
+        except self._dynamo_error as exc:  # capture or compilation failed: torch runs the model as written
             self.report.add(f"torch.compile failed, eager torch runs the model from now on: {_line(exc)}")
             self._compiled = self._fn
             return self._call_eager(*args, **kwargs)
