@@ -17,9 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gensorage.torch as gtorch  # noqa: E402
-from gensorage.codegen.cuda_build import cubin_unavailable_reason  # noqa: E402
+from gensorage.codegen.cuda_build import cubin_unavailable_reason, cuda_device_available  # noqa: E402
 from gensorage.codegen.module import CompiledUGraph  # noqa: E402
-from gensorage.errors import UnsupportedOpError  # noqa: E402
+from gensorage.errors import DeviceError, UnsupportedOpError  # noqa: E402
 from gensorage.hw import load_profile  # noqa: E402
 from gensorage.program import Program  # noqa: E402
 from gensorage.superopt import superoptimize  # noqa: E402
@@ -85,12 +85,16 @@ def test_profile_takes_the_gpus_arch() -> None:
     assert a100_like.arch == "sm_80" and a100_like.shared_mem_per_block == h100.shared_mem_per_block
 
 
-def test_cuda_build_per_arch_without_a_gpu() -> None:
-    """The CUDA module for a GPU of another arch than the profile's is built (here, without a GPU) and kept."""
+def _small_program() -> Program:
     p = Program("softmax_product")
     x, w = p.input("x", (8, 32), "float16"), p.input("w", (32, 16), "float16")
     p.output(p.softmax(p.matmul(x, w), dim=1))
-    res = superoptimize(p, hw="h100", mode="fast", progress=False)
+    return p
+
+
+def test_cuda_build_per_arch_without_a_gpu() -> None:
+    """The CUDA module for a GPU of another arch than the profile's is built (here, without a GPU) and kept."""
+    res = superoptimize(_small_program(), hw="h100", mode="fast", progress=False)
     sm80 = device.cuda_kernels(res, (8, 0))
     assert sm80.hw.arch == "sm_80" and device.cuda_kernels(res, (8, 0)) is sm80
     assert device.cuda_kernels(res, (9, 0)) is res.compiled()  # the profile's own arch: its build
@@ -99,7 +103,18 @@ def test_cuda_build_per_arch_without_a_gpu() -> None:
         assert sm80.cubin()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(cuda_device_available() is None, reason="a GPU is visible to TVM")
+def test_cuda_tensors_without_a_cuda_runtime_are_a_reason() -> None:
+    """Where TVM cannot reach a GPU, CUDA tensors get a one-line DeviceError (a fallback reason), not a crash."""
+    res = superoptimize(_small_program(), hw="h100", mode="fast", progress=False)
+    with pytest.raises(DeviceError, match="^cannot run gensorage kernels for tensors on cuda:0 on CUDA: "):
+        device.kernels_for(res, torch.device("cuda", 0))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or cuda_device_available() is not None,
+    reason="needs a CUDA GPU for torch and TVM",
+)
 def test_decoder_layer_on_cuda_tensors() -> None:
     """On a GPU: CUDA tensors in, CUDA tensors out, within 2e-2 of float64 in bfloat16, on fresh inputs too."""
     from test_torch_frontend import DecoderLayer, assert_close, gensorage_subgraphs, layer_inputs

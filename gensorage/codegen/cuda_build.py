@@ -103,6 +103,15 @@ def cuda_device_available() -> str | None:
     return None
 
 
+def require_cuda_device(what: str) -> None:
+    """Raise :class:`DeviceError` (naming ``what``) unless a CUDA device can run TVM modules here; where it can,
+    make TVM compile CUDA modules with nvcc if NVRTC is missing."""
+    reason = cuda_device_available()
+    if reason is not None:
+        raise DeviceError(f"cannot run {what} on CUDA: {reason}")
+    _prefer_nvcc_when_nvrtc_missing()
+
+
 def run_cuda(workload: Workload, schedule: Schedule, hw: HwProfile, *arrays: np.ndarray) -> np.ndarray:
     """Build the thread-bound kernel and run it on GPU 0; raises :class:`DeviceError` without a GPU."""
     import tvm

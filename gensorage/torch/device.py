@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gensorage.codegen.cuda_build import require_cuda_device
 from gensorage.codegen.module import CompiledUGraph, compile_ugraph
 from gensorage.codegen.ugraph_tir import Target
 from gensorage.errors import UnsupportedOpError
@@ -70,6 +71,7 @@ def kernels_for(res: SuperoptResult, device: torch.device) -> CompiledUGraph:
             cg = res.compiled()
             cg.executable("llvm")  # build now: a failure is a fallback reason at the first call
         else:
+            require_cuda_device(f"gensorage kernels for tensors on {device}")
             cg = cuda_kernels(res, torch.cuda.get_device_capability(device))
         _ON_DEVICE[key] = (res, cg)
     return _ON_DEVICE[key][1]
