@@ -118,11 +118,8 @@ def run_cuda(workload: Workload, schedule: Schedule, hw: HwProfile, *arrays: np.
 
     from gensorage.codegen.lower_schedule import check_inputs, lower
 
-    reason = cuda_device_available()
-    if reason is not None:
-        raise DeviceError(f"cannot run {workload.name} on CUDA: {reason}")
+    require_cuda_device(workload.name)
     inputs = check_inputs(workload, arrays)
-    _prefer_nvcc_when_nvrtc_missing()
     ex = compile_cuda_module(lower(workload, schedule, "cuda", hw=hw), hw)
     dev = tvm.cuda(0)
     out = workload.output

@@ -36,7 +36,7 @@ from gensorage.codegen.ugraph_tir import (
 )
 from gensorage.construction.block_threads import ThreadChoice
 from gensorage.dtypes import numpy_dtype
-from gensorage.errors import DeviceError, ProgramError, ScheduleError, UnsupportedOpError
+from gensorage.errors import ProgramError, ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo
@@ -394,12 +394,9 @@ class CompiledUGraph:
     def _run_cuda(self, arrays: Sequence[Any]) -> list[Any]:
         import tvm
 
-        from gensorage.codegen.cuda_build import cuda_device_available
+        from gensorage.codegen.cuda_build import require_cuda_device
 
-        reason = cuda_device_available()
-        if reason is not None:
-            raise DeviceError(f"cannot run the µGraph on CUDA: {reason}")
-        _prefer_nvcc()
+        require_cuda_device("the µGraph")
         dev = tvm.cuda(0)
         numpy_in = all(isinstance(a, np.ndarray) for a in arrays)
         if numpy_in:
@@ -441,12 +438,6 @@ class CompiledUGraph:
             grid = "scheduled" if k.grid is None else "x".join(str(n) for n in k.grid)
             lines.append(f"{k.name}: grid {grid}, {k.threads} threads/block; {k.rule}")
         return "\n".join(lines)
-
-
-def _prefer_nvcc() -> None:
-    from gensorage.codegen import cuda_build
-
-    cuda_build._prefer_nvcc_when_nvrtc_missing()
 
 
 def compile_ugraph(
