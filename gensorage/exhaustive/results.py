@@ -125,13 +125,19 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class TaskResult:
     """What :func:`~gensorage.exhaustive.walk.tasks.run_task` returns; ``complete`` False if it was stopped, and
-    then ``resume`` says where to continue (``candidates`` and ``stats`` cover the part walked)."""
+    then ``resume`` says where to continue (``candidates`` and ``stats`` cover the part walked).
+
+    ``sized`` lists the structures the walk sized (a structure is a candidate once per task), ``keys`` each
+    candidate's structure (None where the schedule sizes none): a runner that split the task's subtree into
+    pieces run apart merges them in walk order, dropping what an earlier piece had sized."""
 
     task_index: int
     candidates: tuple[Candidate, ...]
     stats: Stats
     complete: bool
     resume: Resume | None = None
+    sized: tuple[str, ...] = ()
+    keys: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,8 @@ def _worker_should_stop() -> bool:
     return bool(_worker_stop is not None and _worker_stop.is_set())
 
 
-def worker_run(core: SearchCore, spec: Any, task: Any, save_every_s: float | None) -> Outcome:
+def worker_run(core: SearchCore, spec: Any, task: Any, key: int, save_every_s: float | None) -> Outcome:
+    """Run job ``key`` (``task``) in a pool worker, sending its progress and save points to the parent."""
     idx = int(task.index)
     last = [0.0]
     t0 = time.perf_counter()
@@ -56,13 +57,13 @@ def worker_run(core: SearchCore, spec: Any, task: Any, save_every_s: float | Non
         now = time.monotonic()
         if now - last[0] >= WORKER_PROGRESS_S:
             last[0] = now
-            send(("progress", idx, stats_to_dict(stats)))
+            send(("progress", key, stats_to_dict(stats)))
 
     saving: dict[str, Any] = {}
     if save_every_s is not None:
         saving = {
             "save_every_s": save_every_s,
-            "on_save": lambda res: send(("save", idx, encode(idx, res, time.perf_counter() - t0))),
+            "on_save": lambda res: send(("save", key, encode(idx, res, time.perf_counter() - t0))),
         }
     res = core.run_task(
         spec, task, should_stop=Throttled(_worker_should_stop), on_progress=on_progress, **saving
