@@ -152,7 +152,8 @@ class SearchResult:
     splitting the search into tasks; ``checkpoint_path`` is where the runner keeps the done tasks (None: no
     checkpoint); ``tasks_resumed`` the tasks that were already done when this run started; ``stopped_by`` is
     ``"time budget"``, ``"interrupt"``, ``"error"`` or None; ``run_stats`` sums (as a dict) the statistics of
-    every task this run ran, finished or stopped, so it says how much work a budget-limited run did.
+    every task this run ran, finished or stopped, so it says how much work a budget-limited run did;
+    ``tasks_split`` how many times this run split a long task's remaining subtree among idle workers.
     """
 
     candidates: tuple[Any, ...]
@@ -166,6 +167,7 @@ class SearchResult:
     stopped_by: str | None = None
     run_stats: dict[str, Any] = field(default_factory=dict)
     enumerate_s: float = 0.0
+    tasks_split: int = 0
 
     @property
     def best(self) -> Any | None:

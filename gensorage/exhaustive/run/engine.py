@@ -5,7 +5,8 @@ records what comes back.
 
 An engine runs *jobs*: a key (unique in one run) and a task of the search core. It reports, through
 :meth:`Engine.events`, a job's progress (``"progress"``, the core's statistics as a dict), its periodic save
-points (``"save"``, an :class:`~.conversions.Outcome` covering the job from its start), and its end
+points (``"save"``, an :class:`~.conversions.Outcome` covering the job from its start), a rerun of it after
+its worker died continuing from its last save point (``"resumed"``, that point), and its end
 (``"done"`` with an Outcome, or ``"error"`` with the exception). A stopped job returns ``complete=False`` and
 says where it stopped, so the driver can continue or split it.
 """

@@ -200,6 +200,10 @@ class SearchRun:
                         continue  # a late message of a job that ended
                     if kind == "progress":
                         self.partial[key] = payload
+                    elif kind == "resumed":
+                        self.reporter.message(
+                            f"search: task {job.idx} continues on another worker from its last save point"
+                        )
                     elif kind == "save":
                         if len(self.parts[job.idx]) == 1:  # a split task continues from its split point
                             self.save_point(join(job.part.before, payload))
@@ -364,6 +368,7 @@ class SearchRun:
             tasks_resumed=self.resumed,
             stopped_by=self.stopped_by if len(done) < len(self.tasks) else None,
             run_stats=functools.reduce(add_stats, self.partial.values(), self.run_stats),
+            tasks_split=self.splits,
         )
 
 

@@ -72,12 +72,14 @@ def worker_run(core: SearchCore, spec: Any, task: Any, key: int, save_every_s: f
 
 
 class Throttled:
-    """``should_stop`` for the core: consults ``check`` at most every :data:`STOP_POLL_S`; once True, stays."""
+    """``should_stop`` for the core: consults ``check`` at most every ``every_s`` seconds (default
+    :data:`STOP_POLL_S`); once True, stays."""
 
-    __slots__ = ("_check", "_next", "_stopped")
+    __slots__ = ("_check", "_every_s", "_next", "_stopped")
 
-    def __init__(self, check: Callable[[], bool]) -> None:
+    def __init__(self, check: Callable[[], bool], every_s: float = STOP_POLL_S) -> None:
         self._check = check
+        self._every_s = every_s
         self._next = 0.0
         self._stopped = False
 
@@ -86,7 +88,7 @@ class Throttled:
             return True
         now = time.monotonic()
         if now >= self._next:
-            self._next = now + STOP_POLL_S
+            self._next = now + self._every_s
             self._stopped = bool(self._check())
         return self._stopped
 
