@@ -6,12 +6,13 @@ re-runs a dead worker's tasks on the others by itself; a cluster is two commands
 host, ``dask worker tcp://HOST:8786`` on each) or, on one machine, a ``LocalCluster`` (``cluster="local:N"``).
 
 How a job travels: the driver submits ``run_job`` (core, spec, task, job key) as a Dask task. The worker runs
-the task; every ``save_every_s`` it stores where it is (an :class:`~.conversions.Outcome` covering the job so
-far) in a Dask ``Variable`` named after the job and also puts it on the run's event ``Queue``, with its
-progress. If the worker dies, the scheduler runs the job again on another worker, and that run starts from the
-job's Variable: no work before the last save point is lost, and the job still returns one Outcome covering it
-from its start, so the driver (the single writer of the checkpoint) records it once. Stop requests go the
-other way, through the run's ``stop`` Variable (``"all"`` or the keys of jobs to stop), which workers poll.
+the task; every ``save_every_s`` it puts where it is (an :class:`~.conversions.Outcome` covering the job so
+far) on the run's event ``Queue``, with its progress. The driver keeps each running job's last save point in
+the run's ``saves`` Variable (it is the only writer). If a worker dies, the scheduler runs its job again on
+another worker, and that run starts from the job's entry there: no work before the last save point the driver
+received is lost, and the job still returns one Outcome covering it from its start, so the driver (the single
+writer of the checkpoint) records it once. Stop requests go the other way, through the run's ``stop``
+Variable (``"all"`` or the keys of jobs to stop), which jobs poll every :data:`CLUSTER_STOP_POLL_S`.
 
 Workers must run the same gensorage and see the same hardware profile as the driver: :func:`connect` asks
 every worker for :func:`identity` and refuses the cluster, naming the worker, when one differs.
@@ -100,15 +101,14 @@ class DaskEngine:
         self._events = d.Queue(f"{self._run}-events", client=client)
         self._control = d.Variable(f"{self._run}-stop", client=client)
         self._control.set([])
+        self._saves = d.Variable(f"{self._run}-saves", client=client)
+        self._saves.set({})
+        self._saved: dict[int, Outcome] = {}  # the last save point of each running job
         self._stopping: set[int] = set()
         self._futures: dict[Any, int] = {}
         self.workers = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
 
-    def _saved(self, key: int) -> Any:
-        return _distributed().Variable(f"{self._run}-job-{key}", client=self.client)
-
     def submit(self, key: int, task: Any) -> None:
-        self._saved(key).set(None)  # a rerun after a worker died reads it: nothing saved yet
         fut = self.client.submit(
             run_job,
             self._core,
@@ -127,6 +127,7 @@ class DaskEngine:
         with contextlib.suppress(TimeoutError):
             d.wait(list(self._futures), timeout=timeout, return_when="FIRST_COMPLETED")
         out: list[Event] = [tuple(e) for e in self._events.get(batch=True)]  # saves precede the end
+        saved = [e for e in out if e[0] == "save" and e[1] in self._futures.values()]
         for fut in [f for f in self._futures if f.done()]:
             key = self._futures.pop(fut)
             if fut.status == "finished":
@@ -134,7 +135,10 @@ class DaskEngine:
             else:
                 exc = fut.exception()
                 out.append(("error", key, _job_error(exc, key)))
-            self._saved(key).delete()
+            self._saved.pop(key, None)
+        if saved:
+            self._saved.update((key, point) for _, key, point in saved if key in self._futures.values())
+            self._saves.set(dict(self._saved))
         return out
 
     def stop(self, key: int | None = None) -> None:
@@ -149,8 +153,7 @@ class DaskEngine:
             self._control.set("all")
             if self._futures:
                 self.client.cancel(list(self._futures))
-            for key in self._futures.values():
-                self._saved(key).delete()
+            self._saves.delete()
             self._control.delete()
             self._events.close()
         self.client.close()
@@ -241,10 +244,9 @@ def run_job(
     """On a cluster worker: run job ``key`` (``task``), from the job's last save point if an earlier run of
     it died; report progress and save points; return its Outcome from the job's start."""
     d = _distributed()
-    saved = d.Variable(f"{run}-job-{key}")
     control = d.Variable(f"{run}-stop")
     events = d.Queue(f"{run}-events")
-    before: Outcome | None = saved.get()
+    before: Outcome | None = d.Variable(f"{run}-saves").get().get(key)
     if before is not None and before.resume is not None and core.resume_task is not None:
         task = core.resume_task(task, before.resume)
         with contextlib.suppress(Exception):
@@ -253,7 +255,7 @@ def run_job(
         before = None
     idx = int(task.index)
     t0 = time.perf_counter()
-    last = [0.0]
+    last = [time.monotonic()]  # short jobs send no progress
 
     def should_stop() -> bool:
         wanted = control.get()
@@ -267,15 +269,13 @@ def run_job(
                 events.put(("progress", key, stats_to_dict(stats)))
 
     def on_save(res: Any) -> None:
-        point = join(before, encode(idx, res, time.perf_counter() - t0))
-        saved.set(point)
         with contextlib.suppress(Exception):
-            events.put(("save", key, point))
+            events.put(("save", key, join(before, encode(idx, res, time.perf_counter() - t0))))
 
     saving: dict[str, Any] = {}
     if save_every_s is not None:
         saving = {"save_every_s": save_every_s, "on_save": on_save}
-    stop = Throttled(should_stop, CLUSTER_STOP_POLL_S)
+    stop = Throttled(should_stop, CLUSTER_STOP_POLL_S, first_s=CLUSTER_STOP_POLL_S)  # short jobs never ask
     res = core.run_task(spec, task, should_stop=stop, on_progress=on_progress, **saving)
     return join(before, encode(idx, res, time.perf_counter() - t0))
 

@@ -73,14 +73,14 @@ def worker_run(core: SearchCore, spec: Any, task: Any, key: int, save_every_s: f
 
 class Throttled:
     """``should_stop`` for the core: consults ``check`` at most every ``every_s`` seconds (default
-    :data:`STOP_POLL_S`); once True, stays."""
+    :data:`STOP_POLL_S`), the first time ``first_s`` seconds after it is made; once True, stays."""
 
     __slots__ = ("_check", "_every_s", "_next", "_stopped")
 
-    def __init__(self, check: Callable[[], bool], every_s: float = STOP_POLL_S) -> None:
+    def __init__(self, check: Callable[[], bool], every_s: float = STOP_POLL_S, first_s: float = 0.0) -> None:
         self._check = check
         self._every_s = every_s
-        self._next = 0.0
+        self._next = time.monotonic() + first_s if first_s else 0.0
         self._stopped = False
 
     def __call__(self) -> bool:
