@@ -21,7 +21,8 @@ runs do somewhat more work.
 Usage::
 
     python benchmarks/distributed.py                      # 7 nodes, 1 and 2 workers, simulate 8/64/512
-    python benchmarks/distributed.py --nodes 5 --out benchmarks/results/distributed-5nodes.json
+    python benchmarks/distributed.py --nodes 6 --pool        # also the local process pool, for comparison
+    python benchmarks/distributed.py --resimulate benchmarks/results/distributed-2026-11-26.json
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", default="1,2", help="worker counts to run (default 1,2)")
     ap.add_argument("--simulate", default="8,64,512", help="worker counts to simulate (default 8,64,512)")
     ap.add_argument("--split-after-s", type=float, default=10.0, help="the runner's split threshold")
+    ap.add_argument(
+        "--simulate-split-after-s",
+        default="10,1",
+        help="split thresholds the simulation tries (default 10,1: the runner's default and a smaller one)",
+    )
+    ap.add_argument(
+        "--pool", action="store_true", help="also run each worker count on the local process pool (no Dask)"
+    )
+    ap.add_argument(
+        "--resimulate",
+        type=Path,
+        metavar="JSON",
+        help="recompute only the simulation of an earlier results file from its task_times, in place",
+    )
     ap.add_argument("--piece-overhead-s", type=float, default=0.01, help="simulated cost of one more piece")
     ap.add_argument("--cap", type=float, default=3600.0, help="time budget of each run in seconds")
     ap.add_argument(
@@ -92,23 +107,22 @@ def task_times(path: Path) -> list[float]:
     return [float(r[0]) for r in rows]
 
 
-def run(spec: Any, workers: int, args: argparse.Namespace, keep: Path) -> dict[str, Any]:
+def run(spec: Any, workers: int, args: argparse.Namespace, keep: Path, engine: str) -> dict[str, Any]:
     from gensorage.exhaustive.run import run_search
 
-    ckpt = keep / f"w{workers}.sqlite"
+    ckpt = keep / f"{engine}-w{workers}.sqlite"
+    where: dict[str, Any] = (
+        {"cluster": f"local:{workers}", "split_after_s": args.split_after_s}
+        if engine == "dask"
+        else {"workers": workers}
+    )
     load = list(os.getloadavg())
     t0 = time.perf_counter()
-    r = run_search(
-        spec,
-        checkpoint=ckpt,
-        cluster=f"local:{workers}",
-        time_budget_s=args.cap,
-        inline_s=0,
-        split_after_s=args.split_after_s,
-        progress=args.progress,
-    )
+    r = run_search(spec, checkpoint=ckpt, time_budget_s=args.cap, inline_s=0, progress=args.progress, **where)
     wall = time.perf_counter() - t0
+    work = r.run_stats
     return {
+        "engine": engine,
         "workers": workers,
         "complete": r.complete,
         "wall_s": round(wall, 2),
@@ -118,9 +132,21 @@ def run(spec: Any, workers: int, args: argparse.Namespace, keep: Path) -> dict[s
         "candidates": len(r.candidates),
         "candidates_hash": candidates_hash(r),
         "best_predicted_time_s": r.best.predicted_time_s if r.best is not None else None,
+        # The work done: W processes share less subtree memo and solver cache than one.
+        "work": {k: work.get(k) for k in ("states", "states_reused", "solver_queries", "cache_hits")},
         "load_average_before": load,
         "load_average_after": list(os.getloadavg()),
     }
+
+
+def simulations(times: list[float], args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [
+        simulate(times, int(w), float(t), args.piece_overhead_s)
+        for t in args.simulate_split_after_s.split(",")
+        if t.strip()
+        for w in args.simulate.split(",")
+        if w.strip()
+    ]
 
 
 def simulate(times: list[float], workers: int, split_after_s: float, overhead_s: float) -> dict[str, Any]:
@@ -157,6 +183,7 @@ def simulate(times: list[float], workers: int, split_after_s: float, overhead_s:
     total = sum(times)
     return {
         "workers": workers,
+        "split_after_s": split_after_s,
         "makespan_s": round(now, 2),
         "efficiency": round(total / (workers * now), 3) if now > 0 else None,
         "splits": splits,
@@ -173,6 +200,12 @@ def _list_schedule(times: list[float], workers: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.resimulate is not None:
+        doc = json.loads(args.resimulate.read_text())
+        doc["simulation"] = simulations(doc["task_times"]["seconds"], args)
+        doc["settings"]["piece_overhead_s"] = args.piece_overhead_s
+        write_json(args.resimulate, doc)
+        return 0
     spec = spec_for(args.nodes)
     path = args.out or result_path(NAME)
     doc: dict[str, Any] = {
@@ -193,28 +226,29 @@ def main(argv: list[str] | None = None) -> int:
     }
     keep = Path(tempfile.mkdtemp(prefix="gensorage-distributed-"))
     try:
+        engines = ["dask", "pool"] if args.pool else ["dask"]
         for w in [int(x) for x in args.workers.split(",") if x.strip()]:
-            progress(f"{NAME}: {args.nodes} block nodes on {w} worker(s)")
-            doc["runs"].append(run(spec, w, args, keep))
-            write_json(path, doc)
+            for engine in engines:
+                progress(f"{NAME}: {args.nodes} block nodes on {w} worker(s), {engine}")
+                doc["runs"].append(run(spec, w, args, keep, engine))
+                write_json(path, doc)
         runs = doc["runs"]
-        one = next((r for r in runs if r["workers"] == 1 and r["complete"]), None)
-        if one is not None:
+        for engine in engines:
+            one = next(
+                (r for r in runs if r["engine"] == engine and r["workers"] == 1 and r["complete"]), None
+            )
             for r in runs:
-                if r["complete"]:
+                if one is not None and r["engine"] == engine and r["complete"]:
                     r["efficiency"] = round(one["wall_s"] / (r["workers"] * r["wall_s"]), 3)
-            times = task_times(keep / "w1.sqlite")
+        if (keep / "dask-w1.sqlite").exists():
+            times = task_times(keep / "dask-w1.sqlite")
             doc["task_times"] = {
                 "tasks": len(times),
                 "total_s": round(sum(times), 2),
                 "longest_s": round(max(times), 2),
                 "seconds": [round(t, 4) for t in times],
             }
-            doc["simulation"] = [
-                simulate(times, int(w), args.split_after_s, args.piece_overhead_s)
-                for w in args.simulate.split(",")
-                if w.strip()
-            ]
+            doc["simulation"] = simulations(times, args)
         doc["same_candidates"] = len({r["candidates_hash"] for r in runs if r["complete"]}) <= 1
         write_json(path, doc)
     finally:
