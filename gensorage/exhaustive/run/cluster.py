@@ -149,13 +149,13 @@ class DaskEngine:
             self._control.set(sorted(self._stopping))
 
     def close(self, abort: bool) -> None:
+        # The stop Variable stays set (not deleted): a job still running on a remote worker, which no cancel
+        # can interrupt, must read "all" at its next poll rather than find no Variable.
         with contextlib.suppress(Exception):
             self._control.set("all")
             if self._futures:
                 self.client.cancel(list(self._futures))
             self._saves.delete()
-            self._control.delete()
-            self._events.close()
         self.client.close()
         if self._cluster is not None:
             self._cluster.close()
@@ -246,7 +246,10 @@ def run_job(
     d = _distributed()
     control = d.Variable(f"{run}-stop")
     events = d.Queue(f"{run}-events")
-    before: Outcome | None = d.Variable(f"{run}-saves").get().get(key)
+    try:
+        before: Outcome | None = d.Variable(f"{run}-saves").get(timeout=CONNECT_TIMEOUT_S).get(key)
+    except Exception:  # the run is over (its driver closed it): nothing to continue
+        before = None
     if before is not None and before.resume is not None and core.resume_task is not None:
         task = core.resume_task(task, before.resume)
         with contextlib.suppress(Exception):
@@ -258,7 +261,10 @@ def run_job(
     last = [time.monotonic()]  # short jobs send no progress
 
     def should_stop() -> bool:
-        wanted = control.get()
+        try:
+            wanted = control.get(timeout=CONNECT_TIMEOUT_S)
+        except Exception:  # the driver is gone (or the scheduler): nobody would record the result
+            return True
         return bool(wanted == "all" or key in wanted)
 
     def on_progress(stats: Any) -> None:
