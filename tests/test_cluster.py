@@ -205,6 +205,49 @@ def test_the_driver_killed_then_rerun_resumes_from_the_checkpoint(
     assert r.stats.logical() == ref.stats.logical()
 
 
+def test_ctrl_c_on_a_local_cluster_stops_at_once_and_resumes(
+    tmp_path: Path, one_process: dict[str, SearchResult]
+) -> None:
+    # A terminal's Ctrl-C reaches the whole process group, the cluster's worker processes included: they must
+    # leave it to the driver, which stops their jobs, keeps what they did and raises SearchInterrupted.
+    ckpt = tmp_path / "c.sqlite"
+    code = (
+        "import sys\n"
+        "from test_cluster import SPEC\n"
+        "from gensorage.exhaustive import SearchInterrupted, run_search\n"
+        "if __name__ == '__main__':\n"
+        "    try:\n"
+        "        run_search(SPEC, checkpoint=sys.argv[1], cluster='local:2', inline_s=0, progress=False)\n"
+        "    except SearchInterrupted as exc:\n"
+        "        print('INTERRUPTED', exc.result.tasks_done, flush=True)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(ckpt)],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while done_tasks(ckpt) < 3:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no task done in time"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=25)  # well within the 30 s grace for jobs that ignore a stop
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert out.startswith("INTERRUPTED") and "Traceback" not in err, (out, err)
+    r = run_search(SPEC, checkpoint=ckpt, workers=1, progress=False)
+    assert r.complete and r.tasks_resumed >= 3
+    assert digest(r) == digest(one_process["tasks"])
+
+
 def done_tasks(path: Path) -> int:
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)

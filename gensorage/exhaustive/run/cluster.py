@@ -30,6 +30,7 @@ from gensorage.exhaustive.run.conversions import Outcome, encode, stats_to_dict
 from gensorage.exhaustive.run.core import SearchCore
 from gensorage.exhaustive.run.engine import Event
 from gensorage.exhaustive.run.pieces import join
+from gensorage.exhaustive.run.processes import sigint_ignored
 from gensorage.exhaustive.run.workers import WORKER_PROGRESS_S, Throttled
 
 # How often a job on a cluster worker asks the scheduler whether it should stop (a network round trip).
@@ -186,15 +187,17 @@ def connect(address: str, core: SearchCore, spec: Any, save_every_s: float | Non
     cluster = None
     try:
         if kind == "local":
-            # Worker processes (the search is CPU-bound Python), one thread each, over loopback TCP.
-            cluster = d.LocalCluster(
-                n_workers=n,
-                processes=True,
-                threads_per_worker=1,
-                host="127.0.0.1",
-                dashboard_address=None,
-                silence_logs=40,
-            )
+            # Worker processes (the search is CPU-bound Python), one thread each, over loopback TCP; they
+            # ignore Ctrl-C, which reaches the whole process group: the driver stops their jobs itself.
+            with sigint_ignored():
+                cluster = d.LocalCluster(
+                    n_workers=n,
+                    processes=True,
+                    threads_per_worker=1,
+                    host="127.0.0.1",
+                    dashboard_address=None,
+                    silence_logs=40,
+                )
             client = d.Client(cluster)
         else:
             client = d.Client(address, timeout=CONNECT_TIMEOUT_S)

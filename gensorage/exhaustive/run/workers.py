@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import queue as queue_mod
 import signal
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -13,7 +12,7 @@ from typing import Any
 
 from gensorage.exhaustive.run.conversions import Outcome, encode, stats_to_dict
 from gensorage.exhaustive.run.core import SearchCore
-from gensorage.exhaustive.run.processes import die_with_parent, watch_parent
+from gensorage.exhaustive.run.processes import die_with_parent, sigint_ignored, watch_parent
 
 # How often a worker's should_stop really looks at the shared stop event (the core may call should_stop
 # every few states, and Event.is_set takes a lock).
@@ -94,15 +93,10 @@ class Throttled:
 
 
 def submit(executor: ProcessPoolExecutor, fn: Callable[..., Outcome], *args: Any) -> Future[Outcome]:
-    """``executor.submit``, with SIGINT ignored meanwhile: submit may spawn a worker, and a child started
-    while SIGINT is ignored ignores it from its first instruction (before its initializer could)."""
-    if threading.current_thread() is not threading.main_thread():
+    """``executor.submit``, with SIGINT ignored meanwhile: submit may spawn a worker, which then ignores it
+    from its first instruction, before its initializer could (:func:`.processes.sigint_ignored`)."""
+    with sigint_ignored():
         return executor.submit(fn, *args)
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        return executor.submit(fn, *args)
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 def terminate(executor: ProcessPoolExecutor) -> None:
