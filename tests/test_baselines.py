@@ -131,3 +131,62 @@ def test_bad_trial_counts_are_rejected() -> None:
         optuna_search.search(wl, H100, trials=0)
     with pytest.raises(ScheduleError, match="unknown option"):
         roller.construct(wl, H100, depth=3)
+
+
+_SHARED = """
+import json, sys
+import gensorage.workloads as workloads
+from gensorage.baselines import optuna_search
+from gensorage.hw import load_profile
+out = optuna_search.search(workloads.gemm(1024, 1024, 1024), load_profile("h100"), seed=int(sys.argv[2]),
+                           trials=12, storage=sys.argv[1], study_name="shared")
+print(json.dumps(out.predicted_time_s))
+"""
+
+
+def test_optuna_processes_share_one_study_through_a_journal_file(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import optuna
+
+    journal = tmp_path / "study.journal"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SHARED, str(journal), str(seed)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
+    found = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        found.append(json.loads(out))
+    study = optuna.load_study(study_name="shared", storage=optuna_search._storage(journal))
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 24, "both processes' trials are in the one study"
+    wl = workloads.gemm(1024, 1024, 1024)
+    space = space_for(wl, H100)
+    best = min(predict_schedule_time(wl, H100, decode(space, t.params)) for t in done)
+    # The process that finished last saw every trial: its answer is the study's best.
+    assert min(found) == best < math.inf
+    # Another call joins the same study (RDB or journal alike) and answers with the study's best so far.
+    again = optuna_search.search(wl, H100, seed=3, trials=1, storage=journal, study_name="shared")
+    assert again.predicted_time_s <= best and space.fits(again.schedule)
+
+
+def test_a_shared_optuna_study_of_another_workload_is_refused(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna_search.search(workloads.gemm(256, 256, 256), H100, trials=20, storage=url, study_name="s")
+    with pytest.raises(ScheduleError, match="optuna study 's' searches gemm"):
+        optuna_search.search(workloads.gemm(512, 256, 256), H100, trials=2, storage=url, study_name="s")
+    with pytest.raises(ScheduleError, match="needs a study_name"):
+        optuna_search.search(workloads.gemm(256, 256, 256), H100, trials=2, storage=url)

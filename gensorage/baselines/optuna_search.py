@@ -1,9 +1,17 @@
-"""Optuna TPE search over the schedule space, scored by the cost model (no measurement)."""
+"""Optuna TPE search over the schedule space, scored by the cost model (no measurement).
+
+Several processes, on one machine or many, can share one study through Optuna's own storage: give each the same
+``storage`` (an RDB URL such as ``sqlite:///study.db``, or the path of a journal file, which needs no database
+and suits NFS-style shared folders) and ``study_name``, and a different ``seed`` (the same seed would make them
+sample the same first schedules). Each runs its ``trials`` and returns the best schedule of the whole study.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import time
+from typing import Any
 
 import optuna
 
@@ -33,7 +41,15 @@ def _penalty(space: ScheduleSpace, s: Schedule) -> float:
     return _PENALTY_S * max(1.0, over)
 
 
-def search(workload: Workload, hw: HwProfile, seed: int = 0, trials: int = 100) -> SearchOutcome:
+def search(
+    workload: Workload,
+    hw: HwProfile,
+    seed: int = 0,
+    trials: int = 100,
+    *,
+    storage: str | os.PathLike[str] | None = None,
+    study_name: str | None = None,
+) -> SearchOutcome:
     """Run ``trials`` Optuna trials with ``TPESampler(seed=seed)`` and keep the best schedule.
 
     Parameters
@@ -43,20 +59,30 @@ def search(workload: Workload, hw: HwProfile, seed: int = 0, trials: int = 100) 
     seed
         Seeds the TPE sampler; the result is a function of the inputs and the seed.
     trials
-        Trials run; schedules that do not fit score ``inf`` and still count.
+        Trials run (by this call); schedules that do not fit score ``inf`` and still count.
+    storage
+        Share the study (see the module docstring): an RDB URL (``sqlite:///study.db``,
+        ``postgresql://...``) or a journal file path; None keeps the study in memory, for this call only.
+    study_name
+        The shared study's name (required with ``storage``); every process sharing it must search the same
+        workload on the same GPU profile.
 
     Returns
     -------
     SearchOutcome
-        ``method="optuna"``, ``evaluated == trials``.
+        ``method="optuna"``, ``evaluated == trials``; with ``storage``, the best schedule of every trial in the
+        study so far, whichever process ran it.
 
     Raises
     ------
     ScheduleError
-        When ``trials < 1`` or no trial's schedule fits the hardware.
+        When ``trials < 1``, no trial's schedule fits the hardware, ``storage`` comes without
+        ``study_name``, or the named study belongs to another workload or profile.
     """
     if trials < 1:
         raise ScheduleError(f"optuna search: trials must be >= 1, got {trials}")
+    if storage is not None and not study_name:
+        raise ScheduleError("optuna search: a shared storage needs a study_name")
     start = time.perf_counter()
     space = space_for(workload, hw)
     params = parameters(space)
@@ -74,8 +100,17 @@ def search(workload: Workload, hw: HwProfile, seed: int = 0, trials: int = 100) 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+        study = optuna.create_study(
+            storage=_storage(storage) if storage is not None else None,
+            study_name=study_name,
+            load_if_exists=storage is not None,
+            direction="minimize",
+            sampler=optuna.samplers.TPESampler(seed=seed),
+        )
+        _claim(study, f"{workload.key()} on {hw.name}")
         study.optimize(objective, n_trials=trials)
+        if storage is not None:
+            best[0] = _study_best(study, space)
     finally:
         optuna.logging.set_verbosity(verbosity)
     value, s = best[0]
@@ -89,3 +124,38 @@ def search(workload: Workload, hw: HwProfile, seed: int = 0, trials: int = 100) 
         elapsed_s=time.perf_counter() - start,
         trace=tuple(trace),
     )
+
+
+def _storage(storage: str | os.PathLike[str]) -> Any:
+    """An RDB URL as Optuna takes it; anything else is a journal file (created if new)."""
+    text = os.fspath(storage)
+    if "://" in text:
+        return text
+    try:
+        from optuna.storages.journal import JournalFileBackend
+    except ImportError:  # Optuna < 4.0
+        from optuna.storages import JournalFileStorage as JournalFileBackend
+    return optuna.storages.JournalStorage(JournalFileBackend(text))
+
+
+_OWNER = "gensorage_search"
+
+
+def _claim(study: optuna.Study, what: str) -> None:
+    """Mark a new study as this search's; refuse a shared one made for another workload or profile."""
+    owner = study.user_attrs.get(_OWNER)
+    if owner is None:
+        study.set_user_attr(_OWNER, what)
+    elif owner != what:
+        raise ScheduleError(f"optuna study {study.study_name!r} searches {owner}, not {what}")
+
+
+def _study_best(study: optuna.Study, space: ScheduleSpace) -> tuple[float, Schedule | None]:
+    """The best schedule of every finished trial of the study, re-scored (a function of its parameters)."""
+    best: tuple[float, Schedule | None] = (math.inf, None)
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        s = decode(space, t.params)
+        value = space_time(space, s)
+        if value < best[0]:
+            best = (value, s)
+    return best

@@ -135,6 +135,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--seed", type=seed, default=0, help="seed of the search (default 0)")
     p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: all usable cores)")
+    p.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run the tasks on a Dask cluster: tcp://HOST:8786, or local:N worker processes "
+        "(needs gensorage[distributed]; docs/distributed.md)",
+    )
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="stop after this many seconds")
     p.add_argument(
         "--checkpoint",
@@ -199,6 +205,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             workers=args.workers,
             time_budget_s=args.time_budget,
             progress=not (args.json or args.quiet),
+            cluster=args.cluster,
         )
     except SearchInterrupted as exc:
         r = exc.result

@@ -71,6 +71,12 @@ def register(subparsers: Any) -> None:
         help="search checkpoint file (resumed if it exists; default: one per search)",
     )
     parser.add_argument("--workers", type=int, default=None, metavar="N", help="search worker processes")
+    parser.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run the search on a Dask cluster: tcp://HOST:8786, or local:N worker processes "
+        "(needs gensorage[distributed]; docs/distributed.md)",
+    )
     parser.add_argument("--seed", type=seed, default=0, help="random seed (default 0)")
     parser.add_argument(
         "--preset",
@@ -166,6 +172,7 @@ def cmd_superopt(args: argparse.Namespace) -> int:
                 params=params or None,
                 seed=args.seed,
                 workers=args.workers,
+                cluster=args.cluster,
                 preset=preset,
                 store=args.store,
                 use_store=not args.no_store,

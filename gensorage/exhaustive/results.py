@@ -125,13 +125,19 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class TaskResult:
     """What :func:`~gensorage.exhaustive.walk.tasks.run_task` returns; ``complete`` False if it was stopped, and
-    then ``resume`` says where to continue (``candidates`` and ``stats`` cover the part walked)."""
+    then ``resume`` says where to continue (``candidates`` and ``stats`` cover the part walked).
+
+    ``sized`` lists the structures the walk sized (a structure is a candidate once per task), ``keys`` each
+    candidate's structure (None where the schedule sizes none): a runner that split the task's subtree into
+    pieces run apart merges them in walk order, dropping what an earlier piece had sized."""
 
     task_index: int
     candidates: tuple[Candidate, ...]
     stats: Stats
     complete: bool
     resume: Resume | None = None
+    sized: tuple[str, ...] = ()
+    keys: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +152,8 @@ class SearchResult:
     splitting the search into tasks; ``checkpoint_path`` is where the runner keeps the done tasks (None: no
     checkpoint); ``tasks_resumed`` the tasks that were already done when this run started; ``stopped_by`` is
     ``"time budget"``, ``"interrupt"``, ``"error"`` or None; ``run_stats`` sums (as a dict) the statistics of
-    every task this run ran, finished or stopped, so it says how much work a budget-limited run did.
+    every task this run ran, finished or stopped, so it says how much work a budget-limited run did;
+    ``tasks_split`` how many times this run split a long task's remaining subtree among idle workers.
     """
 
     candidates: tuple[Any, ...]
@@ -160,6 +167,7 @@ class SearchResult:
     stopped_by: str | None = None
     run_stats: dict[str, Any] = field(default_factory=dict)
     enumerate_s: float = 0.0
+    tasks_split: int = 0
 
     @property
     def best(self) -> Any | None:

@@ -57,6 +57,7 @@ def superoptimize(
     params: Mapping[str, int] | None = None,
     seed: int = 0,
     workers: int | None = None,
+    cluster: str | None = None,
     preset: Preset | str | None = None,
     store: Store | str | os.PathLike[str] | None = None,
     use_store: bool = True,
@@ -88,6 +89,10 @@ def superoptimize(
         Seeds the search's construction and verification, the grid construction and the final check.
     workers : int, optional
         Search worker processes (default: the usable cores).
+    cluster : str, optional
+        Run the search's tasks on a Dask cluster instead (``pip install 'gensorage[distributed]'``): its
+        scheduler's address (``tcp://HOST:8786``), or ``"local:N"`` for N worker processes on this machine
+        (docs/distributed.md). Excludes ``workers``.
     preset : Preset or str, optional
         Search shapes and limits (default: ``configs/presets/<program name>.toml`` when it exists).
     store : Store or path, optional
@@ -140,6 +145,7 @@ def superoptimize(
             workers,
             progress,
             hw if isinstance(hw, str) else profile.name,
+            cluster,
         )
 
 

@@ -288,6 +288,7 @@ class Run:
         workers: int | None,
         progress: bool,
         hw_name: str,
+        cluster: str | None = None,
     ) -> SuperoptResult:
         from gensorage.exhaustive.opcatalog import unsearched
         from gensorage.exhaustive.run.runner import SearchInterrupted, run_search
@@ -311,7 +312,12 @@ class Run:
         interrupted = False
         try:
             sr = run_search(
-                spec, checkpoint=checkpoint, workers=workers, time_budget_s=budget, progress=progress
+                spec,
+                checkpoint=checkpoint,
+                workers=workers,
+                time_budget_s=budget,
+                progress=progress,
+                cluster=cluster,
             )
         except SearchInterrupted as exc:
             sr, interrupted = exc.result, True

@@ -3,8 +3,9 @@ budget, Ctrl-C, live progress.
 
 - :mod:`.runner`: the entry point and its contract (see its docstring for stopping and resuming);
 - :mod:`.core`: the search core it drives (:class:`SearchCore`; by default the walk's task API);
-- :mod:`.search_run`: one run: tasks inline, then on a process pool (:mod:`.workers`), each committed to the
-  :mod:`.checkpoint` as it finishes (plain data: :mod:`.conversions`);
+- :mod:`.search_run`: one run: tasks inline, then on an :mod:`.engine` (a process pool, :mod:`.workers`, or a
+  Dask cluster, :mod:`.cluster`), each committed to the :mod:`.checkpoint` as it finishes (plain data:
+  :mod:`.conversions`; tasks continued or split into pieces: :mod:`.pieces`);
 - :mod:`.progress` (the progress line) and :mod:`.processes` (workers die with their parent; scripts without a
   ``__main__`` guard).
 """

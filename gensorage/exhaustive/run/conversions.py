@@ -21,6 +21,8 @@ class Outcome:
     rows: list[CandidateRow]
     elapsed_s: float
     resume: Any = None  # JSON: where a stopped task continues
+    sized: tuple[str, ...] = ()  # the structures the run sized (see TaskResult.sized)
+    keys: tuple[str | None, ...] = ()  # each row's structure, when the core says (see TaskResult.keys)
 
 
 def to_json(obj: Any) -> Any:
@@ -78,6 +80,8 @@ def encode(index: int, res: Any, elapsed_s: float) -> Outcome:
         rows,
         float(elapsed_s),
         None if res.complete or resume is None else to_json(resume),
+        tuple(getattr(res, "sized", ())),
+        tuple(getattr(res, "keys", ())),
     )
 
 

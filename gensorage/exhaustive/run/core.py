@@ -24,6 +24,10 @@ class SearchCore:
     # (task, resume JSON) -> the task continuing a stopped run; a stopped result says where in ``.resume``
     # (with ``to_json()``). None: stopped tasks start afresh.
     resume_task: Callable[[Any, Any], Any] | None = None
+    # (spec, task, resume JSON of a stopped run of it) -> what is left of it as smaller tasks of the same index,
+    # in walk order ([]: nothing to split); results of several are merged by :func:`.pieces.merge`. None: tasks
+    # are never split.
+    split_task: Callable[[Any, Any, Any], Sequence[Any]] | None = None
 
 
 def default_core() -> SearchCore:
@@ -38,6 +42,7 @@ def default_core() -> SearchCore:
         candidate_type=results.Candidate,
         stats_type=results.Stats,
         resume_task=tasks.resume_task,
+        split_task=tasks.split_task,
     )
 
 

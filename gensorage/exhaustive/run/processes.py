@@ -13,12 +13,14 @@ A worker must not outlive its parent: :func:`die_with_parent` asks Linux to kill
 from __future__ import annotations
 
 import ast
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -72,6 +74,21 @@ def _is_main_test(test: ast.expr) -> bool:
     return len(names) == 1 and len(consts) == 1
 
 
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored while the block starts processes: a child started meanwhile ignores it from its first
+    instruction (Python installs no KeyboardInterrupt handler where SIGINT is ignored at start), so a Ctrl-C
+    reaching the whole process group is the parent's alone to act on. Outside the main thread: no change."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """In a worker: be killed (SIGKILL) by the kernel the moment the parent dies (Linux; elsewhere a no-op).
 
@@ -101,4 +118,4 @@ def _watch(parent_pid: int) -> None:
             os._exit(1)
 
 
-__all__ = ["PARENT_POLL_S", "die_with_parent", "unguarded_main_script", "watch_parent"]
+__all__ = ["PARENT_POLL_S", "die_with_parent", "sigint_ignored", "unguarded_main_script", "watch_parent"]

@@ -47,6 +47,8 @@ SAVE_EVERY_S = 60.0
 # a larger one stops its task in progress (it is saved and continued, like one stopped by a time budget) and
 # hands the rest to the workers.
 INLINE_S = 1.0
+# On a cluster, once workers would idle, a job running longer than this is split (see SearchRun.run_engine).
+SPLIT_AFTER_S = 10.0
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -82,6 +84,8 @@ def run_search(
     progress_stream: Any = None,
     save_every_s: float = SAVE_EVERY_S,
     inline_s: float = INLINE_S,
+    cluster: str | None = None,
+    split_after_s: float | None = SPLIT_AFTER_S,
 ) -> SearchResult:
     """Run (or resume) the exhaustive search ``spec``, keeping every finished task in a checkpoint.
 
@@ -108,6 +112,14 @@ def run_search(
     save_every_s
         How often each running task saves its resume point and candidates (cores that can resume), so a
         ``kill -9`` loses at most about this much work per worker.
+    cluster
+        Run the tasks on a Dask cluster instead of local processes (:mod:`.cluster`; needs the extra
+        ``gensorage[distributed]``): a scheduler address (``tcp://HOST:8786``), or ``"local:N"`` for a cluster
+        of N worker processes on this machine, started here and closed at the end. This process stays the
+        only writer of the checkpoint. Excludes ``workers``.
+    split_after_s
+        On a cluster, when nothing is left to hand out and workers idle, a task running longer than this is
+        split and its remaining subtree handed to them (None: never).
 
     Returns
     -------
@@ -121,7 +133,8 @@ def run_search(
     StoreError
         The checkpoint is corrupt, foreign, or belongs to a different search.
     ConfigError
-        ``workers`` < 1 or a non-positive time budget.
+        ``workers`` < 1, a non-positive time budget, or a bad, unreachable or mismatched cluster (or its
+        extra missing).
     """
     start = time.monotonic()
     if workers is not None and workers < 1:
@@ -132,6 +145,12 @@ def run_search(
         raise ConfigError(f"save interval must be a positive number of seconds (got {save_every_s})")
     if not inline_s >= 0:
         raise ConfigError(f"inline time must be a non-negative number of seconds (got {inline_s})")
+    if cluster is not None:
+        if workers is not None:
+            raise ConfigError("give workers (local processes) or cluster, not both")
+        from gensorage.exhaustive.run.cluster import require_engine
+
+        require_engine(cluster)
     core = core if core is not None else default_core()
     n_workers = workers if workers is not None else default_workers()
     key = spec.key()
@@ -163,9 +182,10 @@ def run_search(
         run = SearchRun(core, spec, tasks, ckpt, reporter, start, time_budget_s, save_every_s)
         pending = ckpt.pending_tasks()
         n_workers = min(n_workers, max(1, len(pending)))
-        script = unguarded_main_script() if n_workers > 1 else None
+        local = cluster is None or cluster.startswith("local:")
+        script = unguarded_main_script() if local and (n_workers > 1 or cluster) else None
         if script is not None:
-            n_workers = 1
+            n_workers, cluster = 1, None
             print(
                 f'gensorage: {script} starts the search outside `if __name__ == "__main__":`, which worker '
                 "processes would run again; searching in this process (add the guard to use several)",
@@ -174,18 +194,31 @@ def run_search(
             )
         reporter.message(
             _header(
-                key, path, len(tasks), len(tasks) - len(pending), n_workers, time_budget_s, len(run.stopped)
+                key,
+                path,
+                len(tasks),
+                len(tasks) - len(pending),
+                n_workers,
+                time_budget_s,
+                len(run.stopped),
+                cluster,
             )
         )
         with stop_requests() as interrupts:
             run.interrupts = interrupts
             try:
-                if pending and n_workers == 1:
+                if pending and n_workers == 1 and cluster is None:
                     run.run_inline(pending)
                 elif pending:
                     run.run_inline(pending, until=start + inline_s)
                     pending = ckpt.pending_tasks()
-                    if pending and not run.stop_reason():
+                    if pending and not run.stop_reason() and cluster is not None:
+                        from gensorage.exhaustive.run.cluster import connect
+
+                        engine = connect(cluster, core, spec, save_every_s if run.resumable else None)
+                        reporter.message(f"search: {engine.workers} workers on cluster {cluster}")
+                        run.run_engine(pending, engine, split_after_s)
+                    elif pending and not run.stop_reason():
                         run.run_pool(pending, min(n_workers, len(pending)))
             except KeyboardInterrupt:
                 # A second Ctrl-C: workers are gone, every committed task stays committed.
@@ -219,17 +252,27 @@ def _set_aside(path: Path) -> Path:
 
 
 def _header(
-    key: str, path: Path, total: int, done: int, workers: int, budget: float | None, stopped: int = 0
+    key: str,
+    path: Path,
+    total: int,
+    done: int,
+    workers: int,
+    budget: float | None,
+    stopped: int = 0,
+    cluster: str | None = None,
 ) -> str:
     parts = [f"gensorage search {key}: {total} tasks"]
     if done:
         parts.append(f"{done} already done (resuming)")
     if stopped:
         parts.append(f"{stopped} continuing where they stopped")
-    parts.append(f"{workers} worker{'s' if workers != 1 else ''}")
+    if cluster is not None:
+        parts.append(f"cluster {cluster}")
+    else:
+        parts.append(f"{workers} worker{'s' if workers != 1 else ''}")
     if budget is not None:
         parts.append(f"time budget {format_seconds(budget)}")
     return ", ".join(parts) + f"; checkpoint {path}"
 
 
-__all__ = ["INLINE_S", "SAVE_EVERY_S", "SearchInterrupted", "default_workers", "run_search"]
+__all__ = ["INLINE_S", "SAVE_EVERY_S", "SPLIT_AFTER_S", "SearchInterrupted", "default_workers", "run_search"]

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import multiprocessing
+import itertools
 import operator
-import os
-import queue as queue_mod
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,14 +25,26 @@ from gensorage.exhaustive.run.conversions import (
     stats_to_dict,
 )
 from gensorage.exhaustive.run.core import SearchCore
+from gensorage.exhaustive.run.engine import Engine, ProcessEngine
+from gensorage.exhaustive.run.pieces import Part, join, merge
 from gensorage.exhaustive.run.progress import ProgressReporter, Snapshot
-from gensorage.exhaustive.run.workers import Throttled, init_worker, submit, terminate, worker_run
+from gensorage.exhaustive.run.workers import Throttled
 from gensorage.interrupts import StopRequests
 
 # Parent loop tick: how often it wakes to drain progress, check the budget and redraw.
 TICK_S = 0.2
 # After a stop request, how long running tasks get to return before they are killed.
 STOP_GRACE_S = 30.0
+
+
+@dataclass(slots=True)
+class _Job:
+    """A job on the engine: a part of task ``idx``, submitted at ``started`` (monotonic)."""
+
+    idx: int
+    part: Part
+    started: float
+    splitting: bool = False  # asked to stop so that what is left of it is split
 
 
 @dataclass(slots=True)
@@ -62,6 +71,8 @@ class SearchRun:
     started_from: dict[int, PartialTask | None] = field(
         default_factory=dict
     )  # what each running task continues
+    parts: dict[int, list[Part]] = field(default_factory=dict)  # tasks running on an engine, in pieces
+    splits: int = 0  # long jobs split on demand this run
     running: int = 0
     done: int = 0
     resumed: int = 0
@@ -144,86 +155,130 @@ class SearchRun:
         self.partial[idx] = stats_to_dict(stats)
         self.reporter.update(self.snapshot())
 
-    # --------------------------------------------------------------------------------------- pool
+    # ------------------------------------------------------------------------------------- engine
     def run_pool(self, pending: Sequence[int], n_workers: int) -> None:
-        """Run the tasks on ``n_workers`` spawned processes, in index order.
+        """Run the tasks on ``n_workers`` spawned processes of this machine (:class:`~.engine.ProcessEngine`)."""
+        save_every = self.save_every_s if self.resumable else None
+        self.run_engine(pending, ProcessEngine(self.core, self.spec, n_workers, save_every))
 
-        Up to two tasks per worker are submitted, so a worker that finishes one finds the next already queued
-        instead of idling for a round trip to the parent (searches have thousands of millisecond tasks).
+    def run_engine(self, pending: Sequence[int], engine: Engine, split_after_s: float | None = None) -> None:
+        """Run the tasks as jobs on ``engine``, in index order, recording each task as it ends; closes the engine.
+
+        Up to two jobs per worker are submitted, so a worker that finishes one finds the next already queued
+        instead of idling for a round trip (searches have thousands of millisecond tasks). Once nothing is left
+        to hand out and workers idle, a job running longer than ``split_after_s`` (engines that can stop one
+        job, cores that can split a task) is stopped and what is left of it handed out as smaller tasks
+        (:mod:`.pieces`); the task is recorded when all its pieces are done.
         """
-        ctx = multiprocessing.get_context("spawn")
-        stop_event = ctx.Event()
-        progress_q: Any = ctx.Queue()
         todo = deque(pending)
-        inflight: dict[Future[Outcome], int] = {}
+        ready: deque[tuple[int, Part]] = deque()  # pieces of started tasks, run before new tasks
+        jobs: dict[int, _Job] = {}
+        keys = itertools.count(len(self.tasks))  # apart from task indices (the progress of inline runs)
         stop_since: float | None = None
-        error: Exception | None = None
-        executor = ProcessPoolExecutor(
-            max_workers=n_workers,
-            mp_context=ctx,
-            initializer=init_worker,
-            initargs=(stop_event, progress_q, os.getpid()),
-        )
+        error: BaseException | None = None
         clean = False
         try:
             while True:
                 if self.stop_reason() and stop_since is None:
-                    stop_event.set()
+                    engine.stop(None)
                     stop_since = time.monotonic()
-                while stop_since is None and todo and len(inflight) < 2 * n_workers:
-                    idx = todo.popleft()
-                    inflight[
-                        submit(
-                            executor,
-                            worker_run,
-                            self.core,
-                            self.spec,
-                            self.task(idx),
-                            self.save_every_s if self.resumable else None,
-                        )
-                    ] = idx
-                if not inflight:
+                while stop_since is None and (ready or todo) and len(jobs) < 2 * engine.workers:
+                    if ready:
+                        idx, part = ready.popleft()
+                    else:
+                        idx = todo.popleft()
+                        part = Part(self.task(idx))
+                        self.parts[idx] = [part]
+                    key = next(keys)
+                    jobs[key] = _Job(idx, part, time.monotonic())
+                    engine.submit(key, part.task)
+                if not jobs:
                     break
-                finished, _ = wait(inflight, timeout=TICK_S, return_when=FIRST_COMPLETED)
-                self._drain(progress_q, set(inflight.values()))
-                for fut in sorted(finished, key=inflight.__getitem__):
-                    del inflight[fut]
-                    try:
-                        self.record(fut.result())
-                    except Exception as exc:
-                        # Keep what the other running tasks finish (they are asked to stop), then raise.
-                        error = error or exc
-                        self.stopped_by = self.stopped_by or "error"
+                for kind, key, payload in engine.events(TICK_S):
+                    job = jobs.get(key)
+                    if job is None:
+                        continue  # a late message of a job that ended
+                    if kind == "progress":
+                        self.partial[key] = payload
+                    elif kind == "resumed":
+                        self.reporter.message(
+                            f"search: task {job.idx} continues on another worker from its last save point"
+                        )
+                    elif kind == "save":
+                        if len(self.parts[job.idx]) == 1:  # a split task continues from its split point
+                            self.save_point(join(job.part.before, payload))
+                    else:
+                        del jobs[key]
+                        self.partial.pop(key, None)
+                        if kind == "error":
+                            # Keep what the other running tasks finish (they are asked to stop), then raise.
+                            error = error or payload
+                            self.stopped_by = self.stopped_by or "error"
+                        else:
+                            self._ended(job, payload, ready, may_continue=stop_since is None)
                 if stop_since is not None and time.monotonic() - stop_since > STOP_GRACE_S:
                     break  # tasks that ignore should_stop are killed below
-                self.running = min(len(inflight), n_workers)
+                if split_after_s is not None and stop_since is None and not (todo or ready):
+                    self._split_long_jobs(jobs, engine, split_after_s)
+                self.running = min(len(jobs), engine.workers)
                 self.reporter.update(self.snapshot())
-            clean = not inflight
+            clean = not jobs
             if error is not None:
                 raise error
         finally:
-            stop_event.set()
-            if not clean:
-                terminate(executor)
-            executor.shutdown(wait=True, cancel_futures=True)
-            progress_q.close()
-            progress_q.join_thread()
+            engine.close(abort=not clean)
 
-    def _drain(self, q: Any, running: set[int]) -> None:
-        """Take the workers' progress messages and save points; late ones of tasks already returned are dropped."""
-        while True:
-            try:
-                kind, idx, payload = q.get_nowait()
-            except queue_mod.Empty:
+    def _split_long_jobs(self, jobs: dict[int, _Job], engine: Engine, after_s: float) -> None:
+        """Ask the longest-running jobs to stop, one per idle worker, so what is left of them can be split."""
+        idle = engine.workers - len(jobs)
+        if idle <= 0 or self.core.split_task is None or not engine.can_stop_one:
+            return
+        now = time.monotonic()
+        long = [
+            (job.started, key)
+            for key, job in jobs.items()
+            if not job.splitting and job.part.splittable and now - job.started >= after_s
+        ]
+        for _, key in sorted(long)[:idle]:
+            jobs[key].splitting = True
+            engine.stop(key)
+
+    def _ended(self, job: _Job, out: Outcome, ready: deque[tuple[int, Part]], may_continue: bool) -> None:
+        """A job returned: its part is done (the task is recorded once all are), split, continued, or kept
+        where a stop request stopped it."""
+        part, parts = job.part, self.parts[job.idx]
+        whole = join(part.before, out)
+        if out.complete:
+            part.done = whole
+            if all(p.done is not None for p in parts):
+                del self.parts[job.idx]
+                done = [p.done for p in parts if p.done is not None]
+                self.record(done[0] if len(done) == 1 else merge(job.idx, done))
+            return
+        if may_continue and out.resume is not None and self.core.resume_task is not None:
+            pieces = self._pieces(part, out.resume) if job.splitting else []
+            if len(pieces) > 1:
+                if len(parts) == 1:
+                    self.save_point(whole)  # a driver killed from here on resumes from the split point
+                at = parts.index(part)
+                parts[at : at + 1] = [Part(part.task, done=whole), *(Part(p) for p in pieces)]
+                ready.extendleft(reversed([(job.idx, p) for p in parts[at + 1 : at + 1 + len(pieces)]]))
+                self.splits += 1
                 return
-            except (OSError, ValueError, EOFError):
-                return
-            if idx not in running:
-                continue
-            if kind == "save":
-                self.save_point(payload)
-            else:
-                self.partial[idx] = payload
+            # Nothing to split (or stopped for no stop request of ours): continue it where it stopped.
+            part.before, part.splittable = whole, False
+            part.task = self.core.resume_task(part.task, out.resume)
+            ready.appendleft((job.idx, part))
+            return
+        if len(parts) == 1:
+            self.record(whole)
+        else:  # a split task stopped: the checkpoint keeps its split point
+            self.run_stats = add_stats(self.run_stats, out.stats)
+            self.discarded = add_stats(self.discarded, whole.stats)
+
+    def _pieces(self, part: Part, resume: Any) -> list[Any]:
+        split = self.core.split_task
+        return list(split(self.spec, part.task, resume)) if split is not None else []
 
     # ------------------------------------------------------------------------------------ results
     def record(self, out: Outcome) -> None:
@@ -313,6 +368,7 @@ class SearchRun:
             tasks_resumed=self.resumed,
             stopped_by=self.stopped_by if len(done) < len(self.tasks) else None,
             run_stats=functools.reduce(add_stats, self.partial.values(), self.run_stats),
+            tasks_split=self.splits,
         )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import queue as queue_mod
 import signal
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -13,7 +12,7 @@ from typing import Any
 
 from gensorage.exhaustive.run.conversions import Outcome, encode, stats_to_dict
 from gensorage.exhaustive.run.core import SearchCore
-from gensorage.exhaustive.run.processes import die_with_parent, watch_parent
+from gensorage.exhaustive.run.processes import die_with_parent, sigint_ignored, watch_parent
 
 # How often a worker's should_stop really looks at the shared stop event (the core may call should_stop
 # every few states, and Event.is_set takes a lock).
@@ -40,7 +39,8 @@ def _worker_should_stop() -> bool:
     return bool(_worker_stop is not None and _worker_stop.is_set())
 
 
-def worker_run(core: SearchCore, spec: Any, task: Any, save_every_s: float | None) -> Outcome:
+def worker_run(core: SearchCore, spec: Any, task: Any, key: int, save_every_s: float | None) -> Outcome:
+    """Run job ``key`` (``task``) in a pool worker, sending its progress and save points to the parent."""
     idx = int(task.index)
     last = [0.0]
     t0 = time.perf_counter()
@@ -56,13 +56,13 @@ def worker_run(core: SearchCore, spec: Any, task: Any, save_every_s: float | Non
         now = time.monotonic()
         if now - last[0] >= WORKER_PROGRESS_S:
             last[0] = now
-            send(("progress", idx, stats_to_dict(stats)))
+            send(("progress", key, stats_to_dict(stats)))
 
     saving: dict[str, Any] = {}
     if save_every_s is not None:
         saving = {
             "save_every_s": save_every_s,
-            "on_save": lambda res: send(("save", idx, encode(idx, res, time.perf_counter() - t0))),
+            "on_save": lambda res: send(("save", key, encode(idx, res, time.perf_counter() - t0))),
         }
     res = core.run_task(
         spec, task, should_stop=Throttled(_worker_should_stop), on_progress=on_progress, **saving
@@ -71,13 +71,15 @@ def worker_run(core: SearchCore, spec: Any, task: Any, save_every_s: float | Non
 
 
 class Throttled:
-    """``should_stop`` for the core: consults ``check`` at most every :data:`STOP_POLL_S`; once True, stays."""
+    """``should_stop`` for the core: consults ``check`` at most every ``every_s`` seconds (default
+    :data:`STOP_POLL_S`), the first time ``first_s`` seconds after it is made; once True, stays."""
 
-    __slots__ = ("_check", "_next", "_stopped")
+    __slots__ = ("_check", "_every_s", "_next", "_stopped")
 
-    def __init__(self, check: Callable[[], bool]) -> None:
+    def __init__(self, check: Callable[[], bool], every_s: float = STOP_POLL_S, first_s: float = 0.0) -> None:
         self._check = check
-        self._next = 0.0
+        self._every_s = every_s
+        self._next = time.monotonic() + first_s if first_s else 0.0
         self._stopped = False
 
     def __call__(self) -> bool:
@@ -85,21 +87,16 @@ class Throttled:
             return True
         now = time.monotonic()
         if now >= self._next:
-            self._next = now + STOP_POLL_S
+            self._next = now + self._every_s
             self._stopped = bool(self._check())
         return self._stopped
 
 
 def submit(executor: ProcessPoolExecutor, fn: Callable[..., Outcome], *args: Any) -> Future[Outcome]:
-    """``executor.submit``, with SIGINT ignored meanwhile: submit may spawn a worker, and a child started
-    while SIGINT is ignored ignores it from its first instruction (before its initializer could)."""
-    if threading.current_thread() is not threading.main_thread():
+    """``executor.submit``, with SIGINT ignored meanwhile: submit may spawn a worker, which then ignores it
+    from its first instruction, before its initializer could (:func:`.processes.sigint_ignored`)."""
+    with sigint_ignored():
         return executor.submit(fn, *args)
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        return executor.submit(fn, *args)
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 def terminate(executor: ProcessPoolExecutor) -> None:

@@ -125,7 +125,7 @@ def run_task(
     except Stopped:
         assert w.stopped_at is not None
         return w.partial_result(w.stopped_at)
-    return TaskResult(task.index, tuple(w.candidates), w.stats(), True)
+    return w.result(True)
 
 
 def run_task_shared(spec: SearchSpec, task: Task, **kwargs: Any) -> TaskResult:
@@ -138,6 +138,48 @@ def run_task_shared(spec: SearchSpec, task: Task, **kwargs: Any) -> TaskResult:
 def resume_task(task: Task, data: dict[str, Any]) -> Task:
     """``task`` continuing where a stopped run left it (``data``: that run's ``TaskResult.resume`` as JSON)."""
     return dataclasses.replace(task, resume=Resume.from_json(data))
+
+
+def split_task(spec: SearchSpec, task: Task, data: dict[str, Any]) -> list[Task]:
+    """What is left of ``task`` after a run of it stopped at ``data`` (its ``TaskResult.resume`` as JSON), as
+    smaller tasks of the same index, in walk order: the stopped node itself, each of its children's subtrees,
+    then the subtrees of the later siblings of every node on the path up to the task's own node.
+
+    Together they cover exactly what a resumed run would walk, so a runner can hand them to idle workers and
+    concatenate their results in this order (dropping a candidate whose structure an earlier piece sized, see
+    :class:`~gensorage.exhaustive.results.TaskResult`). Each piece replays its path, so the logical counters of
+    a split task can exceed those of one run by the pruning counted on the replayed paths. A task of one node
+    (``subtree`` False) gives ``[]``: there is nothing to split.
+    """
+    resume = Resume.from_json(data)
+    cursor = resume.cursor
+    if not task.subtree or tuple(cursor[: len(task.path)]) != tuple(task.path):
+        return []
+    counts = _child_counts(spec, cursor)
+    pieces = [Task(task.index, cursor, False, resume)]
+    pieces += [Task(task.index, (*cursor, i)) for i in range(counts[len(cursor)])]
+    for d in range(len(cursor) - 1, len(task.path) - 1, -1):
+        pieces += [Task(task.index, (*cursor[:d], i)) for i in range(cursor[d] + 1, counts[d])]
+    return pieces
+
+
+def _child_counts(spec: SearchSpec, path: tuple[int, ...]) -> list[int]:
+    """The number of children of every node on ``path`` (the root's first, ``path``'s own node last)."""
+    w = Walk(spec, process_context(spec, spec.key()))
+    counts = [0] * (len(path) + 1)
+
+    def down(depth: int) -> None:
+        children = w.children()
+        try:
+            for i, _ in enumerate(children):
+                counts[depth] += 1
+                if depth < len(path) and i == path[depth]:
+                    down(depth + 1)
+        finally:
+            children.close()
+
+    down(0)
+    return counts
 
 
 def search_serial(spec: SearchSpec, time_budget_s: float | None = None) -> SearchResult:
@@ -191,4 +233,5 @@ __all__ = [
     "run_task",
     "run_task_shared",
     "search_serial",
+    "split_task",
 ]

@@ -29,11 +29,12 @@ from gensorage.exhaustive.results import Candidate, Resume, Stats, Task, TaskRes
 from gensorage.exhaustive.rules.occurrences import Counts
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.walk.block_level import block_children
-from gensorage.exhaustive.walk.finalize import finalize
+from gensorage.exhaustive.walk.finalize import finalize, structure_key
 from gensorage.exhaustive.walk.kernel_level import complete_outputs, kernel_children
 from gensorage.exhaustive.walk.search_context import SearchContext
 from gensorage.exhaustive.walk.search_state import SearchState
 from gensorage.exhaustive.walk.subtree_memo import Entry, Memo, Recording, subtree_key
+from gensorage.exhaustive.walk.thread_fusion import fuse
 from gensorage.ugraph.ir import KernelGraph, KernelNode, Ref
 from gensorage.verify.equivalent import VerificationStopped
 
@@ -112,6 +113,9 @@ class Walk:
             self.resume = tuple(self.task.resume.cursor)
             self.sized_structures.update(dict.fromkeys(self.task.resume.sized))
         self.candidates: list[Candidate] = []
+        # Each candidate's sizes-free structure (None: not sized by structure), so a runner that split this
+        # task's subtree can drop what a later piece found again (see TaskResult.keys).
+        self.candidate_keys: list[str | None] = []
         self.hooks = Hooks()
         # Kernel-level subtrees already walked (this task's, or the process's: run_task(memo=...)); see subtree_memo.
         self.reuse_subtrees = True
@@ -300,6 +304,7 @@ class Walk:
     def _undo(self, mark: _Mark) -> None:
         """Back to ``mark``: the candidates, counters and sized structures the node's checks added are dropped."""
         del self.candidates[mark.candidates :]
+        del self.candidate_keys[mark.candidates :]
         for f in dataclasses.fields(Counters):
             setattr(self.counters, f.name, getattr(mark.counters, f.name))
         for key in list(self.sized_structures)[mark.sized :]:
@@ -336,7 +341,18 @@ class Walk:
     def partial_result(self, cursor: tuple[int, ...]) -> TaskResult:
         """The task so far, to continue at ``cursor``."""
         resume = Resume(cursor, tuple(sorted(self.sized_structures)))
-        return TaskResult(self.task.index, tuple(self.candidates), self.stats(), False, resume)
+        return dataclasses.replace(self.result(False), resume=resume)
+
+    def result(self, complete: bool) -> TaskResult:
+        """The task's result so far (``complete``: the whole subtree was walked)."""
+        return TaskResult(
+            self.task.index,
+            tuple(self.candidates),
+            self.stats(),
+            complete,
+            sized=tuple(self.sized_structures),
+            keys=tuple(self.candidate_keys),
+        )
 
     def _emit(self) -> None:
         """Finalize the node's complete µGraphs (a stop raises :class:`VerificationStopped`; see :meth:`visit`)."""
@@ -357,9 +373,11 @@ class Walk:
         """Record the complete kernel graph ``ops`` in the subtrees being recorded, then finalize it."""
         for rec in self.recordings:
             rec.leaves.append((ops[rec.base :], outputs))
-        cand = finalize(self, KernelGraph(self.state.specs, ops, outputs), self.task.index)
+        g = KernelGraph(self.state.specs, ops, outputs)
+        cand = finalize(self, g, self.task.index)
         if cand is not None:
             self.candidates.append(cand)
+            self.candidate_keys.append(structure_key(fuse(g)) if self.spec.schedule == "markov" else None)
 
     def collect(
         self,
