@@ -11,6 +11,7 @@ from pathlib import Path
 from gensorage.errors import ConfigError, GensorageError
 from gensorage.program import Program, config_dir, parse_program
 from gensorage.superopt.presets import Preset, find_preset, load_preset
+from gensorage.superopt.search_shapes import derive_search_shapes
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +79,13 @@ def resolve_preset(preset: Preset | str | None, src: ProgramSource) -> tuple[Pre
 
 
 def search_program(src: ProgramSource, preset: Preset | None, explicit: bool, notes: list[str]) -> Program:
-    """The program at the preset's search shapes (or the program itself when there are none)."""
+    """The program at the preset's search shapes; without a preset that names some, at shapes derived from its
+    own (:mod:`.search_shapes`), or the program itself where none can be derived (the note says why)."""
     p = src.program
     if preset is None or not preset.search_params:
-        return p
+        derived = derive_search_shapes(p)
+        notes.append(derived.note)
+        return derived.program
     if src.text is None:
         notes.append(
             f"preset '{preset.name}' has search shapes, but the program has no source text to "
