@@ -85,7 +85,7 @@ def search_program(src: ProgramSource, preset: Preset | None, explicit: bool, no
     if preset is None or not preset.search_params:
         derived = derive_search_shapes(p)
         notes.append(derived.note)
-        return derived.program
+        return _with_params(src, derived.program, derived.sizes) if derived.shrunk else derived.program
     if src.text is None:
         notes.append(
             f"preset '{preset.name}' has search shapes, but the program has no source text to "
@@ -111,6 +111,20 @@ def search_program(src: ProgramSource, preset: Preset | None, explicit: bool, no
         notes.append(f"preset '{preset.name}' changes the program's structure; searching at its own shapes")
         return p
     return small
+
+
+def _with_params(src: ProgramSource, small: Program, sizes: dict[int, int]) -> Program:
+    """``small`` parsed from the program's text at its params shrunk alike, when that gives the same program
+    (so the store and the result say which params the search ran at); else ``small`` as derived."""
+    p = src.program
+    if src.text is None or not p.params or any(v not in sizes for v in p.params.values()):
+        return small
+    params = {k: sizes[v] for k, v in p.params.items()}
+    try:
+        parsed = parse_program(src.text, params=params, source="search shapes", default_name=src.name)
+    except GensorageError:
+        return small
+    return parsed if parsed.key() == small.key() else small
 
 
 __all__ = ["ProgramSource", "resolve_preset", "resolve_program", "search_program"]
