@@ -7,7 +7,9 @@ kernels used. Anything that fails (lowering, search, build, the comparison, a de
 leaves the subgraph in torch with a one-line reason in the report, so the answer is always torch's or checked.
 
 Compiled kernels are cached by the Program's key (ops, shapes, dtypes; not names), so a shape seen before — in
-this graph, another layer, or a recompiled graph — reuses its kernels without searching or building again.
+this graph, another layer, or a recompiled graph — reuses its kernels without searching or building again; a new
+shape of a program seen at another shape (a new sequence length) reuses the µGraph chosen there
+(:mod:`gensorage.superopt.dispatch`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from gensorage.codegen.runner import ALIGNMENT
 from gensorage.dtypes import numpy_dtype
 from gensorage.errors import GensorageError, UnsupportedOpError
 from gensorage.program import Program
-from gensorage.superopt import SuperoptResult, superoptimize
+from gensorage.superopt.dispatch import Dispatcher, ShapeKernels
 from gensorage.torch.lowering import Extra, Lowering
 from gensorage.torch.report import Report
 
@@ -84,7 +87,7 @@ class GensorageSubgraph(torch.nn.Module):
         self.name = name
         self.options = options
         self.report = report
-        self._kernels: tuple[Lowered, SuperoptResult] | None = None
+        self._kernels: tuple[Lowered, ShapeKernels] | None = None
         self._extras: list[torch.Tensor] = []
         self._fallback: str | None = None
 
@@ -128,32 +131,41 @@ class GensorageSubgraph(torch.nn.Module):
         )
 
 
-_COMPILED: dict[tuple[str, Options], SuperoptResult] = {}
+_DISPATCHERS: dict[Options, Dispatcher] = {}
 
 
-def compiled(program: Program, options: Options) -> SuperoptResult:
-    """The verified, built kernels of ``program`` (cached by its key and the options)."""
-    key = (program.key(), Options(options.hw, options.mode, options.time_budget_s))
-    if key not in _COMPILED:
-        res = superoptimize(
-            program,
-            hw=options.hw,
-            mode=options.mode,
-            time_budget_s=options.time_budget_s,
-            progress=False,
-        )
-        if not res.equivalence:
-            raise GensorageError(f"µGraph not verified: {res.equivalence.method}")
-        res.compiled()  # build now: a build failure is a fallback reason, not an error at the next call
-        _COMPILED[key] = res
-    return _COMPILED[key]
+def dispatcher(options: Options) -> Dispatcher:
+    """The per-shape kernel cache of ``options`` (one per hw, mode and budget, shared by every graph)."""
+    key = Options(options.hw, options.mode, options.time_budget_s)
+    if key not in _DISPATCHERS:
+        _DISPATCHERS[key] = Dispatcher(options.hw, options.mode, options.time_budget_s)
+    return _DISPATCHERS[key]
 
 
-def run_kernels(lowered: Lowered, res: SuperoptResult, args: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The kernels of ``res`` on CPU tensors (through numpy views, no conversion of values)."""
-    outs = res.run(*(_to_numpy(a) for a in args), target="cpu")
-    tensors = [_to_torch(o) for o in outs]
+def compiled(program: Program, options: Options) -> ShapeKernels:
+    """The verified, built kernels of ``program``: cached by its key, and a new shape of a program structure
+    seen before reuses that structure's µGraph (:mod:`gensorage.superopt.dispatch`)."""
+    return dispatcher(options).kernels(program)
+
+
+def run_kernels(lowered: Lowered, res: ShapeKernels, args: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The kernels of ``res`` on CPU tensors: through DLPack into outputs torch allocates (the prepared
+    runner), else through numpy views (no conversion of values)."""
+    if res.runner is not None:
+        tensors = res.runner([_aligned(a) for a in args], _empty)
+    else:
+        tensors = [_to_torch(o) for o in res.run(*(_to_numpy(a) for a in args), target="cpu")]
     return tuple(_strided(tensors[i], s) for i, s in zip(lowered.outputs, lowered.strides, strict=True))
+
+
+def _empty(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    return torch.empty(shape, dtype=getattr(torch, dtype))
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous with its data aligned as the runner needs (a view at an odd offset is copied)."""
+    t = t.detach().contiguous()
+    return t if t.data_ptr() % ALIGNMENT == 0 else t.clone()
 
 
 def _strided(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
@@ -194,4 +206,13 @@ def mismatch(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> f
     return worst
 
 
-__all__ = ["GensorageSubgraph", "Lowered", "Options", "compiled", "lower", "mismatch", "run_kernels"]
+__all__ = [
+    "GensorageSubgraph",
+    "Lowered",
+    "Options",
+    "compiled",
+    "dispatcher",
+    "lower",
+    "mismatch",
+    "run_kernels",
+]
