@@ -164,9 +164,7 @@ class Dispatcher:
             graph, ver = self._carry(known, p, timings, notes)
             origin = known.origin if ver.method != DIRECT or known.origin == "direct" else "direct"
             self.stats.new_shapes += 1
-        t0 = time.perf_counter()
-        compiled, runner = _build_cpu(graph, self.hw, self.seed)
-        timings["build"] = time.perf_counter() - t0
+        compiled, runner = _build_cpu(graph, self.hw, self.seed, timings)
         if known is None:
             self._structures[p.structure_key()] = _Structure(p, graph, origin)
         return ShapeKernels(
@@ -237,16 +235,27 @@ class Dispatcher:
         return direct, Verification(True, DIRECT)
 
 
-def _build_cpu(graph: KernelGraph, hw: HwProfile, seed: int) -> tuple[CompiledUGraph, KernelRunner | None]:
-    """The llvm kernels of ``graph`` (the CUDA variant is not lowered) and their prepared runner."""
+def _build_cpu(
+    graph: KernelGraph, hw: HwProfile, seed: int, timings: dict[str, float]
+) -> tuple[CompiledUGraph, KernelRunner | None]:
+    """The llvm kernels of ``graph`` (the CUDA variant is not lowered) and their prepared runner; ``timings``
+    gets the time of the lowering to TIR and of the build (TVM's compile, LLVM's code generation)."""
     from gensorage.codegen.module import compile_ugraph
     from gensorage.codegen.runner import KernelRunner
 
+    t0 = time.perf_counter()
     compiled = compile_ugraph(graph, hw, "llvm", seed=seed)
+    t1 = time.perf_counter()
+    timings["lower"] = t1 - t0
     try:
-        return compiled, KernelRunner(compiled)
+        runner: KernelRunner | None = KernelRunner(
+            compiled
+        )  # builds, and looks the kernels up (LLVM's codegen)
     except UnsupportedOpError:
-        return compiled, None
+        compiled.executable("llvm")
+        runner = None
+    timings["build"] = time.perf_counter() - t1
+    return compiled, runner
 
 
 __all__ = ["DispatchStats", "Dispatcher", "ShapeKernels"]
