@@ -10,6 +10,9 @@ For each program, at a first shape and then at new sequence lengths (or batch si
   (DLPack in, fresh torch outputs) minus the same compiled kernels launched directly on TVM tensors bound once,
   paired call by call, median of ``--calls`` pairs (CPU llvm kernels).
 
+The kernels run on one thread (``TVM_NUM_THREADS=1``, set before TVM loads unless the caller set it): on a
+shared machine a multi-threaded kernel's time varies by milliseconds, which would drown the overhead.
+
 Programs: decoder-layer-like pieces built as Programs (RMSNorm + projection, SwiGLU MLP, causal-free GQA
 attention at a few sequence lengths) and bundled programs at small shapes. Writes
 ``benchmarks/results/dispatch-<date>.json`` (or ``--out``). Usage:
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("TVM_NUM_THREADS", "1")  # before TVM loads (see the module docstring)
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,39 +41,58 @@ from gensorage.program import Program, load_config  # noqa: E402
 from gensorage.superopt.dispatch import Dispatcher, ShapeKernels  # noqa: E402
 
 NAME = "dispatch"
+PAIRS_BUDGET_S = 15.0  # per shape: slow kernels are paired fewer times (at least 50)
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 256, 8, 2, 32, 512
 
 
-def rms_projection(t: int) -> Program:
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """A decoder layer's widths (``TINY``: kernels of tens of µs, where the overhead is not lost in their noise)."""
+
+    hidden: int = 256
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 32
+    ffn: int = 512
+
+
+LAYER, TINY = Dims(), Dims(hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64)
+
+
+def rms_projection(t: int, dims: Dims = LAYER) -> Program:
     """The attention block's entry: RMSNorm (with its weight) and the q projection, LLaMA-style."""
     p = Program(name="rms_projection")
-    x = p.input("X", (t, HIDDEN), "float32")
-    g = p.input("G", (HIDDEN,), "float32")
-    w = p.input("Wq", (HIDDEN, HEADS * HEAD_DIM), "float32")
+    x = p.input("X", (t, dims.hidden), "float32")
+    g = p.input("G", (dims.hidden,), "float32")
+    w = p.input("Wq", (dims.hidden, dims.heads * dims.head_dim), "float32")
     p.output(p.matmul(p.mul(p.rms_norm(x), g), w))
     return p
 
 
-def swiglu(t: int) -> Program:
+def swiglu(t: int, dims: Dims = LAYER) -> Program:
     p = Program(name="swiglu")
-    x = p.input("X", (t, HIDDEN), "float32")
-    w1 = p.input("Wgate", (HIDDEN, FFN), "float32")
-    w2 = p.input("Wup", (HIDDEN, FFN), "float32")
-    w3 = p.input("Wdown", (FFN, HIDDEN), "float32")
+    x = p.input("X", (t, dims.hidden), "float32")
+    w1 = p.input("Wgate", (dims.hidden, dims.ffn), "float32")
+    w2 = p.input("Wup", (dims.hidden, dims.ffn), "float32")
+    w3 = p.input("Wdown", (dims.ffn, dims.hidden), "float32")
     p.output(p.matmul(p.mul(p.silu(p.matmul(x, w1)), p.matmul(x, w2)), w3))
     return p
 
 
-def gqa_attention(t: int) -> Program:
+def gqa_attention(t: int, dims: Dims = LAYER) -> Program:
     """Softmax attention of ``t`` queries over ``t`` keys, key/value heads repeated to the query heads."""
     p = Program(name="gqa_attention")
-    q = p.input("Q", (HEADS, t, HEAD_DIM), "float32")
-    k = p.input("K", (KV_HEADS, HEAD_DIM, t), "float32")
-    v = p.input("V", (KV_HEADS, t, HEAD_DIM), "float32")
-    g = HEADS // KV_HEADS
-    s = p.scale(p.matmul(q, p.repeat(k, 0, g)), HEAD_DIM**-0.5)
+    q = p.input("Q", (dims.heads, t, dims.head_dim), "float32")
+    k = p.input("K", (dims.kv_heads, dims.head_dim, t), "float32")
+    v = p.input("V", (dims.kv_heads, t, dims.head_dim), "float32")
+    g = dims.heads // dims.kv_heads
+    s = p.scale(p.matmul(q, p.repeat(k, 0, g)), dims.head_dim**-0.5)
     p.output(p.matmul(p.softmax(s, 2), p.repeat(v, 0, g)))
     return p
+
+
+def tiny(make: Callable[[int, Dims], Program]) -> Callable[[int], Program]:
+    return lambda t: make(t, TINY)
 
 
 def bundled(name: str, key: str, **fixed: int) -> Callable[[int], Program]:
@@ -79,13 +104,16 @@ def bundled(name: str, key: str, **fixed: int) -> Callable[[int], Program]:
 
 
 CASES: list[tuple[str, Callable[[int], Program], tuple[int, ...]]] = [
-    ("rms_projection", rms_projection, (16, 24, 40, 64)),
-    ("swiglu", swiglu, (16, 24, 40, 64)),
-    ("gqa_attention", gqa_attention, (16, 24, 40, 64)),
-    ("mlp (bundled)", bundled("mlp", "t", k=256, f=512), (8, 16, 24)),
-    ("rmsnorm (bundled)", bundled("rmsnorm", "b", h=256, d=512), (8, 16, 24)),
-    ("gated_mlp (bundled)", bundled("gated_mlp", "t", k=256, f=512), (8, 16, 24)),
-    ("mha_prefill (bundled)", bundled("mha_prefill", "s", h=4, n=64, d=32), (8, 16, 24)),
+    ("rms_projection (tiny)", tiny(rms_projection), (4, 6, 10)),
+    ("swiglu (tiny)", tiny(swiglu), (4, 6, 10)),
+    ("gqa_attention (tiny)", tiny(gqa_attention), (4, 6, 10)),
+    ("rms_projection", rms_projection, (16, 24, 40)),
+    ("swiglu", swiglu, (16, 24, 40)),
+    ("gqa_attention", gqa_attention, (16, 24, 40)),
+    ("mlp (bundled)", bundled("mlp", "t", k=64, f=128), (8, 16, 24)),
+    ("rmsnorm (bundled)", bundled("rmsnorm", "b", h=64, d=128), (8, 16, 24)),
+    ("gated_mlp (bundled)", bundled("gated_mlp", "t", k=64, f=128), (8, 16, 24)),
+    ("mha_prefill (bundled)", bundled("mha_prefill", "s", h=4, n=32, d=16), (8, 16, 24)),
 ]
 
 
@@ -120,6 +148,9 @@ def overhead_us(entry: ShapeKernels, calls: int) -> dict[str, float]:
     for _ in range(20):  # warm caches and the allocator
         runner(args, alloc)
         direct()
+    t0 = time.perf_counter()
+    direct()
+    calls = max(50, min(calls, int(PAIRS_BUDGET_S / (2 * (time.perf_counter() - t0)))))
     gens, dirs, diffs = [], [], []
     for i in range(calls):  # the order alternates, so neither side always finds the other's data in cache
         first, second = (runner, direct) if i % 2 == 0 else (direct, runner)
@@ -192,8 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    import os
-
     t0 = time.perf_counter()
     load_before = os.getloadavg()
     results = [
@@ -205,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "wall_s": time.perf_counter() - t0,
+        "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"),
         "goals": {"overhead_us": 50, "new_shape_ready_s": 1.0},
         "results": results,
     }
