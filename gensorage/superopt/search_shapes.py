@@ -9,8 +9,9 @@ derived here, the way those presets were chosen by hand:
 * a size ``2^e · m`` (``m`` odd) keeps its odd part ``m`` and gets a smaller power of two ``2^g(e)``; ``g`` is
   strictly increasing over the exponents the program uses, so distinct sizes stay distinct (re-instantiation
   maps sizes by value and refuses an ambiguous one) and a size that divides another still divides it;
-* ``g(e)`` is about ``e / 3`` and at least 1 for ``e >= 1`` (a reduction keeps at least 2 elements):
-  ``4096 → 16``, ``1024 → 16``, ``16 → 4``, ``8 → 2``, as ``configs/presets/{mlp,rmsnorm}.toml`` pick;
+* ``g(e)`` is ``ceil(e / 3)``, at least 1 for ``e >= 1`` (a reduction keeps at least 2 elements) and raised
+  where needed to stay above the previous exponent's: sizes 8 and 4096 become 2 and 16
+  (``configs/presets/mlp.toml``), sizes 16, 1024 and 4096 become 4, 16 and 32 (``rmsnorm.toml``);
 * an odd size (a prime such as 71 heads, or 1) has no shrink that keeps what divides it: it keeps its real size;
 * a dim a ``slice`` cuts keeps its real size, since slice bounds are part of the program's structure.
 
