@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 import gensorage.torch as gtorch  # noqa: E402
 from gensorage.codegen.cuda_build import cubin_unavailable_reason, cuda_device_available  # noqa: E402
-from gensorage.codegen.module import CompiledUGraph  # noqa: E402
+from gensorage.codegen.runner import KernelRunner  # noqa: E402
 from gensorage.errors import DeviceError, UnsupportedOpError  # noqa: E402
 from gensorage.hw import load_profile  # noqa: E402
 from gensorage.program import Program  # noqa: E402
@@ -38,14 +38,14 @@ def _softmax_of_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def test_cpu_tensors_pass_by_pointer(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernels see the caller's tensors' memory, and the caller gets the kernels' output memory."""
     seen: list[tuple[list[int], list[int]]] = []
-    real = CompiledUGraph.run_tensors
+    real = KernelRunner.__call__
 
-    def spy(self: CompiledUGraph, inputs: list[Any], target: str) -> list[Any]:
-        outs = real(self, inputs, target)  # type: ignore[arg-type]
-        seen.append(([t.data_ptr() for t in inputs], [t.data_ptr() for t in outs]))
+    def spy(self: KernelRunner, arrays: list[Any], alloc: Any) -> list[Any]:
+        outs = real(self, arrays, alloc)
+        seen.append(([t.data_ptr() for t in arrays], [t.data_ptr() for t in outs]))
         return outs
 
-    monkeypatch.setattr(CompiledUGraph, "run_tensors", spy)
+    monkeypatch.setattr(KernelRunner, "__call__", spy)
     g = torch.Generator().manual_seed(2)
     x, w = 3.0 * torch.randn(8, 32, generator=g), torch.randn(32, 16, generator=g)
     compiled = gtorch.compile(_softmax_of_product)
@@ -95,9 +95,9 @@ def _small_program() -> Program:
 def test_cuda_build_per_arch_without_a_gpu() -> None:
     """The CUDA module for a GPU of another arch than the profile's is built (here, without a GPU) and kept."""
     res = superoptimize(_small_program(), hw="h100", mode="fast", progress=False)
-    sm80 = device.cuda_kernels(res, (8, 0))
-    assert sm80.hw.arch == "sm_80" and device.cuda_kernels(res, (8, 0)) is sm80
-    assert device.cuda_kernels(res, (9, 0)) is res.compiled()  # the profile's own arch: its build
+    sm80 = device.cuda_kernels(res.compiled(), (8, 0))
+    assert sm80.hw.arch == "sm_80" and device.cuda_kernels(res.compiled(), (8, 0)) is sm80
+    assert device.cuda_kernels(res.compiled(), (9, 0)) is res.compiled()  # the profile's own arch: its build
     assert "__global__" in sm80.cuda_source()
     if cubin_unavailable_reason() is None:
         assert sm80.cubin()
@@ -108,7 +108,7 @@ def test_cuda_tensors_without_a_cuda_runtime_are_a_reason() -> None:
     """Where TVM cannot reach a GPU, CUDA tensors get a one-line DeviceError (a fallback reason), not a crash."""
     res = superoptimize(_small_program(), hw="h100", mode="fast", progress=False)
     with pytest.raises(DeviceError, match="^cannot run gensorage kernels for tensors on cuda:0 on CUDA: "):
-        device.kernels_for(res, torch.device("cuda", 0))
+        device.kernels_for(res.compiled(), torch.device("cuda", 0))
 
 
 @pytest.mark.skipif(

@@ -1,9 +1,11 @@
 """Superoptimising a whole program: :func:`superoptimize` (full and fast mode), presets, stored structures.
 
-Pipeline order: :mod:`.sources` (the program and its search shapes), :mod:`.api` (the entry point and the two
+Pipeline order: :mod:`.sources` (the program and its search shapes), :mod:`.search_shapes` (search shapes
+derived for a program without a preset), :mod:`.api` (the entry point and the two
 modes), :mod:`.run` (one call: search or store, then the choice), :mod:`.reshape_structure` and :mod:`.size_map` (a found structure
 at new shapes), :mod:`.choice` (checking and building a competitor), :mod:`.gpu` (timing where a GPU exists),
-:mod:`.result`, :mod:`.structure_store`, :mod:`.presets`.
+:mod:`.result`, :mod:`.structure_store`, :mod:`.presets`; :mod:`.dispatch` (built kernels per shape, chosen
+µGraphs per structure, for callers that run a program at many shapes).
 """
 
 from __future__ import annotations

@@ -307,7 +307,11 @@ class Run:
         limits = dict(self.preset.search) if self.preset else {}
         spec = SearchSpec(program=small, hw=hw_name, seed=self.seed, delta=self.delta, **limits)
         if small is not self.program:
-            self.say(f"searching at {small.params} (preset '{self.preset.name if self.preset else ''}')")
+            where: object = small.params or {t.name: list(t.shape) for t in small.inputs}
+            origin = (
+                f"preset '{self.preset.name}'" if self.preset and self.preset.search_params else "derived"
+            )
+            self.say(f"searching at {where} ({origin})")
         t0 = time.perf_counter()
         interrupted = False
         try:

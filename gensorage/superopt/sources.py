@@ -11,6 +11,7 @@ from pathlib import Path
 from gensorage.errors import ConfigError, GensorageError
 from gensorage.program import Program, config_dir, parse_program
 from gensorage.superopt.presets import Preset, find_preset, load_preset
+from gensorage.superopt.search_shapes import derive_search_shapes
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +79,13 @@ def resolve_preset(preset: Preset | str | None, src: ProgramSource) -> tuple[Pre
 
 
 def search_program(src: ProgramSource, preset: Preset | None, explicit: bool, notes: list[str]) -> Program:
-    """The program at the preset's search shapes (or the program itself when there are none)."""
+    """The program at the preset's search shapes; without a preset that names some, at shapes derived from its
+    own (:mod:`.search_shapes`), or the program itself where none can be derived (the note says why)."""
     p = src.program
     if preset is None or not preset.search_params:
-        return p
+        derived = derive_search_shapes(p)
+        notes.append(derived.note)
+        return _with_params(src, derived.program, derived.sizes) if derived.shrunk else derived.program
     if src.text is None:
         notes.append(
             f"preset '{preset.name}' has search shapes, but the program has no source text to "
@@ -107,6 +111,20 @@ def search_program(src: ProgramSource, preset: Preset | None, explicit: bool, no
         notes.append(f"preset '{preset.name}' changes the program's structure; searching at its own shapes")
         return p
     return small
+
+
+def _with_params(src: ProgramSource, small: Program, sizes: dict[int, int]) -> Program:
+    """``small`` parsed from the program's text at its params shrunk alike, when that gives the same program
+    (so the store and the result say which params the search ran at); else ``small`` as derived."""
+    p = src.program
+    if src.text is None or not p.params or any(v not in sizes for v in p.params.values()):
+        return small
+    params = {k: sizes[v] for k, v in p.params.items()}
+    try:
+        parsed = parse_program(src.text, params=params, source="search shapes", default_name=src.name)
+    except GensorageError:
+        return small
+    return parsed if parsed.key() == small.key() else small
 
 
 __all__ = ["ProgramSource", "resolve_preset", "resolve_program", "search_program"]

@@ -20,18 +20,16 @@ import torch
 
 from gensorage.codegen.cuda_build import require_cuda_device
 from gensorage.codegen.module import CompiledUGraph, compile_ugraph
+from gensorage.codegen.runner import ALIGNMENT
 from gensorage.codegen.ugraph_tir import Target
 from gensorage.errors import UnsupportedOpError
 
 if TYPE_CHECKING:
     from gensorage.hw.profile import HwProfile
-    from gensorage.superopt.result import SuperoptResult
+    from gensorage.superopt.dispatch import ShapeKernels
 
 #: The kernel build for each torch device type.
 BUILDS: dict[str, Target] = {"cpu": "llvm", "cuda": "cuda"}
-
-#: TVM needs this alignment of a tensor's data (``tvm.runtime.from_dlpack`` checks it).
-ALIGNMENT = 64
 
 
 def build_for(device: torch.device) -> Target:
@@ -56,46 +54,52 @@ def profile_for(hw: HwProfile, capability: tuple[int, int]) -> HwProfile:
 _BUILT: dict[tuple[Any, ...], CompiledUGraph] = {}
 
 
-_ON_DEVICE: dict[tuple[int, torch.device], tuple[SuperoptResult, CompiledUGraph]] = {}
+_ON_DEVICE: dict[tuple[int, torch.device], tuple[CompiledUGraph, CompiledUGraph]] = {}
 
 
-def kernels_for(res: SuperoptResult, device: torch.device) -> CompiledUGraph:
-    """``res``'s kernels built for ``device`` (built once per µGraph and arch, then kept).
+def kernels_for(cg: CompiledUGraph, device: torch.device) -> CompiledUGraph:
+    """``cg``'s kernels built for ``device`` (built once per µGraph and arch, then kept).
 
-    Looked up by ``res``'s identity on every call (hashing the µGraph would cost more than a small kernel); the
-    entry holds ``res``, so the identity is not reused while the entry lives.
+    Looked up by ``cg``'s identity on every call (hashing the µGraph would cost more than a small kernel); the
+    entry holds ``cg``, so the identity is not reused while the entry lives.
     """
-    key = (id(res), device)
+    key = (id(cg), device)
     if key not in _ON_DEVICE:
         if build_for(device) == "llvm":
-            cg = res.compiled()
-            cg.executable("llvm")  # build now: a failure is a fallback reason at the first call
+            built = cg
+            built.executable("llvm")  # build now: a failure is a fallback reason at the first call
         else:
             require_cuda_device(f"gensorage kernels for tensors on {device}")
-            cg = cuda_kernels(res, torch.cuda.get_device_capability(device))
-        _ON_DEVICE[key] = (res, cg)
+            built = cuda_kernels(cg, torch.cuda.get_device_capability(device))
+        _ON_DEVICE[key] = (cg, built)
     return _ON_DEVICE[key][1]
 
 
-def cuda_kernels(res: SuperoptResult, capability: tuple[int, int]) -> CompiledUGraph:
-    """``res``'s CUDA build for a GPU of ``capability`` (compiles without a GPU; loading the module needs one)."""
-    hw = profile_for(res.hw, capability)
-    key = (res.best, hw, res.seed)
+def cuda_kernels(cg: CompiledUGraph, capability: tuple[int, int]) -> CompiledUGraph:
+    """``cg``'s CUDA build for a GPU of ``capability`` (compiles without a GPU; loading the module needs one)."""
+    hw = profile_for(cg.hw, capability)
+    key = (cg.ugraph, hw, cg.seed)
     if key not in _BUILT:
-        cg = res.compiled() if hw is res.hw else compile_ugraph(res.best, hw, "cuda", seed=res.seed)
-        cg.executable("cuda")
-        _BUILT[key] = cg
+        built = cg if hw is cg.hw else compile_ugraph(cg.ugraph, hw, "cuda", seed=cg.seed)
+        built.executable("cuda")
+        _BUILT[key] = built
     return _BUILT[key]
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous with its data aligned as TVM needs: the same tensor when it is, else a torch copy on its
+    own device."""
+    t = t.detach()
+    if not t.is_contiguous() or t.data_ptr() % ALIGNMENT:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
 
 
 def kernel_input(t: torch.Tensor) -> Any:
     """``t`` as a TVM tensor on its device: the same memory when it is contiguous and aligned, else a torch copy."""
     import tvm
 
-    t = t.detach()
-    if not t.is_contiguous() or t.data_ptr() % ALIGNMENT:
-        t = t.clone(memory_format=torch.contiguous_format)
-    return tvm.runtime.from_dlpack(t)
+    return tvm.runtime.from_dlpack(aligned(t))
 
 
 def _stream(device: torch.device) -> AbstractContextManager[Any]:
@@ -106,10 +110,21 @@ def _stream(device: torch.device) -> AbstractContextManager[Any]:
     return tvm_ffi.use_torch_stream()  # type: ignore[no-any-return]
 
 
-def run_on_device(cg: CompiledUGraph, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The kernels of ``cg`` on ``args`` (all on one device), outputs as torch tensors on that device."""
+def _empty(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    return torch.empty(shape, dtype=getattr(torch, dtype))
+
+
+def run_on_device(res: ShapeKernels, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The kernels of ``res`` on ``args`` (all on one device), outputs as torch tensors on that device.
+
+    CPU tensors take the prepared launch sequence (:class:`~gensorage.codegen.runner.KernelRunner`) where the
+    µGraph has one; everything else runs the device's build of the kernels.
+    """
     device = args[0].device
     target = build_for(device)
+    if target == "llvm" and res.runner is not None:
+        return list(res.runner([aligned(a) for a in args], _empty))
+    cg = kernels_for(res.compiled, device)
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext(), _stream(device):
         outs = cg.run_tensors([kernel_input(a) for a in args], target)
     return [torch.from_dlpack(o) for o in outs]
@@ -118,6 +133,7 @@ def run_on_device(cg: CompiledUGraph, args: Sequence[torch.Tensor]) -> list[torc
 __all__ = [
     "ALIGNMENT",
     "BUILDS",
+    "aligned",
     "build_for",
     "cuda_arch",
     "cuda_kernels",

@@ -8,7 +8,9 @@ an error of TVM's own) leaves the subgraph in torch with a one-line reason in th
 torch's or checked. The kernels run where the tensors are (:mod:`.device`).
 
 Compiled kernels are cached by the Program's key (ops, shapes, dtypes; not names), so a shape seen before — in
-this graph, another layer, or a recompiled graph — reuses its kernels without searching or building again.
+this graph, another layer, or a recompiled graph — reuses its kernels without searching or building again; a new
+shape of a program seen at another shape (a new sequence length) reuses the µGraph chosen there
+(:mod:`gensorage.superopt.dispatch`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import torch.fx as fx
 
 from gensorage.errors import GensorageError, UnsupportedOpError
 from gensorage.program import Program
-from gensorage.superopt import SuperoptResult, superoptimize
-from gensorage.torch.device import build_for, kernels_for, run_on_device
+from gensorage.superopt.dispatch import Dispatcher, ShapeKernels
+from gensorage.torch.device import build_for, run_on_device
 from gensorage.torch.lowering import Extra, Lowering
 from gensorage.torch.report import Report
 
@@ -84,7 +86,7 @@ class GensorageSubgraph(torch.nn.Module):
         self.name = name
         self.options = options
         self.report = report
-        self._kernels: tuple[Lowered, SuperoptResult] | None = None
+        self._kernels: tuple[Lowered, ShapeKernels] | None = None
         self._extras: list[torch.Tensor] = []
         self._fallback: str | None = None
 
@@ -144,30 +146,26 @@ class GensorageSubgraph(torch.nn.Module):
         return got
 
 
-_COMPILED: dict[tuple[str, Options], SuperoptResult] = {}
+_DISPATCHERS: dict[Options, Dispatcher] = {}
 
 
-def compiled(program: Program, options: Options) -> SuperoptResult:
-    """The verified, built kernels of ``program`` (cached by its key and the options)."""
-    key = (program.key(), Options(options.hw, options.mode, options.time_budget_s))
-    if key not in _COMPILED:
-        res = superoptimize(
-            program,
-            hw=options.hw,
-            mode=options.mode,
-            time_budget_s=options.time_budget_s,
-            progress=False,
-        )
-        if not res.equivalence:
-            raise GensorageError(f"µGraph not verified: {res.equivalence.method}")
-        res.compiled()  # build now: a build failure is a fallback reason, not an error at the next call
-        _COMPILED[key] = res
-    return _COMPILED[key]
+def dispatcher(options: Options) -> Dispatcher:
+    """The per-shape kernel cache of ``options`` (one per hw, mode and budget, shared by every graph)."""
+    key = Options(options.hw, options.mode, options.time_budget_s)
+    if key not in _DISPATCHERS:
+        _DISPATCHERS[key] = Dispatcher(options.hw, options.mode, options.time_budget_s)
+    return _DISPATCHERS[key]
 
 
-def run_kernels(lowered: Lowered, res: SuperoptResult, args: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def compiled(program: Program, options: Options) -> ShapeKernels:
+    """The verified, built kernels of ``program``: cached by its key, and a new shape of a program structure
+    seen before reuses that structure's µGraph (:mod:`gensorage.superopt.dispatch`)."""
+    return dispatcher(options).kernels(program)
+
+
+def run_kernels(lowered: Lowered, res: ShapeKernels, args: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies)."""
-    tensors = run_on_device(kernels_for(res, args[0].device), args)
+    tensors = run_on_device(res, args)
     return tuple(_strided(tensors[i], s) for i, s in zip(lowered.outputs, lowered.strides, strict=True))
 
 
@@ -196,4 +194,13 @@ def mismatch(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> f
     return worst
 
 
-__all__ = ["GensorageSubgraph", "Lowered", "Options", "compiled", "lower", "mismatch", "run_kernels"]
+__all__ = [
+    "GensorageSubgraph",
+    "Lowered",
+    "Options",
+    "compiled",
+    "dispatcher",
+    "lower",
+    "mismatch",
+    "run_kernels",
+]

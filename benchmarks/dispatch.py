@@ -1,0 +1,248 @@
+"""The per-shape dispatch cache (:mod:`gensorage.superopt.dispatch`): what a repeated shape and a new one cost.
+
+For each program, at a first shape and then at new sequence lengths (or batch sizes) of the same structure:
+
+* **new shape**: wall time from the request to built kernels (:attr:`ShapeKernels.ready_s`; a new structure
+  runs :func:`~gensorage.superopt.superoptimize` fast mode, a new shape of a known one does not), with its
+  parts (``lower``: the µGraph to TIR, tensor-core tiles constructed; ``build``: TVM's compile and LLVM's code
+  generation; ``reinstantiate``/``verify`` for a searched structure);
+* **repeated shape**: the overhead of a call on top of the kernels: the prepared runner on torch CPU tensors
+  (DLPack in, fresh torch outputs) minus the same compiled kernels launched directly on TVM tensors bound once,
+  paired call by call, median of ``--calls`` pairs (CPU llvm kernels).
+
+The kernels run on one thread (``TVM_NUM_THREADS=1``, set before TVM loads unless the caller set it): on a
+shared machine a multi-threaded kernel's time varies by milliseconds, which would drown the overhead.
+
+Programs: decoder-layer-like pieces built as Programs (RMSNorm + projection, SwiGLU MLP, causal-free GQA
+attention at a few sequence lengths) and bundled programs at small shapes. Writes
+``benchmarks/results/dispatch-<date>.json`` (or ``--out``). Usage:
+``python -m benchmarks.dispatch [--calls 2000] [--out FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TVM_NUM_THREADS", "1")  # before TVM loads (see the module docstring)
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine_info, progress, result_path, write_json  # noqa: E402
+from gensorage.program import Program, load_config  # noqa: E402
+from gensorage.superopt.dispatch import Dispatcher, ShapeKernels  # noqa: E402
+
+NAME = "dispatch"
+PAIRS_BUDGET_S = 15.0  # per shape: slow kernels are paired fewer times (at least 50)
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 256, 8, 2, 32, 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """A decoder layer's widths (``TINY``: kernels of tens of µs, where the overhead is not lost in their noise)."""
+
+    hidden: int = 256
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 32
+    ffn: int = 512
+
+
+LAYER, TINY = Dims(), Dims(hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64)
+
+
+def rms_projection(t: int, dims: Dims = LAYER) -> Program:
+    """The attention block's entry: RMSNorm (with its weight) and the q projection, LLaMA-style."""
+    p = Program(name="rms_projection")
+    x = p.input("X", (t, dims.hidden), "float32")
+    g = p.input("G", (dims.hidden,), "float32")
+    w = p.input("Wq", (dims.hidden, dims.heads * dims.head_dim), "float32")
+    p.output(p.matmul(p.mul(p.rms_norm(x), g), w))
+    return p
+
+
+def swiglu(t: int, dims: Dims = LAYER) -> Program:
+    p = Program(name="swiglu")
+    x = p.input("X", (t, dims.hidden), "float32")
+    w1 = p.input("Wgate", (dims.hidden, dims.ffn), "float32")
+    w2 = p.input("Wup", (dims.hidden, dims.ffn), "float32")
+    w3 = p.input("Wdown", (dims.ffn, dims.hidden), "float32")
+    p.output(p.matmul(p.mul(p.silu(p.matmul(x, w1)), p.matmul(x, w2)), w3))
+    return p
+
+
+def gqa_attention(t: int, dims: Dims = LAYER) -> Program:
+    """Softmax attention of ``t`` queries over ``t`` keys, key/value heads repeated to the query heads."""
+    p = Program(name="gqa_attention")
+    q = p.input("Q", (dims.heads, t, dims.head_dim), "float32")
+    k = p.input("K", (dims.kv_heads, dims.head_dim, t), "float32")
+    v = p.input("V", (dims.kv_heads, t, dims.head_dim), "float32")
+    g = dims.heads // dims.kv_heads
+    s = p.scale(p.matmul(q, p.repeat(k, 0, g)), dims.head_dim**-0.5)
+    p.output(p.matmul(p.softmax(s, 2), p.repeat(v, 0, g)))
+    return p
+
+
+def tiny(make: Callable[[int, Dims], Program]) -> Callable[[int], Program]:
+    return lambda t: make(t, TINY)
+
+
+def bundled(name: str, key: str, **fixed: int) -> Callable[[int], Program]:
+    def make(v: int) -> Program:
+        return load_config(name, {**fixed, key: v})
+
+    make.__name__ = name
+    return make
+
+
+CASES: list[tuple[str, Callable[[int], Program], tuple[int, ...]]] = [
+    ("rms_projection (tiny)", tiny(rms_projection), (4, 6, 10)),
+    ("swiglu (tiny)", tiny(swiglu), (4, 6, 10)),
+    ("gqa_attention (tiny)", tiny(gqa_attention), (4, 6, 10)),
+    ("rms_projection", rms_projection, (16, 24, 40)),
+    ("swiglu", swiglu, (16, 24, 40)),
+    ("gqa_attention", gqa_attention, (16, 24, 40)),
+    ("mlp (bundled)", bundled("mlp", "t", k=64, f=128), (8, 16, 24)),
+    ("rmsnorm (bundled)", bundled("rmsnorm", "b", h=64, d=128), (8, 16, 24)),
+    ("gated_mlp (bundled)", bundled("gated_mlp", "t", k=64, f=128), (8, 16, 24)),
+    ("mha_prefill (bundled)", bundled("mha_prefill", "s", h=4, n=32, d=16), (8, 16, 24)),
+]
+
+
+def _torch_inputs(p: Program, seed: int) -> list[Any]:
+    import torch
+
+    out = []
+    for x in p.random_inputs(seed):
+        t = torch.from_numpy(x.astype("float32")).to(getattr(torch, p.inputs[0].dtype))
+        out.append(t.clone())  # torch-allocated: aligned as TVM requires (a numpy buffer may not be)
+    return out
+
+
+def overhead_us(entry: ShapeKernels, calls: int) -> dict[str, float]:
+    """Median of paired (runner call, direct launch) times over ``calls`` pairs, in µs."""
+    import torch
+    import tvm
+
+    runner = entry.runner
+    assert runner is not None
+    args = _torch_inputs(entry.program, 0)
+    alloc: Callable[[tuple[int, ...], str], Any] = lambda s, d: torch.empty(s, dtype=getattr(torch, d))  # noqa: E731
+    # The direct launch: the same compiled functions on TVM tensors bound once (what the runner calls).
+    ins = [tvm.runtime.from_dlpack(a) for a in args]
+    outs = [tvm.runtime.from_dlpack(alloc(s, d)) for s, d in runner.output_specs]
+    bound = [(fn, [_resolve_fixed(a, ins, outs) for a in params]) for fn, params in runner._calls]
+
+    def direct() -> None:
+        for fn, a in bound:
+            fn(*a)
+
+    for _ in range(20):  # warm caches and the allocator
+        runner(args, alloc)
+        direct()
+    t0 = time.perf_counter()
+    direct()
+    calls = max(50, min(calls, int(PAIRS_BUDGET_S / (2 * (time.perf_counter() - t0)))))
+    gens, dirs, diffs = [], [], []
+    for i in range(calls):  # the order alternates, so neither side always finds the other's data in cache
+        first, second = (runner, direct) if i % 2 == 0 else (direct, runner)
+        t0 = time.perf_counter_ns()
+        first(args, alloc) if first is runner else first()  # type: ignore[call-arg]
+        t1 = time.perf_counter_ns()
+        second(args, alloc) if second is runner else second()  # type: ignore[call-arg]
+        t2 = time.perf_counter_ns()
+        g, k = ((t1 - t0), (t2 - t1)) if first is runner else ((t2 - t1), (t1 - t0))
+        gens.append(g / 1e3)
+        dirs.append(k / 1e3)
+        diffs.append(gens[-1] - dirs[-1])
+    return {
+        "gensorage_call_us": statistics.median(gens),
+        "kernels_direct_us": statistics.median(dirs),
+        "overhead_us": statistics.median(diffs),  # median of the paired differences
+        "overhead_min_us": min(gens) - min(dirs),  # least disturbed by other processes
+        "calls": calls,
+    }
+
+
+def _resolve_fixed(a: Any, ins: list[Any], outs: list[Any]) -> Any:
+    from gensorage.codegen import runner as r
+
+    return r._resolve(a, (ins, outs))
+
+
+def run_case(
+    label: str, make: Callable[[int], Program], sizes: tuple[int, ...], calls: int
+) -> dict[str, Any]:
+    d = Dispatcher(use_store=False)
+    shapes = []
+    for v in sizes:
+        p = make(v)
+        t0 = time.perf_counter()
+        entry = d.kernels(p)
+        wall = time.perf_counter() - t0
+        row: dict[str, Any] = {
+            "size": v,
+            "inputs": {t.name: list(t.shape) for t in p.inputs},
+            "new_structure": not entry.reused,
+            "ready_s": wall,
+            "parts_s": dict(entry.timings),
+            "origin": entry.origin,
+            "kernels": entry.num_kernels,
+            "verification": entry.equivalence.method,
+        }
+        t0 = time.perf_counter()
+        assert d.kernels(make(v)) is entry
+        row["repeat_lookup_s"] = time.perf_counter() - t0  # Program built and hashed, then a dict hit
+        if entry.runner is not None:
+            row.update(overhead_us(entry, calls))
+        progress(
+            f"{label} @ {v}: {row['ready_s']:.2f} s, overhead {row.get('overhead_us', float('nan')):.1f} µs"
+        )
+        shapes.append(row)
+    new = [r["ready_s"] for r in shapes if not r["new_structure"]]
+    return {
+        "program": label,
+        "shapes": shapes,
+        "stats": dataclasses.asdict(d.stats),
+        "new_shape_ready_s_median": statistics.median(new) if new else None,
+        "overhead_us_median": statistics.median(r["overhead_us"] for r in shapes if "overhead_us" in r),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000, help="paired calls per shape for the overhead")
+    ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    load_before = os.getloadavg()
+    results = [
+        run_case(lbl, mk, sz, args.calls) for lbl, mk, sz in CASES if not args.only or lbl in args.only
+    ]
+    data = {
+        "benchmark": NAME,
+        "machine": machine_info(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "wall_s": time.perf_counter() - t0,
+        "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"),
+        "goals": {"overhead_us": 50, "new_shape_ready_s": 1.0},
+        "results": results,
+    }
+    out = args.out or result_path(NAME)
+    write_json(out, data)
+    progress(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""A prepared CPU launch sequence of compiled µGraph kernels: what a repeated call costs on top of the kernels.
+
+:meth:`~gensorage.codegen.module.CompiledUGraph.run` is general: it copies numpy inputs into TVM tensors,
+allocates every intermediate, looks every kernel up by name and copies the outputs back. A caller that runs the
+same kernels many times (the per-shape dispatch cache, :mod:`gensorage.superopt.dispatch`) prepares all of that
+once here: the kernels' functions are looked up, intermediates and scratch buffers are allocated and every
+argument that does not depend on the call is bound. A call then wraps its inputs and fresh outputs through
+DLPack (no copy) and launches the kernels in order.
+
+Intermediates are shared between calls, so calls of one runner are serialised by a lock. Inputs must be
+contiguous DLPack-capable arrays (torch CPU tensors, numpy arrays) of the µGraph's input shapes and dtypes whose
+data is aligned to :data:`ALIGNMENT` bytes (TVM's requirement; torch's CPU allocations are, a view at an offset
+may not be); outputs come from the caller's allocator (aligned alike), so they are the caller's kind of array
+and never alias each other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gensorage.codegen.predefined import is_alias
+from gensorage.codegen.scalar import FloatScalar
+from gensorage.errors import ProgramError, UnsupportedOpError
+from gensorage.ugraph.ir import KernelOp, Ref
+
+#: ``alloc(shape, dtype)``: a fresh contiguous DLPack-capable array (dtype named as in the µGraph).
+Alloc = Callable[[tuple[int, ...], str], Any]
+
+#: Byte alignment TVM requires of the data of a tensor it takes through DLPack.
+ALIGNMENT = 64
+
+# Where a kernel argument comes from at call time: a call input, a call output, or bound once (a TVM tensor).
+_INPUT, _OUTPUT, _BOUND = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Arg:
+    kind: int
+    index: int  # input or output position (_INPUT, _OUTPUT)
+    view: tuple[int, ...] | None  # the kernel's view of that tensor, None when it is the tensor's own shape
+    bound: Any = None  # the TVM tensor (_BOUND)
+
+
+class KernelRunner:
+    """The llvm kernels of a :class:`~gensorage.codegen.module.CompiledUGraph`, ready to run repeatedly.
+
+    Raises
+    ------
+    UnsupportedOpError
+        The µGraph has an output that is an input or a view of another tensor (the general
+        :meth:`~gensorage.codegen.module.CompiledUGraph.run` serves it), or field kernels.
+    """
+
+    def __init__(self, compiled: Any) -> None:
+        import tvm
+
+        g, info = compiled.ugraph, compiled.info
+        kernels = compiled.kernels("llvm")
+        if any(k.component is not None for k in kernels):
+            raise UnsupportedOpError("field kernels run one residue at a time")
+        ex = compiled.executable("llvm")
+        scalar = FloatScalar(compiled.compute)
+        dev = tvm.cpu(0)
+        self.input_shapes = tuple(s.shape for s in g.inputs)
+        self.input_dtypes = tuple(s.dtype for s in g.inputs)
+        outputs = {r: j for j, r in enumerate(g.outputs)}
+        if len(outputs) != len(g.outputs):
+            raise UnsupportedOpError("the µGraph returns one tensor twice")
+        self.output_specs: list[tuple[tuple[int, ...], str]] = []
+        for r in g.outputs:
+            if r.node < len(g.inputs) or _is_alias_node(g, r.node):
+                raise UnsupportedOpError(f"output {r} is an input or a view of another tensor")
+            t = info.of(r)
+            self.output_specs.append((scalar.buf_shape(t.shape), scalar.buf_dtype(t.dtype)))
+        # Every tensor a kernel can see: (kind, index, shape) of its storage; alias ops view their input's.
+        base: dict[Ref, tuple[int, int, Any, tuple[int, ...]]] = {
+            Ref(i): (_INPUT, i, None, s.shape) for i, s in enumerate(g.inputs)
+        }
+        by_op: dict[int, list[Any]] = {}
+        for kern in kernels:
+            by_op.setdefault(kern.op_index, []).append(kern)
+        self._calls: list[tuple[Any, tuple[_Arg, ...]]] = []
+        for k in range(len(g.ops)):
+            node = len(g.inputs) + k
+            op = g.ops[k]
+            if isinstance(op, KernelOp) and is_alias(op):
+                base[Ref(node)] = base[op.inputs[0]]
+                continue
+            for o, t in enumerate(info.nodes[node]):
+                ref, shape = Ref(node, o), scalar.buf_shape(t.shape)
+                if ref in outputs:
+                    base[ref] = (_OUTPUT, outputs[ref], None, shape)
+                else:
+                    base[ref] = (_BOUND, 0, tvm.runtime.empty(shape, scalar.buf_dtype(t.dtype), dev), shape)
+            for kern in by_op.get(k, []):
+                self._calls.append((ex[kern.name], tuple(_arg(p, base, dev) for p in kern.params)))
+        self._lock = threading.Lock()
+
+    def __call__(self, arrays: Sequence[Any], alloc: Alloc) -> list[Any]:
+        """Run the kernels on ``arrays``; returns the outputs, allocated by ``alloc``."""
+        import tvm
+
+        if len(arrays) != len(self.input_shapes):
+            raise ProgramError(f"the kernels take {len(self.input_shapes)} inputs, got {len(arrays)}")
+        for a, shape in zip(arrays, self.input_shapes, strict=True):
+            if tuple(a.shape) != shape:
+                raise ProgramError(f"an input has shape {list(a.shape)}, the kernels take {list(shape)}")
+        outs = [alloc(shape, dtype) for shape, dtype in self.output_specs]
+        from_dlpack = tvm.runtime.from_dlpack
+        try:
+            tensors = ([from_dlpack(a) for a in arrays], [from_dlpack(o) for o in outs])
+        except RuntimeError as exc:  # TVM's check of the alignment, the device or the layout
+            raise ProgramError(f"the kernels cannot take these arrays through DLPack: {exc}") from None
+        with self._lock:
+            try:
+                for fn, args in self._calls:
+                    fn(*[_resolve(a, tensors) for a in args])
+            except TypeError as exc:  # TVM's check of the arguments' dtypes
+                want = ", ".join(self.input_dtypes)
+                raise ProgramError(f"the kernels take {want}: {str(exc).splitlines()[0]}") from None
+        return outs
+
+
+def _is_alias_node(g: Any, node: int) -> bool:
+    op = g.ops[node - len(g.inputs)]
+    return isinstance(op, KernelOp) and is_alias(op)
+
+
+def _arg(p: Any, base: dict[Ref, tuple[int, int, Any, tuple[int, ...]]], dev: Any) -> _Arg:
+    import tvm
+
+    if p.role == "scratch":
+        return _Arg(_BOUND, 0, None, tvm.runtime.empty(p.shape, p.dtype, dev))
+    if p.role == "field":
+        raise UnsupportedOpError("field kernels run one residue at a time")
+    kind, index, bound, shape = base[p.ref]
+    view = None if tuple(p.shape) == shape else tuple(p.shape)
+    if kind == _BOUND:
+        return _Arg(kind, 0, None, bound if view is None else bound._create_view(view))
+    return _Arg(kind, index, view)
+
+
+def _resolve(a: _Arg, tensors: tuple[list[Any], list[Any]]) -> Any:
+    if a.kind == _BOUND:
+        return a.bound
+    t = tensors[a.kind][a.index]
+    return t if a.view is None else t._create_view(a.view)
+
+
+__all__ = ["ALIGNMENT", "Alloc", "KernelRunner"]

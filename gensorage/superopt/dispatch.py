@@ -1,0 +1,261 @@
+"""The per-shape dispatch cache: compiled CPU kernels by program shape, structures by program structure.
+
+A model runs one program at many shapes (sequence lengths, batch sizes). :class:`Dispatcher` keeps
+
+* per *shape* (the program's :meth:`~gensorage.program.Program.key`): the built llvm kernels with a prepared
+  launch sequence (:class:`~gensorage.codegen.runner.KernelRunner`), so a repeated shape costs a dictionary
+  look-up — or nothing, for a caller that holds the entry — plus the launches;
+* per *structure* (:meth:`~gensorage.program.Program.structure_key`): the µGraph chosen at the first shape
+  seen, by :func:`~gensorage.superopt.superoptimize` (fast mode: a stored structure, else the direct µGraph;
+  full mode: the search). A new shape of a known structure does not call ``superoptimize`` again: the chosen
+  µGraph is re-instantiated at the new shape (:func:`.reinstantiate`), checked there, lowered for llvm only
+  and built. The direct µGraph needs no re-instantiation and no check (it is the program, op by op); a
+  re-instantiated one is checked by :func:`gensorage.verify.equivalent` at the new shape (what full mode does),
+  and one that does not carry over or verify gives way to the direct µGraph, with the reason in ``notes``.
+
+Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
+structure.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gensorage.errors import GensorageError, UnsupportedOpError
+from gensorage.precision import DEFAULT_PRECISION
+from gensorage.program import Program
+from gensorage.superopt.presets import (
+    DEFAULT_DELTA,
+    DEFAULT_VERIFY_MAX_ELEMENTS,
+    DEFAULT_VERIFY_MAX_TRIALS,
+    Preset,
+)
+from gensorage.superopt.result import Verification
+from gensorage.ugraph import KernelGraph, from_program
+
+if TYPE_CHECKING:
+    from gensorage.codegen.module import CompiledUGraph
+    from gensorage.codegen.runner import KernelRunner
+    from gensorage.hw.profile import HwProfile
+
+DIRECT = "direct µGraph"
+
+
+@dataclass(slots=True)
+class DispatchStats:
+    """What the requests to one :class:`Dispatcher` cost."""
+
+    hits: int = 0  # shape seen before: nothing built
+    new_shapes: int = 0  # new shape of a known structure: re-instantiated (or direct) and built
+    new_structures: int = 0  # first shape of a structure: superoptimize ran
+    direct_fallbacks: int = 0  # a chosen µGraph that did not carry over or verify at a new shape
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeKernels:
+    """The built kernels of one program at one shape, and how their µGraph was obtained and checked."""
+
+    program: Program
+    graph: KernelGraph
+    origin: str  # superoptimize's origin at the first shape ("direct", "stored #0", "search #3")
+    equivalence: Verification
+    compiled: CompiledUGraph
+    runner: KernelRunner | None  # None: the µGraph returns an input or a view; ``run`` serves it
+    reused: bool  # a known structure instantiated at this shape (no superoptimize call)
+    ready_s: float  # wall time from the request to built kernels
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.graph.ops)
+
+    def run(self, *arrays: Any, target: str = "cpu") -> list[Any]:
+        """The kernels on numpy arrays (the general path of :meth:`CompiledUGraph.run`)."""
+        return list(self.compiled.run(*arrays, target=target))
+
+
+@dataclass(frozen=True, slots=True)
+class _Structure:
+    program: Program  # the shape the µGraph was chosen at
+    graph: KernelGraph
+    origin: str
+
+
+class Dispatcher:
+    """Per-shape cache of built CPU kernels over per-structure chosen µGraphs (see the module docstring).
+
+    Parameters
+    ----------
+    hw : str or HwProfile
+        The GPU profile the µGraphs are chosen and constructed for.
+    mode : {"fast", "full"}
+        How :func:`~gensorage.superopt.superoptimize` chooses a structure's µGraph at its first shape.
+    time_budget_s : float, optional
+        Full mode's search budget.
+    store, use_store
+        The structure store ``superoptimize`` reads (fast) and writes (full).
+    seed, delta, precision, preset, workers
+        As for :func:`~gensorage.superopt.superoptimize`; ``delta`` also bounds the check at new shapes.
+    """
+
+    def __init__(
+        self,
+        hw: str | HwProfile = "h100",
+        mode: str = "fast",
+        time_budget_s: float | None = None,
+        *,
+        store: Any = None,
+        use_store: bool = True,
+        seed: int = 0,
+        delta: float = DEFAULT_DELTA,
+        precision: str = DEFAULT_PRECISION,
+        preset: Preset | str | None = None,
+        workers: int | None = None,
+    ) -> None:
+        from gensorage.superopt.api import _load_hw
+
+        self.hw = _load_hw(hw)
+        self.mode = mode
+        self.time_budget_s = time_budget_s
+        self.store = store
+        self.use_store = use_store
+        self.seed = seed
+        self.delta = delta
+        self.precision = precision
+        self.preset = preset
+        self.workers = workers
+        self.stats = DispatchStats()
+        self._shapes: dict[str, ShapeKernels] = {}
+        self._structures: dict[str, _Structure] = {}
+
+    def kernels(self, program: Program) -> ShapeKernels:
+        """The built kernels of ``program`` at its shapes (cached by its key).
+
+        Raises
+        ------
+        GensorageError
+            The program cannot be superoptimised, verified or built (nothing is cached then).
+        """
+        key = program.key()
+        entry = self._shapes.get(key)
+        if entry is not None:
+            self.stats.hits += 1
+            return entry
+        entry = self._build(program)
+        self._shapes[key] = entry
+        return entry
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    # ------------------------------------------------------------------------------------------ misses
+    def _build(self, p: Program) -> ShapeKernels:
+        start = time.perf_counter()
+        timings: dict[str, float] = {}
+        notes: list[str] = []
+        known = self._structures.get(p.structure_key())
+        if known is None:
+            graph, ver, origin = self._superoptimize(p)
+            self.stats.new_structures += 1
+        else:
+            graph, ver = self._carry(known, p, timings, notes)
+            origin = known.origin if ver.method != DIRECT or known.origin == "direct" else "direct"
+            self.stats.new_shapes += 1
+        compiled, runner = _build_cpu(graph, self.hw, self.seed, timings)
+        if known is None:
+            self._structures[p.structure_key()] = _Structure(p, graph, origin)
+        return ShapeKernels(
+            p,
+            graph,
+            origin,
+            ver,
+            compiled,
+            runner,
+            known is not None,
+            time.perf_counter() - start,
+            timings,
+            tuple(notes),
+        )
+
+    def _superoptimize(self, p: Program) -> tuple[KernelGraph, Verification, str]:
+        from gensorage.superopt.api import superoptimize
+
+        res = superoptimize(
+            p,
+            hw=self.hw,
+            mode=self.mode,
+            time_budget_s=self.time_budget_s,
+            progress=False,
+            store=self.store,
+            use_store=self.use_store,
+            seed=self.seed,
+            delta=self.delta,
+            precision=self.precision,
+            preset=self.preset,
+            workers=self.workers,
+        )
+        if not res.equivalence:
+            raise GensorageError(f"µGraph not verified: {res.equivalence.method}")
+        return res.best, res.equivalence, res.origin
+
+    def _carry(
+        self, known: _Structure, p: Program, timings: dict[str, float], notes: list[str]
+    ) -> tuple[KernelGraph, Verification]:
+        """The structure's µGraph at ``p``'s shapes, checked; the direct µGraph where it does not carry over."""
+        direct = from_program(p, self.precision)
+        if known.origin == "direct":
+            return direct, Verification(True, DIRECT)
+        from gensorage.superopt.choice import cost_fn, elements
+        from gensorage.superopt.reshape_structure import reinstantiate
+        from gensorage.verify.equivalent import equivalent
+
+        t0 = time.perf_counter()
+        try:
+            graph = reinstantiate(known.graph, known.program, p, self.hw, cost_fn(self.hw), seed=self.seed)
+        except GensorageError as exc:
+            return self._direct(direct, f"the chosen µGraph does not carry over: {exc}", notes)
+        finally:
+            timings["reinstantiate"] = time.perf_counter() - t0
+        if elements(p) > DEFAULT_VERIFY_MAX_ELEMENTS:
+            note = "too large to check at this shape: the µGraph was checked at its first shape"
+            return graph, Verification(True, "search shapes", note=note)
+        t0 = time.perf_counter()
+        report = equivalent(p, graph, self.delta, seed=self.seed, max_trials=DEFAULT_VERIFY_MAX_TRIALS)
+        timings["verify"] = time.perf_counter() - t0
+        if not report:
+            return self._direct(direct, f"the re-instantiated µGraph does not verify ({report})", notes)
+        return graph, Verification(True, "equivalence check", report=report)
+
+    def _direct(self, direct: KernelGraph, why: str, notes: list[str]) -> tuple[KernelGraph, Verification]:
+        self.stats.direct_fallbacks += 1
+        notes.append(why)
+        return direct, Verification(True, DIRECT)
+
+
+def _build_cpu(
+    graph: KernelGraph, hw: HwProfile, seed: int, timings: dict[str, float]
+) -> tuple[CompiledUGraph, KernelRunner | None]:
+    """The llvm kernels of ``graph`` (the CUDA variant is not lowered) and their prepared runner; ``timings``
+    gets the time of the lowering to TIR and of the build (TVM's compile, LLVM's code generation)."""
+    from gensorage.codegen.module import compile_ugraph
+    from gensorage.codegen.runner import KernelRunner
+
+    t0 = time.perf_counter()
+    compiled = compile_ugraph(graph, hw, "llvm", seed=seed)
+    t1 = time.perf_counter()
+    timings["lower"] = t1 - t0
+    try:
+        runner: KernelRunner | None = KernelRunner(
+            compiled
+        )  # builds, and looks the kernels up (LLVM's codegen)
+    except UnsupportedOpError:
+        compiled.executable("llvm")
+        runner = None
+    timings["build"] = time.perf_counter() - t1
+    return compiled, runner
+
+
+__all__ = ["DispatchStats", "Dispatcher", "ShapeKernels"]

@@ -1,0 +1,115 @@
+"""The per-shape dispatch cache (:mod:`gensorage.superopt.dispatch`) and its prepared CPU runner
+(:mod:`gensorage.codegen.runner`): what is cached, what a new shape reuses, and the answer at every shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gensorage.codegen.runner import ALIGNMENT
+from gensorage.errors import ProgramError
+from gensorage.program import Program
+from gensorage.superopt.dispatch import Dispatcher
+from gensorage.superopt.presets import preset_from_dict
+
+# One graph-defined kernel of at most three block ops: a fused softmax, found in seconds.
+TINY = {"max_kernel_ops": 1, "max_block_ops": 3, "max_grid_dims": 1, "max_block_inputs": 2}
+
+
+def softmax(m: int, n: int) -> Program:
+    p = Program(name="softmax_rows")
+    x = p.input("X", (m, n), "float32")
+    e = p.exp(x)
+    p.output(p.div(e, p.sum(e, 1)))
+    return p
+
+
+def rms_matmul(b: int, h: int = 32, d: int = 16) -> Program:
+    p = Program(name="rms_matmul")
+    x, g, w = p.input("X", (b, h), "float32"), p.input("G", (h,), "float32"), p.input("W", (h, d), "float32")
+    p.output(p.matmul(p.mul(p.rms_norm(x), g), w))
+    return p
+
+
+def check(entry, p: Program, seed: int = 0) -> None:  # type: ignore[no-untyped-def]
+    xs = [(x * 3).astype(np.float32) for x in p.random_inputs(seed)]  # magnitudes beyond N(0, 1)
+    want = p.run(*xs)
+    for got in (entry.run(*xs), entry.runner([_aligned(x) for x in xs], _empty)):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-5)
+
+
+def _empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """An array whose data is aligned as TVM requires of what it takes through DLPack."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(n + ALIGNMENT, np.uint8)
+    skip = -raw.ctypes.data % ALIGNMENT
+    return raw[skip : skip + n].view(dtype).reshape(shape)
+
+
+def _aligned(x: np.ndarray) -> np.ndarray:
+    out = _empty(x.shape, str(x.dtype))
+    out[...] = x
+    return out
+
+
+def test_a_repeated_shape_hits_and_a_new_one_reuses_the_structure(tmp_path: Path) -> None:
+    d = Dispatcher(store=tmp_path / "s.sqlite")
+    first = d.kernels(rms_matmul(8))
+    assert (d.stats.new_structures, d.stats.new_shapes, d.stats.hits) == (1, 0, 0)
+    assert d.kernels(rms_matmul(8)) is first  # another Program object, same key
+    assert d.stats.hits == 1 and len(d) == 1
+    for b in (12, 5):
+        e = d.kernels(rms_matmul(b))
+        assert e.reused and e.origin == "direct" and e.equivalence
+        check(e, rms_matmul(b), seed=b)
+    assert (d.stats.new_structures, d.stats.new_shapes, d.stats.hits) == (1, 2, 1)
+    check(first, rms_matmul(8))
+    other = d.kernels(softmax(4, 8))  # another structure: superoptimised
+    assert not other.reused and d.stats.new_structures == 2
+
+
+def test_a_found_structure_is_reinstantiated_and_checked_at_new_shapes(tmp_path: Path) -> None:
+    d = Dispatcher(
+        mode="full",
+        preset=preset_from_dict({"search": TINY}, name="tiny"),
+        store=tmp_path / "s.sqlite",
+        workers=1,
+    )
+    first = d.kernels(softmax(4, 16))
+    assert first.origin.startswith("search") and first.num_kernels == 1
+    for m, n in ((8, 32), (16, 12)):
+        e = d.kernels(softmax(m, n))
+        assert e.reused and e.origin == first.origin and e.num_kernels == 1
+        assert e.equivalence.method == "equivalence check" and e.equivalence
+        assert "reinstantiate" in e.timings and "verify" in e.timings
+        check(e, softmax(m, n), seed=m)
+    assert (d.stats.new_structures, d.stats.new_shapes, d.stats.direct_fallbacks) == (1, 2, 0)
+
+
+def test_the_runner_returns_fresh_outputs_and_checks_shapes(tmp_path: Path) -> None:
+    e = Dispatcher(store=tmp_path / "s.sqlite").kernels(softmax(4, 8))
+    assert e.runner is not None
+    x = _aligned(np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32))
+    a, b = e.runner([x], _empty)[0], e.runner([_aligned(2 * x)], _empty)[0]
+    assert a is not b and not np.shares_memory(a, b)
+    np.testing.assert_allclose(a, softmax(4, 8).run(x)[0], rtol=1e-5)
+    with pytest.raises(ProgramError, match="shape"):
+        e.runner([x[:2]], _empty)
+    with pytest.raises(ProgramError, match="float32"):
+        e.runner([_aligned(x.astype(np.float64))], _empty)
+    unaligned = _empty((4 * 8 + 1,), "float32")[1:].reshape(4, 8)
+    with pytest.raises(ProgramError, match="DLPack"):
+        e.runner([unaligned], _empty)
+
+
+def test_an_output_that_is_a_view_runs_on_the_general_path(tmp_path: Path) -> None:
+    p = Program(name="flat_exp")
+    x = p.input("X", (4, 8), "float32")
+    p.output(p.reshape(p.exp(x), (32,)))
+    e = Dispatcher(store=tmp_path / "s.sqlite").kernels(p)
+    assert e.runner is None
+    xs = p.random_inputs(0)
+    np.testing.assert_allclose(e.run(*xs)[0], p.run(*xs)[0], rtol=1e-6)
