@@ -26,6 +26,7 @@ from gensorage.ugraph.ir import (
     TensorSpec,
     ThreadGraph,
     ThreadOp,
+    node_inputs,
 )
 from gensorage.ugraph.optimize import Interval, live_intervals, plan_memory
 from gensorage.ugraph.optimize.memory_plan import MemoryPlan, shared_footprint
@@ -196,7 +197,7 @@ def test_emitted_shared_bytes_and_barriers(
 def _looped_graphs(draw: st.DrawFn) -> KernelGraph:
     """A random valid one-kernel µGraph built to stress liveness: loop-invariant and per-iteration tiles of
     random sizes, a random DAG of block ops and thread graphs reading any earlier tile, sum / max / concat
-    accumulators of random body tiles, a random post-loop DAG over them, and savers of random post values."""
+    accumulators of random body tiles, a random post-loop DAG over them, and savers of the post values."""
     rows = draw(st.sampled_from([1, 2, 4]))
     cols = draw(st.sampled_from([2, 4, 8]))
     forloop = draw(st.sampled_from([1, 2, 3]))
@@ -233,7 +234,13 @@ def _looped_graphs(draw: st.DrawFn) -> KernelGraph:
             nodes.append(BlockOp(Op.MUL, (a, draw(st.sampled_from(same)))))
             post.append(len(nodes) - 1)
             width[len(nodes) - 1] = width[a]
-    saved = draw(st.lists(st.sampled_from(post), min_size=1, max_size=2, unique=True))
+    # Nothing is dead: a body value nobody reads is accumulated, a post value nobody reads is saved.
+    read = {r.node for n in nodes for r in node_inputs(n)}
+    if forloop > 1:
+        for j in [j for j in body if j not in read]:
+            nodes.append(Accumulator(j, "sum"))
+            post.append(len(nodes) - 1)
+    saved = [j for j in post if j not in read]
     for r in saved:
         nodes.append(OutputSaver(r, (0,)))
     block = BlockGraph((1,), forloop, tuple(nodes))
@@ -268,3 +275,109 @@ def test_random_looped_graphs_llvm_twin_matches_the_evaluator(g: KernelGraph) ->
     for a, b in zip(got, want, strict=True):
         assert np.allclose(a, b, rtol=1e-4, atol=1e-6 * max(1.0, float(np.abs(b).max())))
     assert math.isfinite(sum(float(np.abs(a).sum()) for a in got))
+
+
+# ------------------------------------------------------------------------------------------ barriers
+
+
+def _tile_bytes(script: str) -> dict[str, set[int]]:
+    """The bytes of every shared tile in an emitted script (an arena's views by their element offsets)."""
+    import re
+
+    spans: dict[str, set[int]] = {}
+    for m in re.finditer(
+        r'(\w+) = T\.(alloc|decl)_buffer\(\(([\d, ]+)\), "(\w+)"(.*)scope="shared[^"]*"', script
+    ):
+        name, _, shape, dtype, rest = m.groups()
+        if name == "smem":
+            continue
+        size = math.prod(int(d) for d in shape.replace(" ", "").strip(",").split(","))
+        width = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}[dtype]
+        off = re.search(r"elem_offset=(\d+)", rest)
+        base = int(off.group(1)) * width if off else 0
+        space = 0 if off else hash(name) << 32  # separate allocations never share bytes
+        spans[name] = {space + base + i for i in range(size * width)}
+    return spans
+
+
+def _events(script: str) -> list[tuple[str, set[str], set[str]]]:
+    """Phases (tiles read, tiles written) and barriers in program order, the loop body written out twice (so a
+    hazard from one iteration into the next shows)."""
+    import re
+
+    lines = script.splitlines()
+    out: list[tuple[str, set[str], set[str]]] = []
+    loop: list[tuple[str, set[str], set[str]]] | None = None
+    loop_indent = -1
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        indent = len(line) - len(line.lstrip())
+        if loop is not None and indent <= loop_indent:
+            out += loop + loop
+            loop = None
+        target = out if loop is None else loop
+        if re.match(r"\s*for it in T\.serial", line):
+            loop, loop_indent = [], indent
+        elif "tvm_storage_sync" in line:
+            target.append(("sync", set(), set()))
+        elif "T.thread_binding" in line and "threadIdx" in line:
+            reads: set[str] = set()
+            writes: set[str] = set()
+            i += 1
+            while i < len(lines) and len(lines[i]) - len(lines[i].lstrip()) > indent:
+                lhs, _, rhs = lines[i].partition(" = ")
+                m = re.match(r"\s*(s\d+(?:_\d+)?)\[", lhs)
+                if m and rhs:
+                    writes.add(m.group(1))
+                reads |= set(re.findall(r"\b(s\d+(?:_\d+)?)\[", rhs if rhs else lhs))
+                i += 1
+            target.append(("phase", reads, writes))
+            continue
+        i += 1
+    if loop is not None:
+        out += loop + loop
+    return out
+
+
+def _unsynchronised_hazards(script: str) -> list[str]:
+    """Every pair of phases with no barrier between them where one writes bytes the other reads or writes."""
+    spans = _tile_bytes(script)
+    events = _events(script)
+    hazards = []
+    for p, (kind, reads, writes) in enumerate(events):
+        if kind != "phase":
+            continue
+        for q in range(p + 1, len(events)):
+            kind2, reads2, writes2 = events[q]
+            if kind2 == "sync":
+                break
+            w1 = set().union(*(spans[t] for t in writes))
+            r1 = set().union(*(spans[t] for t in reads))
+            if any(spans[t] & w1 for t in reads2) or any(spans[t] & (w1 | r1) for t in writes2):
+                hazards.append(f"phase {p} ({sorted(reads)} -> {sorted(writes)}) and phase {q}")
+    return hazards
+
+
+def test_the_barrier_checker_finds_a_missing_barrier() -> None:
+    _, g = EXAMPLES["gated_mlp"](dtype="float32")
+    (kern,) = compile_ugraph(g, HW, "cuda").kernels("cuda")
+    assert _unsynchronised_hazards(kern.script) == []
+    first = kern.script.index('T.tvm_storage_sync("shared")')
+    end = kern.script.index("\n", first)
+    assert _unsynchronised_hazards(kern.script[:first] + kern.script[end + 1 :])
+
+
+@pytest.mark.parametrize("name", sorted(ALL_EXAMPLES))
+def test_every_hazard_of_the_example_kernels_has_a_barrier(name: str) -> None:
+    _, g = ALL_EXAMPLES[name](dtype="float32")
+    for kern in compile_ugraph(g, HW, "cuda").kernels("cuda"):
+        assert _unsynchronised_hazards(kern.script) == [], kern.name
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=_looped_graphs())
+def test_every_hazard_of_random_kernels_has_a_barrier(g: KernelGraph) -> None:
+    validate(g)
+    for kern in compile_ugraph(g, HW, "cuda").kernels("cuda"):
+        assert _unsynchronised_hazards(kern.script) == [], kern.name
