@@ -25,11 +25,11 @@ def allocate(e: BlockEmitter) -> None:
     threads' accumulator registers."""
     sizes: dict[Ref, int] = {}
     for j, outs in enumerate(e.binfo.nodes):
-        for o, t in enumerate(outs):
+        for o in range(len(outs)):
             r = Ref(j, o)
             if e.needs_buffer(r):
                 e.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
-                sizes[r] = math.prod(e.sc.buf_shape(t.shape)) * dtype_bytes(e.buf_dtype(r))
+                sizes[r] = math.prod(e.buf_tile_shape(r)) * dtype_bytes(e.buf_dtype(r))
     e.memory = plan_memory(e.block, sizes, MAX_VECTOR_BYTES)
     shares = e.memory.bytes < e.memory.unshared_bytes
     e.dynamic_shared = e.gpu and (shares or sum(sizes.values()) > STATIC_SHARED_LIMIT)
@@ -39,7 +39,7 @@ def allocate(e: BlockEmitter) -> None:
     else:
         scope = "shared" if e.gpu else "global"
         for r, name in e.buffers.items():
-            shape = e.sc.buf_shape(e.tile(r).shape)
+            shape = e.buf_tile_shape(r)
             e.w.line(f'{name} = T.alloc_buffer({shape_text(shape)}, "{e.buf_dtype(r)}", scope="{scope}")')
     for j, m in e.reg_accs.items():
         # Registers of each thread; on the CPU the threads are loop iterations, so each gets its own row.
@@ -63,7 +63,7 @@ def _allocate_arena(e: BlockEmitter, plan: MemoryPlan) -> None:
     views: list[tuple[str, tuple[int, ...], str, int]] = []
     for r, name in e.buffers.items():
         dtype = e.buf_dtype(r)
-        shape = e.sc.buf_shape(e.tile(r).shape)
+        shape = e.buf_tile_shape(r)
         views.append((name, shape, dtype, plan.offset(r) // dtype_bytes(dtype)))
     # The arena has a tile's element type: TVM's StorageRewrite retypes an allocation whose every access has
     # one type to that type *keeping its element count*, so a uint8 arena of float32 tiles would grow 4x.

@@ -5,7 +5,7 @@ structure and semantics); the block's matmuls are emitted by :mod:`.block_matmul
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -32,6 +32,7 @@ from gensorage.codegen.tir_text import (
     unravel,
 )
 from gensorage.construction.block_threads import MatmulTiling, ThreadChoice
+from gensorage.dtypes import dtype_bytes
 from gensorage.errors import UnsupportedOpError
 from gensorage.opset import BINARY_ELEMENTWISE, REDUCTIONS, UNARY_ELEMENTWISE, Op, attr
 from gensorage.ugraph.ir import (
@@ -45,6 +46,7 @@ from gensorage.ugraph.ir import (
     ThreadGraph,
     node_inputs,
 )
+from gensorage.ugraph.optimize.layouts import WARP, Access, choose_pad
 from gensorage.ugraph.optimize.memory_plan import MemoryPlan
 from gensorage.ugraph.optimize.phase_order import depth_order
 from gensorage.ugraph.optimize.views import VIEW_OPS
@@ -65,6 +67,21 @@ class _View:
     index: Callable[[list[Ix]], list[Ix]]
 
 
+class _LaneEnv(dict[str, int]):
+    """Names of an index expression at one lane: ``tx`` is the lane, a flat-index temporary its definition,
+    every other loop variable 0."""
+
+    def __init__(self, lane: int, e: BlockEmitter) -> None:
+        super().__init__()
+        self.lane, self.e = lane, e
+
+    def __missing__(self, name: str) -> int:
+        if name == "tx":
+            return self.lane
+        d = self.e._defs.get(name)
+        return 0 if d is None else self.e._at_lane(d, self.lane)
+
+
 class BlockEmitter:
     """Emits one graph-defined op (see the module docstring); one instance per kernel and target."""
 
@@ -77,6 +94,7 @@ class BlockEmitter:
         target: Target,
         scalar: Scalar,
         name: str,
+        pads: Mapping[Ref, int] | None = None,
     ) -> None:
         op = g.ops[k]
         binfo = info.blocks[k]
@@ -108,6 +126,11 @@ class BlockEmitter:
         # Loop accumulators combined with sum/max live in registers across the loop (see block_accumulators).
         self.reg_accs = self.accs.register_maps()
         self.buffers: dict[Ref, str] = {}
+        # Layouts: each tile's last dim padded by pads[r] elements (gensorage.ugraph.optimize.layouts), chosen
+        # from the accesses a first emission records (one warp's element indices per read or write site).
+        self.pads = dict(pads or {})
+        self.accesses: dict[Ref, list[Access]] = {}
+        self._defs: dict[str, Ix] = {}  # the flat-index temporaries, to evaluate indices per lane
         self.dynamic_shared = False
         self.memory = MemoryPlan((), 0, 0)  # set by allocate
         self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
@@ -216,7 +239,33 @@ class BlockEmitter:
         if view is not None:
             return self.read(view.src, view.index(idx))
         self._reads.add(r)
+        self.note(r, idx)
         return self.sc.load(self.buffers[r], index_text(idx), self.buf_dtype(r))
+
+    # ------------------------------------------------------------------ layouts
+
+    def note(self, r: Ref, idx: list[Ix]) -> None:
+        """Record an access of tile ``r``: the element each lane of the first warp touches (other loop variables
+        at 0, one representative instance of the site)."""
+        lanes = tuple(tuple(self._at_lane(i, lane) for i in idx) for lane in range(min(WARP, self.nt)))
+        self.accesses.setdefault(r, []).append(Access(lanes))
+
+    def _at_lane(self, ix: Ix, lane: int) -> int:
+        env = _LaneEnv(lane, self)
+        return ix.const + sum(c * int(eval(atom, {"__builtins__": {}}, env)) for atom, c in ix.terms)  # noqa: S307
+
+    def chosen_pads(self) -> dict[Ref, int]:
+        """Every tile's pad with the fewest bank-conflict wavefronts over the recorded accesses."""
+        return {
+            r: choose_pad(self.tile(r).shape, dtype_bytes(self.buf_dtype(r)), self.accesses.get(r, []))
+            for r in self.buffers
+        }
+
+    def buf_tile_shape(self, r: Ref) -> tuple[int, ...]:
+        """The allocated shape of tile ``r``: its shape with the last dim padded (then the scalar's layout)."""
+        shape = self.tile(r).shape
+        pad = self.pads.get(r, 0)
+        return self.sc.buf_shape((*shape[:-1], shape[-1] + pad) if pad else shape)
 
     def buf_dtype(self, r: Ref) -> str:
         # Accumulators keep the compute precision (a float16 running sum would lose the low bits every step).
@@ -243,6 +292,7 @@ class BlockEmitter:
         if (r in self.buffers) + len(sinks) > 1 and not all(is_atomic(e) for e in v.comps):
             v = self.temp(v)
         if r in self.buffers:
+            self.note(r, idx)
             self.store(self.buffers[r], index_text(idx), v, self.buf_dtype(r))
         for j in sinks:
             self.sink(j, idx, v, slot)
@@ -325,6 +375,7 @@ class BlockEmitter:
         if len(flat.terms) > 1 or flat.const:
             f = self.w.fresh("f")
             self.w.line(f"{f} = {flat}")
+            self._defs[f] = flat
             return Ix.var(f)
         return flat
 

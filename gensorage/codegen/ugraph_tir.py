@@ -17,7 +17,8 @@ threads share one node's work: loading an iterator's tile (cooperatively, elemen
 one block op on shared tiles, or a whole thread graph (each thread runs the fused chain for its elements in
 ``scope="local"`` temporaries, with no shared-memory round trip between the chain's ops). Phases run by depth
 (:mod:`gensorage.ugraph.optimize.phase_order`); tiles are laid out by the memory plan
-(:mod:`gensorage.ugraph.optimize.memory_plan`: tiles whose lives do not overlap share bytes). A barrier
+(:mod:`gensorage.ugraph.optimize.memory_plan`: tiles whose lives do not overlap share bytes), each with the
+row padding that avoids bank conflicts for its accesses (:mod:`gensorage.ugraph.optimize.layouts`). A barrier
 precedes a phase exactly when it reads bytes written since the last barrier or writes bytes read or written
 since then, and ends every loop iteration in which shared memory was touched (the next one overwrites the
 tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
@@ -156,7 +157,14 @@ def emit_graph_defined(
     UnsupportedOpError
         A dtype, op or grid the generator cannot emit correctly.
     """
-    return BlockEmitter(g, k, info, choice, target, scalar, name).emit()
+    first = BlockEmitter(g, k, info, choice, target, scalar, name)
+    text = first.emit()
+    # Layouts against bank conflicts: the first emission records every tile's accesses; a padded layout
+    # changes only the tiles' declarations, so a second emission with the chosen pads is the kernel.
+    pads = first.chosen_pads()
+    if not any(pads.values()):
+        return text
+    return BlockEmitter(g, k, info, choice, target, scalar, name, pads).emit()
 
 
 __all__ = [

@@ -108,10 +108,14 @@ def plan_memory(block: BlockGraph, sizes: Mapping[Ref, int], align: int = ARENA_
         placed.append(Placement(r, _first_fit(size, busy, tile_align(size, align)), size, interval))
     placements = tuple(sorted(placed, key=lambda p: (p.ref.node, p.ref.out)))
     total = _aligned(max((p.offset + p.size for p in placements), default=0), align)
-    unshared = 0
+    unshared: list[Placement] = []
+    end = 0
     for p in placements:  # the same tiles, each after the last, in node order
-        unshared = _aligned(unshared, tile_align(p.size, align)) + p.size
-    return MemoryPlan(placements, total, _aligned(unshared, align))
+        unshared.append(Placement(p.ref, _aligned(end, tile_align(p.size, align)), p.size, p.interval))
+        end = unshared[-1].offset + p.size
+    end = _aligned(end, align)
+    # First fit can fragment (tiles of mixed alignments); then the unshared layout is the plan.
+    return MemoryPlan(placements, total, end) if total <= end else MemoryPlan(tuple(unshared), end, end)
 
 
 def shared_footprint(block: BlockGraph, info: BlockInfo) -> int:
