@@ -411,7 +411,7 @@ def test_bank_conflict_model_on_known_patterns(addresses: list[int], elem: int, 
     assert wavefronts(addresses, elem) == want
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_chosen_pad_never_takes_more_wavefronts_than_row_major(data: st.DataObject) -> None:
     rows = data.draw(st.integers(2, 64))

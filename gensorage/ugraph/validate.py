@@ -8,8 +8,8 @@ A µGraph is valid when
 2. with a hardware profile, every level's tensors fit its memory: all kernel tensors together fit
    ``dram_bytes``; all tensors of one block graph (iterator tiles, op results, thread-graph results,
    accumulators; views aside), placed by liveness so that tiles whose lives do not overlap share bytes
-   (:mod:`gensorage.ugraph.optimize.memory_plan`), fit ``shared_mem_per_block``; the values one thread graph keeps per element
-   fit ``max_registers_per_thread`` 32-bit registers (one element per thread: the thread count is a schedule
+   (:mod:`gensorage.ugraph.optimize.memory_plan`), fit ``shared_mem_per_block``; the values one thread graph
+   keeps per element fit ``max_registers_per_thread`` 32-bit registers (one element per thread: the thread count is a schedule
    choice made later, so only this per-thread lower bound is checked here);
 3. in a looped block graph (``forloop > 1``) every input-to-output path passes exactly one input iterator, one
    accumulator and one output saver: the loop body (nodes not depending on an accumulator) feeds only

@@ -4,9 +4,9 @@ do not overlap share bytes of one arena.
 Placing tiles with fixed lifetimes in the fewest bytes is dynamic storage allocation (NP-hard in general);
 the plan is first-fit by decreasing size: tiles in order of size (largest first, then by start step and node),
 each at the lowest aligned offset where it overlaps, in bytes, no tile already placed whose interval overlaps
-its own. For tiles of one size this is interval-graph colouring, which is optimal; in general it is never
-larger than giving every tile its own bytes (the unshared layout), which is what a tile that fits nowhere
-else falls back to. A tile starts at a multiple of the largest power of two that divides its bytes, at most
+its own. For tiles of one size this is interval-graph colouring, which is optimal. Tiles of mixed alignments
+can fragment first fit past the unshared layout (every tile its own bytes, in node order); the plan is then
+the unshared layout, so it is never larger. A tile starts at a multiple of the largest power of two that divides its bytes, at most
 ``align`` (16 bytes: the widest vector access): a vector access never spans more than the tile, so its width
 divides the tile's bytes, and a scalar tile does not pad the arena to 16 bytes. The arena's size is a multiple
 of ``align``.
