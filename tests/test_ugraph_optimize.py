@@ -383,8 +383,11 @@ def test_every_hazard_of_the_example_kernels_has_a_barrier(name: str) -> None:
 @given(g=_looped_graphs())
 def test_every_hazard_of_random_kernels_has_a_barrier(g: KernelGraph) -> None:
     validate(g)
-    for kern in compile_ugraph(g, HW, "cuda").kernels("cuda"):
-        assert _unsynchronised_hazards(kern.script) == [], kern.name
+    cg = compile_ugraph(g, HW, "cuda")
+    (kern,) = cg.kernels("cuda")
+    assert _unsynchronised_hazards(kern.script) == []
+    # TVM builds it (static tiles or an arena) and adds no barrier of its own: the checked ones are all.
+    assert cg.cuda_source().count("__syncthreads()") == kern.script.count("tvm_storage_sync")
 
 
 # ------------------------------------------------------------------------------------------ layouts
