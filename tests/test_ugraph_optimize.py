@@ -30,7 +30,7 @@ from gensorage.ugraph.ir import (
     node_inputs,
 )
 from gensorage.ugraph.optimize import Interval, live_intervals, plan_memory
-from gensorage.ugraph.optimize.layouts import PADS, Access, choose_pad, wavefronts
+from gensorage.ugraph.optimize.layouts import LAYOUTS, Access, Layout, address, choose_layout, wavefronts
 from gensorage.ugraph.optimize.layouts import cost as layout_cost
 from gensorage.ugraph.optimize.memory_plan import MemoryPlan, shared_footprint
 from gensorage.ugraph.optimize.phase_order import depth_order
@@ -190,7 +190,8 @@ def test_emitted_shared_bytes_and_barriers(
     assert got == after
     assert got[1] < before[1]
     # Depth order can keep more tiles live at once (FlashDecoding's combine: both products before both sums),
-    # and a padded layout costs a row's pad (RMSNorm's squared-sum tile, read a column per warp).
+    # and a padded layout costs its rows' pads (RMSNorm's squared tile, 4 x 4 at this size: a one-element pad
+    # takes fewer wavefronts than the 4-row swizzle, the only one that fits).
     assert got[0] <= before[0] or name in ("flash_decoding_stable", "rmsnorm_matmul")
 
 
@@ -414,9 +415,20 @@ def test_bank_conflict_model_on_known_patterns(addresses: list[int], elem: int, 
     assert wavefronts(addresses, elem) == want
 
 
+@pytest.mark.parametrize(
+    ("layout", "want"),
+    [(Layout(), 32), (Layout(pad=1), 1), (Layout(pad=2), 2), (Layout(swizzle=32), 1), (Layout(swizzle=8), 4)],
+)
+def test_layouts_of_a_column_read(layout: Layout, want: int) -> None:
+    # One warp reading column 5 of a [32, 32] float32 tile: 32-way row-major; a one-element pad or a 32-row
+    # swizzle spreads the rows over all banks, an 8-row swizzle over 8.
+    lanes = [address((t, 5), (32, 32), layout, 4) for t in range(32)]
+    assert wavefronts(lanes, 4) == want
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_chosen_pad_never_takes_more_wavefronts_than_row_major(data: st.DataObject) -> None:
+def test_chosen_layout_never_takes_more_wavefronts_than_row_major(data: st.DataObject) -> None:
     rows = data.draw(st.integers(2, 64))
     cols = data.draw(st.sampled_from([1, 2, 3, 8, 16, 31, 32, 64, 128]))
     elem = data.draw(st.sampled_from([2, 4, 8]))
@@ -425,14 +437,19 @@ def test_chosen_pad_never_takes_more_wavefronts_than_row_major(data: st.DataObje
         Access(tuple(((t * row_step + s) % rows, (t * col_step) % cols) for t in range(32)))
         for s in range(data.draw(st.integers(1, 3)))
     ]
-    pad = choose_pad((rows, cols), elem, sites)
-    assert pad in PADS
-    assert layout_cost((rows, cols), elem, sites, pad) <= layout_cost((rows, cols), elem, sites, 0)
+    chosen = choose_layout((rows, cols), elem, sites)
+    assert chosen in LAYOUTS and chosen.fits((rows, cols), elem)
+    if chosen.swizzle:  # the XOR permutes columns within the row
+        assert {address((0, c), (rows, cols), chosen, elem) for c in range(cols)} == {
+            c * elem for c in range(cols)
+        }
+    assert layout_cost((rows, cols), elem, sites, chosen) <= layout_cost((rows, cols), elem, sites, Layout())
 
 
 def test_flash_attention_pads_the_tile_read_by_columns() -> None:
     # At the paper's shape (64 x 64 tiles, 1,024 threads) the exp tile is written by rows and read a column per
-    # warp by the row sum: 34 wavefronts row-major over its three access sites, 3 padded by one float32.
+    # warp by the row sum: 34 wavefronts row-major over its three access sites, 3 padded by one float32 or
+    # swizzled over 32 rows; the pad wins the tie (a swizzle's index arithmetic costs registers).
     from gensorage.codegen.block_emitter import BlockEmitter
     from gensorage.codegen.scalar import FloatScalar
 
@@ -441,14 +458,31 @@ def test_flash_attention_pads_the_tile_read_by_columns() -> None:
     e = BlockEmitter(g, 0, validate(g), cg.plans[0], "cuda", FloatScalar(), "k")
     e.emit()
     exp_tile = Ref(4)
-    assert [layout_cost(e.tile(exp_tile).shape, 4, e.accesses[exp_tile], p) for p in PADS] == [
-        34,
-        3,
-        4,
-        6,
-        10,
-    ]
-    pads = e.chosen_pads()
-    assert pads[exp_tile] == 1 and sum(pads.values()) == 1
+    shape = e.tile(exp_tile).shape
+    costs = [layout_cost(shape, 4, e.accesses[exp_tile], lay) for lay in LAYOUTS if lay.fits(shape, 4)]
+    assert costs == [34, 10, 6, 4, 3, 3, 4, 6, 10]  # row-major, swizzles 4..32, pads 1..8
+    layouts = e.chosen_layouts()
+    assert layouts[exp_tile] == Layout(pad=1)
+    assert all(lay == Layout() for r, lay in layouts.items() if r != exp_tile)
     (kern,) = cg.kernels("cuda")
     assert 's4 = T.decl_buffer((1, 64, 65), "float32"' in kern.script
+
+
+@pytest.mark.parametrize("name", ["flash_attention", "gated_mlp", "qknorm_attention"])
+def test_swizzled_tiles_keep_the_llvm_twin_right(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pads win the layout ties, so swizzles are rare: force the widest swizzle that fits every tile (where one
+    # does) and check that the XOR indices reach the kernel and the llvm twin still computes the program.
+    from gensorage.codegen import block_emitter
+
+    def widest_swizzle(shape: tuple[int, ...], elem: int, accesses: object) -> Layout:
+        fits = [lay for lay in LAYOUTS if lay.swizzle and lay.fits(shape, elem)]
+        return max(fits, key=lambda lay: lay.swizzle, default=Layout())
+
+    monkeypatch.setattr(block_emitter, "choose_layout", widest_swizzle)
+    program, g = ALL_EXAMPLES[name](dtype="float32")
+    cg = compile_ugraph(g, HW, "llvm")
+    assert any(" ^ (" in k.script for k in cg.kernels("llvm"))
+    rng = np.random.default_rng(11)
+    xs = [rng.uniform(-1.0, 1.0, s.shape).astype(s.dtype) for s in g.inputs]
+    for got, want in zip(cg.run(*xs), program.run(*xs), strict=True):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-5)

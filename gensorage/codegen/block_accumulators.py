@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from gensorage.codegen.element_maps import Cyclic, ElementMap
 from gensorage.codegen.scalar import Val
-from gensorage.codegen.tir_text import Ix, broadcast_index, index_text, is_atomic
+from gensorage.codegen.tir_text import Ix, broadcast_index, is_atomic
 from gensorage.errors import NotLaxError
 from gensorage.opset import Op
 from gensorage.ugraph.ir import ONLINE_SOFTMAX_KINDS, Accumulator, Ref
@@ -85,7 +85,7 @@ class AccumulatorEmitter:
         if node.fmap is not None:
             shifted = list(idx)
             shifted[node.fmap] = idx[node.fmap] + Ix.var("it") * e.tile(node.input).shape[node.fmap]
-            e.store(e.buffers[Ref(j)], index_text(shifted), v, sc.acc_dtype)
+            e.store(e.buffers[Ref(j)], e.tile_index(Ref(j), shifted), v, sc.acc_dtype)
             return
         if not all(is_atomic(c) for c in v.comps):
             v = e.temp(v)

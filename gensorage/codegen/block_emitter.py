@@ -46,7 +46,7 @@ from gensorage.ugraph.ir import (
     ThreadGraph,
     node_inputs,
 )
-from gensorage.ugraph.optimize.layouts import WARP, Access, choose_pad
+from gensorage.ugraph.optimize.layouts import WARP, Access, Layout, choose_layout
 from gensorage.ugraph.optimize.memory_plan import MemoryPlan
 from gensorage.ugraph.optimize.phase_order import depth_order
 from gensorage.ugraph.optimize.views import VIEW_OPS
@@ -94,7 +94,7 @@ class BlockEmitter:
         target: Target,
         scalar: Scalar,
         name: str,
-        pads: Mapping[Ref, int] | None = None,
+        layouts: Mapping[Ref, Layout] | None = None,
     ) -> None:
         op = g.ops[k]
         binfo = info.blocks[k]
@@ -126,9 +126,9 @@ class BlockEmitter:
         # Loop accumulators combined with sum/max live in registers across the loop (see block_accumulators).
         self.reg_accs = self.accs.register_maps()
         self.buffers: dict[Ref, str] = {}
-        # Layouts: each tile's last dim padded by pads[r] elements (gensorage.ugraph.optimize.layouts), chosen
-        # from the accesses a first emission records (one warp's element indices per read or write site).
-        self.pads = dict(pads or {})
+        # Each tile's layout (padded or swizzled rows; gensorage.ugraph.optimize.layouts), chosen from the
+        # accesses a first emission records (one warp's element indices per read or write site).
+        self.layouts = dict(layouts or {})
         self.accesses: dict[Ref, list[Access]] = {}
         self._defs: dict[str, Ix] = {}  # the flat-index temporaries, to evaluate indices per lane
         self.dynamic_shared = False
@@ -240,7 +240,7 @@ class BlockEmitter:
             return self.read(view.src, view.index(idx))
         self._reads.add(r)
         self.note(r, idx)
-        return self.sc.load(self.buffers[r], index_text(idx), self.buf_dtype(r))
+        return self.sc.load(self.buffers[r], self.tile_index(r, idx), self.buf_dtype(r))
 
     # ------------------------------------------------------------------ layouts
 
@@ -254,18 +254,27 @@ class BlockEmitter:
         env = _LaneEnv(lane, self)
         return ix.const + sum(c * int(eval(atom, {"__builtins__": {}}, env)) for atom, c in ix.terms)  # noqa: S307
 
-    def chosen_pads(self) -> dict[Ref, int]:
-        """Every tile's pad with the fewest bank-conflict wavefronts over the recorded accesses."""
+    def chosen_layouts(self) -> dict[Ref, Layout]:
+        """Every tile's layout with the fewest bank-conflict wavefronts over the recorded accesses."""
         return {
-            r: choose_pad(self.tile(r).shape, dtype_bytes(self.buf_dtype(r)), self.accesses.get(r, []))
+            r: choose_layout(self.tile(r).shape, dtype_bytes(self.buf_dtype(r)), self.accesses.get(r, []))
             for r in self.buffers
         }
 
     def buf_tile_shape(self, r: Ref) -> tuple[int, ...]:
         """The allocated shape of tile ``r``: its shape with the last dim padded (then the scalar's layout)."""
         shape = self.tile(r).shape
-        pad = self.pads.get(r, 0)
+        pad = self.layouts.get(r, Layout()).pad
         return self.sc.buf_shape((*shape[:-1], shape[-1] + pad) if pad else shape)
+
+    def tile_index(self, r: Ref, idx: list[Ix]) -> str:
+        """Index text of element ``idx`` of tile ``r`` in its layout (a swizzle XORs the last index)."""
+        lay = self.layouts.get(r, Layout())
+        if not lay.swizzle:
+            return index_text(idx)
+        step = lay.step(dtype_bytes(self.buf_dtype(r)))
+        last = f"({idx[-1]}) ^ (({idx[-2]}) % {lay.swizzle} * {step})"
+        return index_text([*idx[:-1], last])
 
     def buf_dtype(self, r: Ref) -> str:
         # Accumulators keep the compute precision (a float16 running sum would lose the low bits every step).
@@ -293,7 +302,7 @@ class BlockEmitter:
             v = self.temp(v)
         if r in self.buffers:
             self.note(r, idx)
-            self.store(self.buffers[r], index_text(idx), v, self.buf_dtype(r))
+            self.store(self.buffers[r], self.tile_index(r, idx), v, self.buf_dtype(r))
         for j in sinks:
             self.sink(j, idx, v, slot)
 

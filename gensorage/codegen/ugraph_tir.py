@@ -18,7 +18,7 @@ one block op on shared tiles, or a whole thread graph (each thread runs the fuse
 ``scope="local"`` temporaries, with no shared-memory round trip between the chain's ops). Phases run by depth
 (:mod:`gensorage.ugraph.optimize.phase_order`); tiles are laid out by the memory plan
 (:mod:`gensorage.ugraph.optimize.memory_plan`: tiles whose lives do not overlap share bytes), each with the
-row padding that avoids bank conflicts for its accesses (:mod:`gensorage.ugraph.optimize.layouts`). A barrier
+layout (padded or XOR-swizzled rows) that avoids bank conflicts for its accesses (:mod:`gensorage.ugraph.optimize.layouts`). A barrier
 precedes a phase exactly when it reads bytes written since the last barrier or writes bytes read or written
 since then, and ends every loop iteration in which shared memory was touched (the next one overwrites the
 tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
@@ -67,6 +67,7 @@ from gensorage.ugraph.ir import (
     GraphDefinedOp,
     KernelGraph,
 )
+from gensorage.ugraph.optimize.layouts import Layout
 from gensorage.ugraph.shapes import BlockInfo, GraphInfo
 
 # Index arithmetic is int32 (TVM's default): every tensor must stay below 2^31 elements.
@@ -159,12 +160,12 @@ def emit_graph_defined(
     """
     first = BlockEmitter(g, k, info, choice, target, scalar, name)
     text = first.emit()
-    # Layouts against bank conflicts: the first emission records every tile's accesses; a padded layout
-    # changes only the tiles' declarations, so a second emission with the chosen pads is the kernel.
-    pads = first.chosen_pads()
-    if not any(pads.values()):
+    # Layouts against bank conflicts: the first emission records every tile's accesses (as element indices,
+    # which no layout changes); a second emission with the chosen layouts is the kernel.
+    layouts = first.chosen_layouts()
+    if all(lay == Layout() for lay in layouts.values()):
         return text
-    return BlockEmitter(g, k, info, choice, target, scalar, name, pads).emit()
+    return BlockEmitter(g, k, info, choice, target, scalar, name, layouts).emit()
 
 
 __all__ = [
