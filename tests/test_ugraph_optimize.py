@@ -459,7 +459,9 @@ def test_flash_attention_pads_the_tile_read_by_columns() -> None:
     e.emit()
     exp_tile = Ref(4)
     shape = e.tile(exp_tile).shape
-    costs = [layout_cost(shape, 4, e.accesses[exp_tile], lay) for lay in LAYOUTS if lay.fits(shape, 4)]
+    costs = [
+        layout_cost(shape, 4, e.recorder.accesses[exp_tile], lay) for lay in LAYOUTS if lay.fits(shape, 4)
+    ]
     assert costs == [34, 10, 6, 4, 3, 3, 4, 6, 10]  # row-major, swizzles 4..32, pads 1..8
     layouts = e.chosen_layouts()
     assert layouts[exp_tile] == Layout(pad=1)

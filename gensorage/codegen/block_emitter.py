@@ -10,6 +10,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from gensorage.codegen.barriers import EXPLICIT_BARRIERS
+from gensorage.codegen.block_accesses import AccessRecorder
 from gensorage.codegen.block_accumulators import AccumulatorEmitter
 from gensorage.codegen.block_buffers import allocate
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
@@ -46,7 +47,7 @@ from gensorage.ugraph.ir import (
     ThreadGraph,
     node_inputs,
 )
-from gensorage.ugraph.optimize.layouts import WARP, Access, Layout, choose_layout
+from gensorage.ugraph.optimize.layouts import Layout, choose_layout
 from gensorage.ugraph.optimize.memory_plan import MemoryPlan
 from gensorage.ugraph.optimize.phase_order import depth_order
 from gensorage.ugraph.optimize.views import VIEW_OPS
@@ -65,21 +66,6 @@ class _View:
 
     src: Ref
     index: Callable[[list[Ix]], list[Ix]]
-
-
-class _LaneEnv(dict[str, int]):
-    """Names of an index expression at one lane: ``tx`` is the lane, a flat-index temporary its definition,
-    every other loop variable 0."""
-
-    def __init__(self, lane: int, e: BlockEmitter) -> None:
-        super().__init__()
-        self.lane, self.e = lane, e
-
-    def __missing__(self, name: str) -> int:
-        if name == "tx":
-            return self.lane
-        d = self.e._defs.get(name)
-        return 0 if d is None else self.e._at_lane(d, self.lane)
 
 
 class BlockEmitter:
@@ -129,8 +115,7 @@ class BlockEmitter:
         # Each tile's layout (padded or swizzled rows; gensorage.ugraph.optimize.layouts), chosen from the
         # accesses a first emission records (one warp's element indices per read or write site).
         self.layouts = dict(layouts or {})
-        self.accesses: dict[Ref, list[Access]] = {}
-        self._defs: dict[str, Ix] = {}  # the flat-index temporaries, to evaluate indices per lane
+        self.recorder = AccessRecorder(self.nt)
         self.dynamic_shared = False
         self.memory = MemoryPlan((), 0, 0)  # set by allocate
         self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
@@ -239,25 +224,17 @@ class BlockEmitter:
         if view is not None:
             return self.read(view.src, view.index(idx))
         self._reads.add(r)
-        self.note(r, idx)
+        self.recorder.note(r, idx)
         return self.sc.load(self.buffers[r], self.tile_index(r, idx), self.buf_dtype(r))
 
     # ------------------------------------------------------------------ layouts
 
-    def note(self, r: Ref, idx: list[Ix]) -> None:
-        """Record an access of tile ``r``: the element each lane of the first warp touches (other loop variables
-        at 0, one representative instance of the site)."""
-        lanes = tuple(tuple(self._at_lane(i, lane) for i in idx) for lane in range(min(WARP, self.nt)))
-        self.accesses.setdefault(r, []).append(Access(lanes))
-
-    def _at_lane(self, ix: Ix, lane: int) -> int:
-        env = _LaneEnv(lane, self)
-        return ix.const + sum(c * int(eval(atom, {"__builtins__": {}}, env)) for atom, c in ix.terms)  # noqa: S307
-
     def chosen_layouts(self) -> dict[Ref, Layout]:
         """Every tile's layout with the fewest bank-conflict wavefronts over the recorded accesses."""
         return {
-            r: choose_layout(self.tile(r).shape, dtype_bytes(self.buf_dtype(r)), self.accesses.get(r, []))
+            r: choose_layout(
+                self.tile(r).shape, dtype_bytes(self.buf_dtype(r)), self.recorder.accesses.get(r, [])
+            )
             for r in self.buffers
         }
 
@@ -301,7 +278,7 @@ class BlockEmitter:
         if (r in self.buffers) + len(sinks) > 1 and not all(is_atomic(e) for e in v.comps):
             v = self.temp(v)
         if r in self.buffers:
-            self.note(r, idx)
+            self.recorder.note(r, idx)
             self.store(self.buffers[r], self.tile_index(r, idx), v, self.buf_dtype(r))
         for j in sinks:
             self.sink(j, idx, v, slot)
@@ -384,7 +361,7 @@ class BlockEmitter:
         if len(flat.terms) > 1 or flat.const:
             f = self.w.fresh("f")
             self.w.line(f"{f} = {flat}")
-            self._defs[f] = flat
+            self.recorder.define(f, flat)
             return Ix.var(f)
         return flat
 

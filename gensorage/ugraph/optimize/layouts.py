@@ -4,8 +4,8 @@ Bank-conflict model: shared memory has 32 banks of 4-byte words; word ``w`` is i
 access (32 lanes, one address each) takes as many wavefronts as the most distinct words any one bank must
 serve; lanes reading one word share it (a broadcast), and an element wider than a word covers several. So 32
 lanes reading consecutive float32s take 1, reading one column of a row-major [32, 32] float32 tile take 32.
-(The model counts a 64-bit access as one warp-wide request; the hardware splits it in two half-warps, which
-changes no ranking of layouts of one tile.)
+(The hardware serves a 64-bit access in half-warp passes; the model does not split it, so its float64 counts
+are approximate.)
 
 Layouts: a tile is row-major with its last dim either padded by ``pad`` elements (the allocation is
 ``[..., n + pad]`` and every index stays as it is) or XOR-swizzled: element ``(..., r, c)`` lives at column
