@@ -22,6 +22,7 @@ kernel's actual phases (a hoisting or fusion the emitter does only shortens a re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gensorage.ugraph.ir import (
     Accumulator,
@@ -80,6 +81,7 @@ def _positions(block: BlockGraph) -> tuple[list[int], int, int, int]:
     return pos, loop_end, flush, step
 
 
+@lru_cache(maxsize=4096)  # block graphs are immutable; validity, the cost model and the emitter ask again
 def live_intervals(block: BlockGraph) -> Liveness:
     """The live interval of every tile of ``block`` (a verified block graph; see the module docstring)."""
     pos, loop_end, flush, last = _positions(block)

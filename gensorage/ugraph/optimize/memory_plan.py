@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gensorage.ugraph.ir import BlockGraph, OutputSaver, Ref
 from gensorage.ugraph.optimize.liveness import Interval, live_intervals
@@ -118,6 +119,7 @@ def plan_memory(block: BlockGraph, sizes: Mapping[Ref, int], align: int = ARENA_
     return MemoryPlan(placements, total, end) if total <= end else MemoryPlan(tuple(unshared), end, end)
 
 
+@lru_cache(maxsize=4096)  # the cost model prices the same block graphs over and over
 def shared_footprint(block: BlockGraph, info: BlockInfo) -> int:
     """Shared-memory bytes of ``block`` with every tile (views aside) in its stored dtype, planned by liveness:
     what validity and the cost model charge a block (the code generator places only the tiles it
