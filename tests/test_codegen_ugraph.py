@@ -167,13 +167,15 @@ def test_golden_gated_mlp_tir() -> None:
         in2: T.Buffer((16, 8), "float32"),
         out0: T.Buffer((4, 8), "float32"),
     ):
-        T.func_attr({"global_symbol": "gated_mlp", "tir.noalias": True})
+        T.func_attr({"global_symbol": "gated_mlp", "tir.noalias": True, EXPLICIT_BARRIERS: True})
         for bx in T.thread_binding(2, thread="blockIdx.x"):
-            s0 = T.alloc_buffer((4, 8), "float32", scope="shared")
-            s1 = T.alloc_buffer((8, 4), "float32", scope="shared")
-            s2 = T.alloc_buffer((8, 4), "float32", scope="shared")
-            s5 = T.alloc_buffer((4, 4), "float32", scope="shared")
-            s6 = T.alloc_buffer((4, 4), "float32", scope="shared")
+            # One arena: the accumulators' tiles, written after the loop, reuse the loop's X tile bytes.
+            smem = T.alloc_buffer((96,), "float32", scope="shared.dyn")
+            s0 = T.decl_buffer((4, 8), "float32", data=smem.data, elem_offset=0, scope="shared.dyn")
+            s1 = T.decl_buffer((8, 4), "float32", data=smem.data, elem_offset=32, scope="shared.dyn")
+            s2 = T.decl_buffer((8, 4), "float32", data=smem.data, elem_offset=64, scope="shared.dyn")
+            s5 = T.decl_buffer((4, 4), "float32", data=smem.data, elem_offset=0, scope="shared.dyn")
+            s6 = T.decl_buffer((4, 4), "float32", data=smem.data, elem_offset=16, scope="shared.dyn")
             a5 = T.alloc_buffer((4,), "float32", scope="local")
             a6 = T.alloc_buffer((4,), "float32", scope="local")
             for it in T.serial(2):
@@ -182,13 +184,11 @@ def test_golden_gated_mlp_tir() -> None:
                     for e0 in range(8):
                         f0 = e0 * 4 + tx
                         s0[f0 // 8, f0 % 8] = in0[f0 // 8, it * 8 + f0 % 8]
-                T.tvm_storage_sync("shared")
-                # W tiles [8, 4]: imap x splits columns, fmap splits rows.
+                # W tiles [8, 4]: imap x splits columns, fmap splits rows; the three loads share one barrier.
                 for tx in T.thread_binding(4, thread="threadIdx.x"):
                     for e1 in range(8):
                         f1 = e1 * 4 + tx
                         s1[f1 // 4, f1 % 4] = in1[it * 8 + f1 // 4, bx * 4 + f1 % 4]
-                T.tvm_storage_sync("shared")
                 for tx in T.thread_binding(4, thread="threadIdx.x"):
                     for e2 in range(8):
                         f2 = e2 * 4 + tx
@@ -263,7 +263,8 @@ def test_cpu_variant_is_the_cuda_text_with_loops() -> None:
     mapped = (
         gpu.replace('T.thread_binding(2, thread="blockIdx.x")', "T.parallel(2)")
         .replace('T.thread_binding(4, thread="threadIdx.x")', "T.serial(4)")
-        .replace('scope="shared"', 'scope="global"')
+        .replace('scope="shared.dyn"', 'scope="global"')
+        .replace(f', "{EXPLICIT_BARRIERS}": True', "")  # the CPU has no barriers to place
     )
     mapped = "\n".join(ln for ln in mapped.splitlines() if "tvm_storage_sync" not in ln) + "\n"
     # Registers that persist across phases get a row per (serial) thread on the CPU; nothing else differs.

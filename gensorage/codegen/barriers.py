@@ -6,10 +6,11 @@ address without adding barriers. For the emitted µGraph kernels that makes ever
 read-after-write on one buffer, and TVM then wants a barrier inside the phase's guarded (``if``) code, which it
 refuses ("Cannot insert syncs inside condition").
 
-Kernels emitted with dynamic shared memory therefore place a barrier after *every* phase themselves (so any
-reuse of memory by the merge pass, which works at phase granularity, is separated by a barrier; within a
-phase no thread reads what another thread of the same phase writes) and carry the function attribute
-:data:`EXPLICIT_BARRIERS`. While :func:`explicit_barriers` is active, TVM's ``ThreadSync("shared.dyn")`` skips
+Kernels emitted with dynamic shared memory therefore hand TVM one allocation (an arena whose tiles the memory
+plan of :mod:`gensorage.ugraph.optimize.memory_plan` places, so the merge pass has nothing to move), place
+every barrier they need themselves (before a phase that reads bytes written since the last barrier or writes
+bytes read or written since then, tiles sharing bytes included; within a phase no thread reads what another
+thread of the same phase writes) and carry the function attribute :data:`EXPLICIT_BARRIERS`. While :func:`explicit_barriers` is active, TVM's ``ThreadSync("shared.dyn")`` skips
 functions with that attribute and runs unchanged on every other function (e.g. the scheduled matmuls of
 :mod:`gensorage.codegen.lower_schedule`, which rely on it).
 """

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from gensorage.codegen.element_maps import Cyclic, ElementMap
 from gensorage.codegen.scalar import Val
-from gensorage.codegen.tir_text import Ix, broadcast_index, index_text, is_atomic
+from gensorage.codegen.tir_text import Ix, broadcast_index, is_atomic
 from gensorage.errors import NotLaxError
 from gensorage.opset import Op
 from gensorage.ugraph.ir import ONLINE_SOFTMAX_KINDS, Accumulator, Ref
@@ -85,7 +85,7 @@ class AccumulatorEmitter:
         if node.fmap is not None:
             shifted = list(idx)
             shifted[node.fmap] = idx[node.fmap] + Ix.var("it") * e.tile(node.input).shape[node.fmap]
-            e.store(e.buffers[Ref(j)], index_text(shifted), v, sc.acc_dtype)
+            e.store(e.buffers[Ref(j)], e.tile_index(Ref(j), shifted), v, sc.acc_dtype)
             return
         if not all(is_atomic(c) for c in v.comps):
             v = e.temp(v)
@@ -114,7 +114,7 @@ class AccumulatorEmitter:
             )
         s = e.tile(node.input).shape
         m_reg, a_reg = f"m{j}", f"a{j}"
-        with e.threads(), e.elements(e.tile(Ref(j)).shape) as (idx, slot):
+        with e.barrier_phase(), e.threads(), e.elements(e.tile(Ref(j)).shape) as (idx, slot):
             at = self.reg(slot)
             m_old, a_old = sc.load(m_reg, at, sc.acc_dtype), sc.load(a_reg, at, sc.acc_dtype)
             st = e.acc_buffer(2)  # [0]: the tile's row max, then the new running max; [1]: the tile's sum
@@ -137,7 +137,6 @@ class AccumulatorEmitter:
             )
             w.line(f"{sc.at(a_reg, 0, at)} = T.if_then_else(it == 0, {part.comps[0]}, {rescaled.comps[0]})")
             e.store(m_reg, at, row_max, sc.acc_dtype)
-        e.after(False)
 
     @staticmethod
     def _score_index(idx: list[Ix], s: tuple[int, ...], k: Ix) -> list[Ix]:
@@ -151,30 +150,23 @@ class AccumulatorEmitter:
     def phase_copy(self, src: Ref, sinks: list[int]) -> None:
         """Accumulators/savers reading a view, a concat or a shared accumulator: a cyclic pass over the value."""
         e = self.e
-        with e.threads(), e.elements(e.tile(src).shape) as (idx, slot):
+        with e.barrier_phase(), e.threads(), e.elements(e.tile(src).shape) as (idx, slot):
             v = e.read(src, idx)
             for s in sinks:
                 e.sink(s, idx, v, slot)
-        e.after(
-            any(
-                isinstance(e.nodes[s], Accumulator) and e.nodes[s].fmap is not None  # type: ignore[union-attr]
-                for s in sinks
-            )
-        )
 
     def phase_flush(self) -> None:
         """After the loop: register accumulators to their shared buffers and fused savers (same element map)."""
         e = self.e
         if not e.reg_accs:
             return
-        with e.threads():
+        with e.barrier_phase(), e.threads():
             for j, m in e.reg_accs.items():
                 with e.w.loop(e.w.fresh("sl"), e.slots(m)) as slot:
                     idx, conds = e.locate(m, slot)
                     with e.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
                         v = e.sc.load(f"a{j}", self.reg(slot), e.sc.acc_dtype)
                         e.emit_value(Ref(j), idx, v, slot)
-        e.after(any(Ref(j) in e.buffers for j in e.reg_accs))
 
 
 __all__ = ["AccumulatorEmitter"]

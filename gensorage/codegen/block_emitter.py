@@ -5,11 +5,12 @@ structure and semantics); the block's matmuls are emitted by :mod:`.block_matmul
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from gensorage.codegen.barriers import EXPLICIT_BARRIERS
+from gensorage.codegen.block_accesses import AccessRecorder
 from gensorage.codegen.block_accumulators import AccumulatorEmitter
 from gensorage.codegen.block_buffers import allocate
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
@@ -32,6 +33,7 @@ from gensorage.codegen.tir_text import (
     unravel,
 )
 from gensorage.construction.block_threads import MatmulTiling, ThreadChoice
+from gensorage.dtypes import dtype_bytes
 from gensorage.errors import UnsupportedOpError
 from gensorage.opset import BINARY_ELEMENTWISE, REDUCTIONS, UNARY_ELEMENTWISE, Op, attr
 from gensorage.ugraph.ir import (
@@ -45,11 +47,14 @@ from gensorage.ugraph.ir import (
     ThreadGraph,
     node_inputs,
 )
+from gensorage.ugraph.optimize.layouts import Layout, choose_layout
+from gensorage.ugraph.optimize.memory_plan import MemoryPlan
+from gensorage.ugraph.optimize.phase_order import depth_order
+from gensorage.ugraph.optimize.views import VIEW_OPS
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo
 from gensorage.ugraph.validate import loop_phases
 
 _GRID_VARS = ("bx", "by", "bz")
-_VIEW_OPS = frozenset({Op.RESHAPE, Op.REPEAT})
 
 
 # ---------------------------------------------------------------------------------------------- emission
@@ -75,6 +80,7 @@ class BlockEmitter:
         target: Target,
         scalar: Scalar,
         name: str,
+        layouts: Mapping[Ref, Layout] | None = None,
     ) -> None:
         op = g.ops[k]
         binfo = info.blocks[k]
@@ -100,14 +106,24 @@ class BlockEmitter:
         self.views = {
             j: self._view(j, n)
             for j, n in enumerate(self.nodes)
-            if isinstance(n, BlockOp) and n.op in _VIEW_OPS
+            if isinstance(n, BlockOp) and n.op in VIEW_OPS
         }
         self.accs = AccumulatorEmitter(self)
         # Loop accumulators combined with sum/max live in registers across the loop (see block_accumulators).
         self.reg_accs = self.accs.register_maps()
         self.buffers: dict[Ref, str] = {}
+        # Each tile's layout (padded or swizzled rows; gensorage.ugraph.optimize.layouts), chosen from the
+        # accesses a first emission records (one warp's element indices per read or write site).
+        self.layouts = dict(layouts or {})
+        self.recorder = AccessRecorder(self.nt)
         self.dynamic_shared = False
-        self._synced = True
+        self.memory = MemoryPlan((), 0, 0)  # set by allocate
+        self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
+        # Tiles read and written by the phase being emitted, and since the last barrier (see barrier_phase).
+        self._reads: set[Ref] = set()
+        self._writes: set[Ref] = set()
+        self._pending_reads: set[Ref] = set()
+        self._pending_writes: set[Ref] = set()
         self._check_grid()
         if choice.tiling is not None:
             check_tiling(choice.tiling, choice.threads)
@@ -207,7 +223,35 @@ class BlockEmitter:
         view = self.views.get(r.node)
         if view is not None:
             return self.read(view.src, view.index(idx))
-        return self.sc.load(self.buffers[r], index_text(idx), self.buf_dtype(r))
+        self._reads.add(r)
+        self.recorder.note(r, idx)
+        return self.sc.load(self.buffers[r], self.tile_index(r, idx), self.buf_dtype(r))
+
+    # ------------------------------------------------------------------ layouts
+
+    def chosen_layouts(self) -> dict[Ref, Layout]:
+        """Every tile's layout with the fewest bank-conflict wavefronts over the recorded accesses."""
+        return {
+            r: choose_layout(
+                self.tile(r).shape, dtype_bytes(self.buf_dtype(r)), self.recorder.accesses.get(r, [])
+            )
+            for r in self.buffers
+        }
+
+    def buf_tile_shape(self, r: Ref) -> tuple[int, ...]:
+        """The allocated shape of tile ``r``: its shape with the last dim padded (then the scalar's layout)."""
+        shape = self.tile(r).shape
+        pad = self.layouts.get(r, Layout()).pad
+        return self.sc.buf_shape((*shape[:-1], shape[-1] + pad) if pad else shape)
+
+    def tile_index(self, r: Ref, idx: list[Ix]) -> str:
+        """Index text of element ``idx`` of tile ``r`` in its layout (a swizzle XORs the last index)."""
+        lay = self.layouts.get(r, Layout())
+        if not lay.swizzle:
+            return index_text(idx)
+        step = lay.step(dtype_bytes(self.buf_dtype(r)))
+        last = f"({idx[-1]}) ^ (({idx[-2]}) % {lay.swizzle} * {step})"
+        return index_text([*idx[:-1], last])
 
     def buf_dtype(self, r: Ref) -> str:
         # Accumulators keep the compute precision (a float16 running sum would lose the low bits every step).
@@ -216,6 +260,7 @@ class BlockEmitter:
         return self.sc.buf_dtype(self.tile(r).dtype)
 
     def store(self, buf: str, idx: str, v: Val, dtype: str) -> None:
+        self._writes.update(r for r, name in self.buffers.items() if name == buf)
         for c, e in enumerate(self.sc.store(v, dtype)):
             self.w.line(f"{self.sc.at(buf, c, idx)} = {e}")
 
@@ -233,7 +278,8 @@ class BlockEmitter:
         if (r in self.buffers) + len(sinks) > 1 and not all(is_atomic(e) for e in v.comps):
             v = self.temp(v)
         if r in self.buffers:
-            self.store(self.buffers[r], index_text(idx), v, self.buf_dtype(r))
+            self.recorder.note(r, idx)
+            self.store(self.buffers[r], self.tile_index(r, idx), v, self.buf_dtype(r))
         for j in sinks:
             self.sink(j, idx, v, slot)
 
@@ -265,7 +311,39 @@ class BlockEmitter:
     def sync(self) -> None:
         if self.gpu:
             self.w.line('T.tvm_storage_sync("shared")')
-        self._synced = True
+        self._pending_reads, self._pending_writes = set(), set()
+
+    def _clash(self, r: Ref, others: set[Ref]) -> bool:
+        """Whether tile ``r`` shares a byte with any of ``others`` (itself, or an arena neighbour)."""
+        if r in others:
+            return True
+        if not self.arena:
+            return False
+        mine = self.memory.placement(r)
+        return any(mine.shares_bytes(self.memory.placement(o)) for o in others)
+
+    @contextmanager
+    def barrier_phase(self) -> Iterator[None]:
+        """One phase, with a barrier before it exactly when it reads bytes written since the last barrier or
+        writes bytes read or written since then (within a phase no thread reads what another writes)."""
+        mark, depth = len(self.w.lines), self.w.depth
+        self._reads, self._writes = set(), set()
+        yield
+        pending = self._pending_reads | self._pending_writes
+        if any(self._clash(r, self._pending_writes) for r in self._reads) or any(
+            self._clash(r, pending) for r in self._writes
+        ):
+            if self.gpu:
+                self.w.lines.insert(mark, "    " * depth + 'T.tvm_storage_sync("shared")')
+            self._pending_reads, self._pending_writes = set(), set()
+        self._pending_reads |= self._reads
+        self._pending_writes |= self._writes
+
+    def settle(self) -> None:
+        """A barrier if any phase since the last one touched shared memory (before and at the end of the
+        loop: every iteration starts with no access pending)."""
+        if self._pending_reads or self._pending_writes:
+            self.sync()
 
     @contextmanager
     def elements(self, space: tuple[int, ...]) -> Iterator[tuple[list[Ix], Ix]]:
@@ -283,6 +361,7 @@ class BlockEmitter:
         if len(flat.terms) > 1 or flat.const:
             f = self.w.fresh("f")
             self.w.line(f"{f} = {flat}")
+            self.recorder.define(f, flat)
             return Ix.var(f)
         return flat
 
@@ -404,32 +483,15 @@ class BlockEmitter:
                 with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
                     self.emit_value(Ref(j, o), broadcast_index(idx, shape), vals[r.node], slot)
 
-    def writes_shared(self, j: int) -> bool:
-        refs = [Ref(j, o) for o in range(len(self.binfo.nodes[j]))]
-        return any(r in self.buffers for r in refs) or any(
-            Ref(s) in self.buffers and s not in self.reg_accs
-            for r in refs
-            for s in self.sinks_of(r)
-            if isinstance(self.nodes[s], Accumulator)
-        )
-
-    def after(self, wrote_shared: bool) -> None:
-        """Barrier after a phase whose shared-memory writes later phases read; after every phase when shared
-        memory is dynamic (see :mod:`gensorage.codegen.barriers`)."""
-        if wrote_shared or self.dynamic_shared:
-            self.sync()
-        else:
-            self._synced = False
-
     def phase(self, j: int) -> None:
         node = self.nodes[j]
-        if isinstance(node, InputIterator):
-            self.phase_load(j)
-        elif isinstance(node, ThreadGraph):
-            self.phase_thread_graph(j)
-        else:
-            self.phase_op(j)
-        self.after(self.writes_shared(j))
+        with self.barrier_phase():
+            if isinstance(node, InputIterator):
+                self.phase_load(j)
+            elif isinstance(node, ThreadGraph):
+                self.phase_thread_graph(j)
+            else:
+                self.phase_op(j)
 
     # ------------------------------------------------------------------ whole kernel
 
@@ -465,20 +527,22 @@ class BlockEmitter:
             for j, n in nodes
             if loop and isinstance(n, InputIterator) and n.fmap is None and not self.sinks_of(Ref(j))
         ]
-        computed = [
-            j
-            for j, n in nodes
-            if j not in self.views and isinstance(n, InputIterator | BlockOp | ThreadGraph)
-        ]
-        body = [j for j in computed if self.phase_of[j] == "body" and j not in hoisted]
-        post = [j for j in computed if self.phase_of[j] == "post"]
+        # Phases by depth, so independent ones share a barrier (gensorage.ugraph.optimize.phase_order).
+        in_body, post = depth_order(self.block)
+        # A node nothing reads computes nothing (its phase would be an empty loop, which TVMScript refuses).
+        read = {r.node for r in self.consumers}
+        body = [j for j in in_body if j not in hoisted and j in read]
+        post = tuple(j for j in post if j in read)
         copies = [
             (j, n)
             for j, n in nodes
             if isinstance(n, Accumulator | OutputSaver) and j not in self.sinks_of(n.input)
         ]
         for j in hoisted:
-            self.phase(j)
+            if j in read:
+                self.phase(j)
+        if loop:
+            self.settle()
         with (
             self.w.loop("it", self.block.forloop, f"T.serial({self.block.forloop})")
             if loop
@@ -489,8 +553,8 @@ class BlockEmitter:
             for j, n in copies:
                 if isinstance(n, Accumulator):
                     self.accs.phase(j)
-            if loop and not self._synced:
-                self.sync()  # the next iteration overwrites tiles this one read
+            if loop:
+                self.settle()  # the next iteration overwrites tiles this one read
         self.accs.phase_flush()
         for j in post:
             self.phase(j)

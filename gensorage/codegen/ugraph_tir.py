@@ -3,19 +3,25 @@
 Structure of the emitted kernel (``target="cuda"``)::
 
     for bx in T.thread_binding(grid_x, thread="blockIdx.x"):      # (by, bz for 2-3 grid dims)
-        s3 = T.alloc_buffer(tile, dtype, scope="shared")          # one per materialised block tensor
+        s3 = T.alloc_buffer(tile, dtype, scope="shared")          # one per materialised block tensor, or
+        smem = T.alloc_buffer((n,), dtype, scope="shared.dyn")    # one arena with a view per tile when the
+        s3 = T.decl_buffer(tile, dtype, data=smem.data, ...)       # memory plan lets tiles share bytes
         a7 = T.alloc_buffer((slots,), "float32", scope="local")   # per-thread part of a loop accumulator
         <phases of loop-invariant input iterators>
         for it in T.serial(forloop):                               # the block graph's for-loop
-            <phase> T.tvm_storage_sync("shared") <phase> ...       # loop body, in node order
+            <phase> <phase> T.tvm_storage_sync("shared") ...       # loop body, by depth
         <flush of the accumulators> <post-loop phases>
 
 A *phase* is one ``for tx in T.thread_binding(threads, thread="threadIdx.x")`` loop in which the block's
 threads share one node's work: loading an iterator's tile (cooperatively, element ``e * threads + tx``),
 one block op on shared tiles, or a whole thread graph (each thread runs the fused chain for its elements in
-``scope="local"`` temporaries, with no shared-memory round trip between the chain's ops). A barrier follows
-every phase that wrote shared memory that a later phase reads, and ends every loop iteration (the next one
-overwrites the tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
+``scope="local"`` temporaries, with no shared-memory round trip between the chain's ops). Phases run by depth
+(:mod:`gensorage.ugraph.optimize.phase_order`); tiles are laid out by the memory plan
+(:mod:`gensorage.ugraph.optimize.memory_plan`: tiles whose lives do not overlap share bytes), each with the
+layout (padded or XOR-swizzled rows) that avoids bank conflicts for its accesses (:mod:`gensorage.ugraph.optimize.layouts`). A barrier
+precedes a phase exactly when it reads bytes written since the last barrier or writes bytes read or written
+since then, and ends every loop iteration in which shared memory was touched (the next one overwrites the
+tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
 comes from the Markov construction: see :mod:`gensorage.construction.block_threads`.
 
 Semantics (:mod:`gensorage.ugraph.ir`, reproduced by :mod:`gensorage.ugraph.evaluate`):
@@ -61,6 +67,7 @@ from gensorage.ugraph.ir import (
     GraphDefinedOp,
     KernelGraph,
 )
+from gensorage.ugraph.optimize.layouts import Layout
 from gensorage.ugraph.shapes import BlockInfo, GraphInfo
 
 # Index arithmetic is int32 (TVM's default): every tensor must stay below 2^31 elements.
@@ -151,7 +158,14 @@ def emit_graph_defined(
     UnsupportedOpError
         A dtype, op or grid the generator cannot emit correctly.
     """
-    return BlockEmitter(g, k, info, choice, target, scalar, name).emit()
+    first = BlockEmitter(g, k, info, choice, target, scalar, name)
+    text = first.emit()
+    # Layouts against bank conflicts: the first emission records every tile's accesses (as element indices,
+    # which no layout changes); a second emission with the chosen layouts is the kernel.
+    layouts = first.chosen_layouts()
+    if all(lay == Layout() for lay in layouts.values()):
+        return text
+    return BlockEmitter(g, k, info, choice, target, scalar, name, layouts).emit()
 
 
 __all__ = [

@@ -50,6 +50,7 @@ from gensorage.ugraph.ir import (
     OutputSaver,
     ThreadGraph,
 )
+from gensorage.ugraph.optimize.memory_plan import shared_footprint
 from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
 from gensorage.ugraph.validate import loop_phases, tensor_bytes, validate
 
@@ -149,7 +150,7 @@ def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info
                 w = opset.flops(t.op, [], local[len(n.inputs) + k].shape)
                 work += times * w
                 compute_s += times * w / _peak(hw, local[0].dtype, False)
-    footprint = sum(tensor_bytes(t) for outs in info.nodes for t in outs)
+    footprint = shared_footprint(block, info)  # tiles share bytes by liveness (as the kernel lays them out)
     per_sm = hw.shared_mem_per_sm // (footprint + SHARED_RESERVED_PER_BLOCK)
     resident_limit = max(1, min(hw.max_blocks_per_sm, per_sm))
     waves = -(-blocks // (hw.sm_count * resident_limit))

@@ -7,8 +7,9 @@ A µGraph is valid when
    a distinct output dim; thread graphs hold elementwise ops only);
 2. with a hardware profile, every level's tensors fit its memory: all kernel tensors together fit
    ``dram_bytes``; all tensors of one block graph (iterator tiles, op results, thread-graph results,
-   accumulators; no reuse assumed) fit ``shared_mem_per_block``; the values one thread graph keeps per element
-   fit ``max_registers_per_thread`` 32-bit registers (one element per thread: the thread count is a schedule
+   accumulators; views aside), placed by liveness so that tiles whose lives do not overlap share bytes
+   (:mod:`gensorage.ugraph.optimize.memory_plan`), fit ``shared_mem_per_block``; the values one thread graph
+   keeps per element fit ``max_registers_per_thread`` 32-bit registers (one element per thread: the thread count is a schedule
    choice made later, so only this per-thread lower bound is checked here);
 3. in a looped block graph (``forloop > 1``) every input-to-output path passes exactly one input iterator, one
    accumulator and one output saver: the loop body (nodes not depending on an accumulator) feeds only
@@ -93,10 +94,14 @@ def _check_memory(g: KernelGraph, info: GraphInfo, hw: HwProfile) -> None:
     dram = sum(tensor_bytes(t) for outs in info.nodes for t in outs)
     if dram > hw.dram_bytes:
         raise UGraphError(f"kernel tensors need {dram} bytes of device memory, {hw.name} has {hw.dram_bytes}")
+    # Imported here: the memory plan orders phases with this module's loop_phases.
+    from gensorage.ugraph.optimize.memory_plan import shared_footprint
+
     for k, binfo in enumerate(info.blocks):
-        if binfo is None:
+        op = g.ops[k]
+        if binfo is None or not isinstance(op, GraphDefinedOp):
             continue
-        smem = sum(tensor_bytes(t) for outs in binfo.nodes for t in outs)
+        smem = shared_footprint(op.block, binfo)
         if smem > hw.shared_mem_per_block:
             raise UGraphError(
                 f"{kernel_where(g, k)}: block graph needs {smem} bytes of shared memory, "

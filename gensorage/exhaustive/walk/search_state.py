@@ -104,6 +104,9 @@ class BlockBuild:
     recs: list[BlockOpRec | AccumRec] = field(default_factory=list)
     keys: list[RankKey] = field(default_factory=list)
     n_ops: int = 0
+    # Bytes of every tile so far, none shared. Validity charges the footprint planned by liveness
+    # (gensorage.ugraph.optimize.memory_plan), at most this plus alignment padding and often far less: the
+    # search still prunes block graphs that planning would fit.
     smem: int = 0
     exact: bool = (
         True  # False when an input is a concatenation: the tile-0 expressions then under-approximate
