@@ -476,8 +476,8 @@ def test_stable_attention_decode_flash_decoding_split_kv_and_combine() -> None:
     # with M the max over the splits, as two matmuls and a division: FlashDecoding. Its prefixes are kept by
     # the stabiliser laws (docs/search.md); the walk below the path completes, filters and verifies it (tier 2).
     # The 1/√d factor is folded into Q: the walk keeps a scale's result for exp-like readers, so the saved maxima
-    # are unscaled, and it offers no scale between the combine's sub and exp (examples.flash_decoding_stable
-    # has that form by hand).
+    # are unscaled, and the combine would need a second scale, beyond the program's budget of one
+    # (docs/search.md; examples.flash_decoding_stable has that form by hand).
     h, n, d = 2, 6, 5
     p = Program("stable_decode")
     q, k, v = (p.input(name, (h, 1 if name == "Q" else n, d), "float16") for name in "QKV")
