@@ -95,7 +95,8 @@ def exp_operands(g: KernelGraph) -> ExpOperands:
             saved = [uses.status(Ref(me, i)) for i in range(_savers(node.block))]
             kernel.update(Ref(me, i) for i, s in enumerate(saved) if s)
             for i, verdict in _block(k, node.block, saved, block, thread).items():
-                uses.add(node.inputs[i], verdict)
+                if 0 <= i < len(node.inputs):  # a bad index is infer's to report, in its words
+                    uses.add(node.inputs[i], verdict)
     return ExpOperands(frozenset(kernel), frozenset(block), frozenset(thread))
 
 
