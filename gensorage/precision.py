@@ -20,7 +20,10 @@ Program outputs keep the program's dtype under both policies: the operator that 
 
 Under ``"float32"`` a value the graph's structure bounds to [0, 1] is stored in the program's dtype even when its
 operator is on the list (:func:`value_range`): a stable softmax's ``exp(x − max(x))`` and its probabilities
-``e / Σ e``. float16 holds those safely, and the matmul that reads them keeps its 16-bit operands.
+``e / Σ e``. float16 holds those safely, and the matmul that reads them keeps its 16-bit operands. The operands
+of ``exp`` go the other way: a value that flows only into ``exp`` (the scores, ``S − max S``, the maxima; see
+:mod:`gensorage.ugraph.exp_operands`) is stored in float32, since ``exp`` makes its absolute rounding error a
+relative one (a bfloat16 logit of 100 is off by up to 0.25).
 """
 
 from __future__ import annotations

@@ -99,8 +99,8 @@ def test_intermediates_are_float32_and_outputs_keep_the_program_dtype() -> None:
         g = from_program(papers_attention(dtype))
         info = infer(g)
         stored = [info.nodes[len(g.inputs) + k][0].dtype for k in range(len(g.ops))]
-        # matmul, scale, exp, matmul(exp, V), sum, div (the output)
-        assert stored == [dtype, dtype, "float32", "float32", "float32", dtype]
+        # matmul, scale (both flow only into exp: float32), exp, matmul(exp, V), sum, div (the output)
+        assert stored == ["float32", "float32", "float32", "float32", "float32", dtype]
         narrow = infer(dataclasses.replace(g, precision="storage"))
         assert {t.dtype for outs in narrow.nodes for t in outs} == {dtype}
         assert KernelGraph.from_json(g.to_json()) == g
@@ -189,16 +189,44 @@ def test_a_stable_softmax_is_bounded_and_stays_in_the_program_dtype() -> None:
         info = infer(g)
         return [info.nodes[len(g.inputs) + k][0].dtype for k in range(len(g.ops))]
 
-    # max, sub, exp (in (0, 1]), sum, div (in [0, 1]), matmul: only the sum needs float32.
+    # max and sub flow only into exp (float32); exp (in (0, 1]), sum, div (in [0, 1]), matmul: only the sum
+    # needs float32 after the exp.
     stable = dtypes(lambda p, x: p.softmax(x, dim=1))
-    assert stable == ["float16", "float16", "float16", "float32", "float16", "float16"]
+    assert stable == ["float32", "float32", "float16", "float32", "float16", "float16"]
     # exp(−(x − m)) is not bounded: a negative factor breaks the proof, so exp and div stay float32.
     flipped = dtypes(
         lambda p, x: p.div(e := p.exp(p.scale(p.sub(x, p.max(x, 1, keepdim=True)), -1.0)), p.sum(e, dim=1))
     )
-    assert flipped == ["float16", "float16", "float16", "float32", "float32", "float32", "float16"]
+    assert flipped == ["float32", "float32", "float32", "float32", "float32", "float32", "float16"]
     # Dividing by the sum of something else proves nothing either.
     other = dtypes(
         lambda p, x: p.div(e := p.exp(p.sub(x, p.max(x, 1, keepdim=True))), p.sum(p.mul(e, e), dim=1))
     )
     assert other[-2] == "float32"
+
+
+def test_values_flowing_only_into_exp_are_float32() -> None:
+    """The split-KV kernel's score tiles (matmul, scale) and maxima flow only into exp: float32 under the
+    float32 policy, the program's dtype under "storage"; a value that also feeds a matmul keeps the ordinary
+    rule (a matmul of 16-bit operands stores 16 bits)."""
+    from gensorage.ugraph import examples
+    from gensorage.ugraph.exp_operands import exp_operands
+    from gensorage.ugraph.ir import Ref
+
+    _, g = examples.flash_decoding_stable(dtype="bfloat16")
+    into = exp_operands(g)
+    assert into.kernel == frozenset({Ref(4, 2)})  # the saved running maxima
+    assert {(1, 3, 0), (1, 4, 0), (1, 5, 0), (2, 2, 0), (2, 3, 0)} <= into.block  # S, scaled S, maxima
+    split = infer(g).blocks[1]
+    assert split is not None
+    assert [split.nodes[j][0].dtype for j in (3, 4, 5)] == ["float32"] * 3
+    narrow = infer(dataclasses.replace(g, precision="storage")).blocks[1]
+    assert narrow is not None and [narrow.nodes[j][0].dtype for j in (3, 4, 5)] == ["bfloat16"] * 3
+
+    p = Program("shared_scores")
+    x = p.input("X", (8, 8), "bfloat16")
+    w = p.input("W", (8, 8), "bfloat16")
+    s = p.matmul(x, w)
+    p.output(p.matmul(p.exp(s), s))  # S feeds the exp and a matmul
+    info = infer(gs := from_program(p))
+    assert info.nodes[len(gs.inputs)][0].dtype == "bfloat16"

@@ -9,7 +9,9 @@ docs/search.md). Only the gated MLP runs in the default suite; the others take m
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,10 +20,10 @@ from gensorage.codegen.module import compile_ugraph
 from gensorage.exhaustive import SearchSpec, Task, run_task, search_serial
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
 from gensorage.exhaustive.walk import Walk
-from gensorage.exhaustive.walk.search_state import BlockOpRec
+from gensorage.exhaustive.walk.search_state import AccumRec, BlockOpRec
 from gensorage.hw import load_profile
 from gensorage.opset import Op
-from gensorage.program import load_config
+from gensorage.program import Program, load_config
 from gensorage.ugraph import examples
 from gensorage.ugraph.ir import (
     Accumulator,
@@ -30,6 +32,7 @@ from gensorage.ugraph.ir import (
     InputIterator,
     KernelGraph,
     KernelOp,
+    OutputSaver,
     ThreadGraph,
 )
 from gensorage.ugraph.validate import loop_phases
@@ -365,5 +368,155 @@ def test_stable_attention_flash_attention2_online_softmax() -> None:
     xs[0] *= 30.0
     (got,) = compile_ugraph(g, load_profile("h100"), "llvm").run(*xs)
     (want,) = program.run(*(x.astype(np.float64) for x in xs))
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
+
+
+# --------------------------------------------------------------------------- stable attention (FlashDecoding)
+
+
+def _guided_path(
+    spec: SearchSpec, keep: Callable[[Walk], bool], done: Callable[[Walk], bool]
+) -> tuple[int, ...]:
+    """The path of the first node, depth first, where ``done`` holds, descending only into children ``keep``
+    accepts: the search's own children, each one generated and pruned by the walk as in a full search."""
+    s = Walk(spec)
+    suspended: list[Generator[None, None, None]] = []
+
+    def dfs(path: tuple[int, ...]) -> tuple[int, ...] | None:
+        children = s.children()
+        suspended.append(children)
+        for i, _ in enumerate(children):
+            if done(s):
+                return (*path, i)
+            if keep(s) and (got := dfs((*path, i))) is not None:
+                return got
+        suspended.pop().close()
+        return None
+
+    found = dfs(())
+    for children in reversed(suspended):
+        children.close()
+    assert found is not None, "no node of that structure"
+    return found
+
+
+_ROLES_IN = {0: "Q", 2: "V", 3: "Kt"}
+_SPLIT_MAPS = {0: ((0, None), None), 2: ((0, 1), 1), 3: ((0, 2), 2)}
+_SPLIT = {
+    (Op.MATMUL, ("Q", "Kt")): "S",
+    ("softmax_sum", ("S",)): "l",
+    ("softmax_matmul", ("S", "V")): "o",
+    ("max", ("S",)): "m",
+}
+_COMBINE = {
+    (Op.MAX, ("m",)): "M",
+    (Op.SUB, ("m", "M")): "D",
+    (Op.EXP, ("D",)): "w",
+    (Op.MATMUL, ("w", "o")): "A",
+    (Op.MATMUL, ("w", "l")): "B",
+    (Op.DIV, ("A", "B")): "out",
+}
+
+
+def _roles(names: list[str], recs: list[BlockOpRec | AccumRec], table: dict[Any, str]) -> list[str] | None:
+    """The role of each block tensor (iterators first) if every operator so far is one of ``table``'s."""
+    out = list(names)
+    for rec in recs:
+        ins = tuple(out[i] for i in rec.inputs)
+        if isinstance(rec, BlockOpRec):
+            if rec.variant.op is Op.MAX and dict(rec.variant.attrs).get("dim") != 2:
+                return None  # the combine's maximum is over the splits
+            role = table.get((rec.variant.op, ins))
+        else:
+            role = table.get((rec.kind, ins))
+        if role is None or role in out:
+            return None
+        out.append(role)
+    return out
+
+
+def _saved_roles(op: GraphDefinedOp) -> dict[int, str]:
+    """The split kernel's outputs (kernel tensors 4, 5, 6) by the accumulator each saves."""
+    nodes = op.block.nodes
+    kinds = {"max": "m", "softmax_sum": "l", "softmax_matmul": "o"}
+    saved = [nodes[n.input.node] for n in nodes if isinstance(n, OutputSaver)]
+    return {4 + i: kinds.get(getattr(a, "kind", ""), "?") for i, a in enumerate(saved)}
+
+
+def _flash_decoding_prefix(s: Walk) -> bool:
+    """K's transpose, then a split-KV kernel of the online accumulators and a running max (the keys split over
+    a second grid dim and walked by the loop), then a combine kernel of the six operators above."""
+    st = s.state
+    first = st.ops[0] if st.ops else None
+    if not (isinstance(first, KernelOp) and first.op is Op.TRANSPOSE and first.inputs[0].node == 1):
+        return False
+    b = st.block
+    if len(st.ops) == 1:
+        if b is None:
+            return True
+        if set(b.inputs) != {0, 2, 3} or b.r != 2 or not b.looped:
+            return False
+        for i, t in enumerate(b.inputs):  # heads on grid x; the keys of Kᵀ and V on grid y and the loop
+            if b.imap[i] is not None and (b.imap[i], b.fmap[i]) != _SPLIT_MAPS[t]:
+                return False
+        return _roles([_ROLES_IN[t] for t in b.inputs], b.recs, _SPLIT) is not None
+    split = st.ops[1]
+    if len(st.ops) != 2 or not isinstance(split, GraphDefinedOp):
+        return False
+    saved = _saved_roles(split)
+    if b is None:
+        return sorted(saved.values()) == ["l", "m", "o"]
+    return not b.looped and _roles([saved.get(t, "?") for t in b.inputs], b.recs, _COMBINE) is not None
+
+
+def test_stable_attention_decode_flash_decoding_split_kv_and_combine() -> None:
+    # One query token, K as models keep it: the stable program at decode. The search's own children reach a
+    # split-KV kernel saving each split's o, l and running max m, and a combine that rescales by exp(m_i − M)
+    # with M the max over the splits, as two matmuls and a division: FlashDecoding. Its prefixes are kept by
+    # the stabiliser laws (docs/search.md); the walk below the path completes, filters and verifies it (tier 2).
+    # The 1/√d factor is folded into Q: the walk keeps a scale's result for exp-like readers, so the saved maxima
+    # are unscaled, and the combine would need a second scale, beyond the program's budget of one
+    # (docs/search.md; examples.flash_decoding_stable has that form by hand).
+    h, n, d = 2, 6, 5
+    p = Program("stable_decode")
+    q, k, v = (p.input(name, (h, 1 if name == "Q" else n, d), "float16") for name in "QKV")
+    p.output(p.matmul(p.softmax(p.matmul(q, p.transpose(k, 1, 2)), 2), v))
+    spec = SearchSpec(
+        program=p,
+        max_kernel_ops=3,
+        max_block_ops=6,
+        max_grid_dims=2,
+        max_block_inputs=3,
+        max_block_outputs=3,
+        ops=("transpose", "matmul", "max", "sub", "exp", "div"),
+    )
+    path = _guided_path(
+        spec, _flash_decoding_prefix, lambda s: len(s.state.ops) == 3 and s.state.block is None
+    )
+    res = run_task(spec, Task(0, path, True))
+    assert res.complete and len(res.candidates) == 1 and res.stats.verified == 1
+    g = res.candidates[0].ugraph
+    split, combine = g.ops[1], g.ops[2]
+    assert isinstance(split, GraphDefinedOp) and isinstance(combine, GraphDefinedOp)
+    # the keys split across blocks (Kᵀ's key dim 2 on a grid dim) and walked by the loop
+    kt = next(
+        it for it in split.block.nodes if isinstance(it, InputIterator) and split.inputs[it.input].node == 3
+    )
+    assert split.block.forloop > 1 and kt.fmap == 2 and 2 in kt.imap
+    kinds = sorted(a.kind for a in split.block.nodes if isinstance(a, Accumulator))
+    assert kinds == ["max", "softmax_matmul", "softmax_sum"]
+    k2 = kernel_shape(combine)
+    assert not k2.looped and k2.body + k2.post == Counter(
+        {"matmul": 2, "max": 1, "sub": 1, "exp": 1, "div": 1}
+    )
+    r = equivalent(p, g, 1e-9, seed=5)
+    assert r and r.tier == 2
+    # Kernels on the CPU (llvm) against float64 with logits up to ~100.
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(t.shape).astype(np.float16) for t in p.inputs]
+    xs[0] *= 30.0
+    (got,) = compile_ugraph(g, load_profile("h100"), "llvm").run(*xs)
+    (want,) = p.run(*(x.astype(np.float64) for x in xs))
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2

@@ -70,6 +70,7 @@ VARIANTS: list[tuple[Callable[..., Any], dict[str, int]]] = [
     (flash_attention2, {"forloop": 1}),
     (flash_decoding_stable, {}),
     (flash_decoding_stable, {"splits": 2, "forloop": 1}),
+    (flash_decoding_stable, {"combine": "matmul"}),
 ]
 
 

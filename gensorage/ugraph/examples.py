@@ -410,10 +410,18 @@ def flash_decoding_stable(
     splits: int = 3,
     forloop: int = 2,
     dtype: str = "float16",
+    combine: str = "sum",
 ) -> Example:
     """FlashDecoding for the stable program: split-KV kernel saving each split's ``o``, ``l`` and running max
-    ``m``; the combine kernel rescales each split by ``exp(m_i − M)`` (``M`` the max over splits) and divides."""
+    ``m``; the combine kernel rescales each split by ``exp(m_i − M)`` (``M`` the max over splits) and divides.
+
+    ``combine="sum"`` multiplies and sums (``Σ o_i w_i / Σ l_i w_i``, ``m`` saved as ``[heads, splits, 1]``);
+    ``"matmul"`` saves ``m`` as ``[heads, 1, splits]`` so the weights form a row and both weighted sums are
+    matmuls (``w o / w l``): six block operators, the form the search finds (tests/test_rediscovery.py)."""
+    if combine not in ("sum", "matmul"):
+        raise ValueError(f"flash_decoding_stable: combine must be 'sum' or 'matmul', got {combine!r}")
     p = _stable_inputs("flash_decoding_stable", heads, 1, kv_len, head_dim, dtype)
+    by_matmul = combine == "matmul"
     k1: tuple[BlockNode, ...] = (
         InputIterator(0, (0, None)),  # #0 Q tile [1, 1, d]
         InputIterator(1, (0, 2), 2),  # #1 Kᵀ tile [1, d, kv_len/splits/forloop]
@@ -426,24 +434,39 @@ def flash_decoding_stable(
         Accumulator(5, "max"),  # #8 m [1, 1, 1], the running max the two others ended at
         OutputSaver(6, (0, 1)),  # [heads, splits, d]
         OutputSaver(7, (0, 1)),  # [heads, splits, 1]
-        OutputSaver(8, (0, 1)),  # [heads, splits, 1]
+        OutputSaver(8, (0, 2) if by_matmul else (0, 1)),  # [heads, 1, splits] or [heads, splits, 1]
     )
-    k2: tuple[BlockNode, ...] = (
-        InputIterator(0, (0,)),  # #0 o tile [1, splits, d]
-        InputIterator(1, (0,)),  # #1 l tile [1, splits, 1]
-        InputIterator(2, (0,)),  # #2 m tile [1, splits, 1]
-        BlockOp(Op.MAX, (2,), {"dim": 1, "keepdim": True}),  # #3 M [1, 1, 1]
-        ThreadGraph((2, 3), (ThreadOp(Op.SUB, (0, 1)), ThreadOp(Op.EXP, (2,))), (3,)),  # #4 exp(m − M)
-        BlockOp(Op.MUL, (0, 4)),  # #5
-        _sum(5, 1),  # #6 [1, 1, d]
-        BlockOp(Op.MUL, (1, 4)),  # #7
-        _sum(7, 1),  # #8 [1, 1, 1]
-        BlockOp(Op.DIV, (6, 8)),  # #9
-        OutputSaver(9, (0,)),
-    )
+    k2: tuple[BlockNode, ...]
+    if by_matmul:
+        k2 = (
+            InputIterator(0, (0,)),  # #0 o tile [1, splits, d]
+            InputIterator(1, (0,)),  # #1 l tile [1, splits, 1]
+            InputIterator(2, (0,)),  # #2 m tile [1, 1, splits]
+            BlockOp(Op.MAX, (2,), {"dim": 2, "keepdim": True}),  # #3 M [1, 1, 1]
+            BlockOp(Op.SUB, (2, 3)),  # #4
+            BlockOp(Op.EXP, (4,)),  # #5 w = exp(m − M) [1, 1, splits]
+            BlockOp(Op.MATMUL, (5, 0)),  # #6 Σ w o [1, 1, d]
+            BlockOp(Op.MATMUL, (5, 1)),  # #7 Σ w l [1, 1, 1]
+            BlockOp(Op.DIV, (6, 7)),  # #8
+            OutputSaver(8, (0,)),
+        )
+    else:
+        k2 = (
+            InputIterator(0, (0,)),  # #0 o tile [1, splits, d]
+            InputIterator(1, (0,)),  # #1 l tile [1, splits, 1]
+            InputIterator(2, (0,)),  # #2 m tile [1, splits, 1]
+            BlockOp(Op.MAX, (2,), {"dim": 1, "keepdim": True}),  # #3 M [1, 1, 1]
+            ThreadGraph((2, 3), (ThreadOp(Op.SUB, (0, 1)), ThreadOp(Op.EXP, (2,))), (3,)),  # #4 exp(m − M)
+            BlockOp(Op.MUL, (0, 4)),  # #5
+            _sum(5, 1),  # #6 [1, 1, d]
+            BlockOp(Op.MUL, (1, 4)),  # #7
+            _sum(7, 1),  # #8 [1, 1, 1]
+            BlockOp(Op.DIV, (6, 8)),  # #9
+            OutputSaver(9, (0,)),
+        )
     first = GraphDefinedOp(_block((heads, splits), forloop, k1), (0, 3, 2))
-    combine = GraphDefinedOp(_block((heads,), 1, k2), (Ref(4, 0), Ref(4, 1), Ref(4, 2)))
-    return p, KernelGraph(_specs(p), (_TRANSPOSE_K, first, combine), (5,))
+    combine_op = GraphDefinedOp(_block((heads,), 1, k2), (Ref(4, 0), Ref(4, 1), Ref(4, 2)))
+    return p, KernelGraph(_specs(p), (_TRANSPOSE_K, first, combine_op), (5,))
 
 
 # ------------------------------------------------------------------------------------------------ QKNorm

@@ -2,6 +2,8 @@
 
 Dtypes follow the graph's precision policy (:mod:`gensorage.precision`): ``dtype`` is what a tensor is stored
 in, ``program_dtype`` what the program's own types give it; a kernel-graph output is stored in its program dtype.
+Under ``"float32"`` a value that flows only into ``exp`` (:mod:`gensorage.ugraph.exp_operands`: a softmax's
+scores, ``S − max S``, the maxima) is stored in float32 too.
 
 Kernel tensors have full shapes; a block-level tensor's shape is the per-block, per-iteration tile (an
 accumulator's is the accumulated tile). Every violation is a :class:`UGraphError` whose message names the kernel
@@ -17,6 +19,7 @@ from gensorage import opset
 from gensorage.errors import ProgramError, UGraphError
 from gensorage.opset import ELEMENTWISE, Op, Shape
 from gensorage.precision import DEFAULT_PRECISION, Producer, is_square, stored_dtype, value_range
+from gensorage.ugraph.exp_operands import ExpOperands, exp_operands
 from gensorage.ugraph.ir import (
     ACCUM_KINDS,
     GRID_AXES,
@@ -125,9 +128,11 @@ def _op_shape(
     refs: Sequence[Ref] = (),
     precision: str = DEFAULT_PRECISION,
     bounded: bool = False,
+    into_exp: bool = False,
 ) -> TensorInfo:
     """``op``'s result on ``args`` (read through ``refs``): its shape, and dtypes under ``precision``
-    (``bounded``: the structure proves it in [0, 1], so the program's dtype holds it)."""
+    (``bounded``: the structure proves it in [0, 1], so the program's dtype holds it; ``into_exp``: it flows
+    only into exp, so the float32 policy stores it in float32)."""
     try:
         shape = opset.infer_shape(op, [a.shape for a in args], attrs)
     except ProgramError as e:
@@ -136,7 +141,10 @@ def _op_shape(
     program = stored_dtype(op, [a.program_dtype for a in args], square, "storage")
     if bounded:
         return TensorInfo(shape, program)
-    return TensorInfo(shape, program).stored_as(stored_dtype(op, [a.dtype for a in args], square, precision))
+    dtype = stored_dtype(op, [a.dtype for a in args], square, precision)
+    if into_exp and precision == "float32":
+        dtype = stored_dtype(Op.EXP, [dtype], False, precision)  # an exp operand: float32 at least
+    return TensorInfo(shape, program).stored_as(dtype)
 
 
 class _Ranges:
@@ -187,9 +195,14 @@ def iterator_tile(it: InputIterator, shape: Shape, grid: Sequence[int], forloop:
 
 
 def thread_shapes(
-    tg: ThreadGraph, args: Sequence[TensorInfo], where: str, precision: str = DEFAULT_PRECISION
+    tg: ThreadGraph,
+    args: Sequence[TensorInfo],
+    where: str,
+    precision: str = DEFAULT_PRECISION,
+    into_exp: frozenset[int] = frozenset(),
 ) -> tuple[TensorInfo, ...]:
-    """Tiles of a thread graph's local values (inputs then ops); its ops must be elementwise."""
+    """Tiles of a thread graph's local values (inputs then ops); its ops must be elementwise (``into_exp``: the
+    local values that flow only into exp)."""
     if not tg.ops:
         raise UGraphError(f"{where}: a thread graph needs at least one op")
     if not tg.outputs:
@@ -207,7 +220,8 @@ def thread_shapes(
             raise UGraphError(f"{here}: only elementwise ops may run in a thread graph")
         ins = [resolve(r, local, here) for r in top.inputs]
         unit = ranges.of(Ref(len(local)), top.op, top.inputs, top.attrs)
-        local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision, unit),))
+        lead = len(local) in into_exp
+        local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision, unit, lead),))
     for r in tg.outputs:
         resolve(r, local, f"{where}, thread output")
         if r.node < len(args):
@@ -261,8 +275,13 @@ def saver_output(sv: OutputSaver, tile: TensorInfo, grid: Sequence[int], where: 
     return TensorInfo(tuple(shape), tile.dtype, tile.program)
 
 
-def block_shapes(g: KernelGraph, k: int, block: BlockGraph, args: Sequence[TensorInfo]) -> BlockInfo:
-    """Infer every tile of op ``k``'s block graph given its kernel inputs ``args``."""
+def block_shapes(
+    g: KernelGraph, k: int, block: BlockGraph, args: Sequence[TensorInfo], into: ExpOperands | None = None
+) -> BlockInfo:
+    """Infer every tile of op ``k``'s block graph given its kernel inputs ``args`` (``into``: the values of ``g``
+    that flow only into exp, computed here when not given)."""
+    if into is None:
+        into = exp_operands(g)
     here = kernel_where(g, k)
     if not 1 <= len(block.grid) <= 3:
         raise UGraphError(f"{here}: grid {list(block.grid)} must have 1 to 3 dims")
@@ -300,10 +319,11 @@ def block_shapes(g: KernelGraph, k: int, block: BlockGraph, args: Sequence[Tenso
             case BlockOp():
                 ins = [resolve(r, infos, where) for r in node.inputs]
                 unit = ranges.of(Ref(j), node.op, node.inputs, node.attrs)
-                outs = (_op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit),)
+                lead = (k, j, 0) in into.block
+                outs = (_op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead),)
             case ThreadGraph():
                 ins = [resolve(r, infos, where) for r in node.inputs]
-                local = thread_shapes(node, ins, where, g.precision)
+                local = thread_shapes(node, ins, where, g.precision, into.thread_locals(k, j))
                 outs = tuple(local[r.node] for r in node.outputs)
             case Accumulator() if node.kind in ONLINE_SOFTMAX_KINDS:
                 ins = [resolve(r, infos, where) for r in node.reads]
@@ -347,19 +367,21 @@ def infer(g: KernelGraph) -> GraphInfo:
         return (n.op, n.inputs, n.attrs) if isinstance(n, KernelOp) else None
 
     ranges = _Ranges(producer)
+    into = exp_operands(g)
     for k, node in enumerate(g.ops):
         where = kernel_where(g, k)
         if isinstance(node, KernelOp):
             ins = [resolve(r, infos, where) for r in node.inputs]
             unit = ranges.of(Ref(len(infos)), node.op, node.inputs, node.attrs)
-            out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit)
+            lead = Ref(len(infos)) in into.kernel
+            out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead)
             if Ref(len(infos)) in graph_outputs:  # a program output keeps the program's dtype
                 out = out.stored_as(out.program_dtype)
             infos.append((out,))
             blocks.append(None)
         elif isinstance(node, GraphDefinedOp):
             ins = [resolve(r, infos, where) for r in node.inputs]
-            info = block_shapes(g, k, node.block, ins)
+            info = block_shapes(g, k, node.block, ins, into)
             infos.append(info.outputs)
             blocks.append(info)
         else:

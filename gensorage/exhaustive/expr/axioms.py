@@ -12,7 +12,21 @@ Beyond Table 2 (for the ops Mirage's first paper does not have; see
 - ``max(k, x)`` (max-reduction / max accumulator): uninterpreted, ``subexpr(x, max(i, x))``, with the size laws
   of ``sum`` (``x = max(1, x)``, ``max(i, max(j, x)) = max(i*j, x)``) so split max-reductions agree with whole ones;
 - ``cat(x, y)`` (concatenation): commutative, associative, idempotent; ``subexpr(x, cat(x, y))``, and
-  ``subexpr(x, z) ∧ subexpr(y, z) → subexpr(cat(x, y), z)`` so a concatenation of useful parts is useful.
+  ``subexpr(x, z) ∧ subexpr(y, z) → subexpr(cat(x, y), z)`` so a concatenation of useful parts is useful;
+- the stabiliser laws, for a max-subtracting softmax and its rescales (FlashDecoding's ``exp(m_i − M)``):
+  ``exp(add(x, max(i, y))) = mul(exp(x), stab(y))`` and ``exp(max(i, y)) = stab(y)`` for ``i >= 2``, and
+  ``mul(stab(y), stab(y)) = stab(y)``. ``stab(y)`` is the abstraction of ``exp(±max(k, y))``: a positive
+  per-row factor that a maximum over ``y`` sets and that cancels between a softmax's numerator and denominator.
+  Read over the reals with ``stab = 1``, the three are the law ``exp(a + b) = exp(a)·exp(b)`` (``exp(a − b) =
+  exp(a)/exp(b)``: signs are not part of the abstraction) followed by dropping that factor — what Table 1 does
+  with ``scale``'s constants — so, as for ``scale``, they hold in the abstraction's real reading and only
+  identify more terms, i.e. keep more prefixes. Without them a split's partial ``Σ exp(S − m_i)·V`` (``m_i`` the
+  split's maximum) and the rescale ``exp(m_i − M)`` are no subexpressions of ``exp(S − M)``: the law alone does
+  not help, since ``exp(S − m_i)·exp(m_i − M) = exp(S − M)`` needs ``m_i − m_i = 0``, and any cancellation
+  axiom makes every term a subexpression of every other (``x ⊑ add(x, neg(x)) ⊑ add(add(x, neg(x)), y) = y``).
+  The guard ``i >= 2`` matters: ``max(1, y) = y``, so without it the first law would split every sum in an
+  ``exp``. Z3 uses them only left to right (patterns on the left-hand sides, which are larger), so they do not
+  loop.
 
 Z3 proves entailed queries quickly but cannot refute with these quantified axioms (it runs to its limit and says
 ``unknown``); :mod:`gensorage.exhaustive.expr.oracle` decides queries exactly in the canonical model and uses this
@@ -48,6 +62,7 @@ class Theory:
         self.sum = z3.Function("sum", Int, P, P)
         self.max = z3.Function("max", Int, P, P)
         self.cat = z3.Function("cat", P, P, P)
+        self.stab = z3.Function("stab", P, P)
         self.subexpr = z3.Function("subexpr", P, P, z3.BoolSort(c))
         self._fns: dict[str, z3.FuncDeclRef] = {}
         self._pending: list[
@@ -72,7 +87,7 @@ class Theory:
         return z3.ForAll([x], self.subexpr(x, f(x)))
 
     def a_eq(self) -> list[z3.BoolRef]:
-        """Table 2's equivalence axioms, then the ``max`` and ``cat`` equations."""
+        """Table 2's equivalence axioms, then the ``max``, ``cat`` and stabiliser equations."""
         x, y, z = z3.Consts("x y z", self.P)
         i, j = z3.Ints("i j", self.ctx)
         add, mul, div, sm, mx, cat = self.add, self.mul, self.div, self.sum, self.max, self.cat
@@ -97,6 +112,18 @@ class Theory:
             F([x, y], cat(x, y) == cat(y, x)),
             F([x, y, z], cat(x, cat(y, z)) == cat(cat(x, y), z)),
             F([x], cat(x, x) == x),
+            # the stabiliser laws (guarded: max(1, y) = y)
+            F(
+                [x, y, i],
+                z3.Implies(i >= 2, self.exp(add(x, mx(i, y))) == mul(self.exp(x), self.stab(y))),
+                patterns=[self.exp(add(x, mx(i, y)))],
+            ),
+            F([y, i], z3.Implies(i >= 2, self.exp(mx(i, y)) == self.stab(y)), patterns=[self.exp(mx(i, y))]),
+            F(
+                [y],
+                mul(self.stab(y), self.stab(y)) == self.stab(y),
+                patterns=[mul(self.stab(y), self.stab(y))],
+            ),
         ]
 
     def a_sub(self) -> list[z3.BoolRef]:
@@ -120,6 +147,14 @@ class Theory:
             F([x, i], sub(x, self.max(i, x))),
             F([x, y], sub(x, self.cat(x, y))),
             F([x, y, z], z3.Implies(z3.And(sub(x, z), sub(y, z)), sub(self.cat(x, y), z))),
+            # consequences of sub(x, exp(x)) and the stabiliser laws, stated for Z3, whose instantiation
+            # never builds the exp(...) term in between
+            F([y, i], z3.Implies(i >= 2, sub(self.max(i, y), self.stab(y))), patterns=[self.max(i, y)]),
+            F(
+                [x, y, i],
+                z3.Implies(i >= 2, sub(self.add(x, self.max(i, y)), self.mul(self.exp(x), self.stab(y)))),
+                patterns=[self.add(x, self.max(i, y))],
+            ),
         ]
 
     def take_pending(self) -> list[z3.BoolRef]:

@@ -11,6 +11,11 @@ multiplies every coefficient (``sum(i, sum(j, x)) = sum(i*j, x)``, ``sum(1, x) =
 these operations satisfy every axiom of ``A_eq`` for all integers, so they form a model: two terms are
 ``A_eq``-equal iff their normal forms are identical. Nothing cancels (no ``div(mul(x, y), y) = x``), as in the paper.
 
+The stabiliser laws (see :mod:`.axioms`): ``exp`` of a sum with summands ``max(k, y)`` (``k >= 2``) is
+``exp(rest) * stab(y) * ...`` — the summand leaves the ``exp`` as the *stabiliser atom* ``stab(y)`` (no ``exp``
+atom at all when nothing else is left), and ``stab`` atoms are idempotent factors (``stab(y)*stab(y) =
+stab(y)``): a monomial holds each at most once, so multiplying monomials joins their ``stab`` atoms as a set.
+
 The subexpression oracle (:mod:`.oracle`) decides ``A_sub`` in this model.
 """
 
@@ -191,6 +196,25 @@ class Canon:
             return self.of_atom(self.atom("max", x.atom.args, k * x.atom.k))
         return self.of_atom(self.atom("max", (x,), k))
 
+    def exp(self, x: Elem) -> Elem:
+        """``exp(x)``: each summand of ``x`` that is one ``max(k, y)`` leaves as ``stab(y)`` (see the module doc)."""
+        plain: Groups = {}
+        stabs: dict[int, Atom] = {}
+        for d, poly in x.parts:
+            for m, n in poly:
+                c, atoms = m
+                if d is None and c == 1 and len(atoms) == 1 and atoms[0].kind == "max":
+                    st = self.atom("stab", atoms[0].args)
+                    stabs[st.uid] = st
+                else:
+                    _put(plain, d, m, n)
+        if not stabs:
+            return self.of_atom(self.atom("exp", (x,)))
+        atoms = tuple(stabs[u] for u in sorted(stabs))
+        if plain:
+            atoms = join((self.atom("exp", (self.elem(plain),)),), atoms)
+        return self.elem({None: {(1, atoms): 1}})
+
     def cat(self, parts: Iterable[Elem]) -> Elem:
         flat: dict[int, Elem] = {}
         for p in parts:
@@ -227,8 +251,10 @@ class Canon:
                 return self.max_r(t.k, a[0])
             case "cat":
                 return self.cat(a)
-            case "exp" | "sqrt":
-                return self.of_atom(self.atom(t.op, (a[0],)))
+            case "exp":
+                return self.exp(a[0])
+            case "sqrt":
+                return self.of_atom(self.atom("sqrt", (a[0],)))
             case "fn":
                 return self.of_atom(self.atom("fn", (a[0],), 0, t.name))
             case _:
@@ -268,6 +294,34 @@ class Canon:
         return self.elem(groups)
 
 
+def divide_all(canon: Canon, num: Elem, den: Elem) -> list[Elem] | Undecided:
+    """Every ``q`` with ``den * q == num`` (:meth:`Canon.divide`, which finds the one there is when no ``stab``
+    atom is involved). With ``stab`` atoms (idempotent) a quotient is not unique: for one monomial over one
+    monomial they are the remaining atoms with any subset of the divisor's ``stab`` atoms; other shapes with
+    ``stab`` atoms are undecided."""
+    got = canon.divide(num, den)  # undecided where a leading monomial of a divisor has stab atoms
+    if not isinstance(got, Undecided):
+        return [] if got is None else [got]
+    if (
+        len(num.parts) != 1
+        or len(den.parts) != 1
+        or num.parts[0][0] is not None
+        or den.parts[0][0] is not None
+    ):
+        return UNDECIDED
+    (((c, atoms), n),) = num.parts[0][1] if len(num.parts[0][1]) == 1 else (((0, ()), 0),)
+    (((lc, latoms), ln),) = den.parts[0][1] if len(den.parts[0][1]) == 1 else (((0, ()), 0),)
+    if not n or not ln:
+        return UNDECIDED
+    rest = atoms_minus(atoms, latoms)
+    if rest is None or c % lc or n % ln:
+        return []
+    outs: list[Atoms] = [rest]
+    for st in stabs_of(latoms):
+        outs += [join(x, (st,)) for x in outs]
+    return [canon.elem({None: {(c // lc, t): n // ln}}) for t in outs if t]
+
+
 class Undecided:
     def __repr__(self) -> str:
         return "UNDECIDED"
@@ -286,7 +340,20 @@ def _item_key(item: tuple[Mono, int]) -> tuple[int, tuple[int, ...], int]:
 
 
 def mono_mul(m: Mono, n: Mono) -> Mono:
-    return (m[0] * n[0], tuple(sorted(m[1] + n[1], key=uid_of)))
+    return (m[0] * n[0], join(m[1], n[1]))
+
+
+def join(a: Atoms, b: Atoms) -> Atoms:
+    """The atoms of a product: a multiset union, except that a ``stab`` atom occurs at most once (idempotent)."""
+    out = sorted(a + b, key=uid_of)
+    if any(x.kind == "stab" for x in a) and any(x.kind == "stab" for x in b):
+        out = [x for i, x in enumerate(out) if not (x.kind == "stab" and i and out[i - 1] is x)]
+    return tuple(out)
+
+
+def stabs_of(atoms: Atoms) -> Atoms:
+    """The ``stab`` atoms among ``atoms``."""
+    return tuple(a for a in atoms if a.kind == "stab")
 
 
 def uid_of(a: Atom) -> int:
@@ -321,6 +388,8 @@ def poly_divide(num: Poly, den: Poly, max_steps: int = 10_000) -> dict[Mono, int
         top = max(rem, key=mono_key)
         (c, atoms), (lc, latoms) = top, lead
         rest = atoms_minus(atoms, latoms)
+        if stabs_of(latoms):
+            return UNDECIDED  # t * lead == top for several t (stab atoms are idempotent): see divide_all
         if c % lc or rest is None or not rest or rem[top] % dcount[lead]:
             return None  # no monomial t with t * lead == top (a monomial has at least one atom)
         t: Mono = (c // lc, rest)
@@ -364,6 +433,8 @@ def _show_atom(a: Atom) -> str:
     inner = ", ".join(show(x) for x in a.args)
     if a.kind == "max":
         return f"max({a.k}, {inner})"
+    if a.kind == "stab":
+        return f"stab({inner})"
     return f"{a.name or a.kind}({inner})"
 
 
@@ -379,10 +450,13 @@ __all__ = [
     "TooBig",
     "Undecided",
     "atoms_minus",
+    "divide_all",
     "divisors",
     "mono_key",
     "mono_mul",
     "poly_divide",
     "show",
+    "stabs_of",
+    "join",
     "uid_of",
 ]

@@ -19,10 +19,15 @@ contexts ``add(., r)``, ``mul(., z)``, ``div(., d)``, ``sum(i, .)`` always gives
    optional) — :func:`arith_sub`, a finite search over the monomials of ``b``; or
 2. ``a ⊑ g`` for a *gateway* of ``b``: a denominator of ``b`` (``subexpr(y, div(x, y))``) or an argument of an atom
    of ``b`` (``exp``, ``sqrt``, ``fn``, ``max`` — including ``max_r(j, e)`` for ``j | k``, ``cat`` parts); or
-3. ``a`` is a ``cat`` all of whose parts are ``⊑ b`` (the concatenation rule).
+3. ``a`` is a ``cat`` all of whose parts are ``⊑ b`` (the concatenation rule); or
+4. ``a ⊑ rest + Σ max(k_j, y_j)`` for a monomial of a gateway holding ``exp(rest)`` (or nothing for ``rest``)
+   and ``stab(y_j)`` atoms: by the stabiliser laws that exponent's ``exp`` is a factor of the monomial for any
+   sizes and multiplicities, so :func:`in_family` lets ``a``'s summands ``max(k, y_j)`` go to the free maxima.
+   This is how a split's maximum ``m_i``, ``S − m_i`` and the rescale's ``m_i − M`` are kept.
 
 This relation contains every ``A_sub`` instance and is transitive, so it includes the least one (every "no" is
-exact); every "yes" comes with the witness context, an ``A_eq ∪ A_sub`` derivation (so it is exact too). The
+exact); ``stab`` atoms are idempotent, so a context's ``z`` may or may not repeat the ones ``a`` has, and both
+are tried. Every "yes" comes with the witness context, an ``A_eq ∪ A_sub`` derivation (so it is exact too). The
 test suite checks both directions against Z3 on random terms.
 """
 
@@ -44,8 +49,10 @@ from gensorage.exhaustive.expr.canon import (
     TooBig,
     Undecided,
     atoms_minus,
+    divide_all,
     divisors,
-    uid_of,
+    join,
+    stabs_of,
 )
 
 # --------------------------------------------------------------------------------------------- the relation
@@ -66,48 +73,120 @@ def arith_sub(canon: Canon, a: Elem, b: Elem) -> bool | Undecided:
     c1, atoms1 = m0[0][0]
     undecided = False
     for big_d, numer in b.parts:
-        d: Any
+        ds: list[Any]
         if e0 is None:
-            d = big_d
+            ds = [big_d]
         elif big_d is None:
             continue
         elif big_d is e0:
-            d = None
+            ds = [None]
         else:
-            d = canon.divide(big_d, e0)
-            if d is UNDECIDED:
+            got = divide_all(canon, big_d, e0)
+            if got is UNDECIDED:
                 undecided = True
                 continue
-            if d is None:
-                continue
-        for (c, atoms), _ in numer:
-            if c1 == 0 or c % c1:
-                continue
-            z = atoms_minus(atoms, atoms1)
-            if z is None:
-                continue
-            i = c // c1
-            if all(_contains(counts.get(canon.den_mul(e, d)), m, i, z) for e, m in a.parts):
+            assert isinstance(got, list)
+            ds = got
+        for d in ds:
+            if _fits(canon, a, counts, numer, d, c1, atoms1):
                 return True
     return UNDECIDED if undecided else False
 
 
+def _fits(
+    canon: Canon,
+    a: Elem,
+    counts: dict[Elem | None, dict[Mono, int]],
+    numer: Poly,
+    d: Any,
+    c1: int,
+    atoms1: Atoms,
+) -> bool:
+    """Whether some monomial of ``numer`` fixes ``i`` and ``z`` with ``i*a*z/d`` inside ``b`` (see arith_sub)."""
+    for (c, atoms), _ in numer:
+        if c1 == 0 or c % c1:
+            continue
+        z = atoms_minus(atoms, atoms1)
+        if z is None:
+            continue
+        i = c // c1
+        for zs in _with_shared_stabs(z, atoms1):
+            if all(_contains(counts.get(canon.den_mul(e, d)), m, i, zs) for e, m in a.parts):
+                return True
+    return False
+
+
+def _with_shared_stabs(z: Atoms, atoms1: Atoms) -> list[Atoms]:
+    """Every ``z'`` with ``z' * atoms1 == z * atoms1``: ``z`` with any subset of ``atoms1``'s ``stab`` atoms
+    added (they are idempotent), so that ``a``'s other monomials, which may lack them, are scaled right."""
+    out = [z]
+    for st in stabs_of(atoms1):
+        out += [join(x, (st,)) for x in out]
+    return out
+
+
 def _contains(have: dict[Mono, int] | None, poly: Poly, i: int, z: Atoms) -> bool:
-    """Whether ``i * poly * z`` is a sub-multiset of ``have`` (the map is one-to-one for ``i != 0``)."""
+    """Whether ``i * poly * z`` is a sub-multiset of ``have`` (``z`` joins each monomial's atoms; two monomials
+    may meet in one image when ``z`` adds a ``stab`` one of them lacks, so images are counted together)."""
     if have is None:
         return False
-    return all(have.get((i * c, tuple(sorted(atoms + z, key=uid_of))), 0) >= n for (c, atoms), n in poly)
+    need: dict[Mono, int] = {}
+    for (c, atoms), n in poly:
+        key = (i * c, join(atoms, z))
+        need[key] = need.get(key, 0) + n
+    return all(have.get(m, 0) >= n for m, n in need.items())
+
+
+def in_family(a: Elem, rest: Elem | None, bases: frozenset[int]) -> bool:
+    """Whether ``a ⊑ exp(rest + Σ max(k_j, y_j))`` for some sizes and multiplicities, the ``y_j`` among
+    ``bases`` (uids), beyond what :func:`arith_sub` against ``rest`` finds: with ``i = 1``, ``z = 1`` and no
+    denominator, ``a``'s summands that are one ``max`` over a base go to the free maxima and the others must be
+    among ``rest``'s (every other context makes a ``max`` summand of ``a`` into no summand ``max(k, y)``)."""
+    have = None if rest is None else rest.counts()
+    found = False
+    for d, poly in a.parts:
+        left = []
+        for m, n in poly:
+            c, atoms = m
+            if d is None and c == 1 and len(atoms) == 1 and atoms[0].kind == "max":
+                if atoms[0].args[0].uid not in bases:
+                    return False
+                found = True
+            else:
+                left.append((m, n))
+        if left and (have is None or not _contains(have.get(d), tuple(left), 1, ())):
+            return False
+    return found
+
+
+Family = tuple[Elem | None, frozenset[int]]
 
 
 def gateways(canon: Canon, b: Elem) -> list[Elem]:
     """``b`` and everything reachable from it through denominators and atom arguments (see the module doc)."""
+    return gateways_and_families(canon, b)[0]
+
+
+def gateways_and_families(canon: Canon, b: Elem) -> tuple[list[Elem], list[Family]]:
+    """:func:`gateways`, and the exponent families of their monomials with ``stab`` atoms: ``(rest, bases)``
+    for each ``exp(rest)`` atom of such a monomial and ``(None, bases)`` for the monomial itself, where
+    ``bases`` are its ``stab`` atoms' arguments — ``exp(rest + Σ max(k_j, y_j)) = exp(rest) * Π stab(y_j)``
+    for any sizes, so each such exponent is a subexpression too (see :func:`in_family`)."""
     seen: dict[int, Elem] = {b.uid: b}
+    families: dict[Family, None] = {}
     stack = [b]
     while stack:
         e = stack.pop()
         for d, poly in e.parts:
             nxt: list[Elem] = [] if d is None else [d]
             for (_, atoms), _ in poly:
+                stabs = stabs_of(atoms)
+                if stabs:
+                    bases = frozenset(s.args[0].uid for s in stabs)
+                    families[(None, bases)] = None
+                    for atom in atoms:
+                        if atom.kind == "exp":
+                            families[(atom.args[0], bases)] = None
                 for atom in atoms:
                     nxt.extend(atom.args)
                     if atom.kind == "max":  # max_r(j, x) ⊑ max_r(k, x) for j | k: max_r(k/j, max_r(j, x))
@@ -116,7 +195,7 @@ def gateways(canon: Canon, b: Elem) -> list[Elem]:
                 if g.uid not in seen:
                     seen[g.uid] = g
                     stack.append(g)
-    return list(seen.values())
+    return list(seen.values()), list(families)
 
 
 # --------------------------------------------------------------------------------------------- the oracle
@@ -167,11 +246,14 @@ class SubexprOracle:
         self.stats = OracleStats()
         self.canon = Canon()
         self._gateways: list[list[Elem]] = []
+        self._families: list[list[Family]] = []
         if use_fast_path:
             try:
-                self._gateways = [gateways(self.canon, self.canon.nf(t)) for t in self.targets]
+                found = [gateways_and_families(self.canon, self.canon.nf(t)) for t in self.targets]
             except TooBig:
-                self._gateways = []  # a target too big to normalise: everything goes to Z3
+                found = []  # a target too big to normalise: everything goes to Z3
+            self._gateways = [g for g, _ in found]
+            self._families = [f for _, f in found]
         self._fast_ok = bool(self._gateways)
         self._by_term: dict[Term, bool | None] = {}
         self._by_nf: dict[Elem, bool | None] = {}
@@ -275,6 +357,8 @@ class SubexprOracle:
                 break
             if r is UNDECIDED:
                 out = UNDECIDED
+        if out is not True and any(in_family(a, rest, bases) for rest, bases in self._families[target]):
+            out = True
         if out is not True and a.atom is not None and a.atom.kind == "cat":
             parts = [self._sub(p, target) for p in a.atom.args]
             if all(p is True for p in parts):
@@ -301,4 +385,4 @@ class SubexprOracle:
 _MISSING = object()
 
 
-__all__ = ["OracleStats", "SubexprOracle", "arith_sub", "gateways"]
+__all__ = ["OracleStats", "SubexprOracle", "arith_sub", "gateways", "gateways_and_families", "in_family"]

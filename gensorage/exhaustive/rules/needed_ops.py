@@ -1,9 +1,11 @@
 """A lower bound on the operators the last kernel operator still needs, from marks no axiom can create.
 
 Every axiom of ``A_eq`` (Table 2 and the extensions in :mod:`gensorage.exhaustive.expr.axioms`) is *regular* — its two sides have the same
-variables — and none mentions ``exp``, ``sqrt`` or an activation ``fn``. Rewriting with such axioms moves those
-subterms around as wholes, so the set of ``A_eq`` classes of ``exp``-, ``sqrt``- and ``fn``-rooted subterms of a
-term is the same for every term of its class. Likewise every axiom that mentions ``div`` has it on both sides, so
+variables — and none mentions ``sqrt`` or an activation ``fn``; the only ones that mention ``exp`` are the
+stabiliser laws, which move a summand ``max(k, y)`` out of an ``exp`` as ``stab(y)``. So the marks are read off
+the canonical normal form (:mod:`gensorage.exhaustive.expr.canon`), which is the same for every term of a class:
+the ``exp``, ``sqrt`` and ``fn`` atoms occurring in it (an ``exp`` whose summands are all maxima is ``stab``
+alone and has no ``exp`` atom). Likewise every axiom that mentions ``div`` has it on both sides, so
 whether a term contains a ``div`` at all is a class invariant.
 
 The output of a complete µGraph is made by its last kernel operator, and (with ``expr_filter``) must equal the
@@ -62,13 +64,25 @@ class NeededOps:
         for a in t.args:
             out |= self.marks(a)
         if t.op in UNCREATABLE:
-            out.add(self.canon.nf(t))
-            if t.op == "exp" and any(x.op == "max" for x in t.args[0].subterms()):
-                self._online.add(self.canon.nf(t))
+            mark = self._exp_atom(t) if t.op == "exp" else self.canon.nf(t)
+            if mark is not None:
+                out.add(mark)
+                if t.op == "exp" and any(x.op == "max" for x in t.args[0].subterms()):
+                    self._online.add(mark)
         elif t.op == "div":
             out.add(DIV_MARK)
         got = self._memo[t] = frozenset(out)
         return got
+
+    def _exp_atom(self, t: Term) -> Mark | None:
+        """The class of the ``exp`` atom of ``t = exp(...)``'s normal form (the stabiliser laws move a summand
+        ``max(k, y)`` out as ``stab(y)``: the ``exp`` atom is what every term of the class has), or None when
+        the summands are all maxima (a rescale ``exp(m_i − M)``, which is ``stab`` alone)."""
+        nf = self.canon.nf(t)
+        for atom in nf.parts[0][1][0][0][1]:
+            if atom.kind == "exp":
+                return self.canon.of_atom(atom)
+        return None
 
     def bound(
         self, available: Iterable[Term], factor_available: bool = True, marks: int = 0
