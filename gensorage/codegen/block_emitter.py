@@ -13,7 +13,8 @@ from gensorage.codegen.barriers import EXPLICIT_BARRIERS
 from gensorage.codegen.block_accumulators import AccumulatorEmitter
 from gensorage.codegen.block_buffers import allocate
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
-from gensorage.codegen.element_maps import Cyclic, ElementMap, Tiled
+from gensorage.codegen.block_mma import MmaEmitter, MmaTiling, mma_tiling, slot_coords
+from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, Tiled
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
 from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val, combined, reduction_kind
@@ -102,6 +103,7 @@ class BlockEmitter:
             for j, n in enumerate(self.nodes)
             if isinstance(n, BlockOp) and n.op in _VIEW_OPS
         }
+        self.mma = self._mma_tilings()
         self.accs = AccumulatorEmitter(self)
         # Loop accumulators combined with sum/max live in registers across the loop (see block_accumulators).
         self.reg_accs = self.accs.register_maps()
@@ -112,6 +114,7 @@ class BlockEmitter:
         if choice.tiling is not None:
             check_tiling(choice.tiling, choice.threads)
         self.matmul = MatmulEmitter(self)
+        self.mma_emitter = MmaEmitter(self)
 
     # ------------------------------------------------------------------ analysis
 
@@ -121,6 +124,18 @@ class BlockEmitter:
                 raise UnsupportedOpError(
                     f"grid dim {_GRID_VARS[g][1]} of {n} blocks exceeds CUDA's {MAX_GRID[g]}"
                 )
+
+    def _mma_tilings(self) -> dict[int, MmaTiling]:
+        """The block matmuls that run on tensor cores (:func:`~gensorage.codegen.block_mma.mma_tiling`); none
+        when the compute dtype is float64 (the MMA accumulates in float32)."""
+        if not self.sc.field and self.sc.acc_dtype != "float32":
+            return {}
+        tilings = {
+            j: mma_tiling(self.binfo, n, j, self.nt)
+            for j, n in enumerate(self.nodes)
+            if isinstance(n, BlockOp) and n.op is Op.MATMUL
+        }
+        return {j: t for j, t in tilings.items() if t is not None}
 
     def tile(self, r: Ref) -> TensorInfo:
         return self.binfo.nodes[r.node][r.out]
@@ -182,6 +197,8 @@ class BlockEmitter:
         if isinstance(node, ThreadGraph):
             local = self.binfo.threads[r.node]
             return Cyclic(broadcast_all([t.shape for t in local]), shape)
+        if r.node in self.mma:
+            return Fragments(self.mma[r.node])
         if isinstance(node, BlockOp) and node.op is Op.MATMUL and self._tiled(r.node) is not None:
             tiling = self._tiled(r.node)
             assert tiling is not None
@@ -199,6 +216,8 @@ class BlockEmitter:
     def slots(self, m: ElementMap) -> int:
         if isinstance(m, Tiled):
             return math.prod(m.tiling.steps) * math.prod(m.tiling.t0)
+        if isinstance(m, Fragments):
+            return m.tiling.slots
         return -(-math.prod(m.space) // self.nt)
 
     # ------------------------------------------------------------------ value access
@@ -293,6 +312,8 @@ class BlockEmitter:
             parts = unravel(slot, (*t.steps, *t.t0))
             glob, conds = self.matmul.tile_coords(t, parts[:3], parts[3:])
             return batch_index(glob[0], m.batch) + [glob[1], glob[2]], conds
+        if isinstance(m, Fragments):
+            return slot_coords(m.tiling, self.nt, slot)
         n = math.prod(m.space)
         flat = self._flat(slot)
         conds = [f"{flat} < {n}"] if self.slots(m) * self.nt > n else []
@@ -325,7 +346,9 @@ class BlockEmitter:
         out = self.tile(Ref(j)).shape
         if node.op is Op.MATMUL:
             tiling = self._tiled(j)
-            if tiling is not None:
+            if j in self.mma:
+                self.mma_emitter.phase(j, node, self.mma[j])
+            elif tiling is not None:
                 self.matmul.tiled(j, node, tiling)
             else:
                 self.matmul.cyclic(j, node)
@@ -510,7 +533,10 @@ class BlockEmitter:
             f'    T.func_attr({{"global_symbol": "{self.name}", "tir.noalias": True{explicit}}})',
         ]
         text = "\n".join(head) + "\n" + self.w.text()
-        return KernelText(self.name, self.k, text, tuple(params), self.block.grid, self.nt, self.choice.rule)
+        rule = "; ".join(
+            [self.choice.rule] + [f"block matmul #{j} on {t.describe()}" for j, t in self.mma.items()]
+        )
+        return KernelText(self.name, self.k, text, tuple(params), self.block.grid, self.nt, rule)
 
     @contextmanager
     def grid(self) -> Iterator[None]:
