@@ -95,7 +95,8 @@ def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTili
     """The warp tiling of block matmul ``j`` on ``threads`` threads, or None when it does not run on tensor cores.
 
     Among warp tiles of at most :data:`MAX_ACC_REGS` accumulators, the one with the fewest MMAs on the busiest
-    warp (the critical path), then the largest (each fragment loaded feeds more MMAs).
+    warp (the critical path), then the largest (each fragment loaded feeds more MMAs), then the one loading the
+    fewest fragment elements per k chunk (the squarer).
     """
     a, b = (binfo.nodes[r.node][r.out] for r in node.inputs)
     out = binfo.nodes[j][0].shape
@@ -106,13 +107,13 @@ def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTili
     if m % MMA_M or n % MMA_N or k % MMA_K:
         return None
     warps = threads // WARP
-    best: tuple[tuple[int, int], MmaTiling] | None = None
+    best: tuple[tuple[int, int, int], MmaTiling] | None = None
     for wm in _divisors(m // MMA_M):
         for wn in _divisors(n // MMA_N):
             t = MmaTiling(tuple(out[:-2]), m, n, k, warps, wm, wn, dtype)
             if t.regs > MAX_ACC_REGS:
                 continue
-            key = (t.steps * wm * wn, -wm * wn)
+            key = (t.steps * wm * wn, -wm * wn, A_ELEMS * wm + B_ELEMS * wn)
             if best is None or key < best[0]:
                 best = (key, t)
     return None if best is None else best[1]

@@ -16,7 +16,8 @@ one block op on shared tiles, or a whole thread graph (each thread runs the fuse
 ``scope="local"`` temporaries, with no shared-memory round trip between the chain's ops). A barrier follows
 every phase that wrote shared memory that a later phase reads, and ends every loop iteration (the next one
 overwrites the tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
-comes from the Markov construction: see :mod:`gensorage.construction.block_threads`.
+comes from the Markov construction: see :mod:`gensorage.construction.block_threads`; a block matmul whose tiles
+fit ``mma.m16n8k16`` runs on tensor cores over the same threads, as warps (:mod:`gensorage.codegen.block_mma`).
 
 Semantics (:mod:`gensorage.ugraph.ir`, reproduced by :mod:`gensorage.ugraph.evaluate`):
 
