@@ -3,7 +3,8 @@
 For every fused example µGraph (``gensorage.ugraph.examples``) at a small shape whose tiles fit m16n8k16 and at
 the paper's shape, in float16 and bfloat16: the kernels' CUDA source from ``tvm.compile`` for sm_90, compiled by
 nvcc; per kernel the block matmuls that took the tensor-core path (from the kernel's rule), the ``mma.sync``
-instructions in its PTX by operand type, and ptxas's registers per thread, static shared memory and spills.
+instructions in its PTX by operand type, and ptxas's registers per thread, static shared memory (a kernel past
+48 KiB of tiles has a dynamic arena instead, which ptxas does not see), stack frame and spills.
 
 Writes ``benchmarks/results/block_mma_resources-<date>.json`` (or ``--out``). Usage:
 ``python -m benchmarks.block_mma_resources [--paper/--no-paper] [--out FILE]``
@@ -85,7 +86,8 @@ def report(name: str, shape: dict[str, int], dtype: str) -> dict[str, Any]:
                 ),
                 "mma_in_ptx": {t: found.count(t) for t in sorted(set(found))},
                 "registers": res.registers,
-                "shared_bytes": res.shared_bytes,
+                "static_shared_bytes": res.shared_bytes,
+                "stack_bytes": res.stack_bytes,
                 "spill_stores": res.spill_stores,
                 "spill_loads": res.spill_loads,
             }

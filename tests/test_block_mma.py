@@ -272,4 +272,20 @@ def test_every_fused_example_compiles_to_mma_for_sm_90(dtype: str) -> None:
             found = set(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(\w+)\.", body))
             assert found == {{"float16": "f16", "bfloat16": "bf16"}[d] for d in on_tc}, (name, kernel.name)
             res = resources[f"{kernel.name}_kernel"]
-            assert res.spill_stores == 0 and res.registers <= 255
+            assert res.spill_stores == 0 and res.stack_bytes == 0 and res.registers <= 255
+
+
+def test_the_ptxas_report_is_read_per_kernel() -> None:
+    from gensorage.codegen.cuda_build import KernelResources, parse_ptxas_report
+
+    report = """ptxas info    : Compiling entry function 'a_kernel' for 'sm_90'
+ptxas info    : Function properties for a_kernel
+    16 bytes stack frame, 4 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 42 registers, used 1 barriers, 2048 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'b_kernel' for 'sm_90'
+ptxas info    : Used 10 registers, used 0 barriers
+"""
+    assert parse_ptxas_report(report) == {
+        "a_kernel": KernelResources(42, 2048, 16, 4, 8),
+        "b_kernel": KernelResources(10, 0, 0, 0, 0),
+    }

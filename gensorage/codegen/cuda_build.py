@@ -97,10 +97,12 @@ def build_cubin(src: str, arch: str) -> bytes | None:
 
 @dataclass(frozen=True, slots=True)
 class KernelResources:
-    """What ptxas reports for one kernel: registers per thread, static shared memory, spills (bytes)."""
+    """What ptxas reports for one kernel: registers per thread, static shared memory, stack frame (local arrays
+    not in registers) and spills, in bytes."""
 
     registers: int
     shared_bytes: int
+    stack_bytes: int
     spill_stores: int
     spill_loads: int
 
@@ -135,9 +137,11 @@ def parse_ptxas_report(report: str) -> dict[str, KernelResources]:
         spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", block)
         regs = re.search(r"Used (\d+) registers", block)
         smem = re.search(r"(\d+) bytes smem", block)
+        stack = re.search(r"(\d+) bytes stack frame", block)
         out[name] = KernelResources(
             int(regs.group(1)) if regs else 0,
             int(smem.group(1)) if smem else 0,
+            int(stack.group(1)) if stack else 0,
             int(spills.group(1)) if spills else 0,
             int(spills.group(2)) if spills else 0,
         )
