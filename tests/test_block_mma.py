@@ -289,3 +289,15 @@ ptxas info    : Used 10 registers, used 0 barriers
         "a_kernel": KernelResources(42, 2048, 16, 4, 8),
         "b_kernel": KernelResources(10, 0, 0, 0, 0),
     }
+
+
+def test_the_cost_model_prices_block_matmuls_that_fit_at_the_tensor_core_peak() -> None:
+    import dataclasses
+
+    from gensorage.ugraph.cost import predict_ugraph_time
+
+    no_tensor_cores = dataclasses.replace(HW, peak_flops=tuple((d, c, 0.0) for d, c, _ in HW.peak_flops))
+    fits = _matmul_graph((64, 512), (512, 64), ("float16", "float16"))
+    assert predict_ugraph_time(fits, HW) < 0.5 * predict_ugraph_time(fits, no_tensor_cores)
+    decode = _matmul_graph((8, 512), (512, 64), ("float16", "float16"))  # 8 rows: CUDA cores either way
+    assert predict_ugraph_time(decode, HW) == predict_ugraph_time(decode, no_tensor_cores)

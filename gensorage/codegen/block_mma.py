@@ -35,7 +35,7 @@ from gensorage.codegen.scalar import Val
 from gensorage.codegen.tensor_core import mma_dtype
 from gensorage.codegen.tir_text import Ix, broadcast_index, unravel
 from gensorage.ugraph.ir import BlockOp, Ref
-from gensorage.ugraph.shapes import BlockInfo
+from gensorage.ugraph.shapes import BlockInfo, TensorInfo
 
 if TYPE_CHECKING:
     from gensorage.codegen.block_emitter import BlockEmitter
@@ -101,10 +101,8 @@ def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTili
     a, b = (binfo.nodes[r.node][r.out] for r in node.inputs)
     out = binfo.nodes[j][0].shape
     m, n, k = out[-2], out[-1], a.shape[-1]
-    dtype = mma_dtype(a.dtype, b.dtype)
+    dtype = fits_mma(a, b, out)
     if dtype is None or threads % WARP:
-        return None
-    if m % MMA_M or n % MMA_N or k % MMA_K:
         return None
     warps = threads // WARP
     best: tuple[tuple[int, int, int], MmaTiling] | None = None
@@ -117,6 +115,16 @@ def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTili
             if best is None or key < best[0]:
                 best = (key, t)
     return None if best is None else best[1]
+
+
+def fits_mma(a: TensorInfo, b: TensorInfo, out: tuple[int, ...]) -> str | None:
+    """The MMA dtype of a block matmul of tiles ``a`` by ``b`` into ``out`` whose shapes are whole m16n8k16 tiles
+    (None: CUDA cores whatever the threads). The cost model asks this; the code generator asks
+    :func:`mma_tiling`, which also needs whole warps."""
+    m, n, k = out[-2], out[-1], a.shape[-1]
+    if m % MMA_M or n % MMA_N or k % MMA_K:
+        return None
+    return mma_dtype(a.dtype, b.dtype)
 
 
 def _divisors(n: int) -> list[int]:
@@ -271,4 +279,13 @@ class MmaEmitter:
         return Val((f'T.Cast("{t.dtype}", {v.comps[0]})',), t.dtype)
 
 
-__all__ = ["MmaEmitter", "MmaTiling", "a_element", "b_element", "c_element", "mma_tiling", "slot_coords"]
+__all__ = [
+    "MmaEmitter",
+    "MmaTiling",
+    "a_element",
+    "b_element",
+    "c_element",
+    "fits_mma",
+    "mma_tiling",
+    "slot_coords",
+]
