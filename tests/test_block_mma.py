@@ -131,7 +131,8 @@ def _rule(a: tuple[int, ...], b: tuple[int, ...], dtypes: tuple[str, str], threa
 @pytest.mark.parametrize(
     ("a", "b", "dtypes", "threads", "why"),
     [
-        ((1, 64), (64, 64), ("float16", "float16"), 128, "a decode row is not 16 rows"),
+        ((1, 64), (64, 64), ("float16", "float16"), 128, "a decode row would waste 15/16 of each MMA"),
+        ((12, 64), (64, 64), ("float16", "float16"), 128, "rows are not a multiple of 8"),
         ((16, 24), (24, 64), ("float16", "float16"), 128, "k is not whole 16-wide chunks"),
         ((16, 32), (32, 12), ("float16", "float16"), 128, "n is not whole 8-wide MMA tiles"),
         ((16, 32), (32, 64), ("float32", "float32"), 128, "two float32 operands stay on CUDA cores"),
@@ -149,6 +150,8 @@ def test_the_rule_takes_16_bit_operands_and_converts_a_float32_one_to_bfloat16()
     assert t is not None and t.dtype == "bfloat16" and t.batch == (2,)  # type: ignore[attr-defined]
     t = _rule((32, 32), (32, 64), ("float32", "float16"), 128)
     assert t is not None and t.dtype == "bfloat16"  # type: ignore[attr-defined]
+    t = _rule((8, 32), (32, 64), ("float16", "float16"), 128)  # 8 rows: one MMA tile, padded
+    assert t is not None and t.padded and t.m_tiles == 1  # type: ignore[attr-defined]
 
 
 def test_the_rule_spreads_the_mmas_over_the_warps_then_reuses_fragments() -> None:
@@ -176,7 +179,7 @@ def _tolerance(dtype: str, want: np.ndarray) -> float:
 @given(
     batch=st.sampled_from([(), (2,)]),
     broadcast=st.booleans(),
-    m=st.sampled_from([16, 32, 48]),
+    m=st.sampled_from([8, 16, 24, 32, 48]),
     n=st.sampled_from([8, 16, 24, 64]),
     k=st.sampled_from([16, 32]),
     warps=st.sampled_from([1, 2, 3, 4]),
@@ -195,8 +198,8 @@ def test_any_warp_tiling_computes_the_matmul(
     dtype: str,
     seed: int,
 ) -> None:
-    # Several steps per warp, idle warps (guards), batch dims and a broadcast B: the twin's warps, lanes and
-    # slots reach every output element once, through the register accumulator across the loop.
+    # Several steps per warp, idle warps (guards), padded rows, batch dims and a broadcast B: the twin's warps,
+    # lanes and slots reach every output element once, through the register accumulator across the loop.
     b_batch = (1,) * len(batch) if broadcast else batch
     g = _matmul_graph(batch + (m, k), b_batch + (k, n), (dtype, dtype), grid=2)
     cg = compile_ugraph(g, HW, "llvm", plans={0: ThreadChoice(warps * WARP, None, None, "hypothesis")})
@@ -299,5 +302,5 @@ def test_the_cost_model_prices_block_matmuls_that_fit_at_the_tensor_core_peak() 
     no_tensor_cores = dataclasses.replace(HW, peak_flops=tuple((d, c, 0.0) for d, c, _ in HW.peak_flops))
     fits = _matmul_graph((64, 512), (512, 64), ("float16", "float16"))
     assert predict_ugraph_time(fits, HW) < 0.5 * predict_ugraph_time(fits, no_tensor_cores)
-    decode = _matmul_graph((8, 512), (512, 64), ("float16", "float16"))  # 8 rows: CUDA cores either way
+    decode = _matmul_graph((1, 512), (512, 64), ("float16", "float16"))  # 1 row: CUDA cores either way
     assert predict_ugraph_time(decode, HW) == predict_ugraph_time(decode, no_tensor_cores)

@@ -1,10 +1,11 @@
 """Block matmuls of a graph-defined kernel on tensor cores: warp-level ``mma.sync.m16n8k16``, float32 accumulate.
 
-A block matmul whose operand tiles are 16-bit (float16 or bfloat16; they sit in shared memory,
-read directly or through reshape/repeat views) and whose output tile is a whole number of 16 x 8 MMA tiles,
-with a whole number of 16-wide k chunks, runs on tensor cores when the block has whole warps (:func:`mma_tiling`
-is the rule; it returns None otherwise and the matmul keeps the CUDA-core path of
-:mod:`gensorage.codegen.block_matmul`, e.g. a decode block's single query row). Operand dtypes follow the
+A block matmul whose operand tiles are 16-bit (float16 or bfloat16; they sit in shared memory, read directly
+or through reshape/repeat views), whose output tile has a multiple of 8 rows (the last 16-row MMA tile padded
+with zero rows when the count is not a multiple of 16: a decode batch or a query group of 8 rows uses half of
+each MMA) and of 8 columns, with a whole number of 16-wide k chunks, runs on tensor cores when the block has
+whole warps (:func:`mma_tiling` is the rule; it returns None otherwise and the matmul keeps the CUDA-core path
+of :mod:`gensorage.codegen.block_matmul`, e.g. a decode block's single query row). Operand dtypes follow the
 predefined tensor-core GEMM (:func:`gensorage.codegen.tensor_core.mma_dtype`): a float32 operand (an
 intermediate the precision policy keeps wide, e.g. FlashAttention's probabilities) with a 16-bit one multiplies
 in bfloat16, both converted as the fragments are loaded (float32's range, 8 significant bits, products summed
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from gensorage.codegen.scalar import Val
 from gensorage.codegen.tensor_core import mma_dtype
-from gensorage.codegen.tir_text import Ix, broadcast_index, unravel
+from gensorage.codegen.tir_text import Ix, broadcast_index, tvm_float, unravel
 from gensorage.ugraph.ir import BlockOp, Ref
 from gensorage.ugraph.shapes import BlockInfo, TensorInfo
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # the m16n8k16 instruction
+MIN_ROWS = 8  # a tile of 8 rows (a decode batch, a query group) runs padded to 16: half of each MMA
 A_ELEMS, B_ELEMS, C_ELEMS = 8, 4, 4  # fragment elements per lane
 MAX_ACC_REGS = 64  # float32 accumulators per thread and step: a quarter of the 255 registers a thread may use
 PTX_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
@@ -62,9 +64,18 @@ class MmaTiling:
     dtype: str
 
     @property
+    def m_tiles(self) -> int:
+        """MMA tiles along i (the last one padded when ``m`` is not a multiple of 16)."""
+        return -(-self.m // MMA_M)
+
+    @property
+    def padded(self) -> bool:
+        return self.m % MMA_M != 0
+
+    @property
     def grid(self) -> tuple[int, int, int]:
         """Warp tiles along (batch, i, j)."""
-        return math.prod(self.batch), self.m // (MMA_M * self.warp_m), self.n // (MMA_N * self.warp_n)
+        return math.prod(self.batch), self.m_tiles // self.warp_m, self.n // (MMA_N * self.warp_n)
 
     @property
     def warp_tiles(self) -> int:
@@ -86,7 +97,7 @@ class MmaTiling:
 
     def describe(self) -> str:
         return (
-            f"tensor cores (mma.m16n8k16 {self.dtype}): {self.warps} warps, warp tile "
+            f"tensor cores (mma.m16n8k16 {self.dtype}): {self.warps} warp{'s' if self.warps > 1 else ''}, warp tile "
             f"{MMA_M * self.warp_m}x{MMA_N * self.warp_n}, {self.steps} step{'s' if self.steps > 1 else ''}"
         )
 
@@ -106,7 +117,7 @@ def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTili
         return None
     warps = threads // WARP
     best: tuple[tuple[int, int, int], MmaTiling] | None = None
-    for wm in _divisors(m // MMA_M):
+    for wm in _divisors(-(-m // MMA_M)):
         for wn in _divisors(n // MMA_N):
             t = MmaTiling(tuple(out[:-2]), m, n, k, warps, wm, wn, dtype)
             if t.regs > MAX_ACC_REGS:
@@ -118,11 +129,11 @@ def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTili
 
 
 def fits_mma(a: TensorInfo, b: TensorInfo, out: tuple[int, ...]) -> str | None:
-    """The MMA dtype of a block matmul of tiles ``a`` by ``b`` into ``out`` whose shapes are whole m16n8k16 tiles
-    (None: CUDA cores whatever the threads). The cost model asks this; the code generator asks
+    """The MMA dtype of a block matmul of tiles ``a`` by ``b`` into ``out`` whose shapes fit m16n8k16 (rows a
+    multiple of 8, padded to 16; None: CUDA cores whatever the threads). The cost model asks this; the code generator asks
     :func:`mma_tiling`, which also needs whole warps."""
     m, n, k = out[-2], out[-1], a.shape[-1]
-    if m % MMA_M or n % MMA_N or k % MMA_K:
+    if m % MIN_ROWS or n % MMA_N or k % MMA_K:
         return None
     return mma_dtype(a.dtype, b.dtype)
 
@@ -165,7 +176,13 @@ def slot_coords(t: MmaTiling, threads: int, slot: Ix) -> tuple[list[Ix], list[st
     """Output element (batch..., i, j) held in this thread's ``slot``, and the condition for it to exist."""
     s, mi, nj, c = unravel(slot, (t.steps, t.warp_m, t.warp_n, C_ELEMS))
     wt, conds = warp_tile(t, threads, s)
-    return tile_coords(t, threads, wt, mi, nj, c), conds
+    idx = tile_coords(t, threads, wt, mi, nj, c)
+    return idx, conds + row_guard(t, idx[-2])
+
+
+def row_guard(t: MmaTiling, row: Ix) -> list[str]:
+    """The condition for output row ``row`` to exist (padded rows of the last MMA tile do not)."""
+    return [f"{row} < {t.m}"] if t.padded else []
 
 
 def warp_tile(t: MmaTiling, threads: int, step: Ix) -> tuple[Ix, list[str]]:
@@ -213,7 +230,9 @@ class MmaEmitter:
                         mi, nj, c = r // (C_ELEMS * t.warp_n), r // C_ELEMS % t.warp_n, r % C_ELEMS
                         idx = tile_coords(t, e.nt, wt, Ix.of(mi), Ix.of(nj), Ix.of(c))
                         v = e.sc.reduced(e.sc.load(acc, str(r), e.sc.acc_dtype))
-                        e.emit_value(Ref(j), idx, v, step * t.regs + r)
+                        guard = row_guard(t, idx[-2])
+                        with w.block(f"if {guard[0]}:") if guard else nullcontext():
+                            e.emit_value(Ref(j), idx, v, step * t.regs + r)
 
     def _fragments(self, t: MmaTiling) -> tuple[str, str]:
         e = self.e
@@ -240,7 +259,15 @@ class MmaEmitter:
         for mi in range(t.warp_m):
             for x in range(A_ELEMS):
                 row, col = a_element(lane, x)
-                v = e.read(a, ab + [i0 + mi * MMA_M + row, kc * MMA_K + col])
+                i = i0 + mi * MMA_M + row
+                v = e.read(a, ab + [i, kc * MMA_K + col])
+                guard = row_guard(t, i)
+                if (
+                    guard
+                ):  # a padded row multiplies as zeros (if_then_else reads the tile only when it exists)
+                    v = Val(
+                        (f"T.if_then_else({guard[0]}, {v.comps[0]}, {tvm_float(0.0, v.dtype)})",), v.dtype
+                    )
                 e.store(fa, str(mi * A_ELEMS + x), v, t.dtype)
         for nj in range(t.warp_n):
             for x in range(B_ELEMS):
@@ -267,9 +294,12 @@ class MmaEmitter:
             for r in range(t.regs):
                 mi, nj, c = r // (C_ELEMS * t.warp_n), r // C_ELEMS % t.warp_n, r % C_ELEMS
                 row, col = c_element(lane, Ix.of(c))
-                av = self._rounded(e.read(a, ab + [i0 + mi * MMA_M + row, kc * MMA_K + kk]), t)
-                bv = self._rounded(e.read(b, bb + [kc * MMA_K + kk, j0 + nj * MMA_N + col]), t)
-                e.mac(acc, Ix.of(r), av, bv)
+                i = i0 + mi * MMA_M + row
+                guard = row_guard(t, i)
+                with w.block(f"if {guard[0]}:") if guard else nullcontext():
+                    av = self._rounded(e.read(a, ab + [i, kc * MMA_K + kk]), t)
+                    bv = self._rounded(e.read(b, bb + [kc * MMA_K + kk, j0 + nj * MMA_N + col]), t)
+                    e.mac(acc, Ix.of(r), av, bv)
 
     def _rounded(self, v: Val, t: MmaTiling) -> Val:
         """A float operand rounded to the MMA dtype as the fragment load rounds it (float32 to bfloat16); the
