@@ -53,6 +53,8 @@ MMA_SHAPES = {
     "flash_attention2": dict(heads=2, q_len=64, kv_len=64, head_dim=16, q_blocks=2, forloop=2),
     "lora": dict(m=16, k=64, n=64, rank=16, n_blocks=2, m_blocks=1),
     "qknorm_attention": dict(heads=2, q_len=64, kv_len=64, head_dim=16, q_blocks=2, forloop=2),
+    # 8 query heads of one KV head stacked into 8 rows by a reshape view: one padded MMA row tile.
+    "gqa": dict(kv_heads=2, group=8, q_len=1, kv_len=128, head_dim=16, kv_splits=2, forloop=2, out_splits=2),
 }
 # Block matmuls per example that take the tensor-core path: flash_attention2's P @ V is its online accumulator,
 # qknorm_attention's normalised q and k are both float32 (CUDA cores), its P @ V converts P to bfloat16.
@@ -63,6 +65,7 @@ MMA_MATMULS = {
     "flash_attention2": 1,
     "lora": 2,
     "qknorm_attention": 1,
+    "gqa": 2,
 }
 ALL_EXAMPLES = {**EXAMPLES, **ONLINE_EXAMPLES}
 
