@@ -127,8 +127,9 @@ class BlockEmitter:
 
     def _mma_tilings(self) -> dict[int, MmaTiling]:
         """The block matmuls that run on tensor cores (:func:`~gensorage.codegen.block_mma.mma_tiling`); none
-        when the compute dtype is float64 (the MMA accumulates in float32)."""
-        if not self.sc.field and self.sc.acc_dtype != "float32":
+        when the graph computes in float64 (the MMA accumulates in float32), in the field twin too, so that it
+        indexes as the float kernel does."""
+        if any(t.dtype == "float64" for outs in self.info.nodes for t in outs):
             return {}
         tilings = {
             j: mma_tiling(self.binfo, n, j, self.nt)
