@@ -307,3 +307,23 @@ def test_the_cost_model_prices_block_matmuls_that_fit_at_the_tensor_core_peak() 
     assert predict_ugraph_time(fits, HW) < 0.5 * predict_ugraph_time(fits, no_tensor_cores)
     decode = _matmul_graph((1, 512), (512, 64), ("float16", "float16"))  # 1 row: CUDA cores either way
     assert predict_ugraph_time(decode, HW) == predict_ugraph_time(decode, no_tensor_cores)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(MMA_SHAPES))
+def test_fused_examples_on_tensor_cores_run_on_a_gpu(name: str, dtype: str) -> None:
+    # The check the CPU cannot make: the fragment layouts and the MMAs themselves, against float64 and against
+    # the llvm twin (same roundings; only the order of the float32 sums inside an MMA may differ).
+    from gensorage.codegen.cuda_build import cuda_device_available
+
+    if cuda_device_available() is not None:
+        pytest.skip(f"needs a CUDA GPU: {cuda_device_available()}")
+    program, g = ALL_EXAMPLES[name](**MMA_SHAPES[name], dtype=dtype)
+    cg = compile_ugraph(g, HW, "cuda")
+    rng = np.random.default_rng(4)
+    xs = [rng.uniform(-1.0, 1.0, s.shape).astype(numpy_dtype(dtype)) for s in g.inputs]
+    want = program.run(*xs)[0]
+    got = np.asarray(cg.run(*xs, target="cuda")[0], dtype=np.float64)
+    twin = compile_ugraph(g, HW, "llvm").run(*xs)[0].astype(np.float64)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < (1e-3 if dtype == "float16" else 6e-3)
+    assert np.linalg.norm(got - twin) / np.linalg.norm(twin) < (1e-3 if dtype == "float16" else 6e-3)
