@@ -328,3 +328,13 @@ def test_fused_examples_on_tensor_cores_run_on_a_gpu(name: str, dtype: str) -> N
     twin = compile_ugraph(g, HW, "llvm").run(*xs)[0].astype(np.float64)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < (1e-3 if dtype == "float16" else 6e-3)
     assert np.linalg.norm(got - twin) / np.linalg.norm(twin) < (1e-3 if dtype == "float16" else 6e-3)
+
+
+def test_the_thread_graph_after_a_tensor_core_matmul_runs_on_its_registers() -> None:
+    # flash_attention: S = Q K^T (node 3) feeds only the scale-and-exp thread graph (node 4), which runs on the
+    # accumulators in the MMA phase: S has no shared tile and no barrier separates the two.
+    _, g = ALL_EXAMPLES["flash_attention"](**MMA_SHAPES["flash_attention"])
+    script = compile_ugraph(g, HW, "cuda").kernels("cuda")[0].script
+    assert "s3 = T.alloc_buffer" not in script and "s4 = T.alloc_buffer" in script
+    mma_phase = script.split("T.ptx_legacy.mma", 1)[1].split("T.tvm_storage_sync", 1)[0]
+    assert "T.exp(" in mma_phase and "s4[" in mma_phase

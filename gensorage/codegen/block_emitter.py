@@ -104,6 +104,8 @@ class BlockEmitter:
             if isinstance(n, BlockOp) and n.op in _VIEW_OPS
         }
         self.mma = self._mma_tilings()
+        self.fused = self._fused_thread_graphs()
+        self.fused_into = {t: j for j, t in self.fused.items()}
         self.accs = AccumulatorEmitter(self)
         # Loop accumulators combined with sum/max live in registers across the loop (see block_accumulators).
         self.reg_accs = self.accs.register_maps()
@@ -137,6 +139,30 @@ class BlockEmitter:
             if isinstance(n, BlockOp) and n.op is Op.MATMUL
         }
         return {j: t for j, t in tilings.items() if t is not None}
+
+    def _fused_thread_graphs(self) -> dict[int, int]:
+        """Tensor-core matmul -> the thread graph that runs on its accumulators in registers, in the MMA phase.
+
+        A thread graph whose every input is the matmul's result, read element for element (no broadcast), and
+        which is that result's only reader, gets each accumulator (rounded to the result's dtype, as its shared
+        tile would hold it) without the round trip through shared memory and the barrier between the phases.
+        """
+        fused: dict[int, int] = {}
+        for j in self.mma:
+            readers = self.consumers.get(Ref(j), [])
+            if len(readers) != 1 or not isinstance(self.nodes[readers[0]], ThreadGraph):
+                continue
+            t = readers[0]
+            node = self.nodes[t]
+            assert isinstance(node, ThreadGraph)
+            shape = self.tile(Ref(j)).shape
+            if (
+                all(r == Ref(j) for r in node.inputs)
+                and all(x.shape == shape for x in self.binfo.threads[t])
+                and self.phase_of[t] == self.phase_of[j]
+            ):
+                fused[j] = t
+        return fused
 
     def tile(self, r: Ref) -> TensorInfo:
         return self.binfo.nodes[r.node][r.out]
@@ -185,6 +211,8 @@ class BlockEmitter:
         if isinstance(node, Accumulator) and node.fmap is not None:
             return True
         fused = set(self.sinks_of(r))
+        if r.node in self.fused:
+            fused.add(self.fused[r.node])
         for c in self.consumers.get(r, []):
             if c in fused or (c in self.views and not self.consumers.get(Ref(c))):
                 continue
@@ -200,6 +228,8 @@ class BlockEmitter:
             return Cyclic(broadcast_all([t.shape for t in local]), shape)
         if r.node in self.mma:
             return Fragments(self.mma[r.node])
+        if r.node in self.fused_into:
+            return Fragments(self.mma[self.fused_into[r.node]])
         if isinstance(node, BlockOp) and node.op is Op.MATMUL and self._tiled(r.node) is not None:
             tiling = self._tiled(r.node)
             assert tiling is not None
@@ -415,20 +445,30 @@ class BlockEmitter:
         local = self.binfo.threads[j]
         space = broadcast_all([t.shape for t in local])
         with self.threads(), self.elements(space) as (idx, slot):
-            vals: list[Val] = []
-            for r, t in zip(node.inputs, local, strict=False):
-                vals.append(self.temp(self.read(r, broadcast_index(idx, t.shape))))
-            for top in node.ops:
-                vals.append(
-                    self.temp(self.sc.op(self.w, top.op, top.attrs, [vals[r.node] for r in top.inputs]))
-                )
-            for o, r in enumerate(node.outputs):
-                shape = local[r.node].shape
-                conds = broadcast_guard(idx, shape, space)
-                with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
-                    self.emit_value(Ref(j, o), broadcast_index(idx, shape), vals[r.node], slot)
+            inputs = [
+                self.read(r, broadcast_index(idx, t.shape)) for r, t in zip(node.inputs, local, strict=False)
+            ]
+            self.thread_graph_element(j, idx, inputs, slot)
+
+    def thread_graph_element(self, j: int, idx: list[Ix], inputs: list[Val], slot: Ix) -> None:
+        """Thread graph ``j`` on element ``idx`` of its space (this thread's ``slot``): its inputs' values in
+        registers, its ops, its outputs emitted."""
+        node = self.nodes[j]
+        assert isinstance(node, ThreadGraph)
+        local = self.binfo.threads[j]
+        space = broadcast_all([t.shape for t in local])
+        vals = [self.temp(v) for v in inputs]
+        for top in node.ops:
+            vals.append(self.temp(self.sc.op(self.w, top.op, top.attrs, [vals[r.node] for r in top.inputs])))
+        for o, r in enumerate(node.outputs):
+            shape = local[r.node].shape
+            conds = broadcast_guard(idx, shape, space)
+            with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
+                self.emit_value(Ref(j, o), broadcast_index(idx, shape), vals[r.node], slot)
 
     def writes_shared(self, j: int) -> bool:
+        if j in self.fused and self.writes_shared(self.fused[j]):
+            return True
         refs = [Ref(j, o) for o in range(len(self.binfo.nodes[j]))]
         return any(r in self.buffers for r in refs) or any(
             Ref(s) in self.buffers and s not in self.reg_accs
@@ -447,6 +487,8 @@ class BlockEmitter:
 
     def phase(self, j: int) -> None:
         node = self.nodes[j]
+        if j in self.fused_into:
+            return  # ran in its matmul's phase
         if isinstance(node, InputIterator):
             self.phase_load(j)
         elif isinstance(node, ThreadGraph):

@@ -232,7 +232,19 @@ class MmaEmitter:
                         v = e.sc.reduced(e.sc.load(acc, str(r), e.sc.acc_dtype))
                         guard = row_guard(t, idx[-2])
                         with w.block(f"if {guard[0]}:") if guard else nullcontext():
-                            e.emit_value(Ref(j), idx, v, step * t.regs + r)
+                            self._result(j, idx, v, step * t.regs + r)
+
+    def _result(self, j: int, idx: list[Ix], v: Val, slot: Ix) -> None:
+        """Element ``idx`` of the matmul's result: emitted, or handed to the thread graph fused into this phase
+        (rounded to the result's dtype, as its shared tile would hold it)."""
+        e = self.e
+        tg = e.fused.get(j)
+        if tg is None:
+            e.emit_value(Ref(j), idx, v, slot)
+            return
+        dtype = e.buf_dtype(Ref(j))
+        rounded = Val(e.sc.store(v, dtype), dtype)
+        e.thread_graph_element(tg, idx, [rounded] * len(e.nodes[tg].inputs), slot)  # type: ignore[union-attr]
 
     def _fragments(self, t: MmaTiling) -> tuple[str, str]:
         e = self.e
