@@ -19,7 +19,9 @@ warp issues one ``mma.sync`` per MMA tile (TVM's ``ptx_legacy.mma`` builtin). Fr
 element, so any view and either operand layout works (no ``ldmatrix``, which needs 16-byte aligned rows).
 Accumulator ``c`` of MMA tile ``(mi, nj)`` of step ``s`` is this thread's slot ``s * regs + (mi * warp_n + nj) *
 4 + c`` (:class:`~gensorage.codegen.element_maps.Fragments`): from there it goes to the output's shared tile
-and to the sinks (loop accumulators in registers keep the same slots across iterations, savers).
+and to the sinks (loop accumulators in registers keep the same slots across iterations, savers), or to the
+thread graph that is the result's only reader, element for element, which then runs in this phase on the
+accumulators (its outputs keep the same slots; see ``BlockEmitter.fused``).
 
 The CPU twins (llvm, finite field) run the same warps, steps and slots with each MMA replaced by its scalar
 semantics: per k chunk, each accumulator adds its 16 products in k order.
