@@ -17,7 +17,7 @@ functions with that attribute and runs unchanged on every other function (e.g. t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -62,4 +62,61 @@ def has_explicit_barriers(func: Any) -> bool:
     return func.attrs is not None and EXPLICIT_BARRIERS in func.attrs
 
 
-__all__ = ["EXPLICIT_BARRIERS", "explicit_barriers", "has_explicit_barriers"]
+def tiles_clash(memory: Any, r: Any, others: set[Any]) -> bool:
+    """Whether tile ``r`` shares a byte with any of ``others``: itself, or a neighbour in the arena laid out by
+    ``memory`` (a :class:`~gensorage.ugraph.optimize.memory_plan.MemoryPlan`; None when tiles never share)."""
+    if r in others:
+        return True
+    if memory is None:
+        return False
+    mine = memory.placement(r)
+    return any(mine.shares_bytes(memory.placement(o)) for o in others)
+
+
+class BarrierPlacement:
+    """Where a graph-defined kernel needs barriers: the tiles the phase being emitted reads and writes, and
+    those read and written since the last barrier.
+
+    A phase needs a barrier before it exactly when it reads bytes written since the last barrier or writes bytes
+    read or written since then (within a phase no thread reads what another writes). ``clash(r, others)`` says
+    whether tile ``r`` shares a byte with any of ``others`` (itself, or a neighbour in a shared arena).
+    """
+
+    def __init__(self, clash: Callable[[Any, set[Any]], bool]) -> None:
+        self.clash = clash
+        self.reads: set[Any] = set()
+        self.writes: set[Any] = set()
+        self._pending_reads: set[Any] = set()
+        self._pending_writes: set[Any] = set()
+
+    def clear(self) -> None:
+        """A barrier was placed: nothing is pending."""
+        self._pending_reads, self._pending_writes = set(), set()
+
+    def pending(self) -> bool:
+        return bool(self._pending_reads or self._pending_writes)
+
+    def begin(self) -> None:
+        """A phase starts: its accesses are recorded into ``reads`` and ``writes``."""
+        self.reads, self.writes = set(), set()
+
+    def end(self) -> bool:
+        """The phase ended: whether it needs a barrier before it (the pending accesses are then cleared)."""
+        pending = self._pending_reads | self._pending_writes
+        needed = any(self.clash(r, self._pending_writes) for r in self.reads) or any(
+            self.clash(r, pending) for r in self.writes
+        )
+        if needed:
+            self.clear()
+        self._pending_reads |= self.reads
+        self._pending_writes |= self.writes
+        return needed
+
+
+__all__ = [
+    "EXPLICIT_BARRIERS",
+    "BarrierPlacement",
+    "explicit_barriers",
+    "tiles_clash",
+    "has_explicit_barriers",
+]

@@ -30,7 +30,7 @@ def allocate(e: BlockEmitter) -> None:
             if e.needs_buffer(r):
                 e.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
                 sizes[r] = math.prod(e.buf_tile_shape(r)) * dtype_bytes(e.buf_dtype(r))
-    e.memory = plan_memory(e.block, sizes, MAX_VECTOR_BYTES)
+    e.memory = plan_memory(e.block, sizes, MAX_VECTOR_BYTES, tuple(sorted(e.fused.items())))
     shares = e.memory.bytes < e.memory.unshared_bytes
     e.dynamic_shared = e.gpu and (shares or sum(sizes.values()) > STATIC_SHARED_LIMIT)
     e.arena = e.dynamic_shared or shares

@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
-from gensorage.codegen.barriers import EXPLICIT_BARRIERS
+from gensorage.codegen.barriers import EXPLICIT_BARRIERS, BarrierPlacement, tiles_clash
 from gensorage.codegen.block_accesses import AccessRecorder
 from gensorage.codegen.block_accumulators import AccumulatorEmitter
 from gensorage.codegen.block_buffers import allocate
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
-from gensorage.codegen.element_maps import Cyclic, ElementMap, Tiled
+from gensorage.codegen.block_mma import MmaEmitter, fused_thread_graphs, mma_tilings, slot_coords
+from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, Tiled
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
 from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val, combined, reduction_kind
@@ -108,6 +109,9 @@ class BlockEmitter:
             for j, n in enumerate(self.nodes)
             if isinstance(n, BlockOp) and n.op in VIEW_OPS
         }
+        self.mma = mma_tilings(self)
+        self.fused = fused_thread_graphs(self)
+        self.fused_into = {t: j for j, t in self.fused.items()}
         self.accs = AccumulatorEmitter(self)
         # Loop accumulators combined with sum/max live in registers across the loop (see block_accumulators).
         self.reg_accs = self.accs.register_maps()
@@ -119,17 +123,12 @@ class BlockEmitter:
         self.dynamic_shared = False
         self.memory = MemoryPlan((), 0, 0)  # set by allocate
         self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
-        # Tiles read and written by the phase being emitted, and since the last barrier (see barrier_phase).
-        self._reads: set[Ref] = set()
-        self._writes: set[Ref] = set()
-        self._pending_reads: set[Ref] = set()
-        self._pending_writes: set[Ref] = set()
+        self.barriers = BarrierPlacement(lambda r, o: tiles_clash(self.memory if self.arena else None, r, o))
         self._check_grid()
         if choice.tiling is not None:
             check_tiling(choice.tiling, choice.threads)
         self.matmul = MatmulEmitter(self)
-
-    # ------------------------------------------------------------------ analysis
+        self.mma_emitter = MmaEmitter(self)
 
     def _check_grid(self) -> None:
         for g, n in enumerate(self.block.grid):
@@ -185,6 +184,8 @@ class BlockEmitter:
         if isinstance(node, Accumulator) and node.fmap is not None:
             return True
         fused = set(self.sinks_of(r))
+        if r.node in self.fused:
+            fused.add(self.fused[r.node])
         for c in self.consumers.get(r, []):
             if c in fused or (c in self.views and not self.consumers.get(Ref(c))):
                 continue
@@ -198,6 +199,10 @@ class BlockEmitter:
         if isinstance(node, ThreadGraph):
             local = self.binfo.threads[r.node]
             return Cyclic(broadcast_all([t.shape for t in local]), shape)
+        if r.node in self.mma:
+            return Fragments(self.mma[r.node])
+        if r.node in self.fused_into:
+            return Fragments(self.mma[self.fused_into[r.node]])
         if isinstance(node, BlockOp) and node.op is Op.MATMUL and self._tiled(r.node) is not None:
             tiling = self._tiled(r.node)
             assert tiling is not None
@@ -215,6 +220,8 @@ class BlockEmitter:
     def slots(self, m: ElementMap) -> int:
         if isinstance(m, Tiled):
             return math.prod(m.tiling.steps) * math.prod(m.tiling.t0)
+        if isinstance(m, Fragments):
+            return m.tiling.slots
         return -(-math.prod(m.space) // self.nt)
 
     # ------------------------------------------------------------------ value access
@@ -223,7 +230,7 @@ class BlockEmitter:
         view = self.views.get(r.node)
         if view is not None:
             return self.read(view.src, view.index(idx))
-        self._reads.add(r)
+        self.barriers.reads.add(r)
         self.recorder.note(r, idx)
         return self.sc.load(self.buffers[r], self.tile_index(r, idx), self.buf_dtype(r))
 
@@ -260,7 +267,7 @@ class BlockEmitter:
         return self.sc.buf_dtype(self.tile(r).dtype)
 
     def store(self, buf: str, idx: str, v: Val, dtype: str) -> None:
-        self._writes.update(r for r, name in self.buffers.items() if name == buf)
+        self.barriers.writes.update(r for r, name in self.buffers.items() if name == buf)
         for c, e in enumerate(self.sc.store(v, dtype)):
             self.w.line(f"{self.sc.at(buf, c, idx)} = {e}")
 
@@ -311,38 +318,21 @@ class BlockEmitter:
     def sync(self) -> None:
         if self.gpu:
             self.w.line('T.tvm_storage_sync("shared")')
-        self._pending_reads, self._pending_writes = set(), set()
-
-    def _clash(self, r: Ref, others: set[Ref]) -> bool:
-        """Whether tile ``r`` shares a byte with any of ``others`` (itself, or an arena neighbour)."""
-        if r in others:
-            return True
-        if not self.arena:
-            return False
-        mine = self.memory.placement(r)
-        return any(mine.shares_bytes(self.memory.placement(o)) for o in others)
+        self.barriers.clear()
 
     @contextmanager
     def barrier_phase(self) -> Iterator[None]:
-        """One phase, with a barrier before it exactly when it reads bytes written since the last barrier or
-        writes bytes read or written since then (within a phase no thread reads what another writes)."""
+        """One phase, with a barrier before it exactly when it needs one (:class:`.BarrierPlacement`)."""
         mark, depth = len(self.w.lines), self.w.depth
-        self._reads, self._writes = set(), set()
+        self.barriers.begin()
         yield
-        pending = self._pending_reads | self._pending_writes
-        if any(self._clash(r, self._pending_writes) for r in self._reads) or any(
-            self._clash(r, pending) for r in self._writes
-        ):
-            if self.gpu:
-                self.w.lines.insert(mark, "    " * depth + 'T.tvm_storage_sync("shared")')
-            self._pending_reads, self._pending_writes = set(), set()
-        self._pending_reads |= self._reads
-        self._pending_writes |= self._writes
+        if self.barriers.end() and self.gpu:
+            self.w.lines.insert(mark, "    " * depth + 'T.tvm_storage_sync("shared")')
 
     def settle(self) -> None:
         """A barrier if any phase since the last one touched shared memory (before and at the end of the
         loop: every iteration starts with no access pending)."""
-        if self._pending_reads or self._pending_writes:
+        if self.barriers.pending():
             self.sync()
 
     @contextmanager
@@ -372,6 +362,8 @@ class BlockEmitter:
             parts = unravel(slot, (*t.steps, *t.t0))
             glob, conds = self.matmul.tile_coords(t, parts[:3], parts[3:])
             return batch_index(glob[0], m.batch) + [glob[1], glob[2]], conds
+        if isinstance(m, Fragments):
+            return slot_coords(m.tiling, self.nt, slot)
         n = math.prod(m.space)
         flat = self._flat(slot)
         conds = [f"{flat} < {n}"] if self.slots(m) * self.nt > n else []
@@ -404,7 +396,9 @@ class BlockEmitter:
         out = self.tile(Ref(j)).shape
         if node.op is Op.MATMUL:
             tiling = self._tiled(j)
-            if tiling is not None:
+            if j in self.mma:
+                self.mma_emitter.phase(j, node, self.mma[j])
+            elif tiling is not None:
                 self.matmul.tiled(j, node, tiling)
             else:
                 self.matmul.cyclic(j, node)
@@ -470,21 +464,31 @@ class BlockEmitter:
         local = self.binfo.threads[j]
         space = broadcast_all([t.shape for t in local])
         with self.threads(), self.elements(space) as (idx, slot):
-            vals: list[Val] = []
-            for r, t in zip(node.inputs, local, strict=False):
-                vals.append(self.temp(self.read(r, broadcast_index(idx, t.shape))))
-            for top in node.ops:
-                vals.append(
-                    self.temp(self.sc.op(self.w, top.op, top.attrs, [vals[r.node] for r in top.inputs]))
-                )
-            for o, r in enumerate(node.outputs):
-                shape = local[r.node].shape
-                conds = broadcast_guard(idx, shape, space)
-                with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
-                    self.emit_value(Ref(j, o), broadcast_index(idx, shape), vals[r.node], slot)
+            inputs = [
+                self.read(r, broadcast_index(idx, t.shape)) for r, t in zip(node.inputs, local, strict=False)
+            ]
+            self.thread_graph_element(j, idx, inputs, slot)
+
+    def thread_graph_element(self, j: int, idx: list[Ix], inputs: list[Val], slot: Ix) -> None:
+        """Thread graph ``j`` on element ``idx`` of its space (this thread's ``slot``): its inputs' values in
+        registers, its ops, its outputs emitted."""
+        node = self.nodes[j]
+        assert isinstance(node, ThreadGraph)
+        local = self.binfo.threads[j]
+        space = broadcast_all([t.shape for t in local])
+        vals = [self.temp(v) for v in inputs]
+        for top in node.ops:
+            vals.append(self.temp(self.sc.op(self.w, top.op, top.attrs, [vals[r.node] for r in top.inputs])))
+        for o, r in enumerate(node.outputs):
+            shape = local[r.node].shape
+            conds = broadcast_guard(idx, shape, space)
+            with self.w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
+                self.emit_value(Ref(j, o), broadcast_index(idx, shape), vals[r.node], slot)
 
     def phase(self, j: int) -> None:
         node = self.nodes[j]
+        if j in self.fused_into:
+            return  # ran in its matmul's phase
         with self.barrier_phase():
             if isinstance(node, InputIterator):
                 self.phase_load(j)
@@ -574,7 +578,10 @@ class BlockEmitter:
             f'    T.func_attr({{"global_symbol": "{self.name}", "tir.noalias": True{explicit}}})',
         ]
         text = "\n".join(head) + "\n" + self.w.text()
-        return KernelText(self.name, self.k, text, tuple(params), self.block.grid, self.nt, self.choice.rule)
+        rule = "; ".join(
+            [self.choice.rule] + [f"block matmul #{j} on {t.describe()}" for j, t in self.mma.items()]
+        )
+        return KernelText(self.name, self.k, text, tuple(params), self.block.grid, self.nt, rule)
 
     @contextmanager
     def grid(self) -> Iterator[None]:

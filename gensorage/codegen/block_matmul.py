@@ -1,5 +1,6 @@
-"""The matmuls of a graph-defined kernel: one thread per output element, or the constructor's register tiling
-(:mod:`gensorage.construction.block_threads`): per thread a T0 tile of accumulators, T1 tiles walked in turn."""
+"""The CUDA-core matmuls of a graph-defined kernel: one thread per output element, or the constructor's register
+tiling (:mod:`gensorage.construction.block_threads`): per thread a T0 tile of accumulators, T1 tiles walked in
+turn. Block matmuls that fit tensor cores take :mod:`gensorage.codegen.block_mma` instead."""
 
 from __future__ import annotations
 

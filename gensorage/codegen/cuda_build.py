@@ -8,7 +8,12 @@ that the emitted source is valid CUDA for the profile's architecture.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,6 +93,59 @@ def build_cubin(src: str, arch: str) -> bytes | None:
             return bytes(nvcc.compile_cuda(src, target_format="cubin", arch=arch, compiler="nvcc"))
     except (RuntimeError, ValueError, OSError) as exc:
         raise ScheduleError(f"nvcc failed for {arch}: {_error_line(exc)}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class KernelResources:
+    """What ptxas reports for one kernel: registers per thread, static shared memory, stack frame (local arrays
+    not in registers) and spills, in bytes."""
+
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+
+
+def ptx_and_resources(src: str, arch: str) -> tuple[str, dict[str, KernelResources]] | None:
+    """The PTX of CUDA source ``src`` and ptxas's resource report per kernel (``nvcc -Xptxas -v``).
+
+    Returns None when nvcc is not available; raises :class:`ScheduleError` when nvcc rejects the source.
+    """
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        cu = Path(d) / "k.cu"
+        cu.write_text(src)
+        runs = [
+            [nvcc, "--ptx", f"-arch={arch}", "-o", str(Path(d) / "k.ptx"), str(cu)],
+            [nvcc, "--cubin", f"-arch={arch}", "-Xptxas", "-v", "-o", str(Path(d) / "k.cubin"), str(cu)],
+        ]
+        done = [subprocess.run(cmd, capture_output=True, text=True, check=False) for cmd in runs]
+        for r in done:
+            if r.returncode:
+                raise ScheduleError(f"nvcc failed for {arch}: {_error_line(RuntimeError(r.stderr))}")
+        return (Path(d) / "k.ptx").read_text(), parse_ptxas_report(done[1].stderr)
+
+
+def parse_ptxas_report(report: str) -> dict[str, KernelResources]:
+    """Per kernel (its entry name) the registers, shared memory and spills of a ``ptxas -v`` report."""
+    out: dict[str, KernelResources] = {}
+    for block in re.split(r"Compiling entry function '", report)[1:]:
+        name = block.split("'", 1)[0]
+        spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", block)
+        regs = re.search(r"Used (\d+) registers", block)
+        smem = re.search(r"(\d+) bytes smem", block)
+        stack = re.search(r"(\d+) bytes stack frame", block)
+        out[name] = KernelResources(
+            int(regs.group(1)) if regs else 0,
+            int(smem.group(1)) if smem else 0,
+            int(stack.group(1)) if stack else 0,
+            int(spills.group(1)) if spills else 0,
+            int(spills.group(2)) if spills else 0,
+        )
+    return out
 
 
 def cuda_device_available() -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gensorage.codegen.block_mma import MmaTiling
 from gensorage.construction.block_threads import MatmulTiling
 
 
@@ -25,6 +26,14 @@ class Tiled:
     batch: tuple[int, ...]
 
 
-ElementMap = Cyclic | Tiled
+@dataclass(frozen=True, slots=True)
+class Fragments:
+    """A tensor-core matmul's accumulator fragments (slot = step, then register; see
+    :mod:`gensorage.codegen.block_mma`)."""
 
-__all__ = ["Cyclic", "ElementMap", "Tiled"]
+    tiling: MmaTiling
+
+
+ElementMap = Cyclic | Tiled | Fragments
+
+__all__ = ["Cyclic", "ElementMap", "Fragments", "Tiled"]

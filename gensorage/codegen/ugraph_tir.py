@@ -22,7 +22,8 @@ layout (padded or XOR-swizzled rows) that avoids bank conflicts for its accesses
 precedes a phase exactly when it reads bytes written since the last barrier or writes bytes read or written
 since then, and ends every loop iteration in which shared memory was touched (the next one overwrites the
 tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
-comes from the Markov construction: see :mod:`gensorage.construction.block_threads`.
+comes from the Markov construction: see :mod:`gensorage.construction.block_threads`; a block matmul whose tiles
+fit ``mma.m16n8k16`` runs on tensor cores over the same threads, as warps (:mod:`gensorage.codegen.block_mma`).
 
 Semantics (:mod:`gensorage.ugraph.ir`, reproduced by :mod:`gensorage.ugraph.evaluate`):
 

@@ -9,9 +9,11 @@ Per kernel operator (they run one after another, so times add up):
   by L2 (``l2`` bandwidth); DRAM sees each input once when all the operator's inputs fit in half of L2, otherwise
   once per wave that needs it (replicas running in the same wave hit in L2), at most once per replica; plus the
   outputs;
-- compute: every block operator's FLOPs (body operators ``F`` times) at the CUDA-core peak (graph-defined
-  kernels compute their block matmuls with FMA); a pre-defined float16 matmul is the tensor-core kernel
-  :mod:`gensorage.construction.tensor_core` constructs, priced by that construction's model;
+- compute: every block operator's FLOPs (body operators ``F`` times) at the CUDA-core peak, except block
+  matmuls whose tiles fit ``mma.m16n8k16`` (:func:`gensorage.codegen.block_mma.fits_mma`), at the tensor-core
+  peak of their MMA dtype (the code generator puts them on tensor cores when the block is whole warps); a
+  pre-defined float16 matmul is the tensor-core kernel :mod:`gensorage.construction.tensor_core` constructs,
+  priced by that construction's model;
 - shared memory: every block operator reads its operands from and writes its result to shared memory (a thread
   graph only its inputs and outputs: its intermediates stay in registers); iterators write their tiles,
   accumulators read and write theirs;
@@ -82,6 +84,14 @@ def _peak(hw: HwProfile, dtype: str, tensor_cores: bool) -> float:
         return hw.flops("float32", tensor_cores)
 
 
+def _block_peak(hw: HwProfile, n: BlockOp, args: list[TensorInfo], out: TensorInfo) -> float:
+    """Peak FLOP rate of a block op: tensor cores for a matmul whose tiles fit m16n8k16, else CUDA cores."""
+    from gensorage.codegen.block_mma import fits_mma
+
+    mma = fits_mma(args[0], args[1], out.shape) if n.op is Op.MATMUL else None
+    return _peak(hw, mma, True) if mma is not None else _peak(hw, out.dtype, False)
+
+
 def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> KernelCost:
     if node.op is Op.RESHAPE:
         return KernelCost("view", 0.0, 0, 0, 0, 0, 0, 0)
@@ -137,9 +147,8 @@ def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info
         shared += times * (sum(tensor_bytes(a) for a in args) + sum(tensor_bytes(o) for o in outs))
         if isinstance(n, BlockOp):
             w = opset.flops(n.op, [a.shape for a in args], outs[0].shape)
-            # Block matmuls of graph-defined kernels are emitted as CUDA-core FMA (codegen/block_matmul.py).
             work += times * w
-            compute_s += times * w / _peak(hw, outs[0].dtype, False)
+            compute_s += times * w / _block_peak(hw, n, args, outs[0])
         elif isinstance(n, Accumulator) and n.kind in ONLINE_SOFTMAX_KINDS:
             w = online_flops(args[0].shape, outs[0].shape, n.kind)
             work += times * w

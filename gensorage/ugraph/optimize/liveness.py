@@ -62,7 +62,7 @@ class Liveness:
         raise KeyError(r)
 
 
-def _positions(block: BlockGraph) -> tuple[list[int], int, int, int]:
+def _positions(block: BlockGraph, fused: Fused) -> tuple[list[int], int, int, int]:
     """Step of every node that computes (-1 otherwise), the loop-end and flush steps, and the savers' step."""
     body, post = depth_order(block)
     looped = block.forloop > 1
@@ -78,13 +78,22 @@ def _positions(block: BlockGraph) -> tuple[list[int], int, int, int]:
     for j in post:
         pos[j] = step
         step += 1
+    for j, t in fused:
+        pos[t] = pos[j]
     return pos, loop_end, flush, step
 
 
+#: (node j, node t) pairs: node t runs in node j's step (a thread graph the code generator runs on a tensor-core
+#: matmul's accumulators, :func:`gensorage.codegen.block_mma.fused_thread_graphs`), so its outputs are written
+#: while j still reads its inputs.
+Fused = tuple[tuple[int, int], ...]
+
+
 @lru_cache(maxsize=4096)  # block graphs are immutable; validity, the cost model and the emitter ask again
-def live_intervals(block: BlockGraph) -> Liveness:
-    """The live interval of every tile of ``block`` (a verified block graph; see the module docstring)."""
-    pos, loop_end, flush, last = _positions(block)
+def live_intervals(block: BlockGraph, fused: Fused = ()) -> Liveness:
+    """The live interval of every tile of ``block`` (a verified block graph; see the module docstring), with
+    the nodes of ``fused`` run in one step."""
+    pos, loop_end, flush, last = _positions(block, fused)
     start: dict[Ref, int] = {}
     end: dict[Ref, int] = {}
     for j, node in enumerate(block.nodes):
@@ -117,4 +126,4 @@ def live_intervals(block: BlockGraph) -> Liveness:
     return Liveness(intervals, last + 1)
 
 
-__all__ = ["Interval", "Liveness", "live_intervals"]
+__all__ = ["Fused", "Interval", "Liveness", "live_intervals"]

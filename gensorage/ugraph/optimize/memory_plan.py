@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from gensorage.ugraph.ir import BlockGraph, OutputSaver, Ref
-from gensorage.ugraph.optimize.liveness import Interval, live_intervals
+from gensorage.ugraph.optimize.liveness import Fused, Interval, live_intervals
 from gensorage.ugraph.optimize.views import is_view
 from gensorage.ugraph.shapes import BlockInfo
 from gensorage.ugraph.validate import tensor_bytes
@@ -81,7 +81,9 @@ def _first_fit(size: int, busy: list[Placement], align: int) -> int:
     return offset
 
 
-def plan_memory(block: BlockGraph, sizes: Mapping[Ref, int], align: int = ARENA_ALIGN) -> MemoryPlan:
+def plan_memory(
+    block: BlockGraph, sizes: Mapping[Ref, int], align: int = ARENA_ALIGN, fused: Fused = ()
+) -> MemoryPlan:
     """Arena offsets for the tiles in ``sizes`` (tile ref to bytes; views and savers have no tile).
 
     Parameters
@@ -93,13 +95,15 @@ def plan_memory(block: BlockGraph, sizes: Mapping[Ref, int], align: int = ARENA_
         The tiles to place and their bytes (the code generator passes the tiles it materialises).
     align : int
         Every offset is a multiple of this.
+    fused : tuple of (int, int)
+        Pairs of nodes run in one step (see :data:`gensorage.ugraph.optimize.liveness.Fused`).
 
     Returns
     -------
     MemoryPlan
         The placements; tiles live at one step never share a byte.
     """
-    live = live_intervals(block)
+    live = live_intervals(block, fused)
     order = sorted(sizes, key=lambda r: (-sizes[r], live.of(r).start, r.node, r.out))
     placed: list[Placement] = []
     for r in order:

@@ -1,0 +1,377 @@
+"""Block matmuls of a graph-defined kernel on tensor cores: warp-level ``mma.sync.m16n8k16``, float32 accumulate.
+
+A block matmul whose operand tiles are 16-bit (float16 or bfloat16; they sit in shared memory, read directly
+or through reshape/repeat views), whose output tile has a multiple of 8 rows (the last 16-row MMA tile padded
+with zero rows when the count is not a multiple of 16: a decode batch or a query group of 8 rows uses half of
+each MMA) and of 8 columns, with a whole number of 16-wide k chunks, runs on tensor cores when the block has
+whole warps (:func:`mma_tiling` is the rule; it returns None otherwise and the matmul keeps the CUDA-core path
+of :mod:`gensorage.codegen.block_matmul`, e.g. a decode block's single query row). Operand dtypes follow the
+predefined tensor-core GEMM (:func:`gensorage.codegen.tensor_core.mma_dtype`): a float32 operand (an
+intermediate the precision policy keeps wide, e.g. FlashAttention's probabilities) with a 16-bit one multiplies
+in bfloat16, both converted as the fragments are loaded (float32's range, 8 significant bits, products summed
+in float32); two float32 operands keep the CUDA-core path.
+
+Layout. The output ``[batch, m, n]`` is cut into *warp tiles* of ``warp_m x warp_n`` MMA tiles
+(``16 warp_m x 8 warp_n`` elements); warp ``w = tx // 32`` computes warp tiles ``w, w + warps, ...`` (``steps``
+of them), each into ``4 warp_m warp_n`` float32 registers per lane. Per 16-wide k chunk a lane loads its
+fragments from the shared tiles (the PTX ISA's m16n8k16 layout, :func:`a_element`, :func:`b_element`), and the
+warp issues one ``mma.sync`` per MMA tile (TVM's ``ptx_legacy.mma`` builtin). Fragments are loaded element by
+element, so any view and either operand layout works (no ``ldmatrix``, which needs 16-byte aligned rows).
+Accumulator ``c`` of MMA tile ``(mi, nj)`` of step ``s`` is this thread's slot ``s * regs + (mi * warp_n + nj) *
+4 + c`` (:class:`~gensorage.codegen.element_maps.Fragments`): from there it goes to the output's shared tile
+and to the sinks (loop accumulators in registers keep the same slots across iterations, savers), or to the
+thread graph that is the result's only reader, element for element, which then runs in this phase on the
+accumulators (its outputs keep the same slots; see ``BlockEmitter.fused``).
+
+The CPU twins (llvm, finite field) run the same warps, steps and slots with each MMA replaced by its scalar
+semantics: per k chunk, each accumulator adds its 16 products in k order.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gensorage.codegen.scalar import Val
+from gensorage.codegen.tensor_core import mma_dtype
+from gensorage.codegen.tir_text import Ix, broadcast_index, tvm_float, unravel
+from gensorage.opset import Op
+from gensorage.ugraph.ir import BlockOp, Ref, ThreadGraph
+from gensorage.ugraph.shapes import BlockInfo, TensorInfo
+
+if TYPE_CHECKING:
+    from gensorage.codegen.block_emitter import BlockEmitter
+
+WARP = 32
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # the m16n8k16 instruction
+MIN_ROWS = 8  # a tile of 8 rows (a decode batch, a query group) runs padded to 16: half of each MMA
+A_ELEMS, B_ELEMS, C_ELEMS = 8, 4, 4  # fragment elements per lane
+MAX_ACC_REGS = 64  # float32 accumulators per thread and step: a quarter of the 255 registers a thread may use
+PTX_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+@dataclass(frozen=True, slots=True)
+class MmaTiling:
+    """Warp tiling of one block matmul: output ``batch + (m, n)``, inner dim ``k``, ``warps`` warps, warp tiles
+    of ``warp_m x warp_n`` MMA tiles; ``dtype`` is the operands' (see the module docstring)."""
+
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    warps: int
+    warp_m: int
+    warp_n: int
+    dtype: str
+
+    @property
+    def m_tiles(self) -> int:
+        """MMA tiles along i (the last one padded when ``m`` is not a multiple of 16)."""
+        return -(-self.m // MMA_M)
+
+    @property
+    def padded(self) -> bool:
+        return self.m % MMA_M != 0
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Warp tiles along (batch, i, j)."""
+        return math.prod(self.batch), self.m_tiles // self.warp_m, self.n // (MMA_N * self.warp_n)
+
+    @property
+    def warp_tiles(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def steps(self) -> int:
+        """Warp tiles each warp computes in turn."""
+        return -(-self.warp_tiles // self.warps)
+
+    @property
+    def regs(self) -> int:
+        """Accumulators per thread and step."""
+        return self.warp_m * self.warp_n * C_ELEMS
+
+    @property
+    def slots(self) -> int:
+        return self.steps * self.regs
+
+    def describe(self) -> str:
+        return (
+            f"tensor cores (mma.m16n8k16 {self.dtype}): {self.warps} warp{'s' if self.warps > 1 else ''}, warp tile "
+            f"{MMA_M * self.warp_m}x{MMA_N * self.warp_n}, {self.steps} step{'s' if self.steps > 1 else ''}"
+        )
+
+
+def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTiling | None:
+    """The warp tiling of block matmul ``j`` on ``threads`` threads, or None when it does not run on tensor cores.
+
+    Among warp tiles of at most :data:`MAX_ACC_REGS` accumulators, the one with the fewest MMAs on the busiest
+    warp (the critical path), then the largest (each fragment loaded feeds more MMAs), then the one loading the
+    fewest fragment elements per k chunk (the squarer).
+    """
+    a, b = (binfo.nodes[r.node][r.out] for r in node.inputs)
+    out = binfo.nodes[j][0].shape
+    m, n, k = out[-2], out[-1], a.shape[-1]
+    dtype = fits_mma(a, b, out)
+    if dtype is None or threads % WARP:
+        return None
+    warps = threads // WARP
+    best: tuple[tuple[int, int, int], MmaTiling] | None = None
+    for wm in _divisors(-(-m // MMA_M)):
+        for wn in _divisors(n // MMA_N):
+            t = MmaTiling(tuple(out[:-2]), m, n, k, warps, wm, wn, dtype)
+            if t.regs > MAX_ACC_REGS:
+                continue
+            key = (t.steps * wm * wn, -wm * wn, A_ELEMS * wm + B_ELEMS * wn)
+            if best is None or key < best[0]:
+                best = (key, t)
+    return None if best is None else best[1]
+
+
+def fits_mma(a: TensorInfo, b: TensorInfo, out: tuple[int, ...]) -> str | None:
+    """The MMA dtype of a block matmul of tiles ``a`` by ``b`` into ``out`` whose shapes fit m16n8k16 (rows a
+    multiple of 8, padded to 16; None: CUDA cores whatever the threads). The cost model asks this; the code
+    generator asks :func:`mma_tiling`, which also needs whole warps."""
+    m, n, k = out[-2], out[-1], a.shape[-1]
+    if m % MIN_ROWS or n % MMA_N or k % MMA_K:
+        return None
+    return mma_dtype(a.dtype, b.dtype)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _group(lane: Ix) -> tuple[Ix, Ix]:
+    """(group, thread in group) of a lane: ``lane // 4`` and ``lane % 4``; ``lane`` may also be the thread index,
+    whose lane is ``tx % 32``."""
+    return lane.floordiv(4).mod(WARP // 4), lane.mod(4)
+
+
+def a_element(lane: Ix, e: int) -> tuple[Ix, Ix]:
+    """(row, col) in the 16 x 16 A tile of element ``e`` of ``lane``'s A fragment (PTX ISA, m16n8k16)."""
+    g, t = _group(lane)
+    return g + 8 * (e // 2 % 2), t * 2 + (e % 2 + 8 * (e // 4))
+
+
+def b_element(lane: Ix, e: int) -> tuple[Ix, Ix]:
+    """(k, col) in the 16 x 8 B tile of element ``e`` of ``lane``'s B fragment."""
+    g, t = _group(lane)
+    return t * 2 + (e % 2 + 8 * (e // 2)), g
+
+
+def c_element(lane: Ix, c: Ix) -> tuple[Ix, Ix]:
+    """(row, col) in the 16 x 8 C tile of accumulator ``c`` of ``lane``."""
+    g, t = _group(lane)
+    return g + c.floordiv(2, C_ELEMS) * 8, t * 2 + c.mod(2, C_ELEMS)
+
+
+def lane_and_warp(threads: int) -> tuple[Ix, Ix]:
+    """This thread's lane (as the thread index: the fragment layouts only read it modulo 32) and warp."""
+    tx = Ix.var("tx")
+    return tx, tx.floordiv(WARP, threads)
+
+
+def slot_coords(t: MmaTiling, threads: int, slot: Ix) -> tuple[list[Ix], list[str]]:
+    """Output element (batch..., i, j) held in this thread's ``slot``, and the condition for it to exist."""
+    s, mi, nj, c = unravel(slot, (t.steps, t.warp_m, t.warp_n, C_ELEMS))
+    wt, conds = warp_tile(t, threads, s)
+    idx = tile_coords(t, threads, wt, mi, nj, c)
+    return idx, conds + row_guard(t, idx[-2])
+
+
+def row_guard(t: MmaTiling, row: Ix) -> list[str]:
+    """The condition for output row ``row`` to exist (padded rows of the last MMA tile do not)."""
+    return [f"{row} < {t.m}"] if t.padded else []
+
+
+def warp_tile(t: MmaTiling, threads: int, step: Ix) -> tuple[Ix, list[str]]:
+    """The warp tile this thread's warp computes at ``step``, and the condition for it to exist."""
+    _, warp = lane_and_warp(threads)
+    wt = step * t.warps + warp
+    return wt, ([f"{wt} < {t.warp_tiles}"] if t.steps * t.warps > t.warp_tiles else [])
+
+
+def tile_coords(t: MmaTiling, threads: int, wt: Ix, mi: Ix, nj: Ix, c: Ix) -> list[Ix]:
+    """Output element of accumulator ``c`` of MMA tile ``(mi, nj)`` of warp tile ``wt`` held by this lane."""
+    lane, _ = lane_and_warp(threads)
+    bt, ti, tj = unravel(wt, t.grid)
+    row, col = c_element(lane, c)
+    i = ti * (MMA_M * t.warp_m) + mi * MMA_M + row
+    j = tj * (MMA_N * t.warp_n) + nj * MMA_N + col
+    return (unravel(bt, t.batch) if t.batch else []) + [i, j]
+
+
+class MmaEmitter:
+    """The tensor-core matmul phase of one :class:`~gensorage.codegen.block_emitter.BlockEmitter`."""
+
+    def __init__(self, e: BlockEmitter) -> None:
+        self.e = e
+
+    def phase(self, j: int, node: BlockOp, t: MmaTiling) -> None:
+        e, w = self.e, self.e.w
+        a, b = node.inputs
+        with e.threads():
+            acc = e.acc_buffer(t.regs)
+            frags = self._fragments(t) if e.gpu else None
+            with w.loop(w.fresh("ws"), t.steps) as step:
+                wt, conds = warp_tile(t, e.nt, step)
+                with w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
+                    for r in range(t.regs):
+                        e.store(acc, str(r), e.sc.zero(), e.sc.acc_dtype)
+                    bt = unravel(wt, t.grid)[0]
+                    batch = unravel(bt, t.batch) if t.batch else []
+                    with w.loop(w.fresh("kc"), t.k // MMA_K) as kc:
+                        if frags is None:
+                            self._scalar_mmas(t, acc, a, b, wt, batch, kc)
+                        else:
+                            self._mmas(t, acc, frags, a, b, wt, batch, kc)
+                    for r in range(t.regs):
+                        mi, nj, c = r // (C_ELEMS * t.warp_n), r // C_ELEMS % t.warp_n, r % C_ELEMS
+                        idx = tile_coords(t, e.nt, wt, Ix.of(mi), Ix.of(nj), Ix.of(c))
+                        v = e.sc.reduced(e.sc.load(acc, str(r), e.sc.acc_dtype))
+                        guard = row_guard(t, idx[-2])
+                        with w.block(f"if {guard[0]}:") if guard else nullcontext():
+                            self._result(j, idx, v, step * t.regs + r)
+
+    def _result(self, j: int, idx: list[Ix], v: Val, slot: Ix) -> None:
+        """Element ``idx`` of the matmul's result: emitted, or handed to the thread graph fused into this phase
+        (rounded to the result's dtype, as its shared tile would hold it)."""
+        e = self.e
+        tg = e.fused.get(j)
+        if tg is None:
+            e.emit_value(Ref(j), idx, v, slot)
+            return
+        dtype = e.buf_dtype(Ref(j))
+        rounded = Val(e.sc.store(v, dtype), dtype)
+        e.thread_graph_element(tg, idx, [rounded] * len(e.nodes[tg].inputs), slot)  # type: ignore[union-attr]
+
+    def _fragments(self, t: MmaTiling) -> tuple[str, str]:
+        e = self.e
+        names = e.w.fresh("fa"), e.w.fresh("fb")
+        for name, size in zip(names, (A_ELEMS * t.warp_m, B_ELEMS * t.warp_n), strict=True):
+            e.w.line(f'{name} = T.alloc_buffer(({size},), "{t.dtype}", scope="local")')
+        return names
+
+    def _origin(self, t: MmaTiling, wt: Ix) -> tuple[Ix, Ix]:
+        """First output row and column of warp tile ``wt``."""
+        _, ti, tj = unravel(wt, t.grid)
+        return ti * (MMA_M * t.warp_m), tj * (MMA_N * t.warp_n)
+
+    def _mmas(
+        self, t: MmaTiling, acc: str, frags: tuple[str, str], a: Ref, b: Ref, wt: Ix, batch: list[Ix], kc: Ix
+    ) -> None:
+        """One k chunk on tensor cores: this lane's fragments from shared memory, then one MMA per MMA tile."""
+        e = self.e
+        lane, _ = lane_and_warp(e.nt)
+        i0, j0 = self._origin(t, wt)
+        fa, fb = frags
+        ab = broadcast_index(batch, e.tile(a).shape[:-2])
+        bb = broadcast_index(batch, e.tile(b).shape[:-2])
+        for mi in range(t.warp_m):
+            for x in range(A_ELEMS):
+                row, col = a_element(lane, x)
+                i = i0 + mi * MMA_M + row
+                v = e.read(a, ab + [i, kc * MMA_K + col])
+                guard = row_guard(t, i)
+                if (
+                    guard
+                ):  # a padded row multiplies as zeros (if_then_else reads the tile only when it exists)
+                    v = Val(
+                        (f"T.if_then_else({guard[0]}, {v.comps[0]}, {tvm_float(0.0, v.dtype)})",), v.dtype
+                    )
+                e.store(fa, str(mi * A_ELEMS + x), v, t.dtype)
+        for nj in range(t.warp_n):
+            for x in range(B_ELEMS):
+                kk, col = b_element(lane, x)
+                v = e.read(b, bb + [kc * MMA_K + kk, j0 + nj * MMA_N + col])
+                e.store(fb, str(nj * B_ELEMS + x), v, t.dtype)
+        ptx = PTX_DTYPE[t.dtype]
+        for mi in range(t.warp_m):
+            for nj in range(t.warp_n):
+                e.w.line(
+                    f'T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "{ptx}", "{ptx}", "fp32", '
+                    f"{fa}.data, {mi * A_ELEMS}, {fb}.data, {nj * B_ELEMS}, "
+                    f'{acc}.data, {(mi * t.warp_n + nj) * C_ELEMS}, False, dtype="float32"))'
+                )
+
+    def _scalar_mmas(self, t: MmaTiling, acc: str, a: Ref, b: Ref, wt: Ix, batch: list[Ix], kc: Ix) -> None:
+        """One k chunk by the MMA's scalar semantics: each of this lane's accumulators adds 16 products."""
+        e, w = self.e, self.e.w
+        lane, _ = lane_and_warp(e.nt)
+        i0, j0 = self._origin(t, wt)
+        ab = broadcast_index(batch, e.tile(a).shape[:-2])
+        bb = broadcast_index(batch, e.tile(b).shape[:-2])
+        with w.loop(w.fresh("k"), MMA_K) as kk:
+            for r in range(t.regs):
+                mi, nj, c = r // (C_ELEMS * t.warp_n), r // C_ELEMS % t.warp_n, r % C_ELEMS
+                row, col = c_element(lane, Ix.of(c))
+                i = i0 + mi * MMA_M + row
+                guard = row_guard(t, i)
+                with w.block(f"if {guard[0]}:") if guard else nullcontext():
+                    av = self._rounded(e.read(a, ab + [i, kc * MMA_K + kk]), t)
+                    bv = self._rounded(e.read(b, bb + [kc * MMA_K + kk, j0 + nj * MMA_N + col]), t)
+                    e.mac(acc, Ix.of(r), av, bv)
+
+    def _rounded(self, v: Val, t: MmaTiling) -> Val:
+        """A float operand rounded to the MMA dtype as the fragment load rounds it (float32 to bfloat16); the
+        field twin's residues are exact, nothing to round."""
+        if self.e.sc.field or v.dtype == t.dtype:
+            return v
+        return Val((f'T.Cast("{t.dtype}", {v.comps[0]})',), t.dtype)
+
+
+def mma_tilings(e: BlockEmitter) -> dict[int, MmaTiling]:
+    """The block matmuls that run on tensor cores (:func:`~gensorage.codegen.block_mma.mma_tiling`); none
+    when the graph computes in float64 (the MMA accumulates in float32), in the field twin too, so that it
+    indexes as the float kernel does."""
+    if any(t.dtype == "float64" for outs in e.info.nodes for t in outs):
+        return {}
+    tilings = {
+        j: mma_tiling(e.binfo, n, j, e.nt)
+        for j, n in enumerate(e.nodes)
+        if isinstance(n, BlockOp) and n.op is Op.MATMUL
+    }
+    return {j: t for j, t in tilings.items() if t is not None}
+
+
+def fused_thread_graphs(e: BlockEmitter) -> dict[int, int]:
+    """Tensor-core matmul -> the thread graph that runs on its accumulators in registers, in the MMA phase.
+
+    A thread graph whose every input is the matmul's result, read element for element (no broadcast), and
+    which is that result's only reader, gets each accumulator (rounded to the result's dtype, as its shared
+    tile would hold it) without the round trip through shared memory and the barrier between the phases.
+    """
+    fused: dict[int, int] = {}
+    for j in e.mma:
+        readers = e.consumers.get(Ref(j), [])
+        if len(readers) != 1 or not isinstance(e.nodes[readers[0]], ThreadGraph):
+            continue
+        t = readers[0]
+        node = e.nodes[t]
+        assert isinstance(node, ThreadGraph)
+        shape = e.tile(Ref(j)).shape
+        if (
+            all(r == Ref(j) for r in node.inputs)
+            and all(x.shape == shape for x in e.binfo.threads[t])
+            and e.phase_of[t] == e.phase_of[j]
+        ):
+            fused[j] = t
+    return fused
+
+
+__all__ = [
+    "MmaEmitter",
+    "fused_thread_graphs",
+    "mma_tilings",
+    "MmaTiling",
+    "a_element",
+    "b_element",
+    "c_element",
+    "fits_mma",
+    "mma_tiling",
+    "slot_coords",
+]
