@@ -276,6 +276,24 @@ def test_a_worker_of_another_version_is_refused(tmp_path: Path, cluster: Any) ->
         cluster.run(_set_version, old, workers=[worker])
 
 
+def test_a_worker_that_joins_after_the_check_is_refused_by_its_first_job(
+    tmp_path: Path, cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check at connect sees the workers there then; one that joins later meets the check every job makes.
+    from gensorage.exhaustive.run import cluster as engine
+
+    monkeypatch.setattr(engine, "_check_workers", lambda *args: None)
+    old = cluster.run(_set_version, "0.0.0-late")
+    try:
+        with pytest.raises(
+            ConfigError, match="worker tcp://.* has gensorage version 0.0.0-late, this driver"
+        ):
+            run_search(SPEC, checkpoint=tmp_path / "c.sqlite", cluster=cluster.scheduler.address, inline_s=0)
+    finally:
+        for worker, version in old.items():
+            cluster.run(_set_version, version, workers=[worker])
+
+
 @pytest.mark.parametrize(
     ("cluster", "message"),
     [

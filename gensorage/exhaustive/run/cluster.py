@@ -108,6 +108,7 @@ class DaskEngine:
         self._stopping: set[int] = set()
         self._futures: dict[Any, int] = {}
         self.workers = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+        self._identity = identity(spec)  # every job checks its worker's: workers may join after connect
 
     def submit(self, key: int, task: Any) -> None:
         fut = self.client.submit(
@@ -118,6 +119,7 @@ class DaskEngine:
             key,
             self._run,
             self._save_every_s,
+            self._identity,
             key=f"{self._run}-{key}",
             pure=False,
         )
@@ -229,24 +231,38 @@ def _check_workers(client: Any, address: str, spec: Any) -> None:
             f"cluster: a worker of {address} cannot run gensorage ({type(exc).__name__}: {exc})"
         ) from None
     for worker, ident in sorted(theirs.items()):
-        for what, value in mine.items():
-            if ident.get(what) != value:
-                name = "gensorage version" if what == "gensorage" else "hardware profile fingerprint"
-                raise ConfigError(
-                    f"cluster: worker {worker} has {name} {ident.get(what)}, this driver {value}; "
-                    "install the same gensorage (and profile) on every worker"
-                )
+        refuse_other(worker, ident, mine)
+
+
+def refuse_other(worker: str, ident: dict[str, Any], mine: dict[str, Any]) -> None:
+    """A one-line :class:`ConfigError` when ``worker``'s :func:`identity` is not the driver's (``mine``)."""
+    for what, value in mine.items():
+        if ident.get(what) != value:
+            name = "gensorage version" if what == "gensorage" else "hardware profile fingerprint"
+            raise ConfigError(
+                f"cluster: worker {worker} has {name} {ident.get(what)}, this driver {value}; "
+                "install the same gensorage (and profile) on every worker"
+            )
 
 
 # ================================================================================================ worker side
 
 
 def run_job(
-    core: SearchCore, spec: Any, task: Any, key: int, run: str, save_every_s: float | None
+    core: SearchCore,
+    spec: Any,
+    task: Any,
+    key: int,
+    run: str,
+    save_every_s: float | None,
+    driver: dict[str, Any] | None = None,
 ) -> Outcome:
     """On a cluster worker: run job ``key`` (``task``), from the job's last save point if an earlier run of
-    it died; report progress and save points; return its Outcome from the job's start."""
+    it died; report progress and save points; return its Outcome from the job's start. A worker whose
+    :func:`identity` is not ``driver``'s refuses the job (it may have joined after the check at connect)."""
     d = _distributed()
+    if driver is not None:
+        refuse_other(d.get_worker().address, identity(spec), driver)
     control = d.Variable(f"{run}-stop")
     events = d.Queue(f"{run}-events")
     try:
@@ -296,6 +312,7 @@ __all__ = [
     "connect",
     "identity",
     "parse_cluster",
+    "refuse_other",
     "require_engine",
     "run_job",
 ]
