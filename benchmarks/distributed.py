@@ -23,6 +23,7 @@ Usage::
     python benchmarks/distributed.py                      # 7 nodes, 1 and 2 workers, simulate 8/64/512
     python benchmarks/distributed.py --nodes 6 --pool        # also the local process pool, for comparison
     python benchmarks/distributed.py --resimulate benchmarks/results/distributed-2026-11-26.json
+    python benchmarks/distributed.py --nodes 8 --workers 2 --cap 600 --checkpoints DIR   # again: resumes
 """
 
 from __future__ import annotations
@@ -78,6 +79,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, help="result JSON (default benchmarks/results/distributed-<date>.json)"
     )
     ap.add_argument("--progress", action="store_true", help="live search progress on stderr")
+    ap.add_argument(
+        "--checkpoints",
+        type=Path,
+        metavar="DIR",
+        help="keep the runs' checkpoints in DIR (a rerun with the same DIR resumes them; default: a temporary "
+        "folder, removed)",
+    )
     return ap.parse_args(argv)
 
 
@@ -116,6 +124,7 @@ def run(spec: Any, workers: int, args: argparse.Namespace, keep: Path, engine: s
         if engine == "dask"
         else {"workers": workers}
     )
+    before = len(task_times(ckpt)) if ckpt.exists() else 0  # a kept checkpoint: the run resumes it
     load = list(os.getloadavg())
     t0 = time.perf_counter()
     r = run_search(spec, checkpoint=ckpt, time_budget_s=args.cap, inline_s=0, progress=args.progress, **where)
@@ -126,6 +135,7 @@ def run(spec: Any, workers: int, args: argparse.Namespace, keep: Path, engine: s
         "workers": workers,
         "complete": r.complete,
         "wall_s": round(wall, 2),
+        "tasks_done_before": before,
         "tasks_done": r.tasks_done,
         "tasks_total": r.tasks_total,
         "tasks_split": r.tasks_split,
@@ -224,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs": [],
     }
-    keep = Path(tempfile.mkdtemp(prefix="gensorage-distributed-"))
+    keep = args.checkpoints or Path(tempfile.mkdtemp(prefix="gensorage-distributed-"))
+    keep.mkdir(parents=True, exist_ok=True)
     try:
         engines = ["dask", "pool"] if args.pool else ["dask"]
         for w in [int(x) for x in args.workers.split(",") if x.strip()]:
@@ -252,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         doc["same_candidates"] = len({r["candidates_hash"] for r in runs if r["complete"]}) <= 1
         write_json(path, doc)
     finally:
-        shutil.rmtree(keep, ignore_errors=True)
+        if args.checkpoints is None:
+            shutil.rmtree(keep, ignore_errors=True)
     progress(f"{NAME}: wrote {path}")
     return 0
 
