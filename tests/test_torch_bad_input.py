@@ -112,7 +112,7 @@ def test_a_shape_error_is_torchs_own() -> None:
     assert "the model raised RuntimeError" in compiled.explain()
 
 
-def test_a_failing_backend_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_backend_leaves_the_graph_in_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(node: Any) -> str | None:
         raise KeyError("a lowering bug")
 
@@ -123,8 +123,28 @@ def test_a_failing_backend_falls_back_to_eager(monkeypatch: pytest.MonkeyPatch) 
             x, w = _draw(seed)
             assert torch.equal(compiled(x, w), _softmax_product(x, w))
     report = compiled.explain()
-    assert report.startswith("torch.compile failed, eager torch runs the model from now on: "), report
-    assert len(report.splitlines()) == 1, report  # said once; the second call went straight to eager
+    assert report == "graph 1 runs in torch, partitioning failed: 'a lowering bug'", report  # said once
+
+
+def test_the_registered_backend_leaves_a_failing_graph_in_torch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``torch.compile(model, backend="gensorage")`` too: a failure inside gensorage's backend is a report
+    line and torch's answer, not an exception."""
+    import torch._dynamo
+
+    def broken(gm: Any, options: Any, report: Any) -> Any:
+        raise KeyError("a partitioning bug")
+
+    monkeypatch.setattr(backend, "partition", broken)
+    torch._dynamo.reset()
+    compiled = torch.compile(_softmax_product, backend="gensorage", options={"explain": True})
+    with torch.no_grad():
+        x, w = _draw(8)
+        assert torch.equal(compiled(x, w), _softmax_product(x, w))
+    torch._dynamo.reset()
+    said = capsys.readouterr().err
+    assert "runs in torch, partitioning failed: 'a partitioning bug'" in said, said
 
 
 @pytest.mark.parametrize("when", ["first call", "later call"])

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gensorage.errors import ConfigError
+from gensorage.torch.report import first_line
 
 MODES = ("fast", "full")
 
@@ -36,11 +37,13 @@ class Compiled:
         try:
             return self._compiled(*args, **kwargs)
         except self._dynamo_error as exc:  # capture or compilation failed: torch runs the model as written
-            self.report.add(f"torch.compile failed, eager torch runs the model from now on: {_line(exc)}")
+            self.report.add(
+                f"torch.compile failed, eager torch runs the model from now on: {first_line(exc)}"
+            )
             self._compiled = self._fn
             return self._call_eager(*args, **kwargs)
         except Exception as exc:  # the model's own error, raised as eager torch raises it
-            self.report.add(f"the model raised {type(exc).__name__}: {_line(exc)}")
+            self.report.add(f"the model raised {type(exc).__name__}: {first_line(exc)}")
             raise
         finally:
             if breaks != before:
@@ -50,17 +53,12 @@ class Compiled:
         try:
             return self._fn(*args, **kwargs)
         except Exception as exc:
-            self.report.add(f"the model raised {type(exc).__name__}: {_line(exc)}")
+            self.report.add(f"the model raised {type(exc).__name__}: {first_line(exc)}")
             raise
 
     def explain(self) -> str:
         """Which ops ran in gensorage and which in torch, and why (one line per decision)."""
         return str(self.report.text())
-
-
-def _line(exc: BaseException) -> str:
-    """The first non-empty line of ``exc``'s message (dynamo's messages run to pages)."""
-    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
 
 
 def compile(

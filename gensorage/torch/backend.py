@@ -22,7 +22,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from gensorage.errors import UnsupportedOpError
 from gensorage.program import Program
 from gensorage.torch.lowering import LAYOUT_RULES, Lowering, _target_name
-from gensorage.torch.report import Report
+from gensorage.torch.report import Report, first_line
 from gensorage.torch.subgraph import GensorageSubgraph, Options
 
 PREFIX = "gensorage_"
@@ -79,7 +79,11 @@ def make_backend(options: Options, report: Report) -> Callable[..., Any]:
     """
 
     def forward_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        return partition(gm, options, report)
+        try:
+            return partition(gm, options, report)
+        except Exception as exc:  # a lowering or partitioning bug of ours: the graph runs in torch, right
+            report.add(f"graph {report.graphs + 1} runs in torch, partitioning failed: {first_line(exc)}")
+            return gm
 
     return aot_autograd(fw_compiler=forward_compiler, bw_compiler=_in_torch)  # type: ignore[no-any-return]
 
@@ -91,9 +95,13 @@ def gensorage_backend(
     gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | None = None
 ) -> Callable[..., Any]:
     """``torch.compile(model, backend="gensorage", options={"hw": ..., "mode": ...})``."""
-    opts = Options(**dict(options or {}))
+    opts = Options(**dict(options or {}))  # unknown options: TypeError naming them, before any fallback
     report = _REGISTERED_REPORT if not opts.explain else Report(echo=True)
-    return make_backend(opts, report)(gm, example_inputs)  # type: ignore[no-any-return]
+    try:
+        return make_backend(opts, report)(gm, example_inputs)  # type: ignore[no-any-return]
+    except Exception as exc:  # capture (AOTAutograd) failed on this graph: torch runs it as captured
+        report.add(f"graph runs in torch, gensorage's backend failed: {first_line(exc)}")
+        return gm
 
 
 __all__ = ["PREFIX", "gensorage_backend", "make_backend", "partition", "why_unsupported"]

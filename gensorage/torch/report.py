@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 log = logging.getLogger("gensorage.torch")
 
 
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of ``exc``'s message (dynamo's messages run to pages)."""
+    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+
+
 @dataclass(slots=True)
 class Report:
     """Lines for people, added as graphs are partitioned and subgraphs compiled (``print`` when ``echo``)."""
@@ -49,4 +54,4 @@ class Report:
         return "\n".join(self.lines)
 
 
-__all__ = ["Report"]
+__all__ = ["Report", "first_line"]
