@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# The tests of Ctrl-C expect what a terminal gives: SIGINT raises KeyboardInterrupt. A run started in the
+# background (`nohup ... &`, a job without a terminal) starts Python with SIGINT ignored, and those tests then
+# find SIG_IGN where they expect the handler back; a test run behaves the same however it is started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Hypothesis's wall-clock checks (the too-slow health check on drawing data, the per-example deadline) fail a
 # correct test when the machine is busy (seen with several test runs sharing two cores): what is drawn and
