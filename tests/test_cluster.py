@@ -13,7 +13,6 @@ import io
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from checkpoint_rows import done_tasks, partial_rows
 
 from gensorage.errors import ConfigError
 from gensorage.exhaustive import SearchResult, SearchSpec, run_search
@@ -94,18 +94,6 @@ def cluster() -> Iterator[Any]:
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = old
-
-
-def partial_rows(path: Path) -> int:
-    """Save points the driver wrote to the checkpoint (0 while it does not exist)."""
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            return int(conn.execute("SELECT COUNT(*) FROM partial").fetchone()[0])
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return 0
 
 
 def test_local_n_matches_one_process(tmp_path: Path, one_process: dict[str, SearchResult]) -> None:
@@ -246,17 +234,6 @@ def test_ctrl_c_on_a_local_cluster_stops_at_once_and_resumes(
     r = run_search(SPEC, checkpoint=ckpt, workers=1, progress=False)
     assert r.complete and r.tasks_resumed >= 3
     assert digest(r) == digest(one_process["tasks"])
-
-
-def done_tasks(path: Path) -> int:
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            return int(conn.execute("SELECT COUNT(*) FROM tasks WHERE status = 'done'").fetchone()[0])
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return 0
 
 
 def _set_version(version: str) -> str:

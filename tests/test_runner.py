@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 import pytest
+from checkpoint_rows import done_tasks
 
 from gensorage.errors import ConfigError, StoreError
 from gensorage.exhaustive import SearchCore, SearchInterrupted, SearchResult, run_search
@@ -206,17 +207,6 @@ def expected(spec: ToySpec) -> tuple[list[Any], ToyStats]:
     return [(c.predicted_time_s, c.found_in_task, c.equivalence["state"]) for c in cands], stats
 
 
-def done_count(path: Path) -> int:
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            return int(conn.execute("SELECT COUNT(*) FROM tasks WHERE status = 'done'").fetchone()[0])
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return 0
-
-
 def spawn_search(
     spec: ToySpec,
     ckpt: Path,
@@ -267,7 +257,7 @@ def spawn_search(
 def wait_for_done(path: Path, at_least: int, proc: subprocess.Popen[str], timeout: float = 30) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        n = done_count(path) if path.exists() else 0
+        n = done_tasks(path) if path.exists() else 0
         if n >= at_least:
             return n
         if proc.poll() is not None:
@@ -367,7 +357,7 @@ def test_kill_9_mid_task_keeps_the_last_save_point(tmp_path: Path, workers: int)
     time.sleep(0.3)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
-    assert saved == workers and done_count(ckpt) == 0
+    assert saved == workers and done_tasks(ckpt) == 0
     resumed = run_search(spec, checkpoint=ckpt, workers=1, core=TOY_RESUMABLE, progress=False)
     assert 0 < resumed.run_stats["states"] < spec.n_tasks * spec.per_task
     reference = run_search(
@@ -387,7 +377,7 @@ def test_time_budget_stops_the_running_task_and_keeps_only_finished_ones(tmp_pat
     assert r.tasks_done == 0 and r.candidates == () and r.best is None
     assert 0 < r.run_stats["states"] < 40  # task 0 was running and was stopped, not finished
     assert took < 1.9
-    assert done_count(tmp_path / "t.sqlite") == 0
+    assert done_tasks(tmp_path / "t.sqlite") == 0
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -476,7 +466,7 @@ def test_time_budget_with_a_pool(tmp_path: Path) -> None:
     took = time.monotonic() - t0
     assert not r.complete and r.stopped_by == "time budget" and r.tasks_done <= 2
     assert took < 1.5 + 10  # stop request honoured (well within the 30 s grace)
-    assert done_count(tmp_path / "t.sqlite") == r.tasks_done
+    assert done_tasks(tmp_path / "t.sqlite") == r.tasks_done
 
 
 def test_sigint_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
@@ -491,7 +481,7 @@ def test_sigint_stops_cleanly_and_resume_completes(tmp_path: Path) -> None:
     assert out.startswith("INTERRUPTED")
     assert "Traceback" not in err  # workers ignored the signal
     saved = int(out.split()[1])
-    assert 1 <= saved == done_count(ckpt) < spec.n_tasks
+    assert 1 <= saved == done_tasks(ckpt) < spec.n_tasks
     resumed = run_search(spec, checkpoint=ckpt, workers=1, core=TOY, progress=False)
     reference = run_search(
         dataclasses.replace(spec, sleep_s=0.0),
@@ -529,7 +519,7 @@ def test_core_error_propagates_and_keeps_finished_tasks(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="toy failure in task 5"):
         run_search(spec, checkpoint=tmp_path / "f.sqlite", workers=2, core=TOY, progress=False, inline_s=0)
     # Task 5 is dispatched only after two tasks finished; those stay committed, task 5 never is.
-    assert 2 <= done_count(tmp_path / "f.sqlite") < 10
+    assert 2 <= done_tasks(tmp_path / "f.sqlite") < 10
     conn = sqlite3.connect(tmp_path / "f.sqlite")
     assert conn.execute("SELECT status FROM tasks WHERE idx = 5").fetchone() == ("pending",)
     conn.close()
