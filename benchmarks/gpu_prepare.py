@@ -492,6 +492,25 @@ EXTRA_UGRAPHS: dict[str, Any] = {
     "llama3_flash_attention_papers": lambda: examples.flash_attention(
         heads=32, q_len=1024, kv_len=1024, head_dim=128, q_blocks=16, forloop=16
     ),
+    # The structures the search finds for the bundled programs (issue 26), fused at those programs' shapes.
+    "fused_mha_prefill": lambda: examples.flash_attention(
+        heads=32, q_len=512, kv_len=4096, head_dim=128, q_blocks=8, forloop=64
+    ),
+    "fused_mha_specdec": lambda: examples.flash_attention(
+        heads=32, q_len=32, kv_len=4096, head_dim=128, q_blocks=2, forloop=64
+    ),
+    "fused_mha_incdec": lambda: examples.flash_decoding(
+        heads=32, kv_len=4096, head_dim=128, splits=16, forloop=8
+    ),
+    "fused_gqa_incdec": lambda: examples.gqa(
+        kv_heads=2, group=8, q_len=1, kv_len=4096, head_dim=128, kv_splits=16, forloop=8, out_splits=2
+    ),
+    "fused_qknorm": lambda: examples.qknorm_attention(
+        heads=2, q_len=256, kv_len=4096, head_dim=64, q_blocks=4, forloop=64
+    ),
+    "fused_gated_mlp": lambda: examples.gated_mlp(m=8, k=4096, n=4096, blocks=64, forloop=64),
+    "fused_rmsnorm": lambda: examples.rmsnorm_matmul(batch=16, hidden=1024, out=4096, blocks=64, forloop=16),
+    "fused_lora": lambda: examples.lora(m=16, k=4096, n=4096, rank=16, n_blocks=256, m_blocks=1),
 }
 
 
