@@ -68,6 +68,36 @@ def has_explicit_barriers(func: Any) -> bool:
     return func.attrs is not None and EXPLICIT_BARRIERS in func.attrs
 
 
+def divergent_barriers(func: Any) -> int:
+    """How many barriers of ``func`` sit where the threads of a block may not all reach them: under an ``if`` or
+    inside a ``threadIdx`` loop (conservative: an ``if`` every thread takes alike counts too).
+
+    TVM's barrier pass refuses such a barrier ("Cannot insert syncs inside condition"), and on the GPU one is a
+    deadlock or undefined behaviour; a kernel that places its own barriers, which TVM then does not check, is
+    checked with this instead.
+    """
+    from gensorage.codegen.tir_walk import child_statements
+
+    count = 0
+    stack: list[tuple[Any, bool]] = [(func.body, False)]
+    while stack:
+        node, divergent = stack.pop()
+        kind = type(node).__name__
+        if (
+            kind == "Evaluate"
+            and getattr(getattr(node.value, "op", None), "name", "") == "tirx.tvm_storage_sync"
+        ):
+            count += divergent
+        binding = getattr(node, "thread_binding", None) if kind == "For" else None
+        divergent = (
+            divergent
+            or kind == "IfThenElse"
+            or (binding is not None and binding.thread_tag.startswith("threadIdx"))
+        )
+        stack.extend((child, divergent) for child in child_statements(node))
+    return count
+
+
 def tiles_clash(memory: Any, r: Any, others: set[Any]) -> bool:
     """Whether tile ``r`` shares a byte with any of ``others``: itself, or a neighbour in the arena laid out by
     ``memory`` (a :class:`~gensorage.ugraph.optimize.memory_plan.MemoryPlan`; None when tiles never share)."""
@@ -124,5 +154,6 @@ __all__ = [
     "BarrierPlacement",
     "honour_explicit_barriers",
     "tiles_clash",
+    "divergent_barriers",
     "has_explicit_barriers",
 ]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gensorage.codegen.barriers import has_explicit_barriers, honour_explicit_barriers
+from gensorage.codegen.barriers import divergent_barriers, has_explicit_barriers, honour_explicit_barriers
 from gensorage.codegen.kernel_text import ScheduledKernel
 from gensorage.codegen.predefined import emit_predefined, is_alias
 from gensorage.codegen.scalar import FloatScalar, Scalar
@@ -70,7 +70,13 @@ def _parse(text: str, name: str) -> Any:
         raise UnsupportedOpError(
             f"internal error: emitted TVMScript for {name} does not parse: {exc}"
         ) from exc
-    if has_explicit_barriers(func):  # whoever builds it (a bundle's cubin, launch_specs) must honour the mark
+    if has_explicit_barriers(func):
+        # TVM will not check the kernel's own barriers: check them here. Every later build of the kernel (a
+        # bundle's cubin, launch_specs' pipeline), not only CompiledUGraph's, must then honour the mark.
+        if divergent := divergent_barriers(func):
+            raise UnsupportedOpError(
+                f"internal error: {name} has {divergent} barrier(s) under a condition or in a thread loop"
+            )
         honour_explicit_barriers()
     return func
 
