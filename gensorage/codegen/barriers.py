@@ -10,15 +10,18 @@ Kernels emitted with dynamic shared memory therefore hand TVM one allocation (an
 plan of :mod:`gensorage.ugraph.optimize.memory_plan` places, so the merge pass has nothing to move), place
 every barrier they need themselves (before a phase that reads bytes written since the last barrier or writes
 bytes read or written since then, tiles sharing bytes included; within a phase no thread reads what another
-thread of the same phase writes) and carry the function attribute :data:`EXPLICIT_BARRIERS`. While :func:`explicit_barriers` is active, TVM's ``ThreadSync("shared.dyn")`` skips
-functions with that attribute and runs unchanged on every other function (e.g. the scheduled matmuls of
-:mod:`gensorage.codegen.lower_schedule`, which rely on it).
+thread of the same phase writes) and carry the function attribute :data:`EXPLICIT_BARRIERS`. Once :func:`honour_explicit_barriers` has run (it runs
+when such a kernel is parsed), TVM's ``ThreadSync("shared.dyn")`` skips functions with that attribute and runs
+unchanged on every other function (e.g. the scheduled matmuls of :mod:`gensorage.codegen.lower_schedule`, which
+rely on it). The mark is honoured by every build of the process, whoever calls TVM: ``tvm.compile`` of a
+:class:`~gensorage.codegen.module.CompiledUGraph`, of a module a GPU bundle builds from the same kernels, or the
+lowering pipeline that reads the launch configuration. (Honouring it only inside a context around one build
+call left the other paths with TVM's pass, which refused the marked kernels.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 #: PrimFunc attribute of kernels that place every barrier they need themselves.
@@ -36,7 +39,7 @@ def _selective(original: Any) -> Any:
 
         @prim_func_pass(opt_level=0, name="gensorage.ThreadSyncUnlessExplicit")
         def unless_explicit(func: Any, mod: Any, ctx: Any) -> Any:
-            if func.attrs is not None and EXPLICIT_BARRIERS in func.attrs:
+            if has_explicit_barriers(func):
                 return func
             return inner(tvm.IRModule({"main": func}))["main"]
 
@@ -45,21 +48,54 @@ def _selective(original: Any) -> Any:
     return thread_sync
 
 
-@contextmanager
-def explicit_barriers() -> Iterator[None]:
-    """Within the block, ``tvm.compile`` leaves functions marked :data:`EXPLICIT_BARRIERS` to their own barriers."""
+#: Attribute of the installed wrapper, so that installing it twice wraps TVM's pass once.
+_INSTALLED = "gensorage_explicit_barriers"
+
+
+def honour_explicit_barriers() -> None:
+    """From now on, TVM's ``ThreadSync("shared.dyn")`` leaves functions marked :data:`EXPLICIT_BARRIERS` to their
+    own barriers (idempotent; every other function gets TVM's pass unchanged, so every build may see it)."""
     from tvm.s_tir import transform
 
-    original = transform.ThreadSync
-    transform.ThreadSync = _selective(original)
-    try:
-        yield
-    finally:
-        transform.ThreadSync = original
+    if getattr(transform.ThreadSync, _INSTALLED, False):
+        return
+    selective = _selective(transform.ThreadSync)
+    setattr(selective, _INSTALLED, True)
+    transform.ThreadSync = selective
 
 
 def has_explicit_barriers(func: Any) -> bool:
     return func.attrs is not None and EXPLICIT_BARRIERS in func.attrs
+
+
+def divergent_barriers(func: Any) -> int:
+    """How many barriers of ``func`` sit where the threads of a block may not all reach them: under an ``if`` or
+    inside a ``threadIdx`` loop (conservative: an ``if`` every thread takes alike counts too).
+
+    TVM's barrier pass refuses such a barrier ("Cannot insert syncs inside condition"), and on the GPU one is a
+    deadlock or undefined behaviour; a kernel that places its own barriers, which TVM then does not check, is
+    checked with this instead.
+    """
+    from gensorage.codegen.tir_walk import child_statements
+
+    count = 0
+    stack: list[tuple[Any, bool]] = [(func.body, False)]
+    while stack:
+        node, divergent = stack.pop()
+        kind = type(node).__name__
+        if (
+            kind == "Evaluate"
+            and getattr(getattr(node.value, "op", None), "name", "") == "tirx.tvm_storage_sync"
+        ):
+            count += divergent
+        binding = getattr(node, "thread_binding", None) if kind == "For" else None
+        divergent = (
+            divergent
+            or kind == "IfThenElse"
+            or (binding is not None and binding.thread_tag.startswith("threadIdx"))
+        )
+        stack.extend((child, divergent) for child in child_statements(node))
+    return count
 
 
 def tiles_clash(memory: Any, r: Any, others: set[Any]) -> bool:
@@ -116,7 +152,8 @@ class BarrierPlacement:
 __all__ = [
     "EXPLICIT_BARRIERS",
     "BarrierPlacement",
-    "explicit_barriers",
+    "honour_explicit_barriers",
     "tiles_clash",
+    "divergent_barriers",
     "has_explicit_barriers",
 ]

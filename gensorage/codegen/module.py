@@ -15,13 +15,12 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from gensorage.codegen.barriers import explicit_barriers, has_explicit_barriers
+from gensorage.codegen.barriers import divergent_barriers, has_explicit_barriers, honour_explicit_barriers
 from gensorage.codegen.kernel_text import ScheduledKernel
 from gensorage.codegen.predefined import emit_predefined, is_alias
 from gensorage.codegen.scalar import FloatScalar, Scalar
@@ -66,11 +65,20 @@ def _parse(text: str, name: str) -> Any:
     import tvm
 
     try:
-        return tvm.script.from_source(text)
+        func = tvm.script.from_source(text)
     except Exception as exc:  # a generator bug; say which kernel and keep the parser's diagnostic
         raise UnsupportedOpError(
             f"internal error: emitted TVMScript for {name} does not parse: {exc}"
         ) from exc
+    if has_explicit_barriers(func):
+        # TVM will not check the kernel's own barriers: check them here. Every later build of the kernel (a
+        # bundle's cubin, launch_specs' pipeline), not only CompiledUGraph's, must then honour the mark.
+        if divergent := divergent_barriers(func):
+            raise UnsupportedOpError(
+                f"internal error: {name} has {divergent} barrier(s) under a condition or in a thread loop"
+            )
+        honour_explicit_barriers()
+    return func
 
 
 def _kernel_name(g: KernelGraph, k: int) -> str:
@@ -132,10 +140,9 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) ->
     from gensorage.codegen.tensor_core import build_config
 
     mod = ir_module(kernels)
-    explicit = any(has_explicit_barriers(k.func) for k in kernels)
     config = build_config(k.rule for k in kernels) if target == "cuda" else {}
     try:
-        with explicit_barriers() if explicit else nullcontext(), tvm.transform.PassContext(config=config):
+        with tvm.transform.PassContext(config=config):
             return tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
     except Exception as exc:  # TVM's own error classes; the generated code is at fault, name the first line
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]

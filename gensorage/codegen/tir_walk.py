@@ -10,6 +10,17 @@ from typing import Any
 _CHILD_ATTRS = ("else_case", "then_case", "init", "body", "block")
 
 
+def child_statements(node: Any) -> list[Any]:
+    """The statements directly under ``node``, in order."""
+    seq = getattr(node, "seq", None)
+    children = list(seq) if seq is not None else []
+    for attr in reversed(_CHILD_ATTRS):
+        child = getattr(node, attr, None)
+        if child is not None and not isinstance(child, int | float | str):
+            children.append(child)
+    return children
+
+
 def walk(stmt: Any) -> Iterator[Any]:
     """Every statement under ``stmt`` (included), pre-order."""
     stack = [stmt]
@@ -18,13 +29,7 @@ def walk(stmt: Any) -> Iterator[Any]:
         if node is None:
             continue
         yield node
-        seq = getattr(node, "seq", None)
-        if seq is not None:
-            stack.extend(reversed(list(seq)))
-        for attr in _CHILD_ATTRS:
-            child = getattr(node, attr, None)
-            if child is not None and not isinstance(child, int | float | str):
-                stack.append(child)
+        stack.extend(reversed(child_statements(node)))
 
 
 def allocated_shapes(func: Any) -> dict[str, tuple[int, ...]]:
