@@ -1,4 +1,4 @@
-"""A prepared CPU launch sequence of compiled µGraph kernels: what a repeated call costs on top of the kernels.
+"""A prepared launch sequence of compiled µGraph kernels: what a repeated call costs on top of the kernels.
 
 :meth:`~gensorage.codegen.module.CompiledUGraph.run` is general: it copies numpy inputs into TVM tensors,
 allocates every intermediate, looks every kernel up by name and copies the outputs back. A caller that runs the
@@ -8,10 +8,15 @@ argument that does not depend on the call is bound. A call then wraps its inputs
 DLPack (no copy) and launches the kernels in order.
 
 Intermediates are shared between calls, so calls of one runner are serialised by a lock. Inputs must be
-contiguous DLPack-capable arrays (torch CPU tensors, numpy arrays) of the µGraph's input shapes and dtypes whose
-data is aligned to :data:`ALIGNMENT` bytes (TVM's requirement; torch's CPU allocations are, a view at an offset
+contiguous DLPack-capable arrays (torch tensors, numpy arrays) of the µGraph's input shapes and dtypes whose
+data is aligned to :data:`ALIGNMENT` bytes (TVM's requirement; torch's allocations are, a view at an offset
 may not be); outputs come from the caller's allocator (aligned alike), so they are the caller's kind of array
 and never alias each other.
+
+The same holds on a GPU (``target="cuda"``): the intermediates live on that GPU for the runner's lifetime, the
+caller allocates the outputs there (torch's allocator, say), and the launches go to TVM's current stream, so
+the caller orders calls by running them on one stream. The outputs are the caller's memory, never TVM's, so
+their lifetime is the caller's allocator's alone.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 from gensorage.codegen.predefined import is_alias
 from gensorage.codegen.scalar import FloatScalar
+from gensorage.codegen.ugraph_tir import Target
 from gensorage.errors import ProgramError, UnsupportedOpError
 from gensorage.ugraph.ir import KernelOp, Ref
 
@@ -45,7 +51,8 @@ class _Arg:
 
 
 class KernelRunner:
-    """The llvm kernels of a :class:`~gensorage.codegen.module.CompiledUGraph`, ready to run repeatedly.
+    """The ``target`` kernels of a :class:`~gensorage.codegen.module.CompiledUGraph` (llvm, or CUDA on GPU
+    ``device_index``), ready to run repeatedly.
 
     Raises
     ------
@@ -54,16 +61,16 @@ class KernelRunner:
         :meth:`~gensorage.codegen.module.CompiledUGraph.run` serves it), or field kernels.
     """
 
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, compiled: Any, target: Target = "llvm", device_index: int = 0) -> None:
         import tvm
 
         g, info = compiled.ugraph, compiled.info
-        kernels = compiled.kernels("llvm")
+        kernels = compiled.kernels(target)
         if any(k.component is not None for k in kernels):
             raise UnsupportedOpError("field kernels run one residue at a time")
-        ex = compiled.executable("llvm")
+        ex = compiled.executable(target)
         scalar = FloatScalar(compiled.compute)
-        dev = tvm.cpu(0)
+        dev = tvm.cuda(device_index) if target == "cuda" else tvm.cpu(0)
         self.input_shapes = tuple(s.shape for s in g.inputs)
         self.input_dtypes = tuple(s.dtype for s in g.inputs)
         outputs = {r: j for j, r in enumerate(g.outputs)}

@@ -5,8 +5,9 @@ CPU tensors run the llvm build; CUDA tensors run a CUDA build for the GPU they a
 the profile's, when the two differ) on torch's current stream, so the kernels are ordered with the torch ops
 around them without a device sync. Inputs are imported with ``tvm.runtime.from_dlpack`` (the same memory); the
 kernels need contiguous data aligned to 64 bytes, so a strided or offset view is first copied by torch on its own
-device. Outputs are TVM allocations handed to torch with ``torch.from_dlpack`` (the same memory again). Nothing
-passes through numpy or the host on the CUDA path.
+device. Outputs are torch allocations on the inputs' device that the kernels write through DLPack (a prepared
+:class:`~gensorage.codegen.runner.KernelRunner` per µGraph and device, its intermediates kept on the device).
+Nothing passes through numpy or the host on the CUDA path.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gensorage.codegen.cuda_build import require_cuda_device
 from gensorage.codegen.module import CompiledUGraph, compile_ugraph
-from gensorage.codegen.runner import ALIGNMENT
+from gensorage.codegen.runner import ALIGNMENT, KernelRunner
 from gensorage.codegen.ugraph_tir import Target
 from gensorage.errors import UnsupportedOpError
 
@@ -55,6 +57,8 @@ _BUILT: dict[tuple[Any, ...], CompiledUGraph] = {}
 
 
 _ON_DEVICE: dict[tuple[int, torch.device], tuple[CompiledUGraph, CompiledUGraph]] = {}
+
+_RUNNERS: dict[tuple[int, torch.device], tuple[CompiledUGraph, KernelRunner | None]] = {}
 
 
 def kernels_for(cg: CompiledUGraph, device: torch.device) -> CompiledUGraph:
@@ -114,6 +118,20 @@ def _empty(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
     return torch.empty(shape, dtype=getattr(torch, dtype))
 
 
+def cuda_runner(cg: CompiledUGraph, device: torch.device) -> KernelRunner | None:
+    """The prepared CUDA launch sequence of ``cg`` on ``device`` (built once per µGraph and device, then kept);
+    None when the µGraph returns an input or a view, which the general run serves."""
+    key = (id(cg), device)
+    if key not in _RUNNERS:
+        built = kernels_for(cg, device)
+        try:
+            runner: KernelRunner | None = KernelRunner(built, "cuda", device.index or 0)
+        except UnsupportedOpError:
+            runner = None
+        _RUNNERS[key] = (cg, runner)  # holds cg: its identity is not reused while the entry lives
+    return _RUNNERS[key][1]
+
+
 def run_on_device(res: ShapeKernels, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The kernels of ``res`` on ``args`` (all on one device), outputs as torch tensors on that device.
 
@@ -124,10 +142,18 @@ def run_on_device(res: ShapeKernels, args: Sequence[torch.Tensor]) -> list[torch
     target = build_for(device)
     if target == "llvm" and res.runner is not None:
         return list(res.runner([aligned(a) for a in args], _empty))
-    cg = kernels_for(res.compiled, device)
+    runner = cuda_runner(res.compiled, device) if target == "cuda" else None
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext(), _stream(device):
+        if runner is not None:
+            return list(runner([aligned(a) for a in args], partial(_empty_on, device)))
+        cg = kernels_for(res.compiled, device)
         outs = cg.run_tensors([kernel_input(a) for a in args], target)
-    return [torch.from_dlpack(o) for o in outs]
+        # copies owned by torch, made while TVM's tensors are alive (see the module docstring)
+        return [torch.from_dlpack(o).clone() for o in outs]
+
+
+def _empty_on(device: torch.device, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    return torch.empty(shape, dtype=getattr(torch, dtype), device=device)
 
 
 __all__ = [
@@ -137,6 +163,7 @@ __all__ = [
     "build_for",
     "cuda_arch",
     "cuda_kernels",
+    "cuda_runner",
     "kernel_input",
     "kernels_for",
     "profile_for",
