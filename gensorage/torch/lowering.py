@@ -325,8 +325,8 @@ def _addmm(lw: Lowering, node: fx.Node) -> Value:
 
 def _sdpa(lw: Lowering, node: fx.Node) -> Value:
     """``softmax(q kᵀ · scale + mask) v``; GQA (fewer K/V heads) repeats each K/V head."""
-    users = list(node.users)
-    if any(u.target is not operator.getitem or _args(u)[1] != 0 for u in users):
+    users = list(node.users)  # an item other than the output is fine while nothing reads it
+    if any(u.target is not operator.getitem or (_args(u)[1] != 0 and u.users) for u in users):
         raise UnsupportedOpError(f"{node.name}: attention's log-sum-exp is used (training graph)")
     name = _target_name(node)
     args = dict(zip(SDPA_ARGS[name], _args(node), strict=False)) | dict(_kw(node))
@@ -458,6 +458,27 @@ SDPA_ARGS: dict[str, Sequence[str]] = {
         "compute_log_sumexp",
         "dropout_p",
         "is_causal",
+    ),
+    # cuDNN's attention and the backend-overridable one: what SDPA decomposes to on some GPUs (an H200 with
+    # torch 2.11 gave the cuDNN one), output 0 the attention, the others log-sum-exp and RNG state.
+    "aten._scaled_dot_product_cudnn_attention.default": (
+        "query",
+        "key",
+        "value",
+        "attn_bias",
+        "compute_log_sumexp",
+        "dropout_p",
+        "is_causal",
+        "return_debug_mask",
+    ),
+    "aten._scaled_dot_product_fused_attention_overrideable.default": (
+        "query",
+        "key",
+        "value",
+        "attn_bias",
+        "dropout_p",
+        "is_causal",
+        "return_debug_mask",
     ),
     "aten.scaled_dot_product_attention.default": (
         "query",
