@@ -15,17 +15,22 @@ from gensorage.codegen.block_mma import (
     B_ELEMS,
     C_ELEMS,
     WARP,
+    MmaTiling,
     a_element,
+    acc_budget,
     b_element,
+    block_mma_tilings,
     c_element,
     mma_tiling,
 )
 from gensorage.codegen.field_twin import check_field_twin
+from gensorage.codegen.mma_warps import MmaCosts, choose_mma_warps, chunk_cycles
 from gensorage.codegen.module import compile_ugraph
 from gensorage.codegen.tensor_core import fragment_lane
 from gensorage.codegen.tir_text import Ix
 from gensorage.construction.block_threads import ThreadChoice
 from gensorage.dtypes import numpy_dtype
+from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
 from gensorage.opset import Op
 from gensorage.ugraph.examples import EXAMPLES, ONLINE_EXAMPLES
@@ -166,6 +171,52 @@ def test_the_rule_spreads_the_mmas_over_the_warps_then_reuses_fragments() -> Non
     # One warp, 16 x 8 output: one MMA tile, one step.
     t = _rule((16, 16), (16, 8), ("float16", "float16"), 32)
     assert t is not None and (t.warp_m, t.warp_n, t.steps) == (1, 1, 1)  # type: ignore[attr-defined]
+    # 1024 threads leave 64 registers a thread: the accumulators get a quarter of them, 16 (a 32 x 16 tile).
+    t = _rule((64, 32), (32, 64), ("float16", "float16"), 1024)
+    assert t is not None and t.regs <= 16 and t.warps == 32  # type: ignore[attr-defined]
+
+
+def _warps_chosen(a: tuple[int, ...], b: tuple[int, ...], threads: int, hw_name: str) -> MmaTiling:
+    g = _matmul_graph(a, b, ("float16", "float16"))
+    info = validate(g)
+    binfo = info.blocks[0]
+    assert binfo is not None
+    nodes = g.ops[0].block.nodes  # type: ignore[union-attr]
+    warps = dict(choose_mma_warps(info, binfo, nodes, threads, load_profile(hw_name)))
+    return block_mma_tilings(info, binfo, nodes, threads, warps)[2]
+
+
+@pytest.mark.parametrize("hw_name", ["h100", "h200", "a100"])
+def test_the_warps_of_a_block_matmul_minimise_the_cycle_model(hw_name: str) -> None:
+    # FlashAttention's 64 x 64 score tile on a 1024-thread block: one 16 x 8 MMA tile per warp on all 32 warps
+    # loads 12 fragment elements per lane for each MMA; the choice takes fewer warps with larger tiles, and no
+    # warp count whose accumulators fit the registers is cheaper in the model.
+    hw = load_profile(hw_name)
+    t = _warps_chosen((64, 128), (128, 64), 1024, hw_name)
+    assert 1 < t.warps < 32 and t.warp_m * t.warp_n > 1 and t.idle
+    costs = MmaCosts.of(hw, "float16")
+    g = _matmul_graph((64, 128), (128, 64), ("float16", "float16"))
+    binfo = validate(g).blocks[0]
+    assert binfo is not None
+    node = g.ops[0].block.nodes[2]  # type: ignore[union-attr]
+    assert isinstance(node, BlockOp)
+    for w in range(1, 33):
+        other = mma_tiling(binfo, node, 2, 1024, w)
+        assert other is not None
+        if other.slots <= acc_budget(1024):
+            assert chunk_cycles(t, costs) <= chunk_cycles(other, costs)
+    # A single warp's block has nothing to choose.
+    assert _warps_chosen((16, 32), (32, 8), 32, hw_name).warps == 1
+
+
+def test_more_warps_than_the_block_has_is_a_one_line_error() -> None:
+    g = _matmul_graph((16, 32), (32, 64), ("float16", "float16"))
+    binfo = validate(g).blocks[0]
+    assert binfo is not None
+    node = g.ops[0].block.nodes[2]  # type: ignore[union-attr]
+    assert isinstance(node, BlockOp)
+    with pytest.raises(ScheduleError, match="5 warps for block matmul #2 on 128 threads"):
+        mma_tiling(binfo, node, 2, 128, 5)
 
 
 # ------------------------------------------------------------------------------------------ the CPU twins
@@ -186,6 +237,7 @@ def _tolerance(dtype: str, want: np.ndarray) -> float:
     n=st.sampled_from([8, 16, 24, 64]),
     k=st.sampled_from([16, 32]),
     warps=st.sampled_from([1, 2, 3, 4]),
+    idle=st.sampled_from([0, 1, 3]),
     scale=st.sampled_from([1e-3, 1.0, 30.0]),
     dtype=st.sampled_from(["float16", "bfloat16"]),
     seed=st.integers(0, 2**16),
@@ -197,15 +249,18 @@ def test_any_warp_tiling_computes_the_matmul(
     n: int,
     k: int,
     warps: int,
+    idle: int,
     scale: float,
     dtype: str,
     seed: int,
 ) -> None:
-    # Several steps per warp, idle warps (guards), padded rows, batch dims and a broadcast B: the twin's warps,
-    # lanes and slots reach every output element once, through the register accumulator across the loop.
+    # Several steps per warp, warps with no tile (guards), warps of the block the matmul leaves idle, padded
+    # rows, batch dims and a broadcast B: the twin's warps, lanes and slots reach every output element once,
+    # through the register accumulator across the loop.
     b_batch = (1,) * len(batch) if broadcast else batch
     g = _matmul_graph(batch + (m, k), b_batch + (k, n), (dtype, dtype), grid=2)
-    cg = compile_ugraph(g, HW, "llvm", plans={0: ThreadChoice(warps * WARP, None, None, "hypothesis")})
+    plan = ThreadChoice((warps + idle) * WARP, None, None, "hypothesis", ((2, warps),))
+    cg = compile_ugraph(g, HW, "llvm", plans={0: plan})
     assert "on tensor cores" in cg.kernels("llvm")[0].rule
     rng = np.random.default_rng(seed)
     xs = [(rng.standard_normal(s.shape) * scale).astype(numpy_dtype(dtype)) for s in g.inputs]

@@ -571,7 +571,7 @@ class BlockEmitter:
         with self.grid():
             self.body()
         sig = ", ".join(f'{p.name}: T.Buffer({shape_text(p.shape)}, "{p.dtype}")' for p in params)
-        explicit = f', "{EXPLICIT_BARRIERS}": True' if self.dynamic_shared else ""
+        explicit = f', "{EXPLICIT_BARRIERS}": True' if self.gpu else ""
         head = [
             "@T.prim_func",
             f"def {self.name}({sig}):",

@@ -30,6 +30,7 @@ semantics: per k chunk, each accumulator adds its 16 products in k order.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,9 +38,10 @@ from typing import TYPE_CHECKING
 from gensorage.codegen.scalar import Val
 from gensorage.codegen.tensor_core import mma_dtype
 from gensorage.codegen.tir_text import Ix, broadcast_index, tvm_float, unravel
+from gensorage.errors import ScheduleError
 from gensorage.opset import Op
-from gensorage.ugraph.ir import BlockOp, Ref, ThreadGraph
-from gensorage.ugraph.shapes import BlockInfo, TensorInfo
+from gensorage.ugraph.ir import BlockNode, BlockOp, Ref, ThreadGraph
+from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
 
 if TYPE_CHECKING:
     from gensorage.codegen.block_emitter import BlockEmitter
@@ -49,6 +51,8 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16  # the m16n8k16 instruction
 MIN_ROWS = 8  # a tile of 8 rows (a decode batch, a query group) runs padded to 16: half of each MMA
 A_ELEMS, B_ELEMS, C_ELEMS = 8, 4, 4  # fragment elements per lane
 MAX_ACC_REGS = 64  # float32 accumulators per thread and step: a quarter of the 255 registers a thread may use
+MAX_REGS_PER_THREAD = 255
+REGISTERS_PER_BLOCK = 65536  # CUDA's per-block register file (compute capability 5.0 to 9.0)
 PTX_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -65,6 +69,7 @@ class MmaTiling:
     warp_m: int
     warp_n: int
     dtype: str
+    block_warps: int = 0  # the block's warps (0: ``warps``); those past ``warps`` idle in this matmul's phase
 
     @property
     def m_tiles(self) -> int:
@@ -98,19 +103,30 @@ class MmaTiling:
     def slots(self) -> int:
         return self.steps * self.regs
 
+    @property
+    def idle(self) -> bool:
+        """Whether some of the block's warps take no part (then each lane checks its warp)."""
+        return self.block_warps > self.warps
+
     def describe(self) -> str:
+        of = f" of {self.block_warps}" if self.idle else ""
         return (
-            f"tensor cores (mma.m16n8k16 {self.dtype}): {self.warps} warp{'s' if self.warps > 1 else ''}, warp tile "
+            f"tensor cores (mma.m16n8k16 {self.dtype}): {self.warps}{of} warp{'s' if self.warps > 1 else ''}, warp tile "
             f"{MMA_M * self.warp_m}x{MMA_N * self.warp_n}, {self.steps} step{'s' if self.steps > 1 else ''}"
         )
 
 
-def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTiling | None:
-    """The warp tiling of block matmul ``j`` on ``threads`` threads, or None when it does not run on tensor cores.
+def mma_tiling(
+    binfo: BlockInfo, node: BlockOp, j: int, threads: int, warps: int | None = None
+) -> MmaTiling | None:
+    """The warp tiling of block matmul ``j`` on ``warps`` of the block's ``threads`` threads (default: all of
+    them; the others idle in its phase), or None when it does not run on tensor cores.
 
-    Among warp tiles of at most :data:`MAX_ACC_REGS` accumulators, the one with the fewest MMAs on the busiest
-    warp (the critical path), then the largest (each fragment loaded feeds more MMAs), then the one loading the
-    fewest fragment elements per k chunk (the squarer).
+    Among warp tiles whose accumulators over all steps (:attr:`MmaTiling.slots`: a loop accumulator or the
+    fused thread graph keeps every step's in registers) fit :func:`acc_budget`, the one with the fewest MMAs on
+    the busiest warp (the critical path), then the largest (each fragment loaded feeds more MMAs), then the one
+    loading the fewest fragment elements per k chunk (the squarer). When none fits, the one with the fewest
+    accumulators. How many warps: :func:`gensorage.codegen.mma_warps.choose_mma_warps`.
     """
     a, b = (binfo.nodes[r.node][r.out] for r in node.inputs)
     out = binfo.nodes[j][0].shape
@@ -118,17 +134,25 @@ def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTili
     dtype = fits_mma(a, b, out)
     if dtype is None or threads % WARP:
         return None
-    warps = threads // WARP
-    best: tuple[tuple[int, int, int], MmaTiling] | None = None
+    warps = threads // WARP if warps is None else warps
+    if not 1 <= warps <= threads // WARP:
+        raise ScheduleError(f"{warps} warps for block matmul #{j} on {threads} threads")
+    budget = acc_budget(threads)
+    best: tuple[tuple[bool, int, int, int], MmaTiling] | None = None
     for wm in _divisors(-(-m // MMA_M)):
         for wn in _divisors(n // MMA_N):
-            t = MmaTiling(tuple(out[:-2]), m, n, k, warps, wm, wn, dtype)
-            if t.regs > MAX_ACC_REGS:
-                continue
-            key = (t.steps * wm * wn, -wm * wn, A_ELEMS * wm + B_ELEMS * wn)
+            t = MmaTiling(tuple(out[:-2]), m, n, k, warps, wm, wn, dtype, threads // WARP)
+            over = t.slots > budget
+            key = (over, t.slots if over else t.steps * wm * wn, -wm * wn, A_ELEMS * wm + B_ELEMS * wn)
             if best is None or key < best[0]:
                 best = (key, t)
     return None if best is None else best[1]
+
+
+def acc_budget(threads: int) -> int:
+    """Accumulator registers a thread of a ``threads``-thread block may keep: a quarter of its registers (at
+    most :data:`MAX_ACC_REGS`), the rest for fragments, addresses and the phases around."""
+    return min(MAX_ACC_REGS, min(MAX_REGS_PER_THREAD, REGISTERS_PER_BLOCK // threads) // 4)
 
 
 def fits_mma(a: TensorInfo, b: TensorInfo, out: tuple[int, ...]) -> str | None:
@@ -192,7 +216,8 @@ def warp_tile(t: MmaTiling, threads: int, step: Ix) -> tuple[Ix, list[str]]:
     """The warp tile this thread's warp computes at ``step``, and the condition for it to exist."""
     _, warp = lane_and_warp(threads)
     wt = step * t.warps + warp
-    return wt, ([f"{wt} < {t.warp_tiles}"] if t.steps * t.warps > t.warp_tiles else [])
+    conds = [f"{warp} < {t.warps}"] if t.idle else []
+    return wt, conds + ([f"{wt} < {t.warp_tiles}"] if t.steps * t.warps > t.warp_tiles else [])
 
 
 def tile_coords(t: MmaTiling, threads: int, wt: Ix, mi: Ix, nj: Ix, c: Ix) -> list[Ix]:
@@ -325,14 +350,24 @@ class MmaEmitter:
 
 
 def mma_tilings(e: BlockEmitter) -> dict[int, MmaTiling]:
-    """The block matmuls that run on tensor cores (:func:`~gensorage.codegen.block_mma.mma_tiling`); none
-    when the graph computes in float64 (the MMA accumulates in float32), in the field twin too, so that it
-    indexes as the float kernel does."""
-    if any(t.dtype == "float64" for outs in e.info.nodes for t in outs):
+    """The block matmuls of ``e``'s kernel that run on tensor cores, with the warps its thread plan chose
+    (:func:`block_mma_tilings`)."""
+    return block_mma_tilings(e.info, e.binfo, e.nodes, e.nt, dict(e.choice.mma_warps))
+
+
+def block_mma_tilings(
+    info: GraphInfo, binfo: BlockInfo, nodes: tuple[BlockNode, ...], threads: int, warps: Mapping[int, int]
+) -> dict[int, MmaTiling]:
+    """The warp layout of every block matmul of a block graph that runs on tensor cores (the one source of it:
+    the code generator and the cost models read it here): block matmul ``j`` on ``warps[j]`` warps (default:
+    all of the block's ``threads``), its warp tile by :func:`mma_tiling`. None when the graph computes in
+    float64 (the MMA accumulates in float32), in the field twin too, so that it indexes as the float kernel
+    does."""
+    if any(t.dtype == "float64" for outs in info.nodes for t in outs):
         return {}
     tilings = {
-        j: mma_tiling(e.binfo, n, j, e.nt)
-        for j, n in enumerate(e.nodes)
+        j: mma_tiling(binfo, n, j, threads, warps.get(j))
+        for j, n in enumerate(nodes)
         if isinstance(n, BlockOp) and n.op is Op.MATMUL
     }
     return {j: t for j, t in tilings.items() if t is not None}
@@ -369,6 +404,8 @@ __all__ = [
     "mma_tilings",
     "MmaTiling",
     "a_element",
+    "acc_budget",
+    "block_mma_tilings",
     "b_element",
     "c_element",
     "fits_mma",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,11 @@ def launch_specs(
     import tvm
     from tvm.tirx.build import split_host_device_mods
 
+    from gensorage.codegen.barriers import explicit_barriers, has_explicit_barriers
+
     t = tvm.target.Target(target).with_host(tvm.target.Target("llvm"))
-    with tvm.transform.PassContext(config=config or {}):
+    explicit = any(has_explicit_barriers(f) for f in mod.functions.values())
+    with explicit_barriers() if explicit else nullcontext(), tvm.transform.PassContext(config=config or {}):
         bound = tvm.tirx.transform.BindTarget(t)(mod)
         pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(t)
         host, _ = split_host_device_mods(pipeline(bound))
