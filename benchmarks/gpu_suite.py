@@ -7,7 +7,7 @@ Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py
        python benchmarks/gpu_suite.py --prepare gpu_bundle            # every case
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms M1 --programs rmsnorm
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms --convs --programs fused_mha_prefill \
-           --block-mma-warps 0 4 8 4:128 8:256                          # warp layouts side by side
+           --block-mma-warps 0e 0 4 8 4:128 8:256                       # warp layouts side by side
 
    writes ``gpu_bundle/manifest.json`` and one cubin (and its CUDA source) per case.
 2. On the GPU machine (torch, CuPy; no TVM), in one call of at most 8 minutes::
@@ -133,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         "--block-mma-warps",
         nargs="*",
         default=[],
-        metavar="W[:T]",
+        metavar="W[:T][e]",
         help="fused programs: also bundle each with its tensor-core block matmuls on W warps (0: all) of the "
-        "planned block, or of a block of T threads",
+        "planned block, or of a block of T threads; a trailing e loads fragments element-wise, not by ldmatrix",
     )
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)

@@ -21,6 +21,7 @@ from gensorage.codegen.block_mma import (
     b_element,
     block_mma_tilings,
     c_element,
+    ldmatrix_row,
     mma_tiling,
 )
 from gensorage.codegen.field_twin import check_field_twin
@@ -97,6 +98,29 @@ def test_fragment_layouts_are_the_ldmatrix_layout_tvms_intrinsics_use() -> None:
         for c in range(C_ELEMS):
             row, col = c_element(Ix.of(lane), Ix.of(c))
             assert fragment_lane(_ix(row), _ix(col)) == (lane, c)
+
+
+def _ldmatrix(lane: int, q: int, h: int, trans: bool) -> tuple[int, int]:
+    """(row, col) in the 16 x 16 block of half ``h`` of register ``q`` of ``lane`` after ldmatrix.x4 (PTX ISA):
+    matrix ``q``'s row ``r`` is the 8 elements at the address lane ``8q + r`` gives; without .trans a lane gets
+    row lane/4, columns 2*(lane%4) + h of it; with .trans the transposed matrix's."""
+    r, c = (2 * (lane % 4) + h, lane // 4) if trans else (lane // 4, 2 * (lane % 4) + h)
+    row, col = ldmatrix_row(Ix.of(8 * q + r))
+    return _ix(row), _ix(col) + c
+
+
+def test_ldmatrix_rows_load_the_mma_fragments() -> None:
+    # A (rows i, columns k) through ldmatrix.x4: register q holds elements 2q, 2q + 1 of a_element's fragment.
+    # B (rows k, columns n) through ldmatrix.x4.trans: registers 0-1 the fragment of the B tile at columns 0-7,
+    # registers 2-3 that of the tile at columns 8-15 (b_element's k, n).
+    for lane in range(WARP):
+        for q in range(4):
+            for h in range(2):
+                assert _ldmatrix(lane, q, h, False) == tuple(
+                    _ix(x) for x in a_element(Ix.of(lane), 2 * q + h)
+                )
+                k, n = (_ix(x) for x in b_element(Ix.of(lane), 2 * (q % 2) + h))
+                assert _ldmatrix(lane, q, h, True) == (k, n + 8 * (q // 2))
 
 
 def test_a_thread_index_reads_its_lanes_layout() -> None:
@@ -321,6 +345,7 @@ def test_every_fused_example_compiles_to_mma_for_sm_90(dtype: str) -> None:
 
     if cubin_unavailable_reason() is not None:
         pytest.skip(cubin_unavailable_reason())
+    with_ldmatrix: list[str] = []
     for name in sorted(MMA_SHAPES):
         _, g = ALL_EXAMPLES[name](**MMA_SHAPES[name], dtype=dtype)
         cg = compile_ugraph(g, HW, "cuda")
@@ -333,8 +358,14 @@ def test_every_fused_example_compiles_to_mma_for_sm_90(dtype: str) -> None:
             on_tc = set(re.findall(r"on tensor cores \(mma\.m16n8k16 (\w+)\)", kernel.rule))
             found = set(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(\w+)\.", body))
             assert found == {{"float16": "f16", "bfloat16": "bf16"}[d] for d in on_tc}, (name, kernel.name)
+            emitted = "T.ptx_legacy.ldmatrix" in kernel.script
+            assert emitted == ("ldmatrix.sync.aligned.m8n8" in body), (name, kernel.name)
+            with_ldmatrix += [name] if emitted else []
             res = resources[f"{kernel.name}_kernel"]
             assert res.spill_stores == 0 and res.stack_bytes == 0 and res.registers <= 255
+    # ldmatrix wherever an operand is a tile of its own in the MMA dtype: all but qknorm_attention, whose only
+    # tensor-core matmul converts both operands (float32 P, float16 V) to bfloat16.
+    assert sorted(with_ldmatrix) == sorted(set(MMA_SHAPES) - {"qknorm_attention"})
 
 
 def test_the_ptxas_report_is_read_per_kernel() -> None:

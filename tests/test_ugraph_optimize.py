@@ -479,7 +479,7 @@ def test_swizzled_tiles_keep_the_llvm_twin_right(name: str, monkeypatch: pytest.
     # does) and check that the XOR indices reach the kernel and the llvm twin still computes the program.
     from gensorage.codegen import block_emitter
 
-    def widest_swizzle(shape: tuple[int, ...], elem: int, accesses: object) -> Layout:
+    def widest_swizzle(shape: tuple[int, ...], elem: int, accesses: object, row_align: int = 0) -> Layout:
         fits = [lay for lay in LAYOUTS if lay.swizzle and lay.fits(shape, elem)]
         return max(fits, key=lambda lay: lay.swizzle, default=Layout())
 
@@ -491,3 +491,13 @@ def test_swizzled_tiles_keep_the_llvm_twin_right(name: str, monkeypatch: pytest.
     xs = [rng.uniform(-1.0, 1.0, s.shape).astype(s.dtype) for s in g.inputs]
     for got, want in zip(cg.run(*xs), program.run(*xs), strict=True):
         assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tile_ldmatrix_reads_keeps_its_16_byte_rows() -> None:
+    # A float16 [16, 64] tile read a column per lane (32-way conflicts row-major): unconstrained, the cheapest
+    # layout pads a word; a tile ldmatrix reads a 16-byte row at a time may only pad whole 16-byte runs.
+    accesses = [Access(tuple((lane, 0) for lane in range(16)) * 2)]
+    free = choose_layout((16, 64), 2, accesses)
+    aligned = choose_layout((16, 64), 2, accesses, row_align=16)
+    assert free.pad * 2 % 16 != 0 or free.swizzle
+    assert aligned.swizzle == 0 and aligned.pad * 2 % 16 == 0

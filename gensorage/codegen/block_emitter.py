@@ -14,7 +14,7 @@ from gensorage.codegen.block_accesses import AccessRecorder
 from gensorage.codegen.block_accumulators import AccumulatorEmitter
 from gensorage.codegen.block_buffers import allocate
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
-from gensorage.codegen.block_mma import MmaEmitter, fused_thread_graphs, mma_tilings, slot_coords
+from gensorage.codegen.block_mma import ROW_BYTES, MmaEmitter, fused_thread_graphs, mma_tilings, slot_coords
 from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, Tiled
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
@@ -120,9 +120,11 @@ class BlockEmitter:
         # accesses a first emission records (one warp's element indices per read or write site).
         self.layouts = dict(layouts or {})
         self.recorder = AccessRecorder(self.nt)
+        self.row_loads: set[Ref] = set()  # tiles ldmatrix reads (their layouts keep 16-byte rows aligned)
         self.dynamic_shared = False
         self.memory = MemoryPlan((), 0, 0)  # set by allocate
         self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
+        self.arena_dtype = ""  # the arena's element type (the widest tile's)
         self.barriers = BarrierPlacement(lambda r, o: tiles_clash(self.memory if self.arena else None, r, o))
         self._check_grid()
         if choice.tiling is not None:
@@ -240,7 +242,10 @@ class BlockEmitter:
         """Every tile's layout with the fewest bank-conflict wavefronts over the recorded accesses."""
         return {
             r: choose_layout(
-                self.tile(r).shape, dtype_bytes(self.buf_dtype(r)), self.recorder.accesses.get(r, [])
+                self.tile(r).shape,
+                dtype_bytes(self.buf_dtype(r)),
+                self.recorder.accesses.get(r, []),
+                ROW_BYTES if r in self.row_loads else 0,
             )
             for r in self.buffers
         }

@@ -38,9 +38,12 @@ from typing import TYPE_CHECKING
 from gensorage.codegen.scalar import Val
 from gensorage.codegen.tensor_core import mma_dtype
 from gensorage.codegen.tir_text import Ix, broadcast_index, tvm_float, unravel
+from gensorage.dtypes import dtype_bytes
 from gensorage.errors import ScheduleError
 from gensorage.opset import Op
 from gensorage.ugraph.ir import BlockNode, BlockOp, Ref, ThreadGraph
+from gensorage.ugraph.optimize.layouts import Layout
+from gensorage.ugraph.optimize.views import VIEW_OPS
 from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
 
 if TYPE_CHECKING:
@@ -54,6 +57,7 @@ MAX_ACC_REGS = 64  # float32 accumulators per thread and step: a quarter of the 
 MAX_REGS_PER_THREAD = 255
 REGISTERS_PER_BLOCK = 65536  # CUDA's per-block register file (compute capability 5.0 to 9.0)
 PTX_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
+ROW_BYTES = 16  # one ldmatrix row: 8 16-bit elements, 16-byte aligned
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +191,15 @@ def b_element(lane: Ix, e: int) -> tuple[Ix, Ix]:
     return t * 2 + (e % 2 + 8 * (e // 2)), g
 
 
+def ldmatrix_row(lane: Ix) -> tuple[Ix, Ix]:
+    """(row, first column) in a 16 x 16 block of the 8-element row whose address ``lane`` gives ``ldmatrix.x4``:
+    lanes ``8q .. 8q + 7`` give matrix ``q``'s rows, and the matrices are (rows 0-7, columns 0-7), (rows 8-15,
+    columns 0-7), (rows 0-7, columns 8-15), (rows 8-15, columns 8-15): for A (rows i, columns k) the
+    registers are the :func:`a_element` fragment; for B (rows k, columns n; transposed) the fragments of two
+    16 x 8 B tiles (:func:`b_element`), columns 0-7 then 8-15."""
+    return lane.mod(16), lane.floordiv(16).mod(2) * 8
+
+
 def c_element(lane: Ix, c: Ix) -> tuple[Ix, Ix]:
     """(row, col) in the 16 x 8 C tile of accumulator ``c`` of ``lane``."""
     g, t = _group(lane)
@@ -296,7 +309,12 @@ class MmaEmitter:
         fa, fb = frags
         ab = broadcast_index(batch, e.tile(a).shape[:-2])
         bb = broadcast_index(batch, e.tile(b).shape[:-2])
+        low, high = ldmatrix_row(lane)
         for mi in range(t.warp_m):
+            if self._row_loadable(a, t, t.padded):  # A rows (k contiguous): x4 gives the a_element layout
+                idx = ab + [i0 + mi * MMA_M + low, kc * MMA_K + high]
+                self._ldmatrix(t, fa, mi * A_ELEMS, a, idx, 4, trans=False)
+                continue
             for x in range(A_ELEMS):
                 row, col = a_element(lane, x)
                 i = i0 + mi * MMA_M + row
@@ -310,6 +328,12 @@ class MmaEmitter:
                     )
                 e.store(fa, str(mi * A_ELEMS + x), v, t.dtype)
         for nj in range(t.warp_n):
+            if self._row_loadable(b, t, False):  # B rows (n contiguous), transposed: two n tiles per x4
+                if nj % 2 == 0:
+                    pair = nj + 1 < t.warp_n
+                    idx = bb + [kc * MMA_K + low, j0 + nj * MMA_N + (high if pair else Ix())]
+                    self._ldmatrix(t, fb, nj * B_ELEMS, b, idx, 4 if pair else 2, trans=True)
+                continue
             for x in range(B_ELEMS):
                 kk, col = b_element(lane, x)
                 v = e.read(b, bb + [kc * MMA_K + kk, j0 + nj * MMA_N + col])
@@ -322,6 +346,45 @@ class MmaEmitter:
                     f"{fa}.data, {mi * A_ELEMS}, {fb}.data, {nj * B_ELEMS}, "
                     f'{acc}.data, {(mi * t.warp_n + nj) * C_ELEMS}, False, dtype="float32"))'
                 )
+
+    def _row_loadable(self, r: Ref, t: MmaTiling, padded_rows: bool) -> bool:
+        """Whether ``ldmatrix`` can load fragments of operand ``r``: a shared tile of its own (no view) in the
+        MMA dtype, on the GPU, every 8-element run of a row 16-byte aligned: in the arena (whose tiles start at
+        multiples of 16 bytes; a static ``__shared__`` array of 16-bit elements has no such promise), rows of
+        whole runs, no swizzle. A padded tile of A rows would read past the tile."""
+        e = self.e
+        if (
+            not (e.gpu and e.arena)
+            or padded_rows
+            or r.node in e.views
+            or r not in e.buffers
+            or e.sc.comps != 1
+        ):
+            return False
+        if e.buf_dtype(r) != t.dtype or e.layouts.get(r, Layout()).swizzle:
+            return False
+        return e.buf_tile_shape(r)[-1] * dtype_bytes(t.dtype) % ROW_BYTES == 0
+
+    def _ldmatrix(self, t: MmaTiling, frag: str, at: int, r: Ref, idx: list[Ix], n: int, trans: bool) -> None:
+        """``ldmatrix`` of ``n`` 8 x 8 matrices of tile ``r`` into ``frag[at:]``; this lane's row starts at
+        element ``idx``."""
+        e = self.e
+        e.barriers.reads.add(r)
+        e.recorder.note_rows(r, idx, n, ROW_BYTES // dtype_bytes(t.dtype))
+        e.row_loads.add(r)
+        flat = Ix()
+        for i, size in zip(idx, e.buf_tile_shape(r), strict=True):
+            flat = flat * size + i
+        src = e.buffers[r]
+        if e.arena:  # TVM's access_ptr must name the allocation's type: the arena's, in its elements
+            src, flat = (
+                "smem",
+                _scaled(flat * dtype_bytes(t.dtype) + e.memory.offset(r), dtype_bytes(e.arena_dtype)),
+            )
+        e.w.line(
+            f'T.evaluate(T.ptx_legacy.ldmatrix({trans}, {n}, ".b16", {frag}.data, {at}, '
+            f'{src}.access_ptr("r"), {flat}, dtype="{t.dtype}"))'
+        )
 
     def _scalar_mmas(self, t: MmaTiling, acc: str, a: Ref, b: Ref, wt: Ix, batch: list[Ix], kc: Ix) -> None:
         """One k chunk by the MMA's scalar semantics: each of this lane's accumulators adds 16 products."""
@@ -347,6 +410,21 @@ class MmaEmitter:
         if self.e.sc.field or v.dtype == t.dtype:
             return v
         return Val((f'T.Cast("{t.dtype}", {v.comps[0]})',), t.dtype)
+
+
+def row_operand(binfo: BlockInfo, nodes: tuple[BlockNode, ...], r: Ref, t: MmaTiling) -> bool:
+    """Whether operand ``r`` of a tensor-core matmul is a tile of its own (not a reshape or repeat view) in the
+    MMA dtype, which ``ldmatrix`` may load (the emitter also needs its shared layout to keep rows aligned)."""
+    node = nodes[r.node]
+    if isinstance(node, BlockOp) and node.op in VIEW_OPS:
+        return False
+    return binfo.nodes[r.node][r.out].dtype == t.dtype
+
+
+def _scaled(x: Ix, k: int) -> Ix:
+    """``x // k`` for an ``x`` whose every coefficient and constant ``k`` divides (a 16-byte aligned offset)."""
+    assert all(c % k == 0 for _, c in x.terms) and x.const % k == 0, (x, k)
+    return Ix(tuple((a, c // k) for a, c in x.terms), x.const // k)
 
 
 def mma_tilings(e: BlockEmitter) -> dict[int, MmaTiling]:
@@ -408,7 +486,9 @@ __all__ = [
     "block_mma_tilings",
     "b_element",
     "c_element",
+    "ldmatrix_row",
     "fits_mma",
     "mma_tiling",
+    "row_operand",
     "slot_coords",
 ]

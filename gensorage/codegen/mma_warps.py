@@ -13,8 +13,9 @@ warp tile for ``W``). ``W`` minimises a cycle model of one k chunk on one SM, th
   ``ceil(W / 4) * steps * warp_m * warp_n`` MMAs at the profile's ``mma.sync`` rate (tensor peak times
   ``calibration.mma_sync_fraction``);
 - the shared-memory pipe, which every warp's fragment loads share: per fragment, its load instructions (one
-  2-byte element per lane each, one instruction per cycle) or its bytes at the shared bandwidth per cycle,
-  whichever is more;
+  instruction per cycle: a 2-byte element per lane each, or one ``ldmatrix`` per A fragment and per two B
+  fragments where the operand is a tile of its own in the MMA dtype, :func:`~.block_mma.row_operand`) or its
+  bytes at the shared bandwidth per cycle, whichever is more;
 - one warp's chain: it waits for its fragments (the shared-memory latency), then issues its MMAs in turn, for
   each of its steps.
 
@@ -41,6 +42,7 @@ from gensorage.codegen.block_mma import (
     acc_budget,
     block_mma_tilings,
     mma_tiling,
+    row_operand,
 )
 from gensorage.dtypes import dtype_bytes
 from gensorage.hw.profile import HwProfile
@@ -68,25 +70,26 @@ class MmaCosts:
         )
 
 
-def fragment_cycles(elems: int, nbytes: int, costs: MmaCosts) -> float:
-    """Shared-pipe cycles of one fragment load by one warp: ``elems`` instructions, ``nbytes`` bytes."""
-    return max(float(elems), nbytes / costs.shared_bytes_per_cycle)
+def fragment_cycles(instructions: float, nbytes: int, costs: MmaCosts) -> float:
+    """Shared-pipe cycles of one fragment load by one warp: ``instructions`` instructions, ``nbytes`` bytes."""
+    return max(float(instructions), nbytes / costs.shared_bytes_per_cycle)
 
 
-def shared_cycles(t: MmaTiling, costs: MmaCosts) -> float:
-    """Shared-pipe cycles of the fragment loads of one k chunk of ``t``, over all its warps."""
+def shared_cycles(t: MmaTiling, costs: MmaCosts, rows: tuple[bool, bool] = (False, False)) -> float:
+    """Shared-pipe cycles of the fragment loads of one k chunk of ``t``, over all its warps; ``rows`` says
+    which operands ``ldmatrix`` loads (one instruction per A fragment, one per two B fragments)."""
     el = dtype_bytes(t.dtype)
-    a = fragment_cycles(A_ELEMS, WARP * A_ELEMS * el, costs)
-    b = fragment_cycles(B_ELEMS, WARP * B_ELEMS * el, costs)
+    a = fragment_cycles(1 if rows[0] else A_ELEMS, WARP * A_ELEMS * el, costs)
+    b = fragment_cycles(0.5 if rows[1] else B_ELEMS, WARP * B_ELEMS * el, costs)
     return t.warps * t.steps * (t.warp_m * a + t.warp_n * b)
 
 
-def chunk_cycles(t: MmaTiling, costs: MmaCosts) -> float:
+def chunk_cycles(t: MmaTiling, costs: MmaCosts, rows: tuple[bool, bool] = (False, False)) -> float:
     """Cycles of one 16-wide k chunk of ``t`` on one SM (the module docstring's model)."""
     tiles = t.steps * t.warp_m * t.warp_n
     tensor = math.ceil(t.warps / SUBPARTITIONS) * tiles * costs.mma_cycles
     chain = t.steps * costs.shared_latency + tiles * costs.mma_cycles
-    return max(tensor, shared_cycles(t, costs), chain)
+    return max(tensor, shared_cycles(t, costs, rows), chain)
 
 
 def choose_mma_warps(
@@ -98,6 +101,8 @@ def choose_mma_warps(
         node = nodes[j]
         assert isinstance(node, BlockOp)
         costs = MmaCosts.of(hw, t.dtype)
+        a, b = node.inputs
+        rows = (row_operand(binfo, nodes, a, t) and not t.padded, row_operand(binfo, nodes, b, t))
         best: tuple[tuple[float, float, int], int] | None = None
         for w in range(1, threads // WARP + 1):
             tw = mma_tiling(binfo, node, j, threads, w)
@@ -106,7 +111,7 @@ def choose_mma_warps(
                 continue  # a warp with nothing to do: fewer warps give the same steps
             if tw.slots > acc_budget(threads) and w < threads // WARP:
                 continue  # its accumulators would spill
-            key = (chunk_cycles(tw, costs), shared_cycles(tw, costs), -w)
+            key = (chunk_cycles(tw, costs, rows), shared_cycles(tw, costs, rows), -w)
             if best is None or key < best[0]:
                 best = (key, w)
         assert best is not None

@@ -89,13 +89,16 @@ class MatmulTiling:
 class ThreadChoice:
     """Threads per block, the block node tiled by the constructor (None: fallback rule), and why; ``mma_warps``
     pairs a tensor-core block matmul with the warps that compute it (the others idle in its phase; one not
-    listed runs on all of them), see :mod:`gensorage.codegen.mma_warps`."""
+    listed runs on all of them), see :mod:`gensorage.codegen.mma_warps`; ``ldmatrix``: whether their fragments
+    are loaded by ``ldmatrix`` where the shared layout allows (False: element by element, e.g. to measure
+    the difference)."""
 
     threads: int
     matmul_node: int | None
     tiling: MatmulTiling | None
     rule: str
     mma_warps: tuple[tuple[int, int], ...] = ()
+    ldmatrix: bool = True
 
 
 def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:
