@@ -70,7 +70,13 @@ def prepare(args: argparse.Namespace) -> int:
                 program, fused = gpu_bundle.load_program(name), gpu_bundle.load_ugraph(name)
                 cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused))
                 for warps in args.block_mma_warps if fused is not None else []:
-                    cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused, warps))
+                    try:  # one layout's failure is recorded, the other layouts are still bundled
+                        cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused, warps))
+                    except Exception as exc:
+                        print(
+                            f"program {name} warps {warps}: not bundled: {type(exc).__name__}: {exc}",
+                            file=sys.stderr,
+                        )
         except Exception as exc:  # one program's failure is recorded, the bundle still gets the rest
             print(f"program {name}: not bundled: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue

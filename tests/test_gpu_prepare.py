@@ -55,15 +55,16 @@ def test_a_bundle_of_gemms_and_a_program_validates(tmp_path: Path) -> None:
 
 def test_a_fused_ugraph_bundles_under_several_warp_layouts(tmp_path: Path) -> None:
     # --block-mma-warps: the same fused µGraph with its tensor-core matmuls on all warps (0), on 2 of the
-    # planned block's, and on 2 warps of a 64-thread block; each its own case, each layout in its rule.
+    # planned block's (with ldmatrix, and element-wise: 2e), and on 2 warps of a 64-thread block; each its own
+    # case, each layout in its rule.
     program, g = examples.flash_attention(heads=2, q_len=64, kv_len=64, head_dim=16, q_blocks=2, forloop=2)
     cases = [
         gpu_prepare.program_case("fa", program, HW, tmp_path, ugraph=g, mma_warps=v)
-        for v in ("0", "2", "2:64")
+        for v in ("0", "2", "2:64", "2e")
     ]
     gpu_prepare.write_manifest(tmp_path, cases, {"hw": "h200"})
     parsed = {c.name: c for c in validate_bundle(tmp_path)}
-    assert set(parsed) == {"program_fa_w0", "program_fa_w2", "program_fa_w2t64"}
+    assert set(parsed) == {"program_fa_w0", "program_fa_w2", "program_fa_w2t64", "program_fa_w2e"}
     rules = {
         c["name"]: c["meta"]["rules"][0]
         for c in json.loads((tmp_path / "manifest.json").read_text())["cases"]
@@ -71,3 +72,6 @@ def test_a_fused_ugraph_bundles_under_several_warp_layouts(tmp_path: Path) -> No
     assert "2 of " in rules["program_fa_w2"] and " of " not in rules["program_fa_w0"].split(";", 1)[1]
     assert rules["program_fa_w2t64"].startswith("bundle variant 2:64: 64 threads")
     assert parsed["program_fa_w2t64"].kernels[0].block[0] == 64
+    # ldmatrix fragment loads unless the variant asks for element-wise ones (a trailing e).
+    assert "ldmatrix" in (tmp_path / "program_fa_w2.cu").read_text()
+    assert "ldmatrix" not in (tmp_path / "program_fa_w2e.cu").read_text()

@@ -353,15 +353,11 @@ class MmaEmitter:
         multiples of 16 bytes; a static ``__shared__`` array of 16-bit elements has no such promise), rows of
         whole runs, no swizzle. A padded tile of A rows would read past the tile."""
         e = self.e
-        if (
-            not (e.gpu and e.arena)
-            or padded_rows
-            or r.node in e.views
-            or r not in e.buffers
-            or e.sc.comps != 1
-        ):
+        if not (e.gpu and e.arena and e.choice.ldmatrix) or padded_rows or r not in e.buffers:
             return False
-        if e.buf_dtype(r) != t.dtype or e.layouts.get(r, Layout()).swizzle:
+        if e.sc.comps != 1 or not row_operand(e.binfo, e.nodes, r, t) or e.buf_dtype(r) != t.dtype:
+            return False
+        if e.layouts.get(r, Layout()).swizzle:
             return False
         return e.buf_tile_shape(r)[-1] * dtype_bytes(t.dtype) % ROW_BYTES == 0
 
