@@ -356,8 +356,8 @@ def mma_warp_plans(g: KernelGraph, hw: HwProfile, variant: str) -> dict[int, Thr
     says: ``"W"`` (``W`` warps of the planned block, at most all of them; 0: all of them, one warp tile per
     warp as before the choice of warps existed) or ``"W:T"`` (``W`` warps of a block of ``T`` threads, for the
     kernels that have a tensor-core block matmul; every phase runs on those ``T``), with fragments loaded by
-    ``ldmatrix`` where the layout allows, or element by element with a trailing ``e`` (``"0e"``: the kernels
-    as they were before warps were chosen). A count whose accumulators do not fit the registers gets the warp
+    ``ldmatrix`` and tiles by ``cp.async`` where the layout allows, or element by element with a trailing ``e``
+    (``"0e"``: the kernels as they were before warps were chosen). A count whose accumulators do not fit the registers gets the warp
     tiles with the fewest (they may spill: the resource report says)."""
     elementwise = variant.endswith("e")
     warps_text, _, threads_text = variant.removesuffix("e").partition(":")
@@ -380,7 +380,7 @@ def mma_warp_plans(g: KernelGraph, hw: HwProfile, variant: str) -> dict[int, Thr
             plan = ThreadChoice(threads, plan.matmul_node, tiling, rule, plan.mma_warps)
         most = plan.threads // hw.warp_size
         chosen = tuple((j, min(warps, most) if warps else most) for j, _ in plan.mma_warps)
-        plans[k] = dataclasses.replace(plan, mma_warps=chosen, ldmatrix=not elementwise)
+        plans[k] = dataclasses.replace(plan, mma_warps=chosen, runs=not elementwise)
     return plans
 
 

@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="W[:T][e]",
         help="fused programs: also bundle each with its tensor-core block matmuls on W warps (0: all) of the "
-        "planned block, or of a block of T threads; a trailing e loads fragments element-wise, not by ldmatrix",
+        "planned block, or of a block of T threads; a trailing e: element-wise fragment and tile loads "
+        "(no ldmatrix, no cp.async)",
     )
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)

@@ -346,6 +346,7 @@ def test_every_fused_example_compiles_to_mma_for_sm_90(dtype: str) -> None:
     if cubin_unavailable_reason() is not None:
         pytest.skip(cubin_unavailable_reason())
     with_ldmatrix: list[str] = []
+    with_copies: list[str] = []
     for name in sorted(MMA_SHAPES):
         _, g = ALL_EXAMPLES[name](**MMA_SHAPES[name], dtype=dtype)
         cg = compile_ugraph(g, HW, "cuda")
@@ -361,11 +362,16 @@ def test_every_fused_example_compiles_to_mma_for_sm_90(dtype: str) -> None:
             emitted = "T.ptx_legacy.ldmatrix" in kernel.script
             assert emitted == ("ldmatrix.sync.aligned.m8n8" in body), (name, kernel.name)
             with_ldmatrix += [name] if emitted else []
+            copies = 'T.ptx["cp.async.cg.shared.global"]' in kernel.script
+            assert copies == ("cp.async.cg.shared.global" in body), (name, kernel.name)
+            with_copies += [name] if copies else []
             res = resources[f"{kernel.name}_kernel"]
             assert res.spill_stores == 0 and res.stack_bytes == 0 and res.registers <= 255
     # ldmatrix wherever an operand is a tile of its own in the MMA dtype: all but qknorm_attention, whose only
     # tensor-core matmul converts both operands (float32 P, float16 V) to bfloat16.
     assert sorted(with_ldmatrix) == sorted(set(MMA_SHAPES) - {"qknorm_attention"})
+    # cp.async tile loads (16-byte runs of float16 rows) in every example.
+    assert set(with_copies) == set(MMA_SHAPES)
 
 
 def test_the_ptxas_report_is_read_per_kernel() -> None:

@@ -72,6 +72,8 @@ def test_a_fused_ugraph_bundles_under_several_warp_layouts(tmp_path: Path) -> No
     assert "2 of " in rules["program_fa_w2"] and " of " not in rules["program_fa_w0"].split(";", 1)[1]
     assert rules["program_fa_w2t64"].startswith("bundle variant 2:64: 64 threads")
     assert parsed["program_fa_w2t64"].kernels[0].block[0] == 64
-    # ldmatrix fragment loads unless the variant asks for element-wise ones (a trailing e).
+    # ldmatrix fragment loads and cp.async tile loads unless the variant asks for element-wise ones (a trailing e).
     assert "ldmatrix" in (tmp_path / "program_fa_w2.cu").read_text()
     assert "ldmatrix" not in (tmp_path / "program_fa_w2e.cu").read_text()
+    assert "cp.async" in (tmp_path / "program_fa_w2.cu").read_text()
+    assert "cp.async" not in (tmp_path / "program_fa_w2e.cu").read_text()

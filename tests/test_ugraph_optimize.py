@@ -337,6 +337,10 @@ def _events(script: str) -> list[tuple[str, set[str], set[str]]]:
                 if m and rhs:
                     writes.add(m.group(1))
                 reads |= set(re.findall(r"\b(s\d+(?:_\d+)?)\[", rhs if rhs else lhs))
+                # cp.async writes the tile it points into; an ldmatrix of an arena tile names it in a comment.
+                writes |= set(re.findall(r"cp\.async[^(]*\(\s*(s\d+(?:_\d+)?)\.ptr_to", lines[i]))
+                reads |= set(re.findall(r"ldmatrix.*# reads (s\d+(?:_\d+)?)$", lines[i]))
+                reads |= set(re.findall(r"ldmatrix.*\b(s\d+(?:_\d+)?)\.access_ptr", lines[i]))
                 i += 1
             target.append(("phase", reads, writes))
             continue

@@ -51,6 +51,14 @@ class AccessRecorder:
                 lanes += [(*first[:-1], first[-1] + c) for c in range(width)]
             self.accesses.setdefault(r, []).append(Access(tuple(lanes)))
 
+    def note_run(self, r: Ref, idx: list[Ix], width: int) -> None:
+        """Record an access of tile ``r`` in which each lane touches ``width`` elements from ``idx``."""
+        lanes = []
+        for lane in range(self.lanes):
+            first = [self.at_lane(i, lane) for i in idx]
+            lanes += [(*first[:-1], first[-1] + c) for c in range(width)]
+        self.accesses.setdefault(r, []).append(Access(tuple(lanes)))
+
     def at_lane(self, ix: Ix, lane: int) -> int:
         env = _LaneEnv(lane, self)
         # The atoms are the emitter's own index text: names, integers, +, *, // and %.

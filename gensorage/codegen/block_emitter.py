@@ -13,6 +13,7 @@ from gensorage.codegen.barriers import EXPLICIT_BARRIERS, BarrierPlacement, tile
 from gensorage.codegen.block_accesses import AccessRecorder
 from gensorage.codegen.block_accumulators import AccumulatorEmitter
 from gensorage.codegen.block_buffers import allocate
+from gensorage.codegen.block_loads import GRID_VARS, LoadEmitter
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
 from gensorage.codegen.block_mma import ROW_BYTES, MmaEmitter, fused_thread_graphs, mma_tilings, slot_coords
 from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, Tiled
@@ -54,9 +55,6 @@ from gensorage.ugraph.optimize.phase_order import depth_order
 from gensorage.ugraph.optimize.views import VIEW_OPS
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo
 from gensorage.ugraph.validate import loop_phases
-
-_GRID_VARS = ("bx", "by", "bz")
-
 
 # ---------------------------------------------------------------------------------------------- emission
 
@@ -120,7 +118,7 @@ class BlockEmitter:
         # accesses a first emission records (one warp's element indices per read or write site).
         self.layouts = dict(layouts or {})
         self.recorder = AccessRecorder(self.nt)
-        self.row_loads: set[Ref] = set()  # tiles ldmatrix reads (their layouts keep 16-byte rows aligned)
+        self.row_loads: set[Ref] = set()  # tiles read or written in 16-byte runs (ldmatrix, cp.async)
         self.dynamic_shared = False
         self.memory = MemoryPlan((), 0, 0)  # set by allocate
         self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
@@ -131,12 +129,13 @@ class BlockEmitter:
             check_tiling(choice.tiling, choice.threads)
         self.matmul = MatmulEmitter(self)
         self.mma_emitter = MmaEmitter(self)
+        self.loads = LoadEmitter(self)
 
     def _check_grid(self) -> None:
         for g, n in enumerate(self.block.grid):
             if n > MAX_GRID[g]:
                 raise UnsupportedOpError(
-                    f"grid dim {_GRID_VARS[g][1]} of {n} blocks exceeds CUDA's {MAX_GRID[g]}"
+                    f"grid dim {GRID_VARS[g][1]} of {n} blocks exceeds CUDA's {MAX_GRID[g]}"
                 )
 
     def tile(self, r: Ref) -> TensorInfo:
@@ -309,7 +308,7 @@ class BlockEmitter:
         out = list(idx)
         for g, d in enumerate(node.omap):
             if self.block.grid[g] > 1:
-                out[d] = idx[d] + Ix.var(_GRID_VARS[g]) * tile[d]
+                out[d] = idx[d] + Ix.var(GRID_VARS[g]) * tile[d]
         self.store(f"out{s}", index_text(out), v, self.sc.buf_dtype(self.binfo.outputs[s].dtype))
 
     # ------------------------------------------------------------------ loops
@@ -376,24 +375,6 @@ class BlockEmitter:
         return broadcast_index(idx, m.shape), conds + broadcast_guard(idx, m.shape, m.space)
 
     # ------------------------------------------------------------------ phases
-
-    def phase_load(self, j: int) -> None:
-        node = self.nodes[j]
-        assert isinstance(node, InputIterator)
-        src = self.op.inputs[node.input]
-        shape = self.info.of(src).shape
-        ext, off = list(shape), [Ix() for _ in shape]
-        for g, d in enumerate(node.imap):
-            if d is not None and self.block.grid[g] > 1:
-                ext[d] //= self.block.grid[g]
-                off[d] = off[d] + Ix.var(_GRID_VARS[g]) * ext[d]
-        if node.fmap is not None:
-            ext[node.fmap] //= self.block.forloop
-            off[node.fmap] = off[node.fmap] + Ix.var("it") * ext[node.fmap]
-        dtype = self.sc.buf_dtype(self.info.of(src).dtype)
-        with self.threads(), self.elements(self.tile(Ref(j)).shape) as (idx, slot):
-            gidx = [o + i for o, i in zip(off, idx, strict=True)]
-            self.emit_value(Ref(j), idx, self.sc.load(f"in{node.input}", index_text(gidx), dtype), slot)
 
     def phase_op(self, j: int) -> None:
         node = self.nodes[j]
@@ -496,7 +477,7 @@ class BlockEmitter:
             return  # ran in its matmul's phase
         with self.barrier_phase():
             if isinstance(node, InputIterator):
-                self.phase_load(j)
+                self.loads.phase(j)
             elif isinstance(node, ThreadGraph):
                 self.phase_thread_graph(j)
             else:
@@ -595,7 +576,7 @@ class BlockEmitter:
             yield
 
     def _grid_header(self, g: int, n: int, first: bool) -> str:
-        var = _GRID_VARS[g]
+        var = GRID_VARS[g]
         if self.gpu:
             return f'for {var} in T.thread_binding({n}, thread="blockIdx.{"xyz"[g]}"):'
         return f"for {var} in {'T.parallel' if first else 'T.serial'}({n}):"

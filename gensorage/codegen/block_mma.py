@@ -353,7 +353,7 @@ class MmaEmitter:
         multiples of 16 bytes; a static ``__shared__`` array of 16-bit elements has no such promise), rows of
         whole runs, no swizzle. A padded tile of A rows would read past the tile."""
         e = self.e
-        if not (e.gpu and e.arena and e.choice.ldmatrix) or padded_rows or r not in e.buffers:
+        if not (e.gpu and e.arena and e.choice.runs) or padded_rows or r not in e.buffers:
             return False
         if e.sc.comps != 1 or not row_operand(e.binfo, e.nodes, r, t) or e.buf_dtype(r) != t.dtype:
             return False
@@ -371,7 +371,7 @@ class MmaEmitter:
         flat = Ix()
         for i, size in zip(idx, e.buf_tile_shape(r), strict=True):
             flat = flat * size + i
-        src = e.buffers[r]
+        src = note = e.buffers[r]
         if e.arena:  # TVM's access_ptr must name the allocation's type: the arena's, in its elements
             src, flat = (
                 "smem",
@@ -380,6 +380,7 @@ class MmaEmitter:
         e.w.line(
             f'T.evaluate(T.ptx_legacy.ldmatrix({trans}, {n}, ".b16", {frag}.data, {at}, '
             f'{src}.access_ptr("r"), {flat}, dtype="{t.dtype}"))'
+            + (f"  # reads {note}" if src != note else "")
         )
 
     def _scalar_mmas(self, t: MmaTiling, acc: str, a: Ref, b: Ref, wt: Ix, batch: list[Ix], kc: Ix) -> None:
