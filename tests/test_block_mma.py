@@ -233,6 +233,19 @@ def test_the_warps_of_a_block_matmul_minimise_the_cycle_model(hw_name: str) -> N
     assert _warps_chosen((16, 32), (32, 8), 32, hw_name).warps == 1
 
 
+def test_the_cost_models_read_the_layout_the_kernel_is_emitted_with() -> None:
+    from gensorage.codegen.ugraph_tir import planned_mma_tilings
+
+    _, g = ALL_EXAMPLES["flash_attention"](
+        heads=16, q_len=256, kv_len=1024, head_dim=64, q_blocks=4, forloop=16
+    )
+    tilings = planned_mma_tilings(g, 0, validate(g), HW)
+    (kernel,) = compile_ugraph(g, HW, "llvm").kernels("llvm")
+    assert sorted(tilings) == [3, 6]
+    for j, t in tilings.items():
+        assert f"block matmul #{j} on {t.describe()}" in kernel.rule
+
+
 def test_more_warps_than_the_block_has_is_a_one_line_error() -> None:
     g = _matmul_graph((16, 32), (32, 64), ("float16", "float16"))
     binfo = validate(g).blocks[0]

@@ -58,6 +58,7 @@ import math
 
 from gensorage.codegen.block_emitter import BlockEmitter
 from gensorage.codegen.block_matmul import matmul_dims
+from gensorage.codegen.block_mma import MmaTiling, block_mma_tilings
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
 from gensorage.codegen.mma_warps import choose_mma_warps
 from gensorage.codegen.scalar import FLOAT_DTYPES, Scalar
@@ -133,6 +134,18 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
     )
 
 
+def planned_mma_tilings(
+    g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int = 0
+) -> dict[int, MmaTiling]:
+    """The warp layout of graph-defined op ``k``'s tensor-core block matmuls as the code generator emits them
+    (block matmul -> :class:`~gensorage.codegen.block_mma.MmaTiling`; for cost models)."""
+    binfo = info.blocks[k]
+    op = g.ops[k]
+    assert isinstance(op, GraphDefinedOp) and binfo is not None
+    plan = plan_threads(g, k, info, hw, seed)
+    return block_mma_tilings(info, binfo, op.block.nodes, plan.threads, dict(plan.mma_warps))
+
+
 def emit_graph_defined(
     g: KernelGraph,
     k: int,
@@ -182,4 +195,5 @@ __all__ = [
     "compute_dtype",
     "emit_graph_defined",
     "plan_threads",
+    "planned_mma_tilings",
 ]
