@@ -404,6 +404,7 @@ def program_case(
         if ugraph is None
         else dataclasses.replace(ugraph, precision=precision)
     )
+    base = name  # the program's own name: where the device reads the program
     if precision != DEFAULT_PRECISION:
         name = f"{name}_{precision}"
     if mma_warps is not None:
@@ -443,7 +444,7 @@ def program_case(
         "inputs_order": [names[Ref(i)] for i in range(len(g.inputs))],
         "outputs_order": [names[r] for r in g.outputs],
         "kernels": entries,
-        "program": {"path": _program_path(name, program, out), "params": {}},
+        "program": {"path": _program_path(base, name, program, out), "params": {}},
         "predicted_s": predict_ugraph_time(g, hw),
         "flops": 0,
         "min_bytes": sum(math.prod(t.shape) * 2 for t in program.inputs),
@@ -516,14 +517,15 @@ def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> 
     return p
 
 
-def _program_path(name: str, program: Program, out: Path) -> str:
-    """Where the device reads the program: its config, or (a program built here) its text in the bundle."""
-    base = name.removesuffix("_storage")
-    if base not in EXTRA_PROGRAMS and base not in EXTRA_UGRAPHS:
-        return f"configs/programs/{name.removesuffix('_storage')}.gsp"
+def _program_path(base: str, name: str, program: Program, out: Path) -> str:
+    """Where the device reads program ``base`` (bundled as case ``name``): its config, or (a program built here,
+    or one with no config) its text in the bundle."""
+    root = Path(__file__).resolve().parents[1]
+    config = f"configs/programs/{base}.gsp"
+    if base not in EXTRA_PROGRAMS and base not in EXTRA_UGRAPHS and (root / config).is_file():
+        return config
     path = out / f"program_{name}.gsp"
     path.write_text(dump_program(program))
-    root = Path(__file__).resolve().parents[1]
     return (
         str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path.resolve())
     )

@@ -54,6 +54,7 @@ def test_a_bundle_of_gemms_and_a_program_validates(tmp_path: Path) -> None:
 
 
 def test_a_fused_ugraph_bundles_under_several_warp_layouts(tmp_path: Path) -> None:
+    # Every case names a program file that exists (the validator checks it): a variant's is its base program's.
     # --block-mma-warps: the same fused µGraph with its tensor-core matmuls on all warps (0), on 2 of the
     # planned block's (with ldmatrix, and element-wise: 2e), and on 2 warps of a 64-thread block; each its own
     # case, each layout in its rule.
