@@ -387,6 +387,27 @@ def test_every_fused_example_compiles_to_mma_for_sm_90(dtype: str) -> None:
     assert set(with_copies) == set(MMA_SHAPES)
 
 
+def test_the_chosen_warps_at_the_papers_flash_attention_shape_do_not_spill() -> None:
+    # 64 x 64 tiles on 1,024 threads (64 registers a thread): the chosen warp tiles keep their accumulators
+    # within the registers, with ldmatrix fragments and cp.async tiles.
+    from gensorage.codegen.cuda_build import cubin_unavailable_reason, ptx_and_resources
+
+    if cubin_unavailable_reason() is not None:
+        pytest.skip(cubin_unavailable_reason())
+    _, g = ALL_EXAMPLES["flash_attention"](
+        heads=16, q_len=256, kv_len=1024, head_dim=64, q_blocks=4, forloop=16
+    )
+    cg = compile_ugraph(g, HW, "cuda")
+    (kernel,) = cg.kernels("cuda")
+    assert kernel.threads == 1024 and " of 32 warps" in kernel.rule
+    built = ptx_and_resources(cg.cuda_source(), HW.arch)
+    assert built is not None
+    ptx, resources = built
+    res = resources[f"{kernel.name}_kernel"]
+    assert res.spill_stores == 0 and res.stack_bytes == 0
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans" in ptx and "cp.async.cg.shared.global" in ptx
+
+
 def test_the_ptxas_report_is_read_per_kernel() -> None:
     from gensorage.codegen.cuda_build import KernelResources, parse_ptxas_report
 
