@@ -349,11 +349,11 @@ class MmaEmitter:
 
     def _row_loadable(self, r: Ref, t: MmaTiling, padded_rows: bool) -> bool:
         """Whether ``ldmatrix`` can load fragments of operand ``r``: a shared tile of its own (no view) in the
-        MMA dtype, on the GPU, every 8-element run of a row 16-byte aligned: in the arena (whose tiles start at
-        multiples of 16 bytes; a static ``__shared__`` array of 16-bit elements has no such promise), rows of
-        whole runs, no swizzle. A padded tile of A rows would read past the tile."""
+        MMA dtype, on the GPU, every 8-element run of a row 16-byte aligned (arena tiles start at multiples of 16
+        bytes, TVM aligns static ``__shared__`` arrays to 64): rows of whole runs, no swizzle. A padded tile of
+        A rows would read past the tile."""
         e = self.e
-        if not (e.gpu and e.arena and e.choice.runs) or padded_rows or r not in e.buffers:
+        if not (e.gpu and e.choice.runs) or padded_rows or r not in e.buffers:
             return False
         if e.sc.comps != 1 or not row_operand(e.binfo, e.nodes, r, t) or e.buf_dtype(r) != t.dtype:
             return False
