@@ -234,6 +234,7 @@ def parse_case(raw: Any, bundle_dir: Path) -> Case:
             isinstance(prog, dict) and isinstance(prog.get("path"), str), where, "program case without a path"
         )
         _need(isinstance(prog.get("params") or {}, dict), where, "program params must be an object")
+        _need(program_path(prog).is_file(), where, f"program file {prog['path']} does not exist")
     return Case(
         raw["name"], raw["kind"], raw["dtype"], tuple(specs), tuple(ins), tuple(outs), kernels,
         raw.get("gemm"), raw.get("program"), raw,
@@ -305,13 +306,17 @@ def gemm_operands(case: Case, a: Any, b: Any) -> tuple[Any, Any]:
     return a.reshape(*lead, g["M"], g["K"]), b.reshape(*lead, g["K"], g["N"])
 
 
+def program_path(prog: Mapping[str, Any]) -> Path:
+    """A program case's file: its path as given when absolute or present here, else under the repository."""
+    path = Path(prog["path"])
+    return path if path.is_absolute() or path.exists() else REPO_ROOT / path
+
+
 def load_case_program(case: Case) -> Program | None:
     if case.kind != "program":
         return None
     prog = case.program or {}
-    path = Path(prog["path"])
-    path = path if path.is_absolute() or path.exists() else REPO_ROOT / path
-    program = load_program(path, {k: int(v) for k, v in (prog.get("params") or {}).items()})
+    program = load_program(program_path(prog), {k: int(v) for k, v in (prog.get("params") or {}).items()})
     # Outputs are compared in order: the bundle lists them as the program does.
     _need(
         len(program.outputs) == len(case.outputs_order),

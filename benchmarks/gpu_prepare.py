@@ -11,7 +11,9 @@ Cases:
 - ``gemm``: the GEMMs of Gensor's Table IV and the LLaMA-3-8B projections at M in {16, 4096}, float16. Per
   shape: the tensor-core kernel the construction picks, a few fixed tensor-core tilings (so the cost model is
   judged on more than its own choices), and the CUDA-core kernel of the Markov construction.
-- ``program``: each bundled program's direct µGraph (one kernel per op) at the program's shapes.
+- ``program``: each bundled program's direct µGraph (one kernel per op) at the program's shapes, or a fused
+  µGraph of it (``EXTRA_UGRAPHS``); with ``--block-mma-warps``, a fused µGraph also under fixed warp counts for
+  its tensor-core block matmuls (``program_<name>_w<warps>``), so one run says which warp layout is fastest.
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gensorage.codegen.barriers import has_explicit_barriers, honour_explicit_barriers
 from gensorage.codegen.cuda_build import build_cubin, cuda_target
 from gensorage.codegen.implicit_gemm import Conv2d, conv2d_tensor_core
 from gensorage.codegen.launch import Launch, launch_specs
 from gensorage.codegen.module import compile_ugraph, ir_module
 from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
+from gensorage.codegen.ugraph_tir import plan_threads
 from gensorage.construction import construct_schedule, matmul_workload
+from gensorage.construction.block_threads import ThreadChoice
 from gensorage.construction.tensor_core import construct_tensor_core, fits, predict_tensor_core_time
 from gensorage.errors import GensorageError
 from gensorage.hw.profile import HwProfile
@@ -39,8 +44,9 @@ from gensorage.opset import Op
 from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program, dump_program, load_config
 from gensorage.ugraph import KernelGraph, examples, from_program
-from gensorage.ugraph.ir import KernelOp, Ref
+from gensorage.ugraph.ir import GraphDefinedOp, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo, infer
+from gensorage.ugraph.validate import validate
 
 #: Gensor Table IV (M, N, K) and the LLaMA-3-8B projections (q/o, k/v, gate/up, down) at M = 16 and 4096.
 GEMMS: dict[str, tuple[int, int, int]] = {
@@ -97,6 +103,8 @@ def _kernel_entry(
 def _cubin(mod: Any, hw: HwProfile, config: dict[str, Any], out: Path, name: str) -> str:
     import tvm
 
+    if any(has_explicit_barriers(f) for f in mod.functions.values()):
+        honour_explicit_barriers()
     with tvm.transform.PassContext(config=config):
         ex = tvm.compile(mod, target=cuda_target(hw))
     src = str(ex.mod.imports[0].inspect_source())
@@ -340,6 +348,39 @@ def _tensor_names(g: KernelGraph, info: GraphInfo) -> dict[Ref, str]:
     return names
 
 
+def mma_warp_plans(g: KernelGraph, hw: HwProfile, variant: str) -> dict[int, ThreadChoice]:
+    """Every graph-defined kernel's thread plan with each tensor-core block matmul on the warps ``variant``
+    says: ``"W"`` (``W`` warps of the planned block, at most all of them; 0: all of them, one warp tile per
+    warp as before the choice of warps existed) or ``"W:T"`` (``W`` warps of a block of ``T`` threads, for the
+    kernels that have a tensor-core block matmul; every phase runs on those ``T``), with fragments loaded by
+    ``ldmatrix`` and tiles by ``cp.async`` where the layout allows, or element by element with a trailing ``e``
+    (``"0e"``: the kernels as they were before warps were chosen). A count whose accumulators do not fit the registers gets the warp
+    tiles with the fewest (they may spill: the resource report says)."""
+    elementwise = variant.endswith("e")
+    warps_text, _, threads_text = variant.removesuffix("e").partition(":")
+    warps = int(warps_text)
+    info = validate(g, hw)
+    plans = {}
+    for k, op in enumerate(g.ops):
+        if not isinstance(op, GraphDefinedOp):
+            continue
+        plan = plan_threads(g, k, info, hw)
+        if threads_text and plan.mma_warps:
+            threads = int(threads_text)
+            mma = {j for j, _ in plan.mma_warps}
+            tiling = None if plan.matmul_node in mma else plan.tiling  # the tensor cores compute that one
+            if tiling is not None and tiling.threads != threads:
+                raise GensorageError(
+                    f"variant {variant}: kernel {k}'s CUDA-core tiling needs {tiling.threads}"
+                )
+            rule = f"bundle variant {variant}: {threads} threads"
+            plan = ThreadChoice(threads, plan.matmul_node, tiling, rule, plan.mma_warps)
+        most = plan.threads // hw.warp_size
+        chosen = tuple((j, min(warps, most) if warps else most) for j, _ in plan.mma_warps)
+        plans[k] = dataclasses.replace(plan, mma_warps=chosen, runs=not elementwise)
+    return plans
+
+
 def program_case(
     name: str,
     program: Program,
@@ -347,9 +388,12 @@ def program_case(
     out: Path,
     precision: str = DEFAULT_PRECISION,
     ugraph: KernelGraph | None = None,
+    mma_warps: str | None = None,
 ) -> dict[str, Any]:
     """The program's direct µGraph, or ``ugraph`` (a fused one of the same program), under ``precision`` (named
-    ``program_<name>``, plus ``_<precision>`` when it is not the default)."""
+    ``program_<name>``, plus ``_<precision>`` when it is not the default); ``mma_warps``: its tensor-core block
+    matmuls on the warps (and threads) it names (:func:`mma_warp_plans`, named ``_w<warps>`` or
+    ``_w<warps>t<threads>``) instead of the chosen ones."""
     from gensorage.ugraph.cost import predict_ugraph_time
 
     g = (
@@ -357,10 +401,14 @@ def program_case(
         if ugraph is None
         else dataclasses.replace(ugraph, precision=precision)
     )
+    base = name  # the program's own name: where the device reads the program
     if precision != DEFAULT_PRECISION:
         name = f"{name}_{precision}"
+    if mma_warps is not None:
+        name = f"{name}_w{mma_warps.replace(':', 't')}"
     info = infer(g)
-    cg = compile_ugraph(g, hw, "cuda")
+    plans = None if mma_warps is None else mma_warp_plans(g, hw, mma_warps)
+    cg = compile_ugraph(g, hw, "cuda", plans=plans)
     kernels = cg.kernels()
     config = build_config(k.rule for k in kernels)
     mod = ir_module(kernels)
@@ -393,13 +441,14 @@ def program_case(
         "inputs_order": [names[Ref(i)] for i in range(len(g.inputs))],
         "outputs_order": [names[r] for r in g.outputs],
         "kernels": entries,
-        "program": {"path": _program_path(name, program, out), "params": {}},
+        "program": {"path": _program_path(base, name, program, out), "params": {}},
         "predicted_s": predict_ugraph_time(g, hw),
         "flops": 0,
         "min_bytes": sum(math.prod(t.shape) * 2 for t in program.inputs),
         "meta": {
             "rules": [k.rule for k in kernels],
             "tensor_cores": any(k.rule.startswith(RULE) for k in kernels),
+            "mma_warps": mma_warps,
         },
     }
 
@@ -465,14 +514,15 @@ def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> 
     return p
 
 
-def _program_path(name: str, program: Program, out: Path) -> str:
-    """Where the device reads the program: its config, or (a program built here) its text in the bundle."""
-    base = name.removesuffix("_storage")
-    if base not in EXTRA_PROGRAMS and base not in EXTRA_UGRAPHS:
-        return f"configs/programs/{name.removesuffix('_storage')}.gsp"
+def _program_path(base: str, name: str, program: Program, out: Path) -> str:
+    """Where the device reads program ``base`` (bundled as case ``name``): its config, or (a program built here,
+    or one with no config) its text in the bundle."""
+    root = Path(__file__).resolve().parents[1]
+    config = f"configs/programs/{base}.gsp"
+    if base not in EXTRA_PROGRAMS and base not in EXTRA_UGRAPHS and (root / config).is_file():
+        return config
     path = out / f"program_{name}.gsp"
     path.write_text(dump_program(program))
-    root = Path(__file__).resolve().parents[1]
     return (
         str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path.resolve())
     )

@@ -6,6 +6,8 @@ Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py
 
        python benchmarks/gpu_suite.py --prepare gpu_bundle            # every case
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms M1 --programs rmsnorm
+       python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms --convs --programs fused_mha_prefill \
+           --block-mma-warps 0e 0 4 8 4:128 8:256                       # warp layouts side by side
 
    writes ``gpu_bundle/manifest.json`` and one cubin (and its CUDA source) per case.
 2. On the GPU machine (torch, CuPy; no TVM), in one call of at most 8 minutes::
@@ -67,6 +69,14 @@ def prepare(args: argparse.Namespace) -> int:
             for precision in args.precisions:
                 program, fused = gpu_bundle.load_program(name), gpu_bundle.load_ugraph(name)
                 cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused))
+                for warps in args.block_mma_warps if fused is not None else []:
+                    try:  # one layout's failure is recorded, the other layouts are still bundled
+                        cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused, warps))
+                    except Exception as exc:
+                        print(
+                            f"program {name} warps {warps}: not bundled: {type(exc).__name__}: {exc}",
+                            file=sys.stderr,
+                        )
         except Exception as exc:  # one program's failure is recorded, the bundle still gets the rest
             print(f"program {name}: not bundled: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
@@ -125,6 +135,15 @@ def main(argv: list[str] | None = None) -> int:
         help="programs: precision policies to bundle each under (float32, storage)",
     )
     ap.add_argument("--convs", nargs="*", default=None, help="convolution names (default: Table IV's C1-C3)")
+    ap.add_argument(
+        "--block-mma-warps",
+        nargs="*",
+        default=[],
+        metavar="W[:T][e]",
+        help="fused programs: also bundle each with its tensor-core block matmuls on W warps (0: all) of the "
+        "planned block, or of a block of T threads; a trailing e: element-wise fragment and tile loads "
+        "(no ldmatrix, no cp.async)",
+    )
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)
 

@@ -15,17 +15,23 @@ from gensorage.codegen.block_mma import (
     B_ELEMS,
     C_ELEMS,
     WARP,
+    MmaTiling,
     a_element,
+    acc_budget,
     b_element,
+    block_mma_tilings,
     c_element,
+    ldmatrix_row,
     mma_tiling,
 )
 from gensorage.codegen.field_twin import check_field_twin
+from gensorage.codegen.mma_warps import MmaCosts, choose_mma_warps, chunk_cycles
 from gensorage.codegen.module import compile_ugraph
 from gensorage.codegen.tensor_core import fragment_lane
 from gensorage.codegen.tir_text import Ix
 from gensorage.construction.block_threads import ThreadChoice
 from gensorage.dtypes import numpy_dtype
+from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
 from gensorage.opset import Op
 from gensorage.ugraph.examples import EXAMPLES, ONLINE_EXAMPLES
@@ -92,6 +98,29 @@ def test_fragment_layouts_are_the_ldmatrix_layout_tvms_intrinsics_use() -> None:
         for c in range(C_ELEMS):
             row, col = c_element(Ix.of(lane), Ix.of(c))
             assert fragment_lane(_ix(row), _ix(col)) == (lane, c)
+
+
+def _ldmatrix(lane: int, q: int, h: int, trans: bool) -> tuple[int, int]:
+    """(row, col) in the 16 x 16 block of half ``h`` of register ``q`` of ``lane`` after ldmatrix.x4 (PTX ISA):
+    matrix ``q``'s row ``r`` is the 8 elements at the address lane ``8q + r`` gives; without .trans a lane gets
+    row lane/4, columns 2*(lane%4) + h of it; with .trans the transposed matrix's."""
+    r, c = (2 * (lane % 4) + h, lane // 4) if trans else (lane // 4, 2 * (lane % 4) + h)
+    row, col = ldmatrix_row(Ix.of(8 * q + r))
+    return _ix(row), _ix(col) + c
+
+
+def test_ldmatrix_rows_load_the_mma_fragments() -> None:
+    # A (rows i, columns k) through ldmatrix.x4: register q holds elements 2q, 2q + 1 of a_element's fragment.
+    # B (rows k, columns n) through ldmatrix.x4.trans: registers 0-1 the fragment of the B tile at columns 0-7,
+    # registers 2-3 that of the tile at columns 8-15 (b_element's k, n).
+    for lane in range(WARP):
+        for q in range(4):
+            for h in range(2):
+                assert _ldmatrix(lane, q, h, False) == tuple(
+                    _ix(x) for x in a_element(Ix.of(lane), 2 * q + h)
+                )
+                k, n = (_ix(x) for x in b_element(Ix.of(lane), 2 * (q % 2) + h))
+                assert _ldmatrix(lane, q, h, True) == (k, n + 8 * (q // 2))
 
 
 def test_a_thread_index_reads_its_lanes_layout() -> None:
@@ -166,6 +195,65 @@ def test_the_rule_spreads_the_mmas_over_the_warps_then_reuses_fragments() -> Non
     # One warp, 16 x 8 output: one MMA tile, one step.
     t = _rule((16, 16), (16, 8), ("float16", "float16"), 32)
     assert t is not None and (t.warp_m, t.warp_n, t.steps) == (1, 1, 1)  # type: ignore[attr-defined]
+    # 1024 threads leave 64 registers a thread: the accumulators get a quarter of them, 16 (a 32 x 16 tile).
+    t = _rule((64, 32), (32, 64), ("float16", "float16"), 1024)
+    assert t is not None and t.regs <= 16 and t.warps == 32  # type: ignore[attr-defined]
+
+
+def _warps_chosen(a: tuple[int, ...], b: tuple[int, ...], threads: int, hw_name: str) -> MmaTiling:
+    g = _matmul_graph(a, b, ("float16", "float16"))
+    info = validate(g)
+    binfo = info.blocks[0]
+    assert binfo is not None
+    nodes = g.ops[0].block.nodes  # type: ignore[union-attr]
+    warps = dict(choose_mma_warps(info, binfo, nodes, threads, load_profile(hw_name)))
+    return block_mma_tilings(info, binfo, nodes, threads, warps)[2]
+
+
+@pytest.mark.parametrize("hw_name", ["h100", "h200", "a100"])
+def test_the_warps_of_a_block_matmul_minimise_the_cycle_model(hw_name: str) -> None:
+    # FlashAttention's 64 x 64 score tile on a 1024-thread block: one 16 x 8 MMA tile per warp on all 32 warps
+    # loads 12 fragment elements per lane for each MMA; the choice takes fewer warps with larger tiles, and no
+    # warp count whose accumulators fit the registers is cheaper in the model.
+    hw = load_profile(hw_name)
+    t = _warps_chosen((64, 128), (128, 64), 1024, hw_name)
+    assert 1 < t.warps < 32 and t.warp_m * t.warp_n > 1 and t.idle
+    costs = MmaCosts.of(hw, "float16")
+    g = _matmul_graph((64, 128), (128, 64), ("float16", "float16"))
+    binfo = validate(g).blocks[0]
+    assert binfo is not None
+    node = g.ops[0].block.nodes[2]  # type: ignore[union-attr]
+    assert isinstance(node, BlockOp)
+    for w in range(1, 33):
+        other = mma_tiling(binfo, node, 2, 1024, w)
+        assert other is not None
+        if other.slots <= acc_budget(1024):
+            assert chunk_cycles(t, costs) <= chunk_cycles(other, costs)
+    # A single warp's block has nothing to choose.
+    assert _warps_chosen((16, 32), (32, 8), 32, hw_name).warps == 1
+
+
+def test_the_cost_models_read_the_layout_the_kernel_is_emitted_with() -> None:
+    from gensorage.codegen.ugraph_tir import planned_mma_tilings
+
+    _, g = ALL_EXAMPLES["flash_attention"](
+        heads=16, q_len=256, kv_len=1024, head_dim=64, q_blocks=4, forloop=16
+    )
+    tilings = planned_mma_tilings(g, 0, validate(g), HW)
+    (kernel,) = compile_ugraph(g, HW, "llvm").kernels("llvm")
+    assert sorted(tilings) == [3, 6]
+    for j, t in tilings.items():
+        assert f"block matmul #{j} on {t.describe()}" in kernel.rule
+
+
+def test_more_warps_than_the_block_has_is_a_one_line_error() -> None:
+    g = _matmul_graph((16, 32), (32, 64), ("float16", "float16"))
+    binfo = validate(g).blocks[0]
+    assert binfo is not None
+    node = g.ops[0].block.nodes[2]  # type: ignore[union-attr]
+    assert isinstance(node, BlockOp)
+    with pytest.raises(ScheduleError, match="5 warps for block matmul #2 on 128 threads"):
+        mma_tiling(binfo, node, 2, 128, 5)
 
 
 # ------------------------------------------------------------------------------------------ the CPU twins
@@ -186,6 +274,7 @@ def _tolerance(dtype: str, want: np.ndarray) -> float:
     n=st.sampled_from([8, 16, 24, 64]),
     k=st.sampled_from([16, 32]),
     warps=st.sampled_from([1, 2, 3, 4]),
+    idle=st.sampled_from([0, 1, 3]),
     scale=st.sampled_from([1e-3, 1.0, 30.0]),
     dtype=st.sampled_from(["float16", "bfloat16"]),
     seed=st.integers(0, 2**16),
@@ -197,15 +286,18 @@ def test_any_warp_tiling_computes_the_matmul(
     n: int,
     k: int,
     warps: int,
+    idle: int,
     scale: float,
     dtype: str,
     seed: int,
 ) -> None:
-    # Several steps per warp, idle warps (guards), padded rows, batch dims and a broadcast B: the twin's warps,
-    # lanes and slots reach every output element once, through the register accumulator across the loop.
+    # Several steps per warp, warps with no tile (guards), warps of the block the matmul leaves idle, padded
+    # rows, batch dims and a broadcast B: the twin's warps, lanes and slots reach every output element once,
+    # through the register accumulator across the loop.
     b_batch = (1,) * len(batch) if broadcast else batch
     g = _matmul_graph(batch + (m, k), b_batch + (k, n), (dtype, dtype), grid=2)
-    cg = compile_ugraph(g, HW, "llvm", plans={0: ThreadChoice(warps * WARP, None, None, "hypothesis")})
+    plan = ThreadChoice((warps + idle) * WARP, None, None, "hypothesis", ((2, warps),))
+    cg = compile_ugraph(g, HW, "llvm", plans={0: plan})
     assert "on tensor cores" in cg.kernels("llvm")[0].rule
     rng = np.random.default_rng(seed)
     xs = [(rng.standard_normal(s.shape) * scale).astype(numpy_dtype(dtype)) for s in g.inputs]
@@ -266,6 +358,8 @@ def test_every_fused_example_compiles_to_mma_for_sm_90(dtype: str) -> None:
 
     if cubin_unavailable_reason() is not None:
         pytest.skip(cubin_unavailable_reason())
+    with_ldmatrix: list[str] = []
+    with_copies: list[str] = []
     for name in sorted(MMA_SHAPES):
         _, g = ALL_EXAMPLES[name](**MMA_SHAPES[name], dtype=dtype)
         cg = compile_ugraph(g, HW, "cuda")
@@ -278,8 +372,40 @@ def test_every_fused_example_compiles_to_mma_for_sm_90(dtype: str) -> None:
             on_tc = set(re.findall(r"on tensor cores \(mma\.m16n8k16 (\w+)\)", kernel.rule))
             found = set(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(\w+)\.", body))
             assert found == {{"float16": "f16", "bfloat16": "bf16"}[d] for d in on_tc}, (name, kernel.name)
+            emitted = "T.ptx_legacy.ldmatrix" in kernel.script
+            assert emitted == ("ldmatrix.sync.aligned.m8n8" in body), (name, kernel.name)
+            with_ldmatrix += [name] if emitted else []
+            copies = 'T.ptx["cp.async.cg.shared.global"]' in kernel.script
+            assert copies == ("cp.async.cg.shared.global" in body), (name, kernel.name)
+            with_copies += [name] if copies else []
             res = resources[f"{kernel.name}_kernel"]
             assert res.spill_stores == 0 and res.stack_bytes == 0 and res.registers <= 255
+    # ldmatrix wherever an operand is a tile of its own in the MMA dtype: all but qknorm_attention, whose only
+    # tensor-core matmul converts both operands (float32 P, float16 V) to bfloat16.
+    assert sorted(with_ldmatrix) == sorted(set(MMA_SHAPES) - {"qknorm_attention"})
+    # cp.async tile loads (16-byte runs of float16 rows) in every example.
+    assert set(with_copies) == set(MMA_SHAPES)
+
+
+def test_the_chosen_warps_at_the_papers_flash_attention_shape_do_not_spill() -> None:
+    # 64 x 64 tiles on 1,024 threads (64 registers a thread): the chosen warp tiles keep their accumulators
+    # within the registers, with ldmatrix fragments and cp.async tiles.
+    from gensorage.codegen.cuda_build import cubin_unavailable_reason, ptx_and_resources
+
+    if cubin_unavailable_reason() is not None:
+        pytest.skip(cubin_unavailable_reason())
+    _, g = ALL_EXAMPLES["flash_attention"](
+        heads=16, q_len=256, kv_len=1024, head_dim=64, q_blocks=4, forloop=16
+    )
+    cg = compile_ugraph(g, HW, "cuda")
+    (kernel,) = cg.kernels("cuda")
+    assert kernel.threads == 1024 and " of 32 warps" in kernel.rule
+    built = ptx_and_resources(cg.cuda_source(), HW.arch)
+    assert built is not None
+    ptx, resources = built
+    res = resources[f"{kernel.name}_kernel"]
+    assert res.spill_stores == 0 and res.stack_bytes == 0
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans" in ptx and "cp.async.cg.shared.global" in ptx
 
 
 def test_the_ptxas_report_is_read_per_kernel() -> None:

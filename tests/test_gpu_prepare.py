@@ -11,6 +11,7 @@ from benchmarks import gpu_prepare
 from benchmarks.gpu_bundle import validate_bundle
 from gensorage.codegen.cuda_build import cubin_unavailable_reason
 from gensorage.hw import load_profile
+from gensorage.ugraph import examples
 
 pytestmark = pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="needs nvcc to build cubins")
 HW = load_profile("h200")
@@ -50,3 +51,30 @@ def test_a_bundle_of_gemms_and_a_program_validates(tmp_path: Path) -> None:
     for case in manifest["cases"]:
         for kernel in case["kernels"]:
             assert (tmp_path / kernel["cubin"]).stat().st_size > 0
+
+
+def test_a_fused_ugraph_bundles_under_several_warp_layouts(tmp_path: Path) -> None:
+    # Every case names a program file that exists (the validator checks it): a variant's is its base program's.
+    # --block-mma-warps: the same fused µGraph with its tensor-core matmuls on all warps (0), on 2 of the
+    # planned block's (with ldmatrix, and element-wise: 2e), and on 2 warps of a 64-thread block; each its own
+    # case, each layout in its rule.
+    program, g = examples.flash_attention(heads=2, q_len=64, kv_len=64, head_dim=16, q_blocks=2, forloop=2)
+    cases = [
+        gpu_prepare.program_case("fa", program, HW, tmp_path, ugraph=g, mma_warps=v)
+        for v in ("0", "2", "2:64", "2e")
+    ]
+    gpu_prepare.write_manifest(tmp_path, cases, {"hw": "h200"})
+    parsed = {c.name: c for c in validate_bundle(tmp_path)}
+    assert set(parsed) == {"program_fa_w0", "program_fa_w2", "program_fa_w2t64", "program_fa_w2e"}
+    rules = {
+        c["name"]: c["meta"]["rules"][0]
+        for c in json.loads((tmp_path / "manifest.json").read_text())["cases"]
+    }
+    assert "2 of " in rules["program_fa_w2"] and " of " not in rules["program_fa_w0"].split(";", 1)[1]
+    assert rules["program_fa_w2t64"].startswith("bundle variant 2:64: 64 threads")
+    assert parsed["program_fa_w2t64"].kernels[0].block[0] == 64
+    # ldmatrix fragment loads and cp.async tile loads unless the variant asks for element-wise ones (a trailing e).
+    assert "ldmatrix" in (tmp_path / "program_fa_w2.cu").read_text()
+    assert "ldmatrix" not in (tmp_path / "program_fa_w2e.cu").read_text()
+    assert "cp.async" in (tmp_path / "program_fa_w2.cu").read_text()
+    assert "cp.async" not in (tmp_path / "program_fa_w2e.cu").read_text()

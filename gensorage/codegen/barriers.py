@@ -1,4 +1,4 @@
-"""Building kernels whose shared-memory barriers are all explicit (dynamic shared memory).
+"""Building kernels whose shared-memory barriers are all explicit (every graph-defined kernel).
 
 TVM's ``ThreadSync("shared.dyn")`` pass treats every dynamic shared buffer of a kernel as one buffer, because
 the later ``MergeSharedMemoryAllocations`` pass may place buffers with disjoint live ranges at the same
@@ -6,17 +6,22 @@ address without adding barriers. For the emitted µGraph kernels that makes ever
 read-after-write on one buffer, and TVM then wants a barrier inside the phase's guarded (``if``) code, which it
 refuses ("Cannot insert syncs inside condition").
 
+Static ``__shared__`` arrays fare no better: ``ThreadSync("shared")`` wants a barrier inside a phase guarded by
+its warp (a tensor-core matmul on some of the block's warps, :mod:`gensorage.codegen.mma_warps`) and refuses
+the same way.
+
 Kernels emitted with dynamic shared memory therefore hand TVM one allocation (an arena whose tiles the memory
-plan of :mod:`gensorage.ugraph.optimize.memory_plan` places, so the merge pass has nothing to move), place
-every barrier they need themselves (before a phase that reads bytes written since the last barrier or writes
-bytes read or written since then, tiles sharing bytes included; within a phase no thread reads what another
-thread of the same phase writes) and carry the function attribute :data:`EXPLICIT_BARRIERS`. Once :func:`honour_explicit_barriers` has run (it runs
-when such a kernel is parsed), TVM's ``ThreadSync("shared.dyn")`` skips functions with that attribute and runs
-unchanged on every other function (e.g. the scheduled matmuls of :mod:`gensorage.codegen.lower_schedule`, which
-rely on it). The mark is honoured by every build of the process, whoever calls TVM: ``tvm.compile`` of a
-:class:`~gensorage.codegen.module.CompiledUGraph`, of a module a GPU bundle builds from the same kernels, or the
-lowering pipeline that reads the launch configuration. (Honouring it only inside a context around one build
-call left the other paths with TVM's pass, which refused the marked kernels.)
+plan of :mod:`gensorage.ugraph.optimize.memory_plan` places, so the merge pass has nothing to move). Every
+graph-defined kernel places every barrier it needs itself (before a phase that reads bytes written since the
+last barrier or writes bytes read or written since then, tiles sharing bytes included; within a phase no thread
+reads what another thread of the same phase writes) and carries the function attribute
+:data:`EXPLICIT_BARRIERS`. Once :func:`honour_explicit_barriers` has run (it runs when such a kernel is parsed,
+and before a launch table or a bundle's cubin is built from one), TVM's ``ThreadSync`` of shared memory (static
+and dynamic) skips functions with that attribute and runs unchanged on every other function (e.g. the scheduled
+matmuls of :mod:`gensorage.codegen.lower_schedule`, which rely on it). The mark is honoured by every build of the
+process, whoever calls TVM. (Honouring it only inside a context around one build call left the other paths with
+TVM's pass, which refused the marked kernels.) Since TVM no longer checks these kernels,
+:func:`divergent_barriers` does: no barrier under an ``if`` or inside a thread loop.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ def _selective(original: Any) -> Any:
 
     def thread_sync(storage_scope: str) -> Any:
         inner = original(storage_scope)
-        if storage_scope != "shared.dyn":
+        if storage_scope not in ("shared", "shared.dyn"):
             return inner
 
         @prim_func_pass(opt_level=0, name="gensorage.ThreadSyncUnlessExplicit")

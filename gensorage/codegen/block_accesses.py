@@ -41,6 +41,24 @@ class AccessRecorder:
         lanes = tuple(tuple(self.at_lane(i, lane) for i in idx) for lane in range(self.lanes))
         self.accesses.setdefault(r, []).append(Access(lanes))
 
+    def note_rows(self, r: Ref, idx: list[Ix], matrices: int, width: int) -> None:
+        """Record an ``ldmatrix`` of ``matrices`` 8 x 8 matrices of tile ``r``: each lane gives the first element
+        ``idx`` of a row of ``width`` elements, and each group of 8 lanes (one matrix) is one access."""
+        for q in range(matrices):
+            lanes = []
+            for lane in range(8 * q, 8 * q + 8):
+                first = [self.at_lane(i, lane) for i in idx]
+                lanes += [(*first[:-1], first[-1] + c) for c in range(width)]
+            self.accesses.setdefault(r, []).append(Access(tuple(lanes)))
+
+    def note_run(self, r: Ref, idx: list[Ix], width: int) -> None:
+        """Record an access of tile ``r`` in which each lane touches ``width`` elements from ``idx``."""
+        lanes = []
+        for lane in range(self.lanes):
+            first = [self.at_lane(i, lane) for i in idx]
+            lanes += [(*first[:-1], first[-1] + c) for c in range(width)]
+        self.accesses.setdefault(r, []).append(Access(tuple(lanes)))
+
     def at_lane(self, ix: Ix, lane: int) -> int:
         env = _LaneEnv(lane, self)
         # The atoms are the emitter's own index text: names, integers, +, *, // and %.

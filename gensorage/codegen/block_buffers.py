@@ -68,6 +68,7 @@ def _allocate_arena(e: BlockEmitter, plan: MemoryPlan) -> None:
     # The arena has a tile's element type: TVM's StorageRewrite retypes an allocation whose every access has
     # one type to that type *keeping its element count*, so a uint8 arena of float32 tiles would grow 4x.
     arena = max((dtype for _, _, dtype, _ in views), key=dtype_bytes)
+    e.arena_dtype = arena
     scope = "shared.dyn" if e.gpu else "global"
     e.w.line(f'smem = T.alloc_buffer(({plan.bytes // dtype_bytes(arena)},), "{arena}", scope="{scope}")')
     for name, shape, dtype, elem_offset in views:

@@ -13,8 +13,9 @@ from gensorage.codegen.barriers import EXPLICIT_BARRIERS, BarrierPlacement, tile
 from gensorage.codegen.block_accesses import AccessRecorder
 from gensorage.codegen.block_accumulators import AccumulatorEmitter
 from gensorage.codegen.block_buffers import allocate
+from gensorage.codegen.block_loads import GRID_VARS, LoadEmitter
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
-from gensorage.codegen.block_mma import MmaEmitter, fused_thread_graphs, mma_tilings, slot_coords
+from gensorage.codegen.block_mma import ROW_BYTES, MmaEmitter, fused_thread_graphs, mma_tilings, slot_coords
 from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, Tiled
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
@@ -54,9 +55,6 @@ from gensorage.ugraph.optimize.phase_order import depth_order
 from gensorage.ugraph.optimize.views import VIEW_OPS
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo
 from gensorage.ugraph.validate import loop_phases
-
-_GRID_VARS = ("bx", "by", "bz")
-
 
 # ---------------------------------------------------------------------------------------------- emission
 
@@ -120,21 +118,24 @@ class BlockEmitter:
         # accesses a first emission records (one warp's element indices per read or write site).
         self.layouts = dict(layouts or {})
         self.recorder = AccessRecorder(self.nt)
+        self.row_loads: set[Ref] = set()  # tiles read or written in 16-byte runs (ldmatrix, cp.async)
         self.dynamic_shared = False
         self.memory = MemoryPlan((), 0, 0)  # set by allocate
         self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
+        self.arena_dtype = ""  # the arena's element type (the widest tile's)
         self.barriers = BarrierPlacement(lambda r, o: tiles_clash(self.memory if self.arena else None, r, o))
         self._check_grid()
         if choice.tiling is not None:
             check_tiling(choice.tiling, choice.threads)
         self.matmul = MatmulEmitter(self)
         self.mma_emitter = MmaEmitter(self)
+        self.loads = LoadEmitter(self)
 
     def _check_grid(self) -> None:
         for g, n in enumerate(self.block.grid):
             if n > MAX_GRID[g]:
                 raise UnsupportedOpError(
-                    f"grid dim {_GRID_VARS[g][1]} of {n} blocks exceeds CUDA's {MAX_GRID[g]}"
+                    f"grid dim {GRID_VARS[g][1]} of {n} blocks exceeds CUDA's {MAX_GRID[g]}"
                 )
 
     def tile(self, r: Ref) -> TensorInfo:
@@ -240,7 +241,10 @@ class BlockEmitter:
         """Every tile's layout with the fewest bank-conflict wavefronts over the recorded accesses."""
         return {
             r: choose_layout(
-                self.tile(r).shape, dtype_bytes(self.buf_dtype(r)), self.recorder.accesses.get(r, [])
+                self.tile(r).shape,
+                dtype_bytes(self.buf_dtype(r)),
+                self.recorder.accesses.get(r, []),
+                ROW_BYTES if r in self.row_loads else 0,
             )
             for r in self.buffers
         }
@@ -304,7 +308,7 @@ class BlockEmitter:
         out = list(idx)
         for g, d in enumerate(node.omap):
             if self.block.grid[g] > 1:
-                out[d] = idx[d] + Ix.var(_GRID_VARS[g]) * tile[d]
+                out[d] = idx[d] + Ix.var(GRID_VARS[g]) * tile[d]
         self.store(f"out{s}", index_text(out), v, self.sc.buf_dtype(self.binfo.outputs[s].dtype))
 
     # ------------------------------------------------------------------ loops
@@ -371,24 +375,6 @@ class BlockEmitter:
         return broadcast_index(idx, m.shape), conds + broadcast_guard(idx, m.shape, m.space)
 
     # ------------------------------------------------------------------ phases
-
-    def phase_load(self, j: int) -> None:
-        node = self.nodes[j]
-        assert isinstance(node, InputIterator)
-        src = self.op.inputs[node.input]
-        shape = self.info.of(src).shape
-        ext, off = list(shape), [Ix() for _ in shape]
-        for g, d in enumerate(node.imap):
-            if d is not None and self.block.grid[g] > 1:
-                ext[d] //= self.block.grid[g]
-                off[d] = off[d] + Ix.var(_GRID_VARS[g]) * ext[d]
-        if node.fmap is not None:
-            ext[node.fmap] //= self.block.forloop
-            off[node.fmap] = off[node.fmap] + Ix.var("it") * ext[node.fmap]
-        dtype = self.sc.buf_dtype(self.info.of(src).dtype)
-        with self.threads(), self.elements(self.tile(Ref(j)).shape) as (idx, slot):
-            gidx = [o + i for o, i in zip(off, idx, strict=True)]
-            self.emit_value(Ref(j), idx, self.sc.load(f"in{node.input}", index_text(gidx), dtype), slot)
 
     def phase_op(self, j: int) -> None:
         node = self.nodes[j]
@@ -491,7 +477,7 @@ class BlockEmitter:
             return  # ran in its matmul's phase
         with self.barrier_phase():
             if isinstance(node, InputIterator):
-                self.phase_load(j)
+                self.loads.phase(j)
             elif isinstance(node, ThreadGraph):
                 self.phase_thread_graph(j)
             else:
@@ -571,7 +557,7 @@ class BlockEmitter:
         with self.grid():
             self.body()
         sig = ", ".join(f'{p.name}: T.Buffer({shape_text(p.shape)}, "{p.dtype}")' for p in params)
-        explicit = f', "{EXPLICIT_BARRIERS}": True' if self.dynamic_shared else ""
+        explicit = f', "{EXPLICIT_BARRIERS}": True' if self.gpu else ""
         head = [
             "@T.prim_func",
             f"def {self.name}({sig}):",
@@ -590,7 +576,7 @@ class BlockEmitter:
             yield
 
     def _grid_header(self, g: int, n: int, first: bool) -> str:
-        var = _GRID_VARS[g]
+        var = GRID_VARS[g]
         if self.gpu:
             return f'for {var} in T.thread_binding({n}, thread="blockIdx.{"xyz"[g]}"):'
         return f"for {var} in {'T.parallel' if first else 'T.serial'}({n}):"

@@ -30,6 +30,7 @@ semantics: per k chunk, each accumulator adds its 16 products in k order.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,9 +38,13 @@ from typing import TYPE_CHECKING
 from gensorage.codegen.scalar import Val
 from gensorage.codegen.tensor_core import mma_dtype
 from gensorage.codegen.tir_text import Ix, broadcast_index, tvm_float, unravel
+from gensorage.dtypes import dtype_bytes
+from gensorage.errors import ScheduleError
 from gensorage.opset import Op
-from gensorage.ugraph.ir import BlockOp, Ref, ThreadGraph
-from gensorage.ugraph.shapes import BlockInfo, TensorInfo
+from gensorage.ugraph.ir import BlockNode, BlockOp, Ref, ThreadGraph
+from gensorage.ugraph.optimize.layouts import Layout
+from gensorage.ugraph.optimize.views import VIEW_OPS
+from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
 
 if TYPE_CHECKING:
     from gensorage.codegen.block_emitter import BlockEmitter
@@ -49,7 +54,10 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16  # the m16n8k16 instruction
 MIN_ROWS = 8  # a tile of 8 rows (a decode batch, a query group) runs padded to 16: half of each MMA
 A_ELEMS, B_ELEMS, C_ELEMS = 8, 4, 4  # fragment elements per lane
 MAX_ACC_REGS = 64  # float32 accumulators per thread and step: a quarter of the 255 registers a thread may use
+MAX_REGS_PER_THREAD = 255
+REGISTERS_PER_BLOCK = 65536  # CUDA's per-block register file (compute capability 5.0 to 9.0)
 PTX_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
+ROW_BYTES = 16  # one ldmatrix row: 8 16-bit elements, 16-byte aligned
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,7 @@ class MmaTiling:
     warp_m: int
     warp_n: int
     dtype: str
+    block_warps: int = 0  # the block's warps (0: ``warps``); those past ``warps`` idle in this matmul's phase
 
     @property
     def m_tiles(self) -> int:
@@ -98,19 +107,30 @@ class MmaTiling:
     def slots(self) -> int:
         return self.steps * self.regs
 
+    @property
+    def idle(self) -> bool:
+        """Whether some of the block's warps take no part (then each lane checks its warp)."""
+        return self.block_warps > self.warps
+
     def describe(self) -> str:
+        of = f" of {self.block_warps}" if self.idle else ""
         return (
-            f"tensor cores (mma.m16n8k16 {self.dtype}): {self.warps} warp{'s' if self.warps > 1 else ''}, warp tile "
+            f"tensor cores (mma.m16n8k16 {self.dtype}): {self.warps}{of} warp{'s' if self.warps > 1 else ''}, warp tile "
             f"{MMA_M * self.warp_m}x{MMA_N * self.warp_n}, {self.steps} step{'s' if self.steps > 1 else ''}"
         )
 
 
-def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTiling | None:
-    """The warp tiling of block matmul ``j`` on ``threads`` threads, or None when it does not run on tensor cores.
+def mma_tiling(
+    binfo: BlockInfo, node: BlockOp, j: int, threads: int, warps: int | None = None
+) -> MmaTiling | None:
+    """The warp tiling of block matmul ``j`` on ``warps`` of the block's ``threads`` threads (default: all of
+    them; the others idle in its phase), or None when it does not run on tensor cores.
 
-    Among warp tiles of at most :data:`MAX_ACC_REGS` accumulators, the one with the fewest MMAs on the busiest
-    warp (the critical path), then the largest (each fragment loaded feeds more MMAs), then the one loading the
-    fewest fragment elements per k chunk (the squarer).
+    Among warp tiles whose accumulators over all steps (:attr:`MmaTiling.slots`: a loop accumulator or the
+    fused thread graph keeps every step's in registers) fit :func:`acc_budget`, the one with the fewest MMAs on
+    the busiest warp (the critical path), then the largest (each fragment loaded feeds more MMAs), then the one
+    loading the fewest fragment elements per k chunk (the squarer). When none fits, the one with the fewest
+    accumulators. How many warps: :func:`gensorage.codegen.mma_warps.choose_mma_warps`.
     """
     a, b = (binfo.nodes[r.node][r.out] for r in node.inputs)
     out = binfo.nodes[j][0].shape
@@ -118,17 +138,25 @@ def mma_tiling(binfo: BlockInfo, node: BlockOp, j: int, threads: int) -> MmaTili
     dtype = fits_mma(a, b, out)
     if dtype is None or threads % WARP:
         return None
-    warps = threads // WARP
-    best: tuple[tuple[int, int, int], MmaTiling] | None = None
+    warps = threads // WARP if warps is None else warps
+    if not 1 <= warps <= threads // WARP:
+        raise ScheduleError(f"{warps} warps for block matmul #{j} on {threads} threads")
+    budget = acc_budget(threads)
+    best: tuple[tuple[bool, int, int, int], MmaTiling] | None = None
     for wm in _divisors(-(-m // MMA_M)):
         for wn in _divisors(n // MMA_N):
-            t = MmaTiling(tuple(out[:-2]), m, n, k, warps, wm, wn, dtype)
-            if t.regs > MAX_ACC_REGS:
-                continue
-            key = (t.steps * wm * wn, -wm * wn, A_ELEMS * wm + B_ELEMS * wn)
+            t = MmaTiling(tuple(out[:-2]), m, n, k, warps, wm, wn, dtype, threads // WARP)
+            over = t.slots > budget
+            key = (over, t.slots if over else t.steps * wm * wn, -wm * wn, A_ELEMS * wm + B_ELEMS * wn)
             if best is None or key < best[0]:
                 best = (key, t)
     return None if best is None else best[1]
+
+
+def acc_budget(threads: int) -> int:
+    """Accumulator registers a thread of a ``threads``-thread block may keep: a quarter of its registers (at
+    most :data:`MAX_ACC_REGS`), the rest for fragments, addresses and the phases around."""
+    return min(MAX_ACC_REGS, min(MAX_REGS_PER_THREAD, REGISTERS_PER_BLOCK // threads) // 4)
 
 
 def fits_mma(a: TensorInfo, b: TensorInfo, out: tuple[int, ...]) -> str | None:
@@ -163,6 +191,15 @@ def b_element(lane: Ix, e: int) -> tuple[Ix, Ix]:
     return t * 2 + (e % 2 + 8 * (e // 2)), g
 
 
+def ldmatrix_row(lane: Ix) -> tuple[Ix, Ix]:
+    """(row, first column) in a 16 x 16 block of the 8-element row whose address ``lane`` gives ``ldmatrix.x4``:
+    lanes ``8q .. 8q + 7`` give matrix ``q``'s rows, and the matrices are (rows 0-7, columns 0-7), (rows 8-15,
+    columns 0-7), (rows 0-7, columns 8-15), (rows 8-15, columns 8-15): for A (rows i, columns k) the
+    registers are the :func:`a_element` fragment; for B (rows k, columns n; transposed) the fragments of two
+    16 x 8 B tiles (:func:`b_element`), columns 0-7 then 8-15."""
+    return lane.mod(16), lane.floordiv(16).mod(2) * 8
+
+
 def c_element(lane: Ix, c: Ix) -> tuple[Ix, Ix]:
     """(row, col) in the 16 x 8 C tile of accumulator ``c`` of ``lane``."""
     g, t = _group(lane)
@@ -192,7 +229,8 @@ def warp_tile(t: MmaTiling, threads: int, step: Ix) -> tuple[Ix, list[str]]:
     """The warp tile this thread's warp computes at ``step``, and the condition for it to exist."""
     _, warp = lane_and_warp(threads)
     wt = step * t.warps + warp
-    return wt, ([f"{wt} < {t.warp_tiles}"] if t.steps * t.warps > t.warp_tiles else [])
+    conds = [f"{warp} < {t.warps}"] if t.idle else []
+    return wt, conds + ([f"{wt} < {t.warp_tiles}"] if t.steps * t.warps > t.warp_tiles else [])
 
 
 def tile_coords(t: MmaTiling, threads: int, wt: Ix, mi: Ix, nj: Ix, c: Ix) -> list[Ix]:
@@ -271,7 +309,12 @@ class MmaEmitter:
         fa, fb = frags
         ab = broadcast_index(batch, e.tile(a).shape[:-2])
         bb = broadcast_index(batch, e.tile(b).shape[:-2])
+        low, high = ldmatrix_row(lane)
         for mi in range(t.warp_m):
+            if self._row_loadable(a, t, t.padded):  # A rows (k contiguous): x4 gives the a_element layout
+                idx = ab + [i0 + mi * MMA_M + low, kc * MMA_K + high]
+                self._ldmatrix(t, fa, mi * A_ELEMS, a, idx, 4, trans=False)
+                continue
             for x in range(A_ELEMS):
                 row, col = a_element(lane, x)
                 i = i0 + mi * MMA_M + row
@@ -285,6 +328,12 @@ class MmaEmitter:
                     )
                 e.store(fa, str(mi * A_ELEMS + x), v, t.dtype)
         for nj in range(t.warp_n):
+            if self._row_loadable(b, t, False):  # B rows (n contiguous), transposed: two n tiles per x4
+                if nj % 2 == 0:
+                    pair = nj + 1 < t.warp_n
+                    idx = bb + [kc * MMA_K + low, j0 + nj * MMA_N + (high if pair else Ix())]
+                    self._ldmatrix(t, fb, nj * B_ELEMS, b, idx, 4 if pair else 2, trans=True)
+                continue
             for x in range(B_ELEMS):
                 kk, col = b_element(lane, x)
                 v = e.read(b, bb + [kc * MMA_K + kk, j0 + nj * MMA_N + col])
@@ -297,6 +346,42 @@ class MmaEmitter:
                     f"{fa}.data, {mi * A_ELEMS}, {fb}.data, {nj * B_ELEMS}, "
                     f'{acc}.data, {(mi * t.warp_n + nj) * C_ELEMS}, False, dtype="float32"))'
                 )
+
+    def _row_loadable(self, r: Ref, t: MmaTiling, padded_rows: bool) -> bool:
+        """Whether ``ldmatrix`` can load fragments of operand ``r``: a shared tile of its own (no view) in the
+        MMA dtype, on the GPU, every 8-element run of a row 16-byte aligned (arena tiles start at multiples of 16
+        bytes, TVM aligns static ``__shared__`` arrays to 64): rows of whole runs, no swizzle. A padded tile of
+        A rows would read past the tile."""
+        e = self.e
+        if not (e.gpu and e.choice.runs) or padded_rows or r not in e.buffers:
+            return False
+        if e.sc.comps != 1 or not row_operand(e.binfo, e.nodes, r, t) or e.buf_dtype(r) != t.dtype:
+            return False
+        if e.layouts.get(r, Layout()).swizzle:
+            return False
+        return e.buf_tile_shape(r)[-1] * dtype_bytes(t.dtype) % ROW_BYTES == 0
+
+    def _ldmatrix(self, t: MmaTiling, frag: str, at: int, r: Ref, idx: list[Ix], n: int, trans: bool) -> None:
+        """``ldmatrix`` of ``n`` 8 x 8 matrices of tile ``r`` into ``frag[at:]``; this lane's row starts at
+        element ``idx``."""
+        e = self.e
+        e.barriers.reads.add(r)
+        e.recorder.note_rows(r, idx, n, ROW_BYTES // dtype_bytes(t.dtype))
+        e.row_loads.add(r)
+        flat = Ix()
+        for i, size in zip(idx, e.buf_tile_shape(r), strict=True):
+            flat = flat * size + i
+        src = note = e.buffers[r]
+        if e.arena:  # TVM's access_ptr must name the allocation's type: the arena's, in its elements
+            src, flat = (
+                "smem",
+                _scaled(flat * dtype_bytes(t.dtype) + e.memory.offset(r), dtype_bytes(e.arena_dtype)),
+            )
+        e.w.line(
+            f'T.evaluate(T.ptx_legacy.ldmatrix({trans}, {n}, ".b16", {frag}.data, {at}, '
+            f'{src}.access_ptr("r"), {flat}, dtype="{t.dtype}"))'
+            + (f"  # reads {note}" if src != note else "")
+        )
 
     def _scalar_mmas(self, t: MmaTiling, acc: str, a: Ref, b: Ref, wt: Ix, batch: list[Ix], kc: Ix) -> None:
         """One k chunk by the MMA's scalar semantics: each of this lane's accumulators adds 16 products."""
@@ -324,15 +409,40 @@ class MmaEmitter:
         return Val((f'T.Cast("{t.dtype}", {v.comps[0]})',), t.dtype)
 
 
+def row_operand(binfo: BlockInfo, nodes: tuple[BlockNode, ...], r: Ref, t: MmaTiling) -> bool:
+    """Whether operand ``r`` of a tensor-core matmul is a tile of its own (not a reshape or repeat view) in the
+    MMA dtype, which ``ldmatrix`` may load (the emitter also needs its shared layout to keep rows aligned)."""
+    node = nodes[r.node]
+    if isinstance(node, BlockOp) and node.op in VIEW_OPS:
+        return False
+    return binfo.nodes[r.node][r.out].dtype == t.dtype
+
+
+def _scaled(x: Ix, k: int) -> Ix:
+    """``x // k`` for an ``x`` whose every coefficient and constant ``k`` divides (a 16-byte aligned offset)."""
+    assert all(c % k == 0 for _, c in x.terms) and x.const % k == 0, (x, k)
+    return Ix(tuple((a, c // k) for a, c in x.terms), x.const // k)
+
+
 def mma_tilings(e: BlockEmitter) -> dict[int, MmaTiling]:
-    """The block matmuls that run on tensor cores (:func:`~gensorage.codegen.block_mma.mma_tiling`); none
-    when the graph computes in float64 (the MMA accumulates in float32), in the field twin too, so that it
-    indexes as the float kernel does."""
-    if any(t.dtype == "float64" for outs in e.info.nodes for t in outs):
+    """The block matmuls of ``e``'s kernel that run on tensor cores, with the warps its thread plan chose
+    (:func:`block_mma_tilings`)."""
+    return block_mma_tilings(e.info, e.binfo, e.nodes, e.nt, dict(e.choice.mma_warps))
+
+
+def block_mma_tilings(
+    info: GraphInfo, binfo: BlockInfo, nodes: tuple[BlockNode, ...], threads: int, warps: Mapping[int, int]
+) -> dict[int, MmaTiling]:
+    """The warp layout of every block matmul of a block graph that runs on tensor cores (the one source of it:
+    the code generator and the cost models read it here): block matmul ``j`` on ``warps[j]`` warps (default:
+    all of the block's ``threads``), its warp tile by :func:`mma_tiling`. None when the graph computes in
+    float64 (the MMA accumulates in float32), in the field twin too, so that it indexes as the float kernel
+    does."""
+    if any(t.dtype == "float64" for outs in info.nodes for t in outs):
         return {}
     tilings = {
-        j: mma_tiling(e.binfo, n, j, e.nt)
-        for j, n in enumerate(e.nodes)
+        j: mma_tiling(binfo, n, j, threads, warps.get(j))
+        for j, n in enumerate(nodes)
         if isinstance(n, BlockOp) and n.op is Op.MATMUL
     }
     return {j: t for j, t in tilings.items() if t is not None}
@@ -369,9 +479,13 @@ __all__ = [
     "mma_tilings",
     "MmaTiling",
     "a_element",
+    "acc_budget",
+    "block_mma_tilings",
     "b_element",
     "c_element",
+    "ldmatrix_row",
     "fits_mma",
     "mma_tiling",
+    "row_operand",
     "slot_coords",
 ]

@@ -50,7 +50,11 @@ def launch_specs(
     import tvm
     from tvm.tirx.build import split_host_device_mods
 
+    from gensorage.codegen.barriers import has_explicit_barriers, honour_explicit_barriers
+
     t = tvm.target.Target(target).with_host(tvm.target.Target("llvm"))
+    if any(has_explicit_barriers(f) for f in mod.functions.values()):
+        honour_explicit_barriers()
     with tvm.transform.PassContext(config=config or {}):
         bound = tvm.tirx.transform.BindTarget(t)(mod)
         pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(t)

@@ -23,7 +23,8 @@ precedes a phase exactly when it reads bytes written since the last barrier or w
 since then, and ends every loop iteration in which shared memory was touched (the next one overwrites the
 tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
 comes from the Markov construction: see :mod:`gensorage.construction.block_threads`; a block matmul whose tiles
-fit ``mma.m16n8k16`` runs on tensor cores over the same threads, as warps (:mod:`gensorage.codegen.block_mma`).
+fit ``mma.m16n8k16`` runs on tensor cores on some of those warps, each with a warp tile of MMA tiles
+(:mod:`gensorage.codegen.block_mma`; how many warps: :mod:`gensorage.codegen.mma_warps`).
 
 Semantics (:mod:`gensorage.ugraph.ir`, reproduced by :mod:`gensorage.ugraph.evaluate`):
 
@@ -57,7 +58,9 @@ import math
 
 from gensorage.codegen.block_emitter import BlockEmitter
 from gensorage.codegen.block_matmul import matmul_dims
+from gensorage.codegen.block_mma import MmaTiling, block_mma_tilings
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
+from gensorage.codegen.mma_warps import choose_mma_warps
 from gensorage.codegen.scalar import FLOAT_DTYPES, Scalar
 from gensorage.construction.block_threads import ThreadChoice, fallback_threads, matmul_tiling
 from gensorage.errors import ScheduleError, UnsupportedOpError
@@ -118,7 +121,8 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
         except ScheduleError as exc:
             why = f"the construction found no schedule for the matmul tile: {exc}"
         else:
-            return ThreadChoice(tiling.threads, j, tiling, tiling.describe())
+            warps = choose_mma_warps(info, binfo, op.block.nodes, tiling.threads, hw)
+            return ThreadChoice(tiling.threads, j, tiling, tiling.describe(), warps)
     nt = fallback_threads(_largest_tile(binfo), hw)
     return ThreadChoice(
         nt,
@@ -126,7 +130,20 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
         None,
         f"fallback ({why}): {nt} threads, one per element of the largest tile "
         f"({_largest_tile(binfo)}) rounded to the warp size",
+        choose_mma_warps(info, binfo, op.block.nodes, nt, hw),
     )
+
+
+def planned_mma_tilings(
+    g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int = 0
+) -> dict[int, MmaTiling]:
+    """The warp layout of graph-defined op ``k``'s tensor-core block matmuls as the code generator emits them
+    (block matmul -> :class:`~gensorage.codegen.block_mma.MmaTiling`; for cost models)."""
+    binfo = info.blocks[k]
+    op = g.ops[k]
+    assert isinstance(op, GraphDefinedOp) and binfo is not None
+    plan = plan_threads(g, k, info, hw, seed)
+    return block_mma_tilings(info, binfo, op.block.nodes, plan.threads, dict(plan.mma_warps))
 
 
 def emit_graph_defined(
@@ -178,4 +195,5 @@ __all__ = [
     "compute_dtype",
     "emit_graph_defined",
     "plan_threads",
+    "planned_mma_tilings",
 ]

@@ -88,12 +88,21 @@ def cost(shape: Sequence[int], elem_bytes: int, accesses: Sequence[Access], layo
     )
 
 
-def choose_layout(shape: Sequence[int], elem_bytes: int, accesses: Sequence[Access]) -> Layout:
+def choose_layout(
+    shape: Sequence[int], elem_bytes: int, accesses: Sequence[Access], row_align: int = 0
+) -> Layout:
     """The layout of :data:`LAYOUTS` with the fewest wavefronts over ``accesses`` (ties: row-major, then the
-    smaller pad, then a swizzle); row-major for a tile of one row (nothing to shift) or with no access."""
+    smaller pad, then a swizzle); row-major for a tile of one row (nothing to shift) or with no access.
+    ``row_align`` (bytes): only layouts that keep every aligned run of that many bytes of a row contiguous and
+    aligned (no swizzle, pads of whole runs), for a tile that ``ldmatrix`` reads a 16-byte row at a time."""
     if len(shape) < 2 or math.prod(shape[:-1]) == 1 or not accesses:
         return Layout()
-    fitting = [lay for lay in LAYOUTS if lay.fits(shape, elem_bytes)]
+    fitting = [
+        lay
+        for lay in LAYOUTS
+        if lay.fits(shape, elem_bytes)
+        and (not row_align or (not lay.swizzle and lay.pad * elem_bytes % row_align == 0))
+    ]
     return min(
         fitting,
         key=lambda lay: (cost(shape, elem_bytes, accesses, lay), lay.swizzle > 0, lay.pad, lay.swizzle),
