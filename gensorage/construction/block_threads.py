@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gensorage.construction.schedule import construct_schedule
 from gensorage.hw.profile import HwProfile
@@ -103,6 +104,7 @@ def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:
     return workloads.gemm(m, n, k, dt) if batch == 1 else workloads.batch_matmul(batch, m, n, k, dt)
 
 
+@lru_cache(maxsize=1024)  # the cost model asks for every candidate block graph; a construction takes ~0.5 s
 def matmul_tiling(
     batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile, seed: int = 0, blocks: int = 1
 ) -> MatmulTiling:
