@@ -6,6 +6,8 @@ Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py
 
        python benchmarks/gpu_suite.py --prepare gpu_bundle            # every case
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms M1 --programs rmsnorm
+       python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms none --convs none --programs gated_mlp \
+           --candidates 3 --search-budget 60     # full mode's candidates (benchmarks/gpu_candidates.py)
 
    writes ``gpu_bundle/manifest.json`` and one cubin (and its CUDA source) per case.
 2. On the GPU machine (torch, CuPy; no TVM), in one call of at most 8 minutes::
@@ -32,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 def prepare(args: argparse.Namespace) -> int:
     from benchmarks import gpu_prepare as gpu_bundle
     from benchmarks.common import machine_info
+    from benchmarks.gpu_candidates import candidate_cases
     from gensorage.hw import load_profile
 
     hw = load_profile(args.hw)
@@ -65,6 +68,9 @@ def prepare(args: argparse.Namespace) -> int:
     for name in programs:
         try:
             for precision in args.precisions:
+                if args.candidates:
+                    cases += candidate_cases(name, hw, out, args.candidates, args.search_budget, precision)
+                    continue
                 program, fused = gpu_bundle.load_program(name), gpu_bundle.load_ugraph(name)
                 cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused))
         except Exception as exc:  # one program's failure is recorded, the bundle still gets the rest
@@ -125,6 +131,20 @@ def main(argv: list[str] | None = None) -> int:
         help="programs: precision policies to bundle each under (float32, storage)",
     )
     ap.add_argument("--convs", nargs="*", default=None, help="convolution names (default: Table IV's C1-C3)")
+    ap.add_argument(
+        "--candidates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="programs: full mode's top N candidates by the model, its choice and the direct µGraph (with --prepare)",
+    )
+    ap.add_argument(
+        "--search-budget",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds of full mode's search per program (with --candidates)",
+    )
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)
 
