@@ -5,11 +5,14 @@ seconds, with no store and no GPU, so it chooses by the cost model. Its top ``N`
 the program's shapes), the one it chose and the direct µGraph are bundled as cases
 ``program_<name>_c<rank>`` (``_direct`` for the direct µGraph), each recording under ``candidate`` its origin, its
 rank among all of full mode's candidates, its predicted time and whether full mode chose it. The runner's
-summary (:func:`candidate_lines`) then says, per program, whether full mode's choice was the fastest measured.
+summary (:func:`candidate_lines`) then says, per program, whether full mode's choice was the fastest measured. A
+candidate the CUDA build refuses is skipped (for the next in rank) and its µGraph written to
+``DIR/program_<name>_c<rank>.failed.json`` with the error.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,8 +50,14 @@ def candidate_cases(
         label = "direct" if origin == "direct" else f"c{rank}"
         try:
             case = gpu_prepare.program_case(f"{name}_{label}", program, hw, out, precision, g)
-        except Exception as exc:  # one candidate the generator cannot build: the others still go
-            print(f"program {name} {origin}: not bundled: {type(exc).__name__}: {exc}", file=sys.stderr)
+        except Exception as exc:  # one candidate the generator cannot build: the others still go, and its
+            # µGraph is kept beside the bundle to reproduce the failure (KernelGraph.from_json)
+            failed = out / f"program_{name}_{label}.failed.json"
+            failed.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}", "ugraph": g.to_json()}))
+            print(
+                f"program {name} {origin}: not bundled ({failed}): {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
             continue
         searched += origin != "direct"
         # The device loads the program itself (its config), not one named after the candidate.

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.gpu_candidates import candidate_lines
+import pytest
+
+from benchmarks.gpu_candidates import candidate_cases, candidate_lines
+from gensorage.hw import load_profile
+from gensorage.ugraph import KernelGraph, examples
 
 
 def _case(
@@ -46,3 +53,34 @@ def test_the_summary_says_whether_full_modes_choice_was_the_fastest_measured() -
 
 def test_no_candidates_no_lines() -> None:
     assert candidate_lines([{"name": "gemm_M1", "methods": {"ours": {"median_s": 1e-3}}}]) == []
+
+
+def test_a_candidate_the_build_refuses_is_replaced_by_the_next_and_kept_for_reproduction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gensorage
+    from benchmarks import gpu_prepare
+
+    _, g = examples.gated_mlp(m=8, k=64, n=64, blocks=2, forloop=2)
+    ranked = (("search #3", g, 1e-5), ("direct", g, 2e-5), ("search #0", g, 3e-5), ("search #1", g, 4e-5))
+    result = SimpleNamespace(candidates=ranked, origin="search #3", stopped_by=None, complete=True)
+    monkeypatch.setattr(gensorage, "superoptimize", lambda *a, **k: result)
+    monkeypatch.setattr(gpu_prepare, "load_program", lambda name: None)
+    monkeypatch.setattr(
+        gpu_prepare, "program_path", lambda name, program, out: f"configs/programs/{name}.gsp"
+    )
+
+    def program_case(name: str, *args: Any) -> dict[str, Any]:
+        if name.endswith("_c0"):
+            raise RuntimeError("Cannot insert syncs inside condition")
+        return {"name": f"program_{name}"}
+
+    monkeypatch.setattr(gpu_prepare, "program_case", program_case)
+    cases = candidate_cases("gated_mlp", load_profile("h200"), tmp_path, 1, 1.0, "float32")
+    assert [(c["name"], c["candidate"]["rank"], c["candidate"]["chosen"]) for c in cases] == [
+        ("program_gated_mlp_direct", 1, False),
+        ("program_gated_mlp_c2", 2, False),  # the next in rank stands in for the refused one
+    ]
+    failed = json.loads((tmp_path / "program_gated_mlp_c0.failed.json").read_text())
+    assert "syncs inside condition" in failed["error"]
+    assert KernelGraph.from_json(failed["ugraph"]) == g
