@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from gensorage.codegen.scalar import FloatScalar
 from gensorage.codegen.ugraph_tir import compute_dtype, emit_graph_defined, plan_threads
 from gensorage.hw import load_profile
+from gensorage.opset import Op
 from gensorage.ugraph import KernelGraph, examples
 from gensorage.ugraph.block_cost import Work, plan_block
 from gensorage.ugraph.cost import kernel_costs, predict_ugraph_time
-from gensorage.ugraph.ir import GraphDefinedOp
+from gensorage.ugraph.ir import BlockGraph, BlockOp, GraphDefinedOp, InputIterator, OutputSaver, TensorSpec
 from gensorage.ugraph.validate import validate
 
 H200 = load_profile("h200")
@@ -96,3 +98,14 @@ def test_resident_blocks_share_the_pipes_not_the_latency() -> None:
     waiting = Work(latency=5000.0, barriers=2)
     assert busy.cycles(H200, 2) == 2 * busy.cycles(H200, 1)
     assert waiting.cycles(H200, 4) == waiting.cycles(H200, 1)
+
+
+def test_a_kernel_the_generator_refuses_is_never_chosen() -> None:
+    # 70,000 blocks along y: CUDA allows 65,535 (the generator refuses it in one line).
+    rows = 70_000
+    block = BlockGraph(
+        (1, rows), 1, (InputIterator(0, (None, 0)), BlockOp(Op.EXP, (0,)), OutputSaver(1, (1, 0)))
+    )
+    g = KernelGraph((TensorSpec("X", (rows, 32)),), (GraphDefinedOp(block, (0,)),), (1,))
+    assert g.is_valid(H200)
+    assert predict_ugraph_time(g, H200) == math.inf

@@ -7,7 +7,8 @@ generator emits, priced by :mod:`gensorage.ugraph.block_cost` (threads, occupanc
 barriers, tensor-core MMAs at the emitted warp layout, element-wise work; the epilogue). DRAM sees each input once
 when all the operator's inputs fit in half of L2, otherwise once per wave that needs it (replicas running in the
 same wave hit in L2), at most once per replica; plus the outputs. time = launch overhead + max(the waves' time,
-DRAM bytes / DRAM bandwidth).
+DRAM bytes / DRAM bandwidth); infinite for a kernel the generator refuses (a grid beyond CUDA's limits, a
+non-float tensor), so that it is never chosen.
 
 *Pre-defined* (a library kernel): a roofline, launch overhead + max(bytes moved / (DRAM bandwidth x
 ``predefined_dram_fraction``), FLOPs / peak); a pre-defined 16-bit matmul is the tensor-core kernel
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gensorage import opset
-from gensorage.errors import ScheduleError
+from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
 from gensorage.opset import Op, Shape
@@ -110,7 +111,12 @@ def _block_cost(
     assert isinstance(node, GraphDefinedOp)
     block = node.block
     blocks = math.prod(block.grid)
-    plan = plan_block(g, k, info, hw, mma)
+    try:
+        plan = plan_block(g, k, info, hw, mma)
+    except (
+        UnsupportedOpError
+    ):  # the generator refuses it (a grid beyond CUDA's, an integer tensor): never chosen
+        return KernelCost("graph-defined", math.inf, 0, 0, 0, 0, blocks, 0)
     cycles, waves = block_cycles(plan, hw, blocks, block.forloop)
     out_bytes = sum(tensor_bytes(t) for t in binfo.outputs)
     l2_bytes = (plan.load_bytes * block.forloop + plan.hoisted_bytes) * blocks + out_bytes
