@@ -7,12 +7,13 @@ import math
 
 import pytest
 
+from benchmarks.gpu_prepare import EXTRA_UGRAPHS
 from gensorage.codegen.scalar import FloatScalar
 from gensorage.codegen.ugraph_tir import compute_dtype, emit_graph_defined, plan_threads
 from gensorage.hw import load_profile
 from gensorage.opset import Op
 from gensorage.ugraph import KernelGraph, examples
-from gensorage.ugraph.block_cost import Work, plan_block
+from gensorage.ugraph.block_cost import Work, block_threads, plan_block
 from gensorage.ugraph.cost import kernel_costs, predict_ugraph_time
 from gensorage.ugraph.ir import BlockGraph, BlockOp, GraphDefinedOp, InputIterator, OutputSaver, TensorSpec
 from gensorage.ugraph.validate import validate
@@ -109,3 +110,14 @@ def test_a_kernel_the_generator_refuses_is_never_chosen() -> None:
     g = KernelGraph((TensorSpec("X", (rows, 32)),), (GraphDefinedOp(block, (0,)),), (1,))
     assert g.is_valid(H200)
     assert predict_ugraph_time(g, H200) == math.inf
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_UGRAPHS))
+def test_the_model_plans_the_generators_threads_on_the_bundled_fused_kernels(name: str) -> None:
+    # The model widens the block tile at one element per thread instead of running the construction; the
+    # generator's plan agrees while the construction's register tile is 1.
+    g = EXTRA_UGRAPHS[name]()[1]
+    info = validate(g)
+    for k, op in enumerate(g.ops):
+        if isinstance(op, GraphDefinedOp):
+            assert block_threads(op, info, k, H200).threads == plan_threads(g, k, info, H200).threads

@@ -1,7 +1,7 @@
 """The cost of one graph-defined kernel as the code generator emits it (:mod:`gensorage.codegen.ugraph_tir`).
 
-The kernel is planned as the generator plans it: its threads per block come from
-:func:`~gensorage.codegen.ugraph_tir.plan_threads`, and an emitter is set up (nothing emitted) so that the
+The kernel is planned as the generator plans it: its threads per block as
+:func:`~gensorage.codegen.ugraph_tir.plan_threads` gives them (:func:`block_threads`), and an emitter is set up (nothing emitted) so that the
 tensor-core warp layouts (:func:`~gensorage.codegen.block_mma.mma_tilings`), the thread graphs fused into a
 matmul's phase and the accumulators kept in registers are the kernel's own. Times are SM cycles.
 
@@ -56,6 +56,7 @@ from gensorage.ugraph.shapes import GraphInfo
 
 if TYPE_CHECKING:
     from gensorage.codegen.block_emitter import BlockEmitter
+    from gensorage.construction.block_threads import ThreadChoice
 
 BASE_REGISTERS = 32  # registers a thread needs besides accumulators and fragments (indices, addresses, temps)
 SUB_CORES = 4  # warp schedulers per SM (every architecture since Volta)
@@ -245,15 +246,43 @@ _PLANS: dict[_Key, BlockPlan] = {}
 _MAX_PLANS = 4096
 
 
+def block_threads(op: GraphDefinedOp, info: GraphInfo, k: int, hw: HwProfile) -> ThreadChoice:
+    """Threads per block as :func:`~gensorage.codegen.ugraph_tir.plan_threads` gives them, without running the
+    Markov construction (about a second per matmul tile; full mode prices hundreds of tiles as it rebuilds the
+    search's structures at the requested shapes): the dominant matmul's block tile widened to the grid's share of
+    the GPU at one output element per thread. That is the generator's rule when the construction's register
+    tile is 1, as on every fused kernel measured (``tests/test_block_cost.py`` compares the two)."""
+    # Imported here: gensorage.codegen and gensorage.construction import the µGraph modules.
+    from gensorage.codegen.ugraph_tir import dominant_matmul, largest_tile
+    from gensorage.construction.block_threads import (
+        ThreadChoice,
+        fallback_threads,
+        thread_cap,
+        widen_block_tile,
+    )
+
+    binfo = info.blocks[k]
+    assert binfo is not None
+    dominant = dominant_matmul(op, binfo)
+    if dominant is None:
+        nt = fallback_threads(largest_tile(binfo), hw)
+        return ThreadChoice(nt, None, None, "fallback: no matmul in the block graph")
+    b, m, n, _ = dominant[1]
+    tile = widen_block_tile((b, m, n), (1, 1, 1), (1, 1, 1), thread_cap(hw, math.prod(op.block.grid)))
+    return ThreadChoice(
+        math.prod(tile), None, None, "the dominant matmul's tile, one output element per thread"
+    )
+
+
 def _build_plan(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: bool) -> BlockPlan:
     from gensorage.codegen.block_emitter import BlockEmitter
     from gensorage.codegen.scalar import FloatScalar
-    from gensorage.codegen.ugraph_tir import compute_dtype, plan_threads
+    from gensorage.codegen.ugraph_tir import compute_dtype
     from gensorage.ugraph.optimize.memory_plan import shared_footprint
 
     op = g.ops[k]
     assert isinstance(op, GraphDefinedOp)
-    choice = plan_threads(g, k, info, hw)
+    choice = block_threads(op, info, k, hw)
     # The emitter, set up and not run: its tensor-core tilings, fused thread graphs and register accumulators.
     e = BlockEmitter(g, k, info, choice, "cuda", FloatScalar(compute_dtype(g, info)), f"cost{k}")
     mma = mma and bool(e.mma)
@@ -329,4 +358,4 @@ def block_cycles(plan: BlockPlan, hw: HwProfile, blocks: int, forloop: int) -> t
     return total, full + (1 if rest else 0)
 
 
-__all__ = ["BlockPlan", "Work", "block_cycles", "plan_block"]
+__all__ = ["BlockPlan", "Work", "block_cycles", "block_threads", "plan_block"]
