@@ -246,6 +246,11 @@ _PLANS: dict[_Key, BlockPlan] = {}
 _MAX_PLANS = 4096
 
 
+def _tensor_peak(hw: HwProfile, dtype: str) -> float:
+    """The profile's tensor-core peak for ``dtype`` (0: none; ``hw.flops`` would answer the CUDA-core one)."""
+    return next((tensor for dt, _, tensor in hw.peak_flops if dt == dtype), 0.0)
+
+
 def block_threads(op: GraphDefinedOp, info: GraphInfo, k: int, hw: HwProfile) -> ThreadChoice:
     """Threads per block as :func:`~gensorage.codegen.ugraph_tir.plan_threads` gives them, without running the
     Markov construction (about a second per matmul tile; full mode prices hundreds of tiles as it rebuilds the
@@ -285,7 +290,8 @@ def _build_plan(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: boo
     choice = block_threads(op, info, k, hw)
     # The emitter, set up and not run: its tensor-core tilings, fused thread graphs and register accumulators.
     e = BlockEmitter(g, k, info, choice, "cuda", FloatScalar(compute_dtype(g, info)), f"cost{k}")
-    mma = mma and bool(e.mma)
+    # A profile without tensor cores for the MMA dtype (peak 0) prices the CUDA-core path.
+    mma = mma and bool(e.mma) and all(_tensor_peak(hw, t.dtype) > 0 for t in e.mma.values())
     block, binfo, nt = op.block, e.binfo, e.nt
     looped = block.forloop > 1
     level = depths(block)
