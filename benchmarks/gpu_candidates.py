@@ -3,7 +3,8 @@
 Per program, full mode (:func:`gensorage.superoptimize`, ``mode="full"``) runs here within ``--search-budget``
 seconds, with no store and no GPU, so it chooses by the cost model. Its top ``N`` candidates by the model (at
 the program's shapes), the one it chose and the direct µGraph are bundled as cases
-``program_<name>_c<rank>`` (``_direct`` for the direct µGraph), each recording under ``candidate`` its origin, its
+``program_<name>_c<rank>`` (``_direct`` for the direct µGraph; none predicted over :data:`MAX_SLOWDOWN` times
+the direct µGraph's time), each recording under ``candidate`` its origin, its
 rank among all of full mode's candidates, its predicted time and whether full mode chose it. The runner's
 summary (:func:`candidate_lines`) then says, per program, whether full mode's choice was the fastest measured. A
 candidate the CUDA build refuses is skipped (for the next in rank) and its µGraph written to
@@ -19,6 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the device's runner imports this module, and nothing of gensorage (no TVM there)
     from gensorage.hw.profile import HwProfile
+
+
+#: A candidate predicted this many times slower than the direct µGraph is not bundled (unless chosen): one
+#: such kernel (a grid of a few blocks) can take seconds a run, and the device's time is short.
+MAX_SLOWDOWN = 20.0
 
 
 def candidate_cases(
@@ -39,12 +45,14 @@ def candidate_cases(
         precision=precision,
     )
     ranked = list(res.candidates)
+    direct_s = next(t for o, _, t in ranked if o == "direct")
     cases: list[dict[str, Any]] = []
     searched = 0
     for rank, (origin, g, predicted) in enumerate(ranked):
         # The top N that the generator builds (a candidate it cannot build is skipped for the next), and
         # full mode's choice and the direct µGraph wherever they rank.
-        wanted = (origin != "direct" and searched < top) or origin in ("direct", res.origin)
+        hopeless = predicted > MAX_SLOWDOWN * direct_s  # seconds of device time for nothing
+        wanted = (origin != "direct" and searched < top and not hopeless) or origin in ("direct", res.origin)
         if not wanted:
             continue
         label = "direct" if origin == "direct" else f"c{rank}"

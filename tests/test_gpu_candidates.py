@@ -62,7 +62,13 @@ def test_a_candidate_the_build_refuses_is_replaced_by_the_next_and_kept_for_repr
     from benchmarks import gpu_prepare
 
     _, g = examples.gated_mlp(m=8, k=64, n=64, blocks=2, forloop=2)
-    ranked = (("search #3", g, 1e-5), ("direct", g, 2e-5), ("search #0", g, 3e-5), ("search #1", g, 4e-5))
+    ranked = (
+        ("search #3", g, 1e-5),
+        ("direct", g, 2e-5),
+        ("search #0", g, 3e-5),
+        ("search #1", g, 4e-5),
+        ("search #9", g, 1.0),  # 50,000 times the direct µGraph: not worth the device's time
+    )
     result = SimpleNamespace(candidates=ranked, origin="search #3", stopped_by=None, complete=True)
     monkeypatch.setattr(gensorage, "superoptimize", lambda *a, **k: result)
     monkeypatch.setattr(gpu_prepare, "load_program", lambda name: None)
@@ -76,10 +82,11 @@ def test_a_candidate_the_build_refuses_is_replaced_by_the_next_and_kept_for_repr
         return {"name": f"program_{name}"}
 
     monkeypatch.setattr(gpu_prepare, "program_case", program_case)
-    cases = candidate_cases("gated_mlp", load_profile("h200"), tmp_path, 1, 1.0, "float32")
+    cases = candidate_cases("gated_mlp", load_profile("h200"), tmp_path, 3, 1.0, "float32")
     assert [(c["name"], c["candidate"]["rank"], c["candidate"]["chosen"]) for c in cases] == [
         ("program_gated_mlp_direct", 1, False),
-        ("program_gated_mlp_c2", 2, False),  # the next in rank stands in for the refused one
+        ("program_gated_mlp_c2", 2, False),  # the next in rank stand in for the refused one
+        ("program_gated_mlp_c3", 3, False),
     ]
     failed = json.loads((tmp_path / "program_gated_mlp_c0.failed.json").read_text())
     assert "syncs inside condition" in failed["error"]
