@@ -178,10 +178,9 @@ def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
     if node.op is Op.MATMUL:
         if mma and j in e.mma:
             return _mma(hw, e.mma[j])
+        # CUDA cores, one output element per thread (register tile 1): k multiply-adds, 2k shared reads.
         k = binfo.nodes[node.inputs[0].node][node.inputs[0].out].shape[-1]
-        tiling = e.choice.tiling
-        reuse = tiling.t0[1] * tiling.t0[2] / (tiling.t0[1] + tiling.t0[2]) if tiling is not None else 0.5
-        return _elementwise(hw, nt, math.prod(out), k, k / max(reuse, 0.5), 1)
+        return _elementwise(hw, nt, math.prod(out), k, 2 * k, 1)
     if node.op in REDUCTIONS:
         shape = binfo.nodes[node.inputs[0].node][node.inputs[0].out].shape
         dim = int(attr(node.attrs, "dim")) % len(shape)
