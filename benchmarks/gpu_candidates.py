@@ -102,7 +102,7 @@ def candidate_lines(cases: list[dict[str, Any]]) -> list[str]:
         agree += ok
         us = fastest["methods"]["ours"]["median_s"] * 1e6
         what = (
-            "not measured"
+            "a µGraph not measured (not bundled: see the bundle's *.failed.json; or not run)"
             if chosen is None
             else f"{chosen['candidate']['origin']} {chosen['methods']['ours']['median_s'] * 1e6:.1f} us"
         )

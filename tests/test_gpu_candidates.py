@@ -91,3 +91,10 @@ def test_a_candidate_the_build_refuses_is_replaced_by_the_next_and_kept_for_repr
     failed = json.loads((tmp_path / "program_gated_mlp_c0.failed.json").read_text())
     assert "syncs inside condition" in failed["error"]
     assert KernelGraph.from_json(failed["ugraph"]) == g
+
+
+def test_a_choice_that_was_not_measured_is_no_agreement() -> None:
+    cases = [_case("mha_prefill", "direct", 1168.0, 1187.0, chosen=False)]  # the chosen one was not bundled
+    line, total = candidate_lines(cases)
+    assert "chose a µGraph not measured" in line and line.endswith("choice != fastest")
+    assert total.endswith("for 0 of 1 programs")
