@@ -441,7 +441,7 @@ def program_case(
         "inputs_order": [names[Ref(i)] for i in range(len(g.inputs))],
         "outputs_order": [names[r] for r in g.outputs],
         "kernels": entries,
-        "program": {"path": _program_path(base, name, program, out), "params": {}},
+        "program": {"path": program_path(name, program, out, base), "params": {}},
         "predicted_s": predict_ugraph_time(g, hw),
         "flops": 0,
         "min_bytes": sum(math.prod(t.shape) * 2 for t in program.inputs),
@@ -514,9 +514,10 @@ def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> 
     return p
 
 
-def _program_path(base: str, name: str, program: Program, out: Path) -> str:
-    """Where the device reads program ``base`` (bundled as case ``name``): its config, or (a program built here,
-    or one with no config) its text in the bundle."""
+def program_path(name: str, program: Program, out: Path, base: str | None = None) -> str:
+    """Where the device reads program ``base`` (bundled as case ``name``; ``base`` defaults to ``name`` less a
+    precision suffix): its config, or (a program built here, or one with no config) its text in the bundle."""
+    base = base if base is not None else name.removesuffix("_storage")
     root = Path(__file__).resolve().parents[1]
     config = f"configs/programs/{base}.gsp"
     if base not in EXTRA_PROGRAMS and base not in EXTRA_UGRAPHS and (root / config).is_file():
@@ -561,6 +562,16 @@ EXTRA_UGRAPHS: dict[str, Any] = {
     "fused_gated_mlp": lambda: examples.gated_mlp(m=8, k=4096, n=4096, blocks=64, forloop=64),
     "fused_rmsnorm": lambda: examples.rmsnorm_matmul(batch=16, hidden=1024, out=4096, blocks=64, forloop=16),
     "fused_lora": lambda: examples.lora(m=16, k=4096, n=4096, rank=16, n_blocks=256, m_blocks=1),
+}
+
+
+#: The program each fused µGraph computes, as bundled with its direct µGraph: pairs whose measured order the
+#: µGraph cost model must reproduce (tests/test_ugraph_measured.py).
+DIRECT_OF = {
+    **{name: name.removeprefix("fused_") for name in EXTRA_UGRAPHS if name.startswith("fused_")},
+    # LLaMA-3-8B's attention at 1,024 queries: the fused kernel takes K and V per query head, the program
+    # repeats the 8 key/value heads; the same work but for that copy.
+    "llama3_flash_attention2": "llama3_attention_prefill",
 }
 
 

@@ -51,6 +51,7 @@ from benchmarks.gpu_bundle import (  # noqa: E402
     reference,
     rel_err,
 )
+from benchmarks.gpu_candidates import candidate_lines  # noqa: E402
 from benchmarks.gpu_device import (  # noqa: E402
     Env,
     ceilings,
@@ -262,7 +263,18 @@ class Deadline:
 
 def case_header(case: Case) -> dict[str, Any]:
     raw = case.raw
-    keys = ("name", "kind", "dtype", "gemm", "program", "predicted_s", "flops", "min_bytes", "meta")
+    keys = (
+        "name",
+        "kind",
+        "dtype",
+        "gemm",
+        "program",
+        "predicted_s",
+        "flops",
+        "min_bytes",
+        "meta",
+        "candidate",
+    )
     return {k: raw.get(k) for k in keys}
 
 
@@ -371,6 +383,7 @@ def summary_table(result: dict[str, Any]) -> str:
         if r
     ]
     lines.append("geomean speedup (baseline / ours): " + (", ".join(geo) or "none"))
+    lines += candidate_lines(result.get("cases", []))
     if result.get("not_run"):
         lines.append(f"not run (deadline): {len(result['not_run'])} cases: {', '.join(result['not_run'])}")
     return "\n".join(lines)

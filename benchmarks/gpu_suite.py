@@ -8,6 +8,8 @@ Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms M1 --programs rmsnorm
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms --convs --programs fused_mha_prefill \
            --block-mma-warps 0e 0 4 8 4:128 8:256                       # warp layouts side by side
+       python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms none --convs none --programs gated_mlp \
+           --candidates 3 --search-budget 60     # full mode's candidates (benchmarks/gpu_candidates.py)
 
    writes ``gpu_bundle/manifest.json`` and one cubin (and its CUDA source) per case.
 2. On the GPU machine (torch, CuPy; no TVM), in one call of at most 8 minutes::
@@ -34,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 def prepare(args: argparse.Namespace) -> int:
     from benchmarks import gpu_prepare as gpu_bundle
     from benchmarks.common import machine_info
+    from benchmarks.gpu_candidates import candidate_cases
     from gensorage.hw import load_profile
 
     hw = load_profile(args.hw)
@@ -67,6 +70,9 @@ def prepare(args: argparse.Namespace) -> int:
     for name in programs:
         try:
             for precision in args.precisions:
+                if args.candidates:
+                    cases += candidate_cases(name, hw, out, args.candidates, args.search_budget, precision)
+                    continue
                 program, fused = gpu_bundle.load_program(name), gpu_bundle.load_ugraph(name)
                 cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused))
                 for warps in args.block_mma_warps if fused is not None else []:
@@ -143,6 +149,20 @@ def main(argv: list[str] | None = None) -> int:
         help="fused programs: also bundle each with its tensor-core block matmuls on W warps (0: all) of the "
         "planned block, or of a block of T threads; a trailing e: element-wise fragment and tile loads "
         "(no ldmatrix, no cp.async)",
+    )
+    ap.add_argument(
+        "--candidates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="programs: full mode's top N candidates by the model, its choice and the direct µGraph (with --prepare)",
+    )
+    ap.add_argument(
+        "--search-budget",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds of full mode's search per program (with --candidates)",
     )
     args = ap.parse_args(argv)
     return prepare(args) if args.prepare else run(args)

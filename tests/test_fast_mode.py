@@ -255,6 +255,11 @@ def test_fast_mode_reuses_a_stored_structure_at_a_new_shape(tmp_path: Path) -> N
     assert r.equivalence and r.equivalence.method == "equivalence check"
     assert r.num_kernels == 1 < r.naive_num_kernels
     assert r.predicted_time_s < r.naive_predicted_time_s
+    # What it chose among, best first: the stored structure, then the direct µGraph.
+    assert [(o, t) for o, _, t in r.candidates] == [
+        (r.origin, r.predicted_time_s),
+        ("direct", r.naive_predicted_time_s),
+    ]
     x = r.program.random_inputs(0)
     got = r.run(*[a.astype(np.float32) for a in x])
     np.testing.assert_allclose(got[0], r.program.run(*x)[0], rtol=1e-4, atol=1e-4)

@@ -161,8 +161,8 @@ def acc_budget(threads: int) -> int:
 
 def fits_mma(a: TensorInfo, b: TensorInfo, out: tuple[int, ...]) -> str | None:
     """The MMA dtype of a block matmul of tiles ``a`` by ``b`` into ``out`` whose shapes fit m16n8k16 (rows a
-    multiple of 8, padded to 16; None: CUDA cores whatever the threads). The cost model asks this; the code
-    generator asks :func:`mma_tiling`, which also needs whole warps."""
+    multiple of 8, padded to 16; None: CUDA cores whatever the threads). :func:`mma_tiling` asks this, and
+    also needs whole warps (the cost model reads the emitter's tilings)."""
     m, n, k = out[-2], out[-1], a.shape[-1]
     if m % MIN_ROWS or n % MMA_N or k % MMA_K:
         return None

@@ -93,10 +93,21 @@ def compute_dtype(g: KernelGraph, info: GraphInfo) -> str:
 # ---------------------------------------------------------------------------------------------- planning
 
 
-def _largest_tile(binfo: BlockInfo) -> int:
+def largest_tile(binfo: BlockInfo) -> int:
     sizes = [math.prod(t.shape) for outs in binfo.nodes for t in outs]
     sizes += [math.prod(t.shape) for local in binfo.threads for t in local]
     return max(sizes, default=1)
+
+
+def dominant_matmul(op: GraphDefinedOp, binfo: BlockInfo) -> tuple[int, tuple[int, int, int, int]] | None:
+    """The block's largest matmul (most multiply-adds, first on ties) and its (batch, m, n, k), or None."""
+    best: tuple[int, int, tuple[int, int, int, int]] | None = None
+    for j, node in enumerate(op.block.nodes):
+        if isinstance(node, BlockOp) and node.op is Op.MATMUL:
+            dims = matmul_dims(binfo, node, j)
+            if best is None or math.prod(dims) > best[0]:
+                best = (math.prod(dims), j, dims)
+    return None if best is None else (best[1], best[2])
 
 
 def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int = 0) -> ThreadChoice:
@@ -104,18 +115,10 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
     op = g.ops[k]
     binfo = info.blocks[k]
     assert isinstance(op, GraphDefinedOp) and binfo is not None
-    best: tuple[int, int] | None = None
-    for j, node in enumerate(op.block.nodes):
-        if isinstance(node, BlockOp) and node.op is Op.MATMUL:
-            work = math.prod(matmul_dims(binfo, node, j))
-            if best is None or work > best[0]:
-                best = (work, j)
+    dominant = dominant_matmul(op, binfo)
     why = "no matmul in the block graph"
-    if best is not None:
-        j = best[1]
-        node = op.block.nodes[j]
-        assert isinstance(node, BlockOp)
-        b, m, n, kk = matmul_dims(binfo, node, j)
+    if dominant is not None:
+        j, (b, m, n, kk) = dominant
         try:
             tiling = matmul_tiling(b, m, n, kk, binfo.nodes[j][0].dtype, hw, seed, math.prod(op.block.grid))
         except ScheduleError as exc:
@@ -123,13 +126,13 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
         else:
             warps = choose_mma_warps(info, binfo, op.block.nodes, tiling.threads, hw)
             return ThreadChoice(tiling.threads, j, tiling, tiling.describe(), warps)
-    nt = fallback_threads(_largest_tile(binfo), hw)
+    nt = fallback_threads(largest_tile(binfo), hw)
     return ThreadChoice(
         nt,
         None,
         None,
         f"fallback ({why}): {nt} threads, one per element of the largest tile "
-        f"({_largest_tile(binfo)}) rounded to the warp size",
+        f"({largest_tile(binfo)}) rounded to the warp size",
         choose_mma_warps(info, binfo, op.block.nodes, nt, hw),
     )
 
@@ -193,7 +196,9 @@ __all__ = [
     "KernelText",
     "Target",
     "compute_dtype",
+    "dominant_matmul",
     "emit_graph_defined",
+    "largest_tile",
     "plan_threads",
     "planned_mma_tilings",
 ]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gensorage.construction.schedule import construct_schedule
 from gensorage.hw.profile import HwProfile
@@ -110,6 +111,7 @@ def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:
     return workloads.gemm(m, n, k, dt) if batch == 1 else workloads.batch_matmul(batch, m, n, k, dt)
 
 
+@lru_cache(maxsize=1024)  # a construction takes about a second; lowering asks again for every compile
 def matmul_tiling(
     batch: int, m: int, n: int, k: int, dtype: str, hw: HwProfile, seed: int = 0, blocks: int = 1
 ) -> MatmulTiling:
@@ -125,10 +127,17 @@ def matmul_tiling(
     t1 = (pick(s.tiles[1], "b"), pick(s.tiles[1], "i"), pick(s.tiles[1], "j"))
     v = (pick(s.vthreads, "b"), pick(s.vthreads, "i"), pick(s.vthreads, "j"))
     extents = (batch, m, n)
-    cap = min(
+    return MatmulTiling(
+        extents, k, t0, widen_block_tile(extents, t0, t1, thread_cap(hw, blocks)), v, wl.key(), t1
+    )
+
+
+def thread_cap(hw: HwProfile, blocks: int) -> int:
+    """The most threads a block of a ``blocks``-block grid widens to: the block limit, or the grid's share of
+    the GPU's threads (at least a warp)."""
+    return min(
         hw.max_threads_per_block, max(hw.warp_size, hw.sm_count * hw.max_threads_per_sm // max(1, blocks))
     )
-    return MatmulTiling(extents, k, t0, widen_block_tile(extents, t0, t1, cap), v, wl.key(), t1)
 
 
 def widen_block_tile(
@@ -155,6 +164,7 @@ def fallback_threads(largest_tile: int, hw: HwProfile) -> int:
 
 
 __all__ = [
+    "thread_cap",
     "MatmulTiling",
     "ThreadChoice",
     "fallback_threads",

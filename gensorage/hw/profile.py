@@ -32,6 +32,13 @@ class Calibration:
     address arithmetic); ``launch_overhead_s``: one kernel launch as a device timer sees it
     back to back (CUDA-graph replay).
 
+    Graph-defined kernels (:mod:`gensorage.ugraph.block_cost`): ``block_load_flight_bytes``: the tile bytes one
+    thread keeps in flight with its element-wise, not prefetched loads; ``block_barrier_cycles``: one
+    ``__syncthreads`` with the pipeline drain around it; ``block_mma_cycles``: one ``mma.sync.m16n8k16`` on an
+    SM sub-core, fragments loaded; ``block_element_cycles``: issue cycles of one element-wise operation of a
+    warp, its index arithmetic included. Pre-defined element-wise kernels (one output element per thread):
+    ``predefined_dram_fraction`` of the DRAM bandwidth.
+
     The defaults are not measurements: they stand for GPUs no run has calibrated yet (every profile but
     h100 and h200, whose ``[calibration]`` tables name the runs they were fitted on).
     """
@@ -43,6 +50,11 @@ class Calibration:
     mma_in_flight: float = 4.0
     step_cycles: float = 100.0
     launch_overhead_s: float = 2e-6
+    block_load_flight_bytes: float = 64.0
+    block_barrier_cycles: float = 100.0
+    block_mma_cycles: float = 16.0
+    block_element_cycles: float = 4.0
+    predefined_dram_fraction: float = 1.0
 
 
 CALIBRATION_KEYS: tuple[str, ...] = (
@@ -53,6 +65,11 @@ CALIBRATION_KEYS: tuple[str, ...] = (
     "mma_in_flight",
     "step_cycles",
     "launch_overhead_s",
+    "block_load_flight_bytes",
+    "block_barrier_cycles",
+    "block_mma_cycles",
+    "block_element_cycles",
+    "predefined_dram_fraction",
 )
 
 

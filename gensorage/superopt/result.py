@@ -98,6 +98,9 @@ class SuperoptResult:
     origin : str
         Where ``best`` came from: ``"direct"``, ``"search #i"`` (the search's i-th ranked candidate) or
         ``"stored #i"`` (the i-th µGraph of the stored structure).
+    candidates : tuple of (str, KernelGraph, float)
+        Every µGraph the choice was among, at the requested shapes, best ranked first: (origin, µGraph,
+        predicted seconds); the direct µGraph is one of them.
     """
 
     program: Program
@@ -120,6 +123,7 @@ class SuperoptResult:
     measured: dict[str, float] | None = None
     seed: int = 0
     origin: str = "direct"
+    candidates: tuple[tuple[str, KernelGraph, float], ...] = ()
     _compiled: CompiledUGraph | None = field(default=None, repr=False)
     _compile_error: GensorageError | None = field(default=None, repr=False)
 

@@ -231,6 +231,7 @@ class Run:
             measured=measured,
             seed=self.seed,
             origin=opt.origin,
+            candidates=tuple((o.origin, o.graph, o.predicted_time_s) for o in rank(options)),
             _compiled=compiled,
             _compile_error=error,
             **extra,

@@ -2,29 +2,18 @@
 
 Per kernel operator (they run one after another, so times add up):
 
-*Graph-defined* (a custom kernel with ``B = prod(grid)`` blocks and ``F`` loop iterations):
+*Graph-defined* (a custom kernel with ``B = prod(grid)`` blocks and ``F`` loop iterations): the kernel the code
+generator emits, priced by :mod:`gensorage.ugraph.block_cost` (threads, occupancy, waves, per iteration: loads,
+barriers, tensor-core MMAs at the emitted warp layout, element-wise work; the epilogue). DRAM sees each input once
+when all the operator's inputs fit in half of L2, otherwise once per wave that needs it (replicas running in the
+same wave hit in L2), at most once per replica; plus the outputs. time = launch overhead + max(the waves' time,
+DRAM bytes / DRAM bandwidth); infinite for a kernel the generator refuses (a grid beyond CUDA's limits, a
+non-float tensor), so that it is never chosen.
 
-- global loads: every block loads each iterator's tile once (no fmap) or ``F`` times (fmap), so an input
-  replicated across ``k`` blocks (imap replica) is loaded ``k`` times; outputs are written once. Loads are served
-  by L2 (``l2`` bandwidth); DRAM sees each input once when all the operator's inputs fit in half of L2, otherwise
-  once per wave that needs it (replicas running in the same wave hit in L2), at most once per replica; plus the
-  outputs;
-- compute: every block operator's FLOPs (body operators ``F`` times) at the CUDA-core peak, except block
-  matmuls whose tiles fit ``mma.m16n8k16`` (:func:`gensorage.codegen.block_mma.fits_mma`), at the tensor-core
-  peak of their MMA dtype (the code generator puts them on tensor cores when the block is whole warps); a
-  pre-defined float16 matmul is the tensor-core kernel :mod:`gensorage.construction.tensor_core` constructs,
-  priced by that construction's model;
-- shared memory: every block operator reads its operands from and writes its result to shared memory (a thread
-  graph only its inputs and outputs: its intermediates stay in registers); iterators write their tiles,
-  accumulators read and write theirs;
-- occupancy and waves: resident blocks per SM from the shared memory one block needs (all its tiles, as
-  :mod:`gensorage.ugraph.validate` counts them) and the per-SM block limit; ``waves = ceil(B / (SMs *
-  resident))``; a wave lasts as long as its most loaded SM's blocks need for compute, shared-memory and L2
-  traffic (whichever is slowest) or, at least, one global round trip per loop iteration;
-- time = launch overhead + max(waves x wave time, DRAM bytes / DRAM bandwidth).
-
-*Pre-defined* (a library kernel): a roofline, launch overhead + max(bytes moved / DRAM bandwidth, FLOPs / peak);
-``reshape`` is a view of a contiguous tensor (no kernel, no time).
+*Pre-defined* (a library kernel): a roofline, launch overhead + max(bytes moved / (DRAM bandwidth x
+``predefined_dram_fraction``), FLOPs / peak); a pre-defined 16-bit matmul is the tensor-core kernel
+:mod:`gensorage.construction.tensor_core` constructs, priced by that construction's model; ``reshape`` is a view
+of a contiguous tensor (no kernel, no time).
 
 ``LAUNCH_OVERHEAD_S`` is the constant of the schedule cost model (:mod:`gensorage.markov.cost_model`), 2 µs of
 launch and tail per kernel, so the two models agree on what a kernel boundary costs.
@@ -37,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gensorage import opset
-from gensorage.errors import ScheduleError
+from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
 from gensorage.opset import Op, Shape
+from gensorage.ugraph.block_cost import block_cycles, plan_block
 from gensorage.ugraph.ir import (
     ONLINE_SOFTMAX_KINDS,
     Accumulator,
@@ -49,14 +39,10 @@ from gensorage.ugraph.ir import (
     InputIterator,
     KernelGraph,
     KernelOp,
-    OutputSaver,
     ThreadGraph,
 )
-from gensorage.ugraph.optimize.memory_plan import shared_footprint
 from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
 from gensorage.ugraph.validate import loop_phases, tensor_bytes, validate
-
-SHARED_RESERVED_PER_BLOCK = 1024  # bytes the CUDA runtime reserves per resident block (sm_80+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +70,6 @@ def _peak(hw: HwProfile, dtype: str, tensor_cores: bool) -> float:
         return hw.flops("float32", tensor_cores)
 
 
-def _block_peak(hw: HwProfile, n: BlockOp, args: list[TensorInfo], out: TensorInfo) -> float:
-    """Peak FLOP rate of a block op: tensor cores for a matmul whose tiles fit m16n8k16, else CUDA cores."""
-    from gensorage.codegen.block_mma import fits_mma
-
-    mma = fits_mma(args[0], args[1], out.shape) if n.op is Op.MATMUL else None
-    return _peak(hw, mma, True) if mma is not None else _peak(hw, out.dtype, False)
-
-
 def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> KernelCost:
     if node.op is Op.RESHAPE:
         return KernelCost("view", 0.0, 0, 0, 0, 0, 0, 0)
@@ -104,7 +82,9 @@ def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: 
     if mma is not None:  # the kernel the code generator emits, priced by the model that constructed it
         return KernelCost(node.op.value, mma.total_s, moved, moved, work, 0, mma.blocks, mma.waves)
     compute = work / _peak(hw, out.dtype, False)
-    time = LAUNCH_OVERHEAD_S + max(moved / hw.level("dram").bandwidth_Bps, compute)
+    # One output element per thread (the generator's fallback) reaches a fraction of the DRAM bandwidth.
+    dram_bps = hw.level("dram").bandwidth_Bps * hw.calibration.predefined_dram_fraction
+    time = LAUNCH_OVERHEAD_S + max(moved / dram_bps, compute)
     return KernelCost(node.op.value, time, moved, moved, work, 0, 0, 0)
 
 
@@ -124,64 +104,52 @@ def _tensor_core_matmul(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], ou
         return None
 
 
-def _block_cost(hw: HwProfile, node: GraphDefinedOp, ins: list[TensorInfo], info: BlockInfo) -> KernelCost:
+def _block_cost(
+    hw: HwProfile, g: KernelGraph, k: int, info: GraphInfo, ins: list[TensorInfo], binfo: BlockInfo, mma: bool
+) -> KernelCost:
+    node = g.ops[k]
+    assert isinstance(node, GraphDefinedOp)
     block = node.block
     blocks = math.prod(block.grid)
-    loops = block.forloop
+    try:
+        plan = plan_block(g, k, info, hw, mma)
+    except (
+        UnsupportedOpError
+    ):  # the generator refuses it (a grid beyond CUDA's, an integer tensor): never chosen
+        return KernelCost("graph-defined", math.inf, 0, 0, 0, 0, blocks, 0)
+    cycles, waves = block_cycles(plan, hw, blocks, block.forloop)
+    out_bytes = sum(tensor_bytes(t) for t in binfo.outputs)
+    l2_bytes = (plan.load_bytes * block.forloop + plan.hoisted_bytes) * blocks + out_bytes
+    iterators = [n for n in block.nodes if isinstance(n, InputIterator)]
+    dram = _dram_input_bytes(hw, block.grid, iterators, ins, waves) + out_bytes
+    time = LAUNCH_OVERHEAD_S + max(cycles / hw.clock_hz, dram / hw.level("dram").bandwidth_Bps)
+    return KernelCost(
+        "graph-defined", time, dram, l2_bytes, _block_flops(block, binfo) * blocks, 0, blocks, waves
+    )
+
+
+def _block_flops(block: object, info: BlockInfo) -> int:
+    """One block's FLOPs (body operators once per loop iteration)."""
+    from gensorage.ugraph.ir import BlockGraph
+
+    assert isinstance(block, BlockGraph)
     phases = loop_phases(block)
-    loads = 0  # global-memory bytes one block loads
-    shared = 0  # shared-memory bytes one block reads and writes
-    work = 0  # FLOPs of one block
-    compute_s = 0.0  # one block's compute time at the whole GPU's peak
+    work = 0
     for j, n in enumerate(block.nodes):
-        times = loops if phases[j] == "body" else 1
+        times = block.forloop if phases[j] == "body" else 1
         outs = info.nodes[j]
-        if isinstance(n, InputIterator):
-            tile = tensor_bytes(outs[0]) * (loops if n.fmap is not None else 1)
-            loads += tile
-            shared += tile
-            continue
-        if isinstance(n, OutputSaver):
-            continue
-        args = [info.nodes[r.node][r.out] for r in _inputs(n)]
-        shared += times * (sum(tensor_bytes(a) for a in args) + sum(tensor_bytes(o) for o in outs))
         if isinstance(n, BlockOp):
-            w = opset.flops(n.op, [a.shape for a in args], outs[0].shape)
-            work += times * w
-            compute_s += times * w / _block_peak(hw, n, args, outs[0])
+            args = [info.nodes[r.node][r.out] for r in n.inputs]
+            work += times * opset.flops(n.op, [a.shape for a in args], outs[0].shape)
         elif isinstance(n, Accumulator) and n.kind in ONLINE_SOFTMAX_KINDS:
-            w = online_flops(args[0].shape, outs[0].shape, n.kind)
-            work += times * w
-            compute_s += times * w / _peak(hw, outs[0].dtype, False)
+            args = [info.nodes[r.node][r.out] for r in n.reads]
+            work += times * online_flops(args[0].shape, outs[0].shape, n.kind)
         elif isinstance(n, ThreadGraph):
             local = info.threads[j]
-            for k, t in enumerate(n.ops):
-                w = opset.flops(t.op, [], local[len(n.inputs) + k].shape)
-                work += times * w
-                compute_s += times * w / _peak(hw, local[0].dtype, False)
-    footprint = shared_footprint(block, info)  # tiles share bytes by liveness (as the kernel lays them out)
-    per_sm = hw.shared_mem_per_sm // (footprint + SHARED_RESERVED_PER_BLOCK)
-    resident_limit = max(1, min(hw.max_blocks_per_sm, per_sm))
-    waves = -(-blocks // (hw.sm_count * resident_limit))
-    resident = min(resident_limit, -(-blocks // hw.sm_count))
-    sm = hw.sm_count
-    per_block = max(
-        compute_s * sm,
-        shared / (hw.level("shared").bandwidth_Bps / sm),
-        loads / (hw.level("l2").bandwidth_Bps / sm),
-    )
-    round_trip = (loops + 1) * hw.level("dram").latency_cycles / hw.clock_hz
-    wave_s = max(resident * per_block, round_trip)
-    out_bytes = sum(tensor_bytes(t) for t in info.outputs)
-    l2_bytes = loads * blocks + out_bytes
-    dram = (
-        _dram_input_bytes(
-            hw, block.grid, [n for n in block.nodes if isinstance(n, InputIterator)], ins, waves
-        )
-        + out_bytes
-    )
-    time = LAUNCH_OVERHEAD_S + max(waves * wave_s, dram / hw.level("dram").bandwidth_Bps)
-    return KernelCost("graph-defined", time, dram, l2_bytes, work * blocks, shared * blocks, blocks, waves)
+            work += times * sum(
+                opset.flops(t.op, [], local[len(n.inputs) + i].shape) for i, t in enumerate(n.ops)
+            )
+    return work
 
 
 def _dram_input_bytes(
@@ -218,8 +186,11 @@ def _inputs(n: object) -> tuple:  # type: ignore[type-arg]
     return ()
 
 
-def kernel_costs(g: KernelGraph, hw: HwProfile, info: GraphInfo | None = None) -> list[KernelCost]:
-    """The cost terms of every kernel operator of ``g``, in order (``g`` must be valid)."""
+def kernel_costs(
+    g: KernelGraph, hw: HwProfile, info: GraphInfo | None = None, *, block_mma: bool = True
+) -> list[KernelCost]:
+    """The cost terms of every kernel operator of ``g``, in order (``g`` must be valid); ``block_mma=False``
+    prices block matmuls on CUDA cores (kernels emitted before tensor-core block graphs, for calibration)."""
     info = info if info is not None else validate(g)
     out: list[KernelCost] = []
     n_in = len(g.inputs)
@@ -230,7 +201,7 @@ def kernel_costs(g: KernelGraph, hw: HwProfile, info: GraphInfo | None = None) -
         else:
             binfo = info.blocks[k]
             assert binfo is not None
-            out.append(_block_cost(hw, node, ins, binfo))
+            out.append(_block_cost(hw, g, k, info, ins, binfo, block_mma))
     return out
 
 

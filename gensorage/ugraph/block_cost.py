@@ -1,0 +1,366 @@
+"""The cost of one graph-defined kernel as the code generator emits it (:mod:`gensorage.codegen.ugraph_tir`).
+
+The kernel is planned as the generator plans it: its threads per block as
+:func:`~gensorage.codegen.ugraph_tir.plan_threads` gives them (:func:`block_threads`), and an emitter is set up (nothing emitted) so that the
+tensor-core warp layouts (:func:`~gensorage.codegen.block_mma.mma_tilings`), the thread graphs fused into a
+matmul's phase and the accumulators kept in registers are the kernel's own. Times are SM cycles.
+
+- **Occupancy.** Resident blocks per SM: the fewest that shared memory (the memory plan's footprint plus the
+  runtime's reserve), threads, registers (accumulators, fragments and a base per thread) and the per-SM block
+  limit allow. **Waves**: the grid in rounds of ``SMs x resident`` blocks; the last round runs fewer blocks.
+- **Per loop iteration**, the time is the larger of one block's latency chain and the work of the resident
+  blocks on the SM's shared pipes:
+
+  - *tile loads* are element-wise and not prefetched: a thread keeps ``block_load_flight_bytes`` in flight, so
+    its ``b`` bytes take ``ceil(b / flight)`` DRAM round trips (Little's law); the SM's share of L2 bandwidth
+    bounds the resident blocks' bytes; each load is also a shared-memory store;
+  - *barriers*: one after each depth level of the body, one before the online-softmax phases, one at the end,
+    ``block_barrier_cycles`` each;
+  - *tensor-core matmuls* at the emitted warp layout: per 16-wide k chunk a warp loads its fragments element by
+    element from shared memory (``8 warp_m + 4 warp_n`` loads, one wavefront each) and issues ``warp_m warp_n``
+    MMAs of ``block_mma_cycles`` each on its sub-core; warps without a warp tile idle;
+  - *element-wise work* (element-wise block ops, reductions, thread graphs, CUDA-core matmuls, accumulator
+    updates and the online-softmax rescale): per thread ``ceil(elements / threads)`` elements, each some
+    operations of ``block_element_cycles`` issue cycles (address arithmetic included), one wavefront per shared
+    read or write and two SFU cycles per warp for each ``exp``-like op;
+- **Epilogue:** the register flush, the post-loop phases and the stores of the outputs.
+
+time = launch overhead + max(sum over waves of the wave's cycles / clock, DRAM bytes / DRAM bandwidth).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gensorage.dtypes import dtype_bytes
+from gensorage.hw.profile import Calibration, HwProfile
+from gensorage.markov.space import SHARED_RESERVED_PER_BLOCK
+from gensorage.opset import BINARY_ELEMENTWISE, REDUCTIONS, UNARY_ELEMENTWISE, Op, attr
+from gensorage.ugraph.ir import (
+    ONLINE_SOFTMAX_KINDS,
+    Accumulator,
+    BlockOp,
+    GraphDefinedOp,
+    InputIterator,
+    KernelGraph,
+    OutputSaver,
+    Ref,
+    ThreadGraph,
+)
+from gensorage.ugraph.optimize.phase_order import depths
+from gensorage.ugraph.optimize.views import is_view
+from gensorage.ugraph.shapes import GraphInfo
+
+if TYPE_CHECKING:
+    from gensorage.codegen.block_emitter import BlockEmitter
+    from gensorage.construction.block_threads import ThreadChoice
+
+BASE_REGISTERS = 32  # registers a thread needs besides accumulators and fragments (indices, addresses, temps)
+SUB_CORES = 4  # warp schedulers per SM (every architecture since Volta)
+SFU_WARP_CYCLES = 2  # a warp's exp/sqrt on the SM's 16 special-function units: 32 lanes / 16 per cycle
+WAVEFRONT = 1  # shared-memory cycles of one warp access without bank conflicts (the layouts avoid them)
+SPECIAL_OPS = frozenset({Op.EXP, Op.SQRT, Op.SILU, Op.GELU, Op.DIV})
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What phases cost one block, as counts the calibration prices (:meth:`cycles`)."""
+
+    latency: float = 0.0  # cycles of one thread's chain besides its MMAs (register and shared latencies)
+    chained_mmas: float = 0.0  # MMAs one warp issues one after another
+    ops: float = 0.0  # warp instructions of element-wise work
+    mmas: float = 0.0  # MMAs of the block
+    shared: float = 0.0  # shared-memory wavefronts
+    sfu: float = 0.0  # special-function cycles
+    thread_bytes: float = 0.0  # bytes one thread loads from global memory
+    barriers: int = 0
+
+    def __add__(self, o: Work) -> Work:
+        return Work(
+            *(getattr(self, f) + getattr(o, f) for f in self.__slots__)  # type: ignore[attr-defined]
+        )
+
+    def cycles(self, hw: HwProfile, resident: int) -> float:
+        """The phases on an SM running ``resident`` such blocks: one block's latency chain (loads as DRAM
+        round trips with ``block_load_flight_bytes`` in flight, barriers, MMAs), or the resident blocks' work
+        on the busiest pipe."""
+        cal = hw.calibration
+        trips = math.ceil(self.thread_bytes / max(1.0, cal.block_load_flight_bytes))
+        chain = (
+            self.latency
+            + self.chained_mmas * cal.block_mma_cycles
+            + trips * hw.level("dram").latency_cycles
+            + self.barriers * cal.block_barrier_cycles
+        )
+        issue = (self.ops * cal.block_element_cycles + self.mmas * cal.block_mma_cycles) / SUB_CORES
+        return max(chain, resident * max(issue, self.shared, self.sfu))
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPlan:
+    """A graph-defined kernel as planned: threads, resident blocks, one loop iteration's work and the work
+    done once (hoisted loads, epilogue)."""
+
+    threads: int
+    resident: int
+    registers: int
+    body: Work
+    once: Work
+    load_bytes: int  # bytes one block loads per iteration (L2 traffic)
+    hoisted_bytes: int  # bytes one block loads once, before the loop
+    mma: bool  # whether a block matmul runs on tensor cores
+
+
+def _elementwise(
+    hw: HwProfile, threads: int, elements: int, ops: float, reads: float, writes: float, special: float = 0.0
+) -> Work:
+    """``elements`` dealt cyclically over the threads, each ``ops`` operations, ``reads``/``writes`` shared
+    accesses and ``special`` SFU ops."""
+    per_thread = -(-elements // threads)
+    warps = -(-threads // hw.warp_size)
+    reg_lat = hw.level("register").latency_cycles
+    shared_lat = hw.level("shared").latency_cycles
+    return Work(
+        latency=per_thread * (ops * reg_lat + (reads > 0) * shared_lat),
+        ops=warps * per_thread * ops,
+        shared=warps * per_thread * (reads + writes) * WAVEFRONT,
+        sfu=warps * per_thread * special * SFU_WARP_CYCLES,
+    )
+
+
+def _mma(hw: HwProfile, t: object) -> Work:
+    """A tensor-core matmul phase at the emitted warp layout (:class:`~gensorage.codegen.block_mma.MmaTiling`)."""
+    from gensorage.codegen.block_mma import A_ELEMS, B_ELEMS, MMA_K, MmaTiling
+
+    assert isinstance(t, MmaTiling)
+    chunks = t.k // MMA_K
+    frags = A_ELEMS * t.warp_m + B_ELEMS * t.warp_n
+    busy = min(t.warps, t.warp_tiles)  # warps with a warp tile
+    return Work(
+        latency=t.steps * chunks * hw.level("shared").latency_cycles,
+        chained_mmas=t.steps * chunks * t.warp_m * t.warp_n,
+        mmas=t.warp_tiles * t.warp_m * t.warp_n * chunks,
+        shared=busy * t.steps * chunks * frags * WAVEFRONT,
+    )
+
+
+def _special(n: ThreadGraph | BlockOp) -> int:
+    ops = [t.op for t in n.ops] if isinstance(n, ThreadGraph) else [n.op]
+    return sum(op in SPECIAL_OPS for op in ops)
+
+
+def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
+    """One body or post-loop node's phase (loads aside)."""
+    node, binfo, nt = e.nodes[j], e.binfo, e.nt
+    out = binfo.nodes[j][0].shape if binfo.nodes[j] else ()
+    if isinstance(node, ThreadGraph):
+        local = binfo.threads[j]
+        elems = max(math.prod(t.shape) for t in local)
+        fused = mma and j in e.fused_into
+        reads = 0 if fused else len(node.inputs)
+        return _elementwise(hw, nt, elems, len(node.ops) + 1, reads, len(node.outputs), _special(node))
+    if isinstance(node, Accumulator):
+        if node.kind in ONLINE_SOFTMAX_KINDS:
+            keys = binfo.nodes[node.input.node][node.input.out].shape[-1]
+            values = node.values is not None
+            # Per element of the result: a max pass and an exp(-max)-weighted pass over the row's keys.
+            return _elementwise(
+                hw, nt, math.prod(out), keys * (3 + 2 * values) + 6, keys * (2 + values), 0, keys + 1
+            )
+        src = binfo.nodes[node.input.node][node.input.out]
+        copied = not e.fusable(node.input) or node.fmap is not None
+        return _elementwise(hw, nt, math.prod(src.shape), 2, int(copied), int(node.fmap is not None))
+    if not isinstance(node, BlockOp) or node.op in (Op.RESHAPE, Op.REPEAT):
+        return Work()
+    if node.op is Op.MATMUL:
+        if mma and j in e.mma:
+            return _mma(hw, e.mma[j])
+        # CUDA cores, one output element per thread (register tile 1): k multiply-adds, 2k shared reads.
+        k = binfo.nodes[node.inputs[0].node][node.inputs[0].out].shape[-1]
+        return _elementwise(hw, nt, math.prod(out), k, 2 * k, 1)
+    if node.op in REDUCTIONS:
+        shape = binfo.nodes[node.inputs[0].node][node.inputs[0].out].shape
+        dim = int(attr(node.attrs, "dim")) % len(shape)
+        group = attr(node.attrs, "group")
+        count = shape[dim] if group is None else int(group)
+        return _elementwise(hw, nt, math.prod(out), count, count, 1)
+    if node.op in BINARY_ELEMENTWISE or node.op in UNARY_ELEMENTWISE or node.op is Op.CONCAT:
+        return _elementwise(hw, nt, math.prod(out), 1, len(node.inputs), 1, _special(node))
+    return _elementwise(hw, nt, math.prod(out), 1, len(node.inputs), 1)
+
+
+def _load(hw: HwProfile, e: BlockEmitter, j: int) -> tuple[Work, int]:
+    """An iterator's tile: its element-wise loads (each also a shared-memory store), and its bytes."""
+    t = e.binfo.nodes[j][0]
+    elems = math.prod(t.shape)
+    work = _elementwise(hw, e.nt, elems, 1, 0, 1)
+    per_thread = -(-elems // e.nt) * dtype_bytes(t.dtype)
+    return Work(ops=work.ops, shared=work.shared, thread_bytes=per_thread), elems * dtype_bytes(t.dtype)
+
+
+def _registers(e: BlockEmitter, mma: bool) -> int:
+    from gensorage.codegen.block_mma import A_ELEMS, B_ELEMS
+
+    regs = BASE_REGISTERS
+    for j, m in e.reg_accs.items():
+        online = isinstance(e.nodes[j], Accumulator) and e.accs.is_online(j)
+        regs += e.slots(m) * (2 if online else 1)
+    if mma:
+        regs += max(
+            (t.regs + (A_ELEMS * t.warp_m + B_ELEMS * t.warp_n) // 2 for t in e.mma.values()), default=0
+        )
+    return min(255, -(-regs // 8) * 8)
+
+
+def plan_block(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: bool = True) -> BlockPlan:
+    """Graph-defined op ``k`` of ``g`` as the code generator plans it (``mma=False``: block matmuls on CUDA
+    cores, as kernels were emitted before tensor-core block graphs). Cached: a search prices many µGraphs
+    that share kernels."""
+    # The plan is counts; only block_cycles reads the calibration (nor does the construction that picks the
+    # threads), so calibrated variants of a profile share plans.
+    base = dataclasses.replace(hw, calibration=Calibration())
+    key = _Key(g.ops[k], tuple(info.of(r) for r in g.ops[k].inputs), base, mma)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = _build_plan(g, k, info, base, mma)
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    """What a plan depends on: the op, its inputs' tiles, the GPU (the µGraph around it does not matter)."""
+
+    op: object
+    ins: object
+    hw: HwProfile
+    mma: bool
+
+
+_PLANS: dict[_Key, BlockPlan] = {}
+_MAX_PLANS = 4096
+
+
+def _tensor_peak(hw: HwProfile, dtype: str) -> float:
+    """The profile's tensor-core peak for ``dtype`` (0: none; ``hw.flops`` would answer the CUDA-core one)."""
+    return next((tensor for dt, _, tensor in hw.peak_flops if dt == dtype), 0.0)
+
+
+def block_threads(op: GraphDefinedOp, info: GraphInfo, k: int, hw: HwProfile) -> ThreadChoice:
+    """Threads per block as :func:`~gensorage.codegen.ugraph_tir.plan_threads` gives them, without running the
+    Markov construction (about a second per matmul tile; full mode prices hundreds of tiles as it rebuilds the
+    search's structures at the requested shapes): the dominant matmul's block tile widened to the grid's share of
+    the GPU at one output element per thread. That is the generator's rule when the construction's register
+    tile is 1, as on every fused kernel measured (``tests/test_block_cost.py`` compares the two)."""
+    # Imported here: gensorage.codegen and gensorage.construction import the µGraph modules.
+    from gensorage.codegen.ugraph_tir import dominant_matmul, largest_tile
+    from gensorage.construction.block_threads import (
+        ThreadChoice,
+        fallback_threads,
+        thread_cap,
+        widen_block_tile,
+    )
+
+    binfo = info.blocks[k]
+    assert binfo is not None
+    dominant = dominant_matmul(op, binfo)
+    if dominant is None:
+        nt = fallback_threads(largest_tile(binfo), hw)
+        return ThreadChoice(nt, None, None, "fallback: no matmul in the block graph")
+    b, m, n, _ = dominant[1]
+    tile = widen_block_tile((b, m, n), (1, 1, 1), (1, 1, 1), thread_cap(hw, math.prod(op.block.grid)))
+    return ThreadChoice(
+        math.prod(tile), None, None, "the dominant matmul's tile, one output element per thread"
+    )
+
+
+def _build_plan(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: bool) -> BlockPlan:
+    from gensorage.codegen.block_emitter import BlockEmitter
+    from gensorage.codegen.scalar import FloatScalar
+    from gensorage.codegen.ugraph_tir import compute_dtype
+    from gensorage.ugraph.optimize.memory_plan import shared_footprint
+
+    op = g.ops[k]
+    assert isinstance(op, GraphDefinedOp)
+    choice = block_threads(op, info, k, hw)
+    # The emitter, set up and not run: its tensor-core tilings, fused thread graphs and register accumulators.
+    e = BlockEmitter(g, k, info, choice, "cuda", FloatScalar(compute_dtype(g, info)), f"cost{k}")
+    # A profile without tensor cores for the MMA dtype (peak 0) prices the CUDA-core path.
+    mma = mma and bool(e.mma) and all(_tensor_peak(hw, t.dtype) > 0 for t in e.mma.values())
+    block, binfo, nt = op.block, e.binfo, e.nt
+    looped = block.forloop > 1
+    level = depths(block)
+    read = {r.node for r in e.consumers}
+    body, once = Work(), Work()
+    load_bytes = hoisted = 0
+    body_levels: set[int] = set()
+    online = 0
+    for j, node in enumerate(block.nodes):
+        if isinstance(node, OutputSaver) or is_view(node):
+            continue
+        if j not in read and not isinstance(node, Accumulator):
+            continue  # nothing reads it: the generator emits no phase
+        if isinstance(node, InputIterator):
+            work, nbytes = _load(hw, e, j)
+            if looped and node.fmap is None and not e.sinks_of(Ref(j)):  # hoisted before the loop
+                once, hoisted = once + work, hoisted + nbytes
+            else:
+                body, load_bytes = body + work, load_bytes + nbytes
+            continue
+        in_body = e.phase_of[j] == "body" or (isinstance(node, Accumulator) and looped)
+        if isinstance(node, Accumulator) and node.kind in ONLINE_SOFTMAX_KINDS:
+            online += 1
+        elif in_body and not isinstance(node, Accumulator) and not (mma and j in e.fused_into):
+            body_levels.add(level[j])
+        work = _node_work(e, hw, j, mma)
+        if in_body:
+            body += work
+        else:
+            once += work
+    # A barrier after each depth level of the body (the next reads it), before the online-softmax phases (they
+    # read the body's tiles and write registers only), and at the end of the iteration (the next overwrites
+    # the tiles).
+    body += Work(barriers=len(body_levels) + int(online > 0) + int(looped))
+    # Epilogue: the flush and the outputs' element-wise stores (one DRAM round trip), after a barrier.
+    out_elems = sum(math.prod(t.shape) for t in binfo.outputs) // math.prod(block.grid)
+    once += _elementwise(hw, nt, out_elems, 2, 1, 0) + Work(
+        latency=hw.level("dram").latency_cycles, barriers=1
+    )
+    footprint = shared_footprint(block, binfo)
+    regs = _registers(e, mma)
+    threads = -(-nt // hw.warp_size) * hw.warp_size
+    resident = max(
+        1,
+        min(
+            hw.max_blocks_per_sm,
+            hw.shared_mem_per_sm // (footprint + SHARED_RESERVED_PER_BLOCK),
+            hw.max_threads_per_sm // threads,
+            hw.registers_per_sm // (regs * threads),
+        ),
+    )
+    return BlockPlan(nt, resident, regs, body, once, load_bytes, hoisted, mma)
+
+
+def block_cycles(plan: BlockPlan, hw: HwProfile, blocks: int, forloop: int) -> tuple[float, int]:
+    """Cycles of a grid of ``blocks`` blocks of ``plan`` (waves one after another on each SM), and the waves:
+    full waves of ``resident`` blocks per SM, then a last one of the blocks left."""
+    sm_bytes_per_cycle = hw.level("l2").bandwidth_Bps / hw.sm_count / hw.clock_hz
+
+    def wave(resident: int) -> float:
+        streamed = resident * plan.load_bytes / sm_bytes_per_cycle
+        per_iter = max(plan.body.cycles(hw, resident), streamed)
+        return forloop * per_iter + plan.once.cycles(hw, resident)
+
+    per_wave = hw.sm_count * plan.resident
+    full, rest = divmod(blocks, per_wave)
+    total = full * wave(plan.resident)
+    if rest:
+        total += wave(-(-rest // hw.sm_count))
+    return total, full + (1 if rest else 0)
+
+
+__all__ = ["BlockPlan", "Work", "block_cycles", "block_threads", "plan_block"]
