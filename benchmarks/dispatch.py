@@ -4,8 +4,9 @@ For each program, at a first shape and then at new sequence lengths (or batch si
 
 * **new shape**: wall time from the request to built kernels (:attr:`ShapeKernels.ready_s`; a new structure
   runs :func:`~gensorage.superopt.superoptimize` fast mode, a new shape of a known one does not), with its
-  parts (``lower``: the µGraph to TIR, tensor-core tiles constructed; ``build``: TVM's compile and LLVM's code
-  generation; ``reinstantiate``/``verify`` for a searched structure);
+  parts (``lower``: the µGraph to TIR, each matmul's schedule constructed, at a new shape walked from the one
+  built at the nearest shape seen; ``build``: TVM's compile and LLVM's code generation;
+  ``reinstantiate``/``verify`` for a searched structure);
 * **repeated shape**: the overhead of a call on top of the kernels: the prepared runner on torch CPU tensors
   (DLPack in, fresh torch outputs) minus the same compiled kernels launched directly on TVM tensors bound once,
   paired call by call, median of ``--calls`` pairs (CPU llvm kernels).

@@ -14,6 +14,7 @@ Usage::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -133,22 +134,55 @@ def ir_module(kernels: Sequence[Kernel]) -> Any:
 
 
 def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) -> Any:
-    """``tvm.compile`` of all kernels in one module (an Executable indexed by kernel name)."""
+    """``tvm.compile`` of all kernels in one module (an Executable indexed by kernel name).
+
+    On llvm, kernels whose TIR is the same but for their name (a gate and an up projection of one input, say)
+    are compiled once and looked up under each name: LLVM's code generation is most of a CPU build's time.
+    """
     import tvm
 
     from gensorage.codegen.cuda_build import cuda_target
     from gensorage.codegen.tensor_core import build_config
 
-    mod = ir_module(kernels)
+    same = _same_code(kernels) if target == "llvm" else {}
+    mod = ir_module([k for k in kernels if k.name not in same])
     config = build_config(k.rule for k in kernels) if target == "cuda" else {}
     try:
         with tvm.transform.PassContext(config=config):
-            return tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
+            ex = tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
+            return _Renamed(ex, same) if same else ex
     except Exception as exc:  # TVM's own error classes; the generated code is at fault, name the first line
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         raise ScheduleError(
             f"{target} build of the µGraph kernels failed: {lines[-1] if lines else exc}"
         ) from exc
+
+
+def _same_code(kernels: Sequence[Kernel]) -> dict[str, str]:
+    """Kernel name -> the name of an earlier kernel with the same TIR but for its name."""
+    first: dict[str, str] = {}
+    same: dict[str, str] = {}
+    for k in kernels:
+        body = re.sub(rf"\b{re.escape(k.name)}\b", "@", k.script)
+        if body in first:
+            same[k.name] = first[body]
+        else:
+            first[body] = k.name
+    return same
+
+
+class _Renamed:
+    """An Executable whose functions are also looked up under other names (:func:`compile_kernels`)."""
+
+    def __init__(self, ex: Any, names: dict[str, str]) -> None:
+        self._ex = ex
+        self._names = names
+
+    def __getitem__(self, name: str) -> Any:
+        return self._ex[self._names.get(name, name)]
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._ex, attr)
 
 
 # ------------------------------------------------------------------------------------------------ running

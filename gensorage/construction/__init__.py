@@ -4,6 +4,7 @@ Everything that sizes a kernel from the hardware profile goes through this packa
 front door (:func:`gensorage.tune`, which adds a store and baselines for users tuning one operator):
 
 - :func:`construct_schedule` — the memoised call into :func:`gensorage.markov.construct` for a loop nest;
+  inside :func:`warm_starts`, a new shape of a constructed nest walks from the nearest constructed shape;
 - :mod:`.block_threads` — threads per block of a graph-defined kernel and the register/block tiling of its
   dominant matmul (the code generator);
 - :mod:`.kernel_sizes` — grid sizes and trip count of a graph-defined kernel at new shapes (re-instantiation).
@@ -20,7 +21,7 @@ from gensorage.construction.block_threads import (
     widen_block_tile,
 )
 from gensorage.construction.kernel_sizes import SizeLattice, kernel_sizes
-from gensorage.construction.schedule import construct_schedule
+from gensorage.construction.schedule import construct_schedule, warm_starts
 
 __all__ = [
     "MatmulTiling",
@@ -31,5 +32,6 @@ __all__ = [
     "kernel_sizes",
     "matmul_tiling",
     "matmul_workload",
+    "warm_starts",
     "widen_block_tile",
 ]

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from gensorage.codegen.tensor_core import MMA, WARP, TensorCoreTiles, shared_bytes
+from gensorage.construction.schedule import MAX_CARRY_FACTOR, warm_starts_active
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import blocks_per_sm
 
 CHAINS = 24
+WARM_CHAINS = 4  # random chains from the carried tiles at a new shape (beside the two greedy chains)
 MAX_STEPS = 64
 TIE = 0.02  # predicted times this close count as equal
 PLATEAU_WEIGHT = 0.05  # a plateau move's weight relative to the best improving move
@@ -177,16 +180,22 @@ def _round16(x: int) -> int:
 
 
 def _chain(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, rng: random.Random | None, split: bool
+    dims: tuple[int, int, int, int],
+    hw: HwProfile,
+    dtype: str,
+    rng: random.Random | None,
+    split: bool,
+    start: TensorCoreTiles | None = None,
 ) -> list[tuple[float, TensorCoreTiles]]:
-    """One Markov chain from the smallest kernel; returns the states it visited with their predicted times.
+    """One Markov chain from ``start`` (default: the smallest kernel); returns the states it visited with their
+    predicted times.
 
     The greedy chain (``rng`` None) takes the largest benefit and stops at the first local optimum. A random
     chain moves with probability proportional to the benefit and also crosses plateaus (moves that change no
     predicted time, such as a warp tile under an L2-bound block tile) with a small weight, for at most
     ``MAX_STEPS`` moves.
     """
-    state = TensorCoreTiles(MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2)
+    state = start or TensorCoreTiles(MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2)
     cost = predict_tensor_core_time(dims, state, hw, dtype)
     if cost is None:
         return []
@@ -212,19 +221,33 @@ def _chain(
     return visited
 
 
-@lru_cache(maxsize=256)
 def construct_tensor_core(
     dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0, split: bool = True
 ) -> tuple[TensorCoreTiles, TensorCoreCost]:
     """The tiles Gensor's construction picks for a ``(batch, m, n, k)`` matmul, with their predicted cost.
 
     ``split=False`` keeps split-k out of the space (the implicit GEMM of a convolution has no split path).
+    Memoised per process; inside :func:`~gensorage.construction.schedule.warm_starts`, a shape not constructed
+    yet starts its chains from the tiles of the nearest constructed shape (:func:`_warm`).
 
     Raises
     ------
     ScheduleError
         No tensor-core kernel fits ``hw`` (or its profile has no tensor-core rate for ``dtype``).
     """
+    if warm_starts_active():
+        hit = _warm(dims, hw, dtype, seed, split)
+        if hit is not None:
+            return hit
+    found = _construct(dims, hw, dtype, seed, split)
+    _remember(dims, hw, dtype, seed, split, found[0])
+    return found
+
+
+@lru_cache(maxsize=256)
+def _construct(
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, seed: int, split: bool
+) -> tuple[TensorCoreTiles, TensorCoreCost]:
     try:
         hw.flops(dtype, True)
     except KeyError:
@@ -232,6 +255,13 @@ def construct_tensor_core(
     found = _chain(dims, hw, dtype, None, split)
     for c in range(CHAINS - 1):
         found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split)
+    return _pick(found, dims, hw, dtype)
+
+
+def _pick(
+    found: list[tuple[float, TensorCoreTiles]], dims: tuple[int, int, int, int], hw: HwProfile, dtype: str
+) -> tuple[TensorCoreTiles, TensorCoreCost]:
+    """The best of the states the chains visited (ties broken by :func:`_tie_break`)."""
     if not found:
         raise ScheduleError(f"no tensor-core kernel fits {hw.name} for matmul {dims}")
     fastest = min(t for t, _ in found)
@@ -264,3 +294,65 @@ def _resident_warps(t: TensorCoreTiles, cost: TensorCoreCost | None, hw: HwProfi
 
 def tensor_core_flops(dims: tuple[int, int, int, int]) -> int:
     return 2 * math.prod(dims)
+
+
+# ------------------------------------------------------------------------------------- warm starts
+# Shape class (profile, dtype, seed, split) -> (batch, m, n, k) -> the tiles constructed there (cold or warm);
+# warm answers are kept apart from the pure memo (they depend on what was constructed before).
+_KNOWN: dict[tuple[object, ...], dict[tuple[int, int, int, int], TensorCoreTiles]] = {}
+_WARM: dict[tuple[object, ...], tuple[TensorCoreTiles, TensorCoreCost]] = {}
+_MEMO_LIMIT = 1024
+
+
+def _remember(
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, seed: int, split: bool, t: TensorCoreTiles
+) -> None:
+    if sum(len(v) for v in _KNOWN.values()) >= _MEMO_LIMIT:
+        _KNOWN.clear()
+        _WARM.clear()
+    _KNOWN.setdefault((hw, dtype, seed, split), {})[dims] = t
+
+
+def _warm(
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, seed: int, split: bool
+) -> tuple[TensorCoreTiles, TensorCoreCost] | None:
+    """The construction at ``dims`` from the tiles of the nearest constructed shape within
+    ``MAX_CARRY_FACTOR`` on every dim: a greedy and ``WARM_CHAINS`` random chains from them, and the greedy
+    chain from the smallest kernel; None where there is no such shape or its tiles do not carry over."""
+    key = (dims, hw, dtype, seed, split)
+    if key in _WARM:
+        return _WARM[key]
+    known = _KNOWN.get((hw, dtype, seed, split))
+    if not known or dims in known:  # constructed cold already: the memoised cold answer
+        return None
+    near = min(known, key=lambda d: sum(abs(math.log(a / b)) for a, b in zip(dims, d, strict=True)))
+    if any(max(a, b) > MAX_CARRY_FACTOR * min(a, b) for a, b in zip(dims, near, strict=True)):
+        return None
+    start = next(
+        (t for t in _carried(known[near], dims) if predict_tensor_core_time(dims, t, hw, dtype)), None
+    )
+    if start is None:
+        return None
+    found = _chain(dims, hw, dtype, None, split) + _chain(dims, hw, dtype, None, split, start)
+    for c in range(WARM_CHAINS):
+        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, start)
+    _WARM[key] = _pick(found, dims, hw, dtype)
+    _remember(dims, hw, dtype, seed, split, _WARM[key][0])
+    return _WARM[key]
+
+
+def _carried(t: TensorCoreTiles, dims: tuple[int, int, int, int]) -> Iterator[TensorCoreTiles]:
+    """``t`` at ``dims``: tiles halved until they fit the new extents, then without split-k, if they fit."""
+    _, m, n, k = dims
+    bm, bn, bk = t.block_m, t.block_n, t.block_k
+    while bm > max(MMA, _round16(m)):
+        bm //= 2
+    while bn > max(MMA, _round16(n)):
+        bn //= 2
+    while bk > max(MMA, _round16(k)):
+        bk //= 2
+    stages = max(1 if k <= bk else 2, min(t.stages, MAX_STAGES, -(-k // bk)))  # several steps: pipelined
+    c = replace(t, block_m=bm, block_n=bn, block_k=bk, warp_m=min(t.warp_m, bm), warp_n=min(t.warp_n, bn))
+    for cand in (replace(c, stages=stages), replace(c, stages=stages, split_k=1)):
+        if fits(cand, dims):
+            yield cand

@@ -63,7 +63,7 @@ def construct(workload: Workload, hw: HwProfile, seed: int = 0, **opts: Any) -> 
     ScheduleError
         When no state the walks reached fits the hardware, or an option is unknown or out of range.
     """
-    params = {k: int(opts.pop(k, v)) for k, v in ANNEAL_DEFAULTS.items()}
+    params: dict[str, Any] = {k: int(opts.pop(k, v)) for k, v in ANNEAL_DEFAULTS.items()}
     if opts:
         raise ScheduleError(f"construct: unknown option(s) {', '.join(sorted(opts))}")
     if min(params.values()) < 1:

@@ -168,10 +168,12 @@ def anneal(
     top_k: int = 10,
     iterations: int = 100,
     max_steps: int = 1_000_000,
+    starts: tuple[Schedule, ...] = (),
 ) -> AnnealResult:
     """Walks seeded by ``seed`` from the best states found so far, top results scored by ``score``.
 
-    Round 0 runs ``walks`` walks from the unscheduled state; each later round runs ``walks`` walks from each of
+    Round 0 runs ``walks`` walks from the unscheduled state (from each of ``starts``, scored too, when given:
+    a warm start, :mod:`gensorage.markov.warm`); each later round runs ``walks`` walks from each of
     the ``population`` best distinct states scored so far. Each walk runs at most ``iterations`` steps (the
     threshold is ``T_START * 2**-iterations``). It stops after ``rounds`` rounds, ``patience`` rounds without
     a better state, or ``max_steps`` transitions. States are compared without their ``level`` (it does not
@@ -184,11 +186,14 @@ def anneal(
     trace: list[tuple[float, float]] = []
     best = math.inf
     steps = 0
-    starts: list[Schedule | None] = [None]
+    for s in starts:
+        seen[(s.tiles, s.vthreads)] = (score(s), s)
+    best = min((v for v, _ in seen.values()), default=math.inf)
+    round_starts: list[Schedule | None] = list(starts) or [None]
     stale = 0
     for _ in range(rounds):
         improved = False
-        for start in starts:
+        for start in round_starts:
             if steps >= max_steps:
                 break
             for _ in range(walks):
@@ -207,8 +212,6 @@ def anneal(
         if stale >= patience or steps >= max_steps:
             break
         ranked = sorted((p for p in seen.values() if math.isfinite(p[0])), key=lambda p: p[0])
-        starts = _diverse(ranked, population)
-        if not starts:
-            starts = [None]
+        round_starts = _diverse(ranked, population) or [None]
     ranked = sorted((p for p in seen.values() if math.isfinite(p[0])), key=lambda p: p[0])
     return AnnealResult(ranked=tuple(ranked[:top_k]), evaluated=len(seen), steps=steps, trace=tuple(trace))

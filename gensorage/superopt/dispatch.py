@@ -9,7 +9,9 @@ A model runs one program at many shapes (sequence lengths, batch sizes). :class:
   seen, by :func:`~gensorage.superopt.superoptimize` (fast mode: a stored structure, else the direct µGraph;
   full mode: the search). A new shape of a known structure does not call ``superoptimize`` again: the chosen
   µGraph is re-instantiated at the new shape (:func:`.reinstantiate`), checked there, lowered for llvm only
-  and built. The direct µGraph needs no re-instantiation and no check (it is the program, op by op); a
+  and built. Its lowering constructs each matmul's schedule from the one built at the nearest shape seen
+  (:func:`gensorage.construction.warm_starts`): a few Markov steps from a good state instead of a whole
+  construction. The direct µGraph needs no re-instantiation and no check (it is the program, op by op); a
   re-instantiated one is checked by :func:`gensorage.verify.equivalent` at the new shape (what full mode does),
   and one that does not carry over or verify gives way to the direct µGraph, with the reason in ``notes``.
 
@@ -23,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gensorage.construction import warm_starts
 from gensorage.errors import GensorageError, UnsupportedOpError
 from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program
@@ -164,7 +167,11 @@ class Dispatcher:
             graph, ver = self._carry(known, p, timings, notes)
             origin = known.origin if ver.method != DIRECT or known.origin == "direct" else "direct"
             self.stats.new_shapes += 1
-        compiled, runner = _build_cpu(graph, self.hw, self.seed, timings)
+        if known is None:
+            compiled, runner = _build_cpu(graph, self.hw, self.seed, timings)
+        else:  # constructions walk from the nearest shape built before (gensorage.construction.warm_starts)
+            with warm_starts():
+                compiled, runner = _build_cpu(graph, self.hw, self.seed, timings)
         if known is None:
             self._structures[p.structure_key()] = _Structure(p, graph, origin)
         return ShapeKernels(
@@ -214,7 +221,10 @@ class Dispatcher:
 
         t0 = time.perf_counter()
         try:
-            graph = reinstantiate(known.graph, known.program, p, self.hw, cost_fn(self.hw), seed=self.seed)
+            with warm_starts():
+                graph = reinstantiate(
+                    known.graph, known.program, p, self.hw, cost_fn(self.hw), seed=self.seed
+                )
         except GensorageError as exc:
             return self._direct(direct, f"the chosen µGraph does not carry over: {exc}", notes)
         finally:
