@@ -41,7 +41,7 @@ from gensorage.codegen.tir_text import Ix, broadcast_index, tvm_float, unravel
 from gensorage.dtypes import dtype_bytes
 from gensorage.errors import ScheduleError
 from gensorage.opset import Op
-from gensorage.ugraph.ir import BlockNode, BlockOp, Ref, ThreadGraph
+from gensorage.ugraph.ir import Accumulator, BlockNode, BlockOp, Ref, ThreadGraph
 from gensorage.ugraph.optimize.layouts import Layout
 from gensorage.ugraph.optimize.views import VIEW_OPS
 from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
@@ -464,10 +464,16 @@ def fused_thread_graphs(e: BlockEmitter) -> dict[int, int]:
         node = e.nodes[t]
         assert isinstance(node, ThreadGraph)
         shape = e.tile(Ref(j)).shape
+        # An accumulator reading the thread graph's output element by element keeps its elements in registers
+        # by the element slots of the default thread mapping; the MMA layout hands out other slots (on a subset
+        # of the warps, more per thread), so such a graph runs in a phase of its own. (Fused, the full-mode
+        # choice for mha_specdec, whose accumulator sums exp(S) tiles, read uninitialised slots: NaN.)
+        feeds_accumulator = any(isinstance(e.nodes[c], Accumulator) for c in e.consumers.get(Ref(t), []))
         if (
             all(r == Ref(j) for r in node.inputs)
             and all(x.shape == shape for x in e.binfo.threads[t])
             and e.phase_of[t] == e.phase_of[j]
+            and not feeds_accumulator
         ):
             fused[j] = t
     return fused
