@@ -436,6 +436,8 @@ def _priority(case: dict[str, Any]) -> int:
     if case["kind"] in ("program", "conv"):
         return 1
     variant = case["meta"].get("variant")
+    if str(variant).startswith("wgmma"):  # the smoke GEMMs first: they tell whether any wgmma result is right
+        return 0 if case["meta"]["shape"].startswith("smoke") else 1
     return 0 if variant in ("constructed", "optuna1000", "random1000") else 2 if variant == "cuda_core" else 3
 
 

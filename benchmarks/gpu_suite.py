@@ -49,6 +49,17 @@ def prepare(args: argparse.Namespace) -> int:
             print(
                 f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype}: {len(cases)} cases", file=sys.stderr
             )
+    if args.wgmma:
+        from benchmarks import gpu_wgmma
+
+        for dtype in args.dtypes:
+            cases += gpu_wgmma.smoke_cases(hw, out, dtype)
+            for name, dims in gemms.items():
+                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype)
+                print(
+                    f"[{time.perf_counter() - t0:6.1f}s] wgmma {name} {dtype}: {len(cases)} cases",
+                    file=sys.stderr,
+                )
     convs = {k: v for k, v in gpu_bundle.CONVS.items() if not args.convs or k in args.convs}
     for dtype in args.dtypes:
         cases += gpu_bundle.conv_cases(hw, out, convs, dtype)
@@ -116,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--constructed-only", action="store_true", help="GEMMs: only the constructed tiling")
     ap.add_argument(
         "--searches", action="store_true", help="GEMMs: also Optuna's and random search's tilings"
+    )
+    ap.add_argument(
+        "--wgmma",
+        action="store_true",
+        help="GEMMs: also Hopper wgmma kernels (sm_90a) and the wgmma smoke GEMMs",
     )
     ap.add_argument("--split-sweep", nargs="*", default=None, help="GEMM names to sweep split-k on")
     ap.add_argument(

@@ -1,0 +1,85 @@
+"""The GPU suite's wgmma GEMMs: Hopper ``wgmma.mma_async`` kernels (:mod:`gensorage.codegen.wgmma`) per GEMM.
+
+Per shape that the kernel covers: the tiling the construction picks among wgmma kernels (when it picks one),
+and the fixed tilings of ``WGMMA_VARIANTS`` (so the device run tells which is best). Besides, ``smoke`` GEMMs:
+one warpgroup, one stage, small shapes, one per N tile (64 uses one swizzle atom of B per wgmma, 128 and 256
+also the descriptor's leading offset), and one with ragged M, N and K: when fast variants fail the float64
+check, these say whether the basic fragment, descriptor and swizzle layout is right.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu_prepare import _gemm_case
+from gensorage.codegen.wgmma import ARCH, RULE, WgmmaTiles, shared_bytes, unsupported, wgmma_matmul
+from gensorage.hw.profile import HwProfile
+
+#: wgmma tilings timed per GEMM (where the shape has the rows for them).
+WGMMA_VARIANTS: tuple[WgmmaTiles, ...] = (
+    WgmmaTiles(2, 256, 3),
+    WgmmaTiles(2, 128, 4),
+    WgmmaTiles(1, 256, 4),
+    WgmmaTiles(2, 64, 4),
+    WgmmaTiles(1, 128, 4),
+    WgmmaTiles(1, 64, 4),
+)
+
+#: Small GEMMs that check the layouts one feature at a time.
+SMOKE: dict[str, tuple[tuple[int, int, int], WgmmaTiles]] = {
+    "smoke_n64": ((256, 256, 256), WgmmaTiles(1, 64, 1)),
+    "smoke_n128": ((256, 256, 256), WgmmaTiles(1, 128, 1)),
+    "smoke_n256": ((256, 256, 256), WgmmaTiles(1, 256, 1)),
+    "smoke_ragged": ((200, 136, 200), WgmmaTiles(1, 64, 2)),
+    "smoke_wg2_s3": ((512, 512, 512), WgmmaTiles(2, 128, 3)),
+}
+
+
+def wgmma_profile(hw: HwProfile) -> HwProfile:
+    """``hw`` with the architecture-specific target wgmma needs (sm_90 -> sm_90a)."""
+    return dataclasses.replace(hw, arch=ARCH)
+
+
+def variant_name(t: WgmmaTiles) -> str:
+    return f"wgmma{t.block_m}x{t.block_n}s{t.stages}"
+
+
+def wgmma_case(
+    name: str,
+    dims: tuple[int, int, int],
+    tiles: WgmmaTiles,
+    hw: HwProfile,
+    out: Path,
+    dtype: str,
+    variant: str,
+    predicted: float | None = None,
+) -> dict[str, Any]:
+    """One bundled wgmma GEMM (compiled for sm_90a)."""
+    import tvm
+
+    m, n, k = dims
+    func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    meta = {"tiles": dataclasses.asdict(tiles), "rule": f"{RULE}: {tiles.describe()}", "tensor_cores": True}
+    return _gemm_case(name, dims, variant, mod, {}, wgmma_profile(hw), out, predicted, meta, dtype)
+
+
+def wgmma_cases(
+    hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]], dtype: str = "float16"
+) -> list[dict[str, Any]]:
+    """Per shape the wgmma tilings of ``WGMMA_VARIANTS`` that fit it and the device's shared memory."""
+    cases = []
+    for name, (m, n, k) in shapes.items():
+        if unsupported(m, n, k):
+            continue
+        for t in WGMMA_VARIANTS:
+            if t.block_m > max(64, m) or shared_bytes(t) > hw.shared_mem_per_block:
+                continue
+            cases.append(wgmma_case(name, (m, n, k), t, hw, out, dtype, variant_name(t)))
+    return cases
+
+
+def smoke_cases(hw: HwProfile, out: Path, dtype: str = "float16") -> list[dict[str, Any]]:
+    return [wgmma_case(name, dims, t, hw, out, dtype, variant_name(t)) for name, (dims, t) in SMOKE.items()]
