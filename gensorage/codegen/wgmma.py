@@ -126,6 +126,23 @@ def b_desc(block_n: int) -> tuple[int, int]:
     return (ATOM * BLOCK_K * 2 // 16, ALIGN // 16)
 
 
+def a_copy(q: Any) -> tuple[Any, Any]:
+    """(row, first column) of the A tile's 16-byte chunk ``q`` (eight chunks per 64-wide row)."""
+    return q // (BLOCK_K // CHUNK), q % (BLOCK_K // CHUNK) * CHUNK
+
+
+def b_copy(q: Any, block_n: int) -> tuple[Any, Any]:
+    """(row, first column) of the B tile's 16-byte chunk ``q`` (``block_n / 8`` chunks per row)."""
+    return q // (block_n // CHUNK), q % (block_n // CHUNK) * CHUNK
+
+
+def step_offsets(slot: Any, kk: Any, stage_elems: int) -> tuple[Any, Any]:
+    """What the A and B descriptors of ring slot ``slot``'s k16 step ``kk`` add to the slot-0 descriptors
+    (16-byte units): A advances 32 bytes within its swizzled rows, B 16 rows of 128 bytes."""
+    base = slot * stage_elems * 2
+    return (base + kk * WG_K * 2) // 16, (base + kk * WG_K * ATOM * 2) // 16
+
+
 def fragment_row_col(lane: Any, warp: Any, reg: Any) -> tuple[Any, Any]:
     """(row, col) of accumulator register ``reg`` of thread ``32 warp + lane`` in a m64nNk16 float32 result.
 
@@ -195,7 +212,6 @@ def _build(
     gm, gn, ktiles = -(-m // bm), -(-n // bn), -(-k // BLOCK_K)
     a_elems, stage_elems = bm * BLOCK_K, (bm + bn) * BLOCK_K
     a_copies, b_copies = a_elems // CHUNK // threads, BLOCK_K * bn // CHUNK // threads
-    b_chunks = bn // CHUNK  # 16-byte chunks in one row of the B tile
     ahead = max(stages - 1, 1)  # steps whose copies are in flight before the loop
     wait = 1 if stages > 1 else 0  # wgmma groups left pending at the end of a step
     smem = shared_bytes(t) // 2
@@ -234,9 +250,7 @@ def _build(
         for s in T.unroll(ahead):
             if s < ktiles:
                 for c in T.unroll(a_copies):
-                    q = tx + c * threads
-                    row = q // (BLOCK_K // CHUNK)
-                    col = q % (BLOCK_K // CHUNK) * CHUNK
+                    row, col = a_copy(tx + c * threads)
                     ok = m0 + row < m and s * BLOCK_K + col < k
                     T.ptx.cp.async_.cg.shared.global_(
                         T.address_of(buf[pad[0] + s % stages * stage_elems + a_offset(row, col)]),
@@ -247,9 +261,7 @@ def _build(
                         T.Select(ok, T.uint32(16), T.uint32(0)),
                     )
                 for c in T.unroll(b_copies):
-                    q = tx + c * threads
-                    row = q // b_chunks
-                    col = q % b_chunks * CHUNK
+                    row, col = b_copy(tx + c * threads, bn)
                     ok = s * BLOCK_K + row < k and n0 + col < n
                     T.ptx.cp.async_.cg.shared.global_(
                         T.address_of(buf[pad[0] + s % stages * stage_elems + a_elems + b_offset(row, col)]),
@@ -280,8 +292,8 @@ def _build(
             for kk in T.unroll(BLOCK_K // WG_K):
                 T.ptx[mma](
                     *[acc[r] for r in range(nacc)],
-                    desc[0] + T.uint64((kt % stages * stage_elems * 2 + kk * WG_K * 2) // 16),
-                    desc[1] + T.uint64((kt % stages * stage_elems * 2 + kk * WG_K * ATOM * 2) // 16),
+                    desc[0] + T.Cast("uint64", step_offsets(kt % stages, kk, stage_elems)[0]),
+                    desc[1] + T.Cast("uint64", step_offsets(kt % stages, kk, stage_elems)[1]),
                     T.bool(True),
                     1,
                     1,
@@ -295,9 +307,7 @@ def _build(
             T.tvm_storage_sync("shared")
             if kt + ahead < ktiles:
                 for c in T.unroll(a_copies):
-                    q = tx + c * threads
-                    row = q // (BLOCK_K // CHUNK)
-                    col = q % (BLOCK_K // CHUNK) * CHUNK
+                    row, col = a_copy(tx + c * threads)
                     kc = (kt + ahead) * BLOCK_K + col
                     ok = m0 + row < m and kc < k
                     T.ptx.cp.async_.cg.shared.global_(
@@ -307,9 +317,7 @@ def _build(
                         T.Select(ok, T.uint32(16), T.uint32(0)),
                     )
                 for c in T.unroll(b_copies):
-                    q = tx + c * threads
-                    row = q // b_chunks
-                    col = q % b_chunks * CHUNK
+                    row, col = b_copy(tx + c * threads, bn)
                     kr = (kt + ahead) * BLOCK_K + row
                     ok = kr < k and n0 + col < n
                     T.ptx.cp.async_.cg.shared.global_(
