@@ -437,7 +437,7 @@ def _priority(case: dict[str, Any]) -> int:
         return 1
     variant = case["meta"].get("variant")
     if str(variant).startswith("wgmma"):  # the smoke GEMMs first: they tell whether any wgmma result is right
-        return 0 if case["meta"]["shape"].startswith("smoke") else 1
+        return 0 if case["meta"]["shape"].startswith("smoke") or variant == "wgmma_constructed" else 1
     return 0 if variant in ("constructed", "optuna1000", "random1000") else 2 if variant == "cuda_core" else 3
 
 

@@ -1,7 +1,7 @@
 """The GPU suite's wgmma GEMMs: Hopper ``wgmma.mma_async`` kernels (:mod:`gensorage.codegen.wgmma`) per GEMM.
 
-Per shape that the kernel covers: the tiling the construction picks among wgmma kernels (when it picks one),
-and the fixed tilings of ``WGMMA_VARIANTS`` (so the device run tells which is best). Besides, ``smoke`` GEMMs:
+Per shape that the kernel covers: the tiling the construction picks when the instruction is a level of its
+state (``wgmma_constructed``, when it picks wgmma), and the fixed tilings of ``WGMMA_VARIANTS`` (so the device run tells which is best). Besides, ``smoke`` GEMMs:
 one warpgroup, one stage, small shapes, one per N tile (64 uses one swizzle atom of B per wgmma, 128 and 256
 also the descriptor's leading offset), and one with ragged M, N and K: when fast variants fail the float64
 check, these say whether the basic fragment, descriptor and swizzle layout is right.
@@ -15,6 +15,7 @@ from typing import Any
 
 from benchmarks.gpu_prepare import _gemm_case
 from gensorage.codegen.wgmma import ARCH, RULE, WgmmaTiles, shared_bytes, unsupported, wgmma_matmul
+from gensorage.construction.tensor_core import construct_matmul_tiles, predict_tiles_time
 from gensorage.hw.profile import HwProfile
 
 #: wgmma tilings timed per GEMM (where the shape has the rows for them).
@@ -74,10 +75,16 @@ def wgmma_cases(
     for name, (m, n, k) in shapes.items():
         if unsupported(m, n, k):
             continue
+        dims4 = (1, m, n, k)
+        picked, cost = construct_matmul_tiles(dims4, hw, dtype)
+        chosen = [("wgmma_constructed", picked, cost.total_s)] if isinstance(picked, WgmmaTiles) else []
         for t in WGMMA_VARIANTS:
-            if t.block_m > max(64, m) or shared_bytes(t) > hw.shared_mem_per_block:
+            if t == picked or t.block_m > max(64, m) or shared_bytes(t) > hw.shared_mem_per_block:
                 continue
-            cases.append(wgmma_case(name, (m, n, k), t, hw, out, dtype, variant_name(t)))
+            c = predict_tiles_time(dims4, t, hw, dtype)
+            chosen.append((variant_name(t), t, None if c is None else c.total_s))
+        for variant, t, predicted in chosen:
+            cases.append(wgmma_case(name, (m, n, k), t, hw, out, dtype, variant, predicted))
     return cases
 
 

@@ -66,6 +66,10 @@ class WgmmaTiles:
         return WARPGROUP * self.warpgroups
 
     @property
+    def warps(self) -> int:
+        return self.threads // 32
+
+    @property
     def accumulators(self) -> int:
         """float32 accumulator registers per thread (m64nNk16: N / 2)."""
         return self.block_n // 2

@@ -30,7 +30,8 @@ class Calibration:
     warp keeps in flight (its outstanding asynchronous copies); ``mma_in_flight``: independent MMAs per SM sub-core that hide its latency;
     ``step_cycles``: the cycles one reduction step costs besides its MMAs (barriers, waiting for its copies,
     address arithmetic); ``launch_overhead_s``: one kernel launch as a device timer sees it
-    back to back (CUDA-graph replay).
+    back to back (CUDA-graph replay); ``wgmma_fraction``: the fraction of the tensor peak that warpgroup
+    ``wgmma.mma_async`` reaches (0: the GPU has no wgmma, the construction does not consider it).
 
     The defaults are not measurements: they stand for GPUs no run has calibrated yet (every profile but
     h100 and h200, whose ``[calibration]`` tables name the runs they were fitted on).
@@ -43,6 +44,7 @@ class Calibration:
     mma_in_flight: float = 4.0
     step_cycles: float = 100.0
     launch_overhead_s: float = 2e-6
+    wgmma_fraction: float = 0.0
 
 
 CALIBRATION_KEYS: tuple[str, ...] = (
@@ -53,6 +55,7 @@ CALIBRATION_KEYS: tuple[str, ...] = (
     "mma_in_flight",
     "step_cycles",
     "launch_overhead_s",
+    "wgmma_fraction",
 )
 
 
