@@ -334,10 +334,10 @@ def _build(
                     )
             T.ptx.cp.async_.commit_group()
         T.ptx.wgmma.wait_group.sync.aligned(0)
-        for r in T.unroll(nacc):
-            row = m0 + tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[0]
-            col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[1]
+        for p in T.unroll(nacc // 2):
+            row = m0 + tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[0]
+            col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[1]
             if row < m and col < n:
-                C[c_at(bz, row, col)] = T.Cast(out_dtype, acc[r])
+                C[c_at(bz, row, T.ramp(col, 1, 2))] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
 
     return main
