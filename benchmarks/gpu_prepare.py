@@ -30,6 +30,7 @@ from gensorage.codegen.launch import Launch, launch_specs
 from gensorage.codegen.module import compile_ugraph, ir_module
 from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
+from gensorage.codegen.wgmma import target_profile
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.construction.tensor_core import construct_tensor_core, fits, predict_tensor_core_time
 from gensorage.errors import GensorageError
@@ -364,6 +365,7 @@ def program_case(
     kernels = cg.kernels()
     config = build_config(k.rule for k in kernels)
     mod = ir_module(kernels)
+    hw = target_profile(hw, [k.rule for k in kernels])  # sm_90a when a matmul is a wgmma kernel
     cubin = _cubin(mod, hw, config, out, f"program_{name}")
     names = _tensor_names(g, info)
     tensors = _program_tensors(g, info, names)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_prepare import _gemm_case
-from gensorage.codegen.wgmma import ARCH, RULE, WgmmaTiles, shared_bytes, unsupported, wgmma_matmul
+from gensorage.codegen.wgmma import RULE, WgmmaTiles, shared_bytes, target_profile, unsupported, wgmma_matmul
 from gensorage.construction.tensor_core import construct_matmul_tiles, predict_tiles_time
 from gensorage.hw.profile import HwProfile
 
@@ -38,11 +38,6 @@ SMOKE: dict[str, tuple[tuple[int, int, int], WgmmaTiles]] = {
 }
 
 
-def wgmma_profile(hw: HwProfile) -> HwProfile:
-    """``hw`` with the architecture-specific target wgmma needs (sm_90 -> sm_90a)."""
-    return dataclasses.replace(hw, arch=ARCH)
-
-
 def variant_name(t: WgmmaTiles) -> str:
     return f"wgmma{t.block_m}x{t.block_n}s{t.stages}"
 
@@ -64,7 +59,7 @@ def wgmma_case(
     func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     meta = {"tiles": dataclasses.asdict(tiles), "rule": f"{RULE}: {tiles.describe()}", "tensor_cores": True}
-    return _gemm_case(name, dims, variant, mod, {}, wgmma_profile(hw), out, predicted, meta, dtype)
+    return _gemm_case(name, dims, variant, mod, {}, target_profile(hw, [RULE]), out, predicted, meta, dtype)
 
 
 def wgmma_cases(

@@ -37,6 +37,10 @@ from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
 
 H200 = load_profile("h200")
+#: A Hopper whose mma.sync is slow: the construction takes wgmma even at shapes small enough for the twins.
+SLOW_MMA = dataclasses.replace(
+    H200, calibration=dataclasses.replace(H200.calibration, mma_sync_fraction=0.01, wgmma_fraction=1.0)
+)
 
 
 def _run_twin(
@@ -240,3 +244,54 @@ def test_the_smoke_gemm_bundles(tmp_path: Path) -> None:
     assert kernel["block"] == [128, 1, 1] and kernel["grid"] == [16, 1, 1]
     assert kernel["smem"] == (64 + 64) * 64 * 2 + 1024
     assert "wgmma.mma_async" in (tmp_path / "smoke_n64_wgmma64x64s1.cu").read_text()
+
+
+def _matmul_ugraph(m: int, n: int, k: int, dtype: str = "float16") -> tuple[object, object]:
+    from gensorage.program import Program
+    from gensorage.ugraph import from_program
+
+    p = Program("mm")
+    a = p.input("A", (m, k), dtype)
+    b = p.input("B", (k, n), dtype)
+    p.output(p.matmul(a, b))
+    return p, from_program(p)
+
+
+def test_a_ugraph_matmul_on_hopper_is_a_wgmma_kernel_and_its_twins_agree() -> None:
+    from gensorage.codegen.field_twin import check_field_twin
+    from gensorage.codegen.module import compile_ugraph
+
+    # Ragged: M, N and K are not tile multiples.
+    hw = SLOW_MMA
+    m, n, k = 200, 136, 200
+    program, g = _matmul_ugraph(m, n, k)
+    cg = compile_ugraph(g, hw, "cuda")  # type: ignore[arg-type]
+    (kern,) = cg.kernels("cuda")
+    assert kern.rule.startswith("wgmma construct")
+    (twin,) = cg.kernels("llvm")
+    assert twin.rule == kern.rule
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    (got,) = cg.run(a, b)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert _rel_err(got, want) < 2e-3
+    assert check_field_twin(g, program, trials=1, hw=hw)  # type: ignore[arg-type]
+    # Other GPUs, and decode-sized M, keep mma.sync.
+    assert compile_ugraph(g, load_profile("a100"), "cuda").kernels("cuda")[0].rule.startswith("tensor-core")  # type: ignore[arg-type]
+    _, small = _matmul_ugraph(16, 4096, 4096)
+    assert compile_ugraph(small, H200, "cuda").kernels("cuda")[0].rule.startswith("tensor-core")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="needs nvcc to build cubins")
+def test_a_ugraph_with_a_wgmma_kernel_builds_for_sm_90a() -> None:
+    from gensorage.codegen.module import compile_ugraph
+
+    _, g = _matmul_ugraph(256, 256, 256)
+    cg = compile_ugraph(g, SLOW_MMA, "cuda")  # type: ignore[arg-type]
+    assert "wgmma.mma_async" in cg.cuda_source()
+    assert cg.cubin()
+
+
+def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))

@@ -26,11 +26,15 @@ by its scalar semantics (the descriptor decoded into the shared addresses the ha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from gensorage.codegen.tensor_core import MMA_DTYPES
 from gensorage.errors import ScheduleError
+
+if TYPE_CHECKING:
+    from gensorage.hw.profile import HwProfile
 
 WARPGROUP = 128  # threads that issue one wgmma together
 WG_M = 64  # rows of one wgmma (m64nNk16)
@@ -101,6 +105,19 @@ def unsupported(m: int, n: int, k: int) -> str | None:
     if n % CHUNK or k % CHUNK:
         return f"n={n} and k={k} must be multiples of {CHUNK} (16-byte copies)"
     return None
+
+
+def covers_operands(a: tuple[int, ...], b: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether the kernel takes these operand shapes as they are: each operand 2-D, or with the output's batch
+    dims (other broadcasts stay on ``mma.sync``, whose loads follow any broadcast)."""
+    return all(len(x) == 2 or x[:-2] == out[:-2] for x in (a, b))
+
+
+def target_profile(hw: HwProfile, rules: Iterable[str]) -> HwProfile:
+    """``hw`` with the ``sm_90a`` target when any kernel (its rule) is a wgmma kernel; ``hw`` otherwise."""
+    if hw.arch == "sm_90" and any(r.startswith(RULE) for r in rules):
+        return replace(hw, arch=ARCH)
+    return hw
 
 
 def a_offset(row: Any, col: Any) -> Any:

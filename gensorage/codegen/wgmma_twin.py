@@ -63,13 +63,17 @@ def wgmma_twin(
     dtype: str,
     out_dtype: str,
     tiles: WgmmaTiles,
+    modulus: int | None = None,
 ) -> Any:
     """The twin PrimFunc ``main(A, B, C)`` of :func:`gensorage.codegen.wgmma.wgmma_matmul` (same arguments),
-    for the llvm target. Its operand dtype may be any float type (the twin has no MMA dtype to satisfy)."""
+    for the llvm target. Its operand dtype may be any float type (the twin has no MMA dtype to satisfy).
+
+    With ``modulus`` it is the field twin: int64 residues, each product reduced mod ``modulus``, int64
+    accumulators and a ``mod modulus`` write-back (``dtype`` and ``out_dtype`` int64)."""
     batch = out[0] if len(out) == 3 else 0
     m, n, k = out[-2], out[-1], a[-1]
     _check(tiles, "float16", (m, n, k))
-    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k))
+    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), modulus)
 
 
 def _build(
@@ -81,7 +85,9 @@ def _build(
     t: WgmmaTiles,
     batch: int,
     mnk: tuple[int, int, int],
+    modulus: int | None,
 ) -> Any:
+    from tvm import tirx
     from tvm.script import tirx as T
 
     m, n, k = mnk
@@ -94,6 +100,15 @@ def _build(
     lbo, sbo = b_desc(bn)
     a_batched, b_batched = len(a_shape) == 3, len(b_shape) == 3
     zero = T.Cast(dtype, 0)
+    acc_dtype = "float32" if modulus is None else "int64"
+
+    def term(x: Any, y: Any) -> Any:
+        if modulus is None:
+            return T.Cast("float32", x) * T.Cast("float32", y)
+        return tirx.truncmod(x * y, tirx.const(modulus, "int64"))
+
+    def finish(v: Any) -> Any:
+        return T.Cast(out_dtype, v) if modulus is None else tirx.truncmod(v, tirx.const(modulus, "int64"))
 
     def a_at(bz: Any, row: Any, col: Any) -> Any:
         return (bz, row, col) if a_batched else (row, col)
@@ -112,7 +127,7 @@ def _build(
     ) -> None:
         T.func_attr({"tirx.noalias": True})
         buf = T.alloc_buffer((stages * stage_elems,), dtype)  # the shared ring, at an aligned address 0
-        acc = T.alloc_buffer((threads, nacc), "float32")
+        acc = T.alloc_buffer((threads, nacc), acc_dtype)
         for bz, bx in T.grid(max(batch, 1), gm * gn):
             m0 = bx // gn * bm
             n0 = bx % gn * bn
@@ -137,7 +152,7 @@ def _build(
                         )
                 if step == ahead - 1:
                     for tx, r in T.grid(threads, nacc):
-                        acc[tx, r] = T.float32(0)
+                        acc[tx, r] = T.Cast(acc_dtype, 0)
                 # The MMAs of step ``kt``, issued once its copies (``ahead`` steps earlier) are in.
                 if step >= ahead - 1 and step - (ahead - 1) < ktiles:
                     kt = step - (ahead - 1)
@@ -146,13 +161,14 @@ def _build(
                         row, col = fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)
                         start_a = wg_row * ATOM * 2 // 16 + step_offsets(kt % stages, kk, stage_elems)[0]
                         start_b = a_elems * 2 // 16 + step_offsets(kt % stages, kk, stage_elems)[1]
-                        acc[tx, r] = acc[tx, r] + T.Cast(
-                            "float32", buf[k_major_address(start_a, A_DESC[1], row, kq) // 2]
-                        ) * T.Cast("float32", buf[mn_major_address(start_b, lbo, sbo, kq, col) // 2])
+                        acc[tx, r] = acc[tx, r] + term(
+                            buf[k_major_address(start_a, A_DESC[1], row, kq) // 2],
+                            buf[mn_major_address(start_b, lbo, sbo, kq, col) // 2],
+                        )
             for tx, r in T.grid(threads, nacc):
                 row = m0 + tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[0]
                 col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[1]
                 if row < m and col < n:
-                    C[c_at(bz, row, col)] = T.Cast(out_dtype, acc[tx, r])
+                    C[c_at(bz, row, col)] = finish(acc[tx, r])
 
     return main

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import assert_never
 
-from gensorage.codegen.tensor_core import MMA, WARP, TensorCoreTiles, shared_bytes
-from gensorage.codegen.wgmma import WgmmaTiles
+from gensorage.codegen.tensor_core import MMA, WARP, TensorCoreTiles, mma_dtype, shared_bytes
+from gensorage.codegen.wgmma import WgmmaTiles, covers_operands
 from gensorage.construction.wgmma import predict_wgmma_time, wgmma_available, wgmma_fits, wgmma_neighbours
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
@@ -310,6 +310,34 @@ def construct_matmul_tiles(
         As :func:`construct_tensor_core`.
     """
     return _construct(dims, hw, dtype, seed, True, wgmma_available(hw))
+
+
+def construct_predefined_matmul(
+    a: tuple[int, ...],
+    b: tuple[int, ...],
+    out: tuple[int, ...],
+    a_dtype: str,
+    b_dtype: str,
+    hw: HwProfile,
+    seed: int = 0,
+) -> tuple[Tiles, TensorCoreCost] | None:
+    """The tiles of a pre-defined matmul kernel op of these shapes and dtypes (None: not on tensor cores).
+
+    Both instructions (:func:`construct_matmul_tiles`) where the wgmma kernel takes the operands as they are
+    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`), ``mma.sync``
+    (:func:`construct_tensor_core`) otherwise. One function for the code generator and the µGraph cost model,
+    so both see the same kernel.
+    """
+    mma = mma_dtype(a_dtype, b_dtype)
+    if mma is None:
+        return None
+    dims = (math.prod(out[:-2]), out[-2], out[-1], a[-1])
+    try:
+        if a_dtype == b_dtype == mma and covers_operands(a, b, out):
+            return construct_matmul_tiles(dims, hw, mma, seed)
+        return construct_tensor_core(dims, hw, mma, seed)
+    except ScheduleError:
+        return None
 
 
 @lru_cache(maxsize=256)
