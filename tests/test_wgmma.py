@@ -22,6 +22,7 @@ from gensorage.codegen.wgmma import (
     a_offset,
     b_desc,
     b_offset,
+    block_tile,
     fragment_row_col,
     wgmma_matmul,
 )
@@ -295,3 +296,16 @@ def test_a_ugraph_with_a_wgmma_kernel_builds_for_sm_90a() -> None:
 
 def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+
+
+@pytest.mark.parametrize(("gm", "gn"), [(1, 1), (3, 5), (8, 2), (13, 7), (64, 32)])
+def test_the_grid_raster_visits_every_tile_once(gm: int, gn: int) -> None:
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    ana = Analyzer()
+    tiles = set()
+    for bx in range(gm * gn):
+        i, j = block_tile(tirx.const(bx, "int32"), gm, gn)
+        tiles.add((int(ana.simplify(i)), int(ana.simplify(j))))
+    assert tiles == {(i, j) for i in range(gm) for j in range(gn)}

@@ -46,6 +46,7 @@ ATOM = 64  # 16-bit elements in one 128-byte row
 ALIGN = 1024  # bytes: the swizzle atom; each tile starts on one (the descriptor's base offset is 0)
 SWIZZLE_128B = 3  # encode_matrix_descriptor's swizzle code for the 128-byte swizzle
 RULE = "wgmma"  # how a kernel's rule names this lowering
+GROUP_M = 8  # tile rows a group of blocks sweeps together (the grid's raster, see block_tile)
 ARCH = "sm_90a"  # wgmma needs the architecture-specific target
 
 
@@ -164,6 +165,18 @@ def step_offsets(slot: Any, kk: Any, stage_elems: int) -> tuple[Any, Any]:
     return (base + kk * WG_K * 2) // 16, (base + kk * WG_K * ATOM * 2) // 16
 
 
+def block_tile(bx: Any, gm: int, gn: int) -> tuple[Any, Any]:
+    """(tile row, tile column) of block ``bx`` in a grid of ``gm`` x ``gn`` tiles, in groups of ``GROUP_M``
+    tile rows swept column by column: the blocks resident at once share a few rows of A and a few columns of
+    B, so a wave reads less of both from DRAM than one sweeping whole rows of tiles (which streams all of B)."""
+    from tvm import tirx
+
+    group = GROUP_M * gn
+    first = bx // group * GROUP_M
+    rows = tirx.min(gm - first, GROUP_M)
+    return first + bx % group % rows, bx % group // rows
+
+
 def fragment_row_col(lane: Any, warp: Any, reg: Any) -> tuple[Any, Any]:
     """(row, col) of accumulator register ``reg`` of thread ``32 warp + lane`` in a m64nNk16 float32 result.
 
@@ -266,8 +279,8 @@ def _build(
         pad = T.alloc_buffer((1,), "int32", scope="local")
         # The ring starts on a 1024-byte boundary: the hardware swizzles by shared address bits.
         pad[0] = T.Cast("int32", (ALIGN - T.cuda.cvta_generic_to_shared(buf.data) % ALIGN) % ALIGN) // 2
-        m0 = bx // gn * bm
-        n0 = bx % gn * bn
+        m0 = block_tile(bx, gm, gn)[0] * bm
+        n0 = block_tile(bx, gm, gn)[1] * bn
         for s in T.unroll(ahead):
             if s < ktiles:
                 for c in T.unroll(a_copies):

@@ -30,6 +30,7 @@ from gensorage.codegen.wgmma import (
     b_copy,
     b_desc,
     b_offset,
+    block_tile,
     fragment_row_col,
     step_offsets,
 )
@@ -129,8 +130,8 @@ def _build(
         buf = T.alloc_buffer((stages * stage_elems,), dtype)  # the shared ring, at an aligned address 0
         acc = T.alloc_buffer((threads, nacc), acc_dtype)
         for bz, bx in T.grid(max(batch, 1), gm * gn):
-            m0 = bx // gn * bm
-            n0 = bx % gn * bn
+            m0 = block_tile(bx, gm, gn)[0] * bm
+            n0 = block_tile(bx, gm, gn)[1] * bn
             for step in T.serial(ktiles + ahead):
                 # Step ``step``'s copies (the loop's first ``ahead`` steps are the kernel's prologue).
                 if step < ktiles:
