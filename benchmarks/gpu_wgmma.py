@@ -14,32 +14,43 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_prepare import _gemm_case
-from gensorage.codegen.wgmma import RULE, WgmmaTiles, shared_bytes, target_profile, unsupported, wgmma_matmul
+from gensorage.codegen.wgmma import RULE, WgmmaTiles, target_profile, unsupported, wgmma_matmul
 from gensorage.construction.tensor_core import construct_matmul_tiles, predict_tiles_time
 from gensorage.hw.profile import HwProfile
 
-#: wgmma tilings timed per GEMM (where the shape has the rows for them).
+#: wgmma tilings timed per GEMM (where the shape has the rows for them). The first H200 run
+#: (gpu_suite-h200-wgmma-2026-11-26.json) measured 128x256 with three stages fastest on every large GEMM, and
+#: 64x64 / 64x128 with four on the decode-sized ones; these are its neighbours: deeper rings, two wgmma groups in
+#: flight, four warpgroups, two blocks per SM.
 WGMMA_VARIANTS: tuple[WgmmaTiles, ...] = (
     WgmmaTiles(2, 256, 3),
-    WgmmaTiles(2, 128, 4),
-    WgmmaTiles(1, 256, 4),
-    WgmmaTiles(2, 64, 4),
+    WgmmaTiles(2, 256, 4),
+    WgmmaTiles(2, 256, 4, pending=2),
+    WgmmaTiles(4, 128, 3),
+    WgmmaTiles(4, 128, 4),
+    WgmmaTiles(2, 128, 3),
     WgmmaTiles(1, 128, 4),
     WgmmaTiles(1, 64, 4),
 )
 
-#: Small GEMMs that check the layouts one feature at a time.
+#: Small GEMMs that check the layouts one feature at a time: one warpgroup and one stage at each N tile (64:
+#: one B atom per wgmma; 128 and 256 also the descriptor's leading offset), ragged shapes, two and four
+#: warpgroups, two wgmma groups in flight.
 SMOKE: dict[str, tuple[tuple[int, int, int], WgmmaTiles]] = {
     "smoke_n64": ((256, 256, 256), WgmmaTiles(1, 64, 1)),
     "smoke_n128": ((256, 256, 256), WgmmaTiles(1, 128, 1)),
     "smoke_n256": ((256, 256, 256), WgmmaTiles(1, 256, 1)),
     "smoke_ragged": ((200, 136, 200), WgmmaTiles(1, 64, 2)),
     "smoke_wg2_s3": ((512, 512, 512), WgmmaTiles(2, 128, 3)),
+    "smoke_wg4_p2": ((300, 264, 520), WgmmaTiles(4, 64, 4, pending=2)),
 }
+
+#: The smoke GEMMs of a run after the layouts are known right: the ragged one and the newest features.
+SMOKE_SHORT = ("smoke_ragged", "smoke_wg4_p2")
 
 
 def variant_name(t: WgmmaTiles) -> str:
-    return f"wgmma{t.block_m}x{t.block_n}s{t.stages}"
+    return f"wgmma{t.block_m}x{t.block_n}s{t.stages}" + ("" if t.in_flight == 1 else f"p{t.in_flight}")
 
 
 def wgmma_case(
@@ -74,7 +85,7 @@ def wgmma_cases(
         picked, cost = construct_matmul_tiles(dims4, hw, dtype)
         chosen = [("wgmma_constructed", picked, cost.total_s)] if isinstance(picked, WgmmaTiles) else []
         for t in WGMMA_VARIANTS:
-            if t == picked or t.block_m > max(64, m) or shared_bytes(t) > hw.shared_mem_per_block:
+            if t == picked or t.block_m > max(64, m) or predict_tiles_time(dims4, t, hw, dtype) is None:
                 continue
             c = predict_tiles_time(dims4, t, hw, dtype)
             chosen.append((variant_name(t), t, None if c is None else c.total_s))
@@ -83,5 +94,7 @@ def wgmma_cases(
     return cases
 
 
-def smoke_cases(hw: HwProfile, out: Path, dtype: str = "float16") -> list[dict[str, Any]]:
-    return [wgmma_case(name, dims, t, hw, out, dtype, variant_name(t)) for name, (dims, t) in SMOKE.items()]
+def smoke_cases(
+    hw: HwProfile, out: Path, dtype: str = "float16", names: tuple[str, ...] = tuple(SMOKE)
+) -> list[dict[str, Any]]:
+    return [wgmma_case(name, *SMOKE[name], hw, out, dtype, variant_name(SMOKE[name][1])) for name in names]

@@ -94,7 +94,15 @@ def test_the_accumulator_fragment_covers_the_tile_once() -> None:
     m=st.integers(1, 140),
     n=st.integers(1, 40).map(lambda x: 8 * x),
     k=st.integers(1, 24).map(lambda x: 8 * x),
-    tiles=st.sampled_from([WgmmaTiles(1, 64, 1), WgmmaTiles(1, 128, 2), WgmmaTiles(2, 64, 3)]),
+    tiles=st.sampled_from(
+        [
+            WgmmaTiles(1, 64, 1),
+            WgmmaTiles(1, 128, 2),
+            WgmmaTiles(2, 64, 3),
+            WgmmaTiles(4, 64, 2),
+            WgmmaTiles(1, 64, 4, pending=2),
+        ]
+    ),
     scale=st.sampled_from([1e-3, 1.0, 30.0]),
     seed=st.integers(0, 2**16),
     dtype=st.sampled_from(["float16", "bfloat16"]),
@@ -164,6 +172,7 @@ def test_what_the_kernel_does_not_cover_is_refused(
     [
         (WgmmaTiles(1, 64, 1), "float16"),
         (WgmmaTiles(2, 256, 3), "float16"),
+        (WgmmaTiles(4, 128, 4), "float16"),
         (WgmmaTiles(1, 128, 4), "bfloat16"),
     ],
 )
@@ -229,6 +238,9 @@ def test_the_space_keeps_blocks_within_the_shape() -> None:
     assert not wgmma_fits(WgmmaTiles(1, 256, 2), (1, 64, 128, 4096))
     assert not wgmma_fits(WgmmaTiles(1, 64, 1), (1, 64, 64, 4096))  # several steps, not pipelined
     assert not wgmma_fits(WgmmaTiles(1, 64, 4), (1, 64, 64, 128))  # more stages than steps
+    assert not wgmma_fits(WgmmaTiles(1, 64, 2, pending=2), (1, 64, 64, 4096))  # no slot left for the copies
+    assert WgmmaTiles(1, 64, 4, pending=2).ahead == 2 and WgmmaTiles(1, 64, 4).ahead == 3
+    assert WgmmaTiles(1, 64, 1).ahead == 1 and WgmmaTiles(1, 64, 1).in_flight == 0
 
 
 @pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="needs nvcc to build cubins")

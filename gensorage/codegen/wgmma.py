@@ -4,7 +4,7 @@
 to the output dtype) as one TVMScript PrimFunc built from TVM's own PTX ops (``T.ptx`` wgmma, cp.async and
 fence entries, ``T.cuda.wgmma.encode_matrix_descriptor``); no hand-written assembly:
 
-* a thread block of ``warpgroups`` x 128 threads computes a ``64 * warpgroups`` x ``block_n`` output tile;
+* a thread block of ``warpgroups`` (1, 2 or 4) x 128 threads computes a ``64 * warpgroups`` x ``block_n`` output tile;
   warpgroup ``w`` owns rows ``64 w .. 64 w + 63`` and issues ``wgmma.mma_async.m64n{block_n}k16`` (the ss form:
   both operands read from shared memory through matrix descriptors), four per 64-wide reduction step;
 * per reduction step the A tile (``block_m`` x 64, K-major: each row is 128 bytes) and the B tile (64 x
@@ -12,10 +12,10 @@ fence entries, ``T.cuda.wgmma.encode_matrix_descriptor``); no hand-written assem
   shared by all threads with 16-byte ``cp.async`` (zero-filled outside the matrix), in the 128-byte swizzled
   layout the descriptors name: 16-byte chunk ``c`` of 128-byte row ``r`` is stored at chunk ``c ^ (r % 8)``
   of its row (:func:`a_offset`, :func:`b_offset`);
-* ``stages`` shared buffers form a ring: the copies of step ``kt + stages - 1`` are in flight while the MMAs of
-  step ``kt`` run; ``fence.proxy.async`` makes the copies (generic proxy) visible to wgmma (async proxy);
-  ``wgmma.wait_group(1)`` lets one step's MMAs overlap the next step's issue (``wait_group(0)`` with one
-  stage);
+* ``stages`` shared buffers form a ring: ``wgmma.wait_group(pending)`` leaves the last ``pending`` steps'
+  MMAs running while the next step is issued, and the copies of ``stages - pending`` steps ahead fill the
+  slots no running MMA reads (one stage: ``wait_group(0)``, then the next step's copies);
+  ``fence.proxy.async`` makes the copies (generic proxy) visible to wgmma (async proxy);
 * the accumulators (the m64nNk16 fragment layout, :func:`fragment_row_col`) are cast and written to global
   memory from registers.
 
@@ -57,6 +57,17 @@ class WgmmaTiles:
     warpgroups: int
     block_n: int
     stages: int
+    pending: int = 1  # wgmma groups left running at the end of a step (at most stages - 1)
+
+    @property
+    def in_flight(self) -> int:
+        """wgmma groups a step leaves running: ``pending``, none with one stage (its buffer is reused)."""
+        return min(self.pending, self.stages - 1)
+
+    @property
+    def ahead(self) -> int:
+        """Steps whose copies are in flight: the ring's slots not read by running wgmma groups."""
+        return max(1, self.stages - self.in_flight)
 
     @property
     def block_m(self) -> int:
@@ -83,16 +94,19 @@ class WgmmaTiles:
         return (
             f"wgmma block {self.block_m}x{self.block_n}x{BLOCK_K}, {self.warpgroups} warpgroup"
             f"{'s' if self.warpgroups > 1 else ''}, {self.stages} stage{'s' if self.stages > 1 else ''}"
+            + (f", {self.in_flight} wgmma groups in flight" if self.in_flight > 1 else "")
         )
 
     def invalid(self) -> str | None:
         """Why these tiles cannot be emitted (None when they can)."""
-        if self.warpgroups not in (1, 2):
-            return f"warpgroups={self.warpgroups} must be 1 or 2"
+        if self.warpgroups not in (1, 2, 4):
+            return f"warpgroups={self.warpgroups} must be 1, 2 or 4"
         if self.block_n not in (64, 128, 256):
             return f"block_n={self.block_n} must be 64, 128 or 256"
         if not 1 <= self.stages <= 4:
             return f"stages={self.stages} must be 1 to 4"
+        if self.pending not in (1, 2):
+            return f"pending={self.pending} must be 1 or 2"
         return None
 
 
@@ -246,8 +260,8 @@ def _build(
     gm, gn, ktiles = -(-m // bm), -(-n // bn), -(-k // BLOCK_K)
     a_elems, stage_elems = bm * BLOCK_K, (bm + bn) * BLOCK_K
     a_copies, b_copies = a_elems // CHUNK // threads, BLOCK_K * bn // CHUNK // threads
-    ahead = max(stages - 1, 1)  # steps whose copies are in flight before the loop
-    wait = 1 if stages > 1 else 0  # wgmma groups left pending at the end of a step
+    ahead = t.ahead  # steps whose copies are in flight before the loop
+    wait = t.in_flight  # wgmma groups left running at the end of a step
     smem = shared_bytes(t) // 2
     ab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab}"
@@ -336,8 +350,8 @@ def _build(
                 )
             T.ptx.wgmma.commit_group.sync.aligned()
             T.ptx.wgmma.wait_group.sync.aligned(wait)
-            # Every warpgroup is done with the buffer the next copies overwrite (step kt - 1, or kt itself
-            # with one stage).
+            # Every warpgroup is done with the buffer the next copies overwrite (step kt - in_flight, or kt
+            # itself with one stage).
             T.tvm_storage_sync("shared")
             if kt + ahead < ktiles:
                 for c in T.unroll(a_copies):

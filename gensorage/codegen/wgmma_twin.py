@@ -97,7 +97,7 @@ def _build(
     gm, gn, ktiles = -(-m // bm), -(-n // bn), -(-k // BLOCK_K)
     a_elems, stage_elems = bm * BLOCK_K, (bm + bn) * BLOCK_K
     a_copies, b_copies = a_elems // CHUNK // threads, BLOCK_K * bn // CHUNK // threads
-    ahead = max(stages - 1, 1)
+    ahead = t.ahead
     lbo, sbo = b_desc(bn)
     a_batched, b_batched = len(a_shape) == 3, len(b_shape) == 3
     zero = T.Cast(dtype, 0)

@@ -6,9 +6,12 @@ block's N tile (the wgmma's N) and the pipeline stages; the reduction step is fi
 swizzle row). Its time is priced like ``mma.sync``'s (:func:`~gensorage.construction.tensor_core.time_and_bound`
 for L2, DRAM, latency and bytes in flight) with the instruction's own terms:
 
-* compute: the profile's tensor rate times ``wgmma_fraction`` (what warpgroup MMA reaches), with the
-  per-step barrier cost ``step_cycles``; a warpgroup's m64nNk16 keeps the tensor cores busy for
-  ``N / 256`` of their issue slots when only one warpgroup per SM issues (small N needs more warpgroups);
+* compute: per reduction step, the MMAs of the SM's resident blocks at the profile's tensor rate times
+  ``wgmma_fraction`` (what these kernels reach), or the step's issue (``step_cycles``: barriers, waits,
+  copies) when that is longer;
+* latency: a step's copies take ``wgmma_latency_cycles`` under load; the steps whose copies are already in
+  flight and the wgmma groups still running cover part of it, the rest stalls every step (shared among the
+  resident blocks). This is what makes a two-stage ring 1.34x slower than a three-stage one on the H200;
 * shared memory: wgmma reads its operands from shared memory, each warpgroup its own A rows and the whole B
   tile, besides the copies that fill it; the accumulators go to global memory from registers.
 
@@ -24,7 +27,6 @@ from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import blocks_per_sm
 
 REGISTER_OVERHEAD = 40  # addresses, descriptors, loop counters per thread (ptxas reports: 72 at N = 64)
-WARPGROUPS_TO_FILL = 2  # warpgroups per SM issuing m64n256k16 that keep its tensor cores busy
 
 
 def registers(t: WgmmaTiles) -> int:
@@ -59,14 +61,14 @@ def predict_wgmma_time(
     blocks = batch * gm * gn
     waves = -(-blocks // (hw.sm_count * bps))
     resident = min(bps, -(-blocks // hw.sm_count))
-    issuing = resident * t.warpgroups * t.block_n / 256
-    fill = min(1.0, issuing / WARPGROUPS_TO_FILL)
     rate_sm = hw.flops(dtype, True) * cal.wgmma_fraction / hw.sm_count
     steps = kp // BLOCK_K
-    compute_s = resident * 2.0 * t.block_m * t.block_n * kp / (rate_sm * fill)
-    compute_s += steps * cal.step_cycles / hw.clock_hz
-    if t.stages == 1:  # each step's copies land before its MMAs start
-        compute_s += steps * hw.level("dram").latency_cycles / hw.clock_hz
+    # One step of the SM's resident blocks: their MMAs, or the issue of the step (barriers, waits, copies).
+    step_s = max(resident * 2.0 * t.block_m * t.block_n * BLOCK_K / rate_sm, cal.step_cycles / hw.clock_hz)
+    # A step's copies take the loaded latency; the steps in flight ahead of it (and the other resident
+    # blocks) cover part of it, the rest stalls the step.
+    exposed = max(0.0, cal.wgmma_latency_cycles / hw.clock_hz - (t.ahead - 1 + t.in_flight) * step_s)
+    compute_s = steps * (step_s + exposed / resident)
     reads = t.warpgroups * (WG_M + t.block_n) * kp * 2
     writes = (t.block_m + t.block_n) * kp * 2
     shared_s = resident * (reads + writes) / (hw.level("shared").bandwidth_Bps / hw.sm_count)
@@ -78,7 +80,7 @@ def predict_wgmma_time(
 
 def wgmma_neighbours(t: WgmmaTiles, dims: tuple[int, int, int, int]) -> list[WgmmaTiles]:
     """The wgmma states one action away that fit the shape: warpgroups, the N tile doubled or halved, one stage
-    more or less."""
+    more or less, one or two wgmma groups in flight."""
     out = [
         replace(t, warpgroups=t.warpgroups * 2),
         replace(t, warpgroups=t.warpgroups // 2),
@@ -86,6 +88,7 @@ def wgmma_neighbours(t: WgmmaTiles, dims: tuple[int, int, int, int]) -> list[Wgm
         replace(t, block_n=t.block_n // 2),
         replace(t, stages=t.stages + 1),
         replace(t, stages=t.stages - 1),
+        replace(t, pending=3 - t.pending),
     ]
     return [s for s in out if s != t and wgmma_fits(s, dims)]
 
@@ -102,4 +105,5 @@ def wgmma_fits(t: WgmmaTiles, dims: tuple[int, int, int, int]) -> bool:
         and (t.block_n == 64 or t.block_n <= n)
         and t.stages <= max(1, steps)
         and (t.stages >= 2 or steps == 1)
+        and (t.pending == 1 or t.stages >= 3)  # two groups in flight leave a slot for the copies
     )

@@ -31,7 +31,9 @@ class Calibration:
     ``step_cycles``: the cycles one reduction step costs besides its MMAs (barriers, waiting for its copies,
     address arithmetic); ``launch_overhead_s``: one kernel launch as a device timer sees it
     back to back (CUDA-graph replay); ``wgmma_fraction``: the fraction of the tensor peak that warpgroup
-    ``wgmma.mma_async`` reaches (0: the GPU has no wgmma, the construction does not consider it).
+    ``wgmma.mma_async`` reaches (0: the GPU has no wgmma, the construction does not consider it);
+    ``wgmma_latency_cycles``: the latency of one reduction step's copies under a wgmma kernel's load, which its
+    pipeline hides.
 
     The defaults are not measurements: they stand for GPUs no run has calibrated yet (every profile but
     h100 and h200, whose ``[calibration]`` tables name the runs they were fitted on).
@@ -45,6 +47,7 @@ class Calibration:
     step_cycles: float = 100.0
     launch_overhead_s: float = 2e-6
     wgmma_fraction: float = 0.0
+    wgmma_latency_cycles: float = 2000.0
 
 
 CALIBRATION_KEYS: tuple[str, ...] = (
@@ -56,6 +59,7 @@ CALIBRATION_KEYS: tuple[str, ...] = (
     "step_cycles",
     "launch_overhead_s",
     "wgmma_fraction",
+    "wgmma_latency_cycles",
 )
 
 
