@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_prepare import _gemm_case
-from gensorage.codegen.wgmma import RULE, WgmmaTiles, target_profile, unsupported, wgmma_matmul
+from gensorage.codegen.wgmma import RULE, WG_M, WgmmaTiles, target_profile, unsupported, wgmma_matmul
 from gensorage.construction.tensor_core import construct_matmul_tiles, predict_tiles_time
 from gensorage.hw.profile import HwProfile
 
@@ -86,6 +86,8 @@ def wgmma_cases(
         chosen = [("wgmma_constructed", picked, cost.total_s)] if isinstance(picked, WgmmaTiles) else []
         for t in WGMMA_VARIANTS:
             if t == picked or t.block_m > max(64, m) or predict_tiles_time(dims4, t, hw, dtype) is None:
+                continue
+            if t.warpgroups == 1 and m > WG_M:  # measured slower than two warpgroups on every large GEMM
                 continue
             c = predict_tiles_time(dims4, t, hw, dtype)
             chosen.append((variant_name(t), t, None if c is None else c.total_s))
