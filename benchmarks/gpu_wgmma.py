@@ -21,12 +21,12 @@ from gensorage.hw.profile import HwProfile
 #: wgmma tilings timed per GEMM (where the shape has the rows for them). The first H200 run
 #: (gpu_suite-h200-wgmma-2026-11-26.json) measured 128x256 with three stages fastest on every large GEMM, and
 #: 64x64 / 64x128 with four on the decode-sized ones; these are its neighbours: deeper rings, two wgmma groups in
-#: flight, four warpgroups, two blocks per SM.
+#: flight, four warpgroups, two blocks per SM, the result staged through shared memory.
 WGMMA_VARIANTS: tuple[WgmmaTiles, ...] = (
     WgmmaTiles(2, 256, 3),
+    WgmmaTiles(2, 256, 3, staged=True),
     WgmmaTiles(2, 256, 4),
     WgmmaTiles(2, 256, 4, pending=2),
-    WgmmaTiles(4, 128, 3),
     WgmmaTiles(4, 128, 4),
     WgmmaTiles(2, 128, 3),
     WgmmaTiles(1, 128, 4),
@@ -35,7 +35,7 @@ WGMMA_VARIANTS: tuple[WgmmaTiles, ...] = (
 
 #: Small GEMMs that check the layouts one feature at a time: one warpgroup and one stage at each N tile (64:
 #: one B atom per wgmma; 128 and 256 also the descriptor's leading offset), ragged shapes, two and four
-#: warpgroups, two wgmma groups in flight.
+#: warpgroups, two wgmma groups in flight, the result staged in shared memory.
 SMOKE: dict[str, tuple[tuple[int, int, int], WgmmaTiles]] = {
     "smoke_n64": ((256, 256, 256), WgmmaTiles(1, 64, 1)),
     "smoke_n128": ((256, 256, 256), WgmmaTiles(1, 128, 1)),
@@ -43,14 +43,16 @@ SMOKE: dict[str, tuple[tuple[int, int, int], WgmmaTiles]] = {
     "smoke_ragged": ((200, 136, 200), WgmmaTiles(1, 64, 2)),
     "smoke_wg2_s3": ((512, 512, 512), WgmmaTiles(2, 128, 3)),
     "smoke_wg4_p2": ((300, 264, 520), WgmmaTiles(4, 64, 4, pending=2)),
+    "smoke_staged": ((200, 136, 200), WgmmaTiles(2, 64, 2, staged=True)),
 }
 
 #: The smoke GEMMs of a run after the layouts are known right: the ragged one and the newest features.
-SMOKE_SHORT = ("smoke_ragged", "smoke_wg4_p2")
+SMOKE_SHORT = ("smoke_ragged", "smoke_wg4_p2", "smoke_staged")
 
 
 def variant_name(t: WgmmaTiles) -> str:
-    return f"wgmma{t.block_m}x{t.block_n}s{t.stages}" + ("" if t.in_flight == 1 else f"p{t.in_flight}")
+    name = f"wgmma{t.block_m}x{t.block_n}s{t.stages}" + ("" if t.in_flight == 1 else f"p{t.in_flight}")
+    return name + ("st" if t.staged else "")
 
 
 def wgmma_case(

@@ -101,6 +101,7 @@ def test_the_accumulator_fragment_covers_the_tile_once() -> None:
             WgmmaTiles(2, 64, 3),
             WgmmaTiles(4, 64, 2),
             WgmmaTiles(1, 64, 4, pending=2),
+            WgmmaTiles(2, 128, 2, staged=True),
         ]
     ),
     scale=st.sampled_from([1e-3, 1.0, 30.0]),
@@ -173,6 +174,7 @@ def test_what_the_kernel_does_not_cover_is_refused(
         (WgmmaTiles(1, 64, 1), "float16"),
         (WgmmaTiles(2, 256, 3), "float16"),
         (WgmmaTiles(4, 128, 4), "float16"),
+        (WgmmaTiles(2, 256, 3, staged=True), "float16"),
         (WgmmaTiles(1, 128, 4), "bfloat16"),
     ],
 )

@@ -17,7 +17,8 @@ fence entries, ``T.cuda.wgmma.encode_matrix_descriptor``); no hand-written assem
   slots no running MMA reads (one stage: ``wait_group(0)``, then the next step's copies);
   ``fence.proxy.async`` makes the copies (generic proxy) visible to wgmma (async proxy);
 * the accumulators (the m64nNk16 fragment layout, :func:`fragment_row_col`) are cast and written to global
-  memory from registers.
+  memory from registers, two adjacent columns per 4-byte store; or (``staged``) cast into shared memory
+  (padded rows, :func:`out_offset`) and copied out in coalesced 16-byte stores.
 
 :func:`wgmma_twin` is the CPU twin: the same tiling, layouts and descriptors on llvm, with each wgmma computed
 by its scalar semantics (the descriptor decoded into the shared addresses the hardware reads, see
@@ -45,6 +46,7 @@ SWIZZLE_ROWS = 8  # rows of a 128-byte swizzle atom (1024 bytes)
 ATOM = 64  # 16-bit elements in one 128-byte row
 ALIGN = 1024  # bytes: the swizzle atom; each tile starts on one (the descriptor's base offset is 0)
 SWIZZLE_128B = 3  # encode_matrix_descriptor's swizzle code for the 128-byte swizzle
+OUT_PAD = 8  # 16-bit elements padding each row of the staged result
 RULE = "wgmma"  # how a kernel's rule names this lowering
 GROUP_M = 8  # tile rows a group of blocks sweeps together (the grid's raster, see block_tile)
 ARCH = "sm_90a"  # wgmma needs the architecture-specific target
@@ -58,6 +60,7 @@ class WgmmaTiles:
     block_n: int
     stages: int
     pending: int = 1  # wgmma groups left running at the end of a step (at most stages - 1)
+    staged: bool = False  # the result goes through shared memory to coalesced 16-byte stores
 
     @property
     def in_flight(self) -> int:
@@ -95,6 +98,7 @@ class WgmmaTiles:
             f"wgmma block {self.block_m}x{self.block_n}x{BLOCK_K}, {self.warpgroups} warpgroup"
             f"{'s' if self.warpgroups > 1 else ''}, {self.stages} stage{'s' if self.stages > 1 else ''}"
             + (f", {self.in_flight} wgmma groups in flight" if self.in_flight > 1 else "")
+            + (", result staged in shared memory" if self.staged else "")
         )
 
     def invalid(self) -> str | None:
@@ -111,8 +115,16 @@ class WgmmaTiles:
 
 
 def shared_bytes(t: WgmmaTiles) -> int:
-    """Dynamic shared memory of one block: the operand ring, plus one atom to align it at run time."""
-    return t.stages * (t.block_m + t.block_n) * BLOCK_K * 2 + ALIGN
+    """Dynamic shared memory of one block: the operand ring (or the staged result, which reuses it), plus one
+    atom to align it at run time."""
+    ring = t.stages * (t.block_m + t.block_n) * BLOCK_K * 2
+    return max(ring, t.block_m * (t.block_n + OUT_PAD) * 2 if t.staged else 0) + ALIGN
+
+
+def out_offset(row: Any, col: Any, block_n: int) -> Any:
+    """Element offset of the staged result's (row, col): rows padded by 16 bytes, so the 8 rows a warp's
+    fragment stores touch start in different banks."""
+    return row * (block_n + OUT_PAD) + col
 
 
 def unsupported(m: int, n: int, k: int) -> str | None:
@@ -267,6 +279,8 @@ def _build(
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab}"
     lbo, sbo = b_desc(bn)
     a_batched, b_batched = len(a_shape) == 3, len(b_shape) == 3
+    staged = t.staged and out_dtype == dtype  # the ring's 16-bit elements hold the cast result
+    out_copies = bm * bn // CHUNK // threads
 
     def a_at(bz: Any, row: Any, col: Any) -> Any:
         return (bz, row, col) if a_batched else (row, col)
@@ -291,6 +305,7 @@ def _build(
         acc = T.alloc_buffer((nacc,), "float32", scope="local")
         desc = T.alloc_buffer((2,), "uint64", scope="local")
         pad = T.alloc_buffer((1,), "int32", scope="local")
+        word = T.alloc_buffer((4,), "uint32", scope="local")
         # The ring starts on a 1024-byte boundary: the hardware swizzles by shared address bits.
         pad[0] = T.Cast("int32", (ALIGN - T.cuda.cvta_generic_to_shared(buf.data) % ALIGN) % ALIGN) // 2
         m0 = block_tile(bx, gm, gn)[0] * bm
@@ -378,10 +393,35 @@ def _build(
                     )
             T.ptx.cp.async_.commit_group()
         T.ptx.wgmma.wait_group.sync.aligned(0)
-        for p in T.unroll(nacc // 2):
-            row = m0 + tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[0]
-            col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[1]
-            if row < m and col < n:
-                C[c_at(bz, row, T.ramp(col, 1, 2))] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
+        if staged:
+            T.tvm_storage_sync("shared")  # every MMA is done with the ring: the result reuses it
+            for p in T.unroll(nacc // 2):
+                row = tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[0]
+                col = fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[1]
+                buf[T.ramp(pad[0] + out_offset(row, col, bn), 1, 2)] = T.Cast(
+                    f"{dtype}x2", acc[T.ramp(2 * p, 1, 2)]
+                )
+            T.tvm_storage_sync("shared")
+            for q in T.unroll(out_copies):
+                row = (tx + q * threads) // (bn // CHUNK)
+                col = (tx + q * threads) % (bn // CHUNK) * CHUNK
+                if m0 + row < m and n0 + col < n:
+                    # One 16-byte word: TVM's CUDA printer loads a 16-bit x 8 vector element by element.
+                    T.ptx.ld.shared.v4.b32(
+                        word[0],
+                        word[1],
+                        word[2],
+                        word[3],
+                        T.address_of(buf[pad[0] + out_offset(row, col, bn)]),
+                    )
+                    T.ptx.st.global_.v4.b32(
+                        T.address_of(C[c_at(bz, m0 + row, n0 + col)]), word[0], word[1], word[2], word[3]
+                    )
+        else:
+            for p in T.unroll(nacc // 2):
+                row = m0 + tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[0]
+                col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[1]
+                if row < m and col < n:
+                    C[c_at(bz, row, T.ramp(col, 1, 2))] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
 
     return main

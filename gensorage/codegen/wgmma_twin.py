@@ -17,6 +17,7 @@ from typing import Any
 
 from gensorage.codegen.wgmma import (
     A_DESC,
+    ALIGN,
     ATOM,
     BLOCK_K,
     CHUNK,
@@ -32,6 +33,8 @@ from gensorage.codegen.wgmma import (
     b_offset,
     block_tile,
     fragment_row_col,
+    out_offset,
+    shared_bytes,
     step_offsets,
 )
 
@@ -98,6 +101,9 @@ def _build(
     a_elems, stage_elems = bm * BLOCK_K, (bm + bn) * BLOCK_K
     a_copies, b_copies = a_elems // CHUNK // threads, BLOCK_K * bn // CHUNK // threads
     ahead = t.ahead
+    staged = t.staged and out_dtype == dtype
+    out_copies = bm * bn // CHUNK // threads
+    ring_elems = (shared_bytes(t) - ALIGN) // 2
     lbo, sbo = b_desc(bn)
     a_batched, b_batched = len(a_shape) == 3, len(b_shape) == 3
     zero = T.Cast(dtype, 0)
@@ -127,7 +133,7 @@ def _build(
         C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
     ) -> None:
         T.func_attr({"tirx.noalias": True})
-        buf = T.alloc_buffer((stages * stage_elems,), dtype)  # the shared ring, at an aligned address 0
+        buf = T.alloc_buffer((ring_elems,), dtype)  # the shared ring, at an aligned address 0
         acc = T.alloc_buffer((threads, nacc), acc_dtype)
         for bz, bx in T.grid(max(batch, 1), gm * gn):
             m0 = block_tile(bx, gm, gn)[0] * bm
@@ -166,10 +172,21 @@ def _build(
                             buf[k_major_address(start_a, A_DESC[1], row, kq) // 2],
                             buf[mn_major_address(start_b, lbo, sbo, kq, col) // 2],
                         )
-            for tx, r in T.grid(threads, nacc):
-                row = m0 + tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[0]
-                col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[1]
-                if row < m and col < n:
-                    C[c_at(bz, row, col)] = finish(acc[tx, r])
+            if staged:  # the result through the ring's memory, copied out in 16-byte words
+                for tx, r in T.grid(threads, nacc):
+                    row = tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[0]
+                    col = fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[1]
+                    buf[out_offset(row, col, bn)] = finish(acc[tx, r])
+                for tx, q, e in T.grid(threads, out_copies, CHUNK):
+                    row = (tx + q * threads) // (bn // CHUNK)
+                    col = (tx + q * threads) % (bn // CHUNK) * CHUNK
+                    if m0 + row < m and n0 + col < n:
+                        C[c_at(bz, m0 + row, n0 + col + e)] = buf[out_offset(row, col, bn) + e]
+            else:
+                for tx, r in T.grid(threads, nacc):
+                    row = m0 + tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[0]
+                    col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[1]
+                    if row < m and col < n:
+                        C[c_at(bz, row, col)] = finish(acc[tx, r])
 
     return main
