@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import assert_never
 
 from gensorage.codegen.tensor_core import MMA, WARP, TensorCoreTiles, mma_dtype, shared_bytes
-from gensorage.codegen.wgmma import WgmmaTiles, covers_operands
+from gensorage.codegen.wgmma import WG_M, WgmmaTiles, covers_operands
 from gensorage.construction.wgmma import predict_wgmma_time, wgmma_available, wgmma_fits, wgmma_neighbours
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
@@ -368,14 +368,17 @@ def _tie_break(t: Tiles, cost: TensorCoreCost | None, hw: HwProfile) -> tuple[fl
     Memory-bound (the DRAM bound leaves many states equal): the most warps resident over the whole GPU (the
     most copies in flight; on the H200, one-warp blocks of small-M GEMMs measured up to 1.6x slower than
     four-warp ones the model priced the same), then the predicted time, then wider and deeper tiles.
-    Otherwise: the largest block tile (the most reuse per byte from L2), then the fewest stages (the most
-    stages for wgmma).
+    Otherwise: the largest block tile (the most reuse per byte from L2), then the fewest stages (for wgmma:
+    the fewest shared-memory reads, the most stages, two wgmma groups in flight).
     """
     assert cost is not None
     if cost.bound == "dram":
         return (_resident_warps(t, cost, hw), -cost.total_s, t.block_n, t.stages)
-    if isinstance(t, WgmmaTiles):  # a deeper ring measured faster at equal tiles (1.34x from 2 to 3 stages)
-        return (t.block_m * t.block_n, t.stages, -cost.total_s)
+    if isinstance(t, WgmmaTiles):
+        # At equal block tiles the H200 ran faster with fewer shared-memory reads (128x256 over 256x128: each
+        # warpgroup reads all of B), a deeper ring (1.34x from 2 to 3 stages) and two wgmma groups in flight.
+        reads = t.warpgroups * (WG_M + t.block_n)
+        return (t.block_m * t.block_n, -reads, t.stages, t.in_flight, -cost.total_s)
     return (t.block_m * t.block_n, -t.stages, -cost.total_s)
 
 
