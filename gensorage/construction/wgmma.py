@@ -9,9 +9,12 @@ for L2, DRAM, latency and bytes in flight) with the instruction's own terms:
 * compute: per reduction step, the MMAs of the SM's resident blocks at the profile's tensor rate times
   ``wgmma_fraction`` (what these kernels reach), or the step's issue (``step_cycles``: barriers, waits,
   copies) when that is longer;
-* latency: a step's copies take ``wgmma_latency_cycles`` under load; the steps whose copies are already in
-  flight and the wgmma groups still running cover part of it, the rest stalls every step (shared among the
-  resident blocks). This is what makes a two-stage ring 1.34x slower than a three-stage one on the H200;
+* latency: a step's copies take the memory latency, rising to ``wgmma_latency_cycles`` as the grid fills the
+  GPU; the steps whose copies are already in flight and the wgmma groups still running cover part of it, the
+  rest stalls every step (shared among the resident blocks). This is what makes a two-stage ring 1.34x slower
+  than a three-stage one on the H200;
+* L2 and DRAM (shared with ``mma.sync``) count only the rows a block has: rows past the matrix (a 64-row
+  wgmma on a 16-row GEMM) are zero-filled without a read;
 * shared memory: wgmma reads its operands from shared memory, each warpgroup its own A rows and the whole B
   tile, besides the copies that fill it; the accumulators go to global memory from registers.
 
@@ -65,15 +68,19 @@ def predict_wgmma_time(
     steps = kp // BLOCK_K
     # One step of the SM's resident blocks: their MMAs, or the issue of the step (barriers, waits, copies).
     step_s = max(resident * 2.0 * t.block_m * t.block_n * BLOCK_K / rate_sm, cal.step_cycles / hw.clock_hz)
-    # A step's copies take the loaded latency; the steps in flight ahead of it (and the other resident
-    # blocks) cover part of it, the rest stalls the step.
-    exposed = max(0.0, cal.wgmma_latency_cycles / hw.clock_hz - (t.ahead - 1 + t.in_flight) * step_s)
+    # A step's copies take the memory latency, which grows to the loaded one as the grid fills the GPU; the
+    # steps in flight ahead of it (and the other resident blocks) cover part of it, the rest stalls the step.
+    idle = hw.level("dram").latency_cycles
+    latency = idle + (cal.wgmma_latency_cycles - idle) * min(1.0, blocks / hw.sm_count)
+    exposed = max(0.0, latency / hw.clock_hz - (t.ahead - 1 + t.in_flight) * step_s)
     compute_s = steps * (step_s + exposed / resident)
     reads = t.warpgroups * (WG_M + t.block_n) * kp * 2
     writes = (t.block_m + t.block_n) * kp * 2
     shared_s = resident * (reads + writes) / (hw.level("shared").bandwidth_Bps / hw.sm_count)
     warps = t.threads // hw.warp_size
-    grid = Grid((batch, m, n, k), t.block_m, t.block_n, BLOCK_K, t.stages, warps, blocks, resident, waves)
+    # Rows and columns past the matrix are zero-filled without a read: a block moves only the rows it has.
+    rows, cols = min(t.block_m, m), min(t.block_n, n)
+    grid = Grid((batch, m, n, k), rows, cols, BLOCK_K, t.stages, warps, blocks, resident, waves)
     total, bound = time_and_bound(grid, {"compute": compute_s, "shared": shared_s}, hw)
     return total, bound, blocks, bps, waves
 
