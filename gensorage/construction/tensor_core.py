@@ -367,13 +367,16 @@ def _tie_break(t: Tiles, cost: TensorCoreCost | None, hw: HwProfile) -> tuple[fl
 
     Memory-bound (the DRAM bound leaves many states equal): the most warps resident over the whole GPU (the
     most copies in flight; on the H200, one-warp blocks of small-M GEMMs measured up to 1.6x slower than
-    four-warp ones the model priced the same), then the predicted time, then wider and deeper tiles.
+    four-warp ones the model priced the same), then ``mma.sync`` before wgmma, then the predicted time, then
+    wider and deeper tiles.
     Otherwise: the largest block tile (the most reuse per byte from L2), then the fewest stages (for wgmma:
     the fewest shared-memory reads, the most stages, two wgmma groups in flight).
     """
     assert cost is not None
     if cost.bound == "dram":
-        return (_resident_warps(t, cost, hw), -cost.total_s, t.block_n, t.stages)
+        # mma.sync first among equals: on the H200's DRAM-bound decode GEMMs it beat wgmma (64-row blocks).
+        mma_sync = isinstance(t, TensorCoreTiles)
+        return (_resident_warps(t, cost, hw), mma_sync, -cost.total_s, t.block_n, t.stages)
     if isinstance(t, WgmmaTiles):
         # At equal block tiles the H200 ran faster with fewer shared-memory reads (128x256 over 256x128: each
         # warpgroup reads all of B), a deeper ring (1.34x from 2 to 3 stages) and two wgmma groups in flight.
