@@ -25,7 +25,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gensorage.codegen.tensor_core import TensorCoreTiles  # noqa: E402
-from gensorage.construction.tensor_core import predict_tensor_core_time  # noqa: E402
+from gensorage.codegen.wgmma import WgmmaTiles  # noqa: E402
+from gensorage.construction.tensor_core import Tiles, predict_tiles_time  # noqa: E402
 from gensorage.hw import load_profile  # noqa: E402
 from gensorage.hw.profile import Calibration, HwProfile  # noqa: E402
 
@@ -38,11 +39,17 @@ GRID = {
     "step_cycles": [100.0, 200.0, 400.0],
     "launch_overhead_s": [1e-6, 2e-6, 4e-6],
 }
+#: wgmma's rate, fitted after the rest (the wgmma kernels share every other term with mma.sync's).
+WGMMA_GRID = [0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9]
 
 
-def measured_kernels(paths: list[Path]) -> list[tuple[tuple[int, int, int, int], TensorCoreTiles, float]]:
-    """(dims, tiles, measured seconds) of every tensor-core GEMM case that passed its check, deduplicated."""
-    seen: dict[tuple[Any, ...], tuple[tuple[int, int, int, int], TensorCoreTiles, float]] = {}
+Measured = list[tuple[tuple[int, int, int, int], Tiles, float]]
+
+
+def measured_kernels(paths: list[Path]) -> Measured:
+    """(dims, tiles, measured seconds) of every tensor-core GEMM case that passed its check, deduplicated;
+    ``mma.sync`` and ``wgmma`` kernels (told apart by their tiles' fields)."""
+    seen: dict[tuple[Any, ...], tuple[tuple[int, int, int, int], Tiles, float]] = {}
     for path in paths:
         for case in json.loads(path.read_text())["cases"]:
             tiles = (case.get("meta") or {}).get("tiles")
@@ -51,7 +58,7 @@ def measured_kernels(paths: list[Path]) -> list[tuple[tuple[int, int, int, int],
                 continue
             g = case["gemm"]
             dims = (g.get("batch") or 1, g["M"], g["N"], g["K"])
-            t = TensorCoreTiles(**tiles)
+            t: Tiles = WgmmaTiles(**tiles) if "warpgroups" in tiles else TensorCoreTiles(**tiles)
             seen[(dims, t)] = (dims, t, float(ours["median_s"]))
     return list(seen.values())
 
@@ -79,12 +86,10 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / (va * vb) if va and vb else 0.0
 
 
-def score(
-    hw: HwProfile, data: list[tuple[tuple[int, int, int, int], TensorCoreTiles, float]]
-) -> dict[str, float]:
+def score(hw: HwProfile, data: Measured) -> dict[str, float]:
     pred, meas = [], []
     for dims, t, m in data:
-        c = predict_tensor_core_time(dims, t, hw)
+        c = predict_tiles_time(dims, t, hw)
         if c is not None:
             pred.append(c.total_s)
             meas.append(m)
@@ -98,18 +103,24 @@ def score(
     }
 
 
-def calibrate(
-    hw: HwProfile, data: list[tuple[tuple[int, int, int, int], TensorCoreTiles, float]]
-) -> tuple[Calibration, dict[str, float]]:
+def calibrate(hw: HwProfile, data: Measured) -> tuple[Calibration, dict[str, float]]:
     best: tuple[tuple[float, float], Calibration, dict[str, float]] | None = None
+    wgmma = hw.calibration.wgmma_fraction
     for values in itertools.product(*GRID.values()):
-        cal = Calibration(**dict(zip(GRID, values, strict=True)))
+        cal = Calibration(**dict(zip(GRID, values, strict=True)), wgmma_fraction=wgmma)
         s = score(dataclasses.replace(hw, calibration=cal), data)
         # The mean, not the median: the few small-M and skinny-K kernels must count, not only the many large ones.
         key = (s["mean_abs_log_error"], -s["spearman"])
         if best is None or key < best[0]:
             best = (key, cal, s)
     assert best is not None
+    if wgmma > 0 and any(isinstance(t, WgmmaTiles) for _, t, _ in data):
+        for fraction in WGMMA_GRID:
+            cal = dataclasses.replace(best[1], wgmma_fraction=fraction)
+            s = score(dataclasses.replace(hw, calibration=cal), data)
+            key = (s["mean_abs_log_error"], -s["spearman"])
+            if key < best[0]:
+                best = (key, cal, s)
     return best[1], best[2]
 
 

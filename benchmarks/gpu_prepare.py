@@ -34,6 +34,7 @@ from gensorage.codegen.module import compile_ugraph, ir_module
 from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
 from gensorage.codegen.ugraph_tir import plan_threads
+from gensorage.codegen.wgmma import target_profile
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.construction.block_threads import ThreadChoice
 from gensorage.construction.tensor_core import construct_tensor_core, fits, predict_tensor_core_time
@@ -412,6 +413,7 @@ def program_case(
     kernels = cg.kernels()
     config = build_config(k.rule for k in kernels)
     mod = ir_module(kernels)
+    hw = target_profile(hw, [k.rule for k in kernels])  # sm_90a when a matmul is a wgmma kernel
     cubin = _cubin(mod, hw, config, out, f"program_{name}")
     names = _tensor_names(g, info)
     tensors = _program_tensors(g, info, names)
@@ -485,6 +487,8 @@ def _priority(case: dict[str, Any]) -> int:
     if case["kind"] in ("program", "conv"):
         return 1
     variant = case["meta"].get("variant")
+    if str(variant).startswith("wgmma"):  # the smoke GEMMs first: they tell whether any wgmma result is right
+        return 0 if case["meta"]["shape"].startswith("smoke") or variant == "wgmma_constructed" else 1
     return 0 if variant in ("constructed", "optuna1000", "random1000") else 2 if variant == "cuda_core" else 3
 
 

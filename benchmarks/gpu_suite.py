@@ -46,7 +46,7 @@ def prepare(args: argparse.Namespace) -> int:
     programs = args.programs if args.programs is not None else gpu_bundle.program_names()
     cases = []
     t0 = time.perf_counter()
-    for dtype in args.dtypes:
+    for dtype in args.dtypes if not args.wgmma_only else ():
         for name, dims in gemms.items():
             cases += gpu_bundle.gemm_cases(
                 hw, out, {name: dims}, dtype, variants=not args.constructed_only, searches=args.searches
@@ -54,6 +54,18 @@ def prepare(args: argparse.Namespace) -> int:
             print(
                 f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype}: {len(cases)} cases", file=sys.stderr
             )
+    if args.wgmma or args.wgmma_only:
+        from benchmarks import gpu_wgmma
+
+        for dtype in args.dtypes:
+            smoke = gpu_wgmma.SMOKE_SHORT if args.wgmma_only else tuple(gpu_wgmma.SMOKE)
+            cases += gpu_wgmma.smoke_cases(hw, out, dtype, smoke)
+            for name, dims in gemms.items():
+                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype)
+                print(
+                    f"[{time.perf_counter() - t0:6.1f}s] wgmma {name} {dtype}: {len(cases)} cases",
+                    file=sys.stderr,
+                )
     convs = {k: v for k, v in gpu_bundle.CONVS.items() if not args.convs or k in args.convs}
     for dtype in args.dtypes:
         cases += gpu_bundle.conv_cases(hw, out, convs, dtype)
@@ -132,6 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--constructed-only", action="store_true", help="GEMMs: only the constructed tiling")
     ap.add_argument(
         "--searches", action="store_true", help="GEMMs: also Optuna's and random search's tilings"
+    )
+    ap.add_argument(
+        "--wgmma",
+        action="store_true",
+        help="GEMMs: also Hopper wgmma kernels (sm_90a) and the wgmma smoke GEMMs",
+    )
+    ap.add_argument(
+        "--wgmma-only",
+        action="store_true",
+        help="GEMMs: only the wgmma kernels (no mma.sync or CUDA-core ones) and the short list of smoke GEMMs",
     )
     ap.add_argument("--split-sweep", nargs="*", default=None, help="GEMM names to sweep split-k on")
     ap.add_argument(

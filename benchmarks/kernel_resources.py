@@ -30,6 +30,7 @@ from benchmarks.common import machine_info, progress, result_path, write_json  #
 from gensorage.codegen.cuda_build import ptx_and_resources  # noqa: E402
 from gensorage.codegen.gpu_limits import block_resources  # noqa: E402
 from gensorage.codegen.module import compile_ugraph, ir_module  # noqa: E402
+from gensorage.codegen.wgmma import target_profile  # noqa: E402
 from gensorage.hw import load_profile  # noqa: E402
 from gensorage.ugraph.examples import EXAMPLES, ONLINE_EXAMPLES  # noqa: E402
 
@@ -71,7 +72,8 @@ def measure(name: str, shape: dict[str, int], dtype: str) -> dict[str, dict[str,
     hw = load_profile(HW_PROFILE)
     _, g = {**EXAMPLES, **ONLINE_EXAMPLES}[name](**shape, dtype=dtype)
     cg = compile_ugraph(g, hw, "cuda")
-    built = ptx_and_resources(cg.cuda_source(), hw.arch)
+    arch = target_profile(hw, [k.rule for k in cg.kernels("cuda")]).arch  # sm_90a with wgmma kernels
+    built = ptx_and_resources(cg.cuda_source(), arch)
     if built is None:
         raise SystemExit("nvcc not found: the resource report needs the CUDA toolkit")
     ptx, resources = built

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from gensorage.construction.tensor_core import construct_tensor_core
+from gensorage.codegen.wgmma import WgmmaTiles
+from gensorage.construction.tensor_core import construct_predefined_matmul
 from gensorage.hw import load_profile
 from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
 from gensorage.opset import Op
@@ -142,12 +143,16 @@ def test_predefined_kernels_follow_the_roofline() -> None:
     g = from_program(p)
     costs = kernel_costs(g, H100)
     assert costs[1].kind == "view" and costs[1].time_s == 0
-    # The float16 matmul is the constructed tensor-core kernel, priced by its construction's model: never
-    # under the tensor-core roofline, and at the rate the calibration measured for mma.sync.
+    # The float16 matmul is the constructed tensor-core kernel (on a Hopper, wgmma at this size), priced by its
+    # construction's model: never under the tensor-core roofline at its instruction's rate.
     tensor_core_bound = 2 * 4096**3 / H100.flops("float16", True)
-    _, mma = construct_tensor_core((1, 4096, 4096, 4096), H100)
-    assert costs[0].time_s == mma.total_s
-    assert tensor_core_bound / H100.calibration.mma_sync_fraction <= costs[0].time_s
+    shape = (4096, 4096)
+    got = construct_predefined_matmul(shape, shape, shape, "float16", "float16", H100)
+    assert got is not None
+    tiles, cost = got
+    assert isinstance(tiles, WgmmaTiles)
+    assert costs[0].time_s == cost.total_s
+    assert tensor_core_bound / H100.calibration.wgmma_fraction <= costs[0].time_s
     # A float32 matmul stays on CUDA cores: its roofline.
     p32 = Program("mm32")
     a32, b32 = p32.input("A", (1024, 1024), "float32"), p32.input("B", (1024, 1024), "float32")

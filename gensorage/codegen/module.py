@@ -143,10 +143,12 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) ->
 
     from gensorage.codegen.cuda_build import cuda_target
     from gensorage.codegen.tensor_core import build_config
+    from gensorage.codegen.wgmma import target_profile
 
     same = _same_code(kernels) if target == "llvm" else {}
     mod = ir_module([k for k in kernels if k.name not in same])
     config = build_config(k.rule for k in kernels) if target == "cuda" else {}
+    hw = target_profile(hw, [k.rule for k in kernels])  # wgmma kernels need sm_90a
     try:
         with tvm.transform.PassContext(config=config):
             ex = tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
@@ -398,10 +400,13 @@ class CompiledUGraph:
         return str(self.executable("cuda").mod.imports[0].inspect_source())
 
     def cubin(self) -> bytes | None:
-        """The CUDA source compiled by nvcc for the profile's arch; None when nvcc is not available."""
+        """The CUDA source compiled by nvcc for the profile's arch (``sm_90a`` with wgmma kernels); None when
+        nvcc is not available."""
         from gensorage.codegen.cuda_build import build_cubin as nvcc_cubin
+        from gensorage.codegen.wgmma import target_profile
 
-        return nvcc_cubin(self.cuda_source(), self.hw.arch)
+        arch = target_profile(self.hw, [k.rule for k in self.kernels("cuda")]).arch
+        return nvcc_cubin(self.cuda_source(), arch)
 
     def run(self, *arrays: Any, target: str = "cpu") -> list[Any]:
         """Run the kernels on ``arrays`` (one per µGraph input).

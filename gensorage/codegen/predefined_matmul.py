@@ -249,19 +249,19 @@ def tensor_core_kernels(
     The field twin and the llvm twin run the same tiling without tensorization (see
     :mod:`gensorage.codegen.tensor_core`).
     """
-    from gensorage.codegen.tensor_core import RULE, mma_dtype, schedule_tensor_core
-    from gensorage.construction.tensor_core import construct_tensor_core
+    from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, mma_dtype, schedule_tensor_core
+    from gensorage.construction.tensor_core import construct_predefined_matmul
 
     ops = _operands(g, k, info)
     mma = mma_dtype(ops.a.dtype, ops.b.dtype)
-    if mma is None:
-        return []
     ms = ops.shape
-    cast = None if mma == ops.a.dtype == ops.b.dtype else mma
-    try:
-        tiles, _ = construct_tensor_core(ms.dims, hw, mma, seed)
-    except ScheduleError:
+    got = construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed)
+    if mma is None or got is None:
         return []
+    tiles = got[0]
+    if not isinstance(tiles, TensorCoreTiles):
+        return _wgmma_kernels(ops, k, tiles, target, scalar, name)
+    cast = None if mma == ops.a.dtype == ops.b.dtype else mma
     rule = f"{RULE} construct on matmul {list(ms.dims)}: {tiles.describe()}"
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
@@ -281,6 +281,35 @@ def tensor_core_kernels(
             params += (KernelParam("P", "scratch", None, shape, "int64" if m is not None else "float32"),)
         f = sch.mod["main"].with_attr("global_symbol", kname)
         kernels.append(ScheduledKernel(kname, k, f, params, tiles.threads, rule, None if m is None else c))
+    return kernels
+
+
+def _wgmma_kernels(
+    ops: _Operands, k: int, tiles: Any, target: Target, scalar: Scalar, name: str
+) -> list[ScheduledKernel]:
+    """The matmul as a Hopper wgmma kernel (:mod:`gensorage.codegen.wgmma`); on llvm its twin, per modulus in
+    field mode."""
+    from gensorage.codegen.wgmma import RULE, wgmma_matmul
+    from gensorage.codegen.wgmma_twin import wgmma_twin
+
+    ms = ops.shape
+    a, b, out = ms.flat(ms.a), ms.flat(ms.b), ms.flat(ms.out)
+    rule = f"{RULE} construct on matmul {list(ms.dims)}: {tiles.describe()}"
+    kernels = []
+    for c, m in enumerate(_moduli(scalar)):
+        try:
+            if target == "cuda":
+                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles)
+            elif m is None:
+                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles)
+            else:
+                func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m)
+        except ScheduleError as exc:
+            raise UnsupportedOpError(f"kernel op %{ops.out_ref.node} (matmul): {exc}") from exc
+        kname = name if m is None else f"{name}_c{c}"
+        f = func.with_attr("global_symbol", kname)
+        component = None if m is None else c
+        kernels.append(ScheduledKernel(kname, k, f, ops.params(m), tiles.threads, rule, component))
     return kernels
 
 

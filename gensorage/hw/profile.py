@@ -30,7 +30,10 @@ class Calibration:
     warp keeps in flight (its outstanding asynchronous copies); ``mma_in_flight``: independent MMAs per SM sub-core that hide its latency;
     ``step_cycles``: the cycles one reduction step costs besides its MMAs (barriers, waiting for its copies,
     address arithmetic); ``launch_overhead_s``: one kernel launch as a device timer sees it
-    back to back (CUDA-graph replay).
+    back to back (CUDA-graph replay); ``wgmma_fraction``: the fraction of the tensor peak that warpgroup
+    ``wgmma.mma_async`` reaches (0: the GPU has no wgmma, the construction does not consider it);
+    ``wgmma_latency_cycles``: the latency of one reduction step's copies under a wgmma kernel's load, which its
+    pipeline hides.
 
     Graph-defined kernels (:mod:`gensorage.ugraph.block_cost`): ``block_load_flight_bytes``: the tile bytes one
     thread keeps in flight with its element-wise, not prefetched loads; ``block_barrier_cycles``: one
@@ -55,6 +58,8 @@ class Calibration:
     block_mma_cycles: float = 16.0
     block_element_cycles: float = 4.0
     predefined_dram_fraction: float = 1.0
+    wgmma_fraction: float = 0.0
+    wgmma_latency_cycles: float = 2000.0
 
 
 CALIBRATION_KEYS: tuple[str, ...] = (
@@ -70,6 +75,8 @@ CALIBRATION_KEYS: tuple[str, ...] = (
     "block_mma_cycles",
     "block_element_cycles",
     "predefined_dram_fraction",
+    "wgmma_fraction",
+    "wgmma_latency_cycles",
 )
 
 

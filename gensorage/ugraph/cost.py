@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gensorage import opset
-from gensorage.errors import ScheduleError, UnsupportedOpError
+from gensorage.errors import UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
 from gensorage.opset import Op, Shape
@@ -91,17 +91,13 @@ def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: 
 def _tensor_core_matmul(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> Any:
     """The construction's cost of the tensor-core kernel a pre-defined matmul lowers to (None: no such kernel)."""
     # Imported here: gensorage.construction imports the µGraph modules this one belongs to.
-    from gensorage.codegen.tensor_core import mma_dtype
-    from gensorage.construction.tensor_core import construct_tensor_core
+    from gensorage.construction.tensor_core import construct_predefined_matmul
 
-    mma = mma_dtype(ins[0].dtype, ins[1].dtype) if node.op is Op.MATMUL else None
-    if mma is None:
+    if node.op is not Op.MATMUL:
         return None
-    dims = (math.prod(out.shape[:-2]), out.shape[-2], out.shape[-1], ins[0].shape[-1])
-    try:
-        return construct_tensor_core(dims, hw, mma)[1]
-    except ScheduleError:
-        return None
+    a, b = ins
+    got = construct_predefined_matmul(a.shape, b.shape, out.shape, a.dtype, b.dtype, hw)
+    return None if got is None else got[1]
 
 
 def _block_cost(

@@ -1,0 +1,104 @@
+"""The GPU suite's wgmma GEMMs: Hopper ``wgmma.mma_async`` kernels (:mod:`gensorage.codegen.wgmma`) per GEMM.
+
+Per shape that the kernel covers: the tiling the construction picks when the instruction is a level of its
+state (``wgmma_constructed``, when it picks wgmma), and the fixed tilings of ``WGMMA_VARIANTS`` (so the device run tells which is best). Besides, ``smoke`` GEMMs:
+one warpgroup, one stage, small shapes, one per N tile (64 uses one swizzle atom of B per wgmma, 128 and 256
+also the descriptor's leading offset), and one with ragged M, N and K: when fast variants fail the float64
+check, these say whether the basic fragment, descriptor and swizzle layout is right.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu_prepare import _gemm_case
+from gensorage.codegen.wgmma import RULE, WG_M, WgmmaTiles, target_profile, unsupported, wgmma_matmul
+from gensorage.construction.tensor_core import construct_matmul_tiles, predict_tiles_time
+from gensorage.hw.profile import HwProfile
+
+#: wgmma tilings timed per GEMM (where the shape has the rows for them). The first H200 run
+#: (gpu_suite-h200-wgmma-2026-11-26.json) measured 128x256 with three stages fastest on every large GEMM, and
+#: 64x64 / 64x128 with four on the decode-sized ones; these are its neighbours: deeper rings, two wgmma groups in
+#: flight, four warpgroups, two blocks per SM, the result staged through shared memory.
+WGMMA_VARIANTS: tuple[WgmmaTiles, ...] = (
+    WgmmaTiles(2, 256, 3),
+    WgmmaTiles(2, 256, 3, staged=True),
+    WgmmaTiles(2, 256, 4),
+    WgmmaTiles(2, 256, 4, pending=2),
+    WgmmaTiles(4, 128, 4),
+    WgmmaTiles(2, 128, 3),
+    WgmmaTiles(1, 128, 4),
+    WgmmaTiles(1, 64, 4),
+)
+
+#: Small GEMMs that check the layouts one feature at a time: one warpgroup and one stage at each N tile (64:
+#: one B atom per wgmma; 128 and 256 also the descriptor's leading offset), ragged shapes, two and four
+#: warpgroups, two wgmma groups in flight, the result staged in shared memory.
+SMOKE: dict[str, tuple[tuple[int, int, int], WgmmaTiles]] = {
+    "smoke_n64": ((256, 256, 256), WgmmaTiles(1, 64, 1)),
+    "smoke_n128": ((256, 256, 256), WgmmaTiles(1, 128, 1)),
+    "smoke_n256": ((256, 256, 256), WgmmaTiles(1, 256, 1)),
+    "smoke_ragged": ((200, 136, 200), WgmmaTiles(1, 64, 2)),
+    "smoke_wg2_s3": ((512, 512, 512), WgmmaTiles(2, 128, 3)),
+    "smoke_wg4_p2": ((300, 264, 520), WgmmaTiles(4, 64, 4, pending=2)),
+    "smoke_staged": ((200, 136, 200), WgmmaTiles(2, 64, 2, staged=True)),
+}
+
+#: The smoke GEMMs of a run after the layouts are known right: the ragged one and the newest features.
+SMOKE_SHORT = ("smoke_ragged", "smoke_wg4_p2", "smoke_staged")
+
+
+def variant_name(t: WgmmaTiles) -> str:
+    name = f"wgmma{t.block_m}x{t.block_n}s{t.stages}" + ("" if t.in_flight == 1 else f"p{t.in_flight}")
+    return name + ("st" if t.staged else "")
+
+
+def wgmma_case(
+    name: str,
+    dims: tuple[int, int, int],
+    tiles: WgmmaTiles,
+    hw: HwProfile,
+    out: Path,
+    dtype: str,
+    variant: str,
+    predicted: float | None = None,
+) -> dict[str, Any]:
+    """One bundled wgmma GEMM (compiled for sm_90a)."""
+    import tvm
+
+    m, n, k = dims
+    func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    meta = {"tiles": dataclasses.asdict(tiles), "rule": f"{RULE}: {tiles.describe()}", "tensor_cores": True}
+    return _gemm_case(name, dims, variant, mod, {}, target_profile(hw, [RULE]), out, predicted, meta, dtype)
+
+
+def wgmma_cases(
+    hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]], dtype: str = "float16"
+) -> list[dict[str, Any]]:
+    """Per shape the wgmma tilings of ``WGMMA_VARIANTS`` that fit it and the device's shared memory."""
+    cases = []
+    for name, (m, n, k) in shapes.items():
+        if unsupported(m, n, k):
+            continue
+        dims4 = (1, m, n, k)
+        picked, cost = construct_matmul_tiles(dims4, hw, dtype)
+        chosen = [("wgmma_constructed", picked, cost.total_s)] if isinstance(picked, WgmmaTiles) else []
+        for t in WGMMA_VARIANTS:
+            if t == picked or t.block_m > max(64, m) or predict_tiles_time(dims4, t, hw, dtype) is None:
+                continue
+            if t.warpgroups == 1 and m > WG_M:  # measured slower than two warpgroups on every large GEMM
+                continue
+            c = predict_tiles_time(dims4, t, hw, dtype)
+            chosen.append((variant_name(t), t, None if c is None else c.total_s))
+        for variant, t, predicted in chosen:
+            cases.append(wgmma_case(name, (m, n, k), t, hw, out, dtype, variant, predicted))
+    return cases
+
+
+def smoke_cases(
+    hw: HwProfile, out: Path, dtype: str = "float16", names: tuple[str, ...] = tuple(SMOKE)
+) -> list[dict[str, Any]]:
+    return [wgmma_case(name, *SMOKE[name], hw, out, dtype, variant_name(SMOKE[name][1])) for name in names]
