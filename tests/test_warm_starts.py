@@ -122,7 +122,7 @@ def test_tensor_core_tiles_warm_started_at_a_new_shape_cost_no_more_than_cold_on
     tc._KNOWN.clear()
     tc._WARM.clear()
     tc.construct_tensor_core(old, H100)
-    cold = tc._construct(new, H100, "float16", 0, True)
+    cold = tc._construct(new, H100, "float16", 0, True, False)
     with memo.warm_starts():
         warm = tc.construct_tensor_core(new, H100)
     assert new == old or tc._WARM  # the warm path ran
