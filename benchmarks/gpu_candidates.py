@@ -86,11 +86,17 @@ def candidate_cases(
 def candidate_lines(cases: list[dict[str, Any]]) -> list[str]:
     """Per program with measured candidates: full mode's choice, the fastest measured, and whether they agree."""
     by_program: dict[str, list[dict[str, Any]]] = {}
+    failed: dict[str, str] = {}  # program -> how its choice failed (a wrong kernel is the worst outcome)
     for c in cases:
         cand = c.get("candidate")
         ours = (c.get("methods") or {}).get("ours", {})
         if cand and "median_s" in ours:
             by_program.setdefault(cand["program"], []).append(c)
+        elif cand and cand["chosen"] and c.get("status") == "failed":
+            errs = ours.get("rel_err") or []
+            failed[cand["program"]] = (
+                f"failed its float64 check (rel err {max(errs, default=float('nan')):.1e})"
+            )
     lines = []
     agree = 0
     for program, group in by_program.items():
@@ -102,7 +108,7 @@ def candidate_lines(cases: list[dict[str, Any]]) -> list[str]:
         agree += ok
         us = fastest["methods"]["ours"]["median_s"] * 1e6
         what = (
-            "a µGraph not measured (not bundled: see the bundle's *.failed.json; or not run)"
+            f"{failed.get(program, 'a µGraph not measured (not bundled: see the bundle’s *.failed.json; or not run)')}"
             if chosen is None
             else f"{chosen['candidate']['origin']} {chosen['methods']['ours']['median_s'] * 1e6:.1f} us"
         )
