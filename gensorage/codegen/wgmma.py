@@ -27,7 +27,7 @@ by its scalar semantics (the descriptor decoded into the shared addresses the ha
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -282,14 +282,7 @@ def _build(
     staged = t.staged and out_dtype == dtype  # the ring's 16-bit elements hold the cast result
     out_copies = bm * bn // CHUNK // threads
 
-    def a_at(bz: Any, row: Any, col: Any) -> Any:
-        return (bz, row, col) if a_batched else (row, col)
-
-    def b_at(bz: Any, row: Any, col: Any) -> Any:
-        return (bz, row, col) if b_batched else (row, col)
-
-    def c_at(bz: Any, row: Any, col: Any) -> Any:
-        return (bz, row, col) if batch else (row, col)
+    a_at, b_at, c_at = (operand_index(bool(b)) for b in (a_batched, b_batched, batch))
 
     @T.prim_func(private=True)
     def main(
@@ -425,3 +418,9 @@ def _build(
                     C[c_at(bz, row, T.ramp(col, 1, 2))] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
 
     return main
+
+
+def operand_index(batched: bool) -> Callable[[Any, Any, Any], tuple[Any, ...]]:
+    """The index of element (row, col) of batch ``bz`` in an operand with (True) or without a batch dim; the
+    kernel and its CPU twin index alike."""
+    return lambda bz, row, col: (bz, row, col) if batched else (row, col)

@@ -33,6 +33,7 @@ from gensorage.codegen.wgmma import (
     b_offset,
     block_tile,
     fragment_row_col,
+    operand_index,
     out_offset,
     shared_bytes,
     step_offsets,
@@ -117,14 +118,7 @@ def _build(
     def finish(v: Any) -> Any:
         return T.Cast(out_dtype, v) if modulus is None else tirx.truncmod(v, tirx.const(modulus, "int64"))
 
-    def a_at(bz: Any, row: Any, col: Any) -> Any:
-        return (bz, row, col) if a_batched else (row, col)
-
-    def b_at(bz: Any, row: Any, col: Any) -> Any:
-        return (bz, row, col) if b_batched else (row, col)
-
-    def c_at(bz: Any, row: Any, col: Any) -> Any:
-        return (bz, row, col) if batch else (row, col)
+    a_at, b_at, c_at = (operand_index(bool(b)) for b in (a_batched, b_batched, batch))
 
     @T.prim_func(private=True)
     def main(
