@@ -42,7 +42,7 @@ def prepare(args: argparse.Namespace) -> int:
     hw = load_profile(args.hw)
     out = Path(args.prepare)
     out.mkdir(parents=True, exist_ok=True)
-    gemms = {k: v for k, v in gpu_bundle.GEMMS.items() if not args.gemms or k in args.gemms}
+    gemms = {k: v for k, v in gpu_bundle.GEMMS.items() if args.gemms is None or k in args.gemms}
     programs = args.programs if args.programs is not None else gpu_bundle.program_names()
     cases = []
     t0 = time.perf_counter()
@@ -66,7 +66,7 @@ def prepare(args: argparse.Namespace) -> int:
                     f"[{time.perf_counter() - t0:6.1f}s] wgmma {name} {dtype}: {len(cases)} cases",
                     file=sys.stderr,
                 )
-    convs = {k: v for k, v in gpu_bundle.CONVS.items() if not args.convs or k in args.convs}
+    convs = {k: v for k, v in gpu_bundle.CONVS.items() if args.convs is None or k in args.convs}
     for dtype in args.dtypes:
         cases += gpu_bundle.conv_cases(hw, out, convs, dtype)
     print(f"[{time.perf_counter() - t0:6.1f}s] convs: {len(cases)} cases", file=sys.stderr)
@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         "--no-compile", action="store_true", help="skip the torch.compile baselines (with --bundle)"
     )
     ap.add_argument("--hw", default="h100", help="hardware profile (with --prepare)")
-    ap.add_argument("--gemms", nargs="*", default=None, help="GEMM names (default: all)")
+    ap.add_argument(
+        "--gemms", nargs="*", default=None, help="GEMM names (default: all; none when given without names)"
+    )
     ap.add_argument(
         "--sweep", nargs="*", default=None, help="GEMM names to sweep many tilings of (with --prepare)"
     )
@@ -162,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         default=["float32"],
         help="programs: precision policies to bundle each under (float32, storage)",
     )
-    ap.add_argument("--convs", nargs="*", default=None, help="convolution names (default: Table IV's C1-C3)")
+    ap.add_argument(
+        "--convs",
+        nargs="*",
+        default=None,
+        help="convolution names (default: Table IV's C1-C3; none when given without names)",
+    )
     ap.add_argument(
         "--block-mma-warps",
         nargs="*",
