@@ -86,6 +86,29 @@ def time_calls(fn: Callable[[], Any], calls: int, samples: int) -> dict[str, flo
     return {"median_s": statistics.median(per_call), "min_s": min(per_call), "max_s": max(per_call)}
 
 
+def kernel_breakdown(fn: Callable[[], Any], calls: int = 5, top: int = 25) -> dict[str, Any]:
+    """Where one call's device time goes: the kernels torch's profiler saw over ``calls`` calls (CUDA
+    activity), by total time, per call; the sum of kernel times against the events' time shows host gaps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [
+        (e.key, e.count / calls, e.device_time_total / calls)
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+    ]
+    rows.sort(key=lambda r: -r[2])
+    return {
+        "kernels_per_call": sum(r[1] for r in rows),
+        "kernel_us_per_call": sum(r[2] for r in rows),
+        "top": [{"kernel": k[:120], "count": c, "us": round(us, 2)} for k, c, us in rows[:top]],
+    }
+
+
 def measure(name: str, cfg: dict[str, int], t: int, dtype: torch.dtype, args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     layer = DecoderLayer(**cfg).eval()
@@ -111,6 +134,8 @@ def measure(name: str, cfg: dict[str, int], t: int, dtype: torch.dtype, args: ar
             m["ok"] = all(e <= args.tol for e in m["rel_err"])
             if m["ok"]:
                 m |= time_calls(lambda fn=fn: fn(*draws[0]), args.calls, args.samples)
+                if args.profile and DEVICE == "cuda":
+                    m["profile"] = kernel_breakdown(lambda fn=fn: fn(*draws[0]))
             row[mname] = m
             print(f"{name} t={t} {mname}: {m}", file=sys.stderr, flush=True)
     row["gensorage_report"] = methods["gensorage"].explain()  # type: ignore[attr-defined]
@@ -128,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--samples", type=int, default=15)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: try the script, no GPU")
+    ap.add_argument("--profile", action="store_true", help="record each method's kernels (torch.profiler)")
     ap.add_argument("--commit", default=None, help="the commit measured (the device's copy has no .git)")
     args = ap.parse_args(argv)
     global DEVICE
