@@ -54,6 +54,13 @@ def prepare(args: argparse.Namespace) -> int:
             print(
                 f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype}: {len(cases)} cases", file=sys.stderr
             )
+    if args.wgmma_picks:
+        from benchmarks import gpu_wgmma
+
+        for dtype in args.dtypes:
+            for name, dims in gemms.items():
+                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants=False)
+        print(f"[{time.perf_counter() - t0:6.1f}s] wgmma picks: {len(cases)} cases", file=sys.stderr)
     if args.wgmma or args.wgmma_only:
         from benchmarks import gpu_wgmma
 
@@ -151,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         "--wgmma",
         action="store_true",
         help="GEMMs: also Hopper wgmma kernels (sm_90a) and the wgmma smoke GEMMs",
+    )
+    ap.add_argument(
+        "--wgmma-picks",
+        action="store_true",
+        help="GEMMs: also the construction's wgmma pick where it picks wgmma (what a user's matmul runs)",
     )
     ap.add_argument(
         "--wgmma-only",

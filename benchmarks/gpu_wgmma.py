@@ -76,9 +76,14 @@ def wgmma_case(
 
 
 def wgmma_cases(
-    hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]], dtype: str = "float16"
+    hw: HwProfile,
+    out: Path,
+    shapes: dict[str, tuple[int, int, int]],
+    dtype: str = "float16",
+    variants: bool = True,
 ) -> list[dict[str, Any]]:
-    """Per shape the wgmma tilings of ``WGMMA_VARIANTS`` that fit it and the device's shared memory."""
+    """Per shape the construction's wgmma pick (when it picks wgmma) and, with ``variants``, the tilings of
+    ``WGMMA_VARIANTS`` that fit it and the device's shared memory."""
     cases = []
     for name, (m, n, k) in shapes.items():
         if unsupported(m, n, k):
@@ -86,7 +91,7 @@ def wgmma_cases(
         dims4 = (1, m, n, k)
         picked, cost = construct_matmul_tiles(dims4, hw, dtype)
         chosen = [("wgmma_constructed", picked, cost.total_s)] if isinstance(picked, WgmmaTiles) else []
-        for t in WGMMA_VARIANTS:
+        for t in WGMMA_VARIANTS if variants else ():
             if t == picked or t.block_m > max(64, m) or predict_tiles_time(dims4, t, hw, dtype) is None:
                 continue
             if t.warpgroups == 1 and m > WG_M:  # measured slower than two warpgroups on every large GEMM
