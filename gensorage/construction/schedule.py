@@ -9,8 +9,9 @@ store and its baselines) is for users tuning one operator; nothing inside the pi
 
 Inside :func:`warm_starts` (the dispatch cache lowering a known structure at a new shape), a loop nest not
 constructed yet is walked from the schedule of the nearest constructed nest of its *shape class* (the same nest
-at other extents, each within a factor ``MAX_CARRY_FACTOR``: :func:`shape_class`) by :func:`gensorage.markov.warm.construct_from`, a few rounds instead of
-a whole construction. Those answers depend on what was constructed before in the process, so they are kept in
+at other extents, each within a factor ``MAX_CARRY_FACTOR``: :func:`shape_class`) by
+:func:`gensorage.markov.warm.construct_from` (the carried schedule, improved by steepest descent) instead of a
+whole construction. Those answers depend on what was constructed before in the process, so they are kept in
 a memo of their own: outside :func:`warm_starts` the answer is always the cold construction's.
 """
 
@@ -105,7 +106,7 @@ def _warm(workload: Workload, hw: HwProfile, seed: int, key: _Key) -> Schedule |
     nearest = min(known, key=lambda e: sum(abs(math.log(a / b)) for a, b in zip(ext, e, strict=True)))
     if any(max(a, b) > MAX_CARRY_FACTOR * min(a, b) for a, b in zip(ext, nearest, strict=True)):
         return None  # too far for a few steps to adapt the state (measured up to 1.6x the cold cost)
-    outcome = construct_from(workload, hw, known[nearest], seed=seed)
+    outcome = construct_from(workload, hw, known[nearest])
     if outcome is None:
         return None
     if len(_WARM) >= _CACHE_LIMIT:
