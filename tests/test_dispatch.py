@@ -145,3 +145,20 @@ def test_a_new_shape_warm_starts_its_constructions_and_compiles_equal_kernels_on
         )  # a warm answer, kept apart
         assert _same_code(e.compiled.kernels("llvm")) == {"kernel2_matmul": "kernel0_matmul"}
         check(e, gate_up(t), seed=t)
+
+
+def test_a_cuda_request_builds_the_cuda_kernels_only(tmp_path: Path) -> None:
+    # A caller whose tensors are on a GPU: the kernels are lowered and built for CUDA (nvcc-free TVM codegen,
+    # no GPU needed), no llvm kernels and no CPU runner; the llvm request of the same shape is its own entry,
+    # and a new shape of the structure is served for CUDA from the structure found at the first.
+    d = Dispatcher("h100", store=tmp_path / "s.sqlite")
+    first = d.kernels(rms_matmul(8), target="cuda")
+    assert first.target == "cuda" and first.runner is None
+    assert "__global__" in first.compiled.cuda_source()
+    assert set(first.compiled._executables) == {"cuda"}
+    assert d.kernels(rms_matmul(8), target="cuda") is first
+    cpu = d.kernels(rms_matmul(8))
+    assert cpu is not first and cpu.target == "llvm" and cpu.runner is not None
+    new = d.kernels(rms_matmul(12), target="cuda")
+    assert new.reused and set(new.compiled._executables) == {"cuda"}
+    assert d.stats.hits == 1 and d.stats.new_structures == 1

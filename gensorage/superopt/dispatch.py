@@ -3,14 +3,15 @@
 A model runs one program at many shapes (sequence lengths, batch sizes). :class:`Dispatcher` keeps
 
 * per *shape* (the program's :meth:`~gensorage.program.Program.key`): the built llvm kernels with a prepared
-  launch sequence (:class:`~gensorage.codegen.runner.KernelRunner`), so a repeated shape costs a dictionary
+  launch sequence (:class:`~gensorage.codegen.runner.KernelRunner`), or the CUDA kernels for a caller whose
+  tensors are on a GPU (``target="cuda"``: no llvm build then), so a repeated shape costs a dictionary
   look-up — or nothing, for a caller that holds the entry — plus the launches;
 * per *structure* (:meth:`~gensorage.program.Program.structure_key`): the µGraph chosen at the first shape
   seen, by :func:`~gensorage.superopt.superoptimize` (fast mode: a stored structure, else the direct µGraph;
   full mode: the search). A new shape of a known structure does not call ``superoptimize`` again: the chosen
-  µGraph is re-instantiated at the new shape (:func:`.reinstantiate`), checked there, lowered for llvm only
-  and built. Its lowering constructs each matmul's schedule from the one built at the nearest shape seen
-  (:func:`gensorage.construction.warm_starts`): a few Markov steps from a good state instead of a whole
+  µGraph is re-instantiated at the new shape (:func:`.reinstantiate`), checked there, lowered for the one
+  target asked for and built. Its lowering constructs each matmul's schedule from the one built at the nearest
+  shape seen (:func:`gensorage.construction.warm_starts`): a descent from a good state instead of a whole
   construction. The direct µGraph needs no re-instantiation and no check (it is the program, op by op); a
   re-instantiated one is checked by :func:`gensorage.verify.equivalent` at the new shape (what full mode does),
   and one that does not carry over or verify gives way to the direct µGraph, with the reason in ``notes``.
@@ -25,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.ugraph_tir import Target
 from gensorage.construction import warm_starts
 from gensorage.errors import GensorageError, UnsupportedOpError
 from gensorage.precision import DEFAULT_PRECISION
@@ -64,12 +66,13 @@ class ShapeKernels:
     graph: KernelGraph
     origin: str  # superoptimize's origin at the first shape ("direct", "stored #0", "search #3")
     equivalence: Verification
-    compiled: CompiledUGraph
-    runner: KernelRunner | None  # None: the µGraph returns an input or a view; ``run`` serves it
+    compiled: CompiledUGraph  # lowered for ``target`` and built
+    runner: KernelRunner | None  # llvm only; None: the µGraph returns an input or a view (``run`` serves it)
     reused: bool  # a known structure instantiated at this shape (no superoptimize call)
     ready_s: float  # wall time from the request to built kernels
     timings: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    target: Target = "llvm"
 
     @property
     def num_kernels(self) -> int:
@@ -88,7 +91,7 @@ class _Structure:
 
 
 class Dispatcher:
-    """Per-shape cache of built CPU kernels over per-structure chosen µGraphs (see the module docstring).
+    """Per-shape cache of built kernels over per-structure chosen µGraphs (see the module docstring).
 
     Parameters
     ----------
@@ -131,23 +134,26 @@ class Dispatcher:
         self.preset = preset
         self.workers = workers
         self.stats = DispatchStats()
-        self._shapes: dict[str, ShapeKernels] = {}
+        self._shapes: dict[tuple[str, Target], ShapeKernels] = {}
         self._structures: dict[str, _Structure] = {}
 
-    def kernels(self, program: Program) -> ShapeKernels:
-        """The built kernels of ``program`` at its shapes (cached by its key).
+    def kernels(self, program: Program, target: Target = "llvm") -> ShapeKernels:
+        """The built kernels of ``program`` at its shapes for ``target`` (cached by its key and the target).
+
+        ``"llvm"`` builds CPU kernels with a prepared runner; ``"cuda"`` builds the CUDA kernels for the
+        dispatcher's profile (no GPU needed to build; :mod:`gensorage.torch.device` runs them).
 
         Raises
         ------
         GensorageError
             The program cannot be superoptimised, verified or built (nothing is cached then).
         """
-        key = program.key()
+        key = (program.key(), target)
         entry = self._shapes.get(key)
         if entry is not None:
             self.stats.hits += 1
             return entry
-        entry = self._build(program)
+        entry = self._build(program, target)
         self._shapes[key] = entry
         return entry
 
@@ -155,7 +161,7 @@ class Dispatcher:
         return len(self._shapes)
 
     # ------------------------------------------------------------------------------------------ misses
-    def _build(self, p: Program) -> ShapeKernels:
+    def _build(self, p: Program, target: Target) -> ShapeKernels:
         start = time.perf_counter()
         timings: dict[str, float] = {}
         notes: list[str] = []
@@ -168,10 +174,10 @@ class Dispatcher:
             origin = known.origin if ver.method != DIRECT or known.origin == "direct" else "direct"
             self.stats.new_shapes += 1
         if known is None:
-            compiled, runner = _build_cpu(graph, self.hw, self.seed, timings)
-        else:  # constructions walk from the nearest shape built before (gensorage.construction.warm_starts)
+            compiled, runner = _build_kernels(graph, self.hw, self.seed, timings, target)
+        else:  # constructions start from the nearest shape built before (gensorage.construction.warm_starts)
             with warm_starts():
-                compiled, runner = _build_cpu(graph, self.hw, self.seed, timings)
+                compiled, runner = _build_kernels(graph, self.hw, self.seed, timings, target)
         if known is None:
             self._structures[p.structure_key()] = _Structure(p, graph, origin)
         return ShapeKernels(
@@ -185,6 +191,7 @@ class Dispatcher:
             time.perf_counter() - start,
             timings,
             tuple(notes),
+            target,
         )
 
     def _superoptimize(self, p: Program) -> tuple[KernelGraph, Verification, str]:
@@ -245,18 +252,23 @@ class Dispatcher:
         return direct, Verification(True, DIRECT)
 
 
-def _build_cpu(
-    graph: KernelGraph, hw: HwProfile, seed: int, timings: dict[str, float]
+def _build_kernels(
+    graph: KernelGraph, hw: HwProfile, seed: int, timings: dict[str, float], target: Target
 ) -> tuple[CompiledUGraph, KernelRunner | None]:
-    """The llvm kernels of ``graph`` (the CUDA variant is not lowered) and their prepared runner; ``timings``
-    gets the time of the lowering to TIR and of the build (TVM's compile, LLVM's code generation)."""
+    """The ``target`` kernels of ``graph`` (the other target is not lowered) and, for llvm, their prepared
+    runner; ``timings`` gets the time of the lowering to TIR and of the build (TVM's compile and the code
+    generation)."""
     from gensorage.codegen.module import compile_ugraph
     from gensorage.codegen.runner import KernelRunner
 
     t0 = time.perf_counter()
-    compiled = compile_ugraph(graph, hw, "llvm", seed=seed)
+    compiled = compile_ugraph(graph, hw, target, seed=seed)
     t1 = time.perf_counter()
     timings["lower"] = t1 - t0
+    if target == "cuda":
+        compiled.executable("cuda")
+        timings["build"] = time.perf_counter() - t1
+        return compiled, None
     try:
         runner: KernelRunner | None = KernelRunner(
             compiled

@@ -22,9 +22,10 @@ import torch
 import torch.fx as fx
 
 from gensorage.errors import GensorageError, UnsupportedOpError
+from gensorage.hw import load_profile
 from gensorage.program import Program
 from gensorage.superopt.dispatch import Dispatcher, ShapeKernels
-from gensorage.torch.device import build_for, run_on_device
+from gensorage.torch.device import build_for, profile_for, run_on_device
 from gensorage.torch.lowering import Extra, Lowering
 from gensorage.torch.report import Report
 
@@ -121,8 +122,7 @@ class GensorageSubgraph(torch.nn.Module):
                 raise UnsupportedOpError(
                     f"inputs on several devices: {sorted({str(a.device) for a in args})}"
                 )
-            build_for(args[0].device)
-            res = compiled(lowered.program, self.options)
+            res = compiled(lowered.program, self.options, args[0].device)
             extras = [spec.make(args[0].dtype, args[0].device) for spec in lowered.extras]
             got = run_kernels(lowered, res, [*args, *extras])
             err = mismatch(got, want)
@@ -146,21 +146,28 @@ class GensorageSubgraph(torch.nn.Module):
         return got
 
 
-_DISPATCHERS: dict[Options, Dispatcher] = {}
+_DISPATCHERS: dict[tuple[Options, tuple[int, int] | None], Dispatcher] = {}
 
 
-def dispatcher(options: Options) -> Dispatcher:
-    """The per-shape kernel cache of ``options`` (one per hw, mode and budget, shared by every graph)."""
-    key = Options(options.hw, options.mode, options.time_budget_s)
+def dispatcher(options: Options, device: torch.device | None = None) -> Dispatcher:
+    """The per-shape kernel cache of ``options`` (one per hw, mode and budget, shared by every graph) for the
+    tensors of ``device``: a GPU's gets the profile with that GPU's arch (:func:`.device.profile_for`)."""
+    cuda = device is not None and device.type == "cuda"
+    arch = torch.cuda.get_device_capability(device) if cuda else None
+    key = (Options(options.hw, options.mode, options.time_budget_s), arch)
     if key not in _DISPATCHERS:
-        _DISPATCHERS[key] = Dispatcher(options.hw, options.mode, options.time_budget_s)
+        hw = load_profile(options.hw)
+        hw = profile_for(hw, arch) if arch is not None else hw
+        _DISPATCHERS[key] = Dispatcher(hw, options.mode, options.time_budget_s)
     return _DISPATCHERS[key]
 
 
-def compiled(program: Program, options: Options) -> ShapeKernels:
-    """The verified, built kernels of ``program``: cached by its key, and a new shape of a program structure
-    seen before reuses that structure's µGraph (:mod:`gensorage.superopt.dispatch`)."""
-    return dispatcher(options).kernels(program)
+def compiled(program: Program, options: Options, device: torch.device | None = None) -> ShapeKernels:
+    """The verified kernels of ``program``, built for ``device``'s tensors (llvm for the CPU's, CUDA for a
+    GPU's, nothing else): cached by its key, and a new shape of a program structure seen before reuses that
+    structure's µGraph (:mod:`gensorage.superopt.dispatch`)."""
+    target = build_for(device) if device is not None else "llvm"
+    return dispatcher(options, device).kernels(program, target)
 
 
 def run_kernels(lowered: Lowered, res: ShapeKernels, args: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
