@@ -29,6 +29,7 @@ LIMIT_ARGS = (
     "max_kernel_ops",
     "max_block_ops",
     "max_block_nodes",
+    "max_block_graphs",
     "max_block_inputs",
     "max_block_outputs",
     "max_grid_dims",
@@ -73,6 +74,13 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="most iterators + operators + accumulators in one block graph, Mirage's count (default: "
         "no such limit)",
+    )
+    p.add_argument(
+        "--max-block-graphs",
+        type=int,
+        metavar="N",
+        help="most graph-defined (custom) kernels in one µGraph, Mirage's max_num_threadblock_graphs "
+        "(default: no such limit)",
     )
     p.add_argument(
         "--max-block-inputs",

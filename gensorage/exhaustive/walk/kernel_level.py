@@ -32,7 +32,7 @@ from gensorage.exhaustive.rules.rule import UNLIMITED, LastSite, NodeRule, Prune
 from gensorage.exhaustive.walk.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.walk.search_state import numel
 from gensorage.opset import Op
-from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
+from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
 
 if TYPE_CHECKING:
     from gensorage.exhaustive.walk.walk import Walk
@@ -155,6 +155,9 @@ def _predefined(s: Walk) -> Iterator[None]:
 
 def _headers(s: Walk) -> Iterator[None]:
     st = s.state
+    limit = s.spec.max_block_graphs
+    if limit is not None and sum(isinstance(op, GraphDefinedOp) for op in st.ops) >= limit:
+        return
     n = len(st.shape)
     must = must_consume(s)
     last_op = must is not None

@@ -38,7 +38,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from gensorage.exhaustive.walk.search_state import SearchState
-from gensorage.ugraph.ir import KernelNode, Ref
+from gensorage.ugraph.ir import GraphDefinedOp, KernelNode, Ref
 
 MAX_ENTRIES = 200_000  # memory bound per task: past it, new subtrees are walked but not recorded
 
@@ -96,9 +96,12 @@ def process_memo(spec_key: str) -> Memo:
     return _process_memo
 
 
-def subtree_key(st: SearchState, max_kernel_ops: int, budget: tuple[int, ...]) -> Hashable | None:
+def subtree_key(
+    st: SearchState, max_kernel_ops: int, budget: tuple[int, ...], max_block_graphs: int | None = None
+) -> Hashable | None:
     """The key of the kernel-level node ``st`` is at, or None where reuse does not apply (inside a block graph,
-    at the root, or where no operator may follow)."""
+    at the root, or where no operator may follow). Under a ``max_block_graphs`` limit the graph-defined
+    operators already placed decide which headers may follow, so their number is part of the key."""
     k = len(st.ops)
     if st.block is not None or k == 0 or k >= max_kernel_ops:
         return None
@@ -116,6 +119,7 @@ def subtree_key(st: SearchState, max_kernel_ops: int, budget: tuple[int, ...]) -
         tuple(st.ties),
         rank,
         budget,
+        None if max_block_graphs is None else sum(isinstance(op, GraphDefinedOp) for op in st.ops),
     )
 
 
