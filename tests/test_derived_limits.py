@@ -62,7 +62,8 @@ def test_block_operators_follow_the_program_and_a_larger_program_gets_a_predefin
     assert small["max_block_inputs"] == 3
     big = derive_limits(rms_eps_matmul()).limits
     assert big["max_block_ops"] == MAX_BLOCK_OPS
-    assert big["max_kernel_ops"] == 2 and big["max_block_graphs"] == 1
+    assert big["max_kernel_ops"] == 2 and big["max_block_graphs"] == 1 and big["graph_defined_last"]
+    assert "graph_defined_last" not in small
 
 
 def test_one_input_program_gets_two_block_inputs_and_its_rank_of_grid_dims() -> None:
@@ -89,9 +90,10 @@ def test_max_block_graphs_must_be_a_positive_integer(bad: object) -> None:
 
 def test_the_new_fields_at_their_defaults_keep_the_spec_json_and_key_of_before() -> None:
     spec = SearchSpec(program=two_matmul(2, 3))
-    assert "max_block_graphs" not in spec.to_json() and "fused_first" not in spec.to_json()
+    for name in ("max_block_graphs", "fused_first", "graph_defined_last"):
+        assert name not in spec.to_json()
     assert SearchSpec.from_json(spec.to_json()).key() == spec.key()
-    on = SearchSpec(program=two_matmul(2, 3), max_block_graphs=1, fused_first=True)
+    on = SearchSpec(program=two_matmul(2, 3), max_block_graphs=1, fused_first=True, graph_defined_last=True)
     assert SearchSpec.from_json(on.to_json()) == on and on.key() != spec.key()
 
 
@@ -108,6 +110,25 @@ def test_max_block_graphs_keeps_exactly_the_candidates_within_it() -> None:
     want = {c.structure_key() for c in free.candidates if graph_defined(c.ugraph) <= 1}
     assert {c.structure_key() for c in one.candidates} == want
     assert one.stats.states < free.stats.states
+
+
+def custom_last(g: KernelGraph) -> bool:
+    """No kernel operator follows a graph-defined one."""
+    return all(not isinstance(op, GraphDefinedOp) for op in g.ops[:-1])
+
+
+def test_graph_defined_last_keeps_exactly_the_candidates_whose_custom_kernel_is_last() -> None:
+    """Pre-defined operators may feed the custom kernel, none may follow it: exactly those candidates of the free
+    search, found with fewer states (its block graph is pruned as a last one)."""
+    limits = {"max_kernel_ops": 2, "max_block_ops": 1, "max_block_inputs": 2, "max_grid_dims": 1}
+    p = two_matmul(2, 3)
+    free = search_serial(SearchSpec(program=p, **limits))
+    last = search_serial(SearchSpec(program=p, graph_defined_last=True, **limits))
+    assert free.complete and last.complete
+    assert any(not custom_last(c.ugraph) for c in free.candidates)
+    want = {c.structure_key() for c in free.candidates if custom_last(c.ugraph)}
+    assert want and {c.structure_key() for c in last.candidates} == want
+    assert last.stats.states < free.stats.states
 
 
 def l2_matmul() -> Program:

@@ -2,16 +2,17 @@
 
 :class:`~gensorage.exhaustive.spec.SearchSpec`'s own defaults are one fixed space for every program: two kernel
 operators, any number of them graph-defined, five compute operators per block graph, three grid dims. That space
-is too small for a fused RMSNorm + MatMul (seven block operators) and far too large to finish for it: a two-kernel
-search of five-operator block graphs walks tens of millions of states at its small search shapes. Mirage sizes
+is too small for a fused RMSNorm + MatMul (seven block operators) and far too large to finish for it without a
+time budget, even at its small search shapes. Mirage sizes
 its space the other way round, and so does :func:`derive_limits`:
 
 * **one graph-defined kernel** (``max_block_graphs = 1``, Mirage's default ``max_num_threadblock_graphs``), and
   no other kernel operator when the program's operators fit one block graph (``max_kernel_ops = 1``): the
   space of single fused kernels, where Mirage's results for such programs lie (RMSNorm + MatMul, gated MLP,
-  LoRA). A larger program gets a second kernel operator, pre-defined (a library matmul, an elementwise op).
-  A first kernel that is not the last is the expensive part of a search: nothing ties its outputs to the
-  program's, so its block graphs are pruned far less than a last one's.
+  LoRA). A larger program gets a second kernel operator, pre-defined (a library matmul, an elementwise op),
+  which feeds the custom kernel (``graph_defined_last``): a kernel that is not the last is the expensive part
+  of a search, since nothing ties its outputs to the program's, so its block graphs are pruned far less than
+  a last one's.
 * **block operators from the program's op count**: a fused kernel computes each program operator once, so it
   needs about as many compute operators as the program has (partial sums of a split reduction are for-loop
   accumulators, which do not count). ``max_block_ops`` is the program's operator count, at least
@@ -68,10 +69,12 @@ def derive_limits(program: Program) -> DerivedLimits:
         "max_grid_dims": max(1, min(3, rank)),
         "fused_first": True,
     }
+    if n_ops > MAX_BLOCK_OPS:
+        limits["graph_defined_last"] = True
     kernels = (
         "one graph-defined kernel"
         if limits["max_kernel_ops"] == 1
-        else f"{limits['max_kernel_ops']} kernel operators, one of them graph-defined"
+        else "a pre-defined operator, then one graph-defined kernel"
     )
     note = (
         f"search limits derived from the program ({n_ops} operators, rank {rank}): {kernels} of up to "

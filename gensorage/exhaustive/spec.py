@@ -25,7 +25,7 @@ SPEC_FORMAT = "gensorage.search-spec"
 SPEC_VERSION = 1
 OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "max_block_graphs", "dims"})
 OMITTED_WHEN_TRUE = frozenset({"replicated_writes"})
-OMITTED_WHEN_FALSE = frozenset({"fused_first"})
+OMITTED_WHEN_FALSE = frozenset({"fused_first", "graph_defined_last"})
 # Elements of one program tensor a search evaluates at most (verification runs candidates at the program's shapes;
 # the bundled 4096-wide configs have 16.8 M).
 MAX_SEARCH_ELEMENTS = 1 << 28
@@ -55,6 +55,9 @@ class SearchSpec:
     max_block_graphs : int or None
         Graph-defined (custom) kernel operators per µGraph; the other kernel operators are pre-defined ones.
         Mirage's ``max_num_threadblock_graphs`` (1 in its default configuration). None: no such limit.
+    graph_defined_last : bool
+        A graph-defined operator only as the last kernel operator: pre-defined operators may feed it, none
+        follows it. Its block graph then writes the program's outputs, so it is pruned as a last one is.
     max_grid_dims : int
         Grid dims of a block graph (1-3).
     prune : bool
@@ -97,6 +100,7 @@ class SearchSpec:
     max_block_outputs: int = 2
     max_block_nodes: int | None = None
     max_block_graphs: int | None = None
+    graph_defined_last: bool = False
     max_grid_dims: int = 3
     prune: bool = True
     canonical: bool = True
@@ -156,6 +160,10 @@ class SearchSpec:
             raise ConfigError(f"search spec: dims must be a DimStrategy, got {type(self.dims).__name__}")
         if self.dims is not None:
             self._check_dims(self.dims)
+        if not isinstance(self.graph_defined_last, bool):
+            raise ConfigError(
+                f"search spec: graph_defined_last must be true or false, got {self.graph_defined_last!r}"
+            )
         if not isinstance(self.fused_first, bool):
             raise ConfigError(f"search spec: fused_first must be true or false, got {self.fused_first!r}")
         if not isinstance(self.replicated_writes, bool):

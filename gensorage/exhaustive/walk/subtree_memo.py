@@ -97,11 +97,12 @@ def process_memo(spec_key: str) -> Memo:
 
 
 def subtree_key(
-    st: SearchState, max_kernel_ops: int, budget: tuple[int, ...], max_block_graphs: int | None = None
+    st: SearchState, max_kernel_ops: int, budget: tuple[int, ...], count_graphs: bool = False
 ) -> Hashable | None:
     """The key of the kernel-level node ``st`` is at, or None where reuse does not apply (inside a block graph,
-    at the root, or where no operator may follow). Under a ``max_block_graphs`` limit the graph-defined
-    operators already placed decide which headers may follow, so their number is part of the key."""
+    at the root, or where no operator may follow). With ``count_graphs`` (a ``max_block_graphs`` limit or
+    ``graph_defined_last``) the graph-defined operators already placed decide which operators may follow, so
+    their number is part of the key."""
     k = len(st.ops)
     if st.block is not None or k == 0 or k >= max_kernel_ops:
         return None
@@ -119,7 +120,7 @@ def subtree_key(
         tuple(st.ties),
         rank,
         budget,
-        None if max_block_graphs is None else sum(isinstance(op, GraphDefinedOp) for op in st.ops),
+        sum(isinstance(op, GraphDefinedOp) for op in st.ops) if count_graphs else None,
     )
 
 

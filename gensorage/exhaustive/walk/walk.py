@@ -216,7 +216,7 @@ class Walk:
                             self.state,
                             self.spec.max_kernel_ops,
                             tuple(self.budget.values()),
-                            self.spec.max_block_graphs,
+                            self.spec.max_block_graphs is not None or self.spec.graph_defined_last,
                         )
                         if key is not None:
                             entry = self.subtrees.get(key)
