@@ -136,6 +136,16 @@ def register(subparsers: Any) -> None:
         "input axis (not exact; see docs/search.md)",
     )
     p.add_argument(
+        "--graph-defined-last",
+        action="store_true",
+        help="a graph-defined (custom) kernel only as the last kernel operator, pre-defined ones feeding it",
+    )
+    p.add_argument(
+        "--fused-first",
+        action="store_true",
+        help="run first the tasks whose custom kernel reads every program input (order only)",
+    )
+    p.add_argument(
         "--schedule",
         choices=SCHEDULES,
         default="markov",
@@ -196,6 +206,8 @@ def build_spec(args: argparse.Namespace) -> Any:
         seed=args.seed,
         expr_filter=not args.verify_all,
         replicated_writes=not args.no_replicated_writes,
+        graph_defined_last=args.graph_defined_last,
+        fused_first=args.fused_first,
         **kwargs,
     )
 
