@@ -1,7 +1,8 @@
 """Full mode on small user programs without a preset: searched at shapes derived from their own.
 
 For each program: the derived search shapes (:mod:`gensorage.superopt.search_shapes`), then
-``superoptimize(mode="full")`` with the default search limits and no time budget — unless ``--cap-s`` is given,
+``superoptimize(mode="full")`` with the search limits derived from the program
+(:mod:`gensorage.exhaustive.derived_limits`) and no time budget — unless ``--cap-s`` is given,
 in which case the harness passes it as the budget so that a search that would run for hours still reports
 (the JSON then says ``complete: false`` and ``stopped_by: "budget"``). Also the derived shapes of every bundled
 program next to its preset's hand-made ones. Writes ``benchmarks/results/search_shapes-<date>.json`` (or
@@ -23,6 +24,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine_info, progress, result_path, write_json  # noqa: E402
+from gensorage.exhaustive.derived_limits import derive_limits  # noqa: E402
 from gensorage.program import Program, list_configs, load_config  # noqa: E402
 from gensorage.superopt import load_preset, superoptimize  # noqa: E402
 from gensorage.superopt.search_shapes import derive_search_shapes  # noqa: E402
@@ -46,7 +48,21 @@ def rms_matmul() -> Program:
     return p
 
 
-PROGRAMS: dict[str, Callable[[], Program]] = {"two_matmul": two_matmul, "rms_matmul": rms_matmul}
+def user_rmsnorm() -> Program:
+    """configs/programs/rmsnorm.gsp (Mirage's Fig. 3) written with the builder: no preset is found for it."""
+    p = Program(name="user_rmsnorm")
+    x = p.input("X", (16, 1024), "float16")
+    g, w = p.input("G", (1024,), "float16"), p.input("W", (1024, 4096), "float16")
+    r = p.sqrt(p.scale(p.sum(p.mul(x, x), dim=1), 1 / 1024))
+    p.output(p.matmul(p.div(p.mul(x, g), r), w))
+    return p
+
+
+PROGRAMS: dict[str, Callable[[], Program]] = {
+    "two_matmul": two_matmul,
+    "rms_matmul": rms_matmul,
+    "user_rmsnorm": user_rmsnorm,
+}
 
 
 def bundled_comparison() -> list[dict[str, Any]]:
@@ -88,7 +104,7 @@ def run_full(name: str, cap_s: float | None, workers: int | None) -> dict[str, A
         "inputs": {t.name: list(t.shape) for t in p.inputs},
         "search_inputs": {t.name: list(t.shape) for t in s.program.inputs},
         "derivation": s.note,
-        "limits": "SearchSpec defaults (no preset)",
+        "limits": derive_limits(s.program).note,
         "harness_cap_s": cap_s,
         "wall_s": wall,
         "timings_s": r.timings,

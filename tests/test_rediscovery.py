@@ -18,12 +18,14 @@ import pytest
 
 from gensorage.codegen.module import compile_ugraph
 from gensorage.exhaustive import SearchSpec, Task, run_task, search_serial
+from gensorage.exhaustive.derived_limits import derive_limits
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
 from gensorage.exhaustive.walk import Walk
 from gensorage.exhaustive.walk.search_state import AccumRec, BlockOpRec
 from gensorage.hw import load_profile
 from gensorage.opset import Op
 from gensorage.program import Program, load_config
+from gensorage.superopt.search_shapes import derive_search_shapes
 from gensorage.ugraph import examples
 from gensorage.ugraph.ir import (
     Accumulator,
@@ -135,6 +137,29 @@ def test_rmsnorm_matmul_one_kernel_accumulating_squares_and_matmul() -> None:
     assert any(
         k.post == ref.post and k.accumulators == ref.accumulators and k.imaps == ref.imaps for k in found
     )
+
+
+@pytest.mark.slow
+def test_rmsnorm_matmul_fused_kernel_at_derived_shapes_and_limits() -> None:
+    """What full mode searches for the program without a preset: its derived search shapes (b=4, h=16, d=32)
+    and derived limits (one kernel of up to seven block operators). The complete search (minutes) finds Fig. 3's
+    kernel: a loop over h accumulating the matmul and the squares' sum, then sqrt and div after it."""
+    program = derive_search_shapes(load_config("rmsnorm")).program
+    spec = SearchSpec(program=program, **derive_limits(program).limits)
+    result = search_serial(spec)
+    assert result.complete and result.candidates
+    found = [
+        k
+        for k in single_kernel([c.ugraph for c in result.candidates])
+        if k.looped
+        and k.body["matmul"] == 1
+        and k.accumulators == 2
+        and k.post["sqrt"] == 1
+        and k.post["div"] == 1
+        and "matmul" not in k.post
+    ]
+    assert found
+    assert all(len(c.ugraph.ops) == 1 for c in result.candidates)  # one fused kernel, as the limits say
 
 
 # ------------------------------------------------------------------------------------------------- LoRA

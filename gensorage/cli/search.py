@@ -29,6 +29,7 @@ LIMIT_ARGS = (
     "max_kernel_ops",
     "max_block_ops",
     "max_block_nodes",
+    "max_block_graphs",
     "max_block_inputs",
     "max_block_outputs",
     "max_grid_dims",
@@ -73,6 +74,13 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="most iterators + operators + accumulators in one block graph, Mirage's count (default: "
         "no such limit)",
+    )
+    p.add_argument(
+        "--max-block-graphs",
+        type=int,
+        metavar="N",
+        help="most graph-defined (custom) kernels in one µGraph, Mirage's max_num_threadblock_graphs "
+        "(default: no such limit)",
     )
     p.add_argument(
         "--max-block-inputs",
@@ -126,6 +134,16 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="narrow the space: no block graph but the last writes copies it has not lined up with an "
         "input axis (not exact; see docs/search.md)",
+    )
+    p.add_argument(
+        "--graph-defined-last",
+        action="store_true",
+        help="a graph-defined (custom) kernel only as the last kernel operator, pre-defined ones feeding it",
+    )
+    p.add_argument(
+        "--fused-first",
+        action="store_true",
+        help="run first the tasks whose custom kernel reads every program input (order only)",
     )
     p.add_argument(
         "--schedule",
@@ -188,6 +206,8 @@ def build_spec(args: argparse.Namespace) -> Any:
         seed=args.seed,
         expr_filter=not args.verify_all,
         replicated_writes=not args.no_replicated_writes,
+        graph_defined_last=args.graph_defined_last,
+        fused_first=args.fused_first,
         **kwargs,
     )
 

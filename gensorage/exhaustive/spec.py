@@ -23,8 +23,9 @@ ScheduleMode = Literal["markov", "enumerate"]
 SCHEDULE_MODES: tuple[str, ...] = ("markov", "enumerate")
 SPEC_FORMAT = "gensorage.search-spec"
 SPEC_VERSION = 1
-OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "dims"})
+OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "max_block_graphs", "dims"})
 OMITTED_WHEN_TRUE = frozenset({"replicated_writes"})
+OMITTED_WHEN_FALSE = frozenset({"fused_first", "graph_defined_last"})
 # Elements of one program tensor a search evaluates at most (verification runs candidates at the program's shapes;
 # the bundled 4096-wide configs have 16.8 M).
 MAX_SEARCH_ELEMENTS = 1 << 28
@@ -51,6 +52,12 @@ class SearchSpec:
         Mirage's own block-graph limit (``MAX_NUM_THREADBLOCK_GRAPH_OP``): input iterators, compute operators and
         accumulators together, output savers not counted; applied on top of ``max_block_ops``. None: no such
         limit. Table 5 of the Mirage paper counts block operators this way.
+    max_block_graphs : int or None
+        Graph-defined (custom) kernel operators per µGraph; the other kernel operators are pre-defined ones.
+        Mirage's ``max_num_threadblock_graphs`` (1 in its default configuration). None: no such limit.
+    graph_defined_last : bool
+        A graph-defined operator only as the last kernel operator: pre-defined operators may feed it, none
+        follows it. Its block graph then writes the program's outputs, so it is pruned as a last one is.
     max_grid_dims : int
         Grid dims of a block graph (1-3).
     prune : bool
@@ -78,6 +85,11 @@ class SearchSpec:
         axis (a ``repeat``'s, or blocks along a grid dim the tensor does not vary with). False narrows the space
         (it is not exact: some correct µGraphs write such copies and tie them in the next kernel); see
         ``docs/search.md``.
+    fused_first : bool
+        Run first the tasks below a graph-defined kernel that reads every program input (where one fused kernel
+        for the whole program is found), with a for-loop first; the rest in walk order. Changes only which
+        candidates a stopped search has found, not what a complete one finds. Off by default: on searches
+        whose fusing subtrees are large and barren (attention presets) a short budget then finds less.
     """
 
     program: Program = field(compare=False, hash=False, repr=False)
@@ -87,6 +99,8 @@ class SearchSpec:
     max_block_inputs: int = 3
     max_block_outputs: int = 2
     max_block_nodes: int | None = None
+    max_block_graphs: int | None = None
+    graph_defined_last: bool = False
     max_grid_dims: int = 3
     prune: bool = True
     canonical: bool = True
@@ -98,6 +112,7 @@ class SearchSpec:
     ops: tuple[str, ...] | None = None
     dims: DimStrategy | None = None
     replicated_writes: bool = True
+    fused_first: bool = False
     program_text: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -121,6 +136,14 @@ class SearchSpec:
             raise ConfigError(
                 f"search spec: max_block_nodes must be an integer >= 2 or None, got {self.max_block_nodes!r}"
             )
+        if self.max_block_graphs is not None and (
+            isinstance(self.max_block_graphs, bool)
+            or not isinstance(self.max_block_graphs, int)
+            or self.max_block_graphs < 1
+        ):
+            raise ConfigError(
+                f"search spec: max_block_graphs must be a positive integer or None, got {self.max_block_graphs!r}"
+            )
         if self.max_grid_dims not in (1, 2, 3):
             raise ConfigError(f"search spec: max_grid_dims must be 1, 2 or 3, got {self.max_grid_dims!r}")
         if self.schedule not in SCHEDULE_MODES:
@@ -137,6 +160,12 @@ class SearchSpec:
             raise ConfigError(f"search spec: dims must be a DimStrategy, got {type(self.dims).__name__}")
         if self.dims is not None:
             self._check_dims(self.dims)
+        if not isinstance(self.graph_defined_last, bool):
+            raise ConfigError(
+                f"search spec: graph_defined_last must be true or false, got {self.graph_defined_last!r}"
+            )
+        if not isinstance(self.fused_first, bool):
+            raise ConfigError(f"search spec: fused_first must be true or false, got {self.fused_first!r}")
         if not isinstance(self.replicated_writes, bool):
             raise ConfigError(
                 f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}"
@@ -208,8 +237,10 @@ class SearchSpec:
             if f.name in ("program", "program_text"):
                 continue
             value = getattr(self, f.name)
-            if (f.name in OMITTED_WHEN_NONE and value is None) or (
-                f.name in OMITTED_WHEN_TRUE and value is True
+            if (
+                (f.name in OMITTED_WHEN_NONE and value is None)
+                or (f.name in OMITTED_WHEN_TRUE and value is True)
+                or (f.name in OMITTED_WHEN_FALSE and value is False)
             ):
                 continue  # keeps the keys (checkpoint names) of specs written before the field existed
             if isinstance(value, DimStrategy):

@@ -291,6 +291,7 @@ class Run:
         hw_name: str,
         cluster: str | None = None,
     ) -> SuperoptResult:
+        from gensorage.exhaustive.derived_limits import derive_limits
         from gensorage.exhaustive.opcatalog import unsearched
         from gensorage.exhaustive.run.runner import SearchInterrupted, run_search
         from gensorage.exhaustive.spec import SearchSpec
@@ -305,7 +306,12 @@ class Run:
             if time_budget_s is not None
             else (self.preset.time_budget_s if self.preset else None)
         )
-        limits = dict(self.preset.search) if self.preset else {}
+        limits = dict(self.preset.search) if self.preset and self.preset.search else {}
+        if not limits:  # no preset's limits: derived from the program, the way Mirage sizes its space
+            derived = derive_limits(small)
+            limits = derived.limits
+            self.notes.append(derived.note)
+            self.say(derived.note)
         spec = SearchSpec(program=small, hw=hw_name, seed=self.seed, delta=self.delta, **limits)
         if small is not self.program:
             where: object = small.params or {t.name: list(t.shape) for t in small.inputs}

@@ -52,6 +52,7 @@ from gensorage.exhaustive.walk.finishing import finish
 from gensorage.exhaustive.walk.operators import operators
 from gensorage.exhaustive.walk.search_state import BlockBuild, ops_left
 from gensorage.opset import Op
+from gensorage.ugraph.ir import GraphDefinedOp
 
 if TYPE_CHECKING:
     from gensorage.exhaustive.walk.walk import Walk
@@ -98,8 +99,9 @@ def earlier_site(s: Walk, b: BlockBuild, left: int) -> Site | None:
     needs, and with them the reductions of the classes no tensor has, must fit what this block graph and every
     later kernel operator can still add. Later kernel operators can read any kernel tensor, so every kernel
     tensor and every tensor of this block counts as available (a superset of what they will read, so the bounds
-    stay lower bounds). Only with a node limit and exact expressions (else None)."""
-    if s.spec.max_block_nodes is None or not b.exact:
+    stay lower bounds). Only with exact expressions, and where later kernel operators are bounded: by a node
+    limit, or by ``max_block_graphs`` leaving them pre-defined (else None)."""
+    if (s.spec.max_block_nodes is None and not predefined_after(s)) or not b.exact:
         return None
     if b.kernel_view is None:  # the kernel tensors do not change while the block is open
         st = s.state
@@ -112,6 +114,13 @@ def earlier_site(s: Walk, b: BlockBuild, left: int) -> Site | None:
     if not b.kernel_view[0]:
         return None
     return _EarlierSite(s, b, left)
+
+
+def predefined_after(s: Walk) -> bool:
+    """Whether the block graph in progress is the last graph-defined operator ``max_block_graphs`` allows, so
+    every later kernel operator is a pre-defined one (one operator, which is at most one reduction)."""
+    limit = s.spec.max_block_graphs
+    return limit is not None and sum(isinstance(op, GraphDefinedOp) for op in s.state.ops) + 1 >= limit
 
 
 def reduction_room(spec: SearchSpec, b: BlockBuild, left: int) -> int:
@@ -173,18 +182,24 @@ class _LastSite(LastSite):
 
 class _EarlierSite(Site):
     """A block graph before the last kernel operator, with every later kernel operator (see :func:`earlier_site`;
-    each later one reads a tensor, so it has at most ``max_block_nodes - 1`` more nodes)."""
+    each later one is a pre-defined operator when ``max_block_graphs`` leaves no other, one node; else it reads
+    a tensor, so it has at most ``max_block_nodes - 1`` more nodes)."""
 
     __slots__ = ("_b", "_s")
 
     def __init__(self, s: Walk, b: BlockBuild, left: int) -> None:
         spec = s.spec
         nodes = spec.max_block_nodes
-        assert nodes is not None and b.kernel_view is not None
+        assert b.kernel_view is not None
         later = spec.max_kernel_ops - len(s.state.ops) - 1
+        if predefined_after(s):
+            each_ops = each_node = 1
+        else:
+            assert nodes is not None
+            each_ops, each_node = min(spec.max_block_ops, nodes - 1), nodes - 1
         self.last = False
-        self.ops_room = left + later * min(spec.max_block_ops, nodes - 1)
-        self.reduction_room = reduction_room(spec, b, left) + later * (nodes - 1)
+        self.ops_room = left + later * each_ops
+        self.reduction_room = reduction_room(spec, b, left) + later * each_node
         self.factor = b.kernel_view[2] or carries_factor(b.const)
         self._s, self._b = s, b
 

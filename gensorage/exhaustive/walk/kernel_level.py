@@ -32,7 +32,7 @@ from gensorage.exhaustive.rules.rule import UNLIMITED, LastSite, NodeRule, Prune
 from gensorage.exhaustive.walk.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.walk.search_state import numel
 from gensorage.opset import Op
-from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
+from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
 
 if TYPE_CHECKING:
     from gensorage.exhaustive.walk.walk import Walk
@@ -42,6 +42,8 @@ def kernel_children(s: Walk) -> Generator[None, None, None]:
     """The children of a kernel-level node; each is applied while it is yielded."""
     if len(s.state.ops) >= s.spec.max_kernel_ops:
         return
+    if s.spec.graph_defined_last and any(isinstance(op, GraphDefinedOp) for op in s.state.ops):
+        return  # a graph-defined operator ends the µGraph
     yield from _predefined(s)
     yield from _headers(s)
 
@@ -61,11 +63,12 @@ def input_tuples(v: OpVariant, n: int, low: int) -> Iterator[tuple[int, ...]]:
                 yield (hi, lo)
 
 
-def must_consume(s: Walk) -> frozenset[int] | None:
+def must_consume(s: Walk, header: bool = False) -> frozenset[int] | None:
     """When the next kernel operator is the last the limits allow: the tensors it must read (every unconsumed
-    operator result and every unused program input the program reads); else None."""
+    operator result and every unused program input the program reads); else None. With ``graph_defined_last``
+    a graph-defined operator (``header``) is always the last."""
     st = s.state
-    if len(st.ops) + 1 < s.spec.max_kernel_ops:
+    if len(st.ops) + 1 < s.spec.max_kernel_ops and not (header and s.spec.graph_defined_last):
         return None
     produced = (t for t in range(st.n_inputs, len(st.shape)) if st.uses[t] == 0)
     return frozenset(produced) | frozenset(i for i in s.context.required_inputs if st.uses[i] == 0)
@@ -155,8 +158,11 @@ def _predefined(s: Walk) -> Iterator[None]:
 
 def _headers(s: Walk) -> Iterator[None]:
     st = s.state
+    limit = s.spec.max_block_graphs
+    if limit is not None and sum(isinstance(op, GraphDefinedOp) for op in st.ops) >= limit:
+        return
     n = len(st.shape)
-    must = must_consume(s)
+    must = must_consume(s, header=True)
     last_op = must is not None
     max_outputs = (
         min(s.spec.max_block_outputs, len(s.context.output_shapes)) if last_op else s.spec.max_block_outputs

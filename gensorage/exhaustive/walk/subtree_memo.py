@@ -38,7 +38,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from gensorage.exhaustive.walk.search_state import SearchState
-from gensorage.ugraph.ir import KernelNode, Ref
+from gensorage.ugraph.ir import GraphDefinedOp, KernelNode, Ref
 
 MAX_ENTRIES = 200_000  # memory bound per task: past it, new subtrees are walked but not recorded
 
@@ -96,9 +96,13 @@ def process_memo(spec_key: str) -> Memo:
     return _process_memo
 
 
-def subtree_key(st: SearchState, max_kernel_ops: int, budget: tuple[int, ...]) -> Hashable | None:
+def subtree_key(
+    st: SearchState, max_kernel_ops: int, budget: tuple[int, ...], count_graphs: bool = False
+) -> Hashable | None:
     """The key of the kernel-level node ``st`` is at, or None where reuse does not apply (inside a block graph,
-    at the root, or where no operator may follow)."""
+    at the root, or where no operator may follow). With ``count_graphs`` (a ``max_block_graphs`` limit or
+    ``graph_defined_last``) the graph-defined operators already placed decide which operators may follow, so
+    their number is part of the key."""
     k = len(st.ops)
     if st.block is not None or k == 0 or k >= max_kernel_ops:
         return None
@@ -116,6 +120,7 @@ def subtree_key(st: SearchState, max_kernel_ops: int, budget: tuple[int, ...]) -
         tuple(st.ties),
         rank,
         budget,
+        sum(isinstance(op, GraphDefinedOp) for op in st.ops) if count_graphs else None,
     )
 
 

@@ -56,7 +56,7 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
         if sum(1 for _, sub in paths if sub) >= TARGET_TASKS:
             break
     else:
-        return [Task(i, p, sub) for i, (p, sub) in enumerate(paths)]
+        return _numbered(spec, context, paths)
     below: list[tuple[tuple[int, ...], bool]] = []
     Walk(spec, context).collect(0, split + 1, [], below)
     children = Counter(p[:split] for p, sub in below if sub)
@@ -64,7 +64,40 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
     if big:
         paths = []
         Walk(spec, context).collect(0, split, [], paths, big)
-    return [Task(i, p, sub) for i, (p, sub) in enumerate(paths)]
+    return _numbered(spec, context, paths)
+
+
+def _numbered(
+    spec: SearchSpec, context: SearchContext, paths: list[tuple[tuple[int, ...], bool]]
+) -> list[Task]:
+    """The tasks in the order a runner starts them: walk order, or with ``spec.fused_first`` first those below a
+    root child that opens a graph-defined kernel reading every program input (where one fused kernel for the
+    whole program is found: a stop or a budget then keeps the most likely useful candidates), looped ones
+    first, then the rest in walk order. The order is a pure function of the spec, so every process numbers the
+    tasks alike."""
+    first = _fusing_roots(spec, context) if spec.fused_first else {}
+
+    def priority(path: tuple[int, ...]) -> int:
+        return first.get(path[0], len(first)) if path else len(first)
+
+    order = sorted(range(len(paths)), key=lambda i: (priority(paths[i][0]), i))
+    return [Task(n, paths[i][0], paths[i][1]) for n, i in enumerate(order)]
+
+
+def _fusing_roots(spec: SearchSpec, context: SearchContext) -> dict[int, int]:
+    """Root children (ordinal -> rank) that open a block graph reading every input the program reads."""
+    w = Walk(spec, context)
+    required = set(context.required_inputs)
+    found: list[tuple[bool, int]] = []
+    children = w.children()
+    try:
+        for i, _ in enumerate(children):
+            b = w.state.block
+            if b is not None and required <= set(b.inputs):
+                found.append((not b.looped, i))
+    finally:
+        children.close()
+    return {i: rank for rank, (_, i) in enumerate(sorted(found))}
 
 
 def run_task(

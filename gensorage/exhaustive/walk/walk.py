@@ -212,7 +212,12 @@ class Walk:
                         return
                     # Not on a resumed walk's spine (its children are partial); block-level nodes have no key.
                     if resume is None and self.reuse_subtrees:
-                        key = subtree_key(self.state, self.spec.max_kernel_ops, tuple(self.budget.values()))
+                        key = subtree_key(
+                            self.state,
+                            self.spec.max_kernel_ops,
+                            tuple(self.budget.values()),
+                            self.spec.max_block_graphs is not None or self.spec.graph_defined_last,
+                        )
                         if key is not None:
                             entry = self.subtrees.get(key)
                             if entry is not None:

@@ -1,0 +1,87 @@
+"""Search limits derived from the program, for a search nobody gave limits to (a program without a preset).
+
+:class:`~gensorage.exhaustive.spec.SearchSpec`'s own defaults are one fixed space for every program: two kernel
+operators, any number of them graph-defined, five compute operators per block graph, three grid dims. That space
+is too small for a fused RMSNorm + MatMul (seven block operators) and far too large to finish for it without a
+time budget, even at its small search shapes. Mirage sizes
+its space the other way round, and so does :func:`derive_limits`:
+
+* **one graph-defined kernel** (``max_block_graphs = 1``, Mirage's default ``max_num_threadblock_graphs``), and
+  no other kernel operator when the program's operators fit one block graph (``max_kernel_ops = 1``): the
+  space of single fused kernels, where Mirage's results for such programs lie (RMSNorm + MatMul, gated MLP,
+  LoRA). A larger program gets a second kernel operator, pre-defined (a library matmul, an elementwise op),
+  which feeds the custom kernel (``graph_defined_last``): a kernel that is not the last is the expensive part
+  of a search, since nothing ties its outputs to the program's, so its block graphs are pruned far less than
+  a last one's.
+* **block operators from the program's op count**: a fused kernel computes each program operator once, so it
+  needs about as many compute operators as the program has (partial sums of a split reduction are for-loop
+  accumulators, which do not count). ``max_block_ops`` is the program's operator count, at least
+  :data:`MIN_BLOCK_OPS` and at most :data:`MAX_BLOCK_OPS` (Mirage's ``MAX_NUM_THREADBLOCK_GRAPH_OP``, 7): an
+  RMSNorm + MatMul (7 operators without epsilon, 8 with) gets 7, two chained matmuls get 2.
+* **grid dims from the program's ranks**: a block graph's output saver maps grid dims injectively to output
+  dims, so a grid has at most as many dims as the tensors it writes; ``max_grid_dims`` is the largest rank
+  among the program's tensors (at most 3).
+* **fused kernels first** (``fused_first``): the tasks below a graph-defined kernel reading every program input
+  run first, with a for-loop first, so a search stopped early has looked where Mirage's fused kernels are.
+* **block inputs**: at most three (Mirage's ``max_num_threadblock_graph_inputs``), and no more than the program
+  has inputs plus one (the pre-defined operator's result).
+
+These are limits, not pruning: they choose the space, which the search then covers completely (docs/search.md,
+"What Theorem 1 still guarantees"). A preset's ``[search]`` table, or limits given to the spec, replace them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gensorage.program import Program
+
+#: Mirage's ``MAX_NUM_THREADBLOCK_GRAPH_OP`` (outputs not counted): the most block operators derived.
+MAX_BLOCK_OPS = 7
+#: The fewest derived (a one-operator program still gets room for a split reduction's partial sum).
+MIN_BLOCK_OPS = 2
+#: Mirage's ``max_num_threadblock_graphs``.
+BLOCK_GRAPHS = 1
+KERNEL_OPS = 2
+MAX_BLOCK_INPUTS = 3
+MAX_BLOCK_OUTPUTS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedLimits:
+    """The limits :func:`derive_limits` chose (SearchSpec field -> value) and a line saying why."""
+
+    limits: dict[str, Any]
+    note: str
+
+
+def derive_limits(program: Program) -> DerivedLimits:
+    """SearchSpec limits for ``program`` (see the module docstring)."""
+    n_ops = sum(1 for n in program.nodes if n.op is not None)
+    rank = max((len(n.shape) for n in program.nodes), default=1)
+    limits: dict[str, Any] = {
+        "max_kernel_ops": 1 if n_ops <= MAX_BLOCK_OPS else KERNEL_OPS,
+        "max_block_graphs": BLOCK_GRAPHS,
+        "max_block_ops": max(MIN_BLOCK_OPS, min(MAX_BLOCK_OPS, n_ops)),
+        "max_block_inputs": max(1, min(MAX_BLOCK_INPUTS, len(program.inputs) + 1)),
+        "max_block_outputs": MAX_BLOCK_OUTPUTS,
+        "max_grid_dims": max(1, min(3, rank)),
+        "fused_first": True,
+    }
+    if n_ops > MAX_BLOCK_OPS:
+        limits["graph_defined_last"] = True
+    kernels = (
+        "one graph-defined kernel"
+        if limits["max_kernel_ops"] == 1
+        else "a pre-defined operator, then one graph-defined kernel"
+    )
+    note = (
+        f"search limits derived from the program ({n_ops} operators, rank {rank}): {kernels} of up to "
+        f"{limits['max_block_ops']} block operators, {limits['max_block_inputs']} inputs, "
+        f"{limits['max_block_outputs']} outputs and {limits['max_grid_dims']} grid dims"
+    )
+    return DerivedLimits(limits, note)
+
+
+__all__ = ["BLOCK_GRAPHS", "MAX_BLOCK_OPS", "MIN_BLOCK_OPS", "DerivedLimits", "derive_limits"]
