@@ -390,11 +390,12 @@ def program_case(
     precision: str = DEFAULT_PRECISION,
     ugraph: KernelGraph | None = None,
     mma_warps: str | None = None,
+    label: str = "",
 ) -> dict[str, Any]:
     """The program's direct µGraph, or ``ugraph`` (a fused one of the same program), under ``precision`` (named
     ``program_<name>``, plus ``_<precision>`` when it is not the default); ``mma_warps``: its tensor-core block
     matmuls on the warps (and threads) it names (:func:`mma_warp_plans`, named ``_w<warps>`` or
-    ``_w<warps>t<threads>``) instead of the chosen ones."""
+    ``_w<warps>t<threads>``) instead of the chosen ones; ``label`` is appended to the case's name."""
     from gensorage.ugraph.cost import predict_ugraph_time
 
     g = (
@@ -403,6 +404,7 @@ def program_case(
         else dataclasses.replace(ugraph, precision=precision)
     )
     base = name  # the program's own name: where the device reads the program
+    name += label
     if precision != DEFAULT_PRECISION:
         name = f"{name}_{precision}"
     if mma_warps is not None:

@@ -41,6 +41,7 @@ def allocate(e: BlockEmitter) -> None:
         for r, name in e.buffers.items():
             shape = e.buf_tile_shape(r)
             e.w.line(f'{name} = T.alloc_buffer({shape_text(shape)}, "{e.buf_dtype(r)}", scope="{scope}")')
+    e.reduce.allocate()
     for j, m in e.reg_accs.items():
         # Registers of each thread; on the CPU the threads are loop iterations, so each gets its own row.
         shape = e.sc.buf_shape((e.slots(m),) if e.gpu else (e.nt, e.slots(m)))

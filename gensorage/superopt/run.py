@@ -20,6 +20,7 @@ from gensorage.superopt.gpu import gpu_name, gpu_unavailable_reason, measure_ugr
 from gensorage.superopt.presets import DEFAULT_TOP_K, Preset
 from gensorage.superopt.reshape_structure import reinstantiate, structure_signature
 from gensorage.superopt.result import SuperoptInterrupted, SuperoptResult, Verification
+from gensorage.superopt.row_fusion import FUSED, fused_option
 from gensorage.superopt.size_map import ReshapeFailed
 from gensorage.superopt.sources import ProgramSource, search_program
 from gensorage.superopt.structure_store import StructureRecord, StructureStore
@@ -75,6 +76,15 @@ class Run:
     def direct(self) -> Option:
         g = from_program(self.program, self.precision)
         return Option(g, self.cost(g), "direct")
+
+    def baseline(self) -> list[Option]:
+        """The direct µGraph, and the fused direct µGraph where row fusion applies (:mod:`.row_fusion`)."""
+        t0 = time.perf_counter()
+        fused = fused_option(
+            self.program, self.precision, self.hw, self.cost, self.delta, self.seed, self.preset
+        )
+        self._tick("fuse", t0)
+        return [self.direct()] + ([fused] if fused is not None else [])
 
     def _tick(self, phase: str, t0: float) -> None:
         self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t0
@@ -137,10 +147,10 @@ class Run:
         ranked = rank(options)
         if (
             gpu is None
-        ):  # the direct µGraph is timed too: a candidate the cost model overrates must not beat it
+        ):  # the direct µGraphs are timed too: a candidate the model overrates must not beat them
             top = ranked[:PROFILE_TOP]
             selection = self.profile_on_gpu(
-                top + [o for o in ranked if o.origin == "direct" and o not in top]
+                top + [o for o in ranked if o.origin in ("direct", FUSED) and o not in top]
             )
             ranked = rank(options)
         elif len(options) > 1 and measure:
@@ -247,7 +257,7 @@ class Run:
         return result
 
     def _fast(self) -> SuperoptResult:
-        direct = self.direct()
+        baseline = self.baseline()
         record: StructureRecord | None = None
         if self.use_store:
             t0 = time.perf_counter()
@@ -261,7 +271,7 @@ class Run:
                 else "the store is not used"
             )
             self.say(f"{reason}; using the direct µGraph")
-            return self.result("fast", [direct], fallback_reason=reason)
+            return self.result("fast", baseline, fallback_reason=reason)
         self.say(f"re-instantiating the stored structure (found at {record.params or 'its shapes'})")
         stored = record.program()
         options = self.carry_over(
@@ -269,8 +279,8 @@ class Run:
         )
         if not options:
             reason = "no stored µGraph carries over to these shapes (see notes)"
-            return self.result("fast", [direct], fallback_reason=reason, search_params=record.params)
-        result = self.result("fast", [direct, *options], search_params=record.params)
+            return self.result("fast", baseline, fallback_reason=reason, search_params=record.params)
+        result = self.result("fast", [*baseline, *options], search_params=record.params)
         # A stored direct µGraph means the search found nothing better: the direct answer then comes from the store.
         stored_direct = record.ugraphs[0] == from_program(stored)
         result.from_store = result.origin.startswith("stored") or stored_direct
@@ -298,7 +308,7 @@ class Run:
         if (why := unsearched(self.program)) is not None:
             self.begin_choosing()
             self.say(f"{why}; using the direct µGraph")
-            return self.result("full", [self.direct()], fallback_reason=why)
+            return self.result("full", self.baseline(), fallback_reason=why)
         small = search_program(self.src, self.preset, explicit, self.notes)
         budget = (
             time_budget_s
@@ -332,7 +342,7 @@ class Run:
         self.say(
             f"search: {len(sr.candidates)} verified candidate(s); {sr.tasks_done}/{sr.tasks_total} tasks"
         )
-        options = [self.direct(), *self.carry_over(found, small, "search", self.top_k)]
+        options = [*self.baseline(), *self.carry_over(found, small, "search", self.top_k)]
         best = sr.candidates[0] if sr.candidates else None
         stats = {
             "stats": _stats_json(sr.stats),

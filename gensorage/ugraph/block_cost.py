@@ -186,7 +186,25 @@ def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
         dim = int(attr(node.attrs, "dim")) % len(shape)
         group = attr(node.attrs, "group")
         count = shape[dim] if group is None else int(group)
-        return _elementwise(hw, nt, math.prod(out), count, count, 1)
+        lanes = e.reduce.lanes.get(j, 1)
+        if lanes == 1:
+            return _elementwise(hw, nt, math.prod(out), count, count, 1)
+        # Cooperative (gensorage.codegen.block_reduce): lanes threads per result, then a tree of
+        # log2(lanes) steps, each a barrier and two shared reads and a write, then the results read back.
+        per = -(-count // lanes)
+        steps = lanes.bit_length() - 1
+        warps = -(-nt // hw.warp_size)
+        tree = Work(
+            latency=steps * 2 * hw.level("shared").latency_cycles,
+            ops=warps * steps * 2,
+            shared=warps * steps * 3 * WAVEFRONT,
+            barriers=steps + 1,
+        )
+        return (
+            _elementwise(hw, nt, math.prod(out) * lanes, per, per, 1)
+            + tree
+            + _elementwise(hw, nt, math.prod(out), 1, 1, 1)
+        )
     if node.op in BINARY_ELEMENTWISE or node.op in UNARY_ELEMENTWISE or node.op is Op.CONCAT:
         return _elementwise(hw, nt, math.prod(out), 1, len(node.inputs), 1, _special(node))
     return _elementwise(hw, nt, math.prod(out), 1, len(node.inputs), 1)
