@@ -337,6 +337,7 @@ class BlockEmitter:
     def settle(self) -> None:
         """A barrier if any phase since the last one touched shared memory (before and at the end of the
         loop: every iteration starts with no access pending)."""
+        self.loads.wait()
         if self.barriers.pending():
             self.sync()
 
@@ -456,6 +457,8 @@ class BlockEmitter:
         node = self.nodes[j]
         if j in self.fused_into:
             return  # ran in its matmul's phase
+        if not (isinstance(node, InputIterator) and self.loads.run_elements(j)):
+            self.loads.wait()
         with self.barrier_phase():
             if isinstance(node, InputIterator):
                 self.loads.phase(j)
@@ -526,6 +529,7 @@ class BlockEmitter:
                     self.accs.phase(j)
             if loop:
                 self.settle()  # the next iteration overwrites tiles this one read
+        self.loads.wait()
         self.accs.phase_flush()
         for j in post:
             self.phase(j)
