@@ -189,16 +189,18 @@ def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
         lanes = e.reduce.lanes.get(j, 1)
         if lanes == 1:
             return _elementwise(hw, nt, math.prod(out), count, count, 1)
-        # Cooperative (gensorage.codegen.block_reduce): lanes threads per result, then a tree of
-        # log2(lanes) steps, each a barrier and two shared reads and a write, then the results read back.
+        # Cooperative (gensorage.codegen.block_reduce): lanes threads per result, a tree of log2(lanes)
+        # combining steps (warp shuffles within a warp, then the warps' partials; in shared memory, a barrier
+        # and two reads and a write per step, where shuffles do not apply), then the results read back.
         per = -(-count // lanes)
         steps = lanes.bit_length() - 1
         warps = -(-nt // hw.warp_size)
+        shuffle = e.reduce.shuffles()
         tree = Work(
-            latency=steps * 2 * hw.level("shared").latency_cycles,
+            latency=steps * (hw.level("register" if shuffle else "shared").latency_cycles + 1),
             ops=warps * steps * 2,
-            shared=warps * steps * 3 * WAVEFRONT,
-            barriers=steps + 1,
+            shared=0 if shuffle else warps * steps * 3 * WAVEFRONT,
+            barriers=(1 + (lanes > hw.warp_size)) if shuffle else steps + 1,
         )
         return (
             _elementwise(hw, nt, math.prod(out) * lanes, per, per, 1)

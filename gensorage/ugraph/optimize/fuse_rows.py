@@ -12,6 +12,9 @@ global memory and four launches. This pass finds maximal groups of pre-defined k
   before them), so a chain stays in registers and each block tensor another node reads is written once;
 - an :class:`OutputSaver` writes every group value read outside the group or returned by the program.
 
+A group grows through its ops' inputs: an op joins the groups of the ops it reads, and of the ops that read the
+same tensor (siblings: one kernel reads the tensor once).
+
 Matmuls, layout ops and graph-defined kernels are never grouped (matmuls keep their tensor-core kernels; the
 element-wise ops around them fuse with their other neighbours). A group is left alone when it does not apply:
 a reduction over another dim, a value of lower rank read inside the group, more than three split dims, a group
@@ -116,24 +119,30 @@ def find_groups(g: KernelGraph, info: GraphInfo | None = None) -> list[Group]:
     members: dict[int, _Member] = {}
     group_of: dict[int, int] = {}
     groups: dict[int, set[int]] = {}
+    readers: dict[int, list[int]] = {}  # tensor -> the members that read it
     for k, op in enumerate(g.ops):
         m = _member(g, info, k)
         if m is None:
             continue
         members[m.node] = m
         mine = {m.node}
-        for r in op.inputs:
-            gid = group_of.get(r.node)
-            if gid is None or gid not in groups or r.node in mine:
+        # Producers' groups, and siblings' (groups that read one of its inputs too: the input is read once).
+        near = [r.node for r in op.inputs if r.node in members]
+        near += [n for r in op.inputs for n in readers.get(r.node, [])]
+        for gid in dict.fromkeys(group_of[n] for n in near):
+            if gid not in groups or gid in mine:
                 continue
-            other = members[r.node]
-            if other.key != m.key or not _rows_agree(members, groups[gid], m):
+            merged = mine | groups[gid]
+            if members[gid].key != m.key or not _rows_agree(members, groups[gid], m):
                 continue
-            if _convex(mine | groups[gid], anc) and _full_rank_edges(g, members, mine | groups[gid]):
-                mine |= groups.pop(gid)
+            if _convex(merged, anc) and _full_rank_edges(g, members, merged):
+                mine = merged
+                del groups[gid]
         for n in mine:
             group_of[n] = m.node
         groups[m.node] = mine
+        for r in op.inputs:
+            readers.setdefault(r.node, []).append(m.node)
     out = []
     for mine in groups.values():
         if len(mine) < 2:
