@@ -1,14 +1,20 @@
-"""The fused direct µGraph: the direct µGraph (one kernel per op) after row fusion
-(:mod:`gensorage.ugraph.optimize.fuse_rows`), as an option competing with the others, checked like them.
+"""Row fusion (:mod:`gensorage.ugraph.optimize.fuse_rows`) where users get kernels: the fused direct µGraph
+(the direct µGraph, one kernel per op, after row fusion) as an option competing with the others, and the
+pre-defined ops a search candidate leaves (its element-wise ops and reductions around matmuls), each checked
+like the candidates are.
 
 Row fusion is a rewrite by rule, so its result is verified as a search candidate is: by the equivalence check at
 the requested shapes when the program is small enough to check there, otherwise at the program's derived search
 shapes (:mod:`.search_shapes`), where the same rule fuses the same groups; that check is the option's search
-report. A graph the rule leaves unchanged is no option (it is the direct µGraph).
+report. A graph the rule leaves unchanged is no option (it is the direct µGraph). A candidate is replaced by its fused
+form only when the cost model prices that faster; when the program is too large to check at its own shapes, the
+fused form is checked at the search shapes too (the candidate's search report covers the candidate, not the
+rewrite).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -68,4 +74,39 @@ def small_shape_report(
     return {"equivalent": bool(report), "method": "row fusion checked at the derived search shapes"}
 
 
-__all__ = ["FUSED", "fused_direct", "fused_option", "small_shape_report"]
+def fused_candidate(opt: Option, hw: HwProfile, cost: Callable[[KernelGraph], float]) -> Option:
+    """``opt`` with its row groups fused when the cost model prices that faster (else ``opt`` itself); a fused
+    option keeps its search graph (:func:`check_fused_candidate` checks the rewrite there)."""
+    fused = fuse_rows(opt.graph, hw)
+    if fused == opt.graph:
+        return opt
+    t = cost(fused)
+    return dataclasses.replace(opt, graph=fused, predicted_time_s=t) if t < opt.predicted_time_s else opt
+
+
+def check_fused_candidate(opt: Option, at: Program, hw: HwProfile, delta: float, seed: int) -> Option:
+    """``opt`` (from :func:`fused_candidate`) with the rewrite of its search graph (a µGraph of ``at``) checked
+    at the search shapes: its search report says equivalent only when the candidate and its fused form are."""
+    from gensorage.verify.equivalent import equivalent
+
+    if opt.search_graph is None:
+        return opt
+    small = fuse_rows(opt.search_graph, hw)
+    if small == opt.search_graph:
+        return opt
+    report = equivalent(at, small, delta, seed=seed, max_trials=DEFAULT_VERIFY_MAX_TRIALS)
+    before = opt.search_report
+    ok = bool(before and before.get("equivalent", True)) and bool(report)
+    return dataclasses.replace(
+        opt, search_report={**(before or {}), "equivalent": ok, "row_fusion": bool(report)}
+    )
+
+
+__all__ = [
+    "FUSED",
+    "check_fused_candidate",
+    "fused_candidate",
+    "fused_direct",
+    "fused_option",
+    "small_shape_report",
+]

@@ -15,12 +15,12 @@ from gensorage.interrupts import StopRequests
 from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program, dump_program
 from gensorage.superopt import choice
-from gensorage.superopt.choice import Option, Progress, cost_fn, rank, try_compile
+from gensorage.superopt.choice import Option, Progress, cost_fn, elements, rank, try_compile
 from gensorage.superopt.gpu import gpu_name, gpu_unavailable_reason, measure_ugraph
-from gensorage.superopt.presets import DEFAULT_TOP_K, Preset
+from gensorage.superopt.presets import DEFAULT_TOP_K, DEFAULT_VERIFY_MAX_ELEMENTS, Preset
 from gensorage.superopt.reshape_structure import reinstantiate, structure_signature
 from gensorage.superopt.result import SuperoptInterrupted, SuperoptResult, Verification
-from gensorage.superopt.row_fusion import FUSED, fused_option
+from gensorage.superopt.row_fusion import FUSED, check_fused_candidate, fused_candidate, fused_option
 from gensorage.superopt.size_map import ReshapeFailed
 from gensorage.superopt.sources import ProgramSource, search_program
 from gensorage.superopt.structure_store import StructureRecord, StructureStore
@@ -113,6 +113,7 @@ class Run:
         same = at.key() == self.program.key()
         options: list[Option] = []
         seen: set[str] = set()
+        fused: set[str] = set()  # origins whose row groups were fused
         failed = 0
         for i, (g, report) in enumerate(graphs):
             sig = structure_signature(g)
@@ -128,7 +129,10 @@ class Run:
                 new = g if same else reinstantiate(g, at, self.program, self.hw, self.cost, seed=self.seed)
                 # The search works under the default policy; the graph's ops do not depend on it.
                 new = dataclasses.replace(new, precision=self.precision)
-                options.append(Option(new, self.cost(new), f"{label} #{i}", g, report))
+                opt = Option(new, self.cost(new), f"{label} #{i}", g, report)
+                options.append(fused_candidate(opt, self.hw, self.cost))  # its pre-defined ops fused
+                if options[-1] is not opt:
+                    fused.add(opt.origin)
             except (ReshapeFailed, GensorageError) as exc:
                 failed += 1
                 if failed <= 3:
@@ -136,7 +140,17 @@ class Run:
         if failed > 3:
             self.notes.append(f"... {failed} of {len(seen)} {label} structures tried do not carry over")
         self._tick("reinstantiate", t0)
-        return sorted(options, key=lambda o: o.predicted_time_s)[:keep]
+        kept = sorted(options, key=lambda o: o.predicted_time_s)[:keep]
+        limit = self.preset.verify_max_elements if self.preset is not None else DEFAULT_VERIFY_MAX_ELEMENTS
+        if elements(self.program) <= limit:
+            return kept  # each is checked at these shapes
+        t0 = time.perf_counter()
+        kept = [
+            check_fused_candidate(o, at, self.hw, self.delta, self.seed) if o.origin in fused else o
+            for o in kept
+        ]
+        self._tick("fuse", t0)
+        return kept
 
     def choose(
         self, options: list[Option], measure: bool
