@@ -229,3 +229,13 @@ def test_a_wrong_fused_kernel_is_rejected() -> None:
     bad = dataclasses.replace(g, ops=(dataclasses.replace(op, block=block),))
     assert not equivalent(p, bad, 1e-6, seed=0)
     assert isinstance(nodes[3], BlockOp)
+
+
+def test_a_row_over_shared_memory_is_left_alone() -> None:
+    # rows of 2^18 float32 elements do not fit a block's shared memory (no looped row kernel yet)
+    p = Program("long_rows")
+    x = p.input("X", (4, 1 << 18), "float16")
+    p.output(p.div(p.exp(x), p.sum(p.exp(x), dim=1)))
+    g = from_program(p)
+    assert find_groups(g) and fuse_rows(g, HW) == g
+    assert len(fuse_rows(from_program(softmax((4,), 1 << 12)), HW).ops) == 1

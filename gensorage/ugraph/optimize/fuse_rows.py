@@ -369,6 +369,19 @@ def _remapped(op: KernelNode, new_ref: dict[Ref, Ref]) -> KernelNode:
     return GraphDefinedOp(op.block, tuple(new_ref[r] for r in op.inputs))
 
 
+def _fits(g: KernelGraph, info: GraphInfo, kern: GraphDefinedOp, hw: HwProfile) -> bool:
+    """Whether the kernel's tiles and its reductions' scratch arrays (one float32 slot per thread of the
+    largest block, :mod:`gensorage.codegen.block_reduce`) fit the GPU's shared memory per block."""
+    from gensorage.ugraph.optimize.memory_plan import shared_footprint
+
+    k = next(i for i, op in enumerate(g.ops) if isinstance(op, GraphDefinedOp) and op.block == kern.block)
+    binfo = info.blocks[k]
+    assert binfo is not None
+    reductions = sum(isinstance(n, BlockOp) and n.op in REDUCTIONS for n in kern.block.nodes)
+    scratch = reductions * hw.max_threads_per_block * 4
+    return shared_footprint(kern.block, binfo) + scratch <= hw.shared_mem_per_block
+
+
 def fuse_rows(g: KernelGraph, hw: HwProfile | None = None) -> KernelGraph:
     """``g`` with every row group (:func:`find_groups`) that applies as one graph-defined kernel.
 
@@ -382,8 +395,11 @@ def fuse_rows(g: KernelGraph, hw: HwProfile | None = None) -> KernelGraph:
         if kern is None:
             continue
         try:
-            validate(replace_groups(g, [(grp, kern)]), hw)
+            fused = replace_groups(g, [(grp, kern)])
+            fused_info = validate(fused, hw)
         except UGraphError:
+            continue
+        if hw is not None and not _fits(fused, fused_info, kern, hw):
             continue
         kept.append((grp, kern))
     return replace_groups(g, kept) if kept else g
