@@ -33,7 +33,9 @@ def allocate(e: BlockEmitter) -> None:
     e.memory = plan_memory(e.block, sizes, MAX_VECTOR_BYTES, tuple(sorted(e.fused.items())))
     shares = e.memory.bytes < e.memory.unshared_bytes
     scratch = e.reduce.scratch_bytes()
-    e.dynamic_shared = e.gpu and (shares or sum(sizes.values()) + scratch > STATIC_SHARED_LIMIT)
+    # A reduction's scratch array lives in the arena, after the tiles: as a static array of its own, TVM's
+    # StorageRewrite may give it the bytes of a tile whose last readers run without a barrier before it.
+    e.dynamic_shared = e.gpu and (shares or scratch > 0 or sum(sizes.values()) > STATIC_SHARED_LIMIT)
     e.arena = e.dynamic_shared or shares
     if e.arena:
         _allocate_arena(e, e.memory, scratch)

@@ -1,12 +1,14 @@
-"""Row fusion: groups of pre-defined element-wise ops and last-dim reductions become one graph-defined kernel.
+"""Row fusion: groups of pre-defined element-wise ops and reductions become one graph-defined kernel each.
 
 The direct µGraph runs one kernel per op, so a normalisation (square, sum, sqrt, div) is four trips through
 global memory and four launches. This pass finds maximal groups of pre-defined kernel ops that work on the same
-*rows* (tensors of one rank whose leading dims agree; the last dim is the row, or 1) — element-wise ops
-(with numpy broadcasting: ``[rows, 1]`` against ``[rows, d]``, a ``[d]`` gain against ``[rows, d]``) and
-``sum``/``max`` over the last dim, keepdim or not — and rewrites each into one :class:`GraphDefinedOp`:
+*rows*: tensors of one rank that agree on every dim but the *row dim*, where each is the row's length or 1. The
+row dim is the one the group's reductions reduce (the last dim for a normalisation over the hidden size, the
+middle one for keys stored transposed), or the last when there is none. A group holds element-wise ops (with
+numpy broadcasting: ``[rows, 1]`` against ``[rows, d]``, a ``[d]`` gain against ``[rows, d]``) and
+``sum``/``max`` over the row dim, keepdim or not, and becomes one :class:`GraphDefinedOp`:
 
-- the grid splits the leading dims; a block holds whole rows (several when rows are short), so every
+- the grid splits the other dims; a block holds whole rows (several when rows are short), so every
   reduction is a block reduction and nothing loops;
 - the element-wise ops between reductions run as one :class:`ThreadGraph` per *level* (how many reductions lie
   before them), so a chain stays in registers and each block tensor another node reads is written once;
@@ -17,8 +19,9 @@ same tensor (siblings: one kernel reads the tensor once).
 
 Matmuls, layout ops and graph-defined kernels are never grouped (matmuls keep their tensor-core kernels; the
 element-wise ops around them fuse with their other neighbours). A group is left alone when it does not apply:
-a reduction over another dim, a value of lower rank read inside the group, more than three split dims, a group
-that would not be convex (a path leaving it and coming back), or a kernel the GPU's limits refuse.
+reductions over two dims, a reduced value without its row dim read inside the group, more than three split
+dims, a group that would not be convex (a path leaving it and coming back), or a kernel whose tiles do not fit
+the GPU's shared memory (rows that long would need a looped kernel, which this pass does not build).
 """
 
 from __future__ import annotations
@@ -55,22 +58,23 @@ MIN_BLOCKS = 128
 
 @dataclass(frozen=True, slots=True)
 class _Member:
-    """A fusable kernel op: its node id, its rows' key (rank, leading dims) and its last dim."""
+    """A fusable kernel op: its node id, the shape it works on (a reduction's input), the dim it reduces (None
+    for an element-wise op) and its result's rank."""
 
     node: int
-    key: tuple[int, Shape]
-    last: int
-    reduction: bool
+    shape: Shape
+    rdim: int | None
     out_rank: int
 
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """Node ids (ascending) of kernel ops fused into one kernel, the rows' leading dims and the row length."""
+    """Node ids (ascending) of kernel ops fused into one kernel, the rows' domain (every dim's size, the row dim
+    at its full length) and the row dim (the one its reductions reduce; the last when there are none)."""
 
     members: tuple[int, ...]
-    lead: Shape
-    row: int
+    sizes: Shape
+    row_dim: int
 
 
 def _member(g: KernelGraph, info: GraphInfo, k: int) -> _Member | None:
@@ -81,17 +85,35 @@ def _member(g: KernelGraph, info: GraphInfo, k: int) -> _Member | None:
     node = len(g.inputs) + k
     out = info.nodes[node][0].shape
     if op.op in ELEMENTWISE and out:
-        return _Member(node, (len(out), out[:-1]), out[-1], False, len(out))
+        return _Member(node, out, None, len(out))
     if op.op not in REDUCTIONS:
         return None
     src = info.of(op.inputs[0]).shape
     dim = attr(op.attrs, "dim")
     group = attr(op.attrs, "group")
-    if not src or not isinstance(dim, int) or dim % len(src) != len(src) - 1:
+    if not src or not isinstance(dim, int) or (group is not None and group != src[dim % len(src)]):
         return None
-    if group is not None and group != src[-1]:
+    return _Member(node, src, dim % len(src), len(out))
+
+
+def _domain(members: Sequence[_Member]) -> tuple[Shape, int] | None:
+    """The rows' sizes and row dim of ``members`` together, or None when they do not share rows: one rank, at
+    most one reduced dim, every other dim equal, the row dim one length (or 1)."""
+    ranks = {len(m.shape) for m in members}
+    rdims = {m.rdim for m in members if m.rdim is not None}
+    if len(ranks) != 1 or len(rdims) > 1:
         return None
-    return _Member(node, (len(src), src[:-1]), src[-1], True, len(out))
+    (rank,) = ranks
+    row = next(iter(rdims), rank - 1)
+    sizes = []
+    for d in range(rank):
+        here = {m.shape[d] for m in members}
+        if d == row:
+            here.discard(1)
+        if len(here) > 1:
+            return None
+        sizes.append(next(iter(here), 1))
+    return tuple(sizes), row
 
 
 def _ancestors(g: KernelGraph) -> list[frozenset[int]]:
@@ -133,7 +155,7 @@ def find_groups(g: KernelGraph, info: GraphInfo | None = None) -> list[Group]:
             if gid not in groups or gid in mine:
                 continue
             merged = mine | groups[gid]
-            if members[gid].key != m.key or not _rows_agree(members, groups[gid], m):
+            if _domain([members[n] for n in merged]) is None:
                 continue
             if _convex(merged, anc) and _full_rank_edges(g, members, merged):
                 mine = merged
@@ -145,11 +167,9 @@ def find_groups(g: KernelGraph, info: GraphInfo | None = None) -> list[Group]:
             readers.setdefault(r.node, []).append(m.node)
     out = []
     for mine in groups.values():
-        if len(mine) < 2:
-            continue
-        first = members[min(mine)]
-        row = max(members[n].last for n in mine)
-        out.append(Group(tuple(sorted(mine)), first.key[1], row))
+        domain = _domain([members[n] for n in mine])
+        if len(mine) >= 2 and domain is not None:
+            out.append(Group(tuple(sorted(mine)), *domain))
     return sorted(out, key=lambda grp: grp.members)
 
 
@@ -158,17 +178,11 @@ def _full_rank_edges(g: KernelGraph, members: dict[int, _Member], mine: set[int]
     leave the group: broadcasting it against a row would align its leading dims with the row)."""
     nin = len(g.inputs)
     return all(
-        members[r.node].out_rank == members[n].key[0]
+        members[r.node].out_rank == len(members[n].shape)
         for n in mine
         for r in g.ops[n - nin].inputs
         if r.node in mine
     )
-
-
-def _rows_agree(members: dict[int, _Member], group: set[int], m: _Member) -> bool:
-    """Whether ``m`` and ``group`` have one row length (each member's last dim is that length or 1)."""
-    lasts = {members[n].last for n in group} | {m.last}
-    return len(lasts - {1}) <= 1
 
 
 # ------------------------------------------------------------------------------------------- the kernel
@@ -178,20 +192,23 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
 
 
-def _blocks(lead: Shape, row: int, split_row: bool) -> list[int]:
-    """Blocks along each domain dim (leading dims, then the row): whole rows, several per block when short."""
-    blocks = [*lead, 1]
-    tile_row = row
-    if split_row and row > BLOCK_ELEMENTS:
-        tile_row = _largest_divisor(row, BLOCK_ELEMENTS)
-        blocks[-1] = row // tile_row
-    rows = math.prod(lead)
+def _blocks(sizes: Shape, row_dim: int, split_row: bool) -> list[int]:
+    """Blocks along each dim of the rows' domain: whole rows, several per block when short (packed from the
+    innermost other dim out, so a block's tile stays contiguous where it can)."""
+    blocks = [n if d != row_dim else 1 for d, n in enumerate(sizes)]
+    tile_row = sizes[row_dim]
+    if split_row and tile_row > BLOCK_ELEMENTS:
+        tile_row = _largest_divisor(sizes[row_dim], BLOCK_ELEMENTS)
+        blocks[row_dim] = sizes[row_dim] // tile_row
+    rows = math.prod(sizes) // sizes[row_dim]
     per = max(1, min(BLOCK_ELEMENTS // tile_row, rows // MIN_BLOCKS))
-    for i in reversed(range(len(lead))):
-        r = _largest_divisor(lead[i], per)
-        blocks[i] = lead[i] // r
+    for d in reversed(range(len(sizes))):
+        if d == row_dim:
+            continue
+        r = _largest_divisor(sizes[d], per)
+        blocks[d] = sizes[d] // r
         per //= r
-        if r < lead[i]:
+        if r < sizes[d]:
             break
     return blocks
 
@@ -210,15 +227,15 @@ def fused_kernel(g: KernelGraph, info: GraphInfo, group: Group) -> GraphDefinedO
     apply (the caller leaves the group alone)."""
     mset = set(group.members)
     ops = {n: _kernel_op(g, n) for n in group.members}
-    rank = len(group.lead) + 1
+    sizes, row_dim = group.sizes, group.row_dim
+    rank = len(sizes)
     reduction = [n for n in group.members if ops[n].op in REDUCTIONS]
     readers = _outside_readers(g, mset)
     saved = [n for n in group.members if n in readers]
     if not saved:
         return None
-    lasts = {info.nodes[n][0].shape[-1] for n in saved if info.nodes[n][0].shape}
-    blocks = _blocks(group.lead, group.row, split_row=not reduction and lasts == {group.row})
-    sizes = (*group.lead, group.row)
+    lasts = {info.nodes[n][0].shape[-1] for n in saved}
+    blocks = _blocks(sizes, row_dim, split_row=not reduction and lasts == {sizes[-1]})
     grid_dims = [d for d, b in enumerate(blocks) if b > 1]
     if len(grid_dims) > 3:
         return None
@@ -243,7 +260,9 @@ def fused_kernel(g: KernelGraph, info: GraphInfo, group: Group) -> GraphDefinedO
                 )
                 where[n] = Ref(len(nodes) - 1)
     for n in saved:
-        omap = tuple(grid_dims) if grid_dims else (0,)
+        # a reduction without keepdim has no row dim: the dims after it move up one
+        dropped = len(info.nodes[n][0].shape) < rank
+        omap = tuple(d - (dropped and d > row_dim) for d in grid_dims) or (0,)
         nodes.append(OutputSaver(where[n], omap))
     grid = tuple(blocks[d] for d in grid_dims) or (1,)
     return GraphDefinedOp(BlockGraph(grid, 1, tuple(nodes)), tuple(ext))
