@@ -22,7 +22,9 @@ matmul's phase and the accumulators kept in registers are the kernel's own. Time
   - *element-wise work* (element-wise block ops, reductions, thread graphs, CUDA-core matmuls, accumulator
     updates and the online-softmax rescale): per thread ``ceil(elements / threads)`` elements, each some
     operations of ``block_element_cycles`` issue cycles (address arithmetic included), one wavefront per shared
-    read or write and two SFU cycles per warp for each ``exp``-like op;
+    read or write and two SFU cycles per warp for each ``exp``-like op; a reduction with fewer results than
+    threads is priced as the code generator emits it (:mod:`gensorage.codegen.block_reduce`): ``lanes``
+    threads per result, then its combining tree (warp shuffles and one or two barriers);
 - **Epilogue:** the register flush, the post-loop phases and the stores of the outputs.
 
 time = launch overhead + max(sum over waves of the wave's cycles / clock, DRAM bytes / DRAM bandwidth).
