@@ -33,7 +33,7 @@ from gensorage.codegen.launch import Launch, launch_specs
 from gensorage.codegen.module import compile_ugraph, ir_module
 from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
-from gensorage.codegen.ugraph_tir import plan_threads
+from gensorage.codegen.ugraph_tir import dominant_matmul, plan_threads
 from gensorage.codegen.wgmma import target_profile
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.construction.block_threads import ThreadChoice
@@ -349,6 +349,17 @@ def _tensor_names(g: KernelGraph, info: GraphInfo) -> dict[Ref, str]:
     return names
 
 
+def row_thread_plans(g: KernelGraph, hw: HwProfile, threads: int) -> dict[int, ThreadChoice]:
+    """Every graph-defined kernel without a block matmul (a row kernel of row fusion) on ``threads`` threads
+    instead of the planned count (the others keep their plans)."""
+    info = validate(g, hw)
+    plans = {}
+    for k, op in enumerate(g.ops):
+        if isinstance(op, GraphDefinedOp) and dominant_matmul(op, info.blocks[k]) is None:  # type: ignore[arg-type]
+            plans[k] = ThreadChoice(threads, None, None, f"bundle variant: {threads} threads")
+    return plans
+
+
 def mma_warp_plans(g: KernelGraph, hw: HwProfile, variant: str) -> dict[int, ThreadChoice]:
     """Every graph-defined kernel's thread plan with each tensor-core block matmul on the warps ``variant``
     says: ``"W"`` (``W`` warps of the planned block, at most all of them; 0: all of them, one warp tile per
@@ -391,11 +402,13 @@ def program_case(
     ugraph: KernelGraph | None = None,
     mma_warps: str | None = None,
     label: str = "",
+    row_threads: int | None = None,
 ) -> dict[str, Any]:
     """The program's direct µGraph, or ``ugraph`` (a fused one of the same program), under ``precision`` (named
     ``program_<name>``, plus ``_<precision>`` when it is not the default); ``mma_warps``: its tensor-core block
     matmuls on the warps (and threads) it names (:func:`mma_warp_plans`, named ``_w<warps>`` or
-    ``_w<warps>t<threads>``) instead of the chosen ones; ``label`` is appended to the case's name."""
+    ``_w<warps>t<threads>``) instead of the chosen ones; ``label`` is appended to the case's name;
+    ``row_threads``: its kernels without a block matmul on that many threads (named ``_rt<threads>``)."""
     from gensorage.ugraph.cost import predict_ugraph_time
 
     g = (
@@ -411,6 +424,9 @@ def program_case(
         name = f"{name}_w{mma_warps.replace(':', 't')}"
     info = infer(g)
     plans = None if mma_warps is None else mma_warp_plans(g, hw, mma_warps)
+    if row_threads is not None:
+        name = f"{name}_rt{row_threads}"
+        plans = row_thread_plans(g, hw, row_threads)
     cg = compile_ugraph(g, hw, "cuda", plans=plans)
     kernels = cg.kernels()
     config = build_config(k.rule for k in kernels)

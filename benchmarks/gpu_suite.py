@@ -92,6 +92,10 @@ def prepare(args: argparse.Namespace) -> int:
                 cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused or rows))
                 if rows is not None:
                     cases.append(gpu_bundle.program_case(name, program, hw, out, precision, label="_perop"))
+                for threads in args.row_threads if rows is not None else []:
+                    cases.append(
+                        gpu_bundle.program_case(name, program, hw, out, precision, rows, row_threads=threads)
+                    )
                 for warps in args.block_mma_warps if fused is not None else []:
                     try:  # one layout's failure is recorded, the other layouts are still bundled
                         cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused, warps))
@@ -176,6 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         help="fused programs: also bundle each with its tensor-core block matmuls on W warps (0: all) of the "
         "planned block, or of a block of T threads; a trailing e: element-wise fragment and tile loads "
         "(no ldmatrix, no cp.async)",
+    )
+    ap.add_argument(
+        "--row-threads",
+        nargs="*",
+        type=int,
+        default=[],
+        metavar="T",
+        help="programs: also bundle each row-fused direct µGraph with its row kernels on T threads",
     )
     ap.add_argument(
         "--candidates",
