@@ -536,6 +536,37 @@ def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> 
     return p
 
 
+def program_part(name: str) -> Program:
+    """One kernel's worth of a bundled program, at its shapes and in the dtypes it has there, to time the
+    program's kernels one by one (the runner times whole cases): ``qknorm_qk`` (QKᵀ of the normalised float32 Q
+    and K), ``qknorm_softmax``, ``qknorm_pv``, ``rmsnorm_norm`` and ``rmsnorm_mm`` (in float16: a program does
+    not mix dtypes, where rmsnorm's µGraph multiplies the float32 normalised X by the float16 W)."""
+    p = Program(name)
+    match name:
+        case "qknorm_qk":
+            p.output(
+                p.matmul(p.input("Qn", (2, 256, 64), "float32"), p.input("Kn", (2, 64, 4096), "float32"))
+            )
+        case "qknorm_softmax":
+            e = p.exp(p.scale(p.input("A", (2, 256, 4096), "float32"), 0.125))
+            p.output(p.div(e, p.sum(e, dim=2)))
+        case "qknorm_pv":
+            p.output(
+                p.matmul(p.input("P", (2, 256, 4096), "float16"), p.input("V", (2, 4096, 64), "float16"))
+            )
+        case "rmsnorm_norm":
+            x, g = p.input("X", (16, 1024), "float16"), p.input("G", (1024,), "float16")
+            p.output(p.div(p.mul(x, g), p.sqrt(p.scale(p.sum(p.mul(x, x), dim=1), 1 / 1024))))
+        case "rmsnorm_mm":
+            p.output(p.matmul(p.input("Y", (16, 1024), "float16"), p.input("W", (1024, 4096), "float16")))
+        case _:
+            raise GensorageError(f"no program part '{name}'")
+    return p
+
+
+PROGRAM_PARTS = ("qknorm_qk", "qknorm_softmax", "qknorm_pv", "rmsnorm_norm", "rmsnorm_mm")
+
+
 def program_path(name: str, program: Program, out: Path, base: str | None = None) -> str:
     """Where the device reads program ``base`` (bundled as case ``name``; ``base`` defaults to ``name`` less a
     precision suffix): its config, or (a program built here, or one with no config) its text in the bundle."""
@@ -601,6 +632,7 @@ DIRECT_OF = {
 EXTRA_PROGRAMS = {
     "llama3_attention_prefill": lambda: llama3_attention(1024),
     "llama3_attention_decode": lambda: llama3_attention(1),
+    **{part: lambda part=part: program_part(part) for part in PROGRAM_PARTS},
 }
 
 
