@@ -52,10 +52,11 @@ def candidate_cases(
         # The top N that the generator builds (a candidate it cannot build is skipped for the next), and
         # full mode's choice and the direct µGraph wherever they rank.
         hopeless = predicted > MAX_SLOWDOWN * direct_s  # seconds of device time for nothing
-        wanted = (origin != "direct" and searched < top and not hopeless) or origin in ("direct", res.origin)
+        baseline = origin in ("direct", "fused")  # one kernel per op, and its row-fused form
+        wanted = (not baseline and searched < top and not hopeless) or baseline or origin == res.origin
         if not wanted:
             continue
-        label = "direct" if origin == "direct" else f"c{rank}"
+        label = origin if baseline else f"c{rank}"
         try:
             case = gpu_prepare.program_case(f"{name}_{label}", program, hw, out, precision, g)
         except Exception as exc:  # one candidate the generator cannot build: the others still go, and its
@@ -67,7 +68,7 @@ def candidate_cases(
                 file=sys.stderr,
             )
             continue
-        searched += origin != "direct"
+        searched += not baseline
         # The device loads the program itself (its config), not one named after the candidate.
         case["program"] = {"path": gpu_prepare.program_path(name, program, out), "params": {}}
         case["candidate"] = {

@@ -33,7 +33,7 @@ from gensorage.codegen.launch import Launch, launch_specs
 from gensorage.codegen.module import compile_ugraph, ir_module
 from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
-from gensorage.codegen.ugraph_tir import plan_threads
+from gensorage.codegen.ugraph_tir import dominant_matmul, plan_threads
 from gensorage.codegen.wgmma import target_profile
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.construction.block_threads import ThreadChoice
@@ -349,6 +349,17 @@ def _tensor_names(g: KernelGraph, info: GraphInfo) -> dict[Ref, str]:
     return names
 
 
+def row_thread_plans(g: KernelGraph, hw: HwProfile, threads: int) -> dict[int, ThreadChoice]:
+    """Every graph-defined kernel without a block matmul (a row kernel of row fusion) on ``threads`` threads
+    instead of the planned count (the others keep their plans)."""
+    info = validate(g, hw)
+    plans = {}
+    for k, op in enumerate(g.ops):
+        if isinstance(op, GraphDefinedOp) and dominant_matmul(op, info.blocks[k]) is None:  # type: ignore[arg-type]
+            plans[k] = ThreadChoice(threads, None, None, f"bundle variant: {threads} threads")
+    return plans
+
+
 def mma_warp_plans(g: KernelGraph, hw: HwProfile, variant: str) -> dict[int, ThreadChoice]:
     """Every graph-defined kernel's thread plan with each tensor-core block matmul on the warps ``variant``
     says: ``"W"`` (``W`` warps of the planned block, at most all of them; 0: all of them, one warp tile per
@@ -390,11 +401,14 @@ def program_case(
     precision: str = DEFAULT_PRECISION,
     ugraph: KernelGraph | None = None,
     mma_warps: str | None = None,
+    label: str = "",
+    row_threads: int | None = None,
 ) -> dict[str, Any]:
     """The program's direct µGraph, or ``ugraph`` (a fused one of the same program), under ``precision`` (named
     ``program_<name>``, plus ``_<precision>`` when it is not the default); ``mma_warps``: its tensor-core block
     matmuls on the warps (and threads) it names (:func:`mma_warp_plans`, named ``_w<warps>`` or
-    ``_w<warps>t<threads>``) instead of the chosen ones."""
+    ``_w<warps>t<threads>``) instead of the chosen ones; ``label`` is appended to the case's name;
+    ``row_threads``: its kernels without a block matmul on that many threads (named ``_rt<threads>``)."""
     from gensorage.ugraph.cost import predict_ugraph_time
 
     g = (
@@ -403,12 +417,16 @@ def program_case(
         else dataclasses.replace(ugraph, precision=precision)
     )
     base = name  # the program's own name: where the device reads the program
+    name += label
     if precision != DEFAULT_PRECISION:
         name = f"{name}_{precision}"
     if mma_warps is not None:
         name = f"{name}_w{mma_warps.replace(':', 't')}"
     info = infer(g)
     plans = None if mma_warps is None else mma_warp_plans(g, hw, mma_warps)
+    if row_threads is not None:
+        name = f"{name}_rt{row_threads}"
+        plans = row_thread_plans(g, hw, row_threads)
     cg = compile_ugraph(g, hw, "cuda", plans=plans)
     kernels = cg.kernels()
     config = build_config(k.rule for k in kernels)
@@ -518,6 +536,37 @@ def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> 
     return p
 
 
+def program_part(name: str) -> Program:
+    """One kernel's worth of a bundled program, at its shapes and in the dtypes it has there, to time the
+    program's kernels one by one (the runner times whole cases): ``qknorm_qk`` (QKᵀ of the normalised float32 Q
+    and K), ``qknorm_softmax``, ``qknorm_pv``, ``rmsnorm_norm`` and ``rmsnorm_mm`` (in float16: a program does
+    not mix dtypes, where rmsnorm's µGraph multiplies the float32 normalised X by the float16 W)."""
+    p = Program(name)
+    match name:
+        case "qknorm_qk":
+            p.output(
+                p.matmul(p.input("Qn", (2, 256, 64), "float32"), p.input("Kn", (2, 64, 4096), "float32"))
+            )
+        case "qknorm_softmax":
+            e = p.exp(p.scale(p.input("A", (2, 256, 4096), "float32"), 0.125))
+            p.output(p.div(e, p.sum(e, dim=2)))
+        case "qknorm_pv":
+            p.output(
+                p.matmul(p.input("P", (2, 256, 4096), "float16"), p.input("V", (2, 4096, 64), "float16"))
+            )
+        case "rmsnorm_norm":
+            x, g = p.input("X", (16, 1024), "float16"), p.input("G", (1024,), "float16")
+            p.output(p.div(p.mul(x, g), p.sqrt(p.scale(p.sum(p.mul(x, x), dim=1), 1 / 1024))))
+        case "rmsnorm_mm":
+            p.output(p.matmul(p.input("Y", (16, 1024), "float16"), p.input("W", (1024, 4096), "float16")))
+        case _:
+            raise GensorageError(f"no program part '{name}'")
+    return p
+
+
+PROGRAM_PARTS = ("qknorm_qk", "qknorm_softmax", "qknorm_pv", "rmsnorm_norm", "rmsnorm_mm")
+
+
 def program_path(name: str, program: Program, out: Path, base: str | None = None) -> str:
     """Where the device reads program ``base`` (bundled as case ``name``; ``base`` defaults to ``name`` less a
     precision suffix): its config, or (a program built here, or one with no config) its text in the bundle."""
@@ -583,6 +632,7 @@ DIRECT_OF = {
 EXTRA_PROGRAMS = {
     "llama3_attention_prefill": lambda: llama3_attention(1024),
     "llama3_attention_decode": lambda: llama3_attention(1),
+    **{part: lambda part=part: program_part(part) for part in PROGRAM_PARTS},
 }
 
 

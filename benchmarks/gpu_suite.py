@@ -38,6 +38,7 @@ def prepare(args: argparse.Namespace) -> int:
     from benchmarks.common import machine_info
     from benchmarks.gpu_candidates import candidate_cases
     from gensorage.hw import load_profile
+    from gensorage.superopt.row_fusion import fused_direct
 
     hw = load_profile(args.hw)
     out = Path(args.prepare)
@@ -93,7 +94,15 @@ def prepare(args: argparse.Namespace) -> int:
                     cases += candidate_cases(name, hw, out, args.candidates, args.search_budget, precision)
                     continue
                 program, fused = gpu_bundle.load_program(name), gpu_bundle.load_ugraph(name)
-                cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused))
+                rows = None if fused is not None else fused_direct(program, precision, hw)
+                # What users get: the direct µGraph after row fusion; one kernel per op as "_perop".
+                cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused or rows))
+                if rows is not None:
+                    cases.append(gpu_bundle.program_case(name, program, hw, out, precision, label="_perop"))
+                for threads in args.row_threads if rows is not None else []:
+                    cases.append(
+                        gpu_bundle.program_case(name, program, hw, out, precision, rows, row_threads=threads)
+                    )
                 for warps in args.block_mma_warps if fused is not None else []:
                     try:  # one layout's failure is recorded, the other layouts are still bundled
                         cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused, warps))
@@ -190,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         help="fused programs: also bundle each with its tensor-core block matmuls on W warps (0: all) of the "
         "planned block, or of a block of T threads; a trailing e: element-wise fragment and tile loads "
         "(no ldmatrix, no cp.async)",
+    )
+    ap.add_argument(
+        "--row-threads",
+        nargs="*",
+        type=int,
+        default=[],
+        metavar="T",
+        help="programs: also bundle each row-fused direct µGraph with its row kernels on T threads",
     )
     ap.add_argument(
         "--candidates",

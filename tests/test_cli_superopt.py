@@ -28,6 +28,13 @@ E = exp(X)
 O = div(E, sum(E, dim=1))
 output O
 """
+TWO_MATMULS = """program two_matmuls
+input A [4, 8] float32
+input B [8, 16] float32
+input C [16, 4] float32
+O = matmul(matmul(A, B), C)
+output O
+"""
 TINY_PRESET = """program = "softmax"
 time_budget_s = 120
 [run_params]
@@ -107,15 +114,24 @@ def test_fast_mode_from_a_stored_structure_exits_0(
     assert "superopt:" in out.err  # progress goes to stderr
 
 
-def test_nothing_better_than_direct_exits_1(softmax_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["superopt", str(softmax_file), "--mode", "fast", "--no-store", "--quiet"])
+def test_nothing_better_than_direct_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "two_matmuls.gsp"  # nothing row fusion groups
+    path.write_text(TWO_MATMULS)
+    code = main(["superopt", str(path), "--mode", "fast", "--no-store", "--quiet"])
     out = capsys.readouterr()
     assert code == 1
-    assert "3 kernel(s)" in out.out and "direct µGraph used" in out.out
+    assert "2 kernel(s)" in out.out and "direct µGraph used" in out.out
     assert out.err == ""  # --quiet
-    code = main(["superopt", str(softmax_file), "--mode", "fast", "--no-store", "--quiet", "--emit", "tir"])
+    code = main(["superopt", str(path), "--mode", "fast", "--no-store", "--quiet", "--emit", "tir"])
     out = capsys.readouterr()
-    assert code == 1 and "prim_func" in out.out and "3 kernel(s)" in out.err  # the summary moves to stderr
+    assert code == 1 and "prim_func" in out.out and "2 kernel(s)" in out.err  # the summary moves to stderr
+
+
+def test_fast_mode_without_a_store_fuses_rows(softmax_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["superopt", str(softmax_file), "--mode", "fast", "--no-store", "--quiet"])
+    out = capsys.readouterr()
+    assert code == 0  # better than one kernel per op: exp, sum and div in one row kernel
+    assert "1 kernel(s) (direct: 3)" in out.out and "direct µGraph (row-fused) used" in out.out
 
 
 def test_full_mode_then_emit(softmax_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -65,6 +65,7 @@ def test_a_candidate_the_build_refuses_is_replaced_by_the_next_and_kept_for_repr
     ranked = (
         ("search #3", g, 1e-5),
         ("direct", g, 2e-5),
+        ("fused", g, 2.5e-5),  # the direct µGraph row-fused: bundled wherever it ranks, like the direct one
         ("search #0", g, 3e-5),
         ("search #1", g, 4e-5),
         ("search #9", g, 1.0),  # 50,000 times the direct µGraph: not worth the device's time
@@ -85,8 +86,9 @@ def test_a_candidate_the_build_refuses_is_replaced_by_the_next_and_kept_for_repr
     cases = candidate_cases("gated_mlp", load_profile("h200"), tmp_path, 3, 1.0, "float32")
     assert [(c["name"], c["candidate"]["rank"], c["candidate"]["chosen"]) for c in cases] == [
         ("program_gated_mlp_direct", 1, False),
-        ("program_gated_mlp_c2", 2, False),  # the next in rank stand in for the refused one
-        ("program_gated_mlp_c3", 3, False),
+        ("program_gated_mlp_fused", 2, False),
+        ("program_gated_mlp_c3", 3, False),  # the next in rank stand in for the refused one
+        ("program_gated_mlp_c4", 4, False),
     ]
     failed = json.loads((tmp_path / "program_gated_mlp_c0.failed.json").read_text())
     assert "syncs inside condition" in failed["error"]

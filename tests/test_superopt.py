@@ -169,14 +169,15 @@ def test_full_mode_on_benchmark_programs_never_returns_worse_than_direct(
         progress=False,
     )
     assert r.complete and r.equivalence and r.predicted_time_s <= r.naive_predicted_time_s
-    assert r.is_direct and r.origin == "direct"  # nothing exists under these limits
+    # nothing exists under these limits: the direct µGraph, after row fusion where the model prices it faster
+    assert r.origin in ("direct", "fused") and (r.origin == "direct") == r.is_direct
     x = r.program.random_inputs(0)
     got = r.run(*[a.astype(np.float16) for a in x])
     np.testing.assert_allclose(got[0], r.program.run(*x)[0], rtol=2e-2, atol=2e-2)
     # The (empty) search's verdict is stored; fast mode at another shape takes the direct µGraph from it.
     bigger = {k: v * 2 for k, v in params.items()}
     fast = superoptimize(name, params=bigger, mode="fast", store=tmp_path / "s.sqlite", progress=False)
-    assert fast.from_store and fast.is_direct
+    assert fast.from_store and fast.origin == r.origin
 
 
 def test_a_time_budget_stops_the_search_and_keeps_a_verified_answer(tmp_path: Path) -> None:
@@ -280,7 +281,7 @@ def test_ctrl_c_after_the_search_reports_the_direct_ugraph_and_stores_what_was_f
 def test_a_built_program_is_accepted(tmp_path: Path) -> None:
     p = parse_program(SOFTMAX, {"m": 2, "n": 8})
     r = superoptimize(p, mode="fast", use_store=False, progress=False)
-    assert r.program is p and r.is_direct and r.num_kernels == 3
+    assert r.program is p and r.origin == "fused" and r.num_kernels == 1  # exp, sum, div: one row kernel
 
 
 def test_bad_arguments_are_config_errors(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from gensorage.codegen.gpu_limits import MAX_VECTOR_BYTES, STATIC_SHARED_LIMIT
 from gensorage.codegen.tir_text import shape_text
 from gensorage.dtypes import dtype_bytes
 from gensorage.ugraph.ir import Ref
-from gensorage.ugraph.optimize.memory_plan import MemoryPlan, plan_memory
+from gensorage.ugraph.optimize.memory_plan import ARENA_ALIGN, MemoryPlan, plan_memory
 
 if TYPE_CHECKING:
     from gensorage.codegen.block_emitter import BlockEmitter
@@ -32,15 +32,19 @@ def allocate(e: BlockEmitter) -> None:
                 sizes[r] = math.prod(e.buf_tile_shape(r)) * dtype_bytes(e.buf_dtype(r))
     e.memory = plan_memory(e.block, sizes, MAX_VECTOR_BYTES, tuple(sorted(e.fused.items())))
     shares = e.memory.bytes < e.memory.unshared_bytes
-    e.dynamic_shared = e.gpu and (shares or sum(sizes.values()) > STATIC_SHARED_LIMIT)
+    scratch = e.reduce.scratch_bytes()
+    # A reduction's scratch array lives in the arena, after the tiles: as a static array of its own, TVM's
+    # StorageRewrite may give it the bytes of a tile whose last readers run without a barrier before it.
+    e.dynamic_shared = e.gpu and (shares or scratch > 0 or sum(sizes.values()) > STATIC_SHARED_LIMIT)
     e.arena = e.dynamic_shared or shares
     if e.arena:
-        _allocate_arena(e, e.memory)
+        _allocate_arena(e, e.memory, scratch)
     else:
         scope = "shared" if e.gpu else "global"
         for r, name in e.buffers.items():
             shape = e.buf_tile_shape(r)
             e.w.line(f'{name} = T.alloc_buffer({shape_text(shape)}, "{e.buf_dtype(r)}", scope="{scope}")')
+        e.reduce.allocate()
     for j, m in e.reg_accs.items():
         # Registers of each thread; on the CPU the threads are loop iterations, so each gets its own row.
         shape = e.sc.buf_shape((e.slots(m),) if e.gpu else (e.nt, e.slots(m)))
@@ -51,14 +55,15 @@ def allocate(e: BlockEmitter) -> None:
             )
 
 
-def _allocate_arena(e: BlockEmitter, plan: MemoryPlan) -> None:
+def _allocate_arena(e: BlockEmitter, plan: MemoryPlan, scratch: int) -> None:
     """One arena with a typed view per tile, at the plan's offsets.
 
     TVM's ``MergeSharedMemoryAllocations`` (which the CUDA build runs to place dynamic shared buffers)
     loses the offset of a buffer in some liveness patterns (a scalar tile written after a loop and read by
     every thread: "buffer_byte_offsets" check), so the kernel places its tiles itself and hands TVM a
     single allocation. Tiles live at one step never share bytes; each starts at a multiple of 16 bytes (vector
-    loads), so every offset is a whole number of elements of any tile type.
+    loads), so every offset is a whole number of elements of any tile type. The block reductions' scratch
+    arrays (``scratch`` bytes) follow the tiles.
     """
     views: list[tuple[str, tuple[int, ...], str, int]] = []
     for r, name in e.buffers.items():
@@ -67,15 +72,20 @@ def _allocate_arena(e: BlockEmitter, plan: MemoryPlan) -> None:
         views.append((name, shape, dtype, plan.offset(r) // dtype_bytes(dtype)))
     # The arena has a tile's element type: TVM's StorageRewrite retypes an allocation whose every access has
     # one type to that type *keeping its element count*, so a uint8 arena of float32 tiles would grow 4x.
-    arena = max((dtype for _, _, dtype, _ in views), key=dtype_bytes)
+    arena = max((dtype for _, _, dtype, _ in views), key=dtype_bytes, default=e.sc.acc_dtype)
+    if scratch:
+        arena = max(arena, e.sc.acc_dtype, key=dtype_bytes)
     e.arena_dtype = arena
     scope = "shared.dyn" if e.gpu else "global"
-    e.w.line(f'smem = T.alloc_buffer(({plan.bytes // dtype_bytes(arena)},), "{arena}", scope="{scope}")')
+    base = -(-plan.bytes // ARENA_ALIGN) * ARENA_ALIGN
+    total = base + scratch
+    e.w.line(f'smem = T.alloc_buffer(({-(-total // dtype_bytes(arena))},), "{arena}", scope="{scope}")')
     for name, shape, dtype, elem_offset in views:
         e.w.line(
             f'{name} = T.decl_buffer({shape_text(shape)}, "{dtype}", data=smem.data, '
             f'elem_offset={elem_offset}, scope="{scope}")'
         )
+    e.reduce.allocate(base, scope)
 
 
 __all__ = ["STATIC_SHARED_LIMIT", "allocate"]

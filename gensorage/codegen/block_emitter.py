@@ -16,10 +16,11 @@ from gensorage.codegen.block_buffers import allocate
 from gensorage.codegen.block_loads import GRID_VARS, LoadEmitter
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
 from gensorage.codegen.block_mma import ROW_BYTES, MmaEmitter, fused_thread_graphs, mma_tilings, slot_coords
+from gensorage.codegen.block_reduce import ReduceEmitter
 from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, Tiled
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
-from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val, combined, reduction_kind
+from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val
 from gensorage.codegen.tir_text import (
     Ix,
     Writer,
@@ -31,7 +32,6 @@ from gensorage.codegen.tir_text import (
     nest,
     reshape_index,
     shape_text,
-    summed_index,
     unravel,
 )
 from gensorage.construction.block_threads import MatmulTiling, ThreadChoice
@@ -130,6 +130,7 @@ class BlockEmitter:
         self.matmul = MatmulEmitter(self)
         self.mma_emitter = MmaEmitter(self)
         self.loads = LoadEmitter(self)
+        self.reduce = ReduceEmitter(self)
 
     def _check_grid(self) -> None:
         for g, n in enumerate(self.block.grid):
@@ -336,6 +337,7 @@ class BlockEmitter:
     def settle(self) -> None:
         """A barrier if any phase since the last one touched shared memory (before and at the end of the
         loop: every iteration starts with no access pending)."""
+        self.loads.wait()
         if self.barriers.pending():
             self.sync()
 
@@ -389,7 +391,7 @@ class BlockEmitter:
             else:
                 self.matmul.cyclic(j, node)
         elif node.op in REDUCTIONS:
-            self.phase_sum(j, node)
+            self.reduce.phase(j, node)
         elif node.op is Op.CONCAT:
             self.phase_concat(j, node)
         elif node.op in BINARY_ELEMENTWISE or node.op in UNARY_ELEMENTWISE:
@@ -410,26 +412,6 @@ class BlockEmitter:
         shape = self.sc.buf_shape((size,))
         self.w.line(f'{acc} = T.alloc_buffer({shape_text(shape)}, "{self.sc.acc_dtype}", scope="local")')
         return acc
-
-    def phase_sum(self, j: int, node: BlockOp) -> None:
-        x = node.inputs[0]
-        shape = self.tile(x).shape
-        dim = int(attr(node.attrs, "dim")) % len(shape)
-        kind = reduction_kind(node.op)
-        keep = bool(attr(node.attrs, "keepdim", kind == "sum"))  # sum keeps the dim by default, max drops it
-        group = attr(node.attrs, "group")
-        full = group is None or group == shape[dim]
-        count = shape[dim] if full else int(group)
-        with self.threads(), self.elements(self.tile(Ref(j)).shape) as (idx, slot):
-            acc = self.acc_buffer(1)
-            self.store(acc, "0", self.sc.initial(kind), self.sc.acc_dtype)
-            with self.w.loop(self.w.fresh("g"), count) as gi:
-                cur = self.sc.load(acc, "0", self.sc.acc_dtype)
-                nxt = combined(
-                    self.sc, kind, cur, self.read(x, summed_index(idx, dim, gi, count, full, keep))
-                )
-                self.store(acc, "0", nxt, self.sc.acc_dtype)
-            self.emit_value(Ref(j), idx, self.sc.reduced(self.sc.load(acc, "0", self.sc.acc_dtype)), slot)
 
     def phase_concat(self, j: int, node: BlockOp) -> None:
         out = self.tile(Ref(j)).shape
@@ -475,6 +457,8 @@ class BlockEmitter:
         node = self.nodes[j]
         if j in self.fused_into:
             return  # ran in its matmul's phase
+        if not (isinstance(node, InputIterator) and self.loads.run_elements(j)):
+            self.loads.wait()
         with self.barrier_phase():
             if isinstance(node, InputIterator):
                 self.loads.phase(j)
@@ -545,6 +529,7 @@ class BlockEmitter:
                     self.accs.phase(j)
             if loop:
                 self.settle()  # the next iteration overwrites tiles this one read
+        self.loads.wait()
         self.accs.phase_flush()
         for j in post:
             self.phase(j)

@@ -2,8 +2,9 @@
 
 An element-wise copy moves 2 or 4 bytes per thread and instruction, through a register. Where the tile allows,
 each thread instead copies 16-byte runs of a row with ``cp.async.cg.shared.global`` (global to shared without
-a register, all of a thread's copies in flight at once; the phase ends with ``cp.async.commit_group`` and
-``cp.async.wait_group 0``, before the barrier that the phases reading the tile already have). That needs
+a register, all of a thread's copies in flight at once; the phase ends with ``cp.async.commit_group``, and
+``cp.async.wait_group 0`` comes before the next phase that is not such a copy, so consecutive loads are in flight
+together, and before the barrier that the phases reading the tile already have). That needs
 (besides the thread plan's ``runs``):
 
 - the GPU (the llvm twin copies each run element by element, through the same slots and index arithmetic);
@@ -36,6 +37,7 @@ class LoadEmitter:
 
     def __init__(self, e: BlockEmitter) -> None:
         self.e = e
+        self.in_flight = False  # copies committed and not yet waited for
 
     def window(self, node: InputIterator) -> list[Ix]:
         """The offset of this block's (and this iteration's) tile in the input, per dim."""
@@ -110,7 +112,15 @@ class LoadEmitter:
                         )
             if e.gpu:
                 e.w.line('T.evaluate(T.ptx["cp.async.commit_group"]())')
-                e.w.line('T.evaluate(T.ptx["cp.async.wait_group"](0))')
+                self.in_flight = True
+
+    def wait(self) -> None:
+        """Wait for this thread's copies in flight (before the barrier that precedes any reader: every phase
+        that is not itself a copy, and the end of each loop iteration), so consecutive loads overlap."""
+        if self.in_flight:
+            with self.e.threads():
+                self.e.w.line('T.evaluate(T.ptx["cp.async.wait_group"](0))')
+            self.in_flight = False
 
 
 __all__ = ["COPY_BYTES", "GRID_VARS", "LoadEmitter"]

@@ -224,18 +224,24 @@ class Dispatcher:
             return direct, Verification(True, DIRECT)
         from gensorage.superopt.choice import cost_fn, elements
         from gensorage.superopt.reshape_structure import reinstantiate
+        from gensorage.superopt.row_fusion import FUSED, fused_direct
         from gensorage.verify.equivalent import equivalent
 
         t0 = time.perf_counter()
         try:
-            with warm_starts():
-                graph = reinstantiate(
-                    known.graph, known.program, p, self.hw, cost_fn(self.hw), seed=self.seed
-                )
+            if known.origin == FUSED:  # row fusion is a rule: applied afresh at these shapes
+                graph = fused_direct(p, self.precision, self.hw) or direct
+            else:
+                with warm_starts():
+                    graph = reinstantiate(
+                        known.graph, known.program, p, self.hw, cost_fn(self.hw), seed=self.seed
+                    )
         except GensorageError as exc:
             return self._direct(direct, f"the chosen µGraph does not carry over: {exc}", notes)
         finally:
             timings["reinstantiate"] = time.perf_counter() - t0
+        if graph == direct:
+            return direct, Verification(True, DIRECT)
         if elements(p) > DEFAULT_VERIFY_MAX_ELEMENTS:
             note = "too large to check at this shape: the µGraph was checked at its first shape"
             return graph, Verification(True, "search shapes", note=note)

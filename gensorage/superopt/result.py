@@ -225,7 +225,8 @@ class SuperoptResult:
         if self.from_store:
             lines.append(f"  re-used the stored structure found at {self.search_params}")
         if self.fallback_reason:
-            lines.append(f"  direct µGraph used: {self.fallback_reason}")
+            kind = "direct µGraph (row-fused)" if self.origin == "fused" else "direct µGraph"
+            lines.append(f"  {kind} used: {self.fallback_reason}")
         if not self.complete:
             lines.append(f"  search incomplete (stopped by {self.stopped_by})")
         lines.append(f"  took {self.search_time_s:.2f} s")

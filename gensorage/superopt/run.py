@@ -15,11 +15,12 @@ from gensorage.interrupts import StopRequests
 from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program, dump_program
 from gensorage.superopt import choice
-from gensorage.superopt.choice import Option, Progress, cost_fn, rank, try_compile
+from gensorage.superopt.choice import Option, Progress, cost_fn, elements, rank, try_compile
 from gensorage.superopt.gpu import gpu_name, gpu_unavailable_reason, measure_ugraph
-from gensorage.superopt.presets import DEFAULT_TOP_K, Preset
+from gensorage.superopt.presets import DEFAULT_TOP_K, DEFAULT_VERIFY_MAX_ELEMENTS, Preset
 from gensorage.superopt.reshape_structure import reinstantiate, structure_signature
 from gensorage.superopt.result import SuperoptInterrupted, SuperoptResult, Verification
+from gensorage.superopt.row_fusion import FUSED, check_fused_candidate, fused_candidate, fused_option
 from gensorage.superopt.size_map import ReshapeFailed
 from gensorage.superopt.sources import ProgramSource, search_program
 from gensorage.superopt.structure_store import StructureRecord, StructureStore
@@ -76,6 +77,15 @@ class Run:
         g = from_program(self.program, self.precision)
         return Option(g, self.cost(g), "direct")
 
+    def baseline(self) -> list[Option]:
+        """The direct µGraph, and the fused direct µGraph where row fusion applies (:mod:`.row_fusion`)."""
+        t0 = time.perf_counter()
+        fused = fused_option(
+            self.program, self.precision, self.hw, self.cost, self.delta, self.seed, self.preset
+        )
+        self._tick("fuse", t0)
+        return [self.direct()] + ([fused] if fused is not None else [])
+
     def _tick(self, phase: str, t0: float) -> None:
         self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t0
 
@@ -103,6 +113,7 @@ class Run:
         same = at.key() == self.program.key()
         options: list[Option] = []
         seen: set[str] = set()
+        fused: set[str] = set()  # origins whose row groups were fused
         failed = 0
         for i, (g, report) in enumerate(graphs):
             sig = structure_signature(g)
@@ -118,7 +129,10 @@ class Run:
                 new = g if same else reinstantiate(g, at, self.program, self.hw, self.cost, seed=self.seed)
                 # The search works under the default policy; the graph's ops do not depend on it.
                 new = dataclasses.replace(new, precision=self.precision)
-                options.append(Option(new, self.cost(new), f"{label} #{i}", g, report))
+                opt = Option(new, self.cost(new), f"{label} #{i}", g, report)
+                options.append(fused_candidate(opt, self.hw, self.cost))  # its pre-defined ops fused
+                if options[-1] is not opt:
+                    fused.add(opt.origin)
             except (ReshapeFailed, GensorageError) as exc:
                 failed += 1
                 if failed <= 3:
@@ -126,7 +140,17 @@ class Run:
         if failed > 3:
             self.notes.append(f"... {failed} of {len(seen)} {label} structures tried do not carry over")
         self._tick("reinstantiate", t0)
-        return sorted(options, key=lambda o: o.predicted_time_s)[:keep]
+        kept = sorted(options, key=lambda o: o.predicted_time_s)[:keep]
+        limit = self.preset.verify_max_elements if self.preset is not None else DEFAULT_VERIFY_MAX_ELEMENTS
+        if elements(self.program) <= limit:
+            return kept  # each is checked at these shapes
+        t0 = time.perf_counter()
+        kept = [
+            check_fused_candidate(o, at, self.hw, self.delta, self.seed) if o.origin in fused else o
+            for o in kept
+        ]
+        self._tick("fuse", t0)
+        return kept
 
     def choose(
         self, options: list[Option], measure: bool
@@ -137,10 +161,10 @@ class Run:
         ranked = rank(options)
         if (
             gpu is None
-        ):  # the direct µGraph is timed too: a candidate the cost model overrates must not beat it
+        ):  # the direct µGraphs are timed too: a candidate the model overrates must not beat them
             top = ranked[:PROFILE_TOP]
             selection = self.profile_on_gpu(
-                top + [o for o in ranked if o.origin == "direct" and o not in top]
+                top + [o for o in ranked if o.origin in ("direct", FUSED) and o not in top]
             )
             ranked = rank(options)
         elif len(options) > 1 and measure:
@@ -247,7 +271,7 @@ class Run:
         return result
 
     def _fast(self) -> SuperoptResult:
-        direct = self.direct()
+        baseline = self.baseline()
         record: StructureRecord | None = None
         if self.use_store:
             t0 = time.perf_counter()
@@ -261,7 +285,7 @@ class Run:
                 else "the store is not used"
             )
             self.say(f"{reason}; using the direct µGraph")
-            return self.result("fast", [direct], fallback_reason=reason)
+            return self.result("fast", baseline, fallback_reason=reason)
         self.say(f"re-instantiating the stored structure (found at {record.params or 'its shapes'})")
         stored = record.program()
         options = self.carry_over(
@@ -269,8 +293,8 @@ class Run:
         )
         if not options:
             reason = "no stored µGraph carries over to these shapes (see notes)"
-            return self.result("fast", [direct], fallback_reason=reason, search_params=record.params)
-        result = self.result("fast", [direct, *options], search_params=record.params)
+            return self.result("fast", baseline, fallback_reason=reason, search_params=record.params)
+        result = self.result("fast", [*baseline, *options], search_params=record.params)
         # A stored direct µGraph means the search found nothing better: the direct answer then comes from the store.
         stored_direct = record.ugraphs[0] == from_program(stored)
         result.from_store = result.origin.startswith("stored") or stored_direct
@@ -299,7 +323,7 @@ class Run:
         if (why := unsearched(self.program)) is not None:
             self.begin_choosing()
             self.say(f"{why}; using the direct µGraph")
-            return self.result("full", [self.direct()], fallback_reason=why)
+            return self.result("full", self.baseline(), fallback_reason=why)
         small = search_program(self.src, self.preset, explicit, self.notes)
         budget = (
             time_budget_s
@@ -338,7 +362,7 @@ class Run:
         self.say(
             f"search: {len(sr.candidates)} verified candidate(s); {sr.tasks_done}/{sr.tasks_total} tasks"
         )
-        options = [self.direct(), *self.carry_over(found, small, "search", self.top_k)]
+        options = [*self.baseline(), *self.carry_over(found, small, "search", self.top_k)]
         best = sr.candidates[0] if sr.candidates else None
         stats = {
             "stats": _stats_json(sr.stats),

@@ -22,7 +22,9 @@ matmul's phase and the accumulators kept in registers are the kernel's own. Time
   - *element-wise work* (element-wise block ops, reductions, thread graphs, CUDA-core matmuls, accumulator
     updates and the online-softmax rescale): per thread ``ceil(elements / threads)`` elements, each some
     operations of ``block_element_cycles`` issue cycles (address arithmetic included), one wavefront per shared
-    read or write and two SFU cycles per warp for each ``exp``-like op;
+    read or write and two SFU cycles per warp for each ``exp``-like op; a reduction with fewer results than
+    threads is priced as the code generator emits it (:mod:`gensorage.codegen.block_reduce`): ``lanes``
+    threads per result, then its combining tree (warp shuffles and one or two barriers);
 - **Epilogue:** the register flush, the post-loop phases and the stores of the outputs.
 
 time = launch overhead + max(sum over waves of the wave's cycles / clock, DRAM bytes / DRAM bandwidth).
@@ -186,7 +188,27 @@ def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
         dim = int(attr(node.attrs, "dim")) % len(shape)
         group = attr(node.attrs, "group")
         count = shape[dim] if group is None else int(group)
-        return _elementwise(hw, nt, math.prod(out), count, count, 1)
+        lanes = e.reduce.lanes.get(j, 1)
+        if lanes == 1:
+            return _elementwise(hw, nt, math.prod(out), count, count, 1)
+        # Cooperative (gensorage.codegen.block_reduce): lanes threads per result, a tree of log2(lanes)
+        # combining steps (warp shuffles within a warp, then the warps' partials; in shared memory, a barrier
+        # and two reads and a write per step, where shuffles do not apply), then the results read back.
+        per = -(-count // lanes)
+        steps = lanes.bit_length() - 1
+        warps = -(-nt // hw.warp_size)
+        shuffle = e.reduce.shuffles()
+        tree = Work(
+            latency=steps * (hw.level("register" if shuffle else "shared").latency_cycles + 1),
+            ops=warps * steps * 2,
+            shared=0 if shuffle else warps * steps * 3 * WAVEFRONT,
+            barriers=(1 + (lanes > hw.warp_size)) if shuffle else steps + 1,
+        )
+        return (
+            _elementwise(hw, nt, math.prod(out) * lanes, per, per, 1)
+            + tree
+            + _elementwise(hw, nt, math.prod(out), 1, 1, 1)
+        )
     if node.op in BINARY_ELEMENTWISE or node.op in UNARY_ELEMENTWISE or node.op is Op.CONCAT:
         return _elementwise(hw, nt, math.prod(out), 1, len(node.inputs), 1, _special(node))
     return _elementwise(hw, nt, math.prod(out), 1, len(node.inputs), 1)

@@ -1,0 +1,112 @@
+"""Row fusion (:mod:`gensorage.ugraph.optimize.fuse_rows`) where users get kernels: the fused direct µGraph
+(the direct µGraph, one kernel per op, after row fusion) as an option competing with the others, and the
+pre-defined ops a search candidate leaves (its element-wise ops and reductions around matmuls), each checked
+like the candidates are.
+
+Row fusion is a rewrite by rule, so its result is verified as a search candidate is: by the equivalence check at
+the requested shapes when the program is small enough to check there, otherwise at the program's derived search
+shapes (:mod:`.search_shapes`), where the same rule fuses the same groups; that check is the option's search
+report. A graph the rule leaves unchanged is no option (it is the direct µGraph). A candidate is replaced by its fused
+form only when the cost model prices that faster; when the program is too large to check at its own shapes, the
+fused form is checked at the search shapes too (the candidate's search report covers the candidate, not the
+rewrite).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gensorage.hw.profile import HwProfile
+from gensorage.program import Program
+from gensorage.superopt.choice import Option, elements
+from gensorage.superopt.presets import DEFAULT_VERIFY_MAX_ELEMENTS, DEFAULT_VERIFY_MAX_TRIALS
+from gensorage.ugraph import KernelGraph, from_program
+from gensorage.ugraph.optimize.fuse_rows import fuse_rows
+
+if TYPE_CHECKING:
+    from gensorage.superopt.presets import Preset
+
+#: The origin of the fused direct µGraph among the options.
+FUSED = "fused"
+
+
+def fused_direct(program: Program, precision: str, hw: HwProfile | None) -> KernelGraph | None:
+    """The direct µGraph of ``program`` with its row groups fused, or None when nothing fuses."""
+    direct = from_program(program, precision)
+    fused = fuse_rows(direct, hw)
+    return None if fused == direct else fused
+
+
+def fused_option(
+    program: Program,
+    precision: str,
+    hw: HwProfile,
+    cost: Callable[[KernelGraph], float],
+    delta: float,
+    seed: int,
+    preset: Preset | None = None,
+) -> Option | None:
+    """The fused direct µGraph as an :class:`~gensorage.superopt.choice.Option` (origin :data:`FUSED`), with the
+    equivalence check at the derived search shapes as its search report when the program is too large to check
+    at its own; None when nothing fuses."""
+    fused = fused_direct(program, precision, hw)
+    if fused is None:
+        return None
+    limit = preset.verify_max_elements if preset is not None else DEFAULT_VERIFY_MAX_ELEMENTS
+    report = None
+    if elements(program) > limit:
+        report = small_shape_report(program, precision, hw, delta, seed)
+    return Option(fused, cost(fused), FUSED, search_report=report)
+
+
+def small_shape_report(
+    program: Program, precision: str, hw: HwProfile | None, delta: float, seed: int
+) -> dict[str, object]:
+    """The equivalence check of row fusion on ``program`` at its derived search shapes (as a search report)."""
+    from gensorage.superopt.search_shapes import derive_search_shapes
+    from gensorage.verify.equivalent import equivalent
+
+    small = derive_search_shapes(program).program
+    graph = fuse_rows(from_program(small, precision), hw)
+    report = equivalent(small, graph, delta, seed=seed, max_trials=DEFAULT_VERIFY_MAX_TRIALS)
+    return {"equivalent": bool(report), "method": "row fusion checked at the derived search shapes"}
+
+
+def fused_candidate(opt: Option, hw: HwProfile, cost: Callable[[KernelGraph], float]) -> Option:
+    """``opt`` with its row groups fused when the cost model prices that faster (else ``opt`` itself); a fused
+    option keeps its search graph (:func:`check_fused_candidate` checks the rewrite there)."""
+    fused = fuse_rows(opt.graph, hw)
+    if fused == opt.graph:
+        return opt
+    t = cost(fused)
+    return dataclasses.replace(opt, graph=fused, predicted_time_s=t) if t < opt.predicted_time_s else opt
+
+
+def check_fused_candidate(opt: Option, at: Program, hw: HwProfile, delta: float, seed: int) -> Option:
+    """``opt`` (from :func:`fused_candidate`) with the rewrite of its search graph (a µGraph of ``at``) checked
+    at the search shapes: its search report says equivalent only when the candidate and its fused form are."""
+    from gensorage.verify.equivalent import equivalent
+
+    if opt.search_graph is None:
+        return opt
+    small = fuse_rows(opt.search_graph, hw)
+    if small == opt.search_graph:
+        return opt
+    report = equivalent(at, small, delta, seed=seed, max_trials=DEFAULT_VERIFY_MAX_TRIALS)
+    before = opt.search_report
+    ok = bool(before and before.get("equivalent", True)) and bool(report)
+    return dataclasses.replace(
+        opt, search_report={**(before or {}), "equivalent": ok, "row_fusion": bool(report)}
+    )
+
+
+__all__ = [
+    "FUSED",
+    "check_fused_candidate",
+    "fused_candidate",
+    "fused_direct",
+    "fused_option",
+    "small_shape_report",
+]

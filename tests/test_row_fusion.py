@@ -1,0 +1,56 @@
+"""Row fusion where users get kernels (gensorage.superopt.row_fusion): the fused direct µGraph as an option, and
+search candidates whose remaining pre-defined ops are fused and checked."""
+
+from __future__ import annotations
+
+from gensorage.hw import load_profile
+from gensorage.program import Program, load_config
+from gensorage.superopt.choice import Option, cost_fn
+from gensorage.superopt.row_fusion import FUSED, check_fused_candidate, fused_candidate, fused_option
+from gensorage.superopt.search_shapes import derive_search_shapes
+from gensorage.ugraph import from_program, wrap_kernel_op
+from gensorage.ugraph.ir import GraphDefinedOp, KernelOp
+
+HW = load_profile("h200")
+COST = cost_fn(HW)
+
+
+def attention(heads: int = 2, q: int = 4, kv: int = 8, d: int = 4) -> Program:
+    p = Program("attn")
+    qt, k = p.input("Q", (heads, q, d), "float32"), p.input("K", (heads, d, kv), "float32")
+    v = p.input("V", (heads, kv, d), "float32")
+    e = p.exp(p.scale(p.matmul(qt, k), 0.5))
+    p.output(p.matmul(p.div(e, p.sum(e, dim=2)), v))
+    return p
+
+
+def test_fused_option_is_checked_at_search_shapes_when_too_large() -> None:
+    p = load_config("rmsnorm")  # 4.3 M elements: over the default verification limit
+    opt = fused_option(p, "float32", HW, COST, 1e-6, seed=0)
+    assert opt is not None and opt.origin == FUSED and opt.predicted_time_s < COST(from_program(p))
+    assert opt.search_report is not None and opt.search_report["equivalent"] is True
+    small = derive_search_shapes(load_config("ntrans")).program
+    opt = fused_option(small, "float32", HW, COST, 1e-6, seed=0)
+    assert opt is not None and opt.search_report is None  # small enough: checked at its own shapes later
+    two = Program("two_matmuls")
+    a, b = two.input("A", (4, 8), "float32"), two.input("B", (8, 4), "float32")
+    two.output(two.matmul(two.matmul(a, b), a))
+    assert fused_option(two, "float32", HW, COST, 1e-6, seed=0) is None  # nothing to fuse
+
+
+def test_a_candidates_remaining_ops_are_fused_and_checked() -> None:
+    p = attention()
+    # a "candidate": the first matmul already a graph-defined kernel, the softmax still one kernel per op
+    cand = wrap_kernel_op(from_program(p), 0, (2,), [(0,), (0,)], (0,))
+    opt = Option(cand, COST(cand), "search #0", cand, {"equivalent": True})
+    fused = fused_candidate(opt, HW, COST)
+    assert fused is not opt and fused.predicted_time_s < opt.predicted_time_s
+    kinds = [type(op) for op in fused.graph.ops]
+    assert kinds == [GraphDefinedOp, GraphDefinedOp, KernelOp]  # QKᵀ, the softmax, PV
+    checked = check_fused_candidate(fused, p, HW, 1e-6, seed=0)
+    assert checked.search_report == {"equivalent": True, "row_fusion": True}
+    # a candidate whose search found it wrong stays wrong after fusion
+    bad = check_fused_candidate(
+        Option(fused.graph, 0.0, "search #1", cand, {"equivalent": False}), p, HW, 1e-6, seed=0
+    )
+    assert bad.search_report is not None and bad.search_report["equivalent"] is False
