@@ -387,9 +387,10 @@ def test_every_fused_example_compiles_to_mma_for_sm_90(dtype: str) -> None:
     assert set(with_copies) == set(MMA_SHAPES)
 
 
-def test_the_chosen_warps_at_the_papers_flash_attention_shape_do_not_spill() -> None:
-    # 64 x 64 tiles on 1,024 threads (64 registers a thread): the chosen warp tiles keep their accumulators
-    # within the registers, with ldmatrix fragments and cp.async tiles.
+def test_the_chosen_layout_at_the_papers_flash_attention_shape_does_not_spill() -> None:
+    # 64 x 64 tiles: the threads and warps the block cost model chooses together (codegen/mma_threads.py, which
+    # prices spills past a thread's share of the registers) keep the accumulators within the registers, with
+    # ldmatrix fragments and cp.async tiles.
     from gensorage.codegen.cuda_build import cubin_unavailable_reason, ptx_and_resources
 
     if cubin_unavailable_reason() is not None:
@@ -399,7 +400,7 @@ def test_the_chosen_warps_at_the_papers_flash_attention_shape_do_not_spill() -> 
     )
     cg = compile_ugraph(g, HW, "cuda")
     (kernel,) = cg.kernels("cuda")
-    assert kernel.threads == 1024 and " of 32 warps" in kernel.rule
+    assert "by the block cost model" in kernel.rule
     built = ptx_and_resources(cg.cuda_source(), HW.arch)
     assert built is not None
     ptx, resources = built

@@ -60,6 +60,7 @@ from gensorage.codegen.block_emitter import BlockEmitter
 from gensorage.codegen.block_matmul import matmul_dims
 from gensorage.codegen.block_mma import MmaTiling, block_mma_tilings
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
+from gensorage.codegen.mma_threads import mma_block_layout
 from gensorage.codegen.mma_warps import choose_mma_warps
 from gensorage.codegen.scalar import FLOAT_DTYPES, Scalar
 from gensorage.construction.block_threads import ThreadChoice, fallback_threads, matmul_tiling
@@ -111,10 +112,15 @@ def dominant_matmul(op: GraphDefinedOp, binfo: BlockInfo) -> tuple[int, tuple[in
 
 
 def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int = 0) -> ThreadChoice:
-    """Threads per block of graph-defined op ``k`` (see :mod:`gensorage.construction.block_threads`)."""
+    """Threads per block of graph-defined op ``k``: chosen with the tensor-core warps by the block cost model
+    when the dominant matmul runs on tensor cores (:mod:`gensorage.codegen.mma_threads`), else by the Markov
+    construction (:mod:`gensorage.construction.block_threads`)."""
     op = g.ops[k]
     binfo = info.blocks[k]
     assert isinstance(op, GraphDefinedOp) and binfo is not None
+    layout = mma_block_layout(g, k, info, hw)
+    if layout is not None:
+        return layout
     dominant = dominant_matmul(op, binfo)
     why = "no matmul in the block graph"
     if dominant is not None:
