@@ -16,7 +16,7 @@ from gensorage.codegen.mma_threads import THREADS, mma_block_layout, warp_option
 from gensorage.codegen.ugraph_tir import plan_threads
 from gensorage.construction.block_threads import ThreadChoice
 from gensorage.hw import load_profile
-from gensorage.ugraph.block_cost import block_cycles, plan_block, register_cap
+from gensorage.ugraph.block_cost import MmaCosts, block_cycles, plan_block, register_cap, shared_cycles
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph
 from gensorage.ugraph.validate import validate
 
@@ -109,3 +109,18 @@ def test_kernels_without_tensor_core_matmuls_keep_the_construction() -> None:
     info = validate(g)
     assert mma_block_layout(g, k, info, H200) is None
     assert "markov construct" in plan_threads(g, k, info, H200).rule
+
+
+def test_ldmatrix_fragments_take_fewer_shared_cycles_than_element_loads() -> None:
+    g, k = _kernel("fused_mha_prefill")
+    info = validate(g)
+    op = g.ops[k]
+    binfo = info.blocks[k]
+    assert isinstance(op, GraphDefinedOp) and binfo is not None
+    costs = MmaCosts.of(H200)
+    for t in block_mma_tilings(info, binfo, op.block.nodes, 256, {3: 8, 6: 8}).values():
+        element = shared_cycles(t, costs)
+        assert shared_cycles(t, costs, (True, False)) < element
+        assert shared_cycles(t, costs, (False, True)) < element
+        # Per 16-wide k chunk at least one cycle per element-wise load instruction of every warp's fragments.
+        assert element >= t.warps * t.steps * (8 * t.warp_m + 4 * t.warp_n)

@@ -130,7 +130,7 @@ def mma_tiling(
     fused thread graph keeps every step's in registers) fit :func:`acc_budget`, the one with the fewest MMAs on
     the busiest warp (the critical path), then the largest (each fragment loaded feeds more MMAs), then the one
     loading the fewest fragment elements per k chunk (the squarer). When none fits, the one with the fewest
-    accumulators. How many warps: :func:`gensorage.codegen.mma_warps.choose_mma_warps`.
+    accumulators. How many warps: :mod:`gensorage.codegen.mma_threads`.
     """
     a, b = (binfo.nodes[r.node][r.out] for r in node.inputs)
     out = binfo.nodes[j][0].shape

@@ -24,7 +24,7 @@ since then, and ends every loop iteration in which shared memory was touched (th
 tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
 comes from the Markov construction: see :mod:`gensorage.construction.block_threads`; a block matmul whose tiles
 fit ``mma.m16n8k16`` runs on tensor cores on some of those warps, each with a warp tile of MMA tiles
-(:mod:`gensorage.codegen.block_mma`; how many warps: :mod:`gensorage.codegen.mma_warps`).
+(:mod:`gensorage.codegen.block_mma`; how many threads and warps: :mod:`gensorage.codegen.mma_threads`).
 
 Semantics (:mod:`gensorage.ugraph.ir`, reproduced by :mod:`gensorage.ugraph.evaluate`):
 
@@ -61,7 +61,6 @@ from gensorage.codegen.block_matmul import matmul_dims
 from gensorage.codegen.block_mma import MmaTiling, block_mma_tilings
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
 from gensorage.codegen.mma_threads import mma_block_layout
-from gensorage.codegen.mma_warps import choose_mma_warps
 from gensorage.codegen.scalar import FLOAT_DTYPES, Scalar
 from gensorage.construction.block_threads import ThreadChoice, fallback_threads, matmul_tiling
 from gensorage.errors import ScheduleError, UnsupportedOpError
@@ -130,8 +129,7 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
         except ScheduleError as exc:
             why = f"the construction found no schedule for the matmul tile: {exc}"
         else:
-            warps = choose_mma_warps(info, binfo, op.block.nodes, tiling.threads, hw)
-            return ThreadChoice(tiling.threads, j, tiling, tiling.describe(), warps)
+            return ThreadChoice(tiling.threads, j, tiling, tiling.describe())
     nt = fallback_threads(largest_tile(binfo), hw)
     return ThreadChoice(
         nt,
@@ -139,7 +137,6 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
         None,
         f"fallback ({why}): {nt} threads, one per element of the largest tile "
         f"({largest_tile(binfo)}) rounded to the warp size",
-        choose_mma_warps(info, binfo, op.block.nodes, nt, hw),
     )
 
 

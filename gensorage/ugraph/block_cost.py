@@ -135,12 +135,43 @@ def _elementwise(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class MmaCosts:
+    """Per-SM rates of the fragment loads of a tensor-core matmul: bytes per cycle and latency of shared memory."""
+
+    shared_bytes_per_cycle: float
+    shared_latency: float
+
+    @staticmethod
+    def of(hw: HwProfile) -> MmaCosts:
+        shared = hw.level("shared")
+        return MmaCosts(shared.bandwidth_Bps / (hw.sm_count * hw.clock_hz), shared.latency_cycles)
+
+
+def fragment_cycles(instructions: float, nbytes: int, costs: MmaCosts) -> float:
+    """Shared-pipe cycles of one fragment load by one warp: ``instructions`` instructions (one a cycle) or
+    ``nbytes`` bytes at the shared bandwidth, whichever is more."""
+    return max(float(instructions), nbytes / costs.shared_bytes_per_cycle)
+
+
+def shared_cycles(t: object, costs: MmaCosts, rows: tuple[bool, bool] = (False, False)) -> float:
+    """Shared-pipe cycles of the fragment loads of one 16-wide k chunk of tiling ``t``
+    (:class:`~gensorage.codegen.block_mma.MmaTiling`) over all its warps: per fragment a 2-byte element per lane
+    and instruction, or, for the operands ``rows`` says ``ldmatrix`` loads, one instruction per A fragment and
+    one per two B fragments."""
+    from gensorage.codegen.block_mma import A_ELEMS, B_ELEMS, WARP, MmaTiling
+
+    assert isinstance(t, MmaTiling)
+    el = dtype_bytes(t.dtype)
+    a = fragment_cycles(1 if rows[0] else A_ELEMS, WARP * A_ELEMS * el, costs)
+    b = fragment_cycles(0.5 if rows[1] else B_ELEMS, WARP * B_ELEMS * el, costs)
+    return t.warps * t.steps * (t.warp_m * a + t.warp_n * b)
+
+
 def _mma(hw: HwProfile, t: object, rows: tuple[bool, bool]) -> Work:
     """A tensor-core matmul phase at the emitted warp layout (:class:`~gensorage.codegen.block_mma.MmaTiling`);
-    ``rows``: which operands ``ldmatrix`` loads (the fragment loads' shared cycles are the warp chooser's,
-    :func:`~gensorage.codegen.mma_warps.shared_cycles`)."""
+    ``rows``: which operands ``ldmatrix`` loads (:func:`shared_cycles`)."""
     from gensorage.codegen.block_mma import MMA_K, MmaTiling
-    from gensorage.codegen.mma_warps import MmaCosts, shared_cycles
 
     assert isinstance(t, MmaTiling)
     chunks = t.k // MMA_K
@@ -148,7 +179,7 @@ def _mma(hw: HwProfile, t: object, rows: tuple[bool, bool]) -> Work:
         latency=t.steps * chunks * hw.level("shared").latency_cycles,
         chained_mmas=t.steps * chunks * t.warp_m * t.warp_n,
         mmas=t.warp_tiles * t.warp_m * t.warp_n * chunks,
-        shared=chunks * shared_cycles(t, MmaCosts.of(hw, t.dtype), rows) * WAVEFRONT,
+        shared=chunks * shared_cycles(t, MmaCosts.of(hw), rows) * WAVEFRONT,
     )
 
 
@@ -291,11 +322,9 @@ def block_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile) -> Thr
     construction is not run (about a second per matmul tile; full mode prices hundreds of tiles as it rebuilds
     the search's structures at the requested shapes): the dominant matmul's block tile widened to the grid's
     share of the GPU at one output element per thread, the generator's rule when the construction's register
-    tile is 1, as on every fused kernel measured (``tests/test_block_cost.py`` compares the two), with the
-    generator's tensor-core warps for those threads."""
+    tile is 1, as on every fused kernel measured (``tests/test_block_cost.py`` compares the two)."""
     # Imported here: gensorage.codegen and gensorage.construction import the µGraph modules.
     from gensorage.codegen.mma_threads import mma_block_layout
-    from gensorage.codegen.mma_warps import choose_mma_warps
     from gensorage.codegen.ugraph_tir import dominant_matmul, largest_tile
     from gensorage.construction.block_threads import (
         ThreadChoice,
@@ -320,7 +349,7 @@ def block_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile) -> Thr
             widen_block_tile((b, m, n), (1, 1, 1), (1, 1, 1), thread_cap(hw, math.prod(op.block.grid)))
         )
         rule = "the dominant matmul's tile, one output element per thread"
-    return ThreadChoice(nt, None, None, rule, choose_mma_warps(info, binfo, op.block.nodes, nt, hw))
+    return ThreadChoice(nt, None, None, rule)
 
 
 def _build_plan(
@@ -414,4 +443,13 @@ def block_cycles(plan: BlockPlan, hw: HwProfile, blocks: int, forloop: int) -> t
     return total, full + (1 if rest else 0)
 
 
-__all__ = ["BlockPlan", "Work", "block_cycles", "block_threads", "plan_block"]
+__all__ = [
+    "BlockPlan",
+    "MmaCosts",
+    "Work",
+    "fragment_cycles",
+    "shared_cycles",
+    "block_cycles",
+    "block_threads",
+    "plan_block",
+]
