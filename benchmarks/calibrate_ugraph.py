@@ -26,6 +26,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.calibrate_tensor_core import spearman  # noqa: E402
+from gensorage.construction.block_threads import ThreadChoice  # noqa: E402
 from gensorage.hw import load_profile  # noqa: E402
 from gensorage.hw.profile import HwProfile  # noqa: E402
 from gensorage.precision import DEFAULT_PRECISION  # noqa: E402
@@ -48,6 +50,18 @@ GRID = {
 }
 #: Fitted first, on the direct µGraphs (their element-wise kernels); the block constants then on the fused ones.
 DIRECT_GRID = {"predefined_dram_fraction": [0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}
+#: Runs measured before tiles were loaded with cp.async and fragments with ldmatrix (16-byte runs,
+#: ``ThreadChoice.runs``): their kernels are priced element by element.
+BEFORE_RUNS = frozenset(
+    f"gpu_suite-{name}-2026-11-26.json"
+    for name in (
+        "h100-final",
+        "h100-stable-attention",
+        "h200-fused-mma",
+        "h200-fused-syncs",
+        "h200-mma-warps",
+    )
+)
 PRECISIONS = ("storage",)  # suffixes program_case adds to a case's name (besides the default precision)
 
 
@@ -62,6 +76,7 @@ class Measured:
     block_mma: bool  # its block matmuls ran on tensor cores
     measured_s: float
     source: str
+    plans: dict[int, ThreadChoice] | None = None  # the thread plans measured, read from the case's rules
 
 
 def _split_precision(name: str) -> tuple[str, str]:
@@ -69,6 +84,40 @@ def _split_precision(name: str) -> tuple[str, str]:
         if name.endswith(f"_{p}"):
             return name.removesuffix(f"_{p}"), p
     return name, DEFAULT_PRECISION
+
+
+_VARIANT = re.compile(r"_w(\d+(?:t\d+)?e?)$")  # gpu_prepare's --block-mma-warps variants
+_THREADS = re.compile(r"(\d+) threads")
+_WARPS = re.compile(r"block matmul #(\d+) on tensor cores \([^)]*\): (\d+)(?: of \d+)? warps?")
+
+
+def _split_variant(name: str) -> tuple[str, str | None]:
+    """(the case's name without its warp variant, the variant) (``gpu_prepare.program_case``'s ``_w...``)."""
+    m = _VARIANT.search(name)
+    return (name, None) if m is None else (name[: m.start()], m.group(1))
+
+
+def measured_plans(
+    g: KernelGraph, rules: list[str], variant: str | None, runs: bool
+) -> dict[int, ThreadChoice] | None:
+    """The thread plans a fused case ran, read back from its kernels' rules (one per op, in order): the
+    threads, and each tensor-core block matmul's warps; loads in 16-byte runs when ``runs`` (and the variant
+    does not end in ``e``). None when the rules do not line up with the ops (the model's own plans are priced
+    then)."""
+    from gensorage.construction.block_threads import ThreadChoice
+    from gensorage.ugraph.ir import GraphDefinedOp
+
+    if len(rules) != len(g.ops):
+        return None
+    plans = {}
+    for k, (op, rule) in enumerate(zip(g.ops, rules, strict=True)):
+        threads = _THREADS.search(rule)
+        if not isinstance(op, GraphDefinedOp) or threads is None:
+            continue
+        warps = tuple((int(j), int(w)) for j, w in _WARPS.findall(rule))
+        runs_here = runs and (variant is None or not variant.endswith("e"))
+        plans[k] = ThreadChoice(int(threads.group(1)), None, None, "as measured", warps, runs_here)
+    return plans
 
 
 def rebuild(name: str, precision: str) -> tuple[KernelGraph, bool]:
@@ -92,7 +141,8 @@ def measured_programs(paths: list[Path]) -> list[Measured]:
             ours = (case.get("methods") or {}).get("ours", {})
             if case.get("kind") != "program" or case.get("status") != "ok" or "median_s" not in ours:
                 continue
-            base, precision = _split_precision(case["name"].removeprefix("program_"))
+            named, variant = _split_variant(case["name"].removeprefix("program_"))
+            base, precision = _split_precision(named)
             try:
                 g, fused = rebuild(base, precision)
             except Exception as exc:  # a program no longer bundled: reported, the others still count
@@ -100,8 +150,9 @@ def measured_programs(paths: list[Path]) -> list[Measured]:
                 continue
             rules = (case.get("meta") or {}).get("rules", [])
             mma = any("on tensor cores" in r for r in rules) or not fused
+            plans = measured_plans(g, rules, variant, path.name not in BEFORE_RUNS) if fused else None
             seen[(hw, case["name"])] = Measured(
-                case["name"], hw, g, fused, mma, float(ours["median_s"]), path.name
+                case["name"], hw, g, fused, mma, float(ours["median_s"]), path.name, plans
             )
     return list(seen.values())
 
@@ -109,7 +160,7 @@ def measured_programs(paths: list[Path]) -> list[Measured]:
 def predict(m: Measured, hw: HwProfile) -> float:
     from gensorage.ugraph.cost import kernel_costs
 
-    return sum(c.time_s for c in kernel_costs(m.ugraph, hw, block_mma=m.block_mma))
+    return sum(c.time_s for c in kernel_costs(m.ugraph, hw, block_mma=m.block_mma, plans=m.plans))
 
 
 def score(cases: list[Measured], profiles: dict[str, HwProfile]) -> dict[str, Any]:

@@ -409,7 +409,7 @@ def program_case(
     matmuls on the warps (and threads) it names (:func:`mma_warp_plans`, named ``_w<warps>`` or
     ``_w<warps>t<threads>``) instead of the chosen ones; ``label`` is appended to the case's name;
     ``row_threads``: its kernels without a block matmul on that many threads (named ``_rt<threads>``)."""
-    from gensorage.ugraph.cost import predict_ugraph_time
+    from gensorage.ugraph.cost import kernel_costs
 
     g = (
         from_program(program, precision)
@@ -462,7 +462,7 @@ def program_case(
         "outputs_order": [names[r] for r in g.outputs],
         "kernels": entries,
         "program": {"path": program_path(name, program, out, base), "params": {}},
-        "predicted_s": predict_ugraph_time(g, hw),
+        "predicted_s": sum(c.time_s for c in kernel_costs(g, hw, plans=plans)),  # the layout bundled
         "flops": 0,
         "min_bytes": sum(math.prod(t.shape) * 2 for t in program.inputs),
         "meta": {

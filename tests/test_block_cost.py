@@ -13,7 +13,7 @@ from gensorage.codegen.ugraph_tir import compute_dtype, emit_graph_defined, plan
 from gensorage.hw import load_profile
 from gensorage.opset import Op
 from gensorage.ugraph import KernelGraph, examples
-from gensorage.ugraph.block_cost import Work, block_threads, plan_block
+from gensorage.ugraph.block_cost import Work, block_cycles, block_threads, plan_block
 from gensorage.ugraph.cost import kernel_costs, predict_ugraph_time
 from gensorage.ugraph.ir import BlockGraph, BlockOp, GraphDefinedOp, InputIterator, OutputSaver, TensorSpec
 from gensorage.ugraph.validate import validate
@@ -78,20 +78,30 @@ def test_tensor_core_block_matmuls_are_priced_faster_than_cuda_cores() -> None:
     assert on_cuda_cores > predict_ugraph_time(g, H200)
 
 
-def test_fewer_loads_in_flight_make_a_loop_slower() -> None:
+def test_fewer_loads_in_flight_make_an_element_wise_loop_slower_and_cp_async_does_not_care() -> None:
     g = LOOPED["gated_mlp"]()
+    info = validate(g)
+    k = _looped_kernels(g)[0]
+    op = g.ops[k]
+    assert isinstance(op, GraphDefinedOp)
+    choice = block_threads(g, k, info, H200)
     cal = H200.calibration
-    times = [
-        predict_ugraph_time(
-            g,
-            dataclasses.replace(
+
+    def cycles(runs: bool) -> list[float]:
+        out = []
+        for f in (0.25, 1.0, 4.0):
+            hw = dataclasses.replace(
                 H200,
                 calibration=dataclasses.replace(cal, block_load_flight_bytes=cal.block_load_flight_bytes * f),
-            ),
-        )
-        for f in (0.25, 1.0, 4.0)
-    ]
-    assert times[0] > times[1] > times[2]
+            )
+            plan = plan_block(g, k, info, hw, True, dataclasses.replace(choice, runs=runs))
+            out.append(block_cycles(plan, hw, math.prod(op.block.grid), op.block.forloop)[0])
+        return out
+
+    element_wise, runs = cycles(False), cycles(True)
+    assert element_wise[0] > element_wise[1] > element_wise[2]
+    assert runs[0] == runs[1] == runs[2] <= element_wise[1]
+    assert runs[0] < element_wise[0]
 
 
 def test_resident_blocks_share_the_pipes_not_the_latency() -> None:
@@ -120,4 +130,4 @@ def test_the_model_plans_the_generators_threads_on_the_bundled_fused_kernels(nam
     info = validate(g)
     for k, op in enumerate(g.ops):
         if isinstance(op, GraphDefinedOp):
-            assert block_threads(op, info, k, H200).threads == plan_threads(g, k, info, H200).threads
+            assert block_threads(g, k, info, H200).threads == plan_threads(g, k, info, H200).threads

@@ -397,10 +397,13 @@ def test_markov_construct_picks_threads_and_registers() -> None:
     from gensorage.construction import construct_schedule, matmul_workload
     from gensorage.markov.space import space_for
 
-    _, g = EXAMPLES["flash_attention"](heads=2, q_len=64, kv_len=128, head_dim=32, q_blocks=2, forloop=4)
+    # float32 tiles: the block matmuls run on CUDA cores, so the construction sizes the block (a block with a
+    # tensor-core matmul gets its threads from the cost model: tests/test_mma_threads.py)
+    _, g = EXAMPLES["flash_attention"](
+        heads=2, q_len=64, kv_len=128, head_dim=32, q_blocks=2, forloop=4, dtype="float32"
+    )
     cg = compile_ugraph(g, HW, "llvm")
     plan = cg.plans[0]
-    # the scores Q·K flow only into exp, so the float32 policy stores the block matmul's result in float32
     wl = matmul_workload(1, 32, 32, 32, "float32")
     s = construct_schedule(wl, HW)
     assert plan.tiling is not None and plan.matmul_node == 3

@@ -7,7 +7,7 @@ read-after-write on one buffer, and TVM then wants a barrier inside the phase's 
 refuses ("Cannot insert syncs inside condition").
 
 Static ``__shared__`` arrays fare no better: ``ThreadSync("shared")`` wants a barrier inside a phase guarded by
-its warp (a tensor-core matmul on some of the block's warps, :mod:`gensorage.codegen.mma_warps`) and refuses
+its warp (a tensor-core matmul on some of the block's warps, :mod:`gensorage.codegen.mma_threads`) and refuses
 the same way.
 
 Kernels emitted with dynamic shared memory therefore hand TVM one allocation (an arena whose tiles the memory

@@ -65,7 +65,7 @@ class LoadEmitter:
             not e.choice.runs
             or e.sc.comps != 1
             or e.sinks_of(r)
-            or r not in e.buffers
+            or not e.needs_buffer(r)
             or e.buf_dtype(r) != dtype
         ):
             return 0

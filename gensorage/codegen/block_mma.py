@@ -130,7 +130,7 @@ def mma_tiling(
     fused thread graph keeps every step's in registers) fit :func:`acc_budget`, the one with the fewest MMAs on
     the busiest warp (the critical path), then the largest (each fragment loaded feeds more MMAs), then the one
     loading the fewest fragment elements per k chunk (the squarer). When none fits, the one with the fewest
-    accumulators. How many warps: :func:`gensorage.codegen.mma_warps.choose_mma_warps`.
+    accumulators. How many warps: :mod:`gensorage.codegen.mma_threads`.
     """
     a, b = (binfo.nodes[r.node][r.out] for r in node.inputs)
     out = binfo.nodes[j][0].shape
@@ -311,7 +311,7 @@ class MmaEmitter:
         bb = broadcast_index(batch, e.tile(b).shape[:-2])
         low, high = ldmatrix_row(lane)
         for mi in range(t.warp_m):
-            if self._row_loadable(a, t, t.padded):  # A rows (k contiguous): x4 gives the a_element layout
+            if self.row_loadable(a, t, t.padded):  # A rows (k contiguous): x4 gives the a_element layout
                 idx = ab + [i0 + mi * MMA_M + low, kc * MMA_K + high]
                 self._ldmatrix(t, fa, mi * A_ELEMS, a, idx, 4, trans=False)
                 continue
@@ -328,7 +328,7 @@ class MmaEmitter:
                     )
                 e.store(fa, str(mi * A_ELEMS + x), v, t.dtype)
         for nj in range(t.warp_n):
-            if self._row_loadable(b, t, False):  # B rows (n contiguous), transposed: two n tiles per x4
+            if self.row_loadable(b, t, False):  # B rows (n contiguous), transposed: two n tiles per x4
                 if nj % 2 == 0:
                     pair = nj + 1 < t.warp_n
                     idx = bb + [kc * MMA_K + low, j0 + nj * MMA_N + (high if pair else Ix())]
@@ -347,13 +347,13 @@ class MmaEmitter:
                     f'{acc}.data, {(mi * t.warp_n + nj) * C_ELEMS}, False, dtype="float32"))'
                 )
 
-    def _row_loadable(self, r: Ref, t: MmaTiling, padded_rows: bool) -> bool:
+    def row_loadable(self, r: Ref, t: MmaTiling, padded_rows: bool) -> bool:
         """Whether ``ldmatrix`` can load fragments of operand ``r``: a shared tile of its own (no view) in the
         MMA dtype, on the GPU, every 8-element run of a row 16-byte aligned (arena tiles start at multiples of 16
         bytes, TVM aligns static ``__shared__`` arrays to 64): rows of whole runs, no swizzle. A padded tile of
         A rows would read past the tile."""
         e = self.e
-        if not (e.gpu and e.choice.runs) or padded_rows or r not in e.buffers:
+        if not (e.gpu and e.choice.runs) or padded_rows or not e.needs_buffer(r):
             return False
         if e.sc.comps != 1 or not row_operand(e.binfo, e.nodes, r, t) or e.buf_dtype(r) != t.dtype:
             return False

@@ -24,7 +24,7 @@ since then, and ends every loop iteration in which shared memory was touched (th
 tiles). How the dominant matmul is tiled over the threads (and how many threads there are)
 comes from the Markov construction: see :mod:`gensorage.construction.block_threads`; a block matmul whose tiles
 fit ``mma.m16n8k16`` runs on tensor cores on some of those warps, each with a warp tile of MMA tiles
-(:mod:`gensorage.codegen.block_mma`; how many warps: :mod:`gensorage.codegen.mma_warps`).
+(:mod:`gensorage.codegen.block_mma`; how many threads and warps: :mod:`gensorage.codegen.mma_threads`).
 
 Semantics (:mod:`gensorage.ugraph.ir`, reproduced by :mod:`gensorage.ugraph.evaluate`):
 
@@ -60,7 +60,7 @@ from gensorage.codegen.block_emitter import BlockEmitter
 from gensorage.codegen.block_matmul import matmul_dims
 from gensorage.codegen.block_mma import MmaTiling, block_mma_tilings
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
-from gensorage.codegen.mma_warps import choose_mma_warps
+from gensorage.codegen.mma_threads import mma_block_layout
 from gensorage.codegen.scalar import FLOAT_DTYPES, Scalar
 from gensorage.construction.block_threads import ThreadChoice, fallback_threads, matmul_tiling
 from gensorage.errors import ScheduleError, UnsupportedOpError
@@ -111,10 +111,15 @@ def dominant_matmul(op: GraphDefinedOp, binfo: BlockInfo) -> tuple[int, tuple[in
 
 
 def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int = 0) -> ThreadChoice:
-    """Threads per block of graph-defined op ``k`` (see :mod:`gensorage.construction.block_threads`)."""
+    """Threads per block of graph-defined op ``k``: chosen with the tensor-core warps by the block cost model
+    when the dominant matmul runs on tensor cores (:mod:`gensorage.codegen.mma_threads`), else by the Markov
+    construction (:mod:`gensorage.construction.block_threads`)."""
     op = g.ops[k]
     binfo = info.blocks[k]
     assert isinstance(op, GraphDefinedOp) and binfo is not None
+    layout = mma_block_layout(g, k, info, hw)
+    if layout is not None:
+        return layout
     dominant = dominant_matmul(op, binfo)
     why = "no matmul in the block graph"
     if dominant is not None:
@@ -124,8 +129,7 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
         except ScheduleError as exc:
             why = f"the construction found no schedule for the matmul tile: {exc}"
         else:
-            warps = choose_mma_warps(info, binfo, op.block.nodes, tiling.threads, hw)
-            return ThreadChoice(tiling.threads, j, tiling, tiling.describe(), warps)
+            return ThreadChoice(tiling.threads, j, tiling, tiling.describe())
     nt = fallback_threads(largest_tile(binfo), hw)
     return ThreadChoice(
         nt,
@@ -133,7 +137,6 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
         None,
         f"fallback ({why}): {nt} threads, one per element of the largest tile "
         f"({largest_tile(binfo)}) rounded to the warp size",
-        choose_mma_warps(info, binfo, op.block.nodes, nt, hw),
     )
 
 

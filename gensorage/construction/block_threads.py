@@ -90,7 +90,7 @@ class MatmulTiling:
 class ThreadChoice:
     """Threads per block, the block node tiled by the constructor (None: fallback rule), and why; ``mma_warps``
     pairs a tensor-core block matmul with the warps that compute it (the others idle in its phase; one not
-    listed runs on all of them), see :mod:`gensorage.codegen.mma_warps`; ``runs``: whether shared memory is
+    listed runs on all of them), see :mod:`gensorage.codegen.mma_threads`; ``runs``: whether shared memory is
     read and written 16 bytes at a time where the layout allows (``ldmatrix`` fragment loads,
     :mod:`gensorage.codegen.block_mma`; ``cp.async`` tile loads, :mod:`gensorage.codegen.block_loads`), False:
     element by element, e.g. to measure the difference."""

@@ -77,7 +77,10 @@ class Work:
     mmas: float = 0.0  # MMAs of the block
     shared: float = 0.0  # shared-memory wavefronts
     sfu: float = 0.0  # special-function cycles
-    thread_bytes: float = 0.0  # bytes one thread loads from global memory
+    thread_bytes: float = 0.0  # bytes one thread loads from global memory element by element
+    async_loads: float = (
+        0.0  # cp.async load phases: one DRAM round trip each, all of a thread's copies in flight
+    )
     barriers: int = 0
 
     def __add__(self, o: Work) -> Work:
@@ -94,7 +97,7 @@ class Work:
         chain = (
             self.latency
             + self.chained_mmas * cal.block_mma_cycles
-            + trips * hw.level("dram").latency_cycles
+            + (trips + self.async_loads) * hw.level("dram").latency_cycles
             + self.barriers * cal.block_barrier_cycles
         )
         issue = (self.ops * cal.block_element_cycles + self.mmas * cal.block_mma_cycles) / SUB_CORES
@@ -109,6 +112,7 @@ class BlockPlan:
     threads: int
     resident: int
     registers: int
+    spilled: int  # registers per thread past :func:`register_cap`
     body: Work
     once: Work
     load_bytes: int  # bytes one block loads per iteration (L2 traffic)
@@ -133,19 +137,51 @@ def _elementwise(
     )
 
 
-def _mma(hw: HwProfile, t: object) -> Work:
-    """A tensor-core matmul phase at the emitted warp layout (:class:`~gensorage.codegen.block_mma.MmaTiling`)."""
-    from gensorage.codegen.block_mma import A_ELEMS, B_ELEMS, MMA_K, MmaTiling
+@dataclass(frozen=True, slots=True)
+class MmaCosts:
+    """Per-SM rates of the fragment loads of a tensor-core matmul: bytes per cycle and latency of shared memory."""
+
+    shared_bytes_per_cycle: float
+    shared_latency: float
+
+    @staticmethod
+    def of(hw: HwProfile) -> MmaCosts:
+        shared = hw.level("shared")
+        return MmaCosts(shared.bandwidth_Bps / (hw.sm_count * hw.clock_hz), shared.latency_cycles)
+
+
+def fragment_cycles(instructions: float, nbytes: int, costs: MmaCosts) -> float:
+    """Shared-pipe cycles of one fragment load by one warp: ``instructions`` instructions (one a cycle) or
+    ``nbytes`` bytes at the shared bandwidth, whichever is more."""
+    return max(float(instructions), nbytes / costs.shared_bytes_per_cycle)
+
+
+def shared_cycles(t: object, costs: MmaCosts, rows: tuple[bool, bool] = (False, False)) -> float:
+    """Shared-pipe cycles of the fragment loads of one 16-wide k chunk of tiling ``t``
+    (:class:`~gensorage.codegen.block_mma.MmaTiling`) over all its warps: per fragment a 2-byte element per lane
+    and instruction, or, for the operands ``rows`` says ``ldmatrix`` loads, one instruction per A fragment and
+    one per two B fragments."""
+    from gensorage.codegen.block_mma import A_ELEMS, B_ELEMS, WARP, MmaTiling
+
+    assert isinstance(t, MmaTiling)
+    el = dtype_bytes(t.dtype)
+    a = fragment_cycles(1 if rows[0] else A_ELEMS, WARP * A_ELEMS * el, costs)
+    b = fragment_cycles(0.5 if rows[1] else B_ELEMS, WARP * B_ELEMS * el, costs)
+    return t.warps * t.steps * (t.warp_m * a + t.warp_n * b)
+
+
+def _mma(hw: HwProfile, t: object, rows: tuple[bool, bool]) -> Work:
+    """A tensor-core matmul phase at the emitted warp layout (:class:`~gensorage.codegen.block_mma.MmaTiling`);
+    ``rows``: which operands ``ldmatrix`` loads (:func:`shared_cycles`)."""
+    from gensorage.codegen.block_mma import MMA_K, MmaTiling
 
     assert isinstance(t, MmaTiling)
     chunks = t.k // MMA_K
-    frags = A_ELEMS * t.warp_m + B_ELEMS * t.warp_n
-    busy = min(t.warps, t.warp_tiles)  # warps with a warp tile
     return Work(
         latency=t.steps * chunks * hw.level("shared").latency_cycles,
         chained_mmas=t.steps * chunks * t.warp_m * t.warp_n,
         mmas=t.warp_tiles * t.warp_m * t.warp_n * chunks,
-        shared=busy * t.steps * chunks * frags * WAVEFRONT,
+        shared=chunks * shared_cycles(t, MmaCosts.of(hw), rows) * WAVEFRONT,
     )
 
 
@@ -179,7 +215,10 @@ def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
         return Work()
     if node.op is Op.MATMUL:
         if mma and j in e.mma:
-            return _mma(hw, e.mma[j])
+            t = e.mma[j]
+            a, b = node.inputs
+            rows = e.mma_emitter.row_loadable(a, t, t.padded), e.mma_emitter.row_loadable(b, t, False)
+            return _mma(hw, t, rows)
         # CUDA cores, one output element per thread (register tile 1): k multiply-adds, 2k shared reads.
         k = binfo.nodes[node.inputs[0].node][node.inputs[0].out].shape[-1]
         return _elementwise(hw, nt, math.prod(out), k, 2 * k, 1)
@@ -215,12 +254,20 @@ def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
 
 
 def _load(hw: HwProfile, e: BlockEmitter, j: int) -> tuple[Work, int]:
-    """An iterator's tile: its element-wise loads (each also a shared-memory store), and its bytes."""
+    """An iterator's tile: its loads (each also a shared-memory store), and its bytes. Element-wise loads keep
+    ``block_load_flight_bytes`` in flight per thread; ``cp.async`` copies (16-byte runs,
+    :mod:`gensorage.codegen.block_loads`) are all in flight at once: one round trip, a quarter of the
+    instructions of 4-byte loads, each run four shared wavefronts per warp (512 bytes)."""
     t = e.binfo.nodes[j][0]
     elems = math.prod(t.shape)
+    nbytes = elems * dtype_bytes(t.dtype)
+    run = e.loads.run_elements(j)
+    if run:
+        work = _elementwise(hw, e.nt, -(-elems // run), 1, 0, 0)
+        return Work(ops=work.ops, shared=4 * work.ops, async_loads=1), nbytes
     work = _elementwise(hw, e.nt, elems, 1, 0, 1)
     per_thread = -(-elems // e.nt) * dtype_bytes(t.dtype)
-    return Work(ops=work.ops, shared=work.shared, thread_bytes=per_thread), elems * dtype_bytes(t.dtype)
+    return Work(ops=work.ops, shared=work.shared, thread_bytes=per_thread), nbytes
 
 
 def _registers(e: BlockEmitter, mma: bool) -> int:
@@ -234,22 +281,39 @@ def _registers(e: BlockEmitter, mma: bool) -> int:
         regs += max(
             (t.regs + (A_ELEMS * t.warp_m + B_ELEMS * t.warp_n) // 2 for t in e.mma.values()), default=0
         )
-    return min(255, -(-regs // 8) * 8)
+    return -(-regs // 8) * 8
 
 
-def plan_block(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: bool = True) -> BlockPlan:
+def register_cap(hw: HwProfile, threads: int) -> int:
+    """The registers a thread of a ``threads``-thread block may use: the per-thread limit, or its share of the
+    SM's register file (allocated 8 at a time), whichever is less; nvcc spills past it."""
+    return min(hw.max_registers_per_thread, hw.registers_per_sm // threads // 8 * 8)
+
+
+def plan_block(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    mma: bool = True,
+    choice: ThreadChoice | None = None,
+) -> BlockPlan:
     """Graph-defined op ``k`` of ``g`` as the code generator plans it (``mma=False``: block matmuls on CUDA
-    cores, as kernels were emitted before tensor-core block graphs). Cached: a search prices many µGraphs
-    that share kernels."""
-    # The plan is counts; only block_cycles reads the calibration (nor does the construction that picks the
-    # threads), so calibrated variants of a profile share plans.
+    cores, as kernels were emitted before tensor-core block graphs), under ``choice`` (default: the
+    generator's own, :func:`block_threads`). Cached: a search prices many µGraphs that share kernels."""
+    # The plan is counts; only block_cycles reads the calibration, so calibrated variants of a profile share
+    # plans. The thread choice does read it (it is priced), so it is made on the profile as given.
+    op = g.ops[k]
+    assert isinstance(op, GraphDefinedOp)
+    if choice is None:
+        choice = block_threads(g, k, info, hw)
     base = dataclasses.replace(hw, calibration=Calibration())
-    key = _Key(g.ops[k], tuple(info.of(r) for r in g.ops[k].inputs), base, mma)
+    key = _Key(op, tuple(info.of(r) for r in op.inputs), base, mma, choice)
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        plan = _PLANS[key] = _build_plan(g, k, info, base, mma)
+        plan = _PLANS[key] = _build_plan(g, k, info, base, mma, choice)
     return plan
 
 
@@ -261,6 +325,7 @@ class _Key:
     ins: object
     hw: HwProfile
     mma: bool
+    choice: object
 
 
 _PLANS: dict[_Key, BlockPlan] = {}
@@ -272,13 +337,16 @@ def _tensor_peak(hw: HwProfile, dtype: str) -> float:
     return next((tensor for dt, _, tensor in hw.peak_flops if dt == dtype), 0.0)
 
 
-def block_threads(op: GraphDefinedOp, info: GraphInfo, k: int, hw: HwProfile) -> ThreadChoice:
-    """Threads per block as :func:`~gensorage.codegen.ugraph_tir.plan_threads` gives them, without running the
-    Markov construction (about a second per matmul tile; full mode prices hundreds of tiles as it rebuilds the
-    search's structures at the requested shapes): the dominant matmul's block tile widened to the grid's share of
-    the GPU at one output element per thread. That is the generator's rule when the construction's register
+def block_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile) -> ThreadChoice:
+    """The thread plan of graph-defined op ``k`` as :func:`~gensorage.codegen.ugraph_tir.plan_threads` gives it.
+    A kernel whose dominant matmul runs on tensor cores gets the generator's own plan
+    (:func:`~gensorage.codegen.mma_threads.mma_block_layout`, which this model prices). Otherwise the Markov
+    construction is not run (about a second per matmul tile; full mode prices hundreds of tiles as it rebuilds
+    the search's structures at the requested shapes): the dominant matmul's block tile widened to the grid's
+    share of the GPU at one output element per thread, the generator's rule when the construction's register
     tile is 1, as on every fused kernel measured (``tests/test_block_cost.py`` compares the two)."""
     # Imported here: gensorage.codegen and gensorage.construction import the µGraph modules.
+    from gensorage.codegen.mma_threads import mma_block_layout
     from gensorage.codegen.ugraph_tir import dominant_matmul, largest_tile
     from gensorage.construction.block_threads import (
         ThreadChoice,
@@ -287,20 +355,28 @@ def block_threads(op: GraphDefinedOp, info: GraphInfo, k: int, hw: HwProfile) ->
         widen_block_tile,
     )
 
+    op = g.ops[k]
     binfo = info.blocks[k]
-    assert binfo is not None
+    assert isinstance(op, GraphDefinedOp) and binfo is not None
+    layout = mma_block_layout(g, k, info, hw)
+    if layout is not None:
+        return layout
     dominant = dominant_matmul(op, binfo)
     if dominant is None:
         nt = fallback_threads(largest_tile(binfo), hw)
-        return ThreadChoice(nt, None, None, "fallback: no matmul in the block graph")
-    b, m, n, _ = dominant[1]
-    tile = widen_block_tile((b, m, n), (1, 1, 1), (1, 1, 1), thread_cap(hw, math.prod(op.block.grid)))
-    return ThreadChoice(
-        math.prod(tile), None, None, "the dominant matmul's tile, one output element per thread"
-    )
+        rule = "fallback: no matmul in the block graph"
+    else:
+        b, m, n, _ = dominant[1]
+        nt = math.prod(
+            widen_block_tile((b, m, n), (1, 1, 1), (1, 1, 1), thread_cap(hw, math.prod(op.block.grid)))
+        )
+        rule = "the dominant matmul's tile, one output element per thread"
+    return ThreadChoice(nt, None, None, rule)
 
 
-def _build_plan(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: bool) -> BlockPlan:
+def _build_plan(
+    g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: bool, choice: ThreadChoice
+) -> BlockPlan:
     from gensorage.codegen.block_emitter import BlockEmitter
     from gensorage.codegen.scalar import FloatScalar
     from gensorage.codegen.ugraph_tir import compute_dtype
@@ -308,7 +384,6 @@ def _build_plan(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: boo
 
     op = g.ops[k]
     assert isinstance(op, GraphDefinedOp)
-    choice = block_threads(op, info, k, hw)
     # The emitter, set up and not run: its tensor-core tilings, fused thread graphs and register accumulators.
     e = BlockEmitter(g, k, info, choice, "cuda", FloatScalar(compute_dtype(g, info)), f"cost{k}")
     # A profile without tensor cores for the MMA dtype (peak 0) prices the CUDA-core path.
@@ -353,8 +428,13 @@ def _build_plan(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: boo
         latency=hw.level("dram").latency_cycles, barriers=1
     )
     footprint = shared_footprint(block, binfo)
-    regs = _registers(e, mma)
     threads = -(-nt // hw.warp_size) * hw.warp_size
+    demand = _registers(e, mma)
+    regs = min(demand, register_cap(hw, threads))
+    # What does not fit spills to local memory, through L1 (the shared-memory pipe): each spilled register
+    # stored and loaded once per loop iteration, one wavefront per warp access.
+    spilled = demand - regs
+    body += Work(shared=2 * spilled * threads // hw.warp_size)
     resident = max(
         1,
         min(
@@ -364,7 +444,7 @@ def _build_plan(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, mma: boo
             hw.registers_per_sm // (regs * threads),
         ),
     )
-    return BlockPlan(nt, resident, regs, body, once, load_bytes, hoisted, mma)
+    return BlockPlan(nt, resident, regs, spilled, body, once, load_bytes, hoisted, mma)
 
 
 def block_cycles(plan: BlockPlan, hw: HwProfile, blocks: int, forloop: int) -> tuple[float, int]:
@@ -385,4 +465,13 @@ def block_cycles(plan: BlockPlan, hw: HwProfile, blocks: int, forloop: int) -> t
     return total, full + (1 if rest else 0)
 
 
-__all__ = ["BlockPlan", "Work", "block_cycles", "block_threads", "plan_block"]
+__all__ = [
+    "BlockPlan",
+    "MmaCosts",
+    "Work",
+    "fragment_cycles",
+    "shared_cycles",
+    "block_cycles",
+    "block_threads",
+    "plan_block",
+]

@@ -22,8 +22,9 @@ launch and tail per kernel, so the two models agree on what a kernel boundary co
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gensorage import opset
 from gensorage.errors import UnsupportedOpError
@@ -43,6 +44,9 @@ from gensorage.ugraph.ir import (
 )
 from gensorage.ugraph.shapes import BlockInfo, GraphInfo, TensorInfo
 from gensorage.ugraph.validate import loop_phases, tensor_bytes, validate
+
+if TYPE_CHECKING:
+    from gensorage.construction.block_threads import ThreadChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +105,21 @@ def _tensor_core_matmul(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], ou
 
 
 def _block_cost(
-    hw: HwProfile, g: KernelGraph, k: int, info: GraphInfo, ins: list[TensorInfo], binfo: BlockInfo, mma: bool
+    hw: HwProfile,
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    ins: list[TensorInfo],
+    binfo: BlockInfo,
+    mma: bool,
+    choice: ThreadChoice | None = None,
 ) -> KernelCost:
     node = g.ops[k]
     assert isinstance(node, GraphDefinedOp)
     block = node.block
     blocks = math.prod(block.grid)
     try:
-        plan = plan_block(g, k, info, hw, mma)
+        plan = plan_block(g, k, info, hw, mma, choice)
     except (
         UnsupportedOpError
     ):  # the generator refuses it (a grid beyond CUDA's, an integer tensor): never chosen
@@ -183,10 +194,17 @@ def _inputs(n: object) -> tuple:  # type: ignore[type-arg]
 
 
 def kernel_costs(
-    g: KernelGraph, hw: HwProfile, info: GraphInfo | None = None, *, block_mma: bool = True
+    g: KernelGraph,
+    hw: HwProfile,
+    info: GraphInfo | None = None,
+    *,
+    block_mma: bool = True,
+    plans: Mapping[int, ThreadChoice] | None = None,
 ) -> list[KernelCost]:
     """The cost terms of every kernel operator of ``g``, in order (``g`` must be valid); ``block_mma=False``
-    prices block matmuls on CUDA cores (kernels emitted before tensor-core block graphs, for calibration)."""
+    prices block matmuls on CUDA cores (kernels emitted before tensor-core block graphs, for calibration);
+    ``plans``: thread plans of graph-defined ops (op index -> plan) instead of the generator's own, as
+    ``compile_ugraph(..., plans=)`` takes them (a measured variant's layout, for calibration)."""
     info = info if info is not None else validate(g)
     out: list[KernelCost] = []
     n_in = len(g.inputs)
@@ -197,7 +215,8 @@ def kernel_costs(
         else:
             binfo = info.blocks[k]
             assert binfo is not None
-            out.append(_block_cost(hw, g, k, info, ins, binfo, block_mma))
+            choice = None if plans is None else plans.get(k)
+            out.append(_block_cost(hw, g, k, info, ins, binfo, block_mma, choice))
     return out
 
 
