@@ -10,6 +10,8 @@ Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py
            --block-mma-warps 0e 0 4 8 4:128 8:256                       # warp layouts side by side
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms none --convs none --programs gated_mlp \
            --candidates 3 --search-budget 60     # full mode's candidates (benchmarks/gpu_candidates.py)
+       python benchmarks/gpu_suite.py --prepare gpu_bundle --wgmma-only --wgmma-tma --gemms M1 M3 \
+           --convs none --programs --dtypes float16   # TMA wgmma kernels beside the best cp.async ones
 
    writes ``gpu_bundle/manifest.json`` and one cubin (and its CUDA source) per case.
 2. On the GPU machine (torch, CuPy; no TVM), in one call of at most 8 minutes::
@@ -35,6 +37,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 def prepare(args: argparse.Namespace) -> int:
     from benchmarks import gpu_prepare as gpu_bundle
+    from benchmarks import gpu_sweeps
     from benchmarks.common import machine_info
     from benchmarks.gpu_candidates import candidate_cases
     from gensorage.hw import load_profile
@@ -59,9 +62,12 @@ def prepare(args: argparse.Namespace) -> int:
 
         for dtype in args.dtypes:
             smoke = gpu_wgmma.SMOKE_SHORT if args.wgmma_only else tuple(gpu_wgmma.SMOKE)
+            variants = gpu_wgmma.WGMMA_VARIANTS
+            if args.wgmma_tma:
+                smoke, variants = gpu_wgmma.SMOKE_TMA, gpu_wgmma.WGMMA_BEST + gpu_wgmma.TMA_VARIANTS
             cases += gpu_wgmma.smoke_cases(hw, out, dtype, smoke)
             for name, dims in gemms.items():
-                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype)
+                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants)
                 print(
                     f"[{time.perf_counter() - t0:6.1f}s] wgmma {name} {dtype}: {len(cases)} cases",
                     file=sys.stderr,
@@ -73,11 +79,11 @@ def prepare(args: argparse.Namespace) -> int:
     if args.split_sweep:
         shapes = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.split_sweep}
         shapes |= {s: gpu_bundle.EXTRA_GEMMS[s] for s in args.split_sweep if s in gpu_bundle.EXTRA_GEMMS}
-        cases += gpu_bundle.split_sweep_cases(hw, out, shapes)
+        cases += gpu_sweeps.split_sweep_cases(hw, out, shapes)
         print(f"[{time.perf_counter() - t0:6.1f}s] split-k sweep: {len(cases)} cases", file=sys.stderr)
     if args.sweep:
         sweep = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.sweep}
-        cases += gpu_bundle.sweep_cases(hw, out, sweep)
+        cases += gpu_sweeps.sweep_cases(hw, out, sweep)
         print(f"[{time.perf_counter() - t0:6.1f}s] sweep: {len(cases)} cases", file=sys.stderr)
     for name in programs:
         try:
@@ -154,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         "--wgmma-only",
         action="store_true",
         help="GEMMs: only the wgmma kernels (no mma.sync or CUDA-core ones) and the short list of smoke GEMMs",
+    )
+    ap.add_argument(
+        "--wgmma-tma",
+        action="store_true",
+        help="with --wgmma(-only): the warp-specialised TMA tilings beside the fastest cp.async ones, and the "
+        "TMA smoke GEMMs",
     )
     ap.add_argument("--split-sweep", nargs="*", default=None, help="GEMM names to sweep split-k on")
     ap.add_argument(

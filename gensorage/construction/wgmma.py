@@ -26,15 +26,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gensorage.codegen.wgmma import BLOCK_K, WG_M, WgmmaTiles, shared_bytes, unsupported
+from gensorage.codegen.wgmma_tma import SETMAXNREG
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import blocks_per_sm
 
+REGISTER_FILE = 65536  # 32-bit registers of an SM, the most one block may have
 REGISTER_OVERHEAD = 40  # addresses, descriptors, loop counters per thread (ptxas reports: 72 at N = 64)
 
 
 def registers(t: WgmmaTiles) -> int:
     """Registers per thread: the float32 accumulators (N / 2) and overhead that grows with the unrolled
-    epilogue (ptxas: 72, 110, 188 at N = 64, 128, 256)."""
+    epilogue (ptxas: 72, 110, 188 at N = 64, 128, 256); with ``setmaxnreg`` (TMA, two consumer warpgroups)
+    the block's whole register file divided among its threads, which ptxas allocates at launch."""
+    if t.tma and t.warpgroups in SETMAXNREG:
+        return REGISTER_FILE // t.threads // 8 * 8
     return t.accumulators + REGISTER_OVERHEAD + t.block_n // 8
 
 

@@ -1,0 +1,226 @@
+"""The warp-specialised TMA wgmma kernel: its twin against float64, the layout the copy engine writes, the PTX
+nvcc makes, the tensor maps the runner encodes, and the bundle entries that name them."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from benchmarks.gpu_tensor_map import (
+    DATA_TYPES,
+    L2_PROMOTION_256B,
+    OOB_FILL_NONE,
+    SWIZZLES,
+    TensorMapError,
+    check_tensor_map,
+    encode_arguments,
+)
+from gensorage.codegen.cuda_build import cubin_unavailable_reason, ptx_and_resources
+from gensorage.codegen.wgmma import ARCH, ATOM, BLOCK_K, WgmmaTiles, a_offset, b_offset, wgmma_matmul
+from gensorage.codegen.wgmma_tma import SETMAXNREG, stage_bytes, tensor_map_args
+from gensorage.codegen.wgmma_twin import swizzle_128b, wgmma_twin
+from gensorage.dtypes import numpy_dtype
+from gensorage.errors import ScheduleError
+from gensorage.hw import load_profile
+
+H200 = load_profile("h200")
+
+
+def _run_twin(a: np.ndarray, b: np.ndarray, tiles: WgmmaTiles, dtype: str) -> np.ndarray:
+    import tvm
+
+    m, n = a.shape[0], b.shape[1]
+    func = wgmma_twin(a.shape, b.shape, (m, n), dtype, dtype, tiles)
+    ex = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    out = tvm.runtime.empty((m, n), dtype, tvm.cpu())
+    ex(tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    return out.numpy()
+
+
+def test_the_copy_engine_writes_the_layout_the_descriptors_read() -> None:
+    # A 128-byte-swizzled box of 128-byte rows (the copy engine's layout: the 16-byte chunk bits 4-6 XOR
+    # the row bits 7-9 of the shared address) is the kernel's A and B tile layout element for element.
+    for row in range(128):
+        for col in range(BLOCK_K):
+            assert swizzle_128b((row * ATOM + col) * 2) == 2 * a_offset(row, col)
+    for k in range(BLOCK_K):
+        for col in range(256):
+            box_at = (col // ATOM * ATOM * BLOCK_K + k * ATOM + col % ATOM) * 2  # box col // 64, row k
+            assert swizzle_128b(box_at) == 2 * b_offset(k, col)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 200),
+    n=st.integers(1, 40).map(lambda x: 8 * x),
+    k=st.integers(1, 30).map(lambda x: 8 * x),
+    tiles=st.sampled_from(
+        [
+            WgmmaTiles(1, 64, 2, tma=True),
+            WgmmaTiles(2, 128, 3, tma=True),
+            WgmmaTiles(1, 128, 6, tma=True),
+            WgmmaTiles(2, 64, 4, pending=2, tma=True),
+        ]
+    ),
+    scale=st.sampled_from([1e-3, 1.0, 30.0]),
+    seed=st.integers(0, 2**16),
+    dtype=st.sampled_from(["float16", "bfloat16"]),
+)
+def test_tma_twin_matches_float64_at_any_shape_and_magnitude(
+    m: int, n: int, k: int, tiles: WgmmaTiles, scale: float, seed: int, dtype: str
+) -> None:
+    # Ragged M, N and K: the copy engine's zero fill outside the matrix, the guarded write-back; deep rings.
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((m, k)) * scale).astype(numpy_dtype(dtype))
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(numpy_dtype(dtype))
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    got = _run_twin(a, b, tiles, dtype).astype(np.float64)
+    assert np.isfinite(got).all()
+    rounding = np.linalg.norm(want.astype(numpy_dtype(dtype)).astype(np.float64) - want)
+    tol = (2e-3 if dtype == "float16" else 8e-3) * np.linalg.norm(want) + 2 * rounding
+    assert np.linalg.norm(got - want) <= tol
+
+
+@pytest.mark.parametrize(
+    ("tiles", "why"),
+    [
+        (WgmmaTiles(1, 64, 1, tma=True), "stages=1 must be 2 to 6 with TMA"),
+        (WgmmaTiles(1, 64, 7, tma=True), "stages=7"),
+        (WgmmaTiles(1, 64, 2, staged=True, tma=True), "staged"),
+    ],
+)
+def test_what_the_tma_kernel_does_not_cover_is_refused(tiles: WgmmaTiles, why: str) -> None:
+    with pytest.raises(ScheduleError, match=why):
+        wgmma_matmul((64, 64), (64, 64), (64, 64), "float16", "float16", tiles)
+    with pytest.raises(ScheduleError, match="2-D operands"):
+        wgmma_matmul((2, 64, 64), (64, 64), (2, 64, 64), "float16", "float16", WgmmaTiles(1, 64, 2, tma=True))
+
+
+def test_a_tma_block_has_a_producer_warpgroup() -> None:
+    t = WgmmaTiles(2, 256, 4, tma=True)
+    assert t.threads == 384 and t.warps == 12 and t.block_m == 128
+    assert dataclasses.replace(t, tma=False).threads == 256
+    assert "TMA" in t.describe()
+
+
+@pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="needs nvcc for the PTX")
+@pytest.mark.parametrize(
+    ("tiles", "dtype"),
+    [
+        (WgmmaTiles(2, 256, 4, tma=True), "float16"),
+        (WgmmaTiles(2, 128, 6, pending=2, tma=True), "bfloat16"),
+        (WgmmaTiles(1, 64, 2, tma=True), "float16"),
+    ],
+)
+def test_tma_ptx_has_bulk_tensor_copies_mbarriers_and_wgmma_and_no_spills(
+    tiles: WgmmaTiles, dtype: str
+) -> None:
+    import tvm
+
+    from gensorage.codegen.cuda_build import cuda_target
+
+    m, n, k = 300, 520, 1000  # ragged in every dim
+    func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles)
+    hw = dataclasses.replace(H200, arch=ARCH)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    src = str(tvm.compile(mod, target=cuda_target(hw)).mod.imports[0].inspect_source())
+    assert src.count("const __grid_constant__ CUtensorMap") == 2 * 2  # A_map, B_map: declaration, definition
+    got = ptx_and_resources(src, ARCH)
+    assert got is not None
+    ptx, report = got
+    ab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    assert re.search(
+        r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx
+    )
+    assert "mbarrier.arrive.expect_tx.shared.b64" in ptx and "mbarrier.try_wait.parity" in ptx
+    assert "mbarrier.init.shared.b64" in ptx and "mbarrier.arrive.shared.b64" in ptx
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tiles.block_n}k16\.f32\.{ab}\.{ab}", ptx)
+    assert "cp.async.cg.shared.global" not in ptx  # every operand load is a TMA copy
+    assert ("setmaxnreg" in ptx) == (tiles.warpgroups in SETMAXNREG)
+    (res,) = report.values()
+    assert res.spill_stores == res.spill_loads == res.stack_bytes == 0
+    if tiles.warpgroups in SETMAXNREG:
+        # setmaxnreg moves registers within the block's launch-time share: 65536 / 384 threads per thread.
+        producer, consumer = SETMAXNREG[tiles.warpgroups]
+        assert res.registers == 168
+        assert 128 * producer + 256 * consumer <= 384 * res.registers
+
+
+@pytest.mark.parametrize("tiles", [WgmmaTiles(2, 256, 4, tma=True), WgmmaTiles(1, 64, 3, tma=True)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_tensor_maps_the_runner_encodes(tiles: WgmmaTiles, dtype: str) -> None:
+    m, n, k = 4096, 14336, 1000
+    a, b = tensor_map_args(m, n, k, dtype, tiles)
+    # A [M, K] row-major: K innermost, one K row of 2K bytes per M; a box of 64 K (128 bytes, the swizzle's
+    # span) by the block's rows. B [K, N]: N innermost; 64 N x 64 K boxes, block_n / 64 per step.
+    assert (a.dims, a.strides, a.box) == ((k, m), (2 * k,), (BLOCK_K, tiles.block_m))
+    assert (b.dims, b.strides, b.box) == ((n, k), (2 * n,), (ATOM, BLOCK_K))
+    # The boxes of one step are the bytes the full barrier expects.
+    assert 2 * (a.box[0] * a.box[1] + tiles.block_n // ATOM * b.box[0] * b.box[1]) == stage_bytes(tiles)
+    for spec, address in ((a, 0x7F0000000000), (b, 0x7F0000100000)):
+        args = encode_arguments(spec.as_json(), address)
+        assert args == (
+            DATA_TYPES[dtype],
+            2,
+            address,
+            spec.dims,
+            spec.strides,
+            spec.box,
+            (1, 1),
+            0,
+            SWIZZLES[128],
+            L2_PROMOTION_256B,
+            OOB_FILL_NONE,
+        )
+    assert DATA_TYPES == {"float16": 6, "bfloat16": 9} and SWIZZLES[128] == 3  # cuda.h's enum values
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"strides": [1000]}, "multiples of 16"),
+        ({"box": [128, 64]}, "exceeds the 128-byte swizzle"),
+        ({"box": [64, 512]}, "at most 256"),
+        ({"dtype": "float32"}, "dtype"),
+        ({"swizzle": 96}, "swizzle"),
+        ({"dims": [64]}, "rank"),
+    ],
+)
+def test_a_tensor_map_the_copy_engine_refuses_is_named(change: dict[str, object], why: str) -> None:
+    spec = {**tensor_map_args(64, 64, 64, "float16", WgmmaTiles(1, 64, 2, tma=True))[0].as_json(), **change}
+    assert why in str(check_tensor_map(spec))
+    with pytest.raises(TensorMapError, match=why):
+        encode_arguments(spec, 0)
+    good = tensor_map_args(64, 64, 64, "float16", WgmmaTiles(1, 64, 2, tma=True))[0].as_json()
+    with pytest.raises(TensorMapError, match="aligned"):
+        encode_arguments(good, 8)
+
+
+@pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="needs nvcc to build cubins")
+def test_a_tma_gemm_bundles_with_its_tensor_maps(tmp_path: Path) -> None:
+    from benchmarks import gpu_wgmma
+    from benchmarks.gpu_bundle import validate_bundle
+    from benchmarks.gpu_prepare import write_manifest
+
+    tiles = WgmmaTiles(1, 64, 2, tma=True)
+    dims = (200, 136, 200)
+    case = gpu_wgmma.wgmma_case(
+        "smoke_tma", dims, tiles, H200, tmp_path, "float16", gpu_wgmma.variant_name(tiles)
+    )
+    write_manifest(tmp_path, [case], {"hw": "h200"})
+    (parsed,) = validate_bundle(tmp_path)
+    (kernel,) = parsed.kernels
+    # The kernel's parameters in order: A's map, B's map, C's pointer.
+    assert kernel.args == ("A", "B", "C") and kernel.block == (256, 1, 1)
+    a, b = tensor_map_args(*dims, "float16", tiles)
+    assert kernel.maps == (a.as_json(), b.as_json(), None)
+    # An unchanged (cp.async) kernel passes only pointers: no maps, the CuPy launch path.
+    plain = gpu_wgmma.wgmma_case("smoke_n64", dims, WgmmaTiles(1, 64, 2), H200, tmp_path, "float16", "p")
+    write_manifest(tmp_path, [plain], {"hw": "h200"})
+    assert validate_bundle(tmp_path)[0].kernels[0].maps == ()
