@@ -67,7 +67,7 @@ def prepare(args: argparse.Namespace) -> int:
                 smoke, variants = gpu_wgmma.SMOKE_TMA, gpu_wgmma.WGMMA_BEST + gpu_wgmma.TMA_VARIANTS
             cases += gpu_wgmma.smoke_cases(hw, out, dtype, smoke)
             for name, dims in gemms.items():
-                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants)
+                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants, args.wgmma_tma)
                 print(
                     f"[{time.perf_counter() - t0:6.1f}s] wgmma {name} {dtype}: {len(cases)} cases",
                     file=sys.stderr,

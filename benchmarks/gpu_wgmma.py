@@ -115,14 +115,16 @@ def wgmma_cases(
     shapes: dict[str, tuple[int, int, int]],
     dtype: str = "float16",
     variants: tuple[WgmmaTiles, ...] = WGMMA_VARIANTS,
+    tma: bool = False,
 ) -> list[dict[str, Any]]:
-    """Per shape the wgmma tilings of ``variants`` that fit it and the device's shared memory."""
+    """Per shape the wgmma tilings of ``variants`` that fit it and the device's shared memory, and the one the
+    construction picks (``tma``: with the TMA kernels in its space)."""
     cases = []
     for name, (m, n, k) in shapes.items():
         if unsupported(m, n, k):
             continue
         dims4 = (1, m, n, k)
-        picked, cost = construct_matmul_tiles(dims4, hw, dtype)
+        picked, cost = construct_matmul_tiles(dims4, hw, dtype, tma=tma)
         chosen = [("wgmma_constructed", picked, cost.total_s)] if isinstance(picked, WgmmaTiles) else []
         for t in variants:
             if t == picked or t.block_m > max(64, m) or predict_tiles_time(dims4, t, hw, dtype) is None:

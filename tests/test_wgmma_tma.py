@@ -224,3 +224,52 @@ def test_a_tma_gemm_bundles_with_its_tensor_maps(tmp_path: Path) -> None:
     plain = gpu_wgmma.wgmma_case("smoke_n64", dims, WgmmaTiles(1, 64, 2), H200, tmp_path, "float16", "p")
     write_manifest(tmp_path, [plain], {"hw": "h200"})
     assert validate_bundle(tmp_path)[0].kernels[0].maps == ()
+
+
+def test_the_construction_takes_tma_only_where_the_launcher_passes_tensor_maps() -> None:
+    from gensorage.construction.tensor_core import construct_matmul_tiles, construct_predefined_matmul
+
+    for dims in ((1, 8192, 8192, 8192), (1, 4096, 4096, 4096), (1, 65536, 4096, 1024)):
+        with_tma, _ = construct_matmul_tiles(dims, H200, "float16", tma=True)
+        assert isinstance(with_tma, WgmmaTiles) and with_tma.tma and with_tma.stages >= 2
+        without, _ = construct_matmul_tiles(dims, H200, "float16")
+        assert isinstance(without, WgmmaTiles) and not without.tma
+    # The µGraph's pre-defined matmuls run on TVM's runtime, which passes no tensor maps.
+    got = construct_predefined_matmul((4096, 4096), (4096, 4096), (4096, 4096), "float16", "float16", H200)
+    assert got is not None and not getattr(got[0], "tma", False)
+
+
+def test_tma_kernels_are_priced_by_their_own_rate_and_only_where_the_profile_has_it() -> None:
+    from gensorage.construction.tensor_core import predict_tiles_time
+    from gensorage.construction.wgmma import registers, tma_available, wgmma_neighbours
+
+    cal = H200.calibration
+    assert tma_available(H200) and 0 < cal.tma_wgmma_fraction <= 1 and 0 < cal.tma_l2_fraction <= 1
+    dims = (1, 8192, 8192, 8192)
+    tma, plain = WgmmaTiles(2, 256, 4, tma=True), WgmmaTiles(2, 256, 4)
+    t_tma, t_plain = predict_tiles_time(dims, tma, H200), predict_tiles_time(dims, plain, H200)
+    assert t_tma is not None and t_plain is not None and t_tma.bound == t_plain.bound == "l2"
+    # Bound by L2 alike, the launch aside, in the ratio of the two L2 fractions.
+    ratio = (t_plain.total_s - cal.launch_overhead_s) / (t_tma.total_s - cal.launch_overhead_s)
+    assert ratio == pytest.approx(cal.tma_l2_fraction / cal.l2_fraction)
+    # Never under the MMAs at the TMA kernels' own rate.
+    assert t_tma.total_s >= 2 * 8192**3 / (H200.flops("float16", True) * cal.tma_wgmma_fraction)
+    assert registers(tma) == 168 and t_tma.blocks_per_sm == 1
+    without = dataclasses.replace(H200, calibration=dataclasses.replace(cal, tma_wgmma_fraction=0.0))
+    assert not tma_available(without) and predict_tiles_time(dims, tma, without) is None
+    # The move between the two loads, and the TMA ring's deeper stages, are in the space only with tma.
+    assert WgmmaTiles(2, 128, 4, tma=True) in wgmma_neighbours(WgmmaTiles(2, 128, 4), dims, tma=True)
+    assert WgmmaTiles(2, 128, 5, tma=True) in wgmma_neighbours(
+        WgmmaTiles(2, 128, 4, tma=True), dims, tma=True
+    )
+    assert not any(t.tma for t in wgmma_neighbours(WgmmaTiles(2, 128, 4), dims))
+
+
+def test_a_profile_with_a_tma_rate_above_the_peak_is_refused(tmp_path: Path) -> None:
+    from gensorage.errors import ConfigError
+
+    text = (Path(__file__).resolve().parents[1] / "configs/hw/h200.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("tma_wgmma_fraction = 0.76", "tma_wgmma_fraction = 1.5"))
+    with pytest.raises(ConfigError, match="tma_wgmma_fraction"):
+        load_profile(str(bad))
