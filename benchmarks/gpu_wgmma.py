@@ -43,14 +43,14 @@ WGMMA_BEST: tuple[WgmmaTiles, ...] = (
 )
 
 #: Warp-specialised TMA tilings (:mod:`gensorage.codegen.wgmma_tma`): 128x256 blocks with four slots (the
-#: most that fit), 128x128 with five and six, two wgmma groups in flight, four consumer warpgroups.
+#: most that fit), 128x128 with four to six, two wgmma groups in flight.
 TMA_VARIANTS: tuple[WgmmaTiles, ...] = (
     WgmmaTiles(2, 256, 4, tma=True),
     WgmmaTiles(2, 256, 4, pending=2, tma=True),
     WgmmaTiles(2, 256, 3, tma=True),
     WgmmaTiles(2, 128, 6, tma=True),
     WgmmaTiles(2, 128, 5, pending=2, tma=True),
-    WgmmaTiles(4, 128, 4, tma=True),
+    WgmmaTiles(2, 128, 4, tma=True),
 )
 
 #: Small GEMMs that check the layouts one feature at a time: one warpgroup and one stage at each N tile (64:

@@ -142,6 +142,7 @@ def test_tma_ptx_has_bulk_tensor_copies_mbarriers_and_wgmma_and_no_spills(
     assert "mbarrier.init.shared.b64" in ptx and "mbarrier.arrive.shared.b64" in ptx
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tiles.block_n}k16\.f32\.{ab}\.{ab}", ptx)
     assert "cp.async.cg.shared.global" not in ptx  # every operand load is a TMA copy
+    assert "trap;" in ptx and "%globaltimer" in ptx  # a barrier wait that never ends stops the kernel
     assert ("setmaxnreg" in ptx) == (tiles.warpgroups in SETMAXNREG)
     (res,) = report.values()
     assert res.spill_stores == res.spill_loads == res.stack_bytes == 0

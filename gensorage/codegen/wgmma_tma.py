@@ -15,7 +15,8 @@ own GEMMs do them, through TVM 0.27's PTX ops (``cp.async.bulk.tensor``, ``mbarr
   the copies complete) and an *empty* barrier (one arrival per consumer warp once the wgmma groups reading the
   slot are done); the producer waits on empty, the consumers on full, each tracking the phase parity of the
   slot's round (``kt // stages``);
-* ``setmaxnreg`` gives the registers the producer does not need to the consumers' accumulators.
+* ``setmaxnreg`` gives the registers the producer does not need to the consumers' accumulators;
+* a barrier wait that lasts ``WAIT_LIMIT_NS`` traps (a broken ring fails its launch instead of hanging).
 
 The tensor maps (``CUtensorMap``, built on the host by ``cuTensorMapEncodeTiled``) are kernel parameters
 (``const __grid_constant__ CUtensorMap``); :func:`tensor_map_args` says what each must hold, and the GPU
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
     from gensorage.codegen.wgmma import WgmmaTiles
 
 SWIZZLE_BYTES = 128  # the tensor maps' swizzle: CU_TENSOR_MAP_SWIZZLE_128B
+WAIT_HINT_NS = 1_000_000  # try_wait's suspend-time hint
+#: A barrier wait longer than this traps: a ring that never fills (a wrong parity, count or byte total) stops
+#: the kernel with an error the runner reports instead of hanging the device (a GEMM here takes milliseconds).
+WAIT_LIMIT_NS = 2_000_000_000
 #: setmaxnreg (producer, consumer registers per thread) by consumer warpgroups. The block's registers are
 #: fixed at launch (ptxas gives a 384-thread kernel that uses setmaxnreg its whole 65536 / 384 = 168), so the
 #: producer's release must pay for the consumers' raise: 128 x (168 - 40) = 256 x (232 - 168), CUTLASS's
@@ -116,6 +121,22 @@ def build_tma(
     consumer_warps = t.warpgroups * WARPGROUP // 32
     producer_regs, consumer_regs = SETMAXNREG.get(t.warpgroups, (0, 0))
 
+    @T.macro
+    def bar_wait(bar: Any, parity: Any, done: Any, start: Any) -> None:
+        # mbarrier.try_wait until the phase of this parity completes; the clock is read only once it has not.
+        T.ptx.mbarrier.try_wait.parity.acquire.cta.shared__cta.b64(
+            done[0], T.address_of(bar), T.Cast("uint32", parity), T.uint32(WAIT_HINT_NS)
+        )
+        if done[0] == T.uint32(0):
+            start[0] = T.cuda.mov_sreg(64, "globaltimer")
+            while done[0] == T.uint32(0):
+                T.ptx.mbarrier.try_wait.parity.acquire.cta.shared__cta.b64(
+                    done[0], T.address_of(bar), T.Cast("uint32", parity), T.uint32(WAIT_HINT_NS)
+                )
+                T.cuda.trap_when_assert_failed(
+                    T.cuda.mov_sreg(64, "globaltimer") < start[0] + T.int64(WAIT_LIMIT_NS)
+                )
+
     @T.prim_func(private=True)
     def main(
         A: T.Buffer(a_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
@@ -133,6 +154,8 @@ def build_tma(
         acc = T.alloc_buffer((nacc,), "float32", scope="local")
         desc = T.alloc_buffer((2,), "uint64", scope="local")
         pad = T.alloc_buffer((1,), "int32", scope="local")
+        done = T.alloc_buffer((1,), "uint32", scope="local")
+        start = T.alloc_buffer((1,), "int64", scope="local")
         # The ring starts on a 1024-byte boundary: TMA and wgmma swizzle by shared address bits.
         pad[0] = T.Cast("int32", (ALIGN - T.cuda.cvta_generic_to_shared(buf.data) % ALIGN) % ALIGN) // 2
         m0 = block_tile(bx, gm, gn)[0] * bm
@@ -150,7 +173,7 @@ def build_tma(
                 for kt in T.serial(ktiles):
                     # Round kt // stages of the slot: wait until the consumers freed round - 1 (parity 1 on
                     # a fresh barrier passes at once).
-                    T.cuda.mbarrier_wait(T.address_of(empty[kt % stages]), (kt // stages + 1) % 2)
+                    bar_wait(empty[kt % stages], (kt // stages + 1) % 2, done, start)
                     T.ptx.mbarrier.arrive.expect_tx.shared.b64(
                         T.address_of(full[kt % stages]), T.uint32(nbytes)
                     )
@@ -187,7 +210,7 @@ def build_tma(
                 T.address_of(desc[1]), T.address_of(buf[pad[0] + a_elems]), lbo, sbo, SWIZZLE_128B
             )
             for kt in T.serial(ktiles):
-                T.cuda.mbarrier_wait(T.address_of(full[kt % stages]), kt // stages % 2)
+                bar_wait(full[kt % stages], kt // stages % 2, done, start)
                 T.ptx.wgmma.fence.sync.aligned()
                 for kk in T.unroll(BLOCK_K // WG_K):
                     T.ptx[mma](

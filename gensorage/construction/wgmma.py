@@ -40,13 +40,13 @@ REGISTER_OVERHEAD = 40  # addresses, descriptors, loop counters per thread (ptxa
 
 def registers(t: WgmmaTiles) -> int:
     """Registers per thread: the float32 accumulators (N / 2) and overhead that grows with the unrolled
-    epilogue (ptxas: 72, 110, 188 at N = 64, 128, 256), at most the launch bounds' share of the register file
-    (ptxas: 96 for 640 threads); with ``setmaxnreg`` (TMA, two consumer warpgroups) that whole share, which
-    ptxas allocates at launch."""
-    share = REGISTER_FILE // t.threads // 8 * 8  # what __launch_bounds__(threads) leaves a thread
+    epilogue (ptxas: 72, 110, 188 at N = 64, 128, 256); with ``setmaxnreg`` (TMA, two consumer warpgroups)
+    the launch bounds' whole share of the register file, which ptxas allocates at launch. (A TMA block of four
+    consumer warpgroups and N = 128 gets no more than 96 at 640 threads, and ptxas refuses its wgmma: the
+    estimate of 120 keeps it out of the occupancy.)"""
     if t.tma and t.warpgroups in SETMAXNREG:
-        return share
-    return min(share, t.accumulators + REGISTER_OVERHEAD + t.block_n // 8)
+        return REGISTER_FILE // t.threads // 8 * 8  # what __launch_bounds__(threads) leaves a thread
+    return t.accumulators + REGISTER_OVERHEAD + t.block_n // 8
 
 
 def wgmma_available(hw: HwProfile) -> bool:
