@@ -437,7 +437,10 @@ def _base(g: KernelGraph, names: dict[Ref, str], ref: Ref) -> str:
 
 
 def _priority(case: dict[str, Any]) -> int:
-    """What the runner reaches first if its deadline cuts the run short: constructed GEMMs, programs, the rest."""
+    """What the runner reaches first if its deadline cuts the run short: constructed GEMMs, programs, the rest;
+    TMA kernels after all (one whose ring breaks traps and takes the CUDA context, failing the cases after it)."""
+    if case.get("meta", {}).get("tiles", {}).get("tma"):
+        return 4 if case["meta"]["shape"].startswith("smoke") else 5
     if case["kind"] in ("program", "conv"):
         return 1
     variant = case["meta"].get("variant")

@@ -72,9 +72,6 @@ def prepare(args: argparse.Namespace) -> int:
                     f"[{time.perf_counter() - t0:6.1f}s] wgmma {name} {dtype}: {len(cases)} cases",
                     file=sys.stderr,
                 )
-        # TMA kernels last: one whose ring breaks traps and takes the CUDA context with it, so the cases after
-        # it fail; the cp.async ones are measured by then.
-        cases.sort(key=lambda c: bool(c.get("meta", {}).get("tiles", {}).get("tma")))
     convs = {k: v for k, v in gpu_bundle.CONVS.items() if not args.convs or k in args.convs}
     for dtype in args.dtypes:
         cases += gpu_bundle.conv_cases(hw, out, convs, dtype)

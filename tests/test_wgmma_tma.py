@@ -274,3 +274,44 @@ def test_a_profile_with_a_tma_rate_above_the_peak_is_refused(tmp_path: Path) -> 
     bad.write_text(text.replace("tma_wgmma_fraction = 0.76", "tma_wgmma_fraction = 1.5"))
     with pytest.raises(ConfigError, match="tma_wgmma_fraction"):
         load_profile(str(bad))
+
+
+def test_calibration_recovers_the_tma_rates_from_measured_tma_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks import calibrate_tensor_core as calibrate
+    from gensorage.construction.tensor_core import predict_tiles_time
+
+    # "Measured" times made by the model at known TMA rates; the other constants held at the profile's.
+    monkeypatch.setattr(calibrate, "GRID", {k: [getattr(H200.calibration, k)] for k in calibrate.GRID})
+    truth = dataclasses.replace(H200.calibration, tma_wgmma_fraction=0.6, tma_l2_fraction=0.5)
+    hw = dataclasses.replace(H200, calibration=truth)
+    data = []
+    for dims in ((1, 8192, 8192, 8192), (1, 4096, 4096, 4096), (1, 65536, 4096, 1024)):
+        for tiles in (WgmmaTiles(2, 256, 4, tma=True), WgmmaTiles(2, 128, 6, tma=True)):
+            cost = predict_tiles_time(dims, tiles, hw)
+            assert cost is not None
+            data.append((dims, tiles, cost.total_s))
+    fitted, score = calibrate.calibrate(H200, data)
+    assert (fitted.tma_wgmma_fraction, fitted.tma_l2_fraction) == (0.6, 0.5)
+    assert score["median_abs_log_error"] == pytest.approx(0.0)
+
+
+def test_tma_cases_run_after_every_other_case() -> None:
+    from benchmarks.gpu_prepare import _priority
+
+    def case(shape: str, variant: str, tma: bool | None, kind: str = "gemm") -> dict[str, object]:
+        tiles = {} if tma is None else {"tiles": dataclasses.asdict(WgmmaTiles(1, 64, 2, tma=tma))}
+        return {"kind": kind, "meta": {"shape": shape, "variant": variant, **tiles}}
+
+    plain = [
+        case("M1", "constructed", None),
+        case("smoke_ragged", "wgmma64x64s2", False),
+        case("M1", "wgmma_constructed", False),
+        case("M1", "wgmma128x256s4", False),
+        case("gated_mlp", "direct", None, "program"),
+    ]
+    tma = [case("smoke_tma", "wgmma64x64s2tma", True), case("M1", "wgmma_constructed", True)]
+    tma.append(case("M1", "wgmma128x256s4tma", True))
+    assert max(_priority(c) for c in plain) < min(_priority(c) for c in tma)
+    assert _priority(tma[0]) < _priority(tma[2])  # the TMA smoke GEMMs first among them
