@@ -315,3 +315,29 @@ def test_tma_cases_run_after_every_other_case() -> None:
     tma.append(case("M1", "wgmma128x256s4tma", True))
     assert max(_priority(c) for c in plain) < min(_priority(c) for c in tma)
     assert _priority(tma[0]) < _priority(tma[2])  # the TMA smoke GEMMs first among them
+
+
+@pytest.mark.parametrize(
+    "tiles", [WgmmaTiles(1, 64, 3, tma=True), WgmmaTiles(2, 128, 2, pending=2, tma=True)]
+)
+def test_the_field_twin_runs_the_tma_tiling_exactly(tiles: WgmmaTiles) -> None:
+    import tvm
+
+    # int64 residues: each product reduced mod p, the sum mod p; equal to the exact modular product, so every
+    # element of every box is read once, from the right place (a misplaced or doubled one changes the sum).
+    p = 2_147_483_629
+    m, n, k = 150, 136, 200
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, p, (m, k), dtype=np.int64)
+    b = rng.integers(0, p, (k, n), dtype=np.int64)
+    func = wgmma_twin(a.shape, b.shape, (m, n), "int64", "int64", tiles, modulus=p)
+    ex = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    out = tvm.runtime.empty((m, n), "int64", tvm.cpu())
+    ex(tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    want = np.array(
+        [
+            [sum(int(x) * int(y) for x, y in zip(a[i], b[:, j], strict=True)) % p for j in range(n)]
+            for i in range(m)
+        ]
+    )
+    assert np.array_equal(out.numpy(), want)
