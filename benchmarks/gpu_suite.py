@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
@@ -64,7 +65,9 @@ def prepare(args: argparse.Namespace) -> int:
             smoke = gpu_wgmma.SMOKE_SHORT if args.wgmma_only else tuple(gpu_wgmma.SMOKE)
             variants = gpu_wgmma.WGMMA_VARIANTS
             if args.wgmma_tma:
-                smoke, variants = gpu_wgmma.SMOKE_TMA, gpu_wgmma.WGMMA_BEST + gpu_wgmma.TMA_VARIANTS
+                persistent = tuple(replace(t, persistent=hw.sm_count) for t in gpu_wgmma.TMA_PERSISTENT)
+                smoke = gpu_wgmma.SMOKE_TMA
+                variants = gpu_wgmma.WGMMA_BEST + gpu_wgmma.TMA_VARIANTS + persistent
             cases += gpu_wgmma.smoke_cases(hw, out, dtype, smoke)
             for name, dims in gemms.items():
                 cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants, args.wgmma_tma)

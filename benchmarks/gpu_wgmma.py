@@ -53,6 +53,15 @@ TMA_VARIANTS: tuple[WgmmaTiles, ...] = (
     WgmmaTiles(2, 128, 4, tma=True),
 )
 
+#: TMA tilings also run on a persistent grid, one block per SM (``persistent`` set to the profile's SM count
+#: by :func:`wgmma_cases`): each block's ring runs on from tile to tile, so a tile's first copies overlap the
+#: previous tile's last MMAs and write-back.
+TMA_PERSISTENT: tuple[WgmmaTiles, ...] = (
+    WgmmaTiles(2, 256, 4, pending=2, tma=True),
+    WgmmaTiles(2, 256, 4, tma=True),
+    WgmmaTiles(2, 128, 6, tma=True),
+)
+
 #: Small GEMMs that check the layouts one feature at a time: one warpgroup and one stage at each N tile (64:
 #: one B atom per wgmma; 128 and 256 also the descriptor's leading offset), ragged shapes, two and four
 #: warpgroups, two wgmma groups in flight, the result staged in shared memory.
@@ -69,17 +78,25 @@ SMOKE: dict[str, tuple[tuple[int, int, int], WgmmaTiles]] = {
     "smoke_tma_ragged": ((200, 136, 200), WgmmaTiles(1, 64, 2, tma=True)),
     "smoke_tma_wg2": ((300, 520, 1000), WgmmaTiles(2, 128, 3, tma=True)),
     "smoke_tma_wg4_p2": ((300, 264, 520), WgmmaTiles(4, 64, 4, pending=2, tma=True)),
+    # A persistent grid of 3 blocks over 5 x 5 ragged tiles of 3 steps (up to 9 tiles a block): the ring wraps
+    # within and across tiles.
+    "smoke_tma_persistent": ((300, 520, 136 + 8), WgmmaTiles(1, 128, 2, tma=True, persistent=3)),
 }
 
 #: The smoke GEMMs of a run after the layouts are known right: the ragged one and the newest features.
 SMOKE_SHORT = ("smoke_ragged", "smoke_wg4_p2", "smoke_staged")
 #: The smoke GEMMs of a TMA run: the cp.async ragged one (the runner's baseline) and the TMA ones.
-SMOKE_TMA = ("smoke_ragged", "smoke_tma_ragged", "smoke_tma_wg2", "smoke_tma_wg4_p2")
+SMOKE_TMA = ("smoke_ragged", "smoke_tma_ragged", "smoke_tma_wg2", "smoke_tma_wg4_p2", "smoke_tma_persistent")
 
 
 def variant_name(t: WgmmaTiles) -> str:
     name = f"wgmma{t.block_m}x{t.block_n}s{t.stages}" + ("" if t.in_flight == 1 else f"p{t.in_flight}")
-    return name + ("st" if t.staged else "") + ("tma" if t.tma else "")
+    return (
+        name
+        + ("st" if t.staged else "")
+        + ("tma" if t.tma else "")
+        + (f"x{t.persistent}" if t.persistent else "")
+    )
 
 
 def wgmma_case(

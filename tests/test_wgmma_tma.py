@@ -93,6 +93,7 @@ def test_tma_twin_matches_float64_at_any_shape_and_magnitude(
         (WgmmaTiles(1, 64, 1, tma=True), "stages=1 must be 2 to 6 with TMA"),
         (WgmmaTiles(1, 64, 7, tma=True), "stages=7"),
         (WgmmaTiles(1, 64, 2, staged=True, tma=True), "staged"),
+        (WgmmaTiles(1, 64, 2, persistent=132), "persistent grid needs TMA"),
     ],
 )
 def test_what_the_tma_kernel_does_not_cover_is_refused(tiles: WgmmaTiles, why: str) -> None:
@@ -116,6 +117,7 @@ def test_a_tma_block_has_a_producer_warpgroup() -> None:
         (WgmmaTiles(2, 256, 4, tma=True), "float16"),
         (WgmmaTiles(2, 128, 6, pending=2, tma=True), "bfloat16"),
         (WgmmaTiles(1, 64, 2, tma=True), "float16"),
+        (WgmmaTiles(2, 256, 4, tma=True, persistent=132), "float16"),
     ],
 )
 def test_tma_ptx_has_bulk_tensor_copies_mbarriers_and_wgmma_and_no_spills(
@@ -341,3 +343,83 @@ def test_the_field_twin_runs_the_tma_tiling_exactly(tiles: WgmmaTiles) -> None:
         ]
     )
     assert np.array_equal(out.numpy(), want)
+
+
+class _Barrier:
+    """An mbarrier as the PTX ISA defines it: a phase completes when its arrivals (and bytes) are in;
+    ``try_wait.parity(q)`` passes once the phase of parity ``q`` has completed, which on a barrier in phase
+    ``p`` means ``q != p % 2`` (phase ``-1`` counts as completed)."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self.pending, self.phase = count, count, 0
+
+    def arrive(self) -> None:
+        self.pending -= 1
+        if self.pending == 0:
+            self.phase, self.pending = self.phase + 1, self.count
+
+    def passes(self, parity: int) -> bool:
+        return parity != self.phase % 2
+
+
+def _simulate_ring(stages: int, wait: int, ktiles: int, tiles: int, warps: int, seed: int) -> None:
+    """Runs the kernel's producer and consumer warps over ``tiles`` tiles in a random interleaving, with its
+    slots, parities and releases; fails on a deadlock, a step read from a slot that does not hold it, or a
+    slot overwritten while a warp's MMAs may still read it."""
+    import random
+
+    from gensorage.codegen.wgmma_tma import empty_parity, freed_steps, full_parity, ring_slot
+
+    rng = random.Random(seed)
+    full, empty = [_Barrier(1) for _ in range(stages)], [_Barrier(warps) for _ in range(stages)]
+    held: list[int | None] = [None] * stages  # the step whose boxes a slot holds
+    reading: list[set[int]] = [set() for _ in range(warps)]  # steps a warp has issued and not freed
+    total = tiles * ktiles
+    produced, consumed = 0, [0] * warps
+    while produced < total or min(consumed) < total:
+        ready = []
+        if produced < total and empty[ring_slot(produced, stages)].passes(empty_parity(produced, stages)):
+            ready.append(-1)
+        ready += [
+            w
+            for w in range(warps)
+            if consumed[w] < total
+            and full[ring_slot(consumed[w], stages)].passes(full_parity(consumed[w], stages))
+        ]
+        assert ready, f"deadlock at produced={produced}, consumed={consumed}"
+        agent = rng.choice(ready)
+        if agent < 0:  # the producer: expect_tx and the copies (complete at once here)
+            slot = ring_slot(produced, stages)
+            assert not any(ring_slot(g, stages) == slot for r in reading for g in r), "slot overwritten"
+            held[slot] = produced
+            full[slot].arrive()
+            produced += 1
+            continue
+        g = consumed[agent]
+        assert held[ring_slot(g, stages)] == g, f"warp {agent} read the wrong step at {g}"
+        reading[agent].add(g)
+        tile, kt = divmod(g, ktiles)
+        # wait_group(wait) after step kt has seen steps up to kt - wait done; wait_group(0) at a tile's end all.
+        assert all(j <= kt - wait for j in freed_steps(kt, ktiles, wait)), "slot freed under running MMAs"
+        freed = freed_steps(kt, ktiles, wait) + (
+            freed_steps(ktiles, ktiles, wait) if kt == ktiles - 1 else []
+        )
+        for j in freed:
+            reading[agent].remove(tile * ktiles + j)
+            empty[ring_slot(tile * ktiles + j, stages)].arrive()
+        consumed[agent] += 1
+    assert all(not r for r in reading)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 6])
+@pytest.mark.parametrize("wait", [1, 2])
+@pytest.mark.parametrize("ktiles", [1, 2, 3, 7])
+def test_the_ring_protocol_never_deadlocks_or_overwrites_a_slot_in_use(
+    stages: int, wait: int, ktiles: int
+) -> None:
+    # Over several tiles per block (the persistent grid: the ring runs on from tile to tile) and random
+    # interleavings of the producer and the consumer warps.
+    if wait > stages - 1:
+        return
+    for seed in range(20):
+        _simulate_ring(stages, wait, ktiles, tiles=3, warps=4, seed=seed)

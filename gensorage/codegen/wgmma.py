@@ -63,6 +63,9 @@ class WgmmaTiles:
     pending: int = 1  # wgmma groups left running at the end of a step (at most stages - 1)
     staged: bool = False  # the result goes through shared memory to coalesced 16-byte stores
     tma: bool = False  # TMA loads by a producer warpgroup (:mod:`gensorage.codegen.wgmma_tma`), not cp.async
+    persistent: int = (
+        0  # with TMA: a grid of at most this many blocks looping over the tiles (0: one per tile)
+    )
 
     @property
     def in_flight(self) -> int:
@@ -103,6 +106,7 @@ class WgmmaTiles:
             + (f", {self.in_flight} wgmma groups in flight" if self.in_flight > 1 else "")
             + (", result staged in shared memory" if self.staged else "")
             + (", TMA loads by a producer warpgroup" if self.tma else "")
+            + (f", persistent over {self.persistent} blocks" if self.persistent else "")
         )
 
     def invalid(self) -> str | None:
@@ -118,6 +122,8 @@ class WgmmaTiles:
             return f"pending={self.pending} must be 1 or 2"
         if self.tma and self.staged:
             return "the staged result is not done with TMA loads"
+        if self.persistent and not self.tma or self.persistent < 0:
+            return f"persistent={self.persistent}: a persistent grid needs TMA loads"
         return None
 
 

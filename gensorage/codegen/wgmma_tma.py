@@ -89,6 +89,31 @@ def tensor_map_args(m: int, n: int, k: int, dtype: str, t: WgmmaTiles) -> tuple[
     return a, b
 
 
+def ring_slot(g: Any, stages: int) -> Any:
+    """The ring slot of a block's step ``g`` (its steps numbered on through its tiles)."""
+    return g % stages
+
+
+def full_parity(g: Any, stages: int) -> Any:
+    """The phase parity the consumers wait for on step ``g``'s full barrier: its round of the ring."""
+    return g // stages % 2
+
+
+def empty_parity(g: Any, stages: int) -> Any:
+    """The parity the producer waits for on step ``g``'s empty barrier: the previous round's, freed by the
+    consumers (on a fresh barrier, parity 1 passes at once)."""
+    return (g // stages + 1) % 2
+
+
+def freed_steps(kt: int, ktiles: int, wait: int) -> list[int]:
+    """The steps of a tile (by index ``0 .. ktiles - 1``) whose slots the consumers free after its step
+    ``kt`` (``kt = ktiles``: after the tile's last ``wait_group(0)``): the one ``wait`` steps back, whose MMAs
+    ``wait_group(wait)`` has seen done; at the end, the tile's last ``wait``."""
+    if kt == ktiles:
+        return [j for j in range(ktiles - wait, ktiles) if j >= 0]
+    return [kt - wait] if kt >= wait else []
+
+
 def stage_bytes(t: WgmmaTiles) -> int:
     """Bytes the copies of one reduction step bring (whole boxes: the zero fill counts too)."""
     return (t.block_m + t.block_n) * BLOCK_K * 2
@@ -120,6 +145,9 @@ def build_tma(
     nbytes = stage_bytes(t)
     consumer_warps = t.warpgroups * WARPGROUP // 32
     producer_regs, consumer_regs = SETMAXNREG.get(t.warpgroups, (0, 0))
+    tiles = gm * gn
+    grid = min(tiles, t.persistent) if t.persistent else tiles  # blocks; each takes tiles bx, bx + grid, ...
+    per_block = -(-tiles // grid)
 
     @T.macro
     def bar_wait(bar: Any, parity: Any, done: Any, start: Any) -> None:
@@ -146,7 +174,7 @@ def build_tma(
         B_map: T.handle("tensormap"),  # type: ignore[valid-type]  # noqa: N803
     ) -> None:
         T.func_attr({"tirx.noalias": True})
-        bx = T.launch_thread("blockIdx.x", gm * gn)
+        bx = T.launch_thread("blockIdx.x", grid)
         tx = T.launch_thread("threadIdx.x", threads)
         buf = T.alloc_buffer((smem,), dtype, scope="shared.dyn")
         full = T.alloc_buffer((stages,), "uint64", scope="shared")
@@ -158,8 +186,6 @@ def build_tma(
         start = T.alloc_buffer((1,), "int64", scope="local")
         # The ring starts on a 1024-byte boundary: TMA and wgmma swizzle by shared address bits.
         pad[0] = T.Cast("int32", (ALIGN - T.cuda.cvta_generic_to_shared(buf.data) % ALIGN) % ALIGN) // 2
-        m0 = block_tile(bx, gm, gn)[0] * bm
-        n0 = block_tile(bx, gm, gn)[1] * bn
         if tx == 0:
             for s in T.unroll(stages):
                 T.ptx.mbarrier.init.shared.b64(T.address_of(full[s]), T.uint32(1))
@@ -170,35 +196,46 @@ def build_tma(
             if producer_regs > 0:
                 T.ptx.setmaxnreg.dec.sync.aligned.u32(producer_regs)
             if tx == 0:
-                for kt in T.serial(ktiles):
-                    # Round kt // stages of the slot: wait until the consumers freed round - 1 (parity 1 on
-                    # a fresh barrier passes at once).
-                    bar_wait(empty[kt % stages], (kt // stages + 1) % 2, done, start)
-                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(
-                        T.address_of(full[kt % stages]), T.uint32(nbytes)
-                    )
-                    T.ptx[tma](
-                        T.address_of(buf[pad[0] + kt % stages * stage_elems]),
-                        T.address_of(A_map),
-                        T.int32(kt * BLOCK_K),
-                        T.Cast("int32", m0),
-                        T.address_of(full[kt % stages]),
-                    )
-                    for j in T.unroll(bn // ATOM):
-                        T.ptx[tma](
-                            T.address_of(
-                                buf[pad[0] + kt % stages * stage_elems + a_elems + j * ATOM * BLOCK_K]
-                            ),
-                            T.address_of(B_map),
-                            T.Cast("int32", n0 + j * ATOM),
-                            T.int32(kt * BLOCK_K),
-                            T.address_of(full[kt % stages]),
+                # Tile bx + i * grid, its steps numbered on through the block's tiles (g): the ring runs on
+                # from one tile to the next, so the next tile's copies overlap this one's last MMAs and
+                # write-back.
+                for i, kt in T.grid(per_block, ktiles):
+                    if bx + i * grid < tiles:
+                        g = i * ktiles + kt
+                        bar_wait(
+                            empty[ring_slot(g, stages)],
+                            empty_parity(g, stages),
+                            done,
+                            start,
                         )
+                        T.ptx.mbarrier.arrive.expect_tx.shared.b64(
+                            T.address_of(full[ring_slot(g, stages)]), T.uint32(nbytes)
+                        )
+                        T.ptx[tma](
+                            T.address_of(buf[pad[0] + ring_slot(g, stages) * stage_elems]),
+                            T.address_of(A_map),
+                            T.int32(kt * BLOCK_K),
+                            T.Cast("int32", block_tile(bx + i * grid, gm, gn)[0] * bm),
+                            T.address_of(full[ring_slot(g, stages)]),
+                        )
+                        for j in T.unroll(bn // ATOM):
+                            T.ptx[tma](
+                                T.address_of(
+                                    buf[
+                                        pad[0]
+                                        + ring_slot(g, stages) * stage_elems
+                                        + a_elems
+                                        + j * ATOM * BLOCK_K
+                                    ]
+                                ),
+                                T.address_of(B_map),
+                                T.Cast("int32", block_tile(bx + i * grid, gm, gn)[1] * bn + j * ATOM),
+                                T.int32(kt * BLOCK_K),
+                                T.address_of(full[ring_slot(g, stages)]),
+                            )
         else:
             if consumer_regs > 0:
                 T.ptx.setmaxnreg.inc.sync.aligned.u32(consumer_regs)
-            for r in T.unroll(nacc):
-                acc[r] = T.float32(0)
             T.cuda.wgmma.encode_matrix_descriptor(
                 T.address_of(desc[0]),
                 T.address_of(buf[pad[0] + (tx // WARPGROUP - 1) * WG_M * ATOM]),
@@ -209,35 +246,54 @@ def build_tma(
             T.cuda.wgmma.encode_matrix_descriptor(
                 T.address_of(desc[1]), T.address_of(buf[pad[0] + a_elems]), lbo, sbo, SWIZZLE_128B
             )
-            for kt in T.serial(ktiles):
-                bar_wait(full[kt % stages], kt // stages % 2, done, start)
-                T.ptx.wgmma.fence.sync.aligned()
-                for kk in T.unroll(BLOCK_K // WG_K):
-                    T.ptx[mma](
-                        *[acc[r] for r in range(nacc)],
-                        desc[0] + T.Cast("uint64", step_offsets(kt % stages, kk, stage_elems)[0]),
-                        desc[1] + T.Cast("uint64", step_offsets(kt % stages, kk, stage_elems)[1]),
-                        T.bool(True),
-                        1,
-                        1,
-                        0,
-                        1,
-                    )
-                T.ptx.wgmma.commit_group.sync.aligned()
-                T.ptx.wgmma.wait_group.sync.aligned(wait)
-                # Step kt - wait's MMAs are done in this warp: its slot may be refilled once every
-                # consumer warp says so.
-                if kt >= wait and tx % 32 == 0:
-                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(kt - wait) % stages]), T.uint32(1))
-            T.ptx.wgmma.wait_group.sync.aligned(0)
-            for p in T.unroll(nacc // 2):
-                row = (
-                    m0
-                    + (tx // WARPGROUP - 1) * WG_M
-                    + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[0]
-                )
-                col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[1]
-                if row < m and col < n:
-                    C[row, T.ramp(col, 1, 2)] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
+            for i in T.serial(per_block):
+                if bx + i * grid < tiles:
+                    for r in T.unroll(nacc):
+                        acc[r] = T.float32(0)
+                    g0 = i * ktiles
+                    for kt in T.serial(ktiles):
+                        g = g0 + kt
+                        bar_wait(full[ring_slot(g, stages)], full_parity(g, stages), done, start)
+                        T.ptx.wgmma.fence.sync.aligned()
+                        for kk in T.unroll(BLOCK_K // WG_K):
+                            T.ptx[mma](
+                                *[acc[r] for r in range(nacc)],
+                                desc[0]
+                                + T.Cast("uint64", step_offsets(ring_slot(g, stages), kk, stage_elems)[0]),
+                                desc[1]
+                                + T.Cast("uint64", step_offsets(ring_slot(g, stages), kk, stage_elems)[1]),
+                                T.bool(True),
+                                1,
+                                1,
+                                0,
+                                1,
+                            )
+                        T.ptx.wgmma.commit_group.sync.aligned()
+                        T.ptx.wgmma.wait_group.sync.aligned(wait)
+                        # Step kt - wait's MMAs are done in this warp: its slot may be refilled once every
+                        # consumer warp says so.
+                        if kt >= wait and tx % 32 == 0:
+                            T.ptx.mbarrier.arrive.shared.b64(
+                                T.address_of(empty[ring_slot(g - wait, stages)]), T.uint32(1)
+                            )
+                    T.ptx.wgmma.wait_group.sync.aligned(0)
+                    # The tile's last steps are done too: free their slots for the next tile's copies.
+                    for j in T.unroll(wait):
+                        if ktiles - wait + j >= 0 and tx % 32 == 0:
+                            T.ptx.mbarrier.arrive.shared.b64(
+                                T.address_of(empty[ring_slot(g0 + ktiles - wait + j, stages)]), T.uint32(1)
+                            )
+                    for p in T.unroll(nacc // 2):
+                        row = (
+                            block_tile(bx + i * grid, gm, gn)[0] * bm
+                            + (tx // WARPGROUP - 1) * WG_M
+                            + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[0]
+                        )
+                        col = (
+                            block_tile(bx + i * grid, gm, gn)[1] * bn
+                            + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[1]
+                        )
+                        if row < m and col < n:
+                            C[row, T.ramp(col, 1, 2)] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
 
     return main
