@@ -57,9 +57,10 @@ class BoundLaunch:
         self.args = tuple(env.np.uint64(p) for p in pointers)  # 8-byte values: the kernels' pointer params
         self.raw = None
         if spec.maps:
-            from benchmarks.gpu_tensor_map import RawLaunch
+            from benchmarks.gpu_tensor_map import RawLaunch, function_handle
 
-            self.raw = RawLaunch(func.ptr, pointers, spec.maps, (spec.grid, spec.block, spec.smem))
+            launch = (spec.grid, spec.block, spec.smem)
+            self.raw = RawLaunch(function_handle(func), pointers, spec.maps, launch)
 
     def __call__(self) -> None:
         current = self.env.torch.cuda.current_stream().cuda_stream

@@ -142,6 +142,12 @@ def encode(spec: Mapping[str, Any], address: int) -> AlignedBytes:
     return out
 
 
+def function_handle(func: Any) -> int:
+    """The ``CUfunction`` of a CuPy kernel: ``RawModule.get_function`` gives a ``RawKernel``, whose ``kernel``
+    (loaded on the current device) is a ``cupy.cuda.function.Function`` with the handle in ``ptr``."""
+    return int(func.kernel.ptr if hasattr(func, "kernel") else func.ptr)
+
+
 class RawLaunch:
     """A kernel whose parameters are device pointers and tensor maps, launched with ``cuLaunchKernel``."""
 

@@ -77,3 +77,41 @@ def test_a_failed_encode_is_one_line_naming_the_map(monkeypatch: pytest.MonkeyPa
     a, _ = (s.as_json() for s in tensor_map_args(64, 64, 64, "float16", WgmmaTiles(1, 64, 2, tma=True)))
     with pytest.raises(gpu_tensor_map.TensorMapError, match="CUresult 1"):
         RawLaunch(1, [0x1000], [a], ((1, 1, 1), (256, 1, 1), 0))
+
+
+def test_the_function_handle_of_cupys_kernels() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.gpu_tensor_map import function_handle
+
+    # CuPy 14: RawModule.get_function returns a RawKernel (no ptr) whose kernel is a Function (ptr).
+    raw_kernel = SimpleNamespace(kernel=SimpleNamespace(ptr=0xBEEF))
+    assert function_handle(raw_kernel) == 0xBEEF
+    assert function_handle(SimpleNamespace(ptr=0xCAFE)) == 0xCAFE  # a Function itself
+
+
+def test_a_bound_launch_of_a_tma_kernel_goes_through_libcuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The runner's BoundLaunch with CuPy 14's objects: a RawKernel (no ptr) from RawModule.get_function.
+    from types import SimpleNamespace
+
+    from benchmarks.gpu_bundle import KernelSpec
+    from benchmarks.gpu_device import BoundLaunch
+
+    fake = FakeLibcuda()
+    monkeypatch.setattr(gpu_tensor_map, "libcuda", lambda: fake)
+
+    class RawKernel:  # no ptr attribute, as in CuPy 14
+        kernel = SimpleNamespace(ptr=0x77)
+
+        def __call__(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("a TMA kernel must not go through CuPy's launcher")
+
+    a, b = (s.as_json() for s in tensor_map_args(256, 256, 256, "float16", WgmmaTiles(1, 64, 2, tma=True)))
+    spec = KernelSpec("k.cubin", "main_kernel", (16, 1, 1), (256, 1, 1), 33792, ("A", "B", "C"), (a, b, None))
+    stream = SimpleNamespace(cuda_stream=0x5)
+    torch = SimpleNamespace(cuda=SimpleNamespace(current_stream=lambda: stream))
+    env = SimpleNamespace(torch=torch, cupy=None, np=__import__("numpy"))
+    launch = BoundLaunch(env, RawKernel(), spec, [0x1000, 0x2000, 0x3000])  # type: ignore[arg-type]
+    launch()
+    (args,) = fake.launches
+    assert args[0].value == 0x77 and args[8].value == 0x5 and len(fake.encoded) == 2
