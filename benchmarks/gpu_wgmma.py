@@ -34,33 +34,22 @@ WGMMA_VARIANTS: tuple[WgmmaTiles, ...] = (
     WgmmaTiles(1, 64, 4),
 )
 
-#: The fastest cp.async tilings of the large GEMMs on the H200 (gpu_suite-h200-wgmma-v2-2026-11-26.json), timed
-#: beside the TMA ones so one run compares them.
-WGMMA_BEST: tuple[WgmmaTiles, ...] = (
-    WgmmaTiles(2, 256, 4, pending=2),
-    WgmmaTiles(2, 256, 4),
-    WgmmaTiles(2, 128, 3),
-)
+#: The fastest cp.async tiling of the large GEMMs on the H200 (gpu_suite-h200-wgmma-v2-2026-11-26.json and the
+#: cp.async cases of gpu_suite-h200-tma25.json: 0.61-0.80x of cuBLAS), timed beside the TMA ones.
+WGMMA_BEST: tuple[WgmmaTiles, ...] = (WgmmaTiles(2, 256, 4, pending=2),)
 
-#: Warp-specialised TMA tilings (:mod:`gensorage.codegen.wgmma_tma`): 128x256 blocks with four slots (the
-#: most that fit), 128x128 with four to six, two wgmma groups in flight.
+#: Warp-specialised TMA tilings (:mod:`gensorage.codegen.wgmma_tma`): 128x256 blocks with four slots (the most
+#: that fit), one or two wgmma groups in flight, and 128x128 with six.
 TMA_VARIANTS: tuple[WgmmaTiles, ...] = (
     WgmmaTiles(2, 256, 4, tma=True),
     WgmmaTiles(2, 256, 4, pending=2, tma=True),
-    WgmmaTiles(2, 256, 3, tma=True),
     WgmmaTiles(2, 128, 6, tma=True),
-    WgmmaTiles(2, 128, 5, pending=2, tma=True),
-    WgmmaTiles(2, 128, 4, tma=True),
 )
 
 #: TMA tilings also run on a persistent grid, one block per SM (``persistent`` set to the profile's SM count
-#: by :func:`wgmma_cases`): each block's ring runs on from tile to tile, so a tile's first copies overlap the
-#: previous tile's last MMAs and write-back.
-TMA_PERSISTENT: tuple[WgmmaTiles, ...] = (
-    WgmmaTiles(2, 256, 4, pending=2, tma=True),
-    WgmmaTiles(2, 256, 4, tma=True),
-    WgmmaTiles(2, 128, 6, tma=True),
-)
+#: by the suite): each block's ring runs on from tile to tile, so a tile's first copies overlap the previous
+#: tile's last MMAs and write-back.
+TMA_PERSISTENT: tuple[WgmmaTiles, ...] = TMA_VARIANTS
 
 #: Small GEMMs that check the layouts one feature at a time: one warpgroup and one stage at each N tile (64:
 #: one B atom per wgmma; 128 and 256 also the descriptor's leading offset), ragged shapes, two and four
