@@ -14,7 +14,10 @@ own GEMMs do them, through TVM 0.27's PTX ops (``cp.async.bulk.tensor``, ``mbarr
 * ``stages`` slots, each with a *full* barrier (the producer's ``arrive.expect_tx`` of the slot's bytes, which
   the copies complete) and an *empty* barrier (one arrival per consumer warp once the wgmma groups reading the
   slot are done); the producer waits on empty, the consumers on full, each tracking the phase parity of the
-  slot's round (``kt // stages``);
+  slot's round (:func:`ring_slot`, :func:`full_parity`, :func:`empty_parity`, :func:`freed_steps`);
+* with ``persistent``, a grid of at most that many blocks, each taking tiles ``bx, bx + grid, ...`` with its
+  steps numbered on through them, so the ring runs on from tile to tile (the next tile's copies overlap the
+  last MMAs and the write-back);
 * ``setmaxnreg`` gives the registers the producer does not need to the consumers' accumulators;
 * a barrier wait that lasts ``WAIT_LIMIT_NS`` traps (a broken ring fails its launch instead of hanging).
 
