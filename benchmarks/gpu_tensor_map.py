@@ -16,16 +16,18 @@ import ctypes
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gensorage.codegen.wgmma_tma import (
+    DATA_TYPES,
+    INTERLEAVE_NONE,
+    L2_PROMOTION_256B,
+    OOB_FILL_NONE,
+    SWIZZLE_ENUM,
+)
+
 MAP_BYTES = 128  # sizeof(CUtensorMap)
 MAP_ALIGN = 128  # alignas(128) in CUDA 13's cuda.h (64 before); the encoder writes to an aligned copy
-#: CUtensorMapDataType (cuda.h): FLOAT16 = 6, BFLOAT16 = 9.
-DATA_TYPES = {"float16": 6, "bfloat16": 9}
-#: CUtensorMapSwizzle by the swizzle's span in bytes (0: none).
-SWIZZLES = {0: 0, 32: 1, 64: 2, 128: 3}
+SWIZZLES = SWIZZLE_ENUM
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2}
-INTERLEAVE_NONE = 0
-L2_PROMOTION_256B = 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B, as CUTLASS's Hopper GEMMs use
-OOB_FILL_NONE = 0  # out-of-bounds elements read as zero
 
 
 class TensorMapError(ValueError):

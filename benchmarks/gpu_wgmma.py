@@ -102,7 +102,7 @@ def wgmma_case(
     import tvm
 
     m, n, k = dims
-    func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles)
+    func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles, maps_as_params=True)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     meta = {"tiles": dataclasses.asdict(tiles), "rule": f"{RULE}: {tiles.describe()}", "tensor_cores": True}
     # A TMA kernel's parameters 3 and 4 (A_map, B_map) are the tensor maps of A and B.

@@ -229,7 +229,7 @@ def test_a_tma_gemm_bundles_with_its_tensor_maps(tmp_path: Path) -> None:
     assert validate_bundle(tmp_path)[0].kernels[0].maps == ()
 
 
-def test_the_construction_takes_tma_only_where_the_launcher_passes_tensor_maps() -> None:
+def test_the_construction_takes_tma_where_asked_and_for_2d_predefined_matmuls() -> None:
     from gensorage.construction.tensor_core import construct_matmul_tiles, construct_predefined_matmul
 
     for dims in ((1, 8192, 8192, 8192), (1, 4096, 4096, 4096), (1, 65536, 4096, 1024)):
@@ -237,9 +237,72 @@ def test_the_construction_takes_tma_only_where_the_launcher_passes_tensor_maps()
         assert isinstance(with_tma, WgmmaTiles) and with_tma.tma and with_tma.stages >= 2
         without, _ = construct_matmul_tiles(dims, H200, "float16")
         assert isinstance(without, WgmmaTiles) and not without.tma
-    # The µGraph's pre-defined matmuls run on TVM's runtime, which passes no tensor maps.
+    # A µGraph's pre-defined matmul: TMA with 2-D operands (the kernel's host code encodes the maps), the
+    # cp.async kernel with a batch dim.
     got = construct_predefined_matmul((4096, 4096), (4096, 4096), (4096, 4096), "float16", "float16", H200)
-    assert got is not None and not getattr(got[0], "tma", False)
+    assert got is not None and isinstance(got[0], WgmmaTiles) and got[0].tma
+    got = construct_predefined_matmul(
+        (2, 2000, 1048), (1048, 1032), (2, 2000, 1032), "float16", "float16", H200
+    )
+    assert got is not None and isinstance(got[0], WgmmaTiles) and not got[0].tma
+
+
+def _matmul_program(m: int, n: int, k: int) -> object:
+    from gensorage.program import Program
+
+    p = Program("mm")
+    a = p.input("A", (m, k), "float16")
+    b = p.input("B", (k, n), "float16")
+    p.output(p.matmul(a, b))
+    return p
+
+
+def test_a_ugraph_matmul_takes_tma_with_its_maps_encoded_by_the_host_code() -> None:
+    # What TVM's runtime needs to run the kernel: the host function encodes both tensor maps (TVM's
+    # runtime.cuTensorMapEncodeTiled) and passes them by value to the kernel's __grid_constant__ parameters.
+    from gensorage.codegen.module import compile_ugraph
+    from gensorage.ugraph import from_program
+
+    m, n, k = 1000, 1032, 1048  # ragged
+    program = _matmul_program(m, n, k)
+    cg = compile_ugraph(from_program(program), H200, "cuda")  # type: ignore[arg-type]
+    (kern,) = cg.kernels("cuda")
+    assert "TMA loads" in kern.rule
+    assert cg.tir("cuda").count("T.tensormap_encode_tiled(") == 2
+    assert cg.cuda_source().count("const __grid_constant__ CUtensorMap") == 4  # declaration, definition
+    host = cg.executable("cuda").mod.inspect_source("ll")
+    assert "runtime.cuTensorMapEncodeTiled" in host
+    if cubin_unavailable_reason() is None:
+        assert cg.cubin()
+    # Its CPU twin on llvm: the same tiling, against float64.
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    (got,) = cg.run(a, b)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) < 2e-3
+
+
+def test_a_tma_matmul_runs_through_tvms_runtime_on_the_gpu() -> None:
+    """On a Hopper GPU (skipped elsewhere): TVM's runtime runs the TMA kernel, host-encoded maps and all."""
+    from gensorage.codegen.cuda_build import cuda_device_available
+    from gensorage.codegen.module import compile_ugraph
+    from gensorage.ugraph import from_program
+
+    why = cuda_device_available()
+    if why is not None:
+        pytest.skip(f"needs a CUDA GPU: {why}")
+    for m, n, k in ((1000, 1032, 1048), (2048, 4096, 1024)):
+        program = _matmul_program(m, n, k)
+        cg = compile_ugraph(from_program(program), H200, "cuda")  # type: ignore[arg-type]
+        assert "TMA loads" in cg.kernels("cuda")[0].rule
+        for seed in (0, 1):  # fresh inputs twice: an output left unwritten cannot pass
+            rng = np.random.default_rng(seed)
+            a = rng.standard_normal((m, k)).astype(np.float16)
+            b = rng.standard_normal((k, n)).astype(np.float16)
+            (got,) = cg.run(a, b, target="cuda")
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            assert np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want) < 2e-3
 
 
 def test_tma_kernels_are_priced_by_their_own_rate_and_only_where_the_profile_has_it() -> None:

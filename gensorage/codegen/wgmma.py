@@ -241,8 +241,10 @@ def wgmma_matmul(
     dtype: str,
     out_dtype: str,
     tiles: WgmmaTiles,
+    maps_as_params: bool = False,
 ) -> Any:
-    """The wgmma matmul PrimFunc ``main(A, B, C)`` for the kernel's view of the operands.
+    """The wgmma matmul PrimFunc ``main(A, B, C)`` for the kernel's view of the operands (with TMA and
+    ``maps_as_params``: ``main(A, B, C, A_map, B_map)``, see :func:`gensorage.codegen.wgmma_tma.build_tma`).
 
     Parameters
     ----------
@@ -269,7 +271,7 @@ def wgmma_matmul(
 
         if not len(a) == len(b) == len(out) == 2:
             raise ScheduleError("wgmma kernel: TMA loads take 2-D operands (no batch dim)")
-        return build_tma(a, b, out, dtype, out_dtype, tiles, (m, n, k))
+        return build_tma(a, b, out, dtype, out_dtype, tiles, (m, n, k), maps_as_params)
     return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k))
 
 

@@ -51,6 +51,12 @@ if TYPE_CHECKING:
     from gensorage.codegen.wgmma import WgmmaTiles
 
 SWIZZLE_BYTES = 128  # the tensor maps' swizzle: CU_TENSOR_MAP_SWIZZLE_128B
+#: cuda.h's enums: CUtensorMapDataType (FLOAT16 = 6, BFLOAT16 = 9), CUtensorMapSwizzle by its span in bytes.
+DATA_TYPES = {"float16": 6, "bfloat16": 9}
+SWIZZLE_ENUM = {0: 0, 32: 1, 64: 2, 128: 3}
+INTERLEAVE_NONE = 0
+L2_PROMOTION_256B = 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B, as CUTLASS's Hopper GEMMs use
+OOB_FILL_NONE = 0  # out-of-bounds elements read as zero
 WAIT_HINT_NS = 1_000_000  # try_wait's suspend-time hint
 #: A barrier wait longer than this traps: a ring that never fills (a wrong parity, count or byte total) stops
 #: the kernel with an error the runner reports instead of hanging the device (a GEMM here takes milliseconds).
@@ -92,6 +98,12 @@ def tensor_map_args(m: int, n: int, k: int, dtype: str, t: WgmmaTiles) -> tuple[
     return a, b
 
 
+def encode_operands(spec: TensorMapArgs) -> tuple[int, ...]:
+    """The shape operands of ``cuTensorMapEncodeTiled`` after the address: dims, strides, box, element
+    strides (all 1), as ``T.tensormap_encode_tiled`` takes them."""
+    return (*spec.dims, *spec.strides, *spec.box, *(1,) * len(spec.dims))
+
+
 def ring_slot(g: Any, stages: int) -> Any:
     """The ring slot of a block's step ``g`` (its steps numbered on through its tiles)."""
     return g % stages
@@ -130,8 +142,12 @@ def build_tma(
     out_dtype: str,
     t: WgmmaTiles,
     mnk: tuple[int, int, int],
+    maps_as_params: bool = False,
 ) -> Any:
-    """The PrimFunc ``main(A, B, C, A_map, B_map)`` (2-D operands; the kernel reads A and B through the maps)."""
+    """The PrimFunc ``main(A, B, C)`` whose host code encodes the tensor maps of A and B (``T.tensormap_encode_tiled``)
+    and passes them to the kernel by value, so TVM's runtime can run it; or (``maps_as_params``) ``main(A, B, C,
+    A_map, B_map)``, the maps made by the caller (the GPU suite's runner). 2-D operands; the kernel reads A and
+    B through the maps."""
     from tvm.script import tirx as T
 
     m, n, k = mnk
@@ -168,15 +184,8 @@ def build_tma(
                     T.cuda.mov_sreg(64, "globaltimer") < start[0] + T.int64(WAIT_LIMIT_NS)
                 )
 
-    @T.prim_func(private=True)
-    def main(
-        A: T.Buffer(a_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
-        B: T.Buffer(b_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
-        C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
-        A_map: T.handle("tensormap"),  # type: ignore[valid-type]  # noqa: N803
-        B_map: T.handle("tensormap"),  # type: ignore[valid-type]  # noqa: N803
-    ) -> None:
-        T.func_attr({"tirx.noalias": True})
+    @T.macro
+    def kernel(A_map: Any, B_map: Any, C: Any) -> None:  # noqa: N803
         bx = T.launch_thread("blockIdx.x", grid)
         tx = T.launch_thread("threadIdx.x", threads)
         buf = T.alloc_buffer((smem,), dtype, scope="shared.dyn")
@@ -299,4 +308,34 @@ def build_tma(
                         if row < m and col < n:
                             C[row, T.ramp(col, 1, 2)] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
 
-    return main
+    a_args, b_args = tensor_map_args(m, n, k, dtype, t)
+    a_enc, b_enc = encode_operands(a_args), encode_operands(b_args)
+    attrs = {"descriptor_dtype": dtype, "rank": 2, "swizzle": SWIZZLE_ENUM[SWIZZLE_BYTES]}
+    attrs |= {"l2_promotion": L2_PROMOTION_256B, "oob_fill": OOB_FILL_NONE}
+
+    @T.prim_func(private=True)
+    def with_maps(
+        A: T.Buffer(a_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
+        B: T.Buffer(b_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
+        C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
+        A_map: T.handle("tensormap"),  # type: ignore[valid-type]  # noqa: N803
+        B_map: T.handle("tensormap"),  # type: ignore[valid-type]  # noqa: N803
+    ) -> None:
+        T.func_attr({"tirx.noalias": True})
+        kernel(A_map, B_map, C)
+
+    @T.prim_func(private=True)
+    def main(
+        A: T.Buffer(a_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
+        B: T.Buffer(b_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
+        C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
+    ) -> None:
+        T.func_attr({"tirx.noalias": True})
+        # The host encodes the maps before the launch (TVM's runtime passes them by value).
+        A_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)  # noqa: N806
+        T.tensormap_encode_tiled(A_map, A.data, *a_enc, **attrs)
+        B_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)  # noqa: N806
+        T.tensormap_encode_tiled(B_map, B.data, *b_enc, **attrs)
+        kernel(A_map, B_map, C)
+
+    return with_maps if maps_as_params else main

@@ -327,8 +327,7 @@ def construct_matmul_tiles(
     (split-k included) elsewhere and where they are predicted faster (decode-sized M).
 
     ``tma`` adds the warp-specialised TMA wgmma kernels (and their deeper rings) where the profile prices
-    them (:func:`~gensorage.construction.wgmma.tma_available`): only for a launcher that passes their tensor
-    maps (the GPU suite's runner); TVM's runtime, which runs gensorage's own modules, does not.
+    them (:func:`~gensorage.construction.wgmma.tma_available`); they take 2-D operands.
 
     Raises
     ------
@@ -350,7 +349,8 @@ def construct_predefined_matmul(
     """The tiles of a pre-defined matmul kernel op of these shapes and dtypes (None: not on tensor cores).
 
     Both instructions (:func:`construct_matmul_tiles`) where the wgmma kernel takes the operands as they are
-    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`), ``mma.sync``
+    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`; TMA loads with 2-D
+    operands), ``mma.sync``
     (:func:`construct_tensor_core`) otherwise. One function for the code generator and the µGraph cost model,
     so both see the same kernel.
     """
@@ -360,7 +360,9 @@ def construct_predefined_matmul(
     dims = (math.prod(out[:-2]), out[-2], out[-1], a[-1])
     try:
         if a_dtype == b_dtype == mma and covers_operands(a, b, out):
-            return construct_matmul_tiles(dims, hw, mma, seed)
+            # TMA loads take 2-D operands; the kernel's host code encodes their tensor maps.
+            tma = len(a) == len(b) == len(out) == 2
+            return construct_matmul_tiles(dims, hw, mma, seed, tma=tma)
         return construct_tensor_core(dims, hw, mma, seed)
     except ScheduleError:
         return None
