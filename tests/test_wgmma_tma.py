@@ -315,8 +315,11 @@ def test_tma_kernels_are_priced_by_their_own_rate_and_only_where_the_profile_has
     tma, plain = WgmmaTiles(2, 256, 4, tma=True), WgmmaTiles(2, 256, 4)
     t_tma, t_plain = predict_tiles_time(dims, tma, H200), predict_tiles_time(dims, plain, H200)
     assert t_tma is not None and t_plain is not None and t_tma.bound == t_plain.bound == "l2"
-    # Bound by L2 alike, the launch aside, in the ratio of the two L2 fractions.
-    ratio = (t_plain.total_s - cal.launch_overhead_s) / (t_tma.total_s - cal.launch_overhead_s)
+    # Bound by L2 alike, the launch aside, in the ratio of the two L2 fractions; besides, the TMA kernel's 16
+    # rounds of 132 tiles each write their tile back (at an SM's share of DRAM) and fill their ring.
+    dram_sm = H200.level("dram").bandwidth_Bps * cal.dram_fraction / H200.sm_count
+    serial = 16 * (128 * 256 * 2 / dram_sm + cal.wgmma_latency_cycles / H200.clock_hz)
+    ratio = (t_plain.total_s - cal.launch_overhead_s) / (t_tma.total_s - cal.launch_overhead_s - serial)
     assert ratio == pytest.approx(cal.tma_l2_fraction / cal.l2_fraction)
     # Never under the MMAs at the TMA kernels' own rate.
     assert t_tma.total_s >= 2 * 8192**3 / (H200.flops("float16", True) * cal.tma_wgmma_fraction)
@@ -486,3 +489,28 @@ def test_the_ring_protocol_never_deadlocks_or_overwrites_a_slot_in_use(
         return
     for seed in range(20):
         _simulate_ring(stages, wait, ktiles, tiles=3, warps=4, seed=seed)
+
+
+def test_a_persistent_grid_hides_the_fill_of_every_tile_but_the_first() -> None:
+    from gensorage.construction.tensor_core import construct_matmul_tiles, predict_tiles_time
+    from gensorage.construction.wgmma import wgmma_neighbours
+
+    sms = H200.sm_count
+    plain, persistent = WgmmaTiles(2, 256, 4, tma=True), WgmmaTiles(2, 256, 4, tma=True, persistent=sms)
+    # 8192 tiles over 132 SMs: 63 rounds; the persistent grid saves 62 fills of the ring.
+    many = (1, 65536, 4096, 1024)
+    a, b = predict_tiles_time(many, plain, H200), predict_tiles_time(many, persistent, H200)
+    assert a is not None and b is not None and b.total_s < a.total_s
+    fill = H200.calibration.wgmma_latency_cycles / H200.clock_hz
+    assert a.total_s - b.total_s == pytest.approx(62 * fill)
+    # 128 tiles: one round, one fill either way.
+    one = (1, 4096, 1024, 4096)
+    a, b = predict_tiles_time(one, plain, H200), predict_tiles_time(one, persistent, H200)
+    assert a is not None and b is not None and a.total_s == pytest.approx(b.total_s)
+    # The construction moves to and from the persistent grid (TMA only) and takes it where it is faster.
+    assert persistent in wgmma_neighbours(plain, many, tma=True, sms=sms)
+    assert plain in wgmma_neighbours(persistent, many, tma=True, sms=sms)
+    picked, _ = construct_matmul_tiles(many, H200, "float16", tma=True)
+    assert isinstance(picked, WgmmaTiles) and picked.persistent == sms
+    picked, _ = construct_matmul_tiles(one, H200, "float16", tma=True)
+    assert isinstance(picked, WgmmaTiles) and picked.tma and picked.persistent == 0  # ties: one block a tile

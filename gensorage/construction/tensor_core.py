@@ -233,7 +233,9 @@ def predict_tiles_time(
             assert_never(tiles)
 
 
-def _moves(t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool, tma: bool) -> list[Tiles]:
+def _moves(
+    t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool, tma: bool, sms: int = 0
+) -> list[Tiles]:
     """The states one action away: the instruction's own levels, and the switch to the other instruction
     (the nearest tiles it has) when ``wgmma`` is in the space (its TMA variant when ``tma`` is too)."""
     match t:
@@ -245,7 +247,7 @@ def _moves(t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool, 
             return out
         case WgmmaTiles():
             back = TensorCoreTiles(t.block_m, t.block_n, 64, 64, 64, t.stages)
-            return [*wgmma_neighbours(t, dims, tma), *([back] if fits(back, dims) else [])]
+            return [*wgmma_neighbours(t, dims, tma, sms), *([back] if fits(back, dims) else [])]
         case _:
             assert_never(t)
 
@@ -276,7 +278,7 @@ def _chain(
     visited = [(time_s, state)]
     for _ in range(MAX_STEPS):
         moves = []
-        for nxt in _moves(state, dims, split, wgmma, tma):
+        for nxt in _moves(state, dims, split, wgmma, tma, hw.sm_count if tma else 0):
             c = predict_tiles_time(dims, nxt, hw, dtype)
             if c is not None and c.total_s <= time_s:
                 moves.append((time_s - c.total_s, c.total_s, nxt))
@@ -411,7 +413,7 @@ def _tie_break(t: Tiles, cost: TensorCoreCost | None, hw: HwProfile) -> tuple[fl
     four-warp ones the model priced the same), then ``mma.sync`` before wgmma, then the predicted time, then
     wider and deeper tiles.
     Otherwise: the largest block tile (the most reuse per byte from L2), then the fewest stages (for wgmma:
-    the fewest shared-memory reads, TMA loads, the most stages, two wgmma groups in flight).
+    the fewest shared-memory reads, TMA loads, the most stages, two wgmma groups in flight, one block per tile).
     """
     assert cost is not None
     if cost.bound == "dram":
@@ -424,7 +426,7 @@ def _tie_break(t: Tiles, cost: TensorCoreCost | None, hw: HwProfile) -> tuple[fl
         # TMA loads before cp.async ones: where both are priced alike (bound by L2), the TMA kernel's other
         # terms (its MMA rate, no per-step issue floor) are the faster ones.
         reads = t.warpgroups * (WG_M + t.block_n)
-        return (t.block_m * t.block_n, -reads, t.tma, t.stages, t.in_flight, -cost.total_s)
+        return (t.block_m * t.block_n, -reads, t.tma, t.stages, t.in_flight, -t.persistent, -cost.total_s)
     return (t.block_m * t.block_n, -t.stages, -cost.total_s)
 
 

@@ -19,7 +19,9 @@ for L2, DRAM, latency and bytes in flight) with the instruction's own terms:
   tile, besides the copies that fill it; the accumulators go to global memory from registers;
 * TMA loads (``tma``, :mod:`gensorage.codegen.wgmma_tma`): the MMAs at ``tma_wgmma_fraction`` of the peak,
   the tiles streamed from L2 at ``tma_l2_fraction`` of its bandwidth (the copy engine, not the threads'
-  16-byte copies), no per-step issue floor (the consumers neither copy nor pass block barriers), the producer warpgroup's
+  16-byte copies), no per-step issue floor; besides, each tile's write-back from registers (at the SM's share
+  of DRAM bandwidth) and its ring's fill (the loaded latency, once per block on a persistent grid) while no
+  MMA of the block runs (the consumers neither copy nor pass block barriers), the producer warpgroup's
   threads and the registers ``setmaxnreg`` splits counted in the occupancy.
 
 ``wgmma_fraction`` is 0 on profiles without wgmma: there the construction never considers it.
@@ -102,13 +104,29 @@ def predict_wgmma_time(
     grid = Grid((batch, m, n, k), rows, cols, BLOCK_K, t.stages, warps, blocks, resident, waves)
     l2_fraction = cal.tma_l2_fraction if t.tma else None
     total, bound = time_and_bound(grid, {"compute": compute_s, "shared": shared_s}, hw, l2_fraction)
+    if t.tma:
+        total += _tma_serial_s(t, hw, blocks, resident, waves, latency)
     return total, bound, blocks, bps, waves
 
 
-def wgmma_neighbours(t: WgmmaTiles, dims: tuple[int, int, int, int], tma: bool = False) -> list[WgmmaTiles]:
+def _tma_serial_s(
+    t: WgmmaTiles, hw: HwProfile, blocks: int, resident: int, waves: int, latency: float
+) -> float:
+    """What a TMA block does while none of its MMAs run: it writes each tile back from registers, and its
+    ring fills at each tile's start, unless the grid is persistent (the producer runs on into the next tile,
+    so only the first tile's fill is exposed)."""
+    dram_sm = hw.level("dram").bandwidth_Bps * hw.calibration.dram_fraction / hw.sm_count
+    rounds = -(-blocks // min(blocks, t.persistent)) if t.persistent else waves
+    write_s = resident * t.block_m * t.block_n * 2 / dram_sm
+    return rounds * write_s + (1 if t.persistent else rounds) * latency / hw.clock_hz
+
+
+def wgmma_neighbours(
+    t: WgmmaTiles, dims: tuple[int, int, int, int], tma: bool = False, sms: int = 0
+) -> list[WgmmaTiles]:
     """The wgmma states one action away that fit the shape: warpgroups, the N tile doubled or halved, one stage
-    more or less, one or two wgmma groups in flight, and (``tma``: where the launcher can pass tensor maps)
-    the loads by cp.async or by a TMA producer warpgroup."""
+    more or less, one or two wgmma groups in flight, and (``tma``: 2-D operands) the loads by cp.async or by a
+    TMA producer warpgroup, and a TMA kernel's grid of one block per tile or persistent over ``sms`` blocks."""
     out = [
         replace(t, warpgroups=t.warpgroups * 2),
         replace(t, warpgroups=t.warpgroups // 2),
@@ -117,7 +135,8 @@ def wgmma_neighbours(t: WgmmaTiles, dims: tuple[int, int, int, int], tma: bool =
         replace(t, stages=t.stages + 1),
         replace(t, stages=t.stages - 1),
         replace(t, pending=3 - t.pending),
-        *([replace(t, tma=not t.tma, staged=False, stages=max(2, t.stages))] if tma else []),
+        *([replace(t, tma=not t.tma, staged=False, stages=max(2, t.stages), persistent=0)] if tma else []),
+        *([replace(t, persistent=0 if t.persistent else sms)] if t.tma and sms else []),
     ]
     return [s for s in out if s != t and wgmma_fits(s, dims) and (tma or not s.tma)]
 
