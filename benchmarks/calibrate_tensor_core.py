@@ -41,6 +41,11 @@ GRID = {
 }
 #: wgmma's rate, fitted after the rest (the wgmma kernels share every other term with mma.sync's).
 WGMMA_GRID = [0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9]
+#: The TMA wgmma kernels' MMA and L2 rates, fitted last where TMA kernels were measured.
+TMA_GRID = {
+    "tma_wgmma_fraction": [0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9],
+    "tma_l2_fraction": [0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
+}
 
 
 Measured = list[tuple[tuple[int, int, int, int], Tiles, float]]
@@ -106,8 +111,9 @@ def score(hw: HwProfile, data: Measured) -> dict[str, float]:
 def calibrate(hw: HwProfile, data: Measured) -> tuple[Calibration, dict[str, float]]:
     best: tuple[tuple[float, float], Calibration, dict[str, float]] | None = None
     wgmma = hw.calibration.wgmma_fraction
+    tma = {k: getattr(hw.calibration, k) for k in TMA_GRID}
     for values in itertools.product(*GRID.values()):
-        cal = Calibration(**dict(zip(GRID, values, strict=True)), wgmma_fraction=wgmma)
+        cal = Calibration(**dict(zip(GRID, values, strict=True)), wgmma_fraction=wgmma, **tma)
         s = score(dataclasses.replace(hw, calibration=cal), data)
         # The mean, not the median: the few small-M and skinny-K kernels must count, not only the many large ones.
         key = (s["mean_abs_log_error"], -s["spearman"])
@@ -117,6 +123,14 @@ def calibrate(hw: HwProfile, data: Measured) -> tuple[Calibration, dict[str, flo
     if wgmma > 0 and any(isinstance(t, WgmmaTiles) for _, t, _ in data):
         for fraction in WGMMA_GRID:
             cal = dataclasses.replace(best[1], wgmma_fraction=fraction)
+            s = score(dataclasses.replace(hw, calibration=cal), data)
+            key = (s["mean_abs_log_error"], -s["spearman"])
+            if key < best[0]:
+                best = (key, cal, s)
+    if any(isinstance(t, WgmmaTiles) and t.tma for _, t, _ in data):
+        base = best[1]
+        for values in itertools.product(*TMA_GRID.values()):
+            cal = dataclasses.replace(base, **dict(zip(TMA_GRID, values, strict=True)))
             s = score(dataclasses.replace(hw, calibration=cal), data)
             key = (s["mean_abs_log_error"], -s["spearman"])
             if key < best[0]:

@@ -9,7 +9,8 @@ Manifest: ``{"prepared": {...}, "cases": [CASE, ...]}``; each CASE has ``name``,
 ``dtype`` (float16 | bfloat16), ``tensors`` (name, shape, dtype, role input | intermediate | output, ``view_of``:
 null or the tensor whose storage it reshapes, row-major), ``inputs_order``, ``outputs_order``, ``kernels`` in
 launch order (cubin, entry, grid, block, dynamic ``smem`` bytes, ``args``: one tensor per pointer parameter,
-passed as its storage's base pointer), ``gemm`` (M, N, K, batch: C = A @ B) or ``program`` (path, params), and
+passed as its storage's base pointer, or with a ``tensor_map`` object: that tensor's ``CUtensorMap`` passed by
+value, see ``benchmarks/gpu_tensor_map.py``), ``gemm`` (M, N, K, batch: C = A @ B) or ``program`` (path, params), and
 free-form ``predicted_s``, ``flops``, ``min_bytes``, ``meta`` that the runner copies into its results.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_tensor_map import check_tensor_map
 from gensorage.baselines.torch_eager import TorchArith
 from gensorage.program import Program, load_program
 
@@ -56,6 +58,9 @@ class KernelSpec:
     block: tuple[int, int, int]
     smem: int
     args: tuple[str, ...]  # tensor names; each passes its storage's base pointer
+    # Per arg: None (the pointer) or the tensor map of that tensor passed by value (benchmarks/gpu_tensor_map.py);
+    # empty when every arg is a pointer.
+    maps: tuple[Mapping[str, Any] | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,17 +155,39 @@ def parse_kernel(raw: Any, tensors: dict[str, TensorSpec], bundle_dir: Path, whe
     _need(numel(block) <= 1024, where, f"block {block} has over 1024 threads")
     smem = raw.get("smem", 0)
     _need(isinstance(smem, int) and 0 <= smem <= MAX_SMEM, where, f"smem {smem!r} outside 0..{MAX_SMEM}")
-    args = []
+    args, maps = [], []
     for arg in raw.get("args") or []:
         _need(isinstance(arg, dict) and arg.get("tensor") in tensors, where, f"arg {arg!r} names no tensor")
         shape = _shape(arg.get("shape"), f"{where} arg {arg['tensor']}")
         # An arg may view its tensor in another shape, never past the tensor's storage.
         _need(numel(shape) <= numel(tensors[arg["tensor"]].shape), where, f"arg {arg['tensor']} overruns it")
         args.append(arg["tensor"])
+        maps.append(_tensor_map(arg, tensors, where))
     _need(bool(args), where, "no args")
     return KernelSpec(
-        raw["cubin"], raw["entry"], _dim3(raw.get("grid"), f"{where} grid"), block, smem, tuple(args)
+        raw["cubin"],
+        raw["entry"],
+        _dim3(raw.get("grid"), f"{where} grid"),
+        block,
+        smem,
+        tuple(args),
+        tuple(maps) if any(m is not None for m in maps) else (),
     )
+
+
+def _tensor_map(arg: dict[str, Any], tensors: dict[str, TensorSpec], where: str) -> Mapping[str, Any] | None:
+    """An arg's tensor map (None: a pointer), checked against the copy engine's limits and its tensor."""
+    spec = arg.get("tensor_map")
+    if spec is None:
+        return None
+    where = f"{where} arg {arg['tensor']} tensor map"
+    _need(isinstance(spec, dict), where, "must be an object")
+    why = check_tensor_map(spec)
+    _need(why is None, where, str(why))
+    tensor = tensors[arg["tensor"]]
+    _need(spec["dtype"] == tensor.dtype, where, f"dtype {spec['dtype']} is not the tensor's {tensor.dtype}")
+    _need(numel(spec["dims"]) <= numel(tensor.shape), where, f"dims {spec['dims']} overrun the tensor")
+    return dict(spec)
 
 
 def check_gemm(

@@ -47,14 +47,27 @@ class Env:
 
 
 class BoundLaunch:
-    """One kernel launch on fixed pointers, onto torch's current stream (the capture stream while capturing)."""
+    """One kernel launch on fixed pointers, onto torch's current stream (the capture stream while capturing).
+
+    A kernel with tensor-map parameters (TMA) gets its maps encoded here, once per set of pointers, and is
+    launched through ``cuLaunchKernel`` (:mod:`benchmarks.gpu_tensor_map`); every other one through CuPy."""
 
     def __init__(self, env: Env, func: Any, spec: KernelSpec, pointers: list[int]) -> None:
         self.env, self.func, self.spec = env, func, spec
         self.args = tuple(env.np.uint64(p) for p in pointers)  # 8-byte values: the kernels' pointer params
+        self.raw = None
+        if spec.maps:
+            from benchmarks.gpu_tensor_map import RawLaunch, function_handle
+
+            launch = (spec.grid, spec.block, spec.smem)
+            self.raw = RawLaunch(function_handle(func), pointers, spec.maps, launch)
 
     def __call__(self) -> None:
-        stream = self.env.cupy.cuda.ExternalStream(self.env.torch.cuda.current_stream().cuda_stream)
+        current = self.env.torch.cuda.current_stream().cuda_stream
+        if self.raw is not None:
+            self.raw(current)
+            return
+        stream = self.env.cupy.cuda.ExternalStream(current)
         self.func(self.spec.grid, self.spec.block, self.args, shared_mem=self.spec.smem, stream=stream)
 
 

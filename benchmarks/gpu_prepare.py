@@ -22,7 +22,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from gensorage.codegen.ugraph_tir import dominant_matmul, plan_threads
 from gensorage.codegen.wgmma import target_profile
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.construction.block_threads import ThreadChoice
-from gensorage.construction.tensor_core import construct_tensor_core, fits, predict_tensor_core_time
+from gensorage.construction.tensor_core import construct_tensor_core, predict_tensor_core_time
 from gensorage.errors import GensorageError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import predict_schedule_time
@@ -89,15 +89,29 @@ VARIANTS: tuple[TensorCoreTiles, ...] = (
 
 
 def _kernel_entry(
-    launch: Launch, cubin: str, tensors: Sequence[str], shapes: Sequence[Sequence[int]]
+    launch: Launch,
+    cubin: str,
+    tensors: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    maps: Mapping[int, tuple[int, dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
+    """A kernel's manifest entry; ``maps``: parameter index -> (tensor index, its ``tensor_map``) for the
+    parameters that are tensor maps (TMA kernels) rather than pointers."""
+    maps = maps or {}
+
+    def arg(i: int) -> dict[str, Any]:
+        if i in maps:
+            t, spec = maps[i]
+            return {"tensor": tensors[t], "shape": list(shapes[t]), "tensor_map": spec}
+        return {"tensor": tensors[i], "shape": list(shapes[i])}
+
     return {
         "cubin": cubin,
         "entry": launch.kernel,
         "grid": list(launch.grid),
         "block": list(launch.block),
         "smem": launch.shared_bytes,
-        "args": [{"tensor": tensors[i], "shape": list(shapes[i])} for i in launch.args],
+        "args": [arg(i) for i in launch.args],
     }
 
 
@@ -128,6 +142,7 @@ def _gemm_case(
     predicted: float | None,
     meta: dict[str, Any],
     dtype: str = "float16",
+    maps: Mapping[int, tuple[int, dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     m, n, k = dims
     if dtype != "float16":
@@ -156,7 +171,7 @@ def _gemm_case(
         ],
         "inputs_order": ["A", "B"],
         "outputs_order": ["C"],
-        "kernels": [_kernel_entry(la, cubin, names, shapes) for la in launches],
+        "kernels": [_kernel_entry(la, cubin, names, shapes, maps) for la in launches],
         "gemm": {"M": m, "N": n, "K": k, "batch": None},
         "predicted_s": predicted,
         "flops": 2 * m * n * k,
@@ -213,67 +228,6 @@ def _variant_name(t: TensorCoreTiles) -> str:
     name = f"tc{t.block_m}x{t.block_n}x{t.block_k}w{t.warp_m}x{t.warp_n}s{t.stages}"
     name += "" if t.split_k == 1 else f"k{t.split_k}"
     return name if t.fragment_pipeline else name + "np"
-
-
-def sweep_cases(hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]]) -> list[dict[str, Any]]:
-    """Many tilings of a few large GEMMs: what the cost model is calibrated on."""
-    cases = []
-    for name, (m, n, k) in shapes.items():
-        for bm, bn in ((128, 128), (128, 256), (256, 128), (64, 128)):
-            for bk in (32, 64):
-                for stages in (2, 3, 4):
-                    for frag in (True, False):
-                        t = TensorCoreTiles(bm, bn, bk, 64, 64, stages, frag)
-                        c = predict_tensor_core_time((1, m, n, k), t, hw)
-                        if c is None:
-                            continue
-                        func = matmul_prim_func((m, k), (k, n), (m, n), "float16", "float16")
-                        mod = schedule_tensor_core(func, t).mod
-                        meta = {
-                            "tiles": dataclasses.asdict(t),
-                            "rule": f"{RULE}: {t.describe()}",
-                            "tensor_cores": True,
-                        }
-                        cases.append(
-                            _gemm_case(
-                                name,
-                                (m, n, k),
-                                _variant_name(t),
-                                mod,
-                                build_config([RULE]),
-                                hw,
-                                out,
-                                c.total_s,
-                                meta,
-                            )
-                        )
-    return cases
-
-
-def split_sweep_cases(
-    hw: HwProfile, out: Path, shapes: dict[str, tuple[int, int, int]]
-) -> list[dict[str, Any]]:
-    """Split-k 1-8 over a few small-M tilings of the named GEMMs: what split-k is calibrated on."""
-    cases = []
-    for name, (m, n, k) in shapes.items():
-        for bn in (32, 64, 128):
-            for split in (1, 2, 4, 8):
-                t = TensorCoreTiles(16, bn, 64, 16, 16, 4, split_k=split)
-                c = predict_tensor_core_time((1, m, n, k), t, hw)
-                if c is None or not fits(t, (1, m, n, k)):
-                    continue
-                func = matmul_prim_func((m, k), (k, n), (m, n), "float16", "float16", split, t.block_m)
-                mod = schedule_tensor_core(func, t).mod
-                meta = {
-                    "tiles": dataclasses.asdict(t),
-                    "rule": f"{RULE}: {t.describe()}",
-                    "tensor_cores": True,
-                }
-                config = build_config([RULE])
-                cases.append(
-                    _gemm_case(name, (m, n, k), _variant_name(t), mod, config, hw, out, c.total_s, meta)
-                )
-    return cases
 
 
 def conv_cases(
@@ -501,7 +455,10 @@ def _base(g: KernelGraph, names: dict[Ref, str], ref: Ref) -> str:
 
 
 def _priority(case: dict[str, Any]) -> int:
-    """What the runner reaches first if its deadline cuts the run short: constructed GEMMs, programs, the rest."""
+    """What the runner reaches first if its deadline cuts the run short: constructed GEMMs, programs, the rest;
+    TMA kernels after all (one whose ring breaks traps and takes the CUDA context, failing the cases after it)."""
+    if case.get("meta", {}).get("tiles", {}).get("tma"):
+        return 4 if case["meta"]["shape"].startswith("smoke") else 5
     if case["kind"] in ("program", "conv"):
         return 1
     variant = case["meta"].get("variant")

@@ -10,6 +10,8 @@ Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py
            --block-mma-warps 0e 0 4 8 4:128 8:256                       # warp layouts side by side
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms none --convs none --programs gated_mlp \
            --candidates 3 --search-budget 60     # full mode's candidates (benchmarks/gpu_candidates.py)
+       python benchmarks/gpu_suite.py --prepare gpu_bundle --wgmma-only --wgmma-tma --gemms M1 M3 \
+           --convs none --programs --dtypes float16   # TMA wgmma kernels beside the best cp.async ones
 
    writes ``gpu_bundle/manifest.json`` and one cubin (and its CUDA source) per case.
 2. On the GPU machine (torch, CuPy; no TVM), in one call of at most 8 minutes::
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
@@ -35,6 +38,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 def prepare(args: argparse.Namespace) -> int:
     from benchmarks import gpu_prepare as gpu_bundle
+    from benchmarks import gpu_sweeps
     from benchmarks.common import machine_info
     from benchmarks.gpu_candidates import candidate_cases
     from gensorage.hw import load_profile
@@ -60,16 +64,21 @@ def prepare(args: argparse.Namespace) -> int:
 
         for dtype in args.dtypes:
             for name, dims in gemms.items():
-                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants=False)
+                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants=(), tma=True)
         print(f"[{time.perf_counter() - t0:6.1f}s] wgmma picks: {len(cases)} cases", file=sys.stderr)
     if args.wgmma or args.wgmma_only:
         from benchmarks import gpu_wgmma
 
         for dtype in args.dtypes:
             smoke = gpu_wgmma.SMOKE_SHORT if args.wgmma_only else tuple(gpu_wgmma.SMOKE)
+            variants = gpu_wgmma.WGMMA_VARIANTS
+            if args.wgmma_tma:
+                persistent = tuple(replace(t, persistent=hw.sm_count) for t in gpu_wgmma.TMA_PERSISTENT)
+                smoke = gpu_wgmma.SMOKE_TMA
+                variants = gpu_wgmma.WGMMA_BEST + gpu_wgmma.TMA_VARIANTS + persistent
             cases += gpu_wgmma.smoke_cases(hw, out, dtype, smoke)
             for name, dims in gemms.items():
-                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype)
+                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants, args.wgmma_tma)
                 print(
                     f"[{time.perf_counter() - t0:6.1f}s] wgmma {name} {dtype}: {len(cases)} cases",
                     file=sys.stderr,
@@ -81,11 +90,11 @@ def prepare(args: argparse.Namespace) -> int:
     if args.split_sweep:
         shapes = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.split_sweep}
         shapes |= {s: gpu_bundle.EXTRA_GEMMS[s] for s in args.split_sweep if s in gpu_bundle.EXTRA_GEMMS}
-        cases += gpu_bundle.split_sweep_cases(hw, out, shapes)
+        cases += gpu_sweeps.split_sweep_cases(hw, out, shapes)
         print(f"[{time.perf_counter() - t0:6.1f}s] split-k sweep: {len(cases)} cases", file=sys.stderr)
     if args.sweep:
         sweep = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.sweep}
-        cases += gpu_bundle.sweep_cases(hw, out, sweep)
+        cases += gpu_sweeps.sweep_cases(hw, out, sweep)
         print(f"[{time.perf_counter() - t0:6.1f}s] sweep: {len(cases)} cases", file=sys.stderr)
     for name in programs:
         try:
@@ -171,12 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--wgmma-picks",
         action="store_true",
-        help="GEMMs: also the construction's wgmma pick where it picks wgmma (what a user's matmul runs)",
+        help="GEMMs: also the construction's wgmma pick where it picks wgmma, TMA kernels included (what a user's 2-D matmul runs)",
     )
     ap.add_argument(
         "--wgmma-only",
         action="store_true",
         help="GEMMs: only the wgmma kernels (no mma.sync or CUDA-core ones) and the short list of smoke GEMMs",
+    )
+    ap.add_argument(
+        "--wgmma-tma",
+        action="store_true",
+        help="with --wgmma(-only): the warp-specialised TMA tilings beside the fastest cp.async ones, and the "
+        "TMA smoke GEMMs",
     )
     ap.add_argument("--split-sweep", nargs="*", default=None, help="GEMM names to sweep split-k on")
     ap.add_argument(

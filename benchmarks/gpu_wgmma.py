@@ -15,6 +15,7 @@ from typing import Any
 
 from benchmarks.gpu_prepare import _gemm_case
 from gensorage.codegen.wgmma import RULE, WG_M, WgmmaTiles, target_profile, unsupported, wgmma_matmul
+from gensorage.codegen.wgmma_tma import tensor_map_args
 from gensorage.construction.tensor_core import construct_matmul_tiles, predict_tiles_time
 from gensorage.hw.profile import HwProfile
 
@@ -33,6 +34,23 @@ WGMMA_VARIANTS: tuple[WgmmaTiles, ...] = (
     WgmmaTiles(1, 64, 4),
 )
 
+#: The fastest cp.async tiling of the large GEMMs on the H200 (gpu_suite-h200-wgmma-v2-2026-11-26.json and the
+#: cp.async cases of gpu_suite-h200-tma25.json: 0.61-0.80x of cuBLAS), timed beside the TMA ones.
+WGMMA_BEST: tuple[WgmmaTiles, ...] = (WgmmaTiles(2, 256, 4, pending=2),)
+
+#: Warp-specialised TMA tilings (:mod:`gensorage.codegen.wgmma_tma`): 128x256 blocks with four slots (the most
+#: that fit), one or two wgmma groups in flight, and 128x128 with six.
+TMA_VARIANTS: tuple[WgmmaTiles, ...] = (
+    WgmmaTiles(2, 256, 4, tma=True),
+    WgmmaTiles(2, 256, 4, pending=2, tma=True),
+    WgmmaTiles(2, 128, 6, tma=True),
+)
+
+#: TMA tilings also run on a persistent grid, one block per SM (``persistent`` set to the profile's SM count
+#: by the suite): each block's ring runs on from tile to tile, so a tile's first copies overlap the previous
+#: tile's last MMAs and write-back.
+TMA_PERSISTENT: tuple[WgmmaTiles, ...] = TMA_VARIANTS
+
 #: Small GEMMs that check the layouts one feature at a time: one warpgroup and one stage at each N tile (64:
 #: one B atom per wgmma; 128 and 256 also the descriptor's leading offset), ragged shapes, two and four
 #: warpgroups, two wgmma groups in flight, the result staged in shared memory.
@@ -44,15 +62,30 @@ SMOKE: dict[str, tuple[tuple[int, int, int], WgmmaTiles]] = {
     "smoke_wg2_s3": ((512, 512, 512), WgmmaTiles(2, 128, 3)),
     "smoke_wg4_p2": ((300, 264, 520), WgmmaTiles(4, 64, 4, pending=2)),
     "smoke_staged": ((200, 136, 200), WgmmaTiles(2, 64, 2, staged=True)),
+    # TMA loads: one consumer warpgroup (no setmaxnreg) over ragged shapes, then two (setmaxnreg) with the
+    # ring wrapping several times, then four.
+    "smoke_tma_ragged": ((200, 136, 200), WgmmaTiles(1, 64, 2, tma=True)),
+    "smoke_tma_wg2": ((300, 520, 1000), WgmmaTiles(2, 128, 3, tma=True)),
+    "smoke_tma_wg4_p2": ((300, 264, 520), WgmmaTiles(4, 64, 4, pending=2, tma=True)),
+    # A persistent grid of 3 blocks over 5 x 5 ragged tiles of 3 steps (up to 9 tiles a block): the ring wraps
+    # within and across tiles.
+    "smoke_tma_persistent": ((300, 520, 136 + 8), WgmmaTiles(1, 128, 2, tma=True, persistent=3)),
 }
 
 #: The smoke GEMMs of a run after the layouts are known right: the ragged one and the newest features.
 SMOKE_SHORT = ("smoke_ragged", "smoke_wg4_p2", "smoke_staged")
+#: The smoke GEMMs of a TMA run: the cp.async ragged one (the runner's baseline) and the TMA ones.
+SMOKE_TMA = ("smoke_ragged", "smoke_tma_ragged", "smoke_tma_wg2", "smoke_tma_wg4_p2", "smoke_tma_persistent")
 
 
 def variant_name(t: WgmmaTiles) -> str:
     name = f"wgmma{t.block_m}x{t.block_n}s{t.stages}" + ("" if t.in_flight == 1 else f"p{t.in_flight}")
-    return name + ("st" if t.staged else "")
+    return (
+        name
+        + ("st" if t.staged else "")
+        + ("tma" if t.tma else "")
+        + (f"x{t.persistent}" if t.persistent else "")
+    )
 
 
 def wgmma_case(
@@ -69,10 +102,17 @@ def wgmma_case(
     import tvm
 
     m, n, k = dims
-    func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles)
+    func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles, maps_as_params=True)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     meta = {"tiles": dataclasses.asdict(tiles), "rule": f"{RULE}: {tiles.describe()}", "tensor_cores": True}
-    return _gemm_case(name, dims, variant, mod, {}, target_profile(hw, [RULE]), out, predicted, meta, dtype)
+    # A TMA kernel's parameters 3 and 4 (A_map, B_map) are the tensor maps of A and B.
+    maps = (
+        {3 + i: (i, spec.as_json()) for i, spec in enumerate(tensor_map_args(m, n, k, dtype, tiles))}
+        if tiles.tma
+        else None
+    )
+    hw = target_profile(hw, [RULE])
+    return _gemm_case(name, dims, variant, mod, {}, hw, out, predicted, meta, dtype, maps)
 
 
 def wgmma_cases(
@@ -80,18 +120,19 @@ def wgmma_cases(
     out: Path,
     shapes: dict[str, tuple[int, int, int]],
     dtype: str = "float16",
-    variants: bool = True,
+    variants: tuple[WgmmaTiles, ...] = WGMMA_VARIANTS,
+    tma: bool = False,
 ) -> list[dict[str, Any]]:
-    """Per shape the construction's wgmma pick (when it picks wgmma) and, with ``variants``, the tilings of
-    ``WGMMA_VARIANTS`` that fit it and the device's shared memory."""
+    """Per shape the wgmma tilings of ``variants`` that fit it and the device's shared memory, and the one the
+    construction picks (``tma``: with the TMA kernels in its space)."""
     cases = []
     for name, (m, n, k) in shapes.items():
         if unsupported(m, n, k):
             continue
         dims4 = (1, m, n, k)
-        picked, cost = construct_matmul_tiles(dims4, hw, dtype)
+        picked, cost = construct_matmul_tiles(dims4, hw, dtype, tma=tma)
         chosen = [("wgmma_constructed", picked, cost.total_s)] if isinstance(picked, WgmmaTiles) else []
-        for t in WGMMA_VARIANTS if variants else ():
+        for t in variants:
             if t == picked or t.block_m > max(64, m) or predict_tiles_time(dims4, t, hw, dtype) is None:
                 continue
             if t.warpgroups == 1 and m > WG_M:  # measured slower than two warpgroups on every large GEMM

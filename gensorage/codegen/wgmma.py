@@ -50,6 +50,7 @@ OUT_PAD = 8  # 16-bit elements padding each row of the staged result
 RULE = "wgmma"  # how a kernel's rule names this lowering
 GROUP_M = 8  # tile rows a group of blocks sweeps together (the grid's raster, see block_tile)
 ARCH = "sm_90a"  # wgmma needs the architecture-specific target
+MAX_TMA_STAGES = 6  # the deepest TMA ring (a 128x128 block's six slots take 192 KiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,10 @@ class WgmmaTiles:
     stages: int
     pending: int = 1  # wgmma groups left running at the end of a step (at most stages - 1)
     staged: bool = False  # the result goes through shared memory to coalesced 16-byte stores
+    tma: bool = False  # TMA loads by a producer warpgroup (:mod:`gensorage.codegen.wgmma_tma`), not cp.async
+    persistent: int = (
+        0  # with TMA: a grid of at most this many blocks looping over the tiles (0: one per tile)
+    )
 
     @property
     def in_flight(self) -> int:
@@ -82,7 +87,8 @@ class WgmmaTiles:
 
     @property
     def threads(self) -> int:
-        return WARPGROUP * self.warpgroups
+        """Threads of a block: the consumer warpgroups, and the producer's with TMA."""
+        return WARPGROUP * (self.warpgroups + self.tma)
 
     @property
     def warps(self) -> int:
@@ -99,6 +105,8 @@ class WgmmaTiles:
             f"{'s' if self.warpgroups > 1 else ''}, {self.stages} stage{'s' if self.stages > 1 else ''}"
             + (f", {self.in_flight} wgmma groups in flight" if self.in_flight > 1 else "")
             + (", result staged in shared memory" if self.staged else "")
+            + (", TMA loads by a producer warpgroup" if self.tma else "")
+            + (f", persistent over {self.persistent} blocks" if self.persistent else "")
         )
 
     def invalid(self) -> str | None:
@@ -107,10 +115,15 @@ class WgmmaTiles:
             return f"warpgroups={self.warpgroups} must be 1, 2 or 4"
         if self.block_n not in (64, 128, 256):
             return f"block_n={self.block_n} must be 64, 128 or 256"
-        if not 1 <= self.stages <= 4:
-            return f"stages={self.stages} must be 1 to 4"
+        low, high = (2, MAX_TMA_STAGES) if self.tma else (1, 4)
+        if not low <= self.stages <= high:
+            return f"stages={self.stages} must be {low} to {high}{' with TMA' if self.tma else ''}"
         if self.pending not in (1, 2):
             return f"pending={self.pending} must be 1 or 2"
+        if self.tma and self.staged:
+            return "the staged result is not done with TMA loads"
+        if self.persistent and not self.tma or self.persistent < 0:
+            return f"persistent={self.persistent}: a persistent grid needs TMA loads"
         return None
 
 
@@ -228,8 +241,10 @@ def wgmma_matmul(
     dtype: str,
     out_dtype: str,
     tiles: WgmmaTiles,
+    maps_as_params: bool = False,
 ) -> Any:
-    """The wgmma matmul PrimFunc ``main(A, B, C)`` for the kernel's view of the operands.
+    """The wgmma matmul PrimFunc ``main(A, B, C)`` for the kernel's view of the operands (with TMA and
+    ``maps_as_params``: ``main(A, B, C, A_map, B_map)``, see :func:`gensorage.codegen.wgmma_tma.build_tma`).
 
     Parameters
     ----------
@@ -251,6 +266,12 @@ def wgmma_matmul(
     batch = out[0] if len(out) == 3 else 0
     m, n, k = out[-2], out[-1], a[-1]
     _check(tiles, dtype, (m, n, k))
+    if tiles.tma:
+        from gensorage.codegen.wgmma_tma import build_tma
+
+        if not len(a) == len(b) == len(out) == 2:
+            raise ScheduleError("wgmma kernel: TMA loads take 2-D operands (no batch dim)")
+        return build_tma(a, b, out, dtype, out_dtype, tiles, (m, n, k), maps_as_params)
     return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k))
 
 

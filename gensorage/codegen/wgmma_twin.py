@@ -97,7 +97,7 @@ def _build(
 
     m, n, k = mnk
     bm, bn, stages = t.block_m, t.block_n, t.stages
-    threads, nacc = t.threads, t.accumulators
+    threads, nacc = WARPGROUP * t.warpgroups, t.accumulators  # the threads that compute (no TMA producer)
     gm, gn, ktiles = -(-m // bm), -(-n // bn), -(-k // BLOCK_K)
     a_elems, stage_elems = bm * BLOCK_K, (bm + bn) * BLOCK_K
     a_copies, b_copies = a_elems // CHUNK // threads, BLOCK_K * bn // CHUNK // threads
@@ -134,7 +134,24 @@ def _build(
             n0 = block_tile(bx, gm, gn)[1] * bn
             for step in T.serial(ktiles + ahead):
                 # Step ``step``'s copies (the loop's first ``ahead`` steps are the kernel's prologue).
-                if step < ktiles:
+                if step < ktiles and t.tma:  # TMA: whole boxes, swizzled by address, zero outside the matrix
+                    for row, col in T.grid(bm, BLOCK_K):
+                        kc = step * BLOCK_K + col
+                        at = (step % stages * stage_elems + row * ATOM + col) * 2
+                        buf[swizzle_128b(at) // 2] = T.if_then_else(
+                            m0 + row < m and kc < k,
+                            A[a_at(bz, T.min(m0 + row, m - 1), T.min(kc, k - 1))],
+                            zero,
+                        )
+                    for j, row, col in T.grid(bn // ATOM, BLOCK_K, ATOM):
+                        kr, nc = step * BLOCK_K + row, n0 + j * ATOM + col
+                        at = (
+                            step % stages * stage_elems + a_elems + j * ATOM * BLOCK_K + row * ATOM + col
+                        ) * 2
+                        buf[swizzle_128b(at) // 2] = T.if_then_else(
+                            kr < k and nc < n, B[b_at(bz, T.min(kr, k - 1), T.min(nc, n - 1))], zero
+                        )
+                if step < ktiles and not t.tma:
                     for tx, c, e in T.grid(threads, a_copies, CHUNK):
                         row, col = a_copy(tx + c * threads)
                         kc = step * BLOCK_K + col

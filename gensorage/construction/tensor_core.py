@@ -26,7 +26,13 @@ from typing import assert_never
 from gensorage.codegen.tensor_core import MMA, WARP, TensorCoreTiles, mma_dtype, shared_bytes
 from gensorage.codegen.wgmma import WG_M, WgmmaTiles, covers_operands
 from gensorage.construction.schedule import MAX_CARRY_FACTOR, warm_starts_active
-from gensorage.construction.wgmma import predict_wgmma_time, wgmma_available, wgmma_fits, wgmma_neighbours
+from gensorage.construction.wgmma import (
+    predict_wgmma_time,
+    tma_available,
+    wgmma_available,
+    wgmma_fits,
+    wgmma_neighbours,
+)
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import blocks_per_sm
@@ -119,19 +125,22 @@ class Grid:
     waves: int
 
 
-def time_and_bound(g: Grid, sm_terms: dict[str, float], hw: HwProfile) -> tuple[float, str]:
+def time_and_bound(
+    g: Grid, sm_terms: dict[str, float], hw: HwProfile, l2_fraction: float | None = None
+) -> tuple[float, str]:
     """The kernel's predicted time and the term that bounds it: the slowest of the per-SM terms of a wave
     (``sm_terms``: the instruction's compute and shared-memory terms; L2, latency and bytes in flight here)
     times the waves, or DRAM over the whole grid, plus the launch.
 
     Shared by both tensor-core instructions (``mma.sync``, ``wgmma``): they move the same tiles through L2
-    and DRAM.
+    and DRAM, at ``l2_fraction`` of the L2 bandwidth (default the profile's ``l2_fraction``; TMA copies have
+    their own).
     """
     batch, m, n, k = g.dims
     cal = hw.calibration
     kp = -(-k // g.block_k) * g.block_k
     tile_bytes = (g.block_m + g.block_n) * kp * 2
-    l2_bw = hw.level("l2").bandwidth_Bps * cal.l2_fraction
+    l2_bw = hw.level("l2").bandwidth_Bps * (cal.l2_fraction if l2_fraction is None else l2_fraction)
     l2_s = g.resident * tile_bytes / (l2_bw / hw.sm_count)
     # DRAM: C once; A once (a wave sweeps whole rows of blocks); B once per wave unless it stays in L2.
     a_bytes, b_bytes, c_bytes = 2 * batch * m * k, 2 * batch * k * n, 2 * batch * m * n
@@ -224,9 +233,11 @@ def predict_tiles_time(
             assert_never(tiles)
 
 
-def _moves(t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool) -> list[Tiles]:
+def _moves(
+    t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool, tma: bool, sms: int = 0
+) -> list[Tiles]:
     """The states one action away: the instruction's own levels, and the switch to the other instruction
-    (the nearest tiles it has) when ``wgmma`` is in the space."""
+    (the nearest tiles it has) when ``wgmma`` is in the space (its TMA variant when ``tma`` is too)."""
     match t:
         case TensorCoreTiles():
             out: list[Tiles] = list(neighbours(t, dims, split))
@@ -236,7 +247,7 @@ def _moves(t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool) 
             return out
         case WgmmaTiles():
             back = TensorCoreTiles(t.block_m, t.block_n, 64, 64, 64, t.stages)
-            return [*wgmma_neighbours(t, dims), *([back] if fits(back, dims) else [])]
+            return [*wgmma_neighbours(t, dims, tma, sms), *([back] if fits(back, dims) else [])]
         case _:
             assert_never(t)
 
@@ -249,6 +260,7 @@ def _chain(
     split: bool,
     wgmma: bool = False,
     start: Tiles | None = None,
+    tma: bool = False,
 ) -> list[tuple[float, Tiles]]:
     """One Markov chain from ``start`` (default: the smallest kernel); returns the states it visited with their
     predicted times.
@@ -266,7 +278,7 @@ def _chain(
     visited = [(time_s, state)]
     for _ in range(MAX_STEPS):
         moves = []
-        for nxt in _moves(state, dims, split, wgmma):
+        for nxt in _moves(state, dims, split, wgmma, tma, hw.sm_count if tma else 0):
             c = predict_tiles_time(dims, nxt, hw, dtype)
             if c is not None and c.total_s <= time_s:
                 moves.append((time_s - c.total_s, c.total_s, nxt))
@@ -310,18 +322,21 @@ def construct_tensor_core(
 
 
 def construct_matmul_tiles(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0, tma: bool = False
 ) -> tuple[Tiles, TensorCoreCost]:
     """The tiles the construction picks when the instruction is a level of the state too: ``wgmma`` kernels
     on profiles that have it (:func:`~gensorage.construction.wgmma.wgmma_available`), ``mma.sync`` ones
     (split-k included) elsewhere and where they are predicted faster (decode-sized M).
+
+    ``tma`` adds the warp-specialised TMA wgmma kernels (and their deeper rings) where the profile prices
+    them (:func:`~gensorage.construction.wgmma.tma_available`); they take 2-D operands.
 
     Raises
     ------
     ScheduleError
         As :func:`construct_tensor_core`.
     """
-    return _construct(dims, hw, dtype, seed, True, wgmma_available(hw))
+    return _construct(dims, hw, dtype, seed, True, wgmma_available(hw), tma and tma_available(hw))
 
 
 def construct_predefined_matmul(
@@ -336,7 +351,8 @@ def construct_predefined_matmul(
     """The tiles of a pre-defined matmul kernel op of these shapes and dtypes (None: not on tensor cores).
 
     Both instructions (:func:`construct_matmul_tiles`) where the wgmma kernel takes the operands as they are
-    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`), ``mma.sync``
+    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`; TMA loads with 2-D
+    operands), ``mma.sync``
     (:func:`construct_tensor_core`) otherwise. One function for the code generator and the µGraph cost model,
     so both see the same kernel.
     """
@@ -346,7 +362,9 @@ def construct_predefined_matmul(
     dims = (math.prod(out[:-2]), out[-2], out[-1], a[-1])
     try:
         if a_dtype == b_dtype == mma and covers_operands(a, b, out):
-            return construct_matmul_tiles(dims, hw, mma, seed)
+            # TMA loads take 2-D operands; the kernel's host code encodes their tensor maps.
+            tma = len(a) == len(b) == len(out) == 2
+            return construct_matmul_tiles(dims, hw, mma, seed, tma=tma)
         return construct_tensor_core(dims, hw, mma, seed)
     except ScheduleError:
         return None
@@ -354,15 +372,21 @@ def construct_predefined_matmul(
 
 @lru_cache(maxsize=256)
 def _construct(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, seed: int, split: bool, wgmma: bool
+    dims: tuple[int, int, int, int],
+    hw: HwProfile,
+    dtype: str,
+    seed: int,
+    split: bool,
+    wgmma: bool,
+    tma: bool = False,
 ) -> tuple[Tiles, TensorCoreCost]:
     try:
         hw.flops(dtype, True)
     except KeyError:
         raise ScheduleError(f"hardware profile {hw.name} has no tensor-core rate for {dtype}") from None
-    found = _chain(dims, hw, dtype, None, split, wgmma)
+    found = _chain(dims, hw, dtype, None, split, wgmma, tma=tma)
     for c in range(CHAINS - 1):
-        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, wgmma)
+        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, wgmma, tma=tma)
     return _pick(found, dims, hw, dtype)
 
 
@@ -389,7 +413,7 @@ def _tie_break(t: Tiles, cost: TensorCoreCost | None, hw: HwProfile) -> tuple[fl
     four-warp ones the model priced the same), then ``mma.sync`` before wgmma, then the predicted time, then
     wider and deeper tiles.
     Otherwise: the largest block tile (the most reuse per byte from L2), then the fewest stages (for wgmma:
-    the fewest shared-memory reads, the most stages, two wgmma groups in flight).
+    the fewest shared-memory reads, TMA loads, the most stages, two wgmma groups in flight, one block per tile).
     """
     assert cost is not None
     if cost.bound == "dram":
@@ -399,8 +423,10 @@ def _tie_break(t: Tiles, cost: TensorCoreCost | None, hw: HwProfile) -> tuple[fl
     if isinstance(t, WgmmaTiles):
         # At equal block tiles the H200 ran faster with fewer shared-memory reads (128x256 over 256x128: each
         # warpgroup reads all of B), a deeper ring (1.34x from 2 to 3 stages) and two wgmma groups in flight.
+        # TMA loads before cp.async ones: where both are priced alike (bound by L2), the TMA kernel's other
+        # terms (its MMA rate, no per-step issue floor) are the faster ones.
         reads = t.warpgroups * (WG_M + t.block_n)
-        return (t.block_m * t.block_n, -reads, t.stages, t.in_flight, -cost.total_s)
+        return (t.block_m * t.block_n, -reads, t.tma, t.stages, t.in_flight, -t.persistent, -cost.total_s)
     return (t.block_m * t.block_n, -t.stages, -cost.total_s)
 
 

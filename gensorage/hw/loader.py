@@ -356,7 +356,7 @@ def _parse_calibration(data: Mapping[str, Any], where: str) -> Calibration:
     table = _get_table(data, "calibration", where, required=False)
     _check_unknown(table, CALIBRATION_KEYS, where, "calibration.")
     values = {k: _get_float(table, k, where, "calibration.") for k in CALIBRATION_KEYS if k in table}
-    for key in ("mma_sync_fraction", "wgmma_fraction"):
+    for key in ("mma_sync_fraction", "wgmma_fraction", "tma_wgmma_fraction", "tma_l2_fraction"):
         if values.get(key, 0.5) > 1:
             raise _fail(where, f"calibration.{key}", "is a fraction of the tensor peak (at most 1)")
     return Calibration(**values)

@@ -33,7 +33,9 @@ class Calibration:
     back to back (CUDA-graph replay); ``wgmma_fraction``: the fraction of the tensor peak that warpgroup
     ``wgmma.mma_async`` reaches (0: the GPU has no wgmma, the construction does not consider it);
     ``wgmma_latency_cycles``: the latency of one reduction step's copies under a wgmma kernel's load, which its
-    pipeline hides.
+    pipeline hides; ``tma_wgmma_fraction``: the fraction of the tensor peak that the warp-specialised wgmma
+    kernels with TMA loads reach (0: the construction does not consider them); ``tma_l2_fraction``: the
+    fraction of the L2 bandwidth their copies stream the operand tiles at.
 
     Graph-defined kernels (:mod:`gensorage.ugraph.block_cost`): ``block_load_flight_bytes``: the tile bytes one
     thread keeps in flight with its element-wise, not prefetched loads; ``block_barrier_cycles``: one
@@ -60,6 +62,8 @@ class Calibration:
     predefined_dram_fraction: float = 1.0
     wgmma_fraction: float = 0.0
     wgmma_latency_cycles: float = 2000.0
+    tma_wgmma_fraction: float = 0.0
+    tma_l2_fraction: float = 0.4
 
 
 CALIBRATION_KEYS: tuple[str, ...] = (
@@ -77,6 +81,8 @@ CALIBRATION_KEYS: tuple[str, ...] = (
     "predefined_dram_fraction",
     "wgmma_fraction",
     "wgmma_latency_cycles",
+    "tma_wgmma_fraction",
+    "tma_l2_fraction",
 )
 
 
