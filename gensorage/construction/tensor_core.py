@@ -249,6 +249,7 @@ def _chain(
     split: bool,
     wgmma: bool = False,
     start: Tiles | None = None,
+    layout: str = "nn",
 ) -> list[tuple[float, Tiles]]:
     """One Markov chain from ``start`` (default: the smallest kernel); returns the states it visited with their
     predicted times.
@@ -258,7 +259,9 @@ def _chain(
     predicted time, such as a warp tile under an L2-bound block tile) with a small weight, for at most
     ``MAX_STEPS`` moves.
     """
-    state: Tiles = start or TensorCoreTiles(MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2)
+    state: Tiles = start or TensorCoreTiles(
+        MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2, layout=layout
+    )
     cost = predict_tiles_time(dims, state, hw, dtype)
     if cost is None:
         return []
@@ -285,12 +288,19 @@ def _chain(
 
 
 def construct_tensor_core(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0, split: bool = True
+    dims: tuple[int, int, int, int],
+    hw: HwProfile,
+    dtype: str = "float16",
+    seed: int = 0,
+    split: bool = True,
+    layout: str = "nn",
 ) -> tuple[TensorCoreTiles, TensorCoreCost]:
     """The ``mma.sync`` tiles Gensor's construction picks for a ``(batch, m, n, k)`` matmul, with their
     predicted cost (:func:`construct_matmul_tiles` with wgmma in the space as well).
 
     ``split=False`` keeps split-k out of the space (the implicit GEMM of a convolution has no split path).
+    ``layout``: which operands are stored transposed (:attr:`TensorCoreTiles.layout`; it sizes the shared
+    tiles).
     Memoised per process; inside :func:`~gensorage.construction.schedule.warm_starts`, a shape not constructed
     yet starts its chains from the tiles of the nearest constructed shape (:func:`_warm`).
 
@@ -300,10 +310,10 @@ def construct_tensor_core(
         No tensor-core kernel fits ``hw`` (or its profile has no tensor-core rate for ``dtype``).
     """
     if warm_starts_active():
-        hit = _warm(dims, hw, dtype, seed, split)
+        hit = _warm(dims, hw, dtype, seed, split, layout)
         if hit is not None:
             return hit
-    best, cost = _construct(dims, hw, dtype, seed, split, False)
+    best, cost = _construct(dims, hw, dtype, seed, split, False, layout)
     assert isinstance(best, TensorCoreTiles)
     _remember(dims, hw, dtype, seed, split, best)
     return best, cost
@@ -332,37 +342,46 @@ def construct_predefined_matmul(
     b_dtype: str,
     hw: HwProfile,
     seed: int = 0,
+    layout: str = "nn",
 ) -> tuple[Tiles, TensorCoreCost] | None:
-    """The tiles of a pre-defined matmul kernel op of these shapes and dtypes (None: not on tensor cores).
+    """The tiles of a pre-defined matmul kernel op of these (logical) shapes and dtypes, with operands stored
+    as ``layout`` says (:attr:`~gensorage.codegen.tensor_core.TensorCoreTiles.layout`); None: not on tensor
+    cores.
 
     Both instructions (:func:`construct_matmul_tiles`) where the wgmma kernel takes the operands as they are
-    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`), ``mma.sync``
-    (:func:`construct_tensor_core`) otherwise. One function for the code generator and the µGraph cost model,
-    so both see the same kernel.
+    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`, neither transposed),
+    ``mma.sync`` (:func:`construct_tensor_core`) otherwise. One function for the code generator and the µGraph
+    cost model, so both see the same kernel.
     """
     mma = mma_dtype(a_dtype, b_dtype)
     if mma is None:
         return None
     dims = (math.prod(out[:-2]), out[-2], out[-1], a[-1])
     try:
-        if a_dtype == b_dtype == mma and covers_operands(a, b, out):
+        if a_dtype == b_dtype == mma and covers_operands(a, b, out) and layout == "nn":
             return construct_matmul_tiles(dims, hw, mma, seed)
-        return construct_tensor_core(dims, hw, mma, seed)
+        return construct_tensor_core(dims, hw, mma, seed, layout=layout)
     except ScheduleError:
         return None
 
 
 @lru_cache(maxsize=256)
 def _construct(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, seed: int, split: bool, wgmma: bool
+    dims: tuple[int, int, int, int],
+    hw: HwProfile,
+    dtype: str,
+    seed: int,
+    split: bool,
+    wgmma: bool,
+    layout: str = "nn",
 ) -> tuple[Tiles, TensorCoreCost]:
     try:
         hw.flops(dtype, True)
     except KeyError:
         raise ScheduleError(f"hardware profile {hw.name} has no tensor-core rate for {dtype}") from None
-    found = _chain(dims, hw, dtype, None, split, wgmma)
+    found = _chain(dims, hw, dtype, None, split, wgmma, layout=layout)
     for c in range(CHAINS - 1):
-        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, wgmma)
+        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, wgmma, layout=layout)
     return _pick(found, dims, hw, dtype)
 
 
@@ -427,19 +446,19 @@ def _remember(
     if sum(len(v) for v in _KNOWN.values()) >= _MEMO_LIMIT:
         _KNOWN.clear()
         _WARM.clear()
-    _KNOWN.setdefault((hw, dtype, seed, split), {})[dims] = t
+    _KNOWN.setdefault((hw, dtype, seed, split, t.layout), {})[dims] = t
 
 
 def _warm(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, seed: int, split: bool
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, seed: int, split: bool, layout: str = "nn"
 ) -> tuple[TensorCoreTiles, TensorCoreCost] | None:
     """The construction at ``dims`` from the tiles of the nearest constructed shape within
     ``MAX_CARRY_FACTOR`` on every dim: a greedy and ``WARM_CHAINS`` random chains from them, and the greedy
     chain from the smallest kernel; None where there is no such shape or its tiles do not carry over."""
-    key = (dims, hw, dtype, seed, split)
+    key = (dims, hw, dtype, seed, split, layout)
     if key in _WARM:
         return _WARM[key]
-    known = _KNOWN.get((hw, dtype, seed, split))
+    known = _KNOWN.get((hw, dtype, seed, split, layout))
     if not known or dims in known:  # constructed cold already: the memoised cold answer
         return None
     near = min(known, key=lambda d: sum(abs(math.log(a / b)) for a, b in zip(dims, d, strict=True)))
@@ -450,7 +469,8 @@ def _warm(
     )
     if start is None:
         return None
-    found = _chain(dims, hw, dtype, None, split) + _chain(dims, hw, dtype, None, split, start=start)
+    found = _chain(dims, hw, dtype, None, split, layout=layout)
+    found += _chain(dims, hw, dtype, None, split, start=start)
     for c in range(WARM_CHAINS):
         found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, start=start)
     best, cost = _pick(found, dims, hw, dtype)
