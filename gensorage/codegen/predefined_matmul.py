@@ -139,8 +139,8 @@ def _matmul_build(
         if ms.batch:
 
             def body(b: Any, i: Any, j: Any) -> Any:
-                ai = _at(ms.ta, i, k)
-                bi = _at(ms.tb, k, j)
+                ai: tuple[Any, ...] = _at(ms.ta, i, k)
+                bi: tuple[Any, ...] = _at(ms.tb, k, j)
                 ai = (_batch_index(b, ms.batch, ms.a[:-2]), *ai) if len(ms.a) > 2 else ai
                 bi = (_batch_index(b, ms.batch, ms.b[:-2]), *bi) if len(ms.b) > 2 else bi
                 return te.sum(term(a[ai], bt[bi]), axis=k)
