@@ -64,6 +64,11 @@ def graph_views(g: KernelGraph, info: GraphInfo) -> frozenset[int]:
     return transposed_views(g, tuple(len(ts[0].shape) if ts else 0 for ts in info.nodes))
 
 
+def layout_name(ta: bool, tb: bool) -> str:
+    """``nn``, ``nt``, ``tn`` or ``tt``: whether A, then B, is stored transposed."""
+    return ("t" if ta else "n") + ("t" if tb else "n")
+
+
 def matmul_operands(g: KernelGraph, k: int, views: frozenset[int]) -> tuple[Operand, Operand]:
     """The two operands of matmul kernel op ``k``: through a transposed view, its input, transposed."""
     op = g.ops[k]
@@ -82,4 +87,4 @@ def matmul_operands(g: KernelGraph, k: int, views: frozenset[int]) -> tuple[Oper
     return a, b
 
 
-__all__ = ["Operand", "graph_views", "matmul_operands", "transposed_views"]
+__all__ = ["Operand", "graph_views", "layout_name", "matmul_operands", "transposed_views"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gensorage.codegen.kernel_text import KernelParam, ScheduledKernel, Target
-from gensorage.codegen.operand_views import graph_views, matmul_operands
+from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
 from gensorage.codegen.scalar import FieldScalar, Scalar
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.errors import ScheduleError, UnsupportedOpError
@@ -53,7 +53,7 @@ class _MatmulShape:
     @property
     def layout(self) -> str:
         """``nn``, ``nt``, ``tn`` or ``tt``: whether A, then B, is stored transposed."""
-        return ("t" if self.ta else "n") + ("t" if self.tb else "n")
+        return layout_name(self.ta, self.tb)
 
     @property
     def batch(self) -> tuple[int, ...]:
