@@ -10,7 +10,10 @@ output dtype by a consumer block) is scheduled into the shape of a CUTLASS-style
   ``warp_m x warp_n`` tile of 16 x 16 MMA tiles whose float32 accumulators stay in registers ("warp" scope in
   the ldmatrix fragment layout);
 * per ``block_k`` step both operand tiles are copied global -> shared (16-byte vectors, all threads) and
-  the fragments loaded shared -> registers with ``ldmatrix`` (the B operand with ``.trans``); the shared rows are
+  the fragments loaded shared -> registers with ``ldmatrix`` (the B operand with ``.trans``); an operand stored
+  transposed (``TensorCoreTiles.layout``: B as ``[n, k]``, ``x @ W.T`` read in place; A as ``[k, m]``) keeps its
+  layout in shared memory, so the copies still run along its contiguous dim, and is loaded with the other
+  ``ldmatrix`` (B without ``.trans``, A with it) and the MMA intrinsic of that layout; the shared rows are
   padded by 8 elements (``storage_align``) so the eight 16-byte rows an ``ldmatrix`` reads fall in distinct
   banks (conflict-free by padding rather than by an XOR swizzle);
 * with ``stages >= 2`` the reduction loop is software-pipelined and the global -> shared copies become
