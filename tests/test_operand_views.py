@@ -8,6 +8,7 @@ the field twin against the program; the CUDA of the NT tensor-core kernel throug
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import replace
 
@@ -22,6 +23,7 @@ from gensorage.codegen.module import compile_ugraph
 from gensorage.codegen.operand_views import graph_views
 from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import TensorCoreTiles, schedule_tensor_core, shared_bytes
+from gensorage.codegen.wgmma import WgmmaTiles
 from gensorage.construction.tensor_core import construct_predefined_matmul
 from gensorage.dtypes import numpy_dtype
 from gensorage.hw import load_profile
@@ -33,6 +35,11 @@ from gensorage.ugraph.ir import KernelOp
 from gensorage.ugraph.validate import validate
 
 HW = load_profile("h100")
+H200 = load_profile("h200")
+#: A Hopper whose mma.sync is slow: the construction takes wgmma even at shapes small enough for the twins.
+SLOW_MMA = dataclasses.replace(
+    H200, calibration=dataclasses.replace(H200.calibration, mma_sync_fraction=0.01, wgmma_fraction=1.0)
+)
 LAYOUTS = ("nn", "nt", "tn", "tt")
 
 
@@ -203,15 +210,45 @@ def test_shared_tiles_keep_the_operands_layout() -> None:
     assert shared_bytes(replace(t, layout="tn")) == 4 * (32 * 72 + 32 * 136) * 2  # A as [32, 64 + 8]
 
 
-def test_a_transposed_operand_stays_on_mma_sync() -> None:
-    # wgmma's kernel takes B N-major only: a transposed view is constructed on mma.sync, in its layout.
-    got = construct_predefined_matmul(
-        (4096, 4096), (4096, 4096), (4096, 4096), "float16", "float16", HW, 0, "nt"
+def test_a_transposed_a_stays_on_mma_sync_and_a_k_major_b_may_take_wgmma() -> None:
+    # wgmma reads B N-major (its transpose immediate) or K-major (its own layout); A only K-major.
+    dims = ((4096, 4096), (4096, 4096), (4096, 4096))
+    for layout in ("tn", "tt"):
+        got = construct_predefined_matmul(*dims, "float16", "float16", H200, 0, layout)
+        assert got is not None and isinstance(got[0], TensorCoreTiles) and got[0].layout == layout
+        assert shared_bytes(got[0]) <= H200.shared_mem_per_block
+    got = construct_predefined_matmul(*dims, "float16", "float16", H200, 0, "nt")
+    assert got is not None and isinstance(got[0], WgmmaTiles)
+    small = construct_predefined_matmul(
+        (16, 4096), (4096, 1024), (16, 1024), "float16", "float16", H200, 0, "nt"
     )
-    assert got is not None
-    tiles = got[0]
-    assert isinstance(tiles, TensorCoreTiles) and tiles.layout == "nt"
-    assert shared_bytes(tiles) <= HW.shared_mem_per_block
+    assert small is not None and isinstance(small[0], TensorCoreTiles) and small[0].layout == "nt"
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "dtype", "batch"),
+    [
+        (100, 72, 136, "float16", ((), ())),
+        (70, 136, 72, "bfloat16", ((2,), (2,))),
+        (64, 64, 200, "float16", ((3,), ())),
+    ],
+)
+def test_wgmma_reads_a_k_major_b_in_place(
+    m: int, n: int, k: int, dtype: str, batch: tuple[tuple[int, ...], tuple[int, ...]]
+) -> None:
+    # A Hopper whose mma.sync is slow takes wgmma at shapes small enough for the twins.
+    program = _matmul_program(m, n, k, dtype, "nt", *batch)
+    g = from_program(program)
+    cg = compile_ugraph(g, SLOW_MMA, "llvm")
+    (kernel,) = cg.kernels("llvm")
+    assert kernel.rule.startswith("wgmma")
+    xs = _draw(g, 3.0, 8)
+    want = _float64_product(xs, "nt")
+    got = cg.run(*xs)[0].astype(np.float64)
+    assert np.linalg.norm(got - want) <= (2e-3 if dtype == "float16" else 8e-3) * np.linalg.norm(want)
+    assert check_field_twin(g, program, trials=1, seed=2, hw=SLOW_MMA)
+    src = compile_ugraph(g, SLOW_MMA, "cuda").cuda_source()
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16[^;]*, 1, 1, 0, 0;", src)  # no transpose
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

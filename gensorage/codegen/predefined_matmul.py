@@ -337,18 +337,18 @@ def _wgmma_kernels(
     from gensorage.codegen.wgmma_twin import wgmma_twin
 
     ms = ops.shape
-    assert ms.layout == "nn"  # the construction keeps transposed views on mma.sync
-    a, b, out = ms.flat(ms.a), ms.flat(ms.b), ms.flat(ms.out)
+    assert ms.layout in ("nn", "nt")  # the construction keeps a transposed A on mma.sync
+    a, b, out = ms.flat(ms.a), ms.flat(ms.stored_b), ms.flat(ms.out)
     rule = f"{RULE} construct on matmul {list(ms.dims)}: {tiles.describe()}"
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
         try:
             if target == "cuda":
-                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles)
+                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles, ms.tb)
             elif m is None:
-                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles)
+                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb)
             else:
-                func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m)
+                func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m, k_major_b=ms.tb)
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{ops.out_ref.node} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"

@@ -224,7 +224,9 @@ def predict_tiles_time(
             assert_never(tiles)
 
 
-def _moves(t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool) -> list[Tiles]:
+def _moves(
+    t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool, layout: str = "nn"
+) -> list[Tiles]:
     """The states one action away: the instruction's own levels, and the switch to the other instruction
     (the nearest tiles it has) when ``wgmma`` is in the space."""
     match t:
@@ -235,7 +237,7 @@ def _moves(t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool) 
                 out += [w] if wgmma_fits(w, dims) else []
             return out
         case WgmmaTiles():
-            back = TensorCoreTiles(t.block_m, t.block_n, 64, 64, 64, t.stages)
+            back = TensorCoreTiles(t.block_m, t.block_n, 64, 64, 64, t.stages, layout=layout)
             return [*wgmma_neighbours(t, dims), *([back] if fits(back, dims) else [])]
         case _:
             assert_never(t)
@@ -269,7 +271,7 @@ def _chain(
     visited = [(time_s, state)]
     for _ in range(MAX_STEPS):
         moves = []
-        for nxt in _moves(state, dims, split, wgmma):
+        for nxt in _moves(state, dims, split, wgmma, layout):
             c = predict_tiles_time(dims, nxt, hw, dtype)
             if c is not None and c.total_s <= time_s:
                 moves.append((time_s - c.total_s, c.total_s, nxt))
@@ -320,18 +322,20 @@ def construct_tensor_core(
 
 
 def construct_matmul_tiles(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0, layout: str = "nn"
 ) -> tuple[Tiles, TensorCoreCost]:
     """The tiles the construction picks when the instruction is a level of the state too: ``wgmma`` kernels
     on profiles that have it (:func:`~gensorage.construction.wgmma.wgmma_available`), ``mma.sync`` ones
-    (split-k included) elsewhere and where they are predicted faster (decode-sized M).
+    (split-k included) elsewhere and where they are predicted faster (decode-sized M). ``layout`` "nt": B is
+    stored ``[N, K]`` (wgmma reads it K-major, mma.sync tiles carry the layout); "tn"/"tt" have no wgmma
+    kernel.
 
     Raises
     ------
     ScheduleError
         As :func:`construct_tensor_core`.
     """
-    return _construct(dims, hw, dtype, seed, True, wgmma_available(hw))
+    return _construct(dims, hw, dtype, seed, True, wgmma_available(hw) and layout in ("nn", "nt"), layout)
 
 
 def construct_predefined_matmul(
@@ -349,8 +353,8 @@ def construct_predefined_matmul(
     cores.
 
     Both instructions (:func:`construct_matmul_tiles`) where the wgmma kernel takes the operands as they are
-    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`, neither transposed),
-    ``mma.sync`` (:func:`construct_tensor_core`) otherwise. One function for the code generator and the µGraph
+    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`, A not transposed: B
+    N-major or K-major), ``mma.sync`` (:func:`construct_tensor_core`) otherwise. One function for the code generator and the µGraph
     cost model, so both see the same kernel.
     """
     mma = mma_dtype(a_dtype, b_dtype)
@@ -358,8 +362,8 @@ def construct_predefined_matmul(
         return None
     dims = (math.prod(out[:-2]), out[-2], out[-1], a[-1])
     try:
-        if a_dtype == b_dtype == mma and covers_operands(a, b, out) and layout == "nn":
-            return construct_matmul_tiles(dims, hw, mma, seed)
+        if a_dtype == b_dtype == mma and covers_operands(a, b, out) and layout in ("nn", "nt"):
+            return construct_matmul_tiles(dims, hw, mma, seed, layout)
         return construct_tensor_core(dims, hw, mma, seed, layout=layout)
     except ScheduleError:
         return None
