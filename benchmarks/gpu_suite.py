@@ -73,8 +73,13 @@ def prepare(args: argparse.Namespace) -> int:
         from benchmarks import gpu_wgmma
 
         for dtype in args.dtypes:
-            for name, dims in gemms.items():
-                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants=False)
+            for layout in args.gemm_layouts:
+                if layout == "nt":  # the smoke GEMMs check the K-major B layout one feature at a time
+                    cases += gpu_wgmma.smoke_cases(hw, out, dtype, layout=layout)
+                for name, dims in gemms.items():
+                    cases += gpu_wgmma.wgmma_cases(
+                        hw, out, {name: dims}, dtype, variants=False, layout=layout
+                    )
         print(f"[{time.perf_counter() - t0:6.1f}s] wgmma picks: {len(cases)} cases", file=sys.stderr)
     if args.wgmma or args.wgmma_only:
         from benchmarks import gpu_wgmma

@@ -64,15 +64,18 @@ def wgmma_case(
     dtype: str,
     variant: str,
     predicted: float | None = None,
+    layout: str = "nn",
 ) -> dict[str, Any]:
-    """One bundled wgmma GEMM (compiled for sm_90a)."""
+    """One bundled wgmma GEMM (compiled for sm_90a); ``layout`` "nt": B stored [N, K], read K-major."""
     import tvm
 
     m, n, k = dims
-    func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles)
+    nt = layout == "nt"
+    func = wgmma_matmul((m, k), (n, k) if nt else (k, n), (m, n), dtype, dtype, tiles, nt)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     meta = {"tiles": dataclasses.asdict(tiles), "rule": f"{RULE}: {tiles.describe()}", "tensor_cores": True}
-    return _gemm_case(name, dims, variant, mod, {}, target_profile(hw, [RULE]), out, predicted, meta, dtype)
+    hw = target_profile(hw, [RULE])
+    return _gemm_case(name, dims, variant, mod, {}, hw, out, predicted, meta, dtype, layout)
 
 
 def wgmma_cases(
@@ -81,15 +84,16 @@ def wgmma_cases(
     shapes: dict[str, tuple[int, int, int]],
     dtype: str = "float16",
     variants: bool = True,
+    layout: str = "nn",
 ) -> list[dict[str, Any]]:
     """Per shape the construction's wgmma pick (when it picks wgmma) and, with ``variants``, the tilings of
-    ``WGMMA_VARIANTS`` that fit it and the device's shared memory."""
+    ``WGMMA_VARIANTS`` that fit it and the device's shared memory; ``layout`` "nt": B stored [N, K]."""
     cases = []
     for name, (m, n, k) in shapes.items():
         if unsupported(m, n, k):
             continue
         dims4 = (1, m, n, k)
-        picked, cost = construct_matmul_tiles(dims4, hw, dtype)
+        picked, cost = construct_matmul_tiles(dims4, hw, dtype, layout=layout)
         chosen = [("wgmma_constructed", picked, cost.total_s)] if isinstance(picked, WgmmaTiles) else []
         for t in WGMMA_VARIANTS if variants else ():
             if t == picked or t.block_m > max(64, m) or predict_tiles_time(dims4, t, hw, dtype) is None:
@@ -99,11 +103,18 @@ def wgmma_cases(
             c = predict_tiles_time(dims4, t, hw, dtype)
             chosen.append((variant_name(t), t, None if c is None else c.total_s))
         for variant, t, predicted in chosen:
-            cases.append(wgmma_case(name, (m, n, k), t, hw, out, dtype, variant, predicted))
+            cases.append(wgmma_case(name, (m, n, k), t, hw, out, dtype, variant, predicted, layout))
     return cases
 
 
 def smoke_cases(
-    hw: HwProfile, out: Path, dtype: str = "float16", names: tuple[str, ...] = tuple(SMOKE)
+    hw: HwProfile,
+    out: Path,
+    dtype: str = "float16",
+    names: tuple[str, ...] = tuple(SMOKE),
+    layout: str = "nn",
 ) -> list[dict[str, Any]]:
-    return [wgmma_case(name, *SMOKE[name], hw, out, dtype, variant_name(SMOKE[name][1])) for name in names]
+    return [
+        wgmma_case(name, *SMOKE[name], hw, out, dtype, variant_name(SMOKE[name][1]), None, layout)
+        for name in names
+    ]
