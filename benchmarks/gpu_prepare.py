@@ -31,6 +31,7 @@ from gensorage.codegen.cuda_build import build_cubin, cuda_target
 from gensorage.codegen.implicit_gemm import Conv2d, conv2d_tensor_core
 from gensorage.codegen.launch import Launch, launch_specs
 from gensorage.codegen.module import compile_ugraph, ir_module
+from gensorage.codegen.operand_views import graph_views
 from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
 from gensorage.codegen.ugraph_tir import plan_threads
@@ -357,9 +358,13 @@ def _cuda_core_case(name: str, dims: tuple[int, int, int], hw: HwProfile, out: P
 
 
 def _tensor_names(g: KernelGraph, info: GraphInfo) -> dict[Ref, str]:
-    """Each tensor's storage name; an alias op's (reshape's) output names its input's storage."""
+    """Each tensor's storage name; an alias op's (reshape's) output names its input's storage. A transpose its
+    matmuls read in place has no storage (:mod:`gensorage.codegen.operand_views`)."""
     names: dict[Ref, str] = {Ref(i): t.name for i, t in enumerate(g.inputs)}
+    views = graph_views(g, info)
     for k in range(len(g.ops)):
+        if k in views:
+            continue
         node = len(g.inputs) + k
         for o in range(len(info.nodes[node])):
             names[Ref(node, o)] = f"t{node}_{o}"
