@@ -296,3 +296,21 @@ def test_both_cost_models_price_what_is_emitted() -> None:
     p.output(wt)
     copied = kernel_costs(from_program(p), HW)
     assert copied[0].kind == "transpose" and copied[0].time_s > 0
+
+
+def test_a_float32_activation_times_a_transposed_16_bit_weight() -> None:
+    # The precision policy keeps a normalised activation in float32: the matmul converts both operands to
+    # bfloat16 on their way to shared memory, the weight still read in place.
+    p = Program()
+    x, w = p.input("x", (40, 100), "bfloat16"), p.input("w", (72, 100), "bfloat16")
+    p.output(p.matmul(p.rms_norm(x), p.transpose(w, 0, 1)))
+    g = from_program(p)
+    info = validate(g)
+    (mm,) = [op for op in g.ops if isinstance(op, KernelOp) and op.op is Op.MATMUL]
+    assert [info.of(r).dtype for r in mm.inputs] == ["float32", "bfloat16"]
+    cg = compile_ugraph(g, HW, "llvm")
+    assert "layout NT" in cg.kernels("llvm")[-1].rule
+    xs = p.random_inputs(seed=2)
+    got, want = cg.run(*xs)[0].astype(np.float64), p.run(*xs)[0].astype(np.float64)
+    assert np.linalg.norm(got - want) <= 8e-3 * np.linalg.norm(want)
+    assert check_field_twin(g, p, trials=1, seed=1, hw=HW)
