@@ -10,7 +10,8 @@ Manifest: ``{"prepared": {...}, "cases": [CASE, ...]}``; each CASE has ``name``,
 null or the tensor whose storage it reshapes, row-major), ``inputs_order``, ``outputs_order``, ``kernels`` in
 launch order (cubin, entry, grid, block, dynamic ``smem`` bytes, ``args``: one tensor per pointer parameter,
 passed as its storage's base pointer, or with a ``tensor_map`` object: that tensor's ``CUtensorMap`` passed by
-value, see ``benchmarks/gpu_tensor_map.py``), ``gemm`` (M, N, K, batch: C = A @ B) or ``program`` (path, params), and
+value, see ``benchmarks/gpu_tensor_map.py``), ``gemm`` (M, N, K, batch: C = A @ B; optional ``layout`` "nt": B
+stored [N, K], C = A @ B.T) or ``program`` (path, params), and
 free-form ``predicted_s``, ``flops``, ``min_bytes``, ``meta`` that the runner copies into its results.
 """
 
@@ -200,6 +201,7 @@ def check_gemm(
     )
     batch = gemm.get("batch")
     _need(batch is None or (isinstance(batch, int) and batch > 0), where, "gemm batch must be null or an int")
+    _need(gemm.get("layout", "nn") in ("nn", "nt"), where, "gemm layout must be 'nn' or 'nt'")
     _need(len(ins) == 2 and len(outs) == 1, where, "gemm takes inputs [A, B] and outputs [C]")
     m, n, k = sizes
     want = {ins[0]: m * k, ins[1]: k * n, outs[0]: m * n}
@@ -327,9 +329,14 @@ def draw_inputs(torch: Any, case: Case, tensors: Mapping[str, Any], seed: int) -
 
 
 def gemm_operands(case: Case, a: Any, b: Any) -> tuple[Any, Any]:
-    """A as [batch?, M, K] and B as [batch?, K, N] (the bundle's tensors may be stored in another shape)."""
+    """A as [batch?, M, K] and B as [batch?, K, N] (the bundle's tensors may be stored in another shape).
+
+    A gemm of ``layout`` "nt" stores B as [batch?, N, K] (a linear layer's weight): B is then its transposed
+    view, so ``torch.matmul`` runs cuBLAS's NT GEMM on it, as ``x @ W.T`` does."""
     g = case.gemm or {}
     lead = (g["batch"],) if g.get("batch") else ()
+    if g.get("layout", "nn") == "nt":
+        return a.reshape(*lead, g["M"], g["K"]), b.reshape(*lead, g["N"], g["K"]).transpose(-1, -2)
     return a.reshape(*lead, g["M"], g["K"]), b.reshape(*lead, g["K"], g["N"])
 
 

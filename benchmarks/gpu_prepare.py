@@ -31,6 +31,7 @@ from gensorage.codegen.cuda_build import build_cubin, cuda_target
 from gensorage.codegen.implicit_gemm import Conv2d, conv2d_tensor_core
 from gensorage.codegen.launch import Launch, launch_specs
 from gensorage.codegen.module import compile_ugraph, ir_module
+from gensorage.codegen.operand_views import graph_views
 from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.tensor_core import RULE, TensorCoreTiles, build_config, schedule_tensor_core
 from gensorage.codegen.ugraph_tir import dominant_matmul, plan_threads
@@ -64,6 +65,17 @@ GEMMS: dict[str, tuple[int, int, int]] = {
             "down": (4096, 14336),
         }.items()
     },
+}
+
+#: The LLaMA-3-8B projections at a prefill of 128 tokens (bundled when named, beside GEMMS' M = 16 and 4096).
+PREFILL_GEMMS: dict[str, tuple[int, int, int]] = {
+    f"llama_{proj}_m128": (128, n, k)
+    for proj, (n, k) in {
+        "qo": (4096, 4096),
+        "kv": (1024, 4096),
+        "gateup": (14336, 4096),
+        "down": (4096, 14336),
+    }.items()
 }
 
 #: Gensor Table IV's convolutions (configs/ops/1_gensor_table4.toml: NCHW, padding 0), as implicit GEMMs.
@@ -143,14 +155,17 @@ def _gemm_case(
     meta: dict[str, Any],
     dtype: str = "float16",
     maps: Mapping[int, tuple[int, dict[str, Any]]] | None = None,
+    layout: str = "nn",
 ) -> dict[str, Any]:
     m, n, k = dims
     if dtype != "float16":
         name = f"{name}_{dtype}"
+    if layout != "nn":
+        name = f"{name}_{layout}"
     cubin = _cubin(mod, hw, config, out, f"{name}_{variant}")
     launches = launch_specs(mod, cuda_target(hw), config)
     names: tuple[str, ...] = ("A", "B", "C")
-    shapes: tuple[tuple[int, ...], ...] = ((m, k), (k, n), (m, n))
+    shapes: tuple[tuple[int, ...], ...] = ((m, k), (n, k) if layout == "nt" else (k, n), (m, n))
     split = meta.get("tiles", {}).get("split_k", 1)
     if split > 1:  # the partials' scratch parameter
         rows = -(-m // meta["tiles"]["block_m"]) * meta["tiles"]["block_m"]
@@ -172,7 +187,7 @@ def _gemm_case(
         "inputs_order": ["A", "B"],
         "outputs_order": ["C"],
         "kernels": [_kernel_entry(la, cubin, names, shapes, maps) for la in launches],
-        "gemm": {"M": m, "N": n, "K": k, "batch": None},
+        "gemm": {"M": m, "N": n, "K": k, "batch": None, "layout": layout},
         "predicted_s": predicted,
         "flops": 2 * m * n * k,
         "min_bytes": 2 * (m * k + k * n + m * n),
@@ -188,38 +203,43 @@ def gemm_cases(
     *,
     variants: bool = True,
     searches: bool = False,
+    layout: str = "nn",
 ) -> list[dict[str, Any]]:
     """Per shape: the constructed tiling; with ``variants``, also the fixed tilings and the CUDA-core kernel;
-    with ``searches``, the tilings Optuna (1000 TPE trials) and random sampling (1000) pick with the same model."""
+    with ``searches``, the tilings Optuna (1000 TPE trials) and random sampling (1000) pick with the same model.
+    ``layout`` "nt": B is stored [N, K] and read in place (``x @ W.T``; no searches nor CUDA-core kernel)."""
     from gensorage.baselines.tensor_core_search import optuna_tiling, random_tiling
 
+    nt = layout == "nt"
     cases = []
     for name, (m, n, k) in shapes.items():
         dims4 = (1, m, n, k)
         t0 = time.perf_counter()
-        tiles, cost = construct_tensor_core(dims4, hw, dtype)
+        tiles, cost = construct_tensor_core(dims4, hw, dtype, layout=layout)
         chosen = [("constructed", tiles, cost.total_s, time.perf_counter() - t0)]
         for label, search in (
-            (("optuna1000", optuna_tiling), ("random1000", random_tiling)) if searches else ()
+            (("optuna1000", optuna_tiling), ("random1000", random_tiling)) if searches and not nt else ()
         ):
             found = search(dims4, hw, dtype)
             chosen.append((label, found.tiles, found.predicted_s, found.wall_s))
         for v in VARIANTS if variants else ():
+            v = dataclasses.replace(v, layout=layout)
             c = predict_tensor_core_time(dims4, v, hw)
             if v != tiles and c is not None and v.block_m <= max(16, m) and v.block_n <= n:
                 chosen.append((_variant_name(v), v, c.total_s, None))
         for variant, t, predicted, wall_s in chosen:
-            func = matmul_prim_func((m, k), (k, n), (m, n), dtype, dtype, t.split_k, t.block_m)
+            func = matmul_prim_func((m, k), (k, n), (m, n), dtype, dtype, t.split_k, t.block_m, layout)
             mod = schedule_tensor_core(func, t).mod
             meta = {"tiles": dataclasses.asdict(t), "rule": f"{RULE}: {t.describe()}", "tensor_cores": True}
             if wall_s is not None:
                 meta["search_wall_s"] = wall_s
+            config = build_config([RULE])
             cases.append(
                 _gemm_case(
-                    name, (m, n, k), variant, mod, build_config([RULE]), hw, out, predicted, meta, dtype
+                    name, (m, n, k), variant, mod, config, hw, out, predicted, meta, dtype, layout=layout
                 )
             )
-        if variants:
+        if variants and not nt:
             cases.append(_cuda_core_case(name, (m, n, k), hw, out))
     return cases
 
@@ -294,9 +314,13 @@ def _cuda_core_case(name: str, dims: tuple[int, int, int], hw: HwProfile, out: P
 
 
 def _tensor_names(g: KernelGraph, info: GraphInfo) -> dict[Ref, str]:
-    """Each tensor's storage name; an alias op's (reshape's) output names its input's storage."""
+    """Each tensor's storage name; an alias op's (reshape's) output names its input's storage. A transpose its
+    matmuls read in place has no storage (:mod:`gensorage.codegen.operand_views`)."""
     names: dict[Ref, str] = {Ref(i): t.name for i, t in enumerate(g.inputs)}
+    views = graph_views(g, info)
     for k in range(len(g.ops)):
+        if k in views:
+            continue
         node = len(g.inputs) + k
         for o in range(len(info.nodes[node])):
             names[Ref(node, o)] = f"t{node}_{o}"

@@ -6,6 +6,8 @@ Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py
 
        python benchmarks/gpu_suite.py --prepare gpu_bundle            # every case
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms M1 --programs rmsnorm
+       python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms llama_qo_m128 --gemm-layouts nn nt \
+           --constructed-only --convs none --programs                    # x @ W.T against cuBLAS NT
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms --convs --programs fused_mha_prefill \
            --block-mma-warps 0e 0 4 8 4:128 8:256                       # warp layouts side by side
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms none --convs none --programs gated_mlp \
@@ -47,24 +49,42 @@ def prepare(args: argparse.Namespace) -> int:
     hw = load_profile(args.hw)
     out = Path(args.prepare)
     out.mkdir(parents=True, exist_ok=True)
-    gemms = {k: v for k, v in gpu_bundle.GEMMS.items() if args.gemms is None or k in args.gemms}
+    known = gpu_bundle.GEMMS | gpu_bundle.PREFILL_GEMMS
+    gemms = {
+        k: v
+        for k, v in known.items()
+        if k in (args.gemms or ()) or (args.gemms is None and k in gpu_bundle.GEMMS)
+    }
     programs = args.programs if args.programs is not None else gpu_bundle.program_names()
     cases = []
     t0 = time.perf_counter()
     for dtype in args.dtypes if not args.wgmma_only else ():
-        for name, dims in gemms.items():
-            cases += gpu_bundle.gemm_cases(
-                hw, out, {name: dims}, dtype, variants=not args.constructed_only, searches=args.searches
-            )
-            print(
-                f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype}: {len(cases)} cases", file=sys.stderr
-            )
+        for layout in args.gemm_layouts:
+            for name, dims in gemms.items():
+                cases += gpu_bundle.gemm_cases(
+                    hw,
+                    out,
+                    {name: dims},
+                    dtype,
+                    variants=not args.constructed_only,
+                    searches=args.searches,
+                    layout=layout,
+                )
+                print(
+                    f"[{time.perf_counter() - t0:6.1f}s] gemm {name} {dtype} {layout}: {len(cases)} cases",
+                    file=sys.stderr,
+                )
     if args.wgmma_picks:
         from benchmarks import gpu_wgmma
 
         for dtype in args.dtypes:
-            for name, dims in gemms.items():
-                cases += gpu_wgmma.wgmma_cases(hw, out, {name: dims}, dtype, variants=(), tma=True)
+            for layout in args.gemm_layouts:
+                if layout == "nt":  # the smoke GEMMs check the K-major B layout one feature at a time
+                    cases += gpu_wgmma.smoke_cases(hw, out, dtype, layout=layout)
+                for name, dims in gemms.items():
+                    cases += gpu_wgmma.wgmma_cases(
+                        hw, out, {name: dims}, dtype, variants=(), tma=layout == "nn", layout=layout
+                    )
         print(f"[{time.perf_counter() - t0:6.1f}s] wgmma picks: {len(cases)} cases", file=sys.stderr)
     if args.wgmma or args.wgmma_only:
         from benchmarks import gpu_wgmma
@@ -169,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         "--dtypes", nargs="+", default=["float16", "bfloat16"], help="GEMM dtypes (with --prepare)"
     )
     ap.add_argument("--constructed-only", action="store_true", help="GEMMs: only the constructed tiling")
+    ap.add_argument(
+        "--gemm-layouts",
+        nargs="+",
+        choices=("nn", "nt"),
+        default=["nn"],
+        help="GEMMs: B as [K, N] (nn) and/or stored [N, K] and read in place (nt: x @ W.T, against cuBLAS NT)",
+    )
     ap.add_argument(
         "--searches", action="store_true", help="GEMMs: also Optuna's and random search's tilings"
     )

@@ -97,12 +97,16 @@ def wgmma_case(
     dtype: str,
     variant: str,
     predicted: float | None = None,
+    layout: str = "nn",
 ) -> dict[str, Any]:
-    """One bundled wgmma GEMM (compiled for sm_90a)."""
+    """One bundled wgmma GEMM (compiled for sm_90a); ``layout`` "nt": B stored [N, K], read K-major."""
     import tvm
 
     m, n, k = dims
-    func = wgmma_matmul((m, k), (k, n), (m, n), dtype, dtype, tiles, maps_as_params=True)
+    nt = layout == "nt"
+    func = wgmma_matmul(
+        (m, k), (n, k) if nt else (k, n), (m, n), dtype, dtype, tiles, maps_as_params=True, k_major_b=nt
+    )
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     meta = {"tiles": dataclasses.asdict(tiles), "rule": f"{RULE}: {tiles.describe()}", "tensor_cores": True}
     # A TMA kernel's parameters 3 and 4 (A_map, B_map) are the tensor maps of A and B.
@@ -112,7 +116,7 @@ def wgmma_case(
         else None
     )
     hw = target_profile(hw, [RULE])
-    return _gemm_case(name, dims, variant, mod, {}, hw, out, predicted, meta, dtype, maps)
+    return _gemm_case(name, dims, variant, mod, {}, hw, out, predicted, meta, dtype, maps, layout)
 
 
 def wgmma_cases(
@@ -122,15 +126,16 @@ def wgmma_cases(
     dtype: str = "float16",
     variants: tuple[WgmmaTiles, ...] = WGMMA_VARIANTS,
     tma: bool = False,
+    layout: str = "nn",
 ) -> list[dict[str, Any]]:
     """Per shape the wgmma tilings of ``variants`` that fit it and the device's shared memory, and the one the
-    construction picks (``tma``: with the TMA kernels in its space)."""
+    construction picks (``tma``: with the TMA kernels in its space; ``layout`` "nt": B stored [N, K])."""
     cases = []
     for name, (m, n, k) in shapes.items():
         if unsupported(m, n, k):
             continue
         dims4 = (1, m, n, k)
-        picked, cost = construct_matmul_tiles(dims4, hw, dtype, tma=tma)
+        picked, cost = construct_matmul_tiles(dims4, hw, dtype, tma=tma, layout=layout)
         chosen = [("wgmma_constructed", picked, cost.total_s)] if isinstance(picked, WgmmaTiles) else []
         for t in variants:
             if t == picked or t.block_m > max(64, m) or predict_tiles_time(dims4, t, hw, dtype) is None:
@@ -140,11 +145,18 @@ def wgmma_cases(
             c = predict_tiles_time(dims4, t, hw, dtype)
             chosen.append((variant_name(t), t, None if c is None else c.total_s))
         for variant, t, predicted in chosen:
-            cases.append(wgmma_case(name, (m, n, k), t, hw, out, dtype, variant, predicted))
+            cases.append(wgmma_case(name, (m, n, k), t, hw, out, dtype, variant, predicted, layout))
     return cases
 
 
 def smoke_cases(
-    hw: HwProfile, out: Path, dtype: str = "float16", names: tuple[str, ...] = tuple(SMOKE)
+    hw: HwProfile,
+    out: Path,
+    dtype: str = "float16",
+    names: tuple[str, ...] = tuple(SMOKE),
+    layout: str = "nn",
 ) -> list[dict[str, Any]]:
-    return [wgmma_case(name, *SMOKE[name], hw, out, dtype, variant_name(SMOKE[name][1])) for name in names]
+    return [
+        wgmma_case(name, *SMOKE[name], hw, out, dtype, variant_name(SMOKE[name][1]), None, layout)
+        for name in names
+    ]

@@ -251,6 +251,24 @@ def test_gemm_reference_is_float64_matmul(tmp_path: Path, torch: Any) -> None:
     assert ref.dtype == torch.float64 and np.allclose(ref.numpy(), want, rtol=1e-12, atol=1e-12)
 
 
+def test_an_nt_gemm_reads_b_stored_n_by_k(tmp_path: Path, torch: Any) -> None:
+    # x[M, K] @ W[N, K].T: the reference and cuBLAS's baseline see B as W's transposed view (no copy).
+    raw = gemm_case(m=4, n=6, k=8)
+    raw["tensors"][1]["shape"] = [6, 8]
+    raw["gemm"]["layout"] = "nt"
+    case = parse_case(raw, write_bundle(tmp_path, []))
+    t = allocate(torch, case, "cpu")
+    gb.draw_inputs(torch, case, t, seed=5)
+    a, b = gb.gemm_operands(case, t["A"], t["B"])
+    assert tuple(b.shape) == (8, 6) and b.data_ptr() == t["B"].data_ptr()
+    (ref,) = gb.reference(torch, case, None, [t["A"], t["B"]])
+    want = t["A"].double().numpy() @ t["B"].double().numpy().T
+    assert np.allclose(ref.numpy(), want, rtol=1e-12, atol=1e-12)
+    raw["gemm"]["layout"] = "tn"
+    with pytest.raises(ManifestError, match="layout"):
+        parse_case(raw, tmp_path)
+
+
 def test_program_reference_is_the_float64_interpreter(tmp_path: Path, torch: Any) -> None:
     case = parse_case(program_case(), write_bundle(tmp_path, []))
     program = gb.load_case_program(case)

@@ -252,3 +252,46 @@ def test_mismatch_measure() -> None:
     )
     assert subgraph.mismatch((torch.tensor([1.0, -4.0, 5.0]),), (want,)) == float("inf")
     assert subgraph.mismatch((torch.ones(2),), (torch.ones(3),)) == float("inf")
+
+
+def test_decoder_layer_direct_ugraph_reads_the_weights_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nn.Linear lowers to ``x @ transpose(W)`` and the scores to ``q @ transpose(k)``: the direct µGraph has
+    no transpose kernel for any of them (each matmul reads W, or k, as it is stored), and it still computes
+    the captured program."""
+    import numpy as np
+
+    from gensorage.codegen.module import compile_ugraph
+    from gensorage.codegen.operand_views import graph_views
+    from gensorage.hw import load_profile
+    from gensorage.opset import Op
+    from gensorage.ugraph.from_program import from_program
+    from gensorage.ugraph.ir import KernelOp
+    from gensorage.ugraph.validate import validate
+
+    captured = []
+
+    def grab(program: gensorage.Program, options: subgraph.Options, device: object = None) -> None:
+        captured.append(program)
+        raise ConfigError("captured")  # the subgraph then stays in torch
+
+    monkeypatch.setattr(subgraph, "compiled", grab)
+    monkeypatch.setattr(subgraph, "_DISPATCHERS", {})
+    torch.manual_seed(2)
+    layer = DecoderLayer().eval()
+    with torch.no_grad():
+        gtorch.compile(layer)(*layer_inputs(8, torch.float32, seed=1))
+    (program,) = captured
+    g = from_program(program)
+    n_in = len(g.inputs)
+    transposes = {k for k, op in enumerate(g.ops) if isinstance(op, KernelOp) and op.op is Op.TRANSPOSE}
+    weights = {k for k in transposes if g.ops[k].inputs[0].node < n_in}
+    assert len(weights) == 7  # q, k, v, o, gate, up, down
+    views = graph_views(g, validate(g))
+    assert weights < views and len(views) == 8  # and k of the scores
+    cg = compile_ugraph(g, load_profile("h100"), "llvm")
+    launched = {kern.op_index for kern in cg.kernels("llvm")}
+    assert not launched & views
+    assert transposes - views <= launched  # the heads' transposes (dims 1, 2) are still copies
+    xs = program.random_inputs(seed=4)
+    for got, want in zip(cg.run(*xs), program.run(*xs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))

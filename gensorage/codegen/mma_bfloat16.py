@@ -16,6 +16,19 @@ from typing import Any
 LDMATRIX_A = "gensorage_ldmatrix_bf16_a_dyn"
 LDMATRIX_B = "gensorage_ldmatrix_bf16_b_dyn"
 MMA = "gensorage_mma_bf16bf16f32"
+
+
+def ldmatrix_name(operand: str, transposed: bool) -> str:
+    """The registered ldmatrix intrinsic of ``operand`` ("A" or "B"), stored transposed or not."""
+    base = LDMATRIX_A if operand == "A" else LDMATRIX_B
+    return base + "_trans" if transposed else base
+
+
+def mma_name(ta: bool, tb: bool) -> str:
+    """The registered MMA intrinsic whose fragments come from A and B stored so."""
+    return MMA + ("_trans_a" if ta else "") + ("_trans_b" if tb else "")
+
+
 WARP = 32
 TILE = 16
 LOCAL = 8  # elements of a 16 x 16 fragment per lane
@@ -27,19 +40,26 @@ def _lane(i: Any, j: Any) -> tuple[Any, Any]:
     return fragment_lane(i, j)
 
 
-def _ldmatrix(operand: str) -> tuple[Any, Any]:
+def _ldmatrix(operand: str, stored_transposed: bool = False) -> tuple[Any, Any]:
     """(description, implementation) of loading a 16 x 16 bfloat16 tile from dynamic shared memory.
 
     A (row-major [m, k]) loads without transposition, B (row-major [k, n]) with ``.trans``: both fragments
     are then indexed by :func:`_lane` of the shared tile's (row, column), and ``mma.sync.row.col`` reads B's
     as its column-major operand. Lane ``tx`` gives the address of one 16-byte row of the four 8 x 8 matrices:
     row ``tx % 16``, left half for lanes 0-15 and right half for lanes 16-31.
+
+    Stored transposed (A as [k, m], B as [n, k]) the ``.trans`` flips and the four matrices are taken in the
+    other order (rows ``tx % 8`` of the top half for lanes 0-15, of the bottom half for 16-31; left, then right
+    eight columns), as TVM's float16 ``*_trans`` intrinsics do: the fragments in registers are then the
+    same as for the usual layouts.
     """
     from tvm.script import tirx as T
 
-    transpose = operand == "B"
+    transpose = (operand == "B") != stored_transposed
 
     def offset(tx: Any, stride: Any) -> Any:
+        if stored_transposed:
+            return stride * 8 * (tx // 16) + stride * (tx % 8) + 8 * ((tx % 16) // 8)
         return stride * (tx % 16) + 8 * (tx // 16)
 
     @T.prim_func(s_tir=True)
@@ -97,9 +117,15 @@ def _ldmatrix(operand: str) -> tuple[Any, Any]:
     return desc, impl
 
 
-def _mma() -> tuple[Any, Any]:
-    """(description, implementation) of C[16, 16] += A[16, 16] @ B[16, 16] in float32: two m16n8k16 MMAs."""
+def _mma(ta: bool = False, tb: bool = False) -> tuple[Any, Any]:
+    """(description, implementation) of C[16, 16] += A[16, 16] @ B[16, 16] in float32: two m16n8k16 MMAs.
+
+    ``ta`` / ``tb``: the fragment was loaded from an operand stored transposed, so the description indexes it
+    by (k, m) / (n, k) (the registers hold the same values, see :func:`_ldmatrix`)."""
     from tvm.script import tirx as T
+
+    def swap(flag: bool, i: Any, j: Any) -> tuple[Any, Any]:
+        return (j, i) if flag else (i, j)
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -113,8 +139,8 @@ def _mma() -> tuple[Any, Any]:
                 with T.sblock("C"):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
                     lc, ec = T.meta_var(_lane(vi, vj))
-                    la, ea = T.meta_var(_lane(vi, vk))
-                    lb, eb = T.meta_var(_lane(vk, vj))
+                    la, ea = T.meta_var(_lane(*swap(ta, vi, vk)))
+                    lb, eb = T.meta_var(_lane(*swap(tb, vk, vj)))
                     T.reads(C[lc, ec], A[la, ea], B[lb, eb])
                     T.writes(C[lc, ec])
                     C[lc, ec] += T.Cast("float32", A[la, ea]) * T.Cast("float32", B[lb, eb])
@@ -156,6 +182,9 @@ def register() -> None:
     """Register the bfloat16 intrinsics with TVM (once per process)."""
     from tvm.s_tir import TensorIntrin
 
-    TensorIntrin.register(LDMATRIX_A, *_ldmatrix("A"))
-    TensorIntrin.register(LDMATRIX_B, *_ldmatrix("B"))
-    TensorIntrin.register(MMA, *_mma())
+    for operand in ("A", "B"):
+        for transposed in (False, True):
+            TensorIntrin.register(ldmatrix_name(operand, transposed), *_ldmatrix(operand, transposed))
+    for ta in (False, True):
+        for tb in (False, True):
+            TensorIntrin.register(mma_name(ta, tb), *_mma(ta, tb))

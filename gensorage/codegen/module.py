@@ -3,7 +3,9 @@
 Every kernel op becomes one or more PrimFuncs (:mod:`gensorage.codegen.ugraph_tir` for graph-defined ops,
 :mod:`gensorage.codegen.predefined` for pre-defined ones); all of them go into one ``IRModule`` built with one
 ``tvm.compile``. The runner launches them in kernel-graph order, allocating every intermediate tensor once;
-a kernel that sees a tensor under another shape (batch dims flattened, a reshape) gets a view of it.
+a kernel that sees a tensor under another shape (batch dims flattened, a reshape) gets a view of it. A
+transpose that its matmuls read in place (:mod:`gensorage.codegen.operand_views`) has neither a kernel nor
+storage.
 
 Usage::
 
@@ -23,6 +25,7 @@ import numpy as np
 
 from gensorage.codegen.barriers import divergent_barriers, has_explicit_barriers, honour_explicit_barriers
 from gensorage.codegen.kernel_text import ScheduledKernel
+from gensorage.codegen.operand_views import graph_views
 from gensorage.codegen.predefined import emit_predefined, is_alias
 from gensorage.codegen.scalar import FloatScalar, Scalar
 from gensorage.codegen.ugraph_tir import (
@@ -228,6 +231,8 @@ def _bind_outputs(
     node, op = len(g.inputs) + k, g.ops[k]
     if isinstance(op, KernelOp) and is_alias(op):
         values[Ref(node)] = _view(values[op.inputs[0]], scalar.buf_shape(info.nodes[node][0].shape))
+        return
+    if k in graph_views(g, info):  # never stored: its matmuls read its input
         return
     for o, t in enumerate(info.nodes[node]):
         values[Ref(node, o)] = tvm.runtime.empty(scalar.buf_shape(t.shape), scalar.buf_dtype(t.dtype), dev)

@@ -3,8 +3,8 @@
 - ``matmul``: :mod:`gensorage.codegen.predefined_matmul` (tensor cores for 16-bit operands, the construction
   tuner's CUDA-core kernel otherwise); a matrix-vector product of a few rows gets the cooperative kernel below;
   a matmul no construction fits falls back to one thread per output element (the rule of the next item).
-- elementwise ops (``add_scalar`` too), ``sum`` (full or grouped), ``max``, ``repeat``, ``transpose`` (a copy)
-  and ``concat``: one thread per output element, ``threads`` from the fallback rule of
+- elementwise ops (``add_scalar`` too), ``sum`` (full or grouped), ``max``, ``repeat``, ``transpose`` (a copy,
+  unless its matmuls read it in place: :mod:`gensorage.codegen.operand_views`) and ``concat``: one thread per output element, ``threads`` from the fallback rule of
   :mod:`gensorage.construction.block_threads`, blocks along x. A ``sum`` or ``max`` over at least
   :data:`MIN_COOPERATIVE_SUM` consecutive elements (a row) gets the cooperative row reduction instead: lanes
   combine partial results pairwise in shared memory (``max`` starts from the dtype's lowest value).
@@ -20,6 +20,7 @@ from typing import Any
 
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import KernelParam, KernelText, ScheduledKernel, Target
+from gensorage.codegen.operand_views import graph_views, matmul_operands
 from gensorage.codegen.predefined_matmul import matmul_kernels, tensor_core_kernels
 from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, combined, reduction_kind
 from gensorage.codegen.tir_text import (
@@ -70,7 +71,8 @@ def _simple(
         w.line(f"f = {Ix.var('bx') * nt + Ix.var('tx')}")
         with w.block(f"if f < {n}:") if blocks * nt > n else nullcontext():
             idx = unravel(Ix.var("f"), out.shape)
-            _element(w, op, [info.of(r) for r in op.inputs], out, idx, scalar)
+            views = _matmul_at(g, k, info) if op.op is Op.MATMUL else (False, False)
+            _element(w, op, [info.of(r) for r in op.inputs], out, idx, scalar, views)
     params, text = _function(g, k, info, scalar, name, w)
     why = "no construction schedule fits" if op.op is Op.MATMUL else f"pre-defined {op.op.value}"
     rule = f"fallback ({why}): {nt} threads, one output element each"
@@ -85,10 +87,8 @@ def _function(
     assert isinstance(op, KernelOp)
     out = info.nodes[len(g.inputs) + k][0]
     params = [
-        KernelParam(
-            f"in{i}", "input", r, scalar.buf_shape(info.of(r).shape), scalar.buf_dtype(info.of(r).dtype)
-        )
-        for i, r in enumerate(op.inputs)
+        KernelParam(f"in{i}", "input", r, scalar.buf_shape(shape), scalar.buf_dtype(info.of(r).dtype))
+        for i, (r, shape) in enumerate(_stored_inputs(g, k, info))
     ]
     params.append(
         KernelParam(
@@ -103,6 +103,25 @@ def _function(
         f'    T.func_attr({{"global_symbol": "{name}", "tir.noalias": True}})\n' + w.text()
     )
     return tuple(params), text
+
+
+def _stored_inputs(g: KernelGraph, k: int, info: GraphInfo) -> list[tuple[Ref, tuple[int, ...]]]:
+    """(tensor, shape as stored) of each input of op ``k``: a matmul reads a transposed view's input."""
+    op = g.ops[k]
+    assert isinstance(op, KernelOp)
+    if op.op is not Op.MATMUL:
+        return [(r, info.of(r).shape) for r in op.inputs]
+    return [(o.ref, info.of(o.ref).shape) for o in matmul_operands(g, k, graph_views(g, info))]
+
+
+def _matmul_at(g: KernelGraph, k: int, info: GraphInfo) -> tuple[bool, bool]:
+    """Whether matmul op ``k``'s A and B are read through a transposed view (their indices swapped)."""
+    a, b = matmul_operands(g, k, graph_views(g, info))
+    return a.transposed, b.transposed
+
+
+def _stored(flag: bool, row: Ix, col: Ix) -> list[Ix]:
+    return [col, row] if flag else [row, col]
 
 
 # ------------------------------------------------------------------------------------ row reductions
@@ -270,10 +289,12 @@ def _cooperative_matvec(
 
     A block owns one row ``m`` of one batch and ``cols`` consecutive columns. Thread ``tx`` is lane
     ``tx // cols`` of column ``tx % cols``; lane ``l`` adds the terms ``l, l + lanes, ...``. So a warp reads a
-    contiguous run of B's row, and A's element is the same for the whole warp. The lanes' partial sums are then
-    added pairwise in shared memory. The construction space has one thread per output and a serial inner
-    loop, which leaves a decoding step's 4096-term products with few threads (an H100 run: 47 µs for 32 MB of
-    V, against 11 µs to read it). None when the product is not that shape.
+    contiguous run of B's row, and A's element is the same for the whole warp. When B is read through a
+    transposed view (stored ``[n, k]``, a decoding step's ``x @ W.T``) the roles swap: thread ``tx`` is lane
+    ``tx % lanes`` of column ``tx // lanes``, so a warp reads a contiguous run of one column's k. The lanes'
+    partial sums are then added pairwise in shared memory. The construction space has one thread per output
+    and a serial inner loop, which leaves a decoding step's 4096-term products with few threads (an H100 run:
+    47 µs for 32 MB of V, against 11 µs to read it). None when the product is not that shape.
     """
     op = g.ops[k]
     assert isinstance(op, KernelOp)
@@ -282,6 +303,7 @@ def _cooperative_matvec(
     rows_, inner, n_cols = out.shape[-2], ta.shape[-1], out.shape[-1]
     if rows_ > MAX_COOPERATIVE_ROWS or inner < MIN_COOPERATIVE_INNER:
         return None
+    at_a, at_b = _matmul_at(g, k, info)
     cols = min(hw.warp_size, n_cols)
     lanes = 1
     while lanes * 2 * cols <= min(_MATVEC_THREADS, hw.max_threads_per_block) and lanes * 2 * 8 <= inner:
@@ -293,9 +315,11 @@ def _cooperative_matvec(
     gpu, sc = target == "cuda", scalar
     w = Writer(1)
     threads = _threads(nt, gpu)
+    # (column, lane) of thread tx: lanes consecutive in k-major B, columns consecutive otherwise
+    col_of, lane_of = (f"tx // {lanes}", f"tx % {lanes}") if at_b else (f"tx % {cols}", f"tx // {cols}")
 
     def col_index() -> list[Ix]:
-        w.line(f"n = bx % {tiles} * {cols} + tx % {cols}")
+        w.line(f"n = bx % {tiles} * {cols} + {col_of}")
         return [*unravel(Ix.var("r"), out.shape[:-1]), Ix.var("n")]
 
     with w.block(f"for bx in {_blocks(blocks, gpu)}:"):
@@ -306,17 +330,17 @@ def _cooperative_matvec(
             _zero_acc(w, sc)
             with w.block(f"if n < {n_cols}:") if tiles * cols > n_cols else nullcontext():
                 with w.loop("st", -(-inner // lanes)) as st:
-                    w.line(f"kk = {st * lanes} + tx // {cols}")
+                    w.line(f"kk = {st * lanes} + {lane_of}")
                     with w.block(f"if kk < {inner}:") if inner % lanes else nullcontext():
                         kk = Ix.var("kk")
                         av = sc.load(
                             "in0",
-                            index_text(broadcast_index(idx[:-2], ta.shape[:-2]) + [idx[-2], kk]),
+                            index_text(broadcast_index(idx[:-2], ta.shape[:-2]) + _stored(at_a, idx[-2], kk)),
                             sc.buf_dtype(ta.dtype),
                         )
                         bv = sc.load(
                             "in1",
-                            index_text(broadcast_index(idx[:-2], tb.shape[:-2]) + [kk, idx[-1]]),
+                            index_text(broadcast_index(idx[:-2], tb.shape[:-2]) + _stored(at_b, kk, idx[-1])),
                             sc.buf_dtype(tb.dtype),
                         )
                         for c, v in enumerate(
@@ -324,8 +348,12 @@ def _cooperative_matvec(
                         ):
                             w.line(f"{sc.at('acc', c, '0')} = {v}")
             _keep_partial(w, sc)
-        _add_lanes(w, sc, threads, gpu, lanes, cols, lambda step: f"tx < {step * cols}")
-        with w.block(f"for tx in {threads}:"), w.block(f"if tx < {cols}:"):
+        if at_b:
+            _add_lanes(w, sc, threads, gpu, lanes, 1, lambda step: f"tx % {lanes} < {step}")
+        else:
+            _add_lanes(w, sc, threads, gpu, lanes, cols, lambda step: f"tx < {step * cols}")
+        first_lane = f"tx % {lanes} == 0" if at_b else f"tx < {cols}"
+        with w.block(f"for tx in {threads}:"), w.block(f"if {first_lane}:"):
             idx = col_index()
             with w.block(f"if n < {n_cols}:") if tiles * cols > n_cols else nullcontext():
                 for c, v in enumerate(
@@ -336,12 +364,22 @@ def _cooperative_matvec(
     rule = (
         f"cooperative matrix-vector product: {lanes} lanes split the {inner}-term inner dim for each of "
         f"{cols} columns per block, partial sums added pairwise in shared memory"
+        + (" (B read k-major in place)" if at_b else "")
     )
     return KernelText(name, k, text, params, (blocks,), nt, rule)
 
 
-def _element(w: Writer, op: KernelOp, ins: list[Any], out: Any, idx: list[Ix], sc: Scalar) -> None:
-    """Statements computing output element ``idx`` of kernel op ``op`` into ``out0``."""
+def _element(
+    w: Writer,
+    op: KernelOp,
+    ins: list[Any],
+    out: Any,
+    idx: list[Ix],
+    sc: Scalar,
+    views: tuple[bool, bool] = (False, False),
+) -> None:
+    """Statements computing output element ``idx`` of kernel op ``op`` into ``out0`` (``views``: a matmul's
+    operands read through transposed views)."""
 
     def load(i: int, at: list[Ix]) -> Any:
         return sc.load(f"in{i}", index_text(at), sc.buf_dtype(ins[i].dtype))
@@ -379,7 +417,7 @@ def _element(w: Writer, op: KernelOp, ins: list[Any], out: Any, idx: list[Ix], s
     elif op.op is Op.CONCAT:
         _concat_element(w, op, ins, idx, load, store)
     elif op.op is Op.MATMUL:
-        _matmul_element(w, ins, idx, sc, load, store)
+        _matmul_element(w, ins, idx, sc, load, store, views)
     else:
         raise UnsupportedOpError(f"pre-defined kernel op '{op.op.value}' has no code generator")
 
@@ -406,13 +444,15 @@ def _sum_element(
     store(sc.reduced(sc.load("acc", "0", sc.acc_dtype)))
 
 
-def _matmul_element(w: Writer, ins: list[Any], idx: list[Ix], sc: Scalar, load: Any, store: Any) -> None:
+def _matmul_element(
+    w: Writer, ins: list[Any], idx: list[Ix], sc: Scalar, load: Any, store: Any, views: tuple[bool, bool]
+) -> None:
     """One output element of a (broadcast, batched) matmul: the whole inner dim in one register."""
     _zero_acc(w, sc)
     a, b = ins[0].shape, ins[1].shape
     with w.loop("k", a[-1]) as kk:
-        av = load(0, broadcast_index(idx[:-2], a[:-2]) + [idx[-2], kk])
-        bv = load(1, broadcast_index(idx[:-2], b[:-2]) + [kk, idx[-1]])
+        av = load(0, broadcast_index(idx[:-2], a[:-2]) + _stored(views[0], idx[-2], kk))
+        bv = load(1, broadcast_index(idx[:-2], b[:-2]) + _stored(views[1], kk, idx[-1]))
         nxt = sc.plus(sc.load("acc", "0", sc.acc_dtype), sc.product(av, bv))
         for c, e in enumerate(nxt.comps):
             w.line(f"{sc.at('acc', c, '0')} = {e}")
@@ -460,8 +500,8 @@ def emit_predefined(
     """
     op = g.ops[k]
     assert isinstance(op, KernelOp)
-    if is_alias(op):
-        return []
+    if is_alias(op) or k in graph_views(g, info):
+        return []  # a reshape's view, or a transpose its matmuls read in place
     if op.op is Op.MATMUL:
         if scalar.field and target != "llvm":
             raise UnsupportedOpError("the finite-field twin runs on the CPU only (target 'llvm')")

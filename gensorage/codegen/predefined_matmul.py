@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gensorage.codegen.kernel_text import KernelParam, ScheduledKernel, Target
+from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
 from gensorage.codegen.scalar import FieldScalar, Scalar
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.errors import ScheduleError, UnsupportedOpError
@@ -32,9 +33,27 @@ from gensorage.ugraph.shapes import GraphInfo, TensorInfo
 
 @dataclass(frozen=True, slots=True)
 class _MatmulShape:
+    """A matmul's logical operand shapes; ``ta`` / ``tb``: that operand is stored with its last two dims swapped
+    (a transposed view, :mod:`gensorage.codegen.operand_views`): A as ``[.., k, m]``, B as ``[.., n, k]``."""
+
     a: tuple[int, ...]
     b: tuple[int, ...]
     out: tuple[int, ...]
+    ta: bool = False
+    tb: bool = False
+
+    @property
+    def stored_a(self) -> tuple[int, ...]:
+        return _swapped(self.a) if self.ta else self.a
+
+    @property
+    def stored_b(self) -> tuple[int, ...]:
+        return _swapped(self.b) if self.tb else self.b
+
+    @property
+    def layout(self) -> str:
+        """``nn``, ``nt``, ``tn`` or ``tt``: whether A, then B, is stored transposed."""
+        return layout_name(self.ta, self.tb)
 
     @property
     def batch(self) -> tuple[int, ...]:
@@ -47,6 +66,15 @@ class _MatmulShape:
     def flat(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The kernel's view of an operand: batch dims flattened into one (none for 2-D matmuls)."""
         return shape if not self.batch or len(shape) == 2 else (math.prod(shape[:-2]), *shape[-2:])
+
+
+def _swapped(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (*shape[:-2], shape[-1], shape[-2])
+
+
+def _at(flag: bool, row: Any, col: Any) -> tuple[Any, Any]:
+    """Index (row, col) of a logical operand in its storage (swapped when it is stored transposed)."""
+    return (col, row) if flag else (row, col)
 
 
 def _batch_index(b: Any, batch: tuple[int, ...], operand: tuple[int, ...]) -> Any:
@@ -92,8 +120,8 @@ def _matmul_build(
 
     def build() -> Any:
         field = modulus is not None
-        a = te.placeholder(ms.flat(ms.a), "int64" if field else dtype, name="A")
-        bt = te.placeholder(ms.flat(ms.b), "int64" if field else b_type, name="B")
+        a = te.placeholder(ms.flat(ms.stored_a), "int64" if field else dtype, name="A")
+        bt = te.placeholder(ms.flat(ms.stored_b), "int64" if field else b_type, name="B")
         _, m, n, kdim = ms.dims
         k = te.reduce_axis((0, kdim), name="k")
         acc = "int64" if field else promote([dtype, b_type, "float32"])
@@ -107,17 +135,23 @@ def _matmul_build(
             return x.astype(acc) * y.astype(acc)
 
         if split_k > 1:
-            return _split_k_func(a, bt, (m, n, kdim), split_k, rows_to, term, acc, out_dtype, modulus)
+            return _split_k_func(a, bt, ms, split_k, rows_to, term, acc, out_dtype, modulus)
         if ms.batch:
 
             def body(b: Any, i: Any, j: Any) -> Any:
-                ai = (_batch_index(b, ms.batch, ms.a[:-2]), i, k) if len(ms.a) > 2 else (i, k)
-                bi = (_batch_index(b, ms.batch, ms.b[:-2]), k, j) if len(ms.b) > 2 else (k, j)
+                ai: tuple[Any, ...] = _at(ms.ta, i, k)
+                bi: tuple[Any, ...] = _at(ms.tb, k, j)
+                ai = (_batch_index(b, ms.batch, ms.a[:-2]), *ai) if len(ms.a) > 2 else ai
+                bi = (_batch_index(b, ms.batch, ms.b[:-2]), *bi) if len(ms.b) > 2 else bi
                 return te.sum(term(a[ai], bt[bi]), axis=k)
 
             c = te.compute((math.prod(ms.batch), m, n), body, name="C")
         else:
-            c = te.compute((m, n), lambda i, j: te.sum(term(a[i, k], bt[k, j]), axis=k), name="C")
+            c = te.compute(
+                (m, n),
+                lambda i, j: te.sum(term(a[_at(ms.ta, i, k)], bt[_at(ms.tb, k, j)]), axis=k),
+                name="C",
+            )
         if modulus is not None:
             d = te.compute(c.shape, lambda *ix: tirx.truncmod(c[ix], tirx.const(modulus, "int64")), name="D")
         elif out_dtype != acc:
@@ -149,7 +183,7 @@ def _cast(x: Any, dtype: str, name: str) -> Any:
 def _split_k_func(
     a: Any,
     bt: Any,
-    mnk: tuple[int, int, int],
+    ms: _MatmulShape,
     split_k: int,
     rows_to: int,
     term: Any,
@@ -159,16 +193,20 @@ def _split_k_func(
 ) -> Any:
     from tvm import te, tirx
 
-    m, n, kdim = mnk
+    _, m, n, kdim = ms.dims
     kc = kdim // split_k
     mp = -(-m // rows_to) * rows_to
-    if mp != m:
+    if mp != m:  # rows padded in A's own layout (a transposed A pads its columns)
         zero = tirx.const(0, a.dtype)
-        a = te.compute((mp, kdim), lambda i, k: tirx.if_then_else(i < m, a[i, k], zero), name="A_pad")
+        a = te.compute(
+            _at(ms.ta, mp, kdim),
+            lambda *ix: tirx.if_then_else(_at(ms.ta, *ix)[0] < m, a[ix], zero),
+            name="A_pad",
+        )
     kk = te.reduce_axis((0, kc), name="k")
     c = te.compute(
         (split_k, mp, n),
-        lambda s, i, j: te.sum(term(a[i, s * kc + kk], bt[s * kc + kk, j]), axis=kk),
+        lambda s, i, j: te.sum(term(a[_at(ms.ta, i, s * kc + kk)], bt[_at(ms.tb, s * kc + kk, j)]), axis=kk),
         name="C",
     )
 
@@ -192,9 +230,12 @@ def matmul_prim_func(
     out_dtype: str,
     split_k: int = 1,
     rows_to: int = 1,
+    layout: str = "nn",
 ) -> Any:
-    """The PrimFunc a matmul kernel op of these shapes is scheduled from (float arithmetic)."""
-    return _matmul_build(_MatmulShape(a, b, out), dtype, out_dtype, None, split_k, rows_to)()
+    """The PrimFunc a matmul kernel op of these (logical) shapes is scheduled from (float arithmetic); ``layout``
+    says which operand is stored transposed (``nt``: B as ``[.., n, k]``, the layout of ``x @ W.T``)."""
+    ms = _MatmulShape(a, b, out, layout[0] == "t", layout[1] == "t")
+    return _matmul_build(ms, dtype, out_dtype, None, split_k, rows_to)()
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,14 +248,15 @@ class _Operands:
     out: TensorInfo
     shape: _MatmulShape
     out_ref: Ref
+    sources: tuple[Ref, Ref]  # the tensors A and B are read from (a transposed view's input)
 
     def params(self, modulus: int | None) -> tuple[KernelParam, ...]:
-        """A, B, C as the kernel declares them (int64 residues in field mode)."""
+        """A, B (as stored), C as the kernel declares them (int64 residues in field mode)."""
         dt = "int64" if modulus is not None else None
         ms = self.shape
         return (
-            KernelParam("A", "input", self.op.inputs[0], ms.flat(self.a.shape), dt or self.a.dtype),
-            KernelParam("B", "input", self.op.inputs[1], ms.flat(self.b.shape), dt or self.b.dtype),
+            KernelParam("A", "input", self.sources[0], ms.flat(ms.stored_a), dt or self.a.dtype),
+            KernelParam("B", "input", self.sources[1], ms.flat(ms.stored_b), dt or self.b.dtype),
             KernelParam("C", "output", self.out_ref, ms.flat(self.out.shape), dt or self.out.dtype),
         )
 
@@ -224,7 +266,9 @@ def _operands(g: KernelGraph, k: int, info: GraphInfo) -> _Operands:
     assert isinstance(op, KernelOp)
     ta, tb = (info.of(r) for r in op.inputs)
     out = info.nodes[len(g.inputs) + k][0]
-    return _Operands(op, ta, tb, out, _MatmulShape(ta.shape, tb.shape, out.shape), Ref(len(g.inputs) + k))
+    va, vb = matmul_operands(g, k, graph_views(g, info))
+    ms = _MatmulShape(ta.shape, tb.shape, out.shape, va.transposed, vb.transposed)
+    return _Operands(op, ta, tb, out, ms, Ref(len(g.inputs) + k), (va.ref, vb.ref))
 
 
 def _moduli(scalar: Scalar) -> list[int | None]:
@@ -255,7 +299,7 @@ def tensor_core_kernels(
     ops = _operands(g, k, info)
     mma = mma_dtype(ops.a.dtype, ops.b.dtype)
     ms = ops.shape
-    got = construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed)
+    got = construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed, ms.layout)
     if mma is None or got is None:
         return []
     tiles = got[0]
@@ -293,17 +337,18 @@ def _wgmma_kernels(
     from gensorage.codegen.wgmma_twin import wgmma_twin
 
     ms = ops.shape
-    a, b, out = ms.flat(ms.a), ms.flat(ms.b), ms.flat(ms.out)
+    assert ms.layout in ("nn", "nt")  # the construction keeps a transposed A on mma.sync
+    a, b, out = ms.flat(ms.a), ms.flat(ms.stored_b), ms.flat(ms.out)
     rule = f"{RULE} construct on matmul {list(ms.dims)}: {tiles.describe()}"
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
         try:
             if target == "cuda":
-                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles)
+                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb)
             elif m is None:
-                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles)
+                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb)
             else:
-                func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m)
+                func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m, k_major_b=ms.tb)
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{ops.out_ref.node} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gensorage.codegen.operand_views import graph_views
 from gensorage.codegen.predefined import is_alias
 from gensorage.codegen.scalar import FloatScalar
 from gensorage.codegen.ugraph_tir import Target
@@ -90,11 +91,14 @@ class KernelRunner:
         for kern in kernels:
             by_op.setdefault(kern.op_index, []).append(kern)
         self._calls: list[tuple[Any, tuple[_Arg, ...]]] = []
+        views = graph_views(g, info)
         for k in range(len(g.ops)):
             node = len(g.inputs) + k
             op = g.ops[k]
             if isinstance(op, KernelOp) and is_alias(op):
                 base[Ref(node)] = base[op.inputs[0]]
+                continue
+            if k in views:  # a transpose its matmuls read in place: no storage
                 continue
             for o, t in enumerate(info.nodes[node]):
                 ref, shape = Ref(node, o), scalar.buf_shape(t.shape)

@@ -10,7 +10,10 @@ output dtype by a consumer block) is scheduled into the shape of a CUTLASS-style
   ``warp_m x warp_n`` tile of 16 x 16 MMA tiles whose float32 accumulators stay in registers ("warp" scope in
   the ldmatrix fragment layout);
 * per ``block_k`` step both operand tiles are copied global -> shared (16-byte vectors, all threads) and
-  the fragments loaded shared -> registers with ``ldmatrix`` (the B operand with ``.trans``); the shared rows are
+  the fragments loaded shared -> registers with ``ldmatrix`` (the B operand with ``.trans``); an operand stored
+  transposed (``TensorCoreTiles.layout``: B as ``[n, k]``, ``x @ W.T`` read in place; A as ``[k, m]``) keeps its
+  layout in shared memory, so the copies still run along its contiguous dim, and is loaded with the other
+  ``ldmatrix`` (B without ``.trans``, A with it) and the MMA intrinsic of that layout; the shared rows are
   padded by 8 elements (``storage_align``) so the eight 16-byte rows an ``ldmatrix`` reads fall in distinct
   banks (conflict-free by padding rather than by an XOR swizzle);
 * with ``stages >= 2`` the reduction loop is software-pipelined and the global -> shared copies become
@@ -45,6 +48,7 @@ from gensorage.errors import ScheduleError, first_line
 MMA = 16  # the m16n8k16 instruction pair covers a 16 x 16 x 16 tile
 WARP = 32
 MMA_DTYPES = ("float16", "bfloat16")  # operand dtypes this lowering emits MMA for
+LAYOUTS = ("nn", "nt", "tn", "tt")  # which operand is stored transposed (A [k, m], B [n, k])
 
 
 def mma_dtype(a: str, b: str) -> str | None:
@@ -78,6 +82,7 @@ class TensorCoreTiles:
     stages: int
     fragment_pipeline: bool = True  # load the next k step's fragments while this step's MMAs run
     split_k: int = 1  # the reduction split over this many blocks, whose float32 partials a second kernel adds
+    layout: str = "nn"  # operands stored transposed: "nt" B as [n, k] (x @ W.T), "tn" A as [k, m], "tt" both
 
     @property
     def warps(self) -> int:
@@ -93,6 +98,7 @@ class TensorCoreTiles:
             f"{self.stages} stage{'s' if self.stages > 1 else ''}"
             + ("" if self.fragment_pipeline else ", fragments not pipelined")
             + (f", split-k {self.split_k}" if self.split_k > 1 else "")
+            + (f", layout {self.layout.upper()}" if self.layout != "nn" else "")
         )
 
     def invalid(self) -> str | None:
@@ -109,13 +115,20 @@ class TensorCoreTiles:
             return f"stages={self.stages} must be at least 1"
         if self.split_k < 1 or self.split_k & (self.split_k - 1):
             return f"split_k={self.split_k} must be a power of two"
+        if self.layout not in LAYOUTS:
+            return f"layout={self.layout!r} is not one of {LAYOUTS}"
         return None
 
 
 def shared_bytes(t: TensorCoreTiles, in_bytes: int = 2) -> int:
-    """Dynamic shared memory of one block: padded operand stages, or the padded float32 output staging."""
+    """Dynamic shared memory of one block: padded operand stages, or the padded float32 output staging.
+
+    A shared tile keeps its operand's layout, rows padded: A ``[block_m, block_k + 8]`` (``[block_k,
+    block_m + 8]`` stored transposed), B ``[block_k, block_n + 8]`` (``[block_n, block_k + 8]``)."""
     pad = 8
-    operands = t.stages * (t.block_m * (t.block_k + pad) + t.block_k * (t.block_n + pad)) * in_bytes
+    a = t.block_k * (t.block_m + pad) if t.layout[0] == "t" else t.block_m * (t.block_k + pad)
+    b = t.block_n * (t.block_k + pad) if t.layout[1] == "t" else t.block_k * (t.block_n + pad)
+    operands = t.stages * (a + b) * in_bytes
     output = t.block_m * (t.block_n + 4) * 4
     # TVM merges the dynamic shared allocations of disjoint lifetimes; count the larger one.
     return max(operands, output)
@@ -166,25 +179,35 @@ def _stack_without_source() -> Iterator[None]:
 
 
 @cache
-def intrinsics(dtype: str) -> Intrinsics:
-    """TVM's float16 intrinsics, or the bfloat16 ones of :mod:`gensorage.codegen.mma_bfloat16`.
+def intrinsics(dtype: str, layout: str = "nn") -> Intrinsics:
+    """TVM's float16 intrinsics, or the bfloat16 ones of :mod:`gensorage.codegen.mma_bfloat16`, for operands
+    stored as ``layout`` says.
 
-    Importing TVM's CUDA intrinsics registers them, which takes seconds once per process: only the GPU
-    schedule asks for them.
+    A B stored ``[n, k]`` (k contiguous) is what ``ldmatrix`` without ``.trans`` loads into the ``mma.sync``
+    ``col`` operand (TVM's ``*_b_trans`` intrinsics, named after the stored B); the usual ``[k, n]`` B needs
+    ``.trans``. An A stored ``[k, m]`` is loaded with ``.trans`` (``*_a_trans``). The MMA intrinsic of the
+    layout reads its fragments with the same index map. Importing TVM's CUDA intrinsics registers them, which
+    takes seconds once per process: only the GPU schedule asks for them.
     """
     with _stack_without_source():
-        return _intrinsics(dtype)
+        return _intrinsics(dtype, layout[0] == "t", layout[1] == "t")
 
 
-def _intrinsics(dtype: str) -> Intrinsics:
+def _intrinsics(dtype: str, ta: bool, tb: bool) -> Intrinsics:
     from tvm.s_tir.tensor_intrin import cuda
 
     fill, store = cuda.MMA_fill_16x16_f32_INTRIN, cuda.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE
     if dtype == "float16":
+        mma = {
+            (False, False): cuda.MMA_f16f16f32_INTRIN,
+            (False, True): cuda.MMA_f16f16f32_TRANS_B_INTRIN,
+            (True, False): cuda.MMA_f16f16f32_TRANS_A_INTRIN,
+            (True, True): cuda.MMA_f16f16f32_TRANS_A_TRANS_B_INTRIN,
+        }[ta, tb]
         return Intrinsics(
-            cuda.LDMATRIX_f16_A_DYN_INTRIN,
-            cuda.LDMATRIX_f16_B_DYN_INTRIN,
-            cuda.MMA_f16f16f32_INTRIN,
+            cuda.LDMATRIX_f16_A_TRANS_DYN_INTRIN if ta else cuda.LDMATRIX_f16_A_DYN_INTRIN,
+            cuda.LDMATRIX_f16_B_TRANS_DYN_INTRIN if tb else cuda.LDMATRIX_f16_B_DYN_INTRIN,
+            mma,
             fill,
             store,
         )
@@ -192,7 +215,9 @@ def _intrinsics(dtype: str) -> Intrinsics:
         from gensorage.codegen import mma_bfloat16 as bf
 
         bf.register()
-        return Intrinsics(bf.LDMATRIX_A, bf.LDMATRIX_B, bf.MMA, fill, store)
+        return Intrinsics(
+            bf.ldmatrix_name("A", ta), bf.ldmatrix_name("B", tb), bf.mma_name(ta, tb), fill, store
+        )
     raise ScheduleError(f"tensor-core schedule: no MMA intrinsics for operand dtype {dtype}")
 
 
@@ -277,7 +302,7 @@ def _schedule(sch: Any, t: TensorCoreTiles, *, gpu: bool, vector: int) -> None:
             f"tensor-core schedule: operands of dtypes {dtypes}, expected one of {MMA_DTYPES}"
         )
     dtype = dtypes[0]
-    ci = intrinsics(dtype) if gpu else None
+    ci = intrinsics(dtype, t.layout) if gpu else None
     nbatch = len(sch.get_loops(main)) - 3
     if t.split_k == 1:  # split-k's build pads its rows itself, and its slices divide n and k (construction)
         sch.pad_einsum(main, [1] * nbatch + [t.block_m, t.block_n, t.block_k])

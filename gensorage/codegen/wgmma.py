@@ -8,7 +8,9 @@ fence entries, ``T.cuda.wgmma.encode_matrix_descriptor``); no hand-written assem
   warpgroup ``w`` owns rows ``64 w .. 64 w + 63`` and issues ``wgmma.mma_async.m64n{block_n}k16`` (the ss form:
   both operands read from shared memory through matrix descriptors), four per 64-wide reduction step;
 * per reduction step the A tile (``block_m`` x 64, K-major: each row is 128 bytes) and the B tile (64 x
-  ``block_n``, N-major: B is row-major ``[K, N]``, read with wgmma's transpose immediate) are copied global ->
+  ``block_n``, N-major: B is row-major ``[K, N]``, read with wgmma's transpose immediate; or, for a B stored
+  ``[N, K]`` and read in place (``x @ W.T``, ``k_major_b``), ``block_n`` x 64 K-major like A, wgmma's own
+  layout, no transpose) are copied global ->
   shared by all threads with 16-byte ``cp.async`` (zero-filled outside the matrix), in the 128-byte swizzled
   layout the descriptors name: 16-byte chunk ``c`` of 128-byte row ``r`` is stored at chunk ``c ^ (r % 8)``
   of its row (:func:`a_offset`, :func:`b_offset`);
@@ -197,11 +199,23 @@ def b_copy(q: Any, block_n: int) -> tuple[Any, Any]:
     return q // (block_n // CHUNK), q % (block_n // CHUNK) * CHUNK
 
 
-def step_offsets(slot: Any, kk: Any, stage_elems: int) -> tuple[Any, Any]:
+def step_offsets(slot: Any, kk: Any, stage_elems: int, k_major_b: bool = False) -> tuple[Any, Any]:
     """What the A and B descriptors of ring slot ``slot``'s k16 step ``kk`` add to the slot-0 descriptors
-    (16-byte units): A advances 32 bytes within its swizzled rows, B 16 rows of 128 bytes."""
+    (16-byte units): A (and a K-major B) advances 32 bytes within its swizzled rows, an N-major B 16 rows of
+    128 bytes."""
     base = slot * stage_elems * 2
-    return (base + kk * WG_K * 2) // 16, (base + kk * WG_K * ATOM * 2) // 16
+    b_step = WG_K * 2 if k_major_b else WG_K * ATOM * 2
+    return (base + kk * WG_K * 2) // 16, (base + kk * b_step) // 16
+
+
+def b_tile(
+    k_major_b: bool, block_n: int
+) -> tuple[Callable[[Any], tuple[Any, Any]], Callable[[Any, Any], Any]]:
+    """(chunk -> (k, n) of its first element, (k, n) -> element offset) of the B tile's copies and layout:
+    N-major rows of ``block_n``, or K-major rows of 64 k (A's layout, with n for A's rows)."""
+    if k_major_b:
+        return (lambda q: a_copy(q)[::-1]), (lambda kr, col: a_offset(col, kr))
+    return (lambda q: b_copy(q, block_n)), b_offset
 
 
 def block_tile(bx: Any, gm: int, gn: int) -> tuple[Any, Any]:
@@ -242,6 +256,7 @@ def wgmma_matmul(
     out_dtype: str,
     tiles: WgmmaTiles,
     maps_as_params: bool = False,
+    k_major_b: bool = False,
 ) -> Any:
     """The wgmma matmul PrimFunc ``main(A, B, C)`` for the kernel's view of the operands (with TMA and
     ``maps_as_params``: ``main(A, B, C, A_map, B_map)``, see :func:`gensorage.codegen.wgmma_tma.build_tma`).
@@ -249,14 +264,17 @@ def wgmma_matmul(
     Parameters
     ----------
     a, b, out
-        ``[M, K]``, ``[K, N]``, ``[M, N]``, or with one leading batch dim (an operand without it is broadcast
-        over the batch), as :func:`gensorage.codegen.predefined_matmul.matmul_prim_func` takes them.
+        ``[M, K]``, ``[K, N]`` (``[N, K]`` with ``k_major_b``), ``[M, N]``, or with one leading batch dim (an
+        operand without it is broadcast over the batch), as
+        :func:`gensorage.codegen.predefined_matmul.matmul_prim_func` takes them.
     dtype
         The operands' dtype (float16 or bfloat16).
     out_dtype
         The result's dtype; the float32 accumulators are cast to it.
     tiles
         Warpgroups, N tile and pipeline stages.
+    k_major_b
+        B is stored ``[N, K]`` (a transposed view read in place): its tile is K-major, like A's.
 
     Raises
     ------
@@ -271,8 +289,12 @@ def wgmma_matmul(
 
         if not len(a) == len(b) == len(out) == 2:
             raise ScheduleError("wgmma kernel: TMA loads take 2-D operands (no batch dim)")
+        if k_major_b:
+            raise ScheduleError(
+                "wgmma kernel: TMA loads take an N-major B (a K-major B runs the cp.async kernel)"
+            )
         return build_tma(a, b, out, dtype, out_dtype, tiles, (m, n, k), maps_as_params)
-    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k))
+    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), k_major_b)
 
 
 def _build(
@@ -284,6 +306,7 @@ def _build(
     t: WgmmaTiles,
     batch: int,
     mnk: tuple[int, int, int],
+    k_major_b: bool,
 ) -> Any:
     from tvm.script import tirx as T
 
@@ -298,7 +321,9 @@ def _build(
     smem = shared_bytes(t) // 2
     ab = {"float16": "f16", "bfloat16": "bf16"}[dtype]
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{ab}.{ab}"
-    lbo, sbo = b_desc(bn)
+    lbo, sbo = A_DESC if k_major_b else b_desc(bn)
+    b_chunk, b_place = b_tile(k_major_b, bn)
+    transpose_b = 0 if k_major_b else 1  # wgmma's imm-trans-b: an N-major B is read transposed
     a_batched, b_batched = len(a_shape) == 3, len(b_shape) == 3
     staged = t.staged and out_dtype == dtype  # the ring's 16-bit elements hold the cast result
     out_copies = bm * bn // CHUNK // threads
@@ -338,13 +363,11 @@ def _build(
                         T.Select(ok, T.uint32(16), T.uint32(0)),
                     )
                 for c in T.unroll(b_copies):
-                    row, col = b_copy(tx + c * threads, bn)
+                    row, col = b_chunk(tx + c * threads)
                     ok = s * BLOCK_K + row < k and n0 + col < n
                     T.ptx.cp.async_.cg.shared.global_(
-                        T.address_of(buf[pad[0] + s % stages * stage_elems + a_elems + b_offset(row, col)]),
-                        T.address_of(
-                            B[b_at(bz, T.min(s * BLOCK_K + row, k - 1), T.min(n0 + col, n - CHUNK))]
-                        ),
+                        T.address_of(buf[pad[0] + s % stages * stage_elems + a_elems + b_place(row, col)]),
+                        T.address_of(B[b_source(b_at, bz, s * BLOCK_K + row, n0 + col, k, n, k_major_b)]),
                         16,
                         T.Select(ok, T.uint32(16), T.uint32(0)),
                     )
@@ -370,12 +393,12 @@ def _build(
                 T.ptx[mma](
                     *[acc[r] for r in range(nacc)],
                     desc[0] + T.Cast("uint64", step_offsets(kt % stages, kk, stage_elems)[0]),
-                    desc[1] + T.Cast("uint64", step_offsets(kt % stages, kk, stage_elems)[1]),
+                    desc[1] + T.Cast("uint64", step_offsets(kt % stages, kk, stage_elems, k_major_b)[1]),
                     T.bool(True),
                     1,
                     1,
                     0,
-                    1,
+                    transpose_b,
                 )
             T.ptx.wgmma.commit_group.sync.aligned()
             T.ptx.wgmma.wait_group.sync.aligned(wait)
@@ -394,14 +417,14 @@ def _build(
                         T.Select(ok, T.uint32(16), T.uint32(0)),
                     )
                 for c in T.unroll(b_copies):
-                    row, col = b_copy(tx + c * threads, bn)
+                    row, col = b_chunk(tx + c * threads)
                     kr = (kt + ahead) * BLOCK_K + row
                     ok = kr < k and n0 + col < n
                     T.ptx.cp.async_.cg.shared.global_(
                         T.address_of(
-                            buf[pad[0] + (kt + ahead) % stages * stage_elems + a_elems + b_offset(row, col)]
+                            buf[pad[0] + (kt + ahead) % stages * stage_elems + a_elems + b_place(row, col)]
                         ),
-                        T.address_of(B[b_at(bz, T.min(kr, k - 1), T.min(n0 + col, n - CHUNK))]),
+                        T.address_of(B[b_source(b_at, bz, kr, n0 + col, k, n, k_major_b)]),
                         16,
                         T.Select(ok, T.uint32(16), T.uint32(0)),
                     )
@@ -439,6 +462,25 @@ def _build(
                     C[c_at(bz, row, T.ramp(col, 1, 2))] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
 
     return main
+
+
+def b_source(
+    b_at: Callable[[Any, Any, Any], tuple[Any, ...]],
+    bz: Any,
+    kr: Any,
+    col: Any,
+    k: int,
+    n: int,
+    k_major_b: bool,
+) -> tuple[Any, ...]:
+    """The index of the first element of a B chunk starting at (k ``kr``, n ``col``), clamped into the matrix
+    (a chunk outside it is zero-filled, but its address must stay valid): along n for an N-major B, along k
+    for a K-major one."""
+    from tvm.script import tirx as T
+
+    if k_major_b:
+        return b_at(bz, T.min(col, n - 1), T.min(kr, k - CHUNK))
+    return b_at(bz, T.min(kr, k - 1), T.min(col, n - CHUNK))
 
 
 def operand_index(batched: bool) -> Callable[[Any, Any, Any], tuple[Any, ...]]:

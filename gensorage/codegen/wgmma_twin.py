@@ -28,9 +28,9 @@ from gensorage.codegen.wgmma import (
     _check,
     a_copy,
     a_offset,
-    b_copy,
     b_desc,
-    b_offset,
+    b_source,
+    b_tile,
     block_tile,
     fragment_row_col,
     operand_index,
@@ -61,6 +61,17 @@ def mn_major_address(start: Any, lbo: int, sbo: int, k: Any, col: Any) -> Any:
     return swizzle_128b(start * 16 + offset + col % ATOM * 2)
 
 
+def b_address(start: Any, lbo: int, sbo: int, k: Any, col: Any, k_major_b: bool) -> Any:
+    """Byte address of B's element (k, col) as its descriptor names it: MN-major (read with wgmma's transpose
+    immediate), or K-major (no transpose: the layout of A, n for A's rows)."""
+    return k_major_address(start, sbo, col, k) if k_major_b else mn_major_address(start, lbo, sbo, k, col)
+
+
+def along(index: tuple[Any, ...], e: Any) -> tuple[Any, ...]:
+    """``index`` moved ``e`` elements along its last (contiguous) dim: element ``e`` of a 16-byte chunk."""
+    return (*index[:-1], index[-1] + e)
+
+
 def wgmma_twin(
     a: tuple[int, ...],
     b: tuple[int, ...],
@@ -69,6 +80,7 @@ def wgmma_twin(
     out_dtype: str,
     tiles: WgmmaTiles,
     modulus: int | None = None,
+    k_major_b: bool = False,
 ) -> Any:
     """The twin PrimFunc ``main(A, B, C)`` of :func:`gensorage.codegen.wgmma.wgmma_matmul` (same arguments),
     for the llvm target. Its operand dtype may be any float type (the twin has no MMA dtype to satisfy).
@@ -78,7 +90,7 @@ def wgmma_twin(
     batch = out[0] if len(out) == 3 else 0
     m, n, k = out[-2], out[-1], a[-1]
     _check(tiles, "float16", (m, n, k))
-    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), modulus)
+    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), modulus, k_major_b)
 
 
 def _build(
@@ -91,6 +103,7 @@ def _build(
     batch: int,
     mnk: tuple[int, int, int],
     modulus: int | None,
+    k_major_b: bool,
 ) -> Any:
     from tvm import tirx
     from tvm.script import tirx as T
@@ -105,7 +118,8 @@ def _build(
     staged = t.staged and out_dtype == dtype
     out_copies = bm * bn // CHUNK // threads
     ring_elems = (shared_bytes(t) - ALIGN) // 2
-    lbo, sbo = b_desc(bn)
+    lbo, sbo = A_DESC if k_major_b else b_desc(bn)
+    b_chunk, b_place = b_tile(k_major_b, bn)
     a_batched, b_batched = len(a_shape) == 3, len(b_shape) == 3
     zero = T.Cast(dtype, 0)
     acc_dtype = "float32" if modulus is None else "int64"
@@ -161,11 +175,11 @@ def _build(
                             zero,
                         )
                     for tx, c, e in T.grid(threads, b_copies, CHUNK):
-                        row, col = b_copy(tx + c * threads, bn)
+                        row, col = b_chunk(tx + c * threads)
                         kr = step * BLOCK_K + row
-                        buf[step % stages * stage_elems + a_elems + b_offset(row, col) + e] = T.if_then_else(
+                        buf[step % stages * stage_elems + a_elems + b_place(row, col) + e] = T.if_then_else(
                             kr < k and n0 + col < n,
-                            B[b_at(bz, T.min(kr, k - 1), T.min(n0 + col, n - CHUNK) + e)],
+                            B[along(b_source(b_at, bz, kr, n0 + col, k, n, k_major_b), e)],
                             zero,
                         )
                 if step == ahead - 1:
@@ -178,10 +192,10 @@ def _build(
                         wg_row = tx // WARPGROUP * WG_M
                         row, col = fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)
                         start_a = wg_row * ATOM * 2 // 16 + step_offsets(kt % stages, kk, stage_elems)[0]
-                        start_b = a_elems * 2 // 16 + step_offsets(kt % stages, kk, stage_elems)[1]
+                        start_b = a_elems * 2 // 16 + step_offsets(kt % stages, kk, stage_elems, k_major_b)[1]
                         acc[tx, r] = acc[tx, r] + term(
                             buf[k_major_address(start_a, A_DESC[1], row, kq) // 2],
-                            buf[mn_major_address(start_b, lbo, sbo, kq, col) // 2],
+                            buf[b_address(start_b, lbo, sbo, kq, col, k_major_b) // 2],
                         )
             if staged:  # the result through the ring's memory, copied out in 16-byte words
                 for tx, r in T.grid(threads, nacc):

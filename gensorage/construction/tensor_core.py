@@ -234,7 +234,13 @@ def predict_tiles_time(
 
 
 def _moves(
-    t: Tiles, dims: tuple[int, int, int, int], split: bool, wgmma: bool, tma: bool, sms: int = 0
+    t: Tiles,
+    dims: tuple[int, int, int, int],
+    split: bool,
+    wgmma: bool,
+    tma: bool,
+    sms: int = 0,
+    layout: str = "nn",
 ) -> list[Tiles]:
     """The states one action away: the instruction's own levels, and the switch to the other instruction
     (the nearest tiles it has) when ``wgmma`` is in the space (its TMA variant when ``tma`` is too)."""
@@ -246,7 +252,7 @@ def _moves(
                 out += [w] if wgmma_fits(w, dims) else []
             return out
         case WgmmaTiles():
-            back = TensorCoreTiles(t.block_m, t.block_n, 64, 64, 64, t.stages)
+            back = TensorCoreTiles(t.block_m, t.block_n, 64, 64, 64, t.stages, layout=layout)
             return [*wgmma_neighbours(t, dims, tma, sms), *([back] if fits(back, dims) else [])]
         case _:
             assert_never(t)
@@ -261,6 +267,7 @@ def _chain(
     wgmma: bool = False,
     start: Tiles | None = None,
     tma: bool = False,
+    layout: str = "nn",
 ) -> list[tuple[float, Tiles]]:
     """One Markov chain from ``start`` (default: the smallest kernel); returns the states it visited with their
     predicted times.
@@ -270,7 +277,9 @@ def _chain(
     predicted time, such as a warp tile under an L2-bound block tile) with a small weight, for at most
     ``MAX_STEPS`` moves.
     """
-    state: Tiles = start or TensorCoreTiles(MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2)
+    state: Tiles = start or TensorCoreTiles(
+        MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2, layout=layout
+    )
     cost = predict_tiles_time(dims, state, hw, dtype)
     if cost is None:
         return []
@@ -278,7 +287,7 @@ def _chain(
     visited = [(time_s, state)]
     for _ in range(MAX_STEPS):
         moves = []
-        for nxt in _moves(state, dims, split, wgmma, tma, hw.sm_count if tma else 0):
+        for nxt in _moves(state, dims, split, wgmma, tma, hw.sm_count if tma else 0, layout):
             c = predict_tiles_time(dims, nxt, hw, dtype)
             if c is not None and c.total_s <= time_s:
                 moves.append((time_s - c.total_s, c.total_s, nxt))
@@ -297,12 +306,19 @@ def _chain(
 
 
 def construct_tensor_core(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0, split: bool = True
+    dims: tuple[int, int, int, int],
+    hw: HwProfile,
+    dtype: str = "float16",
+    seed: int = 0,
+    split: bool = True,
+    layout: str = "nn",
 ) -> tuple[TensorCoreTiles, TensorCoreCost]:
     """The ``mma.sync`` tiles Gensor's construction picks for a ``(batch, m, n, k)`` matmul, with their
     predicted cost (:func:`construct_matmul_tiles` with wgmma in the space as well).
 
     ``split=False`` keeps split-k out of the space (the implicit GEMM of a convolution has no split path).
+    ``layout``: which operands are stored transposed (:attr:`TensorCoreTiles.layout`; it sizes the shared
+    tiles).
     Memoised per process; inside :func:`~gensorage.construction.schedule.warm_starts`, a shape not constructed
     yet starts its chains from the tiles of the nearest constructed shape (:func:`_warm`).
 
@@ -312,21 +328,28 @@ def construct_tensor_core(
         No tensor-core kernel fits ``hw`` (or its profile has no tensor-core rate for ``dtype``).
     """
     if warm_starts_active():
-        hit = _warm(dims, hw, dtype, seed, split)
+        hit = _warm(dims, hw, dtype, seed, split, layout)
         if hit is not None:
             return hit
-    best, cost = _construct(dims, hw, dtype, seed, split, False)
+    best, cost = _construct(dims, hw, dtype, seed, split, False, layout=layout)
     assert isinstance(best, TensorCoreTiles)
     _remember(dims, hw, dtype, seed, split, best)
     return best, cost
 
 
 def construct_matmul_tiles(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16", seed: int = 0, tma: bool = False
+    dims: tuple[int, int, int, int],
+    hw: HwProfile,
+    dtype: str = "float16",
+    seed: int = 0,
+    tma: bool = False,
+    layout: str = "nn",
 ) -> tuple[Tiles, TensorCoreCost]:
     """The tiles the construction picks when the instruction is a level of the state too: ``wgmma`` kernels
     on profiles that have it (:func:`~gensorage.construction.wgmma.wgmma_available`), ``mma.sync`` ones
-    (split-k included) elsewhere and where they are predicted faster (decode-sized M).
+    (split-k included) elsewhere and where they are predicted faster (decode-sized M). ``layout`` "nt": B is
+    stored ``[N, K]`` (wgmma reads it K-major, mma.sync tiles carry the layout); "tn"/"tt" have no wgmma
+    kernel.
 
     ``tma`` adds the warp-specialised TMA wgmma kernels (and their deeper rings) where the profile prices
     them (:func:`~gensorage.construction.wgmma.tma_available`); they take 2-D operands.
@@ -336,7 +359,11 @@ def construct_matmul_tiles(
     ScheduleError
         As :func:`construct_tensor_core`.
     """
-    return _construct(dims, hw, dtype, seed, True, wgmma_available(hw), tma and tma_available(hw))
+    # TMA loads read an N-major B only: a K-major one ("nt") runs the cp.async wgmma kernel.
+    tma = tma and tma_available(hw) and layout == "nn"
+    return _construct(
+        dims, hw, dtype, seed, True, wgmma_available(hw) and layout in ("nn", "nt"), tma, layout
+    )
 
 
 def construct_predefined_matmul(
@@ -347,12 +374,15 @@ def construct_predefined_matmul(
     b_dtype: str,
     hw: HwProfile,
     seed: int = 0,
+    layout: str = "nn",
 ) -> tuple[Tiles, TensorCoreCost] | None:
-    """The tiles of a pre-defined matmul kernel op of these shapes and dtypes (None: not on tensor cores).
+    """The tiles of a pre-defined matmul kernel op of these (logical) shapes and dtypes, with operands stored
+    as ``layout`` says (:attr:`~gensorage.codegen.tensor_core.TensorCoreTiles.layout`); None: not on tensor
+    cores.
 
     Both instructions (:func:`construct_matmul_tiles`) where the wgmma kernel takes the operands as they are
-    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`; TMA loads with 2-D
-    operands), ``mma.sync``
+    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`, A not transposed: B
+    N-major or K-major; TMA loads with 2-D operands and an N-major B), ``mma.sync``
     (:func:`construct_tensor_core`) otherwise. One function for the code generator and the µGraph cost model,
     so both see the same kernel.
     """
@@ -361,11 +391,11 @@ def construct_predefined_matmul(
         return None
     dims = (math.prod(out[:-2]), out[-2], out[-1], a[-1])
     try:
-        if a_dtype == b_dtype == mma and covers_operands(a, b, out):
+        if a_dtype == b_dtype == mma and covers_operands(a, b, out) and layout in ("nn", "nt"):
             # TMA loads take 2-D operands; the kernel's host code encodes their tensor maps.
             tma = len(a) == len(b) == len(out) == 2
-            return construct_matmul_tiles(dims, hw, mma, seed, tma=tma)
-        return construct_tensor_core(dims, hw, mma, seed)
+            return construct_matmul_tiles(dims, hw, mma, seed, tma=tma, layout=layout)
+        return construct_tensor_core(dims, hw, mma, seed, layout=layout)
     except ScheduleError:
         return None
 
@@ -379,14 +409,15 @@ def _construct(
     split: bool,
     wgmma: bool,
     tma: bool = False,
+    layout: str = "nn",
 ) -> tuple[Tiles, TensorCoreCost]:
     try:
         hw.flops(dtype, True)
     except KeyError:
         raise ScheduleError(f"hardware profile {hw.name} has no tensor-core rate for {dtype}") from None
-    found = _chain(dims, hw, dtype, None, split, wgmma, tma=tma)
+    found = _chain(dims, hw, dtype, None, split, wgmma, tma=tma, layout=layout)
     for c in range(CHAINS - 1):
-        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, wgmma, tma=tma)
+        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, wgmma, tma=tma, layout=layout)
     return _pick(found, dims, hw, dtype)
 
 
@@ -453,19 +484,19 @@ def _remember(
     if sum(len(v) for v in _KNOWN.values()) >= _MEMO_LIMIT:
         _KNOWN.clear()
         _WARM.clear()
-    _KNOWN.setdefault((hw, dtype, seed, split), {})[dims] = t
+    _KNOWN.setdefault((hw, dtype, seed, split, t.layout), {})[dims] = t
 
 
 def _warm(
-    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, seed: int, split: bool
+    dims: tuple[int, int, int, int], hw: HwProfile, dtype: str, seed: int, split: bool, layout: str = "nn"
 ) -> tuple[TensorCoreTiles, TensorCoreCost] | None:
     """The construction at ``dims`` from the tiles of the nearest constructed shape within
     ``MAX_CARRY_FACTOR`` on every dim: a greedy and ``WARM_CHAINS`` random chains from them, and the greedy
     chain from the smallest kernel; None where there is no such shape or its tiles do not carry over."""
-    key = (dims, hw, dtype, seed, split)
+    key = (dims, hw, dtype, seed, split, layout)
     if key in _WARM:
         return _WARM[key]
-    known = _KNOWN.get((hw, dtype, seed, split))
+    known = _KNOWN.get((hw, dtype, seed, split, layout))
     if not known or dims in known:  # constructed cold already: the memoised cold answer
         return None
     near = min(known, key=lambda d: sum(abs(math.log(a / b)) for a, b in zip(dims, d, strict=True)))
@@ -476,7 +507,8 @@ def _warm(
     )
     if start is None:
         return None
-    found = _chain(dims, hw, dtype, None, split) + _chain(dims, hw, dtype, None, split, start=start)
+    found = _chain(dims, hw, dtype, None, split, layout=layout)
+    found += _chain(dims, hw, dtype, None, split, start=start)
     for c in range(WARM_CHAINS):
         found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, start=start)
     best, cost = _pick(found, dims, hw, dtype)

@@ -13,7 +13,9 @@ non-float tensor), so that it is never chosen.
 *Pre-defined* (a library kernel): a roofline, launch overhead + max(bytes moved / (DRAM bandwidth x
 ``predefined_dram_fraction``), FLOPs / peak); a pre-defined 16-bit matmul is the tensor-core kernel
 :mod:`gensorage.construction.tensor_core` constructs, priced by that construction's model; ``reshape`` is a view
-of a contiguous tensor (no kernel, no time).
+of a contiguous tensor (no kernel, no time), and so is a transpose its matmuls read in place
+(:mod:`gensorage.codegen.operand_views`): those matmuls are priced in the layout they read (the weight of
+``x @ W.T`` read once, by the kernel that multiplies).
 
 ``LAUNCH_OVERHEAD_S`` is the constant of the schedule cost model (:mod:`gensorage.markov.cost_model`), 2 µs of
 launch and tail per kernel, so the two models agree on what a kernel boundary costs.
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gensorage import opset
+from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
 from gensorage.errors import UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
@@ -74,7 +77,9 @@ def _peak(hw: HwProfile, dtype: str, tensor_cores: bool) -> float:
         return hw.flops("float32", tensor_cores)
 
 
-def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> KernelCost:
+def _predefined_cost(
+    hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo, layout: str = "nn"
+) -> KernelCost:
     if node.op is Op.RESHAPE:
         return KernelCost("view", 0.0, 0, 0, 0, 0, 0, 0)
     read = sum(tensor_bytes(t) for t in ins)
@@ -82,7 +87,7 @@ def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: 
         read = read * _numel(out.shape) // _numel(ins[0].shape)
     moved = read + tensor_bytes(out)
     work = opset.flops(node.op, [t.shape for t in ins], out.shape)
-    mma = _tensor_core_matmul(hw, node, ins, out)
+    mma = _tensor_core_matmul(hw, node, ins, out, layout)
     if mma is not None:  # the kernel the code generator emits, priced by the model that constructed it
         return KernelCost(node.op.value, mma.total_s, moved, moved, work, 0, mma.blocks, mma.waves)
     compute = work / _peak(hw, out.dtype, False)
@@ -92,15 +97,18 @@ def _predefined_cost(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: 
     return KernelCost(node.op.value, time, moved, moved, work, 0, 0, 0)
 
 
-def _tensor_core_matmul(hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> Any:
-    """The construction's cost of the tensor-core kernel a pre-defined matmul lowers to (None: no such kernel)."""
+def _tensor_core_matmul(
+    hw: HwProfile, node: KernelOp, ins: list[TensorInfo], out: TensorInfo, layout: str
+) -> Any:
+    """The construction's cost of the tensor-core kernel a pre-defined matmul lowers to, its operands stored as
+    ``layout`` says (None: no such kernel)."""
     # Imported here: gensorage.construction imports the µGraph modules this one belongs to.
     from gensorage.construction.tensor_core import construct_predefined_matmul
 
     if node.op is not Op.MATMUL:
         return None
     a, b = ins
-    got = construct_predefined_matmul(a.shape, b.shape, out.shape, a.dtype, b.dtype, hw)
+    got = construct_predefined_matmul(a.shape, b.shape, out.shape, a.dtype, b.dtype, hw, 0, layout)
     return None if got is None else got[1]
 
 
@@ -208,10 +216,17 @@ def kernel_costs(
     info = info if info is not None else validate(g)
     out: list[KernelCost] = []
     n_in = len(g.inputs)
+    views = graph_views(g, info)
     for k, node in enumerate(g.ops):
         ins = [info.of(r) for r in node.inputs]
-        if isinstance(node, KernelOp):
-            out.append(_predefined_cost(hw, node, ins, info.nodes[n_in + k][0]))
+        if k in views:  # a transpose its matmuls read in place: no kernel
+            out.append(KernelCost("view", 0.0, 0, 0, 0, 0, 0, 0))
+        elif isinstance(node, KernelOp):
+            layout = "nn"
+            if node.op is Op.MATMUL:
+                a, b = matmul_operands(g, k, views)
+                layout = layout_name(a.transposed, b.transposed)
+            out.append(_predefined_cost(hw, node, ins, info.nodes[n_in + k][0], layout))
         else:
             binfo = info.blocks[k]
             assert binfo is not None
