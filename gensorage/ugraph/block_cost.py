@@ -282,7 +282,7 @@ def block_threads(op: GraphDefinedOp, info: GraphInfo, k: int, hw: HwProfile) ->
     from gensorage.codegen.ugraph_tir import dominant_matmul, largest_tile
     from gensorage.construction.block_threads import (
         ThreadChoice,
-        fallback_threads,
+        row_kernel_threads,
         thread_cap,
         widen_block_tile,
     )
@@ -291,7 +291,7 @@ def block_threads(op: GraphDefinedOp, info: GraphInfo, k: int, hw: HwProfile) ->
     assert binfo is not None
     dominant = dominant_matmul(op, binfo)
     if dominant is None:
-        nt = fallback_threads(largest_tile(binfo), hw)
+        nt = row_kernel_threads(largest_tile(binfo), hw)
         return ThreadChoice(nt, None, None, "fallback: no matmul in the block graph")
     b, m, n, _ = dominant[1]
     tile = widen_block_tile((b, m, n), (1, 1, 1), (1, 1, 1), thread_cap(hw, math.prod(op.block.grid)))
