@@ -518,19 +518,12 @@ def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> 
 
 
 def program_part(name: str) -> Program:
-    """One kernel's worth of a bundled program, at its shapes and in the dtypes it has there, to time the
-    program's kernels one by one (the runner times whole cases): ``qknorm_qk`` (QKᵀ of the normalised float32 Q
-    and K), ``qknorm_softmax``, ``qknorm_pv``, ``rmsnorm_norm`` and ``rmsnorm_mm`` (in float16: a program does
-    not mix dtypes, where rmsnorm's µGraph multiplies the float32 normalised X by the float16 W)."""
+    """One kernel's worth of a bundled program at its shapes, to time the program's kernels one by one (the
+    runner times whole cases, and takes 16-bit programs only): ``qknorm_pv`` (qknorm's PV product),
+    ``rmsnorm_norm`` and ``rmsnorm_mm`` (in float16, where rmsnorm's µGraph multiplies the float32 normalised X
+    by the float16 W: a program does not mix dtypes)."""
     p = Program(name)
     match name:
-        case "qknorm_qk":
-            p.output(
-                p.matmul(p.input("Qn", (2, 256, 64), "float32"), p.input("Kn", (2, 64, 4096), "float32"))
-            )
-        case "qknorm_softmax":
-            e = p.exp(p.scale(p.input("A", (2, 256, 4096), "float32"), 0.125))
-            p.output(p.div(e, p.sum(e, dim=2)))
         case "qknorm_pv":
             p.output(
                 p.matmul(p.input("P", (2, 256, 4096), "float16"), p.input("V", (2, 4096, 64), "float16"))
@@ -545,7 +538,7 @@ def program_part(name: str) -> Program:
     return p
 
 
-PROGRAM_PARTS = ("qknorm_qk", "qknorm_softmax", "qknorm_pv", "rmsnorm_norm", "rmsnorm_mm")
+PROGRAM_PARTS = ("qknorm_pv", "rmsnorm_norm", "rmsnorm_mm")
 
 
 def program_path(name: str, program: Program, out: Path, base: str | None = None) -> str:

@@ -452,11 +452,11 @@ def test_chosen_layout_never_takes_more_wavefronts_than_row_major(data: st.DataO
 
 
 def test_flash_attention_pads_the_tiles_of_its_tensor_core_phase() -> None:
-    # At the paper's shape (64 x 64 tiles; on the H100 profile 512 threads, QK^T on tensor cores on all 16 warps
-    # in 16 x 16 warp tiles) the exp thread graph runs on QK^T's accumulators, so the exp tile is written in the
-    # MMA's fragment layout (a lane writes rows tx/4 % 8 and +8 at columns 2*(tx % 4)): 160 wavefronts
-    # row-major over its access sites, 36 with rows padded by four float32; the fragment loads read Q, K and V
-    # a column per lane group, so their tiles are padded too.
+    # At the paper's shape (64 x 64 tiles; on the H100 profile 1,024 threads, QK^T on tensor cores on all 32
+    # warps, the block cost model's choice with cooperative row sums) the exp thread graph runs on QK^T's
+    # accumulators, so the exp tile is written in the MMA's fragment layout (a lane writes rows tx/4 % 8 and +8
+    # at columns 2*(tx % 4)): 98 wavefronts row-major over its access sites, 26 with rows padded by four
+    # float32; the fragment loads read Q, K and V a column per lane group, so their tiles are padded too.
     from gensorage.codegen.block_emitter import BlockEmitter
     from gensorage.codegen.scalar import FloatScalar
 
@@ -469,8 +469,8 @@ def test_flash_attention_pads_the_tiles_of_its_tensor_core_phase() -> None:
     costs = [
         layout_cost(shape, 4, e.recorder.accesses[exp_tile], lay) for lay in LAYOUTS if lay.fits(shape, 4)
     ]
-    assert cg.plans[0].threads == 512 and cg.plans[0].mma_warps == ((3, 16), (6, 16))
-    assert costs == [160, 72, 68, 66, 65, 65, 66, 36, 40]  # row-major, swizzles 4..32, pads 1..8
+    assert cg.plans[0].threads == 1024 and cg.plans[0].mma_warps == ((3, 32), (6, 32))
+    assert costs == [98, 50, 50, 50, 50, 50, 50, 26, 26]  # row-major, swizzles 4..32, pads 1..8
     layouts = e.chosen_layouts()
     assert layouts[exp_tile] == Layout(pad=4)
     assert all(lay.pad > 0 for r, lay in layouts.items() if r.node in (0, 1, 2))  # Q, K and V tiles

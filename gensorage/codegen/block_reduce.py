@@ -1,7 +1,7 @@
 """Block reductions (``sum``/``max`` block ops) of a graph-defined kernel: serial or cooperative.
 
-A reduction with at least as many results as the block has threads gives each thread whole results (a serial
-loop over the reduced elements). One with fewer results — a row kernel's ``Σ x²`` over a row of 4096, or four
+A reduction with at least as many results as the block has threads, or over few elements, gives each thread whole
+results (a serial loop over the reduced elements). One with fewer results — a row kernel's ``Σ x²`` over a row of 4096, or four
 short rows per block — would leave all but a few threads idle while one walks the row, so there ``lanes``
 threads (a power of two) share each result:
 
@@ -23,6 +23,7 @@ import math
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
+from gensorage.codegen.predefined import MIN_COOPERATIVE_SUM
 from gensorage.codegen.scalar import Val, combined, reduction_kind
 from gensorage.codegen.tir_text import Ix, ravel, shape_text, summed_index, unravel
 from gensorage.dtypes import dtype_bytes
@@ -39,7 +40,10 @@ FULL_MASK = (1 << WARP) - 1
 
 def reduce_lanes(results: int, count: int, threads: int) -> int:
     """Threads that share one result: the largest power of two with ``results * lanes <= threads`` and
-    ``lanes <= count`` (1: each thread reduces whole results serially)."""
+    ``lanes <= count``; 1 (each thread reduces whole results serially) for a reduction over fewer than
+    :data:`~gensorage.codegen.predefined.MIN_COOPERATIVE_SUM` elements, where a short loop beats the barriers."""
+    if count < MIN_COOPERATIVE_SUM:
+        return 1
     lanes = 1
     while results * lanes * 2 <= threads and lanes * 2 <= count:
         lanes *= 2

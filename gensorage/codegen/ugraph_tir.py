@@ -62,7 +62,13 @@ from gensorage.codegen.block_mma import MmaTiling, block_mma_tilings
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
 from gensorage.codegen.mma_threads import mma_block_layout
 from gensorage.codegen.scalar import FLOAT_DTYPES, Scalar
-from gensorage.construction.block_threads import ThreadChoice, fallback_threads, matmul_tiling
+from gensorage.construction.block_threads import (
+    ROW_KERNEL_THREADS,
+    ThreadChoice,
+    fallback_threads,
+    matmul_tiling,
+    row_kernel_threads,
+)
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Op
@@ -130,13 +136,17 @@ def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: i
             why = f"the construction found no schedule for the matmul tile: {exc}"
         else:
             return ThreadChoice(tiling.threads, j, tiling, tiling.describe())
-    nt = fallback_threads(largest_tile(binfo), hw)
+    if dominant is None:
+        nt = row_kernel_threads(largest_tile(binfo), hw)
+        rule = f"at most {ROW_KERNEL_THREADS}"
+    else:
+        nt, rule = fallback_threads(largest_tile(binfo), hw), "at most the block limit"
     return ThreadChoice(
         nt,
         None,
         None,
         f"fallback ({why}): {nt} threads, one per element of the largest tile "
-        f"({largest_tile(binfo)}) rounded to the warp size",
+        f"({largest_tile(binfo)}) rounded to the warp size, {rule}",
     )
 
 

@@ -163,11 +163,24 @@ def fallback_threads(largest_tile: int, hw: HwProfile) -> int:
     return min(want, cap)
 
 
+#: Most threads of a graph-defined kernel without a block matmul (a row kernel: element-wise phases and block
+#: reductions). On the H200 such kernels ran as fast or faster on 256-512 threads than on 1024 (fewer warps
+#: meet at each barrier and combine partials; CHANGELOG has the figures).
+ROW_KERNEL_THREADS = 512
+
+
+def row_kernel_threads(largest_tile: int, hw: HwProfile) -> int:
+    """Threads of a block graph without a matmul: :func:`fallback_threads`, at most :data:`ROW_KERNEL_THREADS`."""
+    return min(fallback_threads(largest_tile, hw), max(hw.warp_size, ROW_KERNEL_THREADS))
+
+
 __all__ = [
     "thread_cap",
     "MatmulTiling",
     "ThreadChoice",
     "fallback_threads",
+    "ROW_KERNEL_THREADS",
+    "row_kernel_threads",
     "matmul_tiling",
     "matmul_workload",
     "widen_block_tile",

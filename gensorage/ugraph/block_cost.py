@@ -350,7 +350,7 @@ def block_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile) -> Thr
     from gensorage.codegen.ugraph_tir import dominant_matmul, largest_tile
     from gensorage.construction.block_threads import (
         ThreadChoice,
-        fallback_threads,
+        row_kernel_threads,
         thread_cap,
         widen_block_tile,
     )
@@ -363,7 +363,7 @@ def block_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile) -> Thr
         return layout
     dominant = dominant_matmul(op, binfo)
     if dominant is None:
-        nt = fallback_threads(largest_tile(binfo), hw)
+        nt = row_kernel_threads(largest_tile(binfo), hw)
         rule = "fallback: no matmul in the block graph"
     else:
         b, m, n, _ = dominant[1]
