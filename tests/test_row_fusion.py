@@ -3,6 +3,8 @@ search candidates whose remaining pre-defined ops are fused and checked."""
 
 from __future__ import annotations
 
+import pytest
+
 from gensorage.hw import load_profile
 from gensorage.program import Program, load_config
 from gensorage.superopt.choice import Option, cost_fn
@@ -36,6 +38,23 @@ def test_fused_option_is_checked_at_search_shapes_when_too_large() -> None:
     a, b = two.input("A", (4, 8), "float32"), two.input("B", (8, 4), "float32")
     two.output(two.matmul(two.matmul(a, b), a))
     assert fused_option(two, "float32", HW, COST, 1e-6, seed=0) is None  # nothing to fuse
+
+
+def test_no_fused_option_when_its_check_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A program too large to check at its own shapes whose check at the search shapes cannot run either (a
+    # LLaMA-3-8B decoder layer's first tier cannot bound its error there): no fused option, and
+    # superoptimize keeps the direct µGraph instead of failing (the layer fell back to torch on an H200).
+    from gensorage.errors import VerificationError
+    from gensorage.superopt import row_fusion, superoptimize
+
+    def cannot(*args: object, **kwargs: object) -> dict[str, object]:
+        raise VerificationError("cannot bound the first tier's error: too many function applications")
+
+    monkeypatch.setattr(row_fusion, "small_shape_report", cannot)
+    p = load_config("rmsnorm")
+    assert fused_option(p, "float32", HW, COST, 1e-6, seed=0) is None
+    res = superoptimize(p, hw=HW, mode="fast", use_store=False, progress=False)
+    assert res.origin == "direct" and res.equivalence
 
 
 def test_a_candidates_remaining_ops_are_fused_and_checked() -> None:

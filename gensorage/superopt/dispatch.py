@@ -246,8 +246,12 @@ class Dispatcher:
             note = "too large to check at this shape: the µGraph was checked at its first shape"
             return graph, Verification(True, "search shapes", note=note)
         t0 = time.perf_counter()
-        report = equivalent(p, graph, self.delta, seed=self.seed, max_trials=DEFAULT_VERIFY_MAX_TRIALS)
-        timings["verify"] = time.perf_counter() - t0
+        try:
+            report = equivalent(p, graph, self.delta, seed=self.seed, max_trials=DEFAULT_VERIFY_MAX_TRIALS)
+        except GensorageError as exc:  # the check cannot run at this shape (e.g. its error cannot be bounded)
+            return self._direct(direct, f"the re-instantiated µGraph cannot be checked here: {exc}", notes)
+        finally:
+            timings["verify"] = time.perf_counter() - t0
         if not report:
             return self._direct(direct, f"the re-instantiated µGraph does not verify ({report})", notes)
         return graph, Verification(True, "equivalence check", report=report)
