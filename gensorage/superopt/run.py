@@ -324,6 +324,10 @@ class Run:
             self.begin_choosing()
             self.say(f"{why}; using the direct µGraph")
             return self.result("full", self.baseline(), fallback_reason=why)
+        if cluster is not None:  # a bad address is a one-line error before anything is said or searched
+            from gensorage.exhaustive.run.cluster import require_engine
+
+            require_engine(cluster)
         small = search_program(self.src, self.preset, explicit, self.notes)
         budget = (
             time_budget_s
