@@ -96,8 +96,7 @@ def test_torch_tensors_go_in_and_come_out_on_the_device() -> None:
     assert _rel_err([t.cpu().numpy() for t in got], program.run(*xs)) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_dlpack_outputs_stay_right_once_tvm_lets_go(dtype: str) -> None:
+def test_dlpack_outputs_stay_right_once_tvm_lets_go() -> None:
     """The general CUDA run on torch tensors (many kernels, intermediates freed at the end of each call): the
     outputs torch imports stay right after TVM's tensors are dropped, torch's allocator churns, and several
     calls are queued before the one synchronize (the decoder layer once read garbage through this path)."""
@@ -107,7 +106,7 @@ def test_dlpack_outputs_stay_right_once_tvm_lets_go(dtype: str) -> None:
     got, want = [], []
     for seed in range(4):
         xs = _rounded(program, 10 + seed)
-        ins = [torch.from_numpy(x.astype(np.float32)).to("cuda", getattr(torch, dtype)) for x in xs]
+        ins = [torch.from_numpy(x.astype(np.float32)).to("cuda", torch.float16) for x in xs]
         outs = cg.run(*ins, target="cuda")
         got.append([torch.from_dlpack(o) for o in outs])
         del outs
