@@ -124,3 +124,16 @@ def test_ldmatrix_fragments_take_fewer_shared_cycles_than_element_loads() -> Non
         assert shared_cycles(t, costs, (False, True)) < element
         # Per 16-wide k chunk at least one cycle per element-wise load instruction of every warp's fragments.
         assert element >= t.warps * t.steps * (8 * t.warp_m + 4 * t.warp_n)
+
+
+def test_online_softmax_keys_lengthen_the_chain_of_fewer_threads() -> None:
+    # FlashAttention-2's online step walks the row's keys serially per element of the result: at 128 threads a
+    # thread has 8x the elements of a 1,024-thread block, and waits for each key's shared read (on an H200,
+    # 128 threads measured 1.45x slower than 1,024 and 256).
+    g, k = _kernel("llama3_flash_attention2")
+    info = validate(g)
+    few = plan_block(g, k, info, H200, True, ThreadChoice(128, None, None, "", ((3, 4),)))
+    many = plan_block(g, k, info, H200, True, ThreadChoice(1024, None, None, "", ((3, 16),)))
+    assert few.body.latency > 4 * many.body.latency
+    choice = plan_threads(g, k, info, H200)
+    assert choice.threads >= 256

@@ -204,10 +204,14 @@ def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
         if node.kind in ONLINE_SOFTMAX_KINDS:
             keys = binfo.nodes[node.input.node][node.input.out].shape[-1]
             values = node.values is not None
-            # Per element of the result: a max pass and an exp(-max)-weighted pass over the row's keys.
-            return _elementwise(
+            # Per element of the result: a max pass and an exp(-max)-weighted pass over the row's keys. Both are
+            # serial loops carrying the running max or sum, so a thread waits for each key's shared read: one
+            # shared latency per key on its chain (fewer threads, more elements each, a longer chain).
+            work = _elementwise(
                 hw, nt, math.prod(out), keys * (3 + 2 * values) + 6, keys * (2 + values), 0, keys + 1
             )
+            per_thread = -(-math.prod(out) // nt)
+            return work + Work(latency=per_thread * keys * hw.level("shared").latency_cycles)
         src = binfo.nodes[node.input.node][node.input.out]
         copied = not e.fusable(node.input) or node.fmap is not None
         return _elementwise(hw, nt, math.prod(src.shape), 2, int(copied), int(node.fmap is not None))
