@@ -223,7 +223,13 @@ def _run_component(ex: Any, kern: Kernel, values: dict[Ref, Any], dev: Any) -> N
 
 
 def _bind_outputs(
-    g: KernelGraph, info: GraphInfo, k: int, values: dict[Ref, Any], dev: Any, scalar: Scalar
+    g: KernelGraph,
+    info: GraphInfo,
+    k: int,
+    values: dict[Ref, Any],
+    dev: Any,
+    scalar: Scalar,
+    views: frozenset[int],
 ) -> None:
     """Give kernel op ``k``'s outputs their device tensors (an alias op's output is a view of its input)."""
     import tvm
@@ -232,7 +238,7 @@ def _bind_outputs(
     if isinstance(op, KernelOp) and is_alias(op):
         values[Ref(node)] = _view(values[op.inputs[0]], scalar.buf_shape(info.nodes[node][0].shape))
         return
-    if k in graph_views(g, info):  # never stored: its matmuls read its input
+    if k in views:  # a transposed view, never stored: its matmuls read its input
         return
     for o, t in enumerate(info.nodes[node]):
         values[Ref(node, o)] = tvm.runtime.empty(scalar.buf_shape(t.shape), scalar.buf_dtype(t.dtype), dev)
@@ -277,9 +283,10 @@ def launch_plan(
         raise UnsupportedOpError("field-twin kernels run one residue at a time; use execute()")
     values: dict[Ref, Any] = {Ref(i): t for i, t in enumerate(inputs)}
     by_op = _by_op(kernels)
+    views = graph_views(g, info)
     calls: list[tuple[Kernel, Any, list[Any]]] = []
     for k in range(len(g.ops)):
-        _bind_outputs(g, info, k, values, dev, scalar)
+        _bind_outputs(g, info, k, values, dev, scalar, views)
         calls.extend((kern, ex[kern.name], _args(kern, values, None, dev)) for kern in by_op.get(k, []))
     return calls, [values[r] for r in g.outputs]
 
@@ -297,8 +304,9 @@ def execute(
     """Launch ``kernels`` (compiled into ``ex``) on device tensors ``inputs``; returns the output tensors."""
     values: dict[Ref, Any] = {Ref(i): t for i, t in enumerate(inputs)}
     by_op = _by_op(kernels)
+    views = graph_views(g, info)
     for k in range(len(g.ops)):
-        _bind_outputs(g, info, k, values, dev, scalar)
+        _bind_outputs(g, info, k, values, dev, scalar, views)
         for kern in by_op.get(k, []):
             if kern.component is not None:
                 _run_component(ex, kern, values, dev)
