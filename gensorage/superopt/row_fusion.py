@@ -106,9 +106,7 @@ def check_fused_candidate(opt: Option, at: Program, hw: HwProfile, delta: float,
         checked = False
     before = opt.search_report
     ok = bool(before and before.get("equivalent", True)) and checked
-    return dataclasses.replace(
-        opt, search_report={**(before or {}), "equivalent": ok, "row_fusion": checked}
-    )
+    return dataclasses.replace(opt, search_report={**(before or {}), "equivalent": ok, "row_fusion": checked})
 
 
 __all__ = [
