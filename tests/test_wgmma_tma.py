@@ -514,3 +514,19 @@ def test_a_persistent_grid_hides_the_fill_of_every_tile_but_the_first() -> None:
     assert isinstance(picked, WgmmaTiles) and picked.persistent == sms
     picked, _ = construct_matmul_tiles(one, H200, "float16", tma=True)
     assert isinstance(picked, WgmmaTiles) and picked.tma and picked.persistent == 0  # ties: one block a tile
+
+
+@pytest.mark.parametrize(
+    "dims", [(1, 16, 14336, 4096), (1, 8, 4096, 4096), (1, 8, 14336, 4096), (1, 16, 4096, 4096)]
+)
+def test_decode_sized_gemms_keep_the_kernels_they_had_before_tma(dims: tuple[int, int, int, int]) -> None:
+    # Fewer rows than a block: TMA is out of the space (on the H200 it ran 16 x 14336 x 4096 at 0.60x of cuBLAS
+    # against 0.77x for the cp.async wgmma kernel), so the pick is what the space without TMA gives.
+    from gensorage.construction.tensor_core import construct_matmul_tiles, construct_predefined_matmul
+
+    with_tma, _ = construct_matmul_tiles(dims, H200, "float16", tma=True)
+    without, _ = construct_matmul_tiles(dims, H200, "float16")
+    assert with_tma == without and not getattr(with_tma, "tma", False)
+    _, m, n, k = dims
+    got = construct_predefined_matmul((m, k), (k, n), (m, n), "float16", "float16", H200)
+    assert got is not None and got[0] == without

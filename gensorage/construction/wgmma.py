@@ -143,13 +143,15 @@ def wgmma_neighbours(
 
 def wgmma_fits(t: WgmmaTiles, dims: tuple[int, int, int, int]) -> bool:
     """Whether the construction's space holds ``t`` for this shape: no block taller than the rows (beyond one
-    warpgroup) or wider than the columns (beyond 64), a pipelined loop when there are several steps."""
+    warpgroup; with TMA none at all: on the H200 a decode-sized GEMM, 16 x 14336 x 4096, ran at 0.60x of cuBLAS
+    with TMA against 0.77x with cp.async) or wider than the columns (beyond 64), a pipelined loop when there are
+    several steps."""
     _, m, n, k = dims
     steps = -(-k // BLOCK_K)
     return (
         t.invalid() is None
         and unsupported(m, n, k) is None
-        and (t.warpgroups == 1 or t.block_m <= m)
+        and (t.warpgroups == 1 and not t.tma or t.block_m <= m)
         and (t.block_n == 64 or t.block_n <= n)
         and t.stages <= max(1, steps)
         and (t.stages >= 2 or steps == 1)
