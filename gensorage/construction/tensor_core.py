@@ -428,7 +428,9 @@ def _pick(
     if not found:
         raise ScheduleError(f"no tensor-core kernel fits {hw.name} for matmul {dims}")
     fastest = min(t for t, _ in found)
-    near = {s for t, s in found if t <= fastest * (1 + TIE)}
+    # In the chains' visiting order, not a set's: ties left by _tie_break go to the first visited, the same in
+    # every process (a set of tiles with a str field iterates in a hash-seeded order).
+    near = list(dict.fromkeys(s for t, s in found if t <= fastest * (1 + TIE)))
     costs = {s: predict_tiles_time(dims, s, hw, dtype) for s in near}
     best = max(near, key=lambda s: _tie_break(s, costs[s], hw))
     cost = costs[best]
