@@ -199,6 +199,23 @@ def b_copy(q: Any, block_n: int) -> tuple[Any, Any]:
     return q // (block_n // CHUNK), q % (block_n // CHUNK) * CHUNK
 
 
+def step_geometry(t: WgmmaTiles, mnk: tuple[int, int, int], threads: int) -> tuple[int, ...]:
+    """What every wgmma kernel and its twin derive from the tiling: block rows and columns of the grid, reduction
+    steps, the A and stage tile sizes in elements, and each of ``threads``' 16-byte copies of A and B per step."""
+    m, n, k = mnk
+    bm, bn = t.block_m, t.block_n
+    a_elems = bm * BLOCK_K
+    return (
+        -(-m // bm),
+        -(-n // bn),
+        -(-k // BLOCK_K),
+        a_elems,
+        (bm + bn) * BLOCK_K,
+        a_elems // CHUNK // threads,
+        BLOCK_K * bn // CHUNK // threads,
+    )
+
+
 def step_offsets(slot: Any, kk: Any, stage_elems: int, k_major_b: bool = False) -> tuple[Any, Any]:
     """What the A and B descriptors of ring slot ``slot``'s k16 step ``kk`` add to the slot-0 descriptors
     (16-byte units): A (and a K-major B) advances 32 bytes within its swizzled rows, an N-major B 16 rows of
@@ -313,9 +330,7 @@ def _build(
     m, n, k = mnk
     bm, bn, stages = t.block_m, t.block_n, t.stages
     threads, nacc = t.threads, t.accumulators
-    gm, gn, ktiles = -(-m // bm), -(-n // bn), -(-k // BLOCK_K)
-    a_elems, stage_elems = bm * BLOCK_K, (bm + bn) * BLOCK_K
-    a_copies, b_copies = a_elems // CHUNK // threads, BLOCK_K * bn // CHUNK // threads
+    gm, gn, ktiles, a_elems, stage_elems, a_copies, b_copies = step_geometry(t, mnk, threads)
     ahead = t.ahead  # steps whose copies are in flight before the loop
     wait = t.in_flight  # wgmma groups left running at the end of a step
     smem = shared_bytes(t) // 2

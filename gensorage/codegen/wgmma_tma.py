@@ -44,6 +44,7 @@ from gensorage.codegen.wgmma import (
     block_tile,
     fragment_row_col,
     shared_bytes,
+    step_geometry,
     step_offsets,
 )
 
@@ -153,8 +154,7 @@ def build_tma(
     m, n, k = mnk
     bm, bn, stages = t.block_m, t.block_n, t.stages
     threads, nacc = t.threads, t.accumulators
-    gm, gn, ktiles = -(-m // bm), -(-n // bn), -(-k // BLOCK_K)
-    a_elems, stage_elems = bm * BLOCK_K, (bm + bn) * BLOCK_K
+    gm, gn, ktiles, a_elems, stage_elems, _, _ = step_geometry(t, mnk, threads)
     wait = t.in_flight  # wgmma groups left running at the end of a step; their slots stay full
     smem = shared_bytes(t) // 2
     ab = {"float16": "f16", "bfloat16": "bf16"}[dtype]

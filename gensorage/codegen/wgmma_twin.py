@@ -36,6 +36,7 @@ from gensorage.codegen.wgmma import (
     operand_index,
     out_offset,
     shared_bytes,
+    step_geometry,
     step_offsets,
 )
 
@@ -111,9 +112,7 @@ def _build(
     m, n, k = mnk
     bm, bn, stages = t.block_m, t.block_n, t.stages
     threads, nacc = WARPGROUP * t.warpgroups, t.accumulators  # the threads that compute (no TMA producer)
-    gm, gn, ktiles = -(-m // bm), -(-n // bn), -(-k // BLOCK_K)
-    a_elems, stage_elems = bm * BLOCK_K, (bm + bn) * BLOCK_K
-    a_copies, b_copies = a_elems // CHUNK // threads, BLOCK_K * bn // CHUNK // threads
+    gm, gn, ktiles, a_elems, stage_elems, a_copies, b_copies = step_geometry(t, mnk, threads)
     ahead = t.ahead
     staged = t.staged and out_dtype == dtype
     out_copies = bm * bn // CHUNK // threads
