@@ -47,6 +47,7 @@ MAX_STAGES = 4
 MAX_SPLIT_K = 8
 MAX_BLOCK_K = 64  # the measured range of the calibration (benchmarks/results/gpu_suite-h200-*.json)
 REGISTER_OVERHEAD = 40  # addresses, loop counters and pipeline bookkeeping per thread (ptxas reports)
+LDMATRIX_BYTES = 512  # one ldmatrix.x4: four 8 x 8 matrices of 16-bit elements
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,13 @@ def registers(t: TensorCoreTiles) -> int:
     acc = t.warp_m * t.warp_n // WARP
     frags = (t.warp_m // MMA) * 4 + (t.warp_n // MMA) * 4
     return acc + frags + REGISTER_OVERHEAD
+
+
+def fragment_loads(t: TensorCoreTiles) -> int:
+    """``ldmatrix.x4`` per warp and 16-deep k step: one per 16 x 16 A fragment (``warp_m / 16``) and one per
+    two 16 x 8 B fragments (``warp_n / 16``). They feed ``(warp_m / 16) * (warp_n / 8)`` MMAs, so a square
+    warp tile loads the fewest per MMA (64 x 64: 8 for 32) and a thin one the most (256 x 16: 17 for 32)."""
+    return (t.warp_m + t.warp_n) // MMA
 
 
 def predict_tensor_core_time(
@@ -97,8 +105,11 @@ def predict_tensor_core_time(
     steps = kp // t.block_k
     # Each reduction step also costs its barriers, the wait for its copies and its address arithmetic.
     compute_s = resident * block_flops / (rate_sm * ilp) + steps * cal.step_cycles / hw.clock_hz
+    # The fragment loads issue in series with the MMAs they feed: the warp tile sets how many per MMA.
+    loads = resident * t.warps * fragment_loads(t) * (kp // MMA)
+    compute_s += loads * cal.ldmatrix_cycles / hw.clock_hz
     # Shared memory: operand tiles written once per step, ldmatrix reads per warp, the staged write-back.
-    ldmatrix = t.warps * (t.warp_m + t.warp_n) * kp * 2
+    ldmatrix = t.warps * fragment_loads(t) * LDMATRIX_BYTES * (kp // MMA)
     staged = (t.block_m + t.block_n) * kp * 2 + 2 * t.block_m * t.block_n * 4
     shared_s = resident * (ldmatrix + staged) / (hw.level("shared").bandwidth_Bps / hw.sm_count)
     if t.stages == 1:  # the one-stage loop waits for each step's tiles before its MMAs, in series

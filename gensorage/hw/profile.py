@@ -35,7 +35,9 @@ class Calibration:
     ``wgmma_latency_cycles``: the latency of one reduction step's copies under a wgmma kernel's load, which its
     pipeline hides; ``tma_wgmma_fraction``: the fraction of the tensor peak that the warp-specialised wgmma
     kernels with TMA loads reach (0: the construction does not consider them); ``tma_l2_fraction``: the
-    fraction of the L2 bandwidth their copies stream the operand tiles at.
+    fraction of the L2 bandwidth their copies stream the operand tiles at; ``ldmatrix_cycles``: the SM cycles
+    one ``ldmatrix.x4`` of an ``mma.sync`` kernel's fragments costs in series with the MMAs it feeds (0: the
+    fragment loads are priced only as shared-memory bandwidth, beside the MMAs).
 
     Graph-defined kernels (:mod:`gensorage.ugraph.block_cost`): ``block_load_flight_bytes``: the tile bytes one
     thread keeps in flight with its element-wise, not prefetched loads; ``block_barrier_cycles``: one
@@ -64,6 +66,7 @@ class Calibration:
     wgmma_latency_cycles: float = 2000.0
     tma_wgmma_fraction: float = 0.0
     tma_l2_fraction: float = 0.4
+    ldmatrix_cycles: float = 0.0
 
 
 CALIBRATION_KEYS: tuple[str, ...] = (
@@ -82,6 +85,7 @@ CALIBRATION_KEYS: tuple[str, ...] = (
     "wgmma_fraction",
     "wgmma_latency_cycles",
     "tma_wgmma_fraction",
+    "ldmatrix_cycles",
     "tma_l2_fraction",
 )
 
