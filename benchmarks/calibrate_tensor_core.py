@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from benchmarks.common import machine_info  # noqa: E402
 from gensorage.codegen.tensor_core import TensorCoreTiles  # noqa: E402
 from gensorage.codegen.wgmma import WgmmaTiles  # noqa: E402
-from gensorage.construction.tensor_core import Tiles, predict_tiles_time  # noqa: E402
+from gensorage.construction.tensor_core import Tiles, predict_tiles_time, preferred  # noqa: E402
 from gensorage.hw import load_profile  # noqa: E402
 from gensorage.hw.profile import Calibration, HwProfile  # noqa: E402
 
@@ -57,7 +57,7 @@ WGMMA_GRID = [0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9]
 #: the mma.sync GEMMs alone (:func:`fit_warp_tile`).
 WARP_GRID = {
     "mma_sync_fraction": [0.3 + 0.025 * i for i in range(13)],
-    "ldmatrix_cycles": [0.5 * i for i in range(17)],
+    "ldmatrix_cycles": [4.0 + 0.5 * i for i in range(25)],
 }
 #: The TMA wgmma kernels' MMA and L2 rates, fitted last where TMA kernels were measured.
 TMA_GRID = {
@@ -247,6 +247,8 @@ def group_order(hw: HwProfile, group: list[Kernel]) -> dict[str, Any]:
         agree += abs(model_gap) > ORDER_TIE and (model_gap > 0) == (meas[i] > meas[j])
     fastest = min(range(len(group)), key=lambda i: meas[i])
     others = [p for i, p in enumerate(pred) if i != fastest]
+    pick = preferred([k.tiles for k in group], group[0].dims, hw, group[0].dtype)
+    picked = next(k for k in group if k.tiles == pick)
     return {
         "group": f"{group[0].kind} {group[0].name} {group[0].dims} {_block(group[0].tiles)}",
         "warp_tiles": [f"{k.tiles.warp_m}x{k.tiles.warp_n}" for k in group],  # type: ignore[union-attr]
@@ -255,6 +257,8 @@ def group_order(hw: HwProfile, group: list[Kernel]) -> dict[str, Any]:
         "pairs": pairs,
         "pairs_ordered": agree,
         "fastest_predicted_fastest": all(pred[fastest] * math.exp(ORDER_TIE) < p for p in others),
+        # What the construction would run, ties broken as it breaks them: how much slower than the fastest.
+        "pick_over_fastest": picked.seconds / meas[fastest],
         "spearman": spearman(pred, meas),
     }
 
@@ -286,6 +290,11 @@ def groups_score(hw: HwProfile, groups: list[list[Kernel]]) -> dict[str, Any]:
         "pairs_ordered": sum(r["pairs_ordered"] for r in rows),
         "fastest_predicted_fastest": sum(r["fastest_predicted_fastest"] for r in rows),
         "median_spearman": statistics.median(r["spearman"] for r in rows),
+        "picks_fastest": sum(r["pick_over_fastest"] == 1.0 for r in rows),
+        "pick_over_fastest_geomean": math.exp(
+            statistics.fmean(math.log(r["pick_over_fastest"]) for r in rows)
+        ),
+        "pick_over_fastest_max": max(r["pick_over_fastest"] for r in rows),
         "rows": rows,
     }
 
@@ -356,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hw", default="h200")
     ap.add_argument("--warp-tile", action="store_true", help="fit only the warp-tile term (and held out)")
     ap.add_argument("--out", type=Path, help="write the report to this JSON file")
+    ap.add_argument("--before", type=Path, help="embed this earlier report (the code before a change)")
     args = ap.parse_args(argv)
     hw = load_profile(args.hw)
     table = calibration_table(args.results)
@@ -371,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cal, after = calibrate(hw, measured_kernels_of(table))
         got = {"profile": report(hw, table), "calibrated": after, "calibration": dataclasses.asdict(cal)}
+    if args.before:
+        got["before"] = json.loads(args.before.read_text())
     got["results"] = sorted(str(p) for p in args.results)
     got["machine"] = machine_info()
     text = json.dumps(got, indent=1)

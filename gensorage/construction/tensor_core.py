@@ -75,6 +75,14 @@ def fragment_loads(t: TensorCoreTiles) -> int:
     return (t.warp_m + t.warp_n) // MMA
 
 
+def ldmatrix_cycles(hw: HwProfile) -> float:
+    """SM cycles per ``ldmatrix.x4``: the profile's calibrated value, else its 512 bytes at the shared-memory
+    bandwidth (4 cycles at 128 bytes per cycle)."""
+    if hw.calibration.ldmatrix_cycles > 0:
+        return hw.calibration.ldmatrix_cycles
+    return LDMATRIX_BYTES / (hw.level("shared").bandwidth_Bps / hw.sm_count / hw.clock_hz)
+
+
 def predict_tensor_core_time(
     dims: tuple[int, int, int, int], tiles: TensorCoreTiles, hw: HwProfile, dtype: str = "float16"
 ) -> TensorCoreCost | None:
@@ -105,13 +113,13 @@ def predict_tensor_core_time(
     steps = kp // t.block_k
     # Each reduction step also costs its barriers, the wait for its copies and its address arithmetic.
     compute_s = resident * block_flops / (rate_sm * ilp) + steps * cal.step_cycles / hw.clock_hz
-    # The fragment loads issue in series with the MMAs they feed: the warp tile sets how many per MMA.
-    loads = resident * t.warps * fragment_loads(t) * (kp // MMA)
-    compute_s += loads * cal.ldmatrix_cycles / hw.clock_hz
-    # Shared memory: operand tiles written once per step, ldmatrix reads per warp, the staged write-back.
-    ldmatrix = t.warps * fragment_loads(t) * LDMATRIX_BYTES * (kp // MMA)
+    # Shared memory: operand tiles written once per step and the staged write-back at its bandwidth; the
+    # warps' fragment loads (ldmatrix) at ldmatrix_cycles each, which the warp tile sets (fragment_loads).
+    # The fragment pipeline overlaps them with the MMAs: the slower of the two bounds the loop.
+    shared_bw = hw.level("shared").bandwidth_Bps / hw.sm_count
+    ldmatrix_s = t.warps * fragment_loads(t) * (kp // MMA) * ldmatrix_cycles(hw) / hw.clock_hz
     staged = (t.block_m + t.block_n) * kp * 2 + 2 * t.block_m * t.block_n * 4
-    shared_s = resident * (ldmatrix + staged) / (hw.level("shared").bandwidth_Bps / hw.sm_count)
+    shared_s = resident * (ldmatrix_s + staged / shared_bw)
     if t.stages == 1:  # the one-stage loop waits for each step's tiles before its MMAs, in series
         compute_s += steps * hw.level("dram").latency_cycles / hw.clock_hz
     grid = Grid((batch, m, n, k), t.block_m, t.block_n, t.block_k, t.stages, t.warps, blocks, resident, waves)
@@ -432,6 +440,15 @@ def _construct(
     return _pick(found, dims, hw, dtype)
 
 
+def preferred(
+    states: list[Tiles], dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16"
+) -> Tiles:
+    """The state the construction prefers among ``states`` (in this order) that fit ``hw``: the fastest
+    predicted, ties within ``TIE`` broken as the chains' pick is (:func:`_tie_break`)."""
+    costs = [(predict_tiles_time(dims, s, hw, dtype), s) for s in states]
+    return _pick([(c.total_s, s) for c, s in costs if c is not None], dims, hw, dtype)[0]
+
+
 def _pick(
     found: list[tuple[float, Tiles]], dims: tuple[int, int, int, int], hw: HwProfile, dtype: str
 ) -> tuple[Tiles, TensorCoreCost]:
@@ -471,7 +488,21 @@ def _tie_break(t: Tiles, cost: TensorCoreCost | None, hw: HwProfile) -> tuple[fl
         # terms (its MMA rate, no per-step issue floor) are the faster ones.
         reads = t.warpgroups * (WG_M + t.block_n)
         return (t.block_m * t.block_n, -reads, t.tma, t.stages, t.in_flight, -t.persistent, -cost.total_s)
-    return (t.block_m * t.block_n, -t.stages, -cost.total_s)
+    return (t.block_m * t.block_n, -t.stages, _strip(t), -cost.total_s)
+
+
+def _strip(t: TensorCoreTiles) -> bool:
+    """Whether the block's warps form one strip along its longer side (each warp spans the shorter one).
+
+    Measured, not derived: among warp tiles the model prices alike (fragment loads hidden under the MMAs),
+    the H200 ran a strip fastest in every warp-tile group that had one (benchmarks/results, the groups of
+    calibrate_tensor_core.py): 32x128 in 256x128 blocks (2-9 % before 128x32, 3-9 % before 64x64), 128x32 in
+    128x256 and 128x128 blocks (up to 9 % before 64x64 at 8192^3)."""
+    if t.block_m > t.block_n:
+        return t.warp_n == t.block_n
+    if t.block_n > t.block_m:
+        return t.warp_m == t.block_m
+    return t.warp_m == t.block_m or t.warp_n == t.block_n
 
 
 def _resident_warps(t: Tiles, cost: TensorCoreCost | None, hw: HwProfile) -> int:
