@@ -83,6 +83,11 @@ class Kernel:
     runs: int
 
     @property
+    def gather(self) -> bool:
+        """A convolution's implicit GEMM gathers its operands element by element."""
+        return self.kind == "conv"
+
+    @property
     def group(self) -> tuple[object, ...] | None:
         """The warp-tile group: the same GEMM and block, only the ``mma.sync`` warp tile differs (None for
         wgmma, whose warp layout is fixed by the instruction)."""
@@ -168,12 +173,19 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def score(hw: HwProfile, data: Measured) -> dict[str, float]:
+    """The errors and Spearman of the GEMMs ``data`` (no gathered operands)."""
+    return score_kernels(hw, [Kernel("gemm", "float16", str(d), d, t, s, 1) for d, t, s in data])
+
+
+def score_kernels(hw: HwProfile, rows: list[Kernel]) -> dict[str, float]:
+    """The median and mean |log(predicted / measured)| and the Spearman rank correlation over ``rows`` (the
+    ones the profile can run)."""
     pred, meas = [], []
-    for dims, t, m in data:
-        c = predict_tiles_time(dims, t, hw)
+    for k in rows:
+        c = predict_tiles_time(k.dims, k.tiles, hw, k.dtype, k.gather)
         if c is not None:
             pred.append(c.total_s)
-            meas.append(m)
+            meas.append(k.seconds)
     errs = [abs(math.log(p / m)) for p, m in zip(pred, meas, strict=True)]
     return {
         "kernels": len(pred),
@@ -224,9 +236,9 @@ def kernel_class(k: Kernel) -> str:
 
 def table_score(hw: HwProfile, table: list[Kernel]) -> dict[str, Any]:
     """:func:`score` over the whole table and over each :func:`kernel_class`."""
-    out: dict[str, Any] = {"all": score(hw, measured_kernels_of(table))}
+    out: dict[str, Any] = {"all": score_kernels(hw, table)}
     for cls in sorted({kernel_class(k) for k in table}):
-        out[cls] = score(hw, measured_kernels_of([k for k in table if kernel_class(k) == cls]))
+        out[cls] = score_kernels(hw, [k for k in table if kernel_class(k) == cls])
     return out
 
 
@@ -247,7 +259,7 @@ def group_order(hw: HwProfile, group: list[Kernel]) -> dict[str, Any]:
         agree += abs(model_gap) > ORDER_TIE and (model_gap > 0) == (meas[i] > meas[j])
     fastest = min(range(len(group)), key=lambda i: meas[i])
     others = [p for i, p in enumerate(pred) if i != fastest]
-    pick = preferred([k.tiles for k in group], group[0].dims, hw, group[0].dtype)
+    pick = preferred([k.tiles for k in group], group[0].dims, hw, group[0].dtype, group[0].gather)
     picked = next(k for k in group if k.tiles == pick)
     return {
         "group": f"{group[0].kind} {group[0].name} {group[0].dims} {_block(group[0].tiles)}",
@@ -268,7 +280,7 @@ ORDER_TIE = 0.005
 
 
 def _predicted(hw: HwProfile, k: Kernel) -> float:
-    c = predict_tiles_time(k.dims, k.tiles, hw, k.dtype)
+    c = predict_tiles_time(k.dims, k.tiles, hw, k.dtype, k.gather)
     assert c is not None, f"{k.name} {k.tiles} does not fit {hw.name}"
     return c.total_s
 
@@ -302,11 +314,11 @@ def groups_score(hw: HwProfile, groups: list[list[Kernel]]) -> dict[str, Any]:
 def fit_warp_tile(hw: HwProfile, table: list[Kernel]) -> tuple[Calibration, dict[str, float]]:
     """``WARP_GRID``'s values that minimise the mean |log(predicted / measured)| over the table's mma.sync
     GEMMs (then the highest Spearman), the profile's other constants held."""
-    data = measured_kernels_of([k for k in table if kernel_class(k) == "mma.sync"])
+    data = [k for k in table if kernel_class(k) == "mma.sync"]
     best: tuple[tuple[float, float], Calibration, dict[str, float]] | None = None
     for values in itertools.product(*WARP_GRID.values()):
         cal = dataclasses.replace(hw.calibration, **dict(zip(WARP_GRID, values, strict=True)))
-        s = score(dataclasses.replace(hw, calibration=cal), data)
+        s = score_kernels(dataclasses.replace(hw, calibration=cal), data)
         key = (round(s["mean_abs_log_error"], 6), -s["spearman"])
         if best is None or key < best[0]:
             best = (key, cal, s)
@@ -314,10 +326,27 @@ def fit_warp_tile(hw: HwProfile, table: list[Kernel]) -> tuple[Calibration, dict
     return best[1], best[2]
 
 
+#: The bytes a warp keeps in flight when it gathers its operands (a convolution's implicit GEMM).
+GATHER_GRID = [16.0 * i for i in range(1, 17)]
+
+
+def fit_gather(hw: HwProfile, table: list[Kernel]) -> tuple[Calibration, dict[str, float]]:
+    """``gather_flight_bytes`` that minimises the mean |log(predicted / measured)| over the convolutions."""
+    convs = [k for k in table if k.gather]
+    best: tuple[float, Calibration, dict[str, float]] | None = None
+    for flight in GATHER_GRID:
+        cal = dataclasses.replace(hw.calibration, gather_flight_bytes=flight)
+        s = score_kernels(dataclasses.replace(hw, calibration=cal), convs)
+        if best is None or s["mean_abs_log_error"] < best[0]:
+            best = (s["mean_abs_log_error"], cal, s)
+    assert best is not None
+    return best[1], best[2]
+
+
 def held_out(hw: HwProfile, table: list[Kernel]) -> dict[str, Any]:
     """Leave one GEMM out: each GEMM's mma.sync kernels (every dtype, layout and tiling of those dims)
     predicted with the warp-tile constants fitted on the other GEMMs; the error and the warp-tile groups'
-    order of those out-of-sample predictions."""
+    order of those out-of-sample predictions. Likewise each convolution with the gathers fitted on the others."""
     mma = [k for k in table if kernel_class(k) == "mma.sync"]
     errs: list[float] = []
     pred: list[float] = []
@@ -334,7 +363,17 @@ def held_out(hw: HwProfile, table: list[Kernel]) -> dict[str, Any]:
             pred.append(p)
             meas.append(k.seconds)
         rows += [group_order(out, g) for g in warp_tile_groups([k for k in mma if k.dims == dims])]
+    conv_errs = []
+    for dims in sorted({k.dims for k in table if k.gather}):
+        cal, _ = fit_gather(hw, [k for k in table if k.dims != dims])
+        fitted[f"conv {dims}"] = {"gather_flight_bytes": cal.gather_flight_bytes}
+        out = dataclasses.replace(hw, calibration=cal)
+        conv_errs += [
+            abs(math.log(_predicted(out, k) / k.seconds)) for k in table if k.gather and k.dims == dims
+        ]
     return {
+        "conv_kernels": len(conv_errs),
+        "conv_median_abs_log_error": statistics.median(conv_errs) if conv_errs else None,
         "kernels": len(errs),
         "mean_abs_log_error": statistics.fmean(errs),
         "median_abs_log_error": statistics.median(errs),
@@ -363,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", type=Path)
     ap.add_argument("--hw", default="h200")
-    ap.add_argument("--warp-tile", action="store_true", help="fit only the warp-tile term (and held out)")
+    ap.add_argument(
+        "--warp-tile",
+        action="store_true",
+        help="fit only the warp-tile term (held out too) and the convolutions' gathers",
+    )
     ap.add_argument("--out", type=Path, help="write the report to this JSON file")
     ap.add_argument("--before", type=Path, help="embed this earlier report (the code before a change)")
     args = ap.parse_args(argv)
@@ -371,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     table = calibration_table(args.results)
     if args.warp_tile:
         cal, _ = fit_warp_tile(hw, table)
-        fit = {name: getattr(cal, name) for name in WARP_GRID}
+        cal, _ = fit_gather(dataclasses.replace(hw, calibration=cal), table)
+        fit = {name: getattr(cal, name) for name in (*WARP_GRID, "gather_flight_bytes")}
         got: dict[str, Any] = {
             "profile": report(hw, table),
             "warp_tile_fit": fit,
@@ -379,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             "held_out": held_out(hw, table),
         }
     else:
-        cal, after = calibrate(hw, measured_kernels_of(table))
+        cal, after = calibrate(hw, measured_kernels_of([k for k in table if not k.gather]))
         got = {"profile": report(hw, table), "calibrated": after, "calibration": dataclasses.asdict(cal)}
     if args.before:
         got["before"] = json.loads(args.before.read_text())

@@ -29,7 +29,6 @@ from typing import Any
 from benchmarks.gpu_shapes import CONVS, EXTRA_GEMMS, GEMMS, PREFILL_GEMMS  # noqa: F401 (re-exported)
 from gensorage.codegen.barriers import has_explicit_barriers, honour_explicit_barriers
 from gensorage.codegen.cuda_build import build_cubin, cuda_target
-from gensorage.codegen.implicit_gemm import Conv2d, conv2d_tensor_core
 from gensorage.codegen.launch import Launch, launch_specs
 from gensorage.codegen.module import compile_ugraph, ir_module
 from gensorage.codegen.operand_views import graph_views
@@ -208,50 +207,6 @@ def _variant_name(t: TensorCoreTiles) -> str:
     name = f"tc{t.block_m}x{t.block_n}x{t.block_k}w{t.warp_m}x{t.warp_n}s{t.stages}"
     name += "" if t.split_k == 1 else f"k{t.split_k}"
     return name if t.fragment_pipeline else name + "np"
-
-
-def conv_cases(
-    hw: HwProfile, out: Path, convs: dict[str, Conv2d], dtype: str = "float16"
-) -> list[dict[str, Any]]:
-    """Each convolution's implicit GEMM on tensor cores, with the tiles the construction picks for it."""
-    cases = []
-    for shape_name, conv in convs.items():
-        # float16 keeps the bare name; another dtype is in the name, so its files do not overwrite these.
-        name = shape_name if dtype == "float16" else f"{shape_name}_{dtype}"
-        tiles, cost = construct_tensor_core(conv.gemm, hw, dtype, split=False)
-        mod = conv2d_tensor_core(conv, tiles, dtype)
-        config = build_config([RULE])
-        cubin = _cubin(mod, hw, config, out, f"conv_{name}")
-        oh, ow = conv.out_hw
-        names = ("X", "W", "Y")
-        shapes = (
-            (conv.n, conv.c, conv.h, conv.w),
-            (conv.f, conv.c, conv.kh, conv.kw),
-            (conv.n, conv.f, oh, ow),
-        )
-        _, m, n, k = conv.gemm
-        cases.append(
-            {
-                "name": f"conv_{name}_constructed",
-                "kind": "conv",
-                "dtype": dtype,
-                "tensors": [
-                    {"name": t, "shape": list(sh), "dtype": dtype, "role": r, "view_of": None}
-                    for t, sh, r in zip(names, shapes, ("input", "input", "output"), strict=True)
-                ],
-                "inputs_order": ["X", "W"],
-                "outputs_order": ["Y"],
-                "kernels": [_kernel_entry(la, cubin, names, shapes) for la in launch_specs(mod, cuda_target(hw), config)],
-                "conv": {**{k2: getattr(conv, k2) for k2 in ("n", "c", "h", "w", "f", "kh", "kw")},
-                         "stride": list(conv.stride), "padding": list(conv.padding)},
-                "predicted_s": cost.total_s,
-                "flops": 2 * m * n * k,
-                "min_bytes": 2 * (math.prod(shapes[0]) + math.prod(shapes[1]) + math.prod(shapes[2])),
-                "meta": {"shape": shape_name, "variant": "constructed", "tiles": dataclasses.asdict(tiles),
-                         "rule": f"{RULE} implicit GEMM {list(conv.gemm)}: {tiles.describe()}", "tensor_cores": True},
-            }
-        )  # fmt: skip
-    return cases
 
 
 def _cuda_core_case(name: str, dims: tuple[int, int, int], hw: HwProfile, out: Path) -> dict[str, Any]:

@@ -39,8 +39,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 
 def prepare(args: argparse.Namespace) -> int:
+    from benchmarks import gpu_convs, gpu_sweeps
     from benchmarks import gpu_prepare as gpu_bundle
-    from benchmarks import gpu_sweeps
     from benchmarks.common import machine_info
     from benchmarks.gpu_candidates import candidate_cases
     from gensorage.hw import load_profile
@@ -105,7 +105,7 @@ def prepare(args: argparse.Namespace) -> int:
                 )
     convs = {k: v for k, v in gpu_bundle.CONVS.items() if args.convs is None or k in args.convs}
     for dtype in args.dtypes:
-        cases += gpu_bundle.conv_cases(hw, out, convs, dtype)
+        cases += gpu_convs.conv_cases(hw, out, convs, dtype)
     print(f"[{time.perf_counter() - t0:6.1f}s] convs: {len(cases)} cases", file=sys.stderr)
     if args.split_sweep:
         shapes = {k: v for k, v in gpu_bundle.GEMMS.items() if k in args.split_sweep}

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_prepare
+from benchmarks import gpu_convs, gpu_prepare
 from benchmarks.gpu_bundle import validate_bundle
 from gensorage.codegen.cuda_build import cubin_unavailable_reason
+from gensorage.codegen.implicit_gemm import Conv2d
 from gensorage.hw import load_profile
 from gensorage.ugraph import examples
 
@@ -25,9 +26,7 @@ def test_a_bundle_of_gemms_and_a_program_validates(tmp_path: Path) -> None:
     )
     cases += gpu_prepare.gemm_cases(HW, tmp_path, {"sq": (256, 256, 256)}, "bfloat16", variants=False)
     cases.append(gpu_prepare.program_case("rmsnorm", gpu_prepare.load_program("rmsnorm"), HW, tmp_path))
-    cases += gpu_prepare.conv_cases(
-        HW, tmp_path, {"small": gpu_prepare.Conv2d(2, 8, 9, 9, 32, 3, 3, (2, 2), (1, 1))}
-    )
+    cases += gpu_convs.conv_cases(HW, tmp_path, {"small": Conv2d(2, 8, 9, 9, 32, 3, 3, (2, 2), (1, 1))})
     gpu_prepare.write_manifest(tmp_path, cases, {"hw": "h200"})
     parsed = {c.name: c for c in validate_bundle(tmp_path)}
     assert set(parsed) == {

@@ -21,13 +21,8 @@ from gensorage.codegen.tensor_core import (
     schedule_tensor_core,
     shared_bytes,
 )
-from gensorage.construction.tensor_core import (
-    TIE,
-    construct_tensor_core,
-    neighbours,
-    predict_tensor_core_time,
-    registers,
-)
+from gensorage.construction.tensor_core import TIE, construct_tensor_core, neighbours
+from gensorage.construction.tensor_core_cost import predict_tensor_core_time, registers
 from gensorage.dtypes import numpy_dtype
 from gensorage.errors import ScheduleError
 from gensorage.hw import load_profile
@@ -417,7 +412,7 @@ def test_conv2d_on_tensor_cores_compiles_to_mma_from_the_construction() -> None:
     from gensorage.codegen.implicit_gemm import Conv2d, conv2d_tensor_core
 
     conv = Conv2d(128, 256, 30, 30, 256, 3, 3, (2, 2))  # Gensor Table IV C1
-    tiles, _ = construct_tensor_core(conv.gemm, HW, split=False)
+    tiles, _ = construct_tensor_core(conv.gemm, HW, split=False, gather=True)
     assert tiles.split_k == 1
     with tvm.transform.PassContext(config=build_config([RULE])):
         src = str(

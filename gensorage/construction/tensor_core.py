@@ -7,11 +7,9 @@ one stage) a chain moves with probability proportional to the benefit of each im
 temperature 0) until no action improves; a few chains with different seeds run and the best state wins. Like
 the CUDA-core construction it measures nothing, and it is a pure function of (shape, dtype, profile, seed).
 
-The cost model prices what :mod:`gensorage.codegen.tensor_core` emits: ``mma.sync`` at the profile's tensor
-rate times the fraction of it that warp-level MMA reaches on the device (``mma_sync_fraction``), occupancy from
-registers, shared memory and threads, wave quantization, the bytes each level moves (the operand tiles every
-block re-reads from L2, the ldmatrix traffic from shared memory, DRAM traffic with L2 reuse within a wave),
-one exposed global round trip per reduction step when the loop is not pipelined, and the launch overhead.
+The cost model (:mod:`gensorage.construction.tensor_core_cost`) prices what
+:mod:`gensorage.codegen.tensor_core` emits; states it prices alike are told apart by a stated rule
+(:func:`_tie_break`).
 """
 
 from __future__ import annotations
@@ -19,13 +17,14 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from typing import assert_never
 
-from gensorage.codegen.tensor_core import MMA, WARP, TensorCoreTiles, mma_dtype, shared_bytes
+from gensorage.codegen.tensor_core import MMA, TensorCoreTiles, mma_dtype
 from gensorage.codegen.wgmma import WG_M, WgmmaTiles, covers_operands
 from gensorage.construction.schedule import MAX_CARRY_FACTOR, warm_starts_active
+from gensorage.construction.tensor_core_cost import TensorCoreCost, predict_tensor_core_time
 from gensorage.construction.wgmma import (
     predict_wgmma_time,
     tma_available,
@@ -35,7 +34,6 @@ from gensorage.construction.wgmma import (
 )
 from gensorage.errors import ScheduleError
 from gensorage.hw.profile import HwProfile
-from gensorage.markov.cost_model import blocks_per_sm
 
 CHAINS = 24
 WARM_CHAINS = 4  # random chains from the carried tiles at a new shape (beside the two greedy chains)
@@ -46,152 +44,6 @@ MAX_TILE = 256
 MAX_STAGES = 4
 MAX_SPLIT_K = 8
 MAX_BLOCK_K = 64  # the measured range of the calibration (benchmarks/results/gpu_suite-h200-*.json)
-REGISTER_OVERHEAD = 40  # addresses, loop counters and pipeline bookkeeping per thread (ptxas reports)
-LDMATRIX_BYTES = 512  # one ldmatrix.x4: four 8 x 8 matrices of 16-bit elements
-
-
-@dataclass(frozen=True, slots=True)
-class TensorCoreCost:
-    """The predicted time of a tensor-core kernel and the term that bounds it."""
-
-    total_s: float
-    bound: str
-    blocks: int
-    blocks_per_sm: int
-    waves: int
-
-
-def registers(t: TensorCoreTiles) -> int:
-    """Registers per thread: float32 accumulators, the A/B fragments of one k step, and overhead."""
-    acc = t.warp_m * t.warp_n // WARP
-    frags = (t.warp_m // MMA) * 4 + (t.warp_n // MMA) * 4
-    return acc + frags + REGISTER_OVERHEAD
-
-
-def fragment_loads(t: TensorCoreTiles) -> int:
-    """``ldmatrix.x4`` per warp and 16-deep k step: one per 16 x 16 A fragment (``warp_m / 16``) and one per
-    two 16 x 8 B fragments (``warp_n / 16``). They feed ``(warp_m / 16) * (warp_n / 8)`` MMAs, so a square
-    warp tile loads the fewest per MMA (64 x 64: 8 for 32) and a thin one the most (256 x 16: 17 for 32)."""
-    return (t.warp_m + t.warp_n) // MMA
-
-
-def ldmatrix_cycles(hw: HwProfile) -> float:
-    """SM cycles per ``ldmatrix.x4``: the profile's calibrated value, else its 512 bytes at the shared-memory
-    bandwidth (4 cycles at 128 bytes per cycle)."""
-    if hw.calibration.ldmatrix_cycles > 0:
-        return hw.calibration.ldmatrix_cycles
-    return LDMATRIX_BYTES / (hw.level("shared").bandwidth_Bps / hw.sm_count / hw.clock_hz)
-
-
-def predict_tensor_core_time(
-    dims: tuple[int, int, int, int], tiles: TensorCoreTiles, hw: HwProfile, dtype: str = "float16"
-) -> TensorCoreCost | None:
-    """Predicted time of the tensor-core kernel for ``(batch, m, n, k)``; None when it cannot run on ``hw``."""
-    batch, m, n, k = dims
-    t = tiles
-    if t.split_k > 1:  # each split is one batch of the MMA kernel over k / split_k; see _split_epilogue_s
-        if batch != 1 or k % t.split_k:
-            return None
-        batch, k = t.split_k, k // t.split_k
-    regs = registers(t)
-    smem = shared_bytes(t)
-    if t.invalid() or regs > hw.max_registers_per_thread or smem > hw.shared_mem_per_block:
-        return None
-    bps = blocks_per_sm(hw, t.threads, regs, smem)
-    if bps == 0:
-        return None
-    cal = hw.calibration
-    gm, gn, kp = -(-m // t.block_m), -(-n // t.block_n), -(-k // t.block_k) * t.block_k
-    blocks = batch * gm * gn
-    waves = -(-blocks // (hw.sm_count * bps))
-    resident = min(bps, -(-blocks // hw.sm_count))
-    # Tensor rate: a sub-core needs several independent MMAs in flight to hide the mma.sync latency.
-    in_flight = resident * t.warps / 4 * (t.warp_m // MMA) * (t.warp_n // 8)
-    ilp = min(1.0, in_flight / cal.mma_in_flight)
-    rate_sm = hw.flops(dtype, True) * cal.mma_sync_fraction / hw.sm_count
-    block_flops = 2.0 * t.block_m * t.block_n * kp
-    steps = kp // t.block_k
-    # Each reduction step also costs its barriers, the wait for its copies and its address arithmetic.
-    compute_s = resident * block_flops / (rate_sm * ilp) + steps * cal.step_cycles / hw.clock_hz
-    # Shared memory: operand tiles written once per step and the staged write-back at its bandwidth; the
-    # warps' fragment loads (ldmatrix) at ldmatrix_cycles each, which the warp tile sets (fragment_loads).
-    # The fragment pipeline overlaps them with the MMAs: the slower of the two bounds the loop.
-    shared_bw = hw.level("shared").bandwidth_Bps / hw.sm_count
-    ldmatrix_s = t.warps * fragment_loads(t) * (kp // MMA) * ldmatrix_cycles(hw) / hw.clock_hz
-    staged = (t.block_m + t.block_n) * kp * 2 + 2 * t.block_m * t.block_n * 4
-    shared_s = resident * (ldmatrix_s + staged / shared_bw)
-    if t.stages == 1:  # the one-stage loop waits for each step's tiles before its MMAs, in series
-        compute_s += steps * hw.level("dram").latency_cycles / hw.clock_hz
-    grid = Grid((batch, m, n, k), t.block_m, t.block_n, t.block_k, t.stages, t.warps, blocks, resident, waves)
-    total, bound = time_and_bound(grid, {"compute": compute_s, "shared": shared_s}, hw)
-    if t.split_k > 1:
-        total += _split_epilogue_s(t.split_k, m, n, hw)
-    return TensorCoreCost(total, bound, blocks, bps, waves)
-
-
-@dataclass(frozen=True, slots=True)
-class Grid:
-    """What the memory terms of a block-tiled GEMM need: its shape, block tile, pipeline and occupancy."""
-
-    dims: tuple[int, int, int, int]
-    block_m: int
-    block_n: int
-    block_k: int
-    stages: int
-    warps: int
-    blocks: int
-    resident: int  # blocks per SM in a full wave
-    waves: int
-
-
-def time_and_bound(
-    g: Grid, sm_terms: dict[str, float], hw: HwProfile, l2_fraction: float | None = None
-) -> tuple[float, str]:
-    """The kernel's predicted time and the term that bounds it: the slowest of the per-SM terms of a wave
-    (``sm_terms``: the instruction's compute and shared-memory terms; L2, latency and bytes in flight here)
-    times the waves, or DRAM over the whole grid, plus the launch.
-
-    Shared by both tensor-core instructions (``mma.sync``, ``wgmma``): they move the same tiles through L2
-    and DRAM, at ``l2_fraction`` of the L2 bandwidth (default the profile's ``l2_fraction``; TMA copies have
-    their own).
-    """
-    batch, m, n, k = g.dims
-    cal = hw.calibration
-    kp = -(-k // g.block_k) * g.block_k
-    tile_bytes = (g.block_m + g.block_n) * kp * 2
-    l2_bw = hw.level("l2").bandwidth_Bps * (cal.l2_fraction if l2_fraction is None else l2_fraction)
-    l2_s = g.resident * tile_bytes / (l2_bw / hw.sm_count)
-    # DRAM: C once; A once (a wave sweeps whole rows of blocks); B once per wave unless it stays in L2.
-    a_bytes, b_bytes, c_bytes = 2 * batch * m * k, 2 * batch * k * n, 2 * batch * m * n
-    b_reads = 1 if b_bytes <= hw.l2_bytes // 2 else g.waves
-    # A grid smaller than the GPU streams from DRAM with only its SMs' load units: split-k's reason to be.
-    sm_share = min(1.0, g.blocks / hw.sm_count)
-    dram_bw = hw.level("dram").bandwidth_Bps * cal.dram_fraction * sm_share
-    dram_s = (a_bytes + b_reads * b_bytes + c_bytes) / dram_bw
-    # Latency: a pipelined loop overlaps the copies with the MMAs; only its filling steps are exposed.
-    global_lat = hw.level("dram").latency_cycles
-    latency_s = g.stages * global_lat / hw.clock_hz
-    # Little's law: the operand bytes in flight (one tile per pipeline stage ahead, at most what the block's
-    # warps keep outstanding) over the memory latency.
-    ahead = min(
-        max(1, g.stages - 1) * (g.block_m + g.block_n) * g.block_k * 2, g.warps * cal.warp_flight_bytes
-    )
-    flight_s = g.resident * tile_bytes * global_lat / (g.resident * ahead * hw.clock_hz)
-    terms = {**sm_terms, "l2": l2_s, "latency": latency_s, "in_flight": flight_s}
-    bound = max(terms, key=lambda name: terms[name])
-    wave_s = terms[bound]
-    if dram_s > g.waves * wave_s:
-        bound, body = "dram", dram_s
-    else:
-        body = g.waves * wave_s
-    return cal.launch_overhead_s + body, bound
-
-
-def _split_epilogue_s(split: int, m: int, n: int, hw: HwProfile) -> float:
-    """The split-k kernel's extra cost: its float32 partials written and read back, and the adding kernel."""
-    cal = hw.calibration
-    partials = 2 * split * m * n * 4 + 2 * m * n
-    return cal.launch_overhead_s + partials / (hw.level("dram").bandwidth_Bps * cal.dram_fraction)
 
 
 def neighbours(
@@ -239,12 +91,17 @@ Tiles = TensorCoreTiles | WgmmaTiles
 
 
 def predict_tiles_time(
-    dims: tuple[int, int, int, int], tiles: Tiles, hw: HwProfile, dtype: str = "float16"
+    dims: tuple[int, int, int, int],
+    tiles: Tiles,
+    hw: HwProfile,
+    dtype: str = "float16",
+    gather: bool = False,
 ) -> TensorCoreCost | None:
-    """The predicted time of either instruction's kernel (None: it cannot run on ``hw``)."""
+    """The predicted time of either instruction's kernel (None: it cannot run on ``hw``); ``gather``: the
+    ``mma.sync`` kernel of a convolution's implicit GEMM (:func:`predict_tensor_core_time`)."""
     match tiles:
         case TensorCoreTiles():
-            return predict_tensor_core_time(dims, tiles, hw, dtype)
+            return predict_tensor_core_time(dims, tiles, hw, dtype, gather)
         case WgmmaTiles():
             got = predict_wgmma_time(dims, tiles, hw, dtype)
             return None if got is None else TensorCoreCost(*got)
@@ -287,6 +144,7 @@ def _chain(
     start: Tiles | None = None,
     tma: bool = False,
     layout: str = "nn",
+    gather: bool = False,
 ) -> list[tuple[float, Tiles]]:
     """One Markov chain from ``start`` (default: the smallest kernel); returns the states it visited with their
     predicted times.
@@ -299,7 +157,7 @@ def _chain(
     state: Tiles = start or TensorCoreTiles(
         MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2, layout=layout
     )
-    cost = predict_tiles_time(dims, state, hw, dtype)
+    cost = predict_tiles_time(dims, state, hw, dtype, gather)
     if cost is None:
         return []
     time_s = cost.total_s
@@ -307,7 +165,7 @@ def _chain(
     for _ in range(MAX_STEPS):
         moves = []
         for nxt in _moves(state, dims, split, wgmma, tma, hw.sm_count if tma else 0, layout):
-            c = predict_tiles_time(dims, nxt, hw, dtype)
+            c = predict_tiles_time(dims, nxt, hw, dtype, gather)
             if c is not None and c.total_s <= time_s:
                 moves.append((time_s - c.total_s, c.total_s, nxt))
         better = [m for m in moves if m[0] > 0]
@@ -331,11 +189,13 @@ def construct_tensor_core(
     seed: int = 0,
     split: bool = True,
     layout: str = "nn",
+    gather: bool = False,
 ) -> tuple[TensorCoreTiles, TensorCoreCost]:
     """The ``mma.sync`` tiles Gensor's construction picks for a ``(batch, m, n, k)`` matmul, with their
     predicted cost (:func:`construct_matmul_tiles` with wgmma in the space as well).
 
-    ``split=False`` keeps split-k out of the space (the implicit GEMM of a convolution has no split path).
+    ``split=False`` keeps split-k out of the space (the implicit GEMM of a convolution has no split path);
+    ``gather=True`` prices its operands as gathered element by element (:func:`predict_tensor_core_time`).
     ``layout``: which operands are stored transposed (:attr:`TensorCoreTiles.layout`; it sizes the shared
     tiles).
     Memoised per process; inside :func:`~gensorage.construction.schedule.warm_starts`, a shape not constructed
@@ -346,6 +206,10 @@ def construct_tensor_core(
     ScheduleError
         No tensor-core kernel fits ``hw`` (or its profile has no tensor-core rate for ``dtype``).
     """
+    if gather:  # a convolution: no warm start from (nor for) the GEMMs
+        best, cost = _construct(dims, hw, dtype, seed, split, False, layout=layout, gather=True)
+        assert isinstance(best, TensorCoreTiles)
+        return best, cost
     if warm_starts_active():
         hit = _warm(dims, hw, dtype, seed, split, layout)
         if hit is not None:
@@ -429,28 +293,38 @@ def _construct(
     wgmma: bool,
     tma: bool = False,
     layout: str = "nn",
+    gather: bool = False,
 ) -> tuple[Tiles, TensorCoreCost]:
     try:
         hw.flops(dtype, True)
     except KeyError:
         raise ScheduleError(f"hardware profile {hw.name} has no tensor-core rate for {dtype}") from None
-    found = _chain(dims, hw, dtype, None, split, wgmma, tma=tma, layout=layout)
+    found = _chain(dims, hw, dtype, None, split, wgmma, tma=tma, layout=layout, gather=gather)
     for c in range(CHAINS - 1):
-        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, wgmma, tma=tma, layout=layout)
-    return _pick(found, dims, hw, dtype)
+        rng = random.Random(seed * 1000 + c)
+        found += _chain(dims, hw, dtype, rng, split, wgmma, tma=tma, layout=layout, gather=gather)
+    return _pick(found, dims, hw, dtype, gather)
 
 
 def preferred(
-    states: list[Tiles], dims: tuple[int, int, int, int], hw: HwProfile, dtype: str = "float16"
+    states: list[Tiles],
+    dims: tuple[int, int, int, int],
+    hw: HwProfile,
+    dtype: str = "float16",
+    gather: bool = False,
 ) -> Tiles:
     """The state the construction prefers among ``states`` (in this order) that fit ``hw``: the fastest
     predicted, ties within ``TIE`` broken as the chains' pick is (:func:`_tie_break`)."""
-    costs = [(predict_tiles_time(dims, s, hw, dtype), s) for s in states]
-    return _pick([(c.total_s, s) for c, s in costs if c is not None], dims, hw, dtype)[0]
+    costs = [(predict_tiles_time(dims, s, hw, dtype, gather), s) for s in states]
+    return _pick([(c.total_s, s) for c, s in costs if c is not None], dims, hw, dtype, gather)[0]
 
 
 def _pick(
-    found: list[tuple[float, Tiles]], dims: tuple[int, int, int, int], hw: HwProfile, dtype: str
+    found: list[tuple[float, Tiles]],
+    dims: tuple[int, int, int, int],
+    hw: HwProfile,
+    dtype: str,
+    gather: bool = False,
 ) -> tuple[Tiles, TensorCoreCost]:
     """The best of the states the chains visited (ties broken by :func:`_tie_break`)."""
     if not found:
@@ -459,7 +333,7 @@ def _pick(
     # In the chains' visiting order, not a set's: ties left by _tie_break go to the first visited, the same in
     # every process (a set of tiles with a str field iterates in a hash-seeded order).
     near = list(dict.fromkeys(s for t, s in found if t <= fastest * (1 + TIE)))
-    costs = {s: predict_tiles_time(dims, s, hw, dtype) for s in near}
+    costs = {s: predict_tiles_time(dims, s, hw, dtype, gather) for s in near}
     best = max(near, key=lambda s: _tie_break(s, costs[s], hw))
     cost = costs[best]
     assert cost is not None

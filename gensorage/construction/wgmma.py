@@ -3,7 +3,7 @@ tensor-core construction (:mod:`gensorage.construction.tensor_core`).
 
 A wgmma state is a :class:`~gensorage.codegen.wgmma.WgmmaTiles`: warpgroups per block (64 rows each), the
 block's N tile (the wgmma's N) and the pipeline stages; the reduction step is fixed at 64 (one 128-byte
-swizzle row). Its time is priced like ``mma.sync``'s (:func:`~gensorage.construction.tensor_core.time_and_bound`
+swizzle row). Its time is priced like ``mma.sync``'s (:func:`~gensorage.construction.tensor_core_cost.time_and_bound`
 for L2, DRAM, latency and bytes in flight) with the instruction's own terms:
 
 * compute: per reduction step, the MMAs of the SM's resident blocks at the profile's tensor rate times
@@ -66,7 +66,7 @@ def predict_wgmma_time(
 ) -> tuple[float, str, int, int, int] | None:
     """(time, bound, blocks, blocks per SM, waves) of the wgmma kernel for ``(batch, m, n, k)``; None when it
     cannot run on ``hw`` or does not cover the shape."""
-    from gensorage.construction.tensor_core import Grid, time_and_bound
+    from gensorage.construction.tensor_core_cost import Grid, time_and_bound
 
     batch, m, n, k = dims
     regs, smem = registers(t), shared_bytes(t)

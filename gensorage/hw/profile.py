@@ -36,8 +36,9 @@ class Calibration:
     pipeline hides; ``tma_wgmma_fraction``: the fraction of the tensor peak that the warp-specialised wgmma
     kernels with TMA loads reach (0: the construction does not consider them); ``tma_l2_fraction``: the
     fraction of the L2 bandwidth their copies stream the operand tiles at; ``ldmatrix_cycles``: the SM cycles
-    one ``ldmatrix.x4`` of an ``mma.sync`` kernel's fragments costs in series with the MMAs it feeds (0: the
-    fragment loads are priced only as shared-memory bandwidth, beside the MMAs).
+    one ``ldmatrix.x4`` of an ``mma.sync`` kernel's fragments holds the shared-memory port (0: its 512 bytes at
+    the profile's shared bandwidth); ``gather_flight_bytes``: the operand bytes one warp keeps in flight when it
+    gathers them element by element (a convolution's implicit GEMM; 0: ``warp_flight_bytes``).
 
     Graph-defined kernels (:mod:`gensorage.ugraph.block_cost`): ``block_load_flight_bytes``: the tile bytes one
     thread keeps in flight with its element-wise, not prefetched loads; ``block_barrier_cycles``: one
@@ -67,6 +68,7 @@ class Calibration:
     tma_wgmma_fraction: float = 0.0
     tma_l2_fraction: float = 0.4
     ldmatrix_cycles: float = 0.0
+    gather_flight_bytes: float = 0.0
 
 
 CALIBRATION_KEYS: tuple[str, ...] = (
@@ -86,6 +88,7 @@ CALIBRATION_KEYS: tuple[str, ...] = (
     "wgmma_latency_cycles",
     "tma_wgmma_fraction",
     "ldmatrix_cycles",
+    "gather_flight_bytes",
     "tma_l2_fraction",
 )
 
