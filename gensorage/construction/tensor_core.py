@@ -369,9 +369,10 @@ def _strip(t: TensorCoreTiles) -> bool:
     """Whether the block's warps form one strip along its longer side (each warp spans the shorter one).
 
     Measured, not derived: among warp tiles the model prices alike (fragment loads hidden under the MMAs),
-    the H200 ran a strip fastest in every warp-tile group that had one (benchmarks/results, the groups of
-    calibrate_tensor_core.py): 32x128 in 256x128 blocks (2-9 % before 128x32, 3-9 % before 64x64), 128x32 in
-    128x256 and 128x128 blocks (up to 9 % before 64x64 at 8192^3)."""
+    the H200 ran the strip fastest in 23 of the 30 warp-tile groups that timed a strip and another tile
+    (calibrate_tensor_core.py's groups of benchmarks/results; the rest of each group 5 % slower at the
+    median, from 10 % faster to 15 % slower): 32x128 in 256x128 blocks, 128x32 in 128x256 and 128x128 ones.
+    The losses are 64x64 (k/v at 4096, bfloat16, 10 %) and 64x32 (k/v, 9 %)."""
     if t.block_m > t.block_n:
         return t.warp_n == t.block_n
     if t.block_n > t.block_m:
