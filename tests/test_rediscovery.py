@@ -211,7 +211,7 @@ def _flash_like(k: KernelShape, key_fmaps: tuple[int, int]) -> bool:
 
 @pytest.mark.slow
 def test_mha_flash_attention() -> None:
-    graphs = run("mha_prefill", {"b": 1, "h": 2, "s": 3, "n": 7, "d": 5}, max_block_ops=6)
+    graphs = run("mha_prefill_papers", {"b": 1, "h": 2, "s": 3, "n": 7, "d": 5}, max_block_ops=6)
     found = [k for k in single_kernel(graphs) if _flash_like(k, (2, 1))]
     assert found
     ref = kernel_shape(
@@ -229,8 +229,8 @@ def test_mha_flash_attention() -> None:
 @pytest.mark.slow
 def test_gqa_fused_without_repeat() -> None:
     params = {"b": 1, "kv": 2, "g": 3, "s": 1, "n": 7, "d": 5}
-    program = load_config("gqa_incdec", params)
-    graphs = run("gqa_incdec", params, max_block_ops=6)
+    program = load_config("gqa_incdec_papers", params)
+    graphs = run("gqa_incdec_papers", params, max_block_ops=6)
     found = []
     for g in graphs:
         kernels = single_kernel([g])
@@ -320,7 +320,7 @@ def test_mha_decode_flash_decoding_split_kv_in_two_kernels() -> None:
     # followed by every second kernel.
     params = {"h": 2, "n": 6, "d": 5}
     spec = SearchSpec(
-        program=load_config("mha_incdec", params),
+        program=load_config("mha_incdec_papers", params),
         max_kernel_ops=2,
         max_block_ops=4,
         max_grid_dims=2,
