@@ -133,10 +133,13 @@ def rebuild(name: str, precision: str) -> tuple[KernelGraph, bool]:
 
 def measured_programs(paths: list[Path]) -> list[Measured]:
     """Every program case that passed its check, rebuilt (a later file replaces an earlier one's case)."""
+    from benchmarks import gpu_prepare
+
     seen: dict[tuple[str, str], Measured] = {}
     for path in paths:
         data = json.loads(path.read_text())
         hw = (data.get("prepared") or {}).get("hw", "h100")
+        prepared = str((data.get("prepared") or {}).get("date", ""))
         for case in data["cases"]:
             ours = (case.get("methods") or {}).get("ours", {})
             if case.get("kind") != "program" or case.get("status") != "ok" or "median_s" not in ours:
@@ -144,7 +147,7 @@ def measured_programs(paths: list[Path]) -> list[Measured]:
             named, variant = _split_variant(case["name"].removeprefix("program_"))
             base, precision = _split_precision(named)
             try:
-                g, fused = rebuild(base, precision)
+                g, fused = rebuild(gpu_prepare.measured_as(base, prepared), precision)
             except Exception as exc:  # a program no longer bundled: reported, the others still count
                 print(f"{case['name']}: not rebuilt: {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue

@@ -2,7 +2,8 @@
 larger clusters from the recorded per-task times.
 
 The search is the one of ``benchmarks/search_ablation.py``'s 7-block-node row ("7-node kv=2 GQA"): the bundled
-``gqa_incdec`` program at ``b=1 kv=2 g=2 s=1 n=16 d=8``, Mirage's attention dim lists, at most 7 block nodes
+``gqa_incdec_papers`` program (Mirage's form of GQA) at ``b=1 kv=2 g=2 s=1 n=16 d=8``, Mirage's attention dim
+lists, at most 7 block nodes
 (``--nodes`` picks another limit). Each worker count runs from a fresh checkpoint on ``cluster="local:W"``
 (W worker processes on this machine over loopback TCP; the driver runs no task itself: ``inline_s=0``).
 
@@ -95,7 +96,7 @@ def spec_for(nodes: int) -> Any:
     from gensorage.exhaustive.spec import SearchSpec
 
     return SearchSpec(
-        program=load_source("gqa_incdec", PARAMS),
+        program=load_source("gqa_incdec_papers", PARAMS),
         hw="h100",
         max_block_ops=nodes,
         max_block_nodes=nodes,
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": NAME,
         "machine": machine_info(),
         "settings": {
-            "program": "gqa_incdec",
+            "program": "gqa_incdec_papers",
             "params": PARAMS,
             "block_nodes": args.nodes,
             "dims": "attention",

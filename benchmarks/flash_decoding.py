@@ -1,7 +1,8 @@
 """The whole two-kernel FlashDecoding search, timed: does the search find FlashDecoding (Fig. 4b) unaided?
 
 ``tests/test_rediscovery.py`` walks only the subtree of the split-KV first kernel (a slow test must finish in
-minutes). This benchmark runs the whole search that subtree belongs to: ``mha_incdec`` at the search shapes
+minutes). This benchmark runs the whole search that subtree belongs to: ``mha_incdec_papers`` (Mirage's form
+of attention) at the search shapes
 ``h=2 n=6 d=5``, two kernel operators of up to four block operators each, two grid dims, two block outputs,
 Mirage's attention maps, every task, ``--workers`` processes, a fresh checkpoint. It records the wall time, the
 statistics, the candidates, how many of them have FlashDecoding's structure (the test's own predicate,
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from gensorage.program import load_config
 
     spec = SearchSpec(
-        program=load_config("mha_incdec", PARAMS),
+        program=load_config("mha_incdec_papers", PARAMS),
         max_kernel_ops=2,
         max_block_ops=4,
         max_grid_dims=2,
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": NAME,
         "machine": machine_info(),
         "settings": {
-            "program": "mha_incdec",
+            "program": "mha_incdec_papers",
             "params": PARAMS,
             "workers": args.workers,
             "budget_s": args.budget,

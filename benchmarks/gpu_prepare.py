@@ -413,10 +413,30 @@ def write_manifest(out: Path, cases: list[dict[str, Any]], prepared: dict[str, A
     return path
 
 
+#: The bundled attention programs: since issue 23 in the stable form, their papers' form bundled as NAME_papers.
+ATTENTION_PROGRAMS = frozenset(
+    f"{v}_{m}" for v in ("mha", "gqa", "mqa") for m in ("prefill", "incdec", "specdec")
+)
+#: Runs prepared before this date measured the papers' form under the plain name (no device was lent between
+#: the change and this date).
+STABLE_ATTENTION_SINCE = "2026-11-28"
+
+
+def papers_form(name: str) -> str:
+    """``NAME_papers`` for a bundled attention program, else ``name``."""
+    return f"{name}_papers" if name in ATTENTION_PROGRAMS else name
+
+
+def measured_as(name: str, prepared: str) -> str:
+    """The program a run prepared at ``prepared`` (its ISO date) measured under the bundled name ``name``."""
+    return papers_form(name) if prepared < STABLE_ATTENTION_SINCE else name
+
+
 def program_names() -> list[str]:
+    """Every bundled program but the papers' forms of the attention programs (name them to bundle them)."""
     from gensorage.program import list_configs
 
-    return [p.stem for p in list_configs()]
+    return [p.stem for p in list_configs() if p.stem.removesuffix("_papers") not in ATTENTION_PROGRAMS]
 
 
 def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> Program:
@@ -510,7 +530,8 @@ EXTRA_UGRAPHS: dict[str, Any] = {
 #: The program each fused µGraph computes, as bundled with its direct µGraph: pairs whose measured order the
 #: µGraph cost model must reproduce (tests/test_ugraph_measured.py).
 DIRECT_OF = {
-    **{name: name.removeprefix("fused_") for name in EXTRA_UGRAPHS if name.startswith("fused_")},
+    # (the fused attention examples compute the papers' form: K given as [heads, dim, keys], no max)
+    **{name: papers_form(name.removeprefix("fused_")) for name in EXTRA_UGRAPHS if name.startswith("fused_")},
     # LLaMA-3-8B's attention at 1,024 queries: the fused kernel takes K and V per query head, the program
     # repeats the 8 key/value heads; the same work but for that copy.
     "llama3_flash_attention2": "llama3_attention_prefill",

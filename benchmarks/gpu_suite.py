@@ -184,7 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sweep", nargs="*", default=None, help="GEMM names to sweep many tilings of (with --prepare)"
     )
-    ap.add_argument("--programs", nargs="*", default=None, help="program names (default: all bundled)")
+    ap.add_argument(
+        "--programs",
+        nargs="*",
+        default=None,
+        help="program names (default: all bundled, the attention programs' <name>_papers forms only when named)",
+    )
     ap.add_argument(
         "--dtypes", nargs="+", default=["float16", "bfloat16"], help="GEMM dtypes (with --prepare)"
     )

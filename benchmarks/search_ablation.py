@@ -23,7 +23,8 @@ the search to those lists (``configs/dims/attention.toml``, :mod:`gensorage.exha
 rows compare the same space; ``--dims none`` searches every map (a much larger space; its results are written
 to ``search_ablation-<date>.json``, the others to ``search_ablation-<dims>-<date>.json``).
 
-Search shapes: the search runs on a *search-size* instance of the bundled ``gqa_incdec`` program (Mirage too
+Search shapes: the search runs on a *search-size* instance of the bundled ``gqa_incdec_papers`` program,
+Mirage's form of GQA (Mirage too
 searches and verifies on small instances; a µGraph found there is re-instantiated at full size). The default
 ``--param`` values below keep GQA's structure — repeat of K and V to the query heads, QKᵀ, exp, sum, div, ·V —
 with small dims: ``b=1 kv=2 g=2 s=1 n=16 d=8``. ``kv=2`` is the program's own value (one GPU's share of
@@ -96,7 +97,7 @@ GOAL_FRACTION = 0.1
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--program", default="gqa_incdec", help="bundled program config or .gsp file")
+    ap.add_argument("--program", default="gqa_incdec_papers", help="bundled program config or .gsp file")
     ap.add_argument(
         "--param",
         action="append",
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     params = (
         {**DEFAULT_PARAMS, **parse_params(args.param)}
-        if args.program == "gqa_incdec"
+        if args.program == "gqa_incdec_papers"
         else parse_params(args.param)
     )
     program = load_source(args.program, params)

@@ -80,7 +80,7 @@ def _softmax(scale: float | None) -> Program:
 
 
 def test_program_factors() -> None:
-    attention = load_config("mha_incdec", {"h": 2, "n": 6, "d": 5})
+    attention = load_config("mha_incdec_papers", {"h": 2, "n": 6, "d": 5})
     canon = Canon()
     got = ExpConstants(attention, canon)
     ((cls, factors),) = got.allowed.items()
@@ -153,7 +153,7 @@ def test_the_rule_prunes_no_verified_candidate(
 def test_top_coefficients_and_products() -> None:
     canon = Canon()
     q, k, v = ae.var("Q"), ae.var("K"), ae.var("V")
-    attention = ae.expr_of(load_config("mha_incdec", {"h": 2, "n": 6, "d": 5}))[0]
+    attention = ae.expr_of(load_config("mha_incdec_papers", {"h": 2, "n": 6, "d": 5}))[0]
     assert top_coefficients(canon.nf(attention)) == {6}  # (6·V·exp(5·Q·K)) / (6·exp(5·Q·K)): 5 is inside exp
     assert top_coefficients(canon.nf(ae.div(ae.sum(3, q), ae.div(ae.sum(5, k), ae.sum(7, v))))) == {3, 5, 7}
     assert top_coefficients(canon.nf(ae.mul(ae.sum(3, q), ae.sum(7, k)))) == {21}
@@ -163,7 +163,7 @@ def test_top_coefficients_and_products() -> None:
 
 
 def test_reductions_needed() -> None:
-    program = load_config("mha_incdec", {"h": 2, "n": 6, "d": 5})
+    program = load_config("mha_incdec_papers", {"h": 2, "n": 6, "d": 5})
     red = SearchContext(SearchSpec(program=program)).rules.reductions
     assert red is not None and red.required == {6}
     q, k, v = ae.var("Q"), ae.var("K"), ae.var("V")

@@ -26,7 +26,7 @@ def _caps(program: Program, ops: list[Op] | None = None) -> ElementCaps | None:
 
 def test_caps_of_attention() -> None:
     # (n·V·exp(d·Q·K)) / (n·exp(d·Q·K)) with n = 6 keys, d = 5, an output of 2·1·5 = 10 elements.
-    program = load_config("mha_incdec", {"h": 2, "n": 6, "d": 5})
+    program = load_config("mha_incdec_papers", {"h": 2, "n": 6, "d": 5})
     caps = _caps(program)
     assert caps is not None
     out = math.prod(program.outputs[0].shape)
@@ -65,7 +65,7 @@ GQA = {"kv": 2, "g": 2, "n": 4, "d": 2}
     [
         # 9.3 k states against 10.6 k
         (
-            load_config("gqa_incdec", GQA),
+            load_config("gqa_incdec_papers", GQA),
             {
                 "max_block_ops": 6,
                 "max_block_nodes": 6,
@@ -76,7 +76,7 @@ GQA = {"kv": 2, "g": 2, "n": 4, "d": 2}
         ),
         # 64 k states against 93 k
         pytest.param(
-            load_config("gqa_incdec", GQA),
+            load_config("gqa_incdec_papers", GQA),
             {
                 "max_block_ops": 6,
                 "max_block_nodes": 6,

@@ -1,6 +1,6 @@
-"""A regression: full mode's choice for mha_specdec (search #37 on the H200 profile) read uninitialised register
-slots once its exp thread graph was fused into the tensor-core matmul phase on a subset of the warps, while an
-accumulator summed that graph's output tiles: NaN in about half the outputs, on the GPU and in the CPU twin alike
+"""A regression: full mode's choice for mha_specdec (now mha_specdec_papers; search #37 on the H200 profile) read
+uninitialised register slots once its exp thread graph was fused into the tensor-core matmul phase on a subset
+of the warps, while an accumulator summed that graph's output tiles: NaN in about half the outputs, on the GPU and in the CPU twin alike
 (`gpu_suite-h200-candidates-2026-11-26.json`). A thread graph that feeds an accumulator now runs in a phase of its
 own (`block_mma.fused_thread_graphs`)."""
 
@@ -21,7 +21,7 @@ DATA = Path(__file__).parent / "data"
 
 
 def test_mha_specdec_search_choice_matches_float64_on_the_cpu_twin() -> None:
-    program = load_config("mha_specdec")
+    program = load_config("mha_specdec_papers")
     g = KernelGraph.from_json(json.loads((DATA / "mha_specdec_search37.ugraph.json").read_text()))
     cg = compile_ugraph(g, load_profile("h200"), "cuda")
     rng = np.random.default_rng(0)

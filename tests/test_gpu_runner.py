@@ -364,14 +364,18 @@ def test_attention_baselines_eager_and_sdpa_compute_the_program(tmp_path: Path, 
     assert recs["torch_eager"]["ok"] and recs["sdpa"]["ok"], recs
 
 
-def test_gqa_maps_onto_sdpa_with_grouped_heads(tmp_path: Path, torch: Any) -> None:
-    spec = {"path": "configs/programs/gqa_specdec.gsp", "params": {"kv": 2, "g": 3, "s": 4, "n": 16, "d": 8}}
+@pytest.mark.parametrize("form", ["", "_papers"])  # K as models keep it [Hk, n, d]; pre-transposed [Hk, d, n]
+def test_gqa_maps_onto_sdpa_with_grouped_heads(tmp_path: Path, torch: Any, form: str) -> None:
+    params = {"kv": 2, "g": 3, "s": 4, "n": 16, "d": 8}
+    spec = {"path": f"configs/programs/gqa_specdec{form}.gsp", "params": params}
     env = cpu_env(torch, tmp_path)
     case = parse_case(program_case(spec), write_bundle(tmp_path, []))
     program = gb.load_case_program(case)
-    assert program is not None
+    assert program is not None and gr.sdpa_operands(program) is None
+    assert gr.keys_last(program) == (form == "_papers")
     sets = [allocate(torch, case, "cpu")]
-    recs = gr.check_methods(env, case, program, sets[0], {"sdpa": gr.sdpa_builder(env, sets)})
+    sdpa = gr.sdpa_builder(env, sets, gr.keys_last(program))
+    recs = gr.check_methods(env, case, program, sets[0], {"sdpa": sdpa})
     assert recs["sdpa"]["ok"] and max(recs["sdpa"]["rel_err"]) < 1e-2, recs
 
 

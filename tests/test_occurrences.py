@@ -67,7 +67,7 @@ def test_an_operator_adds_its_operands_counts(a: ae.Term, b: ae.Term) -> None:
 
 
 def test_counts_of_attention() -> None:
-    program = load_config("mha_incdec", {"h": 2, "n": 6, "d": 5})
+    program = load_config("mha_incdec_papers", {"h": 2, "n": 6, "d": 5})
     occ = OccurrenceBudget.for_search([t.name for t in program.inputs], ae.expr_of(program), catalog(program))
     assert occ is not None and dict(zip(occ.index, occ.target, strict=True)) == {"Q": 2, "K": 2, "V": 1}
     assert occ.fits(occ.target, []) and not occ.fits(occ.target, [ae.var("V")])
@@ -126,7 +126,7 @@ def test_outside_counts_are_those_of_the_canonical_normal_form(t: ae.Term) -> No
 
 
 def _attention_budget() -> OccurrenceBudget:
-    program = load_config("mha_incdec", {"h": 2, "n": 6, "d": 5})
+    program = load_config("mha_incdec_papers", {"h": 2, "n": 6, "d": 5})
     occ = OccurrenceBudget.for_search([t.name for t in program.inputs], ae.expr_of(program), catalog(program))
     assert occ is not None
     return occ
@@ -169,9 +169,9 @@ GQA = {"kv": 2, "g": 2, "n": 4, "d": 2}
 @pytest.mark.parametrize(
     ("program", "grid"),
     [
-        (load_config("gqa_incdec", GQA), 1),  # 10.7 k states against 11.3 k
+        (load_config("gqa_incdec_papers", GQA), 1),  # 10.7 k states against 11.3 k
         pytest.param(
-            load_config("gqa_incdec", GQA), 2, marks=pytest.mark.slow
+            load_config("gqa_incdec_papers", GQA), 2, marks=pytest.mark.slow
         ),  # 60 s: 93.1 k against 102.0 k
     ],
 )

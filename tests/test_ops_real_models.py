@@ -23,7 +23,7 @@ from gensorage.exhaustive.run.runner import run_search
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.hw import load_profile
 from gensorage.opset import Op, flops, freeze_attrs, infer_shape
-from gensorage.program import Program, dump_program, parse_program
+from gensorage.program import Program, config_dir, dump_program, parse_program
 from gensorage.ugraph import KernelGraph, from_program
 from gensorage.ugraph.ir import KernelOp
 from gensorage.verify import equivalent
@@ -234,6 +234,24 @@ def test_rms_norm_of_a_massive_activation_in_float16() -> None:
     x_in[:, 5] = 300.0
     (out,) = gensorage.superoptimize(p, hw="h100", mode="fast", progress=False).run(x_in, target="cpu")
     assert _rel(out, p.run(x_in)[0]) < 2e-2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_bundled_stable_attention_direct_ugraph_survives_a_sink_logit_of_100(dtype: str) -> None:
+    # The bundled GQA program (stable softmax, K as [kv heads, keys, dim]) in the given dtype; one key per kv
+    # head points along a query of its group, so that query's logit is 100 and the others' are drawn around it.
+    text = (config_dir() / "gqa_specdec.gsp").read_text().replace(" float16", f" {dtype}")
+    p = parse_program(text, {"kv": 2, "g": 2, "s": 4, "n": 64, "d": 16})
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(t.shape) * rng.uniform(0.5, 3.0) for t in p.inputs)
+    lead = q[::2, 0, :]  # the first query of each kv head's group
+    k[:, 9, :] = lead * 100.0 * 4.0 / np.sum(lead * lead, axis=-1, keepdims=True)  # q·k / √16 = 100
+    xs = [_rounded(x, dtype) for x in (q, k, v)]
+    (out,) = run_cpu(from_program(p), load_profile("h100"), *xs)
+    (want,) = p.run(*xs)
+    scores = np.einsum("hsd,hnd->hsn", xs[0], np.repeat(xs[1], 2, axis=0)) / 4.0
+    assert 90.0 < scores.max() < 110.0  # the sink survived the rounding to the dtype
+    assert np.all(np.isfinite(np.asarray(out, np.float64))) and _rel(out, want) < 2e-2
 
 
 def test_full_mode_fuses_an_add_scalar_and_runs_right() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +19,9 @@ from gensorage.errors import ConfigError
 from gensorage.opset import Op
 from gensorage.program import Program, config_dir, dump_program, list_configs, load_config, parse_program
 
-# Output shape of every config at its default (paper) parameters.
-DEFAULT_OUTPUTS = {
+# Output shape of every attention config at its default (paper) parameters; each is bundled in the stable form
+# (NAME) and in the papers' form (NAME_papers), with the same shapes.
+_ATTENTION = {
     "mha_incdec": (32, 1, 128),
     "mha_specdec": (32, 32, 128),
     "mha_prefill": (32, 512, 128),
@@ -29,6 +31,11 @@ DEFAULT_OUTPUTS = {
     "mqa_incdec": (71, 1, 64),
     "mqa_specdec": (71, 32, 64),
     "mqa_prefill": (71, 512, 64),
+}
+# Output shape of every config at its default (paper) parameters.
+DEFAULT_OUTPUTS = {
+    **_ATTENTION,
+    **{f"{name}_papers": shape for name, shape in _ATTENTION.items()},
     "lora": (16, 4096),
     "gated_mlp": (8, 4096),
     "rmsnorm": (16, 4096),
@@ -53,24 +60,61 @@ def test_config_parses_at_default_shapes(name: str) -> None:
 
 
 def test_attention_defaults_follow_the_paper() -> None:
-    # Mirage paper 000 §7.2: 4096 KV tokens; 1 / 32 / 512 query tokens.
+    # Mirage paper 000 §7.2: 4096 KV tokens; 1 / 32 / 512 query tokens. K as models keep it ([heads, keys, dim])
+    # in the stable form, pre-transposed ([heads, dim, keys]) in the papers' form.
     for family in ("mha", "gqa", "mqa"):
         for mode, s in (("incdec", 1), ("specdec", 32), ("prefill", 512)):
-            p = load_config(f"{family}_{mode}")
-            assert p.params["s"] == s and p.params["n"] == 4096
+            for form in ("", "_papers"):
+                p = load_config(f"{family}_{mode}{form}")
+                assert p.params["s"] == s and p.params["n"] == 4096
     gqa = load_config("gqa_incdec")
-    assert [t.shape for t in gqa.inputs] == [(16, 1, 128), (2, 128, 4096), (2, 4096, 128)]
+    assert [t.shape for t in gqa.inputs] == [(16, 1, 128), (2, 4096, 128), (2, 4096, 128)]
     mqa = load_config("mqa_incdec")
+    assert [t.shape for t in mqa.inputs] == [(71, 1, 64), (1, 4096, 64), (1, 4096, 64)]
+    gqa = load_config("gqa_incdec_papers")
+    assert [t.shape for t in gqa.inputs] == [(16, 1, 128), (2, 128, 4096), (2, 4096, 128)]
+    mqa = load_config("mqa_incdec_papers")
     assert [t.shape for t in mqa.inputs] == [(71, 1, 64), (1, 64, 4096), (1, 4096, 64)]
+
+
+def test_stable_attention_subtracts_the_row_max_and_the_papers_form_does_not() -> None:
+    for name in _ATTENTION:
+        stable = Counter(n.op for n in load_config(name).nodes)
+        papers = Counter(n.op for n in load_config(f"{name}_papers").nodes)
+        assert stable[Op.MAX] == stable[Op.SUB] == stable[Op.TRANSPOSE] == 1
+        assert papers[Op.MAX] == papers[Op.SUB] == papers[Op.TRANSPOSE] == 0
+        assert stable[Op.EXP] == papers[Op.EXP] == 1
+
+
+def test_stable_attention_is_sdpa_with_a_sink_logit_of_100() -> None:
+    # The stable program means torch's SDPA with enable_gqa: softmax(Q Kᵀ/√d) V with query head i reading key/value
+    # head i // g, written here in numpy float64 independently of the builder, with one key whose logit is >= 100.
+    p = load_config("gqa_specdec", {"kv": 2, "g": 2, "s": 3, "n": 8, "d": 4})
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(t.shape) for t in p.inputs)
+    q[:, :, :] = np.abs(q) + 1.0
+    k[:, 3, :] = 0.0
+    k[:, 3, 0] = 100.0 * 2.0 / q[:, :, 0].min()  # every query's logit for key 3 is at least 100
+    kr, vr = np.repeat(k, 2, axis=0), np.repeat(v, 2, axis=0)
+    s = q @ kr.transpose(0, 2, 1) / 2.0
+    w = np.exp(s - s.max(axis=2, keepdims=True))
+    want = (w / w.sum(axis=2, keepdims=True)) @ vr
+    (got,) = p.run(q, k, v)
+    assert s.max() >= 100.0 and np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_attention_modes_share_one_structure() -> None:
     for family in ("mha", "gqa", "mqa"):
-        keys = {load_config(f"{family}_{m}").structure_key() for m in ("incdec", "specdec", "prefill")}
-        assert len(keys) == 1
-    small = load_config("gqa_incdec", {"kv": 1, "g": 2, "n": 8, "d": 4})
-    assert small.structure_key() == load_config("gqa_prefill").structure_key()
-    assert small.key() != load_config("gqa_incdec").key()
+        for form in ("", "_papers"):
+            modes = ("incdec", "specdec", "prefill")
+            keys = {load_config(f"{family}_{m}{form}").structure_key() for m in modes}
+            assert len(keys) == 1
+    for form in ("", "_papers"):
+        small = load_config(f"gqa_incdec{form}", {"kv": 1, "g": 2, "n": 8, "d": 4})
+        assert small.structure_key() == load_config(f"gqa_prefill{form}").structure_key()
+        assert small.key() != load_config(f"gqa_incdec{form}").key()
+    assert load_config("gqa_incdec").structure_key() != load_config("gqa_incdec_papers").structure_key()
 
 
 def test_unknown_config_lists_available() -> None:
@@ -105,31 +149,43 @@ def _attention(q: np.ndarray, k_t: np.ndarray, v: np.ndarray, kv_head_of: list[i
     return np.stack([_softmax_rows(q[i] @ k_t[j] / np.sqrt(d)) @ v[j] for i, j in enumerate(kv_head_of)])
 
 
+def _k_t(k: np.ndarray, form: str) -> np.ndarray:
+    """K as [heads, d, n]: the papers' form is given so, the stable form keeps it as models do ([heads, n, d])."""
+    return k if form == "_papers" else k.transpose(0, 2, 1)
+
+
+FORMS = ["", "_papers"]
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("mode", ["incdec", "specdec", "prefill"])
-def test_mha_numerics(mode: str) -> None:
-    p = load_config(f"mha_{mode}", {"b": 2, "h": 3, "s": 5, "n": 7, "d": 4})
+def test_mha_numerics(mode: str, form: str) -> None:
+    p = load_config(f"mha_{mode}{form}", {"b": 2, "h": 3, "s": 5, "n": 7, "d": 4})
     q, k, v = _rand(p)
     assert q.shape == (6, 5, 4)
-    np.testing.assert_allclose(p.run(q, k, v)[0], _attention(q, k, v, list(range(6))), rtol=1e-10)
+    want = _attention(q, _k_t(k, form), v, list(range(6)))
+    np.testing.assert_allclose(p.run(q, k, v)[0], want, rtol=1e-10)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("mode", ["incdec", "specdec", "prefill"])
-def test_gqa_numerics(mode: str) -> None:
-    p = load_config(f"gqa_{mode}", {"b": 2, "kv": 2, "g": 3, "s": 2, "n": 9, "d": 4})
+def test_gqa_numerics(mode: str, form: str) -> None:
+    p = load_config(f"gqa_{mode}{form}", {"b": 2, "kv": 2, "g": 3, "s": 2, "n": 9, "d": 4})
     q, k, v = _rand(p, 1)
-    assert q.shape == (12, 2, 4) and k.shape == (4, 4, 9)
+    assert q.shape == (12, 2, 4) and _k_t(k, form).shape == (4, 4, 9)
     # query head i (of 12 = 2 sequences x 2 kv heads x 3) reads kv head i // 3
-    np.testing.assert_allclose(
-        p.run(q, k, v)[0], _attention(q, k, v, [i // 3 for i in range(12)]), rtol=1e-10
-    )
+    want = _attention(q, _k_t(k, form), v, [i // 3 for i in range(12)])
+    np.testing.assert_allclose(p.run(q, k, v)[0], want, rtol=1e-10)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("mode", ["incdec", "specdec", "prefill"])
-def test_mqa_numerics(mode: str) -> None:
-    p = load_config(f"mqa_{mode}", {"b": 2, "h": 3, "s": 2, "n": 6, "d": 8})
+def test_mqa_numerics(mode: str, form: str) -> None:
+    p = load_config(f"mqa_{mode}{form}", {"b": 2, "h": 3, "s": 2, "n": 6, "d": 8})
     q, k, v = _rand(p, 2)
-    assert k.shape == (2, 8, 6)
-    np.testing.assert_allclose(p.run(q, k, v)[0], _attention(q, k, v, [i // 3 for i in range(6)]), rtol=1e-10)
+    assert _k_t(k, form).shape == (2, 8, 6)
+    want = _attention(q, _k_t(k, form), v, [i // 3 for i in range(6)])
+    np.testing.assert_allclose(p.run(q, k, v)[0], want, rtol=1e-10)
 
 
 def test_lora_numerics() -> None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from gensorage.codegen.module import compile_ugraph
-from gensorage.exhaustive import SearchSpec, Task, run_task, search_serial
+from gensorage.exhaustive import SearchSpec, Task, run_search, run_task, search_serial
 from gensorage.exhaustive.derived_limits import derive_limits
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
 from gensorage.exhaustive.walk import Walk
@@ -25,6 +26,7 @@ from gensorage.exhaustive.walk.search_state import AccumRec, BlockOpRec
 from gensorage.hw import load_profile
 from gensorage.opset import Op
 from gensorage.program import Program, load_config
+from gensorage.superopt import load_preset
 from gensorage.superopt.search_shapes import derive_search_shapes
 from gensorage.ugraph import examples
 from gensorage.ugraph.ir import (
@@ -211,7 +213,7 @@ def _flash_like(k: KernelShape, key_fmaps: tuple[int, int]) -> bool:
 
 @pytest.mark.slow
 def test_mha_flash_attention() -> None:
-    graphs = run("mha_prefill", {"b": 1, "h": 2, "s": 3, "n": 7, "d": 5}, max_block_ops=6)
+    graphs = run("mha_prefill_papers", {"b": 1, "h": 2, "s": 3, "n": 7, "d": 5}, max_block_ops=6)
     found = [k for k in single_kernel(graphs) if _flash_like(k, (2, 1))]
     assert found
     ref = kernel_shape(
@@ -229,8 +231,8 @@ def test_mha_flash_attention() -> None:
 @pytest.mark.slow
 def test_gqa_fused_without_repeat() -> None:
     params = {"b": 1, "kv": 2, "g": 3, "s": 1, "n": 7, "d": 5}
-    program = load_config("gqa_incdec", params)
-    graphs = run("gqa_incdec", params, max_block_ops=6)
+    program = load_config("gqa_incdec_papers", params)
+    graphs = run("gqa_incdec_papers", params, max_block_ops=6)
     found = []
     for g in graphs:
         kernels = single_kernel([g])
@@ -320,7 +322,7 @@ def test_mha_decode_flash_decoding_split_kv_in_two_kernels() -> None:
     # followed by every second kernel.
     params = {"h": 2, "n": 6, "d": 5}
     spec = SearchSpec(
-        program=load_config("mha_incdec", params),
+        program=load_config("mha_incdec_papers", params),
         max_kernel_ops=2,
         max_block_ops=4,
         max_grid_dims=2,
@@ -395,6 +397,25 @@ def test_stable_attention_flash_attention2_online_softmax() -> None:
     (want,) = program.run(*(x.astype(np.float64) for x in xs))
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
+
+
+def test_a_bundled_stable_attention_preset_finds_flash_attention2(tmp_path: Path) -> None:
+    # The bundled (stable) program's preset, searched completely as full mode does (gqa_incdec: the quickest):
+    # every candidate is K's transpose, then one kernel looping over the keys with the online-softmax
+    # accumulators and one division after the loop.
+    preset = load_preset("gqa_incdec")
+    program = load_config("gqa_incdec", preset.search_params)
+    spec = SearchSpec(program=program, **preset.search)
+    result = run_search(spec, checkpoint=tmp_path / "c.sqlite", workers=1, progress=False)
+    assert result.complete and result.candidates
+    for c in result.candidates:
+        first, kernel = c.ugraph.ops
+        assert isinstance(first, KernelOp) and first.op is Op.TRANSPOSE
+        assert isinstance(kernel, GraphDefinedOp)
+        (k,) = custom_kernels(c.ugraph)
+        assert k.looped and k.body == Counter({"matmul": 1, "scale": 1}) and k.post == Counter({"div": 1})
+        kinds = sorted(n.kind for n in kernel.block.nodes if isinstance(n, Accumulator))
+        assert kinds == ["softmax_matmul", "softmax_sum"]
 
 
 # --------------------------------------------------------------------------- stable attention (FlashDecoding)

@@ -183,7 +183,12 @@ def test_needed_ops_bound_keeps_the_verified_set(monkeypatch: pytest.MonkeyPatch
     ("program", "kernels", "block_ops", "nodes"),
     [
         (softmax_rows(), 3, 2, 2),  # three kernels: the first two are both "before the last"
-        (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 2, 5, 5),  # 6 candidates, 2 kernels
+        (
+            load_config("gqa_incdec_papers", {"kv": 2, "g": 2, "n": 4, "d": 2}),
+            2,
+            5,
+            5,
+        ),  # 6 candidates, 2 kernels
     ],
 )
 def test_the_bound_before_the_last_kernel_keeps_every_candidate(
@@ -210,8 +215,8 @@ def test_the_bound_before_the_last_kernel_keeps_every_candidate(
 @pytest.mark.parametrize(
     ("program", "nodes", "grid", "dims"),
     [
-        (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 1, None),
-        (load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 2, "attention"),
+        (load_config("gqa_incdec_papers", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 1, None),
+        (load_config("gqa_incdec_papers", {"kv": 2, "g": 2, "n": 4, "d": 2}), 5, 2, "attention"),
     ],
 )
 def test_children_that_add_no_mark_or_class_at_a_tight_bound_are_not_generated(

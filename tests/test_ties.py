@@ -141,7 +141,7 @@ def test_strides_follow_the_pieces_of_an_axis() -> None:
 
 
 def _gqa_rule() -> TieRule:
-    program = load_config("gqa_incdec", {"b": 1, "kv": 2, "g": 2, "s": 1, "n": 16, "d": 8})
+    program = load_config("gqa_incdec_papers", {"b": 1, "kv": 2, "g": 2, "s": 1, "n": 16, "d": 8})
     rule = TieRule.for_search(program, [Op.MUL, Op.DIV, Op.EXP, Op.SUM, Op.MATMUL, Op.REPEAT])
     assert rule is not None
     return rule
@@ -206,7 +206,7 @@ def test_a_sum_over_untied_indices_is_not_a_sum_over_tied_ones() -> None:
 
 
 def test_attention_classes() -> None:
-    program = load_config("gqa_incdec", {"b": 1, "kv": 2, "g": 2, "s": 1, "n": 16, "d": 8})
+    program = load_config("gqa_incdec_papers", {"b": 1, "kv": 2, "g": 2, "s": 1, "n": 16, "d": 8})
     rule = TieRule.for_search(program, [Op.MUL, Op.DIV, Op.EXP, Op.SUM, Op.MATMUL])
     assert rule is not None
     qk = C(atom(0, 2), atom(1, 1))  # Q's d with K's d

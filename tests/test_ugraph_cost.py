@@ -32,7 +32,7 @@ A100 = load_profile("a100")
 
 def test_float32_intermediates_cost_their_bytes() -> None:
     """The float32 policy stores exp, sum and div results in float32: the direct µGraph moves those bytes."""
-    program = load_config("mha_prefill")
+    program = load_config("mha_prefill_papers")
     safe, storage = from_program(program), from_program(program, "storage")
     by_kind = {c.kind: c for c in kernel_costs(storage, H100)}
     safe_by_kind = {c.kind: c for c in kernel_costs(safe, H100)}
@@ -43,7 +43,9 @@ def test_float32_intermediates_cost_their_bytes() -> None:
 
 
 def test_flash_attention_beats_one_kernel_per_op_at_paper_shapes() -> None:
-    program = load_config("mha_prefill")  # LLaMA-7B attention: 32 heads, 512 queries, 4096 keys, head dim 128
+    program = load_config(
+        "mha_prefill_papers"
+    )  # LLaMA-7B attention: 32 heads, 512 queries, 4096 keys, head dim 128
     _, fused = examples.flash_attention(
         heads=32, q_len=512, kv_len=4096, head_dim=128, q_blocks=4, forloop=32
     )
@@ -64,7 +66,7 @@ def test_flash_attention_beats_one_kernel_per_op_at_paper_shapes() -> None:
 
 
 def test_gqa_figure_4c_beats_one_kernel_per_op_at_paper_shapes() -> None:
-    program = load_config("gqa_incdec")
+    program = load_config("gqa_incdec_papers")
     _, fig4c = examples.gqa(
         kv_heads=2, group=8, q_len=1, kv_len=4096, head_dim=128, kv_splits=16, forloop=8, out_splits=4
     )

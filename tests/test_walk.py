@@ -706,7 +706,7 @@ def test_a_structure_already_sized_is_not_checked_again(monkeypatch: pytest.Monk
     from gensorage.exhaustive.dim_strategy import load_dim_strategy
 
     spec = SearchSpec(
-        program=load_config("gqa_incdec", {"kv": 2, "g": 2, "n": 4, "d": 2}),
+        program=load_config("gqa_incdec_papers", {"kv": 2, "g": 2, "n": 4, "d": 2}),
         max_kernel_ops=2,
         max_block_ops=5,
         max_block_nodes=5,

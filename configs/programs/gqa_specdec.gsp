@@ -8,9 +8,12 @@
 # an illustration, so the model's head dim 128 and §7.2's 4096 tokens are used here.)
 #
 # As in Fig. 4a, K and V are replicated (repeat) to match the query heads: query head i reads key/value head
-# i // g. O = softmax(Q Kᵀ / sqrt(d)) V, softmax written as exp / sum / div.
-# Layout: heads lead: Q [b*kv*g, s, d], V [b*kv, n, d]; K is given PRE-TRANSPOSED as [b*kv, d, n] (gensorage
-# has no transpose op).
+# i // g. O = softmax(Q Kᵀ / sqrt(d)) V with the stable softmax (the row maximum subtracted before exp, as
+# torch's F.scaled_dot_product_attention(..., enable_gqa=True) computes it), and K as models keep it,
+# [heads, keys, dim], transposed in the program. Mirage's form (exp / sum / div without the maximum, K given
+# pre-transposed) overflows on the large logits of real models (attention sinks), and stays available
+# unchanged as gqa_specdec_papers.gsp for comparisons with Mirage's published search times.
+# Layout: heads lead: Q [b*kv*g, s, d], K and V [b*kv, n, d].
 program gqa_specdec
 param b = 1       # sequences in the batch
 param kv = 2      # key/value heads on this GPU (8 / 4-way tensor parallelism)
@@ -19,13 +22,11 @@ param s = 32      # query tokens
 param n = 4096    # key/value tokens
 param d = 128     # head dim
 input Q [b*kv*g, s, d] float16
-input K [b*kv, d, n] float16
+input K [b*kv, n, d] float16
 input V [b*kv, n, d] float16
-Kr = repeat(K, dim=0, times=g)        # [b*kv*g, d, n]
-Vr = repeat(V, dim=0, times=g)        # [b*kv*g, n, d]
-A = scale(matmul(Q, Kr), 1/sqrt(d))   # [b*kv*g, s, n]
-E = exp(A)
-S = sum(E, dim=2)
-P = div(E, S)
-O = matmul(P, Vr)                     # [b*kv*g, s, d]
+Kr = repeat(K, dim=0, times=g)                         # [b*kv*g, n, d]
+Vr = repeat(V, dim=0, times=g)                         # [b*kv*g, n, d]
+A = scale(matmul(Q, transpose(Kr, 1, 2)), 1/sqrt(d))   # [b*kv*g, s, n]
+P = softmax(A, dim=2)                                  # exp(A - max A) / sum exp(A - max A)
+O = matmul(P, Vr)                                      # [b*kv*g, s, d]
 output O

@@ -467,7 +467,8 @@ def fused_thread_graphs(e: BlockEmitter) -> dict[int, int]:
         # An accumulator reading the thread graph's output element by element keeps its elements in registers
         # by the element slots of the default thread mapping; the MMA layout hands out other slots (on a subset
         # of the warps, more per thread), so such a graph runs in a phase of its own. (Fused, the full-mode
-        # choice for mha_specdec, whose accumulator sums exp(S) tiles, read uninitialised slots: NaN.)
+        # choice for mha_specdec_papers, whose accumulator sums exp(S) tiles, read uninitialised slots:
+        # NaN.)
         feeds_accumulator = any(isinstance(e.nodes[c], Accumulator) for c in e.consumers.get(Ref(t), []))
         if (
             all(r == Ref(j) for r in node.inputs)
