@@ -66,10 +66,10 @@ class Kernel:
 
 
 def _parse(text: str, name: str) -> Any:
-    import tvm
+    from gensorage.codegen.script_templates import parse_text
 
     try:
-        func = tvm.script.from_source(text)
+        func = parse_text(text, name)
     except Exception as exc:  # a generator bug; say which kernel and keep the parser's diagnostic
         raise UnsupportedOpError(
             f"internal error: emitted TVMScript for {name} does not parse: {exc}"
