@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 import tokenize
 from collections import OrderedDict
 from typing import Any
@@ -31,6 +32,7 @@ _INT32_MAX = 2**31 - 1
 
 # skeleton -> (template PrimFunc with len(values) leading int32 parameters, or None: parse directly)
 _TEMPLATES: OrderedDict[str, Any] = OrderedDict()
+_LOCK = threading.Lock()  # dispatchers of several threads share the templates; parsing runs outside it
 
 
 def skeleton(text: str, name: str) -> tuple[str, list[int]]:
@@ -66,16 +68,20 @@ def parse_text(text: str, name: str) -> Any:
         body, values = skeleton(text, name)
     except (tokenize.TokenError, IndentationError):
         return tvm.script.from_source(text)
-    if body in _TEMPLATES:
-        _TEMPLATES.move_to_end(body)
-        template = _TEMPLATES[body]
-        if template is not None:
-            return _bind(template, values, name)
-        return tvm.script.from_source(text)
-    direct = tvm.script.from_source(text)  # the first text of a skeleton: parsed directly, and checks it
-    _TEMPLATES[body] = _template(body, values, name, direct)
-    if len(_TEMPLATES) > MAX_TEMPLATES:
-        _TEMPLATES.popitem(last=False)
+    with _LOCK:
+        known = body in _TEMPLATES
+        template = _TEMPLATES.get(body)
+        if known:
+            _TEMPLATES.move_to_end(body)
+    if template is not None:
+        return _bind(template, values, name)
+    direct = tvm.script.from_source(text)
+    if not known:  # the first text of a skeleton: parsed directly, and it checks the template
+        checked = _template(body, values, name, direct)
+        with _LOCK:
+            _TEMPLATES[body] = checked
+            if len(_TEMPLATES) > MAX_TEMPLATES:
+                _TEMPLATES.popitem(last=False)
     return direct
 
 
