@@ -14,6 +14,10 @@ For each program, at a first shape and then at new sequence lengths (or batch si
 The kernels run on one thread (``TVM_NUM_THREADS=1``, set before TVM loads unless the caller set it): on a
 shared machine a multi-threaded kernel's time varies by milliseconds, which would drown the overhead.
 
+Whole layer: the small decoder layer of the front end's tests (``tests/test_torch_frontend.py``) through
+``gensorage.torch.compile`` at ``--layer-lengths`` (the first call at each length end to end, with the
+dispatcher's parts and the error against eager).
+
 Programs: decoder-layer-like pieces built as Programs (RMSNorm + projection, SwiGLU MLP, causal-free GQA
 attention at a few sequence lengths) and bundled programs at small shapes. Writes
 ``benchmarks/results/dispatch-<date>.json`` (or ``--out``). Usage:
@@ -218,10 +222,76 @@ def run_case(
     }
 
 
+LAYER_LABEL = "decoder_layer (torch, small)"
+
+
+def run_layer(lengths: tuple[int, ...], calls: int) -> dict[str, Any]:
+    """The small LLaMA-style decoder layer of the front end's tests through ``gensorage.torch.compile`` on CPU
+    tensors, float32: the first call at each sequence length end to end (dynamo's capture at that shape, the
+    lowering to a Program, the dispatcher's build, the check against torch), its dispatcher entry's parts, the
+    error against eager, and the repeated shape's overhead on the entry's runner."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_torch_frontend import DecoderLayer, layer_inputs
+
+    import gensorage.torch as gtorch
+    from gensorage.torch import subgraph
+
+    torch.manual_seed(0)
+    layer = DecoderLayer().eval()
+    compiled = gtorch.compile(layer)
+    d = subgraph.dispatcher(subgraph.Options())
+    shapes = []
+    with torch.no_grad():
+        for t in lengths:
+            args = layer_inputs(t, torch.float32, seed=t)
+            known = set(d._shapes)
+            t0, c0 = time.perf_counter(), time.process_time()
+            got = compiled(*args)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            want = layer(*args)
+            (entry,) = [d._shapes[k] for k in set(d._shapes) - known]
+            row: dict[str, Any] = {
+                "size": t,
+                "new_structure": not entry.reused,
+                "first_call_s": wall,  # what the user waits: capture, lowering, build, check
+                "first_call_cpu_s": cpu,  # this process's CPU time for it: what other processes' load leaves alone
+                "ready_s": entry.ready_s,  # the dispatcher's part
+                "parts_s": dict(entry.timings),
+                "kernels": entry.num_kernels,
+                "verification": entry.equivalence.method,
+                "rel_err": float((got - want).abs().max() / want.abs().max()),
+            }
+            if entry.runner is not None:
+                row.update(overhead_us(entry, calls))
+            progress(f"{LAYER_LABEL} @ {t}: first call {wall:.2f} s (ready {entry.ready_s:.2f} s)")
+            shapes.append(row)
+    new = [r for r in shapes if not r["new_structure"]]
+    return {
+        "program": LAYER_LABEL,
+        "shapes": shapes,
+        "stats": dataclasses.asdict(d.stats),
+        "new_shape_first_call_s_median": statistics.median(r["first_call_s"] for r in new) if new else None,
+        "new_shape_first_call_cpu_s_median": statistics.median(r["first_call_cpu_s"] for r in new)
+        if new
+        else None,
+        "new_shape_ready_s_median": statistics.median(r["ready_s"] for r in new) if new else None,
+        "overhead_us_median": statistics.median(r["overhead_us"] for r in shapes if "overhead_us" in r),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000, help="paired calls per shape for the overhead")
     ap.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    ap.add_argument(
+        "--layer-lengths",
+        nargs="*",
+        type=int,
+        default=[8, 12, 20, 33, 34],
+        help=f"sequence lengths of the {LAYER_LABEL!r} row, the first one new (needs torch; none: no row)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -229,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     results = [
         run_case(lbl, mk, sz, args.calls) for lbl, mk, sz in CASES if not args.only or lbl in args.only
     ]
+    if args.layer_lengths and (not args.only or LAYER_LABEL in args.only):
+        results.append(run_layer(tuple(args.layer_lengths), args.calls))
     data = {
         "benchmark": NAME,
         "machine": machine_info(),

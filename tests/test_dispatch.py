@@ -107,6 +107,25 @@ def test_the_runner_returns_fresh_outputs_and_checks_shapes(tmp_path: Path) -> N
         e.runner([unaligned], _empty)
 
 
+class _OnAGpu(np.ndarray):
+    is_cpu = False  # what a CUDA torch tensor says
+
+
+def test_the_llvm_runner_checks_what_its_build_does_not(tmp_path: Path) -> None:
+    """The llvm build has no argument checks (LLVM_CONFIG): the runner rejects a wrong dtype on every call (not
+    only the first) and memory that is not the CPU's, with a one-line error, before any kernel runs."""
+    e = Dispatcher(store=tmp_path / "s.sqlite").kernels(softmax(4, 8))
+    assert e.runner is not None
+    x = _aligned(np.random.default_rng(1).normal(size=(4, 8)).astype(np.float32))
+    e.runner([x], _empty)  # float32 passes and is remembered
+    for wrong in ("float64", "int32", "float16"):
+        with pytest.raises(ProgramError, match=f"input 0 is {wrong}, the kernels take float32"):
+            e.runner([_aligned(x.astype(wrong))], _empty)
+    with pytest.raises(ProgramError, match="not in CPU memory"):
+        e.runner([x.view(_OnAGpu)], _empty)
+    np.testing.assert_allclose(e.runner([x], _empty)[0], softmax(4, 8).run(x)[0], rtol=1e-5)
+
+
 def test_an_output_that_is_a_view_runs_on_the_general_path(tmp_path: Path) -> None:
     p = Program(name="flat_exp")
     x = p.input("X", (4, 8), "float32")

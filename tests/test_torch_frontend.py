@@ -6,6 +6,7 @@ in gensorage did (a silent fallback to torch would pass a numeric check alone).
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -99,43 +100,50 @@ def gensorage_subgraphs(report: str) -> list[str]:
 
 
 def test_decoder_layer_float32_two_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefill at two sequence lengths in one process, float32 within 1e-3 of eager; the second length reuses the
-    first one's µGraph (no new superoptimize call), a repeated shape reuses its kernels (nothing built)."""
+    """Prefill at three sequence lengths in one process, float32 within 1e-3 of eager; later lengths reuse the
+    first one's µGraph (no new superoptimize call), a repeated shape reuses its kernels (nothing built). 12 changes
+    the kernels' literals only (their TVMScript is bound from the first length's templates); 33 is a multiple of no
+    block size (bounds guards: new skeletons)."""
     torch.manual_seed(0)
     layer = DecoderLayer().eval()
     compiled = gtorch.compile(layer)
     monkeypatch.setattr(subgraph, "_DISPATCHERS", {})
     stats = subgraph.dispatcher(subgraph.Options()).stats
     with torch.no_grad():
-        for t in (8, 12):
+        for t in (8, 12, 33):
             args = layer_inputs(t, torch.float32, seed=t)
             assert_close(compiled(*args), layer(*args), 1e-3)
-        assert (stats.new_structures, stats.new_shapes) == (1, 1), stats
+        assert (stats.new_structures, stats.new_shapes) == (1, 2), stats
         built = stats.new_structures + stats.new_shapes
         args = layer_inputs(8, torch.float32, seed=99)  # a shape seen before, new values
         assert_close(compiled(*args), layer(*args), 1e-3)
     assert stats.new_structures + stats.new_shapes == built
     report = compiled.explain()
     used = gensorage_subgraphs(report)
-    assert len(used) == 2, report  # one subgraph per length: rotate_half's slices lower too
+    assert len(used) == 3, report  # one subgraph per length: rotate_half's slices lower too
     assert "no gensorage lowering" not in report  # every op of the layer, slices included, runs in gensorage
     assert "kernels within" in used[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decoder_layer_16_bit(dtype: torch.dtype) -> None:
+    """Within 2e-2 of the layer in float64 at a first length and a new one that is a multiple of no block size."""
     torch.manual_seed(1)
     layer = DecoderLayer().eval()
+    exact = copy.deepcopy(layer).double()  # the layer exactly, to judge both 16-bit runs
+    layer.to(dtype)
     compiled = gtorch.compile(layer)
-    args = layer_inputs(8, dtype, seed=3)
-    with torch.no_grad():
-        want = layer.double()(*(a.double() for a in args))  # the layer exactly, to judge both 16-bit runs
-        layer.to(dtype)
-        got, eager = compiled(*args), layer(*args)
-    assert got.dtype == dtype
-    assert_close(got, want, 2e-2)
-    assert_close(eager, want, 2e-2)
-    assert len(gensorage_subgraphs(compiled.explain())) == 1, compiled.explain()  # the whole layer
+    for t in (8, 13):
+        args = layer_inputs(t, dtype, seed=3)
+        with torch.no_grad():
+            want = exact(*(a.double() for a in args))
+            got, eager = compiled(*args), layer(*args)
+        assert got.dtype == dtype
+        assert_close(got, want, 2e-2)
+        assert_close(eager, want, 2e-2)
+    assert len(gensorage_subgraphs(compiled.explain())) == 2, (
+        compiled.explain()
+    )  # the whole layer, per length
 
 
 def test_attention_with_explicit_mask_and_gelu() -> None:

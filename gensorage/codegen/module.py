@@ -66,10 +66,10 @@ class Kernel:
 
 
 def _parse(text: str, name: str) -> Any:
-    import tvm
+    from gensorage.codegen.script_templates import parse_text
 
     try:
-        func = tvm.script.from_source(text)
+        func = parse_text(text, name)
     except Exception as exc:  # a generator bug; say which kernel and keep the parser's diagnostic
         raise UnsupportedOpError(
             f"internal error: emitted TVMScript for {name} does not parse: {exc}"
@@ -130,6 +130,16 @@ def _from_scheduled(sk: ScheduledKernel) -> Kernel:
     )
 
 
+#: The llvm build's pass options. TVM's argument checks (count, dtype, shape, strides, device, alignment of
+#: every argument of every kernel) are most of a small kernel's LLVM IR, and so most of the JIT's time when a
+#: module is loaded (about two thirds for a decoder layer's 25 kernels). Every caller of an llvm build checks
+#: the arguments before the launches instead: :func:`_check_arrays` and :func:`_check_tensors` here (count,
+#: shape, dtype, device; the tensors are ours, contiguous and aligned), and
+#: :class:`~gensorage.codegen.runner.KernelRunner` (count, shape, dtype, device; DLPack checks layout and
+#: alignment). The CUDA build keeps them: its arguments come from other processes' allocators too.
+LLVM_CONFIG = {"tirx.disable_assert": True}
+
+
 def ir_module(kernels: Sequence[Kernel]) -> Any:
     import tvm
 
@@ -141,6 +151,8 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) ->
 
     On llvm, kernels whose TIR is the same but for their name (a gate and an up projection of one input, say)
     are compiled once and looked up under each name: LLVM's code generation is most of a CPU build's time.
+    llvm kernels are built without TVM's argument checks (:data:`LLVM_CONFIG`): every caller checks its
+    arguments itself.
     """
     import tvm
 
@@ -150,7 +162,7 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) ->
 
     same = _same_code(kernels) if target == "llvm" else {}
     mod = ir_module([k for k in kernels if k.name not in same])
-    config = build_config(k.rule for k in kernels) if target == "cuda" else {}
+    config = build_config(k.rule for k in kernels) if target == "cuda" else LLVM_CONFIG
     hw = target_profile(hw, [k.rule for k in kernels])  # wgmma kernels need sm_90a
     try:
         with tvm.transform.PassContext(config=config):
@@ -191,6 +203,9 @@ class _Renamed:
 
 
 # ------------------------------------------------------------------------------------------------ running
+
+#: DLPack's device type of the CPU (``kDLCPU``).
+CPU_DEVICE = 1
 
 
 def _view(t: Any, shape: tuple[int, ...]) -> Any:
@@ -328,7 +343,7 @@ def _check_arrays(g: KernelGraph, arrays: Sequence[Any]) -> list[np.ndarray]:
     return out
 
 
-def _check_tensors(g: KernelGraph, tensors: Sequence[Any]) -> None:
+def _check_tensors(g: KernelGraph, tensors: Sequence[Any], target: Target) -> None:
     if len(tensors) != len(g.inputs):
         raise ProgramError(f"µGraph takes {len(g.inputs)} inputs, got {len(tensors)}")
     for spec, t in zip(g.inputs, tensors, strict=True):
@@ -336,6 +351,8 @@ def _check_tensors(g: KernelGraph, tensors: Sequence[Any]) -> None:
             raise ProgramError(
                 f"input {spec.name}: got {list(t.shape)} {t.dtype}, expected {list(spec.shape)} {spec.dtype}"
             )
+        if target == "llvm" and t.device.dlpack_device_type() != CPU_DEVICE:  # no check in the build
+            raise ProgramError(f"input {spec.name} is on {t.device}, the llvm kernels take CPU tensors")
 
 
 # ------------------------------------------------------------------------------------------------ public API
@@ -475,7 +492,7 @@ class CompiledUGraph:
         """
         import tvm
 
-        _check_tensors(self.ugraph, inputs)
+        _check_tensors(self.ugraph, inputs, target)
         dev = inputs[0].device if inputs else tvm.cpu(0)
         scalar = FloatScalar(self.compute)
         kernels, ex = self.kernels(target), self.executable(target)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from gensorage.codegen.kernel_text import KernelParam, ScheduledKernel, Target
 from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
@@ -29,6 +30,9 @@ from gensorage.hw.profile import HwProfile
 from gensorage.precision import promote
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo
+
+if TYPE_CHECKING:
+    from gensorage.markov.schedule import Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +362,27 @@ def _wgmma_kernels(
     return kernels
 
 
+@lru_cache(maxsize=1024)
+def _scheduled(
+    ms: _MatmulShape,
+    dtypes: tuple[str, str, str],
+    m: int | None,
+    schedule: Schedule,
+    target: Target,
+    hw: HwProfile | None,
+) -> Any:
+    """The PrimFunc of a matmul of shapes ``ms`` and ``dtypes`` (A, B, output) lowered with ``schedule``: the
+    same for every op of that shape, layout and schedule (a layer's gate and up projections, its k and v
+    projections, every layer of a model), so TVM's schedule primitives run once for them (they are most of a
+    matmul's lowering time)."""
+    from gensorage.codegen.lower_schedule import lower
+
+    a_dtype, b_dtype, out_dtype = dtypes
+    build = _matmul_build(ms, a_dtype, out_dtype, m, b_dtype=b_dtype)
+    wl = dataclasses.replace(matmul_workload(*ms.dims, a_dtype), build=build)
+    return lower(wl, schedule, target, hw=hw)["main"]
+
+
 def matmul_kernels(
     g: KernelGraph,
     k: int,
@@ -368,7 +393,7 @@ def matmul_kernels(
     name: str,
     seed: int,
 ) -> list[ScheduledKernel]:
-    from gensorage.codegen.lower_schedule import lower, threads_per_block
+    from gensorage.codegen.lower_schedule import threads_per_block
 
     ops = _operands(g, k, info)
     ms = ops.shape
@@ -384,14 +409,13 @@ def matmul_kernels(
     threads = threads_per_block(base, schedule)
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
-        build = _matmul_build(ms, ops.a.dtype, ops.out.dtype, m, b_dtype=ops.b.dtype)
-        wl = dataclasses.replace(base, build=build)
+        dtypes = (ops.a.dtype, ops.b.dtype, ops.out.dtype)
         try:
-            mod = lower(wl, schedule, target, hw=hw if target == "cuda" else None)
+            main = _scheduled(ms, dtypes, m, schedule, target, hw if target == "cuda" else None)
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"
-        func = mod["main"].with_attr("global_symbol", kname)
+        func = main.with_attr("global_symbol", kname)
         kernels.append(
             ScheduledKernel(kname, k, func, ops.params(m), threads, rule, None if m is None else c)
         )

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gensorage.codegen.module import CPU_DEVICE
 from gensorage.codegen.operand_views import graph_views
 from gensorage.codegen.predefined import is_alias
 from gensorage.codegen.scalar import FloatScalar
@@ -109,6 +110,14 @@ class KernelRunner:
             for kern in by_op.get(k, []):
                 self._calls.append((ex[kern.name], tuple(_arg(p, base, dev) for p in kern.params)))
         self._lock = threading.Lock()
+        # The llvm build does not check its arguments (gensorage.codegen.module.LLVM_CONFIG): the call does.
+        self._cpu = target == "llvm"
+        self._dtypes_seen: list[Any] = [None] * len(self.input_dtypes)
+
+    def _check_dtype(self, i: int, dtype: Any) -> None:
+        if str(dtype).removeprefix("torch.") != self.input_dtypes[i]:
+            raise ProgramError(f"input {i} is {dtype}, the kernels take {self.input_dtypes[i]}")
+        self._dtypes_seen[i] = dtype
 
     def __call__(self, arrays: Sequence[Any], alloc: Alloc) -> list[Any]:
         """Run the kernels on ``arrays``; returns the outputs, allocated by ``alloc``."""
@@ -116,9 +125,13 @@ class KernelRunner:
 
         if len(arrays) != len(self.input_shapes):
             raise ProgramError(f"the kernels take {len(self.input_shapes)} inputs, got {len(arrays)}")
-        for a, shape in zip(arrays, self.input_shapes, strict=True):
+        for i, (a, shape) in enumerate(zip(arrays, self.input_shapes, strict=True)):
             if tuple(a.shape) != shape:
                 raise ProgramError(f"an input has shape {list(a.shape)}, the kernels take {list(shape)}")
+            if a.dtype is not self._dtypes_seen[i]:  # a dtype object checked before passes at once
+                self._check_dtype(i, a.dtype)
+            if self._cpu and not _on_cpu(a):
+                raise ProgramError("an input is not in CPU memory: the llvm kernels take CPU arrays")
         outs = [alloc(shape, dtype) for shape, dtype in self.output_specs]
         from_dlpack = tvm.runtime.from_dlpack
         try:
@@ -129,10 +142,16 @@ class KernelRunner:
             try:
                 for fn, args in self._calls:
                     fn(*[_resolve(a, tensors) for a in args])
-            except TypeError as exc:  # TVM's check of the arguments' dtypes
+            except TypeError as exc:  # TVM's check of the arguments' dtypes (the CUDA build's)
                 want = ", ".join(self.input_dtypes)
                 raise ProgramError(f"the kernels take {want}: {str(exc).splitlines()[0]}") from None
         return outs
+
+
+def _on_cpu(a: Any) -> bool:
+    """Whether DLPack-capable ``a`` is in CPU memory (torch's ``is_cpu`` first: its DLPack query is slow)."""
+    cpu = getattr(a, "is_cpu", None)
+    return bool(cpu) if cpu is not None else a.__dlpack_device__()[0] == CPU_DEVICE
 
 
 def _is_alias_node(g: Any, node: int) -> bool:

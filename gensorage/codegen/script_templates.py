@@ -1,0 +1,106 @@
+"""TVMScript kernels parsed once per *skeleton*: the text with its kernel name and integer literals taken out.
+
+The emitters write each kernel as TVMScript text with its shapes, extents and offsets as integer literals, and
+TVM's parser (Python, tens of ms a kernel) is most of a µGraph's lowering time. A kernel at a new sequence
+length, a slice at another offset, a second head group: their texts differ in those literals only. So a text is
+split into its skeleton (every integer literal below 2³¹ replaced by a parameter ``c<i>_: T.int32`` of the
+PrimFunc, the kernel's name by a placeholder) and the literals' values; the skeleton is parsed once, and each
+text of that skeleton is the parsed template with its parameters bound to the values (``PrimFunc.specialize``,
+a substitution in C++: well under a millisecond).
+
+Exactness: the first text of each skeleton is also parsed directly, and the template is kept only when its
+specialisation is structurally equal to that parse (:func:`tvm_ffi.structural_equal`); otherwise every text of
+that skeleton is parsed directly. The parser types a literal by its context (an ``int64`` or float operand, a
+literal over 2³¹), never by its value below 2³¹, so a skeleton that is equal at one set of values is equal at
+every other; the tests check it on whole µGraphs at several shapes.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import tokenize
+from collections import OrderedDict
+from typing import Any
+
+#: The placeholder of the kernel's name in a skeleton.
+_NAME = "kernel_skeleton_"
+#: Skeletons kept (least recently used dropped first): a decoder layer has about a dozen.
+MAX_TEMPLATES = 4096
+_INT32_MAX = 2**31 - 1
+
+# skeleton -> (template PrimFunc with len(values) leading int32 parameters, or None: parse directly)
+_TEMPLATES: OrderedDict[str, Any] = OrderedDict()
+_LOCK = threading.Lock()  # dispatchers of several threads share the templates; parsing runs outside it
+
+
+def skeleton(text: str, name: str) -> tuple[str, list[int]]:
+    """``text`` with kernel ``name`` and each integer literal below 2³¹ replaced, and those literals in order.
+
+    The replaced literals become leading ``T.int32`` parameters of the skeleton's function.
+    """
+    body = re.sub(rf"\b{re.escape(name)}\b", _NAME, text)
+    lines = body.splitlines(keepends=True)
+    values: list[int] = []
+    spans: list[tuple[int, int, int]] = []
+    for tok in tokenize.generate_tokens(io.StringIO(body).readline):
+        if tok.type == tokenize.NUMBER and tok.string.isdigit() and int(tok.string) <= _INT32_MAX:
+            spans.append((tok.start[0] - 1, tok.start[1], tok.end[1]))
+            values.append(int(tok.string))
+    for (row, start, end), i in zip(reversed(spans), range(len(spans) - 1, -1, -1), strict=True):
+        lines[row] = f"{lines[row][:start]}c{i}_{lines[row][end:]}"
+    body = "".join(lines)
+    if values:
+        params = ", ".join(f"c{i}_: T.int32" for i in range(len(values)))
+        body = body.replace(f"def {_NAME}(", f"def {_NAME}({params}, ", 1)
+    return body, values
+
+
+def parse_text(text: str, name: str) -> Any:
+    """The PrimFunc of kernel ``name``'s TVMScript ``text`` (from its skeleton's template where there is one).
+
+    Raises whatever TVM's parser raises for a text that does not parse.
+    """
+    import tvm
+
+    try:
+        body, values = skeleton(text, name)
+    except (tokenize.TokenError, IndentationError):
+        return tvm.script.from_source(text)
+    with _LOCK:
+        known = body in _TEMPLATES
+        template = _TEMPLATES.get(body)
+        if known:
+            _TEMPLATES.move_to_end(body)
+    if template is not None:
+        return _bind(template, values, name)
+    direct = tvm.script.from_source(text)
+    if not known:  # the first text of a skeleton: parsed directly, and it checks the template
+        checked = _template(body, values, name, direct)
+        with _LOCK:
+            _TEMPLATES[body] = checked
+            if len(_TEMPLATES) > MAX_TEMPLATES:
+                _TEMPLATES.popitem(last=False)
+    return direct
+
+
+def _template(body: str, values: list[int], name: str, direct: Any) -> Any:
+    """The skeleton's parsed template when its specialisation at ``values`` is ``direct``, else None."""
+    import tvm
+    import tvm_ffi
+
+    try:
+        template = tvm.script.from_source(body)
+        exact = tvm_ffi.structural_equal(_bind(template, values, name), direct)
+    except Exception:  # a literal the parser needs as a Python int (an unrolled count, say): parse directly
+        return None
+    return template if exact else None
+
+
+def _bind(template: Any, values: list[int], name: str) -> Any:
+    bound = template.specialize(dict(zip(list(template.params)[: len(values)], values, strict=True)))
+    return bound.with_attr("global_symbol", name)
+
+
+__all__ = ["MAX_TEMPLATES", "parse_text", "skeleton"]
