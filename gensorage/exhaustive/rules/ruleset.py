@@ -9,6 +9,8 @@ The node rules apply in this order, each seeing the bound the ones before it lef
 1. occurrences (:mod:`.occurrences`): the last kernel operator's outputs must be able to have the program's
    variable occurrence counts; a lower bound on the mark operators still needed;
 2. needed operators (:mod:`.needed_ops`): the operators that add the program's marks still missing must fit;
+   additive constants (:mod:`.homogeneity`): one more, an ``add_scalar``, while none is applied to a program
+   that is not homogeneous;
 3. reductions (:mod:`.reductions`): a coefficient only a reduction makes needs room for one more reduction;
 4. index ties (:mod:`.ties`): one reduction per reduction class no tensor has, after the operators still needed.
 
@@ -30,6 +32,7 @@ from gensorage.exhaustive.expr.canon import Canon
 from gensorage.exhaustive.opcatalog import OpVariant
 from gensorage.exhaustive.rules.constants import ExpConstants
 from gensorage.exhaustive.rules.element_counts import ElementCaps
+from gensorage.exhaustive.rules.homogeneity import Homogeneity
 from gensorage.exhaustive.rules.needed_ops import NeededOps
 from gensorage.exhaustive.rules.occurrences import OccurrenceBudget
 from gensorage.exhaustive.rules.reductions import Reductions
@@ -61,6 +64,7 @@ class RuleSet:
     ) -> RuleSet:
         """The rules of a search of ``program`` (outputs ``targets``, normal forms in ``canon``) over
         ``variants``. The order of construction is the order the rules' normal forms enter ``canon``."""
+        ops = [v.op for v in variants]
         constants = ExpConstants(program, canon)
         # The factors exp arguments must carry: an exp class that needs one needs a scale first.
         needed = NeededOps(canon, targets, constants.factor_marks)
@@ -68,9 +72,11 @@ class RuleSet:
         ties = TieRule.for_search(program, [v.op for v in variants])
         occurrences = OccurrenceBudget.for_search([t.name for t in program.inputs], targets, variants)
         element_caps = ElementCaps.for_search(canon, targets, [math.prod(s) for s in output_shapes], variants)
+        homogeneity = Homogeneity.for_search(program, ops)
         nodes: tuple[NodeRule | None, ...] = (
             occurrences,
             needed,
+            homogeneity,
             reductions,
             ties,
         )  # the order of the docstring

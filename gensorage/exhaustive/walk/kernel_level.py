@@ -228,6 +228,7 @@ class _HeaderSite(LastSite):
         self.ops_room = spec.max_block_ops if nodes is None else min(spec.max_block_ops, nodes - len(inputs))
         self.reduction_room = UNLIMITED if nodes is None else nodes - len(inputs)
         self.factor = carries_factor([st.const[i] for i in inputs])
+        self.shifted = s.shifted()
         self._s, self._inputs = s, inputs
         self._terms = [st.val[i].term for i in inputs]
 
