@@ -45,7 +45,8 @@ def kernel_children(s: Walk) -> Generator[None, None, None]:
     if s.spec.graph_defined_last and any(isinstance(op, GraphDefinedOp) for op in s.state.ops):
         return  # a graph-defined operator ends the µGraph
     yield from _predefined(s)
-    yield from _headers(s)
+    if not (s.spec.graph_defined_last and len(s.state.ops) + 1 < s.spec.min_kernel_ops):
+        yield from _headers(s)  # (a header is the last operator there, and the µGraph would be too short)
 
 
 def input_tuples(v: OpVariant, n: int, low: int) -> Iterator[tuple[int, ...]]:
@@ -253,7 +254,7 @@ def complete_outputs(s: Walk) -> list[tuple[int, ...]]:
     unconsumed tensors to the outputs by shape.
     """
     st = s.state
-    if not st.ops or st.block is not None:
+    if len(st.ops) < s.spec.min_kernel_ops or not st.ops or st.block is not None:
         return []
     if any(st.uses[i] == 0 for i in s.context.required_inputs):
         return []
