@@ -1,5 +1,6 @@
-"""Additive constants (:mod:`gensorage.exhaustive.rules.homogeneity`): which programs are shown not to be
-homogeneous, where the rule applies, and that it prunes no candidate."""
+"""Additive constants (:mod:`gensorage.exhaustive.rules.homogeneity`, :mod:`~gensorage.exhaustive.rules.shift_places`):
+which programs are shown not to be homogeneous, where an add_scalar may go, where the rules apply, and that they
+prune no candidate."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from hypothesis import strategies as st
 from search_walk import candidates_and_states
 
 from gensorage.exhaustive import SearchSpec
+from gensorage.exhaustive.expr import abstract_expr as ae
+from gensorage.exhaustive.expr.canon import Canon
 from gensorage.exhaustive.rules import ruleset
 from gensorage.exhaustive.rules.homogeneity import Homogeneity, inhomogeneous
+from gensorage.exhaustive.rules.shift_places import ShiftPlaces, core
 from gensorage.exhaustive.walk import SearchContext
 from gensorage.program import Program, Tensor, load_config
 
@@ -90,13 +94,72 @@ def test_the_rule_applies_only_to_inhomogeneous_programs_over_homogeneous_operat
     assert SearchContext(SearchSpec(program=l2(1e-6), expr_filter=False)).rules.nodes == ()
 
 
-def test_the_rule_prunes_no_verified_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The same search with the rule switched off finds exactly the same candidates and walks more states.
+def test_an_add_scalar_goes_where_the_program_adds_up_to_sums() -> None:
+    canon = Canon()
+    x2 = ae.mul(ae.var("X"), ae.var("X"))
+    # A sum of k terms multiplies the numerator coefficients: x², Σ₄ x² and Σ₆₄ x² share a core.
+    assert core(canon.nf(x2)) == core(canon.nf(ae.sum(4, x2))) == core(canon.nf(ae.sum(64, x2)))
+    assert core(canon.nf(x2)) != core(canon.nf(ae.var("X")))
+    assert core(canon.nf(ae.sum(4, x2))) != core(canon.nf(ae.sum(4, ae.mul(x2, ae.var("X")))))
+    places = ShiftPlaces.for_search(rms_matmul(1e-6), canon, [])
+    assert places is not None
+    assert places.admits(x2) and places.admits(ae.sum(2, x2))  # on x², or on its partial sums
+    wrong = [
+        ae.var("X"),
+        ae.var("W"),
+        ae.sqrt(ae.sum(4, x2)),
+        ae.sum(4, ae.mul(ae.var("X"), ae.var("W"))),
+    ]
+    assert not any(places.admits(t) for t in wrong)
+
+
+def test_the_shift_rules_apply_only_without_addition_maximum_or_exp() -> None:
+    def places(p: Program) -> ShiftPlaces | None:
+        return SearchContext(SearchSpec(program=p)).rules.shifts
+
+    assert places(rms_matmul(1e-6)) is not None and places(l2(1e-3)) is not None
+    assert places(load_config("rmsnorm")) is None  # nothing is added
+    p = Program(name="shifted_max")  # max(x + v) = max(x) + v: the rule is off
+    x = p.input("X", (2, 3))
+    p.output(p.sqrt(p.max(p.add_scalar(p.mul(x, x), 1.0), 1)))
+    assert places(p) is None
+
+
+def _off(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    for name in names:
+        monkeypatch.setattr(getattr(ruleset, name), "for_search", staticmethod(lambda *a: None))
+
+
+@pytest.mark.parametrize("rules", [("Homogeneity",), ("Homogeneity", "ShiftPlaces")])
+def test_the_rules_prune_no_verified_candidate(
+    rules: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same search with the rules switched off finds exactly the same candidates and walks more states.
     spec = SearchSpec(
         program=l2(1e-3), max_kernel_ops=1, max_block_ops=5, max_grid_dims=1, max_block_outputs=1
     )
-    with_rule, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(ruleset.Homogeneity, "for_search", staticmethod(lambda *a: None))
-    without_rule, states_without = candidates_and_states(spec)
-    assert with_rule == without_rule and with_rule
+    with_rules, states_with = candidates_and_states(spec)
+    _off(monkeypatch, *rules)
+    without_rules, states_without = candidates_and_states(spec)
+    assert with_rules == without_rules and with_rules
     assert states_with < states_without
+
+
+def _rms(shape: tuple[int, int]) -> Program:
+    p = Program(name="rms_eps")
+    p.output(p.rms_norm(p.input("X", shape), eps=1e-6))
+    return p
+
+
+@pytest.mark.slow
+def test_an_epsilon_added_before_the_mean_is_still_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At x: [2, 4] the mean's factor is 1/4, so ``Σ(x² + eps)/4 = mean(x²) + eps``: the shift-aware laws move
+    the constant through the sum and the scale, and both placements stay candidates, with far fewer states."""
+    spec = SearchSpec(
+        program=_rms((2, 4)), max_kernel_ops=1, max_block_ops=6, max_grid_dims=1, max_block_outputs=1
+    )
+    with_rules, states_with = candidates_and_states(spec)
+    _off(monkeypatch, "Homogeneity", "ShiftPlaces")
+    without_rules, states_without = candidates_and_states(spec)
+    assert with_rules == without_rules and len(with_rules) == 2
+    assert states_with * 4 < states_without

@@ -16,6 +16,7 @@ The node rules apply in this order, each seeing the bound the ones before it lef
 
 The other rules are checks on each new tensor, made by the walk where it makes the tensor (see
 :mod:`gensorage.exhaustive.walk.operators`): the factor an ``exp``'s argument carries (:mod:`.constants`), the
+tensor an ``add_scalar`` adds to (:mod:`.shift_places`), the
 element count (:mod:`.element_counts`), the tie classes (:mod:`.ties`) and the occurrence budget of a tensor read
 again (:mod:`.occurrences`), beside the subexpression oracle (:mod:`gensorage.exhaustive.expr.oracle`), which
 the walk asks with ``prune`` alone.
@@ -37,6 +38,7 @@ from gensorage.exhaustive.rules.needed_ops import NeededOps
 from gensorage.exhaustive.rules.occurrences import OccurrenceBudget
 from gensorage.exhaustive.rules.reductions import Reductions
 from gensorage.exhaustive.rules.rule import NodeRule
+from gensorage.exhaustive.rules.shift_places import ShiftPlaces
 from gensorage.exhaustive.rules.ties import TieRule
 from gensorage.opset import Shape
 from gensorage.program import Program
@@ -52,6 +54,7 @@ class RuleSet:
     ties: TieRule | None = None
     occurrences: OccurrenceBudget | None = None
     element_caps: ElementCaps | None = None
+    shifts: ShiftPlaces | None = None
     nodes: tuple[NodeRule, ...] = ()
 
     @staticmethod
@@ -87,6 +90,7 @@ class RuleSet:
             ties,
             occurrences,
             element_caps,
+            ShiftPlaces.for_search(program, canon, ops),
             tuple(r for r in nodes if r is not None),
         )
 

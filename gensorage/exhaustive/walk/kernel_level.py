@@ -129,6 +129,9 @@ def _predefined(s: Walk) -> Iterator[None]:
             ):
                 s.counters.pruned_expr += 1
                 continue
+            if v.op is Op.ADD_SCALAR and rules.shifts is not None and not rules.shifts.admits(value.term):
+                s.counters.pruned_expr += 1
+                continue
             dtype = st.dtype[ins[0]]
             if st.dram + numel(out) * dtype_bytes(dtype) > ctx.hw.dram_bytes:
                 s.counters.pruned_memory += 1
