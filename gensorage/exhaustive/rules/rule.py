@@ -52,8 +52,9 @@ class Bound:
     """What the rules know about the completions of a node.
 
     ``marks``: mark operators (``exp``, ``sqrt``, activations) still needed at least; ``need``: operators still
-    needed at least (``scale``: one of them is a ``scale``; ``shift``: one is an ``add_scalar``); ``tight``: whether the operators still needed and
-    the reductions still missing take the whole room (``NOT_TIGHT``, ``TIGHT_KNOWN`` or ``TIGHT_ANY``).
+    needed at least (``scale``: one of them is a ``scale``; ``shift``: one is an ``add_scalar``); ``tight``:
+    whether the operators still needed and the reductions still missing take the whole room (``NOT_TIGHT``,
+    ``TIGHT_KNOWN`` or ``TIGHT_ANY``).
     """
 
     marks: int = 0
