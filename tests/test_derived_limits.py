@@ -63,7 +63,8 @@ def test_block_operators_follow_the_program_and_a_larger_program_gets_a_predefin
     big = derive_limits(rms_eps_matmul()).limits
     assert big["max_block_ops"] == MAX_BLOCK_OPS
     assert big["max_kernel_ops"] == 2 and big["max_block_graphs"] == 1 and big["graph_defined_last"]
-    assert "graph_defined_last" not in small
+    assert big["min_kernel_ops"] == 2  # seven block operators cannot hold eight program operators alone
+    assert "graph_defined_last" not in small and "min_kernel_ops" not in small
 
 
 def test_one_input_program_gets_two_block_inputs_and_its_rank_of_grid_dims() -> None:
@@ -90,11 +91,23 @@ def test_max_block_graphs_must_be_a_positive_integer(bad: object) -> None:
 
 def test_the_new_fields_at_their_defaults_keep_the_spec_json_and_key_of_before() -> None:
     spec = SearchSpec(program=two_matmul(2, 3))
-    for name in ("max_block_graphs", "fused_first", "graph_defined_last"):
+    for name in ("max_block_graphs", "fused_first", "graph_defined_last", "min_kernel_ops"):
         assert name not in spec.to_json()
     assert SearchSpec.from_json(spec.to_json()).key() == spec.key()
-    on = SearchSpec(program=two_matmul(2, 3), max_block_graphs=1, fused_first=True, graph_defined_last=True)
+    on = SearchSpec(
+        program=two_matmul(2, 3),
+        max_block_graphs=1,
+        fused_first=True,
+        graph_defined_last=True,
+        min_kernel_ops=2,
+    )
     assert SearchSpec.from_json(on.to_json()) == on and on.key() != spec.key()
+
+
+@pytest.mark.parametrize("bad", [0, 3, True])
+def test_min_kernel_ops_must_be_a_positive_integer_within_max_kernel_ops(bad: object) -> None:
+    with pytest.raises(ConfigError, match="min_kernel_ops"):
+        SearchSpec(program=two_matmul(2, 3), max_kernel_ops=2, min_kernel_ops=bad)  # type: ignore[arg-type]
 
 
 def test_max_block_graphs_keeps_exactly_the_candidates_within_it() -> None:
@@ -129,6 +142,20 @@ def test_graph_defined_last_keeps_exactly_the_candidates_whose_custom_kernel_is_
     want = {c.structure_key() for c in free.candidates if custom_last(c.ugraph)}
     assert want and {c.structure_key() for c in last.candidates} == want
     assert last.stats.states < free.stats.states
+
+
+def test_min_kernel_ops_keeps_exactly_the_candidates_with_that_many_kernel_operators() -> None:
+    """With ``graph_defined_last``, a custom kernel alone is not generated at all (its header would be the last
+    operator of a µGraph too short), and the other candidates stay."""
+    limits = {"max_kernel_ops": 2, "max_block_ops": 2, "max_block_inputs": 3, "max_grid_dims": 1}
+    p = two_matmul(2, 3)
+    last = search_serial(SearchSpec(program=p, graph_defined_last=True, **limits))
+    two = search_serial(SearchSpec(program=p, graph_defined_last=True, min_kernel_ops=2, **limits))
+    assert last.complete and two.complete
+    assert any(len(c.ugraph.ops) == 1 for c in last.candidates)
+    want = {c.structure_key() for c in last.candidates if len(c.ugraph.ops) == 2}
+    assert want and {c.structure_key() for c in two.candidates} == want
+    assert two.stats.states < last.stats.states
 
 
 def l2_matmul() -> Program:

@@ -27,6 +27,7 @@ SCHEDULES = ("markov", "enumerate")
 # Optional arguments passed to SearchSpec under the same name when given (the spec's defaults otherwise).
 LIMIT_ARGS = (
     "max_kernel_ops",
+    "min_kernel_ops",
     "max_block_ops",
     "max_block_nodes",
     "max_block_graphs",
@@ -74,6 +75,12 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="most iterators + operators + accumulators in one block graph, Mirage's count (default: "
         "no such limit)",
+    )
+    p.add_argument(
+        "--min-kernel-ops",
+        type=int,
+        metavar="N",
+        help="fewest kernel operators in a complete µGraph (default 1)",
     )
     p.add_argument(
         "--max-block-graphs",

@@ -12,7 +12,8 @@ its space the other way round, and so does :func:`derive_limits`:
   LoRA). A larger program gets a second kernel operator, pre-defined (a library matmul, an elementwise op),
   which feeds the custom kernel (``graph_defined_last``): a kernel that is not the last is the expensive part
   of a search, since nothing ties its outputs to the program's, so its block graphs are pruned far less than
-  a last one's.
+  a last one's. The custom kernel is then never alone (``min_kernel_ops = 2``): by the rule below it holds
+  fewer operators than the program has, and a kernel alone would have to compute every one of them.
 * **block operators from the program's op count**: a fused kernel computes each program operator once, so it
   needs about as many compute operators as the program has (partial sums of a split reduction are for-loop
   accumulators, which do not count). ``max_block_ops`` is the program's operator count, at least
@@ -71,6 +72,7 @@ def derive_limits(program: Program) -> DerivedLimits:
     }
     if n_ops > MAX_BLOCK_OPS:
         limits["graph_defined_last"] = True
+        limits["min_kernel_ops"] = KERNEL_OPS
     kernels = (
         "one graph-defined kernel"
         if limits["max_kernel_ops"] == 1

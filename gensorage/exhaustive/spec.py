@@ -26,6 +26,7 @@ SPEC_VERSION = 1
 OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "max_block_graphs", "dims"})
 OMITTED_WHEN_TRUE = frozenset({"replicated_writes"})
 OMITTED_WHEN_FALSE = frozenset({"fused_first", "graph_defined_last"})
+OMITTED_WHEN_ONE = frozenset({"min_kernel_ops"})
 # Elements of one program tensor a search evaluates at most (verification runs candidates at the program's shapes;
 # the bundled 4096-wide configs have 16.8 M).
 MAX_SEARCH_ELEMENTS = 1 << 28
@@ -44,6 +45,10 @@ class SearchSpec:
         Hardware profile name (``configs/hw/<hw>.toml``): memory limits and the cost model.
     max_kernel_ops : int
         Kernel operators per µGraph (pre-defined and graph-defined).
+    min_kernel_ops : int
+        Kernel operators a complete µGraph has at least (1: any). With ``graph_defined_last``, a program
+        with more operators than one block graph holds gets 2: a pre-defined operator must feed its custom
+        kernel (see :mod:`gensorage.exhaustive.derived_limits`).
     max_block_ops : int
         Compute operators per block graph (iterators, accumulators and output savers are not counted).
     max_block_inputs, max_block_outputs : int
@@ -95,6 +100,7 @@ class SearchSpec:
     program: Program = field(compare=False, hash=False, repr=False)
     hw: str = "h100"
     max_kernel_ops: int = 2
+    min_kernel_ops: int = 1
     max_block_ops: int = 5
     max_block_inputs: int = 3
     max_block_outputs: int = 2
@@ -124,10 +130,21 @@ class SearchSpec:
             raise UnsupportedOpError(f"search spec: program '{self.program.name}': {why}")
         object.__setattr__(self, "program_text", _program_text(self.program))
         self._check_size()
-        for name in ("max_kernel_ops", "max_block_ops", "max_block_inputs", "max_block_outputs"):
+        for name in (
+            "max_kernel_ops",
+            "min_kernel_ops",
+            "max_block_ops",
+            "max_block_inputs",
+            "max_block_outputs",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"search spec: {name} must be a positive integer, got {value!r}")
+        if self.min_kernel_ops > self.max_kernel_ops:
+            raise ConfigError(
+                f"search spec: min_kernel_ops ({self.min_kernel_ops}) is more than max_kernel_ops "
+                f"({self.max_kernel_ops})"
+            )
         if self.max_block_nodes is not None and (
             isinstance(self.max_block_nodes, bool)
             or not isinstance(self.max_block_nodes, int)
@@ -241,6 +258,7 @@ class SearchSpec:
                 (f.name in OMITTED_WHEN_NONE and value is None)
                 or (f.name in OMITTED_WHEN_TRUE and value is True)
                 or (f.name in OMITTED_WHEN_FALSE and value is False)
+                or (f.name in OMITTED_WHEN_ONE and value == 1)
             ):
                 continue  # keeps the keys (checkpoint names) of specs written before the field existed
             if isinstance(value, DimStrategy):

@@ -52,14 +52,16 @@ class Bound:
     """What the rules know about the completions of a node.
 
     ``marks``: mark operators (``exp``, ``sqrt``, activations) still needed at least; ``need``: operators still
-    needed at least (``scale``: one of them is a ``scale``); ``tight``: whether the operators still needed and
-    the reductions still missing take the whole room (``NOT_TIGHT``, ``TIGHT_KNOWN`` or ``TIGHT_ANY``).
+    needed at least (``scale``: one of them is a ``scale``; ``shift``: one is an ``add_scalar``); ``tight``:
+    whether the operators still needed and the reductions still missing take the whole room (``NOT_TIGHT``,
+    ``TIGHT_KNOWN`` or ``TIGHT_ANY``).
     """
 
     marks: int = 0
     need: int = 0
     scale: bool = False
     tight: int = NOT_TIGHT
+    shift: bool = False
 
 
 NO_BOUND = Bound()
@@ -71,16 +73,18 @@ class Site(ABC):
     ``last``: the graph-defined operator is the last kernel operator the limits allow (so its outputs are the
     program's); ``ops_room``: the compute operators the completions may still add (with ``last`` False, those of
     every later kernel operator too); ``reduction_room``: the reductions they may still add (operators, or
-    accumulators where a loop can supply one); ``factor``: some available tensor carries a constant factor.
+    accumulators where a loop can supply one); ``factor``: some available tensor carries a constant factor;
+    ``shifted``: the µGraph already applies an ``add_scalar`` somewhere (see :mod:`.homogeneity`).
     """
 
-    __slots__ = ("factor", "last", "ops_room", "reduction_room")
+    __slots__ = ("factor", "last", "ops_room", "reduction_room", "shifted")
 
     # Set by each kind of site (the walk builds one per node; its terms and ties only on demand).
     last: bool
     ops_room: int
     reduction_room: int
     factor: bool
+    shifted: bool
 
     @abstractmethod
     def terms(self) -> Sequence[Term]:

@@ -45,7 +45,7 @@ from gensorage.exhaustive.expr.ties import Ties
 from gensorage.exhaustive.rules.constants import carries_factor
 from gensorage.exhaustive.rules.needed_ops import MARK_OPS
 from gensorage.exhaustive.rules.occurrences import pending_terms
-from gensorage.exhaustive.rules.rule import NO_BOUND, UNLIMITED, LastSite, Prune, Site, apply
+from gensorage.exhaustive.rules.rule import NO_BOUND, UNLIMITED, Bound, LastSite, Prune, Site, apply
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.walk.accumulators import accumulators
 from gensorage.exhaustive.walk.finishing import finish
@@ -82,10 +82,17 @@ def block_children(s: Walk) -> Generator[None, None, None]:
     if need == 0:
         yield from finish(s)
     if left > 0:
-        only = (TIGHT_SCALE if bound.scale else TIGHT) if need == left else None
+        only = tight_ops(bound) if need == left else None
         yield from operators(s, b, only=only, tight=bound.tight)
     if b.looped and b.forloop is not None and 0 <= left_after_accumulator and need <= left_after_accumulator:
         yield from accumulators(s, b, bound.tight)
+
+
+def tight_ops(bound: Bound) -> frozenset[Op]:
+    """The operators a bound that takes every operator left admits: those that add a mark, and a ``scale`` or an
+    ``add_scalar`` when the bound counts one."""
+    only = TIGHT_SCALE if bound.scale else TIGHT
+    return only | {Op.ADD_SCALAR} if bound.shift else only
 
 
 def last_site(s: Walk, b: BlockBuild, left: int) -> Site | None:
@@ -157,6 +164,7 @@ class _LastSite(LastSite):
         self.ops_room = left
         self.reduction_room = reduction_room(s.spec, b, left)
         self.factor = carries_factor(b.const)
+        self.shifted = s.shifted()
         self._s, self._b = s, b
         self._terms: list[Term] | None = None
 
@@ -201,6 +209,7 @@ class _EarlierSite(Site):
         self.ops_room = left + later * each_ops
         self.reduction_room = reduction_room(spec, b, left) + later * each_node
         self.factor = b.kernel_view[2] or carries_factor(b.const)
+        self.shifted = s.shifted()
         self._s, self._b = s, b
 
     def terms(self) -> Sequence[Term]:
@@ -219,4 +228,5 @@ __all__ = [
     "earlier_site",
     "last_site",
     "reduction_room",
+    "tight_ops",
 ]

@@ -31,7 +31,7 @@ from gensorage.exhaustive.opcatalog import (
     out_shape,
     shape_free_term,
 )
-from gensorage.exhaustive.rules.constants import BARRIERS, Const, ExpConstants, const_of
+from gensorage.exhaustive.rules.constants import BARRIERS, Const, const_of
 from gensorage.exhaustive.rules.occurrences import read_again
 from gensorage.exhaustive.rules.rule import NOT_TIGHT, TIGHT_ANY, TIGHT_KNOWN
 from gensorage.exhaustive.rules.ties import NO_CLASS_OPS
@@ -51,6 +51,7 @@ from gensorage.exhaustive.walk.search_state import BlockBuild, BlockOpRec, numel
 from gensorage.opset import Op, Shape
 
 if TYPE_CHECKING:
+    from gensorage.exhaustive.rules.ruleset import RuleSet
     from gensorage.exhaustive.walk.walk import Walk
 
 
@@ -218,7 +219,7 @@ def _group_checked(
     provs = [of_iterator(i, len(tile)) if k == i else b.prov[k] for k in ins]
     reads_scaled = any(b.scaled[k] for k in ins)
     first_const = b.const[ins[0]]
-    prune, oracle, constants = s.spec.prune, s.context.oracle, s.context.rules.constants
+    prune, oracle, rules = s.spec.prune, s.context.oracle, s.context.rules
     out = []
     for v in valid:
         if not s.allowed(v) or (reads_scaled and v.op not in NONLINEAR_UNARY):
@@ -227,7 +228,7 @@ def _group_checked(
         shape = out_shape(v, shapes)  # type: ignore[arg-type]
         assert shape is not None  # valid: the shape rules accept the group's tiles
         value = _expr(s, v, values)  # type: ignore[arg-type]
-        if (not prune or oracle.is_subexpr(value.term)) and _factor_ok(constants, v, value.term, first_const):
+        if (not prune or oracle.is_subexpr(value.term)) and _factor_ok(rules, v, value.term, first_const):
             memo[v.code] = [shape, of_op(v.op, v.attrs, provs, shapes), value, True]  # type: ignore[arg-type]
             out.append(v)
     return out
@@ -291,10 +292,13 @@ def _tensor_term(s: Walk, b: BlockBuild, i: int) -> Term:
     return v.term  # type: ignore[union-attr]
 
 
-def _factor_ok(constants: ExpConstants | None, v: OpVariant, term: Term, arg: Const) -> bool:
+def _factor_ok(rules: RuleSet, v: OpVariant, term: Term, arg: Const) -> bool:
     """Whether an operator's argument carries a factor the program's operator of its class does (only exp,
-    silu and gelu are checked; see :mod:`gensorage.exhaustive.rules.constants`)."""
-    return v.op not in BARRIERS or constants is None or constants.admits(term, arg)
+    silu and gelu are checked; see :mod:`gensorage.exhaustive.rules.constants`), and an ``add_scalar`` adds to
+    a tensor the program adds to (:mod:`gensorage.exhaustive.rules.shift_places`)."""
+    if v.op is Op.ADD_SCALAR:
+        return rules.shifts is None or rules.shifts.admits(term)
+    return v.op not in BARRIERS or rules.constants is None or rules.constants.admits(term, arg)
 
 
 def operands_read_again(s: Walk, b: BlockBuild, ins: tuple[int, ...]) -> list[Term]:
@@ -307,14 +311,14 @@ def _shape_free_prefilter(
 ) -> list[OpVariant]:
     """Drop the variants whose expression does not depend on tile sizes and fails the oracle, before binding."""
     terms = [(b.val[i] if b.val[i] is not None else s.state.val[b.inputs[i]]).term for i in ins]  # type: ignore[union-attr]
-    oracle, constants = s.context.oracle, s.context.rules.constants
+    oracle, rules = s.context.oracle, s.context.rules
     kept = []
     for v in variants:
         term = shape_free_term(v.op, terms)
         if term is not None and not oracle.is_subexpr(term):
             s.counters.pruned_expr += 1
             continue
-        if term is not None and not _factor_ok(constants, v, term, b.const[ins[0]]):
+        if term is not None and not _factor_ok(rules, v, term, b.const[ins[0]]):
             s.counters.pruned_expr += 1
             continue
         kept.append(v)
@@ -343,7 +347,7 @@ def _apply_variants(
     all known is pruned (see :mod:`gensorage.exhaustive.rules.ties`)."""
     counters = s.counters
     ctx = s.context
-    oracle, constants, tie_rule = ctx.oracle, ctx.rules.constants, ctx.rules.ties
+    oracle, rules, tie_rule = ctx.oracle, ctx.rules, ctx.rules.ties
     limit = ctx.hw.shared_mem_per_block
     shapes = [b.shape[i] for i in ins]
     values = [b.val[i] for i in ins]
@@ -380,7 +384,7 @@ def _apply_variants(
         if value is None:
             value = _expr(s, v, values)  # type: ignore[arg-type]
             keep = not exact_prune or oracle.is_subexpr(value.term)
-            keep = keep and (not b.exact or _factor_ok(constants, v, value.term, consts[0]))
+            keep = keep and (not b.exact or _factor_ok(rules, v, value.term, consts[0]))
             if (
                 b.exact
             ):  # elsewhere a tile's expression depends on more than its shape (see the module docstring)

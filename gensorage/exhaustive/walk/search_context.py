@@ -92,6 +92,8 @@ class SearchContext:
         self.budget: dict[int, int] = {
             v.code: program_counts.get((v.op, v.attrs), 0) for v in self.variants if v.op in BUDGETED
         }
+        # The add_scalar variants: while none is spent, the µGraph applies no additive constant (rules.homogeneity).
+        self.shift_codes: tuple[int, ...] = tuple(v.code for v in self.variants if v.op is Op.ADD_SCALAR)
         # Memos of pure functions, shared by the tasks.
         self.construct_cache: dict[str, tuple[float, ...] | None] = {}
         self.valid_memo: dict[tuple[tuple[int, ...], tuple[Shape, ...]], list[OpVariant]] = {}

@@ -134,6 +134,11 @@ class Walk:
         """Whether the constant-attribute budget has a use of ``v`` left (always, for other operators)."""
         return self.budget.get(v.code, 1) > 0
 
+    def shifted(self) -> bool:
+        """Whether the µGraph so far applies an ``add_scalar`` (one of its budgeted uses is spent)."""
+        budget, full = self.budget, self.context.budget
+        return any(budget[c] < full[c] for c in self.context.shift_codes)
+
     def spend(self, v: OpVariant, n: int) -> None:
         """Spend (``n`` = 1) or give back (-1) one use of ``v`` when it is budgeted."""
         if v.code in self.budget:
