@@ -20,12 +20,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gensorage.codegen.epilogue_expr import epilogue_value
 from gensorage.codegen.kernel_text import KernelParam, ScheduledKernel, Target
 from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
 from gensorage.codegen.scalar import FieldScalar, Scalar
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
+from gensorage.opset import epilogue
 from gensorage.precision import promote
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo
@@ -68,6 +70,28 @@ class _MatmulShape:
         return shape if not self.batch or len(shape) == 2 else (math.prod(shape[:-2]), *shape[-2:])
 
 
+@dataclass(frozen=True, slots=True)
+class _Epilogue:
+    """A matmul's epilogue steps and its extra operands' shapes and dtypes (as the kernel declares them)."""
+
+    steps: tuple[Any, ...]
+    extra: tuple[tuple[tuple[int, ...], str], ...]
+
+
+def _extra_index(ms: _MatmulShape, shape: tuple[int, ...], ix: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Index into an extra operand of ``shape`` (numpy-broadcast against the output) at output index ``ix``
+    (``(b, i, j)`` with the batch dims flattened, or ``(i, j)``)."""
+    from tvm import tirx
+
+    full: list[Any] = list(ix[-2:])
+    if ms.batch:
+        b = ix[0]
+        for d in reversed(range(len(ms.batch))):
+            full.insert(0, tirx.floormod(tirx.floordiv(b, math.prod(ms.batch[d + 1 :])), ms.batch[d]))
+    lead = len(full) - len(shape)
+    return tuple(tirx.const(0, "int32") if n == 1 else full[lead + d] for d, n in enumerate(shape))
+
+
 def _swapped(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (*shape[:-2], shape[-1], shape[-2])
 
@@ -103,8 +127,12 @@ def _matmul_build(
     rows_to: int = 1,
     b_dtype: str | None = None,
     cast_to: str | None = None,
+    epi: _Epilogue | None = None,
 ) -> Any:
     """Build function of the lowered workload: broadcast loads, reduction, cast (float) or mod (field) epilogue.
+
+    ``epi``: the matmul's own epilogue steps (:mod:`gensorage.codegen.epilogue_expr`), applied in ``D`` to the
+    accumulated value before the cast; its extra operands are parameters after ``B``.
 
     With ``split_k > 1`` (2-D matmuls): ``C[s, i, j]`` sums the ``s``-th slice of the reduction, ``C`` is a
     fourth parameter (the partials' scratch buffer) and ``D`` adds the slices before its epilogue. Its rows
@@ -125,6 +153,20 @@ def _matmul_build(
         _, m, n, kdim = ms.dims
         k = te.reduce_axis((0, kdim), name="k")
         acc = "int64" if field else promote([dtype, b_type, "float32"])
+        extra = [
+            te.placeholder(shape, "int64" if field else dt, name=f"E{i}")
+            for i, (shape, dt) in enumerate(epi.extra if epi else ())
+        ]
+
+        def finish(v: Any, ix: tuple[Any, ...]) -> Any:
+            """The stored value of output element ``ix`` from its accumulated ``v``."""
+            if modulus is not None:
+                v = tirx.truncmod(v, tirx.const(modulus, "int64"))
+            if epi is not None:
+                loaded = [e[_extra_index(ms, e.shape, ix)].astype(acc) for e in extra]
+                v = epilogue_value(epi.steps, [v, *loaded], modulus, acc)
+            return v if modulus is not None or acc == out_dtype else v.astype(out_dtype)
+
         if cast_to is not None and not field:
             a = _cast(a, cast_to, "A_mma")
             bt = _cast(bt, cast_to, "B_mma")
@@ -135,7 +177,7 @@ def _matmul_build(
             return x.astype(acc) * y.astype(acc)
 
         if split_k > 1:
-            return _split_k_func(a, bt, ms, split_k, rows_to, term, acc, out_dtype, modulus)
+            return _split_k_func(a, bt, ms, split_k, rows_to, term, finish, extra)
         if ms.batch:
 
             def body(b: Any, i: Any, j: Any) -> Any:
@@ -152,13 +194,12 @@ def _matmul_build(
                 lambda i, j: te.sum(term(a[_at(ms.ta, i, k)], bt[_at(ms.tb, k, j)]), axis=k),
                 name="C",
             )
-        if modulus is not None:
-            d = te.compute(c.shape, lambda *ix: tirx.truncmod(c[ix], tirx.const(modulus, "int64")), name="D")
-        elif out_dtype != acc:
-            d = te.compute(c.shape, lambda *ix: c[ix].astype(out_dtype), name="D")
-        else:
-            d = c
-        return te.create_prim_func([_param(a), _param(bt), d])
+        d = (
+            c
+            if modulus is None and epi is None and out_dtype == acc
+            else te.compute(c.shape, lambda *ix: finish(c[ix], ix), name="D")
+        )
+        return te.create_prim_func([_param(a), _param(bt), *extra, d])
 
     return build
 
@@ -187,9 +228,8 @@ def _split_k_func(
     split_k: int,
     rows_to: int,
     term: Any,
-    acc: str,
-    out_dtype: str,
-    modulus: int | None,
+    finish: Any,
+    extra: list[Any],
 ) -> Any:
     from tvm import te, tirx
 
@@ -214,12 +254,10 @@ def _split_k_func(
         v = c[0, i, j]
         for s in range(1, split_k):  # a few slices: an unrolled sum keeps D elementwise
             v = v + c[s, i, j]
-        if modulus is not None:
-            return tirx.truncmod(v, tirx.const(modulus, "int64"))
-        return v if out_dtype == acc else v.astype(out_dtype)
+        return finish(v, (i, j))
 
     d = te.compute((m, n), total, name="D")
-    return te.create_prim_func([_param(a), _param(bt), d, c])
+    return te.create_prim_func([_param(a), _param(bt), *extra, d, c])
 
 
 def matmul_prim_func(
@@ -249,26 +287,38 @@ class _Operands:
     shape: _MatmulShape
     out_ref: Ref
     sources: tuple[Ref, Ref]  # the tensors A and B are read from (a transposed view's input)
+    extra: tuple[TensorInfo, ...] = ()  # an epilogue's extra operands
 
     def params(self, modulus: int | None) -> tuple[KernelParam, ...]:
         """A, B (as stored), C as the kernel declares them (int64 residues in field mode)."""
         dt = "int64" if modulus is not None else None
         ms = self.shape
+        extra = tuple(
+            KernelParam(f"E{i}", "input", r, t.shape, dt or t.dtype)
+            for i, (r, t) in enumerate(zip(self.op.inputs[2:], self.extra, strict=True))
+        )
         return (
             KernelParam("A", "input", self.sources[0], ms.flat(ms.stored_a), dt or self.a.dtype),
             KernelParam("B", "input", self.sources[1], ms.flat(ms.stored_b), dt or self.b.dtype),
+            *extra,
             KernelParam("C", "output", self.out_ref, ms.flat(self.out.shape), dt or self.out.dtype),
         )
+
+    @property
+    def epilogue(self) -> _Epilogue | None:
+        steps = epilogue(self.op.attrs)
+        return _Epilogue(steps, tuple((t.shape, t.dtype) for t in self.extra)) if steps else None
 
 
 def _operands(g: KernelGraph, k: int, info: GraphInfo) -> _Operands:
     op = g.ops[k]
     assert isinstance(op, KernelOp)
-    ta, tb = (info.of(r) for r in op.inputs)
+    ta, tb = (info.of(r) for r in op.inputs[:2])
     out = info.nodes[len(g.inputs) + k][0]
     va, vb = matmul_operands(g, k, graph_views(g, info))
     ms = _MatmulShape(ta.shape, tb.shape, out.shape, va.transposed, vb.transposed)
-    return _Operands(op, ta, tb, out, ms, Ref(len(g.inputs) + k), (va.ref, vb.ref))
+    extra = tuple(info.of(r) for r in op.inputs[2:])
+    return _Operands(op, ta, tb, out, ms, Ref(len(g.inputs) + k), (va.ref, vb.ref), extra)
 
 
 def _moduli(scalar: Scalar) -> list[int | None]:
@@ -310,7 +360,7 @@ def tensor_core_kernels(
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
         build = _matmul_build(
-            ms, ops.a.dtype, ops.out.dtype, m, tiles.split_k, tiles.block_m, ops.b.dtype, cast
+            ms, ops.a.dtype, ops.out.dtype, m, tiles.split_k, tiles.block_m, ops.b.dtype, cast, ops.epilogue
         )
         try:
             # A converting copy is not a byte copy: shorter vectors, not cp.async.
@@ -384,7 +434,7 @@ def matmul_kernels(
     threads = threads_per_block(base, schedule)
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
-        build = _matmul_build(ms, ops.a.dtype, ops.out.dtype, m, b_dtype=ops.b.dtype)
+        build = _matmul_build(ms, ops.a.dtype, ops.out.dtype, m, b_dtype=ops.b.dtype, epi=ops.epilogue)
         wl = dataclasses.replace(base, build=build)
         try:
             mod = lower(wl, schedule, target, hw=hw if target == "cuda" else None)
@@ -396,3 +446,49 @@ def matmul_kernels(
             ScheduledKernel(kname, k, func, ops.params(m), threads, rule, None if m is None else c)
         )
     return kernels
+
+
+def takes_epilogue(
+    g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, field: bool, seed: int = 0
+) -> bool:
+    """Whether the kernel family emitted for matmul op ``k`` runs its epilogue itself: the one-thread-per-row
+    matrix-vector kernel and the one-element-per-thread kernel (every step, float and field), the mma.sync
+    tensor-core kernel (every step in float; in the field twin the residue expressions of
+    :data:`~gensorage.codegen.epilogue_expr.FIELD_STEPS`). The wgmma kernels (cp.async and TMA) and the
+    CUDA-core construction do not take one yet: that matmul keeps its separate element-wise kernels."""
+    from gensorage.codegen.epilogue_expr import field_steps_only
+    from gensorage.codegen.predefined import MAX_COOPERATIVE_ROWS, MIN_COOPERATIVE_INNER
+    from gensorage.codegen.tensor_core import TensorCoreTiles, mma_dtype
+    from gensorage.construction.tensor_core import construct_predefined_matmul
+
+    ops = _operands(g, k, info)
+    ms = ops.shape
+    if ms.out[-2] <= MAX_COOPERATIVE_ROWS and ms.a[-1] >= MIN_COOPERATIVE_INNER:
+        return True  # the cooperative matrix-vector kernel (or its one-element fallback): text kernels
+    got = construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed, ms.layout)
+    if mma_dtype(ops.a.dtype, ops.b.dtype) is None or got is None:
+        return False
+    if not isinstance(got[0], TensorCoreTiles):
+        return False
+    return not field or field_steps_only(epilogue(ops.op.attrs))
+
+
+def gemm_epilogues(
+    g: KernelGraph, hw: HwProfile, field: bool, seed: int = 0
+) -> tuple[KernelGraph, list[int]]:
+    """``g`` with the epilogues its GEMM kernels do not take (:func:`takes_epilogue`) as separate element-wise
+    ops again, and where each op index went; ``g`` itself when every epilogue is taken."""
+    from gensorage.ugraph.optimize.fuse_epilogues import has_epilogue, split_epilogues
+    from gensorage.ugraph.validate import validate
+
+    if not any(has_epilogue(op) for op in g.ops):
+        return g, list(range(len(g.ops)))
+    info = validate(g)
+    refused = {
+        k
+        for k, op in enumerate(g.ops)
+        if has_epilogue(op) and not takes_epilogue(g, k, info, hw, field, seed)
+    }
+    if not refused:
+        return g, list(range(len(g.ops)))
+    return split_epilogues(g, lambda k: k not in refused)
