@@ -385,7 +385,7 @@ def _apply_sum(arith: Arith[V], x: V, attrs: Attrs) -> V:
 def flops(op: Op, in_shapes: Sequence[Shape], out: Shape) -> int:
     """Floating-point operations of one application (2 per multiply-add of a matmul, one per element summed by a
     ``sum`` or ``max``, none for layout operators, one per output element otherwise)."""
-    if op is Op.MATMUL:
+    if op is Op.MATMUL:  # an epilogue's steps (not seen here) add one flop per output element each
         return 2 * math.prod(out) * in_shapes[0][-1]
     if op in LAYOUT:
         return 0

@@ -1,4 +1,5 @@
-"""Row fusion (:mod:`gensorage.ugraph.optimize.fuse_rows`) where users get kernels: the fused direct µGraph
+"""Row fusion (:mod:`gensorage.ugraph.optimize.fuse_rows`), after epilogue fusion
+(:mod:`gensorage.ugraph.optimize.fuse_epilogues`), where users get kernels: the fused direct µGraph
 (the direct µGraph, one kernel per op, after row fusion) as an option competing with the others, and the
 pre-defined ops a search candidate leaves (its element-wise ops and reductions around matmuls), each checked
 like the candidates are.
@@ -24,13 +25,25 @@ from gensorage.program import Program
 from gensorage.superopt.choice import Option, elements
 from gensorage.superopt.presets import DEFAULT_VERIFY_MAX_ELEMENTS, DEFAULT_VERIFY_MAX_TRIALS
 from gensorage.ugraph import KernelGraph, from_program
-from gensorage.ugraph.optimize.fuse_rows import fuse_rows
+from gensorage.ugraph.optimize.fuse_epilogues import fuse_epilogues
+from gensorage.ugraph.optimize.fuse_rows import fuse_rows as _fuse_rows
 
 if TYPE_CHECKING:
     from gensorage.superopt.presets import Preset
 
 #: The origin of the fused direct µGraph among the options.
 FUSED = "fused"
+
+
+def fuse_rows(g: KernelGraph, hw: HwProfile | None) -> KernelGraph:
+    """``g`` with its matmuls' element-wise chains as their epilogues where ``hw``'s GEMM kernel family takes
+    one (:mod:`gensorage.ugraph.optimize.fuse_epilogues`; without ``hw`` none fold), then its row groups fused
+    (epilogue fusion first: row fusion would take the element-wise ops into row kernels it cannot reach)."""
+    if hw is not None:
+        from gensorage.codegen.predefined_matmul import gemm_epilogues
+
+        g, _ = gemm_epilogues(fuse_epilogues(g, hw), hw, field=False)
+    return _fuse_rows(g, hw)
 
 
 def fused_direct(program: Program, precision: str, hw: HwProfile | None) -> KernelGraph | None:
@@ -114,6 +127,7 @@ __all__ = [
     "check_fused_candidate",
     "fused_candidate",
     "fused_direct",
+    "fuse_rows",
     "fused_option",
     "small_shape_report",
 ]

@@ -1,0 +1,127 @@
+"""Epilogue fusion (:mod:`gensorage.ugraph.optimize.fuse_epilogues`): the rewrite, its verification, the GEMM
+kernels that run it (llvm twin against float64, field twin) and the cost model's view of it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gensorage.codegen.field_twin import check_field_twin
+from gensorage.codegen.module import compile_ugraph
+from gensorage.hw import load_profile
+from gensorage.program.configs import load_config
+from gensorage.ugraph import from_program
+from gensorage.ugraph.cost import predict_ugraph_time
+from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref, TensorSpec
+from gensorage.ugraph.optimize.fuse_epilogues import fuse_epilogues, has_epilogue, split_epilogues
+from gensorage.verify.equivalent import equivalent
+from gensorage.verify.floatcheck import float_check, round_to
+
+HW = load_profile("h200")
+
+
+def _graph(name: str, dtype: str, m: int = 64, k: int = 128, n: int = 128) -> KernelGraph:
+    """gated_mlp, mlp, lora and a decoder MLP with a bias and a residual, as direct µGraphs in ``dtype``."""
+    x = TensorSpec("x", (m, k), dtype)
+    w1, w3 = TensorSpec("w1", (k, n), dtype), TensorSpec("w3", (k, n), dtype)
+    if name == "gated_mlp":  # silu(x W1) * (x W3)
+        ops = [
+            KernelOp("matmul", (0, 1)),
+            KernelOp("silu", (3,)),
+            KernelOp("matmul", (0, 2)),
+            KernelOp("mul", (4, 5)),
+        ]
+        return KernelGraph((x, w1, w3), tuple(ops), (Ref(6),))
+    if name == "mlp":  # relu(x W1) W2
+        w2 = TensorSpec("w2", (n, k), dtype)
+        ops = [KernelOp("matmul", (0, 1)), KernelOp("relu", (3,)), KernelOp("matmul", (4, 2))]
+        return KernelGraph((x, w1, w2), tuple(ops), (Ref(5),))
+    if name == "lora":  # x W + (x A) B
+        a, b = TensorSpec("a", (k, 16), dtype), TensorSpec("b", (16, n), dtype)
+        ops = [KernelOp("matmul", (0, 1)), KernelOp("matmul", (0, 2)), KernelOp("matmul", (5, 3))]
+        return KernelGraph((x, w1, a, b), (*ops, KernelOp("add", (4, 6))), (Ref(7),))
+    assert name == "residual"  # x + relu(x W1 + bias) W2, scaled
+    w2, bias = TensorSpec("w2", (n, k), dtype), TensorSpec("bias", (n,), dtype)
+    ops = [
+        KernelOp("matmul", (0, 1)),
+        KernelOp("add", (4, 3)),
+        KernelOp("relu", (5,)),
+        KernelOp("matmul", (6, 2)),
+        KernelOp("scale", (7,), {"factor": 0.5}),
+        KernelOp("add", (8, 0)),
+    ]
+    return KernelGraph((x, w1, w2, bias), tuple(ops), (Ref(9),))
+
+
+PROGRAMS = ["gated_mlp", "mlp", "lora", "residual"]
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_the_chain_folds_and_computes_the_same(name: str) -> None:
+    g = _graph(name, "float16")
+    fused = fuse_epilogues(g)
+    assert sum(has_epilogue(op) for op in fused.ops) >= 1 and len(fused.ops) < len(g.ops)
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s.shape) for s in g.inputs]
+    np.testing.assert_allclose(fused.run(*arrays)[0], g.run(*arrays)[0], rtol=1e-12, atol=1e-12)
+    back, _ = split_epilogues(fused, lambda k: False)
+    assert not any(has_epilogue(op) for op in back.ops) and len(back.ops) == len(g.ops)
+    np.testing.assert_allclose(back.run(*arrays)[0], g.run(*arrays)[0], rtol=1e-12, atol=1e-12)
+    assert KernelGraph.from_json(json.loads(json.dumps(fused.to_json()))) == fused
+
+
+def test_a_product_read_twice_keeps_its_kernel() -> None:
+    x, w = TensorSpec("x", (8, 16)), TensorSpec("w", (16, 16))
+    g = KernelGraph(
+        (x, w), (KernelOp("matmul", (0, 1)), KernelOp("relu", (2,)), KernelOp("add", (3, 2))), (Ref(4),)
+    )
+    assert fuse_epilogues(g) == g  # the raw product is read by the add too
+
+
+@pytest.mark.parametrize("name", ["gated_mlp", "mlp", "lora"])
+def test_the_fused_program_is_verified_like_a_candidate(name: str) -> None:
+    params = {"gated_mlp": {"t": 8, "k": 16, "f": 16}, "mlp": {"t": 8, "k": 16, "f": 16}}.get(
+        name, {"t": 8, "k": 16, "m": 16, "r": 4}
+    )
+    p = load_config(name, params)
+    fused = fuse_epilogues(from_program(p))
+    assert any(has_epilogue(op) for op in fused.ops)
+    assert equivalent(p, fused, 1e-9, seed=3)
+    assert float_check(from_program(p), fused, seed=3).ok
+
+
+@settings(max_examples=3, deadline=None)
+@given(
+    name=st.sampled_from(PROGRAMS),
+    dtype=st.sampled_from(["float16", "bfloat16"]),
+    scale=st.floats(min_value=2.0**-4, max_value=2.0),
+    seed=st.integers(0, 2**16),
+)
+def test_llvm_twin_of_the_fused_gemm_against_float64(name: str, dtype: str, scale: float, seed: int) -> None:
+    g = fuse_epilogues(_graph(name, dtype))
+    compiled = compile_ugraph(g, HW, "llvm", seed=0)
+    assert any(has_epilogue(op) for op in compiled.ugraph.ops)  # the mma.sync kernel took its epilogue
+    assert any("tensor-core" in k.rule for k in compiled.kernels("llvm"))
+    rng = np.random.default_rng(seed)
+    arrays = [round_to(rng.standard_normal(s.shape) * scale, dtype) for s in g.inputs]
+    ref = g.run(*arrays)[0]
+    np_dtype = np.float16 if dtype == "float16" else np.float32  # bfloat16 inputs travel as float32 here
+    got = compiled.run(*[a.astype(np_dtype) for a in arrays], target="cpu")[0].astype(np.float64)
+    tol = {"float16": 1e-2, "bfloat16": 5e-2}[dtype]  # the output rounded once to the dtype
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("name", ["residual", "gated_mlp"])
+def test_field_twin_of_the_fused_gemm(name: str) -> None:
+    assert check_field_twin(fuse_epilogues(_graph(name, "float16")), None, trials=1, seed=5, hw=HW)
+
+
+@pytest.mark.parametrize("name", ["gated_mlp", "mlp", "lora"])
+def test_the_cost_model_prices_the_fused_epilogue_faster(name: str) -> None:
+    g = _graph(name, "float16", m=256, k=1024, n=1024)
+    fused = fuse_epilogues(g, HW)
+    assert predict_ugraph_time(fused, HW) < predict_ugraph_time(g, HW)
