@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gensorage.errors import UnsupportedOpError
@@ -20,6 +21,61 @@ from gensorage.opset import EpilogueStep, Op, attr
 
 #: Epilogue steps the field twin computes inside a TE-built GEMM kernel (each a residue expression).
 FIELD_STEPS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.SCALE, Op.ADD_SCALAR})
+
+
+#: Extra-operand parameters a hand-written GEMM PrimFunc declares (the unused ones are dropped after parsing).
+SLOTS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEpilogue:
+    """A matmul's epilogue as a GEMM kernel runs it: its steps, its extra operands' shapes and dtypes (as the
+    kernel declares them) and the output's batch dims (flattened into one in the kernel's view, ``()`` for a
+    2-D matmul)."""
+
+    steps: tuple[EpilogueStep, ...]
+    extra: tuple[tuple[tuple[int, ...], str], ...]
+    batch: tuple[int, ...] = ()
+
+    def slots(self, field: bool) -> list[tuple[tuple[int, ...], str]]:
+        """The :data:`SLOTS` extra parameters' shapes and dtypes (int64 residues in field mode)."""
+        used = [(shape, "int64" if field else dt) for shape, dt in self.extra]
+        return used + [((1,), "int64" if field else "float32")] * (SLOTS - len(used))
+
+    def value(self, product: Any, extra: Sequence[Any], ix: tuple[Any, ...], modulus: int | None) -> Any:
+        """The last step's value at output index ``ix`` (``(b, i, j)`` in the kernel's view, or ``(i, j)``) from
+        the accumulated ``product`` (float32, or a residue mod ``modulus``), reading the ``extra`` buffers."""
+        acc = "float32" if modulus is None else "int64"
+        loaded = [
+            e[extra_index(self.batch, shape, ix)].astype(acc)
+            for e, (shape, _) in zip(extra[: len(self.extra)], self.extra, strict=True)
+        ]
+        return epilogue_value(self.steps, [product, *loaded], modulus, acc)
+
+
+def extra_index(batch: tuple[int, ...], shape: tuple[int, ...], ix: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Index into an extra operand of ``shape`` (numpy-broadcast against the output) at output index ``ix``
+    (``(b, i, j)`` with the ``batch`` dims flattened into ``b``, or ``(i, j)``)."""
+    from tvm import tirx
+
+    full: list[Any] = list(ix[-2:])
+    if batch:
+        for d in reversed(range(len(batch))):
+            full.insert(0, tirx.floormod(tirx.floordiv(ix[0], math.prod(batch[d + 1 :])), batch[d]))
+    lead = len(full) - len(shape)
+    return tuple(tirx.const(0, "int32") if n == 1 else full[lead + d] for d, n in enumerate(shape))
+
+
+def with_extras(func: Any, used: int) -> Any:
+    """A hand-written GEMM PrimFunc declared ``(A, B, C, <others>, E0 .. E{SLOTS-1})`` as ``(A, B, E0 ..
+    E{used-1}, C, <others>)``: the extra operands after B, as the kernel's parameters list them; the unused
+    slots (never read) dropped."""
+    from tvm import tirx
+
+    params = list(func.params)
+    fixed, slots = params[: len(params) - SLOTS], params[len(params) - SLOTS :]
+    order = fixed[:2] + slots[:used] + fixed[2:]
+    return tirx.PrimFunc(order, func.body, func.ret_type, func.attrs)
 
 
 def field_steps_only(steps: Sequence[EpilogueStep]) -> bool:
@@ -97,4 +153,12 @@ def _field(op: Op, x: list[Any], attrs: Any, m: int) -> Any:
             raise UnsupportedOpError(f"epilogue step '{op.value}' has no residue expression in a GEMM kernel")
 
 
-__all__ = ["FIELD_STEPS", "epilogue_value", "field_steps_only"]
+__all__ = [
+    "FIELD_STEPS",
+    "SLOTS",
+    "KernelEpilogue",
+    "epilogue_value",
+    "extra_index",
+    "field_steps_only",
+    "with_extras",
+]

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gensorage.codegen.epilogue_expr import epilogue_value
+from gensorage.codegen.epilogue_expr import KernelEpilogue
 from gensorage.codegen.kernel_text import KernelParam, ScheduledKernel, Target
 from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
 from gensorage.codegen.scalar import FieldScalar, Scalar
@@ -70,28 +70,6 @@ class _MatmulShape:
         return shape if not self.batch or len(shape) == 2 else (math.prod(shape[:-2]), *shape[-2:])
 
 
-@dataclass(frozen=True, slots=True)
-class _Epilogue:
-    """A matmul's epilogue steps and its extra operands' shapes and dtypes (as the kernel declares them)."""
-
-    steps: tuple[Any, ...]
-    extra: tuple[tuple[tuple[int, ...], str], ...]
-
-
-def _extra_index(ms: _MatmulShape, shape: tuple[int, ...], ix: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Index into an extra operand of ``shape`` (numpy-broadcast against the output) at output index ``ix``
-    (``(b, i, j)`` with the batch dims flattened, or ``(i, j)``)."""
-    from tvm import tirx
-
-    full: list[Any] = list(ix[-2:])
-    if ms.batch:
-        b = ix[0]
-        for d in reversed(range(len(ms.batch))):
-            full.insert(0, tirx.floormod(tirx.floordiv(b, math.prod(ms.batch[d + 1 :])), ms.batch[d]))
-    lead = len(full) - len(shape)
-    return tuple(tirx.const(0, "int32") if n == 1 else full[lead + d] for d, n in enumerate(shape))
-
-
 def _swapped(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (*shape[:-2], shape[-1], shape[-2])
 
@@ -127,7 +105,7 @@ def _matmul_build(
     rows_to: int = 1,
     b_dtype: str | None = None,
     cast_to: str | None = None,
-    epi: _Epilogue | None = None,
+    epi: KernelEpilogue | None = None,
 ) -> Any:
     """Build function of the lowered workload: broadcast loads, reduction, cast (float) or mod (field) epilogue.
 
@@ -163,8 +141,7 @@ def _matmul_build(
             if modulus is not None:
                 v = tirx.truncmod(v, tirx.const(modulus, "int64"))
             if epi is not None:
-                loaded = [e[_extra_index(ms, e.shape, ix)].astype(acc) for e in extra]
-                v = epilogue_value(epi.steps, [v, *loaded], modulus, acc)
+                v = epi.value(v, extra, ix, modulus)
             return v if modulus is not None or acc == out_dtype else v.astype(out_dtype)
 
         if cast_to is not None and not field:
@@ -305,9 +282,10 @@ class _Operands:
         )
 
     @property
-    def epilogue(self) -> _Epilogue | None:
+    def epilogue(self) -> KernelEpilogue | None:
         steps = epilogue(self.op.attrs)
-        return _Epilogue(steps, tuple((t.shape, t.dtype) for t in self.extra)) if steps else None
+        extra = tuple((t.shape, t.dtype) for t in self.extra)
+        return KernelEpilogue(steps, extra, self.shape.batch) if steps else None
 
 
 def _operands(g: KernelGraph, k: int, info: GraphInfo) -> _Operands:
@@ -393,12 +371,13 @@ def _wgmma_kernels(
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
         try:
+            epi = ops.epilogue
             if target == "cuda":
-                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb)
+                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb, epi=epi)
             elif m is None:
-                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb)
+                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb, epi=epi)
             else:
-                func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m, k_major_b=ms.tb)
+                func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m, k_major_b=ms.tb, epi=epi)
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{ops.out_ref.node} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"
@@ -452,13 +431,13 @@ def takes_epilogue(
     g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, field: bool, seed: int = 0
 ) -> bool:
     """Whether the kernel family emitted for matmul op ``k`` runs its epilogue itself: the one-thread-per-row
-    matrix-vector kernel and the one-element-per-thread kernel (every step, float and field), the mma.sync
-    tensor-core kernel (every step in float; in the field twin the residue expressions of
-    :data:`~gensorage.codegen.epilogue_expr.FIELD_STEPS`). The wgmma kernels (cp.async and TMA) and the
-    CUDA-core construction do not take one yet: that matmul keeps its separate element-wise kernels."""
+    matrix-vector kernel and the one-element-per-thread kernel (every step, float and field), the mma.sync and
+    wgmma (cp.async and TMA) tensor-core kernels (every step in float; in the field twin the residue
+    expressions of :data:`~gensorage.codegen.epilogue_expr.FIELD_STEPS`). The CUDA-core construction does not
+    take one yet: that matmul keeps its separate element-wise kernels."""
     from gensorage.codegen.epilogue_expr import field_steps_only
     from gensorage.codegen.predefined import MAX_COOPERATIVE_ROWS, MIN_COOPERATIVE_INNER
-    from gensorage.codegen.tensor_core import TensorCoreTiles, mma_dtype
+    from gensorage.codegen.tensor_core import mma_dtype
     from gensorage.construction.tensor_core import construct_predefined_matmul
 
     ops = _operands(g, k, info)
@@ -468,9 +447,7 @@ def takes_epilogue(
     got = construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed, ms.layout)
     if mma_dtype(ops.a.dtype, ops.b.dtype) is None or got is None:
         return False
-    if not isinstance(got[0], TensorCoreTiles):
-        return False
-    return not field or field_steps_only(epilogue(ops.op.attrs))
+    return not field or field_steps_only(epilogue(ops.op.attrs))  # mma.sync and wgmma kernels alike
 
 
 def gemm_epilogues(
