@@ -3,7 +3,9 @@ kernels that run it (llvm twin against float64, field twin) and the cost model's
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,3 +127,28 @@ def test_the_cost_model_prices_the_fused_epilogue_faster(name: str) -> None:
     g = _graph(name, "float16", m=256, k=1024, n=1024)
     fused = fuse_epilogues(g, HW)
     assert predict_ugraph_time(fused, HW) < predict_ugraph_time(g, HW)
+
+
+#: A Hopper whose mma.sync is slow: the construction takes wgmma even at shapes small enough for the twins.
+SLOW_MMA = dataclasses.replace(
+    HW, calibration=dataclasses.replace(HW.calibration, mma_sync_fraction=0.01, wgmma_fraction=1.0)
+)
+
+
+@pytest.mark.parametrize(
+    ("hw", "shape", "family"),
+    [(HW, (8, 1024, 256), "split-k 8"), (SLOW_MMA, (128, 128, 128), "wgmma block")],
+    ids=["mma-split-k", "wgmma"],
+)
+def test_every_gemm_family_runs_the_epilogue(hw: Any, shape: tuple[int, int, int], family: str) -> None:
+    m, k, n = shape
+    g = fuse_epilogues(_graph("residual", "bfloat16", m=m, k=k, n=n))
+    compiled = compile_ugraph(g, hw, "llvm", seed=0)
+    fused = [x for x in compiled.kernels("llvm") if has_epilogue(compiled.ugraph.ops[x.op_index])]
+    assert len(fused) >= 2 and any(family in x.rule for x in fused)  # both matmuls, one on that family
+    rng = np.random.default_rng(4)
+    arrays = [round_to(rng.standard_normal(s.shape) * 0.3, "bfloat16") for s in g.inputs]
+    ref = g.run(*arrays)[0]
+    got = compiled.run(*[a.astype(np.float32) for a in arrays], target="cpu")[0].astype(np.float64)
+    assert np.abs(got - ref).max() <= 5e-2 * np.abs(ref).max()
+    assert check_field_twin(g, None, trials=1, seed=6, hw=hw)
