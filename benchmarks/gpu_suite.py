@@ -133,8 +133,9 @@ def prepare(args: argparse.Namespace) -> int:
                 cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused or rows))
                 if rows is not None:
                     cases.append(gpu_bundle.program_case(name, program, hw, out, precision, label="_perop"))
-                    alone = fuse_rows(from_program(program, precision), hw)
-                    if args.rows_alone and alone != rows:
+                    direct = from_program(program, precision)
+                    alone = fuse_rows(direct, hw)
+                    if args.rows_alone and alone not in (rows, direct):
                         cases.append(
                             gpu_bundle.program_case(name, program, hw, out, precision, alone, label="_rows")
                         )

@@ -152,3 +152,26 @@ def test_every_gemm_family_runs_the_epilogue(hw: Any, shape: tuple[int, int, int
     got = compiled.run(*[a.astype(np.float32) for a in arrays], target="cpu")[0].astype(np.float64)
     assert np.abs(got - ref).max() <= 5e-2 * np.abs(ref).max()
     assert check_field_twin(g, None, trials=1, seed=6, hw=hw)
+
+
+@pytest.mark.parametrize("hw", [HW, SLOW_MMA], ids=["mma", "wgmma"])
+def test_batched_epilogue_operands_broadcast(hw: Any) -> None:
+    # (x W + bias[n]) * scale[e, t, 1] - r[e, t, n] over two batches: each extra operand indexed by its own dims.
+    x, w = TensorSpec("x", (2, 128, 128)), TensorSpec("w", (2, 128, 128))
+    b, r, s = TensorSpec("b", (128,)), TensorSpec("r", (2, 128, 128)), TensorSpec("s", (2, 128, 1))
+    ops = (
+        KernelOp("matmul", (0, 1)),
+        KernelOp("add", (5, 2)),
+        KernelOp("mul", (6, 4)),
+        KernelOp("sub", (7, 3)),
+    )
+    g = fuse_epilogues(KernelGraph((x, w, b, r, s), ops, (Ref(8),)))
+    assert len(g.ops) == 1
+    compiled = compile_ugraph(g, hw, "llvm", seed=0)
+    assert ("wgmma" in compiled.kernels("llvm")[0].rule) == (hw is SLOW_MMA)
+    rng = np.random.default_rng(8)
+    arrays = [round_to(rng.standard_normal(t.shape) * 0.5, "float16") for t in g.inputs]
+    got = compiled.run(*[a.astype(np.float16) for a in arrays], target="cpu")[0].astype(np.float64)
+    ref = g.run(*arrays)[0]
+    assert np.abs(got - ref).max() <= 1e-2 * np.abs(ref).max()
+    assert check_field_twin(g, None, trials=1, seed=1, hw=hw)
