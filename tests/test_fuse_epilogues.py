@@ -136,21 +136,27 @@ SLOW_MMA = dataclasses.replace(
 
 
 @pytest.mark.parametrize(
-    ("hw", "shape", "family"),
-    [(HW, (8, 1024, 256), "split-k 8"), (SLOW_MMA, (128, 128, 128), "wgmma block")],
-    ids=["mma-split-k", "wgmma"],
+    ("hw", "shape", "dtype", "family"),
+    [
+        (HW, (8, 1024, 256), "bfloat16", "split-k 8"),
+        (SLOW_MMA, (128, 128, 128), "bfloat16", "wgmma block"),
+        (HW, (64, 128, 128), "float32", "markov construct"),  # the CUDA-core construction
+    ],
+    ids=["mma-split-k", "wgmma", "cuda-core"],
 )
-def test_every_gemm_family_runs_the_epilogue(hw: Any, shape: tuple[int, int, int], family: str) -> None:
+def test_every_gemm_family_runs_the_epilogue(
+    hw: Any, shape: tuple[int, int, int], dtype: str, family: str
+) -> None:
     m, k, n = shape
-    g = fuse_epilogues(_graph("residual", "bfloat16", m=m, k=k, n=n))
+    g = fuse_epilogues(_graph("residual", dtype, m=m, k=k, n=n))
     compiled = compile_ugraph(g, hw, "llvm", seed=0)
     fused = [x for x in compiled.kernels("llvm") if has_epilogue(compiled.ugraph.ops[x.op_index])]
     assert len(fused) >= 2 and any(family in x.rule for x in fused)  # both matmuls, one on that family
     rng = np.random.default_rng(4)
-    arrays = [round_to(rng.standard_normal(s.shape) * 0.3, "bfloat16") for s in g.inputs]
+    arrays = [round_to(rng.standard_normal(s.shape) * 0.3, dtype) for s in g.inputs]
     ref = g.run(*arrays)[0]
     got = compiled.run(*[a.astype(np.float32) for a in arrays], target="cpu")[0].astype(np.float64)
-    assert np.abs(got - ref).max() <= 5e-2 * np.abs(ref).max()
+    assert np.abs(got - ref).max() <= {"bfloat16": 5e-2, "float32": 1e-5}[dtype] * np.abs(ref).max()
     assert check_field_twin(g, None, trials=1, seed=6, hw=hw)
 
 

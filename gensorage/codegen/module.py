@@ -357,11 +357,6 @@ class CompiledUGraph:
     ) -> None:
         if target not in TARGETS:
             raise UnsupportedOpError(f"unknown target {target!r} (expected 'cuda' or 'llvm')")
-        from gensorage.codegen.predefined_matmul import gemm_epilogues
-
-        # Epilogues a matmul's kernel family does not take run as their own kernels again.
-        ugraph, moved = gemm_epilogues(ugraph, hw, field=False, seed=seed)
-        plans = None if plans is None else {moved[k]: v for k, v in plans.items()}
         self.ugraph = ugraph
         self.hw = hw
         self.target: Target = target

@@ -427,32 +427,25 @@ def matmul_kernels(
     return kernels
 
 
-def takes_epilogue(
-    g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, field: bool, seed: int = 0
-) -> bool:
+def takes_epilogue(g: KernelGraph, k: int, info: GraphInfo, field: bool) -> bool:
     """Whether the kernel family emitted for matmul op ``k`` runs its epilogue itself: the one-thread-per-row
-    matrix-vector kernel and the one-element-per-thread kernel (every step, float and field), the mma.sync and
-    wgmma (cp.async and TMA) tensor-core kernels (every step in float; in the field twin the residue
-    expressions of :data:`~gensorage.codegen.epilogue_expr.FIELD_STEPS`). The CUDA-core construction does not
-    take one yet: that matmul keeps its separate element-wise kernels."""
+    matrix-vector kernel and the one-element-per-thread kernel (every step, float and field); the mma.sync and
+    wgmma (cp.async and TMA) tensor-core kernels and the CUDA-core construction's kernel take every step in
+    float, and in their field twins (one residue per kernel) the residue expressions of
+    :data:`~gensorage.codegen.epilogue_expr.FIELD_STEPS` only: activations and exp mix both residues, so there
+    that matmul keeps its separate element-wise kernels."""
     from gensorage.codegen.epilogue_expr import field_steps_only
     from gensorage.codegen.predefined import MAX_COOPERATIVE_ROWS, MIN_COOPERATIVE_INNER
-    from gensorage.codegen.tensor_core import mma_dtype
-    from gensorage.construction.tensor_core import construct_predefined_matmul
 
     ops = _operands(g, k, info)
     ms = ops.shape
     if ms.out[-2] <= MAX_COOPERATIVE_ROWS and ms.a[-1] >= MIN_COOPERATIVE_INNER:
         return True  # the cooperative matrix-vector kernel (or its one-element fallback): text kernels
-    got = construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed, ms.layout)
-    if mma_dtype(ops.a.dtype, ops.b.dtype) is None or got is None:
-        return False
-    return not field or field_steps_only(epilogue(ops.op.attrs))  # mma.sync and wgmma kernels alike
+    # mma.sync, wgmma and the CUDA-core construction alike: a TE write-back block, one residue per field kernel
+    return not field or field_steps_only(epilogue(ops.op.attrs))
 
 
-def gemm_epilogues(
-    g: KernelGraph, hw: HwProfile, field: bool, seed: int = 0
-) -> tuple[KernelGraph, list[int]]:
+def gemm_epilogues(g: KernelGraph, field: bool) -> tuple[KernelGraph, list[int]]:
     """``g`` with the epilogues its GEMM kernels do not take (:func:`takes_epilogue`) as separate element-wise
     ops again, and where each op index went; ``g`` itself when every epilogue is taken."""
     from gensorage.ugraph.optimize.fuse_epilogues import has_epilogue, split_epilogues
@@ -461,11 +454,7 @@ def gemm_epilogues(
     if not any(has_epilogue(op) for op in g.ops):
         return g, list(range(len(g.ops)))
     info = validate(g)
-    refused = {
-        k
-        for k, op in enumerate(g.ops)
-        if has_epilogue(op) and not takes_epilogue(g, k, info, hw, field, seed)
-    }
+    refused = {k for k, op in enumerate(g.ops) if has_epilogue(op) and not takes_epilogue(g, k, info, field)}
     if not refused:
         return g, list(range(len(g.ops)))
     return split_epilogues(g, lambda k: k not in refused)

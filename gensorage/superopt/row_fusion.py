@@ -36,14 +36,10 @@ FUSED = "fused"
 
 
 def fuse_rows(g: KernelGraph, hw: HwProfile | None) -> KernelGraph:
-    """``g`` with its matmuls' element-wise chains as their epilogues where ``hw``'s GEMM kernel family takes
-    one (:mod:`gensorage.ugraph.optimize.fuse_epilogues`; without ``hw`` none fold), then its row groups fused
-    (epilogue fusion first: row fusion would take the element-wise ops into row kernels it cannot reach)."""
-    if hw is not None:
-        from gensorage.codegen.predefined_matmul import gemm_epilogues
-
-        g, _ = gemm_epilogues(fuse_epilogues(g, hw), hw, field=False)
-    return _fuse_rows(g, hw)
+    """``g`` with its matmuls' element-wise chains as their epilogues
+    (:mod:`gensorage.ugraph.optimize.fuse_epilogues`), then its row groups fused (epilogue fusion first: row
+    fusion would take the element-wise ops into row kernels it cannot reach)."""
+    return _fuse_rows(fuse_epilogues(g, hw), hw)
 
 
 def fused_direct(program: Program, precision: str, hw: HwProfile | None) -> KernelGraph | None:
