@@ -19,7 +19,7 @@ from gensorage.program.configs import load_config
 from gensorage.ugraph import from_program
 from gensorage.ugraph.cost import predict_ugraph_time
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref, TensorSpec
-from gensorage.ugraph.optimize.fuse_epilogues import fuse_epilogues, has_epilogue, split_epilogues
+from gensorage.ugraph.optimize.fuse_epilogues import MAX_EXTRA, fuse_epilogues, has_epilogue, split_epilogues
 from gensorage.verify.equivalent import equivalent
 from gensorage.verify.floatcheck import float_check, round_to
 
@@ -74,6 +74,17 @@ def test_the_chain_folds_and_computes_the_same(name: str) -> None:
     assert not any(has_epilogue(op) for op in back.ops) and len(back.ops) == len(g.ops)
     np.testing.assert_allclose(back.run(*arrays)[0], g.run(*arrays)[0], rtol=1e-12, atol=1e-12)
     assert KernelGraph.from_json(json.loads(json.dumps(fused.to_json()))) == fused
+
+
+def test_an_epilogue_reads_at_most_max_extra_operands() -> None:
+    n = MAX_EXTRA + 1
+    specs = [TensorSpec("x", (4, 8)), TensorSpec("w", (8, 8))] + [
+        TensorSpec(f"e{i}", (4, 8)) for i in range(n)
+    ]
+    ops = [KernelOp("matmul", (0, 1))] + [KernelOp("add", (len(specs) + i, 2 + i)) for i in range(n)]
+    fused = fuse_epilogues(KernelGraph(tuple(specs), tuple(ops), (Ref(len(specs) + n),)))
+    assert [op.op.value for op in fused.ops] == ["matmul", "add"]  # the fifth add stays a kernel of its own
+    assert len(fused.ops[0].inputs) == 2 + MAX_EXTRA
 
 
 def test_a_product_read_twice_keeps_its_kernel() -> None:
@@ -181,3 +192,48 @@ def test_batched_epilogue_operands_broadcast(hw: Any) -> None:
     ref = g.run(*arrays)[0]
     assert np.abs(got - ref).max() <= 1e-2 * np.abs(ref).max()
     assert check_field_twin(g, None, trials=1, seed=1, hw=hw)
+
+
+_UNARY = ["relu", "silu", "gelu", "exp", "scale", "add_scalar"]
+_BINARY = ["add", "sub", "mul", "div"]
+
+
+@st.composite
+def _chains(draw: Any) -> KernelGraph:
+    """A matmul [m, k] x [k, n] followed by a drawn chain of element-wise ops, the binary ones against an input
+    of the product's shape, an [n] row or an [m, 1] column."""
+    m, k, n = draw(st.sampled_from([(4, 8, 8), (3, 5, 7), (1, 16, 4)]))
+    inputs = [TensorSpec("x", (m, k), "float32"), TensorSpec("w", (k, n), "float32")]
+    ops: list[KernelOp] = [KernelOp("matmul", (0, 1))]
+    for _ in range(draw(st.integers(1, MAX_EXTRA))):  # at most MAX_EXTRA extra operands: one kernel op
+        last = len(inputs) + len(ops) - 1
+        if draw(st.booleans()):
+            op = draw(st.sampled_from(_UNARY))
+            attrs = {"scale": {"factor": 0.5}, "add_scalar": {"value": 1.5}}.get(op, {})
+            ops.append(KernelOp(op, (last,), attrs))
+            continue
+        shape = draw(st.sampled_from([(m, n), (n,), (m, 1)]))
+        inputs.append(TensorSpec(f"e{len(inputs)}", shape, "float32"))
+        # the extra input is a new node: every op index moves up one
+        ops = [
+            KernelOp(o.op, tuple(Ref(r.node + (r.node >= len(inputs) - 1)) for r in o.inputs), o.attrs)
+            for o in ops
+        ]
+        last += 1
+        args = (last, len(inputs) - 1) if draw(st.booleans()) else (len(inputs) - 1, last)
+        ops.append(KernelOp(draw(st.sampled_from(_BINARY)), args))
+    return KernelGraph(tuple(inputs), tuple(ops), (Ref(len(inputs) + len(ops) - 1),))
+
+
+@settings(max_examples=40, deadline=None)
+@given(g=_chains(), scale=st.floats(min_value=2.0**-6, max_value=4.0), seed=st.integers(0, 2**16))
+def test_any_element_wise_chain_folds_into_one_kernel_op(g: KernelGraph, scale: float, seed: int) -> None:
+    fused = fuse_epilogues(g)
+    assert len(fused.ops) == 1 and has_epilogue(fused.ops[0])
+    rng = np.random.default_rng(seed)
+    # divisors kept away from zero: the law is about the rewrite, not about dividing by tiny numbers
+    arrays = [np.abs(rng.standard_normal(s.shape)) * scale + 0.5 for s in g.inputs]
+    want = g.run(*arrays)[0]
+    np.testing.assert_allclose(fused.run(*arrays)[0], want, rtol=1e-12, atol=1e-300)
+    back, _ = split_epilogues(fused, lambda k: False)
+    np.testing.assert_allclose(back.run(*arrays)[0], want, rtol=1e-12, atol=1e-300)
