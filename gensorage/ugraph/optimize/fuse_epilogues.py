@@ -19,8 +19,14 @@ row kernel that still reads both products from memory); folding them into the GE
 products' round trips, needs no row to fit in shared memory, and what it leaves (reductions, element-wise ops
 around them) still row-fuses.
 
-:func:`split_epilogues` is the inverse rewrite: code generation uses it for a matmul whose GEMM kernel family
-does not take an epilogue (that matmul keeps its separate kernels).
+Every GEMM kernel family runs the epilogue on its float32 accumulators before the cast (mma.sync, wgmma with
+cp.async or TMA, the CUDA-core construction, the matrix-vector and one-element kernels; see
+:mod:`gensorage.codegen.epilogue_expr`). :func:`split_epilogues` is the inverse rewrite: the finite-field twin
+uses it where a scheduled GEMM kernel, which computes one residue, cannot run a step (an activation or exp mixes
+both residues), so there that matmul keeps its separate kernels.
+
+The rewrite is checked where it is used as every option is: the fused direct µGraph
+(:mod:`gensorage.superopt.row_fusion`) by the identity test and the float check, like a search candidate.
 """
 
 from __future__ import annotations
