@@ -60,12 +60,18 @@ def fused_option(
 ) -> Option | None:
     """The fused direct µGraph as an :class:`~gensorage.superopt.choice.Option` (origin :data:`FUSED`), with the
     equivalence check at the derived search shapes as its search report when the program is too large to check
-    at its own; None when nothing fuses."""
+    at its own; None when nothing fuses or, like a search candidate, it fails the float check
+    (:func:`~gensorage.verify.float_check`: a matmul's epilogue keeps its steps in float32, so the rewrite
+    changes the rounding)."""
+    from gensorage.verify import float_check
+
     fused = fused_direct(program, precision, hw)
     if fused is None:
         return None
     limit = preset.verify_max_elements if preset is not None else DEFAULT_VERIFY_MAX_ELEMENTS
     report = None
+    if elements(program) <= limit and not float_check(program, fused, seed=seed):
+        return None
     if elements(program) > limit:
         try:
             report = small_shape_report(program, precision, hw, delta, seed)
@@ -79,14 +85,21 @@ def fused_option(
 def small_shape_report(
     program: Program, precision: str, hw: HwProfile | None, delta: float, seed: int
 ) -> dict[str, object]:
-    """The equivalence check of row fusion on ``program`` at its derived search shapes (as a search report)."""
+    """The equivalence check and the float check of the fusion on ``program`` at its derived search shapes (as a
+    search report)."""
     from gensorage.superopt.search_shapes import derive_search_shapes
+    from gensorage.verify import float_check
     from gensorage.verify.equivalent import equivalent
 
     small = derive_search_shapes(program).program
     graph = fuse_rows(from_program(small, precision), hw)
     report = equivalent(small, graph, delta, seed=seed, max_trials=DEFAULT_VERIFY_MAX_TRIALS)
-    return {"equivalent": bool(report), "method": "row fusion checked at the derived search shapes"}
+    stable = bool(float_check(small, graph, seed=seed))
+    return {
+        "equivalent": bool(report) and stable,
+        "float_check": stable,
+        "method": "row fusion checked at the derived search shapes",
+    }
 
 
 def fused_candidate(opt: Option, hw: HwProfile, cost: Callable[[KernelGraph], float]) -> Option:
