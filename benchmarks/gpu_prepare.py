@@ -321,6 +321,8 @@ def program_case(
         name = f"{name}_rt{row_threads}"
         plans = row_thread_plans(g, hw, row_threads)
     cg = compile_ugraph(g, hw, "cuda", plans=plans)
+    # The kernels' tensors are the compiled graph's (an epilogue its GEMM family refuses runs as ops again).
+    g, info, plans = cg.ugraph, cg.info, cg.plans if plans is not None else None
     kernels = cg.kernels()
     config = build_config(k.rule for k in kernels)
     mod = ir_module(kernels)

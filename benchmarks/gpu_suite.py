@@ -12,6 +12,8 @@ Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py
            --block-mma-warps 0e 0 4 8 4:128 8:256                       # warp layouts side by side
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms none --convs none --programs gated_mlp \
            --candidates 3 --search-budget 60     # full mode's candidates (benchmarks/gpu_candidates.py)
+       python benchmarks/gpu_suite.py --prepare gpu_bundle --hw h200 --gemms none --convs none \
+           --programs gated_mlp mlp lora moe       # matmul epilogues fused, beside row fusion alone and per op
        python benchmarks/gpu_suite.py --prepare gpu_bundle --wgmma-only --wgmma-tma --gemms M1 M3 \
            --convs none --programs --dtypes float16   # TMA wgmma kernels beside the best cp.async ones
 
@@ -45,6 +47,8 @@ def prepare(args: argparse.Namespace) -> int:
     from benchmarks.gpu_candidates import candidate_cases
     from gensorage.hw import load_profile
     from gensorage.superopt.row_fusion import fused_direct
+    from gensorage.ugraph import from_program
+    from gensorage.ugraph.optimize.fuse_rows import fuse_rows
 
     hw = load_profile(args.hw)
     out = Path(args.prepare)
@@ -124,10 +128,17 @@ def prepare(args: argparse.Namespace) -> int:
                     continue
                 program, fused = gpu_bundle.load_program(name), gpu_bundle.load_ugraph(name)
                 rows = None if fused is not None else fused_direct(program, precision, hw)
-                # What users get: the direct µGraph after row fusion; one kernel per op as "_perop".
+                # What users get: the direct µGraph after epilogue and row fusion; one kernel per op as
+                # "_perop"; row fusion alone as "_rows" where the matmul epilogues changed it.
                 cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused or rows))
                 if rows is not None:
                     cases.append(gpu_bundle.program_case(name, program, hw, out, precision, label="_perop"))
+                    direct = from_program(program, precision)
+                    alone = fuse_rows(direct, hw)
+                    if args.rows_alone and alone not in (rows, direct):
+                        cases.append(
+                            gpu_bundle.program_case(name, program, hw, out, precision, alone, label="_rows")
+                        )
                 for threads in args.row_threads if rows is not None else []:
                     cases.append(
                         gpu_bundle.program_case(name, program, hw, out, precision, rows, row_threads=threads)
@@ -189,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=None,
         help="program names (default: all bundled, the attention programs' <name>_papers forms only when named)",
+    )
+    ap.add_argument(
+        "--rows-alone",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also bundle each program with row fusion only (no matmul epilogues) as _rows",
     )
     ap.add_argument(
         "--dtypes", nargs="+", default=["float16", "bfloat16"], help="GEMM dtypes (with --prepare)"

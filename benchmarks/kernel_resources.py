@@ -8,10 +8,13 @@ dynamic arena is not seen by ptxas); the ``mma.sync`` instructions in its PTX by
 matmuls its rule put on tensor cores; the block's shared bytes as TVM lowers it (static or dynamic) and its
 barriers (``__syncthreads`` in the kernel text, not executions). ``--before FILE`` embeds a report written the
 same way by the code before a change (run this script from that checkout with ``--out FILE``) and adds the
-differences.
+differences. ``--epilogues`` reports instead the matmul kernels that run an epilogue
+(:mod:`gensorage.ugraph.optimize.fuse_epilogues`) in the bundled matmul programs on the H200 profile, at
+their own (decode) shapes and at 1,024 tokens: registers, spills, and the ``mma.sync`` / ``wgmma`` instructions
+in their PTX.
 
 Writes ``benchmarks/results/kernel_resources-<date>.json`` (or ``--out``). Usage:
-``python -m benchmarks.kernel_resources [--paper/--no-paper] [--before FILE] [--label TEXT] [--out FILE]``
+``python -m benchmarks.kernel_resources [--paper/--no-paper] [--epilogues] [--before FILE] [--label TEXT] [--out FILE]``
 """
 
 from __future__ import annotations
@@ -103,6 +106,55 @@ def measure(name: str, shape: dict[str, int], dtype: str) -> dict[str, dict[str,
     return kernels
 
 
+#: Bundled programs whose matmuls take epilogues, and the token count of their prefill-sized variant.
+EPILOGUE_PROGRAMS = ("gated_mlp", "mlp", "lora", "moe")
+PREFILL_TOKENS = 1024
+_WGMMA = re.compile(r"wgmma\.mma_async")
+
+
+def measure_epilogues() -> dict[str, dict[str, Any]]:
+    """Every matmul kernel with an epilogue of the bundled matmul programs (see the module docstring), keyed
+    ``<program>/<tokens>/<dtype>/<kernel>``."""
+    from gensorage.program.configs import config_dir
+    from gensorage.program.text_format import parse_program
+    from gensorage.ugraph import from_program
+    from gensorage.ugraph.optimize.fuse_epilogues import fuse_epilogues, has_epilogue
+
+    hw = load_profile("h200")
+    out: dict[str, dict[str, Any]] = {}
+    for name in EPILOGUE_PROGRAMS:
+        for tokens in (None, PREFILL_TOKENS):
+            for dtype in DTYPES:
+                params = None if tokens is None else {"t": tokens}
+                text = (config_dir() / f"{name}.gsp").read_text().replace("float16", dtype)
+                program = parse_program(text, params=params)
+                progress(f"epilogues {name} t={tokens or 'own'} {dtype}")
+                cg = compile_ugraph(fuse_epilogues(from_program(program), hw), hw, "cuda")
+                arch = target_profile(hw, [k.rule for k in cg.kernels("cuda")]).arch
+                built = ptx_and_resources(cg.cuda_source(), arch)
+                if built is None:
+                    raise SystemExit("nvcc not found: the resource report needs the CUDA toolkit")
+                ptx, resources = built
+                for k in cg.kernels("cuda"):
+                    if not has_epilogue(cg.ugraph.ops[k.op_index]):
+                        continue
+                    for entry, text in _entries(ptx).items():
+                        if not entry.startswith(f"{k.name}_"):
+                            continue
+                        res = resources[entry]
+                        out[f"{name}/{tokens or 'own'}/{dtype}/{entry}"] = {
+                            "rule": k.rule,
+                            "arch": arch,
+                            "registers": res.registers,
+                            "spill_stores": res.spill_stores,
+                            "spill_loads": res.spill_loads,
+                            "stack_bytes": res.stack_bytes,
+                            "mma_sync_in_ptx": len(_MMA.findall(text)),
+                            "wgmma_in_ptx": len(_WGMMA.findall(text)),
+                        }
+    return out
+
+
 def measure_all(paper: bool) -> dict[str, dict[str, Any]]:
     """Every case, keyed ``<shapes>/<dtype>/<example>/<kernel>`` (``shapes`` is ``small`` or ``paper``)."""
     cases = [("small", n, s) for n, s in SMALL.items()]
@@ -131,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--paper", action=argparse.BooleanOptionalAction, default=True, help="also the paper shapes"
     )
+    ap.add_argument("--epilogues", action="store_true", help="the matmul kernels with epilogues instead")
     ap.add_argument("--before", type=Path, help="a report of the code before, to embed and compare")
     ap.add_argument("--label", default="", help="what this run is (kept in the JSON)")
     ap.add_argument(
@@ -143,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "arch": load_profile(HW_PROFILE).arch,
         "hw_profile": HW_PROFILE,
         "label": args.label,
-        "kernels": measure_all(args.paper),
+        "kernels": measure_epilogues() if args.epilogues else measure_all(args.paper),
     }
     if args.before is not None:
         before = json.loads(args.before.read_text(encoding="utf-8"))

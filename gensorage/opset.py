@@ -18,6 +18,12 @@ Semantics (numpy conventions):
 - ``repeat(dim, times)``: ``numpy.repeat`` along ``dim`` — each slice repeated ``times`` times consecutively
   (what GQA's K/V head replication needs: query head i reads K head i // times).
 - ``concat(dim)``: concatenation of all inputs along ``dim``.
+
+A µGraph's ``matmul`` may carry an *epilogue* (attribute ``epilogue``, :mod:`gensorage.ugraph.optimize.fuse_epilogues`
+puts it there): element-wise steps applied to the product before it is stored. Its inputs after the two operands
+are the epilogue's extra operands, each broadcasting to the product's shape. Each step is ``(op, args, attrs)``:
+an element-wise op name, indices into the values so far (0 the product, ``1 .. e`` the extra operands, then one
+per step) and its attributes; the matmul's result is the last step's value, of the product's shape.
 """
 
 from __future__ import annotations
@@ -100,10 +106,53 @@ def parse_op(name: str) -> Op:
 
 
 def freeze_attrs(attrs: Mapping[str, Any] | None) -> Attrs:
-    """Attributes as a sorted tuple of pairs, lists turned into tuples (hashable, canonical)."""
+    """Attributes as a sorted tuple of pairs, lists (nested ones too) turned into tuples (hashable, canonical)."""
     if not attrs:
         return ()
-    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+    return tuple(sorted((k, _frozen(v)) for k, v in attrs.items()))
+
+
+def _frozen(v: Any) -> Any:
+    """``v`` with every list or tuple in it a tuple (an epilogue's steps nest: steps of args and attrs)."""
+    return tuple(_frozen(x) for x in v) if isinstance(v, list | tuple) else v
+
+
+#: An epilogue step: element-wise op name, indices of the values it reads, its attributes.
+EpilogueStep = tuple[str, tuple[int, ...], Attrs]
+
+
+def epilogue(attrs: Attrs) -> tuple[EpilogueStep, ...]:
+    """A matmul's epilogue steps (see the module docstring); empty when it has none."""
+    return tuple(attr(attrs, "epilogue", ()))
+
+
+def _epilogue_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs, product: Shape) -> Shape:
+    """Check the epilogue of a matmul whose product has shape ``product`` (extra operands ``shapes[2:]``)."""
+    steps = epilogue(attrs)
+    if len(shapes) < 2 or not steps:
+        raise _fail(op, shapes, f"expects 2 inputs (more only with an epilogue), got {len(shapes)}")
+    if any(broadcast_shapes(product, e) != product for e in shapes[2:]):
+        raise _fail(
+            op, shapes, f"an extra epilogue operand does not broadcast to the product's {list(product)}"
+        )
+    values = [product, *shapes[2:]]
+    for n, step in enumerate(steps):
+        if not (isinstance(step, tuple) and len(step) == 3):
+            raise _fail(op, shapes, f"epilogue step {n} is not (op, args, attrs): {step!r}")
+        name, args, step_attrs = step
+        sop = parse_op(str(name))
+        if sop not in ELEMENTWISE or any(not isinstance(i, int) or not 0 <= i < len(values) for i in args):
+            raise _fail(
+                op,
+                shapes,
+                f"epilogue step {n} ({name} of {list(args)}) is not element-wise on earlier values",
+            )
+        values.append(infer_shape(sop, [values[i] for i in args], freeze_attrs(dict(step_attrs))))
+        if values[-1] != product:
+            raise _fail(
+                op, shapes, f"epilogue step {n} ({name}) does not keep the product's shape {list(product)}"
+            )
+    return product
 
 
 def attr(attrs: Attrs, name: str, default: Any = None) -> Any:
@@ -139,6 +188,8 @@ def _norm_dim(op: Op, shapes: Sequence[Shape], dim: Any, ndim: int) -> int:
 def infer_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs = ()) -> Shape:
     """Output shape of ``op`` on inputs of ``shapes``; a mismatch raises :class:`ProgramError` naming op and shapes."""
     arity = ARITY[op]
+    if op is Op.MATMUL and (epilogue(attrs) or len(shapes) > 2):
+        return _epilogue_shape(op, shapes, attrs, _matmul_shape(op, shapes[:2]))
     if arity is not None and len(shapes) != arity:
         raise _fail(op, shapes, f"expects {arity} input(s), got {len(shapes)}")
     if any(d <= 0 for s in shapes for d in s):
@@ -280,7 +331,7 @@ def apply(op: Op, arith: Arith[V], inputs: Sequence[V], attrs: Attrs = ()) -> V:
         case Op.RELU | Op.SILU | Op.GELU:
             return arith.activation(op.value, inputs[0])  # type: ignore[arg-type]
         case Op.MATMUL:
-            return arith.matmul(inputs[0], inputs[1])
+            return apply_epilogue(arith, arith.matmul(inputs[0], inputs[1]), inputs[2:], attrs)
         case Op.SUM:
             return _apply_sum(arith, inputs[0], attrs)
         case Op.MAX:
@@ -311,6 +362,14 @@ def apply(op: Op, arith: Arith[V], inputs: Sequence[V], attrs: Attrs = ()) -> V:
             assert_never(op)
 
 
+def apply_epilogue(arith: Arith[V], product: V, extra: Sequence[V], attrs: Attrs) -> V:
+    """A matmul's epilogue (see the module docstring) applied to its ``product`` with the ``extra`` operands."""
+    values = [product, *extra]
+    for name, args, step_attrs in epilogue(attrs):
+        values.append(apply(Op(name), arith, [values[i] for i in args], step_attrs))
+    return values[-1]
+
+
 def _apply_sum(arith: Arith[V], x: V, attrs: Attrs) -> V:
     shape = arith.shape(x)
     dim = int(attr(attrs, "dim")) % len(shape)
@@ -326,7 +385,7 @@ def _apply_sum(arith: Arith[V], x: V, attrs: Attrs) -> V:
 def flops(op: Op, in_shapes: Sequence[Shape], out: Shape) -> int:
     """Floating-point operations of one application (2 per multiply-add of a matmul, one per element summed by a
     ``sum`` or ``max``, none for layout operators, one per output element otherwise)."""
-    if op is Op.MATMUL:
+    if op is Op.MATMUL:  # an epilogue's steps (not seen here) add one flop per output element each
         return 2 * math.prod(out) * in_shapes[0][-1]
     if op in LAYOUT:
         return 0
@@ -345,10 +404,13 @@ __all__ = [
     "ARITY",
     "BINARY_ELEMENTWISE",
     "ELEMENTWISE",
+    "EpilogueStep",
     "LAYOUT",
     "REDUCTIONS",
     "NON_LAX",
     "UNARY_ELEMENTWISE",
+    "apply_epilogue",
+    "epilogue",
     "Attrs",
     "Op",
     "Shape",

@@ -137,14 +137,18 @@ def test_an_output_that_is_a_view_runs_on_the_general_path(tmp_path: Path) -> No
 
 
 def gate_up(t: int, h: int = 16, f: int = 24) -> Program:
-    """SwiGLU's gate and up projections: two matmuls of one input whose kernels differ only in their names."""
+    """SwiGLU's gate and up projections: two matmuls of one input whose kernels differ only in their names (both
+    products are outputs too, so neither takes the gate as a matmul epilogue)."""
     p = Program(name="gate_up")
     x, w1, w2 = (
         p.input("X", (t, h), "float32"),
         p.input("W1", (h, f), "float32"),
         p.input("W2", (h, f), "float32"),
     )
-    p.output(p.mul(p.silu(p.matmul(x, w1)), p.matmul(x, w2)))
+    gate, up = p.matmul(x, w1), p.matmul(x, w2)
+    p.output(p.mul(p.silu(gate), up))
+    p.output(gate)
+    p.output(up)
     return p
 
 

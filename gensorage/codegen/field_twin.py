@@ -102,6 +102,11 @@ class FieldTwin:
         plans: dict[int, ThreadChoice] | None = None,
         kernels: Sequence[Kernel] | None = None,
     ) -> None:
+        from gensorage.codegen.predefined_matmul import gemm_epilogues
+
+        if kernels is None:  # epilogues the field twin's GEMM kernels do not take run as their own kernels
+            ugraph, moved = gemm_epilogues(ugraph, field=True)
+            plans = None if plans is None else {moved[k]: v for k, v in plans.items()}
         self.ugraph = ugraph
         self.hw = hw
         self.p, self.q = p, q

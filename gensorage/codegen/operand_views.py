@@ -43,8 +43,10 @@ def transposed_views(g: KernelGraph, ranks: tuple[int, ...]) -> frozenset[int]:
     n_in = len(g.inputs)
     readers: dict[int, list[KernelOp | None]] = {}
     for op in g.ops:
-        for r in op.inputs:
-            readers.setdefault(r.node, []).append(op if isinstance(op, KernelOp) else None)
+        for i, r in enumerate(op.inputs):
+            # a matmul's epilogue operands (after A and B) are read as stored, not through a view
+            kop = op if isinstance(op, KernelOp) and (op.op is not Op.MATMUL or i < 2) else None
+            readers.setdefault(r.node, []).append(kop)
     outputs = {r.node for r in g.outputs}
     views = set()
     for k, op in enumerate(g.ops):
@@ -83,7 +85,7 @@ def matmul_operands(g: KernelGraph, k: int, views: frozenset[int]) -> tuple[Oper
             return Operand(src.inputs[0], True)
         return Operand(r, False)
 
-    a, b = (operand(r) for r in op.inputs)
+    a, b = (operand(r) for r in op.inputs[:2])
     return a, b
 
 

@@ -35,7 +35,7 @@ from gensorage.codegen.tir_text import (
 from gensorage.construction import fallback_threads
 from gensorage.errors import UnsupportedOpError
 from gensorage.hw.profile import HwProfile
-from gensorage.opset import BINARY_ELEMENTWISE, REDUCTIONS, UNARY_ELEMENTWISE, Op, attr, transposed
+from gensorage.opset import BINARY_ELEMENTWISE, REDUCTIONS, UNARY_ELEMENTWISE, Op, attr, epilogue, transposed
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo
 
@@ -111,7 +111,20 @@ def _stored_inputs(g: KernelGraph, k: int, info: GraphInfo) -> list[tuple[Ref, t
     assert isinstance(op, KernelOp)
     if op.op is not Op.MATMUL:
         return [(r, info.of(r).shape) for r in op.inputs]
-    return [(o.ref, info.of(o.ref).shape) for o in matmul_operands(g, k, graph_views(g, info))]
+    operands = [(o.ref, info.of(o.ref).shape) for o in matmul_operands(g, k, graph_views(g, info))]
+    return operands + [(r, info.of(r).shape) for r in op.inputs[2:]]  # an epilogue's extra operands
+
+
+def _epilogue(w: Writer, op: KernelOp, ins: list[Any], idx: list[Ix], sc: Scalar, product: Any) -> Any:
+    """A matmul's epilogue (:func:`gensorage.opset.epilogue`) on its ``product`` (a register value) at output
+    element ``idx``: its extra operands (``in2``, ...) loaded there with broadcasting, each step applied in order."""
+    values = [product]
+    for i in range(2, len(ins)):
+        at = index_text(broadcast_index(idx, ins[i].shape))
+        values.append(sc.load(f"in{i}", at, sc.buf_dtype(ins[i].dtype)))
+    for name, args, attrs in epilogue(op.attrs):
+        values.append(sc.op(w, Op(name), attrs, [values[a] for a in args]))
+    return values[-1]
 
 
 def _matmul_at(g: KernelGraph, k: int, info: GraphInfo) -> tuple[bool, bool]:
@@ -298,7 +311,7 @@ def _cooperative_matvec(
     """
     op = g.ops[k]
     assert isinstance(op, KernelOp)
-    ta, tb = (info.of(r) for r in op.inputs)
+    ta, tb = (info.of(r) for r in op.inputs[:2])
     out = info.nodes[len(g.inputs) + k][0]
     rows_, inner, n_cols = out.shape[-2], ta.shape[-1], out.shape[-1]
     if rows_ > MAX_COOPERATIVE_ROWS or inner < MIN_COOPERATIVE_INNER:
@@ -356,8 +369,10 @@ def _cooperative_matvec(
         with w.block(f"for tx in {threads}:"), w.block(f"if {first_lane}:"):
             idx = col_index()
             with w.block(f"if n < {n_cols}:") if tiles * cols > n_cols else nullcontext():
+                ins = [info.of(r) for r in op.inputs]
+                product = sc.reduced(sc.load("red", "tx", sc.acc_dtype))
                 for c, v in enumerate(
-                    sc.store(sc.reduced(sc.load("red", "tx", sc.acc_dtype)), sc.buf_dtype(out.dtype))
+                    sc.store(_epilogue(w, op, ins, idx, sc, product), sc.buf_dtype(out.dtype))
                 ):
                     w.line(f"{sc.at('out0', c, index_text(idx))} = {v}")
     params, text = _function(g, k, info, scalar, name, w)
@@ -417,7 +432,7 @@ def _element(
     elif op.op is Op.CONCAT:
         _concat_element(w, op, ins, idx, load, store)
     elif op.op is Op.MATMUL:
-        _matmul_element(w, ins, idx, sc, load, store, views)
+        _matmul_element(w, ins, idx, sc, load, lambda v: store(_epilogue(w, op, ins, idx, sc, v)), views)
     else:
         raise UnsupportedOpError(f"pre-defined kernel op '{op.op.value}' has no code generator")
 

@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.epilogue_expr import KernelEpilogue
 from gensorage.codegen.kernel_text import KernelParam, ScheduledKernel, Target
 from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
 from gensorage.codegen.scalar import FieldScalar, Scalar
 from gensorage.construction import construct_schedule, matmul_workload
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
+from gensorage.opset import epilogue
 from gensorage.precision import promote
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo
@@ -107,8 +109,12 @@ def _matmul_build(
     rows_to: int = 1,
     b_dtype: str | None = None,
     cast_to: str | None = None,
+    epi: KernelEpilogue | None = None,
 ) -> Any:
     """Build function of the lowered workload: broadcast loads, reduction, cast (float) or mod (field) epilogue.
+
+    ``epi``: the matmul's own epilogue steps (:mod:`gensorage.codegen.epilogue_expr`), applied in ``D`` to the
+    accumulated value before the cast; its extra operands are parameters after ``B``.
 
     With ``split_k > 1`` (2-D matmuls): ``C[s, i, j]`` sums the ``s``-th slice of the reduction, ``C`` is a
     fourth parameter (the partials' scratch buffer) and ``D`` adds the slices before its epilogue. Its rows
@@ -129,6 +135,19 @@ def _matmul_build(
         _, m, n, kdim = ms.dims
         k = te.reduce_axis((0, kdim), name="k")
         acc = "int64" if field else promote([dtype, b_type, "float32"])
+        extra = [
+            te.placeholder(shape, "int64" if field else dt, name=f"E{i}")
+            for i, (shape, dt) in enumerate(epi.extra if epi else ())
+        ]
+
+        def finish(v: Any, ix: tuple[Any, ...]) -> Any:
+            """The stored value of output element ``ix`` from its accumulated ``v``."""
+            if modulus is not None:
+                v = tirx.truncmod(v, tirx.const(modulus, "int64"))
+            if epi is not None:
+                v = epi.value(v, extra, ix, modulus)
+            return v if modulus is not None or acc == out_dtype else v.astype(out_dtype)
+
         if cast_to is not None and not field:
             a = _cast(a, cast_to, "A_mma")
             bt = _cast(bt, cast_to, "B_mma")
@@ -139,7 +158,7 @@ def _matmul_build(
             return x.astype(acc) * y.astype(acc)
 
         if split_k > 1:
-            return _split_k_func(a, bt, ms, split_k, rows_to, term, acc, out_dtype, modulus)
+            return _split_k_func(a, bt, ms, split_k, rows_to, term, finish, extra)
         if ms.batch:
 
             def body(b: Any, i: Any, j: Any) -> Any:
@@ -156,13 +175,12 @@ def _matmul_build(
                 lambda i, j: te.sum(term(a[_at(ms.ta, i, k)], bt[_at(ms.tb, k, j)]), axis=k),
                 name="C",
             )
-        if modulus is not None:
-            d = te.compute(c.shape, lambda *ix: tirx.truncmod(c[ix], tirx.const(modulus, "int64")), name="D")
-        elif out_dtype != acc:
-            d = te.compute(c.shape, lambda *ix: c[ix].astype(out_dtype), name="D")
-        else:
-            d = c
-        return te.create_prim_func([_param(a), _param(bt), d])
+        d = (
+            c
+            if modulus is None and epi is None and out_dtype == acc
+            else te.compute(c.shape, lambda *ix: finish(c[ix], ix), name="D")
+        )
+        return te.create_prim_func([_param(a), _param(bt), *extra, d])
 
     return build
 
@@ -191,9 +209,8 @@ def _split_k_func(
     split_k: int,
     rows_to: int,
     term: Any,
-    acc: str,
-    out_dtype: str,
-    modulus: int | None,
+    finish: Any,
+    extra: list[Any],
 ) -> Any:
     from tvm import te, tirx
 
@@ -218,12 +235,10 @@ def _split_k_func(
         v = c[0, i, j]
         for s in range(1, split_k):  # a few slices: an unrolled sum keeps D elementwise
             v = v + c[s, i, j]
-        if modulus is not None:
-            return tirx.truncmod(v, tirx.const(modulus, "int64"))
-        return v if out_dtype == acc else v.astype(out_dtype)
+        return finish(v, (i, j))
 
     d = te.compute((m, n), total, name="D")
-    return te.create_prim_func([_param(a), _param(bt), d, c])
+    return te.create_prim_func([_param(a), _param(bt), *extra, d, c])
 
 
 def matmul_prim_func(
@@ -253,26 +268,39 @@ class _Operands:
     shape: _MatmulShape
     out_ref: Ref
     sources: tuple[Ref, Ref]  # the tensors A and B are read from (a transposed view's input)
+    extra: tuple[TensorInfo, ...] = ()  # an epilogue's extra operands
 
     def params(self, modulus: int | None) -> tuple[KernelParam, ...]:
         """A, B (as stored), C as the kernel declares them (int64 residues in field mode)."""
         dt = "int64" if modulus is not None else None
         ms = self.shape
+        extra = tuple(
+            KernelParam(f"E{i}", "input", r, t.shape, dt or t.dtype)
+            for i, (r, t) in enumerate(zip(self.op.inputs[2:], self.extra, strict=True))
+        )
         return (
             KernelParam("A", "input", self.sources[0], ms.flat(ms.stored_a), dt or self.a.dtype),
             KernelParam("B", "input", self.sources[1], ms.flat(ms.stored_b), dt or self.b.dtype),
+            *extra,
             KernelParam("C", "output", self.out_ref, ms.flat(self.out.shape), dt or self.out.dtype),
         )
+
+    @property
+    def epilogue(self) -> KernelEpilogue | None:
+        steps = epilogue(self.op.attrs)
+        extra = tuple((t.shape, t.dtype) for t in self.extra)
+        return KernelEpilogue(steps, extra, self.shape.batch) if steps else None
 
 
 def _operands(g: KernelGraph, k: int, info: GraphInfo) -> _Operands:
     op = g.ops[k]
     assert isinstance(op, KernelOp)
-    ta, tb = (info.of(r) for r in op.inputs)
+    ta, tb = (info.of(r) for r in op.inputs[:2])
     out = info.nodes[len(g.inputs) + k][0]
     va, vb = matmul_operands(g, k, graph_views(g, info))
     ms = _MatmulShape(ta.shape, tb.shape, out.shape, va.transposed, vb.transposed)
-    return _Operands(op, ta, tb, out, ms, Ref(len(g.inputs) + k), (va.ref, vb.ref))
+    extra = tuple(info.of(r) for r in op.inputs[2:])
+    return _Operands(op, ta, tb, out, ms, Ref(len(g.inputs) + k), (va.ref, vb.ref), extra)
 
 
 def _moduli(scalar: Scalar) -> list[int | None]:
@@ -314,7 +342,7 @@ def tensor_core_kernels(
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
         build = _matmul_build(
-            ms, ops.a.dtype, ops.out.dtype, m, tiles.split_k, tiles.block_m, ops.b.dtype, cast
+            ms, ops.a.dtype, ops.out.dtype, m, tiles.split_k, tiles.block_m, ops.b.dtype, cast, ops.epilogue
         )
         try:
             # A converting copy is not a byte copy: shorter vectors, not cp.async.
@@ -347,12 +375,13 @@ def _wgmma_kernels(
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
         try:
+            epi = ops.epilogue
             if target == "cuda":
-                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb)
+                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb, epi=epi)
             elif m is None:
-                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb)
+                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb, epi=epi)
             else:
-                func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m, k_major_b=ms.tb)
+                func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m, k_major_b=ms.tb, epi=epi)
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{ops.out_ref.node} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"
@@ -370,15 +399,17 @@ def _scheduled(
     schedule: Schedule,
     target: Target,
     hw: HwProfile | None,
+    epi: KernelEpilogue | None = None,
 ) -> Any:
-    """The PrimFunc of a matmul of shapes ``ms`` and ``dtypes`` (A, B, output) lowered with ``schedule``: the
+    """The PrimFunc of a matmul of shapes ``ms`` and ``dtypes`` (A, B, output) lowered with ``schedule``, its
+    epilogue ``epi`` folded into the write-back: the
     same for every op of that shape, layout and schedule (a layer's gate and up projections, its k and v
     projections, every layer of a model), so TVM's schedule primitives run once for them (they are most of a
     matmul's lowering time)."""
     from gensorage.codegen.lower_schedule import lower
 
     a_dtype, b_dtype, out_dtype = dtypes
-    build = _matmul_build(ms, a_dtype, out_dtype, m, b_dtype=b_dtype)
+    build = _matmul_build(ms, a_dtype, out_dtype, m, b_dtype=b_dtype, epi=epi)
     wl = dataclasses.replace(matmul_workload(*ms.dims, a_dtype), build=build)
     return lower(wl, schedule, target, hw=hw)["main"]
 
@@ -411,7 +442,7 @@ def matmul_kernels(
     for c, m in enumerate(_moduli(scalar)):
         dtypes = (ops.a.dtype, ops.b.dtype, ops.out.dtype)
         try:
-            main = _scheduled(ms, dtypes, m, schedule, target, hw if target == "cuda" else None)
+            main = _scheduled(ms, dtypes, m, schedule, target, hw if target == "cuda" else None, ops.epilogue)
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"
@@ -420,3 +451,36 @@ def matmul_kernels(
             ScheduledKernel(kname, k, func, ops.params(m), threads, rule, None if m is None else c)
         )
     return kernels
+
+
+def takes_epilogue(g: KernelGraph, k: int, info: GraphInfo, field: bool) -> bool:
+    """Whether the kernel family emitted for matmul op ``k`` runs its epilogue itself: the one-thread-per-row
+    matrix-vector kernel and the one-element-per-thread kernel (every step, float and field); the mma.sync and
+    wgmma (cp.async and TMA) tensor-core kernels and the CUDA-core construction's kernel take every step in
+    float, and in their field twins (one residue per kernel) the residue expressions of
+    :data:`~gensorage.codegen.epilogue_expr.FIELD_STEPS` only: activations and exp mix both residues, so there
+    that matmul keeps its separate element-wise kernels."""
+    from gensorage.codegen.epilogue_expr import field_steps_only
+    from gensorage.codegen.predefined import MAX_COOPERATIVE_ROWS, MIN_COOPERATIVE_INNER
+
+    ops = _operands(g, k, info)
+    ms = ops.shape
+    if ms.out[-2] <= MAX_COOPERATIVE_ROWS and ms.a[-1] >= MIN_COOPERATIVE_INNER:
+        return True  # the cooperative matrix-vector kernel (or its one-element fallback): text kernels
+    # mma.sync, wgmma and the CUDA-core construction alike: a TE write-back block, one residue per field kernel
+    return not field or field_steps_only(epilogue(ops.op.attrs))
+
+
+def gemm_epilogues(g: KernelGraph, field: bool) -> tuple[KernelGraph, list[int]]:
+    """``g`` with the epilogues its GEMM kernels do not take (:func:`takes_epilogue`) as separate element-wise
+    ops again, and where each op index went; ``g`` itself when every epilogue is taken."""
+    from gensorage.ugraph.optimize.fuse_epilogues import has_epilogue, split_epilogues
+    from gensorage.ugraph.validate import validate
+
+    if not any(has_epilogue(op) for op in g.ops):
+        return g, list(range(len(g.ops)))
+    info = validate(g)
+    refused = {k for k, op in enumerate(g.ops) if has_epilogue(op) and not takes_epilogue(g, k, info, field)}
+    if not refused:
+        return g, list(range(len(g.ops)))
+    return split_epilogues(g, lambda k: k not in refused)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.epilogue_expr import KernelEpilogue, with_extras
 from gensorage.codegen.tensor_core import MMA_DTYPES
 from gensorage.errors import ScheduleError
 
@@ -274,9 +275,12 @@ def wgmma_matmul(
     tiles: WgmmaTiles,
     maps_as_params: bool = False,
     k_major_b: bool = False,
+    epi: KernelEpilogue | None = None,
 ) -> Any:
     """The wgmma matmul PrimFunc ``main(A, B, C)`` for the kernel's view of the operands (with TMA and
-    ``maps_as_params``: ``main(A, B, C, A_map, B_map)``, see :func:`gensorage.codegen.wgmma_tma.build_tma`).
+    ``maps_as_params``: ``main(A, B, C, A_map, B_map)``, see :func:`gensorage.codegen.wgmma_tma.build_tma`);
+    with an epilogue ``epi`` its extra operands follow B (``main(A, B, E0, .., C)``) and its steps run on each
+    float32 accumulator before the cast (:mod:`gensorage.codegen.epilogue_expr`).
 
     Parameters
     ----------
@@ -310,8 +314,8 @@ def wgmma_matmul(
             raise ScheduleError(
                 "wgmma kernel: TMA loads take an N-major B (a K-major B runs the cp.async kernel)"
             )
-        return build_tma(a, b, out, dtype, out_dtype, tiles, (m, n, k), maps_as_params)
-    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), k_major_b)
+        return build_tma(a, b, out, dtype, out_dtype, tiles, (m, n, k), maps_as_params, epi)
+    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), k_major_b, epi)
 
 
 def _build(
@@ -324,6 +328,7 @@ def _build(
     batch: int,
     mnk: tuple[int, int, int],
     k_major_b: bool,
+    epi: KernelEpilogue | None = None,
 ) -> Any:
     from tvm.script import tirx as T
 
@@ -340,8 +345,11 @@ def _build(
     b_chunk, b_place = b_tile(k_major_b, bn)
     transpose_b = 0 if k_major_b else 1  # wgmma's imm-trans-b: an N-major B is read transposed
     a_batched, b_batched = len(a_shape) == 3, len(b_shape) == 3
-    staged = t.staged and out_dtype == dtype  # the ring's 16-bit elements hold the cast result
+    # the ring's 16-bit elements hold the cast result (an epilogue's result is stored from the registers)
+    staged = t.staged and out_dtype == dtype and epi is None
     out_copies = bm * bn // CHUNK // threads
+    fused = epi is not None
+    slots = (epi or KernelEpilogue((), ())).slots(field=False)
 
     a_at, b_at, c_at = (operand_index(bool(b)) for b in (a_batched, b_batched, batch))
 
@@ -350,6 +358,10 @@ def _build(
         A: T.Buffer(a_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
         B: T.Buffer(b_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
         C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
+        E0: T.Buffer(*slots[0]),  # type: ignore[valid-type]  # noqa: N803
+        E1: T.Buffer(*slots[1]),  # type: ignore[valid-type]  # noqa: N803
+        E2: T.Buffer(*slots[2]),  # type: ignore[valid-type]  # noqa: N803
+        E3: T.Buffer(*slots[3]),  # type: ignore[valid-type]  # noqa: N803
     ) -> None:
         T.func_attr({"tirx.noalias": True})
         bx = T.launch_thread("blockIdx.x", gm * gn)
@@ -474,9 +486,25 @@ def _build(
                 row = m0 + tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[0]
                 col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[1]
                 if row < m and col < n:
-                    C[c_at(bz, row, T.ramp(col, 1, 2))] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
+                    if fused:  # the epilogue on each accumulator, then the cast
+                        for e in T.unroll(2):
+                            C[c_at(bz, row, col + e)] = T.Cast(
+                                out_dtype,
+                                epilogue_at(epi, acc[2 * p + e], (E0, E1, E2, E3), c_at(bz, row, col + e)),
+                            )
+                    else:
+                        C[c_at(bz, row, T.ramp(col, 1, 2))] = T.Cast(
+                            f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)]
+                        )
 
-    return main
+    return with_extras(main, len(epi.extra) if epi else 0)
+
+
+def epilogue_at(
+    epi: Any, v: Any, extra: tuple[Any, ...], ix: tuple[Any, ...], modulus: int | None = None
+) -> Any:
+    """``epi``'s value at output index ``ix`` from accumulator ``v`` (a call the kernels' TVMScript makes)."""
+    return epi.value(v, extra, ix, modulus)
 
 
 def b_source(

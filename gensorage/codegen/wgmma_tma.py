@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.epilogue_expr import KernelEpilogue, with_extras
 from gensorage.codegen.wgmma import (
     A_DESC,
     ALIGN,
@@ -42,6 +43,7 @@ from gensorage.codegen.wgmma import (
     WG_M,
     b_desc,
     block_tile,
+    epilogue_at,
     fragment_row_col,
     shared_bytes,
     step_geometry,
@@ -144,12 +146,17 @@ def build_tma(
     t: WgmmaTiles,
     mnk: tuple[int, int, int],
     maps_as_params: bool = False,
+    epi: KernelEpilogue | None = None,
 ) -> Any:
     """The PrimFunc ``main(A, B, C)`` whose host code encodes the tensor maps of A and B (``T.tensormap_encode_tiled``)
     and passes them to the kernel by value, so TVM's runtime can run it; or (``maps_as_params``) ``main(A, B, C,
     A_map, B_map)``, the maps made by the caller (the GPU suite's runner). 2-D operands; the kernel reads A and
-    B through the maps."""
+    B through the maps. An epilogue ``epi`` runs as :func:`~gensorage.codegen.wgmma.wgmma_matmul`'s does (its
+    extra operands follow B)."""
     from tvm.script import tirx as T
+
+    fused = epi is not None
+    slots = (epi or KernelEpilogue((), ())).slots(field=False)
 
     m, n, k = mnk
     bm, bn, stages = t.block_m, t.block_n, t.stages
@@ -185,7 +192,7 @@ def build_tma(
                 )
 
     @T.macro
-    def kernel(A_map: Any, B_map: Any, C: Any) -> None:  # noqa: N803
+    def kernel(A_map: Any, B_map: Any, C: Any, E: Any) -> None:  # noqa: N803
         bx = T.launch_thread("blockIdx.x", grid)
         tx = T.launch_thread("threadIdx.x", threads)
         buf = T.alloc_buffer((smem,), dtype, scope="shared.dyn")
@@ -306,7 +313,13 @@ def build_tma(
                             + fragment_row_col(tx % 32, tx % WARPGROUP // 32, 2 * p)[1]
                         )
                         if row < m and col < n:
-                            C[row, T.ramp(col, 1, 2)] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
+                            if fused:  # the epilogue on each accumulator, then the cast
+                                for e in T.unroll(2):
+                                    C[row, col + e] = T.Cast(
+                                        out_dtype, epilogue_at(epi, acc[2 * p + e], E, (row, col + e))
+                                    )
+                            else:
+                                C[row, T.ramp(col, 1, 2)] = T.Cast(f"{out_dtype}x2", acc[T.ramp(2 * p, 1, 2)])
 
     a_args, b_args = tensor_map_args(m, n, k, dtype, t)
     a_enc, b_enc = encode_operands(a_args), encode_operands(b_args)
@@ -320,15 +333,23 @@ def build_tma(
         C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
         A_map: T.handle("tensormap"),  # type: ignore[valid-type]  # noqa: N803
         B_map: T.handle("tensormap"),  # type: ignore[valid-type]  # noqa: N803
+        E0: T.Buffer(*slots[0]),  # type: ignore[valid-type]  # noqa: N803
+        E1: T.Buffer(*slots[1]),  # type: ignore[valid-type]  # noqa: N803
+        E2: T.Buffer(*slots[2]),  # type: ignore[valid-type]  # noqa: N803
+        E3: T.Buffer(*slots[3]),  # type: ignore[valid-type]  # noqa: N803
     ) -> None:
         T.func_attr({"tirx.noalias": True})
-        kernel(A_map, B_map, C)
+        kernel(A_map, B_map, C, (E0, E1, E2, E3))
 
     @T.prim_func(private=True)
     def main(
         A: T.Buffer(a_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
         B: T.Buffer(b_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
         C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
+        E0: T.Buffer(*slots[0]),  # type: ignore[valid-type]  # noqa: N803
+        E1: T.Buffer(*slots[1]),  # type: ignore[valid-type]  # noqa: N803
+        E2: T.Buffer(*slots[2]),  # type: ignore[valid-type]  # noqa: N803
+        E3: T.Buffer(*slots[3]),  # type: ignore[valid-type]  # noqa: N803
     ) -> None:
         T.func_attr({"tirx.noalias": True})
         # The host encodes the maps before the launch (TVM's runtime passes them by value).
@@ -336,6 +357,6 @@ def build_tma(
         T.tensormap_encode_tiled(A_map, A.data, *a_enc, **attrs)
         B_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)  # noqa: N806
         T.tensormap_encode_tiled(B_map, B.data, *b_enc, **attrs)
-        kernel(A_map, B_map, C)
+        kernel(A_map, B_map, C, (E0, E1, E2, E3))
 
-    return with_maps if maps_as_params else main
+    return with_extras(with_maps if maps_as_params else main, len(epi.extra) if epi else 0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gensorage.codegen.epilogue_expr import KernelEpilogue, with_extras
 from gensorage.codegen.wgmma import (
     A_DESC,
     ALIGN,
@@ -82,16 +83,19 @@ def wgmma_twin(
     tiles: WgmmaTiles,
     modulus: int | None = None,
     k_major_b: bool = False,
+    epi: KernelEpilogue | None = None,
 ) -> Any:
     """The twin PrimFunc ``main(A, B, C)`` of :func:`gensorage.codegen.wgmma.wgmma_matmul` (same arguments),
-    for the llvm target. Its operand dtype may be any float type (the twin has no MMA dtype to satisfy).
+    for the llvm target. Its operand dtype may be any float type (the twin has no MMA dtype to satisfy). An
+    epilogue ``epi`` runs on each accumulator before the cast (or in field mode, after the ``mod``), its extra
+    operands following B.
 
     With ``modulus`` it is the field twin: int64 residues, each product reduced mod ``modulus``, int64
     accumulators and a ``mod modulus`` write-back (``dtype`` and ``out_dtype`` int64)."""
     batch = out[0] if len(out) == 3 else 0
     m, n, k = out[-2], out[-1], a[-1]
     _check(tiles, "float16", (m, n, k))
-    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), modulus, k_major_b)
+    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), modulus, k_major_b, epi)
 
 
 def _build(
@@ -105,6 +109,7 @@ def _build(
     mnk: tuple[int, int, int],
     modulus: int | None,
     k_major_b: bool,
+    epi: KernelEpilogue | None = None,
 ) -> Any:
     from tvm import tirx
     from tvm.script import tirx as T
@@ -114,7 +119,8 @@ def _build(
     threads, nacc = WARPGROUP * t.warpgroups, t.accumulators  # the threads that compute (no TMA producer)
     gm, gn, ktiles, a_elems, stage_elems, a_copies, b_copies = step_geometry(t, mnk, threads)
     ahead = t.ahead
-    staged = t.staged and out_dtype == dtype
+    staged = t.staged and out_dtype == dtype and epi is None  # as the kernel stages it
+    slots = (epi or KernelEpilogue((), ())).slots(field=modulus is not None)
     out_copies = bm * bn // CHUNK // threads
     ring_elems = (shared_bytes(t) - ALIGN) // 2
     lbo, sbo = A_DESC if k_major_b else b_desc(bn)
@@ -128,8 +134,12 @@ def _build(
             return T.Cast("float32", x) * T.Cast("float32", y)
         return tirx.truncmod(x * y, tirx.const(modulus, "int64"))
 
-    def finish(v: Any) -> Any:
-        return T.Cast(out_dtype, v) if modulus is None else tirx.truncmod(v, tirx.const(modulus, "int64"))
+    def finish(v: Any, extra: tuple[Any, ...] = (), ix: tuple[Any, ...] = ()) -> Any:
+        if modulus is not None:
+            v = tirx.truncmod(v, tirx.const(modulus, "int64"))
+        if epi is not None:
+            v = epi.value(v, extra, ix, modulus)
+        return T.Cast(out_dtype, v) if modulus is None else v
 
     a_at, b_at, c_at = (operand_index(bool(b)) for b in (a_batched, b_batched, batch))
 
@@ -138,6 +148,10 @@ def _build(
         A: T.Buffer(a_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
         B: T.Buffer(b_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
         C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
+        E0: T.Buffer(*slots[0]),  # type: ignore[valid-type]  # noqa: N803
+        E1: T.Buffer(*slots[1]),  # type: ignore[valid-type]  # noqa: N803
+        E2: T.Buffer(*slots[2]),  # type: ignore[valid-type]  # noqa: N803
+        E3: T.Buffer(*slots[3]),  # type: ignore[valid-type]  # noqa: N803
     ) -> None:
         T.func_attr({"tirx.noalias": True})
         buf = T.alloc_buffer((ring_elems,), dtype)  # the shared ring, at an aligned address 0
@@ -211,6 +225,6 @@ def _build(
                     row = m0 + tx // WARPGROUP * WG_M + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[0]
                     col = n0 + fragment_row_col(tx % 32, tx % WARPGROUP // 32, r)[1]
                     if row < m and col < n:
-                        C[c_at(bz, row, col)] = finish(acc[tx, r])
+                        C[c_at(bz, row, col)] = finish(acc[tx, r], (E0, E1, E2, E3), c_at(bz, row, col))
 
-    return main
+    return with_extras(main, len(epi.extra) if epi else 0)

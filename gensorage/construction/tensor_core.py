@@ -46,6 +46,15 @@ MAX_SPLIT_K = 8
 MAX_BLOCK_K = 64  # the measured range of the calibration (benchmarks/results/gpu_suite-h200-*.json)
 
 
+def epilogue_s(extra_bytes: int, elements: int, steps: int, hw: HwProfile) -> float:
+    """What a matmul's epilogue adds to its GEMM kernel (:mod:`gensorage.ugraph.optimize.fuse_epilogues`): its
+    extra operands read once (at the DRAM fraction GEMM kernels reach) and one float32 op per step and output
+    element on the CUDA cores. No launch and no round trip of the product: the separate kernels' cost it saves.
+    The same for every tiling, so it does not change which tiles the construction picks."""
+    dram = hw.level("dram").bandwidth_Bps * hw.calibration.dram_fraction
+    return extra_bytes / dram + steps * elements / hw.flops("float32")
+
+
 def neighbours(
     t: TensorCoreTiles, dims: tuple[int, int, int, int], split: bool = True
 ) -> list[TensorCoreTiles]:

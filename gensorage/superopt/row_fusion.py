@@ -1,4 +1,5 @@
-"""Row fusion (:mod:`gensorage.ugraph.optimize.fuse_rows`) where users get kernels: the fused direct µGraph
+"""Row fusion (:mod:`gensorage.ugraph.optimize.fuse_rows`), after epilogue fusion
+(:mod:`gensorage.ugraph.optimize.fuse_epilogues`), where users get kernels: the fused direct µGraph
 (the direct µGraph, one kernel per op, after row fusion) as an option competing with the others, and the
 pre-defined ops a search candidate leaves (its element-wise ops and reductions around matmuls), each checked
 like the candidates are.
@@ -24,13 +25,21 @@ from gensorage.program import Program
 from gensorage.superopt.choice import Option, elements
 from gensorage.superopt.presets import DEFAULT_VERIFY_MAX_ELEMENTS, DEFAULT_VERIFY_MAX_TRIALS
 from gensorage.ugraph import KernelGraph, from_program
-from gensorage.ugraph.optimize.fuse_rows import fuse_rows
+from gensorage.ugraph.optimize.fuse_epilogues import fuse_epilogues
+from gensorage.ugraph.optimize.fuse_rows import fuse_rows as _fuse_rows
 
 if TYPE_CHECKING:
     from gensorage.superopt.presets import Preset
 
 #: The origin of the fused direct µGraph among the options.
 FUSED = "fused"
+
+
+def fuse_rows(g: KernelGraph, hw: HwProfile | None) -> KernelGraph:
+    """``g`` with its matmuls' element-wise chains as their epilogues
+    (:mod:`gensorage.ugraph.optimize.fuse_epilogues`), then its row groups fused (epilogue fusion first: row
+    fusion would take the element-wise ops into row kernels it cannot reach)."""
+    return _fuse_rows(fuse_epilogues(g, hw), hw)
 
 
 def fused_direct(program: Program, precision: str, hw: HwProfile | None) -> KernelGraph | None:
@@ -51,12 +60,18 @@ def fused_option(
 ) -> Option | None:
     """The fused direct µGraph as an :class:`~gensorage.superopt.choice.Option` (origin :data:`FUSED`), with the
     equivalence check at the derived search shapes as its search report when the program is too large to check
-    at its own; None when nothing fuses."""
+    at its own; None when nothing fuses or, like a search candidate, it fails the float check
+    (:func:`~gensorage.verify.float_check`: a matmul's epilogue keeps its steps in float32, so the rewrite
+    changes the rounding)."""
+    from gensorage.verify import float_check
+
     fused = fused_direct(program, precision, hw)
     if fused is None:
         return None
     limit = preset.verify_max_elements if preset is not None else DEFAULT_VERIFY_MAX_ELEMENTS
     report = None
+    if elements(program) <= limit and not float_check(program, fused, seed=seed):
+        return None
     if elements(program) > limit:
         try:
             report = small_shape_report(program, precision, hw, delta, seed)
@@ -70,14 +85,21 @@ def fused_option(
 def small_shape_report(
     program: Program, precision: str, hw: HwProfile | None, delta: float, seed: int
 ) -> dict[str, object]:
-    """The equivalence check of row fusion on ``program`` at its derived search shapes (as a search report)."""
+    """The equivalence check and the float check of the fusion on ``program`` at its derived search shapes (as a
+    search report)."""
     from gensorage.superopt.search_shapes import derive_search_shapes
+    from gensorage.verify import float_check
     from gensorage.verify.equivalent import equivalent
 
     small = derive_search_shapes(program).program
     graph = fuse_rows(from_program(small, precision), hw)
     report = equivalent(small, graph, delta, seed=seed, max_trials=DEFAULT_VERIFY_MAX_TRIALS)
-    return {"equivalent": bool(report), "method": "row fusion checked at the derived search shapes"}
+    stable = bool(float_check(small, graph, seed=seed))
+    return {
+        "equivalent": bool(report) and stable,
+        "float_check": stable,
+        "method": "row fusion checked at the derived search shapes",
+    }
 
 
 def fused_candidate(opt: Option, hw: HwProfile, cost: Callable[[KernelGraph], float]) -> Option:
@@ -114,6 +136,7 @@ __all__ = [
     "check_fused_candidate",
     "fused_candidate",
     "fused_direct",
+    "fuse_rows",
     "fused_option",
     "small_shape_report",
 ]

@@ -87,9 +87,16 @@ def _predefined_cost(
         read = read * _numel(out.shape) // _numel(ins[0].shape)
     moved = read + tensor_bytes(out)
     work = opset.flops(node.op, [t.shape for t in ins], out.shape)
+    work += len(opset.epilogue(node.attrs)) * _numel(out.shape)  # a matmul's epilogue: one op per step
     mma = _tensor_core_matmul(hw, node, ins, out, layout)
     if mma is not None:  # the kernel the code generator emits, priced by the model that constructed it
-        return KernelCost(node.op.value, mma.total_s, moved, moved, work, 0, mma.blocks, mma.waves)
+        from gensorage.construction.tensor_core import epilogue_s
+
+        # An epilogue's extra operands and steps, priced by the construction's model (no launch, no round
+        # trip of the product: what the fusion saves).
+        steps = len(opset.epilogue(node.attrs))
+        extra = epilogue_s(sum(tensor_bytes(t) for t in ins[2:]), _numel(out.shape), steps, hw)
+        return KernelCost(node.op.value, mma.total_s + extra, moved, moved, work, 0, mma.blocks, mma.waves)
     compute = work / _peak(hw, out.dtype, False)
     # One output element per thread (the generator's fallback) reaches a fraction of the DRAM bandwidth.
     dram_bps = hw.level("dram").bandwidth_Bps * hw.calibration.predefined_dram_fraction
@@ -107,7 +114,7 @@ def _tensor_core_matmul(
 
     if node.op is not Op.MATMUL:
         return None
-    a, b = ins
+    a, b = ins[:2]
     got = construct_predefined_matmul(a.shape, b.shape, out.shape, a.dtype, b.dtype, hw, 0, layout)
     return None if got is None else got[1]
 

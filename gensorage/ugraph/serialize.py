@@ -170,9 +170,16 @@ def _read_op(d: Any, where: str) -> tuple[Op, tuple[Ref, ...], Attrs]:
                 and all(isinstance(x, int | float) and not isinstance(x, bool) for x in val)
             )
         )
-        if not ok:
+        if not ok and not (k == "epilogue" and _nested(val)):  # a matmul's epilogue steps nest lists
             raise UGraphError(f"{where}.attrs.{k}: unsupported value {val!r}")
     return op, _refs(_get(d, "inputs", where), f"{where}.inputs"), freeze_attrs(dict(attrs))
+
+
+def _nested(val: Any) -> bool:
+    """Whether ``val`` is a number, string or (nested) list of them (shape inference checks the form)."""
+    if isinstance(val, list):
+        return all(_nested(x) for x in val)
+    return isinstance(val, int | float | str)
 
 
 def _read_block_node(d: Any, where: str) -> BlockNode:

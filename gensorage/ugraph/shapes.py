@@ -138,13 +138,25 @@ def _op_shape(
     except ProgramError as e:
         raise UGraphError(f"{where}: {e}") from None
     square = is_square(op, refs)
-    program = stored_dtype(op, [a.program_dtype for a in args], square, "storage")
+    program = _stored(op, [a.program_dtype for a in args], square, "storage", attrs)
     if bounded:
         return TensorInfo(shape, program)
-    dtype = stored_dtype(op, [a.dtype for a in args], square, precision)
+    dtype = _stored(op, [a.dtype for a in args], square, precision, attrs)
     if into_exp and precision == "float32":
         dtype = stored_dtype(Op.EXP, [dtype], False, precision)  # an exp operand: float32 at least
     return TensorInfo(shape, program).stored_as(dtype)
+
+
+def _stored(op: Op, dtypes: Sequence[str], square: bool, precision: str, attrs: opset.Attrs) -> str:
+    """:func:`stored_dtype` of ``op``; a matmul's epilogue steps each as its own op would store (the last one's)."""
+    steps = opset.epilogue(attrs) if op is Op.MATMUL else ()
+    if not steps:
+        return stored_dtype(op, dtypes, square, precision)
+    values = [stored_dtype(op, dtypes[:2], False, precision), *dtypes[2:]]
+    for name, args, _ in steps:
+        sq = Op(name) is Op.MUL and len(args) == 2 and args[0] == args[1]
+        values.append(stored_dtype(Op(name), [values[i] for i in args], sq, precision))
+    return values[-1]
 
 
 class _Ranges:
