@@ -129,13 +129,17 @@ def _push(s: Walk, b: BlockBuild, rec: AccumRec) -> Iterator[None]:
     if b.smem + numel(out) * dtype_bytes(b.dtype[j]) > s.context.hw.shared_mem_per_block:
         s.counters.pruned_memory += 1
         return
-    ties: Ties | None = None  # unknown (never pruned) for a maximum and the online-softmax kinds
+    ties: Ties | None = None
     xt, tie_rule = b.ties[j], s.context.rules.ties
     if xt is not None and tie_rule is not None and (rec.kind == "sum" or rec.fmap is not None):
         ties = loop_sum(xt) if rec.fmap is None else loop_concat(xt, forloop, rec.fmap)
         if rec.fmap is None and not tie_rule.admits(ties):
             s.counters.pruned_expr += 1
             return
+    elif (
+        tie_rule is not None
+    ):  # unknown (never pruned), for a maximum and the online-softmax kinds: an operator
+        ties = Ties(out, tuple(() for _ in out), known=False)  # reading it or a saver computes ties from it
     scaled = rec.kind == "max" and b.scaled[j]  # a running maximum of a scale's result is one (see opcatalog)
     s.state.push_block(rec, _key(rec), out, value, True, False, prov, _const(b, rec), scaled, ties)
     try:
