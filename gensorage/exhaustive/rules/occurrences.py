@@ -36,8 +36,9 @@ mark operator above them. :meth:`OccurrenceBudget.completable` asks whether some
 outputs' total count and an outside count that the outputs' plus a sum of mark arguments' counts makes up; where
 none has, the node is pruned. It is what stops a last kernel that reads a raw ``Q`` beside ``V`` and
 ``exp(sum(mul(Q, K)))``: ``Q`` must end up under an ``exp``, whose argument needs a ``K`` outside one, and no tensor
-of that block graph has it. A pending ``scale`` result, which only a mark operator may read, must be under a mark
-unless it is a whole output: its outside count is among the moved ones.
+of that block graph has it. A pending ``scale`` result, which only a mark operator may read, or a maximum whose
+result is a scale's result again with the same counts, must be under a mark unless it is a whole output: its
+outside count is among the moved ones.
 
 Applied only where no term the search builds can hold ``add``, ``cat`` or ``max``: the program's outputs have none
 and the op set has no ``add``, ``sub`` or ``concat`` (inputs are plain; layouts, and so ``cat`` pieces, arise only
