@@ -517,6 +517,31 @@ def _stable_decode(scaled: bool, dtype: str = "float16") -> Program:
     return p
 
 
+def _stable_split_kv_and_combine(g: KernelGraph) -> bool:
+    """Stable FlashDecoding's structure: K's transpose, a looped split-KV kernel with the two online-softmax
+    accumulators and a running max (the keys on a grid dim and the loop), a combine of max, sub, exp, two
+    matmuls and a division (used by benchmarks/flash_decoding.py --stable too)."""
+    if len(g.ops) != 3 or not (isinstance(g.ops[0], KernelOp) and g.ops[0].op is Op.TRANSPOSE):
+        return False
+    split, combine = g.ops[1], g.ops[2]
+    if not (isinstance(split, GraphDefinedOp) and isinstance(combine, GraphDefinedOp)):
+        return False
+    kt = [
+        it for it in split.block.nodes if isinstance(it, InputIterator) and split.inputs[it.input].node == 3
+    ]
+    kinds = sorted(a.kind for a in split.block.nodes if isinstance(a, Accumulator))
+    k2 = kernel_shape(combine)
+    return (
+        split.block.forloop > 1
+        and len(kt) == 1
+        and kt[0].fmap == 2
+        and 2 in kt[0].imap
+        and kinds == ["max", "softmax_matmul", "softmax_sum"]
+        and not k2.looped
+        and k2.body + k2.post == Counter({"matmul": 2, "max": 1, "sub": 1, "exp": 1, "div": 1})
+    )
+
+
 @pytest.mark.parametrize("scaled", [False, True], ids=["folded", "scaled"])
 def test_stable_attention_decode_flash_decoding_split_kv_and_combine(scaled: bool) -> None:
     # One query token, K as models keep it: the stable program at decode. The search's own children reach a
@@ -546,20 +571,10 @@ def test_stable_attention_decode_flash_decoding_split_kv_and_combine(scaled: boo
     res = run_task(spec, Task(0, path, True))
     assert res.complete and len(res.candidates) == 1 and res.stats.verified == 1
     g = res.candidates[0].ugraph
-    split, combine = g.ops[1], g.ops[2]
-    assert isinstance(split, GraphDefinedOp) and isinstance(combine, GraphDefinedOp)
-    # the keys split across blocks (Kᵀ's key dim 2 on a grid dim) and walked by the loop
-    kt = next(
-        it for it in split.block.nodes if isinstance(it, InputIterator) and split.inputs[it.input].node == 3
-    )
-    assert split.block.forloop > 1 and kt.fmap == 2 and 2 in kt.imap
-    kinds = sorted(a.kind for a in split.block.nodes if isinstance(a, Accumulator))
-    assert kinds == ["max", "softmax_matmul", "softmax_sum"]
+    assert _stable_split_kv_and_combine(g)
+    split = g.ops[1]
+    assert isinstance(split, GraphDefinedOp)
     assert kernel_shape(split).body == Counter({"matmul": 1, **({"scale": 1} if scaled else {})})
-    k2 = kernel_shape(combine)
-    assert not k2.looped and k2.body + k2.post == Counter(
-        {"matmul": 2, "max": 1, "sub": 1, "exp": 1, "div": 1}
-    )
     r = equivalent(p, g, 1e-9, seed=5)
     assert r and r.tier == 2
     # Kernels on the CPU (llvm) against float64 with logits up to ~100, in float16 and bfloat16.
