@@ -62,8 +62,9 @@ COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
 KERNEL_ONLY = frozenset({Op.TRANSPOSE})
 # Operators a searched program may not use (see :func:`unsearched`).
 NOT_SEARCHED = frozenset({Op.SLICE})
-# The only operators that may read a scale's result (see docs/search.md: a constant factor is moved along its
-# linear chain to just before the next non-linear operator or the output). Adding a constant is not linear:
+# The non-linear operators that may read a scale's result, besides a maximum of a positive one (see
+# :func:`reads_scaled` and docs/search.md: a constant factor is moved along its linear chain to just before the
+# next non-linear operator or the output). Adding a constant is not linear:
 # ``c·x + v`` is no ``c·(x + v)``, so a scale cannot move past an add_scalar (an RMSNorm's mean + eps).
 NONLINEAR_UNARY = frozenset({Op.EXP, Op.SQRT, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU})
 

@@ -146,8 +146,8 @@ class OccurrenceBudget:
         number of times) can have the outputs' total and outside counts, some mark operators above the leaves
         moving their arguments' outside counts inside (see the module docstring): None if not, else a lower
         bound on the mark operators (``exp``, ``sqrt``, activations) still to add. ``under_marks``: pending
-        terms that must end under a mark (a scale's result, which only a non-linear unary operator may read);
-        their outside counts are moved. Memoised."""
+        terms that must end under a mark (a scale's result, which only a non-linear unary operator or a
+        maximum, whose result is one again, may read); their outside counts are moved. Memoised."""
         key = (
             tuple(sorted(t.uid for t in pending)),
             frozenset(t.uid for t in leaves),
@@ -227,7 +227,7 @@ class OccurrenceBudget:
         """The node rule, at the last kernel operator: its outputs must be able to have the program outputs'
         counts, outside marks too, with the site's tensors as the leaves of their trees; the bound gets the mark
         operators that takes at least. A pending scale result that is not a whole program output by its counts
-        ends under a mark (only a non-linear unary operator may read it)."""
+        ends under a mark (only a non-linear unary operator, or a maximum whose result is one again, may read it)."""
         if not isinstance(site, LastSite):
             return None
         under = [t for t in site.scaled() if self.count(t) not in self.output_counts]
