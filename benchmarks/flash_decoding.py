@@ -8,10 +8,16 @@ Mirage's attention maps, every task, ``--workers`` processes, a fresh checkpoint
 statistics, the candidates, how many of them have FlashDecoding's structure (the test's own predicate,
 ``_split_kv_then_combine``, imported so the two cannot drift apart) and whether the best one does.
 
+``--stable`` runs the stable program instead (``softmax(Q Kᵀ/√d) V`` at decode with K as models keep it and the
+scale in the program, the test's ``_stable_decode``, at the same shapes): three kernel operators (K's transpose,
+the split-KV kernel, the combine) of up to six block operators each, three block inputs and outputs, the test's
+op set, and counts the candidates of stable FlashDecoding's structure (``_stable_split_kv_and_combine``).
+
 Usage::
 
     python benchmarks/flash_decoding.py                 # 2 workers, 1800 s budget
     python benchmarks/flash_decoding.py --budget 600
+    python benchmarks/flash_decoding.py --stable --workers 1 --budget 1200
 """
 
 from __future__ import annotations
@@ -40,24 +46,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--out", type=Path, help="result JSON (default benchmarks/results/flash_decoding-<date>.json)"
     )
+    ap.add_argument("--stable", action="store_true", help="the stable program with the scale (three kernels)")
     args = ap.parse_args(argv)
 
-    from test_rediscovery import _split_kv_then_combine
+    from test_rediscovery import _split_kv_then_combine, _stable_decode, _stable_split_kv_and_combine
 
     from gensorage.exhaustive.dim_strategy import load_dim_strategy
     from gensorage.exhaustive.run import run_search, stats_to_dict
     from gensorage.exhaustive.spec import SearchSpec
     from gensorage.program import load_config
 
-    spec = SearchSpec(
-        program=load_config("mha_incdec_papers", PARAMS),
-        max_kernel_ops=2,
-        max_block_ops=4,
-        max_grid_dims=2,
-        max_block_outputs=2,
-        dims=load_dim_strategy("attention"),
-    )
-    path = args.out or result_path(NAME)
+    if args.stable:
+        program, is_fd = _stable_decode(True), _stable_split_kv_and_combine
+        spec = SearchSpec(
+            program=program,
+            max_kernel_ops=3,
+            max_block_ops=6,
+            max_grid_dims=2,
+            max_block_inputs=3,
+            max_block_outputs=3,
+            ops=("transpose", "matmul", "max", "sub", "exp", "div", "scale"),
+            dims=load_dim_strategy("attention"),
+        )
+    else:
+        is_fd = _split_kv_then_combine
+        spec = SearchSpec(
+            program=load_config("mha_incdec_papers", PARAMS),
+            max_kernel_ops=2,
+            max_block_ops=4,
+            max_grid_dims=2,
+            max_block_outputs=2,
+            dims=load_dim_strategy("attention"),
+        )
+    name = f"{NAME}-stable" if args.stable else NAME
+    path = args.out or result_path(name)
     tmp = Path(tempfile.mkdtemp(prefix="gensorage-fd-"))
     try:
         t0 = time.perf_counter()
@@ -71,12 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    found = [c for c in r.candidates if _split_kv_then_combine(c.ugraph)]
+    found = [c for c in r.candidates if is_fd(c.ugraph)]
     doc: dict[str, Any] = {
-        "benchmark": NAME,
+        "benchmark": name,
         "machine": machine_info(),
         "settings": {
-            "program": "mha_incdec_papers",
+            "program": "stable_decode (scaled)" if args.stable else "mha_incdec_papers",
             "params": PARAMS,
             "workers": args.workers,
             "budget_s": args.budget,
@@ -89,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "stats": stats_to_dict(r.stats) if r.complete else r.run_stats,
         "candidates": len(r.candidates),
         "flash_decoding_candidates": len(found),
-        "best_is_flash_decoding": bool(r.candidates) and _split_kv_then_combine(r.candidates[0].ugraph),
+        "best_is_flash_decoding": bool(r.candidates) and is_fd(r.candidates[0].ugraph),
         "best_predicted_time_s": r.best.predicted_time_s if r.best is not None else None,
         "first_flash_decoding": found[0].ugraph.to_text() if found else None,
     }

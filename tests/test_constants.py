@@ -13,21 +13,36 @@ from search_walk import candidates_and_states
 
 from gensorage import opset
 from gensorage.arith import Float64Arith
-from gensorage.exhaustive import SearchSpec
+from gensorage.exhaustive import SearchSpec, search_serial
 from gensorage.exhaustive.expr import abstract_expr as ae
 from gensorage.exhaustive.expr.canon import Canon
+from gensorage.exhaustive.opcatalog import keeps_scaled, reads_scaled
 from gensorage.exhaustive.rules import ruleset
 from gensorage.exhaustive.rules.constants import ExpConstants, const_of
 from gensorage.exhaustive.rules.reductions import generated, top_coefficients
 from gensorage.exhaustive.walk import SearchContext
 from gensorage.opset import Op, freeze_attrs
 from gensorage.program import Program, load_config
+from gensorage.ugraph.ir import BlockOp, GraphDefinedOp
 
 F64 = Float64Arith()
 # Operators a factor moves through (the barriers exp, silu and gelu give 1.0 whatever the argument carries).
-LINEAR_LIKE = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SQRT, Op.RELU, Op.MATMUL, Op.SUM, Op.REPEAT, Op.CONCAT]
+LINEAR_LIKE = [
+    Op.ADD,
+    Op.SUB,
+    Op.MUL,
+    Op.DIV,
+    Op.SQRT,
+    Op.RELU,
+    Op.MATMUL,
+    Op.SUM,
+    Op.MAX,
+    Op.REPEAT,
+    Op.CONCAT,
+]
 ATTRS = {
     Op.SUM: freeze_attrs({"dim": 1}),
+    Op.MAX: freeze_attrs({"dim": 1, "keepdim": True}),
     Op.REPEAT: freeze_attrs({"dim": 0, "times": 2}),
     Op.CONCAT: freeze_attrs({"dim": 0}),
 }
@@ -69,6 +84,50 @@ def test_barriers_and_scales() -> None:
     assert const_of(Op.EXP, (), [0.5]) == 1.0 and const_of(Op.EXP, (), [None]) == 1.0
     assert const_of(Op.SQRT, (), [-1.0]) is None  # sqrt(-x) is no multiple of sqrt(x)
     assert const_of(Op.MUL, (), [None, 2.0]) is None
+    assert const_of(Op.MAX, freeze_attrs({"dim": 1}), [-1.0]) is None  # max(-x) is -min(x)
+
+
+def test_who_reads_a_scale_result() -> None:
+    # Non-linear unary operators, and a maximum of a positive multiple only; a maximum's result is one again.
+    assert reads_scaled(Op.EXP, [-2.0]) and reads_scaled(Op.MAX, [0.5])
+    assert not reads_scaled(Op.MAX, [-0.5]) and not reads_scaled(Op.MAX, [None])
+    assert not reads_scaled(Op.SUM, [0.5]) and not reads_scaled(Op.MUL, [0.5, 1.0])
+    assert keeps_scaled(Op.SCALE, False) and keeps_scaled(Op.MAX, True)
+    assert not keeps_scaled(Op.MAX, False) and not keeps_scaled(Op.EXP, True)
+
+
+def _max_of_scaled(factor: float) -> Program:
+    p = Program("max_of_scaled")
+    p.output(p.max(p.scale(p.input("X", (3, 4)), factor), 1, keepdim=True))
+    return p
+
+
+@pytest.mark.parametrize("factor", [0.5, -0.5])
+def test_a_max_reads_a_scale_result_of_a_positive_factor_only(factor: float) -> None:
+    # max(c·x) = c·max(x) for c > 0: the search computes max(scale(X)) as written (a maximum reading the scale's
+    # result). For c < 0 (max(-x) is -min(x)) no maximum reads the scale's result, and no µGraph of the space
+    # computes the program: the scale cannot move past the maximum.
+    spec = SearchSpec(
+        program=_max_of_scaled(factor),
+        max_kernel_ops=1,
+        max_block_ops=2,
+        max_grid_dims=1,
+        max_block_outputs=1,
+    )
+    found = search_serial(spec).candidates
+    reads = []
+    for c in found:
+        (op,) = c.ugraph.ops
+        assert isinstance(op, GraphDefinedOp)
+        nodes = op.block.nodes
+        reads += [
+            n.inputs[0].node
+            for n in nodes
+            if isinstance(n, BlockOp)
+            and n.op is Op.MAX
+            and getattr(nodes[n.inputs[0].node], "op", None) is Op.SCALE
+        ]
+    assert bool(reads) == (factor > 0) and bool(found) == (factor > 0)
 
 
 def _softmax(scale: float | None) -> Program:

@@ -8,6 +8,8 @@ docs/search.md). Only the gated MLP runs in the default suite; the others take m
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ import numpy as np
 import pytest
 
 from gensorage.codegen.module import compile_ugraph
+from gensorage.dtypes import numpy_dtype
 from gensorage.exhaustive import SearchSpec, Task, run_search, run_task, search_serial
 from gensorage.exhaustive.derived_limits import derive_limits
 from gensorage.exhaustive.dim_strategy import load_dim_strategy
@@ -455,6 +458,13 @@ _SPLIT = {
     ("softmax_matmul", ("S", "V")): "o",
     ("max", ("S",)): "m",
 }
+# With 1/√d in the program: the accumulators and the running max read the scaled scores (a max may read a
+# scale's result for a positive factor, docs/search.md), so the saved maxima are the scaled scores'.
+_SPLIT_SCALED = {
+    (Op.MATMUL, ("Q", "Kt")): "QK",
+    (Op.SCALE, ("QK",)): "S",
+    **{key: role for key, role in _SPLIT.items() if key[0] is not Op.MATMUL},
+}
 _COMBINE = {
     (Op.MAX, ("m",)): "M",
     (Op.SUB, ("m", "M")): "D",
@@ -490,9 +500,10 @@ def _saved_roles(op: GraphDefinedOp) -> dict[int, str]:
     return {4 + i: kinds.get(getattr(a, "kind", ""), "?") for i, a in enumerate(saved)}
 
 
-def _flash_decoding_prefix(s: Walk) -> bool:
+def _flash_decoding_prefix(s: Walk, split_table: dict[Any, str] = _SPLIT) -> bool:
     """K's transpose, then a split-KV kernel of the online accumulators and a running max (the keys split over
-    a second grid dim and walked by the loop), then a combine kernel of the six operators above."""
+    a second grid dim and walked by the loop; its operators ``split_table``'s), then a combine kernel of the six
+    operators above."""
     st = s.state
     first = st.ops[0] if st.ops else None
     if not (isinstance(first, KernelOp) and first.op is Op.TRANSPOSE and first.inputs[0].node == 1):
@@ -506,7 +517,7 @@ def _flash_decoding_prefix(s: Walk) -> bool:
         for i, t in enumerate(b.inputs):  # heads on grid x; the keys of Kᵀ and V on grid y and the loop
             if b.imap[i] is not None and (b.imap[i], b.fmap[i]) != _SPLIT_MAPS[t]:
                 return False
-        return _roles([_ROLES_IN[t] for t in b.inputs], b.recs, _SPLIT) is not None
+        return _roles([_ROLES_IN[t] for t in b.inputs], b.recs, split_table) is not None
     split = st.ops[1]
     if len(st.ops) != 2 or not isinstance(split, GraphDefinedOp):
         return False
@@ -516,18 +527,53 @@ def _flash_decoding_prefix(s: Walk) -> bool:
     return not b.looped and _roles([saved.get(t, "?") for t in b.inputs], b.recs, _COMBINE) is not None
 
 
-def test_stable_attention_decode_flash_decoding_split_kv_and_combine() -> None:
+def _stable_decode(scaled: bool, dtype: str = "float16") -> Program:
+    """``softmax(Q Kᵀ/√d) V`` at decode (one query token), K as models keep it; ``scaled=False``: 1/√d folded
+    into Q, the papers' attention programs' form."""
+    h, n, d = 2, 6, 5
+    p = Program("stable_decode")
+    q, k, v = (p.input(name, (h, 1 if name == "Q" else n, d), dtype) for name in "QKV")
+    s = p.matmul(q, p.transpose(k, 1, 2))
+    p.output(p.matmul(p.softmax(p.scale(s, 1 / math.sqrt(d)) if scaled else s, 2), v))
+    return p
+
+
+def _stable_split_kv_and_combine(g: KernelGraph) -> bool:
+    """Stable FlashDecoding's structure: K's transpose, a looped split-KV kernel with the two online-softmax
+    accumulators and a running max (the keys on a grid dim and the loop), a combine of max, sub, exp, two
+    matmuls and a division (used by benchmarks/flash_decoding.py --stable too)."""
+    if len(g.ops) != 3 or not (isinstance(g.ops[0], KernelOp) and g.ops[0].op is Op.TRANSPOSE):
+        return False
+    split, combine = g.ops[1], g.ops[2]
+    if not (isinstance(split, GraphDefinedOp) and isinstance(combine, GraphDefinedOp)):
+        return False
+    kt = [
+        it for it in split.block.nodes if isinstance(it, InputIterator) and split.inputs[it.input].node == 3
+    ]
+    kinds = sorted(a.kind for a in split.block.nodes if isinstance(a, Accumulator))
+    k2 = kernel_shape(combine)
+    return (
+        split.block.forloop > 1
+        and len(kt) == 1
+        and kt[0].fmap == 2
+        and 2 in kt[0].imap
+        and kinds == ["max", "softmax_matmul", "softmax_sum"]
+        and not k2.looped
+        and k2.body + k2.post == Counter({"matmul": 2, "max": 1, "sub": 1, "exp": 1, "div": 1})
+    )
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["folded", "scaled"])
+def test_stable_attention_decode_flash_decoding_split_kv_and_combine(scaled: bool) -> None:
     # One query token, K as models keep it: the stable program at decode. The search's own children reach a
     # split-KV kernel saving each split's o, l and running max m, and a combine that rescales by exp(m_i − M)
     # with M the max over the splits, as two matmuls and a division: FlashDecoding. Its prefixes are kept by
     # the stabiliser laws (docs/search.md); the walk below the path completes, filters and verifies it (tier 2).
-    # The 1/√d factor is folded into Q: the walk keeps a scale's result for exp-like readers, so the saved maxima
-    # are unscaled, and the combine would need a second scale, beyond the program's budget of one
-    # (docs/search.md; examples.flash_decoding_stable has that form by hand).
-    h, n, d = 2, 6, 5
-    p = Program("stable_decode")
-    q, k, v = (p.input(name, (h, 1 if name == "Q" else n, d), "float16") for name in "QKV")
-    p.output(p.matmul(p.softmax(p.matmul(q, p.transpose(k, 1, 2)), 2), v))
+    # With 1/√d in the program (as models write it) the split kernel scales its scores once: the online
+    # accumulators and the running max read the scaled scores (a max may read a positive scale's result), so
+    # the saved maxima are the scaled scores' and the combine needs no second scale (examples.flash_decoding_stable).
+    p = _stable_decode(scaled)
+    ops = ("transpose", "matmul", "max", "sub", "exp", "div", *(("scale",) if scaled else ()))
     spec = SearchSpec(
         program=p,
         max_kernel_ops=3,
@@ -535,34 +581,30 @@ def test_stable_attention_decode_flash_decoding_split_kv_and_combine() -> None:
         max_grid_dims=2,
         max_block_inputs=3,
         max_block_outputs=3,
-        ops=("transpose", "matmul", "max", "sub", "exp", "div"),
+        ops=ops,
     )
+    table = _SPLIT_SCALED if scaled else _SPLIT
     path = _guided_path(
-        spec, _flash_decoding_prefix, lambda s: len(s.state.ops) == 3 and s.state.block is None
+        spec,
+        lambda s: _flash_decoding_prefix(s, table),
+        lambda s: len(s.state.ops) == 3 and s.state.block is None,
     )
     res = run_task(spec, Task(0, path, True))
     assert res.complete and len(res.candidates) == 1 and res.stats.verified == 1
     g = res.candidates[0].ugraph
-    split, combine = g.ops[1], g.ops[2]
-    assert isinstance(split, GraphDefinedOp) and isinstance(combine, GraphDefinedOp)
-    # the keys split across blocks (Kᵀ's key dim 2 on a grid dim) and walked by the loop
-    kt = next(
-        it for it in split.block.nodes if isinstance(it, InputIterator) and split.inputs[it.input].node == 3
-    )
-    assert split.block.forloop > 1 and kt.fmap == 2 and 2 in kt.imap
-    kinds = sorted(a.kind for a in split.block.nodes if isinstance(a, Accumulator))
-    assert kinds == ["max", "softmax_matmul", "softmax_sum"]
-    k2 = kernel_shape(combine)
-    assert not k2.looped and k2.body + k2.post == Counter(
-        {"matmul": 2, "max": 1, "sub": 1, "exp": 1, "div": 1}
-    )
+    assert _stable_split_kv_and_combine(g)
+    split = g.ops[1]
+    assert isinstance(split, GraphDefinedOp)
+    assert kernel_shape(split).body == Counter({"matmul": 1, **({"scale": 1} if scaled else {})})
     r = equivalent(p, g, 1e-9, seed=5)
     assert r and r.tier == 2
-    # Kernels on the CPU (llvm) against float64 with logits up to ~100.
-    rng = np.random.default_rng(0)
-    xs = [rng.standard_normal(t.shape).astype(np.float16) for t in p.inputs]
-    xs[0] *= 30.0
-    (got,) = compile_ugraph(g, load_profile("h100"), "llvm").run(*xs)
-    (want,) = p.run(*(x.astype(np.float64) for x in xs))
-    assert np.isfinite(got).all()
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
+    # Kernels on the CPU (llvm) against float64 with logits up to ~100, in float16 and bfloat16.
+    for dtype in ("float16", "bfloat16"):
+        typed = dataclasses.replace(g, inputs=tuple(dataclasses.replace(t, dtype=dtype) for t in g.inputs))
+        rng = np.random.default_rng(0)
+        xs = [rng.standard_normal(t.shape).astype(numpy_dtype(dtype)) for t in p.inputs]
+        xs[0] *= 30.0 * (math.sqrt(5) if scaled else 1.0)
+        (got,) = compile_ugraph(typed, load_profile("h100"), "llvm").run(*xs)
+        (want,) = p.run(*(x.astype(np.float64) for x in xs))
+        assert np.isfinite(got.astype(np.float64)).all()
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2, dtype

@@ -62,10 +62,29 @@ COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
 KERNEL_ONLY = frozenset({Op.TRANSPOSE})
 # Operators a searched program may not use (see :func:`unsearched`).
 NOT_SEARCHED = frozenset({Op.SLICE})
-# The only operators that may read a scale's result (see docs/search.md: a constant factor is moved along its
-# linear chain to just before the next non-linear operator or the output). Adding a constant is not linear:
+# The non-linear operators that may read a scale's result, besides a maximum of a positive one (see
+# :func:`reads_scaled` and docs/search.md: a constant factor is moved along its linear chain to just before the
+# next non-linear operator or the output). Adding a constant is not linear:
 # ``c·x + v`` is no ``c·(x + v)``, so a scale cannot move past an add_scalar (an RMSNorm's mean + eps).
 NONLINEAR_UNARY = frozenset({Op.EXP, Op.SQRT, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU})
+
+
+def reads_scaled(op: Op, factors: Sequence[float | None]) -> bool:
+    """Whether ``op`` may read a scale's result (one of operands with constant ``factors``): a non-linear unary
+    operator, or a maximum of a positive multiple (``max(c·x) = c·max(x)`` holds for ``c > 0`` only). A maximum's
+    result is then a scale's result itself (:func:`keeps_scaled`), so the factor still ends at a non-linear
+    operator or an output, and a stable softmax split across kernels (FlashDecoding) can save the maxima of the
+    scaled scores that its exponentials subtract."""
+    if op is Op.MAX:
+        return all(c is not None and c > 0 for c in factors)
+    return op in NONLINEAR_UNARY
+
+
+def keeps_scaled(op: Op, read_scaled: bool) -> bool:
+    """Whether ``op``'s result counts as a scale's result: a scale's, or a maximum's of one."""
+    return op is Op.SCALE or (read_scaled and op is Op.MAX)
+
+
 # x + x, x - x and x / x are 2x, 0 and 1: never what an equivalent µGraph needs an operator for.
 SELF_USELESS = frozenset({Op.ADD, Op.SUB, Op.DIV})
 
@@ -284,8 +303,10 @@ __all__ = [
     "broadcast",
     "catalog",
     "default_types",
+    "keeps_scaled",
     "out_shape",
     "unsearched",
     "program_ops",
+    "reads_scaled",
     "shape_free_term",
 ]

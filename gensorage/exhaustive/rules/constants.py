@@ -22,8 +22,9 @@ has carries a factor one of the program's ``exp`` of that class carries. The sea
 which is exact for the µGraphs the expression filter keeps once it speaks about the constant-aware classes.
 
 Factors are tracked per tensor by :func:`const_of` (``1.0``: none; ``None``: mixed, never pruned). The
-canonical placement of ``scale`` (its result is read only by a non-linear unary operator or saved) is unchanged:
-it decides where a factor is applied; this module decides whether its value is right where it arrives.
+canonical placement of ``scale`` (its result is read only by a non-linear unary operator, by a maximum when the
+factor is positive, or saved: :func:`~gensorage.exhaustive.opcatalog.reads_scaled`) decides where a factor is
+applied; this module decides whether its value is right where it arrives.
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ mark operator above them. :meth:`OccurrenceBudget.completable` asks whether some
 outputs' total count and an outside count that the outputs' plus a sum of mark arguments' counts makes up; where
 none has, the node is pruned. It is what stops a last kernel that reads a raw ``Q`` beside ``V`` and
 ``exp(sum(mul(Q, K)))``: ``Q`` must end up under an ``exp``, whose argument needs a ``K`` outside one, and no tensor
-of that block graph has it. A pending ``scale`` result, which only a mark operator may read, must be under a mark
-unless it is a whole output: its outside count is among the moved ones.
+of that block graph has it. A pending ``scale`` result, which only a mark operator may read, or a maximum whose
+result is a scale's result again with the same counts, must be under a mark unless it is a whole output: its
+outside count is among the moved ones.
 
 Applied only where no term the search builds can hold ``add``, ``cat`` or ``max``: the program's outputs have none
 and the op set has no ``add``, ``sub`` or ``concat`` (inputs are plain; layouts, and so ``cat`` pieces, arise only
@@ -145,8 +146,8 @@ class OccurrenceBudget:
         number of times) can have the outputs' total and outside counts, some mark operators above the leaves
         moving their arguments' outside counts inside (see the module docstring): None if not, else a lower
         bound on the mark operators (``exp``, ``sqrt``, activations) still to add. ``under_marks``: pending
-        terms that must end under a mark (a scale's result, which only a non-linear unary operator may read);
-        their outside counts are moved. Memoised."""
+        terms that must end under a mark (a scale's result, which only a non-linear unary operator or a
+        maximum, whose result is one again, may read); their outside counts are moved. Memoised."""
         key = (
             tuple(sorted(t.uid for t in pending)),
             frozenset(t.uid for t in leaves),
@@ -226,7 +227,7 @@ class OccurrenceBudget:
         """The node rule, at the last kernel operator: its outputs must be able to have the program outputs'
         counts, outside marks too, with the site's tensors as the leaves of their trees; the bound gets the mark
         operators that takes at least. A pending scale result that is not a whole program output by its counts
-        ends under a mark (only a non-linear unary operator may read it)."""
+        ends under a mark (only a non-linear unary operator, or a maximum whose result is one again, may read it)."""
         if not isinstance(site, LastSite):
             return None
         under = [t for t in site.scaled() if self.count(t) not in self.output_counts]

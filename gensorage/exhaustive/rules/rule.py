@@ -107,7 +107,8 @@ class LastSite(Site):
 
     @abstractmethod
     def scaled(self) -> Sequence[Term]:
-        """The pending tensors that are results of a ``scale`` (read only by a mark, or saved)."""
+        """The pending tensors that are results of a ``scale``, or maxima of one (read only by a mark or a
+        maximum, or saved)."""
 
 
 class NodeRule(Protocol):

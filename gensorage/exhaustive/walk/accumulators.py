@@ -3,8 +3,10 @@ concatenation along a dim of a loop-body tensor, and the online-softmax accumula
 rescaled ``Σ exp(s − m)`` of a score tensor ``s`` and the rescaled ``exp(s − m)·v`` of a score and a value tensor.
 
 An accumulator's inputs vary across iterations (they depend on an fmap'd iterator: summing a loop-invariant
-tile only multiplies it by the trip count). A ``scale`` result (read only by a non-linear unary operator, see
-docs/search.md) feeds only an online-softmax accumulator, which exponentiates it. Checks, in order: the occurrence
+tile only multiplies it by the trip count). A ``scale`` result (read only by a non-linear unary operator or a
+maximum of a positive multiple, see docs/search.md and :func:`~gensorage.exhaustive.opcatalog.reads_scaled`)
+feeds only an online-softmax accumulator, which exponentiates it, or a running maximum, whose result is again a
+scale's result. Checks, in order: the occurrence
 budget for an input read again; at a tight bound, a concatenation (``pruned_expr``); the subexpression oracle in
 an exact block graph (``pruned_expr``); shared memory (``pruned_memory``); the index-tie classes of a sum
 (``pruned_expr``). The expression of an online-softmax accumulator is the plain form's with the row's full
@@ -21,6 +23,7 @@ from gensorage.dtypes import dtype_bytes
 from gensorage.errors import ProgramError
 from gensorage.exhaustive.expr.expr_arith import EXPR, ExprValue
 from gensorage.exhaustive.expr.ties import Ties, loop_concat, loop_sum
+from gensorage.exhaustive.opcatalog import reads_scaled
 from gensorage.exhaustive.rules.constants import Const, const_of
 from gensorage.exhaustive.rules.rule import NOT_TIGHT
 from gensorage.exhaustive.walk.bindings import admitted, apply_binding, iterator_bindings, undo_binding
@@ -66,6 +69,8 @@ def _candidates(s: Walk, b: BlockBuild) -> Iterator[AccumRec]:
         if not b.scaled[j]:
             kinds = [AccumRec(j, None), AccumRec(j, None, "max"), *kinds]
             kinds += [AccumRec(j, d) for d in range(len(shape))]
+        elif reads_scaled(Op.MAX, [b.const[j]]):
+            kinds = [AccumRec(j, None, "max"), *kinds]
         yield from (rec for rec in kinds if open_to(rec))
     unbound = [i for i in range(len(b.inputs)) if b.shape[i] is None]
     for j in body:  # two inputs: their rank keys sort after every one-input key of the same larger input
@@ -124,14 +129,19 @@ def _push(s: Walk, b: BlockBuild, rec: AccumRec) -> Iterator[None]:
     if b.smem + numel(out) * dtype_bytes(b.dtype[j]) > s.context.hw.shared_mem_per_block:
         s.counters.pruned_memory += 1
         return
-    ties: Ties | None = None  # unknown (never pruned) for a maximum and the online-softmax kinds
+    ties: Ties | None = None
     xt, tie_rule = b.ties[j], s.context.rules.ties
     if xt is not None and tie_rule is not None and (rec.kind == "sum" or rec.fmap is not None):
         ties = loop_sum(xt) if rec.fmap is None else loop_concat(xt, forloop, rec.fmap)
         if rec.fmap is None and not tie_rule.admits(ties):
             s.counters.pruned_expr += 1
             return
-    s.state.push_block(rec, _key(rec), out, value, True, False, prov, _const(b, rec), ties=ties)
+    elif (
+        tie_rule is not None
+    ):  # unknown (never pruned), for a maximum and the online-softmax kinds: an operator
+        ties = Ties(out, tuple(() for _ in out), known=False)  # reading it or a saver computes ties from it
+    scaled = rec.kind == "max" and b.scaled[j]  # a running maximum of a scale's result is one (see opcatalog)
+    s.state.push_block(rec, _key(rec), out, value, True, False, prov, _const(b, rec), scaled, ties)
     try:
         yield
     finally:

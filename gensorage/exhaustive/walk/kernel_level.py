@@ -25,13 +25,19 @@ from gensorage.dtypes import dtype_bytes
 from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.exhaustive.expr.expr_arith import EXPR
 from gensorage.exhaustive.expr.ties import Ties
-from gensorage.exhaustive.opcatalog import COMMUTATIVE, NONLINEAR_UNARY, SELF_USELESS, OpVariant, out_shape
+from gensorage.exhaustive.opcatalog import (
+    COMMUTATIVE,
+    SELF_USELESS,
+    OpVariant,
+    keeps_scaled,
+    out_shape,
+    reads_scaled,
+)
 from gensorage.exhaustive.rules.constants import BARRIERS, carries_factor, const_of
 from gensorage.exhaustive.rules.occurrences import read_again
 from gensorage.exhaustive.rules.rule import UNLIMITED, LastSite, NodeRule, Prune, apply
 from gensorage.exhaustive.walk.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.walk.search_state import numel
-from gensorage.opset import Op
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
 
 if TYPE_CHECKING:
@@ -94,7 +100,8 @@ def _predefined(s: Walk) -> Iterator[None]:
         for ins in input_tuples(v, n, low):
             if must is not None and not must <= set(ins):
                 continue
-            if v.op not in NONLINEAR_UNARY and any(st.scaled[i] for i in ins):
+            scaled = any(st.scaled[i] for i in ins)
+            if scaled and not reads_scaled(v.op, [st.const[i] for i in ins if st.scaled[i]]):
                 continue
             if not reads_ok(_read_again(s, ins)):
                 continue
@@ -149,7 +156,7 @@ def _predefined(s: Walk) -> Iterator[None]:
                 ins,
                 [(out, dtype, value)],
                 [const_of(v.op, v.attrs, consts)],
-                v.op is Op.SCALE,
+                keeps_scaled(v.op, scaled),
                 [ties],
             )
             s.spend(v, 1)

@@ -26,9 +26,10 @@ from gensorage.dtypes import dtype_bytes
 from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.exhaustive.expr.expr_arith import EXPR, ExprValue
 from gensorage.exhaustive.opcatalog import (
-    NONLINEAR_UNARY,
     OpVariant,
+    keeps_scaled,
     out_shape,
+    reads_scaled,
     shape_free_term,
 )
 from gensorage.exhaustive.rules.constants import BARRIERS, Const, const_of
@@ -217,12 +218,13 @@ def _group_checked(
     values = [ExprValue(tile, term) if k == i else b.val[k] for k in ins]
     shapes = [tile if k == i else b.shape[k] for k in ins]
     provs = [of_iterator(i, len(tile)) if k == i else b.prov[k] for k in ins]
-    reads_scaled = any(b.scaled[k] for k in ins)
+    scaled = any(b.scaled[k] for k in ins)
+    factors = [b.const[k] for k in ins if b.scaled[k]]
     first_const = b.const[ins[0]]
     prune, oracle, rules = s.spec.prune, s.context.oracle, s.context.rules
     out = []
     for v in valid:
-        if not s.allowed(v) or (reads_scaled and v.op not in NONLINEAR_UNARY):
+        if not s.allowed(v) or (scaled and not reads_scaled(v.op, factors)):
             out.append(v)
             continue
         shape = out_shape(v, shapes)  # type: ignore[arg-type]
@@ -353,8 +355,9 @@ def _apply_variants(
     values = [b.val[i] for i in ins]
     fdep = any(b.fdep[i] for i in ins)
     elem = dtype_bytes(b.dtype[ins[0]])
-    reads_scaled = any(b.scaled[i] for i in ins)
+    scaled = any(b.scaled[i] for i in ins)
     consts = [b.const[i] for i in ins]
+    factors = [b.const[i] for i in ins if b.scaled[i]]
     split = split_origins(ctx, b) if (b.last_kernel_op and ctx.split_rule) else None
     exact_prune = s.spec.prune and b.exact
     known = known_tiles_pruned and all((t := b.ties[i]) is not None and t.known for i in ins)
@@ -363,7 +366,7 @@ def _apply_variants(
     for v in variants:
         if not s.allowed(v):
             continue
-        if reads_scaled and v.op not in NONLINEAR_UNARY:
+        if scaled and not reads_scaled(v.op, factors):
             continue
         if known and v.op in NO_CLASS_OPS:
             counters.pruned_expr += 1
@@ -410,7 +413,7 @@ def _apply_variants(
             fdep,
             prov,
             const_of(v.op, v.attrs, consts),
-            v.op is Op.SCALE,
+            keeps_scaled(v.op, scaled),
             ties,
         )
         s.spend(v, 1)
