@@ -38,6 +38,7 @@ from gensorage.exhaustive.rules.occurrences import read_again
 from gensorage.exhaustive.rules.rule import UNLIMITED, LastSite, NodeRule, Prune, apply
 from gensorage.exhaustive.walk.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.walk.search_state import numel
+from gensorage.opset import Op
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
 
 if TYPE_CHECKING:
