@@ -15,6 +15,12 @@ from gensorage.torch.report import first_line
 
 MODES = ("fast", "full")
 
+#: Shapes a compiled model may be captured at. Dynamo stops capturing a function after ``recompile_limit`` (8)
+#: shapes per code object, counted over every compiled instance of the model's class, and runs it in eager
+#: torch from then on: a ninth sequence length would quietly leave gensorage. :func:`compile` raises dynamo's
+#: two limits to this (never lowers them), process-wide: setting them per call costs ~15 µs a call.
+RECOMPILE_LIMIT = 4096
+
 
 class Compiled:
     """The compiled model: call it like the module (or function) it wraps; :meth:`explain` says what ran where."""
@@ -90,7 +96,8 @@ def compile(
     -------
     Compiled
         Call it like ``module_or_fn``. Each new input shape is captured and compiled again (static shapes);
-        kernels for a shape seen before are reused.
+        kernels for a shape seen before are reused. Dynamo's recompile limits are raised to
+        :data:`RECOMPILE_LIMIT` shapes (process-wide) so that new shapes keep running in gensorage.
 
     Raises
     ------
@@ -109,6 +116,10 @@ def compile(
         raise ConfigError(f"time budget must be a positive number of seconds, got {time_budget_s!r}")
     if not callable(module_or_fn):
         raise ConfigError(f"expected a torch.nn.Module or a function, got {type(module_or_fn).__name__}")
+    import torch._dynamo
+
+    for name in ("recompile_limit", "accumulated_recompile_limit"):
+        setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT))
     report = Report(echo=explain)
     backend = make_backend(Options(hw, mode, time_budget_s, explain), report)
     return Compiled(module_or_fn, torch.compile(module_or_fn, backend=backend, dynamic=False), report)
