@@ -25,7 +25,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
-from gensorage.codegen.element_maps import Cyclic, ElementMap
+from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments
 from gensorage.codegen.scalar import Val
 from gensorage.codegen.tir_text import Ix, broadcast_index, is_atomic
 from gensorage.errors import NotLaxError
@@ -57,6 +57,8 @@ class AccumulatorEmitter:
         in registers; read-modify-writes of shared memory in a loop would also make TVM's barrier insertion put
         a barrier inside the loop.
         """
+        if j in self.e.online_mma:  # P·V on tensor cores: the fragments stay in the MMA's slots
+            return Fragments(self.e.online_mma[j])
         if node.kind in ONLINE_SOFTMAX_KINDS:  # its own phase, one element of the result per thread slot
             out = self.e.tile(Ref(j)).shape
             return Cyclic(out, out)
@@ -112,6 +114,9 @@ class AccumulatorEmitter:
                 f"block node #{j}: a {node.kind} accumulator has no field twin (its rescale needs "
                 "exp(a + b) = exp(a)·exp(b), which only the second verification tier models)"
             )
+        if j in e.online_mma:
+            e.online.phase(j, node, e.online_mma[j])
+            return
         s = e.tile(node.input).shape
         m_reg, a_reg = f"m{j}", f"a{j}"
         with e.barrier_phase(), e.threads(), e.elements(e.tile(Ref(j)).shape) as (idx, slot):

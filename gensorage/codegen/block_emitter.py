@@ -20,6 +20,7 @@ from gensorage.codegen.block_reduce import ReduceEmitter
 from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, Tiled
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
+from gensorage.codegen.online_mma import OnlineMmaEmitter, online_mma_tilings
 from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val
 from gensorage.codegen.tir_text import (
     Ix,
@@ -110,6 +111,7 @@ class BlockEmitter:
         self.mma = mma_tilings(self)
         self.fused = fused_thread_graphs(self)
         self.fused_into = {t: j for j, t in self.fused.items()}
+        self.online_mma = online_mma_tilings(info, binfo, self.nodes, self.nt)
         self.accs = AccumulatorEmitter(self)
         # Loop accumulators combined with sum/max live in registers across the loop (see block_accumulators).
         self.reg_accs = self.accs.register_maps()
@@ -129,6 +131,7 @@ class BlockEmitter:
             check_tiling(choice.tiling, choice.threads)
         self.matmul = MatmulEmitter(self)
         self.mma_emitter = MmaEmitter(self)
+        self.online = OnlineMmaEmitter(self)
         self.loads = LoadEmitter(self)
         self.reduce = ReduceEmitter(self)
 
