@@ -553,7 +553,9 @@ class BlockEmitter:
         ]
         text = "\n".join(head) + "\n" + self.w.text()
         rule = "; ".join(
-            [self.choice.rule] + [f"block matmul #{j} on {t.describe()}" for j, t in self.mma.items()]
+            [self.choice.rule]
+            + [f"block matmul #{j} on {t.describe()}" for j, t in self.mma.items()]
+            + [f"online accumulator #{j}: P·V on {t.describe()}" for j, t in self.online_mma.items()]
         )
         return KernelText(self.name, self.k, text, tuple(params), self.block.grid, self.nt, rule)
 

@@ -1,0 +1,158 @@
+"""The online-softmax P·V on tensor cores (:mod:`gensorage.codegen.online_mma`): when it applies, the llvm twin
+(same warps and slots, the MMA's scalar semantics) against float64 with large logits and masked rows, and the
+CUDA build (nvcc for sm_90a: mma.sync in the PTX, no spills)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gensorage.codegen.cuda_build import ptx_and_resources
+from gensorage.codegen.module import CompiledUGraph, compile_ugraph
+from gensorage.dtypes import numpy_dtype
+from gensorage.hw import load_profile
+from gensorage.program import Program
+from gensorage.ugraph import examples
+from gensorage.ugraph.ir import (
+    Accumulator,
+    BlockGraph,
+    GraphDefinedOp,
+    InputIterator,
+    KernelGraph,
+    OutputSaver,
+    Ref,
+    TensorSpec,
+)
+
+HW = load_profile("h100")
+ON_TENSOR_CORES = "P·V on tensor cores"
+
+#: flash_attention2 tilings whose P·V fits m16n8k16: query rows per block (8 pads each MMA to 16), keys per
+#: iteration (one or two 16-wide k chunks), head dims of one to three 8-wide n tiles.
+TILINGS = {
+    "rows8": {"heads": 2, "q_len": 16, "kv_len": 48, "head_dim": 8, "q_blocks": 2, "forloop": 3},
+    "rows24": {"heads": 2, "q_len": 24, "kv_len": 64, "head_dim": 24, "q_blocks": 1, "forloop": 2},
+    "rows32": {"heads": 1, "q_len": 64, "kv_len": 96, "head_dim": 16, "q_blocks": 2, "forloop": 3},
+}
+
+
+@functools.cache
+def _compiled(tiling: str, dtype: str) -> tuple[Program, CompiledUGraph]:
+    program, g = examples.flash_attention2(dtype=dtype, **TILINGS[tiling])  # type: ignore[arg-type]
+    return program, compile_ugraph(g, HW, "llvm")
+
+
+def _rules(cg: CompiledUGraph, target: str) -> str:
+    return "; ".join(k.rule for k in cg.kernels(target))  # type: ignore[arg-type]
+
+
+def _attention_inputs(program: Program, magnitude: float, seed: int, sink: bool) -> list[np.ndarray]:
+    """Q, K, V whose largest logit is about ``magnitude``: on one key of each head (a sink), or all scaled."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(t.shape) for t in program.inputs)
+    root = np.sqrt(q.shape[-1])
+    if sink:
+        key = int(rng.integers(k.shape[1]))
+        k[:, key, :] = q.mean(axis=1)
+        k[:, key, :] *= magnitude / np.abs(np.einsum("hqd,hd->hq", q, k[:, key, :]) / root).max()
+    else:
+        q *= magnitude / np.abs(np.einsum("hqd,hkd->hqk", q, k) / root).max()
+    return [q, k, v]
+
+
+@pytest.mark.parametrize("tiling", sorted(TILINGS))
+def test_the_fitting_tilings_run_on_tensor_cores(tiling: str) -> None:
+    _, cg = _compiled(tiling, "float16")
+    assert ON_TENSOR_CORES in _rules(cg, "llvm")
+
+
+def test_float32_values_or_rows_off_the_mma_shape_keep_the_cuda_core_step() -> None:
+    for dtype, shape in [
+        ("float32", TILINGS["rows8"]),  # a float32 value tile: no 16-bit operand
+        ("float16", {"heads": 2, "q_len": 12, "kv_len": 48, "head_dim": 8, "q_blocks": 2, "forloop": 3}),
+        ("float16", {"heads": 2, "q_len": 16, "kv_len": 24, "head_dim": 8, "q_blocks": 2, "forloop": 3}),
+    ]:
+        _, g = examples.flash_attention2(dtype=dtype, **shape)  # type: ignore[arg-type]
+        assert ON_TENSOR_CORES not in _rules(compile_ugraph(g, HW, "llvm"), "llvm")
+
+
+@settings(max_examples=24, deadline=None)
+@given(
+    tiling=st.sampled_from(sorted(TILINGS)),
+    dtype=st.sampled_from(["float16", "bfloat16"]),
+    magnitude=st.sampled_from([1e-2, 1.0, 10.0, 30.0, 100.0]),
+    sink=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_llvm_twin_against_float64(tiling: str, dtype: str, magnitude: float, sink: bool, seed: int) -> None:
+    # P is held in v's 16-bit dtype (P <= 1: no overflow), products summed in float32.
+    program, cg = _compiled(tiling, dtype)
+    xs = [x.astype(numpy_dtype(dtype)) for x in _attention_inputs(program, magnitude, seed, sink)]
+    (want,) = program.run(*(x.astype(np.float64) for x in xs))
+    (got,) = cg.run(*xs)
+    got = got.astype(np.float64)
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
+
+
+def _masked(
+    dtype: str, grid: int = 2, rows: int = 16, keys: int = 32, dim: int = 8, loop: int = 2
+) -> KernelGraph:
+    """The online accumulators straight on scores S [grid, rows, keys] (float32, so -inf can be fed) and
+    values V [grid, keys, dim] in ``dtype``, saving o and l."""
+    nodes = (
+        InputIterator(0, (0,), 2),
+        InputIterator(1, (0,), 1),
+        Accumulator(0, "softmax_matmul", values=Ref(1)),
+        Accumulator(0, "softmax_sum"),
+        OutputSaver(2, (0,)),
+        OutputSaver(3, (0,)),
+    )
+    block = BlockGraph((grid,), loop, nodes)
+    specs = (TensorSpec("S", (grid, rows, keys), "float32"), TensorSpec("V", (grid, keys, dim), dtype))
+    return KernelGraph(specs, (GraphDefinedOp(block, (0, 1)),), (Ref(2, 0), Ref(2, 1)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_masked_rows_give_zero_never_nan(dtype: str) -> None:
+    # Row 0: its first key tile all -inf; row 1: every score -inf (o = 0); row 2: a logit of 100 in the
+    # second tile; row 3: every score near -200.
+    cg = compile_ugraph(_masked(dtype), HW, "llvm")
+    assert ON_TENSOR_CORES in _rules(cg, "llvm")
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((2, 16, 32))
+    s[:, 3, :] -= 200.0
+    s[:, 0, :16] = -np.inf
+    s[:, 1, :] = -np.inf
+    s[:, 2, 20] = 100.0
+    s = s.astype(np.float32)
+    v = rng.standard_normal((2, 32, 8)).astype(numpy_dtype(dtype))
+    o, _ = cg.run(s, v)
+    o = np.asarray(o, dtype=np.float64)
+    m = np.max(s, axis=2, keepdims=True).astype(np.float64)
+    e = np.exp(s.astype(np.float64) - np.where(np.isfinite(m), m, 0.0))
+    want = e @ v.astype(np.float64)
+    assert np.isfinite(o).all() and (o[:, 1] == 0).all()
+    # P in 16 bits: each term's relative error is at most 2^-8 (bfloat16), so |o - want| <= 2^-8 Σ e |v|.
+    bound = 2.0**-7 * (e @ np.abs(v.astype(np.float64))) + 1e-6
+    assert (np.abs(o - want) <= bound).all()
+
+
+def test_cuda_build_holds_mma_and_shuffles_without_spills() -> None:
+    # LLaMA's head dim 128, a 64-row query block, 64 keys per iteration.
+    program, g = examples.flash_attention2(
+        heads=2, q_len=128, kv_len=512, head_dim=128, q_blocks=2, forloop=8, dtype="bfloat16"
+    )
+    cg = compile_ugraph(g, HW, "cuda")
+    assert ON_TENSOR_CORES in _rules(cg, "cuda")
+    built = ptx_and_resources(cg.cuda_source(), "sm_90a")
+    if built is None:
+        pytest.skip("nvcc is not installed")
+    ptx, resources = built
+    assert "mma.sync.aligned.m16n8k16" in ptx and "shfl.sync" in ptx
+    graph = next(r for name, r in resources.items() if "graph" in name)
+    assert graph.spill_stores == 0 and graph.spill_loads == 0
