@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from gensorage.codegen.cuda_build import ptx_and_resources
 from gensorage.codegen.module import CompiledUGraph, compile_ugraph
+from gensorage.codegen.online_mma import online_tiling
+from gensorage.construction.block_threads import ThreadChoice
 from gensorage.dtypes import numpy_dtype
 from gensorage.hw import load_profile
 from gensorage.program import Program
@@ -37,13 +39,30 @@ TILINGS = {
     "rows8": {"heads": 2, "q_len": 16, "kv_len": 48, "head_dim": 8, "q_blocks": 2, "forloop": 3},
     "rows24": {"heads": 2, "q_len": 24, "kv_len": 64, "head_dim": 24, "q_blocks": 1, "forloop": 2},
     "rows32": {"heads": 1, "q_len": 64, "kv_len": 96, "head_dim": 16, "q_blocks": 2, "forloop": 3},
+    # Head dim 128 on 1,024 threads: a row's 64 accumulators do not fit, so warp tiles side by side (each
+    # computing its rows' P and maxima) as a block matmul's.
+    "side_by_side": {"heads": 1, "q_len": 32, "kv_len": 32, "head_dim": 128, "q_blocks": 1, "forloop": 2},
 }
+THREADS = {"side_by_side": 1024}
 
 
 @functools.cache
 def _compiled(tiling: str, dtype: str) -> tuple[Program, CompiledUGraph]:
     program, g = examples.flash_attention2(dtype=dtype, **TILINGS[tiling])  # type: ignore[arg-type]
-    return program, compile_ugraph(g, HW, "llvm")
+    threads = THREADS.get(tiling)
+    plans = None if threads is None else {1: ThreadChoice(threads, None, None, "test")}
+    return program, compile_ugraph(g, HW, "llvm", plans=plans)
+
+
+def test_rows_split_over_the_warps_where_their_accumulators_fit() -> None:
+    # FlashAttention-2's layout: a warp owns 16 rows by all 128 columns at 128 threads; at 1,024 threads a
+    # thread's registers do not hold 64 accumulators and the warp tiles sit side by side.
+    assert online_tiling((1, 64, 128), 64, "float16", 128).warp_n == 16
+    side = online_tiling((1, 64, 128), 64, "float16", 1024)
+    assert side.warp_n < 16 and side.slots <= 32
+    _, cg = _compiled("side_by_side", "bfloat16")
+    online = _rules(cg, "llvm").split("online accumulator")[1]
+    assert ON_TENSOR_CORES in online and "32 warps" in online and "x128" not in online
 
 
 def _rules(cg: CompiledUGraph, target: str) -> str:

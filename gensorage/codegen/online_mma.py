@@ -36,9 +36,11 @@ from typing import TYPE_CHECKING
 from gensorage.codegen.block_mma import (
     A_ELEMS,
     C_ELEMS,
+    MAX_ACC_REGS,
     MMA_K,
     MMA_M,
     MMA_N,
+    REGISTERS_PER_BLOCK,
     WARP,
     MmaTiling,
     a_element,
@@ -80,8 +82,20 @@ def online_mma_tilings(
         out = binfo.nodes[j][0].shape
         if v.dtype not in MMA_DTYPES or out[-2] % 8 or out[-1] % MMA_N or s.shape[-1] % MMA_K:
             continue
-        tilings[j] = warp_tiling(out, s.shape[-1], v.dtype, threads, threads // WARP)
+        tilings[j] = online_tiling(out, s.shape[-1], v.dtype, threads)
     return tilings
+
+
+def online_tiling(out: tuple[int, ...], keys: int, dtype: str, threads: int) -> MmaTiling:
+    """The warp tiling of an online P·V into ``out``: FlashAttention-2's split of the rows over the warps (a
+    warp tile of 16 rows by every column) when its accumulators fit (at most :data:`MAX_ACC_REGS`, and half
+    a thread's share of the block's registers: 64 at head dim 128, as FlashAttention-2 keeps), so that each P
+    element and row maximum is computed by one warp only; else a block matmul's (:func:`warp_tiling`), whose
+    warp tiles side by side each compute their rows' P again."""
+    warps = threads // WARP
+    whole = MmaTiling(tuple(out[:-2]), out[-2], out[-1], keys, warps, 1, out[-1] // MMA_N, dtype, warps)
+    fits = whole.slots <= min(MAX_ACC_REGS, REGISTERS_PER_BLOCK // threads // 2)
+    return whole if fits else warp_tiling(out, keys, dtype, threads, warps)
 
 
 class OnlineMmaEmitter:
@@ -238,4 +252,4 @@ class OnlineMmaEmitter:
                     e.mac(acc, Ix.of(x), p, v)
 
 
-__all__ = ["OnlineMmaEmitter", "online_mma_tilings"]
+__all__ = ["OnlineMmaEmitter", "online_mma_tilings", "online_tiling"]
