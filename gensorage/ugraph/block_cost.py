@@ -19,6 +19,10 @@ matmul's phase and the accumulators kept in registers are the kernel's own. Time
   - *tensor-core matmuls* at the emitted warp layout: per 16-wide k chunk a warp loads its fragments element by
     element from shared memory (``8 warp_m + 4 warp_n`` loads, one wavefront each) and issues ``warp_m warp_n``
     MMAs of ``block_mma_cycles`` each on its sub-core; warps without a warp tile idle;
+  - *the online P·V on tensor cores* (:mod:`gensorage.codegen.online_mma`), per warp tile: each lane's row
+    maxima over a quarter of the keys (a serial chain), two shuffles and a broadcast, the rescale (an ``exp``
+    per row), P's fragment elements (a shared read and an ``exp`` each, recomputed by every warp tile of the
+    same rows), the value fragments as a block matmul loads them, and the MMAs;
   - *element-wise work* (element-wise block ops, reductions, thread graphs, CUDA-core matmuls, accumulator
     updates and the online-softmax rescale): per thread ``ceil(elements / threads)`` elements, each some
     operations of ``block_element_cycles`` issue cycles (address arithmetic included), one wavefront per shared
