@@ -145,7 +145,7 @@ def test_online_softmax_keys_lengthen_the_chain_of_fewer_threads() -> None:
         few = plan_block(graph, k, info, H200, True, ThreadChoice(128, None, None, "", ((3, 4),)))
         many = plan_block(graph, k, info, H200, True, ThreadChoice(1024, None, None, "", ((3, 16),)))
         chains.append(few.body.latency / many.body.latency)
-    assert chains[0] > 4 and chains[1] < 2
+    assert chains[0] > 4 and chains[1] < chains[0] / 2
     # The CUDA-core step's kernel keeps many threads (the one measured 1.45x slower at 128 threads); the
     # tensor-core one may take 4 warps, FlashAttention-2's own (its choice waits for a measurement).
     assert plan_threads(wide, k, validate(wide), H200).threads >= 256

@@ -85,8 +85,9 @@ def _attention_inputs(program: Program, magnitude: float, seed: int, sink: bool)
 
 @pytest.mark.parametrize("tiling", sorted(TILINGS))
 def test_the_fitting_tilings_run_on_tensor_cores(tiling: str) -> None:
+    # The P·V on tensor cores, and l (softmax_sum over the same scores) kept in the same phase.
     _, cg = _compiled(tiling, "float16")
-    assert ON_TENSOR_CORES in _rules(cg, "llvm")
+    assert ON_TENSOR_CORES in _rules(cg, "llvm") and "with the row sums of #6" in _rules(cg, "llvm")
 
 
 def test_float32_values_or_rows_off_the_mma_shape_keep_the_cuda_core_step() -> None:
@@ -141,7 +142,7 @@ def test_masked_rows_give_zero_never_nan(dtype: str) -> None:
     # Row 0: its first key tile all -inf; row 1: every score -inf (o = 0); row 2: a logit of 100 in the
     # second tile; row 3: every score near -200.
     cg = compile_ugraph(_masked(dtype), HW, "llvm")
-    assert ON_TENSOR_CORES in _rules(cg, "llvm")
+    assert "with the row sums of #3" in _rules(cg, "llvm")
     rng = np.random.default_rng(0)
     s = rng.standard_normal((2, 16, 32))
     s[:, 3, :] -= 200.0
@@ -150,12 +151,15 @@ def test_masked_rows_give_zero_never_nan(dtype: str) -> None:
     s[:, 2, 20] = 100.0
     s = s.astype(np.float32)
     v = rng.standard_normal((2, 32, 8)).astype(numpy_dtype(dtype))
-    o, _ = cg.run(s, v)
-    o = np.asarray(o, dtype=np.float64)
+    o, l_ = cg.run(s, v)
+    o, l_ = np.asarray(o, dtype=np.float64), np.asarray(l_, dtype=np.float64)
     m = np.max(s, axis=2, keepdims=True).astype(np.float64)
     e = np.exp(s.astype(np.float64) - np.where(np.isfinite(m), m, 0.0))
     want = e @ v.astype(np.float64)
     assert np.isfinite(o).all() and (o[:, 1] == 0).all()
+    assert np.isfinite(l_).all() and (l_[:, 1] == 0).all()
+    # l sums P in float32, unrounded (the row sums beside the P·V share its maxima).
+    np.testing.assert_allclose(l_, e.sum(axis=2, keepdims=True), rtol=1e-5, atol=1e-6)
     # P in 16 bits: each term's relative error is at most 2^-8 (bfloat16), so |o - want| <= 2^-8 Σ e |v|.
     bound = 2.0**-7 * (e @ np.abs(v.astype(np.float64))) + 1e-6
     assert (np.abs(o - want) <= bound).all()

@@ -29,7 +29,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
-from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments
+from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, RowFragments
 from gensorage.codegen.scalar import Val
 from gensorage.codegen.tir_text import Ix, broadcast_index, is_atomic
 from gensorage.errors import NotLaxError
@@ -63,6 +63,8 @@ class AccumulatorEmitter:
         """
         if j in self.e.online_mma:  # P·V on tensor cores: the fragments stay in the MMA's slots
             return Fragments(self.e.online_mma[j])
+        if j in self.e.online_sums:  # its row sums, kept beside them by the lanes of each row
+            return RowFragments(self.e.online_mma[self.e.online_sums[j]])
         if node.kind in ONLINE_SOFTMAX_KINDS:  # its own phase, one element of the result per thread slot
             out = self.e.tile(Ref(j)).shape
             return Cyclic(out, out)
@@ -76,8 +78,9 @@ class AccumulatorEmitter:
         return isinstance(node, Accumulator) and node.kind in ONLINE_SOFTMAX_KINDS
 
     def registers(self, j: int) -> tuple[str, ...]:
-        """Names of register accumulator ``j``'s per-thread arrays: the value, then an online one's running max."""
-        return (f"a{j}", f"m{j}") if self.is_online(j) else (f"a{j}",)
+        """Names of register accumulator ``j``'s per-thread arrays: the value, then an online one's running max
+        (a sum beside a tensor-core P·V shares that one's)."""
+        return (f"a{j}", f"m{j}") if self.is_online(j) and j not in self.e.online_sums else (f"a{j}",)
 
     def reg(self, slot: Ix) -> str:
         """Index text of this thread's register ``slot`` of an accumulator (a row per thread on the CPU)."""
@@ -121,6 +124,8 @@ class AccumulatorEmitter:
         if j in e.online_mma:
             e.online.phase(j, node, e.online_mma[j])
             return
+        if j in e.online_sums:
+            return  # in its P·V's phase
         s = e.tile(node.input).shape
         m_reg, a_reg = f"m{j}", f"a{j}"
         with e.barrier_phase(), e.threads(), e.elements(e.tile(Ref(j)).shape) as (idx, slot):

@@ -98,6 +98,30 @@ def online_tiling(out: tuple[int, ...], keys: int, dtype: str, threads: int) -> 
     return whole if fits else warp_tiling(out, keys, dtype, threads, warps)
 
 
+def online_sums(nodes: tuple[BlockNode, ...], tilings: dict[int, MmaTiling]) -> dict[int, int]:
+    """``softmax_sum`` accumulator -> the tensor-core P·V over the same scores, whose phase also keeps its row
+    sums (sharing the row maxima and the exps)."""
+    sums: dict[int, int] = {}
+    for j, n in enumerate(nodes):
+        if isinstance(n, Accumulator) and n.kind == "softmax_sum":
+            pv = next((o for o in tilings if nodes[o].input == n.input), None)  # type: ignore[union-attr]
+            if pv is not None:
+                sums[j] = pv
+    return sums
+
+
+def row_slot_coords(t: MmaTiling, threads: int, slot: Ix) -> tuple[list[Ix], list[str]]:
+    """Row sum (batch..., i, 0) held in this thread's ``slot`` (step, row tile), and the condition for this lane
+    to hold it: the first lane of the row's group, in a warp tile of the first columns."""
+    step, r = unravel(slot, (t.steps, 2 * t.warp_m))
+    wt, conds = warp_tile(t, threads, step)
+    bt, ti, tj = unravel(wt, t.grid)
+    g, q = lane_group(lane_and_warp(threads)[0])
+    i = ti * (MMA_M * t.warp_m) + r.floordiv(2, 2 * t.warp_m) * MMA_M + g + r.mod(2, 2 * t.warp_m) * 8
+    conds = conds + [f"{q} == 0"] + ([f"{tj} == 0"] if t.grid[2] > 1 else [])
+    return (unravel(bt, t.batch) if t.batch else []) + [i, Ix()], conds + row_guard(t, i)
+
+
 class OnlineMmaEmitter:
     """The tensor-core online step of one :class:`~gensorage.codegen.block_emitter.BlockEmitter`."""
 
@@ -111,6 +135,8 @@ class OnlineMmaEmitter:
         with e.barrier_phase(), e.threads():
             acc = e.acc_buffer(t.regs)
             mx = e.acc_buffer(2 * t.warp_m)
+            sums = [s for s, pv in e.online_sums.items() if pv == j]
+            part = e.acc_buffer(2 * t.warp_m) if sums else ""  # this step's row sums of P
             frags = e.mma_emitter.fragments(t) if e.gpu else None
             with w.loop(w.fresh("ws"), t.steps) as step:
                 wt, conds = warp_tile(t, e.nt, step)
@@ -121,14 +147,28 @@ class OnlineMmaEmitter:
                     vb = broadcast_index(batch, e.tile(node.values).shape[:-2])
                     i0, j0 = e.mma_emitter.origin(t, wt)
                     self._maxima(j, node.input, t, mx, sb, i0, step)
-                    self._rescale(j, t, acc, mx, step)
+                    scales = self._rescale(j, t, acc, mx, step)
+                    for r in range(2 * t.warp_m if sums else 0):
+                        e.store(part, str(r), sc.zero(), sc.acc_dtype)
                     with w.loop(w.fresh("kc"), t.k // MMA_K) as kc:
                         if frags is None:
                             self._scalar_mmas(t, acc, mx, node, sb, vb, i0, j0, kc)
                         else:
-                            self._p_fragments(t, frags[0], mx, node.input, sb, i0, kc)
+                            self._p_fragments(t, frags[0], mx, node.input, sb, i0, kc, part if sums else None)
                             e.mma_emitter.b_fragments(t, frags[1], node.values, vb, j0, kc)
                             e.mma_emitter.issue(t, acc, frags)
+                    if sums:
+                        self._row_sums(t, part, mx, node.input, sb, i0)
+                    for jl in sums:
+                        for r in range(2 * t.warp_m):
+                            at = e.accs.reg(step * 2 * t.warp_m + r)
+                            new = sc.plus(
+                                sc.product(sc.load(f"a{jl}", at, sc.acc_dtype), scales[r]),
+                                sc.load(part, str(r), sc.acc_dtype),
+                            )
+                            w.line(
+                                f"{sc.at(f'a{jl}', 0, at)} = T.if_then_else(it == 0, {part}[{r}], {new.comps[0]})"
+                            )
                     for r in range(t.regs):
                         e.store(
                             f"a{j}",
@@ -183,8 +223,9 @@ class OnlineMmaEmitter:
             sc.acc_dtype,
         )
 
-    def _rescale(self, j: int, t: MmaTiling, acc: str, mx: str, step: Ix) -> None:
-        """``acc``: the kept fragments times exp(m − m') per row (0 on the first iteration); then m = m'."""
+    def _rescale(self, j: int, t: MmaTiling, acc: str, mx: str, step: Ix) -> list[Val]:
+        """``acc``: the kept fragments times exp(m − m') per row (0 on the first iteration); then m = m'.
+        Returns each row's exp(m − m')."""
         e, sc, w = self.e, self.e.sc, self.e.w
         scales = []
         for r in range(2 * t.warp_m):
@@ -198,28 +239,64 @@ class OnlineMmaEmitter:
             w.line(f"{acc}[{x}] = T.if_then_else(it == 0, {tvm_float(0.0, sc.acc_dtype)}, {scaled.comps[0]})")
         for r in range(2 * t.warp_m):
             e.store(f"m{j}", e.accs.reg(step * t.regs + r), sc.load(mx, str(r), sc.acc_dtype), sc.acc_dtype)
+        return scales
 
     def _p(self, t: MmaTiling, s: Ref, sb: list[Ix], i: Ix, k: Ix, m: Val) -> Val:
-        """P at ``(i, k)`` = exp(s − m') rounded to the MMA dtype; 0 on a padded row."""
+        """P at ``(i, k)`` = exp(s − m') in float32; 0 on a padded row."""
         sc, w = self.e.sc, self.e.w
         p = sc.op(w, Op.EXP, (), [sc.op(w, Op.SUB, (), [self._score(s, t, sb, i, k), m])]).comps[0]
         guard = row_guard(t, i)
         if guard:
             p = f"T.if_then_else({guard[0]}, {p}, {tvm_float(0.0, sc.acc_dtype)})"
-        return Val((f'T.Cast("{t.dtype}", {p})',), t.dtype)
+        return Val((p,), sc.acc_dtype)
 
-    def _p_fragments(self, t: MmaTiling, fa: str, mx: str, s: Ref, sb: list[Ix], i0: Ix, kc: Ix) -> None:
-        """This lane's A fragments of k chunk ``kc``: P computed in registers from the score tile."""
+    @staticmethod
+    def _rounded(p: Val, t: MmaTiling) -> Val:
+        """P as the A fragment holds it: in the MMA dtype."""
+        return Val((f'T.Cast("{t.dtype}", {p.comps[0]})',), t.dtype)
+
+    def _p_fragments(
+        self, t: MmaTiling, fa: str, mx: str, s: Ref, sb: list[Ix], i0: Ix, kc: Ix, part: str | None
+    ) -> None:
+        """This lane's A fragments of k chunk ``kc``: P computed in registers from the score tile (and added,
+        in float32, to ``part``, the lane's share of its rows' sums, when a row sum is kept)."""
         e, sc = self.e, self.e.sc
         lane, _ = lane_and_warp(e.nt)
         for mi in range(t.warp_m):
             for x in range(A_ELEMS):
                 row, col = a_element(lane, x)
                 r = 2 * mi + x // 2 % 2
-                p = self._p(
-                    t, s, sb, i0 + mi * MMA_M + row, kc * MMA_K + col, e.sc.load(mx, str(r), sc.acc_dtype)
+                m = sc.load(mx, str(r), sc.acc_dtype)
+                p = self._p(t, s, sb, i0 + mi * MMA_M + row, kc * MMA_K + col, m)
+                if part is not None:
+                    p = e.temp(p)
+                    e.store(part, str(r), sc.plus(sc.load(part, str(r), sc.acc_dtype), p), sc.acc_dtype)
+                e.store(fa, str(mi * A_ELEMS + x), self._rounded(p, t), t.dtype)
+
+    def _row_sums(self, t: MmaTiling, part: str, mx: str, s: Ref, sb: list[Ix], i0: Ix) -> None:
+        """``part[r]``: the sum of P over row tile ``r``'s keys. On the GPU the 4 lanes of a row added their
+        fragments' quarter of the keys; two shuffles and a broadcast combine them. The llvm twin adds the row's
+        keys in order (another order of float32 additions)."""
+        e, sc, w = self.e, self.e.sc, self.e.w
+        for r in range(2 * t.warp_m):
+            cur = sc.load(part, str(r), sc.acc_dtype)
+            if e.gpu:
+                for d in (2, 1):
+                    other = Val(
+                        (
+                            f"T.tvm_warp_shuffle_down(T.uint32({FULL_MASK}), {part}[{r}], {d}, {GROUP}, {WARP})",
+                        ),
+                        sc.acc_dtype,
+                    )
+                    e.store(part, str(r), sc.plus(cur, other), sc.acc_dtype)
+                w.line(
+                    f"{part}[{r}] = T.tvm_warp_shuffle(T.uint32({FULL_MASK}), {part}[{r}], 0, {GROUP}, {WARP})"
                 )
-                e.store(fa, str(mi * A_ELEMS + x), p, t.dtype)
+                continue
+            i = self._row(t, i0, r)
+            with w.loop(w.fresh("k"), t.k) as k:
+                p = self._p(t, s, sb, i, k, sc.load(mx, str(r), sc.acc_dtype))
+                e.store(part, str(r), sc.plus(cur, p), sc.acc_dtype)
 
     def _scalar_mmas(
         self,
@@ -245,11 +322,11 @@ class OnlineMmaEmitter:
                 guard = row_guard(t, i)
                 with w.block(f"if {guard[0]}:") if guard else nullcontext():
                     m = e.sc.load(mx, str(2 * mi + c // 2), sc.acc_dtype)
-                    p = self._p(t, node.input, sb, i, kc * MMA_K + kk, m)
+                    p = self._rounded(self._p(t, node.input, sb, i, kc * MMA_K + kk, m), t)
                     v = e.mma_emitter.rounded(
                         e.read(node.values, vb + [kc * MMA_K + kk, j0 + nj * MMA_N + col]), t
                     )
                     e.mac(acc, Ix.of(x), p, v)
 
 
-__all__ = ["OnlineMmaEmitter", "online_mma_tilings", "online_tiling"]
+__all__ = ["OnlineMmaEmitter", "online_mma_tilings", "online_sums", "online_tiling", "row_slot_coords"]

@@ -214,6 +214,9 @@ def _online_mma(hw: HwProfile, e: BlockEmitter, j: int, t: object) -> Work:
     b = fragment_cycles(0.5 if b_rows else B_ELEMS, WARP * B_ELEMS * dtype_bytes(t.dtype), MmaCosts.of(hw))
     matmul = _mma(hw, t, (True, b_rows))
     # The A fragments are computed (priced above), not loaded: only the value fragments' loads.
+    sums = sum(pv == j for pv in e.online_sums.values())
+    if sums:  # a float32 add per P element, two shuffles, a broadcast and the rescaled add per row
+        per_tile += Work(latency=rows * 3 * reg_lat, ops=p_elems + sums * rows * 6)
     return dataclasses.replace(
         matmul,
         latency=matmul.latency + t.steps * per_tile.latency,
@@ -241,6 +244,8 @@ def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
     if isinstance(node, Accumulator):
         if mma and j in e.online_mma:
             return _online_mma(hw, e, j, e.online_mma[j])
+        if mma and j in e.online_sums:
+            return Work()  # in its P·V's phase (priced there)
         if node.kind in ONLINE_SOFTMAX_KINDS:
             keys = binfo.nodes[node.input.node][node.input.out].shape[-1]
             values = node.values is not None
@@ -323,7 +328,7 @@ def _registers(e: BlockEmitter, mma: bool) -> int:
         if t is not None:  # the kept fragments, each row's running and new maximum, the step's fragments
             regs += t.slots + 2 * t.warp_m * (t.steps + 1) + (A_ELEMS * t.warp_m + B_ELEMS * t.warp_n) // 2
             continue
-        online = isinstance(e.nodes[j], Accumulator) and e.accs.is_online(j)
+        online = isinstance(e.nodes[j], Accumulator) and e.accs.is_online(j) and j not in e.online_sums
         regs += e.slots(m) * (2 if online else 1)
     if mma:
         regs += max(
