@@ -17,11 +17,11 @@ starts at the max identity of :meth:`~gensorage.codegen.scalar.Scalar.initial`, 
 row whose scores so far are all -inf (masked) has a finite maximum: its terms are exp(-inf - lowest) = 0 and its
 rescale exp(lowest - m') is 0 or 1, never the NaN of exp(-inf + inf); such a row sums to 0 (the program's own
 softmax of it is 0 / 0). The rowmax is recomputed by every thread of a row (one pass over the keys before the
-sum). That is the general path: a ``softmax_sum`` (one element, so one thread, per row) and a
-``softmax_matmul`` whose value tile is float32 or whose shapes do not fit m16n8k16 take it. A ``softmax_matmul``
-that fits runs its step on tensor cores instead (:mod:`gensorage.codegen.online_mma`: row maxima by the lanes
-that share a row, P computed into the MMA's fragments, float32 accumulators kept in the MMA's register slots),
-with the same first-iteration and masked-row rules.
+sum). That is the general path, for a ``softmax_matmul`` whose value tile is float32 or whose shapes do not
+fit m16n8k16, and a ``softmax_sum`` beside it. A ``softmax_matmul`` that fits runs its step on tensor cores
+instead (:mod:`gensorage.codegen.online_mma`: row maxima by the lanes that share a row, P computed into the
+MMA's fragments, float32 accumulators kept in the MMA's register slots), with the same first-iteration and
+masked-row rules, and a ``softmax_sum`` over the same scores keeps its row sums in that phase.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ A ``softmax_matmul`` accumulator whose value tile is 16-bit and whose shapes fit
 multiple of 8, columns of 8, keys of 16: :func:`~gensorage.codegen.block_mma.fits_mma`'s rule) in a block of whole
 warps runs its per-iteration step as a warp-level MMA (:func:`online_mma_tilings`); otherwise the CUDA-core
 phase of :mod:`gensorage.codegen.block_accumulators` runs it. The result ``o [batch, m, n]`` is laid out as a
-block matmul's (:mod:`gensorage.codegen.block_mma`: warp tiles, steps, fragment slots), and the accumulator
+block matmul's (:mod:`gensorage.codegen.block_mma`: warp tiles, steps, fragment slots; the warp tile of
+:func:`online_tiling`, whole rows per warp where they fit), and the accumulator
 keeps its float32 fragments across the loop in those slots, as a matmul's loop accumulator does. Per iteration
 and warp tile, for the ``2 warp_m`` rows a lane's fragments touch (``g`` and ``g + 8`` of each MMA row tile)::
 
@@ -22,9 +23,15 @@ finite float), so a masked row (all -inf) has terms exp(-inf − lowest) = 0 and
 row tile ``r`` of a step sits in register ``step * regs + r`` of the accumulator's max array (the value array
 uses all ``regs``).
 
+A ``softmax_sum`` over the same scores (:func:`online_sums`) runs in this phase: each lane adds its A fragments'
+P (float32, before the convert) for its rows, two shuffles and a broadcast combine the row's 4 lanes, and
+``l = part if it == 0 else l · exp(m − m') + part`` with the same rescale; the first lane of each row's group,
+in the warp tiles of the first columns, keeps it (:class:`~gensorage.codegen.element_maps.RowFragments`).
+
 The llvm twin runs the same warps, steps and slots: each lane's row maximum over all the keys (max is exact, so
 the same value as the shuffles'), P rounded to the MMA dtype as the fragment holds it, and the MMA's scalar
-semantics (per k chunk, each accumulator adds its 16 products in k order). The field twin has none (the rescale
+semantics (per k chunk, each accumulator adds its 16 products in k order); a row sum adds the row's keys in
+order (the GPU's order is the lanes' quarters, then the shuffle tree). The field twin has none (the rescale
 needs exp(a + b) = exp(a)·exp(b)).
 """
 
