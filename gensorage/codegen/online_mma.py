@@ -238,7 +238,9 @@ class OnlineMmaEmitter:
         for r in range(2 * t.warp_m):
             old = sc.load(f"m{j}", e.accs.reg(step * t.regs + r), sc.acc_dtype)
             diff = sc.op(w, Op.SUB, (), [old, sc.load(mx, str(r), sc.acc_dtype)])
-            scales.append(e.temp(sc.op(w, Op.EXP, (), [diff])))
+            scale = sc.op(w, Op.EXP, (), [diff]).comps[0]  # the first iteration reads no running max
+            zero = tvm_float(0.0, sc.acc_dtype)
+            scales.append(e.temp(Val((f"T.if_then_else(it == 0, {zero}, {scale})",), sc.acc_dtype)))
         for x in range(t.regs):
             mi, c = x // (C_ELEMS * t.warp_n), x % C_ELEMS
             kept = sc.load(f"a{j}", e.accs.reg(step * t.regs + x), sc.acc_dtype)
