@@ -179,3 +179,41 @@ def test_cuda_build_holds_mma_and_shuffles_without_spills() -> None:
     assert "mma.sync.aligned.m16n8k16" in ptx and "shfl.sync" in ptx
     graph = next(r for name, r in resources.items() if "graph" in name)
     assert graph.spill_stores == 0 and graph.spill_loads == 0
+
+
+@pytest.mark.slow
+def test_full_modes_choice_for_the_bundled_stable_mha_prefill_runs_on_tensor_cores() -> None:
+    # The bundled program at shapes small enough for the llvm twin (2 heads, 64 queries, 256 keys, head dim 32):
+    # full mode (its preset's search, then the µGraphs rebuilt at these shapes) chooses FlashAttention-2, whose
+    # P·V and row sums run on tensor cores; every such candidate against float64 with logits up to 100.
+    # About a minute on two cores.
+    from gensorage import superoptimize
+    from gensorage.program import load_config
+
+    program = load_config("mha_prefill", {"b": 1, "h": 2, "s": 64, "n": 256, "d": 32})
+    res = superoptimize(
+        program, load_profile("h200"), mode="full", time_budget_s=300, use_store=False, progress=False
+    )
+    fa2 = [
+        g
+        for _, g, _ in res.candidates
+        if any(
+            isinstance(n, Accumulator)
+            for op in g.ops
+            if isinstance(op, GraphDefinedOp)
+            for n in op.block.nodes
+        )
+    ]
+    assert res.best in fa2
+    on_tensor_cores = 0
+    for g in fa2:
+        cg = compile_ugraph(g, HW, "llvm")
+        on_tensor_cores += ON_TENSOR_CORES in _rules(cg, "llvm")
+        for magnitude, sink in [(100.0, True), (30.0, False)]:
+            xs = [x.astype(np.float16) for x in _attention_inputs(program, magnitude, 1, sink)]
+            (want,) = program.run(*(x.astype(np.float64) for x in xs))
+            (got,) = cg.run(*xs)
+            got = np.asarray(got, dtype=np.float64)
+            assert np.isfinite(got).all()
+            assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-2
+    assert ON_TENSOR_CORES in _rules(compile_ugraph(res.best, HW, "llvm"), "llvm") and on_tensor_cores >= 3
