@@ -503,6 +503,11 @@ EXTRA_UGRAPHS: dict[str, Any] = {
     "llama3_flash_decoding_stable": lambda: examples.flash_decoding_stable(
         heads=32, kv_len=4096, head_dim=128, splits=16, forloop=4
     ),
+    # The stable mha_prefill (32 heads, 512 queries, 4,096 keys) as FlashAttention-2: 64-row query blocks, 64
+    # keys per iteration, the online P·V on tensor cores (gensorage.codegen.online_mma).
+    "fa2_mha_prefill": lambda: examples.flash_attention2(
+        heads=32, q_len=512, kv_len=4096, head_dim=128, q_blocks=8, forloop=64
+    ),
     # The papers' form (exp(S) V / Σ exp(S), K as [heads, dim, keys]) fused the same way, for comparison.
     "llama3_flash_attention_papers": lambda: examples.flash_attention(
         heads=32, q_len=1024, kv_len=1024, head_dim=128, q_blocks=16, forloop=16
@@ -537,6 +542,7 @@ DIRECT_OF = {
     # LLaMA-3-8B's attention at 1,024 queries: the fused kernel takes K and V per query head, the program
     # repeats the 8 key/value heads; the same work but for that copy.
     "llama3_flash_attention2": "llama3_attention_prefill",
+    "fa2_mha_prefill": "mha_prefill",
 }
 
 

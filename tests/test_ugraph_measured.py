@@ -30,7 +30,20 @@ def _measured_pairs() -> list[tuple[str, str, float, float]]:
         for c in data["cases"]
         if c.get("kind") == "program" and c.get("status") == "ok" and "median_s" in c["methods"]["ours"]
     }
-    return [(f, d, medians[f], medians[d]) for f, d in DIRECT_OF.items() if f in medians and d in medians]
+    return [
+        (f, d, medians[f], medians[d])
+        for f, d in DIRECT_OF.items()
+        if f in medians and d in medians and f not in REBUILT
+    ]
+
+
+#: Fused µGraphs whose kernels the generator emits differently since the run measured them (the order measured
+#: then says nothing of the model's price now); each waits for a run of the new kernel.
+REBUILT = {
+    # Measured with the online-softmax P·V on CUDA cores, one thread per output element; tensor cores since
+    # issue 26 (gensorage.codegen.online_mma).
+    "llama3_flash_attention2",
+}
 
 
 PAIRS = _measured_pairs()
@@ -38,8 +51,9 @@ HW = load_profile(json.loads(RESULTS.read_text())["prepared"]["hw"])
 
 
 def test_the_run_measured_fused_and_direct_pairs() -> None:
-    # gated_mlp, rmsnorm, mha_prefill and LLaMA-3's prefill attention: without them the test below checks nothing.
-    assert len(PAIRS) >= 4
+    # gated_mlp, rmsnorm and mha_prefill (LLaMA-3's prefill attention waits in REBUILT): without them the test
+    # below checks nothing.
+    assert len(PAIRS) >= 3
 
 
 @pytest.mark.parametrize(("fused", "direct", "fused_s", "direct_s"), PAIRS, ids=[p[0] for p in PAIRS])

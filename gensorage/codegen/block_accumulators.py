@@ -17,7 +17,11 @@ starts at the max identity of :meth:`~gensorage.codegen.scalar.Scalar.initial`, 
 row whose scores so far are all -inf (masked) has a finite maximum: its terms are exp(-inf - lowest) = 0 and its
 rescale exp(lowest - m') is 0 or 1, never the NaN of exp(-inf + inf); such a row sums to 0 (the program's own
 softmax of it is 0 / 0). The rowmax is recomputed by every thread of a row (one pass over the keys before the
-sum): correctness first, one thread per output element.
+sum). That is the general path, for a ``softmax_matmul`` whose value tile is float32 or whose shapes do not
+fit m16n8k16, and a ``softmax_sum`` beside it. A ``softmax_matmul`` that fits runs its step on tensor cores
+instead (:mod:`gensorage.codegen.online_mma`: row maxima by the lanes that share a row, P computed into the
+MMA's fragments, float32 accumulators kept in the MMA's register slots), with the same first-iteration and
+masked-row rules, and a ``softmax_sum`` over the same scores keeps its row sums in that phase.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
-from gensorage.codegen.element_maps import Cyclic, ElementMap
+from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, RowFragments
 from gensorage.codegen.scalar import Val
 from gensorage.codegen.tir_text import Ix, broadcast_index, is_atomic
 from gensorage.errors import NotLaxError
@@ -57,6 +61,10 @@ class AccumulatorEmitter:
         in registers; read-modify-writes of shared memory in a loop would also make TVM's barrier insertion put
         a barrier inside the loop.
         """
+        if j in self.e.online_mma:  # P·V on tensor cores: the fragments stay in the MMA's slots
+            return Fragments(self.e.online_mma[j])
+        if j in self.e.online_sums:  # its row sums, kept beside them by the lanes of each row
+            return RowFragments(self.e.online_mma[self.e.online_sums[j]])
         if node.kind in ONLINE_SOFTMAX_KINDS:  # its own phase, one element of the result per thread slot
             out = self.e.tile(Ref(j)).shape
             return Cyclic(out, out)
@@ -70,8 +78,9 @@ class AccumulatorEmitter:
         return isinstance(node, Accumulator) and node.kind in ONLINE_SOFTMAX_KINDS
 
     def registers(self, j: int) -> tuple[str, ...]:
-        """Names of register accumulator ``j``'s per-thread arrays: the value, then an online one's running max."""
-        return (f"a{j}", f"m{j}") if self.is_online(j) else (f"a{j}",)
+        """Names of register accumulator ``j``'s per-thread arrays: the value, then an online one's running max
+        (a sum beside a tensor-core P·V shares that one's)."""
+        return (f"a{j}", f"m{j}") if self.is_online(j) and j not in self.e.online_sums else (f"a{j}",)
 
     def reg(self, slot: Ix) -> str:
         """Index text of this thread's register ``slot`` of an accumulator (a row per thread on the CPU)."""
@@ -112,6 +121,11 @@ class AccumulatorEmitter:
                 f"block node #{j}: a {node.kind} accumulator has no field twin (its rescale needs "
                 "exp(a + b) = exp(a)·exp(b), which only the second verification tier models)"
             )
+        if j in e.online_mma:
+            e.online.phase(j, node, e.online_mma[j])
+            return
+        if j in e.online_sums:
+            return  # in its P·V's phase
         s = e.tile(node.input).shape
         m_reg, a_reg = f"m{j}", f"a{j}"
         with e.barrier_phase(), e.threads(), e.elements(e.tile(Ref(j)).shape) as (idx, slot):

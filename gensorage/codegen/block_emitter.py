@@ -17,9 +17,10 @@ from gensorage.codegen.block_loads import GRID_VARS, LoadEmitter
 from gensorage.codegen.block_matmul import MatmulEmitter, batch_index, check_tiling, matmul_dims
 from gensorage.codegen.block_mma import ROW_BYTES, MmaEmitter, fused_thread_graphs, mma_tilings, slot_coords
 from gensorage.codegen.block_reduce import ReduceEmitter
-from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, Tiled
+from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, RowFragments, Tiled
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
+from gensorage.codegen.online_mma import OnlineMmaEmitter, online_mma_tilings, online_sums, row_slot_coords
 from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val
 from gensorage.codegen.tir_text import (
     Ix,
@@ -110,6 +111,8 @@ class BlockEmitter:
         self.mma = mma_tilings(self)
         self.fused = fused_thread_graphs(self)
         self.fused_into = {t: j for j, t in self.fused.items()}
+        self.online_mma = online_mma_tilings(info, binfo, self.nodes, self.nt)
+        self.online_sums = online_sums(self.nodes, self.online_mma)  # softmax_sum -> its P·V's node
         self.accs = AccumulatorEmitter(self)
         # Loop accumulators combined with sum/max live in registers across the loop (see block_accumulators).
         self.reg_accs = self.accs.register_maps()
@@ -129,6 +132,7 @@ class BlockEmitter:
             check_tiling(choice.tiling, choice.threads)
         self.matmul = MatmulEmitter(self)
         self.mma_emitter = MmaEmitter(self)
+        self.online = OnlineMmaEmitter(self)
         self.loads = LoadEmitter(self)
         self.reduce = ReduceEmitter(self)
 
@@ -224,6 +228,8 @@ class BlockEmitter:
             return math.prod(m.tiling.steps) * math.prod(m.tiling.t0)
         if isinstance(m, Fragments):
             return m.tiling.slots
+        if isinstance(m, RowFragments):
+            return m.tiling.steps * 2 * m.tiling.warp_m
         return -(-math.prod(m.space) // self.nt)
 
     # ------------------------------------------------------------------ value access
@@ -370,6 +376,8 @@ class BlockEmitter:
             return batch_index(glob[0], m.batch) + [glob[1], glob[2]], conds
         if isinstance(m, Fragments):
             return slot_coords(m.tiling, self.nt, slot)
+        if isinstance(m, RowFragments):
+            return row_slot_coords(m.tiling, self.nt, slot)
         n = math.prod(m.space)
         flat = self._flat(slot)
         conds = [f"{flat} < {n}"] if self.slots(m) * self.nt > n else []
@@ -550,7 +558,13 @@ class BlockEmitter:
         ]
         text = "\n".join(head) + "\n" + self.w.text()
         rule = "; ".join(
-            [self.choice.rule] + [f"block matmul #{j} on {t.describe()}" for j, t in self.mma.items()]
+            [self.choice.rule]
+            + [f"block matmul #{j} on {t.describe()}" for j, t in self.mma.items()]
+            + [
+                f"online accumulator #{j}: P·V on {t.describe()}"
+                + "".join(f", with the row sums of #{s}" for s, pv in self.online_sums.items() if pv == j)
+                for j, t in self.online_mma.items()
+            ]
         )
         return KernelText(self.name, self.k, text, tuple(params), self.block.grid, self.nt, rule)
 

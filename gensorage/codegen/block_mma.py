@@ -134,13 +134,19 @@ def mma_tiling(
     """
     a, b = (binfo.nodes[r.node][r.out] for r in node.inputs)
     out = binfo.nodes[j][0].shape
-    m, n, k = out[-2], out[-1], a.shape[-1]
     dtype = fits_mma(a, b, out)
     if dtype is None or threads % WARP:
         return None
     warps = threads // WARP if warps is None else warps
     if not 1 <= warps <= threads // WARP:
         raise ScheduleError(f"{warps} warps for block matmul #{j} on {threads} threads")
+    return warp_tiling(out, a.shape[-1], dtype, threads, warps)
+
+
+def warp_tiling(out: tuple[int, ...], k: int, dtype: str, threads: int, warps: int) -> MmaTiling:
+    """The best warp tile (see :func:`mma_tiling`) of an MMA product into ``out`` over inner dim ``k`` on
+    ``warps`` of ``threads`` threads (the shapes fit m16n8k16; the online-softmax P·V asks this too)."""
+    m, n = out[-2], out[-1]
     budget = acc_budget(threads)
     best: tuple[tuple[bool, int, int, int], MmaTiling] | None = None
     for wm in _divisors(-(-m // MMA_M)):
@@ -150,7 +156,8 @@ def mma_tiling(
             key = (over, t.slots if over else t.steps * wm * wn, -wm * wn, A_ELEMS * wm + B_ELEMS * wn)
             if best is None or key < best[0]:
                 best = (key, t)
-    return None if best is None else best[1]
+    assert best is not None
+    return best[1]
 
 
 def acc_budget(threads: int) -> int:
@@ -173,7 +180,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _group(lane: Ix) -> tuple[Ix, Ix]:
+def lane_group(lane: Ix) -> tuple[Ix, Ix]:
     """(group, thread in group) of a lane: ``lane // 4`` and ``lane % 4``; ``lane`` may also be the thread index,
     whose lane is ``tx % 32``."""
     return lane.floordiv(4).mod(WARP // 4), lane.mod(4)
@@ -181,13 +188,13 @@ def _group(lane: Ix) -> tuple[Ix, Ix]:
 
 def a_element(lane: Ix, e: int) -> tuple[Ix, Ix]:
     """(row, col) in the 16 x 16 A tile of element ``e`` of ``lane``'s A fragment (PTX ISA, m16n8k16)."""
-    g, t = _group(lane)
+    g, t = lane_group(lane)
     return g + 8 * (e // 2 % 2), t * 2 + (e % 2 + 8 * (e // 4))
 
 
 def b_element(lane: Ix, e: int) -> tuple[Ix, Ix]:
     """(k, col) in the 16 x 8 B tile of element ``e`` of ``lane``'s B fragment."""
-    g, t = _group(lane)
+    g, t = lane_group(lane)
     return t * 2 + (e % 2 + 8 * (e // 2)), g
 
 
@@ -202,7 +209,7 @@ def ldmatrix_row(lane: Ix) -> tuple[Ix, Ix]:
 
 def c_element(lane: Ix, c: Ix) -> tuple[Ix, Ix]:
     """(row, col) in the 16 x 8 C tile of accumulator ``c`` of ``lane``."""
-    g, t = _group(lane)
+    g, t = lane_group(lane)
     return g + c.floordiv(2, C_ELEMS) * 8, t * 2 + c.mod(2, C_ELEMS)
 
 
@@ -254,7 +261,7 @@ class MmaEmitter:
         a, b = node.inputs
         with e.threads():
             acc = e.acc_buffer(t.regs)
-            frags = self._fragments(t) if e.gpu else None
+            frags = self.fragments(t) if e.gpu else None
             with w.loop(w.fresh("ws"), t.steps) as step:
                 wt, conds = warp_tile(t, e.nt, step)
                 with w.block(f"if {' and '.join(conds)}:") if conds else nullcontext():
@@ -287,14 +294,15 @@ class MmaEmitter:
         rounded = Val(e.sc.store(v, dtype), dtype)
         e.thread_graph_element(tg, idx, [rounded] * len(e.nodes[tg].inputs), slot)  # type: ignore[union-attr]
 
-    def _fragments(self, t: MmaTiling) -> tuple[str, str]:
+    def fragments(self, t: MmaTiling) -> tuple[str, str]:
         e = self.e
         names = e.w.fresh("fa"), e.w.fresh("fb")
         for name, size in zip(names, (A_ELEMS * t.warp_m, B_ELEMS * t.warp_n), strict=True):
             e.w.line(f'{name} = T.alloc_buffer(({size},), "{t.dtype}", scope="local")')
         return names
 
-    def _origin(self, t: MmaTiling, wt: Ix) -> tuple[Ix, Ix]:
+    @staticmethod
+    def origin(t: MmaTiling, wt: Ix) -> tuple[Ix, Ix]:
         """First output row and column of warp tile ``wt``."""
         _, ti, tj = unravel(wt, t.grid)
         return ti * (MMA_M * t.warp_m), tj * (MMA_N * t.warp_n)
@@ -305,7 +313,7 @@ class MmaEmitter:
         """One k chunk on tensor cores: this lane's fragments from shared memory, then one MMA per MMA tile."""
         e = self.e
         lane, _ = lane_and_warp(e.nt)
-        i0, j0 = self._origin(t, wt)
+        i0, j0 = self.origin(t, wt)
         fa, fb = frags
         ab = broadcast_index(batch, e.tile(a).shape[:-2])
         bb = broadcast_index(batch, e.tile(b).shape[:-2])
@@ -313,7 +321,7 @@ class MmaEmitter:
         for mi in range(t.warp_m):
             if self.row_loadable(a, t, t.padded):  # A rows (k contiguous): x4 gives the a_element layout
                 idx = ab + [i0 + mi * MMA_M + low, kc * MMA_K + high]
-                self._ldmatrix(t, fa, mi * A_ELEMS, a, idx, 4, trans=False)
+                self.ldmatrix(t, fa, mi * A_ELEMS, a, idx, 4, trans=False)
                 continue
             for x in range(A_ELEMS):
                 row, col = a_element(lane, x)
@@ -327,21 +335,33 @@ class MmaEmitter:
                         (f"T.if_then_else({guard[0]}, {v.comps[0]}, {tvm_float(0.0, v.dtype)})",), v.dtype
                     )
                 e.store(fa, str(mi * A_ELEMS + x), v, t.dtype)
+        self.b_fragments(t, fb, b, bb, j0, kc)
+        self.issue(t, acc, frags)
+
+    def b_fragments(self, t: MmaTiling, fb: str, b: Ref, bb: list[Ix], j0: Ix, kc: Ix) -> None:
+        """This lane's B fragments of k chunk ``kc`` (columns from ``j0``) from shared tile ``b``."""
+        e = self.e
+        lane, _ = lane_and_warp(e.nt)
+        low, high = ldmatrix_row(lane)
         for nj in range(t.warp_n):
             if self.row_loadable(b, t, False):  # B rows (n contiguous), transposed: two n tiles per x4
                 if nj % 2 == 0:
                     pair = nj + 1 < t.warp_n
                     idx = bb + [kc * MMA_K + low, j0 + nj * MMA_N + (high if pair else Ix())]
-                    self._ldmatrix(t, fb, nj * B_ELEMS, b, idx, 4 if pair else 2, trans=True)
+                    self.ldmatrix(t, fb, nj * B_ELEMS, b, idx, 4 if pair else 2, trans=True)
                 continue
             for x in range(B_ELEMS):
                 kk, col = b_element(lane, x)
                 v = e.read(b, bb + [kc * MMA_K + kk, j0 + nj * MMA_N + col])
                 e.store(fb, str(nj * B_ELEMS + x), v, t.dtype)
+
+    def issue(self, t: MmaTiling, acc: str, frags: tuple[str, str]) -> None:
+        """One ``mma.sync`` per MMA tile of the warp tile, from the loaded fragments into ``acc``."""
+        fa, fb = frags
         ptx = PTX_DTYPE[t.dtype]
         for mi in range(t.warp_m):
             for nj in range(t.warp_n):
-                e.w.line(
+                self.e.w.line(
                     f'T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "{ptx}", "{ptx}", "fp32", '
                     f"{fa}.data, {mi * A_ELEMS}, {fb}.data, {nj * B_ELEMS}, "
                     f'{acc}.data, {(mi * t.warp_n + nj) * C_ELEMS}, False, dtype="float32"))'
@@ -361,7 +381,7 @@ class MmaEmitter:
             return False
         return e.buf_tile_shape(r)[-1] * dtype_bytes(t.dtype) % ROW_BYTES == 0
 
-    def _ldmatrix(self, t: MmaTiling, frag: str, at: int, r: Ref, idx: list[Ix], n: int, trans: bool) -> None:
+    def ldmatrix(self, t: MmaTiling, frag: str, at: int, r: Ref, idx: list[Ix], n: int, trans: bool) -> None:
         """``ldmatrix`` of ``n`` 8 x 8 matrices of tile ``r`` into ``frag[at:]``; this lane's row starts at
         element ``idx``."""
         e = self.e
@@ -387,7 +407,7 @@ class MmaEmitter:
         """One k chunk by the MMA's scalar semantics: each of this lane's accumulators adds 16 products."""
         e, w = self.e, self.e.w
         lane, _ = lane_and_warp(e.nt)
-        i0, j0 = self._origin(t, wt)
+        i0, j0 = self.origin(t, wt)
         ab = broadcast_index(batch, e.tile(a).shape[:-2])
         bb = broadcast_index(batch, e.tile(b).shape[:-2])
         with w.loop(w.fresh("k"), MMA_K) as kk:
@@ -397,11 +417,11 @@ class MmaEmitter:
                 i = i0 + mi * MMA_M + row
                 guard = row_guard(t, i)
                 with w.block(f"if {guard[0]}:") if guard else nullcontext():
-                    av = self._rounded(e.read(a, ab + [i, kc * MMA_K + kk]), t)
-                    bv = self._rounded(e.read(b, bb + [kc * MMA_K + kk, j0 + nj * MMA_N + col]), t)
+                    av = self.rounded(e.read(a, ab + [i, kc * MMA_K + kk]), t)
+                    bv = self.rounded(e.read(b, bb + [kc * MMA_K + kk, j0 + nj * MMA_N + col]), t)
                     e.mac(acc, Ix.of(r), av, bv)
 
-    def _rounded(self, v: Val, t: MmaTiling) -> Val:
+    def rounded(self, v: Val, t: MmaTiling) -> Val:
         """A float operand rounded to the MMA dtype as the fragment load rounds it (float32 to bfloat16); the
         field twin's residues are exact, nothing to round."""
         if self.e.sc.field or v.dtype == t.dtype:
@@ -492,6 +512,10 @@ __all__ = [
     "c_element",
     "ldmatrix_row",
     "fits_mma",
+    "lane_group",
+    "lane_and_warp",
+    "warp_tile",
+    "warp_tiling",
     "mma_tiling",
     "row_operand",
     "slot_coords",

@@ -34,6 +34,15 @@ class Fragments:
     tiling: MmaTiling
 
 
-ElementMap = Cyclic | Tiled | Fragments
+@dataclass(frozen=True, slots=True)
+class RowFragments:
+    """Per-row values of a tensor-core matmul's rows (an online ``softmax_sum`` beside its P·V): slot = step,
+    then this lane's row tile ``r`` (rows ``g`` and ``g + 8`` of each MMA row tile); the first lane of each
+    row's group in the warp tiles of the first columns holds the value (see :mod:`.online_mma`)."""
 
-__all__ = ["Cyclic", "ElementMap", "Fragments", "Tiled"]
+    tiling: MmaTiling
+
+
+ElementMap = Cyclic | Tiled | Fragments | RowFragments
+
+__all__ = ["Cyclic", "ElementMap", "Fragments", "RowFragments", "Tiled"]

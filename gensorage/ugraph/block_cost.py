@@ -19,6 +19,10 @@ matmul's phase and the accumulators kept in registers are the kernel's own. Time
   - *tensor-core matmuls* at the emitted warp layout: per 16-wide k chunk a warp loads its fragments element by
     element from shared memory (``8 warp_m + 4 warp_n`` loads, one wavefront each) and issues ``warp_m warp_n``
     MMAs of ``block_mma_cycles`` each on its sub-core; warps without a warp tile idle;
+  - *the online P·V on tensor cores* (:mod:`gensorage.codegen.online_mma`), per warp tile: each lane's row
+    maxima over a quarter of the keys (a serial chain), two shuffles and a broadcast, the rescale (an ``exp``
+    per row), P's fragment elements (a shared read and an ``exp`` each, recomputed by every warp tile of the
+    same rows), the value fragments as a block matmul loads them, and the MMAs;
   - *element-wise work* (element-wise block ops, reductions, thread graphs, CUDA-core matmuls, accumulator
     updates and the online-softmax rescale): per thread ``ceil(elements / threads)`` elements, each some
     operations of ``block_element_cycles`` issue cycles (address arithmetic included), one wavefront per shared
@@ -185,6 +189,43 @@ def _mma(hw: HwProfile, t: object, rows: tuple[bool, bool]) -> Work:
     )
 
 
+def _online_mma(hw: HwProfile, e: BlockEmitter, j: int, t: object) -> Work:
+    """The tensor-core online step (:mod:`gensorage.codegen.online_mma`) per warp tile: each of a lane's
+    ``2 warp_m`` rows' maximum over a quarter of the keys (a shared read and a max each, a serial chain), two
+    shuffles and a broadcast, the rescale (an ``exp`` per row, a multiply per fragment), then per 16-wide k
+    chunk the P fragments (a shared read, a subtract, an ``exp`` and a convert per element), the value
+    fragments as a block matmul loads them, and the MMAs."""
+    from gensorage.codegen.block_mma import A_ELEMS, B_ELEMS, MMA_K, WARP, MmaTiling
+
+    assert isinstance(t, MmaTiling)
+    node = e.nodes[j]
+    assert isinstance(node, Accumulator) and node.values is not None
+    chunks, rows, quarter = t.k // MMA_K, 2 * t.warp_m, t.k // 4
+    reg_lat, shared_lat = hw.level("register").latency_cycles, hw.level("shared").latency_cycles
+    p_elems = chunks * t.warp_m * A_ELEMS
+    per_tile = Work(
+        latency=rows * (quarter * reg_lat + shared_lat + 3 * reg_lat) + chunks * (shared_lat + reg_lat),
+        ops=rows * (2 * quarter + 8) + 2 * t.regs + 4 * p_elems,
+        shared=(rows * quarter + p_elems) * WAVEFRONT,
+        sfu=(rows + p_elems) * SFU_WARP_CYCLES,
+    )
+    warp_work = t.warps * t.steps
+    b_rows = e.mma_emitter.row_loadable(node.values, t, False)
+    b = fragment_cycles(0.5 if b_rows else B_ELEMS, WARP * B_ELEMS * dtype_bytes(t.dtype), MmaCosts.of(hw))
+    matmul = _mma(hw, t, (True, b_rows))
+    # The A fragments are computed (priced above), not loaded: only the value fragments' loads.
+    sums = sum(pv == j for pv in e.online_sums.values())
+    if sums:  # a float32 add per P element, two shuffles, a broadcast and the rescaled add per row
+        per_tile += Work(latency=rows * 3 * reg_lat, ops=p_elems + sums * rows * 6)
+    return dataclasses.replace(
+        matmul,
+        latency=matmul.latency + t.steps * per_tile.latency,
+        ops=matmul.ops + warp_work * per_tile.ops,
+        shared=chunks * warp_work * t.warp_n * b * WAVEFRONT + warp_work * per_tile.shared,
+        sfu=matmul.sfu + warp_work * per_tile.sfu,
+    )
+
+
 def _special(n: ThreadGraph | BlockOp) -> int:
     ops = [t.op for t in n.ops] if isinstance(n, ThreadGraph) else [n.op]
     return sum(op in SPECIAL_OPS for op in ops)
@@ -201,6 +242,10 @@ def _node_work(e: BlockEmitter, hw: HwProfile, j: int, mma: bool) -> Work:
         reads = 0 if fused else len(node.inputs)
         return _elementwise(hw, nt, elems, len(node.ops) + 1, reads, len(node.outputs), _special(node))
     if isinstance(node, Accumulator):
+        if mma and j in e.online_mma:
+            return _online_mma(hw, e, j, e.online_mma[j])
+        if mma and j in e.online_sums:
+            return Work()  # in its P·V's phase (priced there)
         if node.kind in ONLINE_SOFTMAX_KINDS:
             keys = binfo.nodes[node.input.node][node.input.out].shape[-1]
             values = node.values is not None
@@ -279,7 +324,11 @@ def _registers(e: BlockEmitter, mma: bool) -> int:
 
     regs = BASE_REGISTERS
     for j, m in e.reg_accs.items():
-        online = isinstance(e.nodes[j], Accumulator) and e.accs.is_online(j)
+        t = e.online_mma.get(j)
+        if t is not None:  # the kept fragments, each row's running and new maximum, the step's fragments
+            regs += t.slots + 2 * t.warp_m * (t.steps + 1) + (A_ELEMS * t.warp_m + B_ELEMS * t.warp_n) // 2
+            continue
+        online = isinstance(e.nodes[j], Accumulator) and e.accs.is_online(j) and j not in e.online_sums
         regs += e.slots(m) * (2 if online else 1)
     if mma:
         regs += max(
@@ -391,7 +440,8 @@ def _build_plan(
     # The emitter, set up and not run: its tensor-core tilings, fused thread graphs and register accumulators.
     e = BlockEmitter(g, k, info, choice, "cuda", FloatScalar(compute_dtype(g, info)), f"cost{k}")
     # A profile without tensor cores for the MMA dtype (peak 0) prices the CUDA-core path.
-    mma = mma and bool(e.mma) and all(_tensor_peak(hw, t.dtype) > 0 for t in e.mma.values())
+    tilings = [*e.mma.values(), *e.online_mma.values()]
+    mma = mma and bool(tilings) and all(_tensor_peak(hw, t.dtype) > 0 for t in tilings)
     block, binfo, nt = op.block, e.binfo, e.nt
     looped = block.forloop > 1
     level = depths(block)
