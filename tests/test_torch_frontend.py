@@ -146,7 +146,7 @@ def test_decoder_layer_16_bit(dtype: torch.dtype) -> None:
     )  # the whole layer, per length
 
 
-def test_more_lengths_than_dynamos_recompile_limit_stay_in_gensorage(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_more_lengths_than_dynamos_recompile_limit_stay_in_gensorage() -> None:
     """Dynamo captures a code object at most 8 times (over every instance of the class) and then runs it in
     eager torch: twelve lengths of two instances must all run in gensorage."""
     import torch._dynamo
@@ -159,17 +159,22 @@ def test_more_lengths_than_dynamos_recompile_limit_stay_in_gensorage(monkeypatch
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.relu(self.proj(x))
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # torch's default, whatever ran before
-    monkeypatch.setattr(torch._dynamo.config, "accumulated_recompile_limit", 256)
-    for seed in range(2):
-        torch.manual_seed(seed)
-        model = Block().eval()
-        compiled = gtorch.compile(model)
-        for t in range(1, 7):
-            x = torch.randn(t, 8)
-            with torch.no_grad():
-                assert_close(compiled(x), model(x), 1e-5)
-        assert len(gensorage_subgraphs(compiled.explain())) == 6, compiled.explain()
+    cfg = torch._dynamo.config
+    # torch's defaults, whatever ran before; restored by hand (monkeypatch's undo hides a config entry)
+    saved = cfg.recompile_limit, cfg.accumulated_recompile_limit
+    cfg.recompile_limit, cfg.accumulated_recompile_limit = 8, 256
+    try:
+        for seed in range(2):
+            torch.manual_seed(seed)
+            model = Block().eval()
+            compiled = gtorch.compile(model)
+            for t in range(1, 7):
+                x = torch.randn(t, 8)
+                with torch.no_grad():
+                    assert_close(compiled(x), model(x), 1e-5)
+            assert len(gensorage_subgraphs(compiled.explain())) == 6, compiled.explain()
+    finally:
+        cfg.recompile_limit, cfg.accumulated_recompile_limit = saved
 
 
 def test_attention_with_explicit_mask_and_gelu() -> None:
