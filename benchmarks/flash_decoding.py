@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stable", action="store_true", help="the stable program with the scale (three kernels)")
     args = ap.parse_args(argv)
 
-    from test_rediscovery import _split_kv_then_combine, _stable_decode, _stable_split_kv_and_combine
+    from test_rediscovery import _split_kv_then_combine, _stable_split_kv_and_combine, stable_decode_spec
 
     from gensorage.exhaustive.dim_strategy import load_dim_strategy
     from gensorage.exhaustive.run import run_search, stats_to_dict
@@ -57,17 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     from gensorage.program import load_config
 
     if args.stable:
-        program, is_fd = _stable_decode(True), _stable_split_kv_and_combine
-        spec = SearchSpec(
-            program=program,
-            max_kernel_ops=3,
-            max_block_ops=6,
-            max_grid_dims=2,
-            max_block_inputs=3,
-            max_block_outputs=3,
-            ops=("transpose", "matmul", "max", "sub", "exp", "div", "scale"),
-            dims=load_dim_strategy("attention"),
-        )
+        is_fd = _stable_split_kv_and_combine
+        spec = stable_decode_spec(True, load_dim_strategy("attention"))
     else:
         is_fd = _split_kv_then_combine
         spec = SearchSpec(

@@ -23,7 +23,7 @@ from gensorage.codegen.module import compile_ugraph
 from gensorage.dtypes import numpy_dtype
 from gensorage.exhaustive import SearchSpec, Task, run_search, run_task, search_serial
 from gensorage.exhaustive.derived_limits import derive_limits
-from gensorage.exhaustive.dim_strategy import load_dim_strategy
+from gensorage.exhaustive.dim_strategy import DimStrategy, load_dim_strategy
 from gensorage.exhaustive.walk import Walk
 from gensorage.exhaustive.walk.search_state import AccumRec, BlockOpRec
 from gensorage.hw import load_profile
@@ -538,6 +538,22 @@ def _stable_decode(scaled: bool, dtype: str = "float16") -> Program:
     return p
 
 
+def stable_decode_spec(scaled: bool, dims: DimStrategy | None = None) -> SearchSpec:
+    """The search space of stable FlashDecoding (three kernels: K's transpose, split-KV, combine), shared with
+    ``benchmarks/flash_decoding.py --stable``."""
+    ops = ("transpose", "matmul", "max", "sub", "exp", "div", *(("scale",) if scaled else ()))
+    return SearchSpec(
+        program=_stable_decode(scaled),
+        max_kernel_ops=3,
+        max_block_ops=6,
+        max_grid_dims=2,
+        max_block_inputs=3,
+        max_block_outputs=3,
+        ops=ops,
+        dims=dims,
+    )
+
+
 def _stable_split_kv_and_combine(g: KernelGraph) -> bool:
     """Stable FlashDecoding's structure: K's transpose, a looped split-KV kernel with the two online-softmax
     accumulators and a running max (the keys on a grid dim and the loop), a combine of max, sub, exp, two
@@ -572,17 +588,8 @@ def test_stable_attention_decode_flash_decoding_split_kv_and_combine(scaled: boo
     # With 1/√d in the program (as models write it) the split kernel scales its scores once: the online
     # accumulators and the running max read the scaled scores (a max may read a positive scale's result), so
     # the saved maxima are the scaled scores' and the combine needs no second scale (examples.flash_decoding_stable).
-    p = _stable_decode(scaled)
-    ops = ("transpose", "matmul", "max", "sub", "exp", "div", *(("scale",) if scaled else ()))
-    spec = SearchSpec(
-        program=p,
-        max_kernel_ops=3,
-        max_block_ops=6,
-        max_grid_dims=2,
-        max_block_inputs=3,
-        max_block_outputs=3,
-        ops=ops,
-    )
+    spec = stable_decode_spec(scaled)
+    p = spec.program
     table = _SPLIT_SCALED if scaled else _SPLIT
     path = _guided_path(
         spec,

@@ -107,6 +107,10 @@ class MmaTiling:
     def slots(self) -> int:
         return self.steps * self.regs
 
+    def slot_tile(self, r: int) -> tuple[int, int, int]:
+        """Accumulator ``r`` of one step as (MMA tile row ``mi``, MMA tile column ``nj``, element ``c``)."""
+        return r // (C_ELEMS * self.warp_n), r // C_ELEMS % self.warp_n, r % C_ELEMS
+
     @property
     def idle(self) -> bool:
         """Whether some of the block's warps take no part (then each lane checks its warp)."""
@@ -275,7 +279,7 @@ class MmaEmitter:
                         else:
                             self._mmas(t, acc, frags, a, b, wt, batch, kc)
                     for r in range(t.regs):
-                        mi, nj, c = r // (C_ELEMS * t.warp_n), r // C_ELEMS % t.warp_n, r % C_ELEMS
+                        mi, nj, c = t.slot_tile(r)
                         idx = tile_coords(t, e.nt, wt, Ix.of(mi), Ix.of(nj), Ix.of(c))
                         v = e.sc.reduced(e.sc.load(acc, str(r), e.sc.acc_dtype))
                         guard = row_guard(t, idx[-2])
@@ -412,7 +416,7 @@ class MmaEmitter:
         bb = broadcast_index(batch, e.tile(b).shape[:-2])
         with w.loop(w.fresh("k"), MMA_K) as kk:
             for r in range(t.regs):
-                mi, nj, c = r // (C_ELEMS * t.warp_n), r // C_ELEMS % t.warp_n, r % C_ELEMS
+                mi, nj, c = t.slot_tile(r)
                 row, col = c_element(lane, Ix.of(c))
                 i = i0 + mi * MMA_M + row
                 guard = row_guard(t, i)

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING
 
 from gensorage.codegen.block_mma import (
     A_ELEMS,
-    C_ELEMS,
     MAX_ACC_REGS,
     MMA_K,
     MMA_M,
@@ -242,7 +241,7 @@ class OnlineMmaEmitter:
             zero = tvm_float(0.0, sc.acc_dtype)
             scales.append(e.temp(Val((f"T.if_then_else(it == 0, {zero}, {scale})",), sc.acc_dtype)))
         for x in range(t.regs):
-            mi, c = x // (C_ELEMS * t.warp_n), x % C_ELEMS
+            mi, _, c = t.slot_tile(x)
             kept = sc.load(f"a{j}", e.accs.reg(step * t.regs + x), sc.acc_dtype)
             scaled = sc.product(kept, scales[2 * mi + c // 2])
             w.line(f"{acc}[{x}] = T.if_then_else(it == 0, {tvm_float(0.0, sc.acc_dtype)}, {scaled.comps[0]})")
@@ -325,7 +324,7 @@ class OnlineMmaEmitter:
         lane, _ = lane_and_warp(e.nt)
         with w.loop(w.fresh("k"), MMA_K) as kk:
             for x in range(t.regs):
-                mi, nj, c = x // (C_ELEMS * t.warp_n), x // C_ELEMS % t.warp_n, x % C_ELEMS
+                mi, nj, c = t.slot_tile(x)
                 row, col = c_element(lane, Ix.of(c))
                 i = i0 + mi * MMA_M + row
                 guard = row_guard(t, i)
