@@ -40,6 +40,7 @@ def allocate(e: BlockEmitter) -> None:
     if e.arena:
         _allocate_arena(e, e.memory, scratch)
     else:
+        e.shared_bytes = sum(sizes.values()) if e.gpu else 0
         scope = "shared" if e.gpu else "global"
         for r, name in e.buffers.items():
             shape = e.buf_tile_shape(r)
@@ -79,7 +80,9 @@ def _allocate_arena(e: BlockEmitter, plan: MemoryPlan, scratch: int) -> None:
     scope = "shared.dyn" if e.gpu else "global"
     base = -(-plan.bytes // ARENA_ALIGN) * ARENA_ALIGN
     total = base + scratch
-    e.w.line(f'smem = T.alloc_buffer(({-(-total // dtype_bytes(arena))},), "{arena}", scope="{scope}")')
+    elements = -(-total // dtype_bytes(arena))
+    e.shared_bytes = elements * dtype_bytes(arena) if e.gpu else 0
+    e.w.line(f'smem = T.alloc_buffer(({elements},), "{arena}", scope="{scope}")')
     for name, shape, dtype, elem_offset in views:
         e.w.line(
             f'{name} = T.decl_buffer({shape_text(shape)}, "{dtype}", data=smem.data, '

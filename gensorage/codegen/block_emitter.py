@@ -126,6 +126,7 @@ class BlockEmitter:
         self.memory = MemoryPlan((), 0, 0)  # set by allocate
         self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
         self.arena_dtype = ""  # the arena's element type (the widest tile's)
+        self.shared_bytes = 0  # shared memory a block declares on the GPU (set by allocate)
         self.barriers = BarrierPlacement(lambda r, o: tiles_clash(self.memory if self.arena else None, r, o))
         self._check_grid()
         if choice.tiling is not None:
@@ -566,7 +567,9 @@ class BlockEmitter:
                 for j, t in self.online_mma.items()
             ]
         )
-        return KernelText(self.name, self.k, text, tuple(params), self.block.grid, self.nt, rule)
+        return KernelText(
+            self.name, self.k, text, tuple(params), self.block.grid, self.nt, rule, self.shared_bytes
+        )
 
     @contextmanager
     def grid(self) -> Iterator[None]:

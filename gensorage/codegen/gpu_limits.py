@@ -64,15 +64,7 @@ def verify_gpu_limits(mod: tvm.IRModule, hw: HwProfile) -> BlockResources:
     from tvm import s_tir
 
     res = block_resources(mod)
-    if res.threads > hw.max_threads_per_block:
-        raise ScheduleError(
-            f"{res.threads} threads per block exceed {hw.name}'s limit of {hw.max_threads_per_block}"
-        )
-    if res.shared_bytes > hw.shared_mem_per_block:
-        raise ScheduleError(
-            f"{res.shared_bytes} bytes of shared memory per block exceed {hw.name}'s limit of "
-            f"{hw.shared_mem_per_block}"
-        )
+    check_block(res, hw)
     constraints = {
         "max_threads_per_block": hw.max_threads_per_block,
         "max_shared_memory_per_block": hw.shared_mem_per_block,
@@ -88,6 +80,21 @@ def verify_gpu_limits(mod: tvm.IRModule, hw: HwProfile) -> BlockResources:
                 f"(threads, shared memory or vector width)"
             )
     return res
+
+
+def check_block(res: BlockResources, hw: HwProfile) -> None:
+    """Raise :class:`ScheduleError` naming the first of ``hw``'s per-block limits ``res`` exceeds: threads, then
+    shared memory (the opt-in maximum). Registers never stop a launch: TVM's kernels declare
+    ``__launch_bounds__(threads)``, so nvcc fits a block's registers in the SM's file and spills the rest."""
+    if res.threads > hw.max_threads_per_block:
+        raise ScheduleError(
+            f"{res.threads} threads per block exceed {hw.name}'s limit of {hw.max_threads_per_block}"
+        )
+    if res.shared_bytes > hw.shared_mem_per_block:
+        raise ScheduleError(
+            f"{res.shared_bytes} bytes of shared memory per block exceed {hw.name}'s limit of "
+            f"{hw.shared_mem_per_block}"
+        )
 
 
 def _lower_for_verification(mod: tvm.IRModule) -> tvm.IRModule:

@@ -29,7 +29,9 @@ class KernelParam:
 
 @dataclass(frozen=True, slots=True)
 class KernelText:
-    """An emitted kernel: TVMScript ``text`` of one PrimFunc called ``name``, its parameters and launch shape."""
+    """An emitted kernel: TVMScript ``text`` of one PrimFunc called ``name``, its parameters and launch shape;
+    ``shared_bytes``: the shared memory one block declares (a graph-defined kernel for the GPU; what TVM's
+    lowering allocates, :func:`gensorage.codegen.kernel_fit.launch_problem`)."""
 
     name: str
     op_index: int
@@ -38,6 +40,7 @@ class KernelText:
     grid: tuple[int, ...]
     threads: int
     rule: str
+    shared_bytes: int = 0
 
 
 __all__ = ["TARGETS", "KernelParam", "KernelText", "Target"]

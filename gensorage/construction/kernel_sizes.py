@@ -5,7 +5,9 @@ verified structure: :func:`.block_sizes.constructed_sizes`, nearest legal option
 first) and a lattice of legal values per variable (every grid dim, then the trip count), all of it when it has
 at most :data:`EXHAUSTIVE_LIMIT` points, else a steepest-descent walk from a given start and random restarts.
 The µGraph cost model picks among the candidates that are valid and fit the GPU; ties go to the candidate tried
-first (the start, then the construction's proposals).
+first (the start, then the construction's proposals). The model charges a block its tiles' memory plan, which
+the emitted kernel can exceed (padded rows, float32 accumulators): given a launch check, the best-priced
+candidates are checked in order and the first that launches is kept (up to :data:`FIT_TRIES` of them).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from gensorage.ugraph.shapes import TensorInfo, block_shapes
 from gensorage.ugraph.validate import validate
 
 CostFn = Callable[[KernelGraph], float]
+#: Why a kernel graph cannot launch on the GPU (one line), or None (:func:`gensorage.codegen.kernel_fit.launch_problem`).
+FitFn = Callable[[KernelGraph], str | None]
 #: Block graphs for (grid, trip count); raises a GensorageError where the sizes do not fit the structure.
 BuildFn = Callable[[tuple[int, ...], int], BlockGraph]
 
@@ -32,6 +36,8 @@ BuildFn = Callable[[tuple[int, ...], int], BlockGraph]
 EXHAUSTIVE_LIMIT = 2048
 #: Otherwise: random restarts of the descent walk (the first start is the lattice's own start).
 WALK_RESTARTS = 6
+#: The best-priced candidates checked against the launch limits before the construction gives up.
+FIT_TRIES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +89,7 @@ class _Evaluator:
         grid, forloop = point[:-1], point[-1]
         try:
             block = self.build(grid, forloop)
-            sub = single_op_graph(
-                GraphDefinedOp(block, tuple(Ref(i) for i in range(len(self.args)))), self.args
-            )
+            sub = self.sub(block)
             validate(sub, self.hw)
             t = float(self.cost(sub))
         except GensorageError as exc:
@@ -99,6 +103,24 @@ class _Evaluator:
     def best(self) -> tuple[float, BlockGraph | None]:
         return min(self.seen.values(), key=lambda v: v[0], default=(math.inf, None))
 
+    def ranked(self) -> list[BlockGraph]:
+        """The valid block graphs, cheapest first (ties: the one tried first)."""
+        valid = [(t, b) for t, b in self.seen.values() if b is not None]
+        return [b for _, b in sorted(valid, key=lambda v: v[0])]
+
+    def sub(self, block: BlockGraph) -> KernelGraph:
+        return single_op_graph(GraphDefinedOp(block, tuple(Ref(i) for i in range(len(self.args)))), self.args)
+
+    def first_fitting(self, fits: FitFn) -> BlockGraph | None:
+        """The cheapest block graph that launches (of the :data:`FIT_TRIES` cheapest); reasons of the others
+        go to ``last_error``."""
+        for block in self.ranked()[:FIT_TRIES]:
+            why = fits(self.sub(block))
+            if why is None:
+                return block
+            self.last_error = f"grid {list(block.grid)}, loop {block.forloop} does not launch: {why}"
+        return None
+
 
 def kernel_sizes(
     build: BuildFn,
@@ -108,8 +130,10 @@ def kernel_sizes(
     cost: CostFn,
     rng: np.random.Generator,
     seed: int = 0,
+    fits: FitFn | None = None,
 ) -> tuple[BlockGraph | None, str | None]:
-    """The block graph ``build`` makes at the sizes the cost model prefers (see the module docstring).
+    """The block graph ``build`` makes at the sizes the cost model prefers (see the module docstring); with
+    ``fits``, the cheapest of them that launches.
 
     Returns the block graph, or None with the last reason a candidate was refused when none is valid.
     """
@@ -126,7 +150,7 @@ def kernel_sizes(
         ]
         for s in starts:
             _descend(s, lattice, evaluate)
-    _, block = evaluate.best()
+    block = evaluate.best()[1] if fits is None else evaluate.first_fitting(fits)
     return block, None if block is not None else evaluate.last_error
 
 
@@ -173,9 +197,11 @@ def _descend(start: tuple[int, ...], lattice: SizeLattice, evaluate: _Evaluator)
 
 __all__ = [
     "EXHAUSTIVE_LIMIT",
+    "FIT_TRIES",
     "WALK_RESTARTS",
     "BuildFn",
     "CostFn",
+    "FitFn",
     "SizeLattice",
     "divisors",
     "kernel_sizes",

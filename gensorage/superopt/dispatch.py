@@ -14,7 +14,8 @@ A model runs one program at many shapes (sequence lengths, batch sizes). :class:
   shape seen (:func:`gensorage.construction.warm_starts`): a descent from a good state instead of a whole
   construction. The direct µGraph needs no re-instantiation and no check (it is the program, op by op); a
   re-instantiated one is checked by :func:`gensorage.verify.equivalent` at the new shape (what full mode does),
-  and one that does not carry over or verify gives way to the direct µGraph, with the reason in ``notes``.
+  and one that does not carry over, launch on the GPU (:func:`gensorage.codegen.kernel_fit.launch_problem`) or
+  verify gives way to the direct µGraph, with the reason in ``notes``.
 
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
@@ -222,6 +223,7 @@ class Dispatcher:
         direct = from_program(p, self.precision)
         if known.origin == "direct":
             return direct, Verification(True, DIRECT)
+        from gensorage.codegen.kernel_fit import launch_problem
         from gensorage.superopt.choice import cost_fn, elements
         from gensorage.superopt.reshape_structure import reinstantiate
         from gensorage.superopt.row_fusion import FUSED, fused_direct
@@ -242,6 +244,9 @@ class Dispatcher:
             timings["reinstantiate"] = time.perf_counter() - t0
         if graph == direct:
             return direct, Verification(True, DIRECT)
+        why = launch_problem(graph, self.hw, self.seed)  # as full mode's choice: only kernels that launch
+        if why is not None:
+            return self._direct(direct, f"the chosen µGraph does not launch at these shapes: {why}", notes)
         if elements(p) > DEFAULT_VERIFY_MAX_ELEMENTS:
             note = "too large to check at this shape: the µGraph was checked at its first shape"
             return graph, Verification(True, "search shapes", note=note)

@@ -33,6 +33,7 @@ import numpy as np
 
 from gensorage import opset
 from gensorage.codegen.gpu_limits import MAX_GRID
+from gensorage.codegen.kernel_fit import launch_problem
 from gensorage.construction.kernel_sizes import (
     CostFn,
     SizeLattice,
@@ -246,8 +247,9 @@ def grid_choices(ctx: _KernelContext) -> SizeLattice:
 def construct_kernel(
     ctx: _KernelContext, hw: HwProfile, cost: CostFn, rng: np.random.Generator, seed: int = 0
 ) -> GraphDefinedOp:
-    """The kernel with the grid and loop the cost model prefers at the new shapes
-    (:func:`gensorage.construction.kernel_sizes`, over :func:`grid_choices`)."""
+    """The kernel with the grid and loop the cost model prefers at the new shapes among those that launch on
+    ``hw`` as the CUDA build emits them (:func:`gensorage.construction.kernel_sizes`, over
+    :func:`grid_choices`; :func:`gensorage.codegen.kernel_fit.launch_problem`)."""
     block, error = kernel_sizes(
         lambda grid, forloop: rebuild_block(ctx, grid, forloop),
         ctx.new_args,
@@ -256,6 +258,7 @@ def construct_kernel(
         cost,
         rng,
         seed,
+        lambda g: launch_problem(g, hw, seed),
     )
     if block is None:
         raise ReshapeFailed(

@@ -140,7 +140,7 @@ class Run:
         if failed > 3:
             self.notes.append(f"... {failed} of {len(seen)} {label} structures tried do not carry over")
         self._tick("reinstantiate", t0)
-        kept = sorted(options, key=lambda o: o.predicted_time_s)[:keep]
+        kept = self.launchable(sorted(options, key=lambda o: o.predicted_time_s), keep)
         limit = self.preset.verify_max_elements if self.preset is not None else DEFAULT_VERIFY_MAX_ELEMENTS
         if elements(self.program) <= limit:
             return kept  # each is checked at these shapes
@@ -150,6 +150,27 @@ class Run:
             for o in kept
         ]
         self._tick("fuse", t0)
+        return kept
+
+    def launchable(self, options: list[Option], keep: int | None = None) -> list[Option]:
+        """The first ``keep`` (default: all) of ``options`` whose kernels launch on the GPU as the CUDA build
+        emits them (:func:`~gensorage.codegen.kernel_fit.launch_problem`; the model charges a block less shared
+        memory than its kernel declares); the others are noted. The direct µGraph always stays."""
+        from gensorage.codegen.kernel_fit import launch_problem
+
+        t0 = time.perf_counter()
+        kept: list[Option] = []
+        for opt in options:
+            if keep is not None and len(kept) >= keep:
+                break
+            why = None if opt.origin == "direct" else launch_problem(opt.graph, self.hw, self.seed)
+            if why is None:
+                kept.append(opt)
+            else:
+                self.notes.append(
+                    f"{opt.origin}: not a candidate, it does not launch on {self.hw.name}: {why}"
+                )
+        self._tick("launch check", t0)
         return kept
 
     def choose(
@@ -237,6 +258,7 @@ class Run:
         return f"median of up to {PROFILE_REPEATS} samples on {gpu_name()}"
 
     def result(self, mode: str, options: list[Option], **extra: Any) -> SuperoptResult:
+        options = self.launchable(options)
         direct = next(o for o in options if o.origin == "direct")
         opt, ver, compiled, error, selection = self.choose(options, measure=mode == "full")
         measured = {o.origin: o.measured_s for o in options if o.measured_s is not None} or None
