@@ -188,3 +188,15 @@ def register() -> None:
     for ta in (False, True):
         for tb in (False, True):
             TensorIntrin.register(mma_name(ta, tb), *_mma(ta, tb))
+
+
+def bfloat16_rounded(x: Any) -> Any:
+    """The float32 TIR expression ``x`` rounded to bfloat16 (to nearest even), as a float32 value: what the GPU's
+    conversion to a bfloat16 MMA operand gives. The CPU twins need it spelled out because TVM's llvm build
+    drops a float32 -> bfloat16 -> float32 round trip (bfloat16 computes in float32 there). NaN and infinity
+    are not special-cased: the twins check finite data."""
+    from tvm import tirx
+
+    bits = tirx.reinterpret("uint32", x)
+    half = tirx.const(0x7FFF, "uint32") + ((bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32"))
+    return tirx.reinterpret("float32", (bits + half) & tirx.const(0xFFFF0000, "uint32"))

@@ -365,6 +365,7 @@ def _wgmma_kernels(
 ) -> list[ScheduledKernel]:
     """The matmul as a Hopper wgmma kernel (:mod:`gensorage.codegen.wgmma`); on llvm its twin, per modulus in
     field mode."""
+    from gensorage.codegen.tensor_core import mma_dtype
     from gensorage.codegen.wgmma import RULE, wgmma_matmul
     from gensorage.codegen.wgmma_twin import wgmma_twin
 
@@ -372,14 +373,21 @@ def _wgmma_kernels(
     assert ms.layout in ("nn", "nt")  # the construction keeps a transposed A on mma.sync
     a, b, out = ms.flat(ms.a), ms.flat(ms.stored_b), ms.flat(ms.out)
     rule = f"{RULE} construct on matmul {list(ms.dims)}: {tiles.describe()}"
+    a_type, b_type = ops.a.dtype, ops.b.dtype
+    if a_type != b_type:  # converted by the threads' copies; TMA, which copies bytes, is not constructed
+        rule += f"; {a_type} x {b_type} operands converted to {mma_dtype(a_type, b_type)} in the copies"
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
         try:
-            epi = ops.epilogue
+            epi, kb = ops.epilogue, ms.tb
             if target == "cuda":
-                func = wgmma_matmul(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb, epi=epi)
+                func = wgmma_matmul(
+                    a, b, out, a_type, ops.out.dtype, tiles, k_major_b=kb, epi=epi, b_dtype=b_type
+                )
             elif m is None:
-                func = wgmma_twin(a, b, out, ops.a.dtype, ops.out.dtype, tiles, k_major_b=ms.tb, epi=epi)
+                func = wgmma_twin(
+                    a, b, out, a_type, ops.out.dtype, tiles, k_major_b=kb, epi=epi, b_dtype=b_type
+                )
             else:
                 func = wgmma_twin(a, b, out, "int64", "int64", tiles, modulus=m, k_major_b=ms.tb, epi=epi)
         except ScheduleError as exc:

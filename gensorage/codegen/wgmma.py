@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gensorage.codegen.epilogue_expr import KernelEpilogue, with_extras
-from gensorage.codegen.tensor_core import MMA_DTYPES
+from gensorage.codegen.tensor_core import CONVERT_VECTOR, mma_dtype
 from gensorage.errors import ScheduleError
 
 if TYPE_CHECKING:
@@ -258,12 +258,19 @@ def fragment_row_col(lane: Any, warp: Any, reg: Any) -> tuple[Any, Any]:
     return warp * 16 + lane // 4 + 8 * h, i * 8 + (lane % 4) * 2 + e
 
 
-def _check(tiles: WgmmaTiles, dtype: str, dims: tuple[int, int, int]) -> None:
+def _check(tiles: WgmmaTiles, dtype: str, dims: tuple[int, int, int], b_dtype: str | None = None) -> str:
+    """The operands' MMA dtype (:func:`~gensorage.codegen.tensor_core.mma_dtype`); raises where the kernel does
+    not cover the tiles, shapes or dtypes."""
+    mma = mma_dtype(dtype, b_dtype or dtype)
     why = tiles.invalid() or unsupported(*dims)
-    if why is None and dtype not in MMA_DTYPES:
-        why = f"operand dtype {dtype}, expected one of {MMA_DTYPES}"
+    if why is None and mma is None:
+        why = f"operand dtypes {dtype} and {b_dtype or dtype}, expected 16-bit ones or float32 with one"
+    if why is None and tiles.tma and not dtype == (b_dtype or dtype) == mma:
+        why = "TMA copies bytes: an operand converted to the MMA dtype runs the cp.async kernel"
     if why is not None:
         raise ScheduleError(f"wgmma kernel: {why}")
+    assert mma is not None
+    return mma
 
 
 def wgmma_matmul(
@@ -276,6 +283,7 @@ def wgmma_matmul(
     maps_as_params: bool = False,
     k_major_b: bool = False,
     epi: KernelEpilogue | None = None,
+    b_dtype: str | None = None,
 ) -> Any:
     """The wgmma matmul PrimFunc ``main(A, B, C)`` for the kernel's view of the operands (with TMA and
     ``maps_as_params``: ``main(A, B, C, A_map, B_map)``, see :func:`gensorage.codegen.wgmma_tma.build_tma`);
@@ -289,13 +297,18 @@ def wgmma_matmul(
         operand without it is broadcast over the batch), as
         :func:`gensorage.codegen.predefined_matmul.matmul_prim_func` takes them.
     dtype
-        The operands' dtype (float16 or bfloat16).
+        The operands' dtype (float16 or bfloat16), or A's when ``b_dtype`` is given.
     out_dtype
         The result's dtype; the float32 accumulators are cast to it.
     tiles
         Warpgroups, N tile and pipeline stages.
     k_major_b
         B is stored ``[N, K]`` (a transposed view read in place): its tile is K-major, like A's.
+    b_dtype
+        B's dtype when it differs from A's: a float32 operand with a 16-bit one multiplies in bfloat16
+        (:func:`~gensorage.codegen.tensor_core.mma_dtype`), each operand not already in it converted on its way to
+        shared memory by the threads (loads, converts, 16-byte stores; not cp.async, which copies bytes; not
+        TMA either).
 
     Raises
     ------
@@ -304,7 +317,7 @@ def wgmma_matmul(
     """
     batch = out[0] if len(out) == 3 else 0
     m, n, k = out[-2], out[-1], a[-1]
-    _check(tiles, dtype, (m, n, k))
+    _check(tiles, dtype, (m, n, k), b_dtype)
     if tiles.tma:
         from gensorage.codegen.wgmma_tma import build_tma
 
@@ -315,14 +328,15 @@ def wgmma_matmul(
                 "wgmma kernel: TMA loads take an N-major B (a K-major B runs the cp.async kernel)"
             )
         return build_tma(a, b, out, dtype, out_dtype, tiles, (m, n, k), maps_as_params, epi)
-    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), k_major_b, epi)
+    dtypes = (dtype, b_dtype or dtype)
+    return _build(a, b, out, dtypes, out_dtype, tiles, batch, (m, n, k), k_major_b, epi)
 
 
 def _build(
     a_shape: tuple[int, ...],
     b_shape: tuple[int, ...],
     c_shape: tuple[int, ...],
-    dtype: str,
+    dtypes: tuple[str, str],
     out_dtype: str,
     t: WgmmaTiles,
     batch: int,
@@ -332,6 +346,11 @@ def _build(
 ) -> Any:
     from tvm.script import tirx as T
 
+    a_dtype, b_dtype = dtypes
+    dtype = mma_dtype(a_dtype, b_dtype)  # the ring's and the MMA's
+    assert dtype is not None
+    convert_a, convert_b = a_dtype != dtype, b_dtype != dtype
+    vec, zero = CONVERT_VECTOR, T.Cast(dtype, 0)
     m, n, k = mnk
     bm, bn, stages = t.block_m, t.block_n, t.stages
     threads, nacc = t.threads, t.accumulators
@@ -355,8 +374,8 @@ def _build(
 
     @T.prim_func(private=True)
     def main(
-        A: T.Buffer(a_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
-        B: T.Buffer(b_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
+        A: T.Buffer(a_shape, a_dtype),  # type: ignore[valid-type]  # noqa: N803
+        B: T.Buffer(b_shape, b_dtype),  # type: ignore[valid-type]  # noqa: N803
         C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
         E0: T.Buffer(*slots[0]),  # type: ignore[valid-type]  # noqa: N803
         E1: T.Buffer(*slots[1]),  # type: ignore[valid-type]  # noqa: N803
@@ -381,23 +400,39 @@ def _build(
                 for c in T.unroll(a_copies):
                     row, col = a_copy(tx + c * threads)
                     ok = m0 + row < m and s * BLOCK_K + col < k
-                    T.ptx.cp.async_.cg.shared.global_(
-                        T.address_of(buf[pad[0] + s % stages * stage_elems + a_offset(row, col)]),
-                        T.address_of(
-                            A[a_at(bz, T.min(m0 + row, m - 1), T.min(s * BLOCK_K + col, k - CHUNK))]
-                        ),
-                        16,
-                        T.Select(ok, T.uint32(16), T.uint32(0)),
-                    )
+                    dst = pad[0] + s % stages * stage_elems + a_offset(row, col)
+                    src = a_at(bz, T.min(m0 + row, m - 1), T.min(s * BLOCK_K + col, k - CHUNK))
+                    if convert_a:  # loaded, converted and stored by the thread (a chunk in two vectors)
+                        for h in T.unroll(CHUNK // vec):
+                            for e in T.vectorized(vec):
+                                buf[dst + h * vec + e] = T.if_then_else(
+                                    ok, T.Cast(dtype, A[along(src, h * vec + e)]), zero
+                                )
+                    else:
+                        T.ptx.cp.async_.cg.shared.global_(
+                            T.address_of(buf[dst]),
+                            T.address_of(A[src]),
+                            16,
+                            T.Select(ok, T.uint32(16), T.uint32(0)),
+                        )
                 for c in T.unroll(b_copies):
                     row, col = b_chunk(tx + c * threads)
                     ok = s * BLOCK_K + row < k and n0 + col < n
-                    T.ptx.cp.async_.cg.shared.global_(
-                        T.address_of(buf[pad[0] + s % stages * stage_elems + a_elems + b_place(row, col)]),
-                        T.address_of(B[b_source(b_at, bz, s * BLOCK_K + row, n0 + col, k, n, k_major_b)]),
-                        16,
-                        T.Select(ok, T.uint32(16), T.uint32(0)),
-                    )
+                    dst = pad[0] + s % stages * stage_elems + a_elems + b_place(row, col)
+                    src = b_source(b_at, bz, s * BLOCK_K + row, n0 + col, k, n, k_major_b)
+                    if convert_b:
+                        for h in T.unroll(CHUNK // vec):
+                            for e in T.vectorized(vec):
+                                buf[dst + h * vec + e] = T.if_then_else(
+                                    ok, T.Cast(dtype, B[along(src, h * vec + e)]), zero
+                                )
+                    else:
+                        T.ptx.cp.async_.cg.shared.global_(
+                            T.address_of(buf[dst]),
+                            T.address_of(B[src]),
+                            16,
+                            T.Select(ok, T.uint32(16), T.uint32(0)),
+                        )
             T.ptx.cp.async_.commit_group()
         for r in T.unroll(nacc):
             acc[r] = T.float32(0)
@@ -437,24 +472,40 @@ def _build(
                     row, col = a_copy(tx + c * threads)
                     kc = (kt + ahead) * BLOCK_K + col
                     ok = m0 + row < m and kc < k
-                    T.ptx.cp.async_.cg.shared.global_(
-                        T.address_of(buf[pad[0] + (kt + ahead) % stages * stage_elems + a_offset(row, col)]),
-                        T.address_of(A[a_at(bz, T.min(m0 + row, m - 1), T.min(kc, k - CHUNK))]),
-                        16,
-                        T.Select(ok, T.uint32(16), T.uint32(0)),
-                    )
+                    dst = pad[0] + (kt + ahead) % stages * stage_elems + a_offset(row, col)
+                    src = a_at(bz, T.min(m0 + row, m - 1), T.min(kc, k - CHUNK))
+                    if convert_a:
+                        for h in T.unroll(CHUNK // vec):
+                            for e in T.vectorized(vec):
+                                buf[dst + h * vec + e] = T.if_then_else(
+                                    ok, T.Cast(dtype, A[along(src, h * vec + e)]), zero
+                                )
+                    else:
+                        T.ptx.cp.async_.cg.shared.global_(
+                            T.address_of(buf[dst]),
+                            T.address_of(A[src]),
+                            16,
+                            T.Select(ok, T.uint32(16), T.uint32(0)),
+                        )
                 for c in T.unroll(b_copies):
                     row, col = b_chunk(tx + c * threads)
                     kr = (kt + ahead) * BLOCK_K + row
                     ok = kr < k and n0 + col < n
-                    T.ptx.cp.async_.cg.shared.global_(
-                        T.address_of(
-                            buf[pad[0] + (kt + ahead) % stages * stage_elems + a_elems + b_place(row, col)]
-                        ),
-                        T.address_of(B[b_source(b_at, bz, kr, n0 + col, k, n, k_major_b)]),
-                        16,
-                        T.Select(ok, T.uint32(16), T.uint32(0)),
-                    )
+                    dst = pad[0] + (kt + ahead) % stages * stage_elems + a_elems + b_place(row, col)
+                    src = b_source(b_at, bz, kr, n0 + col, k, n, k_major_b)
+                    if convert_b:
+                        for h in T.unroll(CHUNK // vec):
+                            for e in T.vectorized(vec):
+                                buf[dst + h * vec + e] = T.if_then_else(
+                                    ok, T.Cast(dtype, B[along(src, h * vec + e)]), zero
+                                )
+                    else:
+                        T.ptx.cp.async_.cg.shared.global_(
+                            T.address_of(buf[dst]),
+                            T.address_of(B[src]),
+                            16,
+                            T.Select(ok, T.uint32(16), T.uint32(0)),
+                        )
             T.ptx.cp.async_.commit_group()
         T.ptx.wgmma.wait_group.sync.aligned(0)
         if staged:
@@ -524,6 +575,11 @@ def b_source(
     if k_major_b:
         return b_at(bz, T.min(col, n - 1), T.min(kr, k - CHUNK))
     return b_at(bz, T.min(kr, k - 1), T.min(col, n - CHUNK))
+
+
+def along(index: tuple[Any, ...], e: Any) -> tuple[Any, ...]:
+    """``index`` moved ``e`` elements along its last (contiguous) dim: element ``e`` of a 16-byte chunk."""
+    return (*index[:-1], index[-1] + e)
 
 
 def operand_index(batched: bool) -> Callable[[Any, Any, Any], tuple[Any, ...]]:

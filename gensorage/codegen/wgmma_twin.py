@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from gensorage.codegen.epilogue_expr import KernelEpilogue, with_extras
+from gensorage.codegen.mma_bfloat16 import bfloat16_rounded
+from gensorage.codegen.tensor_core import mma_dtype
 from gensorage.codegen.wgmma import (
     A_DESC,
     ALIGN,
@@ -29,6 +31,7 @@ from gensorage.codegen.wgmma import (
     _check,
     a_copy,
     a_offset,
+    along,
     b_desc,
     b_source,
     b_tile,
@@ -69,11 +72,6 @@ def b_address(start: Any, lbo: int, sbo: int, k: Any, col: Any, k_major_b: bool)
     return k_major_address(start, sbo, col, k) if k_major_b else mn_major_address(start, lbo, sbo, k, col)
 
 
-def along(index: tuple[Any, ...], e: Any) -> tuple[Any, ...]:
-    """``index`` moved ``e`` elements along its last (contiguous) dim: element ``e`` of a 16-byte chunk."""
-    return (*index[:-1], index[-1] + e)
-
-
 def wgmma_twin(
     a: tuple[int, ...],
     b: tuple[int, ...],
@@ -84,25 +82,28 @@ def wgmma_twin(
     modulus: int | None = None,
     k_major_b: bool = False,
     epi: KernelEpilogue | None = None,
+    b_dtype: str | None = None,
 ) -> Any:
     """The twin PrimFunc ``main(A, B, C)`` of :func:`gensorage.codegen.wgmma.wgmma_matmul` (same arguments),
-    for the llvm target. Its operand dtype may be any float type (the twin has no MMA dtype to satisfy). An
-    epilogue ``epi`` runs on each accumulator before the cast (or in field mode, after the ``mod``), its extra
-    operands following B.
+    for the llvm target. Its operand dtype may be any float type (the twin has no MMA dtype to satisfy); with
+    ``b_dtype`` (a float32 operand with a 16-bit one) the ring holds their MMA dtype and the copies convert to
+    it, as the kernel's do. An epilogue ``epi`` runs on each accumulator before the cast (or in field mode,
+    after the ``mod``), its extra operands following B.
 
     With ``modulus`` it is the field twin: int64 residues, each product reduced mod ``modulus``, int64
     accumulators and a ``mod modulus`` write-back (``dtype`` and ``out_dtype`` int64)."""
     batch = out[0] if len(out) == 3 else 0
     m, n, k = out[-2], out[-1], a[-1]
     _check(tiles, "float16", (m, n, k))
-    return _build(a, b, out, dtype, out_dtype, tiles, batch, (m, n, k), modulus, k_major_b, epi)
+    dtypes = (dtype, b_dtype or dtype)
+    return _build(a, b, out, dtypes, out_dtype, tiles, batch, (m, n, k), modulus, k_major_b, epi)
 
 
 def _build(
     a_shape: tuple[int, ...],
     b_shape: tuple[int, ...],
     c_shape: tuple[int, ...],
-    dtype: str,
+    dtypes: tuple[str, str],
     out_dtype: str,
     t: WgmmaTiles,
     batch: int,
@@ -114,6 +115,9 @@ def _build(
     from tvm import tirx
     from tvm.script import tirx as T
 
+    a_dtype, b_dtype = dtypes
+    dtype = a_dtype if a_dtype == b_dtype else mma_dtype(a_dtype, b_dtype)  # what the ring holds
+    assert dtype is not None
     m, n, k = mnk
     bm, bn, stages = t.block_m, t.block_n, t.stages
     threads, nacc = WARPGROUP * t.warpgroups, t.accumulators  # the threads that compute (no TMA producer)
@@ -128,6 +132,10 @@ def _build(
     a_batched, b_batched = len(a_shape) == 3, len(b_shape) == 3
     zero = T.Cast(dtype, 0)
     acc_dtype = "float32" if modulus is None else "int64"
+
+    def ring(src: str, x: Any) -> Any:
+        """An operand element as the ring holds it: converted to the MMA dtype, rounded as the GPU rounds."""
+        return x if src == dtype else T.Cast(dtype, bfloat16_rounded(T.Cast("float32", x)))
 
     def term(x: Any, y: Any) -> Any:
         if modulus is None:
@@ -145,8 +153,8 @@ def _build(
 
     @T.prim_func(private=True)
     def main(
-        A: T.Buffer(a_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
-        B: T.Buffer(b_shape, dtype),  # type: ignore[valid-type]  # noqa: N803
+        A: T.Buffer(a_shape, a_dtype),  # type: ignore[valid-type]  # noqa: N803
+        B: T.Buffer(b_shape, b_dtype),  # type: ignore[valid-type]  # noqa: N803
         C: T.Buffer(c_shape, out_dtype),  # type: ignore[valid-type]  # noqa: N803
         E0: T.Buffer(*slots[0]),  # type: ignore[valid-type]  # noqa: N803
         E1: T.Buffer(*slots[1]),  # type: ignore[valid-type]  # noqa: N803
@@ -167,7 +175,7 @@ def _build(
                         at = (step % stages * stage_elems + row * ATOM + col) * 2
                         buf[swizzle_128b(at) // 2] = T.if_then_else(
                             m0 + row < m and kc < k,
-                            A[a_at(bz, T.min(m0 + row, m - 1), T.min(kc, k - 1))],
+                            ring(a_dtype, A[a_at(bz, T.min(m0 + row, m - 1), T.min(kc, k - 1))]),
                             zero,
                         )
                     for j, row, col in T.grid(bn // ATOM, BLOCK_K, ATOM):
@@ -176,7 +184,9 @@ def _build(
                             step % stages * stage_elems + a_elems + j * ATOM * BLOCK_K + row * ATOM + col
                         ) * 2
                         buf[swizzle_128b(at) // 2] = T.if_then_else(
-                            kr < k and nc < n, B[b_at(bz, T.min(kr, k - 1), T.min(nc, n - 1))], zero
+                            kr < k and nc < n,
+                            ring(b_dtype, B[b_at(bz, T.min(kr, k - 1), T.min(nc, n - 1))]),
+                            zero,
                         )
                 if step < ktiles and not t.tma:
                     for tx, c, e in T.grid(threads, a_copies, CHUNK):
@@ -184,7 +194,7 @@ def _build(
                         kc = step * BLOCK_K + col
                         buf[step % stages * stage_elems + a_offset(row, col) + e] = T.if_then_else(
                             m0 + row < m and kc < k,
-                            A[a_at(bz, T.min(m0 + row, m - 1), T.min(kc, k - CHUNK) + e)],
+                            ring(a_dtype, A[a_at(bz, T.min(m0 + row, m - 1), T.min(kc, k - CHUNK) + e)]),
                             zero,
                         )
                     for tx, c, e in T.grid(threads, b_copies, CHUNK):
@@ -192,7 +202,7 @@ def _build(
                         kr = step * BLOCK_K + row
                         buf[step % stages * stage_elems + a_elems + b_place(row, col) + e] = T.if_then_else(
                             kr < k and n0 + col < n,
-                            B[along(b_source(b_at, bz, kr, n0 + col, k, n, k_major_b), e)],
+                            ring(b_dtype, B[along(b_source(b_at, bz, kr, n0 + col, k, n, k_major_b), e)]),
                             zero,
                         )
                 if step == ahead - 1:

@@ -272,20 +272,22 @@ def construct_predefined_matmul(
     as ``layout`` says (:attr:`~gensorage.codegen.tensor_core.TensorCoreTiles.layout`); None: not on tensor
     cores.
 
-    Both instructions (:func:`construct_matmul_tiles`) where the wgmma kernel takes the operands as they are
-    (two equal 16-bit dtypes, shapes :func:`~gensorage.codegen.wgmma.covers_operands`, A not transposed: B
-    N-major or K-major; TMA loads with 2-D operands and an N-major B), ``mma.sync``
-    (:func:`construct_tensor_core`) otherwise. One function for the code generator and the µGraph cost model,
-    so both see the same kernel.
+    Both instructions (:func:`construct_matmul_tiles`) where the wgmma kernel takes the operands (shapes
+    :func:`~gensorage.codegen.wgmma.covers_operands`, A not transposed: B N-major or K-major; TMA loads with
+    2-D operands of one 16-bit dtype and an N-major B), ``mma.sync`` (:func:`construct_tensor_core`)
+    otherwise. Operands of other dtypes than the MMA's (a float32 one with a 16-bit one) are converted in the
+    copies to shared memory by either kernel, priced at the MMA dtype as ``mma.sync`` prices them. One function
+    for the code generator and the µGraph cost model, so both see the same kernel.
     """
     mma = mma_dtype(a_dtype, b_dtype)
     if mma is None:
         return None
     dims = (math.prod(out[:-2]), out[-2], out[-1], a[-1])
     try:
-        if a_dtype == b_dtype == mma and covers_operands(a, b, out) and layout in ("nn", "nt"):
-            # TMA loads take 2-D operands; the kernel's host code encodes their tensor maps.
-            tma = len(a) == len(b) == len(out) == 2
+        if covers_operands(a, b, out) and layout in ("nn", "nt"):
+            # TMA loads take 2-D operands (the kernel's host code encodes their tensor maps) and copy bytes:
+            # an operand converted to the MMA dtype runs the cp.async wgmma kernel.
+            tma = len(a) == len(b) == len(out) == 2 and a_dtype == b_dtype == mma
             return construct_matmul_tiles(dims, hw, mma, seed, tma=tma, layout=layout)
         return construct_tensor_core(dims, hw, mma, seed, layout=layout)
     except ScheduleError:
