@@ -454,6 +454,16 @@ def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> 
     return p
 
 
+def llama3_norm_projection(tokens: int = 1024, dtype: str = "bfloat16") -> Program:
+    """LLaMA-3-8B's RMSNorm then a 4,096-wide projection ``x @ W.T`` at ``tokens`` tokens: the precision policy
+    keeps the normalised x in float32, so the matmul multiplies float32 by ``dtype`` (converted to bfloat16
+    in the copies to shared memory, on wgmma where the construction picks it)."""
+    p = Program(f"llama3_norm_projection_{tokens}")
+    x, w = p.input("X", (tokens, 4096), dtype), p.input("W", (4096, 4096), dtype)
+    p.output(p.matmul(p.rms_norm(x), p.transpose(w, 0, 1)))
+    return p
+
+
 def program_part(name: str) -> Program:
     """One kernel's worth of a bundled program at its shapes, to time the program's kernels one by one (the
     runner times whole cases, and takes 16-bit programs only): ``qknorm_pv`` (qknorm's PV product),
@@ -550,6 +560,7 @@ DIRECT_OF = {
 EXTRA_PROGRAMS = {
     "llama3_attention_prefill": lambda: llama3_attention(1024),
     "llama3_attention_decode": lambda: llama3_attention(1),
+    "llama3_norm_projection": lambda: llama3_norm_projection(1024),
     **{part: lambda part=part: program_part(part) for part in PROGRAM_PARTS},
 }
 
