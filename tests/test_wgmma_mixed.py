@@ -1,5 +1,6 @@
 """wgmma matmuls of a float32 operand with a 16-bit one: both multiply in bfloat16, converted in the threads'
-copies to shared memory (gensorage.codegen.wgmma), as mma.sync converts them; never TMA (it copies bytes)."""
+copies to shared memory (gensorage.codegen.wgmma), as mma.sync converts them; never TMA (it copies bytes). The
+CPU twins of both round the operands as the GPU does."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 from gensorage.codegen.cuda_build import cubin_unavailable_reason, ptx_and_resources
 from gensorage.codegen.module import compile_ugraph
+from gensorage.codegen.predefined_matmul import _matmul_build, _MatmulShape
+from gensorage.codegen.tensor_core import TensorCoreTiles, schedule_tensor_core
 from gensorage.codegen.wgmma import WgmmaTiles, wgmma_matmul
 from gensorage.codegen.wgmma_twin import wgmma_twin
 from gensorage.construction.tensor_core import construct_predefined_matmul
@@ -70,6 +73,29 @@ def test_twin_of_a_float32_times_16_bit_gemm_matches_float64(
     assert np.linalg.norm(got - want) > 1e-4 * np.linalg.norm(want)  # not float32's answer
 
 
+@pytest.mark.parametrize("b_dtype", ["bfloat16", "float16"])
+def test_the_mma_sync_twin_rounds_a_float32_operand_as_the_gpu_does(b_dtype: str) -> None:
+    import tvm
+
+    m, n, k = 48, 64, 96
+    shape = _MatmulShape((m, k), (k, n), (m, n), False, False)
+    build = _matmul_build(
+        shape, "float32", "float32", None, b_dtype=b_dtype, cast_to="bfloat16", cast_by_bits=True
+    )
+    sch = schedule_tensor_core(build(), TensorCoreTiles(32, 32, 32, 16, 16, 2), gpu=False, convert=True)
+    ex = tvm.compile(sch.mod, target="llvm")
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal((m, k)) * 30).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(numpy_dtype(b_dtype))
+    out = tvm.runtime.empty((m, n), "float32", tvm.cpu())
+    ex(tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    got, b64 = out.numpy().astype(np.float64), b.astype(np.float64)
+    rounded = round_to(a, "bfloat16") @ round_to(b64, "bfloat16")
+    assert np.linalg.norm(got - rounded) <= 1e-5 * np.linalg.norm(rounded)
+    want = a.astype(np.float64) @ b64
+    assert 1e-4 * np.linalg.norm(want) < np.linalg.norm(got - want) <= 8e-3 * np.linalg.norm(want)
+
+
 def test_the_construction_puts_mixed_operands_on_cp_async_wgmma_never_tma() -> None:
     dims = ((2048, 2048), (2048, 2048), (2048, 2048))
     same = construct_predefined_matmul(*dims, "bfloat16", "bfloat16", H200)
@@ -120,3 +146,11 @@ def test_mixed_wgmma_compiles_for_sm_90a_without_spills(dtype: str) -> None:
     assert "cvt.rn.bf16" in ptx  # the float32 (or float16) operand converted in the copies
     for name, res in report.items():
         assert res.spill_stores == 0 and res.spill_loads == 0, (name, res)
+
+
+def test_a_programs_mixed_mma_sync_matmul_rounds_by_the_bits_on_llvm_only() -> None:
+    p = _normed_matmul("bfloat16", 48, 64, 96, False)
+    cg = compile_ugraph(from_program(p), H200, "llvm")
+    llvm, cuda = cg.kernels("llvm")[-1], cg.kernels("cuda")[-1]
+    assert llvm.rule.startswith("tensor-core") and cuda.rule == llvm.rule
+    assert "T.reinterpret" in llvm.script and "T.reinterpret" not in cuda.script

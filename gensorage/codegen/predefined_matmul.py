@@ -110,6 +110,7 @@ def _matmul_build(
     b_dtype: str | None = None,
     cast_to: str | None = None,
     epi: KernelEpilogue | None = None,
+    cast_by_bits: bool = False,
 ) -> Any:
     """Build function of the lowered workload: broadcast loads, reduction, cast (float) or mod (field) epilogue.
 
@@ -122,7 +123,9 @@ def _matmul_build(
     einsum, so the schedule's ``pad_einsum`` cannot do it). ``B`` has ``b_dtype`` when it differs from A's (a
     float32 intermediate times a float16 weight); the product accumulates in the wider of float32 and both.
     ``cast_to`` converts both operands first (the tensor-core MMA dtype of mixed operands, see
-    :func:`~gensorage.codegen.tensor_core.mma_dtype`), in producers the schedule inlines into its shared copies.
+    :func:`~gensorage.codegen.tensor_core.mma_dtype`), in producers the schedule inlines into its shared copies;
+    ``cast_by_bits`` (the llvm twin) rounds to bfloat16 by the bits as the GPU's conversion does, since TVM's
+    llvm build drops a float32 -> bfloat16 -> float32 cast (:func:`~gensorage.codegen.mma_bfloat16.bfloat16_rounded`).
     """
     from tvm import te, tirx
 
@@ -149,8 +152,8 @@ def _matmul_build(
             return v if modulus is not None or acc == out_dtype else v.astype(out_dtype)
 
         if cast_to is not None and not field:
-            a = _cast(a, cast_to, "A_mma")
-            bt = _cast(bt, cast_to, "B_mma")
+            a = _cast(a, cast_to, "A_mma", cast_by_bits)
+            bt = _cast(bt, cast_to, "B_mma", cast_by_bits)
 
         def term(x: Any, y: Any) -> Any:
             if modulus is not None:
@@ -194,11 +197,17 @@ def _param(t: Any) -> Any:
     return t
 
 
-def _cast(x: Any, dtype: str, name: str) -> Any:
+def _cast(x: Any, dtype: str, name: str, by_bits: bool = False) -> Any:
     from tvm import te
+
+    from gensorage.codegen.mma_bfloat16 import bfloat16_rounded
 
     if str(x.dtype) == dtype:
         return x
+    if by_bits and dtype == "bfloat16":
+        return te.compute(
+            x.shape, lambda *i: bfloat16_rounded(x[i].astype("float32")).astype(dtype), name=name
+        )
     return te.compute(x.shape, lambda *i: x[i].astype(dtype), name=name)
 
 
@@ -342,7 +351,16 @@ def tensor_core_kernels(
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
         build = _matmul_build(
-            ms, ops.a.dtype, ops.out.dtype, m, tiles.split_k, tiles.block_m, ops.b.dtype, cast, ops.epilogue
+            ms,
+            ops.a.dtype,
+            ops.out.dtype,
+            m,
+            tiles.split_k,
+            tiles.block_m,
+            ops.b.dtype,
+            cast,
+            ops.epilogue,
+            cast_by_bits=target == "llvm",
         )
         try:
             # A converting copy is not a byte copy: shorter vectors, not cp.async.
