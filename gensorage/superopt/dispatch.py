@@ -14,8 +14,9 @@ A model runs one program at many shapes (sequence lengths, batch sizes). :class:
   shape seen (:func:`gensorage.construction.warm_starts`): a descent from a good state instead of a whole
   construction. The direct µGraph needs no re-instantiation and no check (it is the program, op by op); a
   re-instantiated one is checked by :func:`gensorage.verify.equivalent` at the new shape (what full mode does),
-  and one that does not carry over, launch on the GPU (:func:`gensorage.codegen.kernel_fit.launch_problem`) or
-  verify gives way to the direct µGraph, with the reason in ``notes``.
+  and one that does not carry over, verify or, for CUDA kernels, launch on the GPU
+  (:func:`gensorage.codegen.kernel_fit.launch_problem`; re-instantiation itself takes grids that launch) gives
+  way to the direct µGraph, with the reason in ``notes``.
 
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
@@ -171,7 +172,7 @@ class Dispatcher:
             graph, ver, origin = self._superoptimize(p)
             self.stats.new_structures += 1
         else:
-            graph, ver = self._carry(known, p, timings, notes)
+            graph, ver = self._carry(known, p, timings, notes, target)
             origin = known.origin if ver.method != DIRECT or known.origin == "direct" else "direct"
             self.stats.new_shapes += 1
         if known is None:
@@ -217,9 +218,11 @@ class Dispatcher:
         return res.best, res.equivalence, res.origin
 
     def _carry(
-        self, known: _Structure, p: Program, timings: dict[str, float], notes: list[str]
+        self, known: _Structure, p: Program, timings: dict[str, float], notes: list[str], target: Target
     ) -> tuple[KernelGraph, Verification]:
-        """The structure's µGraph at ``p``'s shapes, checked; the direct µGraph where it does not carry over."""
+        """The structure's µGraph at ``p``'s shapes, checked; the direct µGraph where it does not carry over (or,
+        for CUDA kernels, does not launch: the llvm kernels launch at any size, and checking a fused row kernel
+        costs an emission of it, a tenth of a second or more, per new shape)."""
         direct = from_program(p, self.precision)
         if known.origin == "direct":
             return direct, Verification(True, DIRECT)
@@ -244,7 +247,7 @@ class Dispatcher:
             timings["reinstantiate"] = time.perf_counter() - t0
         if graph == direct:
             return direct, Verification(True, DIRECT)
-        why = launch_problem(graph, self.hw, self.seed)  # as full mode's choice: only kernels that launch
+        why = launch_problem(graph, self.hw, self.seed) if target == "cuda" else None
         if why is not None:
             return self._direct(direct, f"the chosen µGraph does not launch at these shapes: {why}", notes)
         if elements(p) > DEFAULT_VERIFY_MAX_ELEMENTS:
