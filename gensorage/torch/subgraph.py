@@ -185,11 +185,11 @@ def _strided(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
 
 
 def mismatch(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> float:
-    """Largest ``|got - want|`` relative to the largest finite ``|want|``, over all outputs; inf where the shapes
-    or the positions of non-finite values differ."""
+    """Largest ``|got - want|`` relative to the largest finite ``|want|``, over all outputs; inf where the shapes,
+    the dtypes (the next torch op would reject the tensor) or the positions of non-finite values differ."""
     worst = 0.0
     for g, w in zip(got, want, strict=True):
-        if g.shape != w.shape:
+        if g.shape != w.shape or g.dtype != w.dtype:
             return math.inf
         g64, w64 = g.double(), w.double()
         finite = torch.isfinite(w64)
