@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
 from test_torch_frontend import assert_close, gensorage_subgraphs  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -59,3 +60,135 @@ def test_layer_norm_then_linear_in_16_bit_returns_the_model_dtype(dtype: torch.d
     assert_close(got, want, 2e-2)
     report = compiled.explain()
     assert len(gensorage_subgraphs(report)) == 1 and "model raised" not in report, report
+
+
+class GPT2Block(nn.Module):
+    """GPT-2's block: LayerNorm with bias, a fused qkv linear split into q, k and v, causal SDPA, tanh GELU."""
+
+    def __init__(self, hidden: int = 40, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.fc, self.out = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+        self.drop = nn.Dropout(0.1)  # eval mode: the identity
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.drop(self.proj(a.transpose(1, 2).contiguous().view(b, t, d)))
+        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
+
+
+class T5Block(nn.Module):
+    """T5's block: RMSNorm without mean subtraction computed in float32, a relative bias added to the scores,
+    softmax in float32 then cast back, no 1/√d scale."""
+
+    def __init__(self, hidden: int = 40, heads: int = 4, ffn: int = 72) -> None:
+        super().__init__()
+        self.heads = heads
+        self.w1, self.w2 = (nn.Parameter(1 + 0.1 * torch.randn(hidden)) for _ in range(2))
+        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+        self.wi, self.wo = nn.Linear(hidden, ffn, bias=False), nn.Linear(ffn, hidden, bias=False)
+
+    def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        var = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        return w * (x * torch.rsqrt(var + 1e-6)).to(w.dtype)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.norm(x, self.w1)
+        q, k, v = (m(h).view(b, t, self.heads, -1).transpose(1, 2) for m in (self.q, self.k, self.v))
+        p = F.softmax((q @ k.transpose(3, 2) + bias).float(), dim=-1).type_as(q)
+        x = x + self.o((p @ v).transpose(1, 2).contiguous().view(b, t, d))
+        return x + self.wo(F.relu(self.wi(self.norm(x, self.w2))))
+
+
+class BertLayer(nn.Module):
+    """A BERT encoder layer: one qkv projection unbound into q, k, v, an additive padding mask built from a
+    0/1 mask by ``1 - mask`` (rsub), post-LayerNorm, exact GELU."""
+
+    def __init__(self, hidden: int = 40, heads: int = 4, ffn: int = 72) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.o = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.ln1, self.ln2 = nn.LayerNorm(hidden, eps=1e-12), nn.LayerNorm(hidden, eps=1e-12)
+        self.f1, self.f2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        mask = (1.0 - keep[:, None, None, :]) * -10000.0
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = self.ln1(x + self.o(a.transpose(1, 2).reshape(b, t, d)))
+        return self.ln2(x + self.f2(F.gelu(self.f1(x))))
+
+
+def _all_in_gensorage(report: str) -> None:
+    """Every op of every captured graph ran in a gensorage subgraph, none fell back."""
+    graphs = [ln for ln in report.splitlines() if ln.startswith("graph ") and " ops in gensorage" in ln]
+    assert graphs, report
+    for ln in graphs:
+        taken, _, total = ln.split(": ")[1].split(" ops")[0].partition(" of ")
+        assert taken == total, report
+    assert "stays in torch" not in report and "model raised" not in report, report
+
+
+def test_gpt2_block_16_bit_runs_entirely_in_gensorage() -> None:
+    """The fused qkv ``split`` (getitem of any part), tanh GELU, dropout in eval: before, the split and the tanh
+    GELU stayed in torch and the block ran as three subgraphs."""
+    torch.manual_seed(4)
+    model = GPT2Block().eval()
+    exact = copy.deepcopy(model).double()
+    model.half()
+    x = 3.0 * torch.randn(2, 7, 40)
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        got = compiled(x.half())
+        want = exact(x.double())
+    assert got.dtype == torch.float16
+    assert_close(got, want, 2e-2)
+    report = compiled.explain()
+    _all_in_gensorage(report)
+    assert len(gensorage_subgraphs(report)) == 1, report
+
+
+def test_t5_block_casts_to_float32_and_back_stay_in_gensorage() -> None:
+    """``x.float()`` … ``.to(x.dtype)`` around the norms and the softmax: a cast between the model's dtype and
+    float32 lowers to nothing (kernels compute in float32), a float32 value that is only cast down enters the
+    kernels cast, and a float32 output comes back in float32. Through ``torch.compile(backend="gensorage")``.
+    Only the two products of a bfloat16 and a float32 tensor (torch's type promotion) stay in torch."""
+    torch.manual_seed(5)
+    model = T5Block().eval()
+    exact = copy.deepcopy(model).double()
+    model.to(torch.bfloat16)
+    g = torch.Generator().manual_seed(6)
+    x, bias = 3.0 * torch.randn(2, 5, 40, generator=g), torch.randn(1, 4, 5, 5, generator=g)
+    torch._dynamo.reset()
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        got = compiled(x.bfloat16(), bias.bfloat16())
+        want = exact(x.double(), bias.double())
+    assert got.dtype == torch.bfloat16
+    assert_close(got, want, 2e-2)
+    report = compiled.explain()
+    assert "_to_copy" not in report and "stays in torch" not in report, report
+    assert "70 of 72 ops in gensorage" in report and report.count("mixed with bfloat16") == 2, report
+
+
+def test_bert_layer_with_a_padding_mask_through_the_registered_backend(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``unbind`` of the stacked q, k, v and ``1 - mask`` lower too; float32 within 1e-3 of eager."""
+    torch.manual_seed(7)
+    model = BertLayer().eval()
+    x = torch.randn(2, 7, 40)
+    keep = torch.ones(2, 7)
+    keep[0, 5:] = 0.0
+    compiled = torch.compile(model, backend="gensorage", dynamic=False, options={"explain": True})
+    with torch.no_grad():
+        assert_close(compiled(x, keep), model(x, keep), 1e-3)
+    report = "\n".join(ln.removeprefix("gensorage: ") for ln in capsys.readouterr().err.splitlines())
+    _all_in_gensorage(report)

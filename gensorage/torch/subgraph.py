@@ -52,6 +52,7 @@ class Lowered:
     extras: list[Extra]
     outputs: list[int] = field(default_factory=list)  # graph output i is program output outputs[i]
     strides: list[tuple[int, ...]] = field(default_factory=list)  # torch's layout of graph output i
+    dtypes: list[torch.dtype] = field(default_factory=list)  # and its dtype (float32 after an x.float())
 
 
 def lower(sub: fx.GraphModule, name: str) -> Lowered:
@@ -75,6 +76,7 @@ def lower(sub: fx.GraphModule, name: str) -> Lowered:
             p.output(t)
         lowered.outputs.append(marked[t.id])
         lowered.strides.append(tuple(r.meta["val"].stride()))
+        lowered.dtypes.append(r.meta["val"].dtype)
     return lowered
 
 
@@ -171,9 +173,14 @@ def compiled(program: Program, options: Options, device: torch.device | None = N
 
 
 def run_kernels(lowered: Lowered, res: ShapeKernels, args: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies)."""
-    tensors = run_on_device(res, args)
-    return tuple(_strided(tensors[i], s) for i, s in zip(lowered.outputs, lowered.strides, strict=True))
+    """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies); an
+    argument in another dtype than its program input (a float32 value the graph casts down) is cast first."""
+    dtypes = [getattr(torch, t.dtype) for t in lowered.program.inputs]
+    tensors = run_on_device(res, [a.to(d) for a, d in zip(args, dtypes, strict=True)])
+    return tuple(
+        _strided(tensors[i].to(d), s)
+        for i, s, d in zip(lowered.outputs, lowered.strides, lowered.dtypes, strict=True)
+    )
 
 
 def _strided(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
