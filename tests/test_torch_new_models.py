@@ -192,3 +192,53 @@ def test_bert_layer_with_a_padding_mask_through_the_registered_backend(
         assert_close(compiled(x, keep), model(x, keep), 1e-3)
     report = "\n".join(ln.removeprefix("gensorage: ") for ln in capsys.readouterr().err.splitlines())
     _all_in_gensorage(report)
+
+
+class HandNorm(nn.Module):
+    """A norm written by hand with ``var`` (biased and Bessel-corrected) and powers other than 2."""
+
+    def __init__(self, hidden: int = 72) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
+        h = (x - mean) / torch.sqrt(var + 1e-5) + 1e-3 * x.var(dim=-1, keepdim=True)
+        return self.proj(h) + 1e-4 * h.pow(3) - 0.1 * (h.pow(2) + 1.0).pow(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_hand_written_norm_with_var_and_powers(dtype: torch.dtype) -> None:
+    """``var`` and ``pow(x, 3)``/``pow(x, -1)`` lower (they stayed in torch); one channel at 600 (massive
+    activation)."""
+    torch.manual_seed(8)
+    model = HandNorm().eval()
+    exact = copy.deepcopy(model).double()
+    model.to(dtype)
+    x = 2.0 * torch.randn(3, 11, 72)
+    x[..., 7] = 600.0
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        got = compiled(x.to(dtype))
+        want = exact(x.double())
+    assert got.dtype == dtype
+    assert_close(got, want, 1e-3 if dtype == torch.float32 else 2e-2)
+    _all_in_gensorage(compiled.explain())
+
+
+def test_a_fully_masked_row_gives_nan_where_torch_does() -> None:
+    """softmax of a row that is all −inf is NaN in torch; the kernels give NaN at the same places, which the
+    check against torch accepts (NaN ≠ NaN made it reject them)."""
+
+    def f(s: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(s + mask, dim=-1)
+
+    s = torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(9))
+    mask = torch.zeros(5, 5)
+    mask[0], mask[2:, 3:] = -torch.inf, -torch.inf
+    compiled = gtorch.compile(f)
+    with torch.no_grad():
+        got, want = compiled(s, mask), f(s, mask)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+    assert_close(got.nan_to_num(), want.nan_to_num(), 1e-3)
+    assert len(gensorage_subgraphs(compiled.explain())) == 1, compiled.explain()

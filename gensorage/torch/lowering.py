@@ -264,15 +264,18 @@ def _reciprocal(lw: Lowering, node: fx.Node) -> Value:
 
 
 def _pow(lw: Lowering, node: fx.Node) -> Value:
+    """Integer exponents from −4 to 4 as products (a square is ``mul(x, x)``, stored in float32 by the
+    precision policy; a negative power is the reciprocal of the positive one), ±0.5 as square roots."""
     x, e = _args(node)[:2]
-    if e == 2:
-        t = lw.tensor(x)
-        return lw.p.mul(t, t)
-    if e == 0.5:
-        return lw.p.sqrt(lw.tensor(x))
-    if e == -0.5:
-        return Recip(lw.p.sqrt(lw.tensor(x)))
-    raise UnsupportedOpError(f"{node.name}: pow with exponent {e!r} (supported: 2, 0.5, -0.5)")
+    if e in (0.5, -0.5):
+        root = lw.p.sqrt(lw.tensor(x))
+        return root if e > 0 else Recip(root)
+    if isinstance(e, bool) or not isinstance(e, int | float) or e != int(e) or not 1 <= abs(e) <= 4:
+        raise UnsupportedOpError(f"{node.name}: pow with exponent {e!r} (supported: ±1 to ±4, ±0.5)")
+    t = lw.tensor(x)
+    square = lw.p.mul(t, t)
+    power = {1: t, 2: square, 3: lw.p.mul(square, t), 4: lw.p.mul(square, square)}[abs(int(e))]
+    return power if e > 0 else Recip(power)
 
 
 def _gelu(lw: Lowering, node: fx.Node) -> Value:
@@ -356,6 +359,26 @@ def _reduce(kind: str) -> Rule:
         return x
 
     return rule
+
+
+def _var(lw: Lowering, node: fx.Node) -> Value:
+    """``Σ (x − mean)² / (n − correction)`` over ``dim`` (torch's default correction is 1, Bessel's)."""
+    x = lw.tensor(_args(node)[0])
+    dims = _dims(_args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim"), x.ndim)
+    correction = _kw(node).get("correction")
+    correction = 1 if correction is None else correction
+    count = math.prod(x.shape[d] for d in dims)
+    if not count > _scalar(node, correction):
+        raise UnsupportedOpError(f"{node.name}: variance of {count} values with correction {correction}")
+    mean = x
+    for d in dims:
+        mean = lw.p.sum(mean, d, keepdim=True)
+    centred = lw.p.sub(x, lw.p.scale(mean, 1.0 / count))
+    v = lw.p.mul(centred, centred)
+    for d in dims:
+        v = lw.p.sum(v, d, keepdim=True)
+    v = lw.p.scale(v, 1.0 / (count - correction))
+    return v if _kw(node).get("keepdim", False) else lw.p.reshape(v, lw.shape(node))
 
 
 def _layer_norm(lw: Lowering, node: fx.Node) -> Value:
@@ -479,6 +502,7 @@ RULES: dict[str, Rule] = {
     "aten.sum.dim_IntList": _reduce("sum"),
     "aten.mean.dim": _reduce("mean"),
     "aten.amax.default": _reduce("amax"),
+    "aten.var.correction": _var,
     "aten._softmax.default": _softmax,
     "aten.native_layer_norm.default": _layer_norm,
     "aten.softmax.int": _softmax,
@@ -495,7 +519,6 @@ RULES: dict[str, Rule] = {
     "aten.squeeze.dim": reshape,
     "aten.squeeze.dims": reshape,
     "aten.clone.default": identity,
-    "aten.detach.default": identity,
     "aten._to_copy.default": _to_copy,
     "aten.alias.default": identity,
     "aten.t.default": transpose,

@@ -70,7 +70,7 @@ def lower(sub: fx.GraphModule, name: str) -> Lowered:
     for r in results:
         t = lw.tensor(r)
         if p.nodes[t.id].is_input:
-            raise UnsupportedOpError(f"{name}: output {r.name} is an input unchanged")
+            raise UnsupportedOpError(f"output {r.name} is an input unchanged")
         if t.id not in marked:
             marked[t.id] = len(marked)
             p.output(t)
@@ -200,7 +200,11 @@ def mismatch(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> f
             return math.inf
         g64, w64 = g.double(), w.double()
         finite = torch.isfinite(w64)
-        if not torch.equal(finite, torch.isfinite(g64)) or not torch.equal(g64[~finite], w64[~finite]):
+        if not torch.equal(finite, torch.isfinite(g64)) or not torch.equal(g64.isnan(), w64.isnan()):
+            return math.inf
+        if not torch.equal(
+            g64[w64.isinf()], w64[w64.isinf()]
+        ):  # NaN where torch has NaN (a fully masked row)
             return math.inf
         if finite.any():
             scale = max(float(w64[finite].abs().max()), 1e-30)
