@@ -242,3 +242,99 @@ def test_a_fully_masked_row_gives_nan_where_torch_does() -> None:
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
     assert_close(got.nan_to_num(), want.nan_to_num(), 1e-3)
     assert len(gensorage_subgraphs(compiled.explain())) == 1, compiled.explain()
+
+
+def test_sigmoid_gate_at_large_magnitudes() -> None:
+    """``sigmoid`` lowers in a form whose exps never overflow: a gate (GLU) and SiLU written by hand, inputs up
+    to ±300 in bfloat16 (exp(300) overflows even float32)."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x @ w
+        a, gate = h.chunk(2, dim=-1)
+        return a * torch.sigmoid(gate) + x[..., :24] * torch.sigmoid(x[..., :24])
+
+    g = torch.Generator().manual_seed(10)
+    x = 3.0 * torch.randn(4, 40, generator=g)
+    x[:, 3], x[:, 5] = 300.0, -300.0
+    w = torch.randn(40, 48, generator=g) / 6.0
+    compiled = gtorch.compile(f)
+    with torch.no_grad():
+        got = compiled(x.bfloat16(), w.bfloat16())
+    assert got.dtype == torch.bfloat16
+    assert_close(got, f(x.double(), w.double()), 2e-2)
+    _all_in_gensorage(compiled.explain())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qwen_style_block(dtype: torch.dtype) -> None:
+    """GQA by repeat_interleave, q/k RMSNorm in float32 then cast back (HF's form), q/k/v biases, RoPE with
+    rotate_half, an explicit additive causal mask, softmax in float32, SwiGLU; hidden 72 (6 heads of 12), batch
+    1 at length 1 and batch 3 at length 13."""
+    torch.manual_seed(11)
+    model = QwenBlock().eval()
+    exact = copy.deepcopy(model).double()
+    model.to(dtype)
+    compiled = gtorch.compile(model)
+    for b, t in ((1, 1), (3, 13)):
+        x = 3.0 * torch.randn(b, t, 72)
+        x[..., 9] = 400.0  # a massive activation
+        mask = torch.full((t, t), -torch.inf).triu(1)
+        cos, sin = _rope(t, 12)
+        with torch.no_grad():
+            got = compiled(*(a.to(dtype) for a in (x, cos, sin, mask)))
+            want = exact(*(a.double() for a in (x, cos, sin, mask)))
+        assert got.dtype == dtype
+        assert_close(got, want, 1e-3 if dtype == torch.float32 else 2e-2)
+    _all_in_gensorage(compiled.explain())
+
+
+def _rope(t: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(t, dtype=torch.float64), inv)
+    return torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+
+
+class RMSNorm32(nn.Module):
+    """HF's RMSNorm: computed in float32, cast back to the input's dtype, then scaled."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+class QwenBlock(nn.Module):
+    def __init__(self, hidden: int = 72, heads: int = 6, kv_heads: int = 2, ffn: int = 100) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.n1, self.n2 = RMSNorm32(hidden), RMSNorm32(hidden)
+        self.qn, self.kn = RMSNorm32(self.head_dim), RMSNorm32(self.head_dim)
+        self.q = nn.Linear(hidden, heads * self.head_dim)
+        self.k = nn.Linear(hidden, kv_heads * self.head_dim)
+        self.v = nn.Linear(hidden, kv_heads * self.head_dim)
+        self.o = nn.Linear(heads * self.head_dim, hidden, bias=False)
+        self.gate, self.up = nn.Linear(hidden, ffn, bias=False), nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = self.n1(x)
+        q = self.qn(self.q(h).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.kn(self.k(h).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        half = self.head_dim // 2
+        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), -1) * sin
+        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), -1) * sin
+        k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        s = q @ k.transpose(-1, -2) / self.head_dim**0.5 + mask
+        a = torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))

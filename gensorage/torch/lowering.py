@@ -293,6 +293,15 @@ def _gelu(lw: Lowering, node: fx.Node) -> Value:
     return lw.p.div(x, lw.p.add(e, 1.0))
 
 
+def _sigmoid(lw: Lowering, node: fx.Node) -> Value:
+    """``exp(x − r) / (exp(x − r) + exp(−r))`` with ``r = relu(x)``: both exps are at most 1, so neither
+    overflows at any x (``1 / (1 + exp(−x))`` would need a constant numerator, and ``x / x`` is no constant)."""
+    x = lw.tensor(_args(node)[0])
+    r = lw.p.relu(x)
+    a = lw.p.exp(lw.p.sub(x, r))
+    return lw.p.div(a, lw.p.add(a, lw.p.exp(lw.p.scale(r, -1.0))))
+
+
 def _rsub(lw: Lowering, node: fx.Node) -> Value:
     """``other − x`` (``1.0 - mask``)."""
     x, other = _args(node)[:2]
@@ -498,6 +507,7 @@ RULES: dict[str, Rule] = {
     "aten.pow.Tensor_Scalar": _pow,
     "aten.relu.default": _unary(Program.relu),
     "aten.silu.default": _unary(Program.silu),
+    "aten.sigmoid.default": _sigmoid,
     "aten.gelu.default": _gelu,
     "aten.sum.dim_IntList": _reduce("sum"),
     "aten.mean.dim": _reduce("mean"),
