@@ -338,3 +338,35 @@ class QwenBlock(nn.Module):
         x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
         h = self.n2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def test_casts_that_do_not_undo_a_widening_stay_in_torch() -> None:
+    """A float32 model that casts its result down to float16 keeps that cast in torch (its kernels compute the
+    float32 part), with the reason; a float32 value computed in torch (tanh) that the graph casts down enters the
+    16-bit kernels cast; a subgraph of a lone cast is layout only."""
+
+    def down(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x @ w, dim=-1).half()
+
+    def around(x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(x.float()).half()
+        return torch.relu(y) + y.exp()
+
+    g = torch.Generator().manual_seed(12)
+    x, w = torch.randn(4, 16, generator=g), torch.randn(16, 8, generator=g)
+    compiled = gtorch.compile(down)
+    with torch.no_grad():
+        got = compiled(x, w)
+    assert got.dtype == torch.float16 and torch.equal(got, down(x, w))
+    report = compiled.explain()
+    assert "cast from torch.float32 to torch.float16 in a graph without that narrower dtype before" in report
+    assert len(gensorage_subgraphs(report)) == 1, report
+
+    compiled = gtorch.compile(around)
+    with torch.no_grad():
+        got = compiled(x.half())
+    assert got.dtype == torch.float16
+    assert_close(got, around(x.double()), 2e-2)
+    report = compiled.explain()
+    assert "layout only, no computation  [_to_copy]" in report and "stays in torch" not in report, report
+    assert len(gensorage_subgraphs(report)) == 1, report

@@ -139,15 +139,9 @@ class Lowering:
         """A program input for ``node``; a float32 value that every user casts to one narrower dtype is declared
         in that dtype (the kernels get it cast on entry, the rounding torch's cast does)."""
         shape, dtype = _check_val(node)
-        narrowed = {
-            DTYPES.get(u.meta["val"].dtype) for u in node.users if _target_name(u) == "aten._to_copy.default"
-        }
-        if (
-            dtype == "float32"
-            and node.users
-            and len(narrowed) == len(node.users) == 1
-            and None not in narrowed
-        ):
+        casts = [u for u in node.users if _target_name(u) == "aten._to_copy.default"]
+        narrowed = {_dtype_of(u) for u in casts}
+        if dtype == "float32" and casts and len(casts) == len(node.users) and len(narrowed) == 1:
             dtype = narrowed.pop() or dtype
         if self.dtype is None:
             self.dtype = dtype
@@ -165,6 +159,12 @@ def _target_name(node: fx.Node) -> str:
         return f"{node.op} {node.target}"
     t = node.target
     return "getitem" if t is operator.getitem else str(t)
+
+
+def _dtype_of(node: fx.Node) -> str | None:
+    """The gensorage dtype of ``node``'s tensor value, None for another dtype or no tensor."""
+    val = node.meta.get("val")
+    return DTYPES.get(val.dtype) if isinstance(val, torch.Tensor) else None
 
 
 def _check_val(node: fx.Node) -> tuple[tuple[int, ...], str]:
@@ -323,16 +323,15 @@ def _to_copy(lw: Lowering, node: fx.Node) -> Value:
         raise UnsupportedOpError(f"{node.name}: a copy to another device")
     home = lw.dtype  # None while probing one node alone: the subgraph's dtype is not known yet
     value = lw.value(src)
-    cast = {DTYPES.get(have.dtype), DTYPES.get(want.dtype)}
+    cast = {_dtype_of(src), _dtype_of(node)}
     if home is None and "float32" in cast and None not in cast:
         narrow = want.dtype if want.dtype != torch.float32 else None
         if narrow is None or _has_ancestor_of(src, narrow):  # a narrowing cast undoes an earlier widening one
             return value
     if home is not None and cast <= {home, "float32"}:
         return value
-    raise UnsupportedOpError(
-        f"{node.name}: cast from {have.dtype} to {want.dtype} in a {home or 'probed'} subgraph"
-    )
+    within = f"a {home} subgraph" if home else "a graph without that narrower dtype before"
+    raise UnsupportedOpError(f"{node.name}: cast from {have.dtype} to {want.dtype} in {within}")
 
 
 def _has_ancestor_of(node: fx.Node, dtype: torch.dtype) -> bool:
@@ -544,11 +543,13 @@ RULES: dict[str, Rule] = {
     "aten.unbind.int": unbind,
 }
 
-#: Rules that only move or rename elements: a subgraph made of these alone is left to torch (no kernel to gain).
+#: Rules that only move or rename elements (a cast to or from float32 is no op in a Program): a subgraph made of
+#: these alone is left to torch (no kernel to gain).
 LAYOUT_RULES = frozenset(
     n
     for n, r in RULES.items()
-    if r in (reshape, identity, transpose, permute, expand, _getitem, cat, slice_, select, split, unbind)
+    if r
+    in (reshape, identity, transpose, permute, expand, _getitem, cat, slice_, select, split, unbind, _to_copy)
 )
 
 __all__ = ["DTYPES", "LAYOUT_RULES", "RULES", "Extra", "Lowering", "Parts", "Recip"]
