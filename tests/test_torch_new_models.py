@@ -370,3 +370,24 @@ def test_casts_that_do_not_undo_a_widening_stay_in_torch() -> None:
     report = compiled.explain()
     assert "layout only, no computation  [_to_copy]" in report and "stays in torch" not in report, report
     assert len(gensorage_subgraphs(report)) == 1, report
+
+
+def test_alibi_scores_by_baddbmm_and_addmm_with_alpha_beta() -> None:
+    """``baddbmm`` (Bloom's ALiBi scores) and ``addmm`` with alpha and beta lower; beta 0 ignores its input, NaN
+    included, as torch does."""
+
+    def alibi(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        s = torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=q.shape[-1] ** -0.5)
+        return torch.softmax(s, dim=-1)
+
+    def scaled(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(b, x, w, beta=0.5, alpha=2.0).softmax(dim=0) + torch.addmm(nan, x, w, beta=0)
+
+    g = torch.Generator().manual_seed(13)
+    q, k, bias = (torch.randn(*s, generator=g) for s in ((2, 7, 8), (2, 7, 8), (2, 1, 7)))
+    x, w, b = (torch.randn(*s, generator=g) for s in ((7, 8), (8, 5), (5,)))
+    for f, args in ((alibi, (q, k, bias)), (scaled, (x, w, b, torch.full((5,), torch.nan)))):
+        compiled = gtorch.compile(f)
+        with torch.no_grad():
+            assert_close(compiled(*args), f(*args), 1e-3)
+        _all_in_gensorage(compiled.explain())

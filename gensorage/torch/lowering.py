@@ -431,10 +431,17 @@ def _matmul(lw: Lowering, node: fx.Node) -> Value:
 
 
 def _addmm(lw: Lowering, node: fx.Node) -> Value:
-    if _kw(node).get("beta", 1) != 1 or _kw(node).get("alpha", 1) != 1:
-        raise UnsupportedOpError(f"{node.name}: addmm with alpha or beta")
-    bias, a, b = (lw.tensor(x) for x in _args(node)[:3])
-    return lw.p.add(lw.p.matmul(a, b), bias)
+    """``beta · input + alpha · (a @ b)``: addmm (a linear with bias) and baddbmm (ALiBi's scores). With beta 0
+    the input is ignored, NaN in it included, as torch does."""
+    bias, a, b = _args(node)[:3]
+    beta, alpha = _kw(node).get("beta", 1), _kw(node).get("alpha", 1)
+    product = lw.p.matmul(lw.tensor(a), lw.tensor(b))
+    if alpha != 1:
+        product = lw.p.scale(product, _scalar(node, alpha))
+    if beta == 0:
+        return product
+    t = lw.tensor(bias)
+    return lw.p.add(product, t if beta == 1 else lw.p.scale(t, _scalar(node, beta)))
 
 
 def _sdpa(lw: Lowering, node: fx.Node) -> Value:
@@ -519,6 +526,7 @@ RULES: dict[str, Rule] = {
     "aten.bmm.default": _matmul,
     "aten.matmul.default": _matmul,
     "aten.addmm.default": _addmm,
+    "aten.baddbmm.default": _addmm,
     **{name: _sdpa for name in SDPA_ARGS},
     "getitem": _getitem,
     "aten.view.default": reshape,
