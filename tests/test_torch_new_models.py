@@ -445,3 +445,19 @@ def test_elementwise_lowerings_at_drawn_magnitudes(
         assert np.isfinite(got).all()
         scale = max(1.0, float(want.abs().max()))
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12 * scale)
+
+
+def test_size_arithmetic_is_reported_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    """``torch.compile(backend="gensorage")`` as the README writes it (no ``dynamic=False``): a third shape makes
+    dynamo capture symbolic shapes, whose size arithmetic (``operator.mul`` on sizes) stays in torch; the report
+    says that rather than naming a ``<built-in function mul>``. The answers are torch's, right."""
+    torch.manual_seed(14)
+    model = nn.Sequential(nn.Linear(40, 72), nn.GELU(), nn.Linear(72, 40)).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="gensorage", options={"explain": True})
+    with torch.no_grad():
+        for t in (5, 9, 13):
+            x = torch.randn(2, t, 40)
+            assert_close(compiled(x), model(x), 1e-3)
+    report = capsys.readouterr().err
+    assert "gensorage: graph 1:" in report and "<built-in function" not in report, report

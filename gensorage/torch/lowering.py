@@ -95,6 +95,11 @@ class Lowering:
     def lower(self, node: fx.Node) -> Value:
         """Lower ``node`` (its tensor arguments lowered or declared as inputs first) and remember its value."""
         rule = RULES.get(_target_name(node))
+        if (
+            rule is None and getattr(node.target, "__module__", None) == "_operator"
+        ):  # sizes of symbolic shapes
+            name = getattr(node.target, "__name__", "?")
+            raise UnsupportedOpError(f"Python's operator.{name} on sizes (symbolic shapes)")
         if rule is None:
             raise UnsupportedOpError(f"{_target_name(node)}: no gensorage lowering")
         _check_val(node)
