@@ -180,6 +180,25 @@ def test_t5_block_casts_to_float32_and_back_stay_in_gensorage() -> None:
     assert "70 of 72 ops in gensorage" in report and report.count("mixed with bfloat16") == 2, report
 
 
+def test_stacked_qkv_unbind_select_and_rsub() -> None:
+    """The pieces of BERT's attention that stayed in torch, small: ``unbind`` of a stacked qkv, ``x[:, i]``
+    (select) and ``1.0 - mask`` (rsub)."""
+
+    def f(qkv: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        q, k, v = qkv.unbind(0)
+        s = torch.softmax(q @ k.transpose(-1, -2) + (1.0 - keep[:, None, :]) * -1e4, dim=-1)
+        return (s @ v)[:, -1] + qkv[1, :, 0]
+
+    g = torch.Generator().manual_seed(15)
+    qkv, keep = torch.randn(3, 2, 5, 8, generator=g), torch.ones(2, 5)
+    keep[1, 3:] = 0.0
+    compiled = gtorch.compile(f)
+    with torch.no_grad():
+        assert_close(compiled(qkv, keep), f(qkv, keep), 1e-3)
+    _all_in_gensorage(compiled.explain())
+
+
+@pytest.mark.slow
 def test_bert_layer_with_a_padding_mask_through_the_registered_backend(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
