@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,23 @@ import torch.fx as fx
 
 from gensorage.errors import ProgramError, UnsupportedOpError
 from gensorage.program import Program, Tensor
+from gensorage.torch.fx_args import node_args as _args
+from gensorage.torch.fx_args import node_kwargs as _kw
+from gensorage.torch.layout import (
+    Parts,
+    cat,
+    expand,
+    identity,
+    permute,
+    repeat_interleave,
+    reshape,
+    select,
+    slice_,
+    split,
+    transpose,
+    unbind,
+)
+from gensorage.torch.sdpa_ops import SDPA_ARGS
 
 #: The dtypes gensorage kernels take (torch name → gensorage name).
 DTYPES: dict[torch.dtype, str] = {
@@ -57,7 +74,7 @@ class Extra:
         return torch.where(keep, zero, torch.tensor(-math.inf, dtype=dtype, device=device))
 
 
-Value = Tensor | Recip
+Value = Tensor | Recip | Parts
 Rule = Callable[["Lowering", fx.Node], Value]
 
 
@@ -78,6 +95,11 @@ class Lowering:
     def lower(self, node: fx.Node) -> Value:
         """Lower ``node`` (its tensor arguments lowered or declared as inputs first) and remember its value."""
         rule = RULES.get(_target_name(node))
+        if (
+            rule is None and getattr(node.target, "__module__", None) == "_operator"
+        ):  # sizes of symbolic shapes
+            name = getattr(node.target, "__name__", "?")
+            raise UnsupportedOpError(f"Python's operator.{name} on sizes (symbolic shapes)")
         if rule is None:
             raise UnsupportedOpError(f"{_target_name(node)}: no gensorage lowering")
         _check_val(node)
@@ -90,9 +112,16 @@ class Lowering:
 
     def tensor(self, arg: Any) -> Tensor:
         """The program tensor of graph value ``arg`` (a reciprocal materialised)."""
-        v = self.value(arg)
+        v = self.operand(arg)
         if isinstance(v, Recip):
             return self.p.div(v.of, self.p.mul(v.of, v.of))
+        return v
+
+    def operand(self, arg: Any) -> Tensor | Recip:
+        """The value of ``arg`` as an operand of arithmetic (a list of tensors is not one)."""
+        v = self.value(arg)
+        if isinstance(v, Parts):
+            raise UnsupportedOpError(f"{arg.name}: a list of {len(v.of)} tensors used as one tensor")
         return v
 
     def value(self, arg: Any) -> Value:
@@ -112,7 +141,13 @@ class Lowering:
         return t
 
     def _input(self, node: fx.Node) -> Tensor:
+        """A program input for ``node``; a float32 value that every user casts to one narrower dtype is declared
+        in that dtype (the kernels get it cast on entry, the rounding torch's cast does)."""
         shape, dtype = _check_val(node)
+        casts = [u for u in node.users if _target_name(u) == "aten._to_copy.default"]
+        narrowed = {_dtype_of(u) for u in casts}
+        if dtype == "float32" and casts and len(casts) == len(node.users) and len(narrowed) == 1:
+            dtype = narrowed.pop() or dtype
         if self.dtype is None:
             self.dtype = dtype
         elif dtype != self.dtype:
@@ -131,11 +166,19 @@ def _target_name(node: fx.Node) -> str:
     return "getitem" if t is operator.getitem else str(t)
 
 
+def _dtype_of(node: fx.Node) -> str | None:
+    """The gensorage dtype of ``node``'s tensor value, None for another dtype or no tensor."""
+    val = node.meta.get("val")
+    return DTYPES.get(val.dtype) if isinstance(val, torch.Tensor) else None
+
+
 def _check_val(node: fx.Node) -> tuple[tuple[int, ...], str]:
     """Static shape and gensorage dtype of ``node``'s value, or the reason it has none."""
     val = node.meta.get("val")
     if isinstance(val, tuple | list) and node.op == "call_function" and _target_name(node) in MULTI_OUTPUT:
-        val = val[0]
+        val = (
+            val[0] if val else None
+        )  # every part of a split has the dtype of the first; getitem checks its own
     if not isinstance(val, torch.Tensor):
         raise UnsupportedOpError(f"{node.name}: not a single tensor")
     if val.dtype not in DTYPES:
@@ -147,15 +190,6 @@ def _check_val(node: fx.Node) -> tuple[tuple[int, ...], str]:
     if val.dim() == 0 or 0 in val.shape:
         raise UnsupportedOpError(f"{node.name}: shape {list(val.shape)} (needs at least 1 dim, no empty dim)")
     return tuple(int(d) for d in val.shape), DTYPES[val.dtype]
-
-
-def _args(node: fx.Node) -> tuple[Any, ...]:
-    """A node's positional arguments (FX types them as every possible argument; rules check what they use)."""
-    return tuple(node.args)
-
-
-def _kw(node: fx.Node) -> dict[str, Any]:
-    return dict(node.kwargs)
 
 
 def _scalar(node: fx.Node, x: Any) -> float:
@@ -194,7 +228,7 @@ def _div(lw: Lowering, node: fx.Node, a: Any, b: Any) -> Value:
         if _scalar(node, b) == 0.0:
             raise UnsupportedOpError(f"{node.name}: division by the scalar 0")
         return lw.p.scale(lw.tensor(a), 1.0 / _scalar(node, b))
-    vb = lw.value(b)
+    vb = lw.operand(b)
     if isinstance(vb, Recip):
         return lw.p.mul(lw.tensor(a), vb.of)
     if not isinstance(a, fx.Node):
@@ -208,10 +242,10 @@ def _mul(lw: Lowering, node: fx.Node, a: Any, b: Any) -> Value:
     if not isinstance(a, fx.Node):
         a, b = b, a
     if not isinstance(b, fx.Node):
-        va = lw.value(a)
+        va = lw.operand(a)
         factor = _scalar(node, b)
         return Recip(va.of) if isinstance(va, Recip) and factor == 1.0 else lw.p.scale(lw.tensor(a), factor)
-    va, vb = lw.value(a), lw.value(b)
+    va, vb = lw.operand(a), lw.operand(b)
     if isinstance(vb, Recip) and not isinstance(va, Recip):
         return lw.p.div(va, vb.of)
     if isinstance(va, Recip) and not isinstance(vb, Recip):
@@ -235,21 +269,86 @@ def _reciprocal(lw: Lowering, node: fx.Node) -> Value:
 
 
 def _pow(lw: Lowering, node: fx.Node) -> Value:
+    """Integer exponents from −4 to 4 as products (a square is ``mul(x, x)``, stored in float32 by the
+    precision policy; a negative power is the reciprocal of the positive one), ±0.5 as square roots."""
     x, e = _args(node)[:2]
-    if e == 2:
-        t = lw.tensor(x)
-        return lw.p.mul(t, t)
-    if e == 0.5:
-        return lw.p.sqrt(lw.tensor(x))
-    if e == -0.5:
-        return Recip(lw.p.sqrt(lw.tensor(x)))
-    raise UnsupportedOpError(f"{node.name}: pow with exponent {e!r} (supported: 2, 0.5, -0.5)")
+    if e in (0.5, -0.5):
+        root = lw.p.sqrt(lw.tensor(x))
+        return root if e > 0 else Recip(root)
+    if isinstance(e, bool) or not isinstance(e, int | float) or e != int(e) or not 1 <= abs(e) <= 4:
+        raise UnsupportedOpError(f"{node.name}: pow with exponent {e!r} (supported: ±1 to ±4, ±0.5)")
+    t = lw.tensor(x)
+    square = lw.p.mul(t, t)
+    power = {1: t, 2: square, 3: lw.p.mul(square, t), 4: lw.p.mul(square, square)}[abs(int(e))]
+    return power if e > 0 else Recip(power)
 
 
 def _gelu(lw: Lowering, node: fx.Node) -> Value:
-    if _kw(node).get("approximate", "none") != "none":
-        raise UnsupportedOpError(f"{node.name}: tanh-approximate gelu (gensorage has the exact erf form)")
-    return lw.p.gelu(lw.tensor(_args(node)[0]))
+    """The exact (erf) form, or GPT-2's tanh form as ``x · sigmoid(2u) = x / (1 + exp(−2u))`` with
+    ``u = √(2/π)(x + 0.044715 x³)`` (0.5 · (1 + tanh u) = sigmoid(2u); exp of a large −2u is inf, and x / inf = 0,
+    as the limit is)."""
+    x = lw.tensor(_args(node)[0])
+    approximate = _kw(node).get("approximate", "none")
+    if approximate == "none":
+        return lw.p.gelu(x)
+    if approximate != "tanh":
+        raise UnsupportedOpError(f"{node.name}: gelu approximation {approximate!r}")
+    u = lw.p.add(x, lw.p.scale(lw.p.mul(lw.p.mul(x, x), x), 0.044715))
+    e = lw.p.exp(lw.p.scale(u, -2.0 * math.sqrt(2.0 / math.pi)))
+    return lw.p.div(x, lw.p.add(e, 1.0))
+
+
+def _sigmoid(lw: Lowering, node: fx.Node) -> Value:
+    """``exp(x − r) / (exp(x − r) + exp(−r))`` with ``r = relu(x)``: both exps are at most 1, so neither
+    overflows at any x (``1 / (1 + exp(−x))`` would need a constant numerator, and ``x / x`` is no constant)."""
+    x = lw.tensor(_args(node)[0])
+    r = lw.p.relu(x)
+    a = lw.p.exp(lw.p.sub(x, r))
+    return lw.p.div(a, lw.p.add(a, lw.p.exp(lw.p.scale(r, -1.0))))
+
+
+def _rsub(lw: Lowering, node: fx.Node) -> Value:
+    """``other − x`` (``1.0 - mask``)."""
+    x, other = _args(node)[:2]
+    if _kw(node).get("alpha", 1) != 1 or len(_args(node)) > 2:
+        raise UnsupportedOpError(f"{node.name}: alpha other than 1")
+    return lw.p.sub(lw.tensor(other) if isinstance(other, fx.Node) else _scalar(node, other), lw.tensor(x))
+
+
+def _to_copy(lw: Lowering, node: fx.Node) -> Value:
+    """A cast between the subgraph's dtype and float32 (``x.float()`` … ``.to(x.dtype)``, as models write around
+    norms and softmax) changes nothing: kernels compute in float32, and the precision policy stores what float16
+    or bfloat16 cannot hold in float32 as torch autocast does. Any other cast, or a change of device or layout,
+    stays in torch."""
+    (src,) = _args(node)[:1]
+    if set(_kw(node)) - {"dtype", "layout", "device"} or _kw(node).get("layout") not in (None, torch.strided):
+        raise UnsupportedOpError(f"{node.name}: a copy other than a dtype cast ({sorted(_kw(node))})")
+    want, have = node.meta["val"], getattr(src, "meta", {}).get("val")
+    if not isinstance(have, torch.Tensor) or want.device != have.device:
+        raise UnsupportedOpError(f"{node.name}: a copy to another device")
+    home = lw.dtype  # None while probing one node alone: the subgraph's dtype is not known yet
+    value = lw.value(src)
+    cast = {_dtype_of(src), _dtype_of(node)}
+    if home is None and "float32" in cast and None not in cast:
+        narrow = want.dtype if want.dtype != torch.float32 else None
+        if narrow is None or _has_ancestor_of(src, narrow):  # a narrowing cast undoes an earlier widening one
+            return value
+    if home is not None and cast <= {home, "float32"}:
+        return value
+    within = f"a {home} subgraph" if home else "a graph without that narrower dtype before"
+    raise UnsupportedOpError(f"{node.name}: cast from {have.dtype} to {want.dtype} in {within}")
+
+
+def _has_ancestor_of(node: fx.Node, dtype: torch.dtype) -> bool:
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dtype == dtype:
+            return True
+        seen.add(n)
+        todo.extend(a for a in n.all_input_nodes if a not in seen)
+    return False
 
 
 # ---------------------------------------------------------------------------------------------- reductions
@@ -273,6 +372,26 @@ def _reduce(kind: str) -> Rule:
         return x
 
     return rule
+
+
+def _var(lw: Lowering, node: fx.Node) -> Value:
+    """``Σ (x − mean)² / (n − correction)`` over ``dim`` (torch's default correction is 1, Bessel's)."""
+    x = lw.tensor(_args(node)[0])
+    dims = _dims(_args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim"), x.ndim)
+    correction = _kw(node).get("correction")
+    correction = 1 if correction is None else correction
+    count = math.prod(x.shape[d] for d in dims)
+    if not count > _scalar(node, correction):
+        raise UnsupportedOpError(f"{node.name}: variance of {count} values with correction {correction}")
+    mean = x
+    for d in dims:
+        mean = lw.p.sum(mean, d, keepdim=True)
+    centred = lw.p.sub(x, lw.p.scale(mean, 1.0 / count))
+    v = lw.p.mul(centred, centred)
+    for d in dims:
+        v = lw.p.sum(v, d, keepdim=True)
+    v = lw.p.scale(v, 1.0 / (count - correction))
+    return v if _kw(node).get("keepdim", False) else lw.p.reshape(v, lw.shape(node))
 
 
 def _layer_norm(lw: Lowering, node: fx.Node) -> Value:
@@ -317,10 +436,17 @@ def _matmul(lw: Lowering, node: fx.Node) -> Value:
 
 
 def _addmm(lw: Lowering, node: fx.Node) -> Value:
-    if _kw(node).get("beta", 1) != 1 or _kw(node).get("alpha", 1) != 1:
-        raise UnsupportedOpError(f"{node.name}: addmm with alpha or beta")
-    bias, a, b = (lw.tensor(x) for x in _args(node)[:3])
-    return lw.p.add(lw.p.matmul(a, b), bias)
+    """``beta · input + alpha · (a @ b)``: addmm (a linear with bias) and baddbmm (ALiBi's scores). With beta 0
+    the input is ignored, NaN in it included, as torch does."""
+    bias, a, b = _args(node)[:3]
+    beta, alpha = _kw(node).get("beta", 1), _kw(node).get("alpha", 1)
+    product = lw.p.matmul(lw.tensor(a), lw.tensor(b))
+    if alpha != 1:
+        product = lw.p.scale(product, _scalar(node, alpha))
+    if beta == 0:
+        return product
+    t = lw.tensor(bias)
+    return lw.p.add(product, t if beta == 1 else lw.p.scale(t, _scalar(node, beta)))
 
 
 def _sdpa(lw: Lowering, node: fx.Node) -> Value:
@@ -353,144 +479,20 @@ def _sdpa(lw: Lowering, node: fx.Node) -> Value:
 
 def _getitem(lw: Lowering, node: fx.Node) -> Value:
     src, index = _args(node)
+    if isinstance(src, fx.Node) and _target_name(src) in SPLITS and isinstance(index, int):
+        parts = lw.env[src] if src in lw.env else lw.lower(src)  # alone (probed): the split lowers with it
+        assert isinstance(parts, Parts)
+        return parts.of[index]
     if not isinstance(src, fx.Node) or _target_name(src) not in MULTI_OUTPUT or index != 0:
         raise UnsupportedOpError(f"{node.name}: item {index} of a multi-output op")
     return lw.value(src)
 
 
-# ---------------------------------------------------------------------------------------------- layout
-
-
-def _reshape(lw: Lowering, node: fx.Node) -> Value:
-    x = lw.tensor(_args(node)[0])
-    shape = lw.shape(node)
-    return x if shape == x.shape else lw.p.reshape(x, shape)
-
-
-def _identity(lw: Lowering, node: fx.Node) -> Value:
-    if _kw(node).get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
-        raise UnsupportedOpError(f"{node.name}: memory format {_kw(node)['memory_format']}")
-    return lw.value(_args(node)[0])
-
-
-def _transpose(lw: Lowering, node: fx.Node) -> Value:
-    x = lw.tensor(_args(node)[0])
-    if x.ndim < 2:
-        return x
-    d0, d1 = _args(node)[1:3] if len(_args(node)) >= 3 else (0, 1)
-    return x if d0 % x.ndim == d1 % x.ndim else lw.p.transpose(x, d0, d1)
-
-
-def _permute(lw: Lowering, node: fx.Node) -> Value:
-    """A permutation as a sequence of swaps (selection sort on where each dim must end up)."""
-    x = lw.tensor(_args(node)[0])
-    perm = [d % x.ndim for d in _args(node)[1]]  # type: ignore[union-attr]
-    current = list(range(x.ndim))
-    for i, want in enumerate(perm):
-        j = current.index(want)
-        if j != i:
-            x = lw.p.transpose(x, i, j)
-            current[i], current[j] = current[j], current[i]
-    return x
-
-
-def _expand(lw: Lowering, node: fx.Node) -> Value:
-    """Broadcasting size-1 dims as repeats (new leading dims first appear as size 1 by a reshape)."""
-    x = lw.tensor(_args(node)[0])
-    target = lw.shape(node)
-    if len(target) > x.ndim:
-        x = lw.p.reshape(x, (1,) * (len(target) - x.ndim) + x.shape)
-    for d, (have, want) in enumerate(zip(x.shape, target, strict=True)):
-        if have != want:
-            x = lw.p.repeat(x, d, want)
-    return x
-
-
-def _repeat_interleave(lw: Lowering, node: fx.Node) -> Value:
-    x = lw.tensor(_args(node)[0])
-    times = _args(node)[1] if len(_args(node)) > 1 else _kw(node).get("repeats")
-    dim = _args(node)[2] if len(_args(node)) > 2 else _kw(node).get("dim")
-    if not isinstance(times, int) or dim is None:
-        raise UnsupportedOpError(f"{node.name}: repeat_interleave needs an int count and a dim")
-    return lw.p.repeat(x, dim, times)
-
-
-def _slice(lw: Lowering, node: fx.Node) -> Value:
-    """``x[..., start:end]`` along ``dim`` (step 1; a window covering the whole dim is ``x`` itself)."""
-    x = lw.tensor(_args(node)[0])
-    names = ("dim", "start", "end", "step")
-    given = {**dict(zip(names, _args(node)[1:], strict=False)), **_kw(node)}
-    dim, start, end, step = given.get("dim", 0), given.get("start"), given.get("end"), given.get("step", 1)
-    if step != 1 or not all(v is None or type(v) is int for v in (dim, start, end)):
-        raise UnsupportedOpError(f"{node.name}: slice needs int bounds and step 1, got {start}:{end}:{step}")
-    d = dim % x.ndim  # type: ignore[operator]
-    lo, hi, _ = slice(start, end).indices(x.shape[d])
-    return x if (lo, hi) == (0, x.shape[d]) else lw.p.slice(x, d, lo, hi)
-
-
-def _cat(lw: Lowering, node: fx.Node) -> Value:
-    parts = [lw.tensor(x) for x in _args(node)[0]]  # type: ignore[union-attr]
-    dim = _args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim", 0)
-    return parts[0] if len(parts) == 1 else lw.p.concat(parts, dim)  # type: ignore[arg-type]
-
-
-SDPA_ARGS: dict[str, Sequence[str]] = {
-    "aten._scaled_dot_product_flash_attention_for_cpu.default": (
-        "query",
-        "key",
-        "value",
-        "dropout_p",
-        "is_causal",
-    ),
-    "aten._scaled_dot_product_flash_attention.default": (
-        "query",
-        "key",
-        "value",
-        "dropout_p",
-        "is_causal",
-        "return_debug_mask",
-    ),
-    "aten._scaled_dot_product_efficient_attention.default": (
-        "query",
-        "key",
-        "value",
-        "attn_bias",
-        "compute_log_sumexp",
-        "dropout_p",
-        "is_causal",
-    ),
-    # cuDNN's attention and the backend-overridable one: what SDPA decomposes to on some GPUs (an H200 with
-    # torch 2.11 gave the cuDNN one), output 0 the attention, the others log-sum-exp and RNG state.
-    "aten._scaled_dot_product_cudnn_attention.default": (
-        "query",
-        "key",
-        "value",
-        "attn_bias",
-        "compute_log_sumexp",
-        "dropout_p",
-        "is_causal",
-        "return_debug_mask",
-    ),
-    "aten._scaled_dot_product_fused_attention_overrideable.default": (
-        "query",
-        "key",
-        "value",
-        "attn_bias",
-        "dropout_p",
-        "is_causal",
-        "return_debug_mask",
-    ),
-    "aten.scaled_dot_product_attention.default": (
-        "query",
-        "key",
-        "value",
-        "attn_mask",
-        "dropout_p",
-        "is_causal",
-    ),
-}
+#: List-valued layout ops: ``getitem`` takes any of their parts.
+SPLITS = frozenset({"aten.split.Tensor", "aten.split_with_sizes.default", "aten.unbind.int"})
 MULTI_OUTPUT = frozenset(
     {
+        *SPLITS,
         *(n for n in SDPA_ARGS if n != "aten.scaled_dot_product_attention.default"),
         "aten.native_layer_norm.default",
     }
@@ -506,6 +508,8 @@ RULES: dict[str, Rule] = {
     "aten.mul.Scalar": _binary("mul"),
     "aten.div.Tensor": _binary("div"),
     "aten.div.Scalar": _binary("div"),
+    "aten.rsub.Scalar": _rsub,
+    "aten.rsub.Tensor": _rsub,
     "aten.neg.default": _unary(lambda p, x: p.scale(x, -1.0)),
     "aten.exp.default": _unary(Program.exp),
     "aten.sqrt.default": _unary(Program.sqrt),
@@ -514,10 +518,12 @@ RULES: dict[str, Rule] = {
     "aten.pow.Tensor_Scalar": _pow,
     "aten.relu.default": _unary(Program.relu),
     "aten.silu.default": _unary(Program.silu),
+    "aten.sigmoid.default": _sigmoid,
     "aten.gelu.default": _gelu,
     "aten.sum.dim_IntList": _reduce("sum"),
     "aten.mean.dim": _reduce("mean"),
     "aten.amax.default": _reduce("amax"),
+    "aten.var.correction": _var,
     "aten._softmax.default": _softmax,
     "aten.native_layer_norm.default": _layer_norm,
     "aten.softmax.int": _softmax,
@@ -525,30 +531,38 @@ RULES: dict[str, Rule] = {
     "aten.bmm.default": _matmul,
     "aten.matmul.default": _matmul,
     "aten.addmm.default": _addmm,
+    "aten.baddbmm.default": _addmm,
     **{name: _sdpa for name in SDPA_ARGS},
     "getitem": _getitem,
-    "aten.view.default": _reshape,
-    "aten._unsafe_view.default": _reshape,
-    "aten.reshape.default": _reshape,
-    "aten.unsqueeze.default": _reshape,
-    "aten.squeeze.dim": _reshape,
-    "aten.squeeze.dims": _reshape,
-    "aten.clone.default": _identity,
-    "aten.alias.default": _identity,
-    "aten.t.default": _transpose,
-    "aten.transpose.int": _transpose,
-    "aten.permute.default": _permute,
-    "aten.expand.default": _expand,
-    "aten.repeat_interleave.self_int": _repeat_interleave,
-    "aten.cat.default": _cat,
-    "aten.slice.Tensor": _slice,
+    "aten.view.default": reshape,
+    "aten._unsafe_view.default": reshape,
+    "aten.reshape.default": reshape,
+    "aten.unsqueeze.default": reshape,
+    "aten.squeeze.dim": reshape,
+    "aten.squeeze.dims": reshape,
+    "aten.clone.default": identity,
+    "aten._to_copy.default": _to_copy,
+    "aten.alias.default": identity,
+    "aten.t.default": transpose,
+    "aten.transpose.int": transpose,
+    "aten.permute.default": permute,
+    "aten.expand.default": expand,
+    "aten.repeat_interleave.self_int": repeat_interleave,
+    "aten.cat.default": cat,
+    "aten.slice.Tensor": slice_,
+    "aten.select.int": select,
+    "aten.split.Tensor": split,
+    "aten.split_with_sizes.default": split,
+    "aten.unbind.int": unbind,
 }
 
-#: Rules that only move or rename elements: a subgraph made of these alone is left to torch (no kernel to gain).
+#: Rules that only move or rename elements (a cast to or from float32 is no op in a Program): a subgraph made of
+#: these alone is left to torch (no kernel to gain).
 LAYOUT_RULES = frozenset(
     n
     for n, r in RULES.items()
-    if r in (_reshape, _identity, _transpose, _permute, _expand, _getitem, _cat, _slice)
+    if r
+    in (reshape, identity, transpose, permute, expand, _getitem, cat, slice_, select, split, unbind, _to_copy)
 )
 
-__all__ = ["DTYPES", "LAYOUT_RULES", "RULES", "Extra", "Lowering", "Recip"]
+__all__ = ["DTYPES", "LAYOUT_RULES", "RULES", "Extra", "Lowering", "Parts", "Recip"]

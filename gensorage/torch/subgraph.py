@@ -52,6 +52,7 @@ class Lowered:
     extras: list[Extra]
     outputs: list[int] = field(default_factory=list)  # graph output i is program output outputs[i]
     strides: list[tuple[int, ...]] = field(default_factory=list)  # torch's layout of graph output i
+    dtypes: list[torch.dtype] = field(default_factory=list)  # and its dtype (float32 after an x.float())
 
 
 def lower(sub: fx.GraphModule, name: str) -> Lowered:
@@ -69,12 +70,13 @@ def lower(sub: fx.GraphModule, name: str) -> Lowered:
     for r in results:
         t = lw.tensor(r)
         if p.nodes[t.id].is_input:
-            raise UnsupportedOpError(f"{name}: output {r.name} is an input unchanged")
+            raise UnsupportedOpError(f"output {r.name} is an input unchanged")
         if t.id not in marked:
             marked[t.id] = len(marked)
             p.output(t)
         lowered.outputs.append(marked[t.id])
         lowered.strides.append(tuple(r.meta["val"].stride()))
+        lowered.dtypes.append(r.meta["val"].dtype)
     return lowered
 
 
@@ -171,9 +173,14 @@ def compiled(program: Program, options: Options, device: torch.device | None = N
 
 
 def run_kernels(lowered: Lowered, res: ShapeKernels, args: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies)."""
-    tensors = run_on_device(res, args)
-    return tuple(_strided(tensors[i], s) for i, s in zip(lowered.outputs, lowered.strides, strict=True))
+    """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies); an
+    argument in another dtype than its program input (a float32 value the graph casts down) is cast first."""
+    dtypes = [getattr(torch, t.dtype) for t in lowered.program.inputs]
+    tensors = run_on_device(res, [a.to(d) for a, d in zip(args, dtypes, strict=True)])
+    return tuple(
+        _strided(tensors[i].to(d), s)
+        for i, s, d in zip(lowered.outputs, lowered.strides, lowered.dtypes, strict=True)
+    )
 
 
 def _strided(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
@@ -185,15 +192,19 @@ def _strided(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
 
 
 def mismatch(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> float:
-    """Largest ``|got - want|`` relative to the largest finite ``|want|``, over all outputs; inf where the shapes
-    or the positions of non-finite values differ."""
+    """Largest ``|got - want|`` relative to the largest finite ``|want|``, over all outputs; inf where the shapes,
+    the dtypes (the next torch op would reject the tensor) or the positions of non-finite values differ."""
     worst = 0.0
     for g, w in zip(got, want, strict=True):
-        if g.shape != w.shape:
+        if g.shape != w.shape or g.dtype != w.dtype:
             return math.inf
         g64, w64 = g.double(), w.double()
         finite = torch.isfinite(w64)
-        if not torch.equal(finite, torch.isfinite(g64)) or not torch.equal(g64[~finite], w64[~finite]):
+        if not torch.equal(finite, torch.isfinite(g64)) or not torch.equal(g64.isnan(), w64.isnan()):
+            return math.inf
+        if not torch.equal(
+            g64[w64.isinf()], w64[w64.isinf()]
+        ):  # NaN where torch has NaN (a fully masked row)
             return math.inf
         if finite.any():
             scale = max(float(w64[finite].abs().max()), 1e-30)

@@ -1,7 +1,8 @@
 """Shape and dtype inference for every tensor of a µGraph, checking each operator's spec on the way.
 
 Dtypes follow the graph's precision policy (:mod:`gensorage.precision`): ``dtype`` is what a tensor is stored
-in, ``program_dtype`` what the program's own types give it; a kernel-graph output is stored in its program dtype.
+in, ``program_dtype`` what the program's own types give it; a kernel-graph output is stored in its program dtype,
+and so is a value a reshape passes to an output (:func:`stored_as_outputs`: a reshape is a view, it cannot cast).
 Under ``"float32"`` a value that flows only into ``exp`` (:mod:`gensorage.ugraph.exp_operands`: a softmax's
 scores, ``S − max S``, the maxima) is stored in float32 too.
 
@@ -287,6 +288,21 @@ def saver_output(sv: OutputSaver, tile: TensorInfo, grid: Sequence[int], where: 
     return TensorInfo(tuple(shape), tile.dtype, tile.program)
 
 
+def stored_as_outputs(g: KernelGraph) -> set[Ref]:
+    """The graph's outputs and the values reshapes pass to them: each is stored in its program dtype.
+
+    The runner makes a reshape a view of its input (:func:`gensorage.codegen.predefined.is_alias`), so an output
+    that is a reshape of a float32 intermediate would come back in float32 unless that intermediate is stored in
+    the program's dtype: its producer casts on store, as the producer of any output does.
+    """
+    refs = set(g.outputs)
+    for k in reversed(range(len(g.ops))):
+        op = g.ops[k]
+        if isinstance(op, KernelOp) and op.op is Op.RESHAPE and Ref(len(g.inputs) + k) in refs:
+            refs.add(op.inputs[0])
+    return refs
+
+
 def block_shapes(
     g: KernelGraph, k: int, block: BlockGraph, args: Sequence[TensorInfo], into: ExpOperands | None = None
 ) -> BlockInfo:
@@ -304,7 +320,7 @@ def block_shapes(
     infos: list[tuple[TensorInfo, ...]] = []
     threads: list[tuple[TensorInfo, ...]] = []
     outputs: list[TensorInfo] = []
-    graph_outputs = set(g.outputs)
+    graph_outputs = stored_as_outputs(g)
     me = len(g.inputs) + k
 
     def producer(r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
@@ -364,7 +380,7 @@ def infer(g: KernelGraph) -> GraphInfo:
     """Shapes and dtypes of every tensor of ``g``; raises :class:`UGraphError` at the first spec violation."""
     infos: list[tuple[TensorInfo, ...]] = []
     names: set[str] = set()
-    graph_outputs = set(g.outputs)
+    graph_outputs = stored_as_outputs(g)
     for i, spec in enumerate(g.inputs):
         if spec.name in names:
             raise UGraphError(f"kernel input %{i}: duplicate name {spec.name!r}")
