@@ -311,6 +311,10 @@ def divide_all(canon: Canon, num: Elem, den: Elem) -> list[Elem] | Undecided:
         return UNDECIDED
     (((c, atoms), n),) = num.parts[0][1] if len(num.parts[0][1]) == 1 else (((0, ()), 0),)
     (((lc, latoms), ln),) = den.parts[0][1] if len(den.parts[0][1]) == 1 else (((0, ()), 0),)
+    if n and not ln and len({_unstabbed(m) for m, _ in den.parts[0][1]}) > 1:
+        # One monomial M over several: nothing cancels, so every product m*t of a monomial of den and one of q
+        # is M, and without stab atoms (the free monoid, where products cancel) every m would be the same.
+        return []
     if not n or not ln:
         return UNDECIDED
     rest = atoms_minus(atoms, latoms)
@@ -320,6 +324,11 @@ def divide_all(canon: Canon, num: Elem, den: Elem) -> list[Elem] | Undecided:
     for st in stabs_of(latoms):
         outs += [join(x, (st,)) for x in outs]
     return [canon.elem({None: {(c // lc, t): n // ln}}) for t in outs if t]
+
+
+def _unstabbed(m: Mono) -> Mono:
+    """``m`` with its ``stab`` atoms set to 1 (a homomorphism: ``stab * stab = stab`` maps to ``1 * 1 = 1``)."""
+    return (m[0], tuple(a for a in m[1] if a.kind != "stab"))
 
 
 class Undecided:
