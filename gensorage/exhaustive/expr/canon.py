@@ -297,8 +297,9 @@ class Canon:
 def divide_all(canon: Canon, num: Elem, den: Elem) -> list[Elem] | Undecided:
     """Every ``q`` with ``den * q == num`` (:meth:`Canon.divide`, which finds the one there is when no ``stab``
     atom is involved). With ``stab`` atoms (idempotent) a quotient is not unique: for one monomial over one
-    monomial they are the remaining atoms with any subset of the divisor's ``stab`` atoms; other shapes with
-    ``stab`` atoms are undecided."""
+    monomial they are the remaining atoms with any subset of the divisor's ``stab`` atoms; one monomial over
+    monomials that differ once their ``stab`` atoms are dropped has none; other shapes with ``stab`` atoms are
+    undecided."""
     got = canon.divide(num, den)  # undecided where a leading monomial of a divisor has stab atoms
     if not isinstance(got, Undecided):
         return [] if got is None else [got]
