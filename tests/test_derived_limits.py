@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from gensorage.exhaustive.walk import Walk, block_level
 from gensorage.program import Program, load_config
 from gensorage.superopt import superoptimize
 from gensorage.superopt.search_shapes import derive_search_shapes
-from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph
+from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, Ref
 
 
 def two_matmul(t: int = 8, k: int = 32) -> Program:
@@ -184,31 +185,59 @@ def test_the_bound_before_the_last_kernel_with_only_predefined_operators_after_k
 # --------------------------------------------------------------------------------------------- task order
 
 
-def test_tasks_that_can_fuse_the_whole_program_run_first_and_cover_the_same_subtrees() -> None:
-    p = derive_search_shapes(load_config("rmsnorm")).program
+def _first_custom_kernel(spec: SearchSpec, path: tuple[int, ...]) -> tuple[set[str], bool] | None:
+    """The program inputs the first graph-defined kernel on ``path`` was computed from, and whether it loops
+    (None: the path holds none), by replaying the path and reading the kernel graph."""
+    w = Walk(spec)
+    suspended = []
+    for i in path:
+        children = w.children()
+        suspended.append(children)
+        for j, _ in enumerate(children):
+            if j == i:
+                break
+    st = w.state
+    names = [t.name for t in spec.program.inputs]
+    # Which program inputs each kernel operator's results depend on, through the operators before it.
+    deps: list[set[str]] = []
+
+    def of(r: Ref) -> set[str]:
+        return {names[r.node]} if r.node < len(names) else deps[r.node - len(names)]
+
+    got: tuple[set[str], bool] | None = None
+    for op in st.ops:
+        deps.append(set().union(*(of(r) for r in op.inputs)))
+        if isinstance(op, GraphDefinedOp) and got is None:
+            got = (deps[-1], op.block.forloop > 1)
+    if got is None and st.block is not None:
+        got = (set().union(*(of(st.ref[i]) for i in st.block.inputs)), st.block.looped)
+    for children in reversed(suspended):
+        children.close()
+    return got
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "mha_incdec"])
+def test_tasks_that_can_fuse_the_whole_program_run_first_and_cover_the_same_subtrees(name: str) -> None:
+    # First the tasks whose first custom kernel reads every program input, directly or through the pre-defined
+    # operators before it (at decode: after K's transpose), looped ones first; then the rest, each class in
+    # walk order. The same tasks as in walk order, only permuted.
+    p = derive_search_shapes(load_config(name)).program
     spec = SearchSpec(program=p, max_kernel_ops=2, max_block_ops=2, max_grid_dims=1, fused_first=True)
     tasks = enumerate_tasks(spec)
     assert [t.index for t in tasks] == list(range(len(tasks)))
-    w = Walk(spec)
-    fusing: list[tuple[bool, int]] = []
-    children = w.children()
-    for i, _ in enumerate(children):
-        b = w.state.block
-        if b is not None and len(b.inputs) == len(p.inputs):
-            fusing.append((not b.looped, i))
-    children.close()
-    roots = [i for _, i in sorted(fusing)]
-    assert len(roots) == 2, "the rmsnorm search has a header reading X, G and W, with and without a loop"
-    firsts: list[int] = []
-    for t in tasks:
-        if not firsts or firsts[-1] != t.path[0]:
-            firsts.append(t.path[0])
-    assert firsts[:2] == roots  # the looped one first, then the rest in walk order
-    assert firsts[2:] == sorted(firsts[2:])
-    # The same tasks as in walk order (the default), only permuted.
+    everything = {t.name for t in p.inputs}
+
+    @functools.cache
+    def klass(path: tuple[int, ...]) -> int:
+        got = _first_custom_kernel(spec, path)
+        return 2 if got is None or got[0] != everything else 0 if got[1] else 1
+
     walk_order = enumerate_tasks(dataclasses.replace(spec, fused_first=False))
+    want = sorted(walk_order, key=lambda t: (klass(t.path), t.index))
+    assert [(t.path, t.subtree) for t in tasks] == [(t.path, t.subtree) for t in want]
     assert [(t.path, t.subtree) for t in walk_order] != [(t.path, t.subtree) for t in tasks]
-    assert sorted((t.path, t.subtree) for t in walk_order) == sorted((t.path, t.subtree) for t in tasks)
+    first = {klass(t.path) for t in tasks[:1]}
+    assert first == {0}
 
 
 # -------------------------------------------------------------------------------- full mode without preset

@@ -22,8 +22,9 @@ its space the other way round, and so does :func:`derive_limits`:
 * **grid dims from the program's ranks**: a block graph's output saver maps grid dims injectively to output
   dims, so a grid has at most as many dims as the tensors it writes; ``max_grid_dims`` is the largest rank
   among the program's tensors (at most 3).
-* **fused kernels first** (``fused_first``): the tasks below a graph-defined kernel reading every program input
-  run first, with a for-loop first, so a search stopped early has looked where Mirage's fused kernels are.
+* **fused kernels first** (``fused_first``): the tasks whose first graph-defined kernel reads every program
+  input (directly or through the pre-defined operator before it) run first, with a for-loop first, so a search
+  stopped early has looked where Mirage's fused kernels are.
 * **block inputs**: at most three (Mirage's ``max_num_threadblock_graph_inputs``), and no more than the program
   has inputs plus one (the pre-defined operator's result).
 

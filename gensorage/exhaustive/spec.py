@@ -91,8 +91,9 @@ class SearchSpec:
         (it is not exact: some correct µGraphs write such copies and tie them in the next kernel); see
         ``docs/search.md``.
     fused_first : bool
-        Run first the tasks below a graph-defined kernel that reads every program input (where one fused kernel
-        for the whole program is found), with a for-loop first; the rest in walk order. Changes only which
+        Run first the tasks whose first graph-defined kernel reads every program input, directly or through the
+        pre-defined operators before it (where one fused kernel for the whole program is found), with a for-loop
+        first; the rest in walk order. Changes only which
         candidates a stopped search has found, not what a complete one finds. Off by default: on searches
         whose fusing subtrees are large and barren (attention presets) a short budget then finds less.
     """

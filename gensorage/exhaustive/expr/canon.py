@@ -297,8 +297,9 @@ class Canon:
 def divide_all(canon: Canon, num: Elem, den: Elem) -> list[Elem] | Undecided:
     """Every ``q`` with ``den * q == num`` (:meth:`Canon.divide`, which finds the one there is when no ``stab``
     atom is involved). With ``stab`` atoms (idempotent) a quotient is not unique: for one monomial over one
-    monomial they are the remaining atoms with any subset of the divisor's ``stab`` atoms; other shapes with
-    ``stab`` atoms are undecided."""
+    monomial they are the remaining atoms with any subset of the divisor's ``stab`` atoms; one monomial over
+    monomials that differ once their ``stab`` atoms are dropped has none; other shapes with ``stab`` atoms are
+    undecided."""
     got = canon.divide(num, den)  # undecided where a leading monomial of a divisor has stab atoms
     if not isinstance(got, Undecided):
         return [] if got is None else [got]
@@ -311,6 +312,10 @@ def divide_all(canon: Canon, num: Elem, den: Elem) -> list[Elem] | Undecided:
         return UNDECIDED
     (((c, atoms), n),) = num.parts[0][1] if len(num.parts[0][1]) == 1 else (((0, ()), 0),)
     (((lc, latoms), ln),) = den.parts[0][1] if len(den.parts[0][1]) == 1 else (((0, ()), 0),)
+    if n and not ln and len({_unstabbed(m) for m, _ in den.parts[0][1]}) > 1:
+        # One monomial M over several: nothing cancels, so every product m*t of a monomial of den and one of q
+        # is M, and without stab atoms (the free monoid, where products cancel) every m would be the same.
+        return []
     if not n or not ln:
         return UNDECIDED
     rest = atoms_minus(atoms, latoms)
@@ -320,6 +325,11 @@ def divide_all(canon: Canon, num: Elem, den: Elem) -> list[Elem] | Undecided:
     for st in stabs_of(latoms):
         outs += [join(x, (st,)) for x in outs]
     return [canon.elem({None: {(c // lc, t): n // ln}}) for t in outs if t]
+
+
+def _unstabbed(m: Mono) -> Mono:
+    """``m`` with its ``stab`` atoms set to 1 (a homomorphism: ``stab * stab = stab`` maps to ``1 * 1 = 1``)."""
+    return (m[0], tuple(a for a in m[1] if a.kind != "stab"))
 
 
 class Undecided:

@@ -82,6 +82,35 @@ def must_consume(s: Walk, header: bool = False) -> frozenset[int] | None:
     return frozenset(produced) | frozenset(i for i in s.context.required_inputs if st.uses[i] == 0)
 
 
+# Switched off by the law test (tests/test_search_bounds.py), which checks it loses no candidate.
+COUNT_RULE = True
+
+
+def completable(s: Walk, reads: tuple[int, ...], scaled_out: bool) -> bool:
+    """Whether a kernel graph can still complete after a kernel operator that reads ``reads`` and adds one
+    result (a graph-defined one adds at least one; more only leave more to consume), ``scaled_out`` if that
+    result is a scale's. Counting only, so exact: the last operator's results are never read, so once another
+    operator follows, at most ``n - 1`` of the tensors pending now (``n`` program outputs) stay unread; each
+    pending scale result read is read by a unary pre-defined operator of its own (no other reads it), which
+    consumes one tensor and adds one; any other operator consumes at most ``c`` pending tensors (its arity,
+    or ``max_block_inputs``) and adds at least one."""
+    if not COUNT_RULE:
+        return True
+    st, spec = s.state, s.spec
+    left = spec.max_kernel_ops - len(st.ops) - 1
+    pending = [t for t in range(st.n_inputs, len(st.shape)) if st.uses[t] == 0 and t not in reads]
+    pending += [i for i in s.context.required_inputs if st.uses[i] == 0 and i not in reads]
+    p = len(pending) + 1
+    scaled = sum(1 for t in pending if st.scaled[t]) + scaled_out
+    n = len(s.context.output_shapes)
+    if p == n:
+        return True  # complete now, perhaps
+    if left <= 0:
+        return p == n
+    solo = max(0, scaled - (n - 1))  # scale results read, each by its own unary operator
+    return solo <= left and p - n <= (left - solo) * (s.context.max_kernel_reads - 1)
+
+
 def _predefined(s: Walk) -> Iterator[None]:
     st = s.state
     ctx = s.context
@@ -103,6 +132,8 @@ def _predefined(s: Walk) -> Iterator[None]:
                 continue
             scaled = any(st.scaled[i] for i in ins)
             if scaled and not reads_scaled(v.op, [st.const[i] for i in ins if st.scaled[i]]):
+                continue
+            if must is None and not completable(s, ins, keeps_scaled(v.op, scaled)):
                 continue
             if not reads_ok(_read_again(s, ins)):
                 continue
@@ -194,6 +225,8 @@ def _headers(s: Walk) -> Iterator[None]:
                 continue
             if any(st.scaled[i] for i in inputs):
                 continue  # a scale before a custom kernel moves into its block graph
+            if not last_op and not completable(s, inputs, False):
+                continue
             if last_op and rules and _cannot_finish(s, rules, inputs):
                 s.counters.pruned_expr += 1
                 continue

@@ -76,6 +76,8 @@ class SearchContext:
         )
         used = _term_vars(self.targets)
         self.required_inputs = [i for i, t in enumerate(program.inputs) if t.name in used]
+        # The most kernel tensors one kernel operator reads (walk.kernel_level.completable).
+        self.max_kernel_reads = max([v.arity for v in self.variants] + [spec.max_block_inputs])
         self.rules = self._rules()
         # The split-reduction rule of the last kernel operator (see provenance) assumes no grouped sums.
         self.split_rule = not any(

@@ -30,6 +30,7 @@ from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.walk.search_context import SearchContext, process_context
 from gensorage.exhaustive.walk.subtree_memo import Memo, process_memo
 from gensorage.exhaustive.walk.walk import Hooks, Stopped, Walk
+from gensorage.ugraph.ir import GraphDefinedOp
 
 # enumerate_tasks splits deeper until it has at least this many tasks, or reaches MAX_SPLIT_DEPTH. Few tasks,
 # because a task replays its path by generating the siblings before it at every level (a few milliseconds a task
@@ -70,34 +71,53 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
 def _numbered(
     spec: SearchSpec, context: SearchContext, paths: list[tuple[tuple[int, ...], bool]]
 ) -> list[Task]:
-    """The tasks in the order a runner starts them: walk order, or with ``spec.fused_first`` first those below a
-    root child that opens a graph-defined kernel reading every program input (where one fused kernel for the
-    whole program is found: a stop or a budget then keeps the most likely useful candidates), looped ones
-    first, then the rest in walk order. The order is a pure function of the spec, so every process numbers the
-    tasks alike."""
-    first = _fusing_roots(spec, context) if spec.fused_first else {}
-
-    def priority(path: tuple[int, ...]) -> int:
-        return first.get(path[0], len(first)) if path else len(first)
-
-    order = sorted(range(len(paths)), key=lambda i: (priority(paths[i][0]), i))
+    """The tasks in the order a runner starts them: walk order, or with ``spec.fused_first`` first those whose
+    first graph-defined kernel reads every program input, directly or through the pre-defined operators before
+    it (where one fused kernel for the whole program is found, FlashAttention's after ``K``'s transpose: a stop
+    or a budget then keeps the most likely useful candidates), looped ones first, then the rest in walk order.
+    The order is a pure function of the spec, so every process numbers the tasks alike."""
+    classes = _fusing_classes(spec, context, [p for p, _ in paths]) if spec.fused_first else [0] * len(paths)
+    order = sorted(range(len(paths)), key=lambda i: (classes[i], i))
     return [Task(n, paths[i][0], paths[i][1]) for n, i in enumerate(order)]
 
 
-def _fusing_roots(spec: SearchSpec, context: SearchContext) -> dict[int, int]:
-    """Root children (ordinal -> rank) that open a block graph reading every input the program reads."""
+def _fusing_classes(spec: SearchSpec, context: SearchContext, paths: list[tuple[int, ...]]) -> list[int]:
+    """For each task path: 0 if the first graph-defined kernel on it (a finished operator or the block graph
+    the path opens) reads every input the program reads and has a loop, 1 if it does without a loop, 2 if it
+    reads fewer or the path holds none. Which inputs a kernel tensor was computed from is the set of
+    variables of its abstract expression."""
     w = Walk(spec, context)
-    required = set(context.required_inputs)
-    found: list[tuple[bool, int]] = []
-    children = w.children()
-    try:
-        for i, _ in enumerate(children):
-            b = w.state.block
-            if b is not None and required <= set(b.inputs):
-                found.append((not b.looped, i))
-    finally:
-        children.close()
-    return {i: rank for rank, (_, i) in enumerate(sorted(found))}
+    required = {spec.program.inputs[i].name for i in context.required_inputs}
+    index = {p: i for i, p in enumerate(paths)}
+    out = [2] * len(paths)
+
+    def klass() -> int:
+        st = w.state
+        first = next((op for op in st.ops if isinstance(op, GraphDefinedOp)), None)
+        if first is not None:
+            inputs = [st.ref.index(r) for r in first.inputs]
+            looped = first.block.forloop > 1
+        elif st.block is not None:
+            inputs, looped = list(st.block.inputs), st.block.looped
+        else:
+            return 2
+        read = {t.name for i in inputs for t in st.val[i].term.subterms() if t.op == "var"}
+        return (0 if looped else 1) if required <= read else 2
+
+    def down(prefix: tuple[int, ...]) -> None:
+        if prefix in index:
+            out[index[prefix]] = klass()
+        if not any(p[: len(prefix)] == prefix and len(p) > len(prefix) for p in paths):
+            return
+        children = w.children()
+        try:
+            for i, _ in enumerate(children):
+                down((*prefix, i))
+        finally:
+            children.close()
+
+    down(())
+    return out
 
 
 def run_task(
