@@ -127,11 +127,10 @@ class BlockEmitter:
         self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
         self.arena_dtype = ""  # the arena's element type (the widest tile's)
         self.barriers = BarrierPlacement(lambda r, o: tiles_clash(self.memory if self.arena else None, r, o))
-        # Software pipelining (block_loads): the iterators whose tiles have ``stages`` stages (set by allocate),
-        # and the stage that reads and writes of those tiles address now (the iteration's, or a prefetch's).
+        # Software pipelining (block_loads): the staged iterators and their stages (set by allocate), and the
+        # stage their tiles' reads and writes address now (the iteration's, or a prefetch's).
         self.staged: tuple[int, ...] = ()
-        self.stages = 1
-        self.stage_at = Ix()
+        self.stages, self.stage_at = 1, Ix()
         self._check_grid()
         if choice.tiling is not None:
             check_tiling(choice.tiling, choice.threads)
@@ -537,16 +536,13 @@ class BlockEmitter:
                 self.phase(j)
         if loop:
             self.settle()
-        if self.staged:  # the first stages' copies (block_loads: the pipeline's schedule and its barriers)
-            self.loads.prologue()
+        self.loads.prologue()  # the first stages' copies, when staged (block_loads: the schedule, its barriers)
         with (
             self.w.loop("it", self.block.forloop, f"T.serial({self.block.forloop})")
             if loop
             else nullcontext()
         ):
-            if self.staged:
-                self.loads.prefetch()
-                self.loads.wait_stage()
+            self.loads.begin_iteration()  # when staged: the next copies, this iteration's wait and barrier
             for j in body:
                 self.phase(j)
             for j, n in copies:
@@ -555,8 +551,7 @@ class BlockEmitter:
             if loop:
                 self.settle()  # the next iteration overwrites tiles this one read
         self.loads.wait()
-        if self.staged:
-            self.loads.drain()
+        self.loads.drain()
         self.accs.phase_flush()
         for j in post:
             self.phase(j)

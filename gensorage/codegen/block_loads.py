@@ -185,14 +185,22 @@ class LoadEmitter:
             self._commit()
 
     def prologue(self) -> None:
-        """Before the loop: the copies of iterations ``0 .. stages - 2``, one group each."""
+        """Before the loop: the copies of iterations ``0 .. stages - 2``, one group each (when staged)."""
         e = self.e
+        if not e.staged:
+            return
         for s in range(e.stages - 1):  # stages <= forloop (allocate)
             self._copy_iteration(Ix.of(s), None)
         # Nothing reads these stages before the first iteration's barrier after its wait, and the first
         # prefetch writes stage stages - 1, which they are not: no barrier is owed for them (the placement
         # sees tiles, not stages, and would put one at the top of the loop).
         e.barriers.clear()
+
+    def begin_iteration(self) -> None:
+        """When staged, at the top of each iteration: :meth:`prefetch`, then :meth:`wait_stage`."""
+        if self.e.staged:
+            self.prefetch()
+            self.wait_stage()
 
     def prefetch(self) -> None:
         """At the top of iteration ``it``: the copies of iteration ``it + stages - 1``, into the stage that
@@ -211,9 +219,10 @@ class LoadEmitter:
         e.sync()
 
     def drain(self) -> None:
-        """After the loop: nothing in flight (the last groups are empty; this makes it so whatever they hold)."""
+        """After a staged loop: nothing in flight (the last groups are empty; this makes it so whatever they
+        hold)."""
         e = self.e
-        if e.gpu:
+        if e.gpu and e.staged:
             with e.threads():
                 e.w.line('T.evaluate(T.ptx["cp.async.wait_group"](0))')
 
