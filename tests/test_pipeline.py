@@ -6,6 +6,7 @@ the fallback to one stage, and the CUDA build (nvcc for sm_90a)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import numpy as np
@@ -17,6 +18,8 @@ from gensorage.codegen.ugraph_tir import plan_threads
 from gensorage.construction.block_threads import ThreadChoice
 from gensorage.dtypes import numpy_dtype
 from gensorage.hw import load_profile
+from gensorage.hw.profile import HwProfile
+from gensorage.ugraph.block_cost import BlockPlan
 from gensorage.ugraph.examples import EXAMPLES, ONLINE_EXAMPLES
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph
 from gensorage.ugraph.validate import validate
@@ -287,6 +290,63 @@ def test_stages_that_do_not_fit_fall_back_to_one() -> None:
         heads=1, q_len=16, kv_len=256, head_dim=256, q_blocks=1, forloop=4
     )
     assert "it % 2" in _script(g, 2)
+
+
+# ------------------------------------------------------------------------------------------ construction, model
+
+
+def _plan(g: KernelGraph, stages: int, hw: HwProfile = HW) -> tuple[BlockPlan, float]:
+    from gensorage.ugraph.block_cost import block_cycles, plan_block
+
+    k = _graph_kernel(g)
+    op = g.ops[k]
+    assert isinstance(op, GraphDefinedOp)
+    plan = plan_block(g, k, validate(g), hw, True, _plans(g, stages)[k])
+    return plan, block_cycles(plan, hw, math.prod(op.block.grid), op.block.forloop)[0]
+
+
+def test_the_model_prices_copy_and_compute_overlapped() -> None:
+    # The gated MLP of one 8-row block per 64 columns (the bundled fused_gated_mlp's shape), latency-bound: with
+    # one stage an iteration waits for its copies' round trips, then computes; with two the copies fly during
+    # the previous iteration: max(compute, round trip) instead of their sum, plus one round trip before the loop.
+    _, g = ALL_EXAMPLES["gated_mlp"](m=8, k=4096, n=4096, blocks=64, forloop=64)
+    (one, c1), (two, c2), (three, c3) = (_plan(g, s) for s in (1, 2, 3))
+    assert (one.stages, two.stages, three.stages) == (1, 2, 3)
+    assert one.body.async_loads > 0 and two.body.async_loads == 0
+    assert two.shared_bytes > one.shared_bytes and three.shared_bytes > two.shared_bytes
+    assert c2 < c1 and c3 <= c2
+    trip = HW.level("dram").latency_cycles
+    compute = two.body.cycles(HW, two.resident)
+    assert one.body.cycles(HW, one.resident) >= compute + trip  # one stage: round trip, then compute
+    assert 64 * max(compute, trip) <= c2 < c1
+
+
+def test_the_construction_keeps_one_stage_where_compute_hides_the_copies() -> None:
+    # LLaMA's FlashAttention-2 (128 keys x 128 dims per iteration, two blocks an SM): the resident blocks'
+    # tensor-core work is longer than the round trip, and a third stage would cost a resident block.
+    from benchmarks.gpu_prepare import EXTRA_UGRAPHS
+
+    _, g = EXTRA_UGRAPHS["llama3_flash_attention2"]()
+    (one, c1), (_, c2), (three, c3) = (_plan(g, s) for s in (1, 2, 3))
+    assert c2 >= c1 and three.resident < one.resident and c3 > c1
+    k = _graph_kernel(g)
+    assert plan_threads(g, k, validate(g), HW).stages == 1
+
+
+def test_the_construction_chooses_stages_that_fit_the_gpu_and_pay() -> None:
+    _, g = ALL_EXAMPLES["gated_mlp"](m=8, k=4096, n=4096, blocks=64, forloop=64)
+    k = _graph_kernel(g)
+    info = validate(g)
+    chosen = plan_threads(g, k, info, HW)
+    assert chosen.stages >= 2 and "stages of the loop's cp.async tiles" in chosen.rule
+    cycles = {s: _plan(g, s)[1] for s in (1, 2, 3)}
+    assert cycles[chosen.stages] == min(cycles.values())
+    # A GPU whose shared memory holds one stage only: one stage, deterministically.
+    small = dataclasses.replace(HW, shared_mem_per_block=_plan(g, 1)[0].shared_bytes)
+    assert plan_threads(g, k, info, small).stages == 1
+    # A profile that allows one stage at most.
+    one = dataclasses.replace(HW, calibration=dataclasses.replace(HW.calibration, block_max_stages=1.0))
+    assert plan_threads(g, k, info, one).stages == 1
 
 
 # ------------------------------------------------------------------------------------------ CUDA

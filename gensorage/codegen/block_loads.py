@@ -103,8 +103,12 @@ class LoadEmitter:
     def pipelined(self) -> tuple[int, ...]:
         """The iterators whose tiles are staged (module docstring): none unless the thread plan asks for 2 or
         more stages of a for-loop that copies some tile with ``cp.async``."""
+        return self.stageable() if self.e.choice.stages > 1 else ()
+
+    def stageable(self) -> tuple[int, ...]:
+        """The iterators a for-loop of this kernel would stage: those copying a slice per iteration in runs."""
         e = self.e
-        if e.choice.stages < 2 or e.block.forloop < 2:
+        if e.block.forloop < 2:
             return ()
         read = {r.node for r in e.consumers}
         return tuple(

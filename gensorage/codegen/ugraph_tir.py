@@ -69,6 +69,7 @@ from gensorage.construction.block_threads import (
     matmul_tiling,
     row_kernel_threads,
 )
+from gensorage.construction.pipeline_stages import choose_stages
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Op
@@ -119,7 +120,12 @@ def dominant_matmul(op: GraphDefinedOp, binfo: BlockInfo) -> tuple[int, tuple[in
 def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int = 0) -> ThreadChoice:
     """Threads per block of graph-defined op ``k``: chosen with the tensor-core warps by the block cost model
     when the dominant matmul runs on tensor cores (:mod:`gensorage.codegen.mma_threads`), else by the Markov
-    construction (:mod:`gensorage.construction.block_threads`)."""
+    construction (:mod:`gensorage.construction.block_threads`); then the stages of its loop's tiles
+    (:mod:`gensorage.construction.pipeline_stages`)."""
+    return choose_stages(g, k, info, hw, _threads(g, k, info, hw, seed))
+
+
+def _threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int) -> ThreadChoice:
     op = g.ops[k]
     binfo = info.blocks[k]
     assert isinstance(op, GraphDefinedOp) and binfo is not None
