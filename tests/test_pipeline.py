@@ -244,6 +244,16 @@ def test_emitted_text_of_a_small_two_stage_kernel() -> None:
     assert 'cp.async.wait_group"](0)' in body  # after the loop: nothing left in flight
 
 
+def test_three_stages_have_two_prologue_groups_and_no_barrier_between_them() -> None:
+    _, g = ALL_EXAMPLES["gated_mlp"](**LOOPED["gated_mlp"])
+    head, body = _script(g, 3).split("for it in T.serial(3):")
+    prologue = head[head.index("cp.async.cg") :]
+    assert prologue.count("cp.async.commit_group") == 2 and "tvm_storage_sync" not in prologue
+    assert "ptr_to([1, " in prologue and "ptr_to([(it + 2) % 3, " in body
+    assert 'wait_group"](2)' in body and "if it + 2 < 3:" in body
+    assert body.index("cp.async.commit_group") < body.index("tvm_storage_sync")
+
+
 def test_one_stage_is_todays_kernel() -> None:
     # One stage: each iteration copies its own tiles and waits for all of them (wait_group 0) in the loop.
     _, g = ALL_EXAMPLES["gated_mlp"](**LOOPED["gated_mlp"])

@@ -193,11 +193,13 @@ class LoadEmitter:
         e = self.e
         if not e.staged:
             return
+        # Nothing reads these stages before the first iteration's barrier after its wait, and each copy here and
+        # the first prefetch write a stage of their own: no barrier is owed between them (the placement sees
+        # tiles, not stages, and would put one between the prologue's copies and at the top of the loop). The
+        # loop's settle before the prologue left nothing else pending.
         for s in range(e.stages - 1):  # stages <= forloop (allocate)
+            e.barriers.clear()
             self._copy_iteration(Ix.of(s), None)
-        # Nothing reads these stages before the first iteration's barrier after its wait, and the first
-        # prefetch writes stage stages - 1, which they are not: no barrier is owed for them (the placement
-        # sees tiles, not stages, and would put one at the top of the loop).
         e.barriers.clear()
 
     def begin_iteration(self) -> None:
