@@ -36,7 +36,7 @@ from gensorage.ugraph.optimize.memory_plan import MemoryPlan, shared_footprint
 from gensorage.ugraph.optimize.phase_order import depth_order
 from gensorage.ugraph.optimize.views import is_view
 from gensorage.ugraph.shapes import infer
-from gensorage.ugraph.validate import tensor_bytes, validate
+from gensorage.ugraph.validate import loop_phases, tensor_bytes, validate
 
 HW = load_profile("h100")
 ALL_EXAMPLES = {**EXAMPLES, **ONLINE_EXAMPLES}
@@ -263,6 +263,34 @@ def test_tiles_live_at_once_never_share_bytes(g: KernelGraph, sizes: st.DataObje
     # Sizes drawn over orders of magnitude (1 byte to 64 KiB), not only the tiles' own.
     drawn = {r: sizes.draw(st.integers(1, 1 << 16)) for r, _ in live.intervals}
     _check_plan(plan_memory(block, drawn))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=_looped_graphs(), sizes=st.data())
+def test_staged_tiles_live_across_the_loop_and_share_no_byte_with_its_tiles(
+    g: KernelGraph, sizes: st.DataObject
+) -> None:
+    # Software pipelining (gensorage.codegen.block_loads): a staged iterator's stages are written before the
+    # loop and in every iteration, so its tile lives from step 0 to the loop's end, sharing no byte with any
+    # body tile, and the plan still never overlaps two tiles live at once.
+    validate(g)
+    block = g.ops[0].block  # type: ignore[union-attr]
+    iterators = [j for j, n in enumerate(block.nodes) if isinstance(n, InputIterator) and n.fmap is not None]
+    staged = tuple(sizes.draw(st.lists(st.sampled_from(iterators), unique=True)) if iterators else [])
+    live = live_intervals(block, (), staged)
+    plain = live_intervals(block)
+    in_body = [r for r, _ in plain.intervals if loop_phases(block)[r.node] == "body"]
+    for r, interval in live.intervals:
+        if r.node in staged:
+            assert interval.start == 0 and all(interval.end >= plain.of(b).end for b in in_body)
+        else:
+            assert interval == plain.of(r)
+    drawn = {r: sizes.draw(st.integers(1, 1 << 16)) for r, _ in live.intervals}
+    plan = plan_memory(block, drawn, staged=staged)
+    _check_plan(plan)
+    for p in plan.placements:
+        if p.ref.node in staged:
+            assert not any(p.shares_bytes(plan.placement(b)) for b in in_body if b != p.ref)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
