@@ -25,13 +25,13 @@ def allocate(e: BlockEmitter) -> None:
     threads' accumulator registers.
 
     The for-loop's ``cp.async`` tiles get the thread plan's stages (:mod:`gensorage.codegen.block_loads`) when
-    the tiles, so planned, fit :data:`STAGED_SHARED_LIMIT`; otherwise the kernel has one stage, as without
-    pipelining (the construction, which knows the GPU, checks its own limit before it asks for stages)."""
+    the tiles, so planned, and the scratch fit the plan's ``shared_limit`` (the construction's GPU's; without
+    one :data:`STAGED_SHARED_LIMIT`); otherwise the kernel has one stage, as without pipelining."""
     scratch = e.reduce.scratch_bytes()
     e.staged, e.stages = e.loads.pipelined(), min(e.choice.stages, e.block.forloop)
     if e.staged:
         _plan(e)
-        if e.memory.bytes + scratch > STAGED_SHARED_LIMIT:
+        if e.memory.bytes + scratch > (e.choice.shared_limit or STAGED_SHARED_LIMIT):
             e.staged, e.stages = (), 1
             e.buffers.clear()
     if not e.staged:

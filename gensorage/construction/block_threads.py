@@ -96,7 +96,9 @@ class ThreadChoice:
     element by element, e.g. to measure the difference; ``stages``: shared-memory stages of the for-loop's
     ``cp.async`` tiles (2 or 3: the copies of the next iterations are in flight while this one computes,
     :mod:`gensorage.codegen.block_loads`; 1: each iteration waits for its own copies), chosen by
-    :mod:`gensorage.construction.pipeline_stages`."""
+    :mod:`gensorage.construction.pipeline_stages`; ``shared_limit``: the shared bytes per block the kernel's
+    tiles with their stages may take, else it has one stage (0: any GPU's,
+    :data:`gensorage.codegen.gpu_limits.STAGED_SHARED_LIMIT`; the construction sets its profile's)."""
 
     threads: int
     matmul_node: int | None
@@ -105,6 +107,7 @@ class ThreadChoice:
     mma_warps: tuple[tuple[int, int], ...] = ()
     runs: bool = True
     stages: int = 1
+    shared_limit: int = 0
 
 
 def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:

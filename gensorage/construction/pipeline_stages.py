@@ -43,7 +43,9 @@ def choose_stages(
             f"{choice.rule}; {stages} stages of the loop's cp.async tiles by the block cost model "
             f"({one / cycles:.2f}x fewer cycles than 1)"
         )
-        chosen = dataclasses.replace(choice, stages=stages, rule=rule)
+        # The GPU's limit travels with the plan: the emitter, which places the tiles as they are (accumulators
+        # in the compute dtype, padded rows), keeps one stage where that exceeds it.
+        chosen = dataclasses.replace(choice, stages=stages, rule=rule, shared_limit=hw.shared_mem_per_block)
     if len(_CHOSEN) >= _MAX_CHOSEN:
         _CHOSEN.clear()
     _CHOSEN[key] = chosen
@@ -64,7 +66,8 @@ def priced_stages(
     most = min(int(hw.calibration.block_max_stages), op.block.forloop)
     priced: list[tuple[float, int]] = []
     for stages in range(1, most + 1):
-        plan = plan_block(g, k, info, hw, True, dataclasses.replace(choice, stages=stages))
+        staged = dataclasses.replace(choice, stages=stages, shared_limit=hw.shared_mem_per_block)
+        plan = plan_block(g, k, info, hw, True, staged)
         if stages == 1 and not plan.stageable:
             return [(block_cycles(plan, hw, blocks, op.block.forloop)[0], 1)]
         if stages > 1 and (plan.stages != stages or plan.shared_bytes > hw.shared_mem_per_block):

@@ -526,12 +526,14 @@ def _build_plan(
 
 def _stages(e: BlockEmitter, binfo: BlockInfo) -> tuple[tuple[int, ...], int]:
     """The iterators the kernel stages and its stages, as :func:`gensorage.codegen.block_buffers.allocate`
-    decides them (one stage when the stages' footprint passes its limit)."""
+    decides them (one stage when the stages' footprint passes the plan's limit; the model's footprint, of the
+    tiles in their stored dtypes, stands for the emitter's)."""
     from gensorage.codegen.gpu_limits import STAGED_SHARED_LIMIT
     from gensorage.ugraph.optimize.memory_plan import shared_footprint
 
     staged, stages = e.loads.pipelined(), min(e.choice.stages, e.block.forloop)
-    if not staged or shared_footprint(e.block, binfo, staged, stages) > STAGED_SHARED_LIMIT:
+    limit = e.choice.shared_limit or STAGED_SHARED_LIMIT
+    if not staged or shared_footprint(e.block, binfo, staged, stages) > limit:
         return (), 1
     return staged, stages
 
