@@ -8,7 +8,9 @@ Structure of the emitted kernel (``target="cuda"``)::
         s3 = T.decl_buffer(tile, dtype, data=smem.data, ...)       # memory plan lets tiles share bytes
         a7 = T.alloc_buffer((slots,), "float32", scope="local")   # per-thread part of a loop accumulator
         <phases of loop-invariant input iterators>
+        <copies of the first stages>                               # when pipelined (codegen.block_loads)
         for it in T.serial(forloop):                               # the block graph's for-loop
+            <copies of iteration it + S - 1> <wait> <barrier>      # when pipelined
             <phase> <phase> T.tvm_storage_sync("shared") ...       # loop body, by depth
         <flush of the accumulators> <post-loop phases>
 
