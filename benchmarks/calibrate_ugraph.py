@@ -89,7 +89,7 @@ def _split_precision(name: str) -> tuple[str, str]:
 _VARIANT = re.compile(r"_w(\d+(?:t\d+)?e?)$")  # gpu_prepare's --block-mma-warps variants
 _THREADS = re.compile(r"(\d+) threads")
 _WARPS = re.compile(r"block matmul #(\d+) on tensor cores \([^)]*\): (\d+)(?: of \d+)? warps?")
-_STAGES = re.compile(r"(\d+) stages of the loop's cp\.async tiles")  # the construction's (pipeline_stages)
+_STAGES = re.compile(r"cp\.async loop tiles in (\d+) stages")  # the construction's (pipeline_stages)
 _STAGES_VARIANT = re.compile(r"_st(\d+)$")  # gpu_prepare's --block-stages variants
 
 

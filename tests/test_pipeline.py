@@ -353,7 +353,7 @@ def test_the_construction_chooses_stages_that_fit_the_gpu_and_pay() -> None:
     k = _graph_kernel(g)
     info = validate(g)
     chosen = plan_threads(g, k, info, HW)
-    assert chosen.stages >= 2 and "stages of the loop's cp.async tiles" in chosen.rule
+    assert chosen.stages >= 2 and f"cp.async loop tiles in {chosen.stages} stages" in chosen.rule
     cycles = {s: _plan(g, s)[1] for s in (1, 2, 3)}
     assert cycles[chosen.stages] == min(cycles.values())
     # A GPU whose shared memory holds one stage only: one stage, deterministically.

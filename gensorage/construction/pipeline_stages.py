@@ -39,9 +39,10 @@ def choose_stages(
     chosen = choice
     if stages > 1:
         one = next(c for c, s in priced if s == 1)
+        # (No " of " in it: readers of the rules take "W of T warps" for a matmul's warps.)
         rule = (
-            f"{choice.rule}; {stages} stages of the loop's cp.async tiles by the block cost model "
-            f"({one / cycles:.2f}x fewer cycles than 1)"
+            f"{choice.rule}; cp.async loop tiles in {stages} stages by the block cost model "
+            f"({one / cycles:.2f}x fewer cycles than in 1)"
         )
         # The GPU's limit travels with the plan: the emitter, which places the tiles as they are (accumulators
         # in the compute dtype, padded rows), keeps one stage where that exceeds it.
