@@ -89,6 +89,8 @@ def _split_precision(name: str) -> tuple[str, str]:
 _VARIANT = re.compile(r"_w(\d+(?:t\d+)?e?)$")  # gpu_prepare's --block-mma-warps variants
 _THREADS = re.compile(r"(\d+) threads")
 _WARPS = re.compile(r"block matmul #(\d+) on tensor cores \([^)]*\): (\d+)(?: of \d+)? warps?")
+_STAGES = re.compile(r"cp\.async loop tiles in (\d+) stages")  # the construction's (pipeline_stages)
+_STAGES_VARIANT = re.compile(r"_st(\d+)$")  # gpu_prepare's --block-stages variants
 
 
 def _split_variant(name: str) -> tuple[str, str | None]:
@@ -98,12 +100,13 @@ def _split_variant(name: str) -> tuple[str, str | None]:
 
 
 def measured_plans(
-    g: KernelGraph, rules: list[str], variant: str | None, runs: bool
+    g: KernelGraph, rules: list[str], variant: str | None, runs: bool, stages: int | None = None
 ) -> dict[int, ThreadChoice] | None:
     """The thread plans a fused case ran, read back from its kernels' rules (one per op, in order): the
     threads, and each tensor-core block matmul's warps; loads in 16-byte runs when ``runs`` (and the variant
-    does not end in ``e``). None when the rules do not line up with the ops (the model's own plans are priced
-    then)."""
+    does not end in ``e``); the loop's stages the variant forced (``stages``), else those the rule names, else 1
+    (every run before software pipelining). None when the rules do not line up with the ops (the model's own
+    plans are priced then)."""
     from gensorage.construction.block_threads import ThreadChoice
     from gensorage.ugraph.ir import GraphDefinedOp
 
@@ -116,7 +119,9 @@ def measured_plans(
             continue
         warps = tuple((int(j), int(w)) for j, w in _WARPS.findall(rule))
         runs_here = runs and (variant is None or not variant.endswith("e"))
-        plans[k] = ThreadChoice(int(threads.group(1)), None, None, "as measured", warps, runs_here)
+        named = _STAGES.search(rule)
+        staged = stages if stages is not None else int(named.group(1)) if named else 1
+        plans[k] = ThreadChoice(int(threads.group(1)), None, None, "as measured", warps, runs_here, staged)
     return plans
 
 
@@ -144,7 +149,10 @@ def measured_programs(paths: list[Path]) -> list[Measured]:
             ours = (case.get("methods") or {}).get("ours", {})
             if case.get("kind") != "program" or case.get("status") != "ok" or "median_s" not in ours:
                 continue
-            named, variant = _split_variant(case["name"].removeprefix("program_"))
+            name = case["name"].removeprefix("program_")
+            staged = _STAGES_VARIANT.search(name)
+            stages = None if staged is None else int(staged.group(1))
+            named, variant = _split_variant(name if staged is None else name[: staged.start()])
             base, precision = _split_precision(named)
             try:
                 g, fused = rebuild(gpu_prepare.measured_as(base, prepared), precision)
@@ -153,7 +161,7 @@ def measured_programs(paths: list[Path]) -> list[Measured]:
                 continue
             rules = (case.get("meta") or {}).get("rules", [])
             mma = any("on tensor cores" in r for r in rules) or not fused
-            plans = measured_plans(g, rules, variant, path.name not in BEFORE_RUNS) if fused else None
+            plans = measured_plans(g, rules, variant, path.name not in BEFORE_RUNS, stages) if fused else None
             seen[(hw, case["name"])] = Measured(
                 case["name"], hw, g, fused, mma, float(ours["median_s"]), path.name, plans
             )

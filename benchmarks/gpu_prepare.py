@@ -286,6 +286,17 @@ def mma_warp_plans(g: KernelGraph, hw: HwProfile, variant: str) -> dict[int, Thr
     return plans
 
 
+def stage_plans(g: KernelGraph, hw: HwProfile, stages: int) -> dict[int, ThreadChoice]:
+    """Every graph-defined kernel's thread plan with its loop's ``cp.async`` tiles in ``stages`` stages instead
+    of the chosen ones (a kernel whose stages do not fit falls back to one, as the code generator does)."""
+    info = validate(g, hw)
+    return {
+        k: dataclasses.replace(plan_threads(g, k, info, hw), stages=stages)
+        for k, op in enumerate(g.ops)
+        if isinstance(op, GraphDefinedOp)
+    }
+
+
 def program_case(
     name: str,
     program: Program,
@@ -296,12 +307,14 @@ def program_case(
     mma_warps: str | None = None,
     label: str = "",
     row_threads: int | None = None,
+    stages: int | None = None,
 ) -> dict[str, Any]:
     """The program's direct µGraph, or ``ugraph`` (a fused one of the same program), under ``precision`` (named
     ``program_<name>``, plus ``_<precision>`` when it is not the default); ``mma_warps``: its tensor-core block
     matmuls on the warps (and threads) it names (:func:`mma_warp_plans`, named ``_w<warps>`` or
     ``_w<warps>t<threads>``) instead of the chosen ones; ``label`` is appended to the case's name;
-    ``row_threads``: its kernels without a block matmul on that many threads (named ``_rt<threads>``)."""
+    ``row_threads``: its kernels without a block matmul on that many threads (named ``_rt<threads>``);
+    ``stages``: its loops' ``cp.async`` tiles in that many stages (:func:`stage_plans`, named ``_st<stages>``)."""
     from gensorage.ugraph.cost import kernel_costs
 
     g = (
@@ -320,6 +333,9 @@ def program_case(
     if row_threads is not None:
         name = f"{name}_rt{row_threads}"
         plans = row_thread_plans(g, hw, row_threads)
+    if stages is not None:
+        name = f"{name}_st{stages}"
+        plans = stage_plans(g, hw, stages)
     cg = compile_ugraph(g, hw, "cuda", plans=plans)
     # The kernels' tensors are the compiled graph's (an epilogue its GEMM family refuses runs as ops again).
     g, info, plans = cg.ugraph, cg.info, cg.plans if plans is not None else None
@@ -364,6 +380,7 @@ def program_case(
             "rules": [k.rule for k in kernels],
             "tensor_cores": any(k.rule.startswith(RULE) for k in kernels),
             "mma_warps": mma_warps,
+            "stages": stages,
         },
     }
 

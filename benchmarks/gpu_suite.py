@@ -10,6 +10,8 @@ Two halves, because the GPU machines have no TVM (see ``benchmarks/gpu_bundle.py
            --constructed-only --convs none --programs                    # x @ W.T against cuBLAS NT
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms --convs --programs fused_mha_prefill \
            --block-mma-warps 0e 0 4 8 4:128 8:256                       # warp layouts side by side
+       python benchmarks/gpu_suite.py --prepare gpu_bundle --hw h200 --gemms none --convs none \
+           --programs fused_gated_mlp fused_rmsnorm --block-stages 1 2 3   # software pipelining side by side
        python benchmarks/gpu_suite.py --prepare gpu_bundle --gemms none --convs none --programs gated_mlp \
            --candidates 3 --search-budget 60     # full mode's candidates (benchmarks/gpu_candidates.py)
        python benchmarks/gpu_suite.py --prepare gpu_bundle --hw h200 --gemms none --convs none \
@@ -143,6 +145,10 @@ def prepare(args: argparse.Namespace) -> int:
                     cases.append(
                         gpu_bundle.program_case(name, program, hw, out, precision, rows, row_threads=threads)
                     )
+                for stages in args.block_stages if fused is not None else []:
+                    cases.append(
+                        gpu_bundle.program_case(name, program, hw, out, precision, fused, stages=stages)
+                    )
                 for warps in args.block_mma_warps if fused is not None else []:
                     try:  # one layout's failure is recorded, the other layouts are still bundled
                         cases.append(gpu_bundle.program_case(name, program, hw, out, precision, fused, warps))
@@ -263,6 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         help="fused programs: also bundle each with its tensor-core block matmuls on W warps (0: all) of the "
         "planned block, or of a block of T threads; a trailing e: element-wise fragment and tile loads "
         "(no ldmatrix, no cp.async)",
+    )
+    ap.add_argument(
+        "--block-stages",
+        nargs="*",
+        type=int,
+        default=[],
+        metavar="S",
+        help="fused programs: also bundle each with its loops' cp.async tiles in S stages (1: not pipelined; "
+        "the chosen stages are the plain case)",
     )
     ap.add_argument(
         "--row-threads",

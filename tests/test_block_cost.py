@@ -125,9 +125,10 @@ def test_a_kernel_the_generator_refuses_is_never_chosen() -> None:
 @pytest.mark.parametrize("name", sorted(EXTRA_UGRAPHS))
 def test_the_model_plans_the_generators_threads_on_the_bundled_fused_kernels(name: str) -> None:
     # The model widens the block tile at one element per thread instead of running the construction; the
-    # generator's plan agrees while the construction's register tile is 1.
+    # generator's plan agrees while the construction's register tile is 1, and so do the loop's stages.
     g = EXTRA_UGRAPHS[name]()[1]
     info = validate(g)
     for k, op in enumerate(g.ops):
         if isinstance(op, GraphDefinedOp):
-            assert block_threads(g, k, info, H200).threads == plan_threads(g, k, info, H200).threads
+            model, generator = block_threads(g, k, info, H200), plan_threads(g, k, info, H200)
+            assert (model.threads, model.stages) == (generator.threads, generator.stages)

@@ -3,6 +3,7 @@ and the kernels the code generator emits with them (shared bytes, barriers, the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gensorage.codegen.module import compile_ugraph, ir_module
+from gensorage.codegen.ugraph_tir import plan_threads
 from gensorage.hw import load_profile
 from gensorage.opset import Op
 from gensorage.ugraph.examples import EXAMPLES, ONLINE_EXAMPLES
@@ -36,7 +38,7 @@ from gensorage.ugraph.optimize.memory_plan import MemoryPlan, shared_footprint
 from gensorage.ugraph.optimize.phase_order import depth_order
 from gensorage.ugraph.optimize.views import is_view
 from gensorage.ugraph.shapes import infer
-from gensorage.ugraph.validate import tensor_bytes, validate
+from gensorage.ugraph.validate import loop_phases, tensor_bytes, validate
 
 HW = load_profile("h100")
 ALL_EXAMPLES = {**EXAMPLES, **ONLINE_EXAMPLES}
@@ -185,7 +187,14 @@ def test_emitted_shared_bytes_and_barriers(
     from gensorage.codegen.gpu_limits import block_resources
 
     _, g = ALL_EXAMPLES[name](dtype="float32")
-    cg = compile_ugraph(g, HW, "cuda")
+    # At one stage: software pipelining adds its stages' bytes (tests/test_pipeline.py), not these passes.
+    info = validate(g)
+    plans = {
+        k: dataclasses.replace(plan_threads(g, k, info, HW), stages=1)
+        for k, op in enumerate(g.ops)
+        if isinstance(op, GraphDefinedOp)
+    }
+    cg = compile_ugraph(g, HW, "cuda", plans=plans)
     (kern,) = [k for k in cg.kernels("cuda") if k.name == kernel]
     got = (block_resources(ir_module([kern])).shared_bytes, kern.script.count("tvm_storage_sync"))
     assert got == after
@@ -265,6 +274,34 @@ def test_tiles_live_at_once_never_share_bytes(g: KernelGraph, sizes: st.DataObje
     _check_plan(plan_memory(block, drawn))
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=_looped_graphs(), sizes=st.data())
+def test_staged_tiles_live_across_the_loop_and_share_no_byte_with_its_tiles(
+    g: KernelGraph, sizes: st.DataObject
+) -> None:
+    # Software pipelining (gensorage.codegen.block_loads): a staged iterator's stages are written before the
+    # loop and in every iteration, so its tile lives from step 0 to the loop's end, sharing no byte with any
+    # body tile, and the plan still never overlaps two tiles live at once.
+    validate(g)
+    block = g.ops[0].block  # type: ignore[union-attr]
+    iterators = [j for j, n in enumerate(block.nodes) if isinstance(n, InputIterator) and n.fmap is not None]
+    staged = tuple(sizes.draw(st.lists(st.sampled_from(iterators), unique=True)) if iterators else [])
+    live = live_intervals(block, (), staged)
+    plain = live_intervals(block)
+    in_body = [r for r, _ in plain.intervals if loop_phases(block)[r.node] == "body"]
+    for r, interval in live.intervals:
+        if r.node in staged:
+            assert interval.start == 0 and all(interval.end >= plain.of(b).end for b in in_body)
+        else:
+            assert interval == plain.of(r)
+    drawn = {r: sizes.draw(st.integers(1, 1 << 16)) for r, _ in live.intervals}
+    plan = plan_memory(block, drawn, staged=staged)
+    _check_plan(plan)
+    for p in plan.placements:
+        if p.ref.node in staged:
+            assert not any(p.shares_bytes(plan.placement(b)) for b in in_body if b != p.ref)
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(g=_looped_graphs())
 def test_random_looped_graphs_llvm_twin_matches_the_evaluator(g: KernelGraph) -> None:
@@ -286,10 +323,22 @@ def test_random_looped_graphs_llvm_twin_matches_the_evaluator(g: KernelGraph) ->
 # ------------------------------------------------------------------------------------------ barriers
 
 
-def _tile_bytes(script: str) -> dict[str, set[int]]:
-    """The bytes of every shared tile in an emitted script (an arena's views by their element offsets)."""
+def _staged(script: str) -> dict[str, int]:
+    """Software-pipelined tiles (tests/test_pipeline.py) and their stages: a leading dim the loop's copies
+    address by the iteration."""
     import re
 
+    names = set(re.findall(r"(s\d+(?:_\d+)?)\.ptr_to\(\[\(it \+ \d+\) % \d+,", script))
+    shapes = dict(re.findall(r"(s\d+(?:_\d+)?) = T\.(?:alloc|decl)_buffer\(\((\d+),", script))
+    return {name: int(shapes[name]) for name in names}
+
+
+def _tile_bytes(script: str) -> dict[str, set[int]]:
+    """The bytes of every shared tile in an emitted script (an arena's views by their element offsets); a staged
+    tile's stage ``k`` also as ``name#k``."""
+    import re
+
+    staged = _staged(script)
     spans: dict[str, set[int]] = {}
     for m in re.finditer(
         r'(\w+) = T\.(alloc|decl)_buffer\(\(([\d, ]+)\), "(\w+)"(.*)scope="shared[^"]*"', script
@@ -303,50 +352,82 @@ def _tile_bytes(script: str) -> dict[str, set[int]]:
         base = int(off.group(1)) * width if off else 0
         space = 0 if off else hash(name) << 32  # separate allocations never share bytes
         spans[name] = {space + base + i for i in range(size * width)}
+        stage = size * width // staged.get(name, 1)
+        for k in range(staged.get(name, 0)):
+            spans[f"{name}#{k}"] = {space + base + k * stage + i for i in range(stage)}
     return spans
 
 
 def _events(script: str) -> list[tuple[str, set[str], set[str]]]:
-    """Phases (tiles read, tiles written) and barriers in program order, the loop body written out twice (so a
-    hazard from one iteration into the next shows)."""
+    """Phases (tiles read, tiles written) and barriers in program order, the loop body written out twice, as
+    iterations 0 and 1 (so a hazard from one iteration into the next shows); a staged tile's accesses name the
+    stage they address (``name#k``)."""
     import re
 
     lines = script.splitlines()
+    staged = _staged(script)
+    start = next((i for i, line in enumerate(lines) if re.match(r"\s*for it in T\.serial", line)), len(lines))
+    indent = len(lines[start]) - len(lines[start].lstrip()) if start < len(lines) else 0
+    end = next(
+        (
+            i
+            for i in range(start + 1, len(lines))
+            if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= indent
+        ),
+        len(lines),
+    )
+    body = lines[start + 1 : end]
+    return [
+        *_phase_events(lines[:start], staged, None),
+        *_phase_events(body, staged, 0),
+        *_phase_events(body, staged, 1),
+        *_phase_events(lines[end:], staged, None),
+    ]
+
+
+def _phase_events(
+    lines: list[str], staged: dict[str, int], it: int | None
+) -> list[tuple[str, set[str], set[str]]]:
+    import re
+
+    def named(tile: str, expr: str) -> str:
+        if tile not in staged:
+            return tile
+        return f"{tile}#{eval(expr, {}, {'it': it}) % staged[tile]}"  # noqa: S307 (our own emitted text)
+
     out: list[tuple[str, set[str], set[str]]] = []
-    loop: list[tuple[str, set[str], set[str]]] | None = None
-    loop_indent = -1
     i = 0
     while i < len(lines):
         line = lines[i]
         indent = len(line) - len(line.lstrip())
-        if loop is not None and indent <= loop_indent:
-            out += loop + loop
-            loop = None
-        target = out if loop is None else loop
-        if re.match(r"\s*for it in T\.serial", line):
-            loop, loop_indent = [], indent
-        elif "tvm_storage_sync" in line:
-            target.append(("sync", set(), set()))
+        if "tvm_storage_sync" in line:
+            out.append(("sync", set(), set()))
         elif "T.thread_binding" in line and "threadIdx" in line:
             reads: set[str] = set()
             writes: set[str] = set()
             i += 1
             while i < len(lines) and len(lines[i]) - len(lines[i].lstrip()) > indent:
-                lhs, _, rhs = lines[i].partition(" = ")
-                m = re.match(r"\s*(s\d+(?:_\d+)?)\[", lhs)
+                text = lines[i]
+                lhs, _, rhs = text.partition(" = ")
+                m = re.match(r"\s*(s\d+(?:_\d+)?)\[([^,\]]+)", lhs)
                 if m and rhs:
-                    writes.add(m.group(1))
-                reads |= set(re.findall(r"\b(s\d+(?:_\d+)?)\[", rhs if rhs else lhs))
+                    writes.add(named(m.group(1), m.group(2)))
+                for tile, first in re.findall(r"\b(s\d+(?:_\d+)?)\[([^,\]]+)", rhs if rhs else lhs):
+                    reads.add(named(tile, first))
                 # cp.async writes the tile it points into; an ldmatrix of an arena tile names it in a comment.
-                writes |= set(re.findall(r"cp\.async[^(]*\(\s*(s\d+(?:_\d+)?)\.ptr_to", lines[i]))
-                reads |= set(re.findall(r"ldmatrix.*# reads (s\d+(?:_\d+)?)$", lines[i]))
-                reads |= set(re.findall(r"ldmatrix.*\b(s\d+(?:_\d+)?)\.access_ptr", lines[i]))
+                for tile, first in re.findall(
+                    r"cp\.async[^(]*\(\s*(s\d+(?:_\d+)?)\.ptr_to\(\[([^,\]]+)", text
+                ):
+                    writes.add(named(tile, first))
+                for tile in re.findall(r"ldmatrix.*# reads (s\d+(?:_\d+)?)$", text) + re.findall(
+                    r"ldmatrix.*\b(s\d+(?:_\d+)?)\.access_ptr", text
+                ):
+                    stage = re.search(r"\(?it(?: \+ \d+)?\)? % \d+", text)
+                    reads.add(named(tile, stage.group(0)) if stage and tile in staged else tile)
                 i += 1
-            target.append(("phase", reads, writes))
+            out.append(("phase", reads, writes))
             continue
         i += 1
-    if loop is not None:
-        out += loop + loop
     return out
 
 
@@ -469,7 +550,8 @@ def test_flash_attention_pads_the_tiles_of_its_tensor_core_phase() -> None:
     costs = [
         layout_cost(shape, 4, e.recorder.accesses[exp_tile], lay) for lay in LAYOUTS if lay.fits(shape, 4)
     ]
-    assert cg.plans[0].threads == 1024 and cg.plans[0].mma_warps == ((3, 32), (6, 32))
+    # (P·V on 16 warps: the layout priced at its best stages, two.)
+    assert cg.plans[0].threads == 1024 and cg.plans[0].mma_warps == ((3, 32), (6, 16))
     assert costs == [98, 50, 50, 50, 50, 50, 50, 26, 26]  # row-major, swizzles 4..32, pads 1..8
     layouts = e.chosen_layouts()
     assert layouts[exp_tile] == Layout(pad=4)

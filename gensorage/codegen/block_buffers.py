@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from gensorage.codegen.gpu_limits import MAX_VECTOR_BYTES, STATIC_SHARED_LIMIT
-from gensorage.codegen.tir_text import shape_text
+from gensorage.codegen.gpu_limits import MAX_VECTOR_BYTES, STAGED_SHARED_LIMIT, STATIC_SHARED_LIMIT
+from gensorage.codegen.tir_text import Ix, shape_text
 from gensorage.dtypes import dtype_bytes
 from gensorage.ugraph.ir import Ref
 from gensorage.ugraph.optimize.memory_plan import ARENA_ALIGN, MemoryPlan, plan_memory
@@ -22,17 +22,23 @@ if TYPE_CHECKING:
 
 def allocate(e: BlockEmitter) -> None:
     """Declare the block's tiles (static shared arrays, or one arena laid out by the memory plan) and the
-    threads' accumulator registers."""
-    sizes: dict[Ref, int] = {}
-    for j, outs in enumerate(e.binfo.nodes):
-        for o in range(len(outs)):
-            r = Ref(j, o)
-            if e.needs_buffer(r):
-                e.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
-                sizes[r] = math.prod(e.buf_tile_shape(r)) * dtype_bytes(e.buf_dtype(r))
-    e.memory = plan_memory(e.block, sizes, MAX_VECTOR_BYTES, tuple(sorted(e.fused.items())))
-    shares = e.memory.bytes < e.memory.unshared_bytes
+    threads' accumulator registers.
+
+    The for-loop's ``cp.async`` tiles get the thread plan's stages (:mod:`gensorage.codegen.block_loads`) when
+    the tiles, so planned, and the scratch fit the plan's ``shared_limit`` (the construction's GPU's; without
+    one :data:`STAGED_SHARED_LIMIT`); otherwise the kernel has one stage, as without pipelining."""
     scratch = e.reduce.scratch_bytes()
+    e.staged, e.stages = e.loads.pipelined(), min(e.choice.stages, e.block.forloop)
+    if e.staged:
+        _plan(e)
+        if e.memory.bytes + scratch > (e.choice.shared_limit or STAGED_SHARED_LIMIT):
+            e.staged, e.stages = (), 1
+            e.buffers.clear()
+    if not e.staged:
+        e.stages = 1
+    e.stage_at = Ix.var("it").mod(e.stages) if e.staged else Ix()
+    sizes = _plan(e)
+    shares = e.memory.bytes < e.memory.unshared_bytes
     # A reduction's scratch array lives in the arena, after the tiles: as a static array of its own, TVM's
     # StorageRewrite may give it the bytes of a tile whose last readers run without a barrier before it.
     e.dynamic_shared = e.gpu and (shares or scratch > 0 or sum(sizes.values()) > STATIC_SHARED_LIMIT)
@@ -54,6 +60,19 @@ def allocate(e: BlockEmitter) -> None:
                 f'{name} = T.alloc_buffer({shape_text(shape)}, "{e.sc.acc_dtype}", '
                 f'scope="{"local" if e.gpu else "global"}")'
             )
+
+
+def _plan(e: BlockEmitter) -> dict[Ref, int]:
+    """Name the tiles the kernel materialises and place them (``e.memory``); their bytes."""
+    sizes: dict[Ref, int] = {}
+    for j, outs in enumerate(e.binfo.nodes):
+        for o in range(len(outs)):
+            r = Ref(j, o)
+            if e.needs_buffer(r):
+                e.buffers[r] = f"s{j}" if len(outs) == 1 else f"s{j}_{o}"
+                sizes[r] = math.prod(e.buf_tile_shape(r)) * dtype_bytes(e.buf_dtype(r))
+    e.memory = plan_memory(e.block, sizes, MAX_VECTOR_BYTES, tuple(sorted(e.fused.items())), e.staged)
+    return sizes
 
 
 def _allocate_arena(e: BlockEmitter, plan: MemoryPlan, scratch: int) -> None:
@@ -91,4 +110,4 @@ def _allocate_arena(e: BlockEmitter, plan: MemoryPlan, scratch: int) -> None:
     e.reduce.allocate(base, scope)
 
 
-__all__ = ["STATIC_SHARED_LIMIT", "allocate"]
+__all__ = ["STAGED_SHARED_LIMIT", "STATIC_SHARED_LIMIT", "allocate"]

@@ -128,6 +128,10 @@ class BlockEmitter:
         self.arena_dtype = ""  # the arena's element type (the widest tile's)
         self.shared_bytes = 0  # shared memory a block declares on the GPU (set by allocate)
         self.barriers = BarrierPlacement(lambda r, o: tiles_clash(self.memory if self.arena else None, r, o))
+        # Software pipelining (block_loads): the staged iterators and their stages (set by allocate), and the
+        # stage their tiles' reads and writes address now (the iteration's, or a prefetch's).
+        self.staged: tuple[int, ...] = ()
+        self.stages, self.stage_at = 1, Ix()
         self._check_grid()
         if choice.tiling is not None:
             check_tiling(choice.tiling, choice.threads)
@@ -258,19 +262,26 @@ class BlockEmitter:
         }
 
     def buf_tile_shape(self, r: Ref) -> tuple[int, ...]:
-        """The allocated shape of tile ``r``: its shape with the last dim padded (then the scalar's layout)."""
+        """The allocated shape of tile ``r``: its shape with the last dim padded (then the scalar's layout),
+        after a leading dim of its stages when it is staged."""
         shape = self.tile(r).shape
         pad = self.layouts.get(r, Layout()).pad
-        return self.sc.buf_shape((*shape[:-1], shape[-1] + pad) if pad else shape)
+        padded = (*shape[:-1], shape[-1] + pad) if pad else shape
+        return self.sc.buf_shape((self.stages, *padded) if r.node in self.staged else padded)
+
+    def staged_index(self, r: Ref, idx: list[Ix]) -> list[Ix]:
+        """Element ``idx`` of tile ``r`` in its allocation: after the stage addressed now when it is staged."""
+        return [self.stage_at, *idx] if r.node in self.staged else idx
 
     def tile_index(self, r: Ref, idx: list[Ix]) -> str:
-        """Index text of element ``idx`` of tile ``r`` in its layout (a swizzle XORs the last index)."""
+        """Index text of element ``idx`` of tile ``r`` in its layout (a swizzle XORs the last index), in the
+        stage addressed now when the tile is staged."""
         lay = self.layouts.get(r, Layout())
         if not lay.swizzle:
-            return index_text(idx)
+            return index_text(self.staged_index(r, idx))
         step = lay.step(dtype_bytes(self.buf_dtype(r)))
         last = f"({idx[-1]}) ^ (({idx[-2]}) % {lay.swizzle} * {step})"
-        return index_text([*idx[:-1], last])
+        return index_text([*self.staged_index(r, idx[:-1]), last])
 
     def buf_dtype(self, r: Ref) -> str:
         # Accumulators keep the compute precision (a float16 running sum would lose the low bits every step).
@@ -514,7 +525,7 @@ class BlockEmitter:
         in_body, post = depth_order(self.block)
         # A node nothing reads computes nothing (its phase would be an empty loop, which TVMScript refuses).
         read = {r.node for r in self.consumers}
-        body = [j for j in in_body if j not in hoisted and j in read]
+        body = [j for j in in_body if j not in hoisted and j in read and j not in self.staged]
         post = tuple(j for j in post if j in read)
         copies = [
             (j, n)
@@ -526,11 +537,13 @@ class BlockEmitter:
                 self.phase(j)
         if loop:
             self.settle()
+        self.loads.prologue()  # the first stages' copies, when staged (block_loads: the schedule, its barriers)
         with (
             self.w.loop("it", self.block.forloop, f"T.serial({self.block.forloop})")
             if loop
             else nullcontext()
         ):
+            self.loads.begin_iteration()  # when staged: the next copies, this iteration's wait and barrier
             for j in body:
                 self.phase(j)
             for j, n in copies:
@@ -539,6 +552,7 @@ class BlockEmitter:
             if loop:
                 self.settle()  # the next iteration overwrites tiles this one read
         self.loads.wait()
+        self.loads.drain()
         self.accs.phase_flush()
         for j in post:
             self.phase(j)

@@ -393,7 +393,7 @@ class MmaEmitter:
         e.recorder.note_rows(r, idx, n, ROW_BYTES // dtype_bytes(t.dtype))
         e.row_loads.add(r)
         flat = Ix()
-        for i, size in zip(idx, e.buf_tile_shape(r), strict=True):
+        for i, size in zip(e.staged_index(r, idx), e.buf_tile_shape(r), strict=True):
             flat = flat * size + i
         src = note = e.buffers[r]
         if e.arena:  # TVM's access_ptr must name the allocation's type: the arena's, in its elements

@@ -24,6 +24,10 @@ MAX_VECTOR_BYTES = 16
 # Static ``__shared__`` arrays are limited to 48 KiB per block by CUDA; past that a kernel uses dynamic shared
 # memory (TVM's "shared.dyn" scope, whose launch raises the per-kernel limit up to the opt-in maximum).
 STATIC_SHARED_LIMIT = 48 * 1024
+# The most shared memory a pipelined graph-defined kernel may plan for its tiles before it falls back to one
+# stage (gensorage.codegen.block_buffers): the largest opt-in per-block maximum of any CUDA GPU (227 KiB, cc 9.0).
+# The construction (gensorage.construction.pipeline_stages) checks the profile's own limit before it asks.
+STAGED_SHARED_LIMIT = 227 * 1024
 # CUDA's per-dimension block limits (x, y, z) on every architecture since Kepler.
 MAX_THREAD_DIMS = (1024, 1024, 64)
 # CUDA's grid limits per dimension (x, y, z): blocks a kernel launch may have along each.

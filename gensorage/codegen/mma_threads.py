@@ -14,8 +14,9 @@ tensor-core block matmul, its warps ``W`` (a power of two dividing ``T / 32``, e
 :func:`~gensorage.codegen.block_mma.mma_tiling` picks it for ``W``) are chosen together: every combination is
 planned as the generator would emit it (:func:`gensorage.ugraph.block_cost.plan_block`: occupancy by shared
 memory, threads and registers, spills, element-wise work per thread, MMA issue per warp and its fragment loads,
-barriers, ``cp.async`` tile loads) and the one with the fewest predicted cycles for the whole grid
-(:func:`~gensorage.ugraph.block_cost.block_cycles`) is the plan. Ties go to more threads, then more warps.
+barriers, ``cp.async`` tile loads, at the loop's best stages: :func:`~gensorage.construction.pipeline_stages.priced_stages`)
+and the one with the fewest predicted cycles for the whole grid (:func:`~gensorage.ugraph.block_cost.block_cycles`)
+is the plan. Ties go to more threads, then more warps.
 The choice is a :class:`~gensorage.construction.block_threads.ThreadChoice` without a CUDA-core tiling (a
 block matmul left on CUDA cores, e.g. one of two float32 operands, deals its output elements cyclically over the
 threads, one per thread at a time, as the construction's register tile of 1 did); the code
@@ -27,7 +28,6 @@ emitted.
 from __future__ import annotations
 
 import itertools
-import math
 
 from gensorage.codegen.block_mma import WARP, block_mma_tilings, mma_tiling
 from gensorage.construction.block_threads import ThreadChoice
@@ -62,7 +62,7 @@ def mma_block_layout(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile) -> 
     """The thread plan of graph-defined op ``k`` when a block matmul of it runs on tensor cores (module
     docstring), or None: the Markov construction sizes the block."""
     # Imported here: the cost model imports the code generator's modules lazily too.
-    from gensorage.ugraph.block_cost import block_cycles, plan_block
+    from gensorage.construction.pipeline_stages import priced_stages
 
     op = g.ops[k]
     binfo = info.blocks[k]
@@ -73,14 +73,14 @@ def mma_block_layout(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile) -> 
     cached = _CHOSEN.get(key)
     if cached is not None:
         return cached
-    blocks = math.prod(op.block.grid)
     priced: list[tuple[tuple[float, int, int], int, tuple[tuple[int, int], ...]]] = []
     for threads in (t for t in THREADS if t <= hw.max_threads_per_block):
         options = warp_options(info, k, g, threads)
         for combo in itertools.product(*options.values()):
             warps = tuple(zip(options, combo, strict=True))
-            plan = plan_block(g, k, info, hw, True, ThreadChoice(threads, None, None, "", warps))
-            cycles = block_cycles(plan, hw, blocks, op.block.forloop)[0]
+            # Each layout at its best stages (the stages themselves are chosen after, by plan_threads).
+            layout = ThreadChoice(threads, None, None, "", warps)
+            cycles = min(priced_stages(g, k, info, hw, layout))[0]
             priced.append(((cycles, -threads, -sum(combo)), threads, warps))
     priced.sort()
     (cycles, _, _), threads, warps = priced[0]

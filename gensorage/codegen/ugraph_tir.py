@@ -8,7 +8,9 @@ Structure of the emitted kernel (``target="cuda"``)::
         s3 = T.decl_buffer(tile, dtype, data=smem.data, ...)       # memory plan lets tiles share bytes
         a7 = T.alloc_buffer((slots,), "float32", scope="local")   # per-thread part of a loop accumulator
         <phases of loop-invariant input iterators>
+        <copies of the first stages>                               # when pipelined (codegen.block_loads)
         for it in T.serial(forloop):                               # the block graph's for-loop
+            <copies of iteration it + S - 1> <wait> <barrier>      # when pipelined
             <phase> <phase> T.tvm_storage_sync("shared") ...       # loop body, by depth
         <flush of the accumulators> <post-loop phases>
 
@@ -69,6 +71,7 @@ from gensorage.construction.block_threads import (
     matmul_tiling,
     row_kernel_threads,
 )
+from gensorage.construction.pipeline_stages import choose_stages
 from gensorage.errors import ScheduleError, UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Op
@@ -119,7 +122,12 @@ def dominant_matmul(op: GraphDefinedOp, binfo: BlockInfo) -> tuple[int, tuple[in
 def plan_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int = 0) -> ThreadChoice:
     """Threads per block of graph-defined op ``k``: chosen with the tensor-core warps by the block cost model
     when the dominant matmul runs on tensor cores (:mod:`gensorage.codegen.mma_threads`), else by the Markov
-    construction (:mod:`gensorage.construction.block_threads`)."""
+    construction (:mod:`gensorage.construction.block_threads`); then the stages of its loop's tiles
+    (:mod:`gensorage.construction.pipeline_stages`)."""
+    return choose_stages(g, k, info, hw, _threads(g, k, info, hw, seed))
+
+
+def _threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, seed: int) -> ThreadChoice:
     op = g.ops[k]
     binfo = info.blocks[k]
     assert isinstance(op, GraphDefinedOp) and binfo is not None

@@ -93,7 +93,12 @@ class ThreadChoice:
     listed runs on all of them), see :mod:`gensorage.codegen.mma_threads`; ``runs``: whether shared memory is
     read and written 16 bytes at a time where the layout allows (``ldmatrix`` fragment loads,
     :mod:`gensorage.codegen.block_mma`; ``cp.async`` tile loads, :mod:`gensorage.codegen.block_loads`), False:
-    element by element, e.g. to measure the difference."""
+    element by element, e.g. to measure the difference; ``stages``: shared-memory stages of the for-loop's
+    ``cp.async`` tiles (2 or 3: the copies of the next iterations are in flight while this one computes,
+    :mod:`gensorage.codegen.block_loads`; 1: each iteration waits for its own copies), chosen by
+    :mod:`gensorage.construction.pipeline_stages`; ``shared_limit``: the shared bytes per block the kernel's
+    tiles with their stages may take, else it has one stage (0: any GPU's,
+    :data:`gensorage.codegen.gpu_limits.STAGED_SHARED_LIMIT`; the construction sets its profile's)."""
 
     threads: int
     matmul_node: int | None
@@ -101,6 +106,8 @@ class ThreadChoice:
     rule: str
     mma_warps: tuple[tuple[int, int], ...] = ()
     runs: bool = True
+    stages: int = 1
+    shared_limit: int = 0
 
 
 def matmul_workload(batch: int, m: int, n: int, k: int, dtype: str) -> Workload:

@@ -44,7 +44,10 @@ class Calibration:
     thread keeps in flight with its element-wise, not prefetched loads; ``block_barrier_cycles``: one
     ``__syncthreads`` with the pipeline drain around it; ``block_mma_cycles``: one ``mma.sync.m16n8k16`` on an
     SM sub-core, fragments loaded; ``block_element_cycles``: issue cycles of one element-wise operation of a
-    warp, its index arithmetic included. Pre-defined element-wise kernels (one output element per thread):
+    warp, its index arithmetic included; ``block_stage_cycles``: what one iteration of a software-pipelined
+    loop costs besides its phases (the prefetch's guard, commit and wait, the stage arithmetic);
+    ``block_max_stages``: the most shared-memory stages the construction gives a loop's ``cp.async`` tiles
+    (:mod:`gensorage.construction.pipeline_stages`). Pre-defined element-wise kernels (one output element per thread):
     ``predefined_dram_fraction`` of the DRAM bandwidth.
 
     The defaults are not measurements: they stand for GPUs no run has calibrated yet (every profile but
@@ -62,6 +65,8 @@ class Calibration:
     block_barrier_cycles: float = 100.0
     block_mma_cycles: float = 16.0
     block_element_cycles: float = 4.0
+    block_stage_cycles: float = 32.0
+    block_max_stages: float = 3.0
     predefined_dram_fraction: float = 1.0
     wgmma_fraction: float = 0.0
     wgmma_latency_cycles: float = 2000.0
@@ -83,6 +88,8 @@ CALIBRATION_KEYS: tuple[str, ...] = (
     "block_barrier_cycles",
     "block_mma_cycles",
     "block_element_cycles",
+    "block_stage_cycles",
+    "block_max_stages",
     "predefined_dram_fraction",
     "wgmma_fraction",
     "wgmma_latency_cycles",

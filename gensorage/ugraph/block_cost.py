@@ -11,9 +11,15 @@ matmul's phase and the accumulators kept in registers are the kernel's own. Time
 - **Per loop iteration**, the time is the larger of one block's latency chain and the work of the resident
   blocks on the SM's shared pipes:
 
-  - *tile loads* are element-wise and not prefetched: a thread keeps ``block_load_flight_bytes`` in flight, so
-    its ``b`` bytes take ``ceil(b / flight)`` DRAM round trips (Little's law); the SM's share of L2 bandwidth
-    bounds the resident blocks' bytes; each load is also a shared-memory store;
+  - *tile loads*: element-wise ones keep ``block_load_flight_bytes`` in flight per thread, so a thread's ``b``
+    bytes take ``ceil(b / flight)`` DRAM round trips (Little's law); ``cp.async`` copies are all in flight at
+    once, one round trip per load phase; the SM's share of L2 bandwidth bounds the resident blocks' bytes; each
+    load is also a shared-memory store. *Software pipelining* (``S`` stages of the loop's ``cp.async`` tiles,
+    :mod:`gensorage.codegen.block_loads`): their copies leave the iteration's chain; issued ``S - 1`` iterations
+    ahead, one round trip is hidden behind ``S - 1`` iterations of compute, so an iteration takes
+    ``max(compute + block_stage_cycles, round trip / (S - 1))`` (the larger of copy and compute, instead of their
+    sum), plus one round trip before the loop (the fill); the stages' bytes count in the shared footprint
+    (occupancy);
   - *barriers*: one after each depth level of the body, one before the online-softmax phases, one at the end,
     ``block_barrier_cycles`` each;
   - *tensor-core matmuls* at the emitted warp layout: per 16-wide k chunk a warp loads its fragments element by
@@ -58,7 +64,7 @@ from gensorage.ugraph.ir import (
 )
 from gensorage.ugraph.optimize.phase_order import depths
 from gensorage.ugraph.optimize.views import is_view
-from gensorage.ugraph.shapes import GraphInfo
+from gensorage.ugraph.shapes import BlockInfo, GraphInfo
 
 if TYPE_CHECKING:
     from gensorage.codegen.block_emitter import BlockEmitter
@@ -122,6 +128,9 @@ class BlockPlan:
     load_bytes: int  # bytes one block loads per iteration (L2 traffic)
     hoisted_bytes: int  # bytes one block loads once, before the loop
     mma: bool  # whether a block matmul runs on tensor cores
+    stages: int = 1  # stages of the loop's cp.async tiles (1: not pipelined)
+    stageable: bool = False  # whether the loop has cp.async tiles to stage
+    shared_bytes: int = 0  # the shared footprint occupancy was priced with (stages included)
 
 
 def _elementwise(
@@ -391,6 +400,14 @@ def _tensor_peak(hw: HwProfile, dtype: str) -> float:
 
 
 def block_threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile) -> ThreadChoice:
+    """The thread plan of graph-defined op ``k`` as :func:`~gensorage.codegen.ugraph_tir.plan_threads` gives it
+    (:func:`_threads`), with its loop's stages (:func:`~gensorage.construction.pipeline_stages.choose_stages`)."""
+    from gensorage.construction.pipeline_stages import choose_stages
+
+    return choose_stages(g, k, info, hw, _threads(g, k, info, hw))
+
+
+def _threads(g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile) -> ThreadChoice:
     """The thread plan of graph-defined op ``k`` as :func:`~gensorage.codegen.ugraph_tir.plan_threads` gives it.
     A kernel whose dominant matmul runs on tensor cores gets the generator's own plan
     (:func:`~gensorage.codegen.mma_threads.mma_block_layout`, which this model prices). Otherwise the Markov
@@ -446,6 +463,7 @@ def _build_plan(
     looped = block.forloop > 1
     level = depths(block)
     read = {r.node for r in e.consumers}
+    staged, stages = _stages(e, binfo)
     body, once = Work(), Work()
     load_bytes = hoisted = 0
     body_levels: set[int] = set()
@@ -457,6 +475,8 @@ def _build_plan(
             continue  # nothing reads it: the generator emits no phase
         if isinstance(node, InputIterator):
             work, nbytes = _load(hw, e, j)
+            if j in staged:  # prefetched: its round trip is priced per stage in block_cycles
+                work = dataclasses.replace(work, async_loads=0.0)
             if looped and node.fmap is None and not e.sinks_of(Ref(j)):  # hoisted before the loop
                 once, hoisted = once + work, hoisted + nbytes
             else:
@@ -481,7 +501,7 @@ def _build_plan(
     once += _elementwise(hw, nt, out_elems, 2, 1, 0) + Work(
         latency=hw.level("dram").latency_cycles, barriers=1
     )
-    footprint = shared_footprint(block, binfo)
+    footprint = shared_footprint(block, binfo, staged, stages)
     threads = -(-nt // hw.warp_size) * hw.warp_size
     demand = _registers(e, mma)
     regs = min(demand, register_cap(hw, threads))
@@ -498,7 +518,24 @@ def _build_plan(
             hw.registers_per_sm // (regs * threads),
         ),
     )
-    return BlockPlan(nt, resident, regs, spilled, body, once, load_bytes, hoisted, mma)
+    stageable = bool(e.loads.stageable())
+    return BlockPlan(
+        nt, resident, regs, spilled, body, once, load_bytes, hoisted, mma, stages, stageable, footprint
+    )
+
+
+def _stages(e: BlockEmitter, binfo: BlockInfo) -> tuple[tuple[int, ...], int]:
+    """The iterators the kernel stages and its stages, as :func:`gensorage.codegen.block_buffers.allocate`
+    decides them (one stage when the stages' footprint passes the plan's limit; the model's footprint, of the
+    tiles in their stored dtypes, stands for the emitter's)."""
+    from gensorage.codegen.gpu_limits import STAGED_SHARED_LIMIT
+    from gensorage.ugraph.optimize.memory_plan import shared_footprint
+
+    staged, stages = e.loads.pipelined(), min(e.choice.stages, e.block.forloop)
+    limit = e.choice.shared_limit or STAGED_SHARED_LIMIT
+    if not staged or shared_footprint(e.block, binfo, staged, stages) > limit:
+        return (), 1
+    return staged, stages
 
 
 def block_cycles(plan: BlockPlan, hw: HwProfile, blocks: int, forloop: int) -> tuple[float, int]:
@@ -506,10 +543,17 @@ def block_cycles(plan: BlockPlan, hw: HwProfile, blocks: int, forloop: int) -> t
     full waves of ``resident`` blocks per SM, then a last one of the blocks left."""
     sm_bytes_per_cycle = hw.level("l2").bandwidth_Bps / hw.sm_count / hw.clock_hz
 
+    trip = hw.level("dram").latency_cycles
+    cal = hw.calibration
+
     def wave(resident: int) -> float:
         streamed = resident * plan.load_bytes / sm_bytes_per_cycle
-        per_iter = max(plan.body.cycles(hw, resident), streamed)
-        return forloop * per_iter + plan.once.cycles(hw, resident)
+        compute = plan.body.cycles(hw, resident)
+        if plan.stages == 1:
+            return forloop * max(compute, streamed) + plan.once.cycles(hw, resident)
+        # Pipelined: the copies of iteration i + S - 1 fly while iterations i .. i + S - 2 compute.
+        per_iter = max(compute + cal.block_stage_cycles, trip / (plan.stages - 1), streamed)
+        return forloop * per_iter + trip + plan.once.cycles(hw, resident)
 
     per_wave = hw.sm_count * plan.resident
     full, rest = divmod(blocks, per_wave)

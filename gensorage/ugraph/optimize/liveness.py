@@ -17,6 +17,11 @@ slice per iteration); both start at step 0 and live at least to the loop end. Ev
 and read within one iteration, so its interval inside the body holds for every iteration. Reshape and repeat
 are views, not tiles: a read of a view is a read of its source. The intervals are conservative for the
 kernel's actual phases (a hoisting or fusion the emitter does only shortens a real lifetime).
+
+A *staged* iterator tile (software pipelining, :mod:`gensorage.codegen.block_loads`: the copies of iteration
+``i + 1`` land in another stage of the tile while iteration ``i`` computes) is written before the loop (the
+prologue) and in every iteration while the other body tiles live, so it too lives from step 0 to at least the
+loop end: no body tile shares its bytes. After the loop its bytes are free again (no copy is in flight then).
 """
 
 from __future__ import annotations
@@ -90,9 +95,9 @@ Fused = tuple[tuple[int, int], ...]
 
 
 @lru_cache(maxsize=4096)  # block graphs are immutable; validity, the cost model and the emitter ask again
-def live_intervals(block: BlockGraph, fused: Fused = ()) -> Liveness:
+def live_intervals(block: BlockGraph, fused: Fused = (), staged: tuple[int, ...] = ()) -> Liveness:
     """The live interval of every tile of ``block`` (a verified block graph; see the module docstring), with
-    the nodes of ``fused`` run in one step."""
+    the nodes of ``fused`` run in one step and the iterators ``staged`` (node indices) pipelined."""
     pos, loop_end, flush, last = _positions(block, fused)
     start: dict[Ref, int] = {}
     end: dict[Ref, int] = {}
@@ -105,8 +110,12 @@ def live_intervals(block: BlockGraph, fused: Fused = ()) -> Liveness:
                 start[r] = 0 if node.fmap is not None else flush
             else:
                 start[r] = pos[j]
-            across = (isinstance(node, InputIterator) and pos[j] == 0 and block.forloop > 1) or (
-                isinstance(node, Accumulator) and node.fmap is not None
+            if j in staged:
+                start[r] = 0
+            across = (
+                (isinstance(node, InputIterator) and pos[j] == 0 and block.forloop > 1)
+                or (isinstance(node, Accumulator) and node.fmap is not None)
+                or j in staged
             )
             end[r] = max(start[r], loop_end if across else start[r])
     for j, node in enumerate(block.nodes):

@@ -82,7 +82,11 @@ def _first_fit(size: int, busy: list[Placement], align: int) -> int:
 
 
 def plan_memory(
-    block: BlockGraph, sizes: Mapping[Ref, int], align: int = ARENA_ALIGN, fused: Fused = ()
+    block: BlockGraph,
+    sizes: Mapping[Ref, int],
+    align: int = ARENA_ALIGN,
+    fused: Fused = (),
+    staged: tuple[int, ...] = (),
 ) -> MemoryPlan:
     """Arena offsets for the tiles in ``sizes`` (tile ref to bytes; views and savers have no tile).
 
@@ -97,13 +101,16 @@ def plan_memory(
         Every offset is a multiple of this.
     fused : tuple of (int, int)
         Pairs of nodes run in one step (see :data:`gensorage.ugraph.optimize.liveness.Fused`).
+    staged : tuple of int
+        Iterator nodes whose tiles are pipelined: ``sizes`` holds all their stages' bytes, and they live
+        across the loop (:func:`gensorage.ugraph.optimize.liveness.live_intervals`).
 
     Returns
     -------
     MemoryPlan
         The placements; tiles live at one step never share a byte.
     """
-    live = live_intervals(block, fused)
+    live = live_intervals(block, fused, staged)
     order = sorted(sizes, key=lambda r: (-sizes[r], live.of(r).start, r.node, r.out))
     placed: list[Placement] = []
     for r in order:
@@ -124,17 +131,20 @@ def plan_memory(
 
 
 @lru_cache(maxsize=4096)  # the cost model prices the same block graphs over and over
-def shared_footprint(block: BlockGraph, info: BlockInfo) -> int:
+def shared_footprint(
+    block: BlockGraph, info: BlockInfo, staged: tuple[int, ...] = (), stages: int = 1
+) -> int:
     """Shared-memory bytes of ``block`` with every tile (views aside) in its stored dtype, planned by liveness:
     what validity and the cost model charge a block (the code generator places only the tiles it
-    materialises, and keeps accumulators in the compute dtype)."""
+    materialises, and keeps accumulators in the compute dtype); the iterators ``staged`` hold ``stages``
+    copies of their tile each (software pipelining)."""
     sizes = {
-        Ref(j, o): tensor_bytes(t)
+        Ref(j, o): tensor_bytes(t) * (stages if j in staged else 1)
         for j, (node, outs) in enumerate(zip(block.nodes, info.nodes, strict=True))
         if not is_view(node) and not isinstance(node, OutputSaver)
         for o, t in enumerate(outs)
     }
-    return plan_memory(block, sizes).bytes
+    return plan_memory(block, sizes, staged=staged if stages > 1 else ()).bytes
 
 
 __all__ = ["ARENA_ALIGN", "MemoryPlan", "Placement", "plan_memory", "shared_footprint", "tile_align"]
