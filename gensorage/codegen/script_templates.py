@@ -85,6 +85,25 @@ def parse_text(text: str, name: str) -> Any:
     return direct
 
 
+def template_of(body: str, values: list[int], name: str, direct: Any) -> Any:
+    """The checked template of skeleton ``body`` (kept from :func:`parse_text`, else parsed and checked here
+    against ``direct``, the PrimFunc of the skeleton's text at ``values``), or None where there is none.
+
+    For :mod:`gensorage.codegen.symbolic_kernels`, which also takes the printed scripts of scheduled kernels
+    (never parsed from text) through their skeletons.
+    """
+    with _LOCK:
+        if body in _TEMPLATES:
+            _TEMPLATES.move_to_end(body)
+            return _TEMPLATES[body]
+    checked = _template(body, values, name, direct)
+    with _LOCK:
+        _TEMPLATES[body] = checked
+        if len(_TEMPLATES) > MAX_TEMPLATES:
+            _TEMPLATES.popitem(last=False)
+    return checked
+
+
 def _template(body: str, values: list[int], name: str, direct: Any) -> Any:
     """The skeleton's parsed template when its specialisation at ``values`` is ``direct``, else None."""
     import tvm
@@ -103,4 +122,4 @@ def _bind(template: Any, values: list[int], name: str) -> Any:
     return bound.with_attr("global_symbol", name)
 
 
-__all__ = ["MAX_TEMPLATES", "parse_text", "skeleton"]
+__all__ = ["MAX_TEMPLATES", "parse_text", "skeleton", "template_of"]
