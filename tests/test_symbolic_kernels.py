@@ -62,20 +62,6 @@ def test_new_lengths_in_a_bucket_build_nothing() -> None:
     assert d.stats.builds == 2 and d.stats.new_shapes == 7
 
 
-def test_a_length_outside_every_bucket_builds_only_what_it_misses() -> None:
-    d = Dispatcher(use_store=False)
-    for t in (8, 12, 16):
-        d.kernels(rms_matmul(t))
-    builds = d.stats.builds
-    e = d.kernels(rms_matmul(20))  # the matmul is scheduled per length (built), the row kernel is a variant
-    assert d.stats.builds == builds + 1
-    ex = e.compiled.executable("llvm")
-    kernels = e.compiled.kernels("llvm")
-    reused = [k.name for k in kernels if ex.variant_of(k.name)[1]]
-    assert reused and len(reused) < len(kernels)
-    check_float64(e, rms_matmul(20), seed=3, scale=5.0)
-
-
 def test_switched_off_every_new_length_builds() -> None:
     d = Dispatcher(use_store=False, symbolic=False)
     for t in (8, 12, 16):

@@ -38,14 +38,23 @@ _LOCK = threading.Lock()  # dispatchers of several threads share the templates; 
 def skeleton(text: str, name: str) -> tuple[str, list[int]]:
     """``text`` with kernel ``name`` and each integer literal below 2³¹ replaced, and those literals in order.
 
-    The replaced literals become leading ``T.int32`` parameters of the skeleton's function.
+    The replaced literals become leading ``T.int32`` parameters of the skeleton's function. A literal that is the
+    value of a string key (an annotation: ``{"buffer_data_alignment": 64}``) stays: the parser keeps annotation
+    values as they are written, so a parameter there would never be bound.
     """
     body = re.sub(rf"\b{re.escape(name)}\b", _NAME, text)
     lines = body.splitlines(keepends=True)
     values: list[int] = []
     spans: list[tuple[int, int, int]] = []
+    last: list[int] = [tokenize.OP, tokenize.OP]  # the two previous tokens' types
+    colon_after_string = False
     for tok in tokenize.generate_tokens(io.StringIO(body).readline):
-        if tok.type == tokenize.NUMBER and tok.string.isdigit() and int(tok.string) <= _INT32_MAX:
+        annotation = colon_after_string
+        colon_after_string = tok.string == ":" and last[-1] == tokenize.STRING
+        last = [last[-1], tok.type]
+        if annotation or tok.type != tokenize.NUMBER:
+            continue
+        if tok.string.isdigit() and int(tok.string) <= _INT32_MAX:
             spans.append((tok.start[0] - 1, tok.start[1], tok.end[1]))
             values.append(int(tok.string))
     for (row, start, end), i in zip(reversed(spans), range(len(spans) - 1, -1, -1), strict=True):

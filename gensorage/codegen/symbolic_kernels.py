@@ -42,7 +42,11 @@ from gensorage.codegen.script_templates import skeleton, template_of
 from gensorage.hw.profile import HwProfile
 
 _CONSTANT_EXTENT = re.compile(r"T\.(?:unroll|vectorized)\(c(\d+)_\)")
-_ALLOCATION = re.compile(r"T\.(?:alloc_buffer|decl_buffer|sblock_alloc_buffer)\((\([^)]*\)|c\d+_)")
+_ALLOCATION = re.compile(
+    r"T\.(?:alloc_buffer|decl_buffer|sblock_alloc_buffer|alloc_local|alloc_shared|allocate)\("
+    r"(\([^)]*\)|\[[^\]]*\]|c\d+_)"
+)
+_DIVISOR = re.compile(r"(?://|%)\s*c(\d+)_")
 _LITERAL = re.compile(r"\bc(\d+)_")
 
 #: Variants kept per skeleton: beyond, a kernel of that skeleton is built per length (never wrong, only slower).
@@ -117,7 +121,7 @@ class SymbolicKernels:
         with self._lock:
             calls: dict[str, tuple[_Variant, tuple[int, ...]]] = {}
             missing: list[tuple[Kernel, str, _Variant]] = []
-            for kern in kernels:
+            for kern in map(_block_free, kernels):
                 body, raw = skeleton(kern.script, kern.name)
                 values = tuple(raw)
                 known = self._skeletons.setdefault(body, _Skeleton(values))
@@ -150,11 +154,8 @@ class SymbolicKernels:
     ) -> tuple[_Variant, Any]:
         """A variant covering ``values`` and its PrimFunc (kept in ``known`` while there is room)."""
         symbol = f"sym{next(self._symbols)}_{kern.name}"
-        dynamic = sorted(_widened(known, values) - _constant_extents(body))
-        # A scheduled kernel (a matmul: block-structured TIR from TVM's schedule primitives) is built per length:
-        # its lowering does not take symbolic extents (allocations sized by them crash the llvm build's code).
-        scheduled = kern.grid is None
-        template = None if scheduled or not dynamic else template_of(body, list(values), kern.name, kern.func)
+        dynamic = sorted(_widened(known, values) - _constant_extents(body, kern.grid is None))
+        template = template_of(body, list(values), kern.name, kern.func) if dynamic else None
         if template is None:  # first sight, or no template: the kernel as the emitter wrote it
             dynamic = []
             func = kern.func.with_attr("global_symbol", symbol)
@@ -167,6 +168,56 @@ class SymbolicKernels:
         if len(known.variants) < MAX_VARIANTS:
             known.variants.append(variant)
         return variant, func
+
+
+def _block_free(kern: Kernel) -> Kernel:
+    """``kern`` with a scheduled PrimFunc (a matmul: TVM's blocks over whole-matrix buffers) taken through the
+    build's own block lowering (:data:`BLOCK_LOWERING`): loops over tile-sized allocations, whose literals are
+    the tiling's and the length's; other kernels as they are."""
+    if kern.grid is not None:
+        return kern
+    return _lowered(kern.name, kern.script, kern)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lowered_func(name: str, script: str, func: Any) -> tuple[Any, str]:
+    import tvm
+
+    with tvm.target.Target("llvm"):
+        mod = tvm.ir.transform.Sequential(_block_lowering())(tvm.IRModule({name: func}))
+    return mod[name], mod[name].script()
+
+
+def _lowered(name: str, script: str, kern: Kernel) -> Kernel:
+    func, text = _lowered_func(name, script, kern.func)
+    return dataclasses.replace(kern, func=func, script=text)
+
+
+def _block_lowering() -> list[Any]:
+    """The first passes of TVM's s_tir pipeline (``tvm.s_tir.pipeline``), up to the blocks' removal: the build
+    runs them again (a no-op on block-free TIR), then the rest."""
+    from tvm import s_tir
+
+    t = s_tir.transform
+    return [
+        t.CanonicalizeLoop(),
+        t.LowerCrossThreadReduction(),
+        t.LowerInitBlock(),
+        t.PlanAndUpdateBufferAllocationLocation(),
+        t.ConvertBlocksToOpaque(),
+        t.LiftThreadBinding(),
+        t.ManifestSharedMemoryLocalStage(),
+        t.CompactBufferAllocation(),
+        t.LowerAutoCopy(),
+        t.UnifyThreadBinding(),
+        t.LowerMatchBuffer(),
+        t.StmtSimplify(),
+        t.InjectPermutedLayout(),
+        t.AnnotateIrregularLoop(),
+        t.InjectSoftwarePipeline(),
+        t.TransformMmaBufferLayout(),
+        t.LowerOpaqueBlock(),
+    ]
 
 
 def _widened(known: _Skeleton, values: tuple[int, ...]) -> set[int]:
@@ -183,12 +234,17 @@ def _widened(known: _Skeleton, values: tuple[int, ...]) -> set[int]:
     return set(nearest.dynamic) | differing(nearest)
 
 
-def _constant_extents(body: str) -> set[int]:
-    """Literal positions of a skeleton kept constant: unrolled and vectorised loops' extents (TVM needs them) and
-    the shapes of allocated tiles (a tile sized at the call would be a heap allocation per launch)."""
+def _constant_extents(body: str, scheduled: bool) -> set[int]:
+    """Literal positions of a skeleton kept constant: unrolled and vectorised loops' extents (TVM needs them);
+    in a scheduled kernel (a matmul) also the allocations' shapes and the divisors, which are its tiling's: a
+    division by a variable is a division per element (a constant one is a multiply and shift), and matmul
+    variants with their tiles as parameters ran 1.6 times slower than the same tiles as constants. Another
+    tiling is another variant, built as written."""
     keep = {int(m) for m in _CONSTANT_EXTENT.findall(body)}
-    for shape in _ALLOCATION.findall(body):
-        keep |= {int(m) for m in _LITERAL.findall(shape)}
+    if scheduled:
+        keep |= {int(m) for m in _DIVISOR.findall(body)}
+        for shape in _ALLOCATION.findall(body):
+            keep |= {int(m) for m in _LITERAL.findall(shape)}
     return keep
 
 
