@@ -4,10 +4,12 @@ dispatcher: right at every length, and new lengths in a compiled variant's bucke
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_dispatch import _aligned, _empty, rms_matmul
 
+from gensorage.errors import ScheduleError
 from gensorage.program import Program
 from gensorage.superopt.dispatch import Dispatcher
 
@@ -67,3 +69,27 @@ def test_switched_off_every_new_length_builds() -> None:
     for t in (8, 12, 16):
         d.kernels(rms_rows(t))
     assert d.stats.builds == 3
+
+
+def test_a_failed_build_of_variants_keeps_none_and_the_kernels_are_built_as_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gensorage.codegen import symbolic_kernels
+
+    d = Dispatcher(use_store=False)
+    d.kernels(rms_rows(8))
+    real = symbolic_kernels.compile_kernels
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise ScheduleError("llvm build of the µGraph kernels failed: injected")
+
+    monkeypatch.setattr(symbolic_kernels, "compile_kernels", fail)
+    e = d.kernels(rms_rows(12))
+    assert any("compiled variants failed" in n for n in e.notes), e.notes
+    check_float64(e, rms_rows(12), seed=12, scale=3.0)  # the kernels' own build (CompiledUGraph.executable)
+    assert all(v.executable is not None for s in d._variants["llvm"]._skeletons.values() for v in s.variants)
+    monkeypatch.setattr(symbolic_kernels, "compile_kernels", real)
+    e = d.kernels(rms_rows(16))  # the variants are made afresh
+    assert "no build: every kernel from compiled variants" not in e.notes
+    check_float64(e, rms_rows(16), seed=16, scale=3.0)
+    assert "no build: every kernel from compiled variants" in d.kernels(rms_rows(20)).notes

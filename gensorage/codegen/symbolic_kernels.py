@@ -13,7 +13,9 @@ The bucket of a variant is every length whose kernel has that skeleton and those
 every bucket (a new skeleton: a guard appears, a schedule changes; or a fixed literal changes) builds the kernels
 it misses, all in one ``tvm.compile``: a skeleton seen for the first time is built as it is (no parameter: the
 fastest code, and nothing yet says which literals vary), a skeleton seen again with other values gets a variant
-with the literals that differ (and those of its earlier variants) as parameters.
+widened from the nearest one by the literals that differ. Scheduled matmuls are first taken through TVM's own
+block lowering (:func:`_block_free`), so their literals are the tiling's and the length's; their tiles (divisors,
+allocation shapes) and every unrolled extent stay constants (:func:`_constant_extents`).
 
 Exactness: a variant is the template, whose specialisation at its first values was checked structurally equal
 to the emitter's own PrimFunc (:func:`~gensorage.codegen.script_templates.template_of`), and a template equal at
@@ -99,13 +101,15 @@ class SymbolicKernels:
     """Compiled variants by skeleton for one ``target`` (see the module docstring); shared by every µGraph of a
     dispatcher, so kernels of equal skeletons in other programs (a slice, a residual add) share them too.
 
-    ``builds`` counts the ``tvm.compile`` calls made here (one per length that misses a variant).
+    ``builds`` counts the ``tvm.compile`` calls made here (one per length that misses a variant), ``compiled``
+    the variants they compiled.
     """
 
     def __init__(self, target: Target, hw: HwProfile) -> None:
         self.target: Target = target
         self.hw = hw
         self.builds = 0
+        self.compiled = 0
         self._skeletons: dict[str, _Skeleton] = {}
         self._symbols = itertools.count()
         self._lock = threading.Lock()  # dispatchers of several threads; a build runs inside it
@@ -146,6 +150,7 @@ class SymbolicKernels:
                     self._skeletons[body].variants.remove(variant)
             raise
         self.builds += 1
+        self.compiled += len(missing)
         for _, _, variant in missing:
             variant.executable = ex
 
@@ -153,7 +158,9 @@ class SymbolicKernels:
         self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton
     ) -> tuple[_Variant, Any]:
         """A variant covering ``values`` and its PrimFunc (kept in ``known`` while there is room)."""
-        symbol = f"sym{next(self._symbols)}_{kern.name}"
+        # Named after the kernel: under names that sort otherwise in the module (``sym<n>_kernel<k>``) the same
+        # PrimFuncs compiled to slower code (a matmul's body inlined into its wrapper, 1.5x its time).
+        symbol = f"{kern.name}_v{next(self._symbols)}"
         dynamic = sorted(_widened(known, values) - _constant_extents(body, kern.grid is None))
         template = template_of(body, list(values), kern.name, kern.func) if dynamic else None
         if template is None:  # first sight, or no template: the kernel as the emitter wrote it
