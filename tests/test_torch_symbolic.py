@@ -53,7 +53,8 @@ def test_new_prefill_lengths_cause_at_most_one_build() -> None:
 
 def test_decode_steps_build_only_the_kernels_no_variant_covers() -> None:
     """A new key length each step: every step right against eager; after the first two, a step compiles at
-    most the few kernels whose tiles change with the length (the attention's), not the layer's 25."""
+    most the few kernels whose divisors or tiles change with the key length (the cache's concat and repeat, whose
+    flat index is split by it, and the attention's P·V), not the layer's 25."""
     torch.manual_seed(10)
     step = DecodeStep().eval()
     compiled = gtorch.compile(step)
@@ -65,4 +66,4 @@ def test_decode_steps_build_only_the_kernels_no_variant_covers() -> None:
             args = decode_inputs(past, torch.float32, seed=past)
             assert_outputs_close(compiled(*args), step(*args), 1e-3)
     assert d.stats.new_shapes == 7 and d.stats.builds <= 8, d.stats
-    assert d._variants["llvm"].compiled - variants <= 2 * 6, d._variants["llvm"].compiled - variants
+    assert d._variants["llvm"].compiled - variants <= 4 * 6, d._variants["llvm"].compiled - variants
