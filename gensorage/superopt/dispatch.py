@@ -16,6 +16,10 @@ A model runs one program at many shapes (sequence lengths, batch sizes). :class:
   re-instantiated one is checked by :func:`gensorage.verify.equivalent` at the new shape (what full mode does),
   and one that does not carry over or verify gives way to the direct µGraph, with the reason in ``notes``.
 
+The llvm kernels come from compiled *variants* (:mod:`gensorage.codegen.symbolic_kernels`): kernels built at
+earlier shapes with their length-dependent literals as parameters, so a new shape builds only the kernels no
+variant covers, and none where every kernel is covered (``symbolic=False``: every new shape builds its kernels).
+
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
 """
@@ -51,7 +55,7 @@ DIRECT = "direct µGraph"
 
 @dataclass(slots=True)
 class DispatchStats:
-    """What the requests to one :class:`Dispatcher` cost."""
+    """What the requests to one :class:`Dispatcher` cost (``builds``: ``tvm.compile`` calls)."""
 
     hits: int = 0  # shape seen before: nothing built
     new_shapes: int = 0  # new shape of a known structure: re-instantiated (or direct) and built
@@ -107,6 +111,9 @@ class Dispatcher:
         The structure store ``superoptimize`` reads (fast) and writes (full).
     seed, delta, precision, preset, workers
         As for :func:`~gensorage.superopt.superoptimize`; ``delta`` also bounds the check at new shapes.
+    symbolic : bool
+        Serve llvm kernels from compiled variants (:mod:`gensorage.codegen.symbolic_kernels`; default) rather
+        than building every kernel at every new shape.
     """
 
     def __init__(
