@@ -18,6 +18,9 @@ Whole layer: the small decoder layer of the front end's tests (``tests/test_torc
 ``gensorage.torch.compile`` at ``--layer-lengths`` (the first call at each length end to end, with the
 dispatcher's parts and the error against eager).
 
+KV-cache decode: the same layer's decode step (``tests/test_torch_decode.py``) at ``--decode-pasts`` cache
+lengths in order, a new key length each step, as decoding meets them.
+
 Programs: decoder-layer-like pieces built as Programs (RMSNorm + projection, SwiGLU MLP, causal-free GQA
 attention at a few sequence lengths) and bundled programs at small shapes. Writes
 ``benchmarks/results/dispatch-<date>.json`` (or ``--out``). Usage:
@@ -281,6 +284,64 @@ def run_layer(lengths: tuple[int, ...], calls: int) -> dict[str, Any]:
     }
 
 
+DECODE_LABEL = "decode_step (torch, small, KV cache)"
+
+
+def run_decode(pasts: tuple[int, ...], calls: int) -> dict[str, Any]:
+    """The small layer's KV-cache decode step (``tests/test_torch_decode.py``) through ``gensorage.torch.compile``
+    at cache lengths ``pasts`` in order, as decoding meets them (a new key length each step): the first call at
+    each length end to end, the dispatcher's part and builds, and the error against eager."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_torch_decode import DecodeStep, decode_inputs
+
+    import gensorage.torch as gtorch
+    from gensorage.torch import subgraph
+
+    torch.manual_seed(10)
+    step = DecodeStep().eval()
+    compiled = gtorch.compile(step)
+    d = subgraph.dispatcher(subgraph.Options())
+    shapes = []
+    with torch.no_grad():
+        for past in pasts:
+            args = decode_inputs(past, torch.float32, seed=past)
+            known, builds = set(d._shapes), getattr(d.stats, "builds", None)
+            t0, c0 = time.perf_counter(), time.process_time()
+            got = compiled(*args)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            want = step(*args)
+            (entry,) = [d._shapes[k] for k in set(d._shapes) - known]
+            row: dict[str, Any] = {
+                "size": past,
+                "new_structure": not entry.reused,
+                "first_call_s": wall,
+                "first_call_cpu_s": cpu,
+                "ready_s": entry.ready_s,
+                "parts_s": dict(entry.timings),
+                "builds": None if builds is None else d.stats.builds - builds,
+                "rel_err": max(
+                    float((g - w).abs().max() / w.abs().max()) for g, w in zip(got, want, strict=True)
+                ),
+            }
+            if entry.runner is not None and calls:
+                row.update(overhead_us(entry, calls))
+            progress(f"{DECODE_LABEL} @ {past}: first call {wall:.2f} s (ready {entry.ready_s:.2f} s)")
+            shapes.append(row)
+    new = [r for r in shapes if not r["new_structure"]]
+    return {
+        "program": DECODE_LABEL,
+        "shapes": shapes,
+        "stats": dataclasses.asdict(d.stats),
+        "new_shape_first_call_s_median": statistics.median(r["first_call_s"] for r in new) if new else None,
+        "new_shape_first_call_cpu_s_median": statistics.median(r["first_call_cpu_s"] for r in new)
+        if new
+        else None,
+        "new_shape_ready_s_median": statistics.median(r["ready_s"] for r in new) if new else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000, help="paired calls per shape for the overhead")
@@ -292,6 +353,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[8, 12, 20, 33, 34],
         help=f"sequence lengths of the {LAYER_LABEL!r} row, the first one new (needs torch; none: no row)",
     )
+    ap.add_argument(
+        "--decode-pasts",
+        nargs="*",
+        type=int,
+        default=list(range(8, 24)),
+        help=f"cache lengths of the {DECODE_LABEL!r} row in order (needs torch; none: no row)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -301,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.layer_lengths and (not args.only or LAYER_LABEL in args.only):
         results.append(run_layer(tuple(args.layer_lengths), args.calls))
+    if args.decode_pasts and (not args.only or DECODE_LABEL in args.only):
+        results.append(run_decode(tuple(args.decode_pasts), min(args.calls, 200)))
     data = {
         "benchmark": NAME,
         "machine": machine_info(),

@@ -417,9 +417,14 @@ class CompiledUGraph:
                 raise UnsupportedOpError(f"{kern.name}: {exc}") from exc
 
     def executable(self, target: Target) -> Any:
+        """The ``target`` build of the kernels (made on first use, or given by :meth:`use_executable`)."""
         if target not in self._executables:
             self._executables[target] = compile_kernels(self.kernels(target), target, self.hw)
         return self._executables[target]
+
+    def use_executable(self, target: Target, executable: Any) -> None:
+        """Run the ``target`` kernels from ``executable`` (their functions by kernel name), built elsewhere."""
+        self._executables[target] = executable
 
     def tir(self, target: Target | None = None) -> str:
         """TVMScript of every kernel (the compile target's variant by default)."""

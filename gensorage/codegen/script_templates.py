@@ -38,14 +38,23 @@ _LOCK = threading.Lock()  # dispatchers of several threads share the templates; 
 def skeleton(text: str, name: str) -> tuple[str, list[int]]:
     """``text`` with kernel ``name`` and each integer literal below 2³¹ replaced, and those literals in order.
 
-    The replaced literals become leading ``T.int32`` parameters of the skeleton's function.
+    The replaced literals become leading ``T.int32`` parameters of the skeleton's function. A literal that is the
+    value of a string key (an annotation: ``{"buffer_data_alignment": 64}``) stays: the parser keeps annotation
+    values as they are written, so a parameter there would never be bound.
     """
     body = re.sub(rf"\b{re.escape(name)}\b", _NAME, text)
     lines = body.splitlines(keepends=True)
     values: list[int] = []
     spans: list[tuple[int, int, int]] = []
+    last: list[int] = [tokenize.OP, tokenize.OP]  # the two previous tokens' types
+    colon_after_string = False
     for tok in tokenize.generate_tokens(io.StringIO(body).readline):
-        if tok.type == tokenize.NUMBER and tok.string.isdigit() and int(tok.string) <= _INT32_MAX:
+        annotation = colon_after_string
+        colon_after_string = tok.string == ":" and last[-1] == tokenize.STRING
+        last = [last[-1], tok.type]
+        if annotation or tok.type != tokenize.NUMBER:
+            continue
+        if tok.string.isdigit() and int(tok.string) <= _INT32_MAX:
             spans.append((tok.start[0] - 1, tok.start[1], tok.end[1]))
             values.append(int(tok.string))
     for (row, start, end), i in zip(reversed(spans), range(len(spans) - 1, -1, -1), strict=True):
@@ -85,6 +94,25 @@ def parse_text(text: str, name: str) -> Any:
     return direct
 
 
+def template_of(body: str, values: list[int], name: str, direct: Any) -> Any:
+    """The checked template of skeleton ``body`` (kept from :func:`parse_text`, else parsed and checked here
+    against ``direct``, the PrimFunc of the skeleton's text at ``values``), or None where there is none.
+
+    For :mod:`gensorage.codegen.symbolic_kernels`, which also takes the printed scripts of scheduled kernels
+    (never parsed from text) through their skeletons.
+    """
+    with _LOCK:
+        if body in _TEMPLATES:
+            _TEMPLATES.move_to_end(body)
+            return _TEMPLATES[body]
+    checked = _template(body, values, name, direct)
+    with _LOCK:
+        _TEMPLATES[body] = checked
+        if len(_TEMPLATES) > MAX_TEMPLATES:
+            _TEMPLATES.popitem(last=False)
+    return checked
+
+
 def _template(body: str, values: list[int], name: str, direct: Any) -> Any:
     """The skeleton's parsed template when its specialisation at ``values`` is ``direct``, else None."""
     import tvm
@@ -103,4 +131,4 @@ def _bind(template: Any, values: list[int], name: str) -> Any:
     return bound.with_attr("global_symbol", name)
 
 
-__all__ = ["MAX_TEMPLATES", "parse_text", "skeleton"]
+__all__ = ["MAX_TEMPLATES", "parse_text", "skeleton", "template_of"]

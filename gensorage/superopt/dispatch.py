@@ -18,6 +18,10 @@ A model runs one program at many shapes (sequence lengths, batch sizes). :class:
   (:func:`gensorage.codegen.kernel_fit.launch_problem`; re-instantiation itself takes grids that launch) gives
   way to the direct µGraph, with the reason in ``notes``.
 
+The llvm kernels come from compiled *variants* (:mod:`gensorage.codegen.symbolic_kernels`): kernels built at
+earlier shapes with their length-dependent literals as parameters, so a new shape builds only the kernels no
+variant covers, and none where every kernel is covered (``symbolic=False``: every new shape builds its kernels).
+
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
 """
@@ -30,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from gensorage.codegen.ugraph_tir import Target
 from gensorage.construction import warm_starts
-from gensorage.errors import GensorageError, UnsupportedOpError
+from gensorage.errors import GensorageError, ScheduleError, UnsupportedOpError
 from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program
 from gensorage.superopt.presets import (
@@ -45,6 +49,7 @@ from gensorage.ugraph import KernelGraph, from_program
 if TYPE_CHECKING:
     from gensorage.codegen.module import CompiledUGraph
     from gensorage.codegen.runner import KernelRunner
+    from gensorage.codegen.symbolic_kernels import SymbolicKernels
     from gensorage.hw.profile import HwProfile
 
 DIRECT = "direct µGraph"
@@ -52,12 +57,13 @@ DIRECT = "direct µGraph"
 
 @dataclass(slots=True)
 class DispatchStats:
-    """What the requests to one :class:`Dispatcher` cost."""
+    """What the requests to one :class:`Dispatcher` cost (``builds``: ``tvm.compile`` calls)."""
 
     hits: int = 0  # shape seen before: nothing built
     new_shapes: int = 0  # new shape of a known structure: re-instantiated (or direct) and built
     new_structures: int = 0  # first shape of a structure: superoptimize ran
     direct_fallbacks: int = 0  # a chosen µGraph that did not carry over or verify at a new shape
+    builds: int = 0  # tvm.compile calls: a new shape whose kernels all have compiled variants makes none
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,9 @@ class Dispatcher:
         The structure store ``superoptimize`` reads (fast) and writes (full).
     seed, delta, precision, preset, workers
         As for :func:`~gensorage.superopt.superoptimize`; ``delta`` also bounds the check at new shapes.
+    symbolic : bool
+        Serve llvm kernels from compiled variants (:mod:`gensorage.codegen.symbolic_kernels`; default) rather
+        than building every kernel at every new shape.
     """
 
     def __init__(
@@ -122,6 +131,7 @@ class Dispatcher:
         precision: str = DEFAULT_PRECISION,
         preset: Preset | str | None = None,
         workers: int | None = None,
+        symbolic: bool = True,
     ) -> None:
         from gensorage.superopt.api import _load_hw
 
@@ -135,6 +145,8 @@ class Dispatcher:
         self.precision = precision
         self.preset = preset
         self.workers = workers
+        self.symbolic = symbolic
+        self._variants: dict[Target, SymbolicKernels] = {}
         self.stats = DispatchStats()
         self._shapes: dict[tuple[str, Target], ShapeKernels] = {}
         self._structures: dict[str, _Structure] = {}
@@ -175,11 +187,17 @@ class Dispatcher:
             graph, ver = self._carry(known, p, timings, notes, target)
             origin = known.origin if ver.method != DIRECT or known.origin == "direct" else "direct"
             self.stats.new_shapes += 1
+        symbolic = self._symbolic(target)
         if known is None:
-            compiled, runner = _build_kernels(graph, self.hw, self.seed, timings, target)
+            compiled, runner, builds = _build_kernels(
+                graph, self.hw, self.seed, timings, target, symbolic, notes
+            )
         else:  # constructions start from the nearest shape built before (gensorage.construction.warm_starts)
             with warm_starts():
-                compiled, runner = _build_kernels(graph, self.hw, self.seed, timings, target)
+                compiled, runner, builds = _build_kernels(
+                    graph, self.hw, self.seed, timings, target, symbolic, notes
+                )
+        self.stats.builds += builds
         if known is None:
             self._structures[p.structure_key()] = _Structure(p, graph, origin)
         return ShapeKernels(
@@ -195,6 +213,16 @@ class Dispatcher:
             tuple(notes),
             target,
         )
+
+    def _symbolic(self, target: Target) -> SymbolicKernels | None:
+        """The compiled variants by skeleton for ``target`` (llvm only; None when switched off)."""
+        if not self.symbolic or target != "llvm":
+            return None
+        if target not in self._variants:
+            from gensorage.codegen.symbolic_kernels import SymbolicKernels
+
+            self._variants[target] = SymbolicKernels(target, self.hw)
+        return self._variants[target]
 
     def _superoptimize(self, p: Program) -> tuple[KernelGraph, Verification, str]:
         from gensorage.superopt.api import superoptimize
@@ -271,11 +299,18 @@ class Dispatcher:
 
 
 def _build_kernels(
-    graph: KernelGraph, hw: HwProfile, seed: int, timings: dict[str, float], target: Target
-) -> tuple[CompiledUGraph, KernelRunner | None]:
-    """The ``target`` kernels of ``graph`` (the other target is not lowered) and, for llvm, their prepared
-    runner; ``timings`` gets the time of the lowering to TIR and of the build (TVM's compile and the code
-    generation)."""
+    graph: KernelGraph,
+    hw: HwProfile,
+    seed: int,
+    timings: dict[str, float],
+    target: Target,
+    symbolic: SymbolicKernels | None = None,
+    notes: list[str] | None = None,
+) -> tuple[CompiledUGraph, KernelRunner | None, int]:
+    """The ``target`` kernels of ``graph`` (the other target is not lowered), for llvm their prepared runner,
+    and how many builds that took (0 or 1); ``timings`` gets the time of the lowering to TIR and of the build
+    (TVM's compile and the code generation). With ``symbolic``, the kernels come from its compiled variants
+    (:mod:`gensorage.codegen.symbolic_kernels`: built only for those it lacks)."""
     from gensorage.codegen.module import compile_ugraph
     from gensorage.codegen.runner import KernelRunner
 
@@ -283,10 +318,13 @@ def _build_kernels(
     compiled = compile_ugraph(graph, hw, target, seed=seed)
     t1 = time.perf_counter()
     timings["lower"] = t1 - t0
+    builds = 1
+    if symbolic is not None:
+        builds = _from_variants(compiled, symbolic, target, notes if notes is not None else [])
     if target == "cuda":
         compiled.executable("cuda")
         timings["build"] = time.perf_counter() - t1
-        return compiled, None
+        return compiled, None, builds
     try:
         runner: KernelRunner | None = KernelRunner(
             compiled
@@ -295,7 +333,24 @@ def _build_kernels(
         compiled.executable("llvm")
         runner = None
     timings["build"] = time.perf_counter() - t1
-    return compiled, runner
+    return compiled, runner, builds
+
+
+def _from_variants(
+    compiled: CompiledUGraph, symbolic: SymbolicKernels, target: Target, notes: list[str]
+) -> int:
+    """Give ``compiled`` its ``target`` functions from ``symbolic``'s variants (one build of those it lacks);
+    returns the builds made. A failed build of variants leaves ``compiled`` to build its own kernels (one
+    build), with the reason in ``notes``."""
+    before = symbolic.builds
+    try:
+        compiled.use_executable(target, symbolic.executable(compiled.kernels(target)))
+    except ScheduleError as exc:
+        notes.append(f"compiled variants failed, the kernels are built at this shape: {exc}")
+        return 1
+    if symbolic.builds == before:
+        notes.append("no build: every kernel from compiled variants")
+    return symbolic.builds - before
 
 
 __all__ = ["DispatchStats", "Dispatcher", "ShapeKernels"]

@@ -1,0 +1,258 @@
+"""Kernels compiled once over their length-dependent literals, called at every length without a build.
+
+A µGraph at a new sequence length lowers to kernels whose TVMScript differs from the last length's in some
+integer literals (extents, strides, bounds) and, where the length crosses a tiling boundary, in structure (a
+bounds guard, another matmul schedule). :mod:`gensorage.codegen.script_templates` already splits a text into its
+*skeleton* (the literals made ``T.int32`` parameters ``c<i>_``) and the literals' values. This module keeps, per
+skeleton, compiled *variants*: the skeleton's template with the literals that stayed the same specialised
+(constants, as before) and the literals that changed between two lengths left as parameters, so the compiled
+function takes them as leading scalar arguments. A kernel at a new length whose skeleton has a variant with
+equal fixed literals calls it with its own values of the others: no parsing, no build.
+
+The bucket of a variant is every length whose kernel has that skeleton and those fixed values; a length outside
+every bucket (a new skeleton: a guard appears, a schedule changes; or a fixed literal changes) builds the kernels
+it misses, all in one ``tvm.compile``: a skeleton seen for the first time is built as it is (no parameter: the
+fastest code, and nothing yet says which literals vary), a skeleton seen again with other values gets a variant
+widened from the nearest one by the literals that differ. Scheduled matmuls are first taken through TVM's own
+block lowering (:func:`_block_free`), so their literals are the tiling's and the length's. Divisors, unrolled
+extents and a matmul's tile shapes stay constants (:func:`_constant_extents`): variables there cost speed.
+
+Exactness: a variant is the template, whose specialisation at its first values was checked structurally equal
+to the emitter's own PrimFunc (:func:`~gensorage.codegen.script_templates.template_of`), and a template equal at
+one set of values is equal at every other (the parser types literals by context, not value). Leaving a literal
+as a parameter and passing its value at the call computes what the specialised kernel computes. So the code run
+at a new length is the code the emitter wrote for that length, compiled once: the tiling decisions (splits,
+guards, grid sizes) are the emitter's at that length, and a length whose decisions change the code's structure
+simply lands in another bucket. A skeleton without a template (a literal the parser needs as a Python value) is
+built per length, as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gensorage.codegen.kernel_text import Target
+from gensorage.codegen.module import Kernel, compile_kernels
+from gensorage.codegen.script_templates import skeleton, template_of
+from gensorage.hw.profile import HwProfile
+
+_CONSTANT_EXTENT = re.compile(r"T\.(?:unroll|vectorized)\(c(\d+)_\)")
+_ALLOCATION = re.compile(
+    r"T\.(?:alloc_buffer|decl_buffer|sblock_alloc_buffer|alloc_local|alloc_shared|allocate)\("
+    r"(\([^)]*\)|\[[^\]]*\]|c\d+_)"
+)
+_DIVISOR = re.compile(r"(?://|%)\s*c(\d+)_")
+_LITERAL = re.compile(r"\bc(\d+)_")
+
+#: Variants kept per skeleton: beyond, a kernel of that skeleton is built per length (never wrong, only slower).
+MAX_VARIANTS = 8
+
+
+@dataclass(slots=True)
+class _Variant:
+    symbol: str  # its function's name in ``executable``
+    dynamic: tuple[int, ...]  # literal positions passed at the call
+    fixed: tuple[tuple[int, int], ...]  # (position, value) of every other literal
+    executable: Any
+    function: Any = None  # looked up on first use (the JIT runs then)
+
+    def matches(self, values: Sequence[int]) -> bool:
+        return all(values[i] == v for i, v in self.fixed)
+
+    def call(self, values: Sequence[int]) -> Any:
+        if self.function is None:
+            self.function = self.executable[self.symbol]
+        if not self.dynamic:
+            return self.function
+        return functools.partial(self.function, *(values[i] for i in self.dynamic))
+
+
+@dataclass(slots=True)
+class _Skeleton:
+    first: tuple[int, ...]  # the values it was first seen with
+    variants: list[_Variant] = field(default_factory=list)
+
+
+class BoundExecutable:
+    """The functions of one µGraph's kernels at one length, looked up by kernel name like an Executable
+    (each one the variant's compiled function with this length's dynamic literals bound)."""
+
+    def __init__(self, calls: dict[str, tuple[_Variant, tuple[int, ...]]]) -> None:
+        self._calls = calls
+
+    def __getitem__(self, name: str) -> Any:
+        variant, values = self._calls[name]
+        return variant.call(values)
+
+    def variant_of(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """Kernel ``name``'s variant: its symbol and the literal positions passed at the call."""
+        variant, _ = self._calls[name]
+        return variant.symbol, variant.dynamic
+
+
+class SymbolicKernels:
+    """Compiled variants by skeleton for one ``target`` (see the module docstring); shared by every µGraph of a
+    dispatcher, so kernels of equal skeletons in other programs (a slice, a residual add) share them too.
+
+    ``builds`` counts the ``tvm.compile`` calls made here (one per length that misses a variant), ``compiled``
+    the variants they compiled.
+    """
+
+    def __init__(self, target: Target, hw: HwProfile) -> None:
+        self.target: Target = target
+        self.hw = hw
+        self.builds = 0
+        self.compiled = 0
+        self._skeletons: dict[str, _Skeleton] = {}
+        self._symbols = itertools.count()
+        self._lock = threading.Lock()  # dispatchers of several threads; a build runs inside it
+
+    def executable(self, kernels: Sequence[Kernel]) -> BoundExecutable:
+        """The kernels' functions: from the variants that cover them, after one build of those that none does.
+
+        Raises
+        ------
+        ScheduleError
+            The build of the missing variants failed (:func:`~gensorage.codegen.module.compile_kernels`).
+        """
+        with self._lock:
+            calls: dict[str, tuple[_Variant, tuple[int, ...]]] = {}
+            missing: list[tuple[Kernel, str, _Variant]] = []
+            for kern in map(_block_free, kernels):
+                body, raw = skeleton(kern.script, kern.name)
+                values = tuple(raw)
+                known = self._skeletons.setdefault(body, _Skeleton(values))
+                variant = next((v for v in known.variants if v.matches(values)), None)
+                if variant is None:
+                    variant, func = self._new_variant(kern, body, values, known)
+                    script = kern.script.replace(kern.name, variant.symbol)
+                    renamed = dataclasses.replace(kern, name=variant.symbol, func=func, script=script)
+                    missing.append((renamed, body, variant))
+                calls[kern.name] = (variant, values)
+            if missing:
+                self._build(missing)
+        return BoundExecutable(calls)
+
+    def _build(self, missing: list[tuple[Kernel, str, _Variant]]) -> None:
+        """One build of the ``missing`` variants; on failure none of them is kept."""
+        try:
+            ex = compile_kernels([k for k, _, _ in missing], self.target, self.hw)
+        except Exception:
+            for _, body, variant in missing:
+                if variant in self._skeletons[body].variants:
+                    self._skeletons[body].variants.remove(variant)
+            raise
+        self.builds += 1
+        self.compiled += len(missing)
+        for _, _, variant in missing:
+            variant.executable = ex
+
+    def _new_variant(
+        self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton
+    ) -> tuple[_Variant, Any]:
+        """A variant covering ``values`` and its PrimFunc (kept in ``known`` while there is room)."""
+        # Named after the kernel: under names that sort otherwise in the module (``sym<n>_kernel<k>``) the same
+        # PrimFuncs compiled to slower code (a matmul's body inlined into its wrapper, 1.5x its time).
+        symbol = f"{kern.name}_v{next(self._symbols)}"
+        dynamic = sorted(_widened(known, values) - _constant_extents(body, kern.grid is None))
+        template = template_of(body, list(values), kern.name, kern.func) if dynamic else None
+        if template is None:  # first sight, or no template: the kernel as the emitter wrote it
+            dynamic = []
+            func = kern.func.with_attr("global_symbol", symbol)
+        else:
+            params = list(template.params)
+            static = {params[i]: v for i, v in enumerate(values) if i not in dynamic}
+            func = template.specialize(static).with_attr("global_symbol", symbol)
+        fixed = tuple((i, v) for i, v in enumerate(values) if i not in dynamic)
+        variant = _Variant(symbol, tuple(dynamic), fixed, None)
+        if len(known.variants) < MAX_VARIANTS:
+            known.variants.append(variant)
+        return variant, func
+
+
+def _block_free(kern: Kernel) -> Kernel:
+    """``kern`` with a scheduled PrimFunc (a matmul: TVM's blocks over whole-matrix buffers) taken through the
+    build's own block lowering (:data:`BLOCK_LOWERING`): loops over tile-sized allocations, whose literals are
+    the tiling's and the length's; other kernels as they are."""
+    if kern.grid is not None:
+        return kern
+    return _lowered(kern.name, kern.script, kern)
+
+
+@functools.lru_cache(maxsize=1024)
+def _lowered_func(name: str, script: str, func: Any) -> tuple[Any, str]:
+    import tvm
+
+    with tvm.target.Target("llvm"):
+        mod = tvm.ir.transform.Sequential(_block_lowering())(tvm.IRModule({name: func}))
+    return mod[name], mod[name].script()
+
+
+def _lowered(name: str, script: str, kern: Kernel) -> Kernel:
+    func, text = _lowered_func(name, script, kern.func)
+    return dataclasses.replace(kern, func=func, script=text)
+
+
+def _block_lowering() -> list[Any]:
+    """The first passes of TVM's s_tir pipeline (``tvm.s_tir.pipeline``), up to the blocks' removal: the build
+    runs them again (a no-op on block-free TIR), then the rest."""
+    from tvm import s_tir
+
+    t = s_tir.transform
+    return [
+        t.CanonicalizeLoop(),
+        t.LowerCrossThreadReduction(),
+        t.LowerInitBlock(),
+        t.PlanAndUpdateBufferAllocationLocation(),
+        t.ConvertBlocksToOpaque(),
+        t.LiftThreadBinding(),
+        t.ManifestSharedMemoryLocalStage(),
+        t.CompactBufferAllocation(),
+        t.LowerAutoCopy(),
+        t.UnifyThreadBinding(),
+        t.LowerMatchBuffer(),
+        t.StmtSimplify(),
+        t.InjectPermutedLayout(),
+        t.AnnotateIrregularLoop(),
+        t.InjectSoftwarePipeline(),
+        t.TransformMmaBufferLayout(),
+        t.LowerOpaqueBlock(),
+    ]
+
+
+def _widened(known: _Skeleton, values: tuple[int, ...]) -> set[int]:
+    """The literal positions a new variant for ``values`` leaves as parameters: those of the nearest variant (the
+    fewest fixed literals that differ; other programs' kernels of one skeleton have variants too) and those
+    that differ from it; with no variant, those that differ from the values first seen."""
+    if not known.variants:
+        return {i for i, (a, b) in enumerate(zip(known.first, values, strict=True)) if a != b}
+
+    def differing(v: _Variant) -> set[int]:
+        return {i for i, a in v.fixed if values[i] != a}
+
+    nearest = min(known.variants, key=lambda v: len(differing(v)))
+    return set(nearest.dynamic) | differing(nearest)
+
+
+def _constant_extents(body: str, scheduled: bool) -> set[int]:
+    """Literal positions of a skeleton kept constant: unrolled and vectorised loops' extents (TVM needs them) and
+    divisors: a division by a variable is a division per element (a constant one is a multiply and shift), and
+    variants with divisors as parameters ran up to 3.7 times slower (a repeat's or a concat's flat index split by
+    the length; matmuls' tiles 1.6 times). In a scheduled kernel (a matmul) also the allocations' shapes, its
+    tiles. Another tiling, or another divisor, is another variant, built as written."""
+    keep = {int(m) for m in _CONSTANT_EXTENT.findall(body)}
+    keep |= {int(m) for m in _DIVISOR.findall(body)}
+    if scheduled:
+        for shape in _ALLOCATION.findall(body):
+            keep |= {int(m) for m in _LITERAL.findall(shape)}
+    return keep
+
+
+__all__ = ["MAX_VARIANTS", "BoundExecutable", "SymbolicKernels"]
