@@ -22,6 +22,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from gensorage.errors import UnsupportedOpError
 from gensorage.program import Program
 from gensorage.torch.lowering import LAYOUT_RULES, Lowering, _target_name
+from gensorage.torch.per_shape import PerShape, has_symbolic_shapes
 from gensorage.torch.report import Report, first_line
 from gensorage.torch.subgraph import GensorageSubgraph, Options
 
@@ -75,15 +76,21 @@ def _in_torch(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[...
 def make_backend(options: Options, report: Report) -> Callable[..., Any]:
     """A dynamo backend (``fn(gm, example_inputs)``) for ``options``, reporting into ``report``.
 
-    The forward (inference) graph is partitioned; a backward graph, if autograd asks for one, runs in torch.
+    The forward (inference) graph is partitioned (one captured with symbolic shapes at each call's shapes:
+    :class:`.PerShape`); a backward graph, if autograd asks for one, runs in torch.
     """
 
-    def forward_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def partitioned(gm: fx.GraphModule) -> Callable[..., Any]:
         try:
             return partition(gm, options, report)
         except Exception as exc:  # a lowering or partitioning bug of ours: the graph runs in torch, right
             report.add(f"graph {report.graphs + 1} runs in torch, partitioning failed: {first_line(exc)}")
             return gm
+
+    def forward_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        if has_symbolic_shapes(example_inputs):  # no size is known: partition at each call's shapes
+            return PerShape(gm, partitioned, report)
+        return partitioned(gm)
 
     return aot_autograd(fw_compiler=forward_compiler, bw_compiler=_in_torch)  # type: ignore[no-any-return]
 
