@@ -65,6 +65,10 @@ class PerShape:
         except Exception as exc:  # torch could not specialise it: the symbolic graph runs in torch, right
             self.report.add(f"graph with symbolic shapes runs in torch at {shapes}: {first_line(exc)}")
             return self.gm
+        # The trace records every output of a multi-output op (SDPA's logsumexp, say) even where nothing reads
+        # it, which the partition would take for a use; dynamo's own graphs have those removed.
+        static.graph.eliminate_dead_code()
+        static.recompile()
         self.report.add(f"graph with symbolic shapes specialised to its inputs' shapes {shapes}")
         return self.partition(static)
 
