@@ -251,7 +251,9 @@ def test_bundled_programs_fused_direct_llvm_twin(name: str) -> None:
     xs = small.random_inputs(seed=2)
     got = compile_ugraph(g, HW, "llvm").run(*xs)
     for a, b in zip(got, small.run(*[x.astype(np.float64) for x in xs]), strict=True):
-        assert _rel(a, b) < 2e-3  # float16 programs: rounding of the stored intermediates
+        # float16 programs: rounding of the stored intermediates, and of a float32 operand (qknorm's normalised
+        # rows) converted to bfloat16 for a tensor-core matmul, which the twin rounds as the GPU does (2^-9).
+        assert _rel(a, b) < 4e-3
 
 
 def test_a_wrong_fused_kernel_is_rejected() -> None:
