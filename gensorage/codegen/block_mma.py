@@ -35,6 +35,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gensorage.codegen.mma_bfloat16 import bfloat16_rounded_text
 from gensorage.codegen.scalar import Val
 from gensorage.codegen.tensor_core import mma_dtype
 from gensorage.codegen.tir_text import Ix, broadcast_index, tvm_float, unravel
@@ -430,7 +431,15 @@ class MmaEmitter:
         field twin's residues are exact, nothing to round."""
         if self.e.sc.field or v.dtype == t.dtype:
             return v
+        return to_mma_dtype(v, t, self.e.gpu)
+
+
+def to_mma_dtype(v: Val, t: MmaTiling, gpu: bool) -> Val:
+    """``v`` converted to the MMA dtype as a fragment holds it. TVM's llvm build drops a float32 -> bfloat16 ->
+    float32 round trip, so the llvm twin rounds by the bits instead (the same value, as float32)."""
+    if gpu or t.dtype != "bfloat16":
         return Val((f'T.Cast("{t.dtype}", {v.comps[0]})',), t.dtype)
+    return Val((bfloat16_rounded_text(f'T.Cast("float32", {v.comps[0]})'),), "float32")
 
 
 def row_operand(binfo: BlockInfo, nodes: tuple[BlockNode, ...], r: Ref, t: MmaTiling) -> bool:

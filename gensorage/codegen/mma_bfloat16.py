@@ -190,6 +190,14 @@ def register() -> None:
             TensorIntrin.register(mma_name(ta, tb), *_mma(ta, tb))
 
 
+def bfloat16_rounded_text(x: str) -> str:
+    """TVMScript text of :func:`bfloat16_rounded` for the float32 expression text ``x`` (the text emitters' form,
+    for their llvm twins)."""
+    bits = f'T.reinterpret("uint32", {x})'
+    half = f"(T.uint32(32767) + (({bits} >> T.uint32(16)) & T.uint32(1)))"
+    return f'T.reinterpret("float32", ({bits} + {half}) & T.uint32(4294901760))'
+
+
 def bfloat16_rounded(x: Any) -> Any:
     """The float32 TIR expression ``x`` rounded to bfloat16 (to nearest even), as a float32 value: what the GPU's
     conversion to a bfloat16 MMA operand gives. The CPU twins need it spelled out because TVM's llvm build

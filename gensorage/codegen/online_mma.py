@@ -54,6 +54,7 @@ from gensorage.codegen.block_mma import (
     lane_and_warp,
     lane_group,
     row_guard,
+    to_mma_dtype,
     warp_tile,
     warp_tiling,
 )
@@ -258,10 +259,9 @@ class OnlineMmaEmitter:
             p = f"T.if_then_else({guard[0]}, {p}, {tvm_float(0.0, sc.acc_dtype)})"
         return Val((p,), sc.acc_dtype)
 
-    @staticmethod
-    def _rounded(p: Val, t: MmaTiling) -> Val:
+    def _rounded(self, p: Val, t: MmaTiling) -> Val:
         """P as the A fragment holds it: in the MMA dtype."""
-        return Val((f'T.Cast("{t.dtype}", {p.comps[0]})',), t.dtype)
+        return to_mma_dtype(p, t, self.e.gpu)
 
     def _p_fragments(
         self, t: MmaTiling, fa: str, mx: str, s: Ref, sb: list[Ix], i0: Ix, kc: Ix, part: str | None
