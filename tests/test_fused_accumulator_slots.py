@@ -30,4 +30,5 @@ def test_mha_specdec_search_choice_matches_float64_on_the_cpu_twin() -> None:
     (got,) = cg.run(*inputs, target="cpu")
     got = got.astype(np.float64)
     assert np.isfinite(got).all()
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+    # P (exp, kept in float32) times V on tensor cores in bfloat16, rounded by the twin as on the GPU (2^-9).
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 4e-3

@@ -160,8 +160,9 @@ def test_reduced_bundled_structures_match_float64_on_cpu(name: str) -> None:
     want = program.run(*xs)[0]
     got = compile_ugraph(g, HW, "llvm").run(*xs)[0].astype(np.float64)
     assert want.dtype == np.float64
-    # float32 arithmetic, float16 operands of the tensor-core matmuls and one float16 output rounding.
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+    # float32 arithmetic, float16 operands of the tensor-core matmuls and one float16 output rounding; P (exp,
+    # kept in float32) goes to a bfloat16 fragment, rounded by the twin as on the GPU: 2^-9 per element, one sign.
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 4e-3
 
 
 # ------------------------------------------------------------------------------------------ the barrier check

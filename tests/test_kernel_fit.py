@@ -38,6 +38,16 @@ def _with_grid(g: KernelGraph, grid: tuple[int, ...], forloop: int) -> KernelGra
     return dataclasses.replace(g, ops=(*g.ops[:-1], GraphDefinedOp(block, op.inputs)))
 
 
+# The loop at one stage: the fewest shared bytes a kernel can declare (the emitter drops the pipeline's extra
+# stages where they do not fit), so a limit below them is one the kernel cannot launch under.
+ONE_STAGE = dataclasses.replace(H200, calibration=dataclasses.replace(H200.calibration, block_max_stages=1.0))
+
+
+def _need(g: KernelGraph) -> int:
+    """Shared bytes kernel op 1 of ``g`` declares with its loop at one stage."""
+    return graph_kernel_resources(g, 1, validate(g, ONE_STAGE), ONE_STAGE).shared_bytes
+
+
 def _tight(limit: int) -> Any:
     """The H200 with ``limit`` bytes of shared memory per block."""
     return dataclasses.replace(H200, shared_mem_per_block=limit)
@@ -101,7 +111,7 @@ def test_reinstantiation_takes_the_next_best_grid_that_launches() -> None:
     new, _ = flash_attention2(**ASKED, q_blocks=1, forloop=2)
     best = reinstantiate(graph, old, new, H200, cost_fn(H200))
     info = validate(best, H200)
-    need = graph_kernel_resources(best, 1, info, H200).shared_bytes
+    need = _need(best)
     plan = shared_footprint(best.ops[1].block, info.blocks[1])  # type: ignore[union-attr]
     assert plan < need
     # A GPU whose limit lies between the model's bytes and the kernel's: the model's choice is valid there, but
@@ -112,7 +122,8 @@ def test_reinstantiation_takes_the_next_best_grid_that_launches() -> None:
     chosen = reinstantiate(graph, old, new, tight, cost_fn(tight))
     assert chosen != best
     assert launch_problem(chosen, tight) is None
-    assert cost_fn(tight)(chosen) >= cost_fn(tight)(best)
+    # (Not cheaper or dearer than ``best`` by construction: under ``tight`` the model also prices ``best`` at the
+    # pipeline stages that fit there, so ``best`` need not be the model's choice at ``tight``.)
 
 
 def _store(db: Path, program: Any, graph: KernelGraph, hw: str) -> None:
@@ -134,8 +145,7 @@ def _store(db: Path, program: Any, graph: KernelGraph, hw: str) -> None:
 
 def test_fast_mode_drops_a_stored_candidate_that_does_not_launch(tmp_path: Path) -> None:
     program, graph = flash_attention2(**ASKED, q_blocks=16, forloop=2)
-    info = validate(graph, H200)
-    need = graph_kernel_resources(graph, 1, info, H200).shared_bytes
+    need = _need(graph)
     tight = _tight(need - 16)
     db = tmp_path / "store.sqlite"
     _store(db, program, graph, tight.name)  # stored at these shapes: used as it is, not re-instantiated
@@ -153,9 +163,7 @@ def test_fast_mode_reinstantiates_to_a_grid_that_launches(tmp_path: Path) -> Non
     old, graph = flash_attention2(**SMALL)
     new, _ = flash_attention2(**ASKED, q_blocks=1, forloop=2)
     model_choice = reinstantiate(graph, old, new, H200, cost_fn(H200))
-    info = validate(model_choice, H200)
-    need = graph_kernel_resources(model_choice, 1, info, H200).shared_bytes
-    tight = _tight(need - 16)
+    tight = _tight(_need(model_choice) - 16)
     db = tmp_path / "store.sqlite"
     _store(db, old, graph, tight.name)
     res = superoptimize(new, hw=tight, mode="fast", store=db, progress=False)
@@ -189,8 +197,7 @@ def test_the_dispatcher_builds_a_new_shape_on_a_grid_that_launches() -> None:
     old, graph = flash_attention2(**SMALL)
     new, _ = flash_attention2(**ASKED, q_blocks=1, forloop=2)
     model_choice = reinstantiate(graph, old, new, H200, cost_fn(H200))
-    info = validate(model_choice, H200)
-    tight = _tight(graph_kernel_resources(model_choice, 1, info, H200).shared_bytes - 16)
+    tight = _tight(_need(model_choice) - 16)
     d = Dispatcher(tight, use_store=False)
     d._structures[new.structure_key()] = _Structure(old, graph, "stored #0")  # chosen at the small shapes
     # The CUDA build checks the lowered kernels against the limits (gensorage.codegen.gpu_limits).
