@@ -21,6 +21,11 @@ dispatcher's parts and the error against eager).
 KV-cache decode: the same layer's decode step (``tests/test_torch_decode.py``) at ``--decode-pasts`` cache
 lengths in order, a new key length each step, as decoding meets them.
 
+``--dynamo-dynamic`` compiles both with ``torch.compile(model, backend="gensorage")`` and dynamo's own
+``dynamic`` setting instead (its recompile limits raised as ``gensorage.torch.compile`` raises them): from the
+second new shape on, one graph with symbolic sizes, specialised at each call's shapes by the backend
+(:mod:`gensorage.torch.per_shape`) instead of a capture per shape.
+
 Programs: decoder-layer-like pieces built as Programs (RMSNorm + projection, SwiGLU MLP, causal-free GQA
 attention at a few sequence lengths) and bundled programs at small shapes. Writes
 ``benchmarks/results/dispatch-<date>.json`` (or ``--out``). Usage:
@@ -228,7 +233,20 @@ def run_case(
 LAYER_LABEL = "decoder_layer (torch, small)"
 
 
-def run_layer(lengths: tuple[int, ...], calls: int) -> dict[str, Any]:
+def _compile(model: Any, dynamo_dynamic: bool) -> Any:
+    """``gensorage.torch.compile(model)`` (static shapes), or ``torch.compile(model, backend="gensorage")``."""
+    import torch
+
+    import gensorage.torch as gtorch
+
+    if not dynamo_dynamic:
+        return gtorch.compile(model)
+    torch._dynamo.config.recompile_limit = gtorch.RECOMPILE_LIMIT
+    torch._dynamo.config.accumulated_recompile_limit = gtorch.RECOMPILE_LIMIT
+    return torch.compile(model, backend="gensorage")
+
+
+def run_layer(lengths: tuple[int, ...], calls: int, dynamo_dynamic: bool = False) -> dict[str, Any]:
     """The small LLaMA-style decoder layer of the front end's tests through ``gensorage.torch.compile`` on CPU
     tensors, float32: the first call at each sequence length end to end (dynamo's capture at that shape, the
     lowering to a Program, the dispatcher's build, the check against torch), its dispatcher entry's parts, the
@@ -238,12 +256,11 @@ def run_layer(lengths: tuple[int, ...], calls: int) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_torch_frontend import DecoderLayer, layer_inputs
 
-    import gensorage.torch as gtorch
     from gensorage.torch import subgraph
 
     torch.manual_seed(0)
     layer = DecoderLayer().eval()
-    compiled = gtorch.compile(layer)
+    compiled = _compile(layer, dynamo_dynamic)
     d = subgraph.dispatcher(subgraph.Options())
     shapes = []
     with torch.no_grad():
@@ -287,7 +304,7 @@ def run_layer(lengths: tuple[int, ...], calls: int) -> dict[str, Any]:
 DECODE_LABEL = "decode_step (torch, small, KV cache)"
 
 
-def run_decode(pasts: tuple[int, ...], calls: int) -> dict[str, Any]:
+def run_decode(pasts: tuple[int, ...], calls: int, dynamo_dynamic: bool = False) -> dict[str, Any]:
     """The small layer's KV-cache decode step (``tests/test_torch_decode.py``) through ``gensorage.torch.compile``
     at cache lengths ``pasts`` in order, as decoding meets them (a new key length each step): the first call at
     each length end to end, the dispatcher's part and builds, and the error against eager."""
@@ -296,12 +313,11 @@ def run_decode(pasts: tuple[int, ...], calls: int) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_torch_decode import DecodeStep, decode_inputs
 
-    import gensorage.torch as gtorch
     from gensorage.torch import subgraph
 
     torch.manual_seed(10)
     step = DecodeStep().eval()
-    compiled = gtorch.compile(step)
+    compiled = _compile(step, dynamo_dynamic)
     d = subgraph.dispatcher(subgraph.Options())
     shapes = []
     with torch.no_grad():
@@ -360,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         default=list(range(8, 24)),
         help=f"cache lengths of the {DECODE_LABEL!r} row in order (needs torch; none: no row)",
     )
+    ap.add_argument(
+        "--dynamo-dynamic",
+        action="store_true",
+        help='the layer and decode rows through torch.compile(backend="gensorage") with dynamo\'s dynamic shapes',
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -368,9 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         run_case(lbl, mk, sz, args.calls) for lbl, mk, sz in CASES if not args.only or lbl in args.only
     ]
     if args.layer_lengths and (not args.only or LAYER_LABEL in args.only):
-        results.append(run_layer(tuple(args.layer_lengths), args.calls))
+        results.append(run_layer(tuple(args.layer_lengths), args.calls, args.dynamo_dynamic))
     if args.decode_pasts and (not args.only or DECODE_LABEL in args.only):
-        results.append(run_decode(tuple(args.decode_pasts), min(args.calls, 200)))
+        results.append(run_decode(tuple(args.decode_pasts), min(args.calls, 200), args.dynamo_dynamic))
     data = {
         "benchmark": NAME,
         "machine": machine_info(),
@@ -379,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": time.perf_counter() - t0,
         "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"),
         "goals": {"overhead_us": 50, "new_shape_ready_s": 1.0},
+        "dynamo_dynamic": args.dynamo_dynamic,
         "results": results,
     }
     out = args.out or result_path(NAME)
