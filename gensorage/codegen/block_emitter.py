@@ -122,11 +122,10 @@ class BlockEmitter:
         self.layouts = dict(layouts or {})
         self.recorder = AccessRecorder(self.nt)
         self.row_loads: set[Ref] = set()  # tiles read or written in 16-byte runs (ldmatrix, cp.async)
-        self.dynamic_shared = False
-        self.memory = MemoryPlan((), 0, 0)  # set by allocate
-        self.arena = False  # whether the tiles are views of one arena (then tiles may share bytes)
-        self.arena_dtype = ""  # the arena's element type (the widest tile's)
-        self.shared_bytes = 0  # shared memory a block declares on the GPU (set by allocate)
+        # Set by allocate: the memory plan, whether the tiles are views of one arena (then they may share bytes)
+        # and its element type (the widest tile's), dynamic shared memory, the bytes a block declares on the GPU.
+        self.memory, self.arena, self.arena_dtype = MemoryPlan((), 0, 0), False, ""
+        self.dynamic_shared, self.shared_bytes = False, 0
         self.barriers = BarrierPlacement(lambda r, o: tiles_clash(self.memory if self.arena else None, r, o))
         # Software pipelining (block_loads): the staged iterators and their stages (set by allocate), and the
         # stage their tiles' reads and writes address now (the iteration's, or a prefetch's).
