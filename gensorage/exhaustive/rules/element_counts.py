@@ -12,11 +12,16 @@ the product of the path's reduction sizes.
 
 In the oracle's canonical model each such reduction multiplies the coefficient of every numerator monomial of its
 operand by ``k`` (see :mod:`.reductions`); ``mul`` multiplies coefficients, ``div`` keeps the numerator's (the
-divisor goes into the denominator), and over an op set without ``add``, ``sub`` and ``concat`` nothing adds or
-cancels coefficients. A numerator monomial ``c·m`` of ``X`` (``m`` its atoms; ``X``'s own denominators do not
-matter) therefore reaches the output as a monomial with atoms ``⊇ m`` and coefficient ``>= c·P`` -- at the
-output's top level, unless the path puts it inside an ``exp``, ``sqrt``, activation or ``max`` atom or into a
-denominator, where the output's normal form keeps it. An output equal to the program's under ``A_eq`` has the
+divisor goes into the denominator), ``add`` and ``sub`` (an ``add`` in the abstraction) put monomials side by
+side, and over an op set without ``concat`` nothing cancels or lowers a coefficient, nor drops an atom from a
+monomial. A numerator monomial ``c·m`` of ``X`` (``m`` its atoms; ``X``'s own denominators do not matter)
+therefore reaches the output as a monomial with atoms ``⊇ m`` and coefficient ``>= c·P`` -- at the output's top
+level, unless the path puts it inside an ``exp``, ``sqrt``, activation or ``max`` atom or into a denominator,
+where the output's normal form keeps it, or it is a lone maximum: a monomial ``1·max(k, y)`` that is a summand
+of an ``exp``'s argument leaves it as ``stab(y)`` (the stabiliser law), and a ``max`` of it is ``max(k·j, y)``,
+so its atom is nowhere in the output. A monomial with a coefficient above 1 or another atom beside the maximum
+never becomes one (coefficients and atoms only grow), so ``X`` with such a monomial is the only exception and
+the rule says nothing about it. An output equal to the program's under ``A_eq`` has the
 program's normal form, so when no monomial inside an atom argument or a denominator of the program's outputs (at
 any depth) contains ``m``, the path kept ``X``'s numerators at the top level and ``P <= C // c`` for a top-level
 numerator monomial ``C·M`` of the output with ``M ⊇ m``. Every numerator monomial of ``X`` gets the same ``P``,
@@ -27,7 +32,8 @@ elements.
 Attention's ``V`` (``(16·V·exp(8·Q·K)) / (16·exp(8·Q·K))``) may be at most 16 times the output: a first kernel
 that writes ``V`` replicated more than that (a copy per query head is exactly that much) is pruned with its
 whole second-kernel subtree. Like :mod:`.reductions`, this speaks about outputs equal to the program's under
-``A_eq`` (``prune`` and ``expr_filter``) and is applied to exact values only (no concatenated layout).
+``A_eq`` (``prune`` and ``expr_filter``), is applied to exact values only (no concatenated layout), and stays
+off with ``add`` in the op set (the argument covers it; those searches were not re-measured) and ``concat``.
 """
 
 from __future__ import annotations
@@ -52,6 +58,13 @@ def _within(m: Counter[int], big: Counter[int]) -> bool:
     return all(big[a] >= n for a, n in m.items())
 
 
+def _lone_max(e: Elem) -> bool:
+    """Whether a numerator monomial of ``e`` is one ``max`` atom with coefficient 1 (see the module doc)."""
+    return any(
+        c == 1 and len(atoms) == 1 and atoms[0].kind == "max" for _, poly in e.parts for (c, atoms), _ in poly
+    )
+
+
 class ElementCaps:
     """The program outputs' top-level monomials and element counts, and the cap of a tensor's element count."""
 
@@ -68,7 +81,7 @@ class ElementCaps:
         cls, canon: Canon, targets: Sequence[Term], numels: Sequence[int], variants: Iterable[OpVariant]
     ) -> ElementCaps | None:
         """The rule for a search over ``variants`` whose outputs have ``targets`` and ``numels`` elements, or
-        None where it does not apply (operators that add monomials, or outputs too big to normalise)."""
+        None where it does not apply (``add`` or ``concat`` in the op set, or outputs too big to normalise)."""
         if any(v.op in ADDING_OPS for v in variants):
             return None
         try:
@@ -94,7 +107,7 @@ class ElementCaps:
         except TooBig:
             return None
         mine = _monomials(e)
-        if any(_within(m, big) for _, m in mine for big in self.inner):
+        if _lone_max(e) or any(_within(m, big) for _, m in mine for big in self.inner):
             return None
         best = 0
         for numel, tops in self.tops:

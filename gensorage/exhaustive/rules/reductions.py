@@ -2,14 +2,17 @@
 
 In the oracle's canonical model a reduction of size ``k`` is a coefficient: ``sum(8, mul(Q, K))`` is ``8·Q·K``,
 and attention's output is ``(16·V·exp(8·Q·K)) / (16·exp(8·Q·K))``. The normal form keeps every numerator's
-coefficient and nests each denominator as a normal form of its own; it never cancels or adds coefficients
-except when it adds monomials, which only ``add``, ``sub`` and ``concat`` do. So, over an op set without those,
-on terms whose numerators are single monomials:
+coefficient and nests each denominator as a normal form of its own; it never cancels or adds coefficients:
+adding (``add``, and ``sub``, which the abstraction reads as ``add``) puts the operands' monomials side by side
+(a monomial twice has multiplicity 2, which is no coefficient 2: nothing in ``A_eq`` equates ``x + x`` with
+``sum(2, x)``). So, over an op set without ``concat``:
 
 * ``mul`` multiplies its operands' coefficients, ``div`` keeps the numerator's and makes the divisor (with its
-  coefficients) part of the denominator, layout operators, ``scale``, iterator tiles, grid concatenation and
-  concatenating accumulators keep them, and ``exp``, ``sqrt``, activations and ``max`` start a new atom whose
-  coefficient outside is 1 (what is inside an atom never comes out: no axiom mentions these functions);
+  coefficients) part of the denominator, ``add`` and ``sub`` keep both operands' monomials, layout operators,
+  ``scale``, iterator tiles, grid concatenation and concatenating accumulators keep them, and ``exp``, ``sqrt``,
+  activations and ``max`` start a new atom whose coefficient outside is 1 (what is inside an atom never comes
+  out: no axiom mentions these functions, and the stabiliser law moves a summand ``max(k, y)`` of an ``exp``'s
+  argument into the atom ``stab(y)``, again with coefficient 1 outside);
 * only a ``sum``, a ``matmul`` or a summing accumulator makes a coefficient that is not a product of
   coefficients already there.
 
@@ -18,7 +21,8 @@ If some top coefficient of the program's output is not a product of top coeffici
 kernel operator can read, its block graph needs at least one more reduction: an operator, or a node (an
 accumulator) where the loop can supply it. Like :mod:`.needed_ops`, this speaks about outputs equal to the
 program's under ``A_eq`` (``prune`` and ``expr_filter``) and is not applied inside block graphs with
-concatenated inputs.
+concatenated inputs. The same argument covers ``add``; the rule stays off where the op set has one (searches
+with ``add`` were not re-measured), as it does with ``concat`` (a ``cat`` atom's pieces come out of it).
 """
 
 from __future__ import annotations
@@ -31,23 +35,24 @@ from gensorage.exhaustive.opcatalog import OpVariant
 from gensorage.exhaustive.rules.rule import PRUNE, Bound, Prune, Site
 from gensorage.opset import Op
 
-#: Operators that add monomials, making coefficients without a reduction: the rule is off where they exist.
-ADDING_OPS = frozenset({Op.ADD, Op.SUB, Op.CONCAT})
+#: Operators where the rule is off (see the module docstring).
+ADDING_OPS = frozenset({Op.ADD, Op.CONCAT})
 
 
-def top_coefficients(e: Elem) -> frozenset[int] | None:
+def top_coefficients(e: Elem, sums: bool = False) -> frozenset[int] | None:
     """The numerators' coefficients of ``e`` and, recursively, of its denominators; None unless every
-    numerator is one monomial of multiplicity one with an integer coefficient."""
+    coefficient is an integer and, without ``sums``, every numerator one monomial of multiplicity one (the
+    program's outputs; a tensor the last kernel reads may be a sum, each of whose coefficients it offers)."""
     out: set[int] = set()
     for den, poly in e.parts:
-        if len(poly) != 1:
+        if not sums and (len(poly) != 1 or poly[0][1] != 1):
             return None
-        (c, _), mult = poly[0]
-        if mult != 1 or not isinstance(c, int):
-            return None
-        out.add(c)
+        for (c, _), _mult in poly:
+            if not isinstance(c, int):
+                return None
+            out.add(c)
         if den is not None:
-            inner = top_coefficients(den)
+            inner = top_coefficients(den, sums)
             if inner is None:
                 return None
             out |= inner
@@ -91,11 +96,12 @@ class Reductions:
         return cls(canon, frozenset(required)) if required else None
 
     def coefficients(self, t: Term) -> frozenset[int] | None:
-        """:func:`top_coefficients` of ``t``'s normal form (memoized; None where the rule cannot say)."""
+        """:func:`top_coefficients` of ``t``'s normal form, sums included (memoized; None where the rule cannot
+        say)."""
         if t in self._memo:
             return self._memo[t]
         try:
-            got = top_coefficients(self.canon.nf(t))
+            got = top_coefficients(self.canon.nf(t), sums=True)
         except TooBig:
             got = None
         self._memo[t] = got
