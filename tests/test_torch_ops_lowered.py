@@ -4,7 +4,7 @@ the Program computes in float32); and the ops kept in torch on purpose, each wit
 ``clamp``, ``masked_fill``/``where`` by a boolean mask).
 
 The lowered forms run through both entry points on float32, float16 and bfloat16 at drawn magnitudes (0, ±inf,
-1e-3 to 1e3) and are compared with torch at the same dtype: dtype, positions of NaN and inf, values within the
+NaN, 1e-3 to 1e3) and are compared with torch at the same dtype: dtype, positions of NaN and inf, values within the
 front end's tolerance. The Programs also run in the float64 interpreter against torch in float64.
 """
 
@@ -29,7 +29,7 @@ import gensorage.torch as gtorch  # noqa: E402
 from gensorage.torch.subgraph import TOLERANCE  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-SPECIAL = [0.0, -0.0, math.inf, -math.inf]
+SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan]
 
 
 @pytest.fixture(autouse=True)
@@ -112,8 +112,9 @@ ENTRIES = ["gensorage.torch.compile", 'torch.compile(backend="gensorage")']
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_tanh_sigmoid_abs_kernels_match_torch(entry: str, dtype: torch.dtype) -> None:
-    """The kernels of tanh, sigmoid and abs at drawn magnitudes with 0, −0 and ±inf in the input: ±1, 1/0 and
-    inf at the infinities (the forms never compute inf − inf), torch's dtype, and values within tolerance."""
+    """The kernels of tanh, sigmoid and abs at drawn magnitudes with 0, −0, ±inf and NaN in the input: ±1, 1/0
+    and inf at the infinities (the forms never compute inf − inf), NaN where torch has NaN (relu keeps it),
+    torch's dtype, and values within tolerance."""
     warm = torch.linspace(-4.0, 4.0, 24).reshape(3, 8).to(dtype)
     compiled = _Compiled(_elementwise, entry, warm)
 
