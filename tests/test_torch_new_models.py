@@ -10,7 +10,9 @@ gensorage, not in a silent torch fallback.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 from pathlib import Path
 
 import numpy as np
@@ -482,3 +484,43 @@ def test_size_arithmetic_is_reported_as_such(capsys: pytest.CaptureFixture[str])
             assert_close(compiled(x), model(x), 1e-3)
     report = capsys.readouterr().err
     assert "gensorage: graph 1:" in report and "<built-in function" not in report, report
+
+
+class NewGELUMLP(nn.Module):
+    """HF GPT-2's MLP with ``NewGELUActivation`` (``torch.tanh`` written out), inputs scaled by their absmax
+    (``abs().amax``, as int8 quantisers do), and a 0-d auxiliary loss (``mean()`` over every dim)."""
+
+    def __init__(self, hidden: int = 40) -> None:
+        super().__init__()
+        self.fc, self.proj = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x / x.abs().amax(-1, keepdim=True)
+        h = self.fc(x)
+        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * torch.pow(h, 3.0))))
+        out = self.proj(h)
+        return out, out.pow(2).mean()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_new_gelu_absmax_and_a_0d_loss_run_in_gensorage(dtype: torch.dtype) -> None:
+    """``tanh``, ``abs`` and a mean over every dim stayed in torch (the last as "shape []"); now the whole MLP is
+    one gensorage subgraph, the loss comes back 0-d, through ``torch.compile(backend="gensorage")``."""
+    torch.manual_seed(16)
+    model = NewGELUMLP().eval()
+    exact = copy.deepcopy(model).double()
+    model.to(dtype)
+    x = 3.0 * torch.randn(2, 9, 40)
+    x[..., 4] = -500.0  # a massive activation: the absmax scale, tanh saturated
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="gensorage", dynamic=False, options={"explain": True})
+    err = io.StringIO()
+    with torch.no_grad(), contextlib.redirect_stderr(err):
+        got = compiled(x.to(dtype))
+    want = exact(x.double())
+    assert [g.dtype for g in got] == [dtype, dtype] and got[1].shape == torch.Size([])
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, 1e-3 if dtype == torch.float32 else 2e-2)
+    report = "\n".join(ln.removeprefix("gensorage: ") for ln in err.getvalue().splitlines())
+    _all_in_gensorage(report)
+    assert len(gensorage_subgraphs(report)) == 1, report
