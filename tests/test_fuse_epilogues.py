@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gensorage.codegen.cuda_build import cubin_unavailable_reason, ptx_and_resources
 from gensorage.codegen.field_twin import check_field_twin
 from gensorage.codegen.module import compile_ugraph
 from gensorage.hw import load_profile
@@ -237,3 +238,21 @@ def test_any_element_wise_chain_folds_into_one_kernel_op(g: KernelGraph, scale: 
     np.testing.assert_allclose(fused.run(*arrays)[0], want, rtol=1e-12, atol=1e-300)
     back, _ = split_epilogues(fused, lambda k: False)
     np.testing.assert_allclose(back.run(*arrays)[0], want, rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["epilogue", "own-kernel"])
+def test_relu_keeps_nan_as_torch_does(fused: bool) -> None:
+    """relu(NaN) is NaN in torch; ``max(x, 0)`` gave 0 on both targets (llvm's and CUDA's max drop a NaN), so a
+    NaN activation vanished in the kernels (and in abs, sigmoid and tanh, built from relu). The relu of a GEMM's
+    epilogue and of an element-wise kernel now select, and the CUDA text compiles for sm_90a."""
+    g = _graph("mlp", "float32", m=32, k=64, n=64)
+    g = fuse_epilogues(g) if fused else g
+    compiled = compile_ugraph(g, HW, "llvm", seed=0)
+    assert any(has_epilogue(op) for op in compiled.ugraph.ops) == fused
+    rng = np.random.default_rng(7)
+    arrays = [rng.standard_normal(s.shape).astype(np.float32) for s in g.inputs]
+    arrays[0][3, 5] = np.nan
+    got = compiled.run(*arrays, target="cpu")[0]
+    assert np.isnan(got[3]).all() and not np.isnan(np.delete(got, 3, axis=0)).any()
+    if cubin_unavailable_reason() is None:
+        assert ptx_and_resources(compile_ugraph(g, HW, "cuda", seed=0).cuda_source(), "sm_90a") is not None

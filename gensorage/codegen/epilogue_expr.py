@@ -118,8 +118,8 @@ def _float(op: Op, x: list[Any], attrs: Any, dt: str) -> Any:
             return x[0] * c(float(attr(attrs, "factor")))
         case Op.ADD_SCALAR:
             return x[0] + c(float(attr(attrs, "value")))
-        case Op.RELU:
-            return tirx.max(x[0], c(0.0))
+        case Op.RELU:  # as FloatScalar's: NaN stays NaN (tirx.max would give 0)
+            return tirx.if_then_else(x[0] < c(0.0), c(0.0), x[0])
         case Op.SILU:
             return x[0] / (c(1.0) + tirx.exp(c(0.0) - x[0]))
         case Op.GELU:

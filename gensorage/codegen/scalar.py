@@ -149,8 +149,9 @@ class FloatScalar:
                 return self._v(f"{_paren(x[0])} * {self._const(float(attr(attrs, 'factor')))}")
             case Op.ADD_SCALAR:
                 return self._v(f"{x[0]} + {self._const(float(attr(attrs, 'value')))}")
-            case Op.RELU:
-                return self._v(f"T.max({x[0]}, {self._const(0.0)})")
+            case Op.RELU:  # a select, not T.max: max(NaN, 0) is 0 on both targets, torch's relu(NaN) is NaN
+                zero = self._const(0.0)
+                return self._v(f"T.if_then_else({_paren(x[0])} < {zero}, {zero}, {x[0]})")
             case Op.SILU:
                 return self._v(
                     f"{_paren(x[0])} / ({self._const(1.0)} + T.exp({self._const(0.0)} - {_paren(x[0])}))"

@@ -2,7 +2,7 @@
 
 The graph comes from torch's own capture (dynamo, then AOTAutograd's functional aten graph), so every node has a
 static ``meta["val"]`` (a fake tensor) giving its shape and dtype. A rule turns one node into Program ops; a node
-no rule covers, or one whose arguments a rule cannot express (a boolean mask, ``pow(x, 3)``, a symbolic shape,
+no rule covers, or one whose arguments a rule cannot express (a boolean mask, ``pow(x, 5)``, a symbolic shape,
 float64), raises :class:`~gensorage.errors.UnsupportedOpError` with a one-line reason and stays in torch.
 
 ``rsqrt``/``reciprocal`` produce a :class:`Recip` (a value not yet divided) so that ``x * rsqrt(v)`` becomes
@@ -27,8 +27,10 @@ import torch.fx as fx
 
 from gensorage.errors import ProgramError, UnsupportedOpError
 from gensorage.program import Program, Tensor
+from gensorage.torch.activations import abs_, gelu, sigmoid, tanh
 from gensorage.torch.fx_args import node_args as _args
 from gensorage.torch.fx_args import node_kwargs as _kw
+from gensorage.torch.kept_in_torch import IN_TORCH, stays_in_torch
 from gensorage.torch.layout import (
     Parts,
     cat,
@@ -89,6 +91,8 @@ class Lowering:
         self.p = program
         self.env: dict[fx.Node, Value] = {}
         self.dtype: str | None = None
+        self.boundary: list[fx.Node] = []  # the graph values that will be inputs, when known before lowering
+        self.widened: frozenset[str] = frozenset()  # 16-bit dtypes of inputs a mixed subgraph casts up
         self.inputs: list[fx.Node] = []
         self.extras: list[tuple[Tensor, Extra]] = []
 
@@ -103,6 +107,8 @@ class Lowering:
         if rule is None:
             raise UnsupportedOpError(f"{_target_name(node)}: no gensorage lowering")
         _check_val(node)
+        if self.dtype is None and not self.boundary:  # probed alone: its tensor arguments are its inputs
+            self.boundary = [a for a in node.all_input_nodes if a not in self.env]
         try:
             value = rule(self, node)
         except ProgramError as exc:
@@ -141,22 +147,50 @@ class Lowering:
         return t
 
     def _input(self, node: fx.Node) -> Tensor:
-        """A program input for ``node``; a float32 value that every user casts to one narrower dtype is declared
-        in that dtype (the kernels get it cast on entry, the rounding torch's cast does)."""
+        """A program input for ``node``, in the subgraph's dtype (:meth:`_home`): a 16-bit value in a float32
+        subgraph enters the kernels cast up, exactly, as torch's type promotion converts it."""
         shape, dtype = _check_val(node)
-        casts = [u for u in node.users if _target_name(u) == "aten._to_copy.default"]
-        narrowed = {_dtype_of(u) for u in casts}
-        if dtype == "float32" and casts and len(casts) == len(node.users) and len(narrowed) == 1:
-            dtype = narrowed.pop() or dtype
         if self.dtype is None:
-            self.dtype = dtype
-        elif dtype != self.dtype:
+            if node.op == "placeholder" and not self.boundary:  # a subgraph: its placeholders are its inputs
+                self.boundary = list(node.graph.find_nodes(op="placeholder"))
+            self.dtype, self.widened = _home(self.boundary or [node])
+        dtype = _declared(node, dtype)
+        if dtype != self.dtype and self.dtype != "float32":
             raise UnsupportedOpError(f"{node.name}: dtype {dtype} mixed with {self.dtype} in one subgraph")
         self.inputs.append(node)
-        return self.p.input(f"in{len(self.inputs) - 1}", shape, dtype)
+        return self.p.input(f"in{len(self.inputs) - 1}", shape, self.dtype)
 
     def shape(self, arg: Any) -> tuple[int, ...]:
         return _check_val(arg)[0]
+
+
+def _declared(node: fx.Node, dtype: str) -> str:
+    """The dtype ``node`` (a value of ``dtype``) enters the kernels in: a float32 value that every user casts to
+    one narrower dtype is declared in that dtype (the kernels get it cast on entry, the rounding torch's cast
+    does)."""
+    casts = [u for u in node.users if _target_name(u) == "aten._to_copy.default"]
+    narrowed = {_dtype_of(u) for u in casts}
+    if dtype == "float32" and casts and len(casts) == len(node.users) and len(narrowed) == 1:
+        return narrowed.pop() or dtype
+    return dtype
+
+
+def _home(boundary: list[fx.Node]) -> tuple[str, frozenset[str]]:
+    """The Program's dtype for a subgraph whose inputs are ``boundary``: theirs when they agree, else float32;
+    and the 16-bit dtypes it casts up (none when they agree).
+
+    Mixed operands compute in float32, as torch's type promotion does (a 16-bit tensor times a float32 one is a
+    float32 product; float16 with bfloat16 is float32 too), so the 16-bit inputs of a mixed subgraph are cast up
+    on entry, which is exact; rounding a float32 input to 16 bits would not be."""
+    dtypes = set()
+    for n in boundary:
+        try:
+            dtypes.add(_declared(n, _check_val(n)[1]))
+        except UnsupportedOpError:
+            continue  # not a tensor gensorage takes: its own lowering says why
+    if len(dtypes) == 1:
+        return dtypes.pop(), frozenset()
+    return "float32", frozenset(dtypes - {"float32"})
 
 
 def _target_name(node: fx.Node) -> str:
@@ -187,9 +221,15 @@ def _check_val(node: fx.Node) -> tuple[tuple[int, ...], str]:
         )
     if not all(isinstance(d, int) for d in val.shape):
         raise UnsupportedOpError(f"{node.name}: symbolic shape {list(val.shape)}")
-    if val.dim() == 0 or 0 in val.shape:
-        raise UnsupportedOpError(f"{node.name}: shape {list(val.shape)} (needs at least 1 dim, no empty dim)")
-    return tuple(int(d) for d in val.shape), DTYPES[val.dtype]
+    if 0 in val.shape:
+        raise UnsupportedOpError(f"{node.name}: shape {list(val.shape)} (an empty dim)")
+    return program_shape(tuple(int(d) for d in val.shape)), DTYPES[val.dtype]
+
+
+def program_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The Program's shape of a torch value of ``shape``: a 0-d value (a mean over every dim) is ``(1,)``, which
+    broadcasts as it does."""
+    return shape or (1,)
 
 
 def _scalar(node: fx.Node, x: Any) -> float:
@@ -283,30 +323,6 @@ def _pow(lw: Lowering, node: fx.Node) -> Value:
     return power if e > 0 else Recip(power)
 
 
-def _gelu(lw: Lowering, node: fx.Node) -> Value:
-    """The exact (erf) form, or GPT-2's tanh form as ``x · sigmoid(2u) = x / (1 + exp(−2u))`` with
-    ``u = √(2/π)(x + 0.044715 x³)`` (0.5 · (1 + tanh u) = sigmoid(2u); exp of a large −2u is inf, and x / inf = 0,
-    as the limit is)."""
-    x = lw.tensor(_args(node)[0])
-    approximate = _kw(node).get("approximate", "none")
-    if approximate == "none":
-        return lw.p.gelu(x)
-    if approximate != "tanh":
-        raise UnsupportedOpError(f"{node.name}: gelu approximation {approximate!r}")
-    u = lw.p.add(x, lw.p.scale(lw.p.mul(lw.p.mul(x, x), x), 0.044715))
-    e = lw.p.exp(lw.p.scale(u, -2.0 * math.sqrt(2.0 / math.pi)))
-    return lw.p.div(x, lw.p.add(e, 1.0))
-
-
-def _sigmoid(lw: Lowering, node: fx.Node) -> Value:
-    """``exp(x − r) / (exp(x − r) + exp(−r))`` with ``r = relu(x)``: both exps are at most 1, so neither
-    overflows at any x (``1 / (1 + exp(−x))`` would need a constant numerator, and ``x / x`` is no constant)."""
-    x = lw.tensor(_args(node)[0])
-    r = lw.p.relu(x)
-    a = lw.p.exp(lw.p.sub(x, r))
-    return lw.p.div(a, lw.p.add(a, lw.p.exp(lw.p.scale(r, -1.0))))
-
-
 def _rsub(lw: Lowering, node: fx.Node) -> Value:
     """``other − x`` (``1.0 - mask``)."""
     x, other = _args(node)[:2]
@@ -318,8 +334,9 @@ def _rsub(lw: Lowering, node: fx.Node) -> Value:
 def _to_copy(lw: Lowering, node: fx.Node) -> Value:
     """A cast between the subgraph's dtype and float32 (``x.float()`` … ``.to(x.dtype)``, as models write around
     norms and softmax) changes nothing: kernels compute in float32, and the precision policy stores what float16
-    or bfloat16 cannot hold in float32 as torch autocast does. Any other cast, or a change of device or layout,
-    stays in torch."""
+    or bfloat16 cannot hold in float32 as torch autocast does. In a subgraph that mixes dtypes (a float32 Program)
+    a cast between float32 and the dtypes it casts up on entry is nothing too. Any other cast, or a change of
+    device or layout, stays in torch."""
     (src,) = _args(node)[:1]
     if set(_kw(node)) - {"dtype", "layout", "device"} or _kw(node).get("layout") not in (None, torch.strided):
         raise UnsupportedOpError(f"{node.name}: a copy other than a dtype cast ({sorted(_kw(node))})")
@@ -333,7 +350,7 @@ def _to_copy(lw: Lowering, node: fx.Node) -> Value:
         narrow = want.dtype if want.dtype != torch.float32 else None
         if narrow is None or _has_ancestor_of(src, narrow):  # a narrowing cast undoes an earlier widening one
             return value
-    if home is not None and cast <= {home, "float32"}:
+    if home is not None and cast <= {home, "float32", *lw.widened}:
         return value
     within = f"a {home} subgraph" if home else "a graph without that narrower dtype before"
     raise UnsupportedOpError(f"{node.name}: cast from {have.dtype} to {want.dtype} in {within}")
@@ -518,10 +535,14 @@ RULES: dict[str, Rule] = {
     "aten.pow.Tensor_Scalar": _pow,
     "aten.relu.default": _unary(Program.relu),
     "aten.silu.default": _unary(Program.silu),
-    "aten.sigmoid.default": _sigmoid,
-    "aten.gelu.default": _gelu,
+    "aten.sigmoid.default": sigmoid,
+    "aten.tanh.default": tanh,
+    "aten.abs.default": abs_,
+    "aten.gelu.default": gelu,
     "aten.sum.dim_IntList": _reduce("sum"),
     "aten.mean.dim": _reduce("mean"),
+    "aten.mean.default": _reduce("mean"),
+    "aten.sum.default": _reduce("sum"),
     "aten.amax.default": _reduce("amax"),
     "aten.var.correction": _var,
     "aten._softmax.default": _softmax,
@@ -554,6 +575,7 @@ RULES: dict[str, Rule] = {
     "aten.split.Tensor": split,
     "aten.split_with_sizes.default": split,
     "aten.unbind.int": unbind,
+    **{name: stays_in_torch(why) for name, why in IN_TORCH.items()},
 }
 
 #: Rules that only move or rename elements (a cast to or from float32 is no op in a Program): a subgraph made of
@@ -565,4 +587,4 @@ LAYOUT_RULES = frozenset(
     in (reshape, identity, transpose, permute, expand, _getitem, cat, slice_, select, split, unbind, _to_copy)
 )
 
-__all__ = ["DTYPES", "LAYOUT_RULES", "RULES", "Extra", "Lowering", "Parts", "Recip"]
+__all__ = ["DTYPES", "LAYOUT_RULES", "RULES", "Extra", "Lowering", "Parts", "Recip", "program_shape"]
