@@ -29,11 +29,12 @@ structure.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gensorage.codegen.ugraph_tir import Target
-from gensorage.construction import warm_starts
+from gensorage.construction import held_tiles, warm_starts
 from gensorage.errors import GensorageError, ScheduleError, UnsupportedOpError
 from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program
@@ -192,8 +193,9 @@ class Dispatcher:
             compiled, runner, builds = _build_kernels(
                 graph, self.hw, self.seed, timings, target, symbolic, notes
             )
-        else:  # constructions start from the nearest shape built before (gensorage.construction.warm_starts)
-            with warm_starts():
+        else:  # constructions start from the nearest shape built before (gensorage.construction.warm_starts);
+            # for compiled variants, the tiles of a bucket's anchor are held (gensorage.construction.held_tiles)
+            with warm_starts(), held_tiles() if symbolic is not None else nullcontext():
                 compiled, runner, builds = _build_kernels(
                     graph, self.hw, self.seed, timings, target, symbolic, notes
                 )
