@@ -14,17 +14,21 @@ every bucket (a new skeleton: a guard appears, a schedule changes; or a fixed li
 it misses, all in one ``tvm.compile``: a skeleton seen for the first time is built as it is (no parameter: the
 fastest code, and nothing yet says which literals vary), a skeleton seen again with other values gets a variant
 widened from the nearest one by the literals that differ. Scheduled matmuls are first taken through TVM's own
-block lowering (:func:`_block_free`), so their literals are the tiling's and the length's. Divisors, unrolled
-extents and a matmul's tile shapes stay constants (:func:`_constant_extents`): variables there cost speed.
+block lowering (:func:`_block_free`), so their literals are the tiling's and the length's, and their variants
+are kept apart per tiling. Unrolled extents and a matmul's tile shapes stay constants (:func:`_constant_extents`:
+variables there cost speed); a divisor that varies is passed with its magic pair (:mod:`.divisor_magic`), so
+the division stays a multiply and a shift.
 
 Exactness: a variant is the template, whose specialisation at its first values was checked structurally equal
 to the emitter's own PrimFunc (:func:`~gensorage.codegen.script_templates.template_of`), and a template equal at
 one set of values is equal at every other (the parser types literals by context, not value). Leaving a literal
-as a parameter and passing its value at the call computes what the specialised kernel computes. So the code run
-at a new length is the code the emitter wrote for that length, compiled once: the tiling decisions (splits,
-guards, grid sizes) are the emitter's at that length, and a length whose decisions change the code's structure
-simply lands in another bucket. A skeleton without a template (a literal the parser needs as a Python value) is
-built per length, as before.
+as a parameter and passing its value at the call computes what the specialised kernel computes. A variant with
+magic pairs is that template's text with each division by a varying divisor written as
+:mod:`.divisor_magic`'s identity, exact for the int32 numerators such a text has (a text naming int64 keeps its
+divisors constant). So the code run at a new length is the code the emitter wrote for that length, compiled
+once: the tiling decisions (splits, guards, grid sizes) are the emitter's at that length, and a length whose
+decisions change the code's structure simply lands in another bucket. A skeleton without a template (a literal
+the parser needs as a Python value) is built per length, as before.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ A model runs one program at many shapes (sequence lengths, batch sizes). :class:
 The llvm kernels come from compiled *variants* (:mod:`gensorage.codegen.symbolic_kernels`): kernels built at
 earlier shapes with their length-dependent literals as parameters, so a new shape builds only the kernels no
 variant covers, and none where every kernel is covered (``symbolic=False``: every new shape builds its kernels).
+Their matmuls keep the tiles of a nearby constructed shape (:func:`gensorage.construction.held_tiles`), so the
+lengths of a bucket share one tiling and its variants.
 
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
