@@ -107,6 +107,23 @@ def test_the_runner_returns_fresh_outputs_and_checks_shapes(tmp_path: Path) -> N
         e.runner([unaligned], _empty)
 
 
+def test_the_runner_takes_an_input_imported_once(tmp_path: Path) -> None:
+    """A TVM tensor the caller imported once (a weight) is the caller's memory at every call, and is checked the
+    first time it is seen at its position."""
+    import tvm
+
+    e = Dispatcher(store=tmp_path / "s.sqlite").kernels(softmax(4, 8))
+    assert e.runner is not None
+    x = _aligned(np.random.default_rng(2).normal(size=(4, 8)).astype(np.float32))
+    imported = tvm.runtime.from_dlpack(x)
+    np.testing.assert_allclose(e.runner([imported], _empty)[0], softmax(4, 8).run(x)[0], rtol=1e-5)
+    x *= 3.0  # in place: the same memory, seen by the next call
+    np.testing.assert_allclose(e.runner([imported], _empty)[0], softmax(4, 8).run(x)[0], rtol=1e-5)
+    wrong = tvm.runtime.from_dlpack(_aligned(np.zeros((2, 8), np.float32)))
+    with pytest.raises(ProgramError, match="shape"):
+        e.runner([wrong], _empty)
+
+
 class _OnAGpu(np.ndarray):
     is_cpu = False  # what a CUDA torch tensor says
 

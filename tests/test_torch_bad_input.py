@@ -153,10 +153,10 @@ def test_kernel_errors_leave_the_subgraph_in_torch(monkeypatch: pytest.MonkeyPat
     real = subgraph.run_on_device
     failing = {"on": when == "first call"}
 
-    def run(cg: Any, args: Any) -> Any:
+    def run(cg: Any, args: Any, *kept: Any) -> Any:
         if failing["on"]:
             raise RuntimeError("TVM: device mismatch\nlong trace")
-        return real(cg, args)
+        return real(cg, args, *kept)
 
     monkeypatch.setattr(subgraph, "run_on_device", run)
     compiled = gtorch.compile(_softmax_product)
@@ -174,7 +174,9 @@ def test_kernel_errors_leave_the_subgraph_in_torch(monkeypatch: pytest.MonkeyPat
 def test_wrong_kernel_outputs_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernels off by 1% are not used: the check against torch on the first call rejects them."""
     real = subgraph.run_on_device
-    monkeypatch.setattr(subgraph, "run_on_device", lambda cg, args: [1.01 * t for t in real(cg, args)])
+    monkeypatch.setattr(
+        subgraph, "run_on_device", lambda cg, args, *kept: [1.01 * t for t in real(cg, args, *kept)]
+    )
     compiled = gtorch.compile(_softmax_product)
     x, w = _draw(10)
     with torch.no_grad():

@@ -35,6 +35,44 @@ def _softmax_of_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.softmax((x @ w) * 4.0, dim=-1)
 
 
+def test_kept_weights_follow_in_place_updates_and_new_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module's weights are imported for the kernels once (device.KeptInputs): an in-place update is seen (the
+    same memory), a ``weight.data = ...`` is imported again, and a weight the kernels can only take as a copy (a
+    transposed one) is copied at each call, never kept."""
+    import tvm
+
+    passed: list[bool] = []
+    real = KernelRunner.__call__
+
+    def spy(self: KernelRunner, arrays: list[Any], alloc: Any) -> list[Any]:
+        passed.append(any(isinstance(a, tvm.runtime.Tensor) for a in arrays))
+        return real(self, arrays, alloc)
+
+    monkeypatch.setattr(KernelRunner, "__call__", spy)
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(32, 16, bias=False)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(lin(x) * 2.0, dim=-1)
+
+    compiled = gtorch.compile(f)
+    x = 3.0 * torch.randn(8, 32)
+    with torch.no_grad():
+        for step in range(5):
+            if step == 2:
+                lin.weight.mul_(-0.5)
+            elif step == 3:
+                lin.weight.data = torch.randn(16, 32)
+            elif step == 4:
+                lin.weight.data = torch.randn(32, 16).t()
+            got, want = compiled(x), f(x)
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * float(want.max()))
+    assert "stays in torch" not in compiled.explain(), compiled.explain()
+    assert passed[1:4] == [True, True, True], (
+        passed
+    )  # steps 1-3 ran with the weight kept (0: the checked call)
+
+
 def test_cpu_tensors_pass_by_pointer(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernels see the caller's tensors' memory, and the caller gets the kernels' output memory."""
     seen: list[tuple[list[int], list[int]]] = []

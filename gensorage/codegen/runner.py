@@ -21,6 +21,7 @@ their lifetime is the caller's allocator's alone.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,42 @@ class KernelRunner:
         # The llvm build does not check its arguments (gensorage.codegen.module.LLVM_CONFIG): the call does.
         self._cpu = target == "llvm"
         self._dtypes_seen: list[Any] = [None] * len(self.input_dtypes)
+        self._imported_seen: list[Any] = [None] * len(self.input_dtypes)
+        self._tensor_type = tvm.runtime.Tensor
+        self._plan()
+
+    def _plan(self) -> None:
+        """Each kernel's arguments as positions in one list per call (``_slots``): the bound tensors first, then
+        the inputs, the outputs and the views of those the kernels take; an ``itemgetter`` per kernel picks its
+        arguments from that list in C, instead of resolving each argument in Python at every call."""
+        import tvm_ffi
+
+        fixed: list[Any] = []
+        views: list[tuple[int, int, Any, Any]] = []  # (kind, index, shape, dtype) of each call-time view
+        where: dict[Any, int] = {}
+        n_in, n_out = len(self.input_shapes), len(self.output_specs)
+        for _, args in self._calls:
+            for a in args:
+                if a.kind == _BOUND and id(a.bound) not in where:
+                    where[id(a.bound)] = len(fixed)
+                    fixed.append(a.bound)
+        for _, args in self._calls:
+            for a in args:
+                if a.kind != _BOUND and a.view is not None and (a.kind, a.index, a.view) not in where:
+                    where[(a.kind, a.index, a.view)] = len(fixed) + n_in + n_out + len(views)
+                    dtype = self.input_dtypes[a.index] if a.kind == _INPUT else self.output_specs[a.index][1]
+                    # shape and dtype built once: TVM's _create_view builds them from Python values in µs
+                    views.append((a.kind, a.index, tvm_ffi.Shape(a.view), tvm_ffi.dtype(dtype)))
+
+        def position(a: _Arg) -> int:
+            if a.kind == _BOUND:
+                return where[id(a.bound)]
+            if a.view is not None:
+                return where[(a.kind, a.index, a.view)]
+            return len(fixed) + a.index + (n_in if a.kind == _OUTPUT else 0)
+
+        self._fixed, self._views = fixed, views
+        self._plan_calls = [(fn, _picker([position(a) for a in args])) for fn, args in self._calls]
 
     def _check_dtype(self, i: int, dtype: Any) -> None:
         if str(dtype).removeprefix("torch.") != self.input_dtypes[i]:
@@ -120,32 +157,66 @@ class KernelRunner:
         self._dtypes_seen[i] = dtype
 
     def __call__(self, arrays: Sequence[Any], alloc: Alloc) -> list[Any]:
-        """Run the kernels on ``arrays``; returns the outputs, allocated by ``alloc``."""
+        """Run the kernels on ``arrays``; returns the outputs, allocated by ``alloc``.
+
+        An array may also be a TVM tensor the caller imported once (``tvm.runtime.from_dlpack``) and passes at
+        every call (a model's weight, say): it is checked the first time it is seen at its position and then
+        taken as it is, which saves its import at every call.
+        """
         import tvm
 
         if len(arrays) != len(self.input_shapes):
             raise ProgramError(f"the kernels take {len(self.input_shapes)} inputs, got {len(arrays)}")
-        for i, (a, shape) in enumerate(zip(arrays, self.input_shapes, strict=True)):
-            if tuple(a.shape) != shape:
-                raise ProgramError(f"an input has shape {list(a.shape)}, the kernels take {list(shape)}")
-            if a.dtype is not self._dtypes_seen[i]:  # a dtype object checked before passes at once
-                self._check_dtype(i, a.dtype)
-            if self._cpu and not _on_cpu(a):
-                raise ProgramError("an input is not in CPU memory: the llvm kernels take CPU arrays")
-        outs = [alloc(shape, dtype) for shape, dtype in self.output_specs]
         from_dlpack = tvm.runtime.from_dlpack
+        seen, tensor_type = self._imported_seen, self._tensor_type
+        ins: list[Any] = []
         try:
-            tensors = ([from_dlpack(a) for a in arrays], [from_dlpack(o) for o in outs])
+            for i, a in enumerate(arrays):
+                if a is seen[i]:  # a TVM tensor checked at this position before
+                    ins.append(a)
+                    continue
+                self._check(i, a)
+                if type(a) is tensor_type:
+                    seen[i] = a
+                    ins.append(a)
+                else:
+                    ins.append(from_dlpack(a))
+            outs = [alloc(shape, dtype) for shape, dtype in self.output_specs]
+            tensors = (ins, [from_dlpack(o) for o in outs])
         except RuntimeError as exc:  # TVM's check of the alignment, the device or the layout
             raise ProgramError(f"the kernels cannot take these arrays through DLPack: {exc}") from None
+        slots = [*self._fixed, *tensors[0], *tensors[1]]
+        slots.extend(
+            tensors[kind][index]._create_view(view, dtype) for kind, index, view, dtype in self._views
+        )
         with self._lock:
             try:
-                for fn, args in self._calls:
-                    fn(*[_resolve(a, tensors) for a in args])
+                for fn, pick in self._plan_calls:
+                    fn(*pick(slots))
             except TypeError as exc:  # TVM's check of the arguments' dtypes (the CUDA build's)
                 want = ", ".join(self.input_dtypes)
                 raise ProgramError(f"the kernels take {want}: {str(exc).splitlines()[0]}") from None
         return outs
+
+    def _check(self, i: int, a: Any) -> None:
+        """Input ``i``'s shape, dtype and (for the llvm kernels) memory."""
+        if tuple(a.shape) != self.input_shapes[i]:
+            raise ProgramError(
+                f"an input has shape {list(a.shape)}, the kernels take {list(self.input_shapes[i])}"
+            )
+        if a.dtype is not self._dtypes_seen[i]:  # a dtype object checked before passes at once
+            self._check_dtype(i, a.dtype)
+        if self._cpu and not _on_cpu(a):
+            raise ProgramError("an input is not in CPU memory: the llvm kernels take CPU arrays")
+
+
+def _picker(positions: list[int]) -> Callable[[list[Any]], tuple[Any, ...]]:
+    """The arguments at ``positions`` of a call's slot list, as a tuple (``itemgetter`` returns a bare item for
+    one position)."""
+    if len(positions) == 1:
+        (p,) = positions
+        return lambda slots: (slots[p],)
+    return operator.itemgetter(*positions)
 
 
 def _on_cpu(a: Any) -> bool:

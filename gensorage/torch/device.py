@@ -91,12 +91,42 @@ def cuda_kernels(cg: CompiledUGraph, capability: tuple[int, int]) -> CompiledUGr
 
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` contiguous with its data aligned as TVM needs: the same tensor when it is, else a torch copy on its
-    own device."""
-    t = t.detach()
+    """``t`` contiguous with its data aligned as TVM needs: the same memory when it is, else a torch copy on its
+    own device (detached where it requires grad: DLPack takes no such tensor)."""
+    if t.requires_grad:
+        t = t.detach()
     if not t.is_contiguous() or t.data_ptr() % ALIGNMENT:
         t = t.clone(memory_format=torch.contiguous_format)
     return t
+
+
+class KeptInputs:
+    """One caller's inputs that are the same tensor at every call (a module's parameters, a subgraph's own
+    constants), imported for the kernels once instead of at every call.
+
+    Only ``positions`` are kept. An entry is used while the argument is the same tensor object at the same
+    address (``param.data = ...`` moves it: imported again); a tensor the kernels can only take as a copy
+    (strided or misaligned) is never kept, since the copy would not see its in-place updates. The entries hold
+    the tensors, which their caller holds anyway.
+    """
+
+    def __init__(self, positions: Sequence[int]) -> None:
+        self.positions = frozenset(positions)
+        self._held: dict[int, tuple[torch.Tensor, int, Any]] = {}
+
+    def imported(self, i: int, t: torch.Tensor) -> Any:
+        """Input ``i`` as the kernels take it: the kept TVM tensor, or ``t`` prepared (and kept when it can)."""
+        held = self._held.get(i)
+        if held is not None and held[0] is t and held[1] == t.data_ptr():
+            return held[2]
+        a = aligned(t)
+        if a.data_ptr() != t.data_ptr():  # a copy: taken at this call only
+            return a
+        import tvm
+
+        imported = tvm.runtime.from_dlpack(a)
+        self._held[i] = (t, t.data_ptr(), imported)
+        return imported
 
 
 def kernel_input(t: torch.Tensor) -> Any:
@@ -132,16 +162,24 @@ def cuda_runner(cg: CompiledUGraph, device: torch.device) -> KernelRunner | None
     return _RUNNERS[key][1]
 
 
-def run_on_device(res: ShapeKernels, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def run_on_device(
+    res: ShapeKernels, args: Sequence[torch.Tensor], kept: KeptInputs | None = None
+) -> list[torch.Tensor]:
     """The kernels of ``res`` on ``args`` (all on one device), outputs as torch tensors on that device.
 
     CPU tensors take the prepared launch sequence (:class:`~gensorage.codegen.runner.KernelRunner`) where the
-    µGraph has one; everything else runs the device's build of the kernels.
+    µGraph has one, with the inputs at ``kept``'s positions imported once (:class:`KeptInputs`); everything else
+    runs the device's build of the kernels.
     """
     device = args[0].device
     target = build_for(device)
     if target == "llvm" and res.runner is not None:
-        return list(res.runner([aligned(a) for a in args], _empty))
+        if kept is None:
+            return res.runner([aligned(a) for a in args], _empty)
+        at = kept.positions
+        return res.runner(
+            [kept.imported(i, a) if i in at else aligned(a) for i, a in enumerate(args)], _empty
+        )
     runner = cuda_runner(res.compiled, device) if target == "cuda" else None
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext(), _stream(device):
         if runner is not None:
@@ -159,6 +197,7 @@ def _empty_on(device: torch.device, shape: tuple[int, ...], dtype: str) -> torch
 __all__ = [
     "ALIGNMENT",
     "BUILDS",
+    "KeptInputs",
     "aligned",
     "build_for",
     "cuda_arch",

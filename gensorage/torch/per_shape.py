@@ -33,8 +33,8 @@ def has_symbolic_shapes(example_inputs: Sequence[Any]) -> bool:
 def shape_key(args: Sequence[Any]) -> tuple[Any, ...]:
     """What a static graph depends on: each tensor's shape, stride, dtype and device; other inputs' values."""
     return tuple(
-        (tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args
-    )
+        (a.shape, a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args
+    )  # a torch.Size hashes and compares as the tuple of its sizes
 
 
 class PerShape:

@@ -25,8 +25,8 @@ from gensorage.errors import GensorageError, UnsupportedOpError
 from gensorage.hw import load_profile
 from gensorage.program import Program
 from gensorage.superopt.dispatch import Dispatcher, ShapeKernels
-from gensorage.torch.device import build_for, profile_for, run_on_device
-from gensorage.torch.lowering import DTYPES, Extra, Lowering, program_shape
+from gensorage.torch.device import KeptInputs, build_for, profile_for, run_on_device
+from gensorage.torch.lowering import DTYPES, Extra, Lowering
 from gensorage.torch.report import Report
 
 #: Largest error of the kernels against torch on the first inputs, relative to the largest reference value; a
@@ -54,6 +54,8 @@ class Lowered:
     outputs: list[int] = field(default_factory=list)  # graph output i is program output outputs[i]
     strides: list[tuple[int, ...]] = field(default_factory=list)  # torch's layout of graph output i
     dtypes: list[torch.dtype] = field(default_factory=list)  # and its dtype (float32 after an x.float())
+    input_shapes: list[tuple[int, ...]] = field(default_factory=list)  # the program's inputs, looked up once
+    input_dtypes: list[torch.dtype] = field(default_factory=list)
 
 
 def lower(sub: fx.GraphModule, name: str) -> Lowered:
@@ -78,6 +80,8 @@ def lower(sub: fx.GraphModule, name: str) -> Lowered:
         lowered.outputs.append(marked[t.id])
         lowered.strides.append(tuple(r.meta["val"].stride()))
         lowered.dtypes.append(r.meta["val"].dtype)
+    lowered.input_shapes = [t.shape for t in p.inputs]
+    lowered.input_dtypes = [getattr(torch, t.dtype) for t in p.inputs]
     return lowered
 
 
@@ -93,6 +97,7 @@ class GensorageSubgraph(torch.nn.Module):
         self._kernels: tuple[Lowered, ShapeKernels] | None = None
         self._extras: list[torch.Tensor] = []
         self._fallback: str | None = None
+        self._kept: KeptInputs | None = None
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self._kernels is None and self._fallback is None:
@@ -100,18 +105,20 @@ class GensorageSubgraph(torch.nn.Module):
         if self._kernels is None:
             return tuple(self.sub(*args))
         lowered, res = self._kernels
-        if any(
-            program_shape(tuple(a.shape)) != t.shape
-            for a, t in zip(args, lowered.program.inputs, strict=False)
-        ):
+        # a 0-d value is (1,) in the Program (`lowering.program_shape`)
+        if any((a.shape or (1,)) != s for a, s in zip(args, lowered.input_shapes, strict=False)):
             return tuple(
                 self.sub(*args)
             )  # a guard let other shapes through: torch's answer, never a wrong one
         try:
-            return run_kernels(lowered, res, [*args, *self._extras])
+            return run_kernels(lowered, res, [*args, *self._extras], self._kept)
         except Exception as exc:  # e.g. a device the kernels were not built for: torch from now on
             self._fall_back(f"kernels failed on a later call: {type(exc).__name__}: {exc}")
             return tuple(self.sub(*args))
+
+    # An internal node of the partitioned graph, which registers no hooks: called straight, without
+    # nn.Module.__call__'s hook checks (several µs a call).
+    __call__ = forward
 
     def _fall_back(self, reason: str) -> None:
         self._kernels, self._fallback = None, (reason.strip().splitlines() or ["?"])[0]
@@ -143,6 +150,9 @@ class GensorageSubgraph(torch.nn.Module):
             self._fall_back(f"internal error: {type(exc).__name__}: {exc}")
             return want
         self._kernels, self._extras = (lowered, res), extras
+        # parameters and the subgraph's own constants are the same tensors at every call: imported once
+        stable = [i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter)]
+        self._kept = KeptInputs([*stable, *range(len(args), len(args) + len(extras))])
         self.report.subgraph(
             self.name,
             f"gensorage: {res.num_kernels} kernel(s) for {len(lowered.program.live_ids())} program nodes, "
@@ -175,16 +185,25 @@ def compiled(program: Program, options: Options, device: torch.device | None = N
     return dispatcher(options, device).kernels(program, target)
 
 
-def run_kernels(lowered: Lowered, res: ShapeKernels, args: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies); an
-    argument in another dtype than its program input (a float32 value the graph casts down) is cast first."""
-    dtypes = [getattr(torch, t.dtype) for t in lowered.program.inputs]
-    tensors = run_on_device(
-        res, [a.to(d).reshape(a.shape or (1,)) for a, d in zip(args, dtypes, strict=True)]
-    )
+def _as_input(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``a`` as its program input: in its dtype, a 0-d value as ``(1,)``; untouched (no new tensor) otherwise."""
+    a = a if a.dtype is dtype else a.to(dtype)
+    return a.reshape(1) if a.dim() == 0 else a
+
+
+def run_kernels(
+    lowered: Lowered, res: ShapeKernels, args: list[torch.Tensor], kept: KeptInputs | None = None
+) -> tuple[torch.Tensor, ...]:
+    """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies, the
+    inputs at ``kept``'s positions imported once); an argument in another dtype than its program input (a
+    float32 value the graph casts down) is cast first."""
+    cast = [_as_input(a, d) for a, d in zip(args, lowered.input_dtypes, strict=True)]
+    tensors = run_on_device(res, cast, kept)
     return tuple(
-        _strided(tensors[i].to(d), s)
-        for i, s, d in zip(lowered.outputs, lowered.strides, lowered.dtypes, strict=True)
+        _strided(t if t.dtype is d else t.to(d), s)
+        for t, s, d in zip(
+            [tensors[i] for i in lowered.outputs], lowered.strides, lowered.dtypes, strict=True
+        )
     )
 
 
