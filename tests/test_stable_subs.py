@@ -1,4 +1,5 @@
-"""``SearchSpec(sub_stabilises_only=True)``: a ``sub`` only as a stable softmax's ``x − max(x)``, read by ``exp``."""
+"""``SearchSpec(sub_stabilises_only=True)``: a ``sub`` only as a stable softmax's ``x − max(x)``, read by ``exp``;
+``SearchSpec(exp_stabilised_only=True)``: an ``exp`` only of a ``sub``."""
 
 from __future__ import annotations
 
@@ -67,15 +68,27 @@ def test_a_difference_that_stabilises_nothing_is_no_longer_searched() -> None:
     assert narrow.complete and not narrow.candidates
 
 
-def test_flash_attention2_is_found_as_without_the_restriction() -> None:
-    # FlashAttention-2 has no sub (the online accumulators subtract the running maximum inside): the stable
-    # prefill search finds the same candidates with the restriction.
+def test_an_exp_of_no_difference_is_no_longer_searched() -> None:
+    # exp(X) then a sum: the unstable form of an exponential; with exp_stabilised_only no µGraph is left.
+    p = Program("exp_sum")
+    x = p.input("X", (4, 8), "float32")
+    p.output(p.sum(p.exp(x), 1, keepdim=True))
+    spec = SearchSpec(program=p, max_kernel_ops=2, max_block_ops=2, max_grid_dims=1)
+    plain = search_serial(spec)
+    assert plain.complete and plain.candidates
+    narrow = search_serial(dataclasses.replace(spec, exp_stabilised_only=True))
+    assert narrow.complete and not narrow.candidates
+
+
+def test_flash_attention2_is_found_as_without_the_restrictions() -> None:
+    # FlashAttention-2 has no sub and no exp operator (the online accumulators subtract the running maximum
+    # and exponentiate inside): the stable prefill search finds the same candidates with both restrictions.
     program, _ = examples.flash_attention2(heads=2, q_len=3, kv_len=4, head_dim=5, q_blocks=1, forloop=2)
     spec = SearchSpec(
         program=program, max_kernel_ops=2, max_block_ops=3, max_grid_dims=1, max_block_outputs=1
     )
     plain = run_task(spec, _transpose_k_task(spec))
-    narrow_spec = dataclasses.replace(spec, sub_stabilises_only=True)
+    narrow_spec = dataclasses.replace(spec, sub_stabilises_only=True, exp_stabilised_only=True)
     narrow = run_task(narrow_spec, _transpose_k_task(narrow_spec))
     assert plain.complete and narrow.complete and plain.candidates
     assert [c.ugraph for c in narrow.candidates] == [c.ugraph for c in plain.candidates]
@@ -90,3 +103,8 @@ def test_the_knob_is_a_spec_field_that_keeps_old_keys() -> None:
     assert SearchSpec.from_json(on.to_json()) == on and on.key() != spec.key()
     with pytest.raises(ConfigError, match="sub_stabilises_only must be true or false"):
         dataclasses.replace(spec, sub_stabilises_only=1)  # type: ignore[arg-type]
+    assert "exp_stabilised_only" not in spec.to_json()
+    both = dataclasses.replace(on, exp_stabilised_only=True)
+    assert SearchSpec.from_json(both.to_json()) == both and both.key() != on.key()
+    with pytest.raises(ConfigError, match="exp_stabilised_only must be true or false"):
+        dataclasses.replace(spec, exp_stabilised_only="yes")  # type: ignore[arg-type]

@@ -134,7 +134,7 @@ def _predefined(s: Walk) -> Iterator[None]:
             scaled = any(st.scaled[i] for i in ins)
             if scaled and not reads_scaled(v.op, [st.const[i] for i in ins if st.scaled[i]]):
                 continue
-            if s.spec.sub_stabilises_only and not _stable_sub_ok(s, v, ins):
+            if (s.spec.sub_stabilises_only or s.spec.exp_stabilised_only) and not _stable_sub_ok(s, v, ins):
                 continue
             if must is None and not completable(s, ins, keeps_scaled(v.op, scaled)):
                 continue
@@ -249,11 +249,16 @@ def _headers(s: Walk) -> Iterator[None]:
 
 def _stable_sub_ok(s: Walk, v: OpVariant, ins: tuple[int, ...]) -> bool:
     """With ``sub_stabilises_only``: only an ``exp`` reads a ``sub`` result, and a ``sub`` subtracts a maximum of
-    its minuend (see :mod:`.stable_subs`)."""
-    st = s.state
-    if any(kernel_sub_result(st, i) for i in ins):
+    its minuend; with ``exp_stabilised_only``: an ``exp`` reads only a ``sub`` result (see :mod:`.stable_subs`)."""
+    st, spec = s.state, s.spec
+    subs = [kernel_sub_result(st, i) for i in ins]
+    if spec.sub_stabilises_only and any(subs):
         return v.op is Op.EXP
-    return v.op is not Op.SUB or stabilises(st.val[ins[0]].term, st.val[ins[1]].term)
+    if v.op is Op.EXP:
+        return not spec.exp_stabilised_only or subs[0]
+    if v.op is Op.SUB and spec.sub_stabilises_only:
+        return stabilises(st.val[ins[0]].term, st.val[ins[1]].term)
+    return True
 
 
 def _read_again(s: Walk, ins: tuple[int, ...]) -> list[Term]:

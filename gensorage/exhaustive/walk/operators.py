@@ -105,8 +105,8 @@ def operators(
     last_head = last[:2] if (last is not None and canonical) else None
     reads_ok = s.reads_checker()
     uses = b.uses
-    stable = s.spec.sub_stabilises_only
-    pending_sub = pending_block_sub(b) if stable and canonical else None
+    stable = s.spec.sub_stabilises_only or s.spec.exp_stabilised_only
+    pending_sub = pending_block_sub(b) if s.spec.sub_stabilises_only and canonical else None
     for ins, desc in operand_tuples(b, low, need):
         if pending_sub is not None and desc[0] >= pending_sub and ins != (pending_sub,):
             continue  # the pending sub result's exp could no longer follow it in canonical order
@@ -150,10 +150,14 @@ def _stable_variants(
     s: Walk, b: BlockBuild, ins: tuple[int, ...], variants: list[OpVariant]
 ) -> list[OpVariant]:
     """With ``sub_stabilises_only``: only an ``exp`` reads a ``sub`` result, and a ``sub`` subtracts a maximum of
-    its minuend (see :mod:`.stable_subs`)."""
-    if any(block_sub_result(b, i) for i in ins):
+    its minuend; with ``exp_stabilised_only``: an ``exp`` reads only a ``sub`` result (see :mod:`.stable_subs`)."""
+    spec = s.spec
+    subs = [block_sub_result(b, i) for i in ins]
+    if spec.sub_stabilises_only and any(subs):
         return [v for v in variants if v.op is Op.EXP]
-    if len(ins) == 2 and any(v.op is Op.SUB for v in variants):
+    if spec.exp_stabilised_only and not (len(ins) == 1 and subs[0]):
+        variants = [v for v in variants if v.op is not Op.EXP]
+    if spec.sub_stabilises_only and len(ins) == 2 and any(v.op is Op.SUB for v in variants):
         if not stabilises(_tensor_term(s, b, ins[0]), _tensor_term(s, b, ins[1])):
             return [v for v in variants if v.op is not Op.SUB]
     return variants
