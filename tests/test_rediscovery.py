@@ -538,9 +538,12 @@ def _stable_decode(scaled: bool, dtype: str = "float16") -> Program:
     return p
 
 
-def stable_decode_spec(scaled: bool, dims: DimStrategy | None = None) -> SearchSpec:
+def stable_decode_spec(
+    scaled: bool, dims: DimStrategy | None = None, stable_only: bool = False
+) -> SearchSpec:
     """The search space of stable FlashDecoding (three kernels: K's transpose, split-KV, combine), shared with
-    ``benchmarks/flash_decoding.py --stable``."""
+    ``benchmarks/flash_decoding.py --stable``; ``stable_only``: ``sub_stabilises_only`` and
+    ``exp_stabilised_only``, as the split-KV presets set them."""
     ops = ("transpose", "matmul", "max", "sub", "exp", "div", *(("scale",) if scaled else ()))
     return SearchSpec(
         program=_stable_decode(scaled),
@@ -551,6 +554,8 @@ def stable_decode_spec(scaled: bool, dims: DimStrategy | None = None) -> SearchS
         max_block_outputs=3,
         ops=ops,
         dims=dims,
+        sub_stabilises_only=stable_only,
+        exp_stabilised_only=stable_only,
     )
 
 
@@ -579,8 +584,9 @@ def _stable_split_kv_and_combine(g: KernelGraph) -> bool:
     )
 
 
+@pytest.mark.parametrize("stable_subs", [False, True], ids=["all-subs", "stable-only"])
 @pytest.mark.parametrize("scaled", [False, True], ids=["folded", "scaled"])
-def test_stable_attention_decode_flash_decoding_split_kv_and_combine(scaled: bool) -> None:
+def test_stable_attention_decode_flash_decoding_split_kv_and_combine(scaled: bool, stable_subs: bool) -> None:
     # One query token, K as models keep it: the stable program at decode. The search's own children reach a
     # split-KV kernel saving each split's o, l and running max m, and a combine that rescales by exp(m_i − M)
     # with M the max over the splits, as two matmuls and a division: FlashDecoding. Its prefixes are kept by
@@ -588,7 +594,10 @@ def test_stable_attention_decode_flash_decoding_split_kv_and_combine(scaled: boo
     # With 1/√d in the program (as models write it) the split kernel scales its scores once: the online
     # accumulators and the running max read the scaled scores (a max may read a positive scale's result), so
     # the saved maxima are the scaled scores' and the combine needs no second scale (examples.flash_decoding_stable).
-    spec = stable_decode_spec(scaled)
+    # With the split-KV presets' restrictions (sub_stabilises_only, exp_stabilised_only) the path is still there:
+    # the combine's only sub, m − M, subtracts the maximum over the splits of the splits' maxima, only its exp
+    # reads it, and that is the only exp (the split kernel's online accumulators exponentiate inside).
+    spec = stable_decode_spec(scaled, stable_only=stable_subs)
     p = spec.program
     table = _SPLIT_SCALED if scaled else _SPLIT
     path = _guided_path(

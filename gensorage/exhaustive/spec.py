@@ -25,7 +25,9 @@ SPEC_FORMAT = "gensorage.search-spec"
 SPEC_VERSION = 1
 OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "max_block_graphs", "dims"})
 OMITTED_WHEN_TRUE = frozenset({"replicated_writes"})
-OMITTED_WHEN_FALSE = frozenset({"fused_first", "graph_defined_last"})
+OMITTED_WHEN_FALSE = frozenset(
+    {"fused_first", "graph_defined_last", "sub_stabilises_only", "exp_stabilised_only"}
+)
 OMITTED_WHEN_ONE = frozenset({"min_kernel_ops"})
 # Elements of one program tensor a search evaluates at most (verification runs candidates at the program's shapes;
 # the bundled 4096-wide configs have 16.8 M).
@@ -96,6 +98,18 @@ class SearchSpec:
         first; the rest in walk order. Changes only which
         candidates a stopped search has found, not what a complete one finds. Off by default: on searches
         whose fusing subtrees are large and barren (attention presets) a short budget then finds less.
+    sub_stabilises_only : bool
+        Admit a ``sub`` (block-level or pre-defined) only as a stable softmax's: its subtrahend is a maximum of
+        its minuend's expression (a tile's or row's max, a running max, a saved maximum read back), and only an
+        ``exp`` reads its result. False by default: it narrows the space (it is no pruning rule: a ``sub`` of
+        any other form, e.g. ``x − y − max(x)`` or a saved difference, is no longer searched); see
+        ``docs/search.md``.
+    exp_stabilised_only : bool
+        Admit an ``exp`` operator (block-level or pre-defined) only on a ``sub`` result, so that every
+        exponential is a stable softmax's (the online-softmax accumulators exponentiate inside, with their running
+        maximum). False by default: it narrows the space, dropping the unstable ``exp(x)`` forms of a program
+        written with the stable softmax (and every µGraph of a program with another ``exp``); see
+        ``docs/search.md``.
     """
 
     program: Program = field(compare=False, hash=False, repr=False)
@@ -120,6 +134,8 @@ class SearchSpec:
     dims: DimStrategy | None = None
     replicated_writes: bool = True
     fused_first: bool = False
+    sub_stabilises_only: bool = False
+    exp_stabilised_only: bool = False
     program_text: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -184,6 +200,14 @@ class SearchSpec:
             )
         if not isinstance(self.fused_first, bool):
             raise ConfigError(f"search spec: fused_first must be true or false, got {self.fused_first!r}")
+        if not isinstance(self.sub_stabilises_only, bool):
+            raise ConfigError(
+                f"search spec: sub_stabilises_only must be true or false, got {self.sub_stabilises_only!r}"
+            )
+        if not isinstance(self.exp_stabilised_only, bool):
+            raise ConfigError(
+                f"search spec: exp_stabilised_only must be true or false, got {self.exp_stabilised_only!r}"
+            )
         if not isinstance(self.replicated_writes, bool):
             raise ConfigError(
                 f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}"

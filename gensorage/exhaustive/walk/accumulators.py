@@ -31,6 +31,7 @@ from gensorage.exhaustive.walk.operators import operands_read_again
 from gensorage.exhaustive.walk.provenance import Provenance, of_op
 from gensorage.exhaustive.walk.rank import ACCUMULATOR_CODE, RankKey, follows, rank_key
 from gensorage.exhaustive.walk.search_state import AccumRec, BlockBuild, free_after, numel, ops_left
+from gensorage.exhaustive.walk.stable_subs import block_sub_result, pending_block_sub
 from gensorage.opset import Op, Shape, freeze_attrs, infer_shape
 
 if TYPE_CHECKING:
@@ -52,9 +53,15 @@ def _candidates(s: Walk, b: BlockBuild) -> Iterator[AccumRec]:
     last = b.keys[-1] if b.keys else None
     low = last[0][0] if (last is not None and s.spec.canonical) else 0
     reads_ok = s.reads_checker()
+    stable = s.spec.sub_stabilises_only
+    pending_sub = pending_block_sub(b) if stable else None
 
     def open_to(rec: AccumRec) -> bool:
         ins = rec.inputs
+        if stable and any(block_sub_result(b, i) for i in ins):
+            return False  # only an exp reads a sub result (sub_stabilises_only)
+        if pending_sub is not None and s.spec.canonical and max(ins) >= pending_sub:
+            return False  # the pending sub result's exp could no longer follow it
         if s.spec.canonical and not follows(last, _key(rec)):
             return False
         return b.viable(free_after(b, ins), 0, ops_left(s.spec, b, 1)) and reads_ok(

@@ -22,6 +22,7 @@ from gensorage.exhaustive.expr.expr_arith import EXPR, ExprValue
 from gensorage.exhaustive.expr.ties import Ties, holds_copies, saved_ties
 from gensorage.exhaustive.walk.rank import GRAPH_DEFINED_CODE, follows, rank_key
 from gensorage.exhaustive.walk.search_state import BlockBuild, BlockOpRec, numel
+from gensorage.exhaustive.walk.stable_subs import block_sub_result
 from gensorage.opset import Shape
 from gensorage.ugraph.evaluate import run_block_graph
 from gensorage.ugraph.ir import (
@@ -81,6 +82,8 @@ def finishable(s: Walk, b: BlockBuild) -> list[int] | None:
         return None
     if b.looped and not all(b.post[j] for j in outs):
         return None
+    if s.spec.sub_stabilises_only and any(block_sub_result(b, j) for j in outs):
+        return None  # only an exp reads a sub result
     return outs
 
 

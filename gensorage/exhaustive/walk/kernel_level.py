@@ -38,6 +38,7 @@ from gensorage.exhaustive.rules.occurrences import read_again
 from gensorage.exhaustive.rules.rule import UNLIMITED, LastSite, NodeRule, Prune, apply
 from gensorage.exhaustive.walk.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.walk.search_state import numel
+from gensorage.exhaustive.walk.stable_subs import kernel_sub_result, stabilises
 from gensorage.opset import Op
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
 
@@ -133,6 +134,8 @@ def _predefined(s: Walk) -> Iterator[None]:
             scaled = any(st.scaled[i] for i in ins)
             if scaled and not reads_scaled(v.op, [st.const[i] for i in ins if st.scaled[i]]):
                 continue
+            if (s.spec.sub_stabilises_only or s.spec.exp_stabilised_only) and not _stable_sub_ok(s, v, ins):
+                continue
             if must is None and not completable(s, ins, keeps_scaled(v.op, scaled)):
                 continue
             if not reads_ok(_read_again(s, ins)):
@@ -225,6 +228,8 @@ def _headers(s: Walk) -> Iterator[None]:
                 continue
             if any(st.scaled[i] for i in inputs):
                 continue  # a scale before a custom kernel moves into its block graph
+            if s.spec.sub_stabilises_only and any(kernel_sub_result(st, i) for i in inputs):
+                continue  # only an exp reads a sub result
             if not last_op and not completable(s, inputs, False):
                 continue
             if last_op and rules and _cannot_finish(s, rules, inputs):
@@ -240,6 +245,20 @@ def _headers(s: Walk) -> Iterator[None]:
                     yield
                 finally:
                     st.close_block()
+
+
+def _stable_sub_ok(s: Walk, v: OpVariant, ins: tuple[int, ...]) -> bool:
+    """With ``sub_stabilises_only``: only an ``exp`` reads a ``sub`` result, and a ``sub`` subtracts a maximum of
+    its minuend; with ``exp_stabilised_only``: an ``exp`` reads only a ``sub`` result (see :mod:`.stable_subs`)."""
+    st, spec = s.state, s.spec
+    subs = [kernel_sub_result(st, i) for i in ins]
+    if spec.sub_stabilises_only and any(subs):
+        return v.op is Op.EXP
+    if v.op is Op.EXP:
+        return not spec.exp_stabilised_only or subs[0]
+    if v.op is Op.SUB and spec.sub_stabilises_only:
+        return stabilises(st.val[ins[0]].term, st.val[ins[1]].term)
+    return True
 
 
 def _read_again(s: Walk, ins: tuple[int, ...]) -> list[Term]:
@@ -303,6 +322,8 @@ def complete_outputs(s: Walk) -> list[tuple[int, ...]]:
     if any(st.uses[i] == 0 for i in s.context.required_inputs):
         return []
     free = [t for t in range(st.n_inputs, len(st.shape)) if st.uses[t] == 0]
+    if s.spec.sub_stabilises_only and any(kernel_sub_result(st, t) for t in free):
+        return []  # only an exp reads a sub result
     wanted = s.context.output_shapes
     if len(free) != len(wanted):
         return []

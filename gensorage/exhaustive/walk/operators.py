@@ -49,6 +49,7 @@ from gensorage.exhaustive.walk.bindings import (
 from gensorage.exhaustive.walk.provenance import of_iterator, of_op, splits_reduced
 from gensorage.exhaustive.walk.search_context import SearchContext, remember
 from gensorage.exhaustive.walk.search_state import BlockBuild, BlockOpRec, numel, ops_left
+from gensorage.exhaustive.walk.stable_subs import block_sub_result, pending_block_sub, stabilises
 from gensorage.opset import Op, Shape
 
 if TYPE_CHECKING:
@@ -104,7 +105,11 @@ def operators(
     last_head = last[:2] if (last is not None and canonical) else None
     reads_ok = s.reads_checker()
     uses = b.uses
+    stable = s.spec.sub_stabilises_only or s.spec.exp_stabilised_only
+    pending_sub = pending_block_sub(b) if s.spec.sub_stabilises_only and canonical else None
     for ins, desc in operand_tuples(b, low, need):
+        if pending_sub is not None and desc[0] >= pending_sub and ins != (pending_sub,):
+            continue  # the pending sub result's exp could no longer follow it in canonical order
         head = (desc, ins)
         min_code = -1
         if last_head is not None:
@@ -120,6 +125,8 @@ def operators(
         if again and not reads_ok(operands_read_again(s, b, ins)):
             continue
         variants = [v for v in variants_for(s, ins) if v.code > min_code and (only is None or v.op in only)]
+        if stable:
+            variants = _stable_variants(s, b, ins, variants)
         if not variants:
             continue
         pending = tuple(i for i in dict.fromkeys(ins) if b.shape[i] is None)
@@ -137,6 +144,23 @@ def operators(
             yield from _bind_then_apply(s, b, ins, head, variants, post, pending, tight == TIGHT_KNOWN)
         else:
             yield from _apply_variants(s, b, ins, head, variants, post)
+
+
+def _stable_variants(
+    s: Walk, b: BlockBuild, ins: tuple[int, ...], variants: list[OpVariant]
+) -> list[OpVariant]:
+    """With ``sub_stabilises_only``: only an ``exp`` reads a ``sub`` result, and a ``sub`` subtracts a maximum of
+    its minuend; with ``exp_stabilised_only``: an ``exp`` reads only a ``sub`` result (see :mod:`.stable_subs`)."""
+    spec = s.spec
+    subs = [block_sub_result(b, i) for i in ins]
+    if spec.sub_stabilises_only and any(subs):
+        return [v for v in variants if v.op is Op.EXP]
+    if spec.exp_stabilised_only and not (len(ins) == 1 and subs[0]):
+        variants = [v for v in variants if v.op is not Op.EXP]
+    if spec.sub_stabilises_only and len(ins) == 2 and any(v.op is Op.SUB for v in variants):
+        if not stabilises(_tensor_term(s, b, ins[0]), _tensor_term(s, b, ins[1])):
+            return [v for v in variants if v.op is not Op.SUB]
+    return variants
 
 
 def _bind_then_apply(

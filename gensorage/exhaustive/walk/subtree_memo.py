@@ -2,7 +2,8 @@
 
 The children of a kernel-level node (and everything below them) are a function of the kernel tensors' shapes,
 dtypes, abstract expressions, use counts, scale flags, constant factors and index ties, the number of kernel operators so far, the last
-operator's rank key and the constant budgets left. They do *not* depend on how earlier operators computed those
+operator's rank key and the constant budgets left (and, under ``sub_stabilises_only`` or ``exp_stabilised_only``,
+which tensors a pre-defined ``sub`` made). They do *not* depend on how earlier operators computed those
 tensors. In a two-kernel search many first kernels (a split-K matmul with or without a loop, one grid size or
 another) produce tensors that agree on all of these, and each would otherwise be followed by the same, often
 large, walk of every second kernel. So the first walk below such a node is recorded: the logical counters it
@@ -38,6 +39,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from gensorage.exhaustive.walk.search_state import SearchState
+from gensorage.exhaustive.walk.stable_subs import kernel_sub_result
 from gensorage.ugraph.ir import GraphDefinedOp, KernelNode, Ref
 
 MAX_ENTRIES = 200_000  # memory bound per task: past it, new subtrees are walked but not recorded
@@ -97,12 +99,17 @@ def process_memo(spec_key: str) -> Memo:
 
 
 def subtree_key(
-    st: SearchState, max_kernel_ops: int, budget: tuple[int, ...], count_graphs: bool = False
+    st: SearchState,
+    max_kernel_ops: int,
+    budget: tuple[int, ...],
+    count_graphs: bool = False,
+    stable_subs: bool = False,
 ) -> Hashable | None:
     """The key of the kernel-level node ``st`` is at, or None where reuse does not apply (inside a block graph,
     at the root, or where no operator may follow). With ``count_graphs`` (a ``max_block_graphs`` limit or
     ``graph_defined_last``) the graph-defined operators already placed decide which operators may follow, so
-    their number is part of the key."""
+    their number is part of the key; with ``stable_subs`` (``sub_stabilises_only`` or ``exp_stabilised_only``)
+    so do the tensors a pre-defined ``sub`` made (only an ``exp`` may read them, and only they an ``exp``)."""
     k = len(st.ops)
     if st.block is not None or k == 0 or k >= max_kernel_ops:
         return None
@@ -121,6 +128,7 @@ def subtree_key(
         rank,
         budget,
         sum(isinstance(op, GraphDefinedOp) for op in st.ops) if count_graphs else None,
+        tuple(kernel_sub_result(st, t) for t in range(len(st.shape))) if stable_subs else None,
     )
 
 

@@ -222,6 +222,7 @@ class Walk:
                             self.spec.max_kernel_ops,
                             tuple(self.budget.values()),
                             self.spec.max_block_graphs is not None or self.spec.graph_defined_last,
+                            self.spec.sub_stabilises_only or self.spec.exp_stabilised_only,
                         )
                         if key is not None:
                             entry = self.subtrees.get(key)
