@@ -14,21 +14,17 @@ every bucket (a new skeleton: a guard appears, a schedule changes; or a fixed li
 it misses, all in one ``tvm.compile``: a skeleton seen for the first time is built as it is (no parameter: the
 fastest code, and nothing yet says which literals vary), a skeleton seen again with other values gets a variant
 widened from the nearest one by the literals that differ. Scheduled matmuls are first taken through TVM's own
-block lowering (:func:`_block_free`), so their literals are the tiling's and the length's, and their variants
-are kept apart per tiling. Unrolled extents and a matmul's tile shapes stay constants (:func:`_constant_extents`:
-variables there cost speed); a divisor that varies is passed with its magic pair (:mod:`.divisor_magic`), so
-the division stays a multiply and a shift.
+block lowering (:func:`_block_free`), so their literals are the tiling's and the length's. Divisors, unrolled
+extents and a matmul's tile shapes stay constants (:func:`_constant_extents`): variables there cost speed.
 
 Exactness: a variant is the template, whose specialisation at its first values was checked structurally equal
 to the emitter's own PrimFunc (:func:`~gensorage.codegen.script_templates.template_of`), and a template equal at
 one set of values is equal at every other (the parser types literals by context, not value). Leaving a literal
-as a parameter and passing its value at the call computes what the specialised kernel computes. A variant with
-magic pairs is that template's text with each division by a varying divisor written as
-:mod:`.divisor_magic`'s identity, exact for the int32 numerators such a text has (a text naming int64 keeps its
-divisors constant). So the code run at a new length is the code the emitter wrote for that length, compiled
-once: the tiling decisions (splits, guards, grid sizes) are the emitter's at that length, and a length whose
-decisions change the code's structure simply lands in another bucket. A skeleton without a template (a literal
-the parser needs as a Python value) is built per length, as before.
+as a parameter and passing its value at the call computes what the specialised kernel computes. So the code run
+at a new length is the code the emitter wrote for that length, compiled once: the tiling decisions (splits,
+guards, grid sizes) are the emitter's at that length, and a length whose decisions change the code's structure
+simply lands in another bucket. A skeleton without a template (a literal the parser needs as a Python value) is
+built per length, as before.
 """
 
 from __future__ import annotations
@@ -42,7 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gensorage.codegen.divisor_magic import divisor_positions, magic, with_magic_divisions
 from gensorage.codegen.kernel_text import Target
 from gensorage.codegen.module import Kernel, compile_kernels
 from gensorage.codegen.script_templates import skeleton, template_of
@@ -53,6 +48,7 @@ _ALLOCATION = re.compile(
     r"T\.(?:alloc_buffer|decl_buffer|sblock_alloc_buffer|alloc_local|alloc_shared|allocate)\("
     r"(\([^)]*\)|\[[^\]]*\]|c\d+_)"
 )
+_DIVISOR = re.compile(r"(?://|%)\s*c(\d+)_")
 _LITERAL = re.compile(r"\bc(\d+)_")
 
 #: Variants kept per skeleton: beyond, a kernel of that skeleton is built per length (never wrong, only slower).
@@ -66,7 +62,6 @@ class _Variant:
     fixed: tuple[tuple[int, int], ...]  # (position, value) of every other literal
     executable: Any
     function: Any = None  # looked up on first use (the JIT runs then)
-    divisors: tuple[int, ...] = ()  # dynamic divisors, also passed as their magic pair (divisor_magic)
 
     def matches(self, values: Sequence[int]) -> bool:
         return all(values[i] == v for i, v in self.fixed)
@@ -76,8 +71,7 @@ class _Variant:
             self.function = self.executable[self.symbol]
         if not self.dynamic:
             return self.function
-        pairs = (x for i in self.divisors for x in magic(values[i]))
-        return functools.partial(self.function, *(values[i] for i in self.dynamic), *pairs)
+        return functools.partial(self.function, *(values[i] for i in self.dynamic))
 
 
 @dataclass(slots=True)
@@ -111,10 +105,9 @@ class SymbolicKernels:
     the variants they compiled.
     """
 
-    def __init__(self, target: Target, hw: HwProfile, *, magic: bool = True) -> None:
+    def __init__(self, target: Target, hw: HwProfile) -> None:
         self.target: Target = target
         self.hw = hw
-        self.magic = magic  # a grid kernel's divisors may vary (as magic pairs); else they stay constants
         self.builds = 0
         self.compiled = 0
         self._skeletons: dict[str, _Skeleton] = {}
@@ -135,19 +128,20 @@ class SymbolicKernels:
             for kern in map(_block_free, kernels):
                 body, raw = skeleton(kern.script, kern.name)
                 values = tuple(raw)
-                key = _tiling(kern) + body
-                known = self._skeletons.setdefault(key, _Skeleton(values))
+                known = self._skeletons.setdefault(body, _Skeleton(values))
                 variant = next((v for v in known.variants if v.matches(values)), None)
                 if variant is None:
                     variant, func = self._new_variant(kern, body, values, known)
-                    missing.append((_renamed(kern, variant, func), key, variant))
+                    script = kern.script.replace(kern.name, variant.symbol)
+                    renamed = dataclasses.replace(kern, name=variant.symbol, func=func, script=script)
+                    missing.append((renamed, body, variant))
                 calls[kern.name] = (variant, values)
             if missing:
                 self._build(missing)
         return BoundExecutable(calls)
 
     def _build(self, missing: list[tuple[Kernel, str, _Variant]]) -> None:
-        """One build of the ``missing`` variants (each with its skeleton's key); on failure none is kept."""
+        """One build of the ``missing`` variants; on failure none of them is kept."""
         try:
             ex = compile_kernels([k for k, _, _ in missing], self.target, self.hw)
         except Exception:
@@ -167,63 +161,20 @@ class SymbolicKernels:
         # Named after the kernel: under names that sort otherwise in the module (``sym<n>_kernel<k>``) the same
         # PrimFuncs compiled to slower code (a matmul's body inlined into its wrapper, 1.5x its time).
         symbol = f"{kern.name}_v{next(self._symbols)}"
-        scheduled = kern.grid is None
-        dynamic = sorted(_widened(known, values) - _constant_extents(body, scheduled, self.magic))
+        dynamic = sorted(_widened(known, values) - _constant_extents(body, kern.grid is None))
         template = template_of(body, list(values), kern.name, kern.func) if dynamic else None
-        divisors = sorted(set(dynamic) & divisor_positions(body))
-        if template is not None and divisors:  # faithful literals: divide by the divisors' magic pairs
-            template = _magic_template(body, tuple(divisors))
-            dynamic = dynamic if template is not None else []
         if template is None:  # first sight, or no template: the kernel as the emitter wrote it
-            dynamic, divisors = [], []
+            dynamic = []
             func = kern.func.with_attr("global_symbol", symbol)
         else:
             params = list(template.params)
             static = {params[i]: v for i, v in enumerate(values) if i not in dynamic}
             func = template.specialize(static).with_attr("global_symbol", symbol)
         fixed = tuple((i, v) for i, v in enumerate(values) if i not in dynamic)
-        variant = _Variant(symbol, tuple(dynamic), fixed, None, divisors=tuple(divisors))
+        variant = _Variant(symbol, tuple(dynamic), fixed, None)
         if len(known.variants) < MAX_VARIANTS:
             known.variants.append(variant)
         return variant, func
-
-
-def _magic_template(body: str, divisors: tuple[int, ...]) -> Any:
-    """The template of ``body`` dividing by ``divisors``' magic pairs (:func:`.divisor_magic.with_magic_divisions`:
-    exact for int32 numerators), or None where the text cannot be rewritten or parsed. Parsed afresh for each
-    variant, so no two functions of one build share a variable."""
-    import tvm
-
-    text = _magic_text(body, divisors)
-    if text is None:
-        return None
-    try:
-        return tvm.script.from_source(text)
-    except Exception:  # a form the rewrite does not read right: the kernel is built as written
-        return None
-
-
-@functools.lru_cache(maxsize=1024)
-def _magic_text(body: str, divisors: tuple[int, ...]) -> str | None:
-    return with_magic_divisions(body, list(divisors))
-
-
-def _tiling(kern: Kernel) -> str:
-    """A scheduled kernel's tiles (its rule from ``T0=`` on), so that variants of one skeleton under other tiles
-    stay apart: widened over a tiling's literals, a matmul ran 1.75 times slower. Empty for other kernels."""
-    if kern.grid is not None:
-        return ""
-    at = kern.rule.find("T0=")
-    return f"# {kern.rule[at:]}\n" if at >= 0 else ""
-
-
-def _renamed(kern: Kernel, variant: _Variant, func: Any) -> Kernel:
-    """``kern`` as ``variant``'s function in a build (its PrimFunc ``func``). The script names the parameters:
-    the build compiles kernels of equal scripts once (:func:`~gensorage.codegen.module.compile_kernels`), and two
-    variants of one kernel are of one text."""
-    script = kern.script.replace(kern.name, variant.symbol)
-    script += f"\n# parameters: {variant.dynamic}, magic pairs: {variant.divisors}\n"
-    return dataclasses.replace(kern, name=variant.symbol, func=func, script=script)
 
 
 def _block_free(kern: Kernel) -> Kernel:
@@ -290,18 +241,14 @@ def _widened(known: _Skeleton, values: tuple[int, ...]) -> set[int]:
     return set(nearest.dynamic) | differing(nearest)
 
 
-def _constant_extents(body: str, scheduled: bool, magic_divisors: bool = True) -> set[int]:
-    """Literal positions of a skeleton kept constant: unrolled and vectorised loops' extents (TVM needs them)
-    and, in a scheduled kernel (a matmul), its divisors and allocations' shapes, its tiles: another tiling is
-    another variant, built as written (:func:`gensorage.construction.held_tiles` keeps a bucket of lengths on
-    one tiling). A division by a plain variable is a division per element: variants with divisors as parameters
-    ran up to 3.7 times slower (a repeat's or a concat's flat index split by the length). A grid kernel's
-    divisors vary as magic pairs (:mod:`.divisor_magic`: a multiply and a shift, as for a constant), or, with
-    ``magic_divisors`` off, stay constants; a matmul's stay constants (as magic pairs its variants ran up to 4
-    times slower: the index arithmetic of its inner loops)."""
+def _constant_extents(body: str, scheduled: bool) -> set[int]:
+    """Literal positions of a skeleton kept constant: unrolled and vectorised loops' extents (TVM needs them) and
+    divisors: a division by a variable is a division per element (a constant one is a multiply and shift), and
+    variants with divisors as parameters ran up to 3.7 times slower (a repeat's or a concat's flat index split by
+    the length; matmuls' tiles 1.6 times). In a scheduled kernel (a matmul) also the allocations' shapes, its
+    tiles. Another tiling, or another divisor, is another variant, built as written."""
     keep = {int(m) for m in _CONSTANT_EXTENT.findall(body)}
-    if not magic_divisors:
-        keep |= divisor_positions(body)
+    keep |= {int(m) for m in _DIVISOR.findall(body)}
     if scheduled:
         for shape in _ALLOCATION.findall(body):
             keep |= {int(m) for m in _LITERAL.findall(shape)}

@@ -21,14 +21,13 @@ from gensorage.construction.block_threads import (
     widen_block_tile,
 )
 from gensorage.construction.kernel_sizes import SizeLattice, kernel_sizes
-from gensorage.construction.schedule import construct_schedule, held_tiles, warm_starts
+from gensorage.construction.schedule import construct_schedule, warm_starts
 
 __all__ = [
     "MatmulTiling",
     "SizeLattice",
     "ThreadChoice",
     "construct_schedule",
-    "held_tiles",
     "fallback_threads",
     "kernel_sizes",
     "matmul_tiling",

@@ -25,21 +25,16 @@ from contextvars import ContextVar
 from gensorage.hw.profile import HwProfile
 from gensorage.markov import construct
 from gensorage.markov.schedule import Schedule
-from gensorage.markov.space import space_for
-from gensorage.markov.warm import construct_from, hold_schedule
+from gensorage.markov.warm import construct_from
 from gensorage.workloads.workload import Workload
 
 _Key = tuple[object, ...]
 _CACHE: dict[_Key, Schedule] = {}  # cold constructions
 _WARM: dict[_Key, Schedule] = {}  # warm-started constructions (inside warm_starts only)
 _CLASSES: dict[_Key, dict[tuple[int, ...], Schedule]] = {}  # shape class -> extents -> schedule (both memos)
-_HELD: dict[_Key, Schedule] = {}  # schedules held from an anchor (inside held_tiles only)
-_ANCHORS: dict[_Key, dict[tuple[int, ...], Schedule]] = {}  # shape class -> extents -> constructed, held from
 _CACHE_LIMIT = 1024  # schedules kept before the memos start afresh (bounds memory on long runs)
 MAX_CARRY_FACTOR = 4  # a known shape warm-starts a new one whose extents are within this factor of its own
-HOLD_FACTOR = 4  # an anchor's tiles are held for new extents within this factor of its own
 _WARM_STARTS: ContextVar[bool] = ContextVar("gensorage_warm_starts", default=False)
-_HELD_TILES: ContextVar[bool] = ContextVar("gensorage_held_tiles", default=False)
 
 
 def construct_schedule(workload: Workload, hw: HwProfile, seed: int = 0) -> Schedule:
@@ -55,19 +50,16 @@ def construct_schedule(workload: Workload, hw: HwProfile, seed: int = 0) -> Sche
     # The key names the whole loop nest: a block graph's nests share a name and axes but not their accesses.
     key = (workload.key(), workload.flops, workload.accesses, hw, seed)
     hit = _CACHE.get(key)
-    if hit is None and _HELD_TILES.get() and _WARM_STARTS.get():
-        hit = _HELD.get(key) or _held(workload, hw, seed, key)
-    if hit is None and _WARM_STARTS.get():
+    if hit is not None:
+        return hit
+    if _WARM_STARTS.get():
         hit = _WARM.get(key) or _warm(workload, hw, seed, key)
-    if hit is None:
-        if len(_CACHE) >= _CACHE_LIMIT:
-            _clear()
-        hit = _CACHE[key] = construct(workload, hw, seed=seed).schedule
-        _index(workload, hw, seed, hit)
-        _ANCHORS.setdefault((shape_class(workload), hw, seed), {})[_extents(workload)] = hit
-    elif _HELD_TILES.get() and key not in _HELD and _WARM_STARTS.get():
-        # constructed inside held_tiles where no anchor held: an anchor for the lengths near it
-        _ANCHORS.setdefault((shape_class(workload), hw, seed), {})[_extents(workload)] = hit
+        if hit is not None:
+            return hit
+    if len(_CACHE) >= _CACHE_LIMIT:
+        _clear()
+    hit = _CACHE[key] = construct(workload, hw, seed=seed).schedule
+    _index(workload, hw, seed, hit)
     return hit
 
 
@@ -80,39 +72,6 @@ def warm_starts() -> Iterator[None]:
         yield
     finally:
         _WARM_STARTS.reset(token)
-
-
-@contextmanager
-def held_tiles() -> Iterator[None]:
-    """Within this context and :func:`warm_starts`, a loop nest not constructed yet keeps the tiles of the
-    nearest *anchor* of its shape class (a nest constructed cold, or walked here where none held) whose extents
-    are within ``HOLD_FACTOR`` of its own, where those tiles are legal and fit at its extents
-    (:func:`gensorage.markov.warm.hold_schedule`): the lengths of a bucket share one tiling, so their kernels
-    differ in their extents and bounds guards only (one compiled variant serves them:
-    :mod:`gensorage.codegen.symbolic_kernels`). Elsewhere, the warm start's walk, which becomes an anchor."""
-    token = _HELD_TILES.set(True)
-    try:
-        yield
-    finally:
-        _HELD_TILES.reset(token)
-
-
-def _held(workload: Workload, hw: HwProfile, seed: int, key: _Key) -> Schedule | None:
-    anchors = _ANCHORS.get((shape_class(workload), hw, seed))
-    if not anchors:
-        return None
-    ext = _extents(workload)
-    space = space_for(workload, hw)
-    for e in sorted(anchors, key=lambda e: sum(abs(math.log(a / b)) for a, b in zip(ext, e, strict=True))):
-        if any(max(a, b) > HOLD_FACTOR * min(a, b) for a, b in zip(ext, e, strict=True)):
-            continue
-        held = hold_schedule(anchors[e], space)
-        if held is not None:
-            if len(_HELD) >= _CACHE_LIMIT:
-                _clear()
-            _HELD[key] = held
-            return held
-    return None
 
 
 def warm_starts_active() -> bool:
@@ -161,15 +120,6 @@ def _clear() -> None:
     _CACHE.clear()
     _WARM.clear()
     _CLASSES.clear()
-    _HELD.clear()
-    _ANCHORS.clear()
 
 
-__all__ = [
-    "HOLD_FACTOR",
-    "construct_schedule",
-    "held_tiles",
-    "shape_class",
-    "warm_starts",
-    "warm_starts_active",
-]
+__all__ = ["construct_schedule", "shape_class", "warm_starts", "warm_starts_active"]

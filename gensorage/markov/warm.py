@@ -68,21 +68,6 @@ def carry_schedule(known: Schedule, space: ScheduleSpace) -> Schedule | None:
     return carried if space.fits(carried) else None
 
 
-def hold_schedule(known: Schedule, space: ScheduleSpace) -> Schedule | None:
-    """``known``'s tiles and virtual threads unchanged at ``space``'s extents (the code generator guards the
-    partial tiles), or None when the axes differ, a tile is larger than its new extent or the state does not fit
-    the hardware. A tile need not be one of the sizes the construction tries at the new extents (a whole-extent
-    reduction tile of 20 is held at 33: two tiles, the second guarded), so a bucket of lengths keeps one
-    tiling."""
-    if known.axes != space.axes:
-        return None
-    held = space.make(known.tiles[0], known.tiles[1], known.vthreads, level=LAST)
-    for a, ext in enumerate(space.extents):
-        if not 1 <= held.tiles[0][a] <= held.tiles[1][a] <= ext:
-            return None
-    return held if space.fits(held) else None
-
-
 def descend(
     space: ScheduleSpace, start: Schedule, max_evaluations: int = MAX_EVALUATIONS
 ) -> tuple[float, Schedule, int]:
@@ -164,4 +149,4 @@ def construct_from(
     )
 
 
-__all__ = ["MAX_EVALUATIONS", "carry_schedule", "construct_from", "descend", "hold_schedule"]
+__all__ = ["MAX_EVALUATIONS", "carry_schedule", "construct_from", "descend"]

@@ -21,8 +21,6 @@ A model runs one program at many shapes (sequence lengths, batch sizes). :class:
 The llvm kernels come from compiled *variants* (:mod:`gensorage.codegen.symbolic_kernels`): kernels built at
 earlier shapes with their length-dependent literals as parameters, so a new shape builds only the kernels no
 variant covers, and none where every kernel is covered (``symbolic=False``: every new shape builds its kernels).
-Their matmuls keep the tiles of a nearby constructed shape (:func:`gensorage.construction.held_tiles`), so the
-lengths of a bucket share one tiling and its variants.
 
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
@@ -31,12 +29,11 @@ structure.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gensorage.codegen.ugraph_tir import Target
-from gensorage.construction import held_tiles, warm_starts
+from gensorage.construction import warm_starts
 from gensorage.errors import GensorageError, ScheduleError, UnsupportedOpError
 from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program
@@ -195,9 +192,8 @@ class Dispatcher:
             compiled, runner, builds = _build_kernels(
                 graph, self.hw, self.seed, timings, target, symbolic, notes
             )
-        else:  # constructions start from the nearest shape built before (gensorage.construction.warm_starts);
-            # for compiled variants, the tiles of a bucket's anchor are held (gensorage.construction.held_tiles)
-            with warm_starts(), held_tiles() if symbolic is not None else nullcontext():
+        else:  # constructions start from the nearest shape built before (gensorage.construction.warm_starts)
+            with warm_starts():
                 compiled, runner, builds = _build_kernels(
                     graph, self.hw, self.seed, timings, target, symbolic, notes
                 )
