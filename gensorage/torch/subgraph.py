@@ -26,7 +26,7 @@ from gensorage.hw import load_profile
 from gensorage.program import Program
 from gensorage.superopt.dispatch import Dispatcher, ShapeKernels
 from gensorage.torch.device import KeptInputs, build_for, profile_for, run_on_device
-from gensorage.torch.lowering import DTYPES, Extra, Lowering
+from gensorage.torch.lowering import DTYPES, Extra, Lowering, program_shape
 from gensorage.torch.report import Report
 
 #: Largest error of the kernels against torch on the first inputs, relative to the largest reference value; a
@@ -105,8 +105,7 @@ class GensorageSubgraph(torch.nn.Module):
         if self._kernels is None:
             return tuple(self.sub(*args))
         lowered, res = self._kernels
-        # a 0-d value is (1,) in the Program (`lowering.program_shape`)
-        if any((a.shape or (1,)) != s for a, s in zip(args, lowered.input_shapes, strict=False)):
+        if any(program_shape(a.shape) != s for a, s in zip(args, lowered.input_shapes, strict=False)):
             return tuple(
                 self.sub(*args)
             )  # a guard let other shapes through: torch's answer, never a wrong one
@@ -140,7 +139,10 @@ class GensorageSubgraph(torch.nn.Module):
             got = run_kernels(lowered, res, [*args, *extras])
             err = mismatch(got, want)
             dtype = lowered.program.inputs[0].dtype
-            tolerance = max(TOLERANCE[DTYPES[t.dtype]] for t in (*args, *want) if t.dtype in DTYPES)
+            tolerance = max(
+                (TOLERANCE[DTYPES[t.dtype]] for t in (*args, *want) if t.dtype in DTYPES),
+                default=TOLERANCE[dtype],
+            )
             if not err <= tolerance:
                 raise GensorageError(f"kernels differ from torch by {err:.2e} (tolerance {tolerance:.0e})")
         except GensorageError as exc:
