@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from gensorage.errors import ProgramError, UnsupportedOpError
 from gensorage.program import Program, Tensor
-from gensorage.torch.activations import abs_, gelu, sigmoid, tanh
+from gensorage.torch.activations import CLAMP_ARGS, abs_, clamp, gelu, log_softmax, sigmoid
 from gensorage.torch.fx_args import node_args as _args
 from gensorage.torch.fx_args import node_kwargs as _kw
 from gensorage.torch.kept_in_torch import IN_TORCH, stays_in_torch
@@ -536,7 +536,10 @@ RULES: dict[str, Rule] = {
     "aten.relu.default": _unary(Program.relu),
     "aten.silu.default": _unary(Program.silu),
     "aten.sigmoid.default": sigmoid,
-    "aten.tanh.default": tanh,
+    "aten.tanh.default": _unary(Program.tanh),
+    "aten.log.default": _unary(Program.log),
+    "aten._log_softmax.default": log_softmax,
+    **{name: clamp for name in CLAMP_ARGS},
     "aten.abs.default": abs_,
     "aten.gelu.default": gelu,
     "aten.sum.dim_IntList": _reduce("sum"),
