@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 import gensorage
 from gensorage.codegen.cuda_build import cubin_unavailable_reason, ptx_and_resources
 from gensorage.codegen.module import compile_ugraph
+from gensorage.codegen.scalar import FieldScalar, Val
+from gensorage.codegen.tir_text import Writer
 from gensorage.errors import ConfigError, NotLaxError, ProgramError
 from gensorage.exhaustive.expr import abstract_expr as ae
 from gensorage.exhaustive.expr.expr_arith import EXPR, ExprValue
@@ -196,9 +198,6 @@ def test_clamps_are_keyed_per_bound_pair_in_both_fields() -> None:
     assert fa.equal(fa.clamp(y, -1.0, None), FieldArith(4, rng, keys=fa.keys).clamp(y, -1.0, None)).all()
     assert not fa.equal(fa.clamp(y, -1.0, None), fa.clamp(y, -2.0, None)).any()
     assert not fa.equal(fa.activation("log", y), fa.activation("tanh", y)).any()
-    from gensorage.codegen.scalar import FieldScalar
-    from gensorage.codegen.tir_text import Writer
-    from gensorage.codegen.scalar import Val
 
     with pytest.raises(NotLaxError, match="clamp has no finite-field kernel"):
         FieldScalar(fa.p, fa.q).op(Writer(), Op.CLAMP, freeze_attrs({"min": 0.0}), [Val(("a", "b"), "int64")])
