@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import gensorage
 from gensorage.codegen.cuda_build import cubin_unavailable_reason, ptx_and_resources
+from gensorage.codegen.field_twin import check_field_twin
 from gensorage.codegen.module import compile_ugraph
 from gensorage.codegen.scalar import FieldScalar, Val
 from gensorage.codegen.tir_text import Writer
@@ -325,3 +326,18 @@ def test_gemm_epilogue_and_own_kernels_match_float64_and_build_for_cuda(fused: b
     if cubin_unavailable_reason() is None:
         src = compile_ugraph(g, HW, "cuda", seed=0).cuda_source()
         assert ptx_and_resources(src, "sm_90a") is not None
+
+
+def test_field_twin_of_tanh_and_log_kernels_agrees_and_a_clamp_is_refused() -> None:
+    """The generated kernels in field mode hash tanh and log with the keys of :class:`FieldArith` (the kernel's
+    parameter buffer holds one per named activation); a clamp has no key there and is refused in one line."""
+    p = Program("twin")
+    x = p.input("x", [8, 16], "float32")
+    w = p.input("w", [16, 8], "float32")
+    p.output(p.mul(p.tanh(p.matmul(x, w)), p.log(p.matmul(x, w))))
+    assert check_field_twin(from_program(p), p, trials=1, seed=3, hw=HW)
+    q = Program("twin_clamp")
+    y = q.input("y", [8, 16], "float32")
+    q.output(q.clamp(y, max=1.0))
+    with pytest.raises(NotLaxError, match="clamp"):
+        check_field_twin(from_program(q), q, trials=1, seed=3, hw=HW)

@@ -223,12 +223,16 @@ def test_tanh_error_near_zero_in_float32() -> None:
     """tanh is the IR's op now (it was two exps near 1 subtracted: 1.4e-2 relative at 1e-5, and tanh(−0) = +0):
     in float32 within 1e-6 relative of torch at every magnitude, −0 kept, ±1 beyond |x| = 9."""
     compiled = _Compiled(_elementwise, "gensorage.torch.compile", torch.linspace(-4.0, 4.0, 24).reshape(3, 8))
-    x = torch.tensor([-0.0, 1e-7, -1e-6, 1e-5, -1e-4, 1e-3, 0.01, -0.1, 0.5, 1.0, -3.0, 9.5] * 2).reshape(3, 8)
+    x = torch.tensor([-0.0, 1e-7, -1e-6, 1e-5, -1e-4, 1e-3, 0.01, -0.1, 0.5, 1.0, -3.0, 9.5] * 2).reshape(
+        3, 8
+    )
     x[1] *= 1.7
     got, want = compiled(x)[0], torch.tanh(x)
     rel = ((got.double() - want.double()).abs() / want.double().abs().clamp_min(1e-300))[x != 0]
     assert float(rel.max()) <= 1e-6, rel
-    assert got[0, 0] == 0.0 and torch.signbit(got[0, 0]) and torch.equal(got.abs()[x.abs() > 9], torch.ones(2))
+    assert (
+        got[0, 0] == 0.0 and torch.signbit(got[0, 0]) and torch.equal(got.abs()[x.abs() > 9], torch.ones(2))
+    )
 
 
 @pytest.mark.parametrize(("a", "b"), [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16)])
