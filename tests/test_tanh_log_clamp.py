@@ -236,6 +236,23 @@ def test_fast_mode_runs_a_program_holding_them() -> None:
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=4e-3, atol=4e-3)
 
 
+def test_full_mode_fuses_them_into_one_verified_kernel() -> None:
+    """The search takes the new ops (catalog from the program): tanh, clamp and log after a matmul become one
+    graph-defined kernel (four direct ones), verified in the first tier, right on the llvm build."""
+    p = Program("full")
+    x = p.input("x", [8, 16], "float16")
+    w = p.input("w", [16, 8], "float16")
+    p.output(p.log(p.clamp(p.tanh(p.matmul(x, w)), min=0.125)))
+    res = gensorage.superoptimize(
+        p, hw="h100", mode="full", time_budget_s=120, use_store=False, progress=False
+    )
+    assert len(res.best.ops) == 1 and res.equivalence
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal(t.shape).astype(np.float16) for t in p.inputs]
+    (got,) = res.run(*xs, target="cpu")
+    np.testing.assert_allclose(got.astype(np.float64), p.run(*xs)[0], rtol=4e-3, atol=4e-3)
+
+
 # ------------------------------------------------------------------------------------------ kernels
 
 

@@ -178,7 +178,8 @@ class FloatScalar:
         which cancels near 0 (relative error 1e-2 at 1e-5 in float32) and gives tanh(-0) = +0."""
         r = w.fresh("th")
         w.line(f'{r} = T.alloc_buffer((3,), "float64", scope="local")')
-        w.line(f"{r}[0] = {x if self.compute == 'float64' else f'T.Cast({chr(34)}float64{chr(34)}, {x})'}")
+        wide = x if self.compute == "float64" else f'T.Cast("float64", {x})'
+        w.line(f"{r}[0] = {wide}")
         w.line(f"{r}[1] = {r}[0] * {r}[0]")
         w.line(f"{r}[2] = T.exp(T.float64(-2.0) * T.fabs({r}[0]))")
         poly = tvm_float(TANH_SERIES[-1], "float64")
