@@ -48,8 +48,9 @@ def _logs_and_clamps(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         torch.log(x),
         x.clamp(-0.5, 2.0),
         x.clamp_min(0.25),
-        x.clamp(max=-1e-3),
+        x.clamp(max=-1e-3).clamp_max(-0.5),
         torch.nn.functional.hardtanh(x),
+        torch.nn.functional.relu6(x),
     )
 
 
@@ -289,3 +290,20 @@ def test_ops_kept_in_torch_say_why_and_stay_right() -> None:
     for gone in ("log_softmax needs log", "element-wise min/max with a constant"):
         assert gone not in report, report
     assert len(gensorage_subgraphs(report)) >= 1, report
+
+
+def test_clamps_torch_defines_otherwise_stay_in_torch() -> None:
+    """A clamp with min > max (torch gives max everywhere) and one to an infinite bound stay in torch with the
+    reason; the answers are torch's."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.clamp(2.0, 1.0) * 2.0, x.clamp(min=-math.inf) + 1.0
+
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(26))
+    torch._dynamo.reset()
+    compiled = gtorch.compile(f)
+    with torch.no_grad():
+        got, want = compiled(x), f(x)
+    _same(got, want, 1e-6)
+    report = compiled.explain()
+    assert "clamp with min 2.0 > max 1.0" in report and "is not a finite number" in report, report

@@ -16,6 +16,7 @@ from gensorage.errors import UnsupportedOpError
 from gensorage.program import Tensor
 from gensorage.torch.fx_args import node_args as _args
 from gensorage.torch.fx_args import node_kwargs as _kw
+from gensorage.torch.fx_args import scalar_arg as _scalar
 
 if TYPE_CHECKING:
     from gensorage.torch.lowering import Lowering, Value
@@ -63,11 +64,12 @@ def log_softmax(lw: Lowering, node: fx.Node) -> Value:
     return lw.p.sub(s, lw.p.log(lw.p.sum(lw.p.exp(s), dim, keepdim=True)))
 
 
-#: Which bounds each clamp-like overload takes from its arguments after the tensor (name and default).
-CLAMP_ARGS: dict[str, tuple[tuple[str, float | None], ...]] = {
+#: Per clamp-like overload, the argument (after the tensor) giving its lower and its upper bound, each with its
+#: default; None where the overload has no such argument.
+CLAMP_ARGS: dict[str, tuple[tuple[str | None, float | None], tuple[str | None, float | None]]] = {
     "aten.clamp.default": (("min", None), ("max", None)),
-    "aten.clamp_min.default": (("min", None),),
-    "aten.clamp_max.default": (("max", None),),
+    "aten.clamp_min.default": (("min", None), (None, None)),
+    "aten.clamp_max.default": ((None, None), ("max", None)),
     "aten.hardtanh.default": (("min_val", -1.0), ("max_val", 1.0)),
 }
 
@@ -76,14 +78,9 @@ def clamp(lw: Lowering, node: fx.Node) -> Value:
     """A clamp to scalar bounds (clamp, clamp_min, clamp_max, hardtanh). Bounds with ``min > max`` (torch then
     gives ``max`` everywhere) or that are not finite numbers stay in torch."""
     spec = CLAMP_ARGS[str(node.target)]
-    given = dict(zip((n for n, _ in spec), _args(node)[1:], strict=False)) | dict(_kw(node))
-    bounds = [given.get(n, default) for n, default in spec]
-    for b in bounds:
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int | float) or not math.isfinite(b)):
-            raise UnsupportedOpError(f"{node.name}: clamp bound {b!r} is not a finite number")
-    if len(spec) == 1:
-        bounds = bounds + [None] if spec[0][0] == "min" else [None] + bounds
-    lo, hi = bounds
+    names = [n for n, _ in spec if n is not None]
+    given = dict(zip(names, _args(node)[1:], strict=False)) | dict(_kw(node))
+    lo, hi = (None if n is None or (b := given.get(n, d)) is None else _scalar(node, b) for n, d in spec)
     if lo is not None and hi is not None and lo > hi:
         raise UnsupportedOpError(f"{node.name}: clamp with min {lo} > max {hi}")
     return lw.p.clamp(lw.tensor(_args(node)[0]), lo, hi)
