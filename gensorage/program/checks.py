@@ -43,6 +43,7 @@ def check_dim(op: Op | str, dim: Any, ndim: int, shapes: Sequence[Shape]) -> int
 
 
 def attr_text(v: Any) -> str:
+    """An attribute as ``.gsp`` text (float ``repr`` round-trips exactly; the tokenizer reads 1e-05 and 0.125)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, tuple):

@@ -37,6 +37,7 @@ from typing import Any
 from gensorage import opset
 from gensorage.errors import ConfigError, GensorageError
 from gensorage.opset import Op
+from gensorage.program.checks import attr_text
 from gensorage.program.gsp_syntax import (
     IDENT,
     KEYWORDS,
@@ -462,7 +463,7 @@ def dump_program(p: Program) -> str:
             lines.append(f"input {names[n.id]} [{dims}] {n.dtype}")
             continue
         args = [names[i] for i in n.inputs]
-        args += [f"{k}={_dump_attr(v)}" for k, v in n.attrs]
+        args += [f"{k}={attr_text(v)}" for k, v in n.attrs]
         lines.append(f"{names[n.id]} = {n.op.value}({', '.join(args)})")
     if p.outputs:
         lines.append("output " + ", ".join(names[t.id] for t in p.outputs))
@@ -485,14 +486,6 @@ def _dump_names(p: Program) -> dict[int, str]:
         taken.add(candidate)
         names[n.id] = candidate
     return names
-
-
-def _dump_attr(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, tuple):
-        return "[" + ", ".join(str(x) for x in v) + "]"
-    return repr(v)  # float repr round-trips exactly; the tokenizer reads 1e-05 and 0.125 alike
 
 
 __all__ = ["dump_program", "load_program", "parse_program", "tokenize"]
