@@ -18,7 +18,7 @@ import numpy as np
 
 V = TypeVar("V")
 
-Activation = Literal["relu", "silu", "gelu"]
+Activation = Literal["relu", "silu", "gelu", "tanh", "log"]
 AccumKind = Literal["sum", "max"]
 
 
@@ -38,6 +38,7 @@ class Arith(Protocol, Generic[V]):
     def scale(self, a: V, factor: float) -> V: ...
     def add_scalar(self, a: V, value: float) -> V: ...
     def activation(self, kind: Activation, a: V) -> V: ...
+    def clamp(self, a: V, lo: float | None, hi: float | None) -> V: ...
 
     def matmul(self, a: V, b: V) -> V: ...
     def reduce_sum(self, a: V, axis: int, keepdims: bool) -> V: ...
@@ -49,6 +50,16 @@ class Arith(Protocol, Generic[V]):
     def transpose(self, a: V, axis0: int, axis1: int) -> V: ...
     def concat(self, parts: Sequence[V], axis: int) -> V: ...
     def slice(self, a: V, axis: int, start: int, stop: int) -> V: ...
+
+
+def clamp_float(a: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
+    """torch's clamp on a float array: ``min(max(a, lo), hi)`` where NaN stays NaN (``np.maximum`` propagates it)."""
+    out = np.asarray(a)
+    if lo is not None:
+        out = np.maximum(out, lo)
+    if hi is not None:
+        out = np.minimum(out, hi)
+    return out
 
 
 class Float64Arith:
@@ -96,7 +107,15 @@ class Float64Arith:
             return a * special.expit(a)
         if kind == "gelu":  # exact (erf) GELU, torch's default
             return 0.5 * a * (1.0 + special.erf(a / np.sqrt(2.0)))
+        if kind == "tanh":
+            return np.tanh(a)
+        if kind == "log":  # torch's: NaN below 0, -inf at ±0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.log(a)
         raise ValueError(kind)
+
+    def clamp(self, a: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
+        return clamp_float(a, lo, hi)
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.matmul(a, b)

@@ -7,7 +7,10 @@ Semantics (numpy conventions):
 
 - ``matmul``: the last two dims multiply, leading dims broadcast (``numpy.matmul`` with ndim >= 2).
 - ``add``/``sub``/``mul``/``div``: elementwise with numpy broadcasting.
-- ``exp``/``sqrt``/``relu``/``silu``/``gelu``: elementwise; ``gelu`` is the exact erf form.
+- ``exp``/``sqrt``/``relu``/``silu``/``gelu``/``tanh``/``log``: elementwise; ``gelu`` is the exact erf form;
+  ``log`` of a negative is NaN and ``log(±0) = -inf`` (as torch).
+- ``clamp(min, max)``: elementwise ``min(max(x, min), max)`` with scalar bounds, either (not both) absent; NaN
+  stays NaN (as torch); ``min <= max``.
 - ``scale(factor)``: multiply by a scalar constant; ``add_scalar(value)``: add a scalar constant.
 - ``sum(dim, keepdim=True, group=None)``: sum along ``dim``; with ``group=g`` every ``g`` consecutive elements
   are summed (the dim shrinks by a factor ``g``, Mirage's Sum(d_r, k_r)); ``keepdim=False`` drops a fully
@@ -54,6 +57,9 @@ class Op(StrEnum):
     RELU = "relu"
     SILU = "silu"
     GELU = "gelu"
+    TANH = "tanh"
+    LOG = "log"
+    CLAMP = "clamp"
     SUM = "sum"
     MAX = "max"
     ADD_SCALAR = "add_scalar"
@@ -65,15 +71,20 @@ class Op(StrEnum):
 
 
 BINARY_ELEMENTWISE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
-UNARY_ELEMENTWISE = frozenset({Op.EXP, Op.SQRT, Op.SCALE, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU})
+UNARY_ELEMENTWISE = frozenset(
+    {Op.EXP, Op.SQRT, Op.SCALE, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU, Op.TANH, Op.LOG, Op.CLAMP}
+)
 ELEMENTWISE = BINARY_ELEMENTWISE | UNARY_ELEMENTWISE
 ACTIVATIONS = frozenset({Op.RELU, Op.SILU, Op.GELU})
+#: Unary functions computed by :meth:`gensorage.arith.Arith.activation` (its ``kind`` is the op's name).
+UNARY_FUNCTIONS = ACTIVATIONS | {Op.TANH, Op.LOG}
 #: Ops that move elements without computing (zero flops).
 LAYOUT = frozenset({Op.RESHAPE, Op.REPEAT, Op.CONCAT, Op.TRANSPOSE, Op.SLICE})
 #: Ops that reduce along one dim (one flop per element reduced).
 REDUCTIONS = frozenset({Op.SUM, Op.MAX})
 # Ops outside the Lax fragment (verified by treating them as uninterpreted functions; see gensorage.verify).
-NON_LAX = ACTIVATIONS
+# A clamp is one function per pair of bounds (see :func:`clamp_symbol`); it is not linear.
+NON_LAX = UNARY_FUNCTIONS | {Op.CLAMP}
 ARITY: Mapping[Op, int | None] = {
     **{op: 2 for op in BINARY_ELEMENTWISE},
     **{op: 1 for op in UNARY_ELEMENTWISE},
@@ -204,6 +215,8 @@ def infer_shape(op: Op, shapes: Sequence[Shape], attrs: Attrs = ()) -> Shape:
             raise _fail(op, shapes, "needs a numeric 'factor'")
         if op is Op.ADD_SCALAR and not _finite(attr(attrs, "value")):
             raise _fail(op, shapes, f"'value' must be a finite number, got {attr(attrs, 'value')!r}")
+        if op is Op.CLAMP:
+            _check_clamp(op, shapes, attrs)
         return shapes[0]
     match op:
         case Op.MATMUL:
@@ -264,6 +277,35 @@ def slice_bounds(op: Op, shapes: Sequence[Shape], size: int, start: Any, stop: A
     if hi <= lo:
         raise _fail(op, shapes, f"slice [{start}:{stop}] of a dim of size {size} is empty")
     return lo, hi
+
+
+def _check_clamp(op: Op, shapes: Sequence[Shape], attrs: Attrs) -> None:
+    unknown = sorted(k for k, _ in attrs if k not in ("min", "max"))
+    if unknown:
+        raise _fail(op, shapes, f"unknown attribute(s) {', '.join(unknown)} (clamp takes min and max)")
+    lo, hi = clamp_bounds(attrs)
+    for name, v in (("min", lo), ("max", hi)):
+        if v is not None and not _finite(v):
+            raise _fail(op, shapes, f"'{name}' must be a finite number or absent, got {v!r}")
+    if lo is None and hi is None:
+        raise _fail(op, shapes, "needs 'min', 'max' or both")
+    if lo is not None and hi is not None and lo > hi:
+        raise _fail(op, shapes, f"'min' {lo!r} is greater than 'max' {hi!r}")
+
+
+def clamp_bounds(attrs: Attrs) -> tuple[float | None, float | None]:
+    """A clamp's ``(min, max)``, None where absent (as given: checked by :func:`infer_shape`)."""
+    return attr(attrs, "min"), attr(attrs, "max")
+
+
+def clamp_symbol(lo: float | None, hi: float | None) -> str:
+    """The uninterpreted function symbol of a clamp to ``[lo, hi]``: one per pair of bounds, so verification never
+    identifies clamps with different bounds (``repr`` of the floats is exact, so equal bounds give one symbol)."""
+    return f"clamp[{_bound_text(lo)},{_bound_text(hi)}]"
+
+
+def _bound_text(v: float | None) -> str:
+    return "none" if v is None else repr(float(v))
 
 
 def _finite(x: Any) -> bool:
@@ -328,8 +370,11 @@ def apply(op: Op, arith: Arith[V], inputs: Sequence[V], attrs: Attrs = ()) -> V:
             return arith.scale(inputs[0], float(attr(attrs, "factor")))
         case Op.ADD_SCALAR:
             return arith.add_scalar(inputs[0], float(attr(attrs, "value")))
-        case Op.RELU | Op.SILU | Op.GELU:
+        case Op.RELU | Op.SILU | Op.GELU | Op.TANH | Op.LOG:
             return arith.activation(op.value, inputs[0])  # type: ignore[arg-type]
+        case Op.CLAMP:
+            lo, hi = clamp_bounds(attrs)
+            return arith.clamp(inputs[0], _float_or_none(lo), _float_or_none(hi))
         case Op.MATMUL:
             return apply_epilogue(arith, arith.matmul(inputs[0], inputs[1]), inputs[2:], attrs)
         case Op.SUM:
@@ -360,6 +405,10 @@ def apply(op: Op, arith: Arith[V], inputs: Sequence[V], attrs: Attrs = ()) -> V:
             return arith.concat(inputs, dim)
         case _:
             assert_never(op)
+
+
+def _float_or_none(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 def apply_epilogue(arith: Arith[V], product: V, extra: Sequence[V], attrs: Attrs) -> V:
@@ -409,6 +458,9 @@ __all__ = [
     "REDUCTIONS",
     "NON_LAX",
     "UNARY_ELEMENTWISE",
+    "UNARY_FUNCTIONS",
+    "clamp_bounds",
+    "clamp_symbol",
     "apply_epilogue",
     "epilogue",
     "Attrs",

@@ -6,7 +6,7 @@ global memory between kernels, in shared memory between block operators.
 
 ``"float32"`` (the default)
     Follows torch autocast's float32 list: the results of ``exp`` (softmax's numerator), ``sum`` (sums and
-    means), ``sqrt``, ``div`` and squares (``mul(x, x)``, autocast's ``pow``) are stored in float32 when the
+    means), ``sqrt``, ``div``, ``log`` (a log-softmax's normaliser) and squares (``mul(x, x)``, autocast's ``pow``) are stored in float32 when the
     program's dtype is narrower, since float16 overflows at 65504 (exp(11.1), 256²) and bfloat16 keeps 8
     significant bits of a sum. Every other operator stores the widest dtype among its inputs (numpy's
     promotion), so a value derived from a float32 intermediate stays float32 until it is a program output.
@@ -39,7 +39,7 @@ PRECISIONS: tuple[str, ...] = ("float32", "storage")
 DEFAULT_PRECISION: Precision = "float32"
 
 # torch autocast's float32 list, restricted to our operators (a square is its pow(x, 2)).
-FLOAT32_OPS = frozenset({Op.EXP, Op.SUM, Op.SQRT, Op.DIV})
+FLOAT32_OPS = frozenset({Op.EXP, Op.SUM, Op.SQRT, Op.DIV, Op.LOG})
 
 # Floating dtypes by width; float16 and bfloat16 promote to float32 together (neither holds the other).
 _RANK = {"bfloat16": 1, "float16": 1, "float32": 2, "float64": 3}

@@ -367,14 +367,15 @@ class QwenBlock(nn.Module):
 
 def test_casts_that_do_not_undo_a_widening_stay_in_torch() -> None:
     """A float32 model that casts its result down to float16 keeps that cast in torch (its kernels compute the
-    float32 part), with the reason; a float32 value computed in torch (clamp) that the graph casts down enters the
-    16-bit kernels cast; a subgraph of a lone cast is layout only."""
+    float32 part), with the reason; a float32 value computed in torch (a select by a boolean mask; a clamp lowers
+    now) that the graph casts down enters the 16-bit kernels cast; a subgraph of a lone cast is layout only."""
 
     def down(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x @ w, dim=-1).half()
 
     def around(x: torch.Tensor) -> torch.Tensor:
-        y = x.float().clamp(-1.0, 1.0).half()
+        xf = x.float()
+        y = torch.where(xf > 0.0, xf, -1.0).half()
         return torch.relu(y) + y.exp()
 
     g = torch.Generator().manual_seed(12)

@@ -60,7 +60,14 @@ class TorchArith:
             return f.silu(a)
         if kind == "gelu":  # exact (erf) GELU, as the reference
             return f.gelu(a)
+        if kind == "tanh":
+            return self.torch.tanh(a)
+        if kind == "log":
+            return self.torch.log(a)
         raise ValueError(kind)
+
+    def clamp(self, a: Any, lo: float | None, hi: float | None) -> Any:
+        return self.torch.clamp(a, lo, hi)
 
     def matmul(self, a: Any, b: Any) -> Any:
         return self.torch.matmul(a, b)

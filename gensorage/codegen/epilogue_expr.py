@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gensorage.codegen.scalar import TANH_SERIES, TANH_SMALL
 from gensorage.errors import UnsupportedOpError
-from gensorage.opset import EpilogueStep, Op, attr
+from gensorage.opset import EpilogueStep, Op, attr, clamp_bounds
 
 #: Epilogue steps the field twin computes inside a TE-built GEMM kernel (each a residue expression).
 FIELD_STEPS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.SCALE, Op.ADD_SCALAR})
@@ -124,8 +125,40 @@ def _float(op: Op, x: list[Any], attrs: Any, dt: str) -> Any:
             return x[0] / (c(1.0) + tirx.exp(c(0.0) - x[0]))
         case Op.GELU:
             return c(0.5) * x[0] * (c(1.0) + tirx.erf(x[0] * c(1.0 / math.sqrt(2.0))))
+        case Op.TANH:
+            return _tanh(x[0], dt)
+        case Op.LOG:
+            return tirx.log(x[0])
+        case Op.CLAMP:  # selects, as FloatScalar's: NaN stays NaN
+            lo, hi = clamp_bounds(attrs)
+            v = x[0]
+            if lo is not None:
+                v = tirx.if_then_else(v < c(float(lo)), c(float(lo)), v)
+            if hi is not None:
+                v = tirx.if_then_else(v > c(float(hi)), c(float(hi)), v)
+            return v
         case _:
             raise UnsupportedOpError(f"epilogue step '{op.value}' is not element-wise")
+
+
+def _tanh(x: Any, dt: str) -> Any:
+    """FloatScalar's tanh (:data:`~gensorage.codegen.scalar.TANH_SERIES`, in float64) as a TIR expression."""
+    from tvm import tirx
+
+    def c(v: float) -> Any:
+        return tirx.const(v, "float64")
+
+    d = x if dt == "float64" else x.astype("float64")
+    sq = d * d
+    poly = c(TANH_SERIES[-1])
+    for k in reversed(TANH_SERIES[:-1]):
+        poly = c(k) + sq * poly
+    e = tirx.exp(c(-2.0) * tirx.abs(d))
+    big = (c(1.0) - e) / (c(1.0) + e)
+    out = tirx.if_then_else(
+        tirx.abs(d) < c(TANH_SMALL), d * poly, tirx.if_then_else(d < c(0.0), c(0.0) - big, big)
+    )
+    return out if dt == "float64" else out.astype(dt)
 
 
 def _field(op: Op, x: list[Any], attrs: Any, m: int) -> Any:

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from gensorage.codegen.tir_text import Writer, tvm_float
 from gensorage.errors import NotLaxError, UnsupportedOpError
-from gensorage.opset import Attrs, Op, attr
+from gensorage.opset import Attrs, Op, attr, clamp_bounds
 from gensorage.verify.field import ACTIVATION_KINDS, field_constant
 
 # splitmix64 finaliser constants (gensorage.verify.maxset.mix64) and the second-hash salt of FieldArith.
@@ -39,6 +39,11 @@ _M32 = 0xFFFFFFFF
 #: Field-parameter buffer layout: ``F[0]`` = ω, ``F[1 + i]`` = key of ``ACTIVATION_KINDS[i]``.
 FIELD_PARAMS = 1 + len(ACTIVATION_KINDS)
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: tanh below :data:`TANH_SMALL` in magnitude: its Taylor series ``x · Σ c_k x^(2k)`` to ``x^13`` (the next term is
+#: below 2^-60 of the sum there); above it ``(1 - e) / (1 + e)`` with ``e = exp(-2|x|)``, whose cancellation costs
+#: at most ~16 float64 ulps at the switch. Both in float64, so a float32 result is correctly rounded or nearly so.
+TANH_SMALL = 0.0625
+TANH_SERIES = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +164,53 @@ class FloatScalar:
             case Op.GELU:
                 half, one, rs2 = self._const(0.5), self._const(1.0), self._const(1.0 / math.sqrt(2.0))
                 return self._v(f"{half} * {_paren(x[0])} * ({one} + T.erf({_paren(x[0])} * {rs2}))")
+            case Op.TANH:
+                return self._tanh(w, x[0])
+            case Op.LOG:  # log(x < 0) is NaN and log(±0) is -inf on both targets, as torch's
+                return self._v(f"T.log({x[0]})")
+            case Op.CLAMP:
+                return self._clamp(w, x[0], attrs)
             case _:
                 raise UnsupportedOpError(f"op '{op.value}' is not an elementwise op")
+
+    def _tanh(self, w: Writer, x: str) -> Val:
+        """tanh in float64 (see :data:`TANH_SERIES`): TIR's own tanh is ``(1 - e^-2x) / (1 + e^-2x)`` on llvm,
+        which cancels near 0 (relative error 1e-2 at 1e-5 in float32) and gives tanh(-0) = +0."""
+        r = w.fresh("th")
+        w.line(f'{r} = T.alloc_buffer((3,), "float64", scope="local")')
+        wide = x if self.compute == "float64" else f'T.Cast("float64", {x})'
+        w.line(f"{r}[0] = {wide}")
+        w.line(f"{r}[1] = {r}[0] * {r}[0]")
+        w.line(f"{r}[2] = T.exp(T.float64(-2.0) * T.fabs({r}[0]))")
+        poly = tvm_float(TANH_SERIES[-1], "float64")
+        for c in reversed(TANH_SERIES[:-1]):
+            poly = f"{tvm_float(c, 'float64')} + {r}[1] * ({poly})"
+        one = tvm_float(1.0, "float64")
+        big = f"({one} - {r}[2]) / ({one} + {r}[2])"
+        small = f"T.fabs({r}[0]) < {tvm_float(TANH_SMALL, 'float64')}"
+        e = (
+            f"T.if_then_else({small}, {r}[0] * ({poly}), "
+            f"T.if_then_else({r}[0] < {tvm_float(0.0, 'float64')}, {tvm_float(0.0, 'float64')} - {big}, {big}))"
+        )
+        return self._v(e if self.compute == "float64" else f'T.Cast("{self.compute}", {e})')
+
+    def _clamp(self, w: Writer, x: str, attrs: Attrs) -> Val:
+        """Selects, not T.max / T.min (which turn NaN into a bound): NaN compares false and stays NaN."""
+        lo, hi = clamp_bounds(attrs)
+        for bound, cmp in ((lo, "<"), (hi, ">")):
+            if bound is not None:
+                x, c = self._local(w, x), self._const(float(bound))
+                x = f"T.if_then_else({x} {cmp} {c}, {c}, {x})"
+        return self._v(x)
+
+    def _local(self, w: Writer, x: str) -> str:
+        """``x`` (read twice by a select) in a local register unless it is a name or a buffer access."""
+        if _ATOM.match(x):
+            return x
+        r = w.fresh("cl")
+        w.line(f'{r} = T.alloc_buffer((1,), "{self.compute}", scope="local")')
+        w.line(f"{r}[0] = {x}")
+        return f"{r}[0]"
 
     def zero(self) -> Val:
         return self._v(self._const(0.0))
@@ -259,8 +309,12 @@ class FieldScalar:
                 return self._pair(
                     lambda c: self._mod(f"{a.comps[c]} + {self._i(field_constant(v, self.mods[c]))}", c)
                 )
-            case Op.RELU | Op.SILU | Op.GELU:
+            case Op.RELU | Op.SILU | Op.GELU | Op.TANH | Op.LOG:
                 return self._activation(w, op.value, a)
+            case Op.CLAMP:  # one function per pair of bounds: its key is not among the kernel's parameters
+                raise NotLaxError(
+                    "clamp has no finite-field kernel (its symbol's key is derived per bound pair)"
+                )
             case _:
                 raise UnsupportedOpError(f"op '{op.value}' is not an elementwise op")
 

@@ -25,6 +25,7 @@ from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.opset import (
     BINARY_ELEMENTWISE,
     UNARY_ELEMENTWISE,
+    UNARY_FUNCTIONS,
     Attrs,
     Op,
     Shape,
@@ -50,6 +51,9 @@ TYPE_ORDER: tuple[Op, ...] = (
     Op.RELU,
     Op.SILU,
     Op.GELU,
+    Op.TANH,
+    Op.LOG,
+    Op.CLAMP,
     Op.SUM,
     Op.MAX,
     Op.REPEAT,
@@ -66,7 +70,9 @@ NOT_SEARCHED = frozenset({Op.SLICE})
 # :func:`reads_scaled` and docs/search.md: a constant factor is moved along its linear chain to just before the
 # next non-linear operator or the output). Adding a constant is not linear:
 # ``c·x + v`` is no ``c·(x + v)``, so a scale cannot move past an add_scalar (an RMSNorm's mean + eps).
-NONLINEAR_UNARY = frozenset({Op.EXP, Op.SQRT, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU})
+NONLINEAR_UNARY = frozenset(
+    {Op.EXP, Op.SQRT, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU, Op.TANH, Op.LOG, Op.CLAMP}
+)
 
 
 def reads_scaled(op: Op, factors: Sequence[float | None]) -> bool:
@@ -144,6 +150,9 @@ def catalog(program: Program, types: Sequence[Op] | None = None) -> tuple[OpVari
         elif op is Op.ADD_SCALAR:
             for c in sorted({float(attr(n.attrs, "value")) for n in nodes if n.op is Op.ADD_SCALAR}):
                 add(op, {"value": c}, 1)
+        elif op is Op.CLAMP:  # the program's bound pairs (a clamp is one function per pair)
+            for bounds in sorted({n.attrs for n in nodes if n.op is Op.CLAMP}):
+                add(op, dict(bounds), 1)
         elif op in UNARY_ELEMENTWISE:
             add(op, {}, 1)
         elif op is Op.MAX:
@@ -286,7 +295,7 @@ def shape_free_term(op: Op, terms: Sequence[Term]) -> Term | None:
         return ae.exp(terms[0])
     if op is Op.SQRT:
         return ae.sqrt(terms[0])
-    if op in (Op.RELU, Op.SILU, Op.GELU):
+    if op in UNARY_FUNCTIONS or op is Op.CLAMP:  # a clamp's bounds are dropped (as ExprArith does)
         return ae.fn(op.value, terms[0])
     return None
 

@@ -20,6 +20,16 @@ from gensorage import opset
 from gensorage.arith import Arith, Float64Arith
 from gensorage.errors import ProgramError
 from gensorage.opset import Attrs, Op, Shape
+from gensorage.program.checks import (
+    attr_text,
+    check_dim,
+    check_shape,
+    finite_number,
+    is_number,
+    one_input,
+    only_attrs,
+    shape_str,
+)
 
 V = TypeVar("V")
 
@@ -62,33 +72,6 @@ class Node:
     @property
     def is_input(self) -> bool:
         return self.op is None
-
-
-def _shape_str(shape: Shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def _check_shape(what: str, shape: Any) -> Shape:
-    if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
-        shape = (shape,)
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise ProgramError(f"{what}: shape must be a sequence of positive integers, got {shape!r}") from None
-    if not dims or not all(
-        isinstance(d, int | np.integer) and not isinstance(d, bool) and d > 0 for d in dims
-    ):
-        raise ProgramError(f"{what}: shape must be a non-empty sequence of positive integers, got {shape!r}")
-    return tuple(int(d) for d in dims)
-
-
-def _check_dim(op: Op | str, dim: Any, ndim: int, shapes: Sequence[Shape]) -> int:
-    if not isinstance(dim, int | np.integer) or isinstance(dim, bool) or not -ndim <= dim < ndim:
-        shown = ", ".join(_shape_str(s) for s in shapes)
-        raise ProgramError(
-            f"{op if isinstance(op, str) else op.value}: dim {dim!r} out of range for a {ndim}-d tensor (input shapes {shown})"
-        )
-    return int(dim) % ndim
 
 
 class Program:
@@ -165,11 +148,11 @@ class Program:
         lines = [f"program {self.name}"]
         for n in self._nodes:
             if n.op is None:
-                lines.append(f"  input  {n.name}: {_shape_str(n.shape)} {n.dtype}")
+                lines.append(f"  input  {n.name}: {shape_str(n.shape)} {n.dtype}")
                 continue
             args = ", ".join(self._nodes[i].name for i in n.inputs)
-            attrs = "".join(f", {k}={_attr_text(v)}" for k, v in n.attrs)
-            lines.append(f"  {n.name} = {n.op.value}({args}{attrs}): {_shape_str(n.shape)} {n.dtype}")
+            attrs = "".join(f", {k}={attr_text(v)}" for k, v in n.attrs)
+            lines.append(f"  {n.name} = {n.op.value}({args}{attrs}): {shape_str(n.shape)} {n.dtype}")
         lines.append("  output " + ", ".join(self._nodes[i].name for i in self._outputs))
         return "\n".join(lines)
 
@@ -177,7 +160,7 @@ class Program:
 
     def input(self, name: str, shape: Sequence[int] | int, dtype: str = DEFAULT_DTYPE) -> Tensor:
         """Declare an input tensor; names must be unique within the program."""
-        shape_t = _check_shape(f"input '{name}'", shape)
+        shape_t = check_shape(f"input '{name}'", shape)
         if dtype not in DTYPES:
             raise ProgramError(
                 f"input '{name}': unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})"
@@ -200,30 +183,30 @@ class Program:
 
     def add(self, a: Tensor | float, b: Tensor | float, name: str | None = None) -> Tensor:
         """Elementwise sum; with one Python number operand it is :meth:`add_scalar`."""
-        if _is_number(b) and isinstance(a, Tensor):
+        if is_number(b) and isinstance(a, Tensor):
             return self.add_scalar(a, b, name=name)  # type: ignore[arg-type]
-        if _is_number(a) and isinstance(b, Tensor):
+        if is_number(a) and isinstance(b, Tensor):
             return self.add_scalar(b, a, name=name)  # type: ignore[arg-type]
         return self._op(Op.ADD, [a, b], {}, name)  # type: ignore[list-item]
 
     def sub(self, a: Tensor | float, b: Tensor | float, name: str | None = None) -> Tensor:
         """Elementwise difference; ``x - c`` is ``add_scalar(x, -c)``, ``c - x`` is ``add_scalar(-x, c)``."""
-        if _is_number(b) and isinstance(a, Tensor):
-            return self.add_scalar(a, -_finite_number("sub", b), name=name)
-        if _is_number(a) and isinstance(b, Tensor):
+        if is_number(b) and isinstance(a, Tensor):
+            return self.add_scalar(a, -finite_number("sub", b), name=name)
+        if is_number(a) and isinstance(b, Tensor):
             return self.add_scalar(self.scale(b, -1.0), a, name=name)  # type: ignore[arg-type]
         return self._op(Op.SUB, [a, b], {}, name)  # type: ignore[list-item]
 
     def add_scalar(self, x: Tensor, value: float, name: str | None = None) -> Tensor:
         """``x + value`` for a finite scalar constant ``value`` (stored as a float, -0.0 as 0.0)."""
         self._own(x, "add_scalar")
-        return self._op(Op.ADD_SCALAR, [x], {"value": _finite_number("add_scalar", value) + 0.0}, name)
+        return self._op(Op.ADD_SCALAR, [x], {"value": finite_number("add_scalar", value) + 0.0}, name)
 
     def mul(self, a: Tensor | float, b: Tensor | float, name: str | None = None) -> Tensor:
         """Elementwise product; with one Python number operand it is :meth:`scale`."""
-        if _is_number(b) and isinstance(a, Tensor):
+        if is_number(b) and isinstance(a, Tensor):
             return self.scale(a, b, name=name)  # type: ignore[arg-type]
-        if _is_number(a) and isinstance(b, Tensor):
+        if is_number(a) and isinstance(b, Tensor):
             return self.scale(b, a, name=name)  # type: ignore[arg-type]
         return self._op(Op.MUL, [a, b], {}, name)  # type: ignore[list-item]
 
@@ -245,9 +228,26 @@ class Program:
     def gelu(self, x: Tensor, name: str | None = None) -> Tensor:
         return self._op(Op.GELU, [x], {}, name)
 
+    def tanh(self, x: Tensor, name: str | None = None) -> Tensor:
+        return self._op(Op.TANH, [x], {}, name)
+
+    def log(self, x: Tensor, name: str | None = None) -> Tensor:
+        """Natural log: NaN below 0, ``-inf`` at 0 (as torch)."""
+        return self._op(Op.LOG, [x], {}, name)
+
+    def clamp(
+        self, x: Tensor, min: float | None = None, max: float | None = None, name: str | None = None
+    ) -> Tensor:
+        """``x`` limited to ``[min, max]`` (finite scalars, either absent, ``min <= max``); NaN stays NaN."""
+        bounds = {k: v for k, v in (("min", min), ("max", max)) if v is not None}
+        for k, v in bounds.items():
+            if not is_number(v):
+                raise ProgramError(f"clamp: '{k}' must be a finite number or absent, got {v!r}")
+        return self._op(Op.CLAMP, [x], {k: float(v) + 0.0 for k, v in bounds.items()}, name)
+
     def scale(self, x: Tensor, factor: float, name: str | None = None) -> Tensor:
         """``x * factor`` for a scalar constant ``factor`` (stored as a float)."""
-        if not _is_number(factor) or not math.isfinite(float(factor)):
+        if not is_number(factor) or not math.isfinite(float(factor)):
             raise ProgramError(f"scale: factor must be a finite number, got {factor!r}")
         # -0.0 is stored as 0.0: they scale alike (up to the sign of zeros) and the text format reads "-0.0" as
         # the negation of the exact number 0, so only one of them can round-trip.
@@ -258,7 +258,7 @@ class Program:
     ) -> Tensor:
         """Sum along ``dim``; with ``group=g`` every ``g`` consecutive elements are summed instead."""
         self._own(x, "sum")
-        dim_n = _check_dim(Op.SUM, dim, x.ndim, [x.shape])
+        dim_n = check_dim(Op.SUM, dim, x.ndim, [x.shape])
         if not isinstance(keepdim, bool):
             raise ProgramError(f"sum: keepdim must be true or false, got {keepdim!r}")
         attrs: dict[str, Any] = {"dim": dim_n, "keepdim": keepdim}
@@ -271,7 +271,7 @@ class Program:
     def max(self, x: Tensor, dim: int, keepdim: bool = False, name: str | None = None) -> Tensor:
         """Maximum along ``dim`` (``keepdim=False`` drops the dim, like ``torch.amax``)."""
         self._own(x, "max")
-        dim_n = _check_dim(Op.MAX, dim, x.ndim, [x.shape])
+        dim_n = check_dim(Op.MAX, dim, x.ndim, [x.shape])
         if not isinstance(keepdim, bool):
             raise ProgramError(f"max: keepdim must be true or false, got {keepdim!r}")
         return self._op(Op.MAX, [x], {"dim": dim_n, "keepdim": keepdim}, name)
@@ -279,29 +279,29 @@ class Program:
     def transpose(self, x: Tensor, dim0: int, dim1: int, name: str | None = None) -> Tensor:
         """Swap dims ``dim0`` and ``dim1`` (negative dims count from the end; stored normalised)."""
         self._own(x, "transpose")
-        d0 = _check_dim(Op.TRANSPOSE, dim0, x.ndim, [x.shape])
-        d1 = _check_dim(Op.TRANSPOSE, dim1, x.ndim, [x.shape])
+        d0 = check_dim(Op.TRANSPOSE, dim0, x.ndim, [x.shape])
+        d1 = check_dim(Op.TRANSPOSE, dim1, x.ndim, [x.shape])
         return self._op(Op.TRANSPOSE, [x], {"dim0": d0, "dim1": d1}, name)
 
     def slice(self, x: Tensor, dim: int, start: int, stop: int, name: str | None = None) -> Tensor:
         """``x[..., start:stop]`` along ``dim`` (step 1; bounds normalised as Python's; empty is an error)."""
         self._own(x, "slice")
-        d = _check_dim(Op.SLICE, dim, x.ndim, [x.shape])
+        d = check_dim(Op.SLICE, dim, x.ndim, [x.shape])
         lo, hi = opset.slice_bounds(Op.SLICE, [x.shape], x.shape[d], start, stop)
         return self._op(Op.SLICE, [x], {"dim": d, "start": lo, "stop": hi}, name)
 
     def softmax(self, x: Tensor, dim: int, name: str | None = None) -> Tensor:
         """``exp(x - m) / Σ exp(x - m)`` along ``dim`` with ``m`` the row maximum (the stable form; no new op)."""
         self._own(x, "softmax")
-        dim_n = _check_dim("softmax", dim, x.ndim, [x.shape])
+        dim_n = check_dim("softmax", dim, x.ndim, [x.shape])
         e = self.exp(self.sub(x, self.max(x, dim_n, keepdim=True)))
         return self.div(e, self.sum(e, dim_n, keepdim=True), name=name)
 
     def rms_norm(self, x: Tensor, eps: float = 1e-6, dim: int = -1, name: str | None = None) -> Tensor:
         """``x / sqrt(mean(x·x, dim) + eps)`` (no weight; multiply by one after if the model has it)."""
         self._own(x, "rms_norm")
-        dim_n = _check_dim("rms_norm", dim, x.ndim, [x.shape])
-        if not _is_number(eps) or not math.isfinite(float(eps)) or eps < 0:
+        dim_n = check_dim("rms_norm", dim, x.ndim, [x.shape])
+        if not is_number(eps) or not math.isfinite(float(eps)) or eps < 0:
             raise ProgramError(f"rms_norm: eps must be a finite number >= 0, got {eps!r}")
         mean = self.scale(self.sum(self.mul(x, x), dim_n, keepdim=True), 1.0 / x.shape[dim_n])
         return self.div(x, self.sqrt(self.add_scalar(mean, float(eps))), name=name)
@@ -309,16 +309,16 @@ class Program:
     def reshape(self, x: Tensor, shape: Sequence[int], name: str | None = None) -> Tensor:
         """Row-major reshape to ``shape`` (same element count)."""
         self._own(x, "reshape")
-        return self._op(Op.RESHAPE, [x], {"shape": _check_shape("reshape", shape)}, name)
+        return self._op(Op.RESHAPE, [x], {"shape": check_shape("reshape", shape)}, name)
 
     def repeat(self, x: Tensor, dim: int, times: int, name: str | None = None) -> Tensor:
         """Repeat each slice along ``dim`` ``times`` times consecutively (``numpy.repeat``)."""
         self._own(x, "repeat")
-        dim_n = _check_dim(Op.REPEAT, dim, x.ndim, [x.shape])
+        dim_n = check_dim(Op.REPEAT, dim, x.ndim, [x.shape])
         if not isinstance(times, int | np.integer) or isinstance(times, bool):
             raise ProgramError(
                 f"repeat: 'times' must be a positive integer, got {times!r} (input shape "
-                f"{_shape_str(x.shape)})"
+                f"{shape_str(x.shape)})"
             )
         return self._op(Op.REPEAT, [x], {"dim": dim_n, "times": int(times)}, name)
 
@@ -329,7 +329,7 @@ class Program:
             self._own(t, "concat")
         if len(parts) < 2:
             raise ProgramError(f"concat: needs at least 2 inputs, got {len(parts)}")
-        dim_n = _check_dim(Op.CONCAT, dim, parts[0].ndim, [t.shape for t in parts])
+        dim_n = check_dim(Op.CONCAT, dim, parts[0].ndim, [t.shape for t in parts])
         return self._op(Op.CONCAT, parts, {"dim": dim_n}, name)
 
     def apply(
@@ -344,33 +344,36 @@ class Program:
         attrs = dict(attrs or {})
         match op:
             case Op.SUM:
-                _only(op, attrs, {"dim", "keepdim", "group"}, {"dim"})
-                return self.sum(_one(op, inputs), name=name, **attrs)
+                only_attrs(op, attrs, {"dim", "keepdim", "group"}, {"dim"})
+                return self.sum(one_input(op, inputs), name=name, **attrs)
             case Op.RESHAPE | Op.REPEAT | Op.TRANSPOSE | Op.SLICE:  # every attribute required, passed by name
                 need = set(opset.REQUIRED_ATTRS[op])
-                _only(op, attrs, need, need)
-                return getattr(self, op.value)(_one(op, inputs), name=name, **attrs)  # type: ignore[no-any-return]
+                only_attrs(op, attrs, need, need)
+                return getattr(self, op.value)(one_input(op, inputs), name=name, **attrs)  # type: ignore[no-any-return]
             case Op.CONCAT:
-                _only(op, attrs, {"dim"}, {"dim"})
+                only_attrs(op, attrs, {"dim"}, {"dim"})
                 return self.concat(inputs, attrs["dim"], name=name)
             case Op.SCALE:
-                _only(op, attrs, {"factor"}, {"factor"})
-                return self.scale(_one(op, inputs), attrs["factor"], name=name)
+                only_attrs(op, attrs, {"factor"}, {"factor"})
+                return self.scale(one_input(op, inputs), attrs["factor"], name=name)
             case Op.ADD_SCALAR:
-                _only(op, attrs, {"value"}, {"value"})
-                return self.add_scalar(_one(op, inputs), attrs["value"], name=name)
+                only_attrs(op, attrs, {"value"}, {"value"})
+                return self.add_scalar(one_input(op, inputs), attrs["value"], name=name)
             case Op.MAX:
-                _only(op, attrs, {"dim", "keepdim"}, {"dim"})
-                return self.max(_one(op, inputs), name=name, **attrs)
+                only_attrs(op, attrs, {"dim", "keepdim"}, {"dim"})
+                return self.max(one_input(op, inputs), name=name, **attrs)
+            case Op.CLAMP:
+                only_attrs(op, attrs, {"min", "max"}, set())
+                return self.clamp(one_input(op, inputs), name=name, **attrs)
             case _:
-                _only(op, attrs, set(), set())
+                only_attrs(op, attrs, set(), set())
                 return self._op(op, list(inputs), {}, name)
 
     def _own(self, t: Any, what: str) -> None:
         if not isinstance(t, Tensor):
             raise ProgramError(f"{what}: expected a Tensor of program '{self.name}', got {type(t).__name__}")
         if t.owner != self._owner:
-            raise ProgramError(f"{what}: tensor '{t.name}' {_shape_str(t.shape)} belongs to another program")
+            raise ProgramError(f"{what}: tensor '{t.name}' {shape_str(t.shape)} belongs to another program")
         if not 0 <= t.id < len(self._nodes) or self._nodes[t.id].name != t.name:
             raise ProgramError(f"{what}: unknown tensor '{t.name}' (id {t.id})")
 
@@ -380,7 +383,7 @@ class Program:
         shapes = [t.shape for t in args]
         dtypes = sorted({t.dtype for t in args})
         if len(dtypes) > 1:
-            shown = ", ".join(f"{_shape_str(t.shape)} {t.dtype}" for t in args)
+            shown = ", ".join(f"{shape_str(t.shape)} {t.dtype}" for t in args)
             raise ProgramError(f"{op.value}: inputs mix dtypes {', '.join(dtypes)} (inputs {shown})")
         frozen = opset.freeze_attrs(attrs)
         shape = opset.infer_shape(op, shapes, frozen)
@@ -434,8 +437,8 @@ class Program:
             if tuple(got) != self._nodes[i].shape:
                 n = self._nodes[i]
                 raise ProgramError(
-                    f"program '{self.name}': input '{n.name}' has shape {_shape_str(got)}, "
-                    f"expected {_shape_str(n.shape)}"
+                    f"program '{self.name}': input '{n.name}' has shape {shape_str(got)}, "
+                    f"expected {shape_str(n.shape)}"
                 )
         for i in self.live_ids():
             n = self._nodes[i]
@@ -477,8 +480,8 @@ class Program:
                 raise ProgramError(f"program '{self.name}': input '{n.name}' is not numeric: {exc}") from None
             if arr.shape != n.shape:
                 raise ProgramError(
-                    f"program '{self.name}': input '{n.name}' has shape {_shape_str(arr.shape)}, "
-                    f"expected {_shape_str(n.shape)}"
+                    f"program '{self.name}': input '{n.name}' has shape {shape_str(arr.shape)}, "
+                    f"expected {shape_str(n.shape)}"
                 )
             converted.append(arr)
         return self.evaluate(Float64Arith(), converted)
@@ -561,37 +564,3 @@ def _abstract_attrs(op: Op, attrs: Attrs) -> Attrs:
         else:
             out.append((k, v))
     return tuple(out)
-
-
-def _attr_text(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, tuple):
-        return "[" + ", ".join(str(x) for x in v) + "]"
-    return repr(v)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
-
-
-def _finite_number(what: str, x: Any) -> float:
-    if not _is_number(x) or not math.isfinite(float(x)):
-        raise ProgramError(f"{what}: the scalar must be a finite number, got {x!r}")
-    return float(x)
-
-
-def _one(op: Op, inputs: Sequence[Tensor]) -> Tensor:
-    if len(inputs) != 1:
-        raise ProgramError(f"{op.value}: expects 1 input, got {len(inputs)}")
-    return inputs[0]
-
-
-def _only(op: Op, attrs: Mapping[str, Any], allowed: set[str], required: set[str]) -> None:
-    unknown = sorted(set(attrs) - allowed)
-    if unknown:
-        ok = ", ".join(sorted(allowed)) or "none"
-        raise ProgramError(f"{op.value}: unknown argument(s) {', '.join(unknown)} (allowed: {ok})")
-    missing = sorted(required - set(attrs))
-    if missing:
-        raise ProgramError(f"{op.value}: missing argument(s) {', '.join(missing)}")

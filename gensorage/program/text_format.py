@@ -17,7 +17,7 @@ elementwise ops; a tensor times (or divided by) a number is ``scale``, a tensor 
 ``add_scalar`` (``x + 1e-6``, ``add(x, 1e-6)``). Op arguments are the tensors first, then attributes by position
 (``sum(x, 2)``, ``max(x, 1, true)``, ``transpose(x, 0, 1)``, ``repeat(k, 0, 8)``, ``scale(s, 1/d)``,
 ``reshape(x, [a, b])``) or by keyword (``dim=``, ``keepdim=``, ``group=``, ``times=``, ``factor=``, ``value=``,
-``dim0=``, ``dim1=``, ``shape=``); ``concat`` takes its tensors positionally or as a list. ``sqrt`` of a number is
+``dim0=``, ``dim1=``, ``shape=``, ``min=``, ``max=``: ``clamp(x, 0, 6)``, ``clamp(x, max=1)``); ``concat`` takes its tensors positionally or as a list. ``sqrt`` of a number is
 a number. Two composites expand to several ops: ``softmax(x, dim=..)`` (the stable form, with the row maximum
 subtracted) and ``rms_norm(x, eps=.., dim=-1)``; a written program lists the ops they expand to.
 
@@ -37,6 +37,7 @@ from typing import Any
 from gensorage import opset
 from gensorage.errors import ConfigError, GensorageError
 from gensorage.opset import Op
+from gensorage.program.checks import attr_text
 from gensorage.program.gsp_syntax import (
     IDENT,
     KEYWORDS,
@@ -65,12 +66,13 @@ POSITIONAL_ATTRS: Mapping[Op, tuple[str, ...]] = {
     Op.CONCAT: ("dim",),
     Op.SCALE: ("factor",),
     Op.RESHAPE: ("shape",),
+    Op.CLAMP: ("min", "max"),
 }
 
 #: Calls that expand to several ops (Program methods), with their attributes by position after the tensor.
 COMPOSITES: Mapping[str, tuple[str, ...]] = {"softmax": ("dim",), "rms_norm": ("eps", "dim")}
 #: Attributes that are real numbers (every other numeric attribute is an integer).
-REAL_ATTRS = frozenset({"factor", "value", "eps"})
+REAL_ATTRS = frozenset({"factor", "value", "eps", "min", "max"})
 
 Value = Tensor | Number | bool | list[Any]
 
@@ -461,7 +463,7 @@ def dump_program(p: Program) -> str:
             lines.append(f"input {names[n.id]} [{dims}] {n.dtype}")
             continue
         args = [names[i] for i in n.inputs]
-        args += [f"{k}={_dump_attr(v)}" for k, v in n.attrs]
+        args += [f"{k}={attr_text(v)}" for k, v in n.attrs]
         lines.append(f"{names[n.id]} = {n.op.value}({', '.join(args)})")
     if p.outputs:
         lines.append("output " + ", ".join(names[t.id] for t in p.outputs))
@@ -484,14 +486,6 @@ def _dump_names(p: Program) -> dict[int, str]:
         taken.add(candidate)
         names[n.id] = candidate
     return names
-
-
-def _dump_attr(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, tuple):
-        return "[" + ", ".join(str(x) for x in v) + "]"
-    return repr(v)  # float repr round-trips exactly; the tokenizer reads 1e-05 and 0.125 alike
 
 
 __all__ = ["dump_program", "load_program", "parse_program", "tokenize"]

@@ -1,5 +1,5 @@
-"""Lowering rules of the element-wise functions built from ``exp`` and ``relu``: GELU's tanh form, sigmoid,
-tanh and abs.
+"""Lowering rules of the element-wise functions built from other ops (GELU's tanh form, sigmoid, abs,
+log_softmax) and of the clamps (scalar bounds).
 
 Each form is chosen so that no intermediate overflows at any finite input and ±inf give torch's limits (an
 ``exp`` of a large positive value would give ``inf − inf`` or ``inf / inf``).
@@ -16,6 +16,7 @@ from gensorage.errors import UnsupportedOpError
 from gensorage.program import Tensor
 from gensorage.torch.fx_args import node_args as _args
 from gensorage.torch.fx_args import node_kwargs as _kw
+from gensorage.torch.fx_args import scalar_arg as _scalar
 
 if TYPE_CHECKING:
     from gensorage.torch.lowering import Lowering, Value
@@ -52,13 +53,37 @@ def sigmoid(lw: Lowering, node: fx.Node) -> Value:
     return lw.p.div(a, lw.p.add(a, b))
 
 
-def tanh(lw: Lowering, node: fx.Node) -> Value:
-    """``(a − b) / (a + b)`` of :func:`exp_pair` at ``k = 2``: ±1 at ±inf, no overflow. Near 0 the difference
-    of two exps near 1 is off by a float32 rounding of 1 (about 6e-8 absolute, a large relative error at
-    |x| < 1e-4; the front end's check is relative to the largest value, and a dedicated op would give every
-    layer of the IR one more operator for it)."""
-    a, b = exp_pair(lw, lw.tensor(_args(node)[0]), 2.0)
-    return lw.p.div(lw.p.sub(a, b), lw.p.add(a, b))
+def log_softmax(lw: Lowering, node: fx.Node) -> Value:
+    """``s − log Σ exp(s)`` with ``s = x − max(x)`` along ``dim`` (the stable form, torch's own: every exp is at
+    most 1 and the sum at least 1, so nothing overflows and the log is finite)."""
+    x, dim = _args(node)[:2]
+    if len(_args(node)) > 2 and _args(node)[2]:
+        raise UnsupportedOpError(f"{node.name}: log_softmax with half_to_float")
+    t = lw.tensor(x)
+    s = lw.p.sub(t, lw.p.max(t, dim, keepdim=True))
+    return lw.p.sub(s, lw.p.log(lw.p.sum(lw.p.exp(s), dim, keepdim=True)))
+
+
+#: Per clamp-like overload, the argument (after the tensor) giving its lower and its upper bound, each with its
+#: default; None where the overload has no such argument.
+CLAMP_ARGS: dict[str, tuple[tuple[str | None, float | None], tuple[str | None, float | None]]] = {
+    "aten.clamp.default": (("min", None), ("max", None)),
+    "aten.clamp_min.default": (("min", None), (None, None)),
+    "aten.clamp_max.default": ((None, None), ("max", None)),
+    "aten.hardtanh.default": (("min_val", -1.0), ("max_val", 1.0)),
+}
+
+
+def clamp(lw: Lowering, node: fx.Node) -> Value:
+    """A clamp to scalar bounds (clamp, clamp_min, clamp_max, hardtanh). Bounds with ``min > max`` (torch then
+    gives ``max`` everywhere) or that are not finite numbers stay in torch."""
+    spec = CLAMP_ARGS[str(node.target)]
+    names = [n for n, _ in spec if n is not None]
+    given = dict(zip(names, _args(node)[1:], strict=False)) | dict(_kw(node))
+    lo, hi = (None if n is None or (b := given.get(n, d)) is None else _scalar(node, b) for n, d in spec)
+    if lo is not None and hi is not None and lo > hi:
+        raise UnsupportedOpError(f"{node.name}: clamp with min {lo} > max {hi}")
+    return lw.p.clamp(lw.tensor(_args(node)[0]), lo, hi)
 
 
 def abs_(lw: Lowering, node: fx.Node) -> Value:
@@ -67,4 +92,4 @@ def abs_(lw: Lowering, node: fx.Node) -> Value:
     return lw.p.add(lw.p.relu(x), lw.p.relu(lw.p.scale(x, -1.0)))
 
 
-__all__ = ["abs_", "exp_pair", "gelu", "sigmoid", "tanh"]
+__all__ = ["CLAMP_ARGS", "abs_", "clamp", "exp_pair", "gelu", "log_softmax", "sigmoid"]

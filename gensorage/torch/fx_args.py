@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch.fx as fx
+
+from gensorage.errors import UnsupportedOpError
 
 
 def node_args(node: fx.Node) -> tuple[Any, ...]:
@@ -16,4 +19,11 @@ def node_kwargs(node: fx.Node) -> dict[str, Any]:
     return dict(node.kwargs)
 
 
-__all__ = ["node_args", "node_kwargs"]
+def scalar_arg(node: fx.Node, x: Any) -> float:
+    """A scalar argument of ``node`` as a float; anything but a finite number stays in torch."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        raise UnsupportedOpError(f"{node.name}: scalar argument {x!r} is not a finite number")
+    return float(x)
+
+
+__all__ = ["node_args", "node_kwargs", "scalar_arg"]

@@ -26,18 +26,15 @@ def stays_in_torch(why: str) -> Callable[[Lowering, fx.Node], Value]:
     return rule
 
 
-_CLAMP = (
-    "needs an element-wise min/max with a constant: relu(x − c) + c rounds by up to half a unit of c, and the "
-    "exact max over a pair (x, c) takes about 4 more kernels than the op it replaces"
+_TENSOR_BOUNDS = (
+    "a clamp to tensor bounds (the IR's clamp takes scalar bounds; no IR op selects element-wise)"
 )
 
 #: Ops kept in torch on purpose, each with what the IR lacks (docs/how-it-works.md lists them).
 IN_TORCH: dict[str, str] = {
-    "aten._log_softmax.default": "log_softmax needs log, which no IR op computes",
-    "aten.log.default": "no IR op computes log",
-    "aten.clamp.default": _CLAMP,
-    "aten.clamp_min.default": _CLAMP,
-    "aten.clamp_max.default": _CLAMP,
+    "aten.clamp.Tensor": _TENSOR_BOUNDS,
+    "aten.clamp_min.Tensor": _TENSOR_BOUNDS,
+    "aten.clamp_max.Tensor": _TENSOR_BOUNDS,
     "aten.masked_fill.Scalar": "a select by a boolean mask (no IR op selects; an additive −inf mask is NaN "
     "where x is +inf or NaN, where torch gives the fill)",
     "aten.masked_fill.Tensor": "a select by a boolean mask (no IR op selects)",

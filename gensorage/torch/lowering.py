@@ -27,9 +27,10 @@ import torch.fx as fx
 
 from gensorage.errors import ProgramError, UnsupportedOpError
 from gensorage.program import Program, Tensor
-from gensorage.torch.activations import abs_, gelu, sigmoid, tanh
+from gensorage.torch.activations import CLAMP_ARGS, abs_, clamp, gelu, log_softmax, sigmoid
 from gensorage.torch.fx_args import node_args as _args
 from gensorage.torch.fx_args import node_kwargs as _kw
+from gensorage.torch.fx_args import scalar_arg as _scalar
 from gensorage.torch.kept_in_torch import IN_TORCH, stays_in_torch
 from gensorage.torch.layout import (
     Parts,
@@ -230,12 +231,6 @@ def program_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The Program's shape of a torch value of ``shape``: a 0-d value (a mean over every dim) is ``(1,)``, which
     broadcasts as it does."""
     return shape or (1,)
-
-
-def _scalar(node: fx.Node, x: Any) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
-        raise UnsupportedOpError(f"{node.name}: scalar argument {x!r} is not a finite number")
-    return float(x)
 
 
 def _dims(x: Any, ndim: int) -> list[int]:
@@ -536,7 +531,10 @@ RULES: dict[str, Rule] = {
     "aten.relu.default": _unary(Program.relu),
     "aten.silu.default": _unary(Program.silu),
     "aten.sigmoid.default": sigmoid,
-    "aten.tanh.default": tanh,
+    "aten.tanh.default": _unary(Program.tanh),
+    "aten.log.default": _unary(Program.log),
+    "aten._log_softmax.default": log_softmax,
+    **{name: clamp for name in CLAMP_ARGS},
     "aten.abs.default": abs_,
     "aten.gelu.default": gelu,
     "aten.sum.dim_IntList": _reduce("sum"),

@@ -74,7 +74,8 @@ BASE_REGISTERS = 32  # registers a thread needs besides accumulators and fragmen
 SUB_CORES = 4  # warp schedulers per SM (every architecture since Volta)
 SFU_WARP_CYCLES = 2  # a warp's exp/sqrt on the SM's 16 special-function units: 32 lanes / 16 per cycle
 WAVEFRONT = 1  # shared-memory cycles of one warp access without bank conflicts (the layouts avoid them)
-SPECIAL_OPS = frozenset({Op.EXP, Op.SQRT, Op.SILU, Op.GELU, Op.DIV})
+# tanh: one exp and one division (its float64 series and selects are cheap next to them); log: one SFU op.
+SPECIAL_OPS = frozenset({Op.EXP, Op.SQRT, Op.SILU, Op.GELU, Op.DIV, Op.TANH, Op.LOG})
 
 
 @dataclass(frozen=True, slots=True)

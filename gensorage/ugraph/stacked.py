@@ -92,6 +92,9 @@ class StackedArith(Generic[V]):
     def activation(self, kind: Activation, a: V) -> V:
         return self.inner.activation(kind, a)
 
+    def clamp(self, a: V, lo: float | None, hi: float | None) -> V:
+        return self.inner.clamp(a, lo, hi)
+
     def matmul(self, a: V, b: V) -> V:
         return self.inner.matmul(*self._align(a, b))
 

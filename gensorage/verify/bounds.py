@@ -38,7 +38,7 @@ from functools import lru_cache
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import NotLaxError
-from gensorage.opset import broadcast_shapes, transposed
+from gensorage.opset import broadcast_shapes, clamp_symbol, transposed
 from gensorage.verify.field import rational_of
 
 #: Term counts saturate here: a count this large means "astronomically many" (no feasible trial count), and
@@ -458,8 +458,14 @@ class BoundsArith:
         return self._new(a.shape, bound_add(a.bound, bound_constant(value)), a.shared)
 
     def activation(self, kind: Activation, a: BoundValue) -> BoundValue:
-        self.opaque.add(kind)
-        self._applied(kind, a.numel, a.bound)
+        return self._function(kind, a)
+
+    def clamp(self, a: BoundValue, lo: float | None, hi: float | None) -> BoundValue:
+        return self._function(clamp_symbol(lo, hi), a)
+
+    def _function(self, symbol: str, a: BoundValue) -> BoundValue:
+        self.opaque.add(symbol)
+        self._applied(symbol, a.numel, a.bound)
         return self._new(a.shape, fresh(False), a.shared)
 
     def matmul(self, a: BoundValue, b: BoundValue) -> BoundValue:

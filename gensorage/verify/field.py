@@ -18,7 +18,8 @@ many independent trials at once: :attr:`FieldValue.data` is an int64 array of sh
   multiplicative one), so equivalent programs still agree.
 - scale(f): multiply by the exact rational ``Fraction(f).limit_denominator(10**9)`` mapped into both fields; the
   same float factor gives the same field constant on both sides. add_scalar(c): add that constant of ``c``.
-- relu / silu / gelu (outside the Lax fragment): an *uninterpreted function*. The result is a keyed
+- relu / silu / gelu / tanh / log and clamp (outside the Lax fragment; a clamp is one function per pair of
+  bounds): an *uninterpreted function*. The result is a keyed
   pseudo-random function (splitmix64) of the input's p residue, giving a fresh untainted ``(p, q)`` pair. Equal
   inputs give equal outputs, so programs that agree for *every* function in the activation's place are accepted;
   that implies agreement for the real activation. Only ``x_p`` is hashed: ``x_q`` is filler once a value is
@@ -42,9 +43,10 @@ import numpy as np
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import NotLaxError, VerificationError
+from gensorage.opset import clamp_symbol
 from gensorage.verify import maxset
 from gensorage.verify.limbs import batch_inverse, limb_products
-from gensorage.verify.maxset import mix64
+from gensorage.verify.maxset import mix64, symbol_key
 from gensorage.verify.primes import DEFAULT_P, DEFAULT_Q, is_prime
 
 # Largest inner dimension one float64 limb product can sum exactly: K * (2^16 - 1)^2 < 2^53.
@@ -56,9 +58,10 @@ _SMALL_MATMUL = 1 << 14
 # exp splits the exponent e < 2^30 into limbs and gathers ω^limb from one table per limb.
 _EXP_BITS = 30
 _SCALE_MAX_DENOMINATOR = 10**9
-ACTIVATION_KINDS: tuple[Activation, ...] = ("relu", "silu", "gelu")
-#: Symbols with a hash key per check: the activations, and max (digests) and its elements.
-KEYED: tuple[str, ...] = ACTIVATION_KINDS + ("max", "max-element")
+ACTIVATION_KINDS: tuple[Activation, ...] = ("relu", "silu", "gelu", "tanh", "log")
+#: Symbols with a hash key per check: the activations, the clamps' base key (one symbol per pair of bounds,
+#: derived by :func:`gensorage.verify.maxset.symbol_key`), and max (digests) and its elements.
+KEYED: tuple[str, ...] = ACTIVATION_KINDS + ("clamp", "max", "max-element")
 
 
 class FieldValue:
@@ -339,6 +342,15 @@ class FieldArith:
         key = self.keys.get(kind)
         if key is None:
             raise NotLaxError(f"activation '{kind}' has no finite-field substitute")
+        return self._function(key, a)
+
+    def clamp(self, a: FieldValue, lo: float | None, hi: float | None) -> FieldValue:
+        base = self.keys.get("clamp")
+        if base is None:
+            raise NotLaxError("clamp has no finite-field substitute (no key)")
+        return self._function(int(symbol_key(base, clamp_symbol(lo, hi))), a)
+
+    def _function(self, key: int, a: FieldValue) -> FieldValue:
         h = mix64(a.data[0].astype(np.uint64) + np.uint64(key))
         h2 = mix64(h ^ np.uint64(0x9E3779B97F4A7C15))
         out = np.stack([(h % np.uint64(self.p)).astype(np.int64), (h2 % np.uint64(self.q)).astype(np.int64)])

@@ -105,6 +105,9 @@ class RoundingArith(Float64Arith):
     def activation(self, kind: Activation, a: np.ndarray) -> np.ndarray:
         return self._r(super().activation(kind, a))
 
+    def clamp(self, a: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
+        return self._r(super().clamp(a, lo, hi))
+
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return self._r(super().matmul(a, b))
 

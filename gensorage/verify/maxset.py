@@ -19,6 +19,8 @@ results. Arithmetic on a value drops its digest; layout ops move digests with th
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from gensorage.verify import mersenne
@@ -33,6 +35,15 @@ def mix64(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
+
+
+def symbol_key(base: np.ndarray | int, symbol: str) -> np.ndarray:
+    """The key of a function symbol of a family (one clamp per pair of bounds) from the family's ``base`` key:
+    ``base`` mixed with a hash of the symbol's name, so both sides of a check derive the same key and distinct
+    symbols get keys as unrelated as independent draws."""
+    salt = int.from_bytes(hashlib.blake2b(symbol.encode(), digest_size=8).digest(), "little")
+    with np.errstate(over="ignore"):  # wrapping multiplies (numpy warns on 0-d ones)
+        return mix64(np.asarray(base, dtype=np.uint64) ^ np.uint64(salt))
 
 
 def keyed_hash(x: np.ndarray, key: np.ndarray | np.uint64) -> np.ndarray:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from gensorage.errors import GensorageError
-from gensorage.opset import Op, attr, freeze_attrs
+from gensorage.opset import UNARY_ELEMENTWISE, Op, attr, freeze_attrs
 from gensorage.ugraph.ir import (
     BlockGraph,
     BlockNode,
@@ -44,7 +44,7 @@ from gensorage.ugraph.validate import validate
 Mutation = Callable[[KernelGraph, random.Random], KernelGraph | None]
 # Ops whose operands can be swapped without changing the result: swapping them is no mutation.
 _COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
-_UNARY_DROPPABLE = frozenset({Op.EXP, Op.SQRT, Op.SCALE, Op.ADD_SCALAR, Op.RELU, Op.SILU, Op.GELU})
+_UNARY_DROPPABLE = UNARY_ELEMENTWISE
 _ATTR_OPS = (KernelOp, BlockOp, ThreadOp)
 
 

@@ -28,6 +28,7 @@ MEMOISED = frozenset(
         "scale",
         "add_scalar",
         "activation",
+        "clamp",
         "matmul",
         "reduce_sum",
         "reduce_max",

@@ -6,7 +6,7 @@ independent trials: a value holds uint64 residues of shape ``(T, *shape)``.
 - add / sub / mul / scale / matmul / reduce_sum: exact field arithmetic (:mod:`gensorage.verify.mersenne`);
   scale factors are the rationals of :func:`gensorage.verify.field.rational_of` mapped into the field.
 - div: multiplication by the batch inverse; a zero divisor element makes the trial degenerate (discarded).
-- exp, sqrt, relu / silu / gelu: *random functions* — a keyed hash of the argument's residue, with one key per
+- exp, sqrt, relu / silu / gelu / tanh / log, and clamp (one function per pair of bounds): *random functions* — a keyed hash of the argument's residue, with one key per
   function symbol and trial, shared by both sides. No law of the function is used (not even
   ``exp(a + b) = exp(a)·exp(b)``), so every op stays a deterministic function of its arguments: a pass proves
   equality for every function in each symbol's place, hence for the real one.
@@ -23,12 +23,25 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from gensorage.arith import AccumKind, Activation
+from gensorage.opset import clamp_symbol
 from gensorage.verify import maxset, mersenne
 from gensorage.verify.field import field_constant
 from gensorage.verify.limbs import batch_inverse
 
 #: The uninterpreted function symbols with a hash key each ("max" hashes digests, "max-element" elements).
-SYMBOLS: tuple[str, ...] = ("exp", "sqrt", "relu", "silu", "gelu", "max", "max-element")
+#: "clamp" is the base key of the clamps, one symbol per pair of bounds (:func:`gensorage.opset.clamp_symbol`).
+SYMBOLS: tuple[str, ...] = (
+    "exp",
+    "sqrt",
+    "relu",
+    "silu",
+    "gelu",
+    "tanh",
+    "log",
+    "clamp",
+    "max",
+    "max-element",
+)
 
 
 class UFValue:
@@ -114,7 +127,10 @@ class UninterpretedArith:
     # ------------------------------------------------------------------------------------ helpers
 
     def _key(self, symbol: str, ndim: int) -> np.ndarray:
-        return self.keys[symbol].reshape((-1,) + (1,) * ndim)
+        key = self.keys.get(symbol)
+        if key is None:  # a clamp's symbol: derived from the family's key (computed once per arithmetic)
+            key = self.keys[symbol] = maxset.symbol_key(self.keys["clamp"], symbol)
+        return key.reshape((-1,) + (1,) * ndim)
 
     def _align(self, a: UFValue, b: UFValue) -> tuple[np.ndarray, np.ndarray]:
         """Both data arrays with equal logical rank (singleton dims inserted after the trial axis)."""
@@ -174,6 +190,9 @@ class UninterpretedArith:
 
     def activation(self, kind: Activation, a: UFValue) -> UFValue:
         return self._apply(kind, a)
+
+    def clamp(self, a: UFValue, lo: float | None, hi: float | None) -> UFValue:
+        return self._apply(clamp_symbol(lo, hi), a)
 
     def matmul(self, a: UFValue, b: UFValue) -> UFValue:
         return UFValue(mersenne.matmul(*self._align(a, b)))

@@ -14,7 +14,8 @@ Table 1 as implemented by :class:`gensorage.exhaustive.expr.expr_arith.ExprArith
 - input ``X``: ``var("X")``; ``reshape``, ``repeat``, ``transpose``, iterator tiles (``slice``): ``E(X)`` (a
   layout op moves elements without changing any one element's expression);
 - ``add``: ``add``; ``sub``: ``add`` too (signs are not part of the abstraction, like ``scale``);
-- ``mul``/``div``/``exp``/``sqrt``: the same-named term; ``relu``/``silu``/``gelu``: ``fn(name, E)``;
+- ``mul``/``div``/``exp``/``sqrt``: the same-named term; ``relu``/``silu``/``gelu``/``tanh``/``log``:
+  ``fn(name, E)``; ``clamp``: ``fn("clamp", E)`` whatever its bounds (dropped, like ``scale``'s constant);
 - ``matmul`` with inner size ``k``: ``sum(k, mul(E(X), E(Y)))``; ``Sum(d, k)`` / a reduction of size ``k``:
   ``sum(k, E)``; a reduction by max: ``max_r(k, E)``;
 - ``scale``: ``E(X)``. Mirage's Table 1 has no scalar op. Dropping the constant keeps Theorem 1's prefix
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 #: Term operators. ``k`` is the reduction size of ``sum``/``max``; ``name`` the variable or function name.
 OPS = ("var", "add", "mul", "div", "exp", "sqrt", "sum", "max", "fn", "cat")
-ACTIVATION_NAMES = ("relu", "silu", "gelu")
+ACTIVATION_NAMES = ("relu", "silu", "gelu", "tanh", "log", "clamp")
 
 _uids = itertools.count(1)
 # The intern table lives for the process: terms are small and the search's memo keeps them alive anyway.
@@ -155,7 +156,7 @@ def sqrt(a: Term) -> Term:
 
 
 def fn(name: str, a: Term) -> Term:
-    """An uninterpreted unary function (the non-Lax activations relu, silu, gelu)."""
+    """An uninterpreted unary function (the non-Lax relu, silu, gelu, tanh, log, clamp)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"a function name must be an identifier, got {name!r}")
     return _make("fn", (a,), 0, name)

@@ -7,7 +7,7 @@ Abstract expressions are terms of an uninterpreted sort ``P``; reduction sizes a
 Beyond Table 2 (for the ops Mirage's first paper does not have; see
 :mod:`gensorage.exhaustive.expr.abstract_expr`):
 
-- ``sqrt`` and each activation ``fn_<name>`` (relu, silu, gelu): uninterpreted, ``subexpr(x, f(x))``, no
+- ``sqrt`` and each function ``fn_<name>`` (relu, silu, gelu, tanh, log, clamp): uninterpreted, ``subexpr(x, f(x))``, no
   equations (they commute with nothing);
 - ``max(k, x)`` (max-reduction / max accumulator): uninterpreted, ``subexpr(x, max(i, x))``, with the size laws
   of ``sum`` (``x = max(1, x)``, ``max(i, max(j, x)) = max(i*j, x)``) so split max-reductions agree with whole ones;

@@ -129,6 +129,10 @@ class ExprArith:
     def activation(self, kind: Activation, a: ExprValue) -> ExprValue:
         return self._unary(a, functools.partial(ae.fn, kind))
 
+    def clamp(self, a: ExprValue, lo: float | None, hi: float | None) -> ExprValue:
+        # The bounds are dropped like scale's and add_scalar's constants (see abstract_expr).
+        return self._unary(a, functools.partial(ae.fn, "clamp"))
+
     def _unary(self, a: ExprValue, f: Callable[[Term], Term]) -> ExprValue:
         if a.layout is None:
             return ExprValue(a.shape, f(a.term))

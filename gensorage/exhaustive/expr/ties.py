@@ -285,6 +285,9 @@ class TieArith:
     def activation(self, kind: Activation, a: Ties) -> Ties:
         return _inside(a)
 
+    def clamp(self, a: Ties, lo: float | None, hi: float | None) -> Ties:
+        return _inside(a)
+
     def _binary(self, a: Ties, b: Ties) -> Ties:
         out = broadcast_shapes(a.shape, b.shape)
         if out is None:

@@ -41,7 +41,7 @@ from gensorage.program import Program
 
 Const = float | None  # the factor a tensor carries: 1.0 none, None mixed (unknown)
 #: Functions no constant moves through: the rule applies to their arguments.
-BARRIERS = frozenset({Op.EXP, Op.SILU, Op.GELU})
+BARRIERS = frozenset({Op.EXP, Op.SILU, Op.GELU, Op.TANH, Op.LOG, Op.CLAMP})
 
 
 def same(a: float, b: float) -> bool:
@@ -52,7 +52,7 @@ def same(a: float, b: float) -> bool:
 def const_of(op: Op, attrs: Attrs, ins: Sequence[Const]) -> Const:
     """The factor of ``op``'s result given its operands' factors (see the module docstring)."""
     match op:
-        case Op.EXP | Op.SILU | Op.GELU:
+        case Op.EXP | Op.SILU | Op.GELU | Op.TANH | Op.LOG | Op.CLAMP:
             return 1.0
         case Op.SCALE:
             c = ins[0]

@@ -33,11 +33,11 @@ from collections.abc import Iterable
 from gensorage.exhaustive.expr.abstract_expr import Term
 from gensorage.exhaustive.expr.canon import Canon
 from gensorage.exhaustive.rules.rule import PRUNE, Bound, Prune, Site
-from gensorage.opset import Op
+from gensorage.opset import UNARY_FUNCTIONS, Op
 
 UNCREATABLE = frozenset({"exp", "sqrt", "fn"})
 #: The operators whose expressions can add a mark (every other operator's marks are its operands').
-MARK_OPS = frozenset({Op.EXP, Op.SQRT, Op.RELU, Op.SILU, Op.GELU, Op.DIV})
+MARK_OPS = frozenset({Op.EXP, Op.SQRT, Op.DIV, Op.CLAMP}) | UNARY_FUNCTIONS
 DIV_MARK = "div"
 
 Mark = object  # an interned normal form (a class) or DIV_MARK
