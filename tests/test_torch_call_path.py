@@ -19,7 +19,7 @@ from test_torch_frontend import assert_close  # noqa: E402
 import gensorage.torch as gtorch  # noqa: E402
 from gensorage.codegen.runner import KernelRunner  # noqa: E402
 from gensorage.errors import ProgramError  # noqa: E402
-from gensorage.torch import subgraph  # noqa: E402
+from gensorage.torch import backend, subgraph  # noqa: E402
 
 ENTRIES = ("gensorage.torch.compile", 'torch.compile(backend="gensorage")')
 
@@ -54,6 +54,17 @@ class CacheStep(torch.nn.Module):
     def forward(self, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         cache[:, -1:].copy_(self.k(x))
         return self.o(torch.softmax(cache * 0.5, dim=-1).sum(dim=1, keepdim=True))
+
+
+class Viewing(torch.nn.Module):
+    """Returns a view of its input next to a computed value: the view must alias the input, as in eager."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.silu(self.lin(x)), x.transpose(0, 1)
 
 
 def _ran_in_gensorage(compiled: Any) -> bool:
@@ -164,3 +175,39 @@ def test_the_runner_checks_torch_tensors_at_every_call(tmp_path: Path) -> None:
     with pytest.raises(ProgramError, match="float64"):
         runner([x.double()], _empty)
     assert_close(runner([x], _empty)[0], want, 1e-5)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_aotautograds_runtime_wrapper_is_skipped_only_where_it_would_do_nothing(
+    entry: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain inference graph is called without AOTAutograd's runtime wrapper; a graph that mutates an input,
+    returns a view of one, or needs autograd keeps it, and each gives eager's answer and aliasing."""
+    decisions: list[bool] = []
+    real = backend.runtime_wrapper_is_identity
+
+    def spy(fw: Any, inputs: Any) -> bool:
+        decisions.append(real(fw, inputs))
+        return decisions[-1]
+
+    monkeypatch.setattr(backend, "runtime_wrapper_is_identity", spy)
+    torch._dynamo.reset()  # the registered backend's earlier captures of these classes would be reused
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 32, generator=g)
+    with torch.no_grad():
+        mlp = Mlp().eval()
+        assert_close(_compile(mlp, entry)(x), mlp(x), 1e-3)
+        assert decisions == [True]
+        step, cache = CacheStep().eval(), torch.randn(2, 6, 32, generator=g)
+        before = cache.clone()
+        _compile(step, entry)(x[:2, None], cache)
+        assert decisions[1:] == [False] and not torch.equal(cache[:, -1:], before[:, -1:])
+        viewing = Viewing().eval()
+        got, view = _compile(viewing, entry)(x)
+        assert decisions[2:] == [False]
+        assert_close(got, viewing(x)[0], 1e-3)
+        assert view.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # a view of x, not a copy
+    xg = x.clone().requires_grad_(True)
+    _compile(Mlp(), entry)(xg).sum().backward()  # a training graph: AOTAutograd's own path, not asked
+    assert decisions[3:] == [] and xg.grad is not None
