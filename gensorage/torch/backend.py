@@ -128,6 +128,16 @@ def runtime_wrapper_is_identity(fw: fx.GraphModule, example_inputs: Sequence[Any
     return its outputs: ``fw`` takes them as they are (plain tensors, no duplicate merged, no parameter or
     effect token added), mutates no input (``copy_`` back, ``set_``), returns no alias of an input or of
     another output (views regenerated), and changes no grad mode, RNG state or dynamic dims on the way out."""
+    try:
+        return _plain_inference(fw, example_inputs)
+    except (
+        ImportError,
+        AttributeError,
+    ):  # AOTAutograd's private metadata moved (another torch): keep the wrapper
+        return False
+
+
+def _plain_inference(fw: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
     from torch._guards import TracingContext
 
