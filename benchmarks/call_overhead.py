@@ -14,6 +14,9 @@ The levels, outermost first:
 * ``call``: the compiled model (``gensorage.torch.compile``, static shapes; or ``torch.compile(model,
   backend="gensorage")`` with dynamo's dynamic shapes, ``--modes dynamic``): dynamo's guards, AOTAutograd's
   wrapper, the partitioned graph, each gensorage subgraph;
+* ``graph``: the partitioned graph's ``forward`` (the FX code that calls the subgraphs and any torch ops left
+  around them) on the arguments it was called with: ``call - graph`` is torch's own share (dynamo's frame
+  evaluation and guards, AOTAutograd's runtime wrapper; a per-shape graph's lookup) and ``Compiled``'s frame;
 * ``subgraph``: the gensorage subgraph modules on the arguments they were called with (``nn.Module.__call__``,
   the shape guard, :func:`gensorage.torch.subgraph.run_kernels`);
 * ``run_kernels``: dtype casts, alignment, the runner, output strides;
@@ -61,11 +64,23 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from benchmarks.common import machine_info, progress, result_path, write_json  # noqa: E402
 
 NAME = "call_overhead"
-LEVELS = ("call", "subgraph", "run_kernels", "runner", "kernels", "kernels_unbound", "eager", "dynamo_eager")
+LEVELS = (
+    "call",
+    "graph",
+    "subgraph",
+    "run_kernels",
+    "runner",
+    "kernels",
+    "kernels_unbound",
+    "eager",
+    "dynamo_eager",
+)
 #: Paired differences reported: (name, outer level, inner level).
 DIFFERENCES = (
     ("overhead", "call", "kernels"),  # the goal's overhead
     ("dynamo_and_graph", "call", "subgraph"),
+    ("dynamo_and_aot", "call", "graph"),  # torch's own share, and Compiled's frame
+    ("graph_code", "graph", "subgraph"),  # the partitioned graph's FX code and the torch ops left in it
     ("subgraph_module", "subgraph", "run_kernels"),
     ("run_kernels_glue", "run_kernels", "runner"),
     ("runner", "runner", "kernels"),
@@ -81,14 +96,24 @@ def _percentiles(xs: list[float]) -> dict[str, float]:
 
 def _capture(
     compiled: Any, args: tuple[Any, ...]
-) -> tuple[list[tuple[Any, tuple[Any, ...]]], list[Any], bool]:
+) -> tuple[list[tuple[Any, tuple[Any, ...]]], list[Any], bool, list[tuple[Any, list[Any]]]]:
     """One call of ``compiled`` with its gensorage subgraphs' calls recorded: (module, its arguments), the
-    (lowered, kernels, arguments) each passed to ``run_kernels``, and whether a per-shape graph served it."""
+    (lowered, kernels, arguments) each passed to ``run_kernels``, whether a per-shape graph served it, and the
+    partitioned graphs that called the subgraphs (their ``forward``, its arguments as the call began)."""
     from gensorage.torch import per_shape, subgraph
 
     modules: list[tuple[Any, tuple[Any, ...]]] = []
     runs: list[Any] = []
     specialised = [False]
+    entered: dict[int, tuple[Any, list[Any]]] = {}  # each FX forward's frame: its arguments at entry
+    graphs: list[tuple[Any, list[Any]]] = []
+
+    def on_call(frame: Any, event: str, _: Any) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_filename.startswith("<eval_with_key>") and code.co_name == "forward":
+            names = code.co_varnames[1 : code.co_argcount]  # after self
+            entered[id(frame)] = (frame.f_locals["self"].forward, [frame.f_locals[n] for n in names])
+
     call, run_kernels, per_shape_call = (
         subgraph.GensorageSubgraph.__call__,
         subgraph.run_kernels,
@@ -97,6 +122,9 @@ def _capture(
 
     def recording_call(self: Any, *a: Any) -> Any:
         modules.append((self, a))
+        graph = entered.get(id(sys._getframe(1)))
+        if graph is not None and all(graph[0] != g for g, _ in graphs):
+            graphs.append(graph)
         return call(self, *a)
 
     def recording_run(lowered: Any, res: Any, a: list[Any], *rest: Any) -> Any:
@@ -110,13 +138,15 @@ def _capture(
     subgraph.GensorageSubgraph.__call__ = recording_call  # type: ignore[method-assign]
     subgraph.run_kernels = recording_run
     per_shape.PerShape.__call__ = recording_per_shape  # type: ignore[method-assign]
+    sys.setprofile(on_call)
     try:
         compiled(*args)
     finally:
+        sys.setprofile(None)
         subgraph.GensorageSubgraph.__call__ = call  # type: ignore[method-assign]
         subgraph.run_kernels = run_kernels
         per_shape.PerShape.__call__ = per_shape_call  # type: ignore[method-assign]
-    return modules, runs, specialised[0]
+    return modules, runs, specialised[0], graphs
 
 
 def _runner_inputs(lowered: Any, args: list[Any], rest: tuple[Any, ...]) -> list[Any]:
@@ -128,9 +158,7 @@ def _runner_inputs(lowered: Any, args: list[Any], rest: tuple[Any, ...]) -> list
 
     cast = [a.to(getattr(torch, t.dtype)) for a, t in zip(args, lowered.program.inputs, strict=True)]
     kept = rest[0] if rest else None
-    if kept is None:
-        return [aligned(a) for a in cast]
-    return [kept.imported(i, a) if i in kept.positions else aligned(a) for i, a in enumerate(cast)]
+    return [aligned(a) for a in cast] if kept is None else kept.arguments(cast)
 
 
 def _levels(
@@ -143,7 +171,9 @@ def _levels(
     from gensorage.torch.device import _empty
     from gensorage.torch.subgraph import run_kernels
 
-    modules, runs, specialised = _capture(compiled, args)
+    modules, runs, specialised, graphs = _capture(compiled, args)
+    if not graphs:
+        raise SystemExit("no partitioned graph called the gensorage subgraphs")
     if any(res.runner is None for _, res, _, _ in runs):
         raise SystemExit("a subgraph has no prepared runner: its kernels cannot be launched directly")
     prepared = [_runner_inputs(lowered, a, rest) for lowered, _, a, rest in runs]
@@ -167,6 +197,10 @@ def _levels(
 
         return run
 
+    def partitioned() -> None:
+        for forward, a in graphs:
+            forward(*a)
+
     def subgraphs() -> None:
         for m, a in modules:
             m(*a)
@@ -181,6 +215,7 @@ def _levels(
 
     levels: dict[str, Callable[[], Any]] = {
         "call": lambda: compiled(*args),
+        "graph": partitioned,
         "subgraph": subgraphs,
         "run_kernels": glue,
         "runner": runners,
@@ -191,6 +226,7 @@ def _levels(
     }
     info = {
         "subgraphs": len(modules),
+        "partitioned_graphs": len(graphs),
         "per_shape_graph": specialised,
         "kernels": len(direct),
         "variant_kernels": sum(isinstance(fn, functools.partial) for fn, _ in direct),

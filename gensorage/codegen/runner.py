@@ -169,13 +169,21 @@ class KernelRunner:
             raise ProgramError(f"the kernels take {len(self.input_shapes)} inputs, got {len(arrays)}")
         from_dlpack = tvm.runtime.from_dlpack
         seen, tensor_type = self._imported_seen, self._tensor_type
+        shapes, dtypes, cpu = self.input_shapes, self._dtypes_seen, self._cpu
         ins: list[Any] = []
         try:
             for i, a in enumerate(arrays):
                 if a is seen[i]:  # a TVM tensor checked at this position before
                     ins.append(a)
                     continue
-                self._check(i, a)
+                # a torch tensor of the shape and a dtype seen before, in CPU memory for the llvm kernels,
+                # passes these checks inline; anything else gets the full check (which raises)
+                if (
+                    a.shape != shapes[i]
+                    or a.dtype is not dtypes[i]
+                    or (cpu and not getattr(a, "is_cpu", False))
+                ):
+                    self._check(i, a)
                 if type(a) is tensor_type:
                     seen[i] = a
                     ins.append(a)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
@@ -82,7 +83,13 @@ def make_backend(options: Options, report: Report) -> Callable[..., Any]:
 
     def partitioned(gm: fx.GraphModule) -> Callable[..., Any]:
         try:
-            return partition(gm, options, report)
+            fused = partition(gm, options, report)
+            # its forward, called straight: GraphModule.__call__ adds nn.Module's hook checks and an error
+            # wrapper (~2 µs a call) to a module nobody else holds or hooks. A lazily recompiled module's
+            # forward would call the module: its code is generated now.
+            if isinstance(fused, _LazyGraphModule):
+                fused.real_recompile()
+            return fused.forward
         except Exception as exc:  # a lowering or partitioning bug of ours: the graph runs in torch, right
             report.add(f"graph {report.graphs + 1} runs in torch, partitioning failed: {first_line(exc)}")
             return gm
@@ -92,7 +99,68 @@ def make_backend(options: Options, report: Report) -> Callable[..., Any]:
             return PerShape(gm, partitioned, report)
         return partitioned(gm)
 
-    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=_in_torch)  # type: ignore[no-any-return]
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        # dynamo guards the grad mode and autocast state it captured under: they hold at every call
+        ambient = torch.is_grad_enabled() or torch._C._is_any_autocast_enabled()
+        bare: list[Callable[..., Any]] = []
+
+        def inference_compiler(fw: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+            compiled = forward_compiler(fw, inputs)
+            if not (ambient or has_symbolic_shapes(inputs)) and runtime_wrapper_is_identity(
+                fw, example_inputs
+            ):
+                bare.append(compiled)
+            return compiled
+
+        wrapped = aot_autograd(
+            fw_compiler=forward_compiler, bw_compiler=_in_torch, inference_compiler=inference_compiler
+        )(gm, example_inputs)
+        # AOTAutograd's runtime wrapper costs ~3 µs a call; where it would only call the graph, dynamo calls
+        # the graph itself (never traced, as dynamo's own backends leave a compiled graph)
+        return torch._dynamo.disable(bare[0], reason="a compiled graph") if bare else wrapped
+
+    return backend
+
+
+def runtime_wrapper_is_identity(fw: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd's runtime wrapper, for the inference graph ``fw`` it is compiling (grad mode and
+    autocast off) from a dynamo graph of ``example_inputs``, would only call ``fw`` on those arguments and
+    return its outputs: ``fw`` takes them as they are (plain tensors, no duplicate merged, no parameter or
+    effect token added), mutates no input (``copy_`` back, ``set_``), returns no alias of an input or of
+    another output (views regenerated), and changes no grad mode, RNG state or dynamic dims on the way out."""
+    try:
+        return _plain_inference(fw, example_inputs)
+    except (
+        ImportError,
+        AttributeError,
+    ):  # AOTAutograd's private metadata moved (another torch): keep the wrapper
+        return False
+
+
+def _plain_inference(fw: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    meta = context.fw_metadata if context is not None else None
+    if meta is None or len(fw.graph.find_nodes(op="placeholder")) != len(example_inputs):
+        return False
+    return (
+        all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in example_inputs)
+        and all(
+            isinstance(m, PlainTensorMeta) and m.unwrapped_idx == i
+            for i, m in enumerate(meta.subclass_inp_meta)
+        )
+        and not any(
+            i.mutates_data or i.mutates_metadata or i.mutates_storage_metadata for i in meta.input_info
+        )
+        and all(o.output_type == OutputType.non_alias for o in meta.output_info)
+        and meta.num_intermediate_bases == 0
+        and not meta.tokens
+        and not meta.is_rng_op_functionalized
+        and meta.grad_enabled_mutation is None
+        and not meta.dynamic_outputs
+    )
 
 
 _REGISTERED_REPORT = Report()
@@ -111,4 +179,11 @@ def gensorage_backend(
         return gm
 
 
-__all__ = ["PREFIX", "gensorage_backend", "make_backend", "partition", "why_unsupported"]
+__all__ = [
+    "PREFIX",
+    "gensorage_backend",
+    "make_backend",
+    "partition",
+    "runtime_wrapper_is_identity",
+    "why_unsupported",
+]

@@ -98,6 +98,7 @@ class GensorageSubgraph(torch.nn.Module):
         self._extras: list[torch.Tensor] = []
         self._fallback: str | None = None
         self._kept: KeptInputs | None = None
+        self._shapes: list[torch.Size] = []  # the arguments' shapes at the checked call
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self._kernels is None and self._fallback is None:
@@ -105,7 +106,10 @@ class GensorageSubgraph(torch.nn.Module):
         if self._kernels is None:
             return tuple(self.sub(*args))
         lowered, res = self._kernels
-        if any(program_shape(a.shape) != s for a, s in zip(args, lowered.input_shapes, strict=False)):
+        shapes = [a.shape for a in args]  # torch.Size compares as a tuple: the first call's shapes, at once
+        if shapes != self._shapes and any(
+            program_shape(a) != s for a, s in zip(shapes, lowered.input_shapes, strict=False)
+        ):
             return tuple(
                 self.sub(*args)
             )  # a guard let other shapes through: torch's answer, never a wrong one
@@ -151,7 +155,7 @@ class GensorageSubgraph(torch.nn.Module):
         except Exception as exc:  # TVM's or DLPack's own error class: ours to fix, never the user's answer
             self._fall_back(f"internal error: {type(exc).__name__}: {exc}")
             return want
-        self._kernels, self._extras = (lowered, res), extras
+        self._kernels, self._extras, self._shapes = (lowered, res), extras, [a.shape for a in args]
         # parameters and the subgraph's own constants are the same tensors at every call: imported once
         stable = [i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter)]
         self._kept = KeptInputs([*stable, *range(len(args), len(args) + len(extras))])
@@ -199,7 +203,11 @@ def run_kernels(
     """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies, the
     inputs at ``kept``'s positions imported once); an argument in another dtype than its program input (a
     float32 value the graph casts down) is cast first."""
-    cast = [_as_input(a, d) for a, d in zip(args, lowered.input_dtypes, strict=True)]
+    # the usual argument (in its dtype, not 0-d) passes without a call
+    cast = [
+        a if a.dtype is d and a.dim() else _as_input(a, d)
+        for a, d in zip(args, lowered.input_dtypes, strict=True)
+    ]
     tensors = run_on_device(res, cast, kept)
     return tuple(
         _strided(t if t.dtype is d else t.to(d), s)
