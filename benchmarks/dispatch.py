@@ -23,7 +23,7 @@ lengths in order, a new key length each step, as decoding meets them.
 
 ``--no-tiered`` builds a new shape's kernels at the full LLVM level before serving it (the dispatcher's
 ``tiered=False``) instead of unoptimised first and again in the background; either way the steady state is timed
-after the background rebuilds are in (``upgrade_wait_s``: how long the first call's end waited for them).
+after the background rebuilds are in (``rebuild_wait_s``: how long the first call's end waited for them).
 
 ``--dynamo-dynamic`` compiles both with ``torch.compile(model, backend="gensorage")`` and dynamo's own
 ``dynamic`` setting instead (its recompile limits raised as ``gensorage.torch.compile`` raises them): from the
@@ -189,10 +189,10 @@ def overhead_us(entry: ShapeKernels, calls: int) -> dict[str, float]:
     }
 
 
-def _wait_upgrades(d: Dispatcher) -> float:
+def _wait_rebuilds(d: Dispatcher) -> float:
     """Wait for the dispatcher's background rebuilds (the steady state is timed on the full tier); the wait."""
     t0 = time.perf_counter()
-    d.wait_upgrades()
+    d.wait_rebuilds()
     return time.perf_counter() - t0
 
 
@@ -225,7 +225,7 @@ def run_case(
         t0 = time.perf_counter()
         assert d.kernels(make(v)) is entry
         row["repeat_lookup_s"] = time.perf_counter() - t0  # Program built and hashed, then a dict hit
-        row["upgrade_wait_s"] = _wait_upgrades(d)
+        row["rebuild_wait_s"] = _wait_rebuilds(d)
         if entry.runner is not None:
             row.update(overhead_us(entry, calls))
         progress(
@@ -303,7 +303,7 @@ def run_layer(
             again = compiled(*args)  # the second call: still the first tier's kernels, unless rebuilt already
             row["second_call_s"] = time.perf_counter() - t0
             row["second_rel_err"] = float((again - want).abs().max() / want.abs().max())
-            row["upgrade_wait_s"] = _wait_upgrades(d)
+            row["rebuild_wait_s"] = _wait_rebuilds(d)
             if entry.runner is not None:
                 row.update(overhead_us(entry, calls))
             progress(f"{LAYER_LABEL} @ {t}: first call {wall:.2f} s (ready {entry.ready_s:.2f} s)")
@@ -365,7 +365,7 @@ def run_decode(
                     float((g - w).abs().max() / w.abs().max()) for g, w in zip(got, want, strict=True)
                 ),
             }
-            row["upgrade_wait_s"] = _wait_upgrades(d)
+            row["rebuild_wait_s"] = _wait_rebuilds(d)
             if entry.runner is not None and calls:
                 row.update(overhead_us(entry, calls))
             progress(f"{DECODE_LABEL} @ {past}: first call {wall:.2f} s (ready {entry.ready_s:.2f} s)")

@@ -64,7 +64,7 @@ def worker(tiered: bool, calls: int, dynamo_dynamic: bool) -> None:
             compiled(*args)
             second = time.perf_counter() - t0
             t0 = time.perf_counter()
-            d.wait_upgrades()
+            d.wait_rebuilds()
             wait = time.perf_counter() - t0
             want = layer(*args)
             (entry,) = [d._shapes[k] for k in set(d._shapes) - known]
@@ -75,7 +75,7 @@ def worker(tiered: bool, calls: int, dynamo_dynamic: bool) -> None:
                 "ready_s": entry.ready_s,
                 "parts_s": dict(entry.timings),
                 "second_call_s": second,
-                "upgrade_wait_s": wait,
+                "rebuild_wait_s": wait,
                 "rel_err": float((got - want).abs().max() / want.abs().max()),
                 "notes": list(entry.notes),
             }

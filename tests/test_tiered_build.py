@@ -24,9 +24,9 @@ def _variants(d: Dispatcher) -> list[Any]:
 def test_the_first_tier_is_right_and_its_rebuild_is_swapped_into_the_runner() -> None:
     d = Dispatcher(use_store=False)
     d.kernels(gqa_rows(8))
-    d.wait_upgrades()
+    d.wait_rebuilds()
     variants = d._variants["llvm"]
-    assert variants.upgrades == 1 and not any(v.quick for v in _variants(d))
+    assert variants.rebuilds == 1 and not any(v.quick for v in _variants(d))
     with variants._rebuild_lock:  # hold the rebuild back: the new length runs on its first tier
         e = d.kernels(gqa_rows(33))
         quick = [v for v in _variants(d) if v.quick]
@@ -34,8 +34,8 @@ def test_the_first_tier_is_right_and_its_rebuild_is_swapped_into_the_runner() ->
         first_tier = [v.function for v in quick]  # held: their ids stay theirs
         assert {id(f) for f in first_tier} <= _functions(e)
         check_float64(e, gqa_rows(33), seed=33, scale=3.0)
-    d.wait_upgrades()
-    assert variants.upgrades == 2 and not variants.upgrade_errors
+    d.wait_rebuilds()
+    assert variants.rebuilds == 2 and not variants.rebuild_errors
     assert not any(v.quick for v in quick)
     served = _functions(e)
     assert {id(v.function) for v in quick} <= served, "the rebuilt functions are not in the runner"
@@ -51,8 +51,8 @@ def test_switched_off_the_kernels_are_built_at_the_full_level_before_serving() -
         assert not any("first tier" in n for n in e.notes)
         assert not any(v.quick for v in _variants(d))
         check_float64(e, gqa_rows(t), seed=t, scale=3.0)
-    d.wait_upgrades()
-    assert d._variants["llvm"].upgrades == 0 and not d._variants["llvm"]._threads
+    d.wait_rebuilds()
+    assert d._variants["llvm"].rebuilds == 0 and not d._variants["llvm"]._threads
 
 
 def test_a_failed_rebuild_keeps_the_first_tier(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,8 +68,8 @@ def test_a_failed_rebuild_keeps_the_first_tier(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(symbolic_kernels, "compile_kernels", full_fails)
     d = Dispatcher(use_store=False)
     e = d.kernels(gqa_rows(12))
-    d.wait_upgrades()
+    d.wait_rebuilds()
     variants = d._variants["llvm"]
-    assert variants.upgrades == 0 and "injected" in variants.upgrade_errors[0]
+    assert variants.rebuilds == 0 and "injected" in variants.rebuild_errors[0]
     assert all(v.quick for v in _variants(d))
     check_float64(e, gqa_rows(12), seed=12, scale=3.0)

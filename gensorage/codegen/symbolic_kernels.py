@@ -28,11 +28,11 @@ built per length, as before.
 
 Tiers (``tiered=True``): the variants a length misses are first built without LLVM's optimisation
 (:data:`~gensorage.codegen.module.QUICK_TARGET`: about half the build time; its matmuls and row kernels run up to
-2.5 times slower, its copies as fast), so the length is served at once; a background thread then builds them
-again at the full level (:meth:`SymbolicKernels.start_rebuilds`, once the caller has served the length) and
-swaps the new functions in (:meth:`SymbolicKernels.wait_upgrades` waits for it),
-telling the listeners (:meth:`SymbolicKernels.on_upgrade`: the dispatcher, whose prepared runners look their
-functions up again). Both tiers compile the same TIR, so they compute the same thing; TVM's compile releases the
+about 3 times slower, its copies as fast), so the length is served at once; a background thread then builds them
+again at the full level (:meth:`SymbolicKernels.start_rebuilds`, once the caller has served the length) and swaps
+the new functions in (:meth:`SymbolicKernels.wait_rebuilds` waits for it), telling the listeners
+(:meth:`SymbolicKernels.on_rebuild`: the dispatcher, whose prepared runners look their functions up again). Both
+tiers compile the same TIR (the same operations; the tests check both against float64); TVM's compile releases the
 GIL, so the rebuild runs beside the caller. A rebuild that fails leaves the first tier's functions (correct,
 slower).
 """
@@ -115,7 +115,7 @@ class SymbolicKernels:
     dispatcher, so kernels of equal skeletons in other programs (a slice, a residual add) share them too.
 
     ``builds`` counts the ``tvm.compile`` calls made here (one per length that misses a variant), ``compiled``
-    the variants they compiled; with ``tiered`` (llvm only), ``upgrades`` the background rebuilds at the full
+    the variants they compiled; with ``tiered`` (llvm only), ``rebuilds`` the background rebuilds at the full
     level that were swapped in (not counted in ``builds``).
     """
 
@@ -125,8 +125,8 @@ class SymbolicKernels:
         self.tiered = tiered and target == "llvm"
         self.builds = 0
         self.compiled = 0
-        self.upgrades = 0
-        self.upgrade_errors: list[str] = []
+        self.rebuilds = 0
+        self.rebuild_errors: list[str] = []
         self._skeletons: dict[str, _Skeleton] = {}
         self._symbols = itertools.count()
         self._lock = threading.Lock()  # dispatchers of several threads; a build runs inside it
@@ -135,11 +135,11 @@ class SymbolicKernels:
         self._pending: list[tuple[list[Kernel], list[_Variant]]] = []  # first-tier builds not rebuilt yet
         self._listeners: list[Callable[[], None]] = []
 
-    def on_upgrade(self, listener: Callable[[], None]) -> None:
+    def on_rebuild(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` (from the rebuilding thread) after each swap of rebuilt functions."""
         self._listeners.append(listener)
 
-    def wait_upgrades(self, timeout: float | None = None) -> None:
+    def wait_rebuilds(self, timeout: float | None = None) -> None:
         """Start the pending rebuilds and wait for them (each up to ``timeout`` seconds)."""
         self.start_rebuilds()
         for thread in list(self._threads):
@@ -211,12 +211,12 @@ class SymbolicKernels:
                 ex = compile_kernels(kernels, self.target, self.hw)
                 functions = [ex[v.symbol] for v in variants]
             except Exception as exc:  # the first tier's functions stay: correct, slower
-                self.upgrade_errors.append(f"{type(exc).__name__}: {exc}")
+                self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
                 return
             with self._lock:
                 for variant, function in zip(variants, functions, strict=True):
                     variant.executable, variant.function, variant.quick = ex, function, False
-                self.upgrades += 1
+                self.rebuilds += 1
             for listener in list(self._listeners):
                 listener()
 

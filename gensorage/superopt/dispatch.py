@@ -24,7 +24,7 @@ variant covers, and none where every kernel is covered (``symbolic=False``: ever
 Those builds are tiered (``tiered=True``, the default): the kernels are first built without LLVM's optimisation,
 which serves the shape in about half the build time, and rebuilt at the full level in a background thread; the
 rebuilt functions replace the first tier's in every prepared runner that calls them (:meth:`Dispatcher.relink`),
-so a shape's steady state runs the fully optimised kernels. :meth:`Dispatcher.wait_upgrades` waits for the
+so a shape's steady state runs the fully optimised kernels. :meth:`Dispatcher.wait_rebuilds` waits for the
 rebuilds (a benchmark does before it times the steady state).
 
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
@@ -178,20 +178,20 @@ class Dispatcher:
             self.stats.hits += 1
             return entry
         variants = self._symbolic(target)
-        upgrades = variants.upgrades if variants is not None else 0
+        rebuilds = variants.rebuilds if variants is not None else 0
         entry = self._build(program, target)
         self._shapes[key] = entry
         if variants is not None:
-            if variants.upgrades != upgrades and entry.runner is not None:
+            if variants.rebuilds != rebuilds and entry.runner is not None:
                 # a rebuild swapped in during this build may have told the runners before this one was listed
                 entry.runner.relink(entry.compiled.executable(target))
             variants.start_rebuilds()  # now that the shape is served (see SymbolicKernels.start_rebuilds)
         return entry
 
-    def wait_upgrades(self, timeout: float | None = None) -> None:
+    def wait_rebuilds(self, timeout: float | None = None) -> None:
         """Wait for the background rebuilds of first-tier kernels started so far (``tiered``)."""
         for variants in list(self._variants.values()):
-            variants.wait_upgrades(timeout)
+            variants.wait_rebuilds(timeout)
 
     def relink(self) -> None:
         """Every prepared llvm runner looks its functions up again (after a rebuild of first-tier kernels)."""
@@ -250,7 +250,7 @@ class Dispatcher:
             from gensorage.codegen.symbolic_kernels import SymbolicKernels
 
             variants = SymbolicKernels(target, self.hw, tiered=self.tiered)
-            variants.on_upgrade(self.relink)
+            variants.on_rebuild(self.relink)
             self._variants[target] = variants
         return self._variants[target]
 
