@@ -1,4 +1,5 @@
-"""New prefill lengths of the small decoder layer with and without tiered builds, paired length by length.
+"""New prefill lengths of the small decoder layer (or new key lengths of its KV-cache decode step, ``--decode``)
+with and without tiered builds, paired length by length.
 
 Two worker processes (``Dispatcher(tiered=True)`` and ``tiered=False`` behind ``gensorage.torch.compile``, each
 with its own caches) take the same sequence of sequence lengths in lockstep: at each length one worker makes its
@@ -9,7 +10,7 @@ tier's kernels while their rebuild runs), the wait for the rebuild, and the stea
 runner and its kernels launched directly, paired, as in :mod:`benchmarks.dispatch`).
 
 Usage: ``python -m benchmarks.dispatch_paired [--lengths 8 12 20 33 34 57 100] [--calls 300] [--dynamo-dynamic]
-[--out FILE]`` (the first length is the structure's first: both sides superoptimise there).
+[--decode] [--out FILE]`` (the first length is the structure's first: both sides superoptimise there).
 """
 
 from __future__ import annotations
@@ -34,19 +35,21 @@ NAME = "dispatch-paired"
 SIDES = ("tiered", "untiered")
 
 
-def worker(tiered: bool, calls: int, dynamo_dynamic: bool) -> None:
+def worker(tiered: bool, calls: int, dynamo_dynamic: bool, decode: bool) -> None:
     """Serve lengths read from stdin, one JSON row per length on stdout."""
     import torch
 
     from benchmarks.dispatch import _compile, overhead_us
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_torch_decode import DecodeStep, decode_inputs
     from test_torch_frontend import DecoderLayer, layer_inputs
 
     from gensorage.torch import subgraph
 
-    torch.manual_seed(0)
-    layer = DecoderLayer().eval()
+    torch.manual_seed(10 if decode else 0)  # as benchmarks.dispatch
+    layer = (DecodeStep() if decode else DecoderLayer()).eval()
+    make_inputs = decode_inputs if decode else layer_inputs
     compiled = _compile(layer, dynamo_dynamic)
     d = subgraph.dispatcher(subgraph.Options())
     d.tiered = tiered
@@ -54,7 +57,7 @@ def worker(tiered: bool, calls: int, dynamo_dynamic: bool) -> None:
     with torch.no_grad():
         for line in sys.stdin:
             t = int(line)
-            args = layer_inputs(t, torch.float32, seed=t)
+            args = make_inputs(t, torch.float32, seed=t)
             known = set(d._shapes)
             load = os.getloadavg()[0]
             t0 = time.perf_counter()
@@ -76,7 +79,10 @@ def worker(tiered: bool, calls: int, dynamo_dynamic: bool) -> None:
                 "parts_s": dict(entry.timings),
                 "second_call_s": second,
                 "rebuild_wait_s": wait,
-                "rel_err": float((got - want).abs().max() / want.abs().max()),
+                "rel_err": max(
+                    float((g - w).abs().max() / w.abs().max())
+                    for g, w in zip(*((got, want) if decode else ((got,), (want,))), strict=True)
+                ),
                 "notes": list(entry.notes),
             }
             if entry.runner is not None:
@@ -89,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", nargs="*", type=int, default=[8, 12, 20, 33, 34, 57, 100])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--dynamo-dynamic", action="store_true")
+    ap.add_argument(
+        "--decode", action="store_true", help="the KV-cache decode step at cache lengths --lengths"
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.worker == "tiered", args.calls, args.dynamo_dynamic)
+        worker(args.worker == "tiered", args.calls, args.dynamo_dynamic, args.decode)
         return 0
     load_before = os.getloadavg()
     procs = {}
@@ -108,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             str(args.calls),
         ]
         cmd += ["--dynamo-dynamic"] if args.dynamo_dynamic else []
+        cmd += ["--decode"] if args.decode else []
         procs[side] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for p in procs.values():  # both imported and compiled before the first length
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
@@ -133,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_after": os.getloadavg(),
         "tvm_num_threads": os.environ.get("TVM_NUM_THREADS"),
         "dynamo_dynamic": args.dynamo_dynamic,
+        "program": "decode_step (torch, small, KV cache)" if args.decode else "decoder_layer (torch, small)",
         "lengths": args.lengths,
         "results": rows,
     }
