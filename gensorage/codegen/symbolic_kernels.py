@@ -61,6 +61,9 @@ _ALLOCATION = re.compile(
 _DIVISOR = re.compile(r"(?://|%)\s*c(\d+)_")
 _LITERAL = re.compile(r"\bc(\d+)_")
 
+#: Held by a variant's first look-up of its function and by a rebuild's swap of rebuilt functions.
+_SWAP = threading.Lock()
+
 #: Variants kept per skeleton: beyond, a kernel of that skeleton is built per length (never wrong, only slower).
 MAX_VARIANTS = 8
 
@@ -72,16 +75,17 @@ class _Variant:
     fixed: tuple[tuple[int, int], ...]  # (position, value) of every other literal
     executable: Any
     function: Any = None  # looked up on first use (the JIT runs then)
-    quick: bool = (
-        False  # built at the first tier (module.QUICK_TARGET), its rebuild at the full level pending
-    )
+    # built at the first tier (module.QUICK_TARGET), its rebuild at the full level pending
+    quick: bool = False
 
     def matches(self, values: Sequence[int]) -> bool:
         return all(values[i] == v for i, v in self.fixed)
 
     def call(self, values: Sequence[int]) -> Any:
         if self.function is None:
-            self.function = self.executable[self.symbol]
+            with _SWAP:  # a rebuild swapping its function in meanwhile must not be overwritten
+                if self.function is None:
+                    self.function = self.executable[self.symbol]
         if not self.dynamic:
             return self.function
         return functools.partial(self.function, *(values[i] for i in self.dynamic))
@@ -147,7 +151,8 @@ class SymbolicKernels:
         self._threads = [t for t in self._threads if t.is_alive()]
 
     def executable(self, kernels: Sequence[Kernel]) -> BoundExecutable:
-        """The kernels' functions: from the variants that cover them, after one build of those that none does.
+        """The kernels' functions: from the variants that cover them, after one build of those that none does
+        (when ``tiered``, at the first tier: :meth:`start_rebuilds` then rebuilds them at the full level).
 
         Raises
         ------
@@ -213,7 +218,7 @@ class SymbolicKernels:
             except Exception as exc:  # the first tier's functions stay: correct, slower
                 self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
                 return
-            with self._lock:
+            with self._lock, _SWAP:
                 for variant, function in zip(variants, functions, strict=True):
                     variant.executable, variant.function, variant.quick = ex, function, False
                 self.rebuilds += 1
