@@ -73,3 +73,24 @@ def test_a_failed_rebuild_keeps_the_first_tier(monkeypatch: pytest.MonkeyPatch) 
     assert variants.rebuilds == 0 and "injected" in variants.rebuild_errors[0]
     assert all(v.quick for v in _variants(d))
     check_float64(e, gqa_rows(12), seed=12, scale=3.0)
+
+
+def test_lengths_requested_while_rebuilds_run_end_on_the_full_level() -> None:
+    from gensorage.codegen import symbolic_kernels
+
+    d = Dispatcher(use_store=False)
+    entries, first_tier = {}, []
+    for t in (8, 12, 20, 33, 5, 57):  # back to back: each build meets the rebuilds of the lengths before
+        entries[t] = d.kernels(gqa_rows(t))
+        with symbolic_kernels._SWAP:  # a consistent view: a swap holds it
+            first_tier += [v.function for v in _variants(d) if v.quick and v.function is not None]
+        check_float64(entries[t], gqa_rows(t), seed=t, scale=3.0)
+    d.wait_rebuilds()
+    variants = d._variants["llvm"]
+    assert first_tier and variants.rebuilds == variants.builds and not variants.rebuild_errors
+    assert not any(v.quick for v in _variants(d))
+    for t, e in entries.items():
+        assert not _functions(e) & {id(f) for f in first_tier}, (
+            f"length {t} still calls a first-tier function"
+        )
+        check_float64(e, gqa_rows(t), seed=t + 1, scale=3.0)
