@@ -138,6 +138,8 @@ def _from_scheduled(sk: ScheduledKernel) -> Kernel:
 #: :class:`~gensorage.codegen.runner.KernelRunner` (count, shape, dtype, device; DLPack checks layout and
 #: alignment). The CUDA build keeps them: its arguments come from other processes' allocators too.
 LLVM_CONFIG = {"tirx.disable_assert": True}
+#: A quick llvm build: no LLVM optimisation (the full one is plain ``"llvm"``, level 3).
+QUICK_TARGET = {"kind": "llvm", "opt-level": 0}
 
 
 def ir_module(kernels: Sequence[Kernel]) -> Any:
@@ -146,8 +148,10 @@ def ir_module(kernels: Sequence[Kernel]) -> Any:
     return tvm.IRModule({k.name: k.func for k in kernels})
 
 
-def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) -> Any:
-    """``tvm.compile`` of all kernels in one module (an Executable indexed by kernel name).
+def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile, quick: bool = False) -> Any:
+    """``tvm.compile`` of all kernels in one module (an Executable indexed by kernel name); ``quick``: llvm
+    without LLVM's optimisation (:data:`QUICK_TARGET`, the first tier of
+    :mod:`~gensorage.codegen.symbolic_kernels`).
 
     On llvm, kernels whose TIR is the same but for their name (a gate and an up projection of one input, say)
     are compiled once and looked up under each name: LLVM's code generation is most of a CPU build's time.
@@ -166,7 +170,8 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile) ->
     hw = target_profile(hw, [k.rule for k in kernels])  # wgmma kernels need sm_90a
     try:
         with tvm.transform.PassContext(config=config):
-            ex = tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else "llvm")
+            llvm = QUICK_TARGET if quick else "llvm"
+            ex = tvm.compile(mod, target=cuda_target(hw) if target == "cuda" else llvm)
             return _Renamed(ex, same) if same else ex
     except Exception as exc:  # TVM's own error classes; the generated code is at fault, name the first line
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]

@@ -93,6 +93,7 @@ class KernelRunner:
         for kern in kernels:
             by_op.setdefault(kern.op_index, []).append(kern)
         self._calls: list[tuple[Any, tuple[_Arg, ...]]] = []
+        self._names: list[str] = []  # each call's kernel, to look its function up again (relink)
         views = graph_views(g, info)
         for k in range(len(g.ops)):
             node = len(g.inputs) + k
@@ -110,6 +111,7 @@ class KernelRunner:
                     base[ref] = (_BOUND, 0, tvm.runtime.empty(shape, scalar.buf_dtype(t.dtype), dev), shape)
             for kern in by_op.get(k, []):
                 self._calls.append((ex[kern.name], tuple(_arg(p, base, dev) for p in kern.params)))
+                self._names.append(kern.name)
         self._lock = threading.Lock()
         # The llvm build does not check its arguments (gensorage.codegen.module.LLVM_CONFIG): the call does.
         self._cpu = target == "llvm"
@@ -150,6 +152,14 @@ class KernelRunner:
 
         self._fixed, self._views = fixed, views
         self._plan_calls = [(fn, _picker([position(a) for a in args])) for fn, args in self._calls]
+
+    def relink(self, executable: Any) -> None:
+        """Look every kernel's function up again in ``executable`` (by kernel name), after a rebuild swapped new
+        ones in (:mod:`gensorage.codegen.symbolic_kernels`' tiers). One assignment replaces the launch list: a
+        call running meanwhile finishes on the functions it started with."""
+        functions = [executable[name] for name in self._names]
+        self._calls = [(fn, args) for fn, (_, args) in zip(functions, self._calls, strict=True)]
+        self._plan_calls = [(fn, pick) for fn, (_, pick) in zip(functions, self._plan_calls, strict=True)]
 
     def _check_dtype(self, i: int, dtype: Any) -> None:
         if str(dtype).removeprefix("torch.") != self.input_dtypes[i]:

@@ -25,6 +25,16 @@ at a new length is the code the emitter wrote for that length, compiled once: th
 guards, grid sizes) are the emitter's at that length, and a length whose decisions change the code's structure
 simply lands in another bucket. A skeleton without a template (a literal the parser needs as a Python value) is
 built per length, as before.
+
+Tiers (``tiered=True``): the variants a length misses are first built without LLVM's optimisation
+(:data:`~gensorage.codegen.module.QUICK_TARGET`: about half the build time; its matmuls and row kernels run up to
+about 3 times slower, its copies as fast), so the length is served at once; a background thread then builds them
+again at the full level (:meth:`SymbolicKernels.start_rebuilds`, once the caller has served the length) and swaps
+the new functions in (:meth:`SymbolicKernels.wait_rebuilds` waits for it), telling the listeners
+(:meth:`SymbolicKernels.on_rebuild`: the dispatcher, whose prepared runners look their functions up again). Both
+tiers compile the same TIR (the same operations; the tests check both against float64); TVM's compile releases the
+GIL, so the rebuild runs beside the caller. A rebuild that fails leaves the first tier's functions (correct,
+slower).
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import functools
 import itertools
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +61,9 @@ _ALLOCATION = re.compile(
 _DIVISOR = re.compile(r"(?://|%)\s*c(\d+)_")
 _LITERAL = re.compile(r"\bc(\d+)_")
 
+#: Held by a variant's first look-up of its function and by a rebuild's swap of rebuilt functions.
+_SWAP = threading.Lock()
+
 #: Variants kept per skeleton: beyond, a kernel of that skeleton is built per length (never wrong, only slower).
 MAX_VARIANTS = 8
 
@@ -62,13 +75,17 @@ class _Variant:
     fixed: tuple[tuple[int, int], ...]  # (position, value) of every other literal
     executable: Any
     function: Any = None  # looked up on first use (the JIT runs then)
+    # built at the first tier (module.QUICK_TARGET), its rebuild at the full level pending
+    quick: bool = False
 
     def matches(self, values: Sequence[int]) -> bool:
         return all(values[i] == v for i, v in self.fixed)
 
     def call(self, values: Sequence[int]) -> Any:
         if self.function is None:
-            self.function = self.executable[self.symbol]
+            with _SWAP:  # a rebuild swapping its function in meanwhile must not be overwritten
+                if self.function is None:
+                    self.function = self.executable[self.symbol]
         if not self.dynamic:
             return self.function
         return functools.partial(self.function, *(values[i] for i in self.dynamic))
@@ -102,20 +119,40 @@ class SymbolicKernels:
     dispatcher, so kernels of equal skeletons in other programs (a slice, a residual add) share them too.
 
     ``builds`` counts the ``tvm.compile`` calls made here (one per length that misses a variant), ``compiled``
-    the variants they compiled.
+    the variants they compiled; with ``tiered`` (llvm only), ``rebuilds`` the background rebuilds at the full
+    level that were swapped in (not counted in ``builds``).
     """
 
-    def __init__(self, target: Target, hw: HwProfile) -> None:
+    def __init__(self, target: Target, hw: HwProfile, tiered: bool = False) -> None:
         self.target: Target = target
         self.hw = hw
+        self.tiered = tiered and target == "llvm"
         self.builds = 0
         self.compiled = 0
+        self.rebuilds = 0
+        self.rebuild_errors: list[str] = []
         self._skeletons: dict[str, _Skeleton] = {}
         self._symbols = itertools.count()
         self._lock = threading.Lock()  # dispatchers of several threads; a build runs inside it
+        self._rebuild_lock = threading.Lock()  # one background rebuild at a time (they share the cores)
+        self._threads: list[threading.Thread] = []
+        self._pending: list[tuple[list[Kernel], list[_Variant]]] = []  # first-tier builds not rebuilt yet
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_rebuild(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (from the rebuilding thread) after each swap of rebuilt functions."""
+        self._listeners.append(listener)
+
+    def wait_rebuilds(self, timeout: float | None = None) -> None:
+        """Start the pending rebuilds and wait for them (each up to ``timeout`` seconds)."""
+        self.start_rebuilds()
+        for thread in list(self._threads):
+            thread.join(timeout)
+        self._threads = [t for t in self._threads if t.is_alive()]
 
     def executable(self, kernels: Sequence[Kernel]) -> BoundExecutable:
-        """The kernels' functions: from the variants that cover them, after one build of those that none does.
+        """The kernels' functions: from the variants that cover them, after one build of those that none does
+        (when ``tiered``, at the first tier: :meth:`start_rebuilds` then rebuilds them at the full level).
 
         Raises
         ------
@@ -138,12 +175,14 @@ class SymbolicKernels:
                 calls[kern.name] = (variant, values)
             if missing:
                 self._build(missing)
+        if missing and self.tiered:
+            self._pending.append(([k for k, _, _ in missing], [v for _, _, v in missing]))
         return BoundExecutable(calls)
 
     def _build(self, missing: list[tuple[Kernel, str, _Variant]]) -> None:
-        """One build of the ``missing`` variants; on failure none of them is kept."""
+        """One build of the ``missing`` variants (at the first tier when tiered); on failure none is kept."""
         try:
-            ex = compile_kernels([k for k, _, _ in missing], self.target, self.hw)
+            ex = compile_kernels([k for k, _, _ in missing], self.target, self.hw, quick=self.tiered)
         except Exception:
             for _, body, variant in missing:
                 if variant in self._skeletons[body].variants:
@@ -153,6 +192,38 @@ class SymbolicKernels:
         self.compiled += len(missing)
         for _, _, variant in missing:
             variant.executable = ex
+            variant.quick = self.tiered
+
+    def start_rebuilds(self) -> None:
+        """Start the background rebuilds of the first-tier builds made so far. The caller starts them once the
+        kernels are served (their functions looked up, the runner prepared): a rebuild beside that work would
+        take the cores it needs."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for kernels, variants in pending:
+            # Not a daemon: an interpreter that exits waits for the rebuild rather than killing it inside LLVM.
+            thread = threading.Thread(
+                target=self._rebuild, args=(kernels, variants), name="gensorage-rebuild"
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _rebuild(self, kernels: list[Kernel], variants: list[_Variant]) -> None:
+        """Build ``variants`` at the full level, look their functions up (LLVM's JIT runs here, not at a call)
+        and swap them in; then tell the listeners."""
+        with self._rebuild_lock:
+            try:
+                ex = compile_kernels(kernels, self.target, self.hw)
+                functions = [ex[v.symbol] for v in variants]
+            except Exception as exc:  # the first tier's functions stay: correct, slower
+                self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            with self._lock, _SWAP:
+                for variant, function in zip(variants, functions, strict=True):
+                    variant.executable, variant.function, variant.quick = ex, function, False
+                self.rebuilds += 1
+            for listener in list(self._listeners):
+                listener()
 
     def _new_variant(
         self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton

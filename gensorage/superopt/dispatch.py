@@ -21,6 +21,11 @@ A model runs one program at many shapes (sequence lengths, batch sizes). :class:
 The llvm kernels come from compiled *variants* (:mod:`gensorage.codegen.symbolic_kernels`): kernels built at
 earlier shapes with their length-dependent literals as parameters, so a new shape builds only the kernels no
 variant covers, and none where every kernel is covered (``symbolic=False``: every new shape builds its kernels).
+Those builds are tiered (``tiered=True``, the default): the kernels are first built without LLVM's optimisation,
+which serves the shape in about half the build time, and rebuilt at the full level in a background thread; the
+rebuilt functions replace the first tier's in every prepared runner that calls them (:meth:`Dispatcher.relink`),
+so a shape's steady state runs the fully optimised kernels. :meth:`Dispatcher.wait_rebuilds` waits for the
+rebuilds (a benchmark does before it times the steady state).
 
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
@@ -116,6 +121,9 @@ class Dispatcher:
     symbolic : bool
         Serve llvm kernels from compiled variants (:mod:`gensorage.codegen.symbolic_kernels`; default) rather
         than building every kernel at every new shape.
+    tiered : bool
+        Build the variants a shape misses without LLVM's optimisation first and at the full level in the
+        background (default; with ``symbolic`` only), rather than at the full level before serving the shape.
     """
 
     def __init__(
@@ -132,6 +140,7 @@ class Dispatcher:
         preset: Preset | str | None = None,
         workers: int | None = None,
         symbolic: bool = True,
+        tiered: bool = True,
     ) -> None:
         from gensorage.superopt.api import _load_hw
 
@@ -146,6 +155,7 @@ class Dispatcher:
         self.preset = preset
         self.workers = workers
         self.symbolic = symbolic
+        self.tiered = tiered
         self._variants: dict[Target, SymbolicKernels] = {}
         self.stats = DispatchStats()
         self._shapes: dict[tuple[str, Target], ShapeKernels] = {}
@@ -167,9 +177,27 @@ class Dispatcher:
         if entry is not None:
             self.stats.hits += 1
             return entry
+        variants = self._symbolic(target)
+        rebuilds = variants.rebuilds if variants is not None else 0
         entry = self._build(program, target)
         self._shapes[key] = entry
+        if variants is not None:
+            if variants.rebuilds != rebuilds and entry.runner is not None:
+                # a rebuild swapped in during this build may have told the runners before this one was listed
+                entry.runner.relink(entry.compiled.executable(target))
+            variants.start_rebuilds()  # now that the shape is served (see SymbolicKernels.start_rebuilds)
         return entry
+
+    def wait_rebuilds(self, timeout: float | None = None) -> None:
+        """Wait for the background rebuilds of first-tier kernels started so far (``tiered``)."""
+        for variants in list(self._variants.values()):
+            variants.wait_rebuilds(timeout)
+
+    def relink(self) -> None:
+        """Every prepared llvm runner looks its functions up again (after a rebuild of first-tier kernels)."""
+        for entry in list(self._shapes.values()):
+            if entry.target == "llvm" and entry.runner is not None:
+                entry.runner.relink(entry.compiled.executable("llvm"))
 
     def __len__(self) -> int:
         return len(self._shapes)
@@ -221,7 +249,9 @@ class Dispatcher:
         if target not in self._variants:
             from gensorage.codegen.symbolic_kernels import SymbolicKernels
 
-            self._variants[target] = SymbolicKernels(target, self.hw)
+            variants = SymbolicKernels(target, self.hw, tiered=self.tiered)
+            variants.on_rebuild(self.relink)
+            self._variants[target] = variants
         return self._variants[target]
 
     def _superoptimize(self, p: Program) -> tuple[KernelGraph, Verification, str]:
@@ -342,7 +372,7 @@ def _from_variants(
     """Give ``compiled`` its ``target`` functions from ``symbolic``'s variants (one build of those it lacks);
     returns the builds made. A failed build of variants leaves ``compiled`` to build its own kernels (one
     build), with the reason in ``notes``."""
-    before = symbolic.builds
+    before, built = symbolic.builds, symbolic.compiled
     try:
         compiled.use_executable(target, symbolic.executable(compiled.kernels(target)))
     except ScheduleError as exc:
@@ -350,6 +380,10 @@ def _from_variants(
         return 1
     if symbolic.builds == before:
         notes.append("no build: every kernel from compiled variants")
+    elif symbolic.tiered:
+        notes.append(
+            f"first tier: {symbolic.compiled - built} kernel(s) built unoptimised, rebuilt in the background"
+        )
     return symbolic.builds - before
 
 

@@ -1,0 +1,96 @@
+"""Tiered builds of compiled variants (gensorage.codegen.symbolic_kernels): a new length is served by kernels
+built without LLVM's optimisation, rebuilt at the full level in the background and swapped into the runners."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_symbolic_kernels import check_float64, gqa_rows
+
+from gensorage.errors import ScheduleError
+from gensorage.superopt.dispatch import Dispatcher
+
+
+def _functions(entry: Any) -> set[int]:
+    """The compiled functions the entry's prepared runner calls (a partial binds a variant's literals)."""
+    return {id(getattr(fn, "func", fn)) for fn, _ in entry.runner._plan_calls}
+
+
+def _variants(d: Dispatcher) -> list[Any]:
+    return [v for s in d._variants["llvm"]._skeletons.values() for v in s.variants]
+
+
+def test_the_first_tier_is_right_and_its_rebuild_is_swapped_into_the_runner() -> None:
+    d = Dispatcher(use_store=False)
+    d.kernels(gqa_rows(8))
+    d.wait_rebuilds()
+    variants = d._variants["llvm"]
+    assert variants.rebuilds == 1 and not any(v.quick for v in _variants(d))
+    with variants._rebuild_lock:  # hold the rebuild back: the new length runs on its first tier
+        e = d.kernels(gqa_rows(33))
+        quick = [v for v in _variants(d) if v.quick]
+        assert quick and any("first tier" in n for n in e.notes), e.notes
+        first_tier = [v.function for v in quick]  # held: their ids stay theirs
+        assert {id(f) for f in first_tier} <= _functions(e)
+        check_float64(e, gqa_rows(33), seed=33, scale=3.0)
+    d.wait_rebuilds()
+    assert variants.rebuilds == 2 and not variants.rebuild_errors
+    assert not any(v.quick for v in quick)
+    served = _functions(e)
+    assert {id(v.function) for v in quick} <= served, "the rebuilt functions are not in the runner"
+    assert not {id(f) for f in first_tier} & served, "the runner still calls a first-tier function"
+    check_float64(e, gqa_rows(33), seed=34, scale=3.0)
+    assert d.stats.builds == 2  # the rebuilds are not counted as builds
+
+
+def test_switched_off_the_kernels_are_built_at_the_full_level_before_serving() -> None:
+    d = Dispatcher(use_store=False, tiered=False)
+    for t in (8, 33):
+        e = d.kernels(gqa_rows(t))
+        assert not any("first tier" in n for n in e.notes)
+        assert not any(v.quick for v in _variants(d))
+        check_float64(e, gqa_rows(t), seed=t, scale=3.0)
+    d.wait_rebuilds()
+    assert d._variants["llvm"].rebuilds == 0 and not d._variants["llvm"]._threads
+
+
+def test_a_failed_rebuild_keeps_the_first_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gensorage.codegen import symbolic_kernels
+
+    real = symbolic_kernels.compile_kernels
+
+    def full_fails(*args: Any, quick: bool = False) -> Any:
+        if not quick:
+            raise ScheduleError("llvm build of the µGraph kernels failed: injected")
+        return real(*args, quick=quick)
+
+    monkeypatch.setattr(symbolic_kernels, "compile_kernels", full_fails)
+    d = Dispatcher(use_store=False)
+    e = d.kernels(gqa_rows(12))
+    d.wait_rebuilds()
+    variants = d._variants["llvm"]
+    assert variants.rebuilds == 0 and "injected" in variants.rebuild_errors[0]
+    assert all(v.quick for v in _variants(d))
+    check_float64(e, gqa_rows(12), seed=12, scale=3.0)
+
+
+def test_lengths_requested_while_rebuilds_run_end_on_the_full_level() -> None:
+    from gensorage.codegen import symbolic_kernels
+
+    d = Dispatcher(use_store=False)
+    entries, first_tier = {}, []
+    for t in (8, 12, 20, 33, 5, 57):  # back to back: each build meets the rebuilds of the lengths before
+        entries[t] = d.kernels(gqa_rows(t))
+        with symbolic_kernels._SWAP:  # a consistent view: a swap holds it
+            first_tier += [v.function for v in _variants(d) if v.quick and v.function is not None]
+        check_float64(entries[t], gqa_rows(t), seed=t, scale=3.0)
+    d.wait_rebuilds()
+    variants = d._variants["llvm"]
+    assert first_tier and variants.rebuilds == variants.builds and not variants.rebuild_errors
+    assert not any(v.quick for v in _variants(d))
+    for t, e in entries.items():
+        assert not _functions(e) & {id(f) for f in first_tier}, (
+            f"length {t} still calls a first-tier function"
+        )
+        check_float64(e, gqa_rows(t), seed=t + 1, scale=3.0)
