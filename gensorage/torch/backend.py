@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
@@ -110,10 +111,14 @@ def make_backend(options: Options, report: Report) -> Callable[..., Any]:
                 fw, example_inputs
             ):
                 bare.append(compiled)
-            return compiled
+            return make_boxed_func(compiled)
 
+        # AOTAutograd calls its compilers' results with one list of arguments (boxed), and wraps (with a
+        # UserWarning) any that does not say it takes one
         wrapped = aot_autograd(
-            fw_compiler=forward_compiler, bw_compiler=_in_torch, inference_compiler=inference_compiler
+            fw_compiler=lambda fw, inputs: make_boxed_func(forward_compiler(fw, inputs)),
+            bw_compiler=lambda bw, inputs: make_boxed_func(_in_torch(bw, inputs)),
+            inference_compiler=inference_compiler,
         )(gm, example_inputs)
         # AOTAutograd's runtime wrapper costs ~3 µs a call; where it would only call the graph, dynamo calls
         # the graph itself (never traced, as dynamo's own backends leave a compiled graph)
