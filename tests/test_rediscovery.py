@@ -543,7 +543,7 @@ def stable_decode_spec(
 ) -> SearchSpec:
     """The search space of stable FlashDecoding (three kernels: K's transpose, split-KV, combine), shared with
     ``benchmarks/flash_decoding.py --stable``; ``stable_only``: ``sub_stabilises_only`` and
-    ``exp_stabilised_only``, as the split-KV presets set them."""
+    ``exp_stabilised_only`` on and ``loop_concats`` off, as the split-KV presets set them."""
     ops = ("transpose", "matmul", "max", "sub", "exp", "div", *(("scale",) if scaled else ()))
     return SearchSpec(
         program=_stable_decode(scaled),
@@ -556,6 +556,7 @@ def stable_decode_spec(
         dims=dims,
         sub_stabilises_only=stable_only,
         exp_stabilised_only=stable_only,
+        loop_concats=not stable_only,
     )
 
 
@@ -596,7 +597,8 @@ def test_stable_attention_decode_flash_decoding_split_kv_and_combine(scaled: boo
     # the saved maxima are the scaled scores' and the combine needs no second scale (examples.flash_decoding_stable).
     # With the split-KV presets' restrictions (sub_stabilises_only, exp_stabilised_only) the path is still there:
     # the combine's only sub, m − M, subtracts the maximum over the splits of the splits' maxima, only its exp
-    # reads it, and that is the only exp (the split kernel's online accumulators exponentiate inside).
+    # reads it, and that is the only exp (the split kernel's online accumulators exponentiate inside); and
+    # no accumulator concatenates (loop_concats off): the split kernel's are two online ones and a running max.
     spec = stable_decode_spec(scaled, stable_only=stable_subs)
     p = spec.program
     table = _SPLIT_SCALED if scaled else _SPLIT

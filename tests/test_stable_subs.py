@@ -82,13 +82,16 @@ def test_an_exp_of_no_difference_is_no_longer_searched() -> None:
 
 def test_flash_attention2_is_found_as_without_the_restrictions() -> None:
     # FlashAttention-2 has no sub and no exp operator (the online accumulators subtract the running maximum
-    # and exponentiate inside): the stable prefill search finds the same candidates with both restrictions.
+    # and exponentiate inside) and concatenates nothing: the stable prefill search finds the same candidates
+    # with the split-KV presets' three restrictions (loop_concats off: tests/test_loop_concats.py).
     program, _ = examples.flash_attention2(heads=2, q_len=3, kv_len=4, head_dim=5, q_blocks=1, forloop=2)
     spec = SearchSpec(
         program=program, max_kernel_ops=2, max_block_ops=3, max_grid_dims=1, max_block_outputs=1
     )
     plain = run_task(spec, _transpose_k_task(spec))
-    narrow_spec = dataclasses.replace(spec, sub_stabilises_only=True, exp_stabilised_only=True)
+    narrow_spec = dataclasses.replace(
+        spec, sub_stabilises_only=True, exp_stabilised_only=True, loop_concats=False
+    )
     narrow = run_task(narrow_spec, _transpose_k_task(narrow_spec))
     assert plain.complete and narrow.complete and plain.candidates
     assert [c.ugraph for c in narrow.candidates] == [c.ugraph for c in plain.candidates]

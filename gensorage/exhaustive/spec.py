@@ -24,7 +24,7 @@ SCHEDULE_MODES: tuple[str, ...] = ("markov", "enumerate")
 SPEC_FORMAT = "gensorage.search-spec"
 SPEC_VERSION = 1
 OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "max_block_graphs", "dims"})
-OMITTED_WHEN_TRUE = frozenset({"replicated_writes"})
+OMITTED_WHEN_TRUE = frozenset({"replicated_writes", "loop_concats"})
 OMITTED_WHEN_FALSE = frozenset(
     {"fused_first", "graph_defined_last", "sub_stabilises_only", "exp_stabilised_only"}
 )
@@ -110,6 +110,11 @@ class SearchSpec:
         maximum). False by default: it narrows the space, dropping the unstable ``exp(x)`` forms of a program
         written with the stable softmax (and every µGraph of a program with another ``exp``); see
         ``docs/search.md``.
+    loop_concats : bool
+        Whether a for-loop accumulator may concatenate its input's iterations along a dim (besides summing,
+        maximising and the online softmax). False narrows the space (it is no pruning rule: a block graph that
+        gathers its loop's tiles, e.g. a split's scores for a softmax after the loop, is no longer searched); see
+        ``docs/search.md``.
     """
 
     program: Program = field(compare=False, hash=False, repr=False)
@@ -136,6 +141,7 @@ class SearchSpec:
     fused_first: bool = False
     sub_stabilises_only: bool = False
     exp_stabilised_only: bool = False
+    loop_concats: bool = True
     program_text: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -208,6 +214,8 @@ class SearchSpec:
             raise ConfigError(
                 f"search spec: exp_stabilised_only must be true or false, got {self.exp_stabilised_only!r}"
             )
+        if not isinstance(self.loop_concats, bool):
+            raise ConfigError(f"search spec: loop_concats must be true or false, got {self.loop_concats!r}")
         if not isinstance(self.replicated_writes, bool):
             raise ConfigError(
                 f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}"

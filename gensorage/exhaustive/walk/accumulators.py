@@ -1,6 +1,7 @@
 """The for-loop accumulators a block-level node's children add, in rank order: a sum, a maximum, or a
-concatenation along a dim of a loop-body tensor, and the online-softmax accumulators (FlashAttention-2): the
-rescaled ``Σ exp(s − m)`` of a score tensor ``s`` and the rescaled ``exp(s − m)·v`` of a score and a value tensor.
+concatenation along a dim of a loop-body tensor (unless ``SearchSpec.loop_concats`` is off, a restriction of the
+space), and the online-softmax accumulators (FlashAttention-2): the rescaled ``Σ exp(s − m)`` of a score tensor
+``s`` and the rescaled ``exp(s − m)·v`` of a score and a value tensor.
 
 An accumulator's inputs vary across iterations (they depend on an fmap'd iterator: summing a loop-invariant
 tile only multiplies it by the trip count). A ``scale`` result (read only by a non-linear unary operator or a
@@ -75,7 +76,8 @@ def _candidates(s: Walk, b: BlockBuild) -> Iterator[AccumRec]:
         kinds = [AccumRec(j, None, "softmax_sum")] if len(shape) >= 2 else []
         if not b.scaled[j]:
             kinds = [AccumRec(j, None), AccumRec(j, None, "max"), *kinds]
-            kinds += [AccumRec(j, d) for d in range(len(shape))]
+            if s.spec.loop_concats:  # a restriction of the space when off (docs/search.md)
+                kinds += [AccumRec(j, d) for d in range(len(shape))]
         elif reads_scaled(Op.MAX, [b.const[j]]):
             kinds = [AccumRec(j, None, "max"), *kinds]
         yield from (rec for rec in kinds if open_to(rec))
