@@ -8,6 +8,7 @@ as one task, so one long task is what the workers share: a kill lands inside it,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -42,6 +43,28 @@ def whole_search(spec: SearchSpec) -> list[Task]:
 
 
 WHOLE = dataclasses.replace(default_core(), enumerate_tasks=whole_search)
+
+
+def held_after_first_save(
+    marker: str, spec: SearchSpec, task: Task, *, on_save: Any = None, **kwargs: Any
+) -> Any:
+    """WHOLE's job, which the first process to reach a save point (it creates ``marker``) then holds for up to a
+    minute: the kill lands while the job runs, however fast the machine. Without the process's subtree memo
+    (``run_task``, same candidates and logical counters) and saving every 0.05 s, so a worker that walked this
+    search before still reaches a save point before it finishes."""
+    from gensorage.exhaustive.walk import tasks
+
+    def save(result: Any) -> None:
+        if on_save is not None:
+            on_save(result)  # the save point reaches the driver first
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:  # the job continued elsewhere: run on
+            return
+        time.sleep(60)
+
+    kwargs["save_every_s"] = min(kwargs.get("save_every_s", 60.0), 0.05)
+    return tasks.run_task(spec, task, on_save=save, **kwargs)
 
 
 def exp_matmul() -> Program:
@@ -143,11 +166,12 @@ def test_a_worker_killed_mid_task_is_continued_elsewhere(
     killer = threading.Thread(target=kill_the_busy_worker)
     killer.start()
     log = io.StringIO()
+    held = functools.partial(held_after_first_save, str(tmp_path / "held"))
     r = run_search(
         SPEC,
         checkpoint=ckpt,
         cluster=cluster.scheduler.address,
-        core=WHOLE,
+        core=dataclasses.replace(WHOLE, run_task=held),
         inline_s=0,
         split_after_s=None,
         save_every_s=0.2,
