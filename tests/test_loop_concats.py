@@ -6,19 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_constants import _stable_softmax  # the same program the constants rules are tested on
 
 from gensorage.errors import ConfigError
 from gensorage.exhaustive import SearchResult, SearchSpec, search_serial
-from gensorage.program import Program
 from gensorage.ugraph.ir import Accumulator, GraphDefinedOp, KernelGraph
-
-
-def _stable_softmax() -> Program:
-    p = Program("stable_softmax")
-    x = p.input("X", (3, 4))
-    e = p.exp(p.sub(x, p.max(x, dim=1, keepdim=True)))
-    p.output(p.div(e, p.sum(e, dim=1)))
-    return p
 
 
 def _concatenations(g: KernelGraph) -> int:
