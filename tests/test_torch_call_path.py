@@ -155,6 +155,40 @@ def test_a_subgraph_called_at_other_shapes_gives_torchs_answer(monkeypatch: pyte
             assert torch.equal(g, w)
 
 
+def test_a_later_call_casts_where_the_checked_call_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arguments the checked call had to cast (a 0-d value, ``(1,)`` in the Program) are cast at every
+    call; an argument in another dtype where the checked call had none to cast (a call no guard of dynamo's
+    lets through) gets torch's answer, the subgraph staying in torch with the runner's reason."""
+    seen: list[tuple[Any, tuple[torch.Tensor, ...]]] = []
+    real = subgraph.GensorageSubgraph.forward
+
+    def spy(self: Any, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        seen.append((self, args))
+        return real(self, *args)
+
+    monkeypatch.setattr(subgraph.GensorageSubgraph, "__call__", spy)
+
+    def scaled(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * s, dim=-1) + s
+
+    compiled = gtorch.compile(scaled)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 16, generator=g)
+    with torch.no_grad():
+        for v in (0.5, 2.0, -1.0):  # the first call checks; the others take the precomputed casts
+            s = torch.tensor(v)
+            assert_close(compiled(x, s), scaled(x, s), 1e-5)
+        (sub, args), *_ = seen
+        assert sub._kernels is not None and sub._cast == tuple(
+            i for i, a in enumerate(args) if a.dim() == 0
+        ), sub._cast
+        other = [a.double() if a.dim() else a for a in args]  # a float64 tensor where float32 was checked
+        got = sub(*other)
+        for gt, w in zip(got, sub.sub(*other), strict=True):
+            assert gt.dtype == w.dtype and torch.equal(gt, w)
+    assert sub._kernels is None and "float64" in compiled.explain(), compiled.explain()
+
+
 def test_the_runner_checks_torch_tensors_at_every_call(tmp_path: Path) -> None:
     """The inline check passes a CPU torch tensor of the kernels' shape and a dtype seen before; anything else
     gets the full check: a wrong shape or dtype is a one-line error at any call, not only the first."""
@@ -184,13 +218,14 @@ def test_aotautograds_runtime_wrapper_is_skipped_only_where_it_would_do_nothing(
     """A plain inference graph is called without AOTAutograd's runtime wrapper; a graph that mutates an input,
     returns a view of one, or needs autograd keeps it, and each gives eager's answer and aliasing."""
     decisions: list[bool] = []
-    real = backend.runtime_wrapper_is_identity
+    real = backend.runtime_wrapper_marks
 
-    def spy(fw: Any, inputs: Any) -> bool:
-        decisions.append(real(fw, inputs))
-        return decisions[-1]
+    def spy(fw: Any, inputs: Any) -> Any:
+        marks = real(fw, inputs)
+        decisions.append(marks == ())  # static shapes: nothing to mark
+        return marks
 
-    monkeypatch.setattr(backend, "runtime_wrapper_is_identity", spy)
+    monkeypatch.setattr(backend, "runtime_wrapper_marks", spy)
     torch._dynamo.reset()  # the registered backend's earlier captures of these classes would be reused
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)

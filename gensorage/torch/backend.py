@@ -95,9 +95,11 @@ def make_backend(options: Options, report: Report) -> Callable[..., Any]:
             report.add(f"graph {report.graphs + 1} runs in torch, partitioning failed: {first_line(exc)}")
             return gm
 
-    def forward_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def forward_compiler(
+        gm: fx.GraphModule, example_inputs: Sequence[Any], marks: Sequence[tuple[int, set[int]]] = ()
+    ) -> Callable[..., Any]:
         if has_symbolic_shapes(example_inputs):  # no size is known: partition at each call's shapes
-            return PerShape(gm, partitioned, report)
+            return PerShape(gm, partitioned, report, example_inputs, marks)
         return partitioned(gm)
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -106,10 +108,11 @@ def make_backend(options: Options, report: Report) -> Callable[..., Any]:
         bare: list[Callable[..., Any]] = []
 
         def inference_compiler(fw: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-            compiled = forward_compiler(fw, inputs)
-            if not (ambient or has_symbolic_shapes(inputs)) and runtime_wrapper_is_identity(
-                fw, example_inputs
-            ):
+            marks = None if ambient else runtime_wrapper_marks(fw, example_inputs)
+            if marks and not has_symbolic_shapes(inputs):  # only a PerShape graph makes the marks itself
+                marks = None
+            compiled = forward_compiler(fw, inputs, marks or ())
+            if marks is not None:
                 bare.append(compiled)
             return make_boxed_func(compiled)
 
@@ -127,31 +130,44 @@ def make_backend(options: Options, report: Report) -> Callable[..., Any]:
     return backend
 
 
-def runtime_wrapper_is_identity(fw: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    """Whether AOTAutograd's runtime wrapper, for the inference graph ``fw`` it is compiling (grad mode and
-    autocast off) from a dynamo graph of ``example_inputs``, would only call ``fw`` on those arguments and
-    return its outputs: ``fw`` takes them as they are (plain tensors, no duplicate merged, no parameter or
-    effect token added), mutates no input (``copy_`` back, ``set_``), returns no alias of an input or of
-    another output (views regenerated), and changes no grad mode, RNG state or dynamic dims on the way out."""
+def runtime_wrapper_marks(
+    fw: fx.GraphModule, example_inputs: Sequence[Any]
+) -> tuple[tuple[int, set[int]], ...] | None:
+    """What AOTAutograd's runtime wrapper would do, for the inference graph ``fw`` it is compiling (grad mode
+    and autocast off) from a dynamo graph of ``example_inputs``, besides calling ``fw`` on those arguments and
+    returning its outputs: None when it would do more than mark outputs' dynamic dims, else those marks
+    (``(output, dims)``, none for a graph of static shapes).
+
+    The wrapper does no more where ``fw`` takes the arguments as they are (plain tensors and the integers of
+    symbolic sizes, no duplicate merged, no parameter or effect token added), mutates no input (``copy_`` back,
+    ``set_``), returns no alias of an input or of another output (views regenerated), and changes no grad mode
+    or RNG state on the way out. An output's dynamic dims (a graph with symbolic shapes) are marked for dynamo
+    (``_dynamo_propagated_dynamic_indices``: a later graph that takes the output treats them as dynamic), with
+    no guard on them."""
     try:
         return _plain_inference(fw, example_inputs)
     except (
         ImportError,
         AttributeError,
     ):  # AOTAutograd's private metadata moved (another torch): keep the wrapper
-        return False
+        return None
 
 
-def _plain_inference(fw: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+def _plain_inference(
+    fw: fx.GraphModule, example_inputs: Sequence[Any]
+) -> tuple[tuple[int, set[int]], ...] | None:
+    from torch._functorch._aot_autograd.runtime_wrappers import (  # noqa: F401  (PerShape's marks)
+        mark_dynamo_propagated_dynamic_indices,
+    )
     from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
     from torch._guards import TracingContext
 
     context = TracingContext.try_get()
     meta = context.fw_metadata if context is not None else None
     if meta is None or len(fw.graph.find_nodes(op="placeholder")) != len(example_inputs):
-        return False
-    return (
-        all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in example_inputs)
+        return None
+    plain = (
+        all(type(x) in (torch.Tensor, torch.nn.Parameter, torch.SymInt) for x in example_inputs)
         and all(
             isinstance(m, PlainTensorMeta) and m.unwrapped_idx == i
             for i, m in enumerate(meta.subclass_inp_meta)
@@ -164,7 +180,14 @@ def _plain_inference(fw: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
         and not meta.tokens
         and not meta.is_rng_op_functionalized
         and meta.grad_enabled_mutation is None
-        and not meta.dynamic_outputs
+    )
+    if not plain:
+        return None
+    if not meta.dynamic_outputs:
+        return ()
+    # as the wrapper's epilogue marks them: every output with dims recorded, an empty set included
+    return tuple(
+        (i, set(o.dynamic_dims)) for i, o in enumerate(meta.output_info) if o.dynamic_dims is not None
     )
 
 
@@ -189,6 +212,6 @@ __all__ = [
     "gensorage_backend",
     "make_backend",
     "partition",
-    "runtime_wrapper_is_identity",
+    "runtime_wrapper_marks",
     "why_unsupported",
 ]

@@ -4,13 +4,24 @@
 shapes change with its sizes as symbols (``s0``): every size a kernel would need is then unknown, and no op could
 lower. Instead of handing such a graph to torch, the backend keeps it and, at each call, specialises it to the
 call's shapes with torch's own tracer (``make_fx`` over fake tensors of those shapes: the same aten graph with the
-symbols replaced by their values), partitions that static graph as usual and caches it by the inputs' shapes,
-dtypes, strides and devices. Kernels are shared across the specialisations as across recompilations: a new length
-of a program seen before reuses its µGraph (:mod:`gensorage.superopt.dispatch`).
+symbols replaced by their values), partitions that static graph as usual and caches it by the values of the
+graph's symbols. Kernels are shared across the specialisations as across recompilations: a new length of a program
+seen before reuses its µGraph (:mod:`gensorage.superopt.dispatch`).
+
+What a specialisation depends on is the inputs' sizes, strides, dtypes and devices, and dynamo's guards fix all of
+them but the symbols' values: each tensor input's dtype, device, dispatch keys and every size and stride that is
+a number at capture are checked as they are (its ``TENSOR_MATCH`` guard), and every symbolic size, stride or
+offset equals its expression in the symbols (the shape environment's guards: ``L['k'].stride()[1] ==
+16*L['k'].size()[2]``, say). So the cache key is only what carries the symbols (:func:`key_positions`): the
+graph's integer and other non-tensor inputs by value (dynamo passes each size symbol it needs as one) and, for a
+tensor with a symbol no such input carries, its sizes and strides; checking the rest again would cost ~5 µs a
+call for a model's 16 arguments. A graph called outside dynamo's guards (the tests, a caller of ours) keys on
+everything (:func:`shape_key`).
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,26 +48,74 @@ def shape_key(args: Sequence[Any]) -> tuple[Any, ...]:
     )  # a torch.Size hashes and compares as the tuple of its sizes
 
 
+def _symbols(t: torch.Tensor) -> set[Any]:
+    """The symbols of fake tensor ``t``'s symbolic sizes, strides and storage offset."""
+    dims = (*t.shape, *t.stride(), t.storage_offset())
+    return {s for d in dims if isinstance(d, torch.SymInt) for s in d.node.expr.free_symbols}
+
+
+def key_positions(example_inputs: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Where a call of a symbolic graph of ``example_inputs`` (fake tensors, SymInts) under dynamo's guards
+    finds its symbols' values: the positions of its non-tensor inputs (keyed by value), and of the tensors with
+    a symbol none of those inputs is (keyed by sizes and strides). See the module docstring."""
+    values = tuple(i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor))
+    carried = {x.node.expr for x in example_inputs if isinstance(x, torch.SymInt) and x.node.expr.is_Symbol}
+    tensors = tuple(
+        i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and not _symbols(x) <= carried
+    )
+    return values, tensors
+
+
+def _key_function(values: tuple[int, ...], tensors: tuple[int, ...]) -> Callable[[Sequence[Any]], Any]:
+    """The key :class:`PerShape` looks a call's graph up by (``itemgetter``: one C call where the symbols come
+    as integers, as dynamo passes them)."""
+    if not tensors:
+        return operator.itemgetter(*values) if values else (lambda args: ())
+    return lambda args: (
+        tuple([args[i] for i in values]),
+        tuple([(args[i].shape, args[i].stride()) for i in tensors]),
+    )
+
+
 class PerShape:
-    """Calls ``gm`` (a symbolic-shape forward graph) through a static partition per concrete input shape."""
+    """Calls ``gm`` (a symbolic-shape forward graph) through a static partition per concrete input shape.
+
+    ``example_inputs`` (``gm``'s, as its compiler got them) say where its calls under dynamo's guards carry the
+    symbols (:func:`key_positions`); without them every input is keyed (:func:`shape_key`). ``marks`` are
+    AOTAutograd's marks of the outputs' dynamic dims (``(output, dims)``), made here where its runtime wrapper,
+    which would make them, is skipped (:func:`gensorage.torch.backend.runtime_wrapper_marks`).
+    """
 
     def __init__(
         self,
         gm: fx.GraphModule,
         partition: Callable[[fx.GraphModule], Callable[..., Any]],
         report: Report,
+        example_inputs: Sequence[Any] | None = None,
+        marks: Sequence[tuple[int, set[int]]] = (),
     ) -> None:
         self.gm = gm
         self.partition = partition
         self.report = report
-        self.graphs: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self.graphs: dict[Any, Callable[..., Any]] = {}
+        self._key = shape_key if example_inputs is None else _key_function(*key_positions(example_inputs))
+        self.marks = tuple(marks)
+        if self.marks:
+            from torch._functorch._aot_autograd.runtime_wrappers import (
+                mark_dynamo_propagated_dynamic_indices,
+            )
+
+            self._mark = mark_dynamo_propagated_dynamic_indices
 
     def __call__(self, *args: Any) -> Any:
-        key = shape_key(args)
+        key = self._key(args)
         fn = self.graphs.get(key)
         if fn is None:
             fn = self.graphs[key] = self._specialise(args)
-        return fn(*args)
+        out = fn(*args)
+        for i, dims in self.marks:
+            self._mark(out[i], dims)
+        return out
 
     def _specialise(self, args: Sequence[Any]) -> Callable[..., Any]:
         shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
@@ -73,4 +132,4 @@ class PerShape:
         return self.partition(static)
 
 
-__all__ = ["PerShape", "has_symbolic_shapes", "shape_key"]
+__all__ = ["PerShape", "has_symbolic_shapes", "key_positions", "shape_key"]

@@ -16,6 +16,7 @@ shape of a program seen at another shape (a new sequence length) reuses the µGr
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -99,6 +100,7 @@ class GensorageSubgraph(torch.nn.Module):
         self._fallback: str | None = None
         self._kept: KeptInputs | None = None
         self._shapes: list[torch.Size] = []  # the arguments' shapes at the checked call
+        self._cast: tuple[int, ...] = ()  # the arguments the checked call cast to their program inputs
 
     def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self._kernels is None and self._fallback is None:
@@ -114,7 +116,7 @@ class GensorageSubgraph(torch.nn.Module):
                 self.sub(*args)
             )  # a guard let other shapes through: torch's answer, never a wrong one
         try:
-            return run_kernels(lowered, res, [*args, *self._extras], self._kept)
+            return run_kernels(lowered, res, [*args, *self._extras], self._kept, self._cast)
         except Exception as exc:  # e.g. a device the kernels were not built for: torch from now on
             self._fall_back(f"kernels failed on a later call: {type(exc).__name__}: {exc}")
             return tuple(self.sub(*args))
@@ -156,6 +158,7 @@ class GensorageSubgraph(torch.nn.Module):
             self._fall_back(f"internal error: {type(exc).__name__}: {exc}")
             return want
         self._kernels, self._extras, self._shapes = (lowered, res), extras, [a.shape for a in args]
+        self._cast = casts(lowered, [*args, *extras])
         # parameters and the subgraph's own constants are the same tensors at every call: imported once
         stable = [i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter)]
         self._kept = KeptInputs([*stable, *range(len(args), len(args) + len(extras))])
@@ -197,18 +200,37 @@ def _as_input(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return a.reshape(1) if a.dim() == 0 else a
 
 
+def casts(lowered: Lowered, args: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """The positions of ``args`` that are not their program inputs as they are (another dtype, or 0-d)."""
+    return tuple(
+        i
+        for i, (a, d) in enumerate(zip(args, lowered.input_dtypes, strict=True))
+        if not (a.dtype is d and a.dim())
+    )
+
+
 def run_kernels(
-    lowered: Lowered, res: ShapeKernels, args: list[torch.Tensor], kept: KeptInputs | None = None
+    lowered: Lowered,
+    res: ShapeKernels,
+    args: list[torch.Tensor],
+    kept: KeptInputs | None = None,
+    cast: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """The kernels of ``res`` on ``args`` where they are (:mod:`.device`: DLPack in and out, no copies, the
     inputs at ``kept``'s positions imported once); an argument in another dtype than its program input (a
-    float32 value the graph casts down) is cast first."""
-    # the usual argument (in its dtype, not 0-d) passes without a call
-    cast = [
-        a if a.dtype is d and a.dim() else _as_input(a, d)
-        for a, d in zip(args, lowered.input_dtypes, strict=True)
-    ]
-    tensors = run_on_device(res, cast, kept)
+    float32 value the graph casts down) is cast first.
+
+    ``cast``: the only positions that may need it (:func:`casts` at a checked call of the same graph, whose
+    arguments' dtypes dynamo guards); the others are passed as they are, and one in another dtype after all is
+    the runner's one-line error (:class:`~gensorage.codegen.runner.KernelRunner` checks each torch tensor's
+    dtype), never a wrong answer. None: every position is looked at."""
+    if cast is None:
+        cast = casts(lowered, args)
+    if cast:
+        args = list(args)
+        for i in cast:
+            args[i] = _as_input(args[i], lowered.input_dtypes[i])
+    tensors = run_on_device(res, args, kept)
     return tuple(
         _strided(t if t.dtype is d else t.to(d), s)
         for t, s, d in zip(
@@ -256,5 +278,6 @@ __all__ = [
     "dispatcher",
     "lower",
     "mismatch",
+    "casts",
     "run_kernels",
 ]
