@@ -6,10 +6,14 @@ iterator's tile is cut out with ``arith.slice`` per imap (x, y, z in order) and 
 iterations with ``arith.accumulate`` (or concatenate them), and every output is assembled with ``arith.concat``
 of the blocks' saver tiles in grid order — so a wrong imap, fmap or omap gives a wrong answer.
 
-In the exact arithmetics (the verifier's fields) the blocks of a grid run *stacked*: each block's tiles are cut
-out as above and stacked along a leading axis, the block graph's body runs once per for-loop iteration on the
-stack (:class:`gensorage.ugraph.stacked.StackedArith`), and the stack is split back into per-block tiles for the
-assembly. Every residue is the same as one block at a time; the Python loop no longer grows with the grid.
+In the exact arithmetics (the verifier's fields) the blocks of a grid run *stacked*: every block's tile of an
+iterator is cut out of the whole input at once by layout ops (a reshape splitting each mapped dim into
+(blocks, tile), a repeat per replica grid dim, axis swaps: :func:`gensorage.ugraph.stacked.stacked_tiles`) into
+one value with the block index as a leading axis, the block graph's body runs once per for-loop iteration on it
+(:class:`gensorage.ugraph.stacked.StackedArith`), and each saver's stacked tiles are laid out into the output by
+the inverse layout ops (:func:`~gensorage.ugraph.stacked.assemble_stacked`). Layout ops move values without
+computing, so every residue is the same as one block at a time, and the number of operations no longer grows
+with the grid.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from gensorage.ugraph.ir import (
     ThreadGraph,
 )
 from gensorage.ugraph.online_softmax import online_result, online_step
-from gensorage.ugraph.stacked import StackedArith, can_stack
+from gensorage.ugraph.stacked import StackedArith, assemble_stacked, can_stack, stacked_tiles
 from gensorage.ugraph.validate import loop_phases, validate
 
 V = TypeVar("V")
@@ -138,17 +142,14 @@ def _run_blocks(
     return per_saver
 
 
-def _run_stacked(
-    arith: Arith[V], block: BlockGraph, args: Sequence[V], phases: Sequence[str]
-) -> list[list[V]]:
-    """:func:`_run_blocks` with the body run once on every block's tiles stacked (:mod:`.stacked`)."""
-    blocks = list(itertools.product(*(range(n) for n in block.grid)))
+def _run_stacked(arith: Arith[V], block: BlockGraph, args: Sequence[V], phases: Sequence[str]) -> list[V]:
+    """The outputs of :func:`_run_blocks`' tiles assembled, with every block at once (:mod:`.stacked`): each
+    iterator's tiles cut out and stacked by layout ops on the whole input, the body run on the stack, each
+    saver's stacked tiles laid out into its output."""
     stacked = StackedArith(arith)
-    tiles = {
-        j: stacked.stack([_block_tile(arith, args[n.input], n, block.grid, bidx) for bidx in blocks])
-        for j, n in _iterators(block)
-    }
-    return [stacked.unstack(out) for out in _run_tiles(stacked, block, tiles, phases)]
+    tiles = {j: stacked_tiles(arith, args[n.input], n.imap, block.grid) for j, n in _iterators(block)}
+    outs = _run_tiles(stacked, block, tiles, phases)
+    return [assemble_stacked(arith, x, block.grid, sv.omap) for x, sv in zip(outs, block.savers, strict=True)]
 
 
 def _assemble(
@@ -174,8 +175,9 @@ def run_block_graph(
     arithmetic declares that batching does not change its results (the exact fields).
     """
     phases = loop_phases(block)
-    together = can_stack(arith) if stack is None else stack
-    per_saver = (_run_stacked if together else _run_blocks)(arith, block, args, phases)
+    if can_stack(arith) if stack is None else stack:
+        return _run_stacked(arith, block, args, phases)
+    per_saver = _run_blocks(arith, block, args, phases)
     grid = list(itertools.product(*(range(n) for n in block.grid)))
     return [
         _assemble(arith, dict(zip(grid, tiles, strict=True)), block.grid, sv.omap)

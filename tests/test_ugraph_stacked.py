@@ -1,0 +1,141 @@
+"""The grid's blocks at once (:mod:`gensorage.ugraph.stacked`): tiles cut out and outputs assembled by layout ops
+hold exactly the values of the literal block-by-block slices and concatenations, in float64 and in both fields,
+and whole evaluations agree residue for residue."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gensorage.arith import Float64Arith
+from gensorage.errors import UGraphError
+from gensorage.program import Program
+from gensorage.superopt.row_fusion import fused_direct
+from gensorage.ugraph import InputIterator, KernelGraph, evaluate
+from gensorage.ugraph.evaluate import _assemble, _block_tile
+from gensorage.ugraph.examples import EXAMPLES
+from gensorage.ugraph.stacked import assemble_stacked, stacked_tiles
+from gensorage.verify.field import FieldArith
+from gensorage.verify.mutate import MUTATIONS, mutate
+from gensorage.verify.uninterpreted import UninterpretedArith
+
+F64 = Float64Arith()
+
+
+@st.composite
+def _partitions(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int | None, ...], tuple[int, ...]]:
+    """A grid (1-3 dims), an imap onto a tensor of 1-4 dims (replicas, nested dims), and a divisible shape."""
+    ndim = draw(st.integers(1, 4))
+    grid = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    imap = tuple(draw(st.one_of(st.none(), st.integers(0, ndim - 1))) for _ in grid)
+    shape = []
+    for d in range(ndim):
+        parts = int(np.prod([n for n, m in zip(grid, imap, strict=True) if m == d]))
+        shape.append(parts * draw(st.integers(1, 3)))
+    return grid, imap, tuple(shape)
+
+
+def _literal_stack(x: np.ndarray, imap: tuple[int | None, ...], grid: tuple[int, ...]) -> np.ndarray:
+    it = InputIterator(0, imap)
+    blocks = itertools.product(*(range(n) for n in grid))
+    return np.stack([_block_tile(F64, x, it, grid, b) for b in blocks])
+
+
+@settings(max_examples=200, deadline=None)
+@given(_partitions(), st.integers(0, 2**32 - 1))
+def test_stacked_tiles_are_the_literal_tiles_bit_for_bit(part: tuple, seed: int) -> None:
+    grid, imap, shape = part
+    x = np.random.default_rng(seed).standard_normal(shape)
+    got = stacked_tiles(F64, x, imap, grid)
+    want = _literal_stack(x, imap, grid)
+    assert got.shape == want.shape and np.array_equal(got, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_partitions(), st.integers(0, 2**32 - 1))
+def test_assembly_is_the_literal_concatenation_bit_for_bit(part: tuple, seed: int) -> None:
+    grid, _, shape = part
+    omap = (
+        tuple(random.Random(seed).sample(range(len(shape)), len(grid))) if len(grid) <= len(shape) else None
+    )
+    if omap is None:
+        return
+    blocks = list(itertools.product(*(range(n) for n in grid)))
+    tiles = np.random.default_rng(seed).standard_normal((len(blocks), *shape))
+    got = assemble_stacked(F64, tiles, grid, omap)
+    want = _assemble(F64, dict(zip(blocks, tiles, strict=True)), grid, omap)
+    assert got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_tiles_and_assembly_are_inverse_in_the_field() -> None:
+    arith = UninterpretedArith(2, np.random.default_rng(0))
+    x = arith.random_input((6, 4, 8))
+    grid, imap = (3, 2, 2), (0, 2, 1)
+    tiles = stacked_tiles(arith, x, imap, grid)
+    assert tiles.shape == (12, 2, 2, 4)
+    assert np.array_equal(assemble_stacked(arith, tiles, grid, imap).data, x.data)  # type: ignore[arg-type]
+
+
+def test_an_uneven_split_is_a_one_line_error() -> None:
+    with pytest.raises(UGraphError, match="cannot split a dim of size 6 into 4 equal parts"):
+        stacked_tiles(F64, np.zeros((6, 2)), (0, 0), (2, 2))
+
+
+# --------------------------------------------------------------------------------- whole evaluations
+
+
+def _outputs(graph: KernelGraph, kind: str, stack: bool, seed: int) -> list:
+    arith = (UninterpretedArith if kind == "uninterpreted" else FieldArith)(2, np.random.default_rng(seed))
+    return evaluate(graph, arith, [arith.random_input(t.shape) for t in graph.inputs], stack=stack)
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        np.array_equal(x.data, y.data)
+        and getattr(x, "tainted", False) == getattr(y, "tainted", False)
+        and np.array_equal(getattr(x, "digest", None), getattr(y, "digest", None))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _layer_rows(t: int) -> Program:
+    """A decoder layer's row kernels at ``t`` tokens: RMSNorm, a projection, a row softmax and SwiGLU."""
+    p = Program(name="rows")
+    x, g = p.input("X", (1, t, 16), "float32"), p.input("G", (16,), "float32")
+    w, s = p.input("W", (16, 24), "float32"), p.input("S", (2, t, t), "float32")
+    h = p.matmul(p.mul(p.rms_norm(x), g), w)
+    p.output(p.mul(p.silu(h), h))
+    p.output(p.softmax(s, 2))
+    return p
+
+
+@pytest.mark.parametrize("t", [3, 12, 20])
+@pytest.mark.parametrize("kind", ["uninterpreted", "field"])
+def test_row_fused_layer_graphs_agree_with_one_block_at_a_time(t: int, kind: str) -> None:
+    graph = fused_direct(_layer_rows(t), "float32", None)
+    assert graph is not None and any(hasattr(op, "block") for op in graph.ops)
+    assert _same(_outputs(graph, kind, True, t), _outputs(graph, kind, False, t))
+    assert not _same(_outputs(graph, kind, True, t), _outputs(graph, kind, False, t + 1))
+
+
+@pytest.mark.parametrize("kind", ["uninterpreted", "field"])
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(EXAMPLES)), st.sampled_from(sorted(MUTATIONS)), st.integers(0, 2**32 - 1))
+def test_examples_and_their_mutants_agree_in_both_fields(
+    kind: str, name: str, mutation: str, seed: int
+) -> None:
+    _, graph = EXAMPLES[name]()
+    m = mutate(graph, random.Random(seed), mutation)
+    g = graph if m is None else m.graph
+    try:
+        literal = _outputs(g, kind, False, seed)
+    except UGraphError:
+        with pytest.raises(UGraphError):
+            _outputs(g, kind, True, seed)
+        return
+    assert _same(_outputs(g, kind, True, seed), literal)
