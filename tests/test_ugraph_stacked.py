@@ -13,13 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gensorage.arith import Float64Arith
-from gensorage.errors import UGraphError
+from gensorage.errors import NotLaxError, UGraphError
 from gensorage.program import Program
 from gensorage.superopt.row_fusion import fused_direct
 from gensorage.ugraph import InputIterator, KernelGraph, evaluate
 from gensorage.ugraph.evaluate import _assemble, _block_tile
 from gensorage.ugraph.examples import EXAMPLES
 from gensorage.ugraph.stacked import assemble_stacked, stacked_tiles
+from gensorage.verify.bounds import BoundsArith
 from gensorage.verify.field import FieldArith
 from gensorage.verify.mutate import MUTATIONS, mutate
 from gensorage.verify.uninterpreted import UninterpretedArith
@@ -139,3 +140,65 @@ def test_examples_and_their_mutants_agree_in_both_fields(
             _outputs(g, kind, True, seed)
         return
     assert _same(_outputs(g, kind, True, seed), literal)
+
+
+# --------------------------------------------------------------------------------- the bounds: blocks alike
+
+
+def _bounds_state(graph: KernelGraph, uninterpreted: bool, stack: bool | None) -> tuple:
+    arith = BoundsArith(uninterpreted=uninterpreted)
+    outs = evaluate(graph, arith, [arith.variable(t.shape) for t in graph.inputs], stack=stack)
+    apps = {s: (a.count, a.dn, a.dd, a.wn, a.wd) for s, a in arith.applications.items()}
+    counters = (arith.divisor_degree_p, arith.divisor_degree_q, arith.exp_divisor, arith.total_numel)
+    return outs, apps, counters, sorted(arith.opaque)
+
+
+def _graphs() -> list[tuple[str, KernelGraph]]:
+    out = [(name, make()[1]) for name, make in sorted(EXAMPLES.items())]
+    for t in (3, 12):
+        graph = fused_direct(_layer_rows(t), "float32", None)
+        assert graph is not None
+        out.append((f"rows@{t}", graph))
+    return out
+
+
+@pytest.mark.parametrize("uninterpreted", [True, False])
+def test_the_bounds_run_one_block_and_count_the_others_exactly(uninterpreted: bool) -> None:
+    """Outputs (bounds, sharing), applications, divisor degrees and element counts equal every block run
+    literally, on the paper examples and row-fused layer graphs: the trial plans cannot differ."""
+    for name, graph in _graphs():
+        try:
+            literal = _bounds_state(graph, uninterpreted, False)
+        except NotLaxError:  # the second tier's bounds reject two exps on one path, alike or literal
+            with pytest.raises(NotLaxError):
+                _bounds_state(graph, uninterpreted, None)
+            continue
+        assert _bounds_state(graph, uninterpreted, None) == literal, name
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(EXAMPLES)), st.sampled_from(sorted(MUTATIONS)), st.integers(0, 2**32 - 1))
+def test_the_bounds_of_mutants_are_counted_exactly(name: str, mutation: str, seed: int) -> None:
+    _, graph = EXAMPLES[name]()
+    m = mutate(graph, random.Random(seed), mutation)
+    g = graph if m is None else m.graph
+    try:
+        literal = _bounds_state(g, True, False)
+    except UGraphError:
+        with pytest.raises(UGraphError):
+            _bounds_state(g, True, None)
+        return
+    assert _bounds_state(g, True, None) == literal
+
+
+def test_the_counts_are_checked_against_a_miscount() -> None:
+    """The comparison above can fail: one block's counts added once too often change the state."""
+    graph = fused_direct(_layer_rows(12), "float32", None)
+    assert graph is not None
+    literal = _bounds_state(graph, True, False)
+    real = BoundsArith.add_counters
+    try:
+        BoundsArith.add_counters = lambda self, before, times: real(self, before, times + 1)  # type: ignore[method-assign]
+        assert _bounds_state(graph, True, None) != literal
+    finally:
+        BoundsArith.add_counters = real  # type: ignore[method-assign]

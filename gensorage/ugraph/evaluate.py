@@ -13,12 +13,15 @@ one value with the block index as a leading axis, the block graph's body runs on
 (:class:`gensorage.ugraph.stacked.StackedArith`), and each saver's stacked tiles are laid out into the output by
 the inverse layout ops (:func:`~gensorage.ugraph.stacked.assemble_stacked`). Layout ops move values without
 computing, so every residue is the same as one block at a time, and the number of operations no longer grows
-with the grid.
+with the grid. The bounds (:class:`gensorage.verify.bounds.BoundsArith`, ``blocks_alike``) give every block's
+tile the same bound wherever it is cut, so every block computes the same values: the first block runs
+literally and the arithmetic adds the other blocks' shares to its counters.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -142,6 +145,18 @@ def _run_blocks(
     return per_saver
 
 
+def _run_alike(arith: Any, block: BlockGraph, args: Sequence[V], phases: Sequence[str]) -> list[list[V]]:
+    """:func:`_run_blocks` for an arithmetic whose blocks all compute the same values (``blocks_alike``): the
+    first block runs literally and the arithmetic adds the others' counts to its counters."""
+    blocks = math.prod(block.grid)
+    before = arith.counters()
+    first = tuple(0 for _ in block.grid)
+    tiles = {j: _block_tile(arith, args[n.input], n, block.grid, first) for j, n in _iterators(block)}
+    outs = _run_tiles(arith, block, tiles, phases)
+    arith.add_counters(before, blocks - 1)
+    return [[x] * blocks for x in outs]
+
+
 def _run_stacked(arith: Arith[V], block: BlockGraph, args: Sequence[V], phases: Sequence[str]) -> list[V]:
     """The outputs of :func:`_run_blocks`' tiles assembled, with every block at once (:mod:`.stacked`): each
     iterator's tiles cut out and stacked by layout ops on the whole input, the body run on the stack, each
@@ -172,12 +187,15 @@ def run_block_graph(
     """Outputs of a graph-defined kernel op with block graph ``block`` on kernel inputs ``args``.
 
     ``stack``: run the blocks together on stacked tiles (:mod:`gensorage.ugraph.stacked`); by default when the
-    arithmetic declares that batching does not change its results (the exact fields).
+    arithmetic declares that batching does not change its results (the exact fields). ``stack=False`` runs every
+    block literally; by default an arithmetic whose blocks all compute the same values (``blocks_alike``: the
+    bounds) runs the first block and counts the others.
     """
     phases = loop_phases(block)
     if can_stack(arith) if stack is None else stack:
         return _run_stacked(arith, block, args, phases)
-    per_saver = _run_blocks(arith, block, args, phases)
+    alike = stack is None and getattr(arith, "blocks_alike", False)
+    per_saver = (_run_alike if alike else _run_blocks)(arith, block, args, phases)
     grid = list(itertools.product(*(range(n) for n in block.grid)))
     return [
         _assemble(arith, dict(zip(grid, tiles, strict=True)), block.grid, sv.omap)
@@ -202,7 +220,8 @@ def evaluate(
         Validate ``g`` (without a hardware profile) first; skip only for graphs already validated.
     stack : bool, optional
         Run each grid's blocks together on stacked tiles; by default exactly for arithmetics that declare
-        batching does not change their results (the finite fields), never for float64.
+        batching does not change their results (the finite fields), never for float64. False: every block
+        literally, one at a time, in every arithmetic (by default the bounds run one block and count the rest).
 
     Returns
     -------

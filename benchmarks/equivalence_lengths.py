@@ -1,0 +1,220 @@
+"""The equivalence check of a re-instantiated µGraph at new prefill lengths, timed alone, against a baseline tree.
+
+At a new prefill length the dispatcher (:mod:`gensorage.superopt.dispatch`) re-instantiates the stored µGraph of
+the small LLaMA-style decoder layer (``tests/test_torch_frontend.py``) at the new shapes and checks it against
+the length's program with :func:`gensorage.verify.equivalent` before building kernels. This benchmark captures
+those (program, µGraph, δ, seed, trial cap) calls, made through ``gensorage.torch.compile`` at ``--first`` (the
+search) and then ``--lengths``, and times the same calls again in two worker processes: one importing this tree's
+``gensorage``, one a ``--baseline`` tree's (a read-only checkout of an older commit). At each length and repeat
+one worker runs its check, then the other, the order alternating, so both sides of a pair run within a second of
+each other under the same load; each row records the 1-minute load average and the verdict's trial count, tier
+and achieved δ (which must agree between the trees).
+
+Usage: ``python -m benchmarks.equivalence_lengths --baseline /work/base10 [--lengths 12 34 57 100 200]
+[--repeats 5] [--tag NAME] [--out FILE]``; writes ``benchmarks/results/equivalence-<tag>-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TVM_NUM_THREADS", "1")  # before TVM loads, as benchmarks.dispatch
+
+REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.common import git_commit, machine_info, progress, result_path, write_json  # noqa: E402
+
+NAME = "equivalence"
+SIDES = ("after", "before")
+
+
+def capture(first: int, lengths: list[int]) -> list[dict[str, Any]]:
+    """The dispatcher's equivalence checks of the layer at ``lengths`` (after a first call at ``first``)."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_torch_frontend import DecoderLayer, layer_inputs
+
+    import gensorage.torch as gtorch
+    from gensorage.verify import equivalent as _  # noqa: F401  (the module, for the patch below)
+
+    module = sys.modules["gensorage.verify.equivalent"]
+    calls: list[dict[str, Any]] = []
+    real = module.equivalent
+
+    def spy(a: Any, b: Any, delta: float = 1e-9, **kw: Any) -> Any:
+        calls.append({"program": a, "graph": b, "delta": delta, "seed": kw.get("seed"), **kw})
+        return real(a, b, delta, **kw)
+
+    setattr(module, "equivalent", spy)  # noqa: B010  (the dispatcher imports it from the module at each check)
+    torch.manual_seed(0)
+    compiled = gtorch.compile(DecoderLayer().eval())
+    pairs = []
+    try:
+        with torch.no_grad():
+            for t in [first, *lengths]:
+                before = len(calls)
+                compiled(*layer_inputs(t, torch.float32, seed=t))
+                if t != first:
+                    checks = calls[before:]
+                    if len(checks) != 1:
+                        raise RuntimeError(f"{len(checks)} equivalence checks at {t} tokens, expected 1")
+                    c = checks[0]
+                    pairs.append(
+                        {
+                            "length": t,
+                            "program": c["program"],
+                            "graph": c["graph"],
+                            "delta": c["delta"],
+                            "seed": c["seed"],
+                            "max_trials": c.get("max_trials"),
+                        }
+                    )
+    finally:
+        setattr(module, "equivalent", real)  # noqa: B010
+    return pairs
+
+
+def worker(pairs_file: str, tree: str) -> None:
+    """Time the checks in ``pairs_file`` with ``tree``'s gensorage: one JSON row per length read from stdin."""
+    sys.path.insert(0, tree)
+    import gensorage
+
+    if not Path(gensorage.__file__).resolve().is_relative_to(Path(tree).resolve()):
+        raise RuntimeError(f"imported {gensorage.__file__}, not from {tree}")
+    from gensorage.verify import equivalent  # noqa: F401
+
+    check = sys.modules["gensorage.verify.equivalent"].equivalent
+    with open(pairs_file, "rb") as fh:
+        pairs = {p["length"]: p for p in pickle.load(fh)}
+
+    def run(t: int) -> dict[str, Any]:
+        p = pairs[t]
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        r = check(p["program"], p["graph"], p["delta"], seed=p["seed"], max_trials=p["max_trials"])
+        seconds = time.perf_counter() - t0
+        return {
+            "length": t,
+            "seconds": seconds,
+            "load_1min": load,
+            "equivalent": bool(r),
+            "trials": r.trials,
+            "required_trials": r.required_trials,
+            "tier": r.tier,
+            "achieved_delta": r.achieved_delta,
+        }
+
+    for t in pairs:  # imports, caches, the first allocation of each size
+        run(t)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        print(json.dumps(run(int(line))), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", help="a checkout of the tree to compare with (read only); required")
+    ap.add_argument("--first", type=int, default=8, help="the first length (the structure's search)")
+    ap.add_argument("--lengths", nargs="*", type=int, default=[12, 34, 57, 100, 200])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tag", default="", help="results file name: equivalence-<tag>-<date>.json")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--worker", nargs=2, metavar=("PAIRS", "TREE"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(*args.worker)
+        return 0
+    if not args.baseline:
+        ap.error("--baseline is required")
+    load_before = os.getloadavg()
+    pairs = capture(args.first, args.lengths)
+    progress(f"captured {len(pairs)} checks at {[p['length'] for p in pairs]} tokens")
+    trees = {"after": str(REPO), "before": str(Path(args.baseline).resolve())}
+    with tempfile.TemporaryDirectory() as tmp:
+        pairs_file = os.path.join(tmp, "pairs.pkl")
+        with open(pairs_file, "wb") as fh:
+            pickle.dump(pairs, fh)
+        procs = {
+            side: subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--worker", pairs_file, tree],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": tree},
+            )
+            for side, tree in trees.items()
+        }
+        for p in procs.values():
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        rows: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+        turn = 0
+        for r in range(args.repeats):
+            for t in args.lengths:
+                for side in SIDES if turn % 2 == 0 else SIDES[::-1]:
+                    p = procs[side]
+                    assert p.stdin is not None and p.stdout is not None
+                    p.stdin.write(f"{t}\n")
+                    p.stdin.flush()
+                    row = json.loads(p.stdout.readline())
+                    row["repeat"], row["order"] = r, 0 if (side == SIDES[0]) == (turn % 2 == 0) else 1
+                    rows[side].append(row)
+                turn += 1
+                a, b = rows["after"][-1], rows["before"][-1]
+                progress(f"{t} tokens: after {a['seconds']:.3f} s, before {b['seconds']:.3f} s")
+        for p in procs.values():
+            assert p.stdin is not None
+            p.stdin.close()
+            p.wait()
+    summary = {}
+    for t in args.lengths:
+        after = [x["seconds"] for x in rows["after"] if x["length"] == t]
+        before = [x["seconds"] for x in rows["before"] if x["length"] == t]
+        same = all(
+            {k: x[k] for k in ("equivalent", "trials", "required_trials", "tier", "achieved_delta")}
+            == {k: y[k] for k in ("equivalent", "trials", "required_trials", "tier", "achieved_delta")}
+            for x, y in zip(
+                [x for x in rows["after"] if x["length"] == t],
+                [y for y in rows["before"] if y["length"] == t],
+                strict=True,
+            )
+        )
+        summary[str(t)] = {
+            "after_median_s": statistics.median(after),
+            "before_median_s": statistics.median(before),
+            "paired_ratio_median": statistics.median(a / b for a, b in zip(after, before, strict=True)),
+            "same_verdict_and_trials": same,
+        }
+    data = {
+        "benchmark": NAME,
+        "machine": machine_info(),
+        "baseline": {"path": trees["before"], "git_commit": git_commit(Path(trees["before"]))},
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "program": "decoder_layer (torch, small)",
+        "first": args.first,
+        "lengths": args.lengths,
+        "repeats": args.repeats,
+        "summary": summary,
+        "results": rows,
+    }
+    out = args.out or result_path(f"{NAME}-{args.tag}" if args.tag else NAME)
+    write_json(out, data)
+    progress(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
