@@ -14,12 +14,23 @@ from hypothesis import strategies as st
 
 from gensorage.arith import Float64Arith
 from gensorage.errors import NotLaxError, UGraphError
+from gensorage.opset import Op
 from gensorage.program import Program
 from gensorage.superopt.row_fusion import fused_direct
-from gensorage.ugraph import InputIterator, KernelGraph, evaluate
+from gensorage.ugraph import (
+    Accumulator,
+    BlockGraph,
+    BlockOp,
+    GraphDefinedOp,
+    InputIterator,
+    KernelGraph,
+    OutputSaver,
+    TensorSpec,
+    evaluate,
+)
 from gensorage.ugraph.evaluate import _assemble, _block_tile
 from gensorage.ugraph.examples import EXAMPLES
-from gensorage.ugraph.stacked import assemble_stacked, stacked_tiles
+from gensorage.ugraph.stacked import assemble_stacked, loop_concat, loop_sum, loop_tiles, stacked_tiles
 from gensorage.verify.bounds import BoundsArith
 from gensorage.verify.field import FieldArith
 from gensorage.verify.mutate import MUTATIONS, mutate
@@ -85,6 +96,65 @@ def test_tiles_and_assembly_are_inverse_in_the_field() -> None:
 def test_an_uneven_split_is_a_one_line_error() -> None:
     with pytest.raises(UGraphError, match="cannot split a dim of size 6 into 4 equal parts"):
         stacked_tiles(F64, np.zeros((6, 2)), (0, 0), (2, 2))
+
+
+@settings(max_examples=100, deadline=None)
+@given(_partitions(), st.integers(2, 4), st.integers(0, 2**32 - 1))
+def test_loop_tiles_and_concat_are_the_literal_slices_bit_for_bit(part: tuple, loop: int, seed: int) -> None:
+    """Every iteration's tile (block major) and the iterations concatenated back, against the literal
+    per-iteration slices and concatenation."""
+    grid, _, shape = part
+    rng = np.random.default_rng(seed)
+    fmap = int(rng.integers(-1, len(shape)))
+    tile = tuple(d * loop if j == fmap else d for j, d in enumerate(shape))
+    x = rng.standard_normal((3, *tile))
+    fm = None if fmap < 0 else fmap
+    got = loop_tiles(F64, x, loop, fm)
+    parts = [[b if fm is None else np.split(b, loop, axis=fm)[i] for i in range(loop)] for b in x]
+    assert np.array_equal(got, np.stack([t for block in parts for t in block]))
+    if fm is not None:
+        assert np.array_equal(loop_concat(F64, got, loop, fm), x)
+
+
+@pytest.mark.parametrize("kind", ["uninterpreted", "field"])
+def test_the_loop_sum_is_the_accumulated_sum_in_the_field(kind: str) -> None:
+    arith = (UninterpretedArith if kind == "uninterpreted" else FieldArith)(2, np.random.default_rng(5))
+    x = arith.random_input((3 * 4, 2, 5))
+    acc = None
+    rows = [arith.slice(x, 0, i, i + 1) for i in range(12)]
+    sums = []
+    for b in range(3):
+        acc = None
+        for i in range(4):
+            acc = arith.accumulate(acc, rows[4 * b + i], "sum")
+        sums.append(acc)
+    assert np.array_equal(loop_sum(arith, x, 4).data, arith.concat(sums, 0).data)  # type: ignore[attr-defined]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([1, 2, 3]),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([2, 5]),
+    st.sampled_from(["sum", "max"]),
+    st.integers(0, 2**32 - 1),
+)
+def test_looped_tiled_matmuls_agree_with_one_block_at_a_time(
+    gm: int, gn: int, loop: int, kind: str, seed: int
+) -> None:
+    """Looped schedules (sum: all iterations at once; max: one iteration at a time), K split by the loop."""
+    nodes = (
+        InputIterator(0, (None, 0), 1),
+        InputIterator(1, (1, None), 0),
+        BlockOp(Op.MATMUL, (0, 1)),
+        Accumulator(2, kind),  # type: ignore[arg-type]
+        OutputSaver(3, (1, 0)),
+    )
+    block = BlockGraph((gn, gm), loop, nodes)
+    g = KernelGraph(
+        (TensorSpec("X", (6, 10)), TensorSpec("W", (10, 8))), (GraphDefinedOp(block, (0, 1)),), (2,)
+    )
+    assert _same(_outputs(g, "uninterpreted", True, seed), _outputs(g, "uninterpreted", False, seed))
 
 
 # --------------------------------------------------------------------------------- whole evaluations

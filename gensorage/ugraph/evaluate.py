@@ -43,7 +43,15 @@ from gensorage.ugraph.ir import (
     ThreadGraph,
 )
 from gensorage.ugraph.online_softmax import online_result, online_step
-from gensorage.ugraph.stacked import StackedArith, assemble_stacked, can_stack, stacked_tiles
+from gensorage.ugraph.stacked import (
+    StackedArith,
+    assemble_stacked,
+    can_stack,
+    loop_concat,
+    loop_sum,
+    loop_tiles,
+    stacked_tiles,
+)
 from gensorage.ugraph.validate import loop_phases, validate
 
 V = TypeVar("V")
@@ -113,20 +121,63 @@ def _run_tiles(arith: Arith[V], block: BlockGraph, tiles: dict[int, V], phases: 
                 accs[j] = arith.accumulate(acc, x, node.kind)  # type: ignore[arg-type]
             else:
                 acc.append(x)
+    for j, acc in accs.items():
+        node = nodes[j]
+        assert isinstance(node, Accumulator)
+        if node.kind in ONLINE_SOFTMAX_KINDS:
+            vals[j] = (online_result(arith, acc),)
+        else:
+            vals[j] = (acc if node.fmap is None else _concat(arith, acc, node.fmap),)
+    return _after_loop(arith, block, vals, phases)
+
+
+def _after_loop(
+    arith: Arith[V], block: BlockGraph, vals: dict[int, tuple[V, ...]], phases: Sequence[str]
+) -> list[V]:
+    """The saver tiles, from the loop's accumulators (in ``vals``) and the post-loop nodes."""
     outs: list[V] = []
-    for j, node in enumerate(nodes):
-        if isinstance(node, Accumulator):
-            acc = accs[j]
-            if node.kind in ONLINE_SOFTMAX_KINDS:
-                vals[j] = (online_result(arith, acc),)
-            else:
-                vals[j] = (acc if node.fmap is None else _concat(arith, acc, node.fmap),)
-        elif isinstance(node, OutputSaver):
+    for j, node in enumerate(block.nodes):
+        if isinstance(node, OutputSaver):
             outs.append(vals[node.input.node][node.input.out])
-        elif phases[j] == "post":
+        elif phases[j] == "post" and not isinstance(node, Accumulator):
             assert isinstance(node, BlockOp | ThreadGraph)
             vals[j] = _compute(arith, node, vals)
     return outs
+
+
+def _loop_at_once(block: BlockGraph) -> bool:
+    """Whether every accumulator sums or concatenates (no running maximum): then, stacked, every iteration of
+    the loop can run at once and the accumulators become one sum or one layout over the iteration axis."""
+    accs = [n for n in block.nodes if isinstance(n, Accumulator)]
+    return block.forloop > 1 and all(
+        a.kind not in ONLINE_SOFTMAX_KINDS and (a.fmap is not None or a.kind == "sum") for a in accs
+    )
+
+
+def _run_loop_at_once(
+    arith: Arith[V], block: BlockGraph, tiles: dict[int, V], phases: Sequence[str]
+) -> list[V]:
+    """:func:`_run_tiles` on stacked ``tiles`` (``arith`` the inner arithmetic) with all iterations of the loop
+    stacked too (:func:`~gensorage.ugraph.stacked.loop_tiles`): the body runs once, each sum accumulator is one
+    exact sum over the iteration axis, each concatenation one layout."""
+    loop, nodes = block.forloop, block.nodes
+    wide = StackedArith(arith)
+    vals: dict[int, tuple[V, ...]] = {}
+    for j, node in enumerate(nodes):
+        if phases[j] != "body":
+            continue
+        if isinstance(node, InputIterator):
+            vals[j] = (loop_tiles(arith, tiles[j], loop, node.fmap),)
+        else:
+            assert isinstance(node, BlockOp | ThreadGraph)
+            vals[j] = _compute(wide, node, vals)
+    for j, node in enumerate(nodes):
+        if isinstance(node, Accumulator):
+            x = vals[node.input.node][node.input.out]
+            vals[j] = (
+                loop_sum(arith, x, loop) if node.fmap is None else loop_concat(arith, x, loop, node.fmap),
+            )
+    return _after_loop(wide, block, vals, phases)
 
 
 def _iterators(block: BlockGraph) -> list[tuple[int, InputIterator]]:
@@ -163,7 +214,10 @@ def _run_stacked(arith: Arith[V], block: BlockGraph, args: Sequence[V], phases: 
     saver's stacked tiles laid out into its output."""
     stacked = StackedArith(arith)
     tiles = {j: stacked_tiles(arith, args[n.input], n.imap, block.grid) for j, n in _iterators(block)}
-    outs = _run_tiles(stacked, block, tiles, phases)
+    if _loop_at_once(block):
+        outs = _run_loop_at_once(arith, block, tiles, phases)
+    else:
+        outs = _run_tiles(stacked, block, tiles, phases)
     return [assemble_stacked(arith, x, block.grid, sv.omap) for x, sv in zip(outs, block.savers, strict=True)]
 
 

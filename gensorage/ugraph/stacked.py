@@ -183,4 +183,52 @@ def assemble_stacked(arith: Arith[V], x: V, grid: Sequence[int], omap: Sequence[
     return x if tuple(arith.shape(x)) == tuple(out) else arith.reshape(x, tuple(out))
 
 
-__all__ = ["StackedArith", "assemble_stacked", "can_stack", "stacked_tiles"]
+def loop_tiles(arith: Arith[V], x: V, loop: int, fmap: int | None) -> V:
+    """Every iteration's tile of stacked tiles ``x`` (leading axis: ``B`` blocks), stacked along the leading axis
+    as ``B · loop`` entries, block major: iteration ``i`` of block ``b`` is entry ``b · loop + i``. With ``fmap``
+    iteration ``i`` takes chunk ``i`` of ``loop`` along tile dim ``fmap``; without, every iteration the whole tile.
+    """
+    shape = arith.shape(x)
+    blocks, tile = shape[0], list(shape[1:])
+    if fmap is None:
+        x = arith.repeat(arith.reshape(x, (blocks, 1, *tile)), 1, loop)
+    else:
+        if tile[fmap] % loop:
+            raise UGraphError(f"cannot split a dim of size {tile[fmap]} into {loop} equal parts")
+        tile[fmap] //= loop
+        labels: list[Label] = [("g", 0)] + [("t", d) for d in range(len(tile))]
+        labels.insert(fmap + 1, ("g", 1))
+        x = arith.reshape(x, (*shape[: fmap + 1], loop, *tile[fmap:]))
+        x = _permute(arith, x, labels, [("g", 0), ("g", 1)] + [("t", d) for d in range(len(tile))])
+    return arith.reshape(x, (blocks * loop, *tile))
+
+
+def loop_sum(arith: Arith[V], x: V, loop: int) -> V:
+    """The sum over the iterations of :func:`loop_tiles`-stacked values: ``(B · loop, …)`` to ``(B, …)``."""
+    shape = arith.shape(x)
+    return arith.reduce_sum(arith.reshape(x, (shape[0] // loop, loop, *shape[1:])), 1, False)
+
+
+def loop_concat(arith: Arith[V], x: V, loop: int, fmap: int) -> V:
+    """The iterations of :func:`loop_tiles`-stacked values side by side along tile dim ``fmap``, in order."""
+    shape = arith.shape(x)
+    tile = shape[1:]
+    labels: list[Label] = [("g", 0), ("g", 1)] + [("t", d) for d in range(len(tile))]
+    x = arith.reshape(x, (shape[0] // loop, loop, *tile))
+    order: list[Label] = [("g", 0)] + [("t", d) for d in range(len(tile))]
+    order.insert(fmap + 1, ("g", 1))
+    x = _permute(arith, x, labels, order)
+    out = list(tile)
+    out[fmap] *= loop
+    return arith.reshape(x, (shape[0] // loop, *out))
+
+
+__all__ = [
+    "StackedArith",
+    "assemble_stacked",
+    "can_stack",
+    "loop_concat",
+    "loop_sum",
+    "loop_tiles",
+    "stacked_tiles",
+]
