@@ -8,13 +8,17 @@ values, so the second side reuses the first side's results instead of recomputin
 Why the verdict cannot change: every operation of a verification arithmetic is a deterministic function of its
 arguments and of the arithmetic's keys (fixed for the batch), and values are never modified in place, so a
 memoised result holds exactly the residues a recomputation would. The memo keeps its arguments alive, so an
-``id`` is never reused while the memo exists.
+``id`` is never reused while the memo exists. Matmuls (:data:`BY_CONTENT`) are memoised on their arguments'
+content instead (every slot of a value, arrays byte for byte), so a µGraph whose fused kernel recomputes a
+value the program side already has shares the products that follow it, and what follows them by identity.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 #: The value-to-value methods of :class:`gensorage.arith.Arith` (``shape`` and drawing inputs are not memoised).
 MEMOISED = frozenset(
@@ -40,6 +44,9 @@ MEMOISED = frozenset(
         "slice",
     }
 )
+#: Operations memoised on the *content* of their argument values as well: a µGraph's fused kernel computes the
+#: same residues as the program's ops in other objects, and a matmul costs far more than reading its operands.
+BY_CONTENT = frozenset({"matmul"})
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -49,6 +56,18 @@ def _key(arg: Any) -> Any:
     if isinstance(arg, list | tuple):
         return tuple(_key(a) for a in arg)
     return ("value", id(arg))
+
+
+def _content(arg: Any) -> Any:
+    """Everything a value holds (its slots; arrays by dtype, shape and bytes), or its identity without slots."""
+    if isinstance(arg, _PLAIN):
+        return arg
+    if isinstance(arg, np.ndarray):
+        return (arg.dtype.str, arg.shape, arg.tobytes())
+    slots = getattr(type(arg), "__slots__", None)
+    if slots is None:
+        return ("value", id(arg))
+    return (type(arg), tuple(_content(getattr(arg, name)) for name in slots))
 
 
 class SharedArith:
@@ -66,7 +85,7 @@ class SharedArith:
 
     def _memoised(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
-            key = (name, *map(_key, args))
+            key = (name, *map(_content if name in BY_CONTENT else _key, args))
             hit = self._memo.get(key)
             if hit is not None:
                 return hit[1]
@@ -77,4 +96,4 @@ class SharedArith:
         return call
 
 
-__all__ = ["MEMOISED", "SharedArith"]
+__all__ = ["BY_CONTENT", "MEMOISED", "SharedArith"]
