@@ -8,10 +8,11 @@ search) and then ``--lengths``, and times the same calls again in two worker pro
 ``gensorage``, one a ``--baseline`` tree's (a read-only checkout of an older commit). At each length and repeat
 one worker runs its check, then the other, the order alternating, so both sides of a pair run within a second of
 each other under the same load; each row records the 1-minute load average and the verdict's trial count, tier
-and achieved δ (which must agree between the trees).
+and achieved δ (which must agree between the trees). ``--examples`` adds the paper examples' µGraphs against their programs
+(looped block graphs and online softmax, as a search checks its candidates).
 
 Usage: ``python -m benchmarks.equivalence_lengths --baseline /work/base10 [--lengths 12 34 57 100 200]
-[--repeats 5] [--tag NAME] [--out FILE]``; writes ``benchmarks/results/equivalence-<tag>-<date>.json``.
+[--repeats 5] [--examples] [--tag NAME] [--out FILE]``; writes ``benchmarks/results/equivalence-<tag>-<date>.json``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def capture(first: int, lengths: list[int]) -> list[dict[str, Any]]:
                     c = checks[0]
                     pairs.append(
                         {
+                            "label": f"layer@{t}",
                             "length": t,
                             "program": c["program"],
                             "graph": c["graph"],
@@ -87,6 +89,28 @@ def capture(first: int, lengths: list[int]) -> list[dict[str, Any]]:
     return pairs
 
 
+def examples(seed: int = 0) -> list[dict[str, Any]]:
+    """The paper examples' µGraphs against their programs (:mod:`gensorage.ugraph.examples`: looped block
+    graphs, online softmax), as a search checks a candidate: δ = 1e-9, no trial cap."""
+    from gensorage.ugraph.examples import EXAMPLES
+
+    out = []
+    for name, make in sorted(EXAMPLES.items()):
+        program, graph = make()
+        out.append(
+            {
+                "label": f"example:{name}",
+                "length": None,
+                "program": program,
+                "graph": graph,
+                "delta": 1e-9,
+                "seed": seed,
+                "max_trials": None,
+            }
+        )
+    return out
+
+
 def worker(pairs_file: str, tree: str) -> None:
     """Time the checks in ``pairs_file`` with ``tree``'s gensorage: one JSON row per length read from stdin."""
     sys.path.insert(0, tree)
@@ -98,17 +122,19 @@ def worker(pairs_file: str, tree: str) -> None:
 
     check = sys.modules["gensorage.verify.equivalent"].equivalent
     with open(pairs_file, "rb") as fh:
-        pairs = {p["length"]: p for p in pickle.load(fh)}
+        pairs = {p["label"]: p for p in pickle.load(fh)}
 
-    def run(t: int) -> dict[str, Any]:
-        p = pairs[t]
+    def run(label: str) -> dict[str, Any]:
+        p = pairs[label]
         load = os.getloadavg()[0]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         r = check(p["program"], p["graph"], p["delta"], seed=p["seed"], max_trials=p["max_trials"])
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         return {
-            "length": t,
+            "label": label,
+            "length": p["length"],
             "seconds": seconds,
+            "cpu_s": cpu,  # this process's CPU time (all its threads): what other processes' load leaves alone
             "load_1min": load,
             "equivalent": bool(r),
             "trials": r.trials,
@@ -117,11 +143,11 @@ def worker(pairs_file: str, tree: str) -> None:
             "achieved_delta": r.achieved_delta,
         }
 
-    for t in pairs:  # imports, caches, the first allocation of each size
-        run(t)
+    for label in pairs:  # imports, caches, the first allocation of each size
+        run(label)
     print("ready", flush=True)
     for line in sys.stdin:
-        print(json.dumps(run(int(line))), flush=True)
+        print(json.dumps(run(line.strip())), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first", type=int, default=8, help="the first length (the structure's search)")
     ap.add_argument("--lengths", nargs="*", type=int, default=[12, 34, 57, 100, 200])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--examples", action="store_true", help="also the paper examples' checks (search candidates)"
+    )
     ap.add_argument("--tag", default="", help="results file name: equivalence-<tag>-<date>.json")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--worker", nargs=2, metavar=("PAIRS", "TREE"), help=argparse.SUPPRESS)
@@ -140,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.baseline:
         ap.error("--baseline is required")
     load_before = os.getloadavg()
-    pairs = capture(args.first, args.lengths)
+    pairs = capture(args.first, args.lengths) if args.lengths else []
     progress(f"captured {len(pairs)} checks at {[p['length'] for p in pairs]} tokens")
+    pairs += examples() if args.examples else []
+    labels = [p["label"] for p in pairs]
     trees = {"after": str(REPO), "before": str(Path(args.baseline).resolve())}
     with tempfile.TemporaryDirectory() as tmp:
         pairs_file = os.path.join(tmp, "pairs.pkl")
@@ -162,40 +193,38 @@ def main(argv: list[str] | None = None) -> int:
         rows: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
         turn = 0
         for r in range(args.repeats):
-            for t in args.lengths:
+            for label in labels:
                 for side in SIDES if turn % 2 == 0 else SIDES[::-1]:
                     p = procs[side]
                     assert p.stdin is not None and p.stdout is not None
-                    p.stdin.write(f"{t}\n")
+                    p.stdin.write(f"{label}\n")
                     p.stdin.flush()
                     row = json.loads(p.stdout.readline())
                     row["repeat"], row["order"] = r, 0 if (side == SIDES[0]) == (turn % 2 == 0) else 1
                     rows[side].append(row)
                 turn += 1
                 a, b = rows["after"][-1], rows["before"][-1]
-                progress(f"{t} tokens: after {a['seconds']:.3f} s, before {b['seconds']:.3f} s")
+                progress(f"{label}: after {a['seconds']:.3f} s, before {b['seconds']:.3f} s")
         for p in procs.values():
             assert p.stdin is not None
             p.stdin.close()
             p.wait()
     summary = {}
-    for t in args.lengths:
-        after = [x["seconds"] for x in rows["after"] if x["length"] == t]
-        before = [x["seconds"] for x in rows["before"] if x["length"] == t]
-        same = all(
-            {k: x[k] for k in ("equivalent", "trials", "required_trials", "tier", "achieved_delta")}
-            == {k: y[k] for k in ("equivalent", "trials", "required_trials", "tier", "achieved_delta")}
-            for x, y in zip(
-                [x for x in rows["after"] if x["length"] == t],
-                [y for y in rows["before"] if y["length"] == t],
-                strict=True,
-            )
-        )
-        summary[str(t)] = {
-            "after_median_s": statistics.median(after),
-            "before_median_s": statistics.median(before),
-            "paired_ratio_median": statistics.median(a / b for a, b in zip(after, before, strict=True)),
-            "same_verdict_and_trials": same,
+    keys = ("equivalent", "trials", "required_trials", "tier", "achieved_delta")
+    for label in labels:
+        after = [x for x in rows["after"] if x["label"] == label]
+        before = [x for x in rows["before"] if x["label"] == label]
+        summary[label] = {
+            "after_median_s": statistics.median(x["seconds"] for x in after),
+            "before_median_s": statistics.median(x["seconds"] for x in before),
+            "after_cpu_median_s": statistics.median(x["cpu_s"] for x in after),
+            "before_cpu_median_s": statistics.median(x["cpu_s"] for x in before),
+            "paired_ratio_median": statistics.median(
+                x["seconds"] / y["seconds"] for x, y in zip(after, before, strict=True)
+            ),
+            "same_verdict_and_trials": all(
+                {k: x[k] for k in keys} == {k: y[k] for k in keys} for x, y in zip(after, before, strict=True)
+            ),
         }
     data = {
         "benchmark": NAME,
@@ -206,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "program": "decoder_layer (torch, small)",
         "first": args.first,
         "lengths": args.lengths,
+        "examples": args.examples,
         "repeats": args.repeats,
         "summary": summary,
         "results": rows,

@@ -9,11 +9,14 @@ of the blocks' saver tiles in grid order — so a wrong imap, fmap or omap gives
 In the exact arithmetics (the verifier's fields) the blocks of a grid run *stacked*: every block's tile of an
 iterator is cut out of the whole input at once by layout ops (a reshape splitting each mapped dim into
 (blocks, tile), a repeat per replica grid dim, axis swaps: :func:`gensorage.ugraph.stacked.stacked_tiles`) into
-one value with the block index as a leading axis, the block graph's body runs once per for-loop iteration on it
+one value with the block index as a leading axis, the block graph's body runs on it
 (:class:`gensorage.ugraph.stacked.StackedArith`), and each saver's stacked tiles are laid out into the output by
-the inverse layout ops (:func:`~gensorage.ugraph.stacked.assemble_stacked`). Layout ops move values without
-computing, so every residue is the same as one block at a time, and the number of operations no longer grows
-with the grid. The bounds (:class:`gensorage.verify.bounds.BoundsArith`, ``blocks_alike``) give every block's
+the inverse layout ops (:func:`~gensorage.ugraph.stacked.assemble_stacked`). When every accumulator sums or
+concatenates, the loop's iterations are stacked too (block major) and the body runs once: a sum accumulator is
+one exact sum over the iteration axis, a concatenation one layout; with a running maximum (``max``, online
+softmax) the body runs once per iteration. Layout ops move values without computing and the fields' sums are
+exact, so every residue is the same as one block and one iteration at a time, and the number of operations no
+longer grows with the grid or the loop. The bounds (:class:`gensorage.verify.bounds.BoundsArith`, ``blocks_alike``) give every block's
 tile the same bound wherever it is cut, so every block computes the same values: the first block runs
 literally and the arithmetic adds the other blocks' shares to its counters.
 """
