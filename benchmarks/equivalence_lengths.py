@@ -89,14 +89,24 @@ def capture(first: int, lengths: list[int]) -> list[dict[str, Any]]:
     return pairs
 
 
+#: Larger instances of the examples (their factory's arguments): a search at real shapes checks such candidates.
+LARGE_EXAMPLES: dict[str, tuple[str, tuple[int, ...], dict[str, int]]] = {
+    "rmsnorm_matmul@64x1024x1024": ("rmsnorm_matmul", (64, 1024, 1024), {"blocks": 8, "forloop": 16}),
+    "gated_mlp@64x1024x1024": ("gated_mlp", (64, 1024, 1024), {"blocks": 8, "forloop": 16}),
+    "flash_attention@8x256x512x64": ("flash_attention", (8, 256, 512, 64), {"q_blocks": 4, "forloop": 8}),
+}
+
+
 def examples(seed: int = 0) -> list[dict[str, Any]]:
     """The paper examples' µGraphs against their programs (:mod:`gensorage.ugraph.examples`: looped block
-    graphs, online softmax), as a search checks a candidate: δ = 1e-9, no trial cap."""
-    from gensorage.ugraph.examples import EXAMPLES
+    graphs, online softmax) at their default shapes and a few larger (:data:`LARGE_EXAMPLES`), as a search
+    checks a candidate: δ = 1e-9, no trial cap."""
+    from gensorage.ugraph import examples as ex
 
+    made = [(name, make()) for name, make in sorted(ex.EXAMPLES.items())]
+    made += [(name, getattr(ex, f)(*a, **kw)) for name, (f, a, kw) in LARGE_EXAMPLES.items()]
     out = []
-    for name, make in sorted(EXAMPLES.items()):
-        program, graph = make()
+    for name, (program, graph) in made:
         out.append(
             {
                 "label": f"example:{name}",
