@@ -321,3 +321,18 @@ def test_shared_arith_shares_a_matmul_by_content_and_only_equal_content() -> Non
     shared.matmul(with_digest, w)
     assert counting.matmuls == 3
     assert shared.add(x, x) is not shared.add(copy, copy)  # other operations: by identity, as before
+
+
+def test_a_content_key_collision_costs_a_recomputation_not_a_wrong_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gensorage.verify import shared as shared_module
+
+    monkeypatch.setattr(shared_module, "_content", lambda arg: "every value collides")
+    counting = _Counting(1, np.random.default_rng(2))
+    shared = SharedArith(counting)
+    x, y, w = counting.random_input((3, 4)), counting.random_input((3, 4)), counting.random_input((4, 2))
+    first = shared.matmul(x, w)
+    other = shared.matmul(y, w)
+    assert counting.matmuls == 2 and np.array_equal(other.data, counting.matmul(y, w).data)
+    assert shared.matmul(UFValue(x.data.copy()), w) is first  # equal content still hits
