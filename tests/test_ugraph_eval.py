@@ -359,10 +359,27 @@ class _CountingField(UninterpretedArith):
         return super().matmul(a, b)
 
 
-def test_stacked_body_runs_once_per_iteration() -> None:
+def test_stacked_body_runs_once_for_all_blocks_and_iterations() -> None:
     g = _tiled_matmul(6, 10, 8, (4, 3), 5)
     arith = _CountingField(1, np.random.default_rng(0))
     x, w = arith.random_input((6, 10)), arith.random_input((10, 8))
     (out,) = evaluate(g, arith, [x, w])
-    assert arith.matmuls == 5  # one per loop iteration for all 12 blocks (one at a time: 60)
+    assert arith.matmuls == 1  # all 12 blocks and 5 iterations at once (one at a time: 60)
     assert np.array_equal(out.data, arith.matmul(x, w).data)
+
+
+def test_a_running_maximum_runs_stacked_once_per_iteration() -> None:
+    nodes = (
+        InputIterator(0, (None, 0), 1),
+        InputIterator(1, (1, None), 0),
+        BlockOp(Op.MATMUL, (0, 1)),
+        Accumulator(2, "max"),
+        OutputSaver(3, (1, 0)),
+    )
+    g = _kernel((TensorSpec("X", (6, 10)), TensorSpec("W", (10, 8))), (4, 3), 5, nodes)
+    arith = _CountingField(1, np.random.default_rng(0))
+    x, w = arith.random_input((6, 10)), arith.random_input((10, 8))
+    (out,) = evaluate(g, arith, [x, w])
+    assert arith.matmuls == 5  # one per loop iteration for all 12 blocks
+    (literal,) = evaluate(g, arith, [x, w], stack=False)
+    assert np.array_equal(out.data, literal.data) and np.array_equal(out.digest, literal.digest)

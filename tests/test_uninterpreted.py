@@ -17,6 +17,7 @@ from gensorage.verify import UninterpretedArith, blas, equivalent, float_check, 
 from gensorage.verify import mersenne as m61
 from gensorage.verify.mersenne import M61
 from gensorage.verify.shared import SharedArith
+from gensorage.verify.uninterpreted import UFValue
 
 # ------------------------------------------------------------------------------------------ Z_M61 arithmetic
 
@@ -304,3 +305,34 @@ def test_shared_arith_computes_common_steps_once_with_the_same_residues() -> Non
     assert counting.matmuls == 3  # Q·K once for both sides
     assert all(np.array_equal(x.data, y.data) for x, y in zip(got, want, strict=True))
     assert np.array_equal(got[0].data, got[1].data)  # the two sides agree (an identity)
+
+
+def test_shared_arith_shares_a_matmul_by_content_and_only_equal_content() -> None:
+    counting = _Counting(1, np.random.default_rng(1))
+    shared = SharedArith(counting)
+    x, w = counting.random_input((3, 4)), counting.random_input((4, 2))
+    first = shared.matmul(x, w)
+    copy = UFValue(x.data.copy())  # another object holding the same residues (a fused kernel's result)
+    assert shared.matmul(copy, w) is first and counting.matmuls == 1
+    changed = UFValue(x.data.copy())
+    changed.data[0, 0, 0] ^= np.uint64(1)
+    assert shared.matmul(changed, w) is not first and counting.matmuls == 2
+    with_digest = UFValue(x.data.copy(), np.zeros((1, 3, 4), dtype=np.uint64))  # a max result: other state
+    shared.matmul(with_digest, w)
+    assert counting.matmuls == 3
+    assert shared.add(x, x) is not shared.add(copy, copy)  # other operations: by identity, as before
+
+
+def test_a_content_key_collision_costs_a_recomputation_not_a_wrong_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gensorage.verify import shared as shared_module
+
+    monkeypatch.setattr(shared_module, "_content", lambda arg: "every value collides")
+    counting = _Counting(1, np.random.default_rng(2))
+    shared = SharedArith(counting)
+    x, y, w = counting.random_input((3, 4)), counting.random_input((3, 4)), counting.random_input((4, 2))
+    first = shared.matmul(x, w)
+    other = shared.matmul(y, w)
+    assert counting.matmuls == 2 and np.array_equal(other.data, counting.matmul(y, w).data)
+    assert shared.matmul(UFValue(x.data.copy()), w) is first  # equal content still hits

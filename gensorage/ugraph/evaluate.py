@@ -6,15 +6,25 @@ iterator's tile is cut out with ``arith.slice`` per imap (x, y, z in order) and 
 iterations with ``arith.accumulate`` (or concatenate them), and every output is assembled with ``arith.concat``
 of the blocks' saver tiles in grid order — so a wrong imap, fmap or omap gives a wrong answer.
 
-In the exact arithmetics (the verifier's fields) the blocks of a grid run *stacked*: each block's tiles are cut
-out as above and stacked along a leading axis, the block graph's body runs once per for-loop iteration on the
-stack (:class:`gensorage.ugraph.stacked.StackedArith`), and the stack is split back into per-block tiles for the
-assembly. Every residue is the same as one block at a time; the Python loop no longer grows with the grid.
+In the exact arithmetics (the verifier's fields) the blocks of a grid run *stacked*: every block's tile of an
+iterator is cut out of the whole input at once by layout ops (a reshape splitting each mapped dim into
+(blocks, tile), a repeat per replica grid dim, axis swaps: :func:`gensorage.ugraph.stacked.stacked_tiles`) into
+one value with the block index as a leading axis, the block graph's body runs on it
+(:class:`gensorage.ugraph.stacked.StackedArith`), and each saver's stacked tiles are laid out into the output by
+the inverse layout ops (:func:`~gensorage.ugraph.stacked.assemble_stacked`). When every accumulator sums or
+concatenates, the loop's iterations are stacked too (block major) and the body runs once: a sum accumulator is
+one exact sum over the iteration axis, a concatenation one layout; with a running maximum (``max``, online
+softmax) the body runs once per iteration. Layout ops move values without computing and the fields' sums are
+exact, so every residue is the same as one block and one iteration at a time, and the number of operations no
+longer grows with the grid or the loop. The bounds (:class:`gensorage.verify.bounds.BoundsArith`, ``blocks_alike``) give every block's
+tile the same bound wherever it is cut, so every block computes the same values: the first block runs
+literally and the arithmetic adds the other blocks' shares to its counters.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -36,7 +46,15 @@ from gensorage.ugraph.ir import (
     ThreadGraph,
 )
 from gensorage.ugraph.online_softmax import online_result, online_step
-from gensorage.ugraph.stacked import StackedArith, can_stack
+from gensorage.ugraph.stacked import (
+    StackedArith,
+    assemble_stacked,
+    can_stack,
+    loop_concat,
+    loop_sum,
+    loop_tiles,
+    stacked_tiles,
+)
 from gensorage.ugraph.validate import loop_phases, validate
 
 V = TypeVar("V")
@@ -106,20 +124,63 @@ def _run_tiles(arith: Arith[V], block: BlockGraph, tiles: dict[int, V], phases: 
                 accs[j] = arith.accumulate(acc, x, node.kind)  # type: ignore[arg-type]
             else:
                 acc.append(x)
+    for j, acc in accs.items():
+        node = nodes[j]
+        assert isinstance(node, Accumulator)
+        if node.kind in ONLINE_SOFTMAX_KINDS:
+            vals[j] = (online_result(arith, acc),)
+        else:
+            vals[j] = (acc if node.fmap is None else _concat(arith, acc, node.fmap),)
+    return _after_loop(arith, block, vals, phases)
+
+
+def _after_loop(
+    arith: Arith[V], block: BlockGraph, vals: dict[int, tuple[V, ...]], phases: Sequence[str]
+) -> list[V]:
+    """The saver tiles, from the loop's accumulators (in ``vals``) and the post-loop nodes."""
     outs: list[V] = []
-    for j, node in enumerate(nodes):
-        if isinstance(node, Accumulator):
-            acc = accs[j]
-            if node.kind in ONLINE_SOFTMAX_KINDS:
-                vals[j] = (online_result(arith, acc),)
-            else:
-                vals[j] = (acc if node.fmap is None else _concat(arith, acc, node.fmap),)
-        elif isinstance(node, OutputSaver):
+    for j, node in enumerate(block.nodes):
+        if isinstance(node, OutputSaver):
             outs.append(vals[node.input.node][node.input.out])
-        elif phases[j] == "post":
+        elif phases[j] == "post" and not isinstance(node, Accumulator):
             assert isinstance(node, BlockOp | ThreadGraph)
             vals[j] = _compute(arith, node, vals)
     return outs
+
+
+def _loop_at_once(block: BlockGraph) -> bool:
+    """Whether every accumulator sums or concatenates (no running maximum): then, stacked, every iteration of
+    the loop can run at once and the accumulators become one sum or one layout over the iteration axis."""
+    accs = [n for n in block.nodes if isinstance(n, Accumulator)]
+    return block.forloop > 1 and all(
+        a.kind not in ONLINE_SOFTMAX_KINDS and (a.fmap is not None or a.kind == "sum") for a in accs
+    )
+
+
+def _run_loop_at_once(
+    arith: Arith[V], block: BlockGraph, tiles: dict[int, V], phases: Sequence[str]
+) -> list[V]:
+    """:func:`_run_tiles` on stacked ``tiles`` (``arith`` the inner arithmetic) with all iterations of the loop
+    stacked too (:func:`~gensorage.ugraph.stacked.loop_tiles`): the body runs once, each sum accumulator is one
+    exact sum over the iteration axis, each concatenation one layout."""
+    loop, nodes = block.forloop, block.nodes
+    wide = StackedArith(arith)
+    vals: dict[int, tuple[V, ...]] = {}
+    for j, node in enumerate(nodes):
+        if phases[j] != "body":
+            continue
+        if isinstance(node, InputIterator):
+            vals[j] = (loop_tiles(arith, tiles[j], loop, node.fmap),)
+        else:
+            assert isinstance(node, BlockOp | ThreadGraph)
+            vals[j] = _compute(wide, node, vals)
+    for j, node in enumerate(nodes):
+        if isinstance(node, Accumulator):
+            x = vals[node.input.node][node.input.out]
+            vals[j] = (
+                loop_sum(arith, x, loop) if node.fmap is None else loop_concat(arith, x, loop, node.fmap),
+            )
+    return _after_loop(wide, block, vals, phases)
 
 
 def _iterators(block: BlockGraph) -> list[tuple[int, InputIterator]]:
@@ -138,17 +199,29 @@ def _run_blocks(
     return per_saver
 
 
-def _run_stacked(
-    arith: Arith[V], block: BlockGraph, args: Sequence[V], phases: Sequence[str]
-) -> list[list[V]]:
-    """:func:`_run_blocks` with the body run once on every block's tiles stacked (:mod:`.stacked`)."""
-    blocks = list(itertools.product(*(range(n) for n in block.grid)))
+def _run_alike(arith: Any, block: BlockGraph, args: Sequence[V], phases: Sequence[str]) -> list[list[V]]:
+    """:func:`_run_blocks` for an arithmetic whose blocks all compute the same values (``blocks_alike``): the
+    first block runs literally and the arithmetic adds the others' counts to its counters."""
+    blocks = math.prod(block.grid)
+    before = arith.counters()
+    first = tuple(0 for _ in block.grid)
+    tiles = {j: _block_tile(arith, args[n.input], n, block.grid, first) for j, n in _iterators(block)}
+    outs = _run_tiles(arith, block, tiles, phases)
+    arith.add_counters(before, blocks - 1)
+    return [[x] * blocks for x in outs]
+
+
+def _run_stacked(arith: Arith[V], block: BlockGraph, args: Sequence[V], phases: Sequence[str]) -> list[V]:
+    """The outputs of :func:`_run_blocks`' tiles assembled, with every block at once (:mod:`.stacked`): each
+    iterator's tiles cut out and stacked by layout ops on the whole input, the body run on the stack, each
+    saver's stacked tiles laid out into its output."""
     stacked = StackedArith(arith)
-    tiles = {
-        j: stacked.stack([_block_tile(arith, args[n.input], n, block.grid, bidx) for bidx in blocks])
-        for j, n in _iterators(block)
-    }
-    return [stacked.unstack(out) for out in _run_tiles(stacked, block, tiles, phases)]
+    tiles = {j: stacked_tiles(arith, args[n.input], n.imap, block.grid) for j, n in _iterators(block)}
+    if _loop_at_once(block):
+        outs = _run_loop_at_once(arith, block, tiles, phases)
+    else:
+        outs = _run_tiles(stacked, block, tiles, phases)
+    return [assemble_stacked(arith, x, block.grid, sv.omap) for x, sv in zip(outs, block.savers, strict=True)]
 
 
 def _assemble(
@@ -171,11 +244,15 @@ def run_block_graph(
     """Outputs of a graph-defined kernel op with block graph ``block`` on kernel inputs ``args``.
 
     ``stack``: run the blocks together on stacked tiles (:mod:`gensorage.ugraph.stacked`); by default when the
-    arithmetic declares that batching does not change its results (the exact fields).
+    arithmetic declares that batching does not change its results (the exact fields). ``stack=False`` runs every
+    block literally; by default an arithmetic whose blocks all compute the same values (``blocks_alike``: the
+    bounds) runs the first block and counts the others.
     """
     phases = loop_phases(block)
-    together = can_stack(arith) if stack is None else stack
-    per_saver = (_run_stacked if together else _run_blocks)(arith, block, args, phases)
+    if can_stack(arith) if stack is None else stack:
+        return _run_stacked(arith, block, args, phases)
+    alike = stack is None and getattr(arith, "blocks_alike", False)
+    per_saver = (_run_alike if alike else _run_blocks)(arith, block, args, phases)
     grid = list(itertools.product(*(range(n) for n in block.grid)))
     return [
         _assemble(arith, dict(zip(grid, tiles, strict=True)), block.grid, sv.omap)
@@ -200,7 +277,8 @@ def evaluate(
         Validate ``g`` (without a hardware profile) first; skip only for graphs already validated.
     stack : bool, optional
         Run each grid's blocks together on stacked tiles; by default exactly for arithmetics that declare
-        batching does not change their results (the finite fields), never for float64.
+        batching does not change their results (the finite fields), never for float64. False: every block
+        literally, one at a time, in every arithmetic (by default the bounds run one block and count the rest).
 
     Returns
     -------

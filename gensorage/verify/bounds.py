@@ -377,6 +377,10 @@ class BoundsArith:
     """
 
     name = "bounds"
+    #: A tile's bound does not depend on where it was cut, so every block of a grid computes the same values and
+    #: adds the same amounts to the counters: the µGraph evaluator runs one block literally and adds the
+    #: others' counts (:meth:`counters`, :meth:`add_counters`) instead of running each.
+    blocks_alike = True
 
     def __init__(self, *, uninterpreted: bool = False) -> None:
         self.uninterpreted = uninterpreted
@@ -386,6 +390,24 @@ class BoundsArith:
         self.opaque: set[str] = set()
         self.total_numel = 0
         self.applications: dict[str, Applications] = {}
+
+    def counters(self) -> tuple[int, int, int, dict[str, int]]:
+        """The additive counters: divisor degrees mod p and q, elements, applications per symbol."""
+        counts = {s: a.count for s, a in self.applications.items()}
+        return self.divisor_degree_p, self.divisor_degree_q, self.total_numel, counts
+
+    def add_counters(self, before: tuple[int, int, int, dict[str, int]], times: int) -> None:
+        """Add ``times`` more of what the counters grew by since :meth:`counters` returned ``before``.
+
+        What else a computation records (the largest argument bounds, opaque ops, an exp divisor) is the same
+        when it runs again on the same values.
+        """
+        p, q, numel, counts = before
+        self.divisor_degree_p += times * (self.divisor_degree_p - p)
+        self.divisor_degree_q += times * (self.divisor_degree_q - q)
+        self.total_numel += times * (self.total_numel - numel)
+        for symbol, app in self.applications.items():
+            app.count += times * (app.count - counts.get(symbol, 0))
 
     def _applied(self, symbol: str, count: int, arg: Bound) -> None:
         self.applications.setdefault(symbol, Applications()).add(count, arg)

@@ -214,6 +214,11 @@ def _chunk_product(x: np.ndarray, y: np.ndarray, plan: LimbPlan) -> np.ndarray:
 #: measured 5-100x slower with two threads on a loaded 2-core machine; a 512-row prefill product ran 1.8x
 #: faster with two threads on an idle one (1.36 s -> 0.75 s per check) and no slower on a loaded one.
 THREADED_FROM = 64
+#: ... and at least this many scalar products (batch · rows · inner · cols). Small square ones (a 100-token
+#: layer's (100 × 64) @ (64 × 128), under a millisecond on one thread) took 10-40 ms each with two threads
+#: inside a check on the loaded 2-core machine, where threads woken between numpy calls wait for a core: the
+#: 100-token equivalence check spent 0.96 s of 1.38 s in 36 such products.
+THREADED_WORK = 1 << 27
 
 
 def matmul(x: np.ndarray, y: np.ndarray, plan: LimbPlan | None = None) -> np.ndarray:
@@ -221,8 +226,8 @@ def matmul(x: np.ndarray, y: np.ndarray, plan: LimbPlan | None = None) -> np.nda
 
     The limb plan is ``plan`` or the cheapest of :func:`plans` by :meth:`LimbPlan.cost`; the broadcast batch is chunked so
     that the float64 limb copies of one chunk stay near 64 MiB. A skinny product (fewer than
-    :data:`THREADED_FROM` rows or columns) runs BLAS single-threaded
-    (:func:`gensorage.verify.blas.single_threaded`); a large one uses BLAS's threads.
+    :data:`THREADED_FROM` rows or columns) or a small one (fewer than :data:`THREADED_WORK` scalar products)
+    runs BLAS single-threaded (:func:`gensorage.verify.blas.single_threaded`); a large one uses BLAS's threads.
     """
     batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
     rows, k, cols = x.shape[-2], x.shape[-1], y.shape[-1]
@@ -237,7 +242,8 @@ def matmul(x: np.ndarray, y: np.ndarray, plan: LimbPlan | None = None) -> np.nda
     out = np.zeros((xb.shape[0], rows, cols), dtype=np.uint64)
     if k == 0:  # an empty sum
         return out.reshape(batch + (rows, cols))
-    with single_threaded() if min(rows, cols) < THREADED_FROM else contextlib.nullcontext():
+    threaded = min(rows, cols) >= THREADED_FROM and items * rows * k * cols >= THREADED_WORK
+    with contextlib.nullcontext() if threaded else single_threaded():
         for b0 in range(0, xb.shape[0], step):
             out[b0 : b0 + step] = _chunk_product(xb[b0 : b0 + step], yb[b0 : b0 + step], plan)
     return out.reshape(batch + (rows, cols))
