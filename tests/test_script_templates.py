@@ -72,3 +72,21 @@ def test_templates_give_the_parsers_own_primfuncs_at_every_shape(
         kept
     )  # every text after the first of its skeleton came from the template
     assert all(v is not None for v in kept.values())
+
+
+def _rows_text(name: str, rows: int, cols: int) -> str:
+    return (
+        "@T.prim_func\n"
+        f'def {name}(in0: T.Buffer(({rows}, {cols}), "float32"), out0: T.Buffer(({rows}, {cols}), "float32")):\n'
+        f'    T.func_attr({{"global_symbol": "{name}", "tir.noalias": True}})\n'
+        f"    for i in T.serial({rows}):\n"
+        f"        for j in T.serial({cols}):\n"
+        "            out0[i, j] = in0[i, j] * T.float32(2.5)\n"
+    )
+
+
+def test_skeleton_results_are_not_shared_between_callers() -> None:
+    text = _rows_text("k_a", 33, 16)
+    body, values = script_templates.skeleton(text, "k_a")
+    values.append(-1)
+    assert script_templates.skeleton(text, "k_a") == (body, [33, 16, 33, 16, 33, 16])

@@ -17,6 +17,7 @@ every other; the tests check it on whole µGraphs at several shapes.
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import threading
@@ -42,6 +43,14 @@ def skeleton(text: str, name: str) -> tuple[str, list[int]]:
     value of a string key (an annotation: ``{"buffer_data_alignment": 64}``) stays: the parser keeps annotation
     values as they are written, so a parameter there would never be bound.
     """
+    body, values = _skeleton(text, name)
+    return body, list(values)
+
+
+# A kernel's text is split twice at a new length (its parse, then the compiled variants' look-up): tokenizing it
+# takes milliseconds for a long one.
+@functools.lru_cache(maxsize=512)
+def _skeleton(text: str, name: str) -> tuple[str, tuple[int, ...]]:
     body = re.sub(rf"\b{re.escape(name)}\b", _NAME, text)
     lines = body.splitlines(keepends=True)
     values: list[int] = []
@@ -63,7 +72,7 @@ def skeleton(text: str, name: str) -> tuple[str, list[int]]:
     if values:
         params = ", ".join(f"c{i}_: T.int32" for i in range(len(values)))
         body = body.replace(f"def {_NAME}(", f"def {_NAME}({params}, ", 1)
-    return body, values
+    return body, tuple(values)
 
 
 def parse_text(text: str, name: str) -> Any:
