@@ -35,8 +35,8 @@ from gensorage.torch.report import Report
 #: subgraph mixing dtypes (its Program computes in float32) takes its narrowest tensors' tolerance.
 TOLERANCE: dict[str, float] = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 2e-2}
 
-#: Inputs (elements over all arguments) up to which torch's reference run of a subgraph on the CPU takes one
-#: intra-op thread (:func:`reference_threads`).
+#: Inputs (elements over all arguments) up to which torch's work in the check of a subgraph on the CPU (its
+#: reference run, the comparison) takes one intra-op thread (:func:`check_threads`).
 SMALL_REFERENCE_ELEMENTS = 1 << 18
 
 
@@ -137,7 +137,7 @@ class GensorageSubgraph(torch.nn.Module):
         """Build and check the kernels on ``args``; their outputs when they pass (the kernels are kept), else
         torch's (the subgraph stays in torch)."""
         # torch's answer first: an error here is the model's own, raised as eager torch raises it
-        with reference_threads(args):
+        with check_threads(args):
             want = tuple(self.sub(*args))
         try:
             lowered = lower(self.sub, self.name)
@@ -147,8 +147,9 @@ class GensorageSubgraph(torch.nn.Module):
                 )
             res = compiled(lowered.program, self.options, args[0].device)
             extras = [spec.make(args[0].dtype, args[0].device) for spec in lowered.extras]
-            got = run_kernels(lowered, res, [*args, *extras])
-            err = mismatch(got, want)
+            with check_threads(args):
+                got = run_kernels(lowered, res, [*args, *extras])
+                err = mismatch(got, want)
             dtype = lowered.program.inputs[0].dtype
             tolerance = max(
                 (TOLERANCE[DTYPES[t.dtype]] for t in (*args, *want) if t.dtype in DTYPES),
@@ -175,13 +176,13 @@ class GensorageSubgraph(torch.nn.Module):
 
 
 @contextmanager
-def reference_threads(args: tuple[torch.Tensor, ...]) -> Iterator[None]:
-    """One intra-op thread for torch's run of a small subgraph on the CPU (``torch.set_num_threads``, restored
-    after). Its ops are then microseconds each, and with several threads every op is a fork and join of
-    OpenMP's team, which waits for any thread another process holds off its core: on the 2-core dev machine
-    with a core busy, the small decoder layer's 75 ops took ~117 ms with 2 threads and 0.35 ms with one.
-    The setting is the process's: torch work of other threads meanwhile also runs on one thread (the same
-    results, only slower)."""
+def check_threads(args: tuple[torch.Tensor, ...]) -> Iterator[None]:
+    """One intra-op thread for torch's work in the check of a small subgraph on the CPU (its reference run, the
+    comparison with the kernels' outputs; ``torch.set_num_threads``, restored after). Its ops are then
+    microseconds each, and with several threads every op is a fork and join of OpenMP's team, which waits for
+    any thread another process holds off its core: on the 2-core dev machine with the cores busy, the small
+    decoder layer's 75 ops took ~117 ms with 2 threads and 0.35 ms with one. The setting is the process's: torch
+    work of other threads meanwhile also runs on one thread (the same results, only slower)."""
     threads = torch.get_num_threads()
     small = sum(a.numel() for a in args if isinstance(a, torch.Tensor)) <= SMALL_REFERENCE_ELEMENTS
     if threads == 1 or not small or any(a.device.type != "cpu" for a in args if isinstance(a, torch.Tensor)):
@@ -283,6 +284,6 @@ __all__ = [
     "dispatcher",
     "lower",
     "mismatch",
-    "reference_threads",
+    "check_threads",
     "run_kernels",
 ]

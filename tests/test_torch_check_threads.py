@@ -1,5 +1,5 @@
-"""torch's reference run of a small subgraph takes one intra-op thread (:func:`subgraph.reference_threads`), and
-the process's setting is restored after it, also when the model raises."""
+"""torch's work in the check of a small subgraph (its reference run, the comparison) takes one intra-op thread
+(:func:`subgraph.check_threads`), and the process's setting is restored after it, also when the model raises."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ def two_threads() -> object:
 @pytest.mark.usefixtures("two_threads")
 def test_a_small_cpu_subgraph_runs_on_one_thread_and_the_setting_comes_back() -> None:
     args = (torch.ones(8, 64), torch.ones(64, 64))
-    with subgraph.reference_threads(args):
+    with subgraph.check_threads(args):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == 2
-    with pytest.raises(ZeroDivisionError), subgraph.reference_threads(args):
+    with pytest.raises(ZeroDivisionError), subgraph.check_threads(args):
         raise ZeroDivisionError
     assert torch.get_num_threads() == 2
 
@@ -32,8 +32,8 @@ def test_a_small_cpu_subgraph_runs_on_one_thread_and_the_setting_comes_back() ->
 @pytest.mark.usefixtures("two_threads")
 def test_a_large_subgraph_keeps_the_threads() -> None:
     args = (torch.ones(subgraph.SMALL_REFERENCE_ELEMENTS + 1),)
-    with subgraph.reference_threads(args):
+    with subgraph.check_threads(args):
         assert torch.get_num_threads() == 2
     small = (torch.ones(subgraph.SMALL_REFERENCE_ELEMENTS),)
-    with subgraph.reference_threads(small):
+    with subgraph.check_threads(small):
         assert torch.get_num_threads() == 1
