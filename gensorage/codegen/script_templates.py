@@ -10,9 +10,11 @@ a substitution in C++: well under a millisecond).
 
 Exactness: the first text of each skeleton is also parsed directly, and the template is kept only when its
 specialisation is structurally equal to that parse (:func:`tvm_ffi.structural_equal`); otherwise every text of
-that skeleton is parsed directly. The parser types a literal by its context (an ``int64`` or float operand, a
-literal over 2³¹), never by its value below 2³¹, so a skeleton that is equal at one set of values is equal at
-every other; the tests check it on whole µGraphs at several shapes.
+that skeleton is parsed directly. Under :func:`deferred_templates` (a new length of a program seen before) the
+template is parsed when the skeleton is met a second time, and checked then against the first text's parse. The
+parser types a literal by its context (an ``int64`` or float operand, a literal over 2³¹), never by its value
+below 2³¹, so a skeleton that is equal at one set of values is equal at every other; the tests check it on whole
+µGraphs at several shapes.
 """
 
 from __future__ import annotations
