@@ -58,7 +58,7 @@ def deferred_templates() -> Iterator[None]:
     """Within it, the template of a skeleton met for the first time is parsed when the skeleton is met again,
     not now (its first text is parsed directly and kept to check the template then): one parse instead of
     two for a skeleton met once. For a new length of a known program, whose new skeletons (a bounds guard, a
-    row kernel whose text grows with the length) may never recur; a program's first shape makes its templates
+    fused row kernel's new shape of its loops) may never recur; a program's first shape makes its templates
     at once, since its next length needs them."""
     token = _DEFERRED.set(True)
     try:
