@@ -10,18 +10,24 @@ a substitution in C++: well under a millisecond).
 
 Exactness: the first text of each skeleton is also parsed directly, and the template is kept only when its
 specialisation is structurally equal to that parse (:func:`tvm_ffi.structural_equal`); otherwise every text of
-that skeleton is parsed directly. The parser types a literal by its context (an ``int64`` or float operand, a
-literal over 2³¹), never by its value below 2³¹, so a skeleton that is equal at one set of values is equal at
-every other; the tests check it on whole µGraphs at several shapes.
+that skeleton is parsed directly. Under :func:`deferred_templates` (a new length of a program seen before) the
+template is parsed when the skeleton is met a second time, and checked then against the first text's parse. The
+parser types a literal by its context (an ``int64`` or float operand, a literal over 2³¹), never by its value
+below 2³¹, so a skeleton that is equal at one set of values is equal at every other; the tests check it on whole
+µGraphs at several shapes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import io
 import re
 import threading
 import tokenize
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 #: The placeholder of the kernel's name in a skeleton.
@@ -30,9 +36,35 @@ _NAME = "kernel_skeleton_"
 MAX_TEMPLATES = 4096
 _INT32_MAX = 2**31 - 1
 
-# skeleton -> (template PrimFunc with len(values) leading int32 parameters, or None: parse directly)
+# skeleton -> template PrimFunc with len(values) leading int32 parameters; None: parse directly; or a _Pending
 _TEMPLATES: OrderedDict[str, Any] = OrderedDict()
 _LOCK = threading.Lock()  # dispatchers of several threads share the templates; parsing runs outside it
+_DEFERRED: contextvars.ContextVar[bool] = contextvars.ContextVar("deferred_templates", default=False)
+_UNKNOWN = object()  # a skeleton not met yet
+
+
+class _Pending:
+    """A skeleton first met under :func:`deferred_templates`: its first text's PrimFunc and literals, which
+    check the template when the skeleton is met again."""
+
+    __slots__ = ("direct", "name", "values")
+
+    def __init__(self, direct: Any, values: list[int], name: str) -> None:
+        self.direct, self.values, self.name = direct, values, name
+
+
+@contextlib.contextmanager
+def deferred_templates() -> Iterator[None]:
+    """Within it, the template of a skeleton met for the first time is parsed when the skeleton is met again,
+    not now (its first text is parsed directly and kept to check the template then): one parse instead of
+    two for a skeleton met once. For a new length of a known program, whose new skeletons (a bounds guard, a
+    fused row kernel's new shape of its loops) may never recur; a program's first shape makes its templates
+    at once, since its next length needs them."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
 
 
 def skeleton(text: str, name: str) -> tuple[str, list[int]]:
@@ -42,6 +74,14 @@ def skeleton(text: str, name: str) -> tuple[str, list[int]]:
     value of a string key (an annotation: ``{"buffer_data_alignment": 64}``) stays: the parser keeps annotation
     values as they are written, so a parameter there would never be bound.
     """
+    body, values = _skeleton(text, name)
+    return body, list(values)
+
+
+# A kernel's text is split twice at a new length (its parse, then the compiled variants' look-up): tokenizing it
+# takes milliseconds for a long one.
+@functools.lru_cache(maxsize=512)
+def _skeleton(text: str, name: str) -> tuple[str, tuple[int, ...]]:
     body = re.sub(rf"\b{re.escape(name)}\b", _NAME, text)
     lines = body.splitlines(keepends=True)
     values: list[int] = []
@@ -63,7 +103,7 @@ def skeleton(text: str, name: str) -> tuple[str, list[int]]:
     if values:
         params = ", ".join(f"c{i}_: T.int32" for i in range(len(values)))
         body = body.replace(f"def {_NAME}(", f"def {_NAME}({params}, ", 1)
-    return body, values
+    return body, tuple(values)
 
 
 def parse_text(text: str, name: str) -> Any:
@@ -78,20 +118,21 @@ def parse_text(text: str, name: str) -> Any:
     except (tokenize.TokenError, IndentationError):
         return tvm.script.from_source(text)
     with _LOCK:
-        known = body in _TEMPLATES
-        template = _TEMPLATES.get(body)
-        if known:
+        entry = _TEMPLATES.get(body, _UNKNOWN)
+        if entry is not _UNKNOWN:
             _TEMPLATES.move_to_end(body)
-    if template is not None:
-        return _bind(template, values, name)
-    direct = tvm.script.from_source(text)
-    if not known:  # the first text of a skeleton: parsed directly, and it checks the template
-        checked = _template(body, values, name, direct)
-        with _LOCK:
-            _TEMPLATES[body] = checked
-            if len(_TEMPLATES) > MAX_TEMPLATES:
-                _TEMPLATES.popitem(last=False)
-    return direct
+    if isinstance(entry, _Pending):  # met before under deferred_templates: the template, checked now
+        entry = _store(body, _template(body, entry.values, entry.name, entry.direct))
+    if entry is _UNKNOWN:  # the first text of a skeleton: parsed directly, and it checks the template
+        direct = tvm.script.from_source(text)
+        if _DEFERRED.get():
+            _store(body, _Pending(direct, values, name), first=True)
+        else:
+            _store(body, _template(body, values, name, direct), first=True)
+        return direct
+    if entry is None:
+        return tvm.script.from_source(text)
+    return _bind(entry, values, name)
 
 
 def template_of(body: str, values: list[int], name: str, direct: Any) -> Any:
@@ -102,15 +143,25 @@ def template_of(body: str, values: list[int], name: str, direct: Any) -> Any:
     (never parsed from text) through their skeletons.
     """
     with _LOCK:
-        if body in _TEMPLATES:
+        entry = _TEMPLATES.get(body, _UNKNOWN)
+        if entry is not _UNKNOWN:
             _TEMPLATES.move_to_end(body)
-            return _TEMPLATES[body]
-    checked = _template(body, values, name, direct)
+    if entry is _UNKNOWN or isinstance(entry, _Pending):
+        entry = _store(body, _template(body, values, name, direct))
+    return entry
+
+
+def _store(body: str, entry: Any, first: bool = False) -> Any:
+    """Record ``entry`` for skeleton ``body`` (with ``first``, only where no other thread recorded one meanwhile);
+    returns what is recorded."""
     with _LOCK:
-        _TEMPLATES[body] = checked
+        if first and body in _TEMPLATES:
+            return _TEMPLATES[body]
+        _TEMPLATES[body] = entry
+        _TEMPLATES.move_to_end(body)
         if len(_TEMPLATES) > MAX_TEMPLATES:
             _TEMPLATES.popitem(last=False)
-    return checked
+    return entry
 
 
 def _template(body: str, values: list[int], name: str, direct: Any) -> Any:
@@ -131,4 +182,4 @@ def _bind(template: Any, values: list[int], name: str) -> Any:
     return bound.with_attr("global_symbol", name)
 
 
-__all__ = ["MAX_TEMPLATES", "parse_text", "skeleton", "template_of"]
+__all__ = ["MAX_TEMPLATES", "deferred_templates", "parse_text", "skeleton", "template_of"]

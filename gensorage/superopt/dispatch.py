@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.script_templates import deferred_templates
 from gensorage.codegen.ugraph_tir import Target
 from gensorage.construction import warm_starts
 from gensorage.errors import GensorageError, ScheduleError, UnsupportedOpError
@@ -220,8 +221,9 @@ class Dispatcher:
             compiled, runner, builds = _build_kernels(
                 graph, self.hw, self.seed, timings, target, symbolic, notes
             )
-        else:  # constructions start from the nearest shape built before (gensorage.construction.warm_starts)
-            with warm_starts():
+        else:  # constructions start from the nearest shape built before (gensorage.construction.warm_starts);
+            # a new skeleton's template waits until the skeleton recurs (script_templates.deferred_templates)
+            with warm_starts(), deferred_templates():
                 compiled, runner, builds = _build_kernels(
                     graph, self.hw, self.seed, timings, target, symbolic, notes
                 )

@@ -16,7 +16,8 @@ shape of a program seen at another shape (a new sequence length) reuses the µGr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,10 @@ from gensorage.torch.report import Report
 #: Largest error of the kernels against torch on the first inputs, relative to the largest reference value; a
 #: subgraph mixing dtypes (its Program computes in float32) takes its narrowest tensors' tolerance.
 TOLERANCE: dict[str, float] = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 2e-2}
+
+#: Inputs (elements over all arguments) up to which torch's work in the check of a subgraph on the CPU (its
+#: reference run, the comparison) takes one intra-op thread (:func:`check_threads`).
+SMALL_REFERENCE_ELEMENTS = 1 << 18
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +138,8 @@ class GensorageSubgraph(torch.nn.Module):
         """Build and check the kernels on ``args``; their outputs when they pass (the kernels are kept), else
         torch's (the subgraph stays in torch)."""
         # torch's answer first: an error here is the model's own, raised as eager torch raises it
-        want = tuple(self.sub(*args))
+        with check_threads(args):
+            want = tuple(self.sub(*args))
         try:
             lowered = lower(self.sub, self.name)
             if len({a.device for a in args}) > 1:
@@ -142,8 +148,9 @@ class GensorageSubgraph(torch.nn.Module):
                 )
             res = compiled(lowered.program, self.options, args[0].device)
             extras = [spec.make(args[0].dtype, args[0].device) for spec in lowered.extras]
-            got = run_kernels(lowered, res, [*args, *extras])
-            err = mismatch(got, want)
+            with check_threads(args):
+                got = run_kernels(lowered, res, [*args, *extras])
+                err = mismatch(got, want)
             dtype = lowered.program.inputs[0].dtype
             tolerance = max(
                 (TOLERANCE[DTYPES[t.dtype]] for t in (*args, *want) if t.dtype in DTYPES),
@@ -168,6 +175,26 @@ class GensorageSubgraph(torch.nn.Module):
             f"{dtype}; µGraph: {res.equivalence.method}; kernels within {err:.1e} of torch",
         )
         return got
+
+
+@contextmanager
+def check_threads(args: tuple[torch.Tensor, ...]) -> Iterator[None]:
+    """One intra-op thread for torch's work in the check of a small subgraph on the CPU (its reference run, the
+    comparison with the kernels' outputs; ``torch.set_num_threads``, restored after). Its ops are then
+    microseconds each, and with several threads every op is a fork and join of OpenMP's team, which waits for
+    any thread another process holds off its core: on the 2-core dev machine with the cores busy, the small
+    decoder layer's 75 ops took ~117 ms with 2 threads and 0.35 ms with one. The setting is the process's: torch
+    work of other threads meanwhile also runs on one thread (the same results, only slower)."""
+    threads = torch.get_num_threads()
+    small = sum(a.numel() for a in args if isinstance(a, torch.Tensor)) <= SMALL_REFERENCE_ELEMENTS
+    if threads == 1 or not small or any(a.device.type != "cpu" for a in args if isinstance(a, torch.Tensor)):
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 _DISPATCHERS: dict[tuple[Options, tuple[int, int] | None], Dispatcher] = {}
@@ -279,5 +306,6 @@ __all__ = [
     "lower",
     "mismatch",
     "casts",
+    "check_threads",
     "run_kernels",
 ]
