@@ -136,3 +136,41 @@ def test_cross_attention_with_a_padding_mask(dtype: torch.dtype) -> None:
     report = compiled.explain()
     _all_in_gensorage(report)
     assert len(gensorage_subgraphs(report)) == 1, report
+
+
+class SlidingWindowAttention(nn.Module):
+    """Mistral's sliding-window causal mask, built in the graph from ``tril`` of a boolean ``ones``, ``&``, ``~``
+    and ``where``: key j is seen by query i when ``i - window < j <= i``."""
+
+    def __init__(self, hidden: int = 40, heads: int = 4, window: int = 3) -> None:
+        super().__init__()
+        self.heads, self.window = heads, window
+        self.qkv, self.o = nn.Linear(hidden, 3 * hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        ones = torch.ones(t, t, dtype=torch.bool, device=x.device)
+        seen = torch.tril(ones) & ~torch.tril(ones, diagonal=-self.window)
+        mask = torch.where(seen, 0.0, float("-inf")).to(x.dtype)
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // self.heads) + mask, dim=-1) @ v
+        return x + self.o(a.transpose(1, 2).reshape(b, t, d))
+
+
+def test_a_sliding_window_mask_is_built_in_torch_and_applied_in_gensorage() -> None:
+    """The boolean mask's construction has no IR ops (booleans, a select), so it stays in torch with a reason per
+    op; the float mask it yields enters the one gensorage subgraph as an input, and the answer is eager's."""
+    torch.manual_seed(24)
+    model = SlidingWindowAttention().eval()
+    x = torch.randn(2, 7, 40, generator=torch.Generator().manual_seed(25))
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x), 1e-3)
+    report = compiled.explain()
+    for reason in (
+        "aten.tril.default: no gensorage lowering",
+        "aten.bitwise_and.Tensor: no gensorage lowering",
+        "aten.where.self: a select by a boolean mask",
+    ):
+        assert reason in report, report
+    assert len(gensorage_subgraphs(report)) == 1 and "stays in torch" not in report, report
