@@ -230,3 +230,27 @@ def test_values_flowing_only_into_exp_are_float32() -> None:
     p.output(p.matmul(p.exp(s), s))  # S feeds the exp and a matmul
     info = infer(gs := from_program(p))
     assert info.nodes[len(gs.inputs)][0].dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_a_reshaped_mask_input_keeps_its_dtype_into_exp(dtype: str) -> None:
+    """A padding mask ``keep[:, None, :]`` (a kernel-level reshape of a 16-bit input) added to the scores flows
+    only into exp, but a reshape is a view of its input: it keeps the input's dtype. It was stored as float32,
+    so the kernels read the 16-bit mask's bytes as float32 and batch 1's padded keys got weights up to 0.45."""
+    p = Program("padding_mask")
+    keep = p.input("Keep", (2, 5), dtype)
+    q, k = p.input("Q", (2, 4, 8), dtype), p.input("K", (2, 8, 5), dtype)
+    scores = p.add(p.scale(p.matmul(q, k), 8**-0.5), p.reshape(keep, (2, 1, 5)))
+    p.output(p.softmax(scores, dim=2))
+    g = from_program(p)
+    info = infer(g)
+    (view,) = (k for k, op in enumerate(g.ops) if getattr(op, "op", None) is Op.RESHAPE)
+    assert info.nodes[len(g.inputs) + view][0].dtype == dtype
+    rng = np.random.default_rng(0)
+    mask = np.zeros((2, 5))
+    mask[1, 3:] = -1e4
+    xs = [mask, rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 8, 5))]
+    (got,) = run_cpu(g, HW, *xs)
+    (want,) = p.run(*xs)
+    assert np.abs(got[1, :, 3:]).max() < 1e-3  # the padded keys get no weight
+    assert _rel_err(got, want) < 2e-2

@@ -242,7 +242,7 @@ def test_slices_lower_and_a_strided_one_stays_in_torch() -> None:
     with torch.no_grad():
         assert_close(compiled(x), f(x), 1e-3)
     report = compiled.explain()
-    assert "slice needs int bounds and step 1, got 0:9223372036854775807:2" in report, report
+    assert "slice needs int bounds and step 1, got 0::2" in report, report
     assert gensorage_subgraphs(report), report
 
 

@@ -4,7 +4,8 @@ Dtypes follow the graph's precision policy (:mod:`gensorage.precision`): ``dtype
 in, ``program_dtype`` what the program's own types give it; a kernel-graph output is stored in its program dtype,
 and so is a value a reshape passes to an output (:func:`stored_as_outputs`: a reshape is a view, it cannot cast).
 Under ``"float32"`` a value that flows only into ``exp`` (:mod:`gensorage.ugraph.exp_operands`: a softmax's
-scores, ``S − max S``, the maxima) is stored in float32 too.
+scores, ``S − max S``, the maxima) is stored in float32 too, unless it is a kernel-level reshape (a view, which
+keeps its input's dtype).
 
 Kernel tensors have full shapes; a block-level tensor's shape is the per-block, per-iteration tile (an
 accumulator's is the accumulated tile). Every violation is a :class:`UGraphError` whose message names the kernel
@@ -401,7 +402,9 @@ def infer(g: KernelGraph) -> GraphInfo:
         if isinstance(node, KernelOp):
             ins = [resolve(r, infos, where) for r in node.inputs]
             unit = ranges.of(Ref(len(infos)), node.op, node.inputs, node.attrs)
-            lead = Ref(len(infos)) in into.kernel
+            # a kernel-level reshape is a view of its input (the runner aliases it), so it cannot cast: it keeps
+            # its input's dtype even as an exp operand (a bfloat16 input's mask read as float32 was garbage)
+            lead = Ref(len(infos)) in into.kernel and node.op is not Op.RESHAPE
             out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead)
             if Ref(len(infos)) in graph_outputs:  # a program output keeps the program's dtype
                 out = out.stored_as(out.program_dtype)
