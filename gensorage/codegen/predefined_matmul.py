@@ -433,8 +433,19 @@ def _scheduled(
     projections, every layer of a model), so TVM's schedule primitives run once for them (they are most of a
     matmul's lowering time)."""
     from gensorage.codegen.lower_schedule import lower
+    from gensorage.codegen.matmul_rows import specialised
 
     a_dtype, b_dtype, out_dtype = dtypes
+    if target == "llvm" and m is None:  # the rows (a new length's tokens) bound into a symbolic schedule
+        func = specialised(
+            ms,
+            dtypes,
+            schedule,
+            epi,
+            lambda s, e: _matmul_build(s, a_dtype, out_dtype, m, b_dtype=b_dtype, epi=e),
+        )
+        if func is not None:
+            return func
     build = _matmul_build(ms, a_dtype, out_dtype, m, b_dtype=b_dtype, epi=epi)
     wl = dataclasses.replace(matmul_workload(*ms.dims, a_dtype), build=build)
     return lower(wl, schedule, target, hw=hw)["main"]
