@@ -29,6 +29,10 @@ def test_new_lengths_specialise_the_projections_to_the_scheduled_text(
     block-lowered texts compared (a difference raises, and the layer would stay in torch); each length runs in
     gensorage, within 1e-4 of the layer in float64 (the answer of a second call: the first is torch's while the
     kernels are checked)."""
+    from gensorage.codegen.predefined_matmul import _scheduled
+
+    _scheduled.cache_clear()  # lengths another test scheduled would not come here
+    monkeypatch.setattr(matmul_rows, "ENABLED", True)
     monkeypatch.setattr(matmul_rows, "CHECK", True)
     monkeypatch.setattr(matmul_rows, "_SYMBOLIC", {})
     monkeypatch.setattr(subgraph, "_DISPATCHERS", {})

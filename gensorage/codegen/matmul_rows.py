@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from gensorage.codegen.predefined_matmul import _MatmulShape
     from gensorage.markov.schedule import Schedule
 
+#: Off by default: a key's first symbolic schedule costs 3-4 times the schedule at one row count (TVM's analyses
+#: over a variable extent), so it pays only from the key's second length on; on the small layer's lengths
+#: 8-200 that was a loss (CHANGELOG, tenth session). On: every 2-D float llvm matmul goes through here.
+ENABLED = False
+
 #: Set by tests: every specialised matmul is also scheduled at its row count and the two block-lowered texts
 #: compared (a difference raises :class:`~gensorage.errors.ScheduleError`).
 CHECK = False

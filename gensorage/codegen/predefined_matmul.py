@@ -432,12 +432,13 @@ def _scheduled(
     same for every op of that shape, layout and schedule (a layer's gate and up projections, its k and v
     projections, every layer of a model), so TVM's schedule primitives run once for them (they are most of a
     matmul's lowering time)."""
+    from gensorage.codegen import matmul_rows
     from gensorage.codegen.lower_schedule import lower
-    from gensorage.codegen.matmul_rows import specialised
 
     a_dtype, b_dtype, out_dtype = dtypes
-    if target == "llvm" and m is None:  # the rows (a new length's tokens) bound into a symbolic schedule
-        func = specialised(
+    # the rows (a new length's tokens) bound into a symbolic schedule (matmul_rows; off by default)
+    if target == "llvm" and m is None and matmul_rows.ENABLED:
+        func = matmul_rows.specialised(
             ms,
             dtypes,
             schedule,
