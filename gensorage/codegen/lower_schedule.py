@@ -308,7 +308,7 @@ def _is_upstream(sch: Any, block: Any, main_name: str) -> bool:
 
 def _loop_axes(sch: Any, main: Any, tilings: Sequence[AxisTiling]) -> list[AxisTiling]:
     """The tiling of each loop of the main block, outermost first (matching by iteration variable name)."""
-    from tvm import s_tir
+    from tvm import s_tir, tirx
 
     loops = sch.get_loops(main)
     realize = _realize(sch, main)
@@ -331,10 +331,11 @@ def _loop_axes(sch: Any, main: Any, tilings: Sequence[AxisTiling]) -> list[AxisT
         if tiling is None or tiling.kind != kind:
             # Names differ (e.g. a user PrimFunc): fall back to the next axis of the same kind, in order.
             tiling = next((t for t in remaining[kind] if t.kind == kind), None)
-        if tiling is None or tiling.extent != int(iv.dom.extent):
-            raise ScheduleError(
-                f"iterator {iv.var.name} (extent {int(iv.dom.extent)}) matches no workload axis"
-            )
+        ext = (
+            iv.dom.extent
+        )  # a variable where the caller built the workload symbolic in it (predefined_matmul)
+        if tiling is None or tiling.extent != (int(ext) if isinstance(ext, tirx.IntImm) else tiling.extent):
+            raise ScheduleError(f"iterator {iv.var.name} (extent {ext}) matches no workload axis")
         for lst in remaining.values():
             if tiling in lst:
                 lst.remove(tiling)

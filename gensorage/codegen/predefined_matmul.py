@@ -432,9 +432,21 @@ def _scheduled(
     same for every op of that shape, layout and schedule (a layer's gate and up projections, its k and v
     projections, every layer of a model), so TVM's schedule primitives run once for them (they are most of a
     matmul's lowering time)."""
+    from gensorage.codegen import matmul_rows
     from gensorage.codegen.lower_schedule import lower
 
     a_dtype, b_dtype, out_dtype = dtypes
+    # the rows (a new length's tokens) bound into a symbolic schedule (matmul_rows; off by default)
+    if target == "llvm" and m is None and matmul_rows.ENABLED:
+        func = matmul_rows.specialised(
+            ms,
+            dtypes,
+            schedule,
+            epi,
+            lambda s, e: _matmul_build(s, a_dtype, out_dtype, m, b_dtype=b_dtype, epi=e),
+        )
+        if func is not None:
+            return func
     build = _matmul_build(ms, a_dtype, out_dtype, m, b_dtype=b_dtype, epi=epi)
     wl = dataclasses.replace(matmul_workload(*ms.dims, a_dtype), build=build)
     return lower(wl, schedule, target, hw=hw)["main"]
