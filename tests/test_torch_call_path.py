@@ -230,10 +230,11 @@ def test_an_input_tvm_refuses_is_prepared_only_where_it_must_be(tmp_path: Path) 
         return aligned(a)
 
     base = torch.randn(8, 9)
-    for x in (base[:4, :8], torch.randn(8, 4).t(), torch.randn(33)[1:].view(4, 8)):  # strided, misaligned
+    strided = (base[:4, :8], torch.randn(8, 4).t(), torch.randn(8, 4, requires_grad=True).t())
+    for x in (*strided, torch.randn(33)[1:].view(4, 8)):  # and a misaligned one
         with pytest.raises(ProgramError, match="cannot take these arrays through DLPack"):
             runner([x], _empty)
-        assert_close(runner([x], _empty, prepare)[0], torch.softmax(x, dim=-1), 1e-5)
+        assert_close(runner([x], _empty, prepare)[0], torch.softmax(x.detach(), dim=-1), 1e-5)
         assert prepared[-1] is x
     x = torch.randn(4, 8)
     prepared.clear()

@@ -208,13 +208,13 @@ class KernelRunner:
                     continue
                 try:
                     ins.append(from_dlpack(a))
-                except RuntimeError:  # strided or misaligned: the caller's copy, else the error below
-                    if prepare is None:
+                except (RuntimeError, BufferError):  # strided or misaligned (torch's BufferError: such a
+                    if prepare is None:  # tensor that requires grad): the caller's copy, else the error below
                         raise
                     ins.append(from_dlpack(prepare(a)))
             outs = [alloc(shape, dtype) for shape, dtype in self.output_specs]
             tensors = (ins, [from_dlpack(o) for o in outs])
-        except RuntimeError as exc:  # TVM's check of the alignment, the device or the layout
+        except (RuntimeError, BufferError) as exc:  # TVM's check of the alignment, the device or the layout
             raise ProgramError(f"the kernels cannot take these arrays through DLPack: {exc}") from None
         slots = [*self._fixed, *tensors[0], *tensors[1]]
         slots.extend(
