@@ -190,12 +190,12 @@ def run_on_device(
     µGraph has one, with the inputs at ``kept``'s positions imported once (:class:`KeptInputs`); everything else
     runs the device's build of the kernels.
     """
-    device = args[0].device
-    target = build_for(device)
-    if target == "llvm" and res.runner is not None:
+    if res.runner is not None and args[0].is_cpu:  # the llvm build's (is_cpu: no device object made)
         # each argument imported as it is, copied (aligned) only where TVM refuses it: most are contiguous and
         # aligned, and checking that first in Python costs ~0.35 µs an argument
         return res.runner(args if kept is None else kept.arguments(args), _empty, aligned)
+    device = args[0].device
+    target = build_for(device)
     runner = cuda_runner(res.compiled, device) if target == "cuda" else None
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext(), _stream(device):
         if runner is not None:
