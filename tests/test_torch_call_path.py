@@ -211,6 +211,74 @@ def test_the_runner_checks_torch_tensors_at_every_call(tmp_path: Path) -> None:
     assert_close(runner([x], _empty)[0], want, 1e-5)
 
 
+def test_an_input_tvm_refuses_is_prepared_only_where_it_must_be(tmp_path: Path) -> None:
+    """The runner imports each array as it is; a strided or misaligned one is a one-line error, or with
+    ``prepare`` (the torch call path's :func:`~gensorage.torch.device.aligned`) it is copied, and only it: an
+    aligned contiguous array reaches the kernels by pointer. Outputs are fresh tensors at every call."""
+    from test_dispatch import softmax
+
+    from gensorage.superopt.dispatch import Dispatcher
+    from gensorage.torch.device import _empty, aligned, run_on_device
+
+    e = Dispatcher(store=tmp_path / "s.sqlite").kernels(softmax(4, 8))
+    runner = e.runner
+    assert isinstance(runner, KernelRunner)
+    prepared: list[torch.Tensor] = []
+
+    def prepare(a: torch.Tensor) -> torch.Tensor:
+        prepared.append(a)
+        return aligned(a)
+
+    base = torch.randn(8, 9)
+    strided = (base[:4, :8], torch.randn(8, 4).t(), torch.randn(8, 4, requires_grad=True).t())
+    for x in (*strided, torch.randn(33)[1:].view(4, 8)):  # and a misaligned one
+        with pytest.raises(ProgramError, match="cannot take these arrays through DLPack"):
+            runner([x], _empty)
+        assert_close(runner([x], _empty, prepare)[0], torch.softmax(x.detach(), dim=-1), 1e-5)
+        assert prepared[-1] is x
+    x = torch.randn(4, 8)
+    prepared.clear()
+    first = runner([x], _empty, prepare)[0]
+    second = run_on_device(e, [x])[0]
+    assert not prepared and first.data_ptr() != second.data_ptr()
+    assert_close(first, torch.softmax(x, dim=-1), 1e-5)
+    assert_close(second, torch.softmax(x, dim=-1), 1e-5)
+
+
+def test_outputs_keep_torchs_layout_at_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output in a layout of torch's (an elementwise op on a transpose keeps its strides) has that layout at
+    every later call, not only the checked one: ``run_kernels`` learns at the first run that its outputs need the
+    copy; a graph whose outputs are the kernels' own tensors returns them, fresh at every call."""
+    lowered: list[subgraph.Lowered] = []
+    real = subgraph.run_kernels
+
+    def spy(low: subgraph.Lowered, *rest: Any) -> Any:
+        lowered.append(low)
+        return real(low, *rest)
+
+    monkeypatch.setattr(subgraph, "run_kernels", spy)
+
+    def transposed(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.softmax(x * 2.0, dim=-1)
+        return y.t() + 1.0, y * 3.0
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * 2.0, dim=-1) * 3.0
+
+    for f, want_plain in ((transposed, False), (plain, True)):
+        compiled, kept = gtorch.compile(f), []
+        for seed in range(4):
+            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+            got, want = compiled(x), f(x)
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            for g, w in zip(got, want, strict=True):
+                assert g.stride() == w.stride()
+                assert_close(g, w, 1e-5)
+                kept.append(g)  # alive: a pointer seen twice is memory shared by two results
+        assert _ran_in_gensorage(compiled), compiled.explain()
+        assert lowered[-1].plain is want_plain and len({g.data_ptr() for g in kept}) == len(kept)
+
+
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_aotautograds_runtime_wrapper_is_skipped_only_where_it_would_do_nothing(
     entry: str, monkeypatch: pytest.MonkeyPatch

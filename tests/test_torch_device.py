@@ -44,9 +44,9 @@ def test_kept_weights_follow_in_place_updates_and_new_data(monkeypatch: pytest.M
     passed: list[bool] = []
     real = KernelRunner.__call__
 
-    def spy(self: KernelRunner, arrays: list[Any], alloc: Any) -> list[Any]:
+    def spy(self: KernelRunner, arrays: list[Any], alloc: Any, *rest: Any) -> list[Any]:
         passed.append(any(isinstance(a, tvm.runtime.Tensor) for a in arrays))
-        return real(self, arrays, alloc)
+        return real(self, arrays, alloc, *rest)
 
     monkeypatch.setattr(KernelRunner, "__call__", spy)
     torch.manual_seed(3)
@@ -78,8 +78,8 @@ def test_cpu_tensors_pass_by_pointer(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[list[int], list[int]]] = []
     real = KernelRunner.__call__
 
-    def spy(self: KernelRunner, arrays: list[Any], alloc: Any) -> list[Any]:
-        outs = real(self, arrays, alloc)
+    def spy(self: KernelRunner, arrays: list[Any], alloc: Any, *rest: Any) -> list[Any]:
+        outs = real(self, arrays, alloc, *rest)
         seen.append(([t.data_ptr() for t in arrays], [t.data_ptr() for t in outs]))
         return outs
 

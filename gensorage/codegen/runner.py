@@ -9,9 +9,10 @@ DLPack (no copy) and launches the kernels in order.
 
 Intermediates are shared between calls, so calls of one runner are serialised by a lock. Inputs must be
 contiguous DLPack-capable arrays (torch tensors, numpy arrays) of the µGraph's input shapes and dtypes whose
-data is aligned to :data:`ALIGNMENT` bytes (TVM's requirement; torch's allocations are, a view at an offset
-may not be); outputs come from the caller's allocator (aligned alike), so they are the caller's kind of array
-and never alias each other.
+data is aligned to :data:`ALIGNMENT` bytes (TVM's requirement, which its import checks; torch's allocations are
+aligned, a view at an offset may not be), or the caller passes ``prepare`` to copy those that are not; outputs
+come from the caller's allocator (aligned alike), so they are the caller's kind of array and never alias each
+other.
 
 The same holds on a GPU (``target="cuda"``): the intermediates live on that GPU for the runner's lifetime, the
 caller allocates the outputs there (torch's allocator, say), and the launches go to TVM's current stream, so
@@ -37,6 +38,9 @@ from gensorage.ugraph.ir import KernelOp, Ref
 
 #: ``alloc(shape, dtype)``: a fresh contiguous DLPack-capable array (dtype named as in the µGraph).
 Alloc = Callable[[tuple[int, ...], str], Any]
+
+#: ``prepare(array)``: the array as the kernels can import it (contiguous, aligned); see ``KernelRunner.__call__``.
+Prepare = Callable[[Any], Any]
 
 #: Byte alignment TVM requires of the data of a tensor it takes through DLPack.
 ALIGNMENT = 64
@@ -166,12 +170,16 @@ class KernelRunner:
             raise ProgramError(f"input {i} is {dtype}, the kernels take {self.input_dtypes[i]}")
         self._dtypes_seen[i] = dtype
 
-    def __call__(self, arrays: Sequence[Any], alloc: Alloc) -> list[Any]:
+    def __call__(self, arrays: Sequence[Any], alloc: Alloc, prepare: Prepare | None = None) -> list[Any]:
         """Run the kernels on ``arrays``; returns the outputs, allocated by ``alloc``.
 
         An array may also be a TVM tensor the caller imported once (``tvm.runtime.from_dlpack``) and passes at
         every call (a model's weight, say): it is checked the first time it is seen at its position and then
         taken as it is, which saves its import at every call.
+
+        ``prepare``: what to do with an array whose import TVM refuses (strided, or its data not aligned): its
+        result (a contiguous aligned copy, say) is imported instead. Without it such an array is a one-line
+        error. Arrays are imported as they are first, so a caller pays for ``prepare`` only where it is needed.
         """
         import tvm
 
@@ -197,11 +205,16 @@ class KernelRunner:
                 if type(a) is tensor_type:
                     seen[i] = a
                     ins.append(a)
-                else:
+                    continue
+                try:
                     ins.append(from_dlpack(a))
+                except (RuntimeError, BufferError):  # strided or misaligned (torch's BufferError: such a
+                    if prepare is None:  # tensor that requires grad): the caller's copy, else the error below
+                        raise
+                    ins.append(from_dlpack(prepare(a)))
             outs = [alloc(shape, dtype) for shape, dtype in self.output_specs]
             tensors = (ins, [from_dlpack(o) for o in outs])
-        except RuntimeError as exc:  # TVM's check of the alignment, the device or the layout
+        except (RuntimeError, BufferError) as exc:  # TVM's check of the alignment, the device or the layout
             raise ProgramError(f"the kernels cannot take these arrays through DLPack: {exc}") from None
         slots = [*self._fixed, *tensors[0], *tensors[1]]
         slots.extend(
@@ -269,4 +282,4 @@ def _resolve(a: _Arg, tensors: tuple[list[Any], list[Any]]) -> Any:
     return t if a.view is None else t._create_view(a.view)
 
 
-__all__ = ["ALIGNMENT", "Alloc", "KernelRunner"]
+__all__ = ["ALIGNMENT", "Alloc", "KernelRunner", "Prepare"]
