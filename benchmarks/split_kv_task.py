@@ -1,16 +1,18 @@
 """The split-KV decode preset's FlashDecoding task, with and without a spec change, side by side.
 
 ``configs/presets/mha_incdec_split_kv.toml``'s search (the program at its search shapes, its ``[search]``
-limits) has one task whose subtree holds FlashDecoding: K's transpose, then a looped custom kernel reading Q, Kᵀ
-and V (path ``(4, 22)``, the 4th of 170 in ``fused_first`` order). This runs that task (``run_task``, one
-process, stopped by a wall-clock budget) for the preset as it is and for the preset with ``--set`` fields
-changed, alternating ``--rounds`` times so both see the same load, and records per run: complete, states,
-candidates, how many have stable FlashDecoding's structure (``tests/test_rediscovery.py``'s predicate), the best
-predicted times, wall time and the load average (``os.getloadavg``) at start and end.
+limits) has one subtree that holds FlashDecoding: K's transpose, then a looped custom kernel reading Q, Kᵀ
+and V (path ``(4, 22)``, the 4th task of 170 in ``fused_first`` order; with ``parallel_first``, which the
+preset sets, it is split into 40 tasks ordered by their grids). This runs that subtree's tasks (``run_task``,
+one process, in the spec's order, stopped by a wall-clock budget) for the preset as it is and for the preset
+with ``--set`` fields changed, alternating ``--rounds`` times so both see the same load, and records per run:
+complete, states, candidates, how many have stable FlashDecoding's structure (``tests/test_rediscovery.py``'s
+predicate) and when the first of them was found, the best predicted times, wall time and the load average
+(``os.getloadavg``) at start and end.
 
 Usage::
 
-    python -m benchmarks.split_kv_task --budget 300 --set loop_concats=true   # the preset vs. concatenations on
+    python -m benchmarks.split_kv_task --budget 300 --set parallel_first=false  # the preset vs. walk order
     python -m benchmarks.split_kv_task --whole --budget 1800                  # the whole preset search
 
 ``--whole`` runs the preset's whole search instead (with ``--set``'s changes, one worker) and records what it
@@ -33,7 +35,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from benchmarks.common import machine_info, progress, result_path, write_json  # noqa: E402
-from gensorage.exhaustive import SearchSpec, enumerate_tasks, run_search, run_task  # noqa: E402
+from gensorage.exhaustive import SearchSpec, Stats, enumerate_tasks, run_search, run_task  # noqa: E402
+from gensorage.exhaustive.walk.search_context import SearchContext  # noqa: E402
+from gensorage.exhaustive.walk.subtree_memo import Memo  # noqa: E402
 from gensorage.superopt import load_preset  # noqa: E402
 from gensorage.superopt.sources import resolve_program, search_program  # noqa: E402
 
@@ -49,24 +53,45 @@ def preset_spec(name: str, changes: dict[str, Any]) -> SearchSpec:
 
 
 def run_fd_task(spec: SearchSpec, budget_s: float) -> dict[str, Any]:
+    """The FlashDecoding task's subtree (``PATH``) under ``budget_s``: one task, or with ``parallel_first`` the
+    tasks it is split into, in the spec's order, one after another in this process (one subtree memo and
+    context, as ``search_serial``); when the first candidate of FlashDecoding's structure was found."""
     from test_rediscovery import _stable_split_kv_and_combine
 
-    tasks = enumerate_tasks(spec)
-    task = next(t for t in tasks if tuple(t.path) == PATH)
+    all_tasks = enumerate_tasks(spec)
+    tasks = [t for t in all_tasks if tuple(t.path[: len(PATH)]) == PATH]
+    memo, context = Memo(), SearchContext(spec)
     load0 = os.getloadavg()
     t0 = time.monotonic()
-    r = run_task(spec, task, should_stop=lambda: time.monotonic() - t0 > budget_s)
+    cands: list[Any] = []
+    stats = Stats()
+    done = 0
+    first_fd: float | None = None
+    for task in tasks:
+        r = run_task(
+            spec, task, should_stop=lambda: time.monotonic() - t0 > budget_s, memo=memo, context=context
+        )
+        cands.extend(r.candidates)
+        stats = stats + r.stats
+        if first_fd is None and any(_stable_split_kv_and_combine(c.ugraph) for c in r.candidates):
+            first_fd = time.monotonic() - t0  # at the end of the task that found it
+        if not r.complete:
+            break
+        done += 1
     wall = time.monotonic() - t0
-    fd = [c for c in r.candidates if _stable_split_kv_and_combine(c.ugraph)]
-    times = [c.predicted_time_s for c in r.candidates]
+    fd = [c for c in cands if _stable_split_kv_and_combine(c.ugraph)]
+    times = [c.predicted_time_s for c in cands]
     return {
-        "task": task.index,
-        "tasks": len(tasks),
-        "complete": r.complete,
-        "states": r.stats.states,
-        "verified": r.stats.verified,
-        "candidates": len(r.candidates),
+        "task": tasks[0].index,
+        "tasks": len(all_tasks),
+        "subtree_tasks": len(tasks),
+        "subtree_tasks_done": done,
+        "complete": done == len(tasks),
+        "states": stats.states,
+        "verified": stats.verified,
+        "candidates": len(cands),
         "flash_decoding_candidates": len(fd),
+        "first_flash_decoding_s": None if first_fd is None else round(first_fd, 1),
         "best_predicted_time_s": min(times, default=None),
         "best_flash_decoding_time_s": min((c.predicted_time_s for c in fd), default=None),
         "wall_s": round(wall, 1),

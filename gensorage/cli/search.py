@@ -153,6 +153,11 @@ def register(subparsers: Any) -> None:
         help="run first the tasks whose custom kernel reads every program input (order only)",
     )
     p.add_argument(
+        "--parallel-first",
+        action="store_true",
+        help="with --fused-first: split the looped fusing tasks, most thread blocks first (order only)",
+    )
+    p.add_argument(
         "--schedule",
         choices=SCHEDULES,
         default="markov",
@@ -215,6 +220,7 @@ def build_spec(args: argparse.Namespace) -> Any:
         replicated_writes=not args.no_replicated_writes,
         graph_defined_last=args.graph_defined_last,
         fused_first=args.fused_first,
+        parallel_first=args.parallel_first,
         **kwargs,
     )
 

@@ -26,7 +26,7 @@ SPEC_VERSION = 1
 OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "max_block_graphs", "dims"})
 OMITTED_WHEN_TRUE = frozenset({"replicated_writes", "loop_concats"})
 OMITTED_WHEN_FALSE = frozenset(
-    {"fused_first", "graph_defined_last", "sub_stabilises_only", "exp_stabilised_only"}
+    {"fused_first", "parallel_first", "graph_defined_last", "sub_stabilises_only", "exp_stabilised_only"}
 )
 OMITTED_WHEN_ONE = frozenset({"min_kernel_ops"})
 # Elements of one program tensor a search evaluates at most (verification runs candidates at the program's shapes;
@@ -98,6 +98,12 @@ class SearchSpec:
         first; the rest in walk order. Changes only which
         candidates a stopped search has found, not what a complete one finds. Off by default: on searches
         whose fusing subtrees are large and barren (attention presets) a short budget then finds less.
+    parallel_first : bool
+        With ``fused_first``: split each fusing task one level further (its block graph's first operator and
+        bindings) and run those siblings in the order of the thread blocks their grid has there, most first
+        (walk order among equals). An order, like ``fused_first``: a complete search finds the same candidates;
+        a stopped one reaches many-block kernels (FlashDecoding's split-KV kernel) before one-block-per-head
+        ones. See ``docs/search.md`` ("Tasks, stops and resumption").
     sub_stabilises_only : bool
         Admit a ``sub`` (block-level or pre-defined) only as a stable softmax's: its subtrahend is a maximum of
         its minuend's expression (a tile's or row's max, a running max, a saved maximum read back), and only an
@@ -139,6 +145,7 @@ class SearchSpec:
     dims: DimStrategy | None = None
     replicated_writes: bool = True
     fused_first: bool = False
+    parallel_first: bool = False
     sub_stabilises_only: bool = False
     exp_stabilised_only: bool = False
     loop_concats: bool = True
@@ -206,6 +213,12 @@ class SearchSpec:
             )
         if not isinstance(self.fused_first, bool):
             raise ConfigError(f"search spec: fused_first must be true or false, got {self.fused_first!r}")
+        if not isinstance(self.parallel_first, bool):
+            raise ConfigError(
+                f"search spec: parallel_first must be true or false, got {self.parallel_first!r}"
+            )
+        if self.parallel_first and not self.fused_first:
+            raise ConfigError("search spec: parallel_first orders the fusing tasks and needs fused_first")
         if not isinstance(self.sub_stabilises_only, bool):
             raise ConfigError(
                 f"search spec: sub_stabilises_only must be true or false, got {self.sub_stabilises_only!r}"

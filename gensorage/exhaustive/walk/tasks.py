@@ -12,6 +12,7 @@ checkpoint (the runner, :func:`gensorage.exhaustive.run.runner.run_search`, runs
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -65,48 +66,87 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
     if big:
         paths = []
         Walk(spec, context).collect(0, split, [], paths, big)
-    return _numbered(spec, context, paths)
+    if not spec.parallel_first:
+        return _numbered(spec, context, paths)
+    # The fusing tasks' children become tasks of their own, so that _numbered can order them by their grids.
+    subtrees = [p for p, sub in paths if sub]
+    classes, _ = _fusing_classes(spec, context, subtrees)
+    fusing = frozenset(p for p, c in zip(subtrees, classes, strict=True) if c == 0)
+    finer: list[tuple[tuple[int, ...], bool]] = []
+    Walk(spec, context).collect(0, split, [], finer, big | fusing)
+    # A node without children stays a task of its own (it still counts as a state).
+    parents = {p[:-1] for p, _ in finer}
+    fusing = frozenset(p for p in fusing if p in parents)
+    finer = []
+    Walk(spec, context).collect(0, split, [], finer, big | fusing)
+    return _numbered(spec, context, finer, fusing)
 
 
 def _numbered(
-    spec: SearchSpec, context: SearchContext, paths: list[tuple[tuple[int, ...], bool]]
+    spec: SearchSpec,
+    context: SearchContext,
+    paths: list[tuple[tuple[int, ...], bool]],
+    split: frozenset[tuple[int, ...]] = frozenset(),
 ) -> list[Task]:
     """The tasks in the order a runner starts them: walk order, or with ``spec.fused_first`` first those whose
     first graph-defined kernel reads every program input, directly or through the pre-defined operators before
     it (where one fused kernel for the whole program is found, FlashAttention's after ``K``'s transpose: a stop
     or a budget then keeps the most likely useful candidates), looped ones first, then the rest in walk order.
-    The order is a pure function of the spec, so every process numbers the tasks alike."""
-    classes = _fusing_classes(spec, context, [p for p, _ in paths]) if spec.fused_first else [0] * len(paths)
-    order = sorted(range(len(paths)), key=lambda i: (classes[i], i))
+    With ``spec.parallel_first``, the tasks split from one fusing task (``split``: those tasks' paths) stay
+    together where it stood and are ordered by the thread blocks of that kernel's grid at their node, most
+    first. The order is a pure function of the spec, so
+    every process numbers the tasks alike."""
+    if spec.fused_first:
+        classes, blocks = _fusing_classes(spec, context, [p for p, _ in paths])
+    else:
+        classes, blocks = [0] * len(paths), [1] * len(paths)
+    # Siblings split from one fusing task stay together, where the first of them stands in walk order.
+    group: dict[tuple[int, ...], int] = {}
+    for i, (p, _) in enumerate(paths):
+        group.setdefault(p[:-1] if p[:-1] in split else p, i)
+
+    def key(i: int) -> tuple[int, int, int, int]:
+        p = paths[i][0]
+        if p[:-1] in split:
+            return classes[i], group[p[:-1]], -blocks[i], i
+        return classes[i], group[p], 0, i
+
+    order = sorted(range(len(paths)), key=key)
     return [Task(n, paths[i][0], paths[i][1]) for n, i in enumerate(order)]
 
 
-def _fusing_classes(spec: SearchSpec, context: SearchContext, paths: list[tuple[int, ...]]) -> list[int]:
+def _fusing_classes(
+    spec: SearchSpec, context: SearchContext, paths: list[tuple[int, ...]]
+) -> tuple[list[int], list[int]]:
     """For each task path: 0 if the first graph-defined kernel on it (a finished operator or the block graph
     the path opens) reads every input the program reads and has a loop, 1 if it does without a loop, 2 if it
-    reads fewer or the path holds none. Which inputs a kernel tensor was computed from is the set of
+    reads fewer or the path holds none; and that kernel's thread blocks at the path's node (the product of the
+    grid sizes chosen so far; 1 without one). Which inputs a kernel tensor was computed from is the set of
     variables of its abstract expression."""
     w = Walk(spec, context)
     required = {spec.program.inputs[i].name for i in context.required_inputs}
     index = {p: i for i, p in enumerate(paths)}
     out = [2] * len(paths)
+    blocks = [1] * len(paths)
 
-    def klass() -> int:
+    def klass() -> tuple[int, int]:
         st = w.state
         first = next((op for op in st.ops if isinstance(op, GraphDefinedOp)), None)
         if first is not None:
             inputs = [st.ref.index(r) for r in first.inputs]
             looped = first.block.forloop > 1
+            grid: list[int | None] = list(first.block.grid)
         elif st.block is not None:
-            inputs, looped = list(st.block.inputs), st.block.looped
+            inputs, looped, grid = list(st.block.inputs), st.block.looped, list(st.block.grid)
         else:
-            return 2
+            return 2, 1
+        n = math.prod(g for g in grid if g is not None)
         read = {t.name for i in inputs for t in st.val[i].term.subterms() if t.op == "var"}
-        return (0 if looped else 1) if required <= read else 2
+        return ((0 if looped else 1) if required <= read else 2), n
 
     def down(prefix: tuple[int, ...]) -> None:
         if prefix in index:
-            out[index[prefix]] = klass()
+            out[index[prefix]], blocks[index[prefix]] = klass()
         if not any(p[: len(prefix)] == prefix and len(p) > len(prefix) for p in paths):
             return
         children = w.children()
@@ -117,7 +157,7 @@ def _fusing_classes(spec: SearchSpec, context: SearchContext, paths: list[tuple[
             children.close()
 
     down(())
-    return out
+    return out, blocks
 
 
 def run_task(

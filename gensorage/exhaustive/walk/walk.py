@@ -398,9 +398,9 @@ class Walk:
         out: list[tuple[tuple[int, ...], bool]],
         deeper: frozenset[tuple[int, ...]] = frozenset(),
     ) -> None:
-        """Append the task paths of the subtree: nodes at depth ``split`` (those in ``deeper``: their children
-        instead), complete µGraphs above them."""
-        if depth == split + (tuple(prefix[:split]) in deeper):
+        """Append the task paths of the subtree: nodes at depth ``split`` (those in ``deeper``, at any depth from
+        ``split`` on: their children instead), complete µGraphs above them."""
+        if depth >= split and tuple(prefix) not in deeper:
             out.append((tuple(prefix), True))
             return
         if self.state.block is None and complete_outputs(self):
