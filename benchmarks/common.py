@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +142,20 @@ def write_json(path: Path, data: Any) -> None:
 def progress(msg: str) -> None:
     """Progress line on stderr."""
     print(msg, file=sys.stderr, flush=True)
+
+
+def time_calls(owner: Any, attr: str, times: dict[str, float], key: str | Callable[..., str]) -> None:
+    """Wrap ``owner.attr`` so that each call's wall time adds up in ``times[key]`` (``key(*args, **kwargs)``
+    where it is a function of the call)."""
+    fn = getattr(owner, attr)
+    key_of = key if callable(key) else (lambda *args, **kwargs: key)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            at = key_of(*args, **kwargs)
+            times[at] = times.get(at, 0.0) + time.perf_counter() - t0
+
+    setattr(owner, attr, timed)

@@ -19,7 +19,6 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,24 +27,9 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")  # before TVM loads, as benchmarks
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_info, progress, result_path, write_json  # noqa: E402
+from benchmarks.common import machine_info, progress, result_path, time_calls, write_json  # noqa: E402
 
 NAME = "covered-kernels"
-
-
-def _per_name(owner: Any, attr: str, times: dict[str, float], name_of: Callable[..., str]) -> None:
-    """Wrap ``owner.attr`` so that each call's wall time adds up in ``times`` under its kernel's name."""
-    fn = getattr(owner, attr)
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            key = name_of(*args, **kwargs)
-            times[key] = times.get(key, 0.0) + time.perf_counter() - t0
-
-    setattr(owner, attr, timed)
 
 
 def run(lengths: list[int]) -> list[dict[str, Any]]:
@@ -61,10 +45,10 @@ def run(lengths: list[int]) -> list[dict[str, Any]]:
     emit: dict[str, float] = {}
     parse: dict[str, float] = {}
     lower: dict[str, float] = {}
-    _per_name(module, "emit_graph_defined", emit, lambda *a, **k: k["name"])
-    _per_name(module, "emit_predefined", emit, lambda *a, **k: k["name"])
-    _per_name(module, "_parse", parse, lambda text, name: name)
-    _per_name(module, "lower_ugraph", lower, lambda *a, **k: "total")
+    time_calls(module, "emit_graph_defined", emit, lambda *a, **k: k["name"])
+    time_calls(module, "emit_predefined", emit, lambda *a, **k: k["name"])
+    time_calls(module, "_parse", parse, lambda text, name: name)
+    time_calls(module, "lower_ugraph", lower, lambda *a, **k: "total")
     kernels: list[dict[str, Any]] = []
     executable = symbolic_kernels.SymbolicKernels.executable
 

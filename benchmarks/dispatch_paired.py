@@ -39,25 +39,11 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")  # before TVM loads, as benchmarks
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import git_commit, machine_info, progress, result_path, write_json  # noqa: E402
+from benchmarks.common import git_commit, machine_info, progress, result_path, time_calls, write_json  # noqa: E402
 
 NAME = "dispatch-paired"
 SIDES = ("tiered", "untiered")
 TREES = ("this", "other")
-
-
-def _timed(owner: Any, attr: str, steps: dict[str, float], label: str) -> None:
-    """Wrap ``owner.attr`` so that its calls' wall time adds up in ``steps[label]``."""
-    fn = getattr(owner, attr)
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            steps[label] = steps.get(label, 0.0) + time.perf_counter() - t0
-
-    setattr(owner, attr, timed)
 
 
 def worker(tiered: bool, calls: int, dynamo_dynamic: bool, decode: bool, tree: Path | None = None) -> None:
@@ -76,11 +62,11 @@ def worker(tiered: bool, calls: int, dynamo_dynamic: bool, decode: bool, tree: P
 
     assert Path(subgraph.__file__).resolve().is_relative_to(root.resolve()), subgraph.__file__
     steps: dict[str, float] = {}
-    _timed(subgraph.GensorageSubgraph, "_prepare", steps, "first_calls")
+    time_calls(subgraph.GensorageSubgraph, "_prepare", steps, "first_calls")
     for attr, label in (("lower", "program"), ("compiled", "dispatch")):
-        _timed(subgraph, attr, steps, label)
+        time_calls(subgraph, attr, steps, label)
     for attr in ("run_kernels", "mismatch"):
-        _timed(subgraph, attr, steps, "check")
+        time_calls(subgraph, attr, steps, "check")
 
     torch.manual_seed(10 if decode else 0)  # as benchmarks.dispatch
     layer = (DecodeStep() if decode else DecoderLayer()).eval()
