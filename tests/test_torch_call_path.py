@@ -67,6 +67,22 @@ class Viewing(torch.nn.Module):
         return F.silu(self.lin(x)), x.transpose(0, 1)
 
 
+def assert_gradients_match(model: Any, compiled: Any, rows: int, seed: int) -> None:
+    """The input's and the parameters' gradients through ``compiled`` equal eager ``model``'s, on a fresh
+    ``rows`` × 32 input."""
+    x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+    x_eager = x.detach().clone().requires_grad_(True)
+    model.zero_grad()
+    compiled(x).square().sum().backward()
+    got = [x.grad, *(p.grad for p in model.parameters())]
+    model.zero_grad()
+    model(x_eager).square().sum().backward()
+    want = [x_eager.grad, *(p.grad for p in model.parameters())]
+    for g, w in zip(got, want, strict=True):
+        assert g is not None and w is not None
+        assert_close(g, w, 1e-3)
+
+
 def _ran_in_gensorage(compiled: Any) -> bool:
     if isinstance(compiled, gtorch.Compiled):
         return any(": gensorage: " in ln for ln in compiled.explain().splitlines())
@@ -79,17 +95,7 @@ def test_gradients_reach_the_parameters_and_the_input(entry: str) -> None:
     model = Mlp()
     compiled = _compile(model, entry)
     for seed in (1, 2):  # the second call is a repeated shape
-        x = torch.randn(8, 32, generator=torch.Generator().manual_seed(seed), requires_grad=True)
-        x_eager = x.detach().clone().requires_grad_(True)
-        model.zero_grad()
-        compiled(x).square().sum().backward()
-        got = [x.grad, *(p.grad for p in model.parameters())]
-        model.zero_grad()
-        model(x_eager).square().sum().backward()
-        want = [x_eager.grad, *(p.grad for p in model.parameters())]
-        for g, w in zip(got, want, strict=True):
-            assert g is not None and w is not None
-            assert_close(g, w, 1e-3)
+        assert_gradients_match(model, compiled, 8, seed)
     assert _ran_in_gensorage(compiled)
 
 

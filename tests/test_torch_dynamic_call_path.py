@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
-from test_torch_call_path import CacheStep, Mlp  # noqa: E402
+from test_torch_call_path import CacheStep, Mlp, assert_gradients_match  # noqa: E402
 from test_torch_frontend import assert_close  # noqa: E402
 
 import gensorage  # noqa: E402, F401  (registers the backend)
@@ -165,14 +165,4 @@ def test_gradients_of_a_symbolic_graph_reach_the_parameters_and_the_input() -> N
     model = Mlp()
     compiled = torch.compile(model, backend="gensorage")
     for rows in (8, 9, 11, 9):
-        x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows), requires_grad=True)
-        x_eager = x.detach().clone().requires_grad_(True)
-        model.zero_grad()
-        compiled(x).square().sum().backward()
-        got = [x.grad, *(p.grad for p in model.parameters())]
-        model.zero_grad()
-        model(x_eager).square().sum().backward()
-        want = [x_eager.grad, *(p.grad for p in model.parameters())]
-        for g, w in zip(got, want, strict=True):
-            assert g is not None and w is not None
-            assert_close(g, w, 1e-3)
+        assert_gradients_match(model, compiled, rows, rows)

@@ -308,11 +308,11 @@ __all__ = [
     "GensorageSubgraph",
     "Lowered",
     "Options",
+    "casts",
+    "check_threads",
     "compiled",
     "dispatcher",
     "lower",
     "mismatch",
-    "casts",
-    "check_threads",
     "run_kernels",
 ]
