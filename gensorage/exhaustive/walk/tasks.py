@@ -94,8 +94,7 @@ def _numbered(
     or a budget then keeps the most likely useful candidates), looped ones first, then the rest in walk order.
     With ``spec.parallel_first``, the tasks split from one fusing task (``split``: those tasks' paths) stay
     together where it stood and are ordered by the thread blocks of that kernel's grid at their node, most
-    first. The order is a pure function of the spec, so
-    every process numbers the tasks alike."""
+    first. The order is a pure function of the spec, so every process numbers the tasks alike."""
     if spec.fused_first:
         classes, blocks = _fusing_classes(spec, context, [p for p, _ in paths])
     else:
