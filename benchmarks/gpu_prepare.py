@@ -455,7 +455,10 @@ def program_names() -> list[str]:
     """Every bundled program but the papers' forms of the attention programs (name them to bundle them)."""
     from gensorage.program import list_configs
 
-    return [p.stem for p in list_configs() if p.stem.removesuffix("_papers") not in ATTENTION_PROGRAMS]
+    stems = [p.stem for p in list_configs()]
+    return [
+        s for s in stems if not (s.endswith("_papers") and s.removesuffix("_papers") in ATTENTION_PROGRAMS)
+    ]
 
 
 def llama3_attention(queries: int, keys: int = 1024, dtype: str = "float16") -> Program:

@@ -77,3 +77,11 @@ def test_a_fused_ugraph_bundles_under_several_warp_layouts(tmp_path: Path) -> No
     assert "ldmatrix" not in (tmp_path / "program_fa_w2e.cu").read_text()
     assert "cp.async" in (tmp_path / "program_fa_w2.cu").read_text()
     assert "cp.async" not in (tmp_path / "program_fa_w2e.cu").read_text()
+
+
+def test_the_default_programs_are_every_bundled_program_in_its_stable_form() -> None:
+    # The stable attention programs run by default; their papers' forms only when named.
+    names = gpu_prepare.program_names()
+    assert set(gpu_prepare.ATTENTION_PROGRAMS) <= set(names)
+    assert not [n for n in names if n.endswith("_papers")]
+    assert {"gated_mlp", "rmsnorm", "qknorm", "ntrans"} <= set(names)
