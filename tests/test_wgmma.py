@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -305,6 +306,43 @@ def test_a_ugraph_with_a_wgmma_kernel_builds_for_sm_90a() -> None:
     _, g = _matmul_ugraph(256, 256, 256)
     cg = compile_ugraph(g, SLOW_MMA, "cuda")  # type: ignore[arg-type]
     assert "wgmma.mma_async" in cg.cuda_source()
+    assert cg.cubin()
+
+
+def _two_dtypes_tma() -> object:
+    from gensorage.program import Program
+    from gensorage.ugraph import from_program
+
+    p = Program("two_dtypes")
+    for i, dtype in enumerate(("float16", "bfloat16")):
+        p.output(p.matmul(p.input(f"A{i}", (256, 256), dtype), p.input(f"B{i}", (256, 256), dtype)))
+    return from_program(p)
+
+
+def _two_dtypes_cp_async() -> object:
+    # Row-fused attention: the softmax is stored in float32, so P @ V converts both operands to bfloat16.
+    from gensorage.precision import DEFAULT_PRECISION
+    from gensorage.program import Program
+    from gensorage.superopt.row_fusion import fused_direct
+
+    p = Program("attention")
+    q, k, v = (p.input(x, (2, 512, 128), "float16") for x in "QKV")
+    p.output(p.matmul(p.softmax(p.matmul(q, p.transpose(k, 1, 2)), dim=2), v))
+    return fused_direct(p, DEFAULT_PRECISION, SLOW_MMA)
+
+
+@pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="needs nvcc to build cubins")
+@pytest.mark.parametrize("make", [_two_dtypes_tma, _two_dtypes_cp_async], ids=["tma", "cp_async"])
+def test_wgmma_kernels_of_two_dtypes_build_into_one_module(make: Callable[[], object]) -> None:
+    # CUDA gives every extern __shared__ array one address: two kernels declaring one name with two element
+    # types do not compile (LLaMA-3's row-fused prefill attention: a float16 and a converting bfloat16 wgmma).
+    from gensorage.codegen.module import compile_ugraph
+
+    cg = compile_ugraph(make(), SLOW_MMA, "cuda")  # type: ignore[arg-type]
+    assert sum(k.rule.startswith("wgmma") for k in cg.kernels("cuda")) == 2
+    declared = re.findall(r"extern __shared__ __align__\(\d+\) (\w+) (\w+)\[\]", cg.cuda_source())
+    assert {"half", "nv_bfloat16"} <= {t for t, _ in declared}
+    assert len({n for _, n in declared}) == len(declared)
     assert cg.cubin()
 
 

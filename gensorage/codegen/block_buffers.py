@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from gensorage.codegen.dynamic_shared import dynamic_shared_name
 from gensorage.codegen.gpu_limits import MAX_VECTOR_BYTES, STAGED_SHARED_LIMIT, STATIC_SHARED_LIMIT
 from gensorage.codegen.tir_text import Ix, shape_text
 from gensorage.dtypes import dtype_bytes
@@ -95,16 +96,16 @@ def _allocate_arena(e: BlockEmitter, plan: MemoryPlan, scratch: int) -> None:
     arena = max((dtype for _, _, dtype, _ in views), key=dtype_bytes, default=e.sc.acc_dtype)
     if scratch:
         arena = max(arena, e.sc.acc_dtype, key=dtype_bytes)
-    e.arena_dtype = arena
+    e.arena_dtype, e.arena_name = arena, dynamic_shared_name("smem", arena)
     scope = "shared.dyn" if e.gpu else "global"
     base = -(-plan.bytes // ARENA_ALIGN) * ARENA_ALIGN
     total = base + scratch
     elements = -(-total // dtype_bytes(arena))
     e.shared_bytes = elements * dtype_bytes(arena) if e.gpu else 0
-    e.w.line(f'smem = T.alloc_buffer(({elements},), "{arena}", scope="{scope}")')
+    e.w.line(f'{e.arena_name} = T.alloc_buffer(({elements},), "{arena}", scope="{scope}")')
     for name, shape, dtype, elem_offset in views:
         e.w.line(
-            f'{name} = T.decl_buffer({shape_text(shape)}, "{dtype}", data=smem.data, '
+            f'{name} = T.decl_buffer({shape_text(shape)}, "{dtype}", data={e.arena_name}.data, '
             f'elem_offset={elem_offset}, scope="{scope}")'
         )
     e.reduce.allocate(base, scope)

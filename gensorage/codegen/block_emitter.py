@@ -124,7 +124,7 @@ class BlockEmitter:
         self.row_loads: set[Ref] = set()  # tiles read or written in 16-byte runs (ldmatrix, cp.async)
         # Set by allocate: the memory plan, whether the tiles are views of one arena (then they may share bytes)
         # and its element type (the widest tile's), dynamic shared memory, the bytes a block declares on the GPU.
-        self.memory, self.arena, self.arena_dtype = MemoryPlan((), 0, 0), False, ""
+        self.memory, self.arena, self.arena_dtype, self.arena_name = MemoryPlan((), 0, 0), False, "", ""
         self.dynamic_shared, self.shared_bytes = False, 0
         self.barriers = BarrierPlacement(lambda r, o: tiles_clash(self.memory if self.arena else None, r, o))
         # Software pipelining (block_loads): the staged iterators and their stages (set by allocate), and the

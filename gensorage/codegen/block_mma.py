@@ -399,7 +399,7 @@ class MmaEmitter:
         src = note = e.buffers[r]
         if e.arena:  # TVM's access_ptr must name the allocation's type: the arena's, in its elements
             src, flat = (
-                "smem",
+                e.arena_name,
                 _scaled(flat * dtype_bytes(t.dtype) + e.memory.offset(r), dtype_bytes(e.arena_dtype)),
             )
         e.w.line(

@@ -89,7 +89,7 @@ class ReduceEmitter:
             else:
                 offset = (arena_offset + i * size) // dtype_bytes(e.sc.acc_dtype)
                 e.w.line(
-                    f'red{j} = T.decl_buffer({shape_text(shape)}, "{e.sc.acc_dtype}", data=smem.data, '
+                    f'red{j} = T.decl_buffer({shape_text(shape)}, "{e.sc.acc_dtype}", data={e.arena_name}.data, '
                     f'elem_offset={offset}, scope="{scope}")'
                 )
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.dynamic_shared import alloc_dynamic_shared
 from gensorage.codegen.epilogue_expr import KernelEpilogue, with_extras
 from gensorage.codegen.tensor_core import CONVERT_VECTOR, mma_dtype
 from gensorage.errors import ScheduleError
@@ -386,7 +387,7 @@ def _build(
         bx = T.launch_thread("blockIdx.x", gm * gn)
         bz = T.launch_thread("blockIdx.y", max(batch, 1))
         tx = T.launch_thread("threadIdx.x", threads)
-        buf = T.alloc_buffer((smem,), dtype, scope="shared.dyn")
+        buf = T.meta_var(alloc_dynamic_shared("buf", smem, dtype))
         acc = T.alloc_buffer((nacc,), "float32", scope="local")
         desc = T.alloc_buffer((2,), "uint64", scope="local")
         pad = T.alloc_buffer((1,), "int32", scope="local")

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.dynamic_shared import alloc_dynamic_shared
 from gensorage.codegen.epilogue_expr import KernelEpilogue, with_extras
 from gensorage.codegen.wgmma import (
     A_DESC,
@@ -195,7 +196,7 @@ def build_tma(
     def kernel(A_map: Any, B_map: Any, C: Any, E: Any) -> None:  # noqa: N803
         bx = T.launch_thread("blockIdx.x", grid)
         tx = T.launch_thread("threadIdx.x", threads)
-        buf = T.alloc_buffer((smem,), dtype, scope="shared.dyn")
+        buf = T.meta_var(alloc_dynamic_shared("buf", smem, dtype))
         full = T.alloc_buffer((stages,), "uint64", scope="shared")
         empty = T.alloc_buffer((stages,), "uint64", scope="shared")
         acc = T.alloc_buffer((nacc,), "float32", scope="local")
