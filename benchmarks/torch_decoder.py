@@ -139,9 +139,41 @@ def measure(name: str, cfg: dict[str, int], t: int, dtype: torch.dtype, args: ar
                     m["profile"] = kernel_breakdown(lambda fn=fn: fn(*draws[0]))
             row[mname] = m
             print(f"{name} t={t} {mname}: {m}", file=sys.stderr, flush=True)
+        if "gensorage" in methods and args.new_lengths:
+            row["gensorage_new_lengths"] = new_lengths(methods["gensorage"], exact, cfg, dtype, args)
     if "gensorage" in methods:
         row["gensorage_report"] = methods["gensorage"].explain()  # type: ignore[attr-defined]
     return row
+
+
+def new_lengths(
+    fn: Callable[..., torch.Tensor],
+    exact: torch.nn.Module,
+    cfg: dict[str, int],
+    dtype: torch.dtype,
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """The same compiled layer at lengths it has not seen (issue 24 item 4 on the device): the first call's wall
+    time until its outputs are on the device (dispatch, verification, build and load included), its error
+    against float64 on two draws, and its steady time per call."""
+    rows = []
+    for t in args.new_lengths:
+        draws = [inputs(cfg, t, dtype, seed) for seed in (3, 4)]
+        m: dict[str, Any] = {"tokens": t}
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*draws[0])
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        m["first_call_s"] = time.perf_counter() - t0
+        m["rel_err"] = [rel_err(fn(*d), exact(*(a.double() for a in d))) for d in draws]
+        m["ok"] = all(e <= args.tol for e in m["rel_err"])
+        if m["ok"]:
+            m |= time_calls(lambda d=draws[0]: fn(*d), args.calls, args.samples)
+        print(f"  new length {t}: {m}", file=sys.stderr, flush=True)
+        rows.append(m)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         default=["eager", "inductor", "gensorage"],
         choices=["eager", "inductor", "gensorage"],
         help="what to time (inductor's compile of a large layer takes a while)",
+    )
+    ap.add_argument(
+        "--new-lengths",
+        nargs="*",
+        type=int,
+        default=[],
+        metavar="T",
+        help="gensorage: then call the same compiled layer at these lengths (first call, error, steady time)",
     )
     ap.add_argument("--profile", action="store_true", help="record each method's kernels (torch.profiler)")
     ap.add_argument("--commit", default=None, help="the commit measured (the device's copy has no .git)")
