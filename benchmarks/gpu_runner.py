@@ -416,8 +416,11 @@ def run_bundle(
     self_check_first: bool = True,
     use_compile: bool = True,
     only: list[str] | None = None,
+    commit: str | None = None,
 ) -> dict[str, Any]:
-    """Measure every case of ``bundle_dir`` (None: only the self-check and the device facts) into ``out``.
+    """Measure every case of ``bundle_dir`` (None: only the self-check and the device facts) into ``out``;
+    ``commit``: the commit of the code that runs (default: ``git rev-parse HEAD``, which on a lent machine is the
+    checkout the session started from, not the tree that was sent).
 
     The JSON is rewritten after every case, so a run cut short still leaves what it measured; cases past
     ``deadline_s`` (from the call) are listed under ``not_run``.
@@ -426,7 +429,7 @@ def run_bundle(
     manifest = read_manifest(bundle_dir) if bundle_dir is not None else {"prepared": {}, "cases": []}
     env = start_env(bundle_dir or Path("."), use_compile)
     result: dict[str, Any] = {"benchmark": "gpu_suite", "machine": machine_info(), "deadline_s": deadline_s}
-    result["commit"] = {"prepared": manifest["prepared"].get("commit"), "runner": git_commit()}
+    result["commit"] = {"prepared": manifest["prepared"].get("commit"), "runner": commit or git_commit()}
     result |= {"prepared": manifest["prepared"], "device": device_facts(env.torch, env.cupy)}
     if self_check_first:
         result["self_check"] = self_check(env)

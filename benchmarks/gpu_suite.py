@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         deadline_s=args.deadline,
         use_compile=not args.no_compile,
         only=args.only,
+        commit=args.commit,
     )
     return 0
 
@@ -195,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         "--no-compile", action="store_true", help="skip the torch.compile baselines (with --bundle)"
     )
     ap.add_argument("--hw", default="h100", help="hardware profile (with --prepare)")
+    ap.add_argument(
+        "--commit",
+        default=None,
+        help="the commit of the tree sent to the device (with --bundle; its .git may be older)",
+    )
     ap.add_argument(
         "--gemms", nargs="*", default=None, help="GEMM names (default: all; none when given without names)"
     )
