@@ -436,9 +436,9 @@ def write_manifest(out: Path, cases: list[dict[str, Any]], prepared: dict[str, A
 ATTENTION_PROGRAMS = frozenset(
     f"{v}_{m}" for v in ("mha", "gqa", "mqa") for m in ("prefill", "incdec", "specdec")
 )
-#: Runs prepared before this date measured the papers' form under the plain name (no device was lent between
-#: the change and this date).
-STABLE_ATTENTION_SINCE = "2026-11-28"
+#: Runs prepared before this time measured the papers' form under the plain name: the commit time of 3f6adce,
+#: which bundled the stable forms (ISO 8601 in UTC, compared as text with the manifest's ``prepared.date``).
+STABLE_ATTENTION_SINCE = "2026-11-27T04:45:48+00:00"
 
 
 def papers_form(name: str) -> str:
