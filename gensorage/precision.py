@@ -23,7 +23,8 @@ operator is on the list (:func:`value_range`): a stable softmax's ``exp(x − ma
 ``e / Σ e``. float16 holds those safely, and the matmul that reads them keeps its 16-bit operands. The operands
 of ``exp`` go the other way: a value that flows only into ``exp`` (the scores, ``S − max S``, the maxima; see
 :mod:`gensorage.ugraph.exp_operands`) is stored in float32, since ``exp`` makes its absolute rounding error a
-relative one (a bfloat16 logit of 100 is off by up to 0.25).
+relative one (a bfloat16 logit of 100 is off by up to 0.25). And a bfloat16 program's float32 intermediate that
+only matmuls read is stored in bfloat16 (:mod:`gensorage.ugraph.matmul_operands`): the matmul rounds it so anyway.
 """
 
 from __future__ import annotations

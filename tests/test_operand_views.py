@@ -299,15 +299,16 @@ def test_both_cost_models_price_what_is_emitted() -> None:
 
 
 def test_a_float32_activation_times_a_transposed_16_bit_weight() -> None:
-    # The precision policy keeps a normalised activation in float32: the matmul converts both operands to
-    # bfloat16 on their way to shared memory, the weight still read in place.
+    # The precision policy keeps a float16 program's normalised activation in float32: the matmul converts both
+    # operands to bfloat16 on their way to shared memory, the weight still read in place. (A bfloat16 program
+    # stores it in bfloat16: tests/test_matmul_operands.py.)
     p = Program()
-    x, w = p.input("x", (40, 100), "bfloat16"), p.input("w", (72, 100), "bfloat16")
+    x, w = p.input("x", (40, 100), "float16"), p.input("w", (72, 100), "float16")
     p.output(p.matmul(p.rms_norm(x), p.transpose(w, 0, 1)))
     g = from_program(p)
     info = validate(g)
     (mm,) = [op for op in g.ops if isinstance(op, KernelOp) and op.op is Op.MATMUL]
-    assert [info.of(r).dtype for r in mm.inputs] == ["float32", "bfloat16"]
+    assert [info.of(r).dtype for r in mm.inputs] == ["float32", "float16"]
     cg = compile_ugraph(g, HW, "llvm")
     assert "layout NT" in cg.kernels("llvm")[-1].rule
     xs = p.random_inputs(seed=2)

@@ -109,11 +109,15 @@ def test_the_construction_puts_mixed_operands_on_cp_async_wgmma_never_tma() -> N
 
 
 def _normed_matmul(dtype: str, m: int, n: int, k: int, transposed: bool) -> Program:
-    """``rms_norm(x) @ W`` (or ``@ W.T``): the precision policy keeps the normalised x in float32."""
+    """``rms_norm(x) @ W`` (or ``@ W.T``): the precision policy keeps the normalised x in float32, since a sum
+    reads it too (read by matmuls alone, a bfloat16 program would store it in bfloat16: matmul_operands)."""
     p = Program()
     x = p.input("x", (m, k), dtype)
     w = p.input("w", (n, k) if transposed else (k, n), dtype)
-    p.output(p.matmul(p.rms_norm(x), p.transpose(w, 0, 1) if transposed else w))
+    xn = p.rms_norm(x)
+    total = p.sum(xn, 1)
+    p.output(p.matmul(xn, p.transpose(w, 0, 1) if transposed else w))
+    p.output(total)
     return p
 
 

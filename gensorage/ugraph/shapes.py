@@ -37,6 +37,7 @@ from gensorage.ugraph.ir import (
     Ref,
     ThreadGraph,
 )
+from gensorage.ugraph.matmul_operands import matmul_operands
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +290,18 @@ def saver_output(sv: OutputSaver, tile: TensorInfo, grid: Sequence[int], where: 
     return TensorInfo(tuple(shape), tile.dtype, tile.program)
 
 
+def narrowed(info: TensorInfo) -> TensorInfo:
+    """A float32 intermediate of a bfloat16 program that only matmuls read, stored in bfloat16 (the matmuls round
+    it so anyway: :mod:`gensorage.ugraph.matmul_operands`); any other tensor as it is."""
+    if info.dtype == "float32" and info.program_dtype == "bfloat16":
+        return info.stored_as("bfloat16")
+    return info
+
+
+def _narrow(g: KernelGraph) -> frozenset[Ref]:
+    return matmul_operands(g) if g.precision == "float32" else frozenset()
+
+
 def stored_as_outputs(g: KernelGraph) -> set[Ref]:
     """The graph's outputs and the values reshapes pass to them: each is stored in its program dtype.
 
@@ -305,12 +318,19 @@ def stored_as_outputs(g: KernelGraph) -> set[Ref]:
 
 
 def block_shapes(
-    g: KernelGraph, k: int, block: BlockGraph, args: Sequence[TensorInfo], into: ExpOperands | None = None
+    g: KernelGraph,
+    k: int,
+    block: BlockGraph,
+    args: Sequence[TensorInfo],
+    into: ExpOperands | None = None,
+    narrow: frozenset[Ref] | None = None,
 ) -> BlockInfo:
     """Infer every tile of op ``k``'s block graph given its kernel inputs ``args`` (``into``: the values of ``g``
-    that flow only into exp, computed here when not given)."""
+    that flow only into exp; ``narrow``: those :func:`narrowed` stores; each computed here when not given)."""
     if into is None:
         into = exp_operands(g)
+    if narrow is None:
+        narrow = _narrow(g)
     here = kernel_where(g, k)
     if not 1 <= len(block.grid) <= 3:
         raise UGraphError(f"{here}: grid {list(block.grid)} must have 1 to 3 dims")
@@ -366,6 +386,8 @@ def block_shapes(
                 full = saver_output(node, resolve(node.input, infos, where), block.grid, where)
                 if Ref(me, len(outputs)) in graph_outputs:  # a program output keeps the program's dtype
                     full = full.stored_as(full.program_dtype)
+                elif Ref(me, len(outputs)) in narrow:
+                    full = narrowed(full)
                 outputs.append(full)
                 outs = ()
             case _:
@@ -397,6 +419,7 @@ def infer(g: KernelGraph) -> GraphInfo:
 
     ranges = _Ranges(producer)
     into = exp_operands(g)
+    narrow = _narrow(g)
     for k, node in enumerate(g.ops):
         where = kernel_where(g, k)
         if isinstance(node, KernelOp):
@@ -408,11 +431,13 @@ def infer(g: KernelGraph) -> GraphInfo:
             out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead)
             if Ref(len(infos)) in graph_outputs:  # a program output keeps the program's dtype
                 out = out.stored_as(out.program_dtype)
+            elif Ref(len(infos)) in narrow and node.op not in (Op.RESHAPE, Op.TRANSPOSE):  # views cannot cast
+                out = narrowed(out)
             infos.append((out,))
             blocks.append(None)
         elif isinstance(node, GraphDefinedOp):
             ins = [resolve(r, infos, where) for r in node.inputs]
-            info = block_shapes(g, k, node.block, ins, into)
+            info = block_shapes(g, k, node.block, ins, into, narrow)
             infos.append(info.outputs)
             blocks.append(info)
         else:
