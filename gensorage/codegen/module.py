@@ -157,7 +157,6 @@ def compile_kernels(
 ) -> Any:
     """``tvm.compile`` of all kernels in one module (an Executable indexed by kernel name); ``quick``: llvm
     without LLVM's optimisation (:data:`QUICK_TARGET`, :mod:`~gensorage.codegen.symbolic_kernels`' first tier).
-
     ``share_same`` (default: llvm only): kernels whose TIR is the same but for their name (a gate and an up
     projection of one input) are compiled once and looked up under each name: LLVM's code generation is most of
     a CPU build, the CUDA compiler most of a CUDA one. Their CUDA source then has each distinct kernel once.
@@ -420,7 +419,8 @@ class CompiledUGraph:
     def _check_limits(self, kernels: list[Kernel]) -> None:
         from gensorage.codegen.gpu_limits import verify_gpu_limits
 
-        for kern in kernels:
+        same = _same_code(kernels)  # a kernel of the same code as an earlier one: the same limits
+        for kern in (k for k in kernels if k.name not in same):
             try:
                 verify_gpu_limits(ir_module([kern]), self.hw)
             except ScheduleError as exc:
