@@ -188,7 +188,10 @@ def _uptime() -> str:
 
 
 def _run_side(tree: Path, lengths: list[int], hw: str, nvcc: bool, split: list[int]) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'tests'}")
+    # the tree first; the rest of the caller's path stays (a GPU machine's TVM lives on it)
+    env = dict(
+        os.environ, PYTHONPATH=":".join([str(tree), str(tree / "tests"), os.environ.get("PYTHONPATH", "")])
+    )
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--hw", hw]
     cmd += ["--lengths", *map(str, lengths), *(["--nvcc"] if nvcc else [])]
     cmd += ["--split", *map(str, split)] if split else []
