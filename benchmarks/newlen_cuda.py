@@ -57,14 +57,16 @@ def _timed(totals: dict[str, float], step: str, fn: Callable[..., Any]) -> Calla
     return wrapper
 
 
-def capture(lengths: list[int]) -> list[Any]:
-    """The layer's Program at each length (``gensorage.torch.compile``'s capture; its subgraph stays in torch)."""
+def capture(lengths: list[int], config: str = "small") -> list[Any]:
+    """The layer's Program at each length (``gensorage.torch.compile``'s capture; its subgraph stays in torch);
+    ``config``: its widths (``benchmarks.torch_decoder.CONFIGS``)."""
     import torch
     import torch._dynamo
-    from test_torch_frontend import DecoderLayer, layer_inputs
+    from test_torch_frontend import DecoderLayer, rope
 
     import gensorage.torch as gtorch
     import gensorage.torch.subgraph as subgraph
+    from benchmarks.torch_decoder import CONFIGS
     from gensorage.errors import GensorageError
 
     programs: list[Any] = []
@@ -73,15 +75,18 @@ def capture(lengths: list[int]) -> list[Any]:
         programs.append(program)
         raise GensorageError("captured only")
 
+    cfg = CONFIGS[config]
     torch.manual_seed(0)
-    layer = DecoderLayer().to(torch.bfloat16).eval()
+    layer = DecoderLayer(**cfg).to(torch.bfloat16).eval()
     real = subgraph.compiled
     subgraph.compiled = record  # type: ignore[assignment]
     try:
         for t in lengths:
             torch._dynamo.reset()
             with torch.no_grad():
-                gtorch.compile(layer, hw="h200")(*layer_inputs(t, torch.bfloat16, 0))
+                x = 3.0 * torch.randn(1, t, cfg["hidden"], generator=torch.Generator().manual_seed(0))
+                cos, sin = rope(t, cfg["hidden"] // cfg["heads"], torch.bfloat16)
+                gtorch.compile(layer, hw="h200")(x.to(torch.bfloat16), cos, sin)
     finally:
         subgraph.compiled = real  # type: ignore[assignment]
     if len(programs) != len(lengths):
@@ -90,7 +95,11 @@ def capture(lengths: list[int]) -> list[Any]:
 
 
 def worker(
-    lengths: list[int], hw_name: str, nvcc: bool = False, parts: list[int] | None = None
+    lengths: list[int],
+    hw_name: str,
+    nvcc: bool = False,
+    parts: list[int] | None = None,
+    config: str = "small",
 ) -> dict[str, Any]:
     """One dispatcher's CUDA builds at ``lengths`` in order (the first: the structure's first shape); ``nvcc``:
     and nvcc's time on each build's CUDA source; ``parts``: :func:`split_compile` of the last one's."""
@@ -102,7 +111,7 @@ def worker(
     from gensorage.hw import load_profile
     from gensorage.superopt.dispatch import Dispatcher
 
-    programs = capture(lengths)
+    programs = capture(lengths, config)
     totals: dict[str, float] = {}
     for (module, fn), step in STEPS.items():
         mod = importlib.import_module(module)
@@ -187,12 +196,14 @@ def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
-def _run_side(tree: Path, lengths: list[int], hw: str, nvcc: bool, split: list[int]) -> dict[str, Any]:
+def _run_side(
+    tree: Path, lengths: list[int], hw: str, nvcc: bool, split: list[int], config: str
+) -> dict[str, Any]:
     # the tree first; the rest of the caller's path stays (a GPU machine's TVM lives on it)
     env = dict(
         os.environ, PYTHONPATH=":".join([str(tree), str(tree / "tests"), os.environ.get("PYTHONPATH", "")])
     )
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--hw", hw]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--hw", hw, "--config", config]
     cmd += ["--lengths", *map(str, lengths), *(["--nvcc"] if nvcc else [])]
     cmd += ["--split", *map(str, split)] if split else []
     before = _uptime()
@@ -207,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", nargs="+", type=int, default=[128, 200, 300])
     ap.add_argument("--hw", default="h200")
+    ap.add_argument("--config", default="small", help="the layer's widths (torch_decoder.CONFIGS)")
     ap.add_argument("--against", type=Path, default=None, help="an older checkout, run alternately")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
@@ -222,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.lengths, args.hw, args.nvcc, args.split)))
+        print(json.dumps(worker(args.lengths, args.hw, args.nvcc, args.split, args.config)))
         return 0
     sys.path[:0] = [str(ROOT)]
     from benchmarks.common import machine_info, result_path, write_json
@@ -231,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.repeats):
         trees = [ROOT] if args.against is None else [ROOT, args.against]
         for tree in trees if r % 2 == 0 else trees[::-1]:
-            run = _run_side(tree, args.lengths, args.hw, args.nvcc, args.split)
+            run = _run_side(tree, args.lengths, args.hw, args.nvcc, args.split, args.config)
             run["side"] = "this" if tree == ROOT else "other"
             runs.append(run)
             for row in run["rows"]:
@@ -244,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print("  ", run["uptime_after"], flush=True)
     out = args.out or result_path(NAME)
-    write_json(out, {"machine": machine_info(), "hw": args.hw, "lengths": args.lengths, "runs": runs})
+    meta = {"machine": machine_info(), "hw": args.hw, "config": args.config, "lengths": args.lengths}
+    write_json(out, {**meta, "runs": runs})
     print(f"wrote {out}")
     return 0
 
