@@ -209,7 +209,7 @@ def test_a_cuda_build_compiles_kernels_of_the_same_code_once(tmp_path: Path) -> 
     # The CUDA compiler takes the whole module at once; the gate and up projections' kernels (the same code but
     # for their names) go into it once, and the runner finds each under its own name.
     d = Dispatcher("h200", store=tmp_path / "s.sqlite")
-    for t in (16, 40):  # the structure's first shape, then a new one
+    for t in (16, 40, 57):  # the structure's first shape, then new ones
         e = d.kernels(gate_up(t), target="cuda")
         kernels = e.compiled.kernels("cuda")
         same = _same_code(kernels)
