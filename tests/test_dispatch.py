@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gensorage.codegen.module import _same_code, compile_ugraph
 from gensorage.codegen.runner import ALIGNMENT
 from gensorage.errors import ProgramError
 from gensorage.program import Program
@@ -170,7 +171,6 @@ def gate_up(t: int, h: int = 16, f: int = 24) -> Program:
 
 
 def test_a_new_shape_warm_starts_its_constructions_and_compiles_equal_kernels_once(tmp_path: Path) -> None:
-    from gensorage.codegen.module import _same_code
     from gensorage.construction import schedule as memo
     from gensorage.construction.block_threads import matmul_workload
 
@@ -203,3 +203,20 @@ def test_a_cuda_request_builds_the_cuda_kernels_only(tmp_path: Path) -> None:
     new = d.kernels(rms_matmul(12), target="cuda")
     assert new.reused and set(new.compiled._executables) == {"cuda"}
     assert d.stats.hits == 1 and d.stats.new_structures == 1
+
+
+def test_a_cuda_build_compiles_kernels_of_the_same_code_once(tmp_path: Path) -> None:
+    # The CUDA compiler takes the whole module at once; the gate and up projections' kernels (the same code but
+    # for their names) go into it once, and the runner finds each under its own name.
+    d = Dispatcher("h200", store=tmp_path / "s.sqlite")
+    for t in (16, 40, 57):  # the structure's first shape, then new ones
+        e = d.kernels(gate_up(t), target="cuda")
+        kernels = e.compiled.kernels("cuda")
+        same = _same_code(kernels)
+        assert same == {"kernel1_matmul": "kernel0_matmul"}
+        src = e.compiled.cuda_source()
+        assert "kernel0_matmul_kernel(" in src and "kernel1_matmul_kernel(" not in src
+        ex = e.compiled.executable("cuda")
+        assert all(ex[k.name] is not None for k in kernels)
+        full = compile_ugraph(e.graph, e.compiled.hw, "cuda")  # outside the dispatcher: every kernel
+        assert "kernel1_matmul_kernel(" in full.cuda_source()

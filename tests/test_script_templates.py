@@ -184,3 +184,25 @@ def test_a_pending_skeleton_gets_its_template_for_a_compiled_variant(monkeypatch
     assert template is not None and script_templates._TEMPLATES[body] is template
     bound = script_templates._bind(template, [57, 16, 57, 16, 57, 16], "k_b")
     assert tvm_ffi.structural_equal(bound, tvm.script.from_source(_rows_text("k_b", 57, 16)))
+
+
+def test_a_cuda_elementwise_kernel_has_one_skeleton_at_every_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bounds guard of a CUDA elementwise kernel stays where the grid covers its elements exactly (1024
+    rows of 16 here), so a new length binds the first length's template: no parse, and the parser's PrimFunc."""
+    monkeypatch.setattr(script_templates, "_TEMPLATES", type(script_templates._TEMPLATES)())
+    hw = load_profile("h200")
+
+    def add(t: int) -> Program:
+        p = Program(name="add")
+        p.output(p.add(p.input("A", (t, 16), "float32"), p.input("B", (t, 16), "float32")))
+        return p
+
+    first = compile_ugraph(from_program(add(1024), DEFAULT_PRECISION), hw, "cuda").kernels()
+    assert [k.script.count("if f < 16384:") for k in first] == [1]
+    parsed = _counting_parser(monkeypatch)
+    with script_templates.deferred_templates():  # as the dispatcher lowers a new length
+        later = compile_ugraph(from_program(add(300), DEFAULT_PRECISION), hw, "cuda").kernels()
+    assert not parsed and len(later) == 1
+    assert tvm_ffi.structural_equal(later[0].func, tvm.script.from_source(later[0].script))
+    llvm = compile_ugraph(from_program(add(1024), DEFAULT_PRECISION), hw, "llvm").kernels()
+    assert "if f <" not in llvm[0].script  # the CPU kernel has no guard where it needs none

@@ -463,3 +463,50 @@ def test_the_construction_picks_the_same_tiles_in_every_process() -> None:
         )
         picks.add(out.stdout)
     assert len(picks) == 1
+
+
+def _picks() -> list[object]:
+    from gensorage.construction import tensor_core as tc
+    from gensorage.construction import warm_starts
+
+    tc._construct.cache_clear()
+    tc._KNOWN.clear()
+    tc._WARM.clear()
+    h200 = load_profile("h200")
+    out: list[object] = []
+    for m in (1, 33, 200, 300, 1000):
+        for layout in ("nn", "nt"):
+            out.append(tc.construct_matmul_tiles((1, m, 128, 64), h200, "bfloat16", tma=True, layout=layout))
+        out.append(construct_tensor_core((1, m, 4096, 1024), HW, "float16"))
+        out.append(construct_tensor_core((2, m, 64, 576), HW, "float16", split=False, gather=True))
+    with warm_starts():  # chains from carried tiles share the space with the cold greedy one
+        out += [construct_tensor_core((1, m, 4096, 1024), HW, "float16") for m in (40, 250, 900)]
+    return out
+
+
+def test_the_memoised_space_changes_no_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each state's cost and moves are computed once per construction (:class:`_Space`); the chains take the
+    same paths as when every visit computes them afresh."""
+    from gensorage.construction import tensor_core as tc
+
+    memoised = _picks()
+    calls: list[object] = []
+    predict = tc.predict_tiles_time
+
+    def counted(dims: object, t: object, *args: object) -> object:
+        calls.append((dims, t, args))
+        return predict(dims, t, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tc, "predict_tiles_time", counted)
+    tc._construct.cache_clear()
+    tc.construct_matmul_tiles((1, 300, 128, 64), load_profile("h200"), "bfloat16", tma=True)
+    assert len(calls) == len(set(calls))  # no state priced twice within the construction (nor by _pick)
+    monkeypatch.setattr(tc._Space, "cost", lambda s, t: counted(s.dims, t, s.hw, s.dtype, s.gather))
+    monkeypatch.setattr(
+        tc._Space,
+        "moves",
+        lambda s, t: tc._moves(t, s.dims, s.split, s.wgmma, s.tma, s.hw.sm_count if s.tma else 0, s.layout),
+    )
+    fresh = _picks()
+    tc._construct.cache_clear()
+    assert fresh == memoised

@@ -45,7 +45,11 @@ class BlockResources:
 
 def block_resources(mod: tvm.IRModule) -> BlockResources:
     """Threads per block and shared/local bytes of the (single-kernel) scheduled module."""
-    lowered = _lower_for_verification(mod)
+    return _resources(_lower_for_verification(mod))
+
+
+def _resources(lowered: tvm.IRModule) -> BlockResources:
+    """:func:`block_resources` of a module already lowered for verification."""
     threads = 1
     for func in lowered.functions.values():
         threads = max(threads, _thread_count(func))
@@ -67,7 +71,8 @@ def verify_gpu_limits(mod: tvm.IRModule, hw: HwProfile) -> BlockResources:
     """
     from tvm import s_tir
 
-    res = block_resources(mod)
+    lowered = _lower_for_verification(mod)  # once: the resources and TVM's check read the same lowering
+    res = _resources(lowered)
     check_block(res, hw)
     constraints = {
         "max_threads_per_block": hw.max_threads_per_block,
@@ -77,7 +82,7 @@ def verify_gpu_limits(mod: tvm.IRModule, hw: HwProfile) -> BlockResources:
         "max_thread_z": MAX_THREAD_DIMS[2],
         "max_vector_bytes": MAX_VECTOR_BYTES,
     }
-    for gv, func in _lower_for_verification(mod).functions.items():
+    for gv, func in lowered.functions.items():
         if not s_tir.analysis.verify_gpu_code(func, constraints):
             raise ScheduleError(
                 f"kernel {gv.name_hint} violates {hw.name}'s GPU limits "

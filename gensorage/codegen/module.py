@@ -148,15 +148,19 @@ def ir_module(kernels: Sequence[Kernel]) -> Any:
     return tvm.IRModule({k.name: k.func for k in kernels})
 
 
-def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile, quick: bool = False) -> Any:
+def compile_kernels(
+    kernels: Sequence[Kernel],
+    target: Target,
+    hw: HwProfile,
+    quick: bool = False,
+    share_same: bool | None = None,
+) -> Any:
     """``tvm.compile`` of all kernels in one module (an Executable indexed by kernel name); ``quick``: llvm
-    without LLVM's optimisation (:data:`QUICK_TARGET`, the first tier of
-    :mod:`~gensorage.codegen.symbolic_kernels`).
-
-    On llvm, kernels whose TIR is the same but for their name (a gate and an up projection of one input, say)
-    are compiled once and looked up under each name: LLVM's code generation is most of a CPU build's time.
-    llvm kernels are built without TVM's argument checks (:data:`LLVM_CONFIG`): every caller checks its
-    arguments itself.
+    without LLVM's optimisation (:data:`QUICK_TARGET`, :mod:`~gensorage.codegen.symbolic_kernels`' first tier).
+    ``share_same`` (default: llvm only): kernels whose TIR is the same but for their name (a gate and an up
+    projection of one input) are compiled once and looked up under each name: LLVM's code generation is most of
+    a CPU build, the CUDA compiler most of a CUDA one. Their CUDA source then has each distinct kernel once.
+    llvm kernels are built without TVM's argument checks (:data:`LLVM_CONFIG`): every caller checks its own.
     """
     import tvm
 
@@ -164,7 +168,7 @@ def compile_kernels(kernels: Sequence[Kernel], target: Target, hw: HwProfile, qu
     from gensorage.codegen.tensor_core import build_config
     from gensorage.codegen.wgmma import target_profile
 
-    same = _same_code(kernels) if target == "llvm" else {}
+    same = _same_code(kernels) if (target == "llvm" if share_same is None else share_same) else {}
     mod = ir_module([k for k in kernels if k.name not in same])
     config = build_config(k.rule for k in kernels) if target == "cuda" else LLVM_CONFIG
     hw = target_profile(hw, [k.rule for k in kernels])  # wgmma kernels need sm_90a
@@ -415,7 +419,8 @@ class CompiledUGraph:
     def _check_limits(self, kernels: list[Kernel]) -> None:
         from gensorage.codegen.gpu_limits import verify_gpu_limits
 
-        for kern in kernels:
+        same = _same_code(kernels)  # a kernel of the same code as an earlier one: the same limits
+        for kern in (k for k in kernels if k.name not in same):
             try:
                 verify_gpu_limits(ir_module([kern]), self.hw)
             except ScheduleError as exc:

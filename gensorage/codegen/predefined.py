@@ -69,7 +69,11 @@ def _simple(
     tloop = f'T.thread_binding({nt}, thread="threadIdx.x")' if gpu else f"T.serial({nt})"
     with w.block(f"for bx in {bloop}:"), w.block(f"for tx in {tloop}:"):
         w.line(f"f = {Ix.var('bx') * nt + Ix.var('tx')}")
-        with w.block(f"if f < {n}:") if blocks * nt > n else nullcontext():
+        # A GPU kernel keeps its bounds guard where the grid covers the elements exactly (a length that is a
+        # multiple of the block): one kernel text at every length, so a new length binds the template of the
+        # first one (script_templates) instead of parsing a guarded form. One compare per thread of a
+        # memory-bound kernel.
+        with w.block(f"if f < {n}:") if gpu or blocks * nt > n else nullcontext():
             idx = unravel(Ix.var("f"), out.shape)
             views = _matmul_at(g, k, info) if op.op is Op.MATMUL else (False, False)
             _element(w, op, [info.of(r) for r in op.inputs], out, idx, scalar, views)

@@ -143,38 +143,63 @@ def _moves(
             assert_never(t)
 
 
-def _chain(
-    dims: tuple[int, int, int, int],
-    hw: HwProfile,
-    dtype: str,
-    rng: random.Random | None,
-    split: bool,
-    wgmma: bool = False,
-    start: Tiles | None = None,
-    tma: bool = False,
-    layout: str = "nn",
-    gather: bool = False,
-) -> list[tuple[float, Tiles]]:
-    """One Markov chain from ``start`` (default: the smallest kernel); returns the states it visited with their
-    predicted times.
+class _Space:
+    """The construction's space at one shape: each state's predicted cost and moves, computed once.
+
+    The chains of one construction revisit the same states (the 96 chains of a decoder layer's four wgmma
+    constructions predicted 33,000 states, most of them many times over), and both are pure functions of the
+    state here, so memoising them changes no chain's path: only its time."""
+
+    def __init__(
+        self,
+        dims: tuple[int, int, int, int],
+        hw: HwProfile,
+        dtype: str,
+        split: bool,
+        wgmma: bool = False,
+        tma: bool = False,
+        layout: str = "nn",
+        gather: bool = False,
+    ) -> None:
+        self.dims, self.hw, self.dtype, self.split = dims, hw, dtype, split
+        self.wgmma, self.tma, self.layout, self.gather = wgmma, tma, layout, gather
+        self._costs: dict[Tiles, TensorCoreCost | None] = {}
+        self._moves: dict[Tiles, list[Tiles]] = {}
+
+    def cost(self, t: Tiles) -> TensorCoreCost | None:
+        if t not in self._costs:
+            self._costs[t] = predict_tiles_time(self.dims, t, self.hw, self.dtype, self.gather)
+        return self._costs[t]
+
+    def moves(self, t: Tiles) -> list[Tiles]:
+        if t not in self._moves:
+            sms = self.hw.sm_count if self.tma else 0
+            self._moves[t] = _moves(t, self.dims, self.split, self.wgmma, self.tma, sms, self.layout)
+        return self._moves[t]
+
+
+def _chain(space: _Space, rng: random.Random | None, start: Tiles | None = None) -> list[tuple[float, Tiles]]:
+    """One Markov chain over ``space`` from ``start`` (default: the smallest kernel); returns the states it
+    visited with their predicted times.
 
     The greedy chain (``rng`` None) takes the largest benefit and stops at the first local optimum. A random
     chain moves with probability proportional to the benefit and also crosses plateaus (moves that change no
     predicted time, such as a warp tile under an L2-bound block tile) with a small weight, for at most
     ``MAX_STEPS`` moves.
     """
+    dims = space.dims
     state: Tiles = start or TensorCoreTiles(
-        MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2, layout=layout
+        MMA, MMA, MMA, MMA, MMA, 1 if dims[3] <= MMA else 2, layout=space.layout
     )
-    cost = predict_tiles_time(dims, state, hw, dtype, gather)
+    cost = space.cost(state)
     if cost is None:
         return []
     time_s = cost.total_s
     visited = [(time_s, state)]
     for _ in range(MAX_STEPS):
         moves = []
-        for nxt in _moves(state, dims, split, wgmma, tma, hw.sm_count if tma else 0, layout):
-            c = predict_tiles_time(dims, nxt, hw, dtype, gather)
+        for nxt in space.moves(state):
+            c = space.cost(nxt)
             if c is not None and c.total_s <= time_s:
                 moves.append((time_s - c.total_s, c.total_s, nxt))
         better = [m for m in moves if m[0] > 0]
@@ -310,11 +335,11 @@ def _construct(
         hw.flops(dtype, True)
     except KeyError:
         raise ScheduleError(f"hardware profile {hw.name} has no tensor-core rate for {dtype}") from None
-    found = _chain(dims, hw, dtype, None, split, wgmma, tma=tma, layout=layout, gather=gather)
+    space = _Space(dims, hw, dtype, split, wgmma, tma, layout, gather)
+    found = _chain(space, None)
     for c in range(CHAINS - 1):
-        rng = random.Random(seed * 1000 + c)
-        found += _chain(dims, hw, dtype, rng, split, wgmma, tma=tma, layout=layout, gather=gather)
-    return _pick(found, dims, hw, dtype, gather)
+        found += _chain(space, random.Random(seed * 1000 + c))
+    return _pick(found, dims, hw, dtype, gather, space)
 
 
 def preferred(
@@ -336,15 +361,17 @@ def _pick(
     hw: HwProfile,
     dtype: str,
     gather: bool = False,
+    space: _Space | None = None,
 ) -> tuple[Tiles, TensorCoreCost]:
-    """The best of the states the chains visited (ties broken by :func:`_tie_break`)."""
+    """The best of the states the chains visited (ties broken by :func:`_tie_break`); ``space``: their
+    memoised costs (the same predictions)."""
     if not found:
         raise ScheduleError(f"no tensor-core kernel fits {hw.name} for matmul {dims}")
     fastest = min(t for t, _ in found)
     # In the chains' visiting order, not a set's: ties left by _tie_break go to the first visited, the same in
     # every process (a set of tiles with a str field iterates in a hash-seeded order).
     near = list(dict.fromkeys(s for t, s in found if t <= fastest * (1 + TIE)))
-    costs = {s: predict_tiles_time(dims, s, hw, dtype, gather) for s in near}
+    costs = {s: space.cost(s) if space else predict_tiles_time(dims, s, hw, dtype, gather) for s in near}
     best = max(near, key=lambda s: _tie_break(s, costs[s], hw))
     cost = costs[best]
     assert cost is not None
@@ -437,11 +464,12 @@ def _warm(
     )
     if start is None:
         return None
-    found = _chain(dims, hw, dtype, None, split, layout=layout)
-    found += _chain(dims, hw, dtype, None, split, start=start)
+    space = _Space(dims, hw, dtype, split, layout=layout)
+    found = _chain(space, None)
+    found += _chain(space, None, start)
     for c in range(WARM_CHAINS):
-        found += _chain(dims, hw, dtype, random.Random(seed * 1000 + c), split, start=start)
-    best, cost = _pick(found, dims, hw, dtype)
+        found += _chain(space, random.Random(seed * 1000 + c), start)
+    best, cost = _pick(found, dims, hw, dtype, space=space)
     assert isinstance(best, TensorCoreTiles)  # no wgmma in this space
     _WARM[key] = best, cost
     _remember(dims, hw, dtype, seed, split, _WARM[key][0])

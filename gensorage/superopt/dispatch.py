@@ -343,7 +343,7 @@ def _build_kernels(
     and how many builds that took (0 or 1); ``timings`` gets the time of the lowering to TIR and of the build
     (TVM's compile and the code generation). With ``symbolic``, the kernels come from its compiled variants
     (:mod:`gensorage.codegen.symbolic_kernels`: built only for those it lacks)."""
-    from gensorage.codegen.module import compile_ugraph
+    from gensorage.codegen.module import compile_kernels, compile_ugraph
     from gensorage.codegen.runner import KernelRunner
 
     t0 = time.perf_counter()
@@ -354,7 +354,11 @@ def _build_kernels(
     if symbolic is not None:
         builds = _from_variants(compiled, symbolic, target, notes if notes is not None else [])
     if target == "cuda":
-        compiled.executable("cuda")
+        # kernels of the same code (k and v projections, gate and up) compiled once: the CUDA compiler's call
+        # on the whole module is most of a new length's build on a GPU (compile_kernels)
+        compiled.use_executable(
+            "cuda", compile_kernels(compiled.kernels("cuda"), "cuda", compiled.hw, share_same=True)
+        )
         timings["build"] = time.perf_counter() - t1
         return compiled, None, builds
     try:
