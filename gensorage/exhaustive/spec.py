@@ -26,7 +26,14 @@ SPEC_VERSION = 1
 OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "max_block_graphs", "dims"})
 OMITTED_WHEN_TRUE = frozenset({"replicated_writes", "loop_concats"})
 OMITTED_WHEN_FALSE = frozenset(
-    {"fused_first", "parallel_first", "graph_defined_last", "sub_stabilises_only", "exp_stabilised_only"}
+    {
+        "fused_first",
+        "parallel_first",
+        "program_ops_first",
+        "graph_defined_last",
+        "sub_stabilises_only",
+        "exp_stabilised_only",
+    }
 )
 OMITTED_WHEN_ONE = frozenset({"min_kernel_ops"})
 # Elements of one program tensor a search evaluates at most (verification runs candidates at the program's shapes;
@@ -104,6 +111,12 @@ class SearchSpec:
         (walk order among equals). An order, like ``fused_first``: a complete search finds the same candidates;
         a stopped one reaches many-block kernels (FlashDecoding's split-KV kernel) before one-block-per-head
         ones. See ``docs/search.md`` ("Tasks, stops and resumption").
+    program_ops_first : bool
+        With ``fused_first``: split each task whose node holds pre-defined operators only one level further (so
+        that the fusing kernels below it are classed), and run first, within each class, the tasks whose
+        pre-defined operators the program itself applies (``K``'s transpose in attention, not ``Q``'s). An
+        order too: a complete search finds the same candidates. See ``docs/search.md`` ("Tasks, stops and
+        resumption").
     sub_stabilises_only : bool
         Admit a ``sub`` (block-level or pre-defined) only as a stable softmax's: its subtrahend is a maximum of
         its minuend's expression (a tile's or row's max, a running max, a saved maximum read back), and only an
@@ -146,6 +159,7 @@ class SearchSpec:
     replicated_writes: bool = True
     fused_first: bool = False
     parallel_first: bool = False
+    program_ops_first: bool = False
     sub_stabilises_only: bool = False
     exp_stabilised_only: bool = False
     loop_concats: bool = True
@@ -219,6 +233,12 @@ class SearchSpec:
             )
         if self.parallel_first and not self.fused_first:
             raise ConfigError("search spec: parallel_first orders the fusing tasks and needs fused_first")
+        if not isinstance(self.program_ops_first, bool):
+            raise ConfigError(
+                f"search spec: program_ops_first must be true or false, got {self.program_ops_first!r}"
+            )
+        if self.program_ops_first and not self.fused_first:
+            raise ConfigError("search spec: program_ops_first orders the fusing tasks and needs fused_first")
         if not isinstance(self.sub_stabilises_only, bool):
             raise ConfigError(
                 f"search spec: sub_stabilises_only must be true or false, got {self.sub_stabilises_only!r}"
