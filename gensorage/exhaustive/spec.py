@@ -33,6 +33,7 @@ OMITTED_WHEN_FALSE = frozenset(
         "graph_defined_last",
         "sub_stabilises_only",
         "exp_stabilised_only",
+        "max_last_dim_only",
     }
 )
 OMITTED_WHEN_ONE = frozenset({"min_kernel_ops"})
@@ -134,6 +135,10 @@ class SearchSpec:
         maximising and the online softmax). False narrows the space (it is no pruning rule: a block graph that
         gathers its loop's tiles, e.g. a split's scores for a softmax after the loop, is no longer searched); see
         ``docs/search.md``.
+    max_last_dim_only : bool
+        Admit a block-level ``max`` only over its operand's last dim (a softmax row's). True narrows the space (it
+        is no pruning rule: a maximum over a GQA block's query heads, or over splits saved along another dim, is
+        no longer searched); see ``docs/search.md``.
     """
 
     program: Program = field(compare=False, hash=False, repr=False)
@@ -163,6 +168,7 @@ class SearchSpec:
     sub_stabilises_only: bool = False
     exp_stabilised_only: bool = False
     loop_concats: bool = True
+    max_last_dim_only: bool = False
     program_text: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -249,6 +255,10 @@ class SearchSpec:
             )
         if not isinstance(self.loop_concats, bool):
             raise ConfigError(f"search spec: loop_concats must be true or false, got {self.loop_concats!r}")
+        if not isinstance(self.max_last_dim_only, bool):
+            raise ConfigError(
+                f"search spec: max_last_dim_only must be true or false, got {self.max_last_dim_only!r}"
+            )
         if not isinstance(self.replicated_writes, bool):
             raise ConfigError(
                 f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}"
