@@ -112,7 +112,7 @@ def test_the_knob_is_a_spec_field_that_keeps_old_keys() -> None:
         dataclasses.replace(spec, fused_first=False, program_ops_first=True)
 
 
-@pytest.mark.parametrize("preset", ["gqa_incdec_split_kv", "mqa_incdec_split_kv", "mha_incdec_split_kv"])
+@pytest.mark.parametrize("preset", ["gqa_incdec_split_kv", "mqa_incdec_split_kv"])
 def test_the_split_kv_presets_run_flash_decodings_task_before_qs_transpose(preset: str) -> None:
     # FlashDecoding's split kernel reads K's transpose, which the program applies; Q's transpose (a transposed
     # form of the same attention, whose combines outlast a budget in GQA) is no operator of the program. In
