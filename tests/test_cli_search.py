@@ -218,10 +218,17 @@ def test_no_replicated_writes_reaches_the_spec(prog: Path, capsys: pytest.Captur
 
 
 def test_block_graph_limits_and_order_reach_the_spec(prog: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    flags = ["--max-block-graphs", "1", "--graph-defined-last", "--fused-first", "--parallel-first"]
+    flags = [
+        "--max-block-graphs",
+        "1",
+        "--graph-defined-last",
+        "--fused-first",
+        "--parallel-first",
+        "--program-ops-first",
+    ]
     assert main(["search", str(prog), *TINY, "--json", *flags]) == 0
     spec = json.loads(capsys.readouterr().out)["spec"]
     assert (
         spec["max_block_graphs"] == 1 and spec["graph_defined_last"] is True and spec["fused_first"] is True
     )
-    assert spec["parallel_first"] is True
+    assert spec["parallel_first"] is True and spec["program_ops_first"] is True

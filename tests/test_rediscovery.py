@@ -500,10 +500,12 @@ def _saved_roles(op: GraphDefinedOp) -> dict[int, str]:
     return {4 + i: kinds.get(getattr(a, "kind", ""), "?") for i, a in enumerate(saved)}
 
 
-def _flash_decoding_prefix(s: Walk, split_table: dict[Any, str] = _SPLIT) -> bool:
+def _flash_decoding_prefix(
+    s: Walk, split_table: dict[Any, str] = _SPLIT, split_maps: dict[int, Any] = _SPLIT_MAPS
+) -> bool:
     """K's transpose, then a split-KV kernel of the online accumulators and a running max (the keys split over
-    a second grid dim and walked by the loop; its operators ``split_table``'s), then a combine kernel of the six
-    operators above."""
+    a second grid dim and walked by the loop; its operators ``split_table``'s, its maps ``split_maps``), then a
+    combine kernel of the six operators above."""
     st = s.state
     first = st.ops[0] if st.ops else None
     if not (isinstance(first, KernelOp) and first.op is Op.TRANSPOSE and first.inputs[0].node == 1):
@@ -515,7 +517,7 @@ def _flash_decoding_prefix(s: Walk, split_table: dict[Any, str] = _SPLIT) -> boo
         if set(b.inputs) != {0, 2, 3} or b.r != 2 or not b.looped:
             return False
         for i, t in enumerate(b.inputs):  # heads on grid x; the keys of Kᵀ and V on grid y and the loop
-            if b.imap[i] is not None and (b.imap[i], b.fmap[i]) != _SPLIT_MAPS[t]:
+            if b.imap[i] is not None and (b.imap[i], b.fmap[i]) != split_maps[t]:
                 return False
         return _roles([_ROLES_IN[t] for t in b.inputs], b.recs, split_table) is not None
     split = st.ops[1]

@@ -158,6 +158,11 @@ def register(subparsers: Any) -> None:
         help="with --fused-first: split the looped fusing tasks, most thread blocks first (order only)",
     )
     p.add_argument(
+        "--program-ops-first",
+        action="store_true",
+        help="with --fused-first: tasks below the program's own pre-defined operators first (order only)",
+    )
+    p.add_argument(
         "--schedule",
         choices=SCHEDULES,
         default="markov",
@@ -221,6 +226,7 @@ def build_spec(args: argparse.Namespace) -> Any:
         graph_defined_last=args.graph_defined_last,
         fused_first=args.fused_first,
         parallel_first=args.parallel_first,
+        program_ops_first=args.program_ops_first,
         **kwargs,
     )
 

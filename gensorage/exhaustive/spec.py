@@ -26,7 +26,15 @@ SPEC_VERSION = 1
 OMITTED_WHEN_NONE = frozenset({"max_block_nodes", "max_block_graphs", "dims"})
 OMITTED_WHEN_TRUE = frozenset({"replicated_writes", "loop_concats"})
 OMITTED_WHEN_FALSE = frozenset(
-    {"fused_first", "parallel_first", "graph_defined_last", "sub_stabilises_only", "exp_stabilised_only"}
+    {
+        "fused_first",
+        "parallel_first",
+        "program_ops_first",
+        "graph_defined_last",
+        "sub_stabilises_only",
+        "exp_stabilised_only",
+        "max_last_dim_only",
+    }
 )
 OMITTED_WHEN_ONE = frozenset({"min_kernel_ops"})
 # Elements of one program tensor a search evaluates at most (verification runs candidates at the program's shapes;
@@ -104,6 +112,12 @@ class SearchSpec:
         (walk order among equals). An order, like ``fused_first``: a complete search finds the same candidates;
         a stopped one reaches many-block kernels (FlashDecoding's split-KV kernel) before one-block-per-head
         ones. See ``docs/search.md`` ("Tasks, stops and resumption").
+    program_ops_first : bool
+        With ``fused_first``: split each task whose node holds pre-defined operators only one level further (so
+        that the fusing kernels below it are classed), and run first, within each class, the tasks whose
+        pre-defined operators the program itself applies (``K``'s transpose in attention, not ``Q``'s). An
+        order too: a complete search finds the same candidates. See ``docs/search.md`` ("Tasks, stops and
+        resumption").
     sub_stabilises_only : bool
         Admit a ``sub`` (block-level or pre-defined) only as a stable softmax's: its subtrahend is a maximum of
         its minuend's expression (a tile's or row's max, a running max, a saved maximum read back), and only an
@@ -121,6 +135,10 @@ class SearchSpec:
         maximising and the online softmax). False narrows the space (it is no pruning rule: a block graph that
         gathers its loop's tiles, e.g. a split's scores for a softmax after the loop, is no longer searched); see
         ``docs/search.md``.
+    max_last_dim_only : bool
+        Admit a block-level ``max`` only over its operand's last dim (a softmax row's). True narrows the space (it
+        is no pruning rule: a maximum over a GQA block's query heads, or over splits saved along another dim, is
+        no longer searched); see ``docs/search.md``.
     """
 
     program: Program = field(compare=False, hash=False, repr=False)
@@ -146,9 +164,11 @@ class SearchSpec:
     replicated_writes: bool = True
     fused_first: bool = False
     parallel_first: bool = False
+    program_ops_first: bool = False
     sub_stabilises_only: bool = False
     exp_stabilised_only: bool = False
     loop_concats: bool = True
+    max_last_dim_only: bool = False
     program_text: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -219,6 +239,12 @@ class SearchSpec:
             )
         if self.parallel_first and not self.fused_first:
             raise ConfigError("search spec: parallel_first orders the fusing tasks and needs fused_first")
+        if not isinstance(self.program_ops_first, bool):
+            raise ConfigError(
+                f"search spec: program_ops_first must be true or false, got {self.program_ops_first!r}"
+            )
+        if self.program_ops_first and not self.fused_first:
+            raise ConfigError("search spec: program_ops_first orders the fusing tasks and needs fused_first")
         if not isinstance(self.sub_stabilises_only, bool):
             raise ConfigError(
                 f"search spec: sub_stabilises_only must be true or false, got {self.sub_stabilises_only!r}"
@@ -229,6 +255,10 @@ class SearchSpec:
             )
         if not isinstance(self.loop_concats, bool):
             raise ConfigError(f"search spec: loop_concats must be true or false, got {self.loop_concats!r}")
+        if not isinstance(self.max_last_dim_only, bool):
+            raise ConfigError(
+                f"search spec: max_last_dim_only must be true or false, got {self.max_last_dim_only!r}"
+            )
         if not isinstance(self.replicated_writes, bool):
             raise ConfigError(
                 f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}"

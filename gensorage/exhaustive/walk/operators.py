@@ -127,6 +127,8 @@ def operators(
         variants = [v for v in variants_for(s, ins) if v.code > min_code and (only is None or v.op in only)]
         if stable:
             variants = _stable_variants(s, b, ins, variants)
+        if s.spec.max_last_dim_only and len(ins) == 1:
+            variants = _last_dim_maxima(s, b, ins[0], variants)
         if not variants:
             continue
         pending = tuple(i for i in dict.fromkeys(ins) if b.shape[i] is None)
@@ -161,6 +163,16 @@ def _stable_variants(
         if not stabilises(_tensor_term(s, b, ins[0]), _tensor_term(s, b, ins[1])):
             return [v for v in variants if v.op is not Op.SUB]
     return variants
+
+
+def _last_dim_maxima(s: Walk, b: BlockBuild, i: int, variants: list[OpVariant]) -> list[OpVariant]:
+    """With ``max_last_dim_only`` (a restriction of the space): a block-level ``max`` reduces only its operand's
+    last dim, a softmax row's (a tile keeps its tensor's rank, so an unbound iterator's is its tensor's)."""
+    if not any(v.op is Op.MAX for v in variants):
+        return variants
+    value = b.val[i] if b.val[i] is not None else s.state.val[b.inputs[i]]  # type: ignore[index]
+    last = len(value.shape) - 1  # type: ignore[union-attr]
+    return [v for v in variants if v.op is not Op.MAX or dict(v.attrs).get("dim") == last]
 
 
 def _bind_then_apply(

@@ -16,7 +16,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gensorage.exhaustive.results import (
     Candidate,
@@ -31,7 +31,9 @@ from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.walk.search_context import SearchContext, process_context
 from gensorage.exhaustive.walk.subtree_memo import Memo, process_memo
 from gensorage.exhaustive.walk.walk import Hooks, Stopped, Walk
-from gensorage.ugraph.ir import GraphDefinedOp
+from gensorage.opset import Op
+from gensorage.program import Program
+from gensorage.ugraph.ir import GraphDefinedOp, KernelOp, Ref
 
 # enumerate_tasks splits deeper until it has at least this many tasks, or reaches MAX_SPLIT_DEPTH. Few tasks,
 # because a task replays its path by generating the siblings before it at every level (a few milliseconds a task
@@ -66,20 +68,45 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
     if big:
         paths = []
         Walk(spec, context).collect(0, split, [], paths, big)
-    if not spec.parallel_first:
+    if not (spec.parallel_first or spec.program_ops_first):
         return _numbered(spec, context, paths)
-    # The fusing tasks' children become tasks of their own, so that _numbered can order them by their grids.
-    subtrees = [p for p, sub in paths if sub]
-    classes, _ = _fusing_classes(spec, context, subtrees)
-    fusing = frozenset(p for p, c in zip(subtrees, classes, strict=True) if c == 0)
+    deeper = big
+    if spec.program_ops_first:
+        # A task whose node holds pre-defined operators only has no kernel to class yet (K's transpose alone,
+        # where a search splits at depth 1): its children, which open the first graph-defined kernel, become
+        # tasks, so that the order below sees the fusing ones among them.
+        subtrees = [p for p, sub in paths if sub]
+        bare = frozenset(
+            p for p, c in zip(subtrees, _classes(spec, context, subtrees), strict=True) if c.bare
+        )
+        paths, deeper = _split_further(spec, context, split, deeper, bare)
+    fusing: frozenset[tuple[int, ...]] = frozenset()
+    if spec.parallel_first:
+        # The fusing tasks' children become tasks of their own, so that _numbered can order them by their grids.
+        subtrees = [p for p, sub in paths if sub]
+        classes = _classes(spec, context, subtrees)
+        fusing = frozenset(p for p, c in zip(subtrees, classes, strict=True) if c.fusing == 0)
+        paths, deeper = _split_further(spec, context, split, deeper, fusing)
+        fusing &= deeper
+    return _numbered(spec, context, paths, fusing)
+
+
+def _split_further(
+    spec: SearchSpec,
+    context: SearchContext,
+    split: int,
+    deeper: frozenset[tuple[int, ...]],
+    nodes: frozenset[tuple[int, ...]],
+) -> tuple[list[tuple[tuple[int, ...], bool]], frozenset[tuple[int, ...]]]:
+    """The task paths with ``nodes`` (subtree tasks) replaced by their children, and the nodes split so far. A
+    node without children stays a task of its own (it still counts as a state)."""
     finer: list[tuple[tuple[int, ...], bool]] = []
-    Walk(spec, context).collect(0, split, [], finer, big | fusing)
-    # A node without children stays a task of its own (it still counts as a state).
+    Walk(spec, context).collect(0, split, [], finer, deeper | nodes)
     parents = {p[:-1] for p, _ in finer}
-    fusing = frozenset(p for p in fusing if p in parents)
+    deeper |= frozenset(p for p in nodes if p in parents)
     finer = []
-    Walk(spec, context).collect(0, split, [], finer, big | fusing)
-    return _numbered(spec, context, finer, fusing)
+    Walk(spec, context).collect(0, split, [], finer, deeper)
+    return finer, deeper
 
 
 def _numbered(
@@ -92,60 +119,84 @@ def _numbered(
     first graph-defined kernel reads every program input, directly or through the pre-defined operators before
     it (where one fused kernel for the whole program is found, FlashAttention's after ``K``'s transpose: a stop
     or a budget then keeps the most likely useful candidates), looped ones first, then the rest in walk order.
-    With ``spec.parallel_first``, the tasks split from one fusing task (``split``: those tasks' paths) stay
-    together where it stood and are ordered by the thread blocks of that kernel's grid at their node, most
-    first. The order is a pure function of the spec, so every process numbers the tasks alike."""
+    With ``spec.program_ops_first``, within each of those classes the tasks whose pre-defined operators (before
+    their first graph-defined kernel) are all the program's own run before the others. With
+    ``spec.parallel_first``, the tasks split from one fusing task (``split``: those tasks' paths) stay together
+    where it stood and are ordered by the thread blocks of that kernel's grid at their node, most first. The
+    order is a pure function of the spec, so every process numbers the tasks alike."""
     if spec.fused_first:
-        classes, blocks = _fusing_classes(spec, context, [p for p, _ in paths])
+        classes = _classes(spec, context, [p for p, _ in paths])
     else:
-        classes, blocks = [0] * len(paths), [1] * len(paths)
+        classes = [_Class(0, 1, False, False)] * len(paths)
+    own_first = spec.program_ops_first
     # Siblings split from one fusing task stay together, where the first of them stands in walk order.
     group: dict[tuple[int, ...], int] = {}
     for i, (p, _) in enumerate(paths):
         group.setdefault(p[:-1] if p[:-1] in split else p, i)
 
-    def key(i: int) -> tuple[int, int, int, int]:
-        p = paths[i][0]
+    def key(i: int) -> tuple[int, bool, int, int, int]:
+        p, c = paths[i][0], classes[i]
         if p[:-1] in split:
-            return classes[i], group[p[:-1]], -blocks[i], i
-        return classes[i], group[p], 0, i
+            return c.fusing, own_first and c.foreign, group[p[:-1]], -c.blocks, i
+        return c.fusing, own_first and c.foreign, group[p], 0, i
 
     order = sorted(range(len(paths)), key=key)
     return [Task(n, paths[i][0], paths[i][1]) for n, i in enumerate(order)]
 
 
-def _fusing_classes(
-    spec: SearchSpec, context: SearchContext, paths: list[tuple[int, ...]]
-) -> tuple[list[int], list[int]]:
-    """For each task path: 0 if the first graph-defined kernel on it (a finished operator or the block graph
-    the path opens) reads every input the program reads and has a loop, 1 if it does without a loop, 2 if it
-    reads fewer or the path holds none; and that kernel's thread blocks at the path's node (the product of the
-    grid sizes chosen so far; 1 without one). Which inputs a kernel tensor was computed from is the set of
-    variables of its abstract expression."""
+class _Class(NamedTuple):
+    """What orders a task (see :func:`_classes`)."""
+
+    fusing: int
+    blocks: int
+    foreign: bool
+    bare: bool
+
+
+def _classes(spec: SearchSpec, context: SearchContext, paths: list[tuple[int, ...]]) -> list[_Class]:
+    """For each task path: ``fusing`` 0 if the first graph-defined kernel on it (a finished operator or the block
+    graph the path opens) reads every input the program reads and has a loop, 1 if it does without a loop, 2 if
+    it reads fewer or the path holds none; ``blocks``, that kernel's thread blocks at the path's node (the
+    product of the grid sizes chosen so far; 1 without one); ``foreign``, whether a pre-defined operator before
+    that kernel is none the program applies (:func:`_program_ops`); ``bare``, whether the node holds pre-defined
+    operators only (no graph-defined kernel, no block graph open). Which inputs a kernel tensor was computed
+    from is the set of variables of its abstract expression."""
     w = Walk(spec, context)
     required = {spec.program.inputs[i].name for i in context.required_inputs}
+    own = _program_ops(spec.program)
+    n_in = len(spec.program.inputs)
     index = {p: i for i, p in enumerate(paths)}
-    out = [2] * len(paths)
-    blocks = [1] * len(paths)
+    out = [_Class(2, 1, False, False)] * len(paths)
 
-    def klass() -> tuple[int, int]:
+    def signature(r: Ref) -> object:
+        if r.node < n_in:
+            return r.node
+        op = w.state.ops[r.node - n_in]
+        assert isinstance(op, KernelOp)  # only those before the first graph-defined kernel are asked
+        return op.op.value, op.attrs, tuple(signature(i) for i in op.inputs)
+
+    def klass() -> _Class:
         st = w.state
-        first = next((op for op in st.ops if isinstance(op, GraphDefinedOp)), None)
-        if first is not None:
+        k = next((i for i, op in enumerate(st.ops) if isinstance(op, GraphDefinedOp)), len(st.ops))
+        foreign = any(
+            signature(Ref(n_in + j)) not in own for j in range(k)
+        )  # the pre-defined operators before the first graph-defined kernel
+        first = st.ops[k] if k < len(st.ops) else None
+        if isinstance(first, GraphDefinedOp):
             inputs = [st.ref.index(r) for r in first.inputs]
             looped = first.block.forloop > 1
             grid: list[int | None] = list(first.block.grid)
         elif st.block is not None:
             inputs, looped, grid = list(st.block.inputs), st.block.looped, list(st.block.grid)
         else:
-            return 2, 1
+            return _Class(2, 1, foreign, True)
         n = math.prod(g for g in grid if g is not None)
         read = {t.name for i in inputs for t in st.val[i].term.subterms() if t.op == "var"}
-        return ((0 if looped else 1) if required <= read else 2), n
+        return _Class((0 if looped else 1) if required <= read else 2, n, foreign, False)
 
     def down(prefix: tuple[int, ...]) -> None:
         if prefix in index:
-            out[index[prefix]], blocks[index[prefix]] = klass()
+            out[index[prefix]] = klass()
         if not any(p[: len(prefix)] == prefix and len(p) > len(prefix) for p in paths):
             return
         children = w.children()
@@ -156,7 +207,24 @@ def _fusing_classes(
             children.close()
 
     down(())
-    return out, blocks
+    return out
+
+
+def _program_ops(program: Program) -> frozenset[object]:
+    """The operators the program applies, each as its kind, attributes and operands (an input by its index),
+    the operands of a ``repeat`` standing for it: a graph-defined kernel replicates instead (a grid dim its
+    iterator does not map), as GQA's kernels read one ``K`` head for a group of query heads. A kernel's
+    pre-defined operator is the program's own if it is one of these (``transpose(K)`` in attention)."""
+    inputs = {t.id: i for i, t in enumerate(program.inputs)}
+    sig: dict[int, object] = {}
+    for node in program.nodes:
+        if node.op is None:
+            sig[node.id] = inputs[node.id]
+        elif node.op is Op.REPEAT:
+            sig[node.id] = sig[node.inputs[0]]
+        else:
+            sig[node.id] = node.op.value, node.attrs, tuple(sig[i] for i in node.inputs)
+    return frozenset(s for s in sig.values() if isinstance(s, tuple))
 
 
 def run_task(

@@ -1,0 +1,75 @@
+"""Stable FlashDecoding in the GQA and MQA split-KV presets' own spaces (issue 23 item 3): the search's own children
+reach it (as ``test_rediscovery.py`` does for the MHA form), and the presets' task order reaches its task."""
+
+from __future__ import annotations
+
+import pytest
+from test_rediscovery import (
+    _SPLIT_MAPS,
+    _SPLIT_SCALED,
+    _flash_decoding_prefix,
+    _guided_path,
+    _stable_split_kv_and_combine,
+)
+
+from gensorage.exhaustive import SearchSpec, Task, enumerate_tasks, run_task
+from gensorage.exhaustive.walk.search_context import SearchContext
+from gensorage.exhaustive.walk.subtree_memo import Memo
+from gensorage.superopt import load_preset
+from gensorage.superopt.sources import resolve_program, search_program
+from gensorage.verify import equivalent
+
+# The split kernel's maps (kernel tensor: imap, fmap) when one K/V head serves every query head (MQA): the heads
+# on grid x for Q only, K and V replicated there, their keys on grid y and the loop.
+_SHARED_KV_MAPS = {0: ((0, None), None), 2: ((None, 1), 1), 3: ((None, 2), 2)}
+
+
+def split_kv_preset_spec(preset: str) -> SearchSpec:
+    """The preset's search: its program at its search shapes, its ``[search]`` fields."""
+    p = load_preset(preset)
+    return SearchSpec(program=search_program(resolve_program(p.program), p, True, []), **p.search)
+
+
+def flash_decoding_path(spec: SearchSpec, shared_kv: bool = False) -> tuple[int, ...]:
+    """The path of the node below which the walk completes stable FlashDecoding (its combine's block graph
+    closed), reached through the search's own children; ``shared_kv``: one K/V head (MQA)."""
+    maps = _SHARED_KV_MAPS if shared_kv else _SPLIT_MAPS
+    return _guided_path(
+        spec,
+        lambda s: _flash_decoding_prefix(s, _SPLIT_SCALED, maps),
+        lambda s: len(s.state.ops) == 3 and s.state.block is None,
+    )
+
+
+@pytest.mark.parametrize("preset", ["gqa_incdec_split_kv", "mqa_incdec_split_kv"])
+def test_gqa_and_mqa_flash_decoding_in_the_split_kv_presets(preset: str) -> None:
+    # GQA: grid x over the K/V heads, each block holding its group's query heads (Q's tile [g, 1, d] against
+    # one K head's [1, d, keys]: the block matmul broadcasts, no repeat). MQA: grid x over the query heads,
+    # K and V replicated along it. Both with the keys on grid y and the loop, saving o, l and m per split,
+    # and the six-operator combine; the walk below the path completes, filters and verifies it (tier 2).
+    spec = split_kv_preset_spec(preset)
+    res = run_task(spec, Task(0, flash_decoding_path(spec, preset.startswith("mqa")), True))
+    assert res.complete and len(res.candidates) == 1
+    g = res.candidates[0].ugraph
+    assert _stable_split_kv_and_combine(g)
+    r = equivalent(spec.program, g, 1e-9, seed=5)
+    assert r and r.tier == 2
+
+
+@pytest.mark.slow
+def test_the_gqa_preset_reaches_flash_decoding() -> None:
+    # The preset's tasks in its order (fused_first, parallel_first, program_ops_first), run one after another
+    # as search_serial runs them: every task up to the first that returns stable FlashDecoding completes.
+    # Before program_ops_first, Q's transpose's tasks ran first (one of them did not finish in 120 s); before
+    # max_last_dim_only, FlashDecoding's own task did not finish in 500 s (maxima over the group's heads).
+    # 459 s on dev (load average 4.1 at the start, 2.3 at the end, 2026-11-27). Not the MQA preset yet: its
+    # task (4, 22, 42), before FlashDecoding's, does not finish in 400 s (CHANGELOG, issue 23).
+    spec = split_kv_preset_spec("gqa_incdec_split_kv")
+    tasks = enumerate_tasks(spec)
+    memo, context = Memo(), SearchContext(spec)
+    for task in tasks:
+        res = run_task(spec, task, memo=memo, context=context)
+        assert res.complete
+        if any(_stable_split_kv_and_combine(c.ugraph) for c in res.candidates):
+            return
+    pytest.fail("no task returned FlashDecoding")
