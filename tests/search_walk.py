@@ -1,9 +1,14 @@
-"""A whole search walked task by task without subtree reuse: what the pruning-law tests compare."""
+"""A whole search walked task by task without subtree reuse: what the pruning-law tests compare; and a task's
+node replayed."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from gensorage.exhaustive import SearchSpec, enumerate_tasks, run_task
 from gensorage.exhaustive.results import ugraph_key
+from gensorage.exhaustive.walk import Walk
 
 
 def candidates_and_states(spec: SearchSpec) -> tuple[list[str], int]:
@@ -16,3 +21,22 @@ def candidates_and_states(spec: SearchSpec) -> tuple[list[str], int]:
         keys |= {ugraph_key(c.ugraph) for c in res.candidates}
         states += res.stats.states
     return sorted(keys), states
+
+
+@contextmanager
+def replayed(spec: SearchSpec, path: tuple[int, ...]) -> Iterator[Walk]:
+    """The walk of ``spec`` standing at the node ``path`` names (a task's), its suspended generators closed on
+    exit: read ``.state`` (or walk its children) inside the block."""
+    w = Walk(spec)
+    suspended = []
+    try:
+        for i in path:
+            children = w.children()
+            suspended.append(children)
+            for j, _ in enumerate(children):
+                if j == i:
+                    break
+        yield w
+    finally:
+        for c in reversed(suspended):
+            c.close()

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from search_walk import candidates_and_states
+from search_walk import candidates_and_states, replayed
 
 from gensorage.errors import ConfigError
 from gensorage.exhaustive import SearchSpec, enumerate_tasks, search_serial
 from gensorage.exhaustive.derived_limits import MAX_BLOCK_OPS, derive_limits
-from gensorage.exhaustive.walk import Walk, block_level
+from gensorage.exhaustive.walk import block_level
 from gensorage.program import Program, load_config
 from gensorage.superopt import superoptimize
 from gensorage.superopt.search_shapes import derive_search_shapes
@@ -188,31 +188,22 @@ def test_the_bound_before_the_last_kernel_with_only_predefined_operators_after_k
 def _first_custom_kernel(spec: SearchSpec, path: tuple[int, ...]) -> tuple[set[str], bool] | None:
     """The program inputs the first graph-defined kernel on ``path`` was computed from, and whether it loops
     (None: the path holds none), by replaying the path and reading the kernel graph."""
-    w = Walk(spec)
-    suspended = []
-    for i in path:
-        children = w.children()
-        suspended.append(children)
-        for j, _ in enumerate(children):
-            if j == i:
-                break
-    st = w.state
-    names = [t.name for t in spec.program.inputs]
-    # Which program inputs each kernel operator's results depend on, through the operators before it.
-    deps: list[set[str]] = []
+    with replayed(spec, path) as w:
+        st = w.state
+        names = [t.name for t in spec.program.inputs]
+        # Which program inputs each kernel operator's results depend on, through the operators before it.
+        deps: list[set[str]] = []
 
-    def of(r: Ref) -> set[str]:
-        return {names[r.node]} if r.node < len(names) else deps[r.node - len(names)]
+        def of(r: Ref) -> set[str]:
+            return {names[r.node]} if r.node < len(names) else deps[r.node - len(names)]
 
-    got: tuple[set[str], bool] | None = None
-    for op in st.ops:
-        deps.append(set().union(*(of(r) for r in op.inputs)))
-        if isinstance(op, GraphDefinedOp) and got is None:
-            got = (deps[-1], op.block.forloop > 1)
-    if got is None and st.block is not None:
-        got = (set().union(*(of(st.ref[i]) for i in st.block.inputs)), st.block.looped)
-    for children in reversed(suspended):
-        children.close()
+        got: tuple[set[str], bool] | None = None
+        for op in st.ops:
+            deps.append(set().union(*(of(r) for r in op.inputs)))
+            if isinstance(op, GraphDefinedOp) and got is None:
+                got = (deps[-1], op.block.forloop > 1)
+        if got is None and st.block is not None:
+            got = (set().union(*(of(st.ref[i]) for i in st.block.inputs)), st.block.looped)
     return got
 
 

@@ -9,11 +9,11 @@ import math
 from pathlib import Path
 
 import pytest
+from search_walk import replayed
 from test_rediscovery import _stable_split_kv_and_combine
 
 from gensorage.errors import ConfigError
 from gensorage.exhaustive import SearchSpec, Task, enumerate_tasks, run_search, run_task, search_serial
-from gensorage.exhaustive.walk import Walk
 from gensorage.exhaustive.walk.search_context import SearchContext
 from gensorage.exhaustive.walk.subtree_memo import Memo
 from gensorage.program import Program
@@ -38,27 +38,18 @@ def _softmax_spec(**changes: object) -> SearchSpec:
 def _at(spec: SearchSpec, path: tuple[int, ...]) -> tuple[int, bool, int]:
     """Replaying ``path``: its number of children, whether its first graph-defined kernel has a loop, and that
     kernel's thread blocks there (the grid sizes chosen so far)."""
-    w = Walk(spec)
-    suspended = []
-    for i in path:
+    with replayed(spec, path) as w:
+        st = w.state
+        first = next((op for op in st.ops if isinstance(op, GraphDefinedOp)), None)
+        if first is not None:
+            looped, grid = first.block.forloop > 1, list(first.block.grid)
+        elif st.block is not None:
+            looped, grid = st.block.looped, list(st.block.grid)
+        else:
+            looped, grid = False, []
         children = w.children()
-        suspended.append(children)
-        for j, _ in enumerate(children):
-            if j == i:
-                break
-    st = w.state
-    first = next((op for op in st.ops if isinstance(op, GraphDefinedOp)), None)
-    if first is not None:
-        looped, grid = first.block.forloop > 1, list(first.block.grid)
-    elif st.block is not None:
-        looped, grid = st.block.looped, list(st.block.grid)
-    else:
-        looped, grid = False, []
-    children = w.children()
-    n = sum(1 for _ in children)
-    children.close()
-    for c in reversed(suspended):
-        c.close()
+        n = sum(1 for _ in children)
+        children.close()
     return n, looped, math.prod(g for g in grid if g is not None)
 
 

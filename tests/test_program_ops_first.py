@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from search_walk import replayed
 from test_parallel_first import _at
 from test_split_kv_rediscovery import flash_decoding_path, split_kv_preset_spec
 
 from gensorage.errors import ConfigError
 from gensorage.exhaustive import SearchSpec, enumerate_tasks, search_serial
-from gensorage.exhaustive.walk import Walk
 from gensorage.exhaustive.walk import tasks as task_module
 from gensorage.opset import Op
 from gensorage.program import Program
@@ -41,20 +41,11 @@ def _xwt_spec(**changes: object) -> SearchSpec:
 def _prefix_ops(spec: SearchSpec, path: tuple[int, ...]) -> list[KernelOp] | None:
     """The pre-defined operators before the first graph-defined kernel at ``path``'s node; None if the node
     holds pre-defined operators only (no graph-defined kernel, no block graph open)."""
-    w = Walk(spec)
-    suspended = []
-    for i in path:
-        children = w.children()
-        suspended.append(children)
-        for j, _ in enumerate(children):
-            if j == i:
-                break
-    st = w.state
-    k = next((i for i, op in enumerate(st.ops) if isinstance(op, GraphDefinedOp)), None)
-    bare = k is None and st.block is None
-    ops = [op for op in st.ops[: len(st.ops) if k is None else k] if isinstance(op, KernelOp)]
-    for c in reversed(suspended):
-        c.close()
+    with replayed(spec, path) as w:
+        st = w.state
+        k = next((i for i, op in enumerate(st.ops) if isinstance(op, GraphDefinedOp)), None)
+        bare = k is None and st.block is None
+        ops = [op for op in st.ops[: len(st.ops) if k is None else k] if isinstance(op, KernelOp)]
     return None if bare else ops
 
 
