@@ -82,3 +82,30 @@ def test_the_narrowed_matmul_matches_the_converting_one(scale: float) -> None:
     want = narrowed.run(*xs)[-1].astype(np.float64)
     assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b)
     assert np.linalg.norm(a - want) <= 2e-2 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("outlier", [1.0, 300.0, 1000.0])
+def test_a_row_fused_norm_stores_its_matmul_operand_in_bfloat16_at_outlier_magnitudes(outlier: float) -> None:
+    # The row-fused µGraph (what users get without a search): the norm is one graph-defined kernel whose saved
+    # output only the projection reads, so the saver stores it in bfloat16. One massive-activation channel (as
+    # LLaMA's) and a bfloat16 program: within 2e-2 of float64, and the same as the unfused µGraph's kernels.
+    from gensorage.precision import DEFAULT_PRECISION
+    from gensorage.superopt.row_fusion import fused_direct
+    from gensorage.ugraph.ir import GraphDefinedOp
+
+    p, _ = _norm_projection("bfloat16")
+    g = fused_direct(p, DEFAULT_PRECISION, H200)
+    assert g is not None
+    a = _matmul_operand(g)
+    assert isinstance(g.ops[a.node - len(g.inputs)], GraphDefinedOp)
+    assert a in matmul_operands(g) and infer(g).of(a).dtype == "bfloat16"
+    xs = p.random_inputs(seed=4)
+    x = xs[0].astype(np.float32)
+    x[:, 7] *= outlier
+    xs[0] = x.astype(xs[0].dtype)
+    want = np.asarray(p.run(*xs)[-1], dtype=np.float64)
+    fused = compile_ugraph(g, H200, "llvm").run(*xs)[-1].astype(np.float64)
+    direct = compile_ugraph(from_program(p), H200, "llvm").run(*xs)[-1].astype(np.float64)
+    assert np.isfinite(fused).all()
+    assert np.linalg.norm(fused - want) <= 2e-2 * np.linalg.norm(want)
+    assert np.linalg.norm(fused - direct) <= 1e-2 * np.linalg.norm(direct)
