@@ -339,7 +339,7 @@ def _construct(
     found = _chain(space, None)
     for c in range(CHAINS - 1):
         found += _chain(space, random.Random(seed * 1000 + c))
-    return _pick(found, dims, hw, dtype, gather, space)
+    return _pick(found, space)
 
 
 def preferred(
@@ -351,28 +351,21 @@ def preferred(
 ) -> Tiles:
     """The state the construction prefers among ``states`` (in this order) that fit ``hw``: the fastest
     predicted, ties within ``TIE`` broken as the chains' pick is (:func:`_tie_break`)."""
-    costs = [(predict_tiles_time(dims, s, hw, dtype, gather), s) for s in states]
-    return _pick([(c.total_s, s) for c, s in costs if c is not None], dims, hw, dtype, gather)[0]
+    space = _Space(dims, hw, dtype, split=False, gather=gather)  # costs only: no moves are asked
+    costs = [(space.cost(s), s) for s in states]
+    return _pick([(c.total_s, s) for c, s in costs if c is not None], space)[0]
 
 
-def _pick(
-    found: list[tuple[float, Tiles]],
-    dims: tuple[int, int, int, int],
-    hw: HwProfile,
-    dtype: str,
-    gather: bool = False,
-    space: _Space | None = None,
-) -> tuple[Tiles, TensorCoreCost]:
-    """The best of the states the chains visited (ties broken by :func:`_tie_break`); ``space``: their
-    memoised costs (the same predictions)."""
+def _pick(found: list[tuple[float, Tiles]], space: _Space) -> tuple[Tiles, TensorCoreCost]:
+    """The best of the states the chains visited over ``space`` (ties broken by :func:`_tie_break`)."""
     if not found:
-        raise ScheduleError(f"no tensor-core kernel fits {hw.name} for matmul {dims}")
+        raise ScheduleError(f"no tensor-core kernel fits {space.hw.name} for matmul {space.dims}")
     fastest = min(t for t, _ in found)
     # In the chains' visiting order, not a set's: ties left by _tie_break go to the first visited, the same in
     # every process (a set of tiles with a str field iterates in a hash-seeded order).
     near = list(dict.fromkeys(s for t, s in found if t <= fastest * (1 + TIE)))
-    costs = {s: space.cost(s) if space else predict_tiles_time(dims, s, hw, dtype, gather) for s in near}
-    best = max(near, key=lambda s: _tie_break(s, costs[s], hw))
+    costs = {s: space.cost(s) for s in near}
+    best = max(near, key=lambda s: _tie_break(s, costs[s], space.hw))
     cost = costs[best]
     assert cost is not None
     return best, cost
@@ -469,7 +462,7 @@ def _warm(
     found += _chain(space, None, start)
     for c in range(WARM_CHAINS):
         found += _chain(space, random.Random(seed * 1000 + c), start)
-    best, cost = _pick(found, dims, hw, dtype, space=space)
+    best, cost = _pick(found, space)
     assert isinstance(best, TensorCoreTiles)  # no wgmma in this space
     _WARM[key] = best, cost
     _remember(dims, hw, dtype, seed, split, _WARM[key][0])
