@@ -35,6 +35,7 @@ class Env:
     memory_bytes: int = 8 * 2**30
     use_compile: bool = True
     modules: dict[str, Any] = field(default_factory=dict)
+    per_kernel: bool = False  # also time each launch of a program case alone (``kernel_times``)
     # Baselines measured once per (kind, shape or program, dtype): a GEMM's tilings share one cuBLAS timing.
     baselines: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
@@ -85,11 +86,16 @@ def load_kernels(env: Env, case: Case) -> list[Any]:
     return funcs
 
 
-def ours(env: Env, case: Case, funcs: list[Any], tensors: Mapping[str, Any]) -> Callable[[], list[Any]]:
-    launches = [
+def kernel_launches(env: Env, case: Case, funcs: list[Any], tensors: Mapping[str, Any]) -> list[BoundLaunch]:
+    """The case's launches, in order, on ``tensors`` (one copy of its inputs, intermediates and outputs)."""
+    return [
         BoundLaunch(env, f, spec, [tensors[n].data_ptr() for n in spec.args])
         for f, spec in zip(funcs, case.kernels, strict=True)
     ]
+
+
+def ours(env: Env, case: Case, funcs: list[Any], tensors: Mapping[str, Any]) -> Callable[[], list[Any]]:
+    launches = kernel_launches(env, case, funcs, tensors)
     outputs = [tensors[n] for n in case.outputs_order]
 
     def run() -> list[Any]:
@@ -150,6 +156,24 @@ def time_replays(torch: Any, fns: list[Callable[[], Any]]) -> dict[str, Any]:
     rec.update(median_s=statistics.median(samples), p10_s=deciles[0], p90_s=deciles[-1], reps=reps)
     rec["samples"] = len(samples)
     return rec
+
+
+def kernel_times(
+    torch: Any,
+    launch_sets: list[list[Callable[[], Any]]],
+    timer: Callable[[Any, list[Callable[[], Any]]], dict[str, Any]] = time_replays,
+) -> list[dict[str, Any]]:
+    """Each launch of a case timed alone: ``launch_sets[i][k]`` is launch ``k`` on input copy ``i``; launch
+    ``k``'s replays cycle over the copies as the whole case's do. Its operands are what the case's own runs
+    left in the copies (the inputs and the earlier launches' results), so it computes what it computes in the
+    case. A launch whose timing fails has its one-line error instead."""
+    out = []
+    for k in range(len(launch_sets[0])):
+        try:
+            out.append(timer(torch, [launches[k] for launches in launch_sets]))
+        except Exception as exc:
+            out.append({"error": one_line(exc)})
+    return out
 
 
 # ---------------------------------------------------------------------------- the device, once per bundle

@@ -347,11 +347,13 @@ def program_case(
     names = _tensor_names(g, info)
     tensors = _program_tensors(g, info, names)
     by_function = {k.name: k for k in kernels}
-    entries = []
+    entries, launch_ops = [], []
     for la in launch_specs(mod, cuda_target(hw), config, order=[k.name for k in kernels]):
         kern = by_function[la.function]
         refs = [names[p.ref] if p.ref is not None else f"{kern.name}_{p.name}" for p in kern.params]
         entries.append(_kernel_entry(la, cubin, refs, [p.shape for p in kern.params]))
+        launch_ops.append(kern.op_index)
+    costs = kernel_costs(g, hw, plans=plans)  # the layout bundled
     for kern in kernels:  # split-k partials: a buffer of the kernel's own
         tensors += [
             {
@@ -373,7 +375,7 @@ def program_case(
         "outputs_order": [names[r] for r in g.outputs],
         "kernels": entries,
         "program": {"path": program_path(name, program, out, base), "params": {}},
-        "predicted_s": sum(c.time_s for c in kernel_costs(g, hw, plans=plans)),  # the layout bundled
+        "predicted_s": sum(c.time_s for c in costs),
         "flops": 0,
         "min_bytes": sum(math.prod(t.shape) * 2 for t in program.inputs),
         "meta": {
@@ -381,6 +383,10 @@ def program_case(
             "tensor_cores": any(k.rule.startswith(RULE) for k in kernels),
             "mma_warps": mma_warps,
             "stages": stages,
+            # Per launch, the µGraph operator it belongs to (a split-k matmul launches twice), and the model's
+            # time per operator: what ``--per-kernel`` runs compare kernel by kernel.
+            "launch_ops": launch_ops,
+            "op_predicted_s": [c.time_s for c in costs],
         },
     }
 

@@ -56,6 +56,8 @@ from benchmarks.gpu_device import (  # noqa: E402
     Env,
     ceilings,
     device_facts,
+    kernel_launches,
+    kernel_times,
     load_kernels,
     ours,
     self_check,
@@ -327,8 +329,46 @@ def run_case(env: Env, case: Case, deadline: Deadline) -> dict[str, Any]:
             m["error"] = one_line(exc)
     env.baselines[key] = known | {n: m for n, m in rec["methods"].items() if n != "ours"}
     rec["methods"] |= {n: m | {"reused": True} for n, m in known.items()}
+    if env.per_kernel and program is not None and "median_s" in rec["methods"]["ours"]:
+        if deadline.left() < TIMING_RESERVE_S * len(case.kernels):
+            rec["kernels_skipped"] = "deadline"
+        else:
+            funcs = load_kernels(env, case)
+            launch_sets = [kernel_launches(env, case, funcs, tensors) for tensors in sets]
+            rec["kernels"] = kernel_records(case, kernel_times(torch, launch_sets))
     add_rates(rec)
     return rec
+
+
+def kernel_records(case: Case, times: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each launch's own timing with its entry, the µGraph operator it belongs to (the bundle's
+    ``meta.launch_ops``) and, on that operator's first launch, the model's time for the operator
+    (``meta.op_predicted_s``; an operator's launches together stand against it)."""
+    meta = case.raw.get("meta") or {}
+    ops = meta.get("launch_ops") or [None] * len(case.kernels)
+    predicted = meta.get("op_predicted_s") or []
+    seen: set[int] = set()
+    out = []
+    for spec, op, timing in zip(case.kernels, ops, times, strict=True):
+        rec = {"entry": spec.entry, "op": op} | timing
+        if op is not None and op not in seen and op < len(predicted):
+            rec["op_predicted_s"] = predicted[op]
+            seen.add(op)
+        out.append(rec)
+    return out
+
+
+def kernel_table(result: dict[str, Any]) -> str:
+    """Per launch of every case timed kernel by kernel: measured and (per operator) predicted µs."""
+    lines = []
+    for c in result.get("cases", []):
+        for k in c.get("kernels") or []:
+            us = f"{k['median_s'] * 1e6:9.1f}" if "median_s" in k else f"{'-':>9}"
+            pred = f"{k['op_predicted_s'] * 1e6:9.1f}" if "op_predicted_s" in k else f"{'':>9}"
+            lines.append(f"{c['name'][:36]:<36} {k['entry'][:32]:<32} {us} {pred} {k.get('error', '')}")
+    if not lines:
+        return ""
+    return "\n".join([f"{'case':<36} {'kernel':<32} {'ours_us':>9} {'pred_us':>9}", *lines])
 
 
 def baseline_key(case: Case) -> str:
@@ -398,7 +438,7 @@ def device_line(result: dict[str, Any]) -> str:
     return f"{dev.get('gpu')} ({dev.get('sm_count')} SMs, driver {dev.get('driver')}): {rates}; self-check {checked}"
 
 
-def start_env(bundle_dir: Path, use_compile: bool) -> Env:
+def start_env(bundle_dir: Path, use_compile: bool, per_kernel: bool = False) -> Env:
     import cupy
     import numpy
     import torch
@@ -406,7 +446,9 @@ def start_env(bundle_dir: Path, use_compile: bool) -> Env:
     props = torch.cuda.get_device_properties(0)
     free, _total = torch.cuda.mem_get_info()
     l2 = getattr(props, "L2_cache_size", 0) or 50 * 2**20
-    return Env(torch, cupy, numpy, Path(bundle_dir), "cuda", l2, free // 2, use_compile)
+    env = Env(torch, cupy, numpy, Path(bundle_dir), "cuda", l2, free // 2, use_compile)
+    env.per_kernel = per_kernel
+    return env
 
 
 def run_bundle(
@@ -417,17 +459,19 @@ def run_bundle(
     use_compile: bool = True,
     only: list[str] | None = None,
     commit: str | None = None,
+    per_kernel: bool = False,
 ) -> dict[str, Any]:
     """Measure every case of ``bundle_dir`` (None: only the self-check and the device facts) into ``out``;
     ``commit``: the commit of the code that runs (default: ``git rev-parse HEAD``, which on a lent machine is the
-    checkout the session started from, not the tree that was sent).
+    checkout the session started from, not the tree that was sent); ``per_kernel``: also time each launch of a
+    program case alone (``kernels`` in its record).
 
     The JSON is rewritten after every case, so a run cut short still leaves what it measured; cases past
     ``deadline_s`` (from the call) are listed under ``not_run``.
     """
     deadline = Deadline(time.monotonic() + deadline_s)
     manifest = read_manifest(bundle_dir) if bundle_dir is not None else {"prepared": {}, "cases": []}
-    env = start_env(bundle_dir or Path("."), use_compile)
+    env = start_env(bundle_dir or Path("."), use_compile, per_kernel)
     result: dict[str, Any] = {"benchmark": "gpu_suite", "machine": machine_info(), "deadline_s": deadline_s}
     result["commit"] = {"prepared": manifest["prepared"].get("commit"), "runner": commit or git_commit()}
     result |= {"prepared": manifest["prepared"], "device": device_facts(env.torch, env.cupy)}
@@ -452,6 +496,8 @@ def run_bundle(
     write_json(Path(out), result)
     print(device_line(result))
     print(summary_table(result))
+    if table := kernel_table(result):
+        print(table)
     return result
 
 
@@ -483,11 +529,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--self-check", action="store_true", help="check the launch path first (NVRTC kernel)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     ap.add_argument("--only", nargs="*", default=None, help="run only cases whose name contains one of these")
+    ap.add_argument("--per-kernel", action="store_true", help="also time each launch of a program case alone")
     args = ap.parse_args(argv)
     if args.bundle is None and not args.self_check:
         ap.error("give --bundle, --self-check, or both")
     try:
-        run_bundle(args.bundle, args.out, args.deadline_s, args.self_check, not args.no_compile, args.only)
+        run_bundle(
+            args.bundle,
+            args.out,
+            args.deadline_s,
+            args.self_check,
+            not args.no_compile,
+            args.only,
+            per_kernel=args.per_kernel,
+        )
     except ManifestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

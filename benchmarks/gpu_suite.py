@@ -178,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         use_compile=not args.no_compile,
         only=args.only,
         commit=args.commit,
+        per_kernel=args.per_kernel,
     )
     return 0
 
@@ -194,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--no-compile", action="store_true", help="skip the torch.compile baselines (with --bundle)"
+    )
+    ap.add_argument(
+        "--per-kernel",
+        action="store_true",
+        help="also time each launch of a program case alone, beside the model's time of its operator (with --bundle)",
     )
     ap.add_argument("--hw", default="h100", help="hardware profile (with --prepare)")
     ap.add_argument(

@@ -45,6 +45,11 @@ def test_a_bundle_of_gemms_and_a_program_validates(tmp_path: Path) -> None:
     assert split.kernels[0].args[-1] == split.kernels[1].args[0] == "P"
     program = parsed["program_rmsnorm"]
     assert [k.entry for k in program.kernels][:2] == ["kernel0_mul_kernel", "kernel1_sum_kernel"]
+    # per launch its µGraph operator (the split-k matmul's two launches share one), the model per operator
+    ops, predicted = program.raw["meta"]["launch_ops"], program.raw["meta"]["op_predicted_s"]
+    assert len(ops) == len(program.kernels) and ops == sorted(ops) and len(ops) > len(set(ops))
+    assert set(ops) == set(range(len(predicted))) and all(p > 0 for p in predicted)
+    assert sum(predicted) == pytest.approx(program.raw["predicted_s"])
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert [c["meta"].get("variant") for c in manifest["cases"]][:3] == ["constructed"] * 3  # GEMMs first
     for case in manifest["cases"]:

@@ -425,6 +425,42 @@ def test_rates_and_summary_table() -> None:
     assert lines[-2] == "geomean speedup (baseline / ours): cuBLAS 1.00x"  # sqrt(0.5 * 2)
 
 
+def test_each_launch_is_timed_alone_over_every_copy() -> None:
+    from benchmarks.gpu_device import kernel_times
+
+    ran: list[str] = []
+    sets = [[(lambda c=c, k=k: ran.append(f"{c}{k}")) for k in "abc"] for c in "01"]
+
+    def timer(_torch: Any, fns: list[Any]) -> dict[str, Any]:
+        for f in fns:
+            f()
+        if ran[-1].endswith("b"):
+            raise RuntimeError("capture failed\non two lines")
+        return {"median_s": float(len(fns))}
+
+    times = kernel_times(None, sets, timer)
+    assert ran == ["0a", "1a", "0b", "1b", "0c", "1c"]  # launch k on copy 0 then copy 1, one launch at a time
+    assert times == [{"median_s": 2.0}, {"error": "RuntimeError: capture failed"}, {"median_s": 2.0}]
+
+
+def test_kernel_records_name_each_launchs_operator_and_its_prediction(tmp_path: Path) -> None:
+    raw = program_case()
+    raw["kernels"] = [dict(raw["kernels"][0], entry=e) for e in ("k0", "k1_a", "k1_b", "k2")]
+    raw["meta"] = {"launch_ops": [0, 1, 1, 2], "op_predicted_s": [1e-6, 4e-6, 2e-6]}
+    case = parse_case(raw, write_bundle(tmp_path, [raw]))
+    times = [{"median_s": t} for t in (1e-6, 3e-6, 1e-6, 5e-6)]
+    records = gr.kernel_records(case, times)
+    assert [(r["entry"], r["op"]) for r in records] == [("k0", 0), ("k1_a", 1), ("k1_b", 1), ("k2", 2)]
+    # an operator's prediction stands once, on its first launch (a split-k matmul's two launches share it)
+    assert [r.get("op_predicted_s") for r in records] == [1e-6, 4e-6, None, 2e-6]
+    table = gr.kernel_table({"cases": [{"name": case.name, "kernels": records}]}).splitlines()
+    assert len(table) == 5 and "k1_a" in table[2] and "3.0" in table[2] and "4.0" in table[2]
+    assert gr.kernel_table({"cases": [{"name": "x"}]}) == ""
+    del raw["meta"]  # a bundle prepared before the per-launch operators: the timings, no operators
+    old = gr.kernel_records(parse_case(raw, tmp_path), times)
+    assert [r["op"] for r in old] == [None] * 4 and all("op_predicted_s" not in r for r in old)
+
+
 def test_device_line() -> None:
     result = {
         "device": {"gpu": "NVIDIA H100", "sm_count": 132, "driver": "580.1"},
