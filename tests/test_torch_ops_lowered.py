@@ -169,6 +169,53 @@ def test_means_and_sums_over_every_dim_match_torch(entry: str, dtype: torch.dtyp
     compiled.report()
 
 
+def _norms(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``torch.linalg.vector_norm`` of orders 2 (``Tensor.norm``), 1 (every dim: 0-d) and inf, and
+    ``F.normalize`` (a 2-norm, ``clamp_min`` and a division)."""
+    return (
+        x.norm(dim=-1),
+        torch.linalg.vector_norm(x, ord=1),
+        torch.linalg.vector_norm(x, ord=math.inf, dim=0, keepdim=True),
+        torch.nn.functional.normalize(x, dim=-1),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_vector_norms_match_torch(entry: str, dtype: torch.dtype) -> None:
+    warm = torch.linspace(-4.0, 4.0, 24).reshape(3, 8).to(dtype)
+    compiled = _Compiled(
+        _norms, entry, warm
+    )  # one gensorage subgraph: linalg_vector_norm stays in torch no more
+
+    @settings(max_examples=10, deadline=None)
+    @given(magnitude=MAGNITUDE, values=VALUES)
+    def check(magnitude: float, values: list[float]) -> None:
+        x = _drawn(magnitude, values, []).to(dtype)
+        got = compiled(x)
+        with torch.no_grad():  # torch in float32, as the kernels compute: in float16, F.normalize's eps
+            want = tuple(w.to(dtype) for w in _norms(x.float()))  # (1e-12) is 0, and a zero row gives 0 / 0
+        assert [g.shape for g in got] == [
+            torch.Size([3]),
+            torch.Size([]),
+            torch.Size([1, 8]),
+            torch.Size([3, 8]),
+        ]
+        _same(got, want, TOLERANCE[str(dtype).removeprefix("torch.")])
+
+    check()
+    compiled.report()
+
+
+def test_vector_norms_of_other_orders_stay_in_torch() -> None:
+    torch._dynamo.reset()
+    compiled = gtorch.compile(lambda x: torch.linalg.vector_norm(x, ord=3, dim=-1) + 1.0)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), torch.linalg.vector_norm(x, ord=3, dim=-1) + 1.0)
+    assert "a vector norm of order 3 (gensorage lowers 1, 2 and inf)" in compiled.explain()
+
+
 @pytest.fixture(scope="module")
 def lowered_programs() -> dict[str, gensorage.Program]:
     """The Programs the front end lowers :func:`_elementwise`, :func:`_logs_and_clamps` and :func:`_reductions`

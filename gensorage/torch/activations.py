@@ -87,9 +87,12 @@ def clamp(lw: Lowering, node: fx.Node) -> Value:
 
 
 def abs_(lw: Lowering, node: fx.Node) -> Value:
-    """``relu(x) + relu(−x)``: one of the two is 0, so the sum is exact (inf at ±inf)."""
-    x = lw.tensor(_args(node)[0])
+    return absolute(lw, lw.tensor(_args(node)[0]))
+
+
+def absolute(lw: Lowering, x: Tensor) -> Tensor:
+    """``|x|`` as ``relu(x) + relu(−x)``: one of the two is 0, so the sum is exact (inf at ±inf)."""
     return lw.p.add(lw.p.relu(x), lw.p.relu(lw.p.scale(x, -1.0)))
 
 
-__all__ = ["CLAMP_ARGS", "abs_", "clamp", "exp_pair", "gelu", "log_softmax", "sigmoid"]
+__all__ = ["CLAMP_ARGS", "abs_", "absolute", "clamp", "exp_pair", "gelu", "log_softmax", "sigmoid"]

@@ -26,4 +26,11 @@ def scalar_arg(node: fx.Node, x: Any) -> float:
     return float(x)
 
 
-__all__ = ["node_args", "node_kwargs", "scalar_arg"]
+def reduced_dims(x: Any, ndim: int) -> list[int]:
+    """A reduction's ``dim`` argument as sorted non-negative dims (``None`` or empty: every dim, as torch reads
+    it)."""
+    dims = [x] if isinstance(x, int) else list(x or range(ndim))
+    return sorted({d % ndim for d in dims})
+
+
+__all__ = ["node_args", "node_kwargs", "reduced_dims", "scalar_arg"]

@@ -30,6 +30,7 @@ from gensorage.program import Program, Tensor
 from gensorage.torch.activations import CLAMP_ARGS, abs_, clamp, gelu, log_softmax, sigmoid
 from gensorage.torch.fx_args import node_args as _args
 from gensorage.torch.fx_args import node_kwargs as _kw
+from gensorage.torch.fx_args import reduced_dims
 from gensorage.torch.fx_args import scalar_arg as _scalar
 from gensorage.torch.kept_in_torch import IN_TORCH, stays_in_torch
 from gensorage.torch.layout import (
@@ -47,6 +48,7 @@ from gensorage.torch.layout import (
     unbind,
 )
 from gensorage.torch.sdpa_ops import SDPA_ARGS
+from gensorage.torch.vector_norm import vector_norm
 
 #: The dtypes gensorage kernels take (torch name → gensorage name).
 DTYPES: dict[torch.dtype, str] = {
@@ -233,11 +235,6 @@ def program_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return shape or (1,)
 
 
-def _dims(x: Any, ndim: int) -> list[int]:
-    dims = [x] if isinstance(x, int) else list(x or range(ndim))
-    return sorted({d % ndim for d in dims})
-
-
 # ---------------------------------------------------------------------------------------------- elementwise
 
 
@@ -369,7 +366,7 @@ def _has_ancestor_of(node: fx.Node, dtype: torch.dtype) -> bool:
 def _reduce(kind: str) -> Rule:
     def rule(lw: Lowering, node: fx.Node) -> Value:
         x = lw.tensor(_args(node)[0])
-        dims = _dims(_args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim"), x.ndim)
+        dims = reduced_dims(_args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim"), x.ndim)
         keepdim = bool(_args(node)[2] if len(_args(node)) > 2 else _kw(node).get("keepdim", False))
         if _kw(node).get("dtype") is not None:
             raise UnsupportedOpError(f"{node.name}: a reduction with a dtype conversion")
@@ -389,7 +386,7 @@ def _reduce(kind: str) -> Rule:
 def _var(lw: Lowering, node: fx.Node) -> Value:
     """``Σ (x − mean)² / (n − correction)`` over ``dim`` (torch's default correction is 1, Bessel's)."""
     x = lw.tensor(_args(node)[0])
-    dims = _dims(_args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim"), x.ndim)
+    dims = reduced_dims(_args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim"), x.ndim)
     correction = _kw(node).get("correction")
     correction = 1 if correction is None else correction
     count = math.prod(x.shape[d] for d in dims)
@@ -543,6 +540,7 @@ RULES: dict[str, Rule] = {
     "aten.sum.default": _reduce("sum"),
     "aten.amax.default": _reduce("amax"),
     "aten.var.correction": _var,
+    "aten.linalg_vector_norm.default": vector_norm,
     "aten._softmax.default": _softmax,
     "aten.native_layer_norm.default": _layer_norm,
     "aten.softmax.int": _softmax,
