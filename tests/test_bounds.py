@@ -15,7 +15,7 @@ from gensorage.verify.bounds import (
     VARIABLE,
     Bound,
     BoundsArith,
-    _reshape_shared,
+    _reshape_distinct,
     bound_add,
     bound_div,
     bound_exp,
@@ -122,10 +122,16 @@ def test_lax_check_names_the_op() -> None:
     )
 
 
-def test_reshape_sharing() -> None:
-    assert _reshape_shared((4, 6), (True, False), (24,)) == (False,)
-    assert _reshape_shared((2, 3, 4), (True, True, False), (6, 4)) == (True, False)
-    assert _reshape_shared((4, 1), (True, False), (1, 4)) == (True, True)
+def test_reshape_distinct_denominators() -> None:
+    # heads × head_dim merged: as many denominators as heads when they do not vary along head_dim
+    assert _reshape_distinct((4, 6), (4, 1), (24,)) == (4,)
+    assert _reshape_distinct((4, 6), (1, 6), (24,)) == (6,)
+    assert _reshape_distinct((2, 3, 4), (1, 1, 4), (6, 4)) == (1, 4)
+    assert _reshape_distinct((4, 1), (1, 1), (1, 4)) == (1, 1)
+    assert _reshape_distinct((24,), (3,), (4, 6)) == (
+        3,
+        3,
+    )  # a split axis: each part sees at most the old count
 
 
 def test_microgaph_bounds_run_through_the_same_walk() -> None:

@@ -220,3 +220,24 @@ def test_a_cuda_build_compiles_kernels_of_the_same_code_once(tmp_path: Path) -> 
         assert all(ex[k.name] is not None for k in kernels)
         full = compile_ugraph(e.graph, e.compiled.hw, "cuda")  # outside the dispatcher: every kernel
         assert "kernel1_matmul_kernel(" in full.cuda_source()
+
+
+def test_a_new_shape_whose_row_fusion_forms_other_kernels_takes_the_direct_graph(tmp_path: Path) -> None:
+    """A program too large to check at its shapes keeps its row-fused µGraph at a new shape only where the rule
+    forms the kernels its first shape's check witnessed: rows of 2^18 no longer fit a block, so the softmax
+    stays one kernel per op there while the norm still fuses."""
+
+    def two_rows(m: int, n: int) -> Program:
+        p = Program(name="two_rows")
+        x, y = p.input("X", (m, n), "float32"), p.input("Y", (64, 4096), "float32")
+        e = p.exp(x)
+        p.output(p.div(e, p.sum(e, 1)))
+        p.output(p.div(y, p.sqrt(p.sum(p.mul(y, y), 1))))
+        return p
+
+    d = Dispatcher(store=tmp_path / "s.sqlite")
+    first = d.kernels(two_rows(1024, 4096))
+    assert first.origin == "fused" and first.equivalence.method == "search shapes" and first.num_kernels == 2
+    e = d.kernels(two_rows(16, 1 << 18))
+    assert e.reused and d.stats.direct_fallbacks == 1 and any("other kernels" in n for n in e.notes)
+    assert e.num_kernels == len(two_rows(16, 1 << 18).nodes) - 2  # one per op: the direct µGraph

@@ -42,8 +42,9 @@ def test_fused_option_is_checked_at_search_shapes_when_too_large() -> None:
 
 def test_no_fused_option_when_its_check_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
     # A program too large to check at its own shapes whose check at the search shapes cannot run either (a
-    # LLaMA-3-8B decoder layer's first tier cannot bound its error there): no fused option, and
-    # superoptimize keeps the direct µGraph instead of failing (the layer fell back to torch on an H200).
+    # LLaMA-3-8B decoder layer's first tier could not bound its error there before its search shapes shrank
+    # around head_dim): no fused option, and superoptimize keeps the direct µGraph instead of failing (the layer
+    # fell back to torch on an H200).
     from gensorage.errors import VerificationError
     from gensorage.superopt import row_fusion, superoptimize
 
@@ -73,3 +74,20 @@ def test_a_candidates_remaining_ops_are_fused_and_checked() -> None:
         Option(fused.graph, 0.0, "search #1", cand, {"equivalent": False}), p, HW, 1e-6, seed=0
     )
     assert bad.search_report is not None and bad.search_report["equivalent"] is False
+
+
+def test_the_check_at_search_shapes_needs_the_same_kernels() -> None:
+    """A softmax over rows of 2^18 does not fit a block at its own shapes (its ops stay one kernel each) but
+    fuses at the search shapes (rows of 64): the check there would not witness the rewrite at the program's
+    own shapes, so the fused option's report says not equivalent."""
+    from gensorage.superopt.row_fusion import small_shape_report
+
+    p = Program("two_rows")
+    x, y = p.input("X", (8, 1 << 18), "float32"), p.input("Y", (64, 4096), "float32")
+    e = p.exp(x)
+    p.output(p.div(e, p.sum(e, dim=1)))
+    p.output(p.div(y, p.sqrt(p.sum(p.mul(y, y), dim=1))))
+    report = small_shape_report(p, "float32", HW, 1e-6, seed=0)
+    assert report["equivalent"] is False and "other kernels" in str(report["reason"])
+    opt = fused_option(p, "float32", HW, COST, 1e-6, seed=0)  # the norm alone fuses at the real shapes
+    assert opt is not None and opt.search_report is not None and opt.search_report["equivalent"] is False

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gensorage.program import Program, list_configs, load_config
+from gensorage.program import Program, Tensor, list_configs, load_config
 from gensorage.superopt import load_preset, superoptimize
 from gensorage.superopt.presets import preset_from_dict
 from gensorage.superopt.search_shapes import derive_search_shapes, program_sizes, size_choice
@@ -142,3 +142,36 @@ def test_full_mode_without_a_preset_searches_at_derived_shapes(tmp_path: Path) -
     assert r.equivalence and r.origin.startswith("search") and r.num_kernels == 1
     xs = p.random_inputs(seed=2)
     np.testing.assert_allclose(r.run(*xs)[0], p.run(*xs)[0], rtol=1e-5)
+
+
+def _rope_heads(t: int, h: int, d: int, kv: int) -> Program:
+    """Q and K projections split into heads, RoPE's rotate_half (slices at d/2: d is pinned), GQA's repeat of
+    the K heads, QKᵀ: the shape of LLaMA's attention input, where the sequence length may equal head_dim."""
+    p = Program(name="rope_heads")
+    x = p.input("X", (t, h * d))
+    wq, wk = p.input("WQ", (h * d, h * d)), p.input("WK", (h * d, kv * d))
+
+    def heads(y: Tensor, n: int) -> Tensor:
+        y = p.transpose(p.reshape(y, (t, n, d)), 0, 1)
+        half = p.concat([p.scale(p.slice(y, 2, d // 2, d), -1.0), p.slice(y, 2, 0, d // 2)], dim=2)
+        return p.add(y, half)
+
+    q, k = heads(p.matmul(x, wq), h), heads(p.matmul(x, wk), kv)
+    k = p.reshape(p.repeat(p.reshape(k, (kv, 1, t, d)), 1, h // kv), (h, t, d))
+    p.output(p.matmul(q, p.transpose(k, 1, 2)))
+    return p
+
+
+@pytest.mark.parametrize(("t", "h", "d", "kv"), [(128, 32, 128, 8), (512, 32, 128, 8), (64, 16, 64, 4)])
+def test_pinned_head_dim_still_lets_the_other_sizes_shrink(t: int, h: int, d: int, kv: int) -> None:
+    """A slice pins head_dim (and its half); the sizes a reshape multiplies with it (heads · head_dim) are solved
+    for (:mod:`gensorage.superopt.exponent_map`) instead of the program keeping every real size."""
+    p = _rope_heads(t, h, d, kv)
+    s = derive_search_shapes(p)
+    assert s.shrunk and s.program.structure_key() == p.structure_key(), s.note
+    assert s.sizes[d] == d and s.sizes[d // 2] == d // 2 and s.sizes[h * d] < h * d
+    assert s.sizes[h * d] == s.sizes[h] * d  # the product the reshape needs
+    assert len(set(s.sizes.values())) == len(s.sizes)
+    for a in s.sizes:
+        for b in s.sizes:
+            assert b % a or s.sizes[b] % s.sizes[a] == 0  # what divides still divides

@@ -289,7 +289,7 @@ class Dispatcher:
         from gensorage.codegen.kernel_fit import launch_problem
         from gensorage.superopt.choice import cost_fn, elements
         from gensorage.superopt.reshape_structure import reinstantiate
-        from gensorage.superopt.row_fusion import FUSED, fused_direct
+        from gensorage.superopt.row_fusion import FUSED, fused_direct, kernel_kinds
         from gensorage.verify.equivalent import equivalent
 
         t0 = time.perf_counter()
@@ -311,6 +311,10 @@ class Dispatcher:
         if why is not None:
             return self._direct(direct, f"the chosen µGraph does not launch at these shapes: {why}", notes)
         if elements(p) > DEFAULT_VERIFY_MAX_ELEMENTS:
+            if known.origin == FUSED and kernel_kinds(graph) != kernel_kinds(known.graph):
+                # the check at the first shape witnessed other kernels (rows that no longer fit a block)
+                why = "row fusion forms other kernels here than at the checked shape, too large to check here"
+                return self._direct(direct, why, notes)
             note = "too large to check at this shape: the µGraph was checked at its first shape"
             return graph, Verification(True, "search shapes", note=note)
         t0 = time.perf_counter()

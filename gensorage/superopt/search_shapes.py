@@ -13,7 +13,10 @@ derived here, the way those presets were chosen by hand:
   where needed to stay above the previous exponent's: sizes 8 and 4096 become 2 and 16
   (``configs/presets/mlp.toml``), sizes 16, 1024 and 4096 become 4, 16 and 32 (``rmsnorm.toml``);
 * an odd size (a prime such as 71 heads, or 1) has no shrink that keeps what divides it: it keeps its real size;
-* a dim a ``slice`` cuts keeps its real size, since slice bounds are part of the program's structure.
+* a dim a ``slice`` cuts keeps its real size, since slice bounds are part of the program's structure; when the
+  rule's sizes then no longer fit the program (a reshape's ``heads · head_dim`` with head_dim kept), the
+  exponents are solved for instead (:mod:`.exponent_map`): LLaMA-3-8B's 4096, 1024, 14336 and 32 heads become
+  1024, 512, 3584 and 8 around its pinned head_dim 128.
 
 The small program is rebuilt node by node (attributes mapped as re-instantiation maps them; scale factors are
 kept, so the search's factors are the real ones) and must have the program's structure key; when it does not
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from gensorage.errors import GensorageError
 from gensorage.opset import Op
 from gensorage.program import Program, Tensor
+from gensorage.superopt.exponent_map import product_relations, solve_exponents, two_adic
 from gensorage.superopt.size_map import SizeMap, map_attrs
 
 #: Divisor of a size's power-of-two exponent (4096 = 2^12 → 2^4 = 16).
@@ -52,21 +56,41 @@ def derive_search_shapes(p: Program) -> SearchShapes:
     """A small instantiation of ``p`` with its structure (see the module docstring), or ``p`` itself."""
     values = program_sizes(p)
     pinned = sliced_sizes(p)
-    sizes = size_choice(values, pinned)
+    found = _instantiated(p, size_choice(values, pinned))
+    if isinstance(found, str) and pinned:
+        # the rule's sizes do not fit around the pinned ones: solve for exponents that keep the reshapes'
+        # products (.exponent_map)
+        solved = solve_exponents(values, pinned, product_relations(p), lambda s: _keeps_order(s, pinned))
+        if solved is not None and not isinstance(again := _instantiated(p, solved), str):
+            found = again
+    if isinstance(found, str):
+        kept = tuple(sorted(v for v in values if v > 1))
+        note = (
+            _kept_note(kept, pinned, found) if found == _NO_SHRINK else f"searched at its own shapes: {found}"
+        )
+        return SearchShapes(p, _identity(values), kept, note)
+    small, sizes = found
     kept = tuple(sorted(v for v in values if v > 1 and sizes[v] == v))
-    if all(a == b for a, b in sizes.items()):
-        return SearchShapes(p, sizes, kept, _kept_note(kept, pinned, "no dim can shrink"))
-    try:
-        small = instantiate(p, sizes)
-    except GensorageError as exc:
-        return SearchShapes(p, _identity(values), tuple(sorted(values)), f"searched at its own shapes: {exc}")
-    if small.structure_key() != p.structure_key():
-        why = "the shrunk program has another structure"
-        return SearchShapes(p, _identity(values), tuple(sorted(values)), f"searched at its own shapes: {why}")
     shown = ", ".join(f"{a}→{b}" for a, b in sorted(sizes.items()) if a != b)
     return SearchShapes(
         small, sizes, kept, f"search shapes derived from its own ({shown})" + _kept(kept, pinned)
     )
+
+
+_NO_SHRINK = "no dim can shrink"
+
+
+def _instantiated(p: Program, sizes: dict[int, int]) -> tuple[Program, dict[int, int]] | str:
+    """``p`` at ``sizes`` with its structure key, or why not."""
+    if all(a == b for a, b in sizes.items()):
+        return _NO_SHRINK
+    try:
+        small = instantiate(p, sizes)
+    except GensorageError as exc:
+        return str(exc)
+    if small.structure_key() != p.structure_key():
+        return "the shrunk program has another structure"
+    return small, sizes
 
 
 def program_sizes(p: Program) -> set[int]:
@@ -95,7 +119,7 @@ def sliced_sizes(p: Program) -> set[int]:
 
 def size_choice(values: set[int], pinned: set[int] | frozenset[int] = frozenset()) -> dict[int, int]:
     """The search size of each real size (see the module docstring); ``pinned`` sizes keep theirs."""
-    exponents = sorted({_two_adic(v) for v in values if v not in pinned})
+    exponents = sorted({two_adic(v) for v in values if v not in pinned})
     small: dict[int, int] = {0: 0}
     last = 0
     for e in exponents:
@@ -106,7 +130,7 @@ def size_choice(values: set[int], pinned: set[int] | frozenset[int] = frozenset(
         last = small[e]
     out: dict[int, int] = {}
     for v in values:
-        e = _two_adic(v)
+        e = two_adic(v)
         out[v] = v if v in pinned else (v >> e) << small[e]
     if not _keeps_order(out, pinned):
         return _identity(values)
@@ -144,11 +168,6 @@ def instantiate(p: Program, sizes: dict[int, int]) -> Program:
     for out in p.outputs:
         q.output(tensors[new[out.id]])
     return q
-
-
-def _two_adic(v: int) -> int:
-    """The exponent of 2 in ``v`` (``v`` > 0)."""
-    return (v & -v).bit_length() - 1
 
 
 def _keeps_order(sizes: dict[int, int], pinned: set[int] | frozenset[int]) -> bool:

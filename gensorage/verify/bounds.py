@@ -169,35 +169,36 @@ def bound_div(a: Bound, b: Bound) -> Bound:
 
 
 @lru_cache(maxsize=4096)  # blocks of a µGraph repeat the same bounds
-def bound_sum(a: Bound, n: int, shared: bool = False) -> Bound:
-    """Bound of a sum of ``n`` terms each bounded by ``a``.
+def bound_sum(a: Bound, n: int, distinct: int | None = None) -> Bound:
+    """Bound of a sum of ``n`` terms each bounded by ``a`` whose denominators take at most ``distinct`` values
+    (default ``n``: all may differ).
 
-    With ``shared`` the terms have one common denominator (``Σ N_i / D = (Σ N_i) / D``); otherwise the add rule
-    is applied n - 1 times (closed form).
+    Over the product of the ``r`` distinct denominators, ``Σ_i N_i / D_c(i) = (Σ_i N_i · Π_{k≠c(i)} D_k) / Π_k
+    D_k``: numerator degree ``dn + (r − 1)·dd``, denominator ``r·dd``. ``r = 1`` is one common denominator
+    (``Σ N_i / D = (Σ N_i) / D``), ``r = n`` the add rule applied n − 1 times (closed form).
     """
     if n <= 1:
         return a
+    r = n if distinct is None else max(1, min(distinct, n))
     log_n = math.log2(n)
     plain = not a.has_exp
-    if shared:
-        return replace(a, kn=1 if plain else _sat(n * a.kn), wn=log_n + a.wn)
     exps = {"eh": a.eh, "eu": a.eu, "wh": a.wh, "wu": a.wu}
-    if a.dexp:  # each addition multiplies an exp-bearing denominator into the other side
+    if a.dexp and r > 1:  # each distinct exp-bearing denominator multiplies into the others' terms
         exps = {
-            "eh": a.eh + (n - 1) * a.eu,
-            "eu": n * a.eu,
-            "wh": log_n + a.wh + (n - 1) * a.wu,
-            "wu": n * a.wu,
+            "eh": a.eh + (r - 1) * a.eu,
+            "eu": r * a.eu,
+            "wh": math.log2(r) + a.wh + (r - 1) * a.wu,
+            "wu": r * a.wu,
         }
     return replace(
         a,
-        kn=1 if plain else _sat(n * a.kn * _sat_pow(a.kd, n - 1)),
-        kd=1 if plain else _sat_pow(a.kd, n),
-        dn=a.dn + (n - 1) * a.dd,
-        dd=n * a.dd,
-        wn=log_n + a.wn + (n - 1) * a.wd,
-        wd=n * a.wd,
-        nexp=a.has_exp,
+        kn=1 if plain else _sat(n * a.kn * _sat_pow(a.kd, r - 1)),
+        kd=1 if plain else _sat_pow(a.kd, r),
+        dn=a.dn + (r - 1) * a.dd,
+        dd=r * a.dd,
+        wn=log_n + a.wn + (r - 1) * a.wd,
+        wd=r * a.wd,
+        nexp=a.nexp if r == 1 else a.has_exp,
         **exps,  # type: ignore[arg-type]
     )
 
@@ -285,15 +286,18 @@ class Applications:
 
 @dataclass(frozen=True, slots=True)
 class BoundValue:
-    """A tensor in :class:`BoundsArith`: logical shape, element bound, and denominator sharing.
+    """A tensor in :class:`BoundsArith`: logical shape, element bound, and how its denominators vary.
 
-    ``shared[j]`` is True when the denominator of an element does not change along axis ``j`` (it comes from a
-    tensor broadcast along ``j``, like a softmax row sum), so a sum along ``j`` keeps one common denominator.
+    ``distinct[j]`` bounds how many values the elements' denominators take along axis ``j``: the denominator
+    of element ``i`` is ``F(g_0(i_0), …, g_n(i_n))`` for some ``F`` and maps ``g_j`` with at most
+    ``distinct[j]`` values (docs/verification.md, "Denominators along an axis"). 1: it does not change along
+    ``j`` (a softmax row sum broadcast along ``j``), so a sum along ``j`` keeps one common denominator; a
+    heads × head_dim dim merged by a reshape has as many as there are heads.
     """
 
     shape: tuple[int, ...]
     bound: Bound
-    shared: tuple[bool, ...]
+    distinct: tuple[int, ...]
 
     @property
     def numel(self) -> int:
@@ -325,15 +329,19 @@ def difference(a: Bound, b: Bound) -> DiffBound:
     )
 
 
-def _padded(v: BoundValue, ndim: int) -> tuple[tuple[int, ...], tuple[bool, ...]]:
-    """Shape and sharing of ``v`` left-padded to ``ndim`` axes (absent axes broadcast: size 1, shared)."""
+def _padded(v: BoundValue, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shape and distinct denominators of ``v`` left-padded to ``ndim`` axes (absent axes broadcast: size 1)."""
     pad = ndim - len(v.shape)
-    return (1,) * pad + v.shape, (True,) * pad + v.shared
+    return (1,) * pad + v.shape, (1,) * pad + v.distinct
 
 
-def _reshape_shared(old: tuple[int, ...], shared: tuple[bool, ...], new: tuple[int, ...]) -> tuple[bool, ...]:
-    """Sharing after a row-major reshape: axes are matched in groups of equal size product."""
-    out = [True] * len(new)
+def _reshape_distinct(
+    old: tuple[int, ...], distinct: tuple[int, ...], new: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Distinct denominators after a row-major reshape: axes are matched in groups of equal size product, and a
+    new axis of a group sees at most the product of its old axes' counts (each index of the group determines
+    the old indices)."""
+    out = [1] * len(new)
     i = j = 0
     while i < len(old) or j < len(new):
         gi, gj, pi, pj = [i], [j], old[i] if i < len(old) else 1, new[j] if j < len(new) else 1
@@ -347,10 +355,10 @@ def _reshape_shared(old: tuple[int, ...], shared: tuple[bool, ...], new: tuple[i
                 gj.append(j)
                 pj *= new[j]
                 j += 1
-        ok = all(shared[x] or old[x] == 1 for x in gi if x < len(old))
+        count = math.prod(distinct[x] for x in gi if x < len(old))
         for y in gj:
             if y < len(new):
-                out[y] = ok or new[y] == 1
+                out[y] = count
     return tuple(out)
 
 
@@ -412,7 +420,7 @@ class BoundsArith:
     def _applied(self, symbol: str, count: int, arg: Bound) -> None:
         self.applications.setdefault(symbol, Applications()).add(count, arg)
 
-    def _max(self, elements: int, arg: Bound, shape: tuple[int, ...], shared: Sequence[bool]) -> BoundValue:
+    def _max(self, elements: int, arg: Bound, shape: tuple[int, ...]) -> BoundValue:
         """A max result: ``elements`` elements bounded by ``arg`` hashed, one digest per output element.
 
         A digest is linear in the element hashes with multiplicities ≤ ``elements`` as coefficients.
@@ -420,27 +428,32 @@ class BoundsArith:
         self.opaque.add("max")
         self._applied("max-element", elements, arg)
         self._applied("max", math.prod(shape), replace(VARIABLE, wn=math.log2(elements + 1)))
-        return self._new(shape, fresh(False), shared)
+        return self._new(shape, fresh(False), ())
 
     def variable(self, shape: Sequence[int]) -> BoundValue:
         """An input tensor: independent variables."""
         shape_t = tuple(int(s) for s in shape)
-        return self._new(shape_t, VARIABLE, (True,) * len(shape_t))
+        return self._new(shape_t, VARIABLE, ())
 
-    def _new(self, shape: tuple[int, ...], bound: Bound, shared: Sequence[bool]) -> BoundValue:
-        if trivial_denominator(bound):
-            shared = (True,) * len(shape)
-        v = BoundValue(shape, bound, tuple(shared))
+    def _new(self, shape: tuple[int, ...], bound: Bound, distinct: Sequence[int]) -> BoundValue:
+        # a constant denominator is one value; no axis has more values than elements
+        same = trivial_denominator(bound)
+        counts = (
+            (1,) * len(shape)
+            if same
+            else tuple(max(1, min(r, n)) for r, n in zip(distinct, shape, strict=True))
+        )
+        v = BoundValue(shape, bound, counts)
         self.total_numel += v.numel
         return v
 
     def _binary(self, a: BoundValue, b: BoundValue, bound: Bound, divide: bool = False) -> BoundValue:
         shape = broadcast_shapes(a.shape, b.shape) or a.shape  # shapes were checked by the evaluator
-        _, sa = _padded(a, len(shape))
-        shape_b, sb = _padded(b, len(shape))
-        # a/b's denominator is Da·Nb: it is constant along j only where b itself is (broadcast along j).
-        right = [d == 1 for d in shape_b] if divide else sb
-        return self._new(shape, bound, [x and y for x, y in zip(sa, right, strict=True)])
+        _, ra = _padded(a, len(shape))
+        shape_b, rb = _padded(b, len(shape))
+        # a/b's denominator is Da·Nb: Nb may take a new value at every index along j unless b is broadcast there.
+        right = [1 if d == 1 else n for d, n in zip(shape_b, shape, strict=True)] if divide else rb
+        return self._new(shape, bound, [x * y for x, y in zip(ra, right, strict=True)])
 
     def shape(self, a: BoundValue) -> tuple[int, ...]:
         return a.shape
@@ -465,19 +478,19 @@ class BoundsArith:
     def exp(self, a: BoundValue) -> BoundValue:
         self._applied("exp", a.numel, a.bound)
         if self.uninterpreted:
-            return self._new(a.shape, fresh(False), a.shared)
-        return self._new(a.shape, bound_exp(a.bound), a.shared)
+            return self._new(a.shape, fresh(False), a.distinct)
+        return self._new(a.shape, bound_exp(a.bound), a.distinct)
 
     def sqrt(self, a: BoundValue) -> BoundValue:
         self.opaque.add("sqrt")
         self._applied("sqrt", a.numel, a.bound)
-        return self._new(a.shape, fresh(a.bound.exped and not self.uninterpreted), a.shared)
+        return self._new(a.shape, fresh(a.bound.exped and not self.uninterpreted), a.distinct)
 
     def scale(self, a: BoundValue, factor: float) -> BoundValue:
-        return self._new(a.shape, bound_scale(a.bound, factor), a.shared)
+        return self._new(a.shape, bound_scale(a.bound, factor), a.distinct)
 
     def add_scalar(self, a: BoundValue, value: float) -> BoundValue:
-        return self._new(a.shape, bound_add(a.bound, bound_constant(value)), a.shared)
+        return self._new(a.shape, bound_add(a.bound, bound_constant(value)), a.distinct)
 
     def activation(self, kind: Activation, a: BoundValue) -> BoundValue:
         return self._function(kind, a)
@@ -488,59 +501,62 @@ class BoundsArith:
     def _function(self, symbol: str, a: BoundValue) -> BoundValue:
         self.opaque.add(symbol)
         self._applied(symbol, a.numel, a.bound)
-        return self._new(a.shape, fresh(False), a.shared)
+        return self._new(a.shape, fresh(False), a.distinct)
 
     def matmul(self, a: BoundValue, b: BoundValue) -> BoundValue:
         batch = broadcast_shapes(a.shape[:-2], b.shape[:-2]) or ()
         nd = len(batch) + 2
-        _, sa = _padded(a, nd)
-        _, sb = _padded(b, nd)
+        _, ra = _padded(a, nd)
+        _, rb = _padded(b, nd)
         k = a.shape[-1]
-        # Σ_k a_ik b_kj shares one denominator when neither factor's denominator varies along k.
-        common = sa[-1] and sb[-2]
-        shared = [x and y for x, y in zip(sa[:-2], sb[:-2], strict=True)] + [sa[-2], sb[-1]]
-        bound = bound_sum(bound_mul(a.bound, b.bound), k, common)
-        return self._new(batch + (a.shape[-2], b.shape[-1]), bound, shared)
+        # Σ_k a_ik b_kj: the terms' denominators Da·Db take at most ra·rb values along k; the sum's is the product
+        # of those, a function of i through a's map only (of j through b's).
+        batch_r = [x * y for x, y in zip(ra[:-2], rb[:-2], strict=True)]
+        bound = bound_sum(bound_mul(a.bound, b.bound), k, ra[-1] * rb[-2])
+        return self._new(batch + (a.shape[-2], b.shape[-1]), bound, batch_r + [ra[-2], rb[-1]])
 
     def reduce_sum(self, a: BoundValue, axis: int, keepdims: bool) -> BoundValue:
         shape = a.shape[:axis] + ((1,) if keepdims else ()) + a.shape[axis + 1 :]
-        shared = a.shared[:axis] + ((True,) if keepdims else ()) + a.shared[axis + 1 :]
-        return self._new(shape, bound_sum(a.bound, a.shape[axis], a.shared[axis]), shared)
+        distinct = a.distinct[:axis] + ((1,) if keepdims else ()) + a.distinct[axis + 1 :]
+        return self._new(shape, bound_sum(a.bound, a.shape[axis], a.distinct[axis]), distinct)
 
     def reduce_max(self, a: BoundValue, axis: int, keepdims: bool) -> BoundValue:
         if a.shape[axis] == 1:  # max({s}) = s
             return self.reshape(a, a.shape[:axis] + ((1,) if keepdims else ()) + a.shape[axis + 1 :])
         shape = a.shape[:axis] + ((1,) if keepdims else ()) + a.shape[axis + 1 :]
-        shared = a.shared[:axis] + ((True,) if keepdims else ()) + a.shared[axis + 1 :]
-        return self._max(a.numel, a.bound, shape, shared)
+        return self._max(a.numel, a.bound, shape)
 
     def accumulate(self, acc: BoundValue | None, x: BoundValue, kind: AccumKind) -> BoundValue:
         if acc is None:
             return x
         if kind == "sum":
             return self.add(acc, x)
-        return self._max(acc.numel + x.numel, bound_join([acc.bound, x.bound]), x.shape, x.shared)
+        return self._max(acc.numel + x.numel, bound_join([acc.bound, x.bound]), x.shape)
 
     def reshape(self, a: BoundValue, shape: tuple[int, ...]) -> BoundValue:
         new = tuple(int(d) for d in shape)
-        return self._new(new, a.bound, _reshape_shared(a.shape, a.shared, new))
+        return self._new(new, a.bound, _reshape_distinct(a.shape, a.distinct, new))
 
     def repeat(self, a: BoundValue, axis: int, times: int) -> BoundValue:
         shape = a.shape[:axis] + (a.shape[axis] * times,) + a.shape[axis + 1 :]
-        return self._new(shape, a.bound, a.shared)
+        return self._new(shape, a.bound, a.distinct)
 
     def transpose(self, a: BoundValue, axis0: int, axis1: int) -> BoundValue:
-        return self._new(transposed(a.shape, axis0, axis1), a.bound, transposed(a.shared, axis0, axis1))
+        return self._new(transposed(a.shape, axis0, axis1), a.bound, transposed(a.distinct, axis0, axis1))
 
     def concat(self, parts: Sequence[BoundValue], axis: int) -> BoundValue:
         first = parts[0].shape
         shape = first[:axis] + (sum(p.shape[axis] for p in parts),) + first[axis + 1 :]
-        shared = [all(p.shared[j] for p in parts) and j != axis for j in range(len(first))]
-        return self._new(shape, bound_join([p.bound for p in parts]), shared)
+        # along the axis, the part and its own map pick the denominator; along another, every part's map does
+        distinct = [
+            sum(p.distinct[j] for p in parts) if j == axis else math.prod(p.distinct[j] for p in parts)
+            for j in range(len(first))
+        ]
+        return self._new(shape, bound_join([p.bound for p in parts]), distinct)
 
     def slice(self, a: BoundValue, axis: int, start: int, stop: int) -> BoundValue:
         shape = a.shape[:axis] + (stop - start,) + a.shape[axis + 1 :]
-        return self._new(shape, a.bound, a.shared)
+        return self._new(shape, a.bound, a.distinct)
 
 
 __all__ = [
