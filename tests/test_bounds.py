@@ -128,10 +128,16 @@ def test_reshape_distinct_denominators() -> None:
     assert _reshape_distinct((4, 6), (1, 6), (24,)) == (6,)
     assert _reshape_distinct((2, 3, 4), (1, 1, 4), (6, 4)) == (1, 4)
     assert _reshape_distinct((4, 1), (1, 1), (1, 4)) == (1, 1)
-    assert _reshape_distinct((24,), (3,), (4, 6)) == (
-        3,
-        3,
-    )  # a split axis: each part sees at most the old count
+    # A split axis: the denominator need not factor over the parts with the old count. Three denominators along
+    # 24 elements, g(i) = i // 8, split as (4, 6): the rows b -> (6a + b) // 8 are 000000, 001111, 111122 and
+    # 222222, four different rows, so no map of a with three values determines them. Each part gets its size.
+    assert _reshape_distinct((24,), (3,), (4, 6)) == (4, 6)
+    assert len({tuple((6 * a + b) // 8 for b in range(6)) for a in range(4)}) == 4
+    assert _reshape_distinct((24,), (1,), (4, 6)) == (
+        1,
+        1,
+    )  # one denominator: it factors with every map constant
+    assert _reshape_distinct((2, 12), (2, 3), (2, 3, 4)) == (2, 3, 4)  # a split beside a kept axis
 
 
 def test_microgaph_bounds_run_through_the_same_walk() -> None:

@@ -338,9 +338,12 @@ def _padded(v: BoundValue, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]
 def _reshape_distinct(
     old: tuple[int, ...], distinct: tuple[int, ...], new: tuple[int, ...]
 ) -> tuple[int, ...]:
-    """Distinct denominators after a row-major reshape: axes are matched in groups of equal size product, and a
-    new axis of a group sees at most the product of its old axes' counts (each index of the group determines
-    the old indices)."""
+    """Distinct denominators after a row-major reshape: axes are matched in groups of equal size product. Where
+    a group has one new axis of more than one element (a merge, or a dim kept), that axis' index determines the
+    old indices, so it sees at most the product of their counts. Where it has several (a split), an index of one
+    new axis does not determine the old index alone, and the denominator need not factor over the new axes with
+    those counts: each new axis gets its size (identity maps, for which it factors), unless every old count is
+    1 (one denominator for the whole group)."""
     out = [1] * len(new)
     i = j = 0
     while i < len(old) or j < len(new):
@@ -356,9 +359,10 @@ def _reshape_distinct(
                 pj *= new[j]
                 j += 1
         count = math.prod(distinct[x] for x in gi if x < len(old))
+        wide = [y for y in gj if y < len(new) and new[y] > 1]
         for y in gj:
             if y < len(new):
-                out[y] = count
+                out[y] = new[y] if len(wide) > 1 and count > 1 else count
     return tuple(out)
 
 
