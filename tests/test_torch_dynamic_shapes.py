@@ -78,3 +78,37 @@ def test_specialisation_failure_runs_the_graph_in_torch(capsys: pytest.CaptureFi
     finally:
         per_shape.make_fx = real
     assert "runs in torch at [[3]]: cannot trace this" in report.text()
+
+
+class _VitBlock(torch.nn.Module):
+    """A ViT block (LayerNorm with eps 1e-6, a fused qkv split by ``reshape(B, T, 3, heads, C // heads)`` and
+    ``unbind``, SDPA, GELU): under ``dynamic=True`` dynamo restarts its analysis once
+    (``TensorifyScalarRestartAnalysis``, a float scalar made a tensor) from inside the backend."""
+
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.n1, self.n2 = torch.nn.LayerNorm(d, eps=1e-6), torch.nn.LayerNorm(d, eps=1e-6)
+        self.qkv, self.o = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.m1, self.m2 = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        qkv = self.qkv(self.n1(x)).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        x = x + self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c))
+        return x + self.m2(F.gelu(self.m1(self.n2(x))))
+
+
+def test_dynamos_restart_from_inside_the_backend_is_no_failure(capsys: pytest.CaptureFixture[str]) -> None:
+    # The restart is dynamo's control flow: the backend let it through, and the restarted trace runs in
+    # gensorage (before, it was reported as "gensorage's backend failed" and the graph ran in torch).
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = _VitBlock().eval()
+    compiled = torch.compile(block, backend="gensorage", dynamic=True, options={"explain": True})
+    x = torch.randn(1, 5, 32)
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), block(x), rtol=1e-4, atol=1e-5)
+    err = capsys.readouterr().err
+    assert "backend failed" not in err and "ops in gensorage subgraphs" in err, err

@@ -200,8 +200,12 @@ def gensorage_backend(
     """``torch.compile(model, backend="gensorage", options={"hw": ..., "mode": ...})``."""
     opts = Options(**dict(options or {}))  # unknown options: TypeError naming them, before any fallback
     report = _REGISTERED_REPORT if not opts.explain else Report(echo=True)
+    from torch._dynamo.exc import RestartAnalysis
+
     try:
         return make_backend(opts, report)(gm, example_inputs)  # type: ignore[no-any-return]
+    except RestartAnalysis:  # dynamo's signal to trace the frame again (a float scalar made a tensor): no failure
+        raise
     except Exception as exc:  # capture (AOTAutograd) failed on this graph: torch runs it as captured
         report.add(f"graph runs in torch, gensorage's backend failed: {first_line(exc)}")
         return gm
