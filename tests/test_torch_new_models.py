@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
+from captured_programs import capturing  # noqa: E402
 from test_torch_frontend import assert_close, gensorage_subgraphs  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -433,22 +434,8 @@ def _elementwise(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
 @pytest.fixture(scope="module")
 def elementwise_program() -> gensorage.Program:
     """The Program the front end lowers :func:`_elementwise` to (captured; the kernels are not built)."""
-    from gensorage.errors import ConfigError
-    from gensorage.torch import subgraph
-
-    captured: list[gensorage.Program] = []
-
-    def grab(program: gensorage.Program, options: object, device: object = None) -> None:
-        captured.append(program)
-        raise ConfigError("captured")
-
-    real = subgraph.compiled
-    subgraph.compiled = grab  # type: ignore[assignment]
-    try:
-        with torch.no_grad():
-            gtorch.compile(_elementwise)(torch.randn(3, 8))
-    finally:
-        subgraph.compiled = real
+    with capturing() as captured, torch.no_grad():
+        gtorch.compile(_elementwise)(torch.randn(3, 8))
     (program,) = captured
     return program
 

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
+from captured_programs import capturing  # noqa: E402
 from test_torch_frontend import gensorage_subgraphs  # noqa: E402
 
 import gensorage  # noqa: E402
@@ -220,25 +221,12 @@ def test_vector_norms_of_other_orders_stay_in_torch() -> None:
 def lowered_programs() -> dict[str, gensorage.Program]:
     """The Programs the front end lowers :func:`_elementwise`, :func:`_logs_and_clamps` and :func:`_reductions`
     to (kernels not built)."""
-    from gensorage.errors import ConfigError
-    from gensorage.torch import subgraph
-
     captured: dict[str, gensorage.Program] = {}
-
-    def grab(program: gensorage.Program, options: object, device: object = None) -> None:
-        captured[program.name] = program
-        raise ConfigError("captured")
-
-    real = subgraph.compiled
-    subgraph.compiled = grab  # type: ignore[assignment]
-    try:
-        for f in (_elementwise, _logs_and_clamps, _reductions):
-            torch._dynamo.reset()
-            with torch.no_grad():
-                gtorch.compile(f)(torch.randn(3, 8))
-            captured[f.__name__] = captured.pop(next(n for n in captured if not n.startswith("_")))
-    finally:
-        subgraph.compiled = real
+    for f in (_elementwise, _logs_and_clamps, _reductions):
+        torch._dynamo.reset()
+        with capturing() as got, torch.no_grad():
+            gtorch.compile(f)(torch.randn(3, 8))
+        (captured[f.__name__],) = got
     return captured
 
 

@@ -9,11 +9,11 @@ import copy
 
 import pytest
 import torch
+from captured_programs import capturing
 from test_torch_frontend import DecoderLayer, rope
 
 import gensorage
 import gensorage.torch as gtorch
-from gensorage.errors import ConfigError
 from gensorage.hw import load_profile
 from gensorage.superopt import superoptimize
 from gensorage.superopt.choice import cost_fn, elements
@@ -30,23 +30,15 @@ REDUCED = dict(hidden=1024, heads=16, kv_heads=4, ffn=1024)
 
 def captured_program(cfg: dict[str, int], t: int, dtype: torch.dtype) -> gensorage.Program:
     """The Program the front end lowers the layer to (captured; no kernels built, the layer runs in torch)."""
-    got: list[gensorage.Program] = []
-
-    def grab(program: gensorage.Program, options: object, device: object = None) -> None:
-        got.append(program)
-        raise ConfigError("captured")
-
-    real = subgraph.compiled
-    subgraph.compiled = grab  # type: ignore[assignment]
     try:
-        torch.manual_seed(0)
-        layer = DecoderLayer(**cfg).eval().to(dtype)
-        with torch.no_grad():
-            gtorch.compile(layer)(
-                torch.randn(1, t, cfg["hidden"]).to(dtype), *rope(t, cfg["hidden"] // cfg["heads"], dtype)
-            )
+        with capturing() as got:
+            torch.manual_seed(0)
+            layer = DecoderLayer(**cfg).eval().to(dtype)
+            with torch.no_grad():
+                gtorch.compile(layer)(
+                    torch.randn(1, t, cfg["hidden"]).to(dtype), *rope(t, cfg["hidden"] // cfg["heads"], dtype)
+                )
     finally:
-        subgraph.compiled = real
         torch._dynamo.reset()
     (program,) = got
     return program
