@@ -112,8 +112,8 @@ def test_the_gqa_preset_reaches_flash_decoding() -> None:
     # as search_serial runs them: every task up to the first that returns stable FlashDecoding completes.
     # Before program_ops_first, Q's transpose's tasks ran first (one of them did not finish in 120 s); before
     # max_last_dim_only, FlashDecoding's own task did not finish in 500 s (maxima over the group's heads).
-    # 459 s on dev (load average 4.1 at the start, 2.3 at the end, 2026-11-27). Not the MQA preset yet: its
-    # task (4, 22, 42), before FlashDecoding's, does not finish in 400 s (CHANGELOG, issue 23).
+    # 459 s on dev (load average 4.1 at the start, 2.3 at the end, 2026-11-27). Not the MQA preset yet: at h = 3
+    # the 142 tasks before FlashDecoding's finish in 11 s, but its own task did not in 1,790 s (CHANGELOG, issue 23).
     spec = split_kv_preset_spec("gqa_incdec_split_kv")
     tasks = enumerate_tasks(spec)
     memo, context = Memo(), SearchContext(spec)
