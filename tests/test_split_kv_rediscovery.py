@@ -81,9 +81,9 @@ def _heads_looped_tasks(spec: SearchSpec) -> list[Task]:
 
 
 def test_the_mqa_presets_heads_are_no_split_of_the_keys() -> None:
-    # At h = 2 query heads (14 keys), a split kernel whose loop walks the heads sums and maximises over 2 of
-    # them, which the abstraction reads as a split of the keys (2 divides 14): its task (4, 22, 42) walked
-    # combines past 2.1 M states. The preset searches at h = 3, which divides no reduction of the program.
+    # At h = 2 query heads (14 keys), a split kernel whose loop walks the heads sums over 2 of them (its
+    # accumulators), which the abstraction reads as a split of the keys' sums (2 divides 14): its task
+    # (4, 22, 42) walked combines past 2.1 M states. The preset searches at h = 3, which divides no reduction.
     spec = split_kv_preset_spec("mqa_incdec_split_kv")
     tasks = _heads_looped_tasks(spec)
     assert tasks
