@@ -3,7 +3,10 @@ reach it (as ``test_rediscovery.py`` does for the MHA form), and the presets' ta
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from search_walk import replayed
 from test_rediscovery import (
     _SPLIT_MAPS,
     _SPLIT_SCALED,
@@ -56,14 +59,61 @@ def test_gqa_and_mqa_flash_decoding_in_the_split_kv_presets(preset: str) -> None
     assert r and r.tier == 2
 
 
+def _spec_at(preset: str, **params: int) -> SearchSpec:
+    """The preset's search with some of its search shapes changed."""
+    p = load_preset(preset)
+    p = dataclasses.replace(p, search_params={**p.search_params, **params})
+    return SearchSpec(program=search_program(resolve_program(p.program), p, True, []), **p.search)
+
+
+def _heads_looped_tasks(spec: SearchSpec) -> list[Task]:
+    """The tasks below FlashDecoding's fusing node (K's transpose, then a looped kernel reading Q, Kᵀ and V)
+    whose kernel walks Q's heads with its loop."""
+    prefix = flash_decoding_path(spec, shared_kv=True)[:2]
+    out = []
+    for t in enumerate_tasks(spec):
+        if t.path[:2] == prefix and len(t.path) > 2:
+            with replayed(spec, t.path) as w:
+                b = w.state.block
+                if b is not None and b.fmap[b.inputs.index(0)] == 0:
+                    out.append(t)
+    return out
+
+
+def test_the_mqa_presets_heads_are_no_split_of_the_keys() -> None:
+    # At h = 2 query heads (14 keys), a split kernel whose loop walks the heads sums over 2 of them (its
+    # accumulators), which the abstraction reads as a split of the keys' sums (2 divides 14): its task
+    # (4, 22, 42) walked combines past 2.1 M states. The preset searches at h = 3, which divides no reduction.
+    spec = split_kv_preset_spec("mqa_incdec_split_kv")
+    tasks = _heads_looped_tasks(spec)
+    assert tasks
+    for task in tasks:
+        res = run_task(spec, task)
+        assert res.complete and res.stats.states < 1_000, (task.path, res.stats.states)
+    # The same tasks at h = 2: one at least does not finish in 200 polls of the walk (25,600 states).
+    two = _spec_at("mqa_incdec_split_kv", h=2)
+    polls = [0]
+
+    def stop() -> bool:
+        polls[0] += 1
+        return polls[0] > 200
+
+    unfinished = []
+    for task in _heads_looped_tasks(two):
+        polls[0] = 0
+        if not run_task(two, task, should_stop=stop).complete:
+            unfinished.append(task.path)
+    assert unfinished
+
+
 @pytest.mark.slow
 def test_the_gqa_preset_reaches_flash_decoding() -> None:
     # The preset's tasks in its order (fused_first, parallel_first, program_ops_first), run one after another
     # as search_serial runs them: every task up to the first that returns stable FlashDecoding completes.
     # Before program_ops_first, Q's transpose's tasks ran first (one of them did not finish in 120 s); before
     # max_last_dim_only, FlashDecoding's own task did not finish in 500 s (maxima over the group's heads).
-    # 459 s on dev (load average 4.1 at the start, 2.3 at the end, 2026-11-27). Not the MQA preset yet: its
-    # task (4, 22, 42), before FlashDecoding's, does not finish in 400 s (CHANGELOG, issue 23).
+    # 459 s on dev (load average 4.1 at the start, 2.3 at the end, 2026-11-27). Not the MQA preset yet: at h = 3
+    # the 142 tasks before FlashDecoding's finish in 11 s, but its own task did not in 1,790 s (CHANGELOG, issue 23).
     spec = split_kv_preset_spec("gqa_incdec_split_kv")
     tasks = enumerate_tasks(spec)
     memo, context = Memo(), SearchContext(spec)
