@@ -204,7 +204,7 @@ def gensorage_backend(
 
     try:
         return make_backend(opts, report)(gm, example_inputs)  # type: ignore[no-any-return]
-    except RestartAnalysis:  # dynamo's signal to trace the frame again (a float scalar made a tensor): no failure
+    except RestartAnalysis:  # dynamo's signal to trace the frame again (a scalar made a tensor)
         raise
     except Exception as exc:  # capture (AOTAutograd) failed on this graph: torch runs it as captured
         report.add(f"graph runs in torch, gensorage's backend failed: {first_line(exc)}")
