@@ -267,6 +267,32 @@ def transposed(t: tuple[V, ...], dim0: int, dim1: int) -> tuple[V, ...]:
     return tuple(out)
 
 
+def reshape_groups(a: Shape, b: Shape) -> list[tuple[list[int], list[int]]] | None:
+    """How a row-major reshape from ``a`` to ``b`` pairs their dims: groups (dims of ``a``, dims of ``b``) of equal
+    size product, in order, dims of size 1 left out; None when the products never meet (no such reshape)."""
+    ia = [i for i, d in enumerate(a) if d != 1]
+    ib = [j for j, d in enumerate(b) if d != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    x = y = 0
+    while x < len(ia) and y < len(ib):
+        ins, outs = [ia[x]], [ib[y]]
+        pa, pb = a[ia[x]], b[ib[y]]
+        x, y = x + 1, y + 1
+        while pa != pb:
+            if pa < pb and x < len(ia):
+                pa *= a[ia[x]]
+                ins.append(ia[x])
+                x += 1
+            elif pb < pa and y < len(ib):
+                pb *= b[ib[y]]
+                outs.append(ib[y])
+                y += 1
+            else:
+                return None
+        groups.append((ins, outs))
+    return groups if x == len(ia) and y == len(ib) else None
+
+
 def slice_bounds(op: Op, shapes: Sequence[Shape], size: int, start: Any, stop: Any) -> tuple[int, int]:
     """``start`` and ``stop`` normalised as Python slices them on a dim of ``size`` (negative counts from the end,
     oversized clamps); an empty result or a non-integer bound is a :class:`ProgramError`."""
@@ -474,5 +500,6 @@ __all__ = [
     "freeze_attrs",
     "infer_shape",
     "parse_op",
+    "reshape_groups",
     "transposed",
 ]

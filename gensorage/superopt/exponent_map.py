@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gensorage.opset import Op
+from gensorage.opset import Op, reshape_groups
 from gensorage.program import Program
 
 #: Assignments the walk tries before giving up (a decoder layer needs a few dozen).
@@ -39,36 +39,15 @@ def product_relations(p: Program) -> list[tuple[tuple[int, ...], tuple[int, ...]
     out: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     for n in p.nodes:
         if n.op is Op.RESHAPE:
-            out.extend(_groups(p.nodes[n.inputs[0]].shape, n.shape))
+            old = p.nodes[n.inputs[0]].shape
+            for ins, outs in reshape_groups(old, n.shape) or []:
+                out.append((tuple(old[i] for i in ins), tuple(n.shape[j] for j in outs)))
         elif n.op is Op.REPEAT:
             attrs = dict(n.attrs)
             dim, times = int(attrs["dim"]), int(attrs["times"])
             src = p.nodes[n.inputs[0]].shape[dim]
             out.append((tuple(v for v in (src, times) if v > 1), (n.shape[dim],)))
     return [(a, b) for a, b in out if len(a) + len(b) > 2]
-
-
-def _groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    a, b = [v for v in old if v > 1], [v for v in new if v > 1]
-    out: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        ga, gb = [a[i]], [b[j]]
-        pa, pb = a[i], b[j]
-        i, j = i + 1, j + 1
-        while pa != pb:
-            if pa < pb and i < len(a):
-                ga.append(a[i])
-                pa *= a[i]
-                i += 1
-            elif pb < pa and j < len(b):
-                gb.append(b[j])
-                pb *= b[j]
-                j += 1
-            else:
-                return out  # products that never meet: not a reshape the program could hold
-        out.append((tuple(ga), tuple(gb)))
-    return out
 
 
 def solve_exponents(

@@ -186,7 +186,7 @@ def reshape_target(old_in: Shape, old_out: Shape, new_in: Shape, smap: SizeMap, 
     """
     if len(old_in) != len(new_in):
         raise ReshapeFailed(f"{where}: reshape input changed rank ({len(old_in)} -> {len(new_in)})")
-    groups = _reshape_groups(old_in, old_out)
+    groups = opset.reshape_groups(old_in, old_out)
     if groups is None:
         raise ReshapeFailed(f"{where}: cannot align reshape {list(old_in)} -> {list(old_out)}")
     grouped_in = {i for ins, _ in groups for i in ins}
@@ -204,30 +204,6 @@ def reshape_target(old_in: Shape, old_out: Shape, new_in: Shape, smap: SizeMap, 
     if math.prod(out) != math.prod(new_in):
         raise ReshapeFailed(f"{where}: derived reshape {list(new_in)} -> {out} changes the element count")
     return tuple(out)
-
-
-def _reshape_groups(a: Shape, b: Shape) -> list[tuple[list[int], list[int]]] | None:
-    ia = [i for i, d in enumerate(a) if d != 1]
-    ib = [j for j, d in enumerate(b) if d != 1]
-    groups: list[tuple[list[int], list[int]]] = []
-    x = y = 0
-    while x < len(ia) and y < len(ib):
-        ins, outs = [ia[x]], [ib[y]]
-        pa, pb = a[ia[x]], b[ib[y]]
-        x, y = x + 1, y + 1
-        while pa != pb:
-            if pa < pb and x < len(ia):
-                pa *= a[ia[x]]
-                ins.append(ia[x])
-                x += 1
-            elif pb < pa and y < len(ib):
-                pb *= b[ib[y]]
-                outs.append(ib[y])
-                y += 1
-            else:
-                return None
-        groups.append((ins, outs))
-    return groups if x == len(ia) and y == len(ib) else None
 
 
 def _split(total: int, old_parts: list[int], smap: SizeMap) -> list[int]:

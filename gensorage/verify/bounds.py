@@ -38,7 +38,7 @@ from functools import lru_cache
 
 from gensorage.arith import AccumKind, Activation
 from gensorage.errors import NotLaxError
-from gensorage.opset import broadcast_shapes, clamp_symbol, transposed
+from gensorage.opset import broadcast_shapes, clamp_symbol, reshape_groups, transposed
 from gensorage.verify.field import rational_of
 
 #: Term counts saturate here: a count this large means "astronomically many" (no feasible trial count), and
@@ -344,25 +344,14 @@ def _reshape_distinct(
     new axis does not determine the old index alone, and the denominator need not factor over the new axes with
     those counts: each new axis gets its size (identity maps, for which it factors), unless every old count is
     1 (one denominator for the whole group)."""
-    out = [1] * len(new)
-    i = j = 0
-    while i < len(old) or j < len(new):
-        gi, gj, pi, pj = [i], [j], old[i] if i < len(old) else 1, new[j] if j < len(new) else 1
-        i, j = i + 1, j + 1
-        while pi != pj:
-            if pi < pj:
-                gi.append(i)
-                pi *= old[i]
-                i += 1
-            else:
-                gj.append(j)
-                pj *= new[j]
-                j += 1
-        count = math.prod(distinct[x] for x in gi if x < len(old))
-        wide = [y for y in gj if y < len(new) and new[y] > 1]
-        for y in gj:
-            if y < len(new):
-                out[y] = new[y] if len(wide) > 1 and count > 1 else count
+    groups = reshape_groups(old, new)
+    if groups is None:  # not a reshape of these sizes: every index its own denominator
+        return new
+    out = [1] * len(new)  # size-1 axes: one value
+    for ins, outs in groups:
+        count = math.prod(distinct[x] for x in ins)
+        for y in outs:
+            out[y] = new[y] if len(outs) > 1 and count > 1 else count
     return tuple(out)
 
 
