@@ -74,7 +74,7 @@ def fused_option(
         return None
     if elements(program) > limit:
         try:
-            report = small_shape_report(program, precision, hw, delta, seed)
+            report = small_shape_report(program, precision, hw, delta, seed, fused)
         except GensorageError:
             # The check cannot run there (e.g. too many function applications to bound its error): no option,
             # the direct µGraph stands.
@@ -83,10 +83,15 @@ def fused_option(
 
 
 def small_shape_report(
-    program: Program, precision: str, hw: HwProfile | None, delta: float, seed: int
+    program: Program,
+    precision: str,
+    hw: HwProfile | None,
+    delta: float,
+    seed: int,
+    fused: KernelGraph | None = None,
 ) -> dict[str, object]:
     """The equivalence check and the float check of the fusion on ``program`` at its derived search shapes (as a
-    search report)."""
+    search report); ``fused``: ``program``'s own row-fused direct µGraph, when the caller has it."""
     from gensorage.superopt.search_shapes import derive_search_shapes
     from gensorage.verify import float_check
     from gensorage.verify.equivalent import equivalent
@@ -94,7 +99,8 @@ def small_shape_report(
     small = derive_search_shapes(program).program
     graph = fuse_rows(from_program(small, precision), hw)
     method = "row fusion checked at the derived search shapes"
-    if kernel_kinds(graph) != kernel_kinds(fuse_rows(from_program(program, precision), hw)):
+    at_own = fused if fused is not None else fuse_rows(from_program(program, precision), hw)
+    if kernel_kinds(graph) != kernel_kinds(at_own):
         # the rule formed other kernels there (a row that fits shared memory only when small): the check
         # would not witness the rewrite at the program's own shapes
         why = "row fusion forms other kernels at the search shapes than at the program's own"
