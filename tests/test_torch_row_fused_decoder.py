@@ -44,7 +44,10 @@ def captured_program(cfg: dict[str, int], t: int, dtype: torch.dtype) -> gensora
     return program
 
 
-def test_reduced_layer_runs_its_row_fused_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("outliers", [False, True], ids=["normal", "outliers"])
+def test_reduced_layer_runs_its_row_fused_kernels(monkeypatch: pytest.MonkeyPatch, outliers: bool) -> None:
+    """``outliers``: real-model magnitudes, one massive-activation channel (|x| ~ 300) and a first token 30 times
+    larger than the rest (an attention sink's large logits)."""
     results = []
     real = subgraph.compiled
 
@@ -63,6 +66,9 @@ def test_reduced_layer_runs_its_row_fused_kernels(monkeypatch: pytest.MonkeyPatc
     exact = copy.deepcopy(layer).double()
     layer = layer.to(torch.bfloat16)
     x = 3.0 * torch.randn(1, 64, 1024)
+    if outliers:
+        x[..., 7] *= 100.0
+        x[:, 0] *= 30.0
     cos, sin = rope(64, 64, torch.float64)
     args = (x.to(torch.bfloat16), cos.to(torch.bfloat16), sin.to(torch.bfloat16))
     with torch.no_grad():
