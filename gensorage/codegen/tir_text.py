@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from gensorage.opset import reshape_groups
+
 
 @dataclass(frozen=True, slots=True)
 class Ix:
@@ -126,23 +128,11 @@ def reshape_index(idx: Sequence[Ix], src: Sequence[int], dst: Sequence[int]) -> 
     Dims are matched in groups of equal product (as numpy's reshape does) so that only the dims that really
     regroup get ``//`` and ``%``; size-1 dims read index 0.
     """
-    dst_keep = [d for d, n in enumerate(dst) if n != 1]
-    src_keep = [d for d, n in enumerate(src) if n != 1]
+    groups = reshape_groups(tuple(src), tuple(dst))
+    if groups is None:
+        raise ValueError(f"no row-major reshape of {list(src)} to {list(dst)}")
     out: list[Ix] = [Ix() for _ in src]
-    i = j = 0
-    while i < len(src_keep) and j < len(dst_keep):
-        gs, gd = [src_keep[i]], [dst_keep[j]]
-        ps, pd = src[src_keep[i]], dst[dst_keep[j]]
-        i, j = i + 1, j + 1
-        while ps != pd:
-            if ps < pd:
-                gs.append(src_keep[i])
-                ps *= src[src_keep[i]]
-                i += 1
-            else:
-                gd.append(dst_keep[j])
-                pd *= dst[dst_keep[j]]
-                j += 1
+    for gs, gd in groups:
         flat = ravel([idx[d] for d in gd], [dst[d] for d in gd])
         for d, v in zip(gs, unravel(flat, [src[d] for d in gs]), strict=True):
             out[d] = v
