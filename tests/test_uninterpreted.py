@@ -336,3 +336,23 @@ def test_a_content_key_collision_costs_a_recomputation_not_a_wrong_value(
     other = shared.matmul(y, w)
     assert counting.matmuls == 2 and np.array_equal(other.data, counting.matmul(y, w).data)
     assert shared.matmul(UFValue(x.data.copy()), w) is first  # equal content still hits
+
+
+def test_a_large_operand_is_keyed_by_a_sample_and_a_difference_off_it_still_counts() -> None:
+    from gensorage.verify import shared as shared_module
+
+    counting = _Counting(1, np.random.default_rng(3))
+    shared = SharedArith(counting)
+    x, w = (
+        counting.random_input((3, 2 * shared_module.SAMPLE + 1)),
+        counting.random_input((2 * shared_module.SAMPLE + 1, 2)),
+    )
+    first = shared.matmul(x, w)
+    changed = UFValue(x.data.copy())
+    changed.data[0, 1, 1] ^= np.uint64(1)  # an element between two sampled ones
+    key = shared_module._content
+    assert key(changed) == key(x)  # the sample misses it: the keys collide ...
+    got = shared.matmul(changed, w)
+    assert got is not first and counting.matmuls == 2  # ... and the byte comparison catches it
+    assert np.array_equal(got.data, counting.matmul(changed, w).data)
+    assert shared.matmul(UFValue(x.data.copy()), w) is first  # equal content still hits
