@@ -272,3 +272,14 @@ def test_ctrl_c_exits_130_and_keeps_the_checkpoint(tmp_path: Path, _home: Path) 
     assert "interrupted" in err and ckpt.is_file()
     assert "program rmsnorm" in out  # what was found so far is still reported
     assert "stopped by interrupt" in out  # the signal landed in the search
+
+
+def test_a_shape_larger_than_the_device_is_an_error_not_a_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "huge.gsp"
+    path.write_text("program huge\ninput X [99999999999, 99999999] float16\nY = exp(X)\noutput Y\n")
+    code = main(["superopt", str(path), "--mode", "fast", "--no-store", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 5  # UGraphError's
+    assert err.startswith("gensorage: error: no kernels:") and "device memory" in err and "\n" not in err

@@ -3,7 +3,9 @@
 Exit codes: 0 a verified µGraph better than the direct one (one kernel per op) was found and the search was
 complete; 1 nothing better than the direct µGraph (or the search stopped early, by its time budget); 130
 interrupted (the search's checkpoint keeps what was found; what was found so far is printed); otherwise the
-exit code of the error class (bad program 3, bad config / option 6, store 7, ...), with a one-line message.
+exit code of the error class (bad program 3, bad config / option 6, store 7, ...), with a one-line message;
+also when the chosen µGraph's kernels cannot be built (a tensor larger than the device's memory: 5), after the
+summary.
 """
 
 from __future__ import annotations
@@ -196,6 +198,9 @@ def cmd_superopt(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
+    if result.compile_error is not None:  # nothing to run: an error, not a result that did not improve
+        print(f"gensorage: error: no kernels: {result.compile_error}", file=sys.stderr)
+        return result.compile_error.exit_code
     return _exit_code(result)
 
 

@@ -146,6 +146,12 @@ class SuperoptResult:
         """Predicted time of the direct µGraph over that of ``best``."""
         return self.naive_predicted_time_s / self.predicted_time_s if self.predicted_time_s > 0 else math.nan
 
+    @property
+    def compile_error(self) -> GensorageError | None:
+        """Why the code generator could not build ``best``'s kernels during the call (a tensor larger than the
+        device's memory, a block graph it cannot lower); None when it built them or was not asked to."""
+        return self._compile_error
+
     def compiled(self) -> CompiledUGraph:
         """The code generator's kernels of ``best`` (built during the call; raises what the build raised)."""
         if self._compiled is None:
