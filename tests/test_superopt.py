@@ -336,6 +336,13 @@ def test_the_default_preset_is_small() -> None:
         ("top_k = 0", "top_k"),
         ("bogus = 1", "unknown field"),
         ("[search]\nmax_blocks = 3", "unknown search field"),
+        # checked when loaded, whatever mode runs (fast mode builds no search spec)
+        ("[search]\nmax_kernel_ops = 'three'", "max_kernel_ops must be a positive integer"),
+        ("[search]\nmax_block_ops = -4", "max_block_ops must be a positive integer"),
+        ("[search]\nmin_kernel_ops = 3", "min_kernel_ops"),
+        ("[search]\nparallel_first = true", "needs fused_first"),
+        ("[search]\nmax_trials = 'lots'", "max_trials"),
+        ("[search]\nops = ['exp', 'frobnicate']", "unsupported op 'frobnicate'"),
         ("[search_params]\nb = -1", "search_params.b"),
         ("delta = 2.0", "delta"),
         ("modes = ['slow']", "modes"),

@@ -180,91 +180,11 @@ class SearchSpec:
             raise UnsupportedOpError(f"search spec: program '{self.program.name}': {why}")
         object.__setattr__(self, "program_text", _program_text(self.program))
         self._check_size()
-        for name in (
-            "max_kernel_ops",
-            "min_kernel_ops",
-            "max_block_ops",
-            "max_block_inputs",
-            "max_block_outputs",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"search spec: {name} must be a positive integer, got {value!r}")
-        if self.min_kernel_ops > self.max_kernel_ops:
-            raise ConfigError(
-                f"search spec: min_kernel_ops ({self.min_kernel_ops}) is more than max_kernel_ops "
-                f"({self.max_kernel_ops})"
-            )
-        if self.max_block_nodes is not None and (
-            isinstance(self.max_block_nodes, bool)
-            or not isinstance(self.max_block_nodes, int)
-            or self.max_block_nodes < 2
-        ):
-            raise ConfigError(
-                f"search spec: max_block_nodes must be an integer >= 2 or None, got {self.max_block_nodes!r}"
-            )
-        if self.max_block_graphs is not None and (
-            isinstance(self.max_block_graphs, bool)
-            or not isinstance(self.max_block_graphs, int)
-            or self.max_block_graphs < 1
-        ):
-            raise ConfigError(
-                f"search spec: max_block_graphs must be a positive integer or None, got {self.max_block_graphs!r}"
-            )
-        if self.max_grid_dims not in (1, 2, 3):
-            raise ConfigError(f"search spec: max_grid_dims must be 1, 2 or 3, got {self.max_grid_dims!r}")
-        if self.schedule not in SCHEDULE_MODES:
-            raise ConfigError(
-                f"search spec: schedule must be one of {', '.join(SCHEDULE_MODES)}, got {self.schedule!r}"
-            )
-        if not 0.0 < float(self.delta) < 1.0:
-            raise ConfigError(f"search spec: delta must be in (0, 1), got {self.delta!r}")
-        if self.max_trials is not None and (isinstance(self.max_trials, bool) or self.max_trials < 1):
-            raise ConfigError(
-                f"search spec: max_trials must be a positive integer or None, got {self.max_trials!r}"
-            )
+        check_limits(self)
         if self.dims is not None and not isinstance(self.dims, DimStrategy):
             raise ConfigError(f"search spec: dims must be a DimStrategy, got {type(self.dims).__name__}")
         if self.dims is not None:
             self._check_dims(self.dims)
-        if not isinstance(self.graph_defined_last, bool):
-            raise ConfigError(
-                f"search spec: graph_defined_last must be true or false, got {self.graph_defined_last!r}"
-            )
-        if not isinstance(self.fused_first, bool):
-            raise ConfigError(f"search spec: fused_first must be true or false, got {self.fused_first!r}")
-        if not isinstance(self.parallel_first, bool):
-            raise ConfigError(
-                f"search spec: parallel_first must be true or false, got {self.parallel_first!r}"
-            )
-        if self.parallel_first and not self.fused_first:
-            raise ConfigError("search spec: parallel_first orders the fusing tasks and needs fused_first")
-        if not isinstance(self.program_ops_first, bool):
-            raise ConfigError(
-                f"search spec: program_ops_first must be true or false, got {self.program_ops_first!r}"
-            )
-        if self.program_ops_first and not self.fused_first:
-            raise ConfigError("search spec: program_ops_first orders the fusing tasks and needs fused_first")
-        if not isinstance(self.sub_stabilises_only, bool):
-            raise ConfigError(
-                f"search spec: sub_stabilises_only must be true or false, got {self.sub_stabilises_only!r}"
-            )
-        if not isinstance(self.exp_stabilised_only, bool):
-            raise ConfigError(
-                f"search spec: exp_stabilised_only must be true or false, got {self.exp_stabilised_only!r}"
-            )
-        if not isinstance(self.loop_concats, bool):
-            raise ConfigError(f"search spec: loop_concats must be true or false, got {self.loop_concats!r}")
-        if not isinstance(self.max_last_dim_only, bool):
-            raise ConfigError(
-                f"search spec: max_last_dim_only must be true or false, got {self.max_last_dim_only!r}"
-            )
-        if not isinstance(self.replicated_writes, bool):
-            raise ConfigError(
-                f"search spec: replicated_writes must be true or false, got {self.replicated_writes!r}"
-            )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"search spec: seed must be a non-negative integer, got {self.seed!r}")
         if self.ops is not None:
             object.__setattr__(self, "ops", tuple(sorted({parse_op(o).value for o in self.ops})))
             self._check_ops()
@@ -375,6 +295,97 @@ class SearchSpec:
         blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         blob += "\nhw " + profile_fingerprint(self.hw)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def check_limits(spec: Any) -> None:
+    """The checks of a spec's limits and switches that need no program, on anything with the spec's fields as
+    attributes: :class:`SearchSpec` runs them, and so does a preset's ``[search]`` table when the preset is loaded,
+    whatever mode then runs (fast mode builds no spec, and took a broken table silently)."""
+    for name in (
+        "max_kernel_ops",
+        "min_kernel_ops",
+        "max_block_ops",
+        "max_block_inputs",
+        "max_block_outputs",
+    ):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"search spec: {name} must be a positive integer, got {value!r}")
+    if spec.min_kernel_ops > spec.max_kernel_ops:
+        raise ConfigError(
+            f"search spec: min_kernel_ops ({spec.min_kernel_ops}) is more than max_kernel_ops "
+            f"({spec.max_kernel_ops})"
+        )
+    if spec.max_block_nodes is not None and (
+        isinstance(spec.max_block_nodes, bool)
+        or not isinstance(spec.max_block_nodes, int)
+        or spec.max_block_nodes < 2
+    ):
+        raise ConfigError(
+            f"search spec: max_block_nodes must be an integer >= 2 or None, got {spec.max_block_nodes!r}"
+        )
+    if spec.max_block_graphs is not None and (
+        isinstance(spec.max_block_graphs, bool)
+        or not isinstance(spec.max_block_graphs, int)
+        or spec.max_block_graphs < 1
+    ):
+        raise ConfigError(
+            f"search spec: max_block_graphs must be a positive integer or None, got {spec.max_block_graphs!r}"
+        )
+    if spec.max_grid_dims not in (1, 2, 3):
+        raise ConfigError(f"search spec: max_grid_dims must be 1, 2 or 3, got {spec.max_grid_dims!r}")
+    if spec.schedule not in SCHEDULE_MODES:
+        raise ConfigError(
+            f"search spec: schedule must be one of {', '.join(SCHEDULE_MODES)}, got {spec.schedule!r}"
+        )
+    if not 0.0 < float(spec.delta) < 1.0:
+        raise ConfigError(f"search spec: delta must be in (0, 1), got {spec.delta!r}")
+    if spec.max_trials is not None and (
+        isinstance(spec.max_trials, bool) or not isinstance(spec.max_trials, int) or spec.max_trials < 1
+    ):
+        raise ConfigError(
+            f"search spec: max_trials must be a positive integer or None, got {spec.max_trials!r}"
+        )
+    if not isinstance(spec.graph_defined_last, bool):
+        raise ConfigError(
+            f"search spec: graph_defined_last must be true or false, got {spec.graph_defined_last!r}"
+        )
+    if not isinstance(spec.fused_first, bool):
+        raise ConfigError(f"search spec: fused_first must be true or false, got {spec.fused_first!r}")
+    if not isinstance(spec.parallel_first, bool):
+        raise ConfigError(f"search spec: parallel_first must be true or false, got {spec.parallel_first!r}")
+    if spec.parallel_first and not spec.fused_first:
+        raise ConfigError("search spec: parallel_first orders the fusing tasks and needs fused_first")
+    if not isinstance(spec.program_ops_first, bool):
+        raise ConfigError(
+            f"search spec: program_ops_first must be true or false, got {spec.program_ops_first!r}"
+        )
+    if spec.program_ops_first and not spec.fused_first:
+        raise ConfigError("search spec: program_ops_first orders the fusing tasks and needs fused_first")
+    if not isinstance(spec.sub_stabilises_only, bool):
+        raise ConfigError(
+            f"search spec: sub_stabilises_only must be true or false, got {spec.sub_stabilises_only!r}"
+        )
+    if not isinstance(spec.exp_stabilised_only, bool):
+        raise ConfigError(
+            f"search spec: exp_stabilised_only must be true or false, got {spec.exp_stabilised_only!r}"
+        )
+    if not isinstance(spec.loop_concats, bool):
+        raise ConfigError(f"search spec: loop_concats must be true or false, got {spec.loop_concats!r}")
+    if not isinstance(spec.max_last_dim_only, bool):
+        raise ConfigError(
+            f"search spec: max_last_dim_only must be true or false, got {spec.max_last_dim_only!r}"
+        )
+    if not isinstance(spec.replicated_writes, bool):
+        raise ConfigError(
+            f"search spec: replicated_writes must be true or false, got {spec.replicated_writes!r}"
+        )
+    if isinstance(spec.seed, bool) or not isinstance(spec.seed, int) or spec.seed < 0:
+        raise ConfigError(f"search spec: seed must be a non-negative integer, got {spec.seed!r}")
+    for op in spec.ops or ():
+        if not isinstance(op, str):
+            raise ConfigError(f"search spec: ops must be operator names, got {op!r}")
+        parse_op(op)
 
 
 def _program_text(program: Program) -> str:

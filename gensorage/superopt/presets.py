@@ -32,9 +32,10 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from gensorage.errors import ConfigError
+from gensorage.errors import ConfigError, GensorageError
 from gensorage.hw.loader import config_search_dirs, find_config, list_config_names, read_named_toml
 
 #: Preset the CLI runs when no program is named.
@@ -152,7 +153,7 @@ def _params(value: Any, where: str, table: str) -> dict[str, int]:
 
 
 def _search(value: Any, where: str) -> dict[str, Any]:
-    from gensorage.exhaustive.spec import SearchSpec
+    from gensorage.exhaustive.spec import SearchSpec, check_limits
 
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: [search] must be a table of search limits")
@@ -173,6 +174,13 @@ def _search(value: Any, where: str) -> dict[str, Any]:
         if not isinstance(out["dims"], str):
             raise ConfigError(f"{where}: search.dims must be the name of a dim strategy (configs/dims/)")
         out["dims"] = load_dim_strategy(out["dims"])
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(SearchSpec) if f.default is not dataclasses.MISSING
+    }
+    try:
+        check_limits(SimpleNamespace(**{**defaults, **out}))
+    except GensorageError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     return out
 
 
