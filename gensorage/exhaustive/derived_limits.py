@@ -27,12 +27,14 @@ its space the other way round, and so does :func:`derive_limits`:
   stopped early has looked where Mirage's fused kernels are.
 * **block inputs**: at most three (Mirage's ``max_num_threadblock_graph_inputs``), and no more than the program
   has inputs plus one (the pre-defined operator's result).
-* **the program's softmax form** (``sub_stabilises_only``, ``exp_stabilised_only``): where every ``sub`` and
-  ``exp`` of the program is a stable softmax's (:func:`~gensorage.exhaustive.opcatalog.stable_softmax_only`),
-  the space keeps that form only. These two are restrictions of the space, not limits (docs/search.md says
-  which µGraphs they drop); with them a ``sub`` changes no index-tie class, so the tie rule prunes the search.
+* **the program's softmax form** (``sub_stabilises_only``, ``exp_stabilised_only``, ``loop_concats = false``):
+  where every ``sub`` and ``exp`` of the program is a stable softmax's
+  (:func:`~gensorage.exhaustive.opcatalog.stable_softmax_only`), the space keeps the forms a fused softmax takes,
+  the row-fused one and the online one (a loop that reduces). These three are restrictions of the space, the
+  split-KV presets', not limits (docs/search.md says which µGraphs they drop); with the first a ``sub`` changes
+  no index-tie class, so the tie rule prunes the search.
 
-These are limits (and the two restrictions), not pruning: they choose the space, which the search then covers completely (docs/search.md,
+These are limits (and the three restrictions), not pruning: they choose the space, which the search then covers completely (docs/search.md,
 "What Theorem 1 still guarantees"). A preset's ``[search]`` table, or limits given to the spec, replace them.
 """
 
@@ -81,6 +83,7 @@ def derive_limits(program: Program) -> DerivedLimits:
         # changes no index-tie class, so the tie rule prunes this search too.
         limits["sub_stabilises_only"] = True
         limits["exp_stabilised_only"] = True
+        limits["loop_concats"] = False
     if n_ops > MAX_BLOCK_OPS:
         limits["graph_defined_last"] = True
         limits["min_kernel_ops"] = KERNEL_OPS
