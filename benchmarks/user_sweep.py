@@ -45,7 +45,10 @@ def run_one(program: Path, package_root: Path, cap_s: float) -> dict[str, Any]:
         load0 = os.getloadavg()
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=cap_s, check=False)
+            # In the package's root: ``python -m`` puts the working directory first on the import path.
+            proc = subprocess.run(
+                cmd, env=env, cwd=package_root, capture_output=True, text=True, timeout=cap_s, check=False
+            )
             out, err, rc = proc.stdout, proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
