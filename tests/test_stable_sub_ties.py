@@ -67,21 +67,44 @@ def test_derived_limits_restrict_a_stable_softmax() -> None:
         assert not restrictions & set(derive_limits(p).limits)
 
 
-def test_the_rule_keeps_every_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fused softmax of a matmul, with the stable-softmax restrictions: with and without the tie rule, the same
-    candidates; with it, fewer states."""
+def _scaled_softmax_matmul() -> Program:
+    p = Program("scaled_softmax_matmul")
+    p.output(p.softmax(p.scale(p.matmul(p.input("X", (2, 3)), p.input("W", (3, 5))), 0.5), dim=1))
+    return p
+
+
+@pytest.mark.parametrize(
+    ("program", "block_ops", "concats"), [(_softmax_matmul(), 6, True), (_scaled_softmax_matmul(), 7, False)]
+)
+def test_the_rule_keeps_every_candidate(
+    program: Program, block_ops: int, concats: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fused softmax of a matmul (of scaled scores: the scale between the sub and its exp), with the
+    stable-softmax restrictions: with and without the tie rule, the same candidates; with it, fewer states."""
     spec = SearchSpec(
-        program=_softmax_matmul(),
+        program=program,
         max_kernel_ops=1,
         max_block_graphs=1,
-        max_block_ops=6,
+        max_block_ops=block_ops,
         max_grid_dims=1,
         max_block_outputs=1,
         sub_stabilises_only=True,
         exp_stabilised_only=True,
+        loop_concats=concats,
     )
     with_rule, states_with = candidates_and_states(spec)
     monkeypatch.setattr(ruleset.TieRule, "for_search", staticmethod(lambda *a: None))
     without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without
+
+
+def test_a_softmax_of_scaled_scores_keeps_its_fused_kernel() -> None:
+    """A positive scale between the sub and its exp (``exp(c·(S − max S))``, where a constant factor's canonical
+    place puts it) is in the restricted space, so a softmax of scaled scores still has its one-kernel µGraph."""
+    p = Program("scaled_softmax")
+    p.output(p.softmax(p.scale(p.input("X", (2, 3)), 0.5), dim=1))
+    spec = SearchSpec(program=p, **{**derive_limits(p).limits, "max_grid_dims": 1})
+    assert spec.sub_stabilises_only and spec.exp_stabilised_only
+    found, _ = candidates_and_states(spec)
+    assert found
