@@ -27,8 +27,14 @@ its space the other way round, and so does :func:`derive_limits`:
   stopped early has looked where Mirage's fused kernels are.
 * **block inputs**: at most three (Mirage's ``max_num_threadblock_graph_inputs``), and no more than the program
   has inputs plus one (the pre-defined operator's result).
+* **the program's softmax form** (``sub_stabilises_only``, ``exp_stabilised_only``, ``loop_concats = false``):
+  where every ``sub`` and ``exp`` of the program is a stable softmax's
+  (:func:`~gensorage.exhaustive.opcatalog.stable_softmax_only`), the space keeps the forms a fused softmax takes,
+  the row-fused one and the online one (a loop that reduces). These three are restrictions of the space, the
+  split-KV presets', not limits (docs/search.md says which µGraphs they drop); with the first a ``sub`` changes
+  no index-tie class, so the tie rule prunes the search.
 
-These are limits, not pruning: they choose the space, which the search then covers completely (docs/search.md,
+These are limits (and the three restrictions), not pruning: they choose the space, which the search then covers completely (docs/search.md,
 "What Theorem 1 still guarantees"). A preset's ``[search]`` table, or limits given to the spec, replace them.
 """
 
@@ -37,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gensorage.exhaustive.opcatalog import stable_softmax_only
 from gensorage.program import Program
 
 #: Mirage's ``MAX_NUM_THREADBLOCK_GRAPH_OP`` (outputs not counted): the most block operators derived.
@@ -71,6 +78,12 @@ def derive_limits(program: Program) -> DerivedLimits:
         "max_grid_dims": max(1, min(3, rank)),
         "fused_first": True,
     }
+    if stable_softmax_only(program):
+        # Restrictions of the space to the program's own form of softmax (docs/search.md); with them a sub
+        # changes no index-tie class, so the tie rule prunes this search too.
+        limits["sub_stabilises_only"] = True
+        limits["exp_stabilised_only"] = True
+        limits["loop_concats"] = False
     if n_ops > MAX_BLOCK_OPS:
         limits["graph_defined_last"] = True
         limits["min_kernel_ops"] = KERNEL_OPS
@@ -83,6 +96,7 @@ def derive_limits(program: Program) -> DerivedLimits:
         f"search limits derived from the program ({n_ops} operators, rank {rank}): {kernels} of up to "
         f"{limits['max_block_ops']} block operators, {limits['max_block_inputs']} inputs, "
         f"{limits['max_block_outputs']} outputs and {limits['max_grid_dims']} grid dims"
+        + ("; subs and exps only in the stable softmax form" if "sub_stabilises_only" in limits else "")
     )
     return DerivedLimits(limits, note)
 

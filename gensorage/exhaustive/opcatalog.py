@@ -120,6 +120,34 @@ def unsearched(program: Program) -> str | None:
     )
 
 
+def stable_softmax_only(program: Program) -> bool:
+    """Whether every ``sub`` and every ``exp`` of ``program`` is a stable softmax's (and it has one): each live
+    ``sub`` subtracts a ``max`` of its own minuend (``x − max(x, dim)``) and only ``exp`` operators read it, and
+    each live ``exp`` reads such a ``sub``. The restrictions ``sub_stabilises_only`` and ``exp_stabilised_only``
+    then keep µGraphs of the program's own form (docs/search.md, "Limits derived from the program")."""
+    nodes = program.nodes
+    live = program.live_ids()
+    readers: dict[int, list[Op]] = {}
+    for i in live:
+        n = nodes[i]
+        for j in n.inputs:
+            readers.setdefault(j, []).append(n.op)  # type: ignore[arg-type]
+    outputs = {t.id for t in program.outputs}
+    subs = 0
+    for i in live:
+        n = nodes[i]
+        if n.op is Op.SUB:
+            x, m = n.inputs
+            if nodes[m].op is not Op.MAX or nodes[m].inputs != (x,) or i in outputs:
+                return False
+            if any(op is not Op.EXP for op in readers.get(i, [])):
+                return False
+            subs += 1
+        elif n.op is Op.EXP and nodes[n.inputs[0]].op is not Op.SUB:
+            return False
+    return subs > 0
+
+
 def default_types(program: Program) -> frozenset[Op]:
     """The operator types searched when the spec names none (see the module docstring)."""
     used = set(program_ops(program))
@@ -318,4 +346,5 @@ __all__ = [
     "program_ops",
     "reads_scaled",
     "shape_free_term",
+    "stable_softmax_only",
 ]

@@ -64,15 +64,17 @@ class RuleSet:
         targets: Sequence[Term],
         variants: Sequence[OpVariant],
         output_shapes: Sequence[Shape],
+        stable_subs: bool = False,
     ) -> RuleSet:
         """The rules of a search of ``program`` (outputs ``targets``, normal forms in ``canon``) over
-        ``variants``. The order of construction is the order the rules' normal forms enter ``canon``."""
+        ``variants``. The order of construction is the order the rules' normal forms enter ``canon``.
+        ``stable_subs``: every ``sub`` is a stable softmax's (see :meth:`TieRule.for_search`)."""
         ops = [v.op for v in variants]
         constants = ExpConstants(program, canon)
         # The factors exp arguments must carry: an exp class that needs one needs a scale first.
         needed = NeededOps(canon, targets, constants.factor_marks)
         reductions = Reductions.for_search(canon, targets, variants)
-        ties = TieRule.for_search(program, [v.op for v in variants])
+        ties = TieRule.for_search(program, ops, stable_subs)
         occurrences = OccurrenceBudget.for_search([t.name for t in program.inputs], targets, variants)
         element_caps = ElementCaps.for_search(canon, targets, [math.prod(s) for s in output_shapes], variants)
         homogeneity = Homogeneity.for_search(program, ops)

@@ -43,9 +43,15 @@ class TieRule:
         self.arith = TieArith(links)
 
     @staticmethod
-    def for_search(program: Program, ops: Sequence[Op]) -> TieRule | None:
-        """The rule for a search of ``program`` with operators ``ops``; None where it does not apply."""
-        if any(op in CLASS_CHANGING for op in ops):
+    def for_search(program: Program, ops: Sequence[Op], stable_subs: bool = False) -> TieRule | None:
+        """The rule for a search of ``program`` with operators ``ops``; None where it does not apply.
+
+        ``stable_subs``: every ``sub`` of the program and of the searched µGraphs is a stable softmax's, read only
+        by an ``exp`` (``SearchSpec.sub_stabilises_only`` on a program :func:`stable_softmax_only` accepts); then
+        ``exp(x − m) = exp(x) / exp(m)`` rewrites every ``sub`` away without changing a tie, so ``sub`` changes
+        no class (docs/search.md, "Index ties")."""
+        changing = CLASS_CHANGING - {Op.SUB} if stable_subs else CLASS_CHANGING
+        if any(op in changing for op in ops):
             return None
         made: list[Atoms] = []
         try:

@@ -38,7 +38,12 @@ from gensorage.exhaustive.rules.occurrences import read_again
 from gensorage.exhaustive.rules.rule import UNLIMITED, LastSite, NodeRule, Prune, apply
 from gensorage.exhaustive.walk.rank import GRAPH_DEFINED_CODE, follows, head_key, head_may_follow, rank_key
 from gensorage.exhaustive.walk.search_state import numel
-from gensorage.exhaustive.walk.stable_subs import kernel_sub_result, stabilises
+from gensorage.exhaustive.walk.stable_subs import (
+    kernel_sub_only,
+    kernel_sub_result,
+    positive_scale,
+    stabilises,
+)
 from gensorage.opset import Op
 from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
 
@@ -253,7 +258,7 @@ def _stable_sub_ok(s: Walk, v: OpVariant, ins: tuple[int, ...]) -> bool:
     st, spec = s.state, s.spec
     subs = [kernel_sub_result(st, i) for i in ins]
     if spec.sub_stabilises_only and any(subs):
-        return v.op is Op.EXP
+        return v.op is Op.EXP or (len(ins) == 1 and kernel_sub_only(st, ins[0]) and positive_scale(v))
     if v.op is Op.EXP:
         return not spec.exp_stabilised_only or subs[0]
     if v.op is Op.SUB and spec.sub_stabilises_only:

@@ -49,7 +49,13 @@ from gensorage.exhaustive.walk.bindings import (
 from gensorage.exhaustive.walk.provenance import of_iterator, of_op, splits_reduced
 from gensorage.exhaustive.walk.search_context import SearchContext, remember
 from gensorage.exhaustive.walk.search_state import BlockBuild, BlockOpRec, numel, ops_left
-from gensorage.exhaustive.walk.stable_subs import block_sub_result, pending_block_sub, stabilises
+from gensorage.exhaustive.walk.stable_subs import (
+    block_sub_only,
+    block_sub_result,
+    pending_block_sub,
+    positive_scale,
+    stabilises,
+)
 from gensorage.opset import Op, Shape
 
 if TYPE_CHECKING:
@@ -156,7 +162,9 @@ def _stable_variants(
     spec = s.spec
     subs = [block_sub_result(b, i) for i in ins]
     if spec.sub_stabilises_only and any(subs):
-        return [v for v in variants if v.op is Op.EXP]
+        # An exp, or a positive scale of the sub itself (whose result only an exp may read then).
+        scalable = len(ins) == 1 and block_sub_only(b, ins[0])
+        return [v for v in variants if v.op is Op.EXP or (scalable and positive_scale(v))]
     if spec.exp_stabilised_only and not (len(ins) == 1 and subs[0]):
         variants = [v for v in variants if v.op is not Op.EXP]
     if spec.sub_stabilises_only and len(ins) == 2 and any(v.op is Op.SUB for v in variants):

@@ -18,7 +18,14 @@ from typing import Any
 
 from gensorage.exhaustive.expr.abstract_expr import Term, expr_of
 from gensorage.exhaustive.expr.oracle import SubexprOracle
-from gensorage.exhaustive.opcatalog import COMMUTATIVE, KERNEL_ONLY, SELF_USELESS, OpVariant, catalog
+from gensorage.exhaustive.opcatalog import (
+    COMMUTATIVE,
+    KERNEL_ONLY,
+    SELF_USELESS,
+    OpVariant,
+    catalog,
+    stable_softmax_only,
+)
 from gensorage.exhaustive.rules.ruleset import RuleSet
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.hw import load_profile
@@ -112,8 +119,10 @@ class SearchContext:
         spec = self.spec
         if not (spec.prune and spec.expr_filter):
             return RuleSet()
+        # A stable softmax's sub changes no tie class when every sub of the program and the space is one.
+        stable_subs = spec.sub_stabilises_only and stable_softmax_only(spec.program)
         return RuleSet.for_search(
-            spec.program, self.oracle.canon, self.targets, self.variants, self.output_shapes
+            spec.program, self.oracle.canon, self.targets, self.variants, self.output_shapes, stable_subs
         )
 
     def oracle_entries(self) -> int:
