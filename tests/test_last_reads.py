@@ -154,3 +154,17 @@ def test_switching_the_rule_off_finds_the_same_candidates_in_more_states(
     without_rule, states_without = candidates_and_states(spec)
     assert with_rule == without_rule and with_rule
     assert states_with < states_without
+
+
+def test_reads_laid_out_differently_share_a_verdict() -> None:
+    # FlashDecoding with m saved as [heads, 1, splits] (matmul combine) and as [heads, splits, 1] (sum combine):
+    # the same scalar functions, so the second test is the first's verdict; the no-l kernel is tested anew.
+    p, g = _flash_decoding()
+    _, g_sum = examples.flash_decoding_stable(heads=2, kv_len=8, head_dim=3, splits=2, combine="sum")
+    test = LastReads(p, range(len(p.inputs)))
+    assert test.admits(g.inputs, g.ops[:2], _split_reads(g), 64, 64)
+    assert test.admits(g_sum.inputs, g_sum.ops[:2], _split_reads(g_sum), 64, 64)
+    assert len(test._decided) == 1
+    no_l = _without_l(g)
+    assert not test.admits(no_l.inputs, no_l.ops[:2], _split_reads(no_l), 64, 64)
+    assert len(test._decided) == 2

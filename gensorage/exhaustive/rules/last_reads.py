@@ -45,6 +45,7 @@ ROW_SPACE_RTOL = (
 REJECT = 1e-3  # the share of J_O outside J_T's row space (Frobenius) above which a prefix is rejected
 MAX_JET_ELEMENTS = 1 << 22  # input directions x largest tensor: past this the test is skipped (kept)
 MAX_BASIS_WORK = 1 << 23  # directions x rows of J_T x the smaller of the two (the row basis's work): likewise
+MAX_DECIDED = 100_000  # verdicts remembered before the memo starts afresh
 SEEDS = (0x5EED, 0xD1CE)  # the two random points; a prefix is rejected only where both reject it
 NOT_LIPSCHITZ = frozenset({Op.SQRT, Op.LOG})
 
@@ -264,6 +265,7 @@ class LastReads:
         self.directions = sum(math.prod(s) for s in self.shapes)
         self._outputs: dict[int, np.ndarray] = {}
         self._program = program
+        self._decided: dict[bytes, bool] = {}  # verdicts by the reads' sorted values (see _value_key)
 
     def _output_jacobian(self, seed: int) -> np.ndarray:
         """``J_O`` at the point of ``seed``; NaN where an output is not finite there (the test then keeps)."""
@@ -293,15 +295,35 @@ class LastReads:
         if n * max(largest, 1) > MAX_JET_ELEMENTS or n * rows * min(n, rows) > MAX_BASIS_WORK:
             return True
         prefix = KernelGraph(tuple(specs), tuple(ops), tuple(reads))
+        key = None
         for seed in SEEDS:
             try:
                 values = evaluate(prefix, JetArith(), input_jets(self.shapes, seed), check=False, stack=True)
             except (ValueError, ArithmeticError, GensorageError):
                 return True  # not evaluable as jets: kept
+            if key is None:
+                key = _value_key(values)
+                if key in self._decided:
+                    return self._decided[key]
             share = outside_share(self._output_jacobian(seed), jacobian(values))
             if not share > REJECT:  # NaN keeps
-                return True
-        return False
+                return self._decide(key, True)
+        return self._decide(key, False)
+
+    def _decide(self, key: bytes | None, verdict: bool) -> bool:
+        if key is not None:
+            if len(self._decided) >= MAX_DECIDED:
+                self._decided.clear()
+            self._decided[key] = verdict
+        return verdict
+
+
+def _value_key(values: Sequence[Jet]) -> bytes:
+    """The reads' values at the first point, sorted: reads that lay out the same scalar functions differently (a
+    split kernel's savers' output maps) have the same row space, and two different functions agree at a random
+    point with probability 0."""
+    flat = np.sort(np.concatenate([np.ravel(x.v) for x in values]))
+    return flat.tobytes()
 
 
 __all__ = [
