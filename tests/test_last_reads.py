@@ -9,10 +9,13 @@ import dataclasses
 import numpy as np
 import pytest
 from search_walk import candidates_and_states
+from test_rediscovery import _stable_split_kv_and_combine
 from test_search_bounds import softmax_rows
+from test_split_kv_rediscovery import flash_decoding_path, split_kv_preset_spec
 
 from gensorage.arith import Float64Arith
-from gensorage.exhaustive import SearchSpec
+from gensorage.exhaustive import SearchSpec, enumerate_tasks, run_task
+from gensorage.exhaustive.results import ugraph_key
 from gensorage.exhaustive.rules.last_reads import (
     REJECT,
     SEEDS,
@@ -168,3 +171,37 @@ def test_reads_laid_out_differently_share_a_verdict() -> None:
     no_l = _without_l(g)
     assert not test.admits(no_l.inputs, no_l.ops[:2], _split_reads(no_l), 64, 64)
     assert len(test._decided) == 2
+
+
+def test_the_subtree_memo_tells_functions_apart() -> None:
+    # The memo's key holds the tensors' abstract expressions, which drop scale factors; with the rule on, two
+    # nodes with one key may hold different functions (a maximum of the scores or of the scaled scores) and get
+    # different verdicts below them, so the key takes the tensors' values too: reuse finds what a walk without it
+    # finds. (This small search does not hit such a key; the slow test below, where it did, does.)
+    spec = SearchSpec(
+        program=softmax_rows(),
+        max_kernel_ops=2,
+        max_block_ops=3,
+        max_block_nodes=3,
+        max_grid_dims=1,
+        max_block_outputs=2,
+    )
+    keys = {}
+    for reuse in (True, False):
+        found: set[str] = set()
+        for task in enumerate_tasks(spec):
+            found |= {ugraph_key(c.ugraph) for c in run_task(spec, task, reuse_subtrees=reuse).candidates}
+        keys[reuse] = found
+    assert keys[True] == keys[False] and keys[True]
+
+
+@pytest.mark.slow
+def test_the_gqa_presets_flash_decoding_task_keeps_flash_decoding() -> None:
+    # The rule cuts 584 of the task's 976 last kernels; before the memo's key held the tensors' values, a cut
+    # split kernel's (empty) subtree was replayed below FlashDecoding's and the task returned nothing.
+    spec = split_kv_preset_spec("gqa_incdec_split_kv")
+    path = flash_decoding_path(spec)
+    (task,) = [t for t in enumerate_tasks(spec) if tuple(path[: len(t.path)]) == tuple(t.path)]
+    res = run_task(spec, task)
+    assert res.complete
+    assert any(_stable_split_kv_and_combine(c.ugraph) for c in res.candidates)

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gensorage.arith import AccumKind, Activation
+from gensorage.arith import AccumKind, Activation, Float64Arith
 from gensorage.errors import GensorageError
 from gensorage.opset import Op
 from gensorage.program import Program
@@ -309,6 +309,22 @@ class LastReads:
             if not share > REJECT:  # NaN keeps
                 return self._decide(key, True)
         return self._decide(key, False)
+
+    def fingerprint(
+        self, specs: Sequence[TensorSpec], ops: Sequence[KernelNode], refs: Sequence[Ref]
+    ) -> bytes | None:
+        """The values of the tensors ``refs`` of the prefix ``ops`` at the first point (None: not evaluable). The
+        subtree memo adds it to its key while the rule is on: two nodes whose tensors have the same abstract
+        expressions may hold different functions, and the rule's verdicts below them differ."""
+        inputs = [j.v for j in input_jets(self.shapes, SEEDS[0])]
+        try:
+            with np.errstate(all="ignore"):
+                values = evaluate(
+                    KernelGraph(tuple(specs), tuple(ops), tuple(refs)), Float64Arith(), inputs, check=False
+                )
+        except (ValueError, ArithmeticError, GensorageError):
+            return None
+        return b"".join(np.ascontiguousarray(v, dtype=np.float64).tobytes() for v in values)
 
     def _decide(self, key: bytes | None, verdict: bool) -> bool:
         if key is not None:

@@ -30,7 +30,7 @@ from gensorage.exhaustive.rules.occurrences import Counts
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.walk.block_level import block_children
 from gensorage.exhaustive.walk.finalize import finalize, structure_key
-from gensorage.exhaustive.walk.kernel_level import complete_outputs, kernel_children
+from gensorage.exhaustive.walk.kernel_level import complete_outputs, functions_key, kernel_children
 from gensorage.exhaustive.walk.search_context import SearchContext
 from gensorage.exhaustive.walk.search_state import SearchState
 from gensorage.exhaustive.walk.subtree_memo import Entry, Memo, Recording, subtree_key
@@ -224,6 +224,9 @@ class Walk:
                             self.spec.max_block_graphs is not None or self.spec.graph_defined_last,
                             self.spec.sub_stabilises_only or self.spec.exp_stabilised_only,
                         )
+                        if key is not None:
+                            functions = functions_key(self)  # the last-reads rule tells functions apart
+                            key = None if functions is None else (key, functions)
                         if key is not None:
                             entry = self.subtrees.get(key)
                             if entry is not None:
