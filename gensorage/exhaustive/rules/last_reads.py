@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gensorage.arith import AccumKind, Activation, Float64Arith
+from gensorage.arith import AccumKind, Activation
 from gensorage.errors import GensorageError
 from gensorage.opset import Op
 from gensorage.program import Program
@@ -266,6 +266,7 @@ class LastReads:
         self._outputs: dict[int, np.ndarray] = {}
         self._program = program
         self._decided: dict[bytes, bool] = {}  # verdicts by the reads' sorted values (see _value_key)
+        self.tested = 0  # numeric tests made (the subtree memo keeps no subtree in which one was)
 
     def _output_jacobian(self, seed: int) -> np.ndarray:
         """``J_O`` at the point of ``seed``; NaN where an output is not finite there (the test then keeps)."""
@@ -294,6 +295,7 @@ class LastReads:
         n = self.directions
         if n * max(largest, 1) > MAX_JET_ELEMENTS or n * rows * min(n, rows) > MAX_BASIS_WORK:
             return True
+        self.tested += 1
         prefix = KernelGraph(tuple(specs), tuple(ops), tuple(reads))
         key = None
         for seed in SEEDS:
@@ -309,22 +311,6 @@ class LastReads:
             if not share > REJECT:  # NaN keeps
                 return self._decide(key, True)
         return self._decide(key, False)
-
-    def fingerprint(
-        self, specs: Sequence[TensorSpec], ops: Sequence[KernelNode], refs: Sequence[Ref]
-    ) -> bytes | None:
-        """The values of the tensors ``refs`` of the prefix ``ops`` at the first point (None: not evaluable). The
-        subtree memo adds it to its key while the rule is on: two nodes whose tensors have the same abstract
-        expressions may hold different functions, and the rule's verdicts below them differ."""
-        inputs = [j.v for j in input_jets(self.shapes, SEEDS[0])]
-        try:
-            with np.errstate(all="ignore"):
-                values = evaluate(
-                    KernelGraph(tuple(specs), tuple(ops), tuple(refs)), Float64Arith(), inputs, check=False
-                )
-        except (ValueError, ArithmeticError, GensorageError):
-            return None
-        return b"".join(np.ascontiguousarray(v, dtype=np.float64).tobytes() for v in values)
 
     def _decide(self, key: bytes | None, verdict: bool) -> bool:
         if key is not None:

@@ -266,16 +266,6 @@ def _reads_suffice(s: Walk, inputs: tuple[int, ...]) -> bool:
     return test.admits(st.specs, st.ops, [st.ref[i] for i in inputs], largest, rows)
 
 
-def functions_key(s: Walk) -> bytes | None:
-    """While the last kernel's reads rule is on: the numeric values of the node's kernel tensors, which the subtree
-    memo's key needs besides their abstract expressions (see :meth:`.LastReads.fingerprint`); b"" when off."""
-    test = s.context.last_reads
-    if test is None or not LAST_READS_RULE:
-        return b""
-    st = s.state
-    return test.fingerprint(st.specs, st.ops, [st.ref[t] for t in range(st.n_inputs, len(st.shape))])
-
-
 def _stable_sub_ok(s: Walk, v: OpVariant, ins: tuple[int, ...]) -> bool:
     """With ``sub_stabilises_only``: only an ``exp`` reads a ``sub`` result, and a ``sub`` subtracts a maximum of
     its minuend; with ``exp_stabilised_only``: an ``exp`` reads only a ``sub`` result (see :mod:`.stable_subs`)."""
