@@ -28,6 +28,7 @@ from gensorage.exhaustive import (
 )
 from gensorage.exhaustive.opcatalog import COMMUTATIVE, catalog, out_shape
 from gensorage.exhaustive.results import Candidate, ugraph_key
+from gensorage.exhaustive.walk import kernel_level
 from gensorage.exhaustive.walk import walk as walk_mod
 from gensorage.exhaustive.walk.kernel_level import complete_outputs, kernel_graph
 from gensorage.exhaustive.walk.probe_sizes import size_candidates
@@ -407,9 +408,15 @@ def _logical(stats: Stats) -> tuple[int, ...]:
     )
 
 
-def test_replaying_identical_subtrees_changes_nothing_but_the_work() -> None:
+@pytest.mark.parametrize("last_reads", [True, False])
+def test_replaying_identical_subtrees_changes_nothing_but_the_work(
+    last_reads: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Reuse (subtree_memo) must give the same candidates, in the same order, and the same logical counters as
-    # walking every subtree; it must also actually replay something in a two-kernel search.
+    # walking every subtree; it must also actually replay something in a two-kernel search. With the last
+    # kernel's reads rule on, no subtree it tested numerically is kept, and here it tests below every first
+    # kernel: so the replay is checked with it off.
+    monkeypatch.setattr(kernel_level, "LAST_READS_RULE", last_reads)
     spec = SearchSpec(program=exp_matmul(), max_kernel_ops=2, max_block_ops=2, max_grid_dims=1)
     reused = walked = Stats()
     for task in enumerate_tasks(spec):
@@ -426,7 +433,7 @@ def test_replaying_identical_subtrees_changes_nothing_but_the_work() -> None:
         ):
             assert getattr(a.stats, name) == getattr(b.stats, name), name
         reused, walked = reused + a.stats, walked + b.stats
-    assert reused.states_reused > 0 and walked.states_reused == 0
+    assert (reused.states_reused > 0 or last_reads) and walked.states_reused == 0
 
 
 def test_a_resume_point_outside_the_task_is_refused() -> None:
@@ -615,8 +622,11 @@ def test_a_stop_at_any_poll_including_inside_verification_resumes_to_the_whole(
     # candidate takes seconds to verify). Wherever it first says stop, the stopped part plus its resumption is
     # the uninterrupted walk: a node stopped half-emitted is undone and emitted whole on resume. With subtree
     # reuse, checks also run for the leaves of a replayed subtree: a stop there undoes the node the same way
-    # (it used to escape run_task as VerificationStopped).
+    # (it used to escape run_task as VerificationStopped). The last kernel's reads rule is off: it tests below
+    # every first kernel here, and the memo keeps no subtree it tested, so nothing would be replayed.
     import gensorage.verify as verify
+
+    monkeypatch.setattr(kernel_level, "LAST_READS_RULE", False)
 
     spec = SearchSpec(
         program=exp_matmul(), max_kernel_ops=2, max_block_ops=2 if reuse else 1, max_grid_dims=1

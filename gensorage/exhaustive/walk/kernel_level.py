@@ -240,6 +240,9 @@ def _headers(s: Walk) -> Iterator[None]:
             if last_op and rules and _cannot_finish(s, rules, inputs):
                 s.counters.pruned_expr += 1
                 continue
+            if last_op and not _reads_suffice(s, inputs):
+                s.counters.pruned_expr += 1
+                continue
             if not reads_ok(_read_again(s, inputs)):
                 continue
             # Grid dims come into being as bindings split inputs along them (see block_level), so one block
@@ -250,6 +253,22 @@ def _headers(s: Walk) -> Iterator[None]:
                     yield
                 finally:
                     st.close_block()
+
+
+# Switched off by the law test (tests/test_last_reads.py), which checks it loses no candidate.
+LAST_READS_RULE = True
+
+
+def _reads_suffice(s: Walk, inputs: tuple[int, ...]) -> bool:
+    """Whether the program's outputs may be a function of the tensors ``inputs`` the last kernel operator reads
+    (:mod:`gensorage.exhaustive.rules.last_reads`): its block graph reads nothing else."""
+    test = s.context.last_reads
+    if test is None or not LAST_READS_RULE:
+        return True
+    st = s.state
+    largest = max(numel(shape) for shape in st.shape)
+    rows = sum(numel(st.shape[i]) for i in inputs)
+    return test.admits(st.specs, st.ops, [st.ref[i] for i in inputs], largest, rows)
 
 
 def _stable_sub_ok(s: Walk, v: OpVariant, ins: tuple[int, ...]) -> bool:

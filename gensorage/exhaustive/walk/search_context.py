@@ -26,6 +26,7 @@ from gensorage.exhaustive.opcatalog import (
     catalog,
     stable_softmax_only,
 )
+from gensorage.exhaustive.rules.last_reads import NOT_LIPSCHITZ, LastReads
 from gensorage.exhaustive.rules.ruleset import RuleSet
 from gensorage.exhaustive.spec import SearchSpec
 from gensorage.hw import load_profile
@@ -86,6 +87,10 @@ class SearchContext:
         # The most kernel tensors one kernel operator reads (walk.kernel_level.completable).
         self.max_kernel_reads = max([v.arity for v in self.variants] + [spec.max_block_inputs])
         self.rules = self._rules()
+        # The last kernel's reads (rules.last_reads): exact for any equivalent µGraph, so with ``prune`` alone;
+        # not where a block operator may be non-Lipschitz.
+        lipschitz = not any(v.op in NOT_LIPSCHITZ for v in self.variants)
+        self.last_reads = LastReads(program, self.required_inputs) if spec.prune and lipschitz else None
         # The split-reduction rule of the last kernel operator (see provenance) assumes no grouped sums.
         self.split_rule = not any(
             program.nodes[i].op is Op.SUM and attr(program.nodes[i].attrs, "group") is not None

@@ -66,6 +66,7 @@ class Recording:
     base: int
     start: tuple[int, int, int, int]
     leaves: list[Leaf] = field(default_factory=list)
+    tests: int = 0  # the last-reads rule's numeric tests so far when it began (see Walk._store)
 
 
 class Memo:

@@ -230,7 +230,9 @@ class Walk:
                                 self._replay(entry)
                                 return
                             if not self.subtrees.full():
-                                recording = Recording(key, len(self.state.ops), self._logical())
+                                recording = Recording(
+                                    key, len(self.state.ops), self._logical(), tests=self._numeric_tests()
+                                )
                 except VerificationStopped:
                     # Verifying a large candidate takes seconds: a stop lands between (or inside) the checks of
                     # the node's complete µGraphs or of a replayed subtree's leaves. The node is then undone to
@@ -289,7 +291,16 @@ class Walk:
         c = self.counters
         return (c.states, c.pruned_expr, c.pruned_shape, c.pruned_memory)
 
+    def _numeric_tests(self) -> int:
+        """How many numeric tests the last kernel's reads rule has made in this process (see :meth:`_store`)."""
+        test = self.context.last_reads
+        return 0 if test is None else test.tested
+
     def _store(self, rec: Recording) -> None:
+        # The key fixes abstract expressions, not the tensors' numeric functions, which the last-reads rule
+        # tests: a subtree in which it tested anything is not kept (whether it tests depends on shapes only).
+        if self._numeric_tests() != rec.tests:
+            return
         now = self._logical()
         d = [a - b for a, b in zip(now, rec.start, strict=True)]
         self.subtrees.put(rec.key, Entry(d[0], d[1], d[2], d[3], tuple(rec.leaves)))
