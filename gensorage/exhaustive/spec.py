@@ -40,6 +40,21 @@ OMITTED_WHEN_ONE = frozenset({"min_kernel_ops"})
 # Elements of one program tensor a search evaluates at most (verification runs candidates at the program's shapes;
 # the bundled 4096-wide configs have 16.8 M).
 MAX_SEARCH_ELEMENTS = 1 << 28
+#: The spec's true-or-false fields (each checked to be a bool).
+SWITCHES = (
+    "prune",
+    "canonical",
+    "expr_filter",
+    "graph_defined_last",
+    "fused_first",
+    "parallel_first",
+    "program_ops_first",
+    "sub_stabilises_only",
+    "exp_stabilised_only",
+    "loop_concats",
+    "max_last_dim_only",
+    "replicated_writes",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +353,7 @@ def check_limits(spec: Any) -> None:
         raise ConfigError(
             f"search spec: schedule must be one of {', '.join(SCHEDULE_MODES)}, got {spec.schedule!r}"
         )
-    if not 0.0 < float(spec.delta) < 1.0:
+    if isinstance(spec.delta, bool) or not isinstance(spec.delta, int | float) or not 0.0 < spec.delta < 1.0:
         raise ConfigError(f"search spec: delta must be in (0, 1), got {spec.delta!r}")
     if spec.max_trials is not None and (
         isinstance(spec.max_trials, bool) or not isinstance(spec.max_trials, int) or spec.max_trials < 1
@@ -346,40 +361,12 @@ def check_limits(spec: Any) -> None:
         raise ConfigError(
             f"search spec: max_trials must be a positive integer or None, got {spec.max_trials!r}"
         )
-    if not isinstance(spec.graph_defined_last, bool):
-        raise ConfigError(
-            f"search spec: graph_defined_last must be true or false, got {spec.graph_defined_last!r}"
-        )
-    if not isinstance(spec.fused_first, bool):
-        raise ConfigError(f"search spec: fused_first must be true or false, got {spec.fused_first!r}")
-    if not isinstance(spec.parallel_first, bool):
-        raise ConfigError(f"search spec: parallel_first must be true or false, got {spec.parallel_first!r}")
-    if spec.parallel_first and not spec.fused_first:
-        raise ConfigError("search spec: parallel_first orders the fusing tasks and needs fused_first")
-    if not isinstance(spec.program_ops_first, bool):
-        raise ConfigError(
-            f"search spec: program_ops_first must be true or false, got {spec.program_ops_first!r}"
-        )
-    if spec.program_ops_first and not spec.fused_first:
-        raise ConfigError("search spec: program_ops_first orders the fusing tasks and needs fused_first")
-    if not isinstance(spec.sub_stabilises_only, bool):
-        raise ConfigError(
-            f"search spec: sub_stabilises_only must be true or false, got {spec.sub_stabilises_only!r}"
-        )
-    if not isinstance(spec.exp_stabilised_only, bool):
-        raise ConfigError(
-            f"search spec: exp_stabilised_only must be true or false, got {spec.exp_stabilised_only!r}"
-        )
-    if not isinstance(spec.loop_concats, bool):
-        raise ConfigError(f"search spec: loop_concats must be true or false, got {spec.loop_concats!r}")
-    if not isinstance(spec.max_last_dim_only, bool):
-        raise ConfigError(
-            f"search spec: max_last_dim_only must be true or false, got {spec.max_last_dim_only!r}"
-        )
-    if not isinstance(spec.replicated_writes, bool):
-        raise ConfigError(
-            f"search spec: replicated_writes must be true or false, got {spec.replicated_writes!r}"
-        )
+    for name in SWITCHES:
+        if not isinstance(getattr(spec, name), bool):
+            raise ConfigError(f"search spec: {name} must be true or false, got {getattr(spec, name)!r}")
+    for name in ("parallel_first", "program_ops_first"):
+        if getattr(spec, name) and not spec.fused_first:
+            raise ConfigError(f"search spec: {name} orders the fusing tasks and needs fused_first")
     if isinstance(spec.seed, bool) or not isinstance(spec.seed, int) or spec.seed < 0:
         raise ConfigError(f"search spec: seed must be a non-negative integer, got {spec.seed!r}")
     for op in spec.ops or ():
