@@ -80,6 +80,7 @@ def _heads_looped_tasks(spec: SearchSpec) -> list[Task]:
     return out
 
 
+@pytest.mark.slow  # 87 s in the default run at 027412a (11 s before the last-reads rule): on demand
 def test_the_mqa_presets_heads_are_no_split_of_the_keys() -> None:
     # At h = 2 query heads (14 keys), a split kernel whose loop walks the heads sums over 2 of them (its
     # accumulators), which the abstraction reads as a split of the keys' sums (2 divides 14): its task
