@@ -3,7 +3,7 @@ node replayed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from gensorage.exhaustive import SearchSpec, enumerate_tasks, run_task
@@ -21,6 +21,15 @@ def candidates_and_states(spec: SearchSpec) -> tuple[list[str], int]:
         keys |= {ugraph_key(c.ugraph) for c in res.candidates}
         states += res.stats.states
     return sorted(keys), states
+
+
+def assert_rule_prunes_only(spec: SearchSpec, switch_off: Callable[[], object]) -> None:
+    """The law of a pruning rule: after ``switch_off()`` the same (non-empty) candidates, in more states."""
+    with_rule, states_with = candidates_and_states(spec)
+    switch_off()
+    without_rule, states_without = candidates_and_states(spec)
+    assert with_rule == without_rule and with_rule
+    assert states_with < states_without
 
 
 @contextmanager

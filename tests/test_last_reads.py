@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from search_walk import candidates_and_states
+from search_walk import assert_rule_prunes_only
 from test_rediscovery import _stable_split_kv_and_combine
 from test_search_bounds import softmax_rows
 from test_split_kv_rediscovery import flash_decoding_path, split_kv_preset_spec
@@ -152,11 +152,7 @@ def test_switching_the_rule_off_finds_the_same_candidates_in_more_states(
         max_grid_dims=1,
         max_block_outputs=2,
     )
-    with_rule, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(kernel_level, "LAST_READS_RULE", False)
-    without_rule, states_without = candidates_and_states(spec)
-    assert with_rule == without_rule and with_rule
-    assert states_with < states_without
+    assert_rule_prunes_only(spec, lambda: monkeypatch.setattr(kernel_level, "LAST_READS_RULE", False))
 
 
 def test_reads_laid_out_differently_share_a_verdict() -> None:
@@ -176,8 +172,8 @@ def test_reads_laid_out_differently_share_a_verdict() -> None:
 def test_the_subtree_memo_tells_functions_apart() -> None:
     # The memo's key holds the tensors' abstract expressions, which drop scale factors; with the rule on, two
     # nodes with one key may hold different functions (a maximum of the scores or of the scaled scores) and get
-    # different verdicts below them, so the key takes the tensors' values too: reuse finds what a walk without it
-    # finds. (This small search does not hit such a key; the slow test below, where it did, does.)
+    # different verdicts below them, so no subtree in which the rule made a numeric test is stored: reuse finds
+    # what a walk without it finds. (This small search does not hit such a key; the slow test below, where it did, does.)
     spec = SearchSpec(
         program=softmax_rows(),
         max_kernel_ops=2,

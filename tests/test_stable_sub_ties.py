@@ -16,7 +16,7 @@ from gensorage.exhaustive.rules import ruleset
 from gensorage.exhaustive.walk.search_context import SearchContext
 from gensorage.program import Program
 from gensorage.program.text_format import parse_program
-from tests.search_walk import candidates_and_states
+from tests.search_walk import assert_rule_prunes_only, candidates_and_states
 
 DATA = Path(__file__).parent / "data" / "user_programs"
 
@@ -92,11 +92,8 @@ def test_the_rule_keeps_every_candidate(
         exp_stabilised_only=True,
         loop_concats=concats,
     )
-    with_rule, states_with = candidates_and_states(spec)
-    monkeypatch.setattr(ruleset.TieRule, "for_search", staticmethod(lambda *a: None))
-    without_rule, states_without = candidates_and_states(spec)
-    assert with_rule == without_rule and with_rule
-    assert states_with < states_without
+    off = staticmethod(lambda *a: None)
+    assert_rule_prunes_only(spec, lambda: monkeypatch.setattr(ruleset.TieRule, "for_search", off))
 
 
 def test_a_softmax_of_scaled_scores_keeps_its_fused_kernel() -> None:

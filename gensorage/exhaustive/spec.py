@@ -331,22 +331,11 @@ def check_limits(spec: Any) -> None:
             f"search spec: min_kernel_ops ({spec.min_kernel_ops}) is more than max_kernel_ops "
             f"({spec.max_kernel_ops})"
         )
-    if spec.max_block_nodes is not None and (
-        isinstance(spec.max_block_nodes, bool)
-        or not isinstance(spec.max_block_nodes, int)
-        or spec.max_block_nodes < 2
-    ):
-        raise ConfigError(
-            f"search spec: max_block_nodes must be an integer >= 2 or None, got {spec.max_block_nodes!r}"
-        )
-    if spec.max_block_graphs is not None and (
-        isinstance(spec.max_block_graphs, bool)
-        or not isinstance(spec.max_block_graphs, int)
-        or spec.max_block_graphs < 1
-    ):
-        raise ConfigError(
-            f"search spec: max_block_graphs must be a positive integer or None, got {spec.max_block_graphs!r}"
-        )
+    for name, least in (("max_block_nodes", 2), ("max_block_graphs", 1)):
+        value = getattr(spec, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            what = "a positive integer" if least == 1 else f"an integer >= {least}"
+            raise ConfigError(f"search spec: {name} must be {what} or None, got {value!r}")
     if spec.max_grid_dims not in (1, 2, 3):
         raise ConfigError(f"search spec: max_grid_dims must be 1, 2 or 3, got {spec.max_grid_dims!r}")
     if spec.schedule not in SCHEDULE_MODES:
