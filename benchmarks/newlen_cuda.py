@@ -120,16 +120,27 @@ def worker(
     rows = []
     for t, p in zip(lengths, programs, strict=True):
         totals.clear()
+        builds = d.stats.builds
         t0 = time.perf_counter()
         entry = d.kernels(p, "cuda")
         wall = time.perf_counter() - t0
+        # this tree's compiled variants for CUDA (an older tree has none: it builds the whole module each time)
+        variants = getattr(d, "_variants", {}).get("cuda")
         nvcc_s = None
         if nvcc:  # TVM here keeps the source (no CUDA runtime): nvcc on it stands in for the device's NVRTC
             kernels = entry.compiled.kernels("cuda")
             arch = target_profile(entry.compiled.hw, [k.rule for k in kernels]).arch
+            built = variants.last_build if variants is not None else None
             t1 = time.perf_counter()
-            build_cubin(entry.compiled.cuda_source(), arch)
+            if variants is None:
+                build_cubin(entry.compiled.cuda_source(), arch)
+            elif built is not None:  # the variants this length compiled, nothing else
+                build_cubin(str(built.mod.imports[0].inspect_source()), arch)
             nvcc_s = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        if hasattr(d, "wait_rebuilds"):  # the background build of the length's own kernels, not timed above
+            d.wait_rebuilds()
+        rebuild_wait = time.perf_counter() - t1
         rows.append(
             {
                 "tokens": t,
@@ -138,6 +149,9 @@ def worker(
                 "timings": dict(entry.timings),
                 "steps_s": dict(totals),
                 "nvcc_s": nvcc_s,
+                "builds": d.stats.builds - builds,  # tvm.compile calls before the length was served
+                "missed": list(variants.missed) if variants is not None else None,
+                "rebuild_wait_s": rebuild_wait,
                 "kernels": len(entry.compiled.kernels("cuda")),
                 "method": entry.equivalence.method,
                 "notes": list(entry.notes),
@@ -251,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{run['side']:5} T={row['tokens']:4} ready {row['ready_s']:.2f}s "
                     f"lower {row['timings'].get('lower', 0):.2f} build {row['timings'].get('build', 0):.2f} "
-                    f"nvcc {row['nvcc_s'] or 0:.2f} | {steps}",
+                    f"nvcc {row['nvcc_s'] or 0:.2f} builds {row.get('builds')} "
+                    f"missed {len(row['missed']) if row.get('missed') is not None else '-'} | {steps}",
                     flush=True,
                 )
             print("  ", run["uptime_after"], flush=True)

@@ -87,8 +87,7 @@ def _parse(text: str, name: str) -> Any:
 
 def _kernel_name(g: KernelGraph, k: int) -> str:
     op = g.ops[k]
-    kind = "graph" if isinstance(op, GraphDefinedOp) else op.op.value
-    return f"kernel{k}_{kind}"
+    return f"kernel{k}_{'graph' if isinstance(op, GraphDefinedOp) else op.op.value}"
 
 
 def lower_ugraph(
@@ -125,9 +124,8 @@ def _from_text(kt: KernelText) -> Kernel:
 
 
 def _from_scheduled(sk: ScheduledKernel) -> Kernel:
-    return Kernel(
-        sk.name, sk.op_index, sk.func, sk.func.script(), sk.params, None, sk.threads, sk.rule, sk.component
-    )
+    f = sk.func
+    return Kernel(sk.name, sk.op_index, f, f.script(), sk.params, None, sk.threads, sk.rule, sk.component)
 
 
 #: The llvm build's pass options. TVM's argument checks (count, dtype, shape, strides, device, alignment of
@@ -442,7 +440,9 @@ class CompiledUGraph:
 
     def cuda_source(self) -> str:
         """CUDA C source of all kernels (``tvm.compile`` for the profile's arch; no GPU needed)."""
-        return str(self.executable("cuda").mod.imports[0].inspect_source())
+        ex = self.executable("cuda")  # a dispatcher's compiled variants span modules: these kernels' own then
+        ex = ex if hasattr(ex, "mod") else compile_kernels(self.kernels("cuda"), "cuda", self.hw)
+        return str(ex.mod.imports[0].inspect_source())
 
     def cubin(self) -> bytes | None:
         """The CUDA source compiled by nvcc for the profile's arch (``sm_90a`` with wgmma kernels); None when

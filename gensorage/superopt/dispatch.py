@@ -246,7 +246,7 @@ class Dispatcher:
 
     def _symbolic(self, target: Target) -> SymbolicKernels | None:
         """The compiled variants by skeleton for ``target`` (llvm only; None when switched off)."""
-        if not self.symbolic or target != "llvm":
+        if not self.symbolic:
             return None
         if target not in self._variants:
             from gensorage.codegen.symbolic_kernels import SymbolicKernels
@@ -358,11 +358,11 @@ def _build_kernels(
     if symbolic is not None:
         builds = _from_variants(compiled, symbolic, target, notes if notes is not None else [])
     if target == "cuda":
-        # kernels of the same code (k and v projections, gate and up) compiled once: the CUDA compiler's call
-        # on the whole module is most of a new length's build on a GPU (compile_kernels)
-        compiled.use_executable(
-            "cuda", compile_kernels(compiled.kernels("cuda"), "cuda", compiled.hw, share_same=True)
-        )
+        if symbolic is None:
+            # kernels of the same code (k and v projections, gate and up) compiled once: the CUDA compiler's
+            # call on the whole module is most of a new length's build on a GPU (compile_kernels)
+            ex = compile_kernels(compiled.kernels("cuda"), "cuda", compiled.hw, share_same=True)
+            compiled.use_executable("cuda", ex)
         timings["build"] = time.perf_counter() - t1
         return compiled, None, builds
     try:
@@ -387,12 +387,18 @@ def _from_variants(
         compiled.use_executable(target, symbolic.executable(compiled.kernels(target)))
     except ScheduleError as exc:
         notes.append(f"compiled variants failed, the kernels are built at this shape: {exc}")
+        if target == "cuda":  # as without variants (the llvm runner builds its own)
+            from gensorage.codegen.module import compile_kernels
+
+            ex = compile_kernels(compiled.kernels(target), target, compiled.hw, share_same=True)
+            compiled.use_executable(target, ex)
         return 1
     if symbolic.builds == before:
         notes.append("no build: every kernel from compiled variants")
     elif symbolic.tiered:
+        how = "generic or as written" if target == "cuda" else "unoptimised"
         notes.append(
-            f"first tier: {symbolic.compiled - built} kernel(s) built unoptimised, rebuilt in the background"
+            f"first tier: {symbolic.compiled - built} kernel(s) built {how}, rebuilt in the background"
         )
     return symbolic.builds - before
 

@@ -1,0 +1,111 @@
+"""The CUDA first tier (gensorage.codegen.symbolic_kernels on the cuda target): text kernels compiled once in a
+length-generic form, called at new lengths without a compiler call; exact at every length (compile-only here)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import tvm_ffi
+
+from gensorage.codegen.cuda_build import build_cubin, cubin_unavailable_reason
+from gensorage.codegen.script_templates import _bind
+from gensorage.codegen.symbolic_kernels import BoundExecutable
+from gensorage.codegen.wgmma import target_profile
+from gensorage.program import Program
+from gensorage.superopt.dispatch import Dispatcher
+
+#: After the first: primes, lengths larger than the first, lengths no tile divides.
+NEW_LENGTHS = (13, 97, 200, 31, 257, 7, 64, 2)
+
+
+def rows(t: int, h: int = 64) -> Program:
+    """RMSNorm with its weight, a residual add and a softmax over ``t`` rows: row kernels and element-wise ones."""
+    p = Program(name="rows")
+    x, g = p.input("X", (t, h), "float32"), p.input("G", (h,), "float32")
+    y = p.add(p.mul(p.rms_norm(x), g), x)
+    p.output(p.softmax(y, 1))
+    return p
+
+
+def copies(t: int, heads: int = 8, d: int = 128) -> Program:
+    """A rotary-style rearrangement over ``t`` tokens: transposes, slices, a scale, a concat and a repeat (each
+    over 1,024 elements or more from 2 tokens on: below, a copy's block has fewer threads, another variant)."""
+    p = Program(name="copies")
+    x = p.input("X", (t, heads, d), "float32")
+    xt = p.transpose(x, 0, 1)  # [heads, t, d]
+    lo, hi = p.slice(xt, 2, 0, d // 2), p.slice(xt, 2, d // 2, d)
+    rot = p.concat([p.scale(hi, -1.0), lo], 2)
+    p.output(p.repeat(p.add(rot, xt), 0, 2))
+    return p
+
+
+def _generic(entry) -> BoundExecutable:  # type: ignore[no-untyped-def]
+    ex = entry.compiled.executable("cuda")
+    assert isinstance(ex, BoundExecutable)
+    return ex
+
+
+@pytest.mark.parametrize("make", [rows, copies])
+def test_new_lengths_make_no_compiler_call(make) -> None:  # type: ignore[no-untyped-def]
+    d = Dispatcher(use_store=False)
+    d.kernels(make(128), "cuda")
+    assert d.stats.builds == 1
+    for t in NEW_LENGTHS:
+        e = d.kernels(make(t), "cuda")
+        assert "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
+    assert d.stats.builds == 1 and d.stats.new_shapes == len(NEW_LENGTHS)
+
+
+@pytest.mark.parametrize("make", [rows, copies])
+def test_the_generic_kernel_at_a_length_is_the_emitters_kernel_there(make) -> None:  # type: ignore[no-untyped-def]
+    # Golden: the variant each length calls, its parameters bound to that length's values, is structurally the
+    # PrimFunc the emitter wrote for that length.
+    d = Dispatcher(use_store=False, tiered=False)
+    for t in (128, *NEW_LENGTHS, 1, 3, 5):
+        e = d.kernels(make(t), "cuda")
+        ex = _generic(e)
+        for kern in e.compiled.kernels("cuda"):
+            variant, values = ex.calls[kern.name]
+            assert variant.func is not None
+            dynamic = [values[i] for i in variant.dynamic]
+            bound = _bind(variant.func, dynamic, kern.name) if dynamic else variant.func
+            assert tvm_ffi.structural_equal(bound.with_attr("global_symbol", kern.name), kern.func), (
+                t,
+                kern.name,
+            )
+
+
+def test_a_variant_keeps_the_threads_and_passes_the_grid_and_shapes() -> None:
+    d = Dispatcher(use_store=False)
+    e = d.kernels(rows(128), "cuda")
+    ex = _generic(e)
+    for kern in e.compiled.kernels("cuda"):
+        variant, _ = ex.calls[kern.name]
+        script = variant.func.script()
+        threads = re.findall(r"T\.thread_binding\((\w+), thread=\"threadIdx", script)
+        assert threads and all(n.isdigit() for n in threads), kern.name  # a block's threads: constants
+        grid = re.findall(r"T\.thread_binding\((\w+), thread=\"blockIdx", script)
+        assert grid and not any(n.isdigit() for n in grid), kern.name  # the grid: parameters
+
+
+def test_the_length_s_own_kernels_replace_the_generic_ones() -> None:
+    d = Dispatcher(use_store=False)  # tiered: the length's own kernels are built in the background
+    e = d.kernels(rows(97), "cuda")
+    ex = _generic(e)
+    first = {k.name: ex[k.name] for k in e.compiled.kernels("cuda")}
+    assert all(callable(f) for f in first.values())
+    d.wait_rebuilds()
+    assert ex.generation == 1 and d._variants["cuda"].rebuild_errors == []
+    for kern in e.compiled.kernels("cuda"):
+        assert not hasattr(ex[kern.name], "args")  # a plain function: no literal passed at the call
+
+
+@pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="nvcc not available")
+@pytest.mark.parametrize("make", [rows, copies])
+def test_the_generic_variants_compile_with_nvcc(make) -> None:  # type: ignore[no-untyped-def]
+    d = Dispatcher(use_store=False, tiered=False)
+    e = d.kernels(make(128), "cuda")
+    built = d._variants["cuda"].last_build
+    arch = target_profile(e.compiled.hw, [k.rule for k in e.compiled.kernels("cuda")]).arch
+    assert build_cubin(str(built.mod.imports[0].inspect_source()), arch)
