@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import tvm_ffi
 
 from gensorage.codegen.cuda_build import build_cubin, cubin_unavailable_reason
+from gensorage.codegen.predefined_matmul import matmul_prim_func
 from gensorage.codegen.script_templates import _bind
 from gensorage.codegen.symbolic_kernels import BoundExecutable
+from gensorage.codegen.tensor_core import TensorCoreTiles, schedule_tensor_core
 from gensorage.codegen.wgmma import target_profile
+from gensorage.dtypes import numpy_dtype
 from gensorage.program import Program
 from gensorage.superopt.dispatch import Dispatcher
 
@@ -40,13 +44,23 @@ def copies(t: int, heads: int = 8, d: int = 128) -> Program:
     return p
 
 
+def projection(t: int, h: int = 64, d: int = 96) -> Program:
+    """A normalised projection over ``t`` tokens in bfloat16: a row kernel, then a matmul on tensor cores whose
+    rows are the tokens (the normalised rows are float32: converted to bfloat16 in the matmul's copies)."""
+    p = Program(name="projection")
+    x, g = p.input("X", (t, h), "bfloat16"), p.input("G", (h,), "bfloat16")
+    w = p.input("W", (h, d), "bfloat16")
+    p.output(p.matmul(p.mul(p.rms_norm(x), g), w))
+    return p
+
+
 def _generic(entry) -> BoundExecutable:  # type: ignore[no-untyped-def]
     ex = entry.compiled.executable("cuda")
     assert isinstance(ex, BoundExecutable)
     return ex
 
 
-@pytest.mark.parametrize("make", [rows, copies])
+@pytest.mark.parametrize("make", [rows, copies, projection])
 def test_new_lengths_make_no_compiler_call(make) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(use_store=False)
     d.kernels(make(128), "cuda")
@@ -102,10 +116,50 @@ def test_the_length_s_own_kernels_replace_the_generic_ones() -> None:
 
 
 @pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="nvcc not available")
-@pytest.mark.parametrize("make", [rows, copies])
+@pytest.mark.parametrize("make", [rows, copies, projection])
 def test_the_generic_variants_compile_with_nvcc(make) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(use_store=False, tiered=False)
     e = d.kernels(make(128), "cuda")
     built = d._variants["cuda"].last_build
     arch = target_profile(e.compiled.hw, [k.rule for k in e.compiled.kernels("cuda")]).arch
     assert build_cubin(str(built.mod.imports[0].inspect_source()), arch)
+
+
+def test_a_projection_is_one_kernel_at_every_length() -> None:
+    d = Dispatcher(use_store=False, tiered=False)
+    funcs = []
+    for t in (128, 97, 1, 200):
+        e = d.kernels(projection(t), "cuda")
+        (mm,) = [k for k in e.compiled.kernels("cuda") if k.grid is None]
+        assert mm.rule.endswith("generic in the rows"), mm.rule
+        assert "(rows + 63) // 64" in mm.script or "rows" in mm.script  # the grid from the rows
+        funcs.append(mm.func)
+    assert all(tvm_ffi.structural_equal(f, funcs[0]) for f in funcs[1:])
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_symbolic_matmul_schedule_is_right_at_every_row_count(layout: str, dtype: str) -> None:
+    # The llvm twin of the same symbolic schedule (the same splits, row padding, guards and fragment layouts;
+    # each MMA tile by its scalar semantics), compiled once, against float64 at row counts that divide no tile.
+    import tvm
+    from tvm import tirx
+
+    k, n = 96, 64
+    tiles = TensorCoreTiles(64, 64, 32, 32, 64, 2, layout=layout)
+    rows = tirx.Var("rows", "int32")
+    func = matmul_prim_func((rows, k), (k, n), (rows, n), dtype, dtype, layout=layout)
+    ex = tvm.compile(schedule_tensor_core(func, tiles, gpu=False).mod, target="llvm")
+    rng = np.random.default_rng(0)
+    for m in (1, 2, 3, 7, 13, 31, 64, 97, 128, 200, 257):
+        a = rng.standard_normal((m, k)).astype(numpy_dtype(dtype))
+        b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(numpy_dtype(dtype))
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        stored_b = np.ascontiguousarray(b.T) if layout == "nt" else b
+        out = tvm.runtime.empty((m, n), dtype, tvm.cpu())
+        ex(tvm.runtime.tensor(a), tvm.runtime.tensor(stored_b), out)
+        got = out.numpy().astype(np.float64)
+        # one rounding of the float32 accumulator to the output dtype (as tests/test_tensor_core.py bounds it)
+        rounding = np.linalg.norm(want.astype(numpy_dtype(dtype)).astype(np.float64) - want)
+        tol = (2e-3 if dtype == "float16" else 8e-3) * np.linalg.norm(want) + 2 * rounding
+        assert np.linalg.norm(got - want) <= tol, m

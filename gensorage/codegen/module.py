@@ -415,12 +415,13 @@ class CompiledUGraph:
         return self._kernels[t]
 
     def _check_limits(self, kernels: list[Kernel]) -> None:
+        from gensorage.codegen.generic_matmul import concrete
         from gensorage.codegen.gpu_limits import verify_gpu_limits
 
         same = _same_code(kernels)  # a kernel of the same code as an earlier one: the same limits
-        for kern in (k for k in kernels if k.name not in same):
+        for kern in (k for k in kernels if k.name not in same):  # a matmul generic in its rows: at these
             try:
-                verify_gpu_limits(ir_module([kern]), self.hw)
+                verify_gpu_limits(ir_module([concrete(kern)]), self.hw)
             except ScheduleError as exc:
                 raise UnsupportedOpError(f"{kern.name}: {exc}") from exc
 
@@ -445,8 +446,7 @@ class CompiledUGraph:
         return str(ex.mod.imports[0].inspect_source())
 
     def cubin(self) -> bytes | None:
-        """The CUDA source compiled by nvcc for the profile's arch (``sm_90a`` with wgmma kernels); None when
-        nvcc is not available."""
+        """nvcc's cubin of the CUDA source for the arch (``sm_90a`` with wgmma kernels); None without nvcc."""
         from gensorage.codegen.cuda_build import build_cubin as nvcc_cubin
         from gensorage.codegen.wgmma import target_profile
 

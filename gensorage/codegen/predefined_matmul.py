@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen import generic_matmul
 from gensorage.codegen.epilogue_expr import KernelEpilogue
 from gensorage.codegen.kernel_text import KernelParam, ScheduledKernel, Target
 from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
@@ -340,7 +341,26 @@ def tensor_core_kernels(
     ops = _operands(g, k, info)
     mma = mma_dtype(ops.a.dtype, ops.b.dtype)
     ms = ops.shape
-    got = construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed, ms.layout)
+
+    def construct() -> Any:
+        return construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed, ms.layout)
+
+    if (
+        target == "cuda"
+        and mma is not None
+        and generic_matmul.active()
+        and not isinstance(scalar, FieldScalar)
+    ):
+        cast = None if mma == ops.a.dtype == ops.b.dtype else mma
+        dtypes = (ops.a.dtype, ops.b.dtype, ops.out.dtype)
+        fixed = generic_matmul.generic_kernel(
+            ms, dtypes, cast, ops.epilogue, hw, seed, lambda: (construct() or (None,))[0]
+        )
+        if fixed is not None:  # the rows a variable, the tiles of the key's first length
+            rule = f"{RULE} construct on matmul {list(ms.dims)}: {fixed[0].describe()}; generic in the rows"
+            f = fixed[1].with_attr("global_symbol", name)
+            return [ScheduledKernel(name, k, f, ops.params(None), fixed[0].threads, rule, None)]
+    got = construct()
     if mma is None or got is None:
         return []
     tiles = got[0]

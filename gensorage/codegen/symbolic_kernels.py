@@ -213,9 +213,11 @@ class SymbolicKernels:
     def _build(self, missing: list[tuple[Kernel, str, _Variant]]) -> None:
         """One build of the ``missing`` variants (at the first tier when tiered); on failure none is kept."""
         try:
-            ex = compile_kernels(
-                [k for k, _, _ in missing], self.target, self.hw, quick=self.tiered, share_same=True
-            )
+            kernels = [k for k, _, _ in missing]
+            if self.target == "cuda":  # one variant per code (llvm builds share theirs by default)
+                ex = compile_kernels(kernels, self.target, self.hw, share_same=True)
+            else:
+                ex = compile_kernels(kernels, self.target, self.hw, quick=self.tiered)
         except Exception:
             for _, body, variant in missing:
                 if variant in self._skeletons[body].variants:

@@ -33,10 +33,12 @@ structure.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.generic_matmul import generic_matmuls
 from gensorage.codegen.script_templates import deferred_templates
 from gensorage.codegen.ugraph_tir import Target
 from gensorage.construction import warm_starts
@@ -351,7 +353,9 @@ def _build_kernels(
     from gensorage.codegen.runner import KernelRunner
 
     t0 = time.perf_counter()
-    compiled = compile_ugraph(graph, hw, target, seed=seed)
+    # compiled variants on CUDA: matmuls whose rows are the length get one kernel for every length
+    with generic_matmuls() if target == "cuda" and symbolic is not None else contextlib.nullcontext():
+        compiled = compile_ugraph(graph, hw, target, seed=seed)
     t1 = time.perf_counter()
     timings["lower"] = t1 - t0
     builds = 1

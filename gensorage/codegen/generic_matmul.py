@@ -1,0 +1,126 @@
+"""A CUDA tensor-core matmul scheduled once with its row count a variable: one kernel for every length.
+
+A layer's projections (``x @ W`` with the tokens as rows) are lowered again at each new sequence length, and
+both their construction's tiles and TVM's simplification of the schedule at that length (a bounds guard that
+folds where the length divides a tile, not elsewhere) change the kernel's code, so a new length compiled them
+anew: on a GPU, the CUDA compiler's time on the matmuls is most of a new length's build. Within
+:func:`generic_matmuls` (the dispatcher's CUDA builds), a 2-D float matmul on tensor cores is instead scheduled
+once per key (its operand shapes with the rows left out, dtypes, epilogue with its extra operands' row dims left
+out, the profile and the construction's seed) with its row count a TIR variable, with the tiles the construction
+chose at the first length of the key; at every later length the same PrimFunc is used, so its code is the same and
+the compiled kernel is reused (:mod:`~gensorage.codegen.symbolic_kernels`): no construction, no schedule, no
+compiler call. TVM's build binds the variable from A's shape at each call, and the grid is ``ceil(rows /
+block_m)`` blocks computed from it.
+
+Exactness: TVM's schedule primitives preserve a function's meaning for every value of its variables; the rows
+are padded to a multiple of the block's (``pad_einsum``: the padded loads read zeros, the padded outputs are never
+written, the guard is in the code at every length). So at every row count the kernel computes the matmul with the
+same tiles, the same reduction order and so the same floating-point results as the same schedule at that count.
+The tests run the llvm twin of the same symbolic schedule (the same splits, padding and layouts, each MMA tile by
+its scalar semantics) against float64 at many lengths, 1 and primes among them, and build the CUDA kernel with
+nvcc. Rows are found by position (the output's second-to-last dim), never by value. Batched matmuls (attention's),
+split-k tilings, field mode and extra operands of rank above 2 keep the construction at each length.
+
+What this gives up: the tiles are the first length's, not those the construction would pick at a later length
+(for the small decoder layer's projections the construction picks the same at 97-333 tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Hashable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from gensorage.errors import ScheduleError
+
+if TYPE_CHECKING:
+    from gensorage.codegen.epilogue_expr import KernelEpilogue
+    from gensorage.codegen.module import Kernel
+    from gensorage.codegen.predefined_matmul import _MatmulShape
+    from gensorage.codegen.tensor_core import TensorCoreTiles
+    from gensorage.hw.profile import HwProfile
+
+_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("generic_matmuls", default=False)
+#: Symbolic schedules by key: (tiles, PrimFunc), or None where the key keeps the construction per length.
+_KERNELS: dict[Hashable, tuple[TensorCoreTiles, Any] | None] = {}
+_MAX_KEYS = 1024
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def generic_matmuls() -> Iterator[None]:
+    """Within it, CUDA tensor-core matmuls whose rows are the length are lowered generic in the rows."""
+    token = _ACTIVE.set(True)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> bool:
+    return _ACTIVE.get()
+
+
+def generic_kernel(
+    ms: _MatmulShape,
+    dtypes: tuple[str, str, str],
+    cast: str | None,
+    epi: KernelEpilogue | None,
+    hw: HwProfile,
+    seed: int,
+    tiles_of: Any,
+) -> tuple[TensorCoreTiles, Any] | None:
+    """The tiles and the PrimFunc (rows a variable) of the float matmul ``ms`` (``dtypes``: A, B, out), or None
+    where it keeps the construction per length; ``tiles_of()`` gives the construction's tiles at this length
+    (called at a key's first length only)."""
+    from tvm import tirx
+
+    from gensorage.codegen.matmul_rows import _epi_with_rows, _with_rows
+    from gensorage.codegen.predefined_matmul import _matmul_build
+    from gensorage.codegen.tensor_core import TensorCoreTiles, schedule_tensor_core
+
+    rows = ms.out[-2]
+    extra = epi.extra if epi is not None else ()
+    if ms.batch or any(len(shape) > 2 for shape, _ in extra):
+        return None
+    key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed)
+    entry = _KERNELS.get(key, _MISSING)
+    if entry is not _MISSING:
+        return entry  # type: ignore[return-value]
+    entry = None
+    tiles = tiles_of()
+    if isinstance(tiles, TensorCoreTiles) and tiles.split_k == 1:
+        var = tirx.Var("rows", "int32")
+        a, b, out = dtypes
+        build = _matmul_build(
+            _with_rows(ms, var), a, out, None, 1, tiles.block_m, b, cast, _epi_with_rows(epi, rows, var)
+        )
+        try:
+            func = schedule_tensor_core(build(), tiles, gpu=True, convert=cast is not None).mod["main"]
+            entry = (tiles, func)
+        except (ScheduleError, TypeError, ValueError, RuntimeError):  # a step needs the rows' value
+            entry = None
+    if len(_KERNELS) >= _MAX_KEYS:
+        _KERNELS.clear()
+    _KERNELS[key] = entry
+    return entry
+
+
+def concrete(kern: Kernel) -> Kernel:
+    """``kern`` with its PrimFunc's rows variable bound to the rows of its parameters at this length (a generic
+    matmul, for the checks that read extents as numbers: the GPU limits); other kernels as they are."""
+    from tvm import tirx
+
+    func = kern.func
+    for param, kp in zip(func.params, kern.params, strict=False):
+        shape = getattr(param, "shape", None)  # a buffer parameter
+        if shape is not None and not all(isinstance(d, tirx.IntImm) for d in shape):
+            # A declares the rows (the variable is D's too)
+            bound = func.specialize({param: tirx.decl_buffer(kp.shape, param.dtype, param.name)})
+            return dataclasses.replace(kern, func=bound)
+    return kern
+
+
+__all__ = ["active", "concrete", "generic_kernel", "generic_matmuls"]
