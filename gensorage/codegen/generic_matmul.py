@@ -83,20 +83,38 @@ def generic_kernel(
 
     rows = ms.out[-2]
     extra = epi.extra if epi is not None else ()
-    if ms.batch or any(len(shape) > 2 for shape, _ in extra):
+    if any(len(shape) > 2 for shape, _ in extra):
         return None
-    key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed)
+    if ms.batch:  # attention's: the rows, the columns and the reduction all variables (any may be the length)
+        key: Hashable = (_with_dims(ms, 0, 0, 0), dtypes, cast, _epi_with_dims(epi, 0, 0), hw, seed)
+    else:  # a projection's: the rows (the weight's dims stay constants)
+        key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed)
     entry = _KERNELS.get(key, _MISSING)
     if entry is not _MISSING:
         return entry  # type: ignore[return-value]
     entry = None
     tiles = tiles_of()
+    if tiles is not None and not isinstance(
+        tiles, TensorCoreTiles
+    ):  # wgmma's: the generic kernel is mma.sync
+        from gensorage.construction.tensor_core import construct_tensor_core
+
+        try:
+            tiles = construct_tensor_core(ms.dims, hw, cast or dtypes[0], seed, layout=ms.layout)[0]
+        except ScheduleError:
+            tiles = None
     if isinstance(tiles, TensorCoreTiles) and tiles.split_k == 1:
         var = tirx.Var("rows", "int32")
         a, b, out = dtypes
-        build = _matmul_build(
-            _with_rows(ms, var), a, out, None, 1, tiles.block_m, b, cast, _epi_with_rows(epi, rows, var)
-        )
+        if ms.batch:
+            cols = tirx.Var("cols", "int32")
+            sym = _with_dims(ms, var, cols, tirx.Var("depth", "int32"))
+            build = _matmul_build(
+                sym, a, out, None, 1, tiles.block_m, b, cast, _epi_with_dims(epi, var, cols)
+            )
+        else:
+            sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
+            build = _matmul_build(sym, a, out, None, 1, tiles.block_m, b, cast, sym_epi)
         try:
             func = schedule_tensor_core(build(), tiles, gpu=True, convert=cast is not None).mod["main"]
             entry = (tiles, func)
@@ -108,19 +126,40 @@ def generic_kernel(
     return entry
 
 
+def _with_dims(ms: _MatmulShape, m: Any, n: Any, k: Any) -> _MatmulShape:
+    """``ms`` with its rows, columns and reduction replaced (its batch dims kept)."""
+    a, b, out = ms.a[:-2] + (m, k), ms.b[:-2] + (k, n), ms.out[:-2] + (m, n)
+    return dataclasses.replace(ms, a=a, b=b, out=out)
+
+
+def _epi_with_dims(epi: KernelEpilogue | None, rows: Any, cols: Any) -> KernelEpilogue | None:
+    """``epi`` with its extra operands' dims (at most 2, broadcast against the output's last two) replaced by
+    ``rows`` and ``cols`` where they are not 1 (broadcasting makes such a dim the output's)."""
+    if epi is None:
+        return None
+
+    def dims(shape: tuple[int, ...]) -> tuple[Any, ...]:
+        return tuple(d if d == 1 else v for d, v in zip(shape, (rows, cols)[2 - len(shape) :], strict=True))
+
+    return dataclasses.replace(epi, extra=tuple((dims(shape), dt) for shape, dt in epi.extra))
+
+
 def concrete(kern: Kernel) -> Kernel:
-    """``kern`` with its PrimFunc's rows variable bound to the rows of its parameters at this length (a generic
-    matmul, for the checks that read extents as numbers: the GPU limits); other kernels as they are."""
+    """``kern`` with its PrimFunc's variables bound to the shapes of its parameters at this length (a generic
+    matmul; other kernels as they are): for the checks that read extents as numbers (the GPU limits), and for
+    the background build of a length's own kernels (the same tiles, the length's extents constants)."""
     from tvm import tirx
 
     func = kern.func
-    for param, kp in zip(func.params, kern.params, strict=False):
+    for i, kp in enumerate(kern.params):
+        if i >= len(func.params):
+            break
+        param = func.params[i]  # bound one at a time: a variable A declares is B's (or D's) too
         shape = getattr(param, "shape", None)  # a buffer parameter
         if shape is not None and not all(isinstance(d, tirx.IntImm) for d in shape):
-            # A declares the rows (the variable is D's too)
-            bound = func.specialize({param: tirx.decl_buffer(kp.shape, param.dtype, param.name)})
-            return dataclasses.replace(kern, func=bound)
-    return kern
+            func = func.specialize({param: tirx.decl_buffer(kp.shape, param.dtype, param.name)})
+    # the script too: kernels of the same script are compiled once (module.compile_kernels)
+    return kern if func is kern.func else dataclasses.replace(kern, func=func, script=func.script())
 
 
 __all__ = ["active", "concrete", "generic_kernel", "generic_matmuls"]

@@ -441,9 +441,7 @@ class CompiledUGraph:
 
     def cuda_source(self) -> str:
         """CUDA C source of all kernels (``tvm.compile`` for the profile's arch; no GPU needed)."""
-        ex = self.executable("cuda")  # a dispatcher's compiled variants span modules: these kernels' own then
-        ex = ex if hasattr(ex, "mod") else compile_kernels(self.kernels("cuda"), "cuda", self.hw)
-        return str(ex.mod.imports[0].inspect_source())
+        return str(self.executable("cuda").mod.imports[0].inspect_source())
 
     def cubin(self) -> bytes | None:
         """nvcc's cubin of the CUDA source for the arch (``sm_90a`` with wgmma kernels); None without nvcc."""

@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gensorage.codegen.generic_matmul import concrete
 from gensorage.codegen.kernel_text import Target
 from gensorage.codegen.module import Kernel, compile_kernels
 from gensorage.codegen.script_templates import _NAME, skeleton, template_of
@@ -106,8 +107,11 @@ class BoundExecutable:
     """The functions of one µGraph's kernels at one length, looked up by kernel name like an Executable
     (each one the variant's compiled function with this length's dynamic literals bound)."""
 
-    def __init__(self, calls: dict[str, tuple[_Variant, tuple[int, ...]]]) -> None:
+    def __init__(
+        self, calls: dict[str, tuple[_Variant, tuple[int, ...]]], exact: Callable[[], Any] | None = None
+    ) -> None:
         self._calls = calls
+        self._build_exact = exact  # CUDA: builds the length's own kernels
         self._exact: Any = None  # CUDA: the length's own kernels, built in the background (``generation`` 1)
         self.generation = 0  # bumped when the functions change: a prepared runner looks them up again
 
@@ -116,6 +120,14 @@ class BoundExecutable:
             return self._exact[name]
         variant, values = self._calls[name]
         return variant.call(values)
+
+    @property
+    def mod(self) -> Any:
+        """The module of the length's own kernels (its CUDA source: the variants span several modules); built
+        now where the background build has not finished."""
+        if self._exact is None and self._build_exact is None:
+            raise AttributeError("mod")
+        return (self._exact if self._exact is not None else self._build_exact()).mod  # type: ignore[misc]
 
     def use_exact(self, executable: Any) -> None:
         """From now on, every kernel's function from ``executable`` (the kernels as the emitter wrote them)."""
@@ -201,10 +213,9 @@ class SymbolicKernels:
             self.missed = [k.name for k in kernels if id(calls[k.name][0]) in new]
             if missing:
                 self._build(missing)
-        bound = BoundExecutable(calls)
-        if (
-            self.tiered and self.target == "cuda"
-        ):  # the first tier is generic: the length's own kernels follow
+        exact = functools.partial(self._exact_build, list(kernels)) if self.target == "cuda" else None
+        bound = BoundExecutable(calls, exact)
+        if self.tiered and self.target == "cuda":  # a generic first tier: the length's own kernels follow
             self._exact_pending.append((list(kernels), bound))
         elif missing and self.tiered:
             self._pending.append(([k for k, _, _ in missing], [v for _, _, v in missing]))
@@ -271,7 +282,7 @@ class SymbolicKernels:
         them from ``bound`` instead of the generic variants; then tell the listeners."""
         with self._rebuild_lock:
             try:
-                ex = compile_kernels(kernels, self.target, self.hw, share_same=True)
+                ex = self._exact_build(kernels)
             except Exception as exc:  # the generic variants stay: correct, slower
                 self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
                 return
@@ -280,6 +291,11 @@ class SymbolicKernels:
                 self.rebuilds += 1
             for listener in list(self._listeners):
                 listener()
+
+    def _exact_build(self, kernels: list[Kernel]) -> Any:
+        """CUDA: one length's kernels as the emitter wrote them, in one module (kernels of one code once); a
+        matmul generic in its rows with this length's extents as constants (the same tiles)."""
+        return compile_kernels(list(map(concrete, kernels)), self.target, self.hw, share_same=True)
 
     def _new_variant(
         self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton
