@@ -54,6 +54,16 @@ def projection(t: int, h: int = 64, d: int = 96) -> Program:
     return p
 
 
+def attention(t: int, heads: int = 4, d: int = 16) -> Program:
+    """Attention's two batched matmuls over ``t`` tokens in bfloat16 (scores ``Q Kᵀ``, then ``S V``): the
+    length is the scores' rows and columns, and the second product's reduction."""
+    p = Program(name="attention")
+    q, k = p.input("Q", (heads, t, d), "bfloat16"), p.input("K", (heads, t, d), "bfloat16")
+    v = p.input("V", (heads, t, d), "bfloat16")
+    p.output(p.matmul(p.matmul(q, p.transpose(k, 1, 2)), v))
+    return p
+
+
 def _generic(entry) -> BoundExecutable:  # type: ignore[no-untyped-def]
     ex = entry.compiled.executable("cuda")
     assert isinstance(ex, BoundExecutable)
@@ -116,7 +126,7 @@ def test_the_length_s_own_kernels_replace_the_generic_ones() -> None:
 
 
 @pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="nvcc not available")
-@pytest.mark.parametrize("make", [rows, copies, projection])
+@pytest.mark.parametrize("make", [rows, copies, projection, attention])
 def test_the_generic_variants_compile_with_nvcc(make) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(use_store=False, tiered=False)
     e = d.kernels(make(128), "cuda")
@@ -135,6 +145,47 @@ def test_a_projection_is_one_kernel_at_every_length() -> None:
         assert "(rows + 63) // 64" in mm.script or "rows" in mm.script  # the grid from the rows
         funcs.append(mm.func)
     assert all(tvm_ffi.structural_equal(f, funcs[0]) for f in funcs[1:])
+
+
+def test_attention_s_matmuls_are_one_kernel_each_at_every_length() -> None:
+    d = Dispatcher(use_store=False)
+    d.kernels(attention(128), "cuda")
+    for t in NEW_LENGTHS:
+        e = d.kernels(attention(t), "cuda")
+        assert "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
+        assert all(
+            k.rule.endswith("generic in the rows") for k in e.compiled.kernels("cuda") if k.grid is None
+        )
+    assert d.stats.builds == 1
+
+
+@pytest.mark.parametrize(
+    ("batch", "m", "n", "k"), [((), None, 64, 96), ((3,), None, None, None), ((3,), None, None, 16)]
+)
+def test_the_symbolic_batched_schedule_is_right_at_every_length(
+    batch: tuple[int, ...], m: int | None, n: int | None, k: int | None
+) -> None:
+    # The dims given as None are variables (the length), bound at each call; the llvm twin against float64.
+    import tvm
+    from tvm import tirx
+
+    dtype, tiles = "bfloat16", TensorCoreTiles(32, 32, 32, 16, 16, 2)
+    dims = [tirx.Var(name, "int32") if d is None else d for name, d in (("m", m), ("n", n), ("k", k))]
+    func = matmul_prim_func(
+        (*batch, dims[0], dims[2]), (*batch, dims[2], dims[1]), (*batch, dims[0], dims[1]), dtype, dtype
+    )
+    ex = tvm.compile(schedule_tensor_core(func, tiles, gpu=False).mod, target="llvm")
+    rng = np.random.default_rng(1)
+    for t in (1, 5, 13, 32, 97):
+        mm, nn, kk = (t if d is None else d for d in (m, n, k))
+        a = rng.standard_normal((*batch, mm, kk)).astype(numpy_dtype(dtype))
+        b = (rng.standard_normal((*batch, kk, nn)) / np.sqrt(kk)).astype(numpy_dtype(dtype))
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        out = tvm.runtime.empty((*batch, mm, nn), dtype, tvm.cpu())
+        ex(tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+        got = out.numpy().astype(np.float64)
+        rounding = np.linalg.norm(want.astype(numpy_dtype(dtype)).astype(np.float64) - want)
+        assert np.linalg.norm(got - want) <= 8e-3 * np.linalg.norm(want) + 2 * rounding, t
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt"])
@@ -163,3 +214,21 @@ def test_the_symbolic_matmul_schedule_is_right_at_every_row_count(layout: str, d
         rounding = np.linalg.norm(want.astype(numpy_dtype(dtype)).astype(np.float64) - want)
         tol = (2e-3 if dtype == "float16" else 8e-3) * np.linalg.norm(want) + 2 * rounding
         assert np.linalg.norm(got - want) <= tol, m
+
+
+def test_the_length_s_own_build_has_the_construction_s_matmul_there() -> None:
+    # The background build of a length's own kernels takes a generic matmul as its construction there gives it
+    # (its tiles, or wgmma), the steady state the same as without the first tier.
+    from gensorage.codegen.symbolic_kernels import _own
+
+    d = Dispatcher(use_store=False)
+    d.kernels(projection(128), "cuda")
+    e = d.kernels(projection(200), "cuda")
+    (mm,) = [k for k in e.compiled.kernels("cuda") if k.grid is None]
+    plain = Dispatcher(use_store=False, symbolic=False).kernels(projection(200), "cuda")
+    (want,) = [k for k in plain.compiled.kernels("cuda") if k.grid is None]
+    own = _own(mm)
+    assert own.rule == want.rule and "generic" not in own.rule
+    assert tvm_ffi.structural_equal(own.func, want.func)
+    d.wait_rebuilds()
+    assert d._variants["cuda"].rebuild_errors == []

@@ -50,9 +50,9 @@ _MISSING = object()
 
 
 @contextlib.contextmanager
-def generic_matmuls() -> Iterator[None]:
-    """Within it, CUDA tensor-core matmuls whose rows are the length are lowered generic in the rows."""
-    token = _ACTIVE.set(True)
+def generic_matmuls(on: bool = True) -> Iterator[None]:
+    """Within it, CUDA tensor-core matmuls are lowered generic in their length-dependent extents (``on``)."""
+    token = _ACTIVE.set(on)
     try:
         yield
     finally:

@@ -63,6 +63,7 @@ class Kernel:
     threads: int
     rule: str
     component: int | None = None
+    own: Any = None  # a generic kernel's: () -> the emitter's own (func, rule) at this length, or None
 
 
 def _parse(text: str, name: str) -> Any:
@@ -124,8 +125,8 @@ def _from_text(kt: KernelText) -> Kernel:
 
 
 def _from_scheduled(sk: ScheduledKernel) -> Kernel:
-    f = sk.func
-    return Kernel(sk.name, sk.op_index, f, f.script(), sk.params, None, sk.threads, sk.rule, sk.component)
+    f, k = sk.func, sk
+    return Kernel(k.name, k.op_index, f, f.script(), k.params, None, k.threads, k.rule, k.component, k.own)
 
 
 #: The llvm build's pass options. TVM's argument checks (count, dtype, shape, strides, device, alignment of

@@ -16,6 +16,7 @@ construction finds a kernel that fits, the caller emits one thread per output el
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -359,7 +360,9 @@ def tensor_core_kernels(
         if fixed is not None:  # the rows a variable, the tiles of the key's first length
             rule = f"{RULE} construct on matmul {list(ms.dims)}: {fixed[0].describe()}; generic in the rows"
             f = fixed[1].with_attr("global_symbol", name)
-            return [ScheduledKernel(name, k, f, ops.params(None), fixed[0].threads, rule, None)]
+            params = ops.params(None)
+            own = functools.partial(_own_kernel, g, k, info, hw, scalar, name, seed, params)
+            return [ScheduledKernel(name, k, f, params, fixed[0].threads, rule, None, own)]
     got = construct()
     if mma is None or got is None:
         return []
@@ -396,6 +399,25 @@ def tensor_core_kernels(
         f = sch.mod["main"].with_attr("global_symbol", kname)
         kernels.append(ScheduledKernel(kname, k, f, params, tiles.threads, rule, None if m is None else c))
     return kernels
+
+
+def _own_kernel(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    scalar: Scalar,
+    name: str,
+    seed: int,
+    params: tuple[KernelParam, ...],
+) -> tuple[Any, str] | None:
+    """The PrimFunc and rule of matmul ``k``'s CUDA kernel as its construction at these shapes gives it (not the
+    generic one), where that is one kernel with ``params`` (a split-k tiling has two, and a scratch)."""
+    with generic_matmul.generic_matmuls(False):
+        kernels = tensor_core_kernels(g, k, info, hw, "cuda", scalar, name, seed)
+    if len(kernels) != 1 or kernels[0].params != params:
+        return None
+    return kernels[0].func, kernels[0].rule
 
 
 def _wgmma_kernels(

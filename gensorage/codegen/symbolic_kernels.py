@@ -26,6 +26,22 @@ guards, grid sizes) are the emitter's at that length, and a length whose decisio
 simply lands in another bucket. A skeleton without a template (a literal the parser needs as a Python value) is
 built per length, as before.
 
+CUDA (``target="cuda"``) takes the first tier further: a kernel is compiled *generic* at first sight, so that
+every later length whose kernels have the same skeletons makes no compiler call (on a GPU the CUDA compiler's
+call is most of a new length's build). A text kernel's generic skeleton (:func:`_cuda_skeleton`) keeps as
+constants only what the CUDA code needs constant or what does not follow the length (:func:`_cuda_constants`:
+a block's threads and the tests of the thread index, on-chip buffers' shapes and subscripts, intrinsics'
+arguments, unrolled and vectorised extents); every other literal (grid extents, tensor shapes, bounds, offsets,
+divisors too: speed is secondary in this tier) is a parameter, passed at the call. Its template is checked as
+every template is (structurally equal to the emitter's kernel at its first values; the tests check the variant a
+length calls, bound at that length's values, against the emitter's kernel there, at 1, primes and lengths no
+tile divides). Matmuls come from :mod:`~gensorage.codegen.generic_matmul` (the rows, or attention's rows,
+columns and reduction, TIR variables: the same PrimFunc at every length, its variant the same) or, where that
+does not apply, are compiled per length as written. Once the length is served, a background thread builds the
+length's own kernels (every literal a constant, a generic matmul with this length's extents) in one module and
+the length's :class:`BoundExecutable` serves them from then on (``generation`` counts the swaps; a prepared CUDA
+runner looks its functions up again, :func:`gensorage.torch.device.cuda_runner`).
+
 Tiers (``tiered=True``): the variants a length misses are first built without LLVM's optimisation
 (:data:`~gensorage.codegen.module.QUICK_TARGET`: about half the build time; its matmuls and row kernels run up to
 about 3 times slower, its copies as fast), so the length is served at once; a background thread then builds them
@@ -295,7 +311,7 @@ class SymbolicKernels:
     def _exact_build(self, kernels: list[Kernel]) -> Any:
         """CUDA: one length's kernels as the emitter wrote them, in one module (kernels of one code once); a
         matmul generic in its rows with this length's extents as constants (the same tiles)."""
-        return compile_kernels(list(map(concrete, kernels)), self.target, self.hw, share_same=True)
+        return compile_kernels(list(map(_own, kernels)), self.target, self.hw, share_same=True)
 
     def _new_variant(
         self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton
@@ -390,6 +406,17 @@ def _cuda_constants(body: str) -> set[int]:
         if _CUDA_CONSTANT_LINE.search(line):
             keep |= {int(m) for m in _LITERAL.findall(line)}
     return keep
+
+
+def _own(kern: Kernel) -> Kernel:
+    """A generic matmul's kernel as its construction at this length gives it (another tiling or instruction,
+    wgmma say, where that is one kernel with the same parameters), else with this length's extents as
+    constants; other kernels as they are."""
+    got = kern.own() if kern.own is not None else None
+    if got is None:
+        return concrete(kern)
+    func, rule = got
+    return dataclasses.replace(kern, func=func, script=func.script(), rule=rule, own=None)
 
 
 def _cuda_skeleton(text: str, name: str) -> tuple[str, list[int]]:

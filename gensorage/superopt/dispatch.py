@@ -27,6 +27,11 @@ rebuilt functions replace the first tier's in every prepared runner that calls t
 so a shape's steady state runs the fully optimised kernels. :meth:`Dispatcher.wait_rebuilds` waits for the
 rebuilds (a benchmark does before it times the steady state).
 
+The CUDA kernels come from compiled variants too, generic from the first shape on (every length-dependent
+literal a parameter, tensor-core matmuls lowered with their length-dependent extents as TIR variables,
+:mod:`gensorage.codegen.generic_matmul`), so a new shape whose kernels keep their skeletons makes no compiler
+call; the shape's own kernels are built in the background and replace them.
+
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
 """
@@ -122,8 +127,8 @@ class Dispatcher:
     seed, delta, precision, preset, workers
         As for :func:`~gensorage.superopt.superoptimize`; ``delta`` also bounds the check at new shapes.
     symbolic : bool
-        Serve llvm kernels from compiled variants (:mod:`gensorage.codegen.symbolic_kernels`; default) rather
-        than building every kernel at every new shape.
+        Serve kernels from compiled variants (:mod:`gensorage.codegen.symbolic_kernels`; default; on CUDA
+        generic ones) rather than building every kernel at every new shape.
     tiered : bool
         Build the variants a shape misses without LLVM's optimisation first and at the full level in the
         background (default; with ``symbolic`` only), rather than at the full level before serving the shape.
