@@ -132,6 +132,8 @@ class Dispatcher:
     tiered : bool
         Build the variants a shape misses without LLVM's optimisation first and at the full level in the
         background (default; with ``symbolic`` only), rather than at the full level before serving the shape.
+        On CUDA: build each shape's own kernels in the background to replace the generic variants (default),
+        rather than keep serving the generic ones.
     """
 
     def __init__(
