@@ -4,25 +4,28 @@ A layer's projections (``x @ W`` with the tokens as rows) are lowered again at e
 both their construction's tiles and TVM's simplification of the schedule at that length (a bounds guard that
 folds where the length divides a tile, not elsewhere) change the kernel's code, so a new length compiled them
 anew: on a GPU, the CUDA compiler's time on the matmuls is most of a new length's build. Within
-:func:`generic_matmuls` (the dispatcher's CUDA builds), a 2-D float matmul on tensor cores is instead scheduled
-once per key (its operand shapes with the rows left out, dtypes, epilogue with its extra operands' row dims left
-out, the profile and the construction's seed) with its row count a TIR variable, with the tiles the construction
-chose at the first length of the key; at every later length the same PrimFunc is used, so its code is the same and
-the compiled kernel is reused (:mod:`~gensorage.codegen.symbolic_kernels`): no construction, no schedule, no
-compiler call. TVM's build binds the variable from A's shape at each call, and the grid is ``ceil(rows /
-block_m)`` blocks computed from it.
+:func:`generic_matmuls` (the dispatcher's CUDA builds), a float matmul on tensor cores is instead scheduled once
+per key with its length-dependent extents as TIR variables: a 2-D matmul's rows (the weight's dims stay
+constants; the key: the operand shapes with the rows left out, dtypes, epilogue with its extra operands' row dims
+left out), a batched one's rows, columns and reduction (attention's scores and P·V, any of which may be the
+length; its epilogue's extra operands' dims by broadcasting), with the profile and the construction's seed. The
+tiles are those the construction chose at the key's first length (``mma.sync`` ones where it chose wgmma); at
+every later length the same PrimFunc is used, so its code is the same and the compiled kernel is reused
+(:mod:`~gensorage.codegen.symbolic_kernels`): no construction, no schedule, no compiler call. TVM's build binds
+the variables from the operands' shapes at each call, and the grid is computed from them.
 
-Exactness: TVM's schedule primitives preserve a function's meaning for every value of its variables; the rows
-are padded to a multiple of the block's (``pad_einsum``: the padded loads read zeros, the padded outputs are never
-written, the guard is in the code at every length). So at every row count the kernel computes the matmul with the
-same tiles, the same reduction order and so the same floating-point results as the same schedule at that count.
-The tests run the llvm twin of the same symbolic schedule (the same splits, padding and layouts, each MMA tile by
-its scalar semantics) against float64 at many lengths, 1 and primes among them, and build the CUDA kernel with
-nvcc. Rows are found by position (the output's second-to-last dim), never by value. Batched matmuls (attention's),
-split-k tilings, field mode and extra operands of rank above 2 keep the construction at each length.
+Exactness: TVM's schedule primitives preserve a function's meaning for every value of its variables; the
+extents are padded to multiples of the tiles (``pad_einsum``: the padded loads read zeros, the padded outputs are
+never written, the guards are in the code at every length). So at every length the kernel computes the matmul
+with the same tiles, the same reduction order and so the same floating-point results as the same schedule at
+that length. The tests run the llvm twin of the same symbolic schedules (the same splits, padding and layouts,
+each MMA tile by its scalar semantics) against float64 at many lengths, 1 and primes among them, and build the
+CUDA kernels with nvcc. The dims are found by position, never by value.
 
-What this gives up: the tiles are the first length's, not those the construction would pick at a later length
-(for the small decoder layer's projections the construction picks the same at 97-333 tokens).
+The length's own build (in the background, :mod:`~gensorage.codegen.symbolic_kernels`) takes each generic matmul
+as the construction at that length gives it (``ScheduledKernel.own``: its tiles, wgmma included) where that is
+one kernel with the same parameters, else the generic one with the length's extents as constants
+(:func:`concrete`). A split-k choice (two kernels and a scratch) is not made generic: it stays per length.
 """
 
 from __future__ import annotations
@@ -94,9 +97,9 @@ def generic_kernel(
         return entry  # type: ignore[return-value]
     entry = None
     tiles = tiles_of()
-    if tiles is not None and not isinstance(
-        tiles, TensorCoreTiles
-    ):  # wgmma's: the generic kernel is mma.sync
+    if tiles is not None and not isinstance(tiles, TensorCoreTiles):
+        # wgmma's: the generic kernel is mma.sync (the length's own build takes the wgmma kernel back). A split-k
+        # choice stays per length: its two kernels and scratch could not replace one generic kernel there.
         from gensorage.construction.tensor_core import construct_tensor_core
 
         try:
