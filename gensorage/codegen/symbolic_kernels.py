@@ -38,7 +38,7 @@ length calls, bound at that length's values, against the emitter's kernel there,
 tile divides). Matmuls come from :mod:`~gensorage.codegen.generic_matmul` (the rows, or attention's rows,
 columns and reduction, TIR variables: the same PrimFunc at every length, its variant the same) or, where that
 does not apply, are compiled per length as written. Once the length is served, a background thread builds the
-length's own kernels (every literal a constant, a generic matmul with this length's extents) in one module and
+length's own kernels (every literal a constant, a generic matmul as the construction there gives it) in one module and
 the length's :class:`BoundExecutable` serves them from then on (``generation`` counts the swaps; a prepared CUDA
 runner looks its functions up again, :func:`gensorage.torch.device.cuda_runner`).
 
@@ -309,8 +309,8 @@ class SymbolicKernels:
                 listener()
 
     def _exact_build(self, kernels: list[Kernel]) -> Any:
-        """CUDA: one length's kernels as the emitter wrote them, in one module (kernels of one code once); a
-        matmul generic in its rows with this length's extents as constants (the same tiles)."""
+        """CUDA: one length's kernels as the emitter wrote them, in one module (kernels of one code once), each
+        generic matmul as :func:`_own` gives it."""
         return compile_kernels(list(map(_own, kernels)), self.target, self.hw, share_same=True)
 
     def _new_variant(
@@ -392,13 +392,12 @@ def _block_lowering() -> list[Any]:
 def _cuda_constants(body: str) -> set[int]:
     """Literal positions of a CUDA kernel's skeleton kept constant in its generic variant: those on a line that
     binds threads (a block's thread count: launch bounds, warp arithmetic), tests the thread index alone (which
-    threads of a block work: a variable there gives TVM's buffer compaction a variable tile size), allocates
-    or declares a buffer
-    (shared and local memory are sized at compile time), calls a PTX or warp intrinsic (byte counts, lane
-    masks) or unrolls or vectorises a loop, and the subscripts of the kernel's own shared and local buffers
-    (a tile's or a register's element: variables there put register arrays on the stack, which the CUDA code
-    generator refuses). Every other literal (grid extents, tensor shapes,
-    bounds, offsets, divisors) is a parameter."""
+    threads of a block work: a variable there gives TVM's buffer compaction a variable tile size), allocates or
+    declares a buffer (shared and local memory are sized at compile time), calls a PTX or warp intrinsic (byte
+    counts, lane masks) or unrolls or vectorises a loop, and the subscripts of the kernel's own shared and local
+    buffers (a tile's or a register's element: variables there put register arrays on the stack, which the CUDA
+    code generator refuses). Every other literal (grid extents, tensor shapes, bounds, offsets, divisors) is a
+    parameter."""
     on_chip = "|".join(_ON_CHIP.findall(body))
     subscripts = re.findall(rf"\b(?:{on_chip})\[([^\[\]]*)\]", body) if on_chip else []
     keep = {int(m) for sub in subscripts for m in _LITERAL.findall(sub)}
