@@ -8,13 +8,20 @@ dispatcher's ready time and parts (``lower``: the µGraph to TIR, construction a
 ``build``: ``tvm.compile``), and, inside them, the time of the tensor-core construction, of TVMScript parses
 and of the CUDA compiler. The last runs inside ``tvm.compile`` only where TVM has a CUDA runtime (a GPU
 machine: NVRTC, one call for the module); without one TVM keeps the source, and ``--nvcc`` times nvcc on each
-build's source instead (``nvcc_s``: the same shape of cost, not the device's time).
+build's source instead (``nvcc_s``: the same shape of cost, not the device's time): for a tree with CUDA
+compiled variants, the source of the variants that length compiled (none: 0 s), else the whole module. Also per
+length: ``builds`` (``tvm.compile`` calls before the length was served: on a GPU, CUDA compiler calls),
+``missed`` (the kernels no compiled variant covered) and ``rebuild_wait_s`` (the background build of the
+length's own kernels, waited for after the row's timings).
 
 ``--against DIR`` runs the same in processes importing ``DIR``'s ``gensorage`` (an older checkout), alternating
 with this tree's, ``--repeats`` times each: paired under the same load. ``uptime`` is recorded with every run.
 
+``--no-variants`` runs this tree's dispatcher without compiled variants (every length's whole module built, as
+before the CUDA first tier): a baseline on a machine without another checkout.
+
 Usage: ``python -m benchmarks.newlen_cuda [--lengths 128 200 300] [--against /work/main] [--repeats 2] [--nvcc]
-[--out FILE]``
+[--no-variants] [--out FILE]``
 """
 
 from __future__ import annotations
@@ -100,6 +107,7 @@ def worker(
     nvcc: bool = False,
     parts: list[int] | None = None,
     config: str = "small",
+    variants: bool = True,
 ) -> dict[str, Any]:
     """One dispatcher's CUDA builds at ``lengths`` in order (the first: the structure's first shape); ``nvcc``:
     and nvcc's time on each build's CUDA source; ``parts``: :func:`split_compile` of the last one's."""
@@ -116,20 +124,31 @@ def worker(
     for (module, fn), step in STEPS.items():
         mod = importlib.import_module(module)
         setattr(mod, fn, _timed(totals, step, getattr(mod, fn)))
-    d = Dispatcher(load_profile(hw_name))
+    d = Dispatcher(load_profile(hw_name)) if variants else Dispatcher(load_profile(hw_name), symbolic=False)
     rows = []
     for t, p in zip(lengths, programs, strict=True):
         totals.clear()
+        builds = d.stats.builds
         t0 = time.perf_counter()
         entry = d.kernels(p, "cuda")
         wall = time.perf_counter() - t0
+        # this tree's compiled variants for CUDA (an older tree has none: it builds the whole module each time)
+        variants = getattr(d, "_variants", {}).get("cuda")
         nvcc_s = None
         if nvcc:  # TVM here keeps the source (no CUDA runtime): nvcc on it stands in for the device's NVRTC
             kernels = entry.compiled.kernels("cuda")
             arch = target_profile(entry.compiled.hw, [k.rule for k in kernels]).arch
+            built = variants.last_build if variants is not None else None
             t1 = time.perf_counter()
-            build_cubin(entry.compiled.cuda_source(), arch)
+            if variants is None:
+                build_cubin(entry.compiled.cuda_source(), arch)
+            elif built is not None:  # the variants this length compiled, nothing else
+                build_cubin(str(built.mod.imports[0].inspect_source()), arch)
             nvcc_s = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        if hasattr(d, "wait_rebuilds"):  # the background build of the length's own kernels, not timed above
+            d.wait_rebuilds()
+        rebuild_wait = time.perf_counter() - t1
         rows.append(
             {
                 "tokens": t,
@@ -138,6 +157,9 @@ def worker(
                 "timings": dict(entry.timings),
                 "steps_s": dict(totals),
                 "nvcc_s": nvcc_s,
+                "builds": d.stats.builds - builds,  # tvm.compile calls before the length was served
+                "missed": list(variants.missed) if variants is not None else None,
+                "rebuild_wait_s": rebuild_wait,
                 "kernels": len(entry.compiled.kernels("cuda")),
                 "method": entry.equivalence.method,
                 "notes": list(entry.notes),
@@ -197,7 +219,7 @@ def _uptime() -> str:
 
 
 def _run_side(
-    tree: Path, lengths: list[int], hw: str, nvcc: bool, split: list[int], config: str
+    tree: Path, lengths: list[int], hw: str, nvcc: bool, split: list[int], config: str, variants: bool = True
 ) -> dict[str, Any]:
     # the tree first; the rest of the caller's path stays (a GPU machine's TVM lives on it)
     env = dict(
@@ -206,6 +228,7 @@ def _run_side(
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--hw", hw, "--config", config]
     cmd += ["--lengths", *map(str, lengths), *(["--nvcc"] if nvcc else [])]
     cmd += ["--split", *map(str, split)] if split else []
+    cmd += [] if variants else ["--no-variants"]
     before = _uptime()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode:
@@ -231,10 +254,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="split_compile of the last length's source",
     )
+    ap.add_argument(
+        "--no-variants",
+        action="store_true",
+        help="Dispatcher(symbolic=False): every length's whole module built (this tree's baseline)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.lengths, args.hw, args.nvcc, args.split, args.config)))
+        print(
+            json.dumps(
+                worker(args.lengths, args.hw, args.nvcc, args.split, args.config, not args.no_variants)
+            )
+        )
         return 0
     sys.path[:0] = [str(ROOT)]
     from benchmarks.common import machine_info, result_path, write_json
@@ -243,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.repeats):
         trees = [ROOT] if args.against is None else [ROOT, args.against]
         for tree in trees if r % 2 == 0 else trees[::-1]:
-            run = _run_side(tree, args.lengths, args.hw, args.nvcc, args.split, args.config)
+            run = _run_side(
+                tree, args.lengths, args.hw, args.nvcc, args.split, args.config, not args.no_variants
+            )
             run["side"] = "this" if tree == ROOT else "other"
             runs.append(run)
             for row in run["rows"]:
@@ -251,12 +285,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{run['side']:5} T={row['tokens']:4} ready {row['ready_s']:.2f}s "
                     f"lower {row['timings'].get('lower', 0):.2f} build {row['timings'].get('build', 0):.2f} "
-                    f"nvcc {row['nvcc_s'] or 0:.2f} | {steps}",
+                    f"nvcc {row['nvcc_s'] or 0:.2f} builds {row.get('builds')} "
+                    f"missed {len(row['missed']) if row.get('missed') is not None else '-'} | {steps}",
                     flush=True,
                 )
             print("  ", run["uptime_after"], flush=True)
     out = args.out or result_path(NAME)
     meta = {"machine": machine_info(), "hw": args.hw, "config": args.config, "lengths": args.lengths}
+    meta["variants"] = not args.no_variants
     write_json(out, {**meta, "runs": runs})
     print(f"wrote {out}")
     return 0

@@ -57,3 +57,5 @@ class ScheduledKernel:
     threads: int
     rule: str
     component: int | None = None  # field mode: which residue (0: mod p, 1: mod q) this kernel computes
+    # a generic kernel's (gensorage.codegen.generic_matmul): () -> the emitter's own (func, rule) here, or None
+    own: Any = None

@@ -63,6 +63,7 @@ class Kernel:
     threads: int
     rule: str
     component: int | None = None
+    own: Any = None  # a generic kernel's: () -> the emitter's own (func, rule) at this length, or None
 
 
 def _parse(text: str, name: str) -> Any:
@@ -87,8 +88,7 @@ def _parse(text: str, name: str) -> Any:
 
 def _kernel_name(g: KernelGraph, k: int) -> str:
     op = g.ops[k]
-    kind = "graph" if isinstance(op, GraphDefinedOp) else op.op.value
-    return f"kernel{k}_{kind}"
+    return f"kernel{k}_{'graph' if isinstance(op, GraphDefinedOp) else op.op.value}"
 
 
 def lower_ugraph(
@@ -125,9 +125,8 @@ def _from_text(kt: KernelText) -> Kernel:
 
 
 def _from_scheduled(sk: ScheduledKernel) -> Kernel:
-    return Kernel(
-        sk.name, sk.op_index, sk.func, sk.func.script(), sk.params, None, sk.threads, sk.rule, sk.component
-    )
+    f, k = sk.func, sk
+    return Kernel(k.name, k.op_index, f, f.script(), k.params, None, k.threads, k.rule, k.component, k.own)
 
 
 #: The llvm build's pass options. TVM's argument checks (count, dtype, shape, strides, device, alignment of
@@ -417,12 +416,13 @@ class CompiledUGraph:
         return self._kernels[t]
 
     def _check_limits(self, kernels: list[Kernel]) -> None:
+        from gensorage.codegen.generic_matmul import concrete
         from gensorage.codegen.gpu_limits import verify_gpu_limits
 
         same = _same_code(kernels)  # a kernel of the same code as an earlier one: the same limits
-        for kern in (k for k in kernels if k.name not in same):
+        for kern in (k for k in kernels if k.name not in same):  # a matmul generic in its rows: at these
             try:
-                verify_gpu_limits(ir_module([kern]), self.hw)
+                verify_gpu_limits(ir_module([concrete(kern)]), self.hw)
             except ScheduleError as exc:
                 raise UnsupportedOpError(f"{kern.name}: {exc}") from exc
 
@@ -445,8 +445,7 @@ class CompiledUGraph:
         return str(self.executable("cuda").mod.imports[0].inspect_source())
 
     def cubin(self) -> bytes | None:
-        """The CUDA source compiled by nvcc for the profile's arch (``sm_90a`` with wgmma kernels); None when
-        nvcc is not available."""
+        """nvcc's cubin of the CUDA source for the arch (``sm_90a`` with wgmma kernels); None without nvcc."""
         from gensorage.codegen.cuda_build import build_cubin as nvcc_cubin
         from gensorage.codegen.wgmma import target_profile
 

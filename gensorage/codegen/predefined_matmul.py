@@ -16,11 +16,13 @@ construction finds a kernel that fits, the caller emits one thread per output el
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen import generic_matmul
 from gensorage.codegen.epilogue_expr import KernelEpilogue
 from gensorage.codegen.kernel_text import KernelParam, ScheduledKernel, Target
 from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
@@ -340,7 +342,28 @@ def tensor_core_kernels(
     ops = _operands(g, k, info)
     mma = mma_dtype(ops.a.dtype, ops.b.dtype)
     ms = ops.shape
-    got = construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed, ms.layout)
+
+    def construct() -> Any:
+        return construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed, ms.layout)
+
+    if (
+        target == "cuda"
+        and mma is not None
+        and generic_matmul.active()
+        and not isinstance(scalar, FieldScalar)
+    ):
+        cast = None if mma == ops.a.dtype == ops.b.dtype else mma
+        dtypes = (ops.a.dtype, ops.b.dtype, ops.out.dtype)
+        fixed = generic_matmul.generic_kernel(
+            ms, dtypes, cast, ops.epilogue, hw, seed, lambda: (construct() or (None,))[0]
+        )
+        if fixed is not None:  # the rows a variable, the tiles of the key's first length
+            rule = f"{RULE} construct on matmul {list(ms.dims)}: {fixed[0].describe()}; generic in the rows"
+            f = fixed[1].with_attr("global_symbol", name)
+            params = ops.params(None)
+            own = functools.partial(_own_kernel, g, k, info, hw, scalar, name, seed, params)
+            return [ScheduledKernel(name, k, f, params, fixed[0].threads, rule, None, own)]
+    got = construct()
     if mma is None or got is None:
         return []
     tiles = got[0]
@@ -376,6 +399,25 @@ def tensor_core_kernels(
         f = sch.mod["main"].with_attr("global_symbol", kname)
         kernels.append(ScheduledKernel(kname, k, f, params, tiles.threads, rule, None if m is None else c))
     return kernels
+
+
+def _own_kernel(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    scalar: Scalar,
+    name: str,
+    seed: int,
+    params: tuple[KernelParam, ...],
+) -> tuple[Any, str] | None:
+    """The PrimFunc and rule of matmul ``k``'s CUDA kernel as its construction at these shapes gives it (not the
+    generic one), where that is one kernel with ``params`` (a split-k tiling has two, and a scratch)."""
+    with generic_matmul.generic_matmuls(False):
+        kernels = tensor_core_kernels(g, k, info, hw, "cuda", scalar, name, seed)
+    if len(kernels) != 1 or kernels[0].params != params:
+        return None
+    return kernels[0].func, kernels[0].rule
 
 
 def _wgmma_kernels(

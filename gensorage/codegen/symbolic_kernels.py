@@ -26,6 +26,22 @@ guards, grid sizes) are the emitter's at that length, and a length whose decisio
 simply lands in another bucket. A skeleton without a template (a literal the parser needs as a Python value) is
 built per length, as before.
 
+CUDA (``target="cuda"``) takes the first tier further: a kernel is compiled *generic* at first sight, so that
+every later length whose kernels have the same skeletons makes no compiler call (on a GPU the CUDA compiler's
+call is most of a new length's build). A text kernel's generic skeleton (:func:`_cuda_skeleton`) keeps as
+constants only what the CUDA code needs constant or what does not follow the length (:func:`_cuda_constants`:
+a block's threads and the tests of the thread index, on-chip buffers' shapes and subscripts, intrinsics'
+arguments, unrolled and vectorised extents); every other literal (grid extents, tensor shapes, bounds, offsets,
+divisors too: speed is secondary in this tier) is a parameter, passed at the call. Its template is checked as
+every template is (structurally equal to the emitter's kernel at its first values; the tests check the variant a
+length calls, bound at that length's values, against the emitter's kernel there, at 1, primes and lengths no
+tile divides). Matmuls come from :mod:`~gensorage.codegen.generic_matmul` (the rows, or attention's rows,
+columns and reduction, TIR variables: the same PrimFunc at every length, its variant the same) or, where that
+does not apply, are compiled per length as written. Once the length is served, a background thread builds the
+length's own kernels (every literal a constant, a generic matmul as the construction there gives it) in one module and
+the length's :class:`BoundExecutable` serves them from then on (``generation`` counts the swaps; a prepared CUDA
+runner looks its functions up again, :func:`gensorage.torch.device.cuda_runner`).
+
 Tiers (``tiered=True``): the variants a length misses are first built without LLVM's optimisation
 (:data:`~gensorage.codegen.module.QUICK_TARGET`: about half the build time; its matmuls and row kernels run up to
 about 3 times slower, its copies as fast), so the length is served at once; a background thread then builds them
@@ -48,9 +64,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gensorage.codegen.generic_matmul import concrete
 from gensorage.codegen.kernel_text import Target
 from gensorage.codegen.module import Kernel, compile_kernels
-from gensorage.codegen.script_templates import skeleton, template_of
+from gensorage.codegen.script_templates import _NAME, skeleton, template_of
 from gensorage.hw.profile import HwProfile
 
 _CONSTANT_EXTENT = re.compile(r"T\.(?:unroll|vectorized)\(c(\d+)_\)")
@@ -60,6 +77,10 @@ _ALLOCATION = re.compile(
 )
 _DIVISOR = re.compile(r"(?://|%)\s*c(\d+)_")
 _LITERAL = re.compile(r"\bc(\d+)_")
+_ON_CHIP = re.compile(r"(\w+) = T\.(?:alloc_buffer|decl_buffer)\(")  # a kernel's shared or local buffers
+_CUDA_CONSTANT_LINE = re.compile(
+    r"threadIdx|vthread|alloc|decl_buffer|T\.ptx|shuffle|T\.unroll|T\.vectorized|T\.tvm_|T\.call_|^\s*if tx\b"
+)
 
 #: Held by a variant's first look-up of its function and by a rebuild's swap of rebuilt functions.
 _SWAP = threading.Lock()
@@ -77,6 +98,7 @@ class _Variant:
     function: Any = None  # looked up on first use (the JIT runs then)
     # built at the first tier (module.QUICK_TARGET), its rebuild at the full level pending
     quick: bool = False
+    func: Any = None  # the PrimFunc compiled (its dynamic literals its leading parameters)
 
     def matches(self, values: Sequence[int]) -> bool:
         return all(values[i] == v for i, v in self.fixed)
@@ -101,12 +123,37 @@ class BoundExecutable:
     """The functions of one µGraph's kernels at one length, looked up by kernel name like an Executable
     (each one the variant's compiled function with this length's dynamic literals bound)."""
 
-    def __init__(self, calls: dict[str, tuple[_Variant, tuple[int, ...]]]) -> None:
+    def __init__(
+        self, calls: dict[str, tuple[_Variant, tuple[int, ...]]], exact: Callable[[], Any] | None = None
+    ) -> None:
         self._calls = calls
+        self._build_exact = exact  # CUDA: builds the length's own kernels
+        self._exact: Any = None  # CUDA: the length's own kernels, built in the background (``generation`` 1)
+        self.generation = 0  # bumped when the functions change: a prepared runner looks them up again
 
     def __getitem__(self, name: str) -> Any:
+        if self._exact is not None:
+            return self._exact[name]
         variant, values = self._calls[name]
         return variant.call(values)
+
+    @property
+    def mod(self) -> Any:
+        """The module of the length's own kernels (its CUDA source: the variants span several modules); built
+        now where the background build has not finished."""
+        if self._exact is None and self._build_exact is None:
+            raise AttributeError("mod")
+        return (self._exact if self._exact is not None else self._build_exact()).mod  # type: ignore[misc]
+
+    def use_exact(self, executable: Any) -> None:
+        """From now on, every kernel's function from ``executable`` (the kernels as the emitter wrote them)."""
+        self._exact = executable
+        self.generation += 1
+
+    @property
+    def calls(self) -> dict[str, tuple[_Variant, tuple[int, ...]]]:
+        """Per kernel name: its variant and this length's values of the variant's literals."""
+        return self._calls
 
     def variant_of(self, name: str) -> tuple[str, tuple[int, ...]]:
         """Kernel ``name``'s variant: its symbol and the literal positions passed at the call."""
@@ -126,17 +173,20 @@ class SymbolicKernels:
     def __init__(self, target: Target, hw: HwProfile, tiered: bool = False) -> None:
         self.target: Target = target
         self.hw = hw
-        self.tiered = tiered and target == "llvm"
+        self.tiered = tiered
         self.builds = 0
         self.compiled = 0
         self.rebuilds = 0
         self.rebuild_errors: list[str] = []
+        self.missed: list[str] = []  # the kernels no variant covered at the last call of executable()
+        self.last_build: Any = None  # that call's build (the module of the variants it compiled), if any
         self._skeletons: dict[str, _Skeleton] = {}
         self._symbols = itertools.count()
         self._lock = threading.Lock()  # dispatchers of several threads; a build runs inside it
         self._rebuild_lock = threading.Lock()  # one background rebuild at a time (they share the cores)
         self._threads: list[threading.Thread] = []
         self._pending: list[tuple[list[Kernel], list[_Variant]]] = []  # first-tier builds not rebuilt yet
+        self._exact_pending: list[tuple[list[Kernel], BoundExecutable]] = []  # CUDA lengths served generic
         self._listeners: list[Callable[[], None]] = []
 
     def on_rebuild(self, listener: Callable[[], None]) -> None:
@@ -162,8 +212,10 @@ class SymbolicKernels:
         with self._lock:
             calls: dict[str, tuple[_Variant, tuple[int, ...]]] = {}
             missing: list[tuple[Kernel, str, _Variant]] = []
-            for kern in map(_block_free, kernels):
-                body, raw = skeleton(kern.script, kern.name)
+            self.last_build = None
+            for kern in kernels if self.target == "cuda" else map(_block_free, kernels):
+                generic = self.target == "cuda" and kern.grid is not None
+                body, raw = (_cuda_skeleton if generic else skeleton)(kern.script, kern.name)
                 values = tuple(raw)
                 known = self._skeletons.setdefault(body, _Skeleton(values))
                 variant = next((v for v in known.variants if v.matches(values)), None)
@@ -173,16 +225,26 @@ class SymbolicKernels:
                     renamed = dataclasses.replace(kern, name=variant.symbol, func=func, script=script)
                     missing.append((renamed, body, variant))
                 calls[kern.name] = (variant, values)
+            new = {id(v) for _, _, v in missing}
+            self.missed = [k.name for k in kernels if id(calls[k.name][0]) in new]
             if missing:
                 self._build(missing)
-        if missing and self.tiered:
+        exact = functools.partial(self._exact_build, list(kernels)) if self.target == "cuda" else None
+        bound = BoundExecutable(calls, exact)
+        if self.tiered and self.target == "cuda":  # a generic first tier: the length's own kernels follow
+            self._exact_pending.append((list(kernels), bound))
+        elif missing and self.tiered:
             self._pending.append(([k for k, _, _ in missing], [v for _, _, v in missing]))
-        return BoundExecutable(calls)
+        return bound
 
     def _build(self, missing: list[tuple[Kernel, str, _Variant]]) -> None:
         """One build of the ``missing`` variants (at the first tier when tiered); on failure none is kept."""
         try:
-            ex = compile_kernels([k for k, _, _ in missing], self.target, self.hw, quick=self.tiered)
+            kernels = [k for k, _, _ in missing]
+            if self.target == "cuda":  # one variant per code (llvm builds share theirs by default)
+                ex = compile_kernels(kernels, self.target, self.hw, share_same=True)
+            else:
+                ex = compile_kernels(kernels, self.target, self.hw, quick=self.tiered)
         except Exception:
             for _, body, variant in missing:
                 if variant in self._skeletons[body].variants:
@@ -190,6 +252,7 @@ class SymbolicKernels:
             raise
         self.builds += 1
         self.compiled += len(missing)
+        self.last_build = ex
         for _, _, variant in missing:
             variant.executable = ex
             variant.quick = self.tiered
@@ -200,6 +263,11 @@ class SymbolicKernels:
         take the cores it needs."""
         with self._lock:
             pending, self._pending = self._pending, []
+            exact, self._exact_pending = self._exact_pending, []
+        for kernels, bound in exact:
+            thread = threading.Thread(target=self._exact, args=(kernels, bound), name="gensorage-rebuild")
+            self._threads.append(thread)
+            thread.start()
         for kernels, variants in pending:
             # Not a daemon: an interpreter that exits waits for the rebuild rather than killing it inside LLVM.
             thread = threading.Thread(
@@ -225,6 +293,26 @@ class SymbolicKernels:
             for listener in list(self._listeners):
                 listener()
 
+    def _exact(self, kernels: list[Kernel], bound: BoundExecutable) -> None:
+        """CUDA: build one length's kernels as the emitter wrote them (constant divisors and extents) and serve
+        them from ``bound`` instead of the generic variants; then tell the listeners."""
+        with self._rebuild_lock:
+            try:
+                ex = self._exact_build(kernels)
+            except Exception as exc:  # the generic variants stay: correct, slower
+                self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            with self._lock, _SWAP:
+                bound.use_exact(ex)
+                self.rebuilds += 1
+            for listener in list(self._listeners):
+                listener()
+
+    def _exact_build(self, kernels: list[Kernel]) -> Any:
+        """CUDA: one length's kernels as the emitter wrote them, in one module (kernels of one code once), each
+        generic matmul as :func:`_own` gives it."""
+        return compile_kernels(list(map(_own, kernels)), self.target, self.hw, share_same=True)
+
     def _new_variant(
         self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton
     ) -> tuple[_Variant, Any]:
@@ -232,7 +320,10 @@ class SymbolicKernels:
         # Named after the kernel: under names that sort otherwise in the module (``sym<n>_kernel<k>``) the same
         # PrimFuncs compiled to slower code (a matmul's body inlined into its wrapper, 1.5x its time).
         symbol = f"{kern.name}_v{next(self._symbols)}"
-        dynamic = sorted(_widened(known, values) - _constant_extents(body, kern.grid is None))
+        if self.target == "cuda":  # generic at first sight; scheduled kernels exact (module docstring)
+            dynamic = list(range(len(values))) if kern.grid is not None else []
+        else:
+            dynamic = sorted(_widened(known, values) - _constant_extents(body, kern.grid is None))
         template = template_of(body, list(values), kern.name, kern.func) if dynamic else None
         if template is None:  # first sight, or no template: the kernel as the emitter wrote it
             dynamic = []
@@ -242,7 +333,7 @@ class SymbolicKernels:
             static = {params[i]: v for i, v in enumerate(values) if i not in dynamic}
             func = template.specialize(static).with_attr("global_symbol", symbol)
         fixed = tuple((i, v) for i, v in enumerate(values) if i not in dynamic)
-        variant = _Variant(symbol, tuple(dynamic), fixed, None)
+        variant = _Variant(symbol, tuple(dynamic), fixed, None, func=func)
         if len(known.variants) < MAX_VARIANTS:
             known.variants.append(variant)
         return variant, func
@@ -296,6 +387,55 @@ def _block_lowering() -> list[Any]:
         t.TransformMmaBufferLayout(),
         t.LowerOpaqueBlock(),
     ]
+
+
+def _cuda_constants(body: str) -> set[int]:
+    """Literal positions of a CUDA kernel's skeleton kept constant in its generic variant: those on a line that
+    binds threads (a block's thread count: launch bounds, warp arithmetic), tests the thread index alone (which
+    threads of a block work: a variable there gives TVM's buffer compaction a variable tile size), allocates or
+    declares a buffer (shared and local memory are sized at compile time), calls a PTX or warp intrinsic (byte
+    counts, lane masks) or unrolls or vectorises a loop, and the subscripts of the kernel's own shared and local
+    buffers (a tile's or a register's element: variables there put register arrays on the stack, which the CUDA
+    code generator refuses). Every other literal (grid extents, tensor shapes, bounds, offsets, divisors) is a
+    parameter."""
+    on_chip = "|".join(_ON_CHIP.findall(body))
+    subscripts = re.findall(rf"\b(?:{on_chip})\[([^\[\]]*)\]", body) if on_chip else []
+    keep = {int(m) for sub in subscripts for m in _LITERAL.findall(sub)}
+    for line in body.splitlines():
+        if _CUDA_CONSTANT_LINE.search(line):
+            keep |= {int(m) for m in _LITERAL.findall(line)}
+    return keep
+
+
+def _own(kern: Kernel) -> Kernel:
+    """A generic matmul's kernel as its construction at this length gives it (another tiling or instruction,
+    wgmma say, where that is one kernel with the same parameters), else with this length's extents as
+    constants; other kernels as they are."""
+    got = kern.own() if kern.own is not None else None
+    if got is None:
+        return concrete(kern)
+    func, rule = got
+    return dataclasses.replace(kern, func=func, script=func.script(), rule=rule, own=None)
+
+
+def _cuda_skeleton(text: str, name: str) -> tuple[str, list[int]]:
+    """A CUDA text kernel's generic skeleton: :func:`~gensorage.codegen.script_templates.skeleton`'s, with the
+    literals :func:`_cuda_constants` keeps written back in place (part of the skeleton, so a kernel matches a
+    variant only where they are equal) and the others, renumbered, its parameters."""
+    body, values = skeleton(text, name)
+    keep = _cuda_constants(body)
+    if not keep:
+        return body, values
+    new = {i: j for j, i in enumerate(i for i in range(len(values)) if i not in keep)}
+    head, sep, rest = body.partition(f"def {_NAME}(")
+    rest = rest.split(", ", len(values))[-1]  # the old parameters dropped
+    params = "".join(f"c{j}_: T.int32, " for j in range(len(new)))
+
+    def put(m: re.Match[str]) -> str:
+        i = int(m.group(1))
+        return str(values[i]) if i in keep else f"c{new[i]}_"
+
+    return head + sep + params + _LITERAL.sub(put, rest), [v for i, v in enumerate(values) if i not in keep]
 
 
 def _widened(known: _Skeleton, values: tuple[int, ...]) -> set[int]:

@@ -27,16 +27,23 @@ rebuilt functions replace the first tier's in every prepared runner that calls t
 so a shape's steady state runs the fully optimised kernels. :meth:`Dispatcher.wait_rebuilds` waits for the
 rebuilds (a benchmark does before it times the steady state).
 
+The CUDA kernels come from compiled variants too, generic from the first shape on (every length-dependent
+literal a parameter, tensor-core matmuls lowered with their length-dependent extents as TIR variables,
+:mod:`gensorage.codegen.generic_matmul`), so a new shape whose kernels keep their skeletons makes no compiler
+call; the shape's own kernels are built in the background and replace them.
+
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gensorage.codegen.generic_matmul import generic_matmuls
 from gensorage.codegen.script_templates import deferred_templates
 from gensorage.codegen.ugraph_tir import Target
 from gensorage.construction import warm_starts
@@ -120,11 +127,13 @@ class Dispatcher:
     seed, delta, precision, preset, workers
         As for :func:`~gensorage.superopt.superoptimize`; ``delta`` also bounds the check at new shapes.
     symbolic : bool
-        Serve llvm kernels from compiled variants (:mod:`gensorage.codegen.symbolic_kernels`; default) rather
-        than building every kernel at every new shape.
+        Serve kernels from compiled variants (:mod:`gensorage.codegen.symbolic_kernels`; default; on CUDA
+        generic ones) rather than building every kernel at every new shape.
     tiered : bool
         Build the variants a shape misses without LLVM's optimisation first and at the full level in the
         background (default; with ``symbolic`` only), rather than at the full level before serving the shape.
+        On CUDA: build each shape's own kernels in the background to replace the generic variants (default),
+        rather than keep serving the generic ones.
     """
 
     def __init__(
@@ -246,7 +255,7 @@ class Dispatcher:
 
     def _symbolic(self, target: Target) -> SymbolicKernels | None:
         """The compiled variants by skeleton for ``target`` (llvm only; None when switched off)."""
-        if not self.symbolic or target != "llvm":
+        if not self.symbolic:
             return None
         if target not in self._variants:
             from gensorage.codegen.symbolic_kernels import SymbolicKernels
@@ -351,18 +360,20 @@ def _build_kernels(
     from gensorage.codegen.runner import KernelRunner
 
     t0 = time.perf_counter()
-    compiled = compile_ugraph(graph, hw, target, seed=seed)
+    # compiled variants on CUDA: matmuls whose rows are the length get one kernel for every length
+    with generic_matmuls() if target == "cuda" and symbolic is not None else contextlib.nullcontext():
+        compiled = compile_ugraph(graph, hw, target, seed=seed)
     t1 = time.perf_counter()
     timings["lower"] = t1 - t0
     builds = 1
     if symbolic is not None:
         builds = _from_variants(compiled, symbolic, target, notes if notes is not None else [])
     if target == "cuda":
-        # kernels of the same code (k and v projections, gate and up) compiled once: the CUDA compiler's call
-        # on the whole module is most of a new length's build on a GPU (compile_kernels)
-        compiled.use_executable(
-            "cuda", compile_kernels(compiled.kernels("cuda"), "cuda", compiled.hw, share_same=True)
-        )
+        if symbolic is None:
+            # kernels of the same code (k and v projections, gate and up) compiled once: the CUDA compiler's
+            # call on the whole module is most of a new length's build on a GPU (compile_kernels)
+            ex = compile_kernels(compiled.kernels("cuda"), "cuda", compiled.hw, share_same=True)
+            compiled.use_executable("cuda", ex)
         timings["build"] = time.perf_counter() - t1
         return compiled, None, builds
     try:
@@ -387,12 +398,18 @@ def _from_variants(
         compiled.use_executable(target, symbolic.executable(compiled.kernels(target)))
     except ScheduleError as exc:
         notes.append(f"compiled variants failed, the kernels are built at this shape: {exc}")
+        if target == "cuda":  # as without variants (the llvm runner builds its own)
+            from gensorage.codegen.module import compile_kernels
+
+            ex = compile_kernels(compiled.kernels(target), target, compiled.hw, share_same=True)
+            compiled.use_executable(target, ex)
         return 1
     if symbolic.builds == before:
         notes.append("no build: every kernel from compiled variants")
     elif symbolic.tiered:
+        how = "generic or as written" if target == "cuda" else "unoptimised"
         notes.append(
-            f"first tier: {symbolic.compiled - built} kernel(s) built unoptimised, rebuilt in the background"
+            f"first tier: {symbolic.compiled - built} kernel(s) built {how}, rebuilt in the background"
         )
     return symbolic.builds - before
 

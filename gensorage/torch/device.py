@@ -58,7 +58,8 @@ _BUILT: dict[tuple[Any, ...], CompiledUGraph] = {}
 
 _ON_DEVICE: dict[tuple[int, torch.device], tuple[CompiledUGraph, CompiledUGraph]] = {}
 
-_RUNNERS: dict[tuple[int, torch.device], tuple[CompiledUGraph, KernelRunner | None]] = {}
+# (µGraph, runner, the generation of the functions it looked up: a CUDA first tier's are replaced later)
+_RUNNERS: dict[tuple[int, torch.device], tuple[CompiledUGraph, KernelRunner | None, int]] = {}
 
 
 def kernels_for(cg: CompiledUGraph, device: torch.device) -> CompiledUGraph:
@@ -171,14 +172,26 @@ def cuda_runner(cg: CompiledUGraph, device: torch.device) -> KernelRunner | None
     """The prepared CUDA launch sequence of ``cg`` on ``device`` (built once per µGraph and device, then kept);
     None when the µGraph returns an input or a view, which the general run serves."""
     key = (id(cg), device)
-    if key not in _RUNNERS:
+    entry = _RUNNERS.get(key)
+    if entry is None:
         built = kernels_for(cg, device)
         try:
             runner: KernelRunner | None = KernelRunner(built, "cuda", device.index or 0)
         except UnsupportedOpError:
             runner = None
-        _RUNNERS[key] = (cg, runner)  # holds cg: its identity is not reused while the entry lives
-    return _RUNNERS[key][1]
+        # holds cg: its identity is not reused while the entry lives
+        entry = _RUNNERS[key] = (cg, runner, _generation(built))
+    elif entry[1] is not None and (gen := _generation(kernels_for(cg, device))) != entry[2]:
+        # the dispatcher's CUDA first tier (generic kernels) was replaced by the length's own kernels
+        entry[1].relink(kernels_for(cg, device).executable("cuda"))
+        entry = _RUNNERS[key] = (cg, entry[1], gen)
+    return entry[1]
+
+
+def _generation(built: CompiledUGraph) -> int:
+    """Which functions ``built``'s CUDA executable serves now (:class:`~gensorage.codegen.symbolic_kernels.
+    BoundExecutable` counts its swaps; a plain Executable never changes)."""
+    return int(getattr(built.executable("cuda"), "generation", 0))
 
 
 def run_on_device(

@@ -1,0 +1,168 @@
+"""A CUDA tensor-core matmul scheduled once with its row count a variable: one kernel for every length.
+
+A layer's projections (``x @ W`` with the tokens as rows) are lowered again at each new sequence length, and
+both their construction's tiles and TVM's simplification of the schedule at that length (a bounds guard that
+folds where the length divides a tile, not elsewhere) change the kernel's code, so a new length compiled them
+anew: on a GPU, the CUDA compiler's time on the matmuls is most of a new length's build. Within
+:func:`generic_matmuls` (the dispatcher's CUDA builds), a float matmul on tensor cores is instead scheduled once
+per key with its length-dependent extents as TIR variables: a 2-D matmul's rows (the weight's dims stay
+constants; the key: the operand shapes with the rows left out, dtypes, epilogue with its extra operands' row dims
+left out), a batched one's rows, columns and reduction (attention's scores and P·V, any of which may be the
+length; its epilogue's extra operands' dims by broadcasting), with the profile and the construction's seed. The
+tiles are those the construction chose at the key's first length (``mma.sync`` ones where it chose wgmma); at
+every later length the same PrimFunc is used, so its code is the same and the compiled kernel is reused
+(:mod:`~gensorage.codegen.symbolic_kernels`): no construction, no schedule, no compiler call. TVM's build binds
+the variables from the operands' shapes at each call, and the grid is computed from them.
+
+Exactness: TVM's schedule primitives preserve a function's meaning for every value of its variables; the
+extents are padded to multiples of the tiles (``pad_einsum``: the padded loads read zeros, the padded outputs are
+never written, the guards are in the code at every length). So at every length the kernel computes the matmul
+with the same tiles, the same reduction order and so the same floating-point results as the same schedule at
+that length. The tests run the llvm twin of the same symbolic schedules (the same splits, padding and layouts,
+each MMA tile by its scalar semantics) against float64 at many lengths, 1 and primes among them, and build the
+CUDA kernels with nvcc. The dims are found by position, never by value.
+
+The length's own build (in the background, :mod:`~gensorage.codegen.symbolic_kernels`) takes each generic matmul
+as the construction at that length gives it (``ScheduledKernel.own``: its tiles, wgmma included) where that is
+one kernel with the same parameters, else the generic one with the length's extents as constants
+(:func:`concrete`). A split-k choice (two kernels and a scratch) is not made generic: it stays per length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Hashable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from gensorage.errors import ScheduleError
+
+if TYPE_CHECKING:
+    from gensorage.codegen.epilogue_expr import KernelEpilogue
+    from gensorage.codegen.module import Kernel
+    from gensorage.codegen.predefined_matmul import _MatmulShape
+    from gensorage.codegen.tensor_core import TensorCoreTiles
+    from gensorage.hw.profile import HwProfile
+
+_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("generic_matmuls", default=False)
+#: Symbolic schedules by key: (tiles, PrimFunc), or None where the key keeps the construction per length.
+_KERNELS: dict[Hashable, tuple[TensorCoreTiles, Any] | None] = {}
+_MAX_KEYS = 1024
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def generic_matmuls(on: bool = True) -> Iterator[None]:
+    """Within it, CUDA tensor-core matmuls are lowered generic in their length-dependent extents (``on``)."""
+    token = _ACTIVE.set(on)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> bool:
+    return _ACTIVE.get()
+
+
+def generic_kernel(
+    ms: _MatmulShape,
+    dtypes: tuple[str, str, str],
+    cast: str | None,
+    epi: KernelEpilogue | None,
+    hw: HwProfile,
+    seed: int,
+    tiles_of: Any,
+) -> tuple[TensorCoreTiles, Any] | None:
+    """The tiles and the PrimFunc (rows a variable) of the float matmul ``ms`` (``dtypes``: A, B, out), or None
+    where it keeps the construction per length; ``tiles_of()`` gives the construction's tiles at this length
+    (called at a key's first length only)."""
+    from tvm import tirx
+
+    from gensorage.codegen.matmul_rows import _epi_with_rows, _with_rows
+    from gensorage.codegen.predefined_matmul import _matmul_build
+    from gensorage.codegen.tensor_core import TensorCoreTiles, schedule_tensor_core
+
+    rows = ms.out[-2]
+    extra = epi.extra if epi is not None else ()
+    if any(len(shape) > 2 for shape, _ in extra):
+        return None
+    if ms.batch:  # attention's: the rows, the columns and the reduction all variables (any may be the length)
+        key: Hashable = (_with_dims(ms, 0, 0, 0), dtypes, cast, _epi_with_dims(epi, 0, 0), hw, seed)
+    else:  # a projection's: the rows (the weight's dims stay constants)
+        key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed)
+    entry = _KERNELS.get(key, _MISSING)
+    if entry is not _MISSING:
+        return entry  # type: ignore[return-value]
+    entry = None
+    tiles = tiles_of()
+    if tiles is not None and not isinstance(tiles, TensorCoreTiles):
+        # wgmma's: the generic kernel is mma.sync (the length's own build takes the wgmma kernel back). A split-k
+        # choice stays per length: its two kernels and scratch could not replace one generic kernel there.
+        from gensorage.construction.tensor_core import construct_tensor_core
+
+        try:
+            tiles = construct_tensor_core(ms.dims, hw, cast or dtypes[0], seed, layout=ms.layout)[0]
+        except ScheduleError:
+            tiles = None
+    if isinstance(tiles, TensorCoreTiles) and tiles.split_k == 1:
+        var = tirx.Var("rows", "int32")
+        a, b, out = dtypes
+        if ms.batch:
+            cols = tirx.Var("cols", "int32")
+            sym = _with_dims(ms, var, cols, tirx.Var("depth", "int32"))
+            build = _matmul_build(
+                sym, a, out, None, 1, tiles.block_m, b, cast, _epi_with_dims(epi, var, cols)
+            )
+        else:
+            sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
+            build = _matmul_build(sym, a, out, None, 1, tiles.block_m, b, cast, sym_epi)
+        try:
+            func = schedule_tensor_core(build(), tiles, gpu=True, convert=cast is not None).mod["main"]
+            entry = (tiles, func)
+        except (ScheduleError, TypeError, ValueError, RuntimeError):  # a step needs the rows' value
+            entry = None
+    if len(_KERNELS) >= _MAX_KEYS:
+        _KERNELS.clear()
+    _KERNELS[key] = entry
+    return entry
+
+
+def _with_dims(ms: _MatmulShape, m: Any, n: Any, k: Any) -> _MatmulShape:
+    """``ms`` with its rows, columns and reduction replaced (its batch dims kept)."""
+    a, b, out = ms.a[:-2] + (m, k), ms.b[:-2] + (k, n), ms.out[:-2] + (m, n)
+    return dataclasses.replace(ms, a=a, b=b, out=out)
+
+
+def _epi_with_dims(epi: KernelEpilogue | None, rows: Any, cols: Any) -> KernelEpilogue | None:
+    """``epi`` with its extra operands' dims (at most 2, broadcast against the output's last two) replaced by
+    ``rows`` and ``cols`` where they are not 1 (broadcasting makes such a dim the output's)."""
+    if epi is None:
+        return None
+
+    def dims(shape: tuple[int, ...]) -> tuple[Any, ...]:
+        return tuple(d if d == 1 else v for d, v in zip(shape, (rows, cols)[2 - len(shape) :], strict=True))
+
+    return dataclasses.replace(epi, extra=tuple((dims(shape), dt) for shape, dt in epi.extra))
+
+
+def concrete(kern: Kernel) -> Kernel:
+    """``kern`` with its PrimFunc's variables bound to the shapes of its parameters at this length (a generic
+    matmul; other kernels as they are): for the checks that read extents as numbers (the GPU limits), and for
+    the background build of a length's own kernels (the same tiles, the length's extents constants)."""
+    from tvm import tirx
+
+    func = kern.func
+    for i, kp in enumerate(kern.params):
+        if i >= len(func.params):
+            break
+        param = func.params[i]  # bound one at a time: a variable A declares is B's (or D's) too
+        shape = getattr(param, "shape", None)  # a buffer parameter
+        if shape is not None and not all(isinstance(d, tirx.IntImm) for d in shape):
+            func = func.specialize({param: tirx.decl_buffer(kp.shape, param.dtype, param.name)})
+    # the script too: kernels of the same script are compiled once (module.compile_kernels)
+    return kern if func is kern.func else dataclasses.replace(kern, func=func, script=func.script())
+
+
+__all__ = ["active", "concrete", "generic_kernel", "generic_matmuls"]
