@@ -13,7 +13,13 @@ its space the other way round, and so does :func:`derive_limits`:
   which feeds the custom kernel (``graph_defined_last``): a kernel that is not the last is the expensive part
   of a search, since nothing ties its outputs to the program's, so its block graphs are pruned far less than
   a last one's. The custom kernel is then never alone (``min_kernel_ops = 2``): by the rule below it holds
-  fewer operators than the program has, and a kernel alone would have to compute every one of them.
+  fewer operators than the program has, and a kernel alone would have to compute every one of them. A program
+  of more than eight operators fits no such pair (seven block operators and one pre-defined one compute eight
+  once each); where its form is not in the space either (it adds or subtracts operands with different constant
+  factors, :func:`mixes_factors`), it gets ``n − 7`` pre-defined operators before the custom kernel (``min_kernel_ops =
+  max_kernel_ops = n − 6``), each one the program applies (``own_predefined_only``, a restriction: LayerNorm's
+  mean subtraction ``X − (Σ X)/n`` is then its own ``sum``, ``scale`` and ``sub``, a form the space's placement
+  of constants otherwise never generates).
 * **block operators from the program's op count**: a fused kernel computes each program operator once, so it
   needs about as many compute operators as the program has (partial sums of a split reduction are for-loop
   accumulators, which do not count). ``max_block_ops`` is the program's operator count, at least
@@ -34,7 +40,7 @@ its space the other way round, and so does :func:`derive_limits`:
   split-KV presets', not limits (docs/search.md says which µGraphs they drop); with the first a ``sub`` changes
   no index-tie class, so the tie rule prunes the search.
 
-These are limits (and the three restrictions), not pruning: they choose the space, which the search then covers completely (docs/search.md,
+These are limits (and the four restrictions), not pruning: they choose the space, which the search then covers completely (docs/search.md,
 "What Theorem 1 still guarantees"). A preset's ``[search]`` table, or limits given to the spec, replace them.
 """
 
@@ -44,6 +50,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gensorage.exhaustive.opcatalog import stable_softmax_only
+from gensorage.exhaustive.rules.constants import Const, const_of, same
+from gensorage.opset import Op
 from gensorage.program import Program
 
 #: Mirage's ``MAX_NUM_THREADBLOCK_GRAPH_OP`` (outputs not counted): the most block operators derived.
@@ -87,10 +95,19 @@ def derive_limits(program: Program) -> DerivedLimits:
     if n_ops > MAX_BLOCK_OPS:
         limits["graph_defined_last"] = True
         limits["min_kernel_ops"] = KERNEL_OPS
+    if n_ops > MAX_BLOCK_OPS + 1 and mixes_factors(program):
+        # One pre-defined operator and a full block graph compute each operator once for at most eight, and the
+        # program's form (x − c·y) is not in the space: the other operators come before the custom kernel, each
+        # a pre-defined operator of the program's own (a restriction), which may read a scale's result.
+        limits["max_kernel_ops"] = limits["min_kernel_ops"] = n_ops - MAX_BLOCK_OPS + 1
+        limits["own_predefined_only"] = True
+    k = limits["max_kernel_ops"]
     kernels = (
         "one graph-defined kernel"
-        if limits["max_kernel_ops"] == 1
+        if k == 1
         else "a pre-defined operator, then one graph-defined kernel"
+        if k == KERNEL_OPS
+        else f"{k - 1} pre-defined operators, each one the program applies, then one graph-defined kernel"
     )
     note = (
         f"search limits derived from the program ({n_ops} operators, rank {rank}): {kernels} of up to "
@@ -101,4 +118,30 @@ def derive_limits(program: Program) -> DerivedLimits:
     return DerivedLimits(limits, note)
 
 
-__all__ = ["BLOCK_GRAPHS", "MAX_BLOCK_OPS", "MIN_BLOCK_OPS", "DerivedLimits", "derive_limits"]
+def mixes_factors(program: Program) -> bool:
+    """Whether an ``add`` or ``sub`` of ``program`` adds operands that carry different constant factors
+    (:func:`~gensorage.exhaustive.rules.constants.const_of`): ``X − (Σ X)/n``. The space's placement of
+    constants never generates one (a scale's result is read by a non-linear unary operator or a maximum only,
+    docs/search.md, "Restrictions of the space"); a stable softmax's ``c·S − max(c·S)`` carries ``c`` on both
+    sides and is searched as ``c·(S − max S)``."""
+    factors: dict[int, Const] = {}
+    for node in program.nodes:
+        if node.op is None:
+            factors[node.id] = 1.0
+            continue
+        ins = [factors[i] for i in node.inputs]
+        a, b = (ins + [None])[:2]
+        if node.op in (Op.ADD, Op.SUB) and a is not None and b is not None and not same(a, b):
+            return True
+        factors[node.id] = const_of(node.op, node.attrs, ins)
+    return False
+
+
+__all__ = [
+    "BLOCK_GRAPHS",
+    "MAX_BLOCK_OPS",
+    "MIN_BLOCK_OPS",
+    "DerivedLimits",
+    "derive_limits",
+    "mixes_factors",
+]

@@ -148,6 +148,23 @@ def stable_softmax_only(program: Program) -> bool:
     return subs > 0
 
 
+def program_op_signatures(program: Program) -> frozenset[object]:
+    """The operators the program applies, each as its kind, attributes and operands (an input by its index),
+    the operands of a ``repeat`` standing for it: a graph-defined kernel replicates instead (a grid dim its
+    iterator does not map), as GQA's kernels read one ``K`` head for a group of query heads. A kernel's
+    pre-defined operator is the program's own if it is one of these (``transpose(K)`` in attention)."""
+    inputs = {t.id: i for i, t in enumerate(program.inputs)}
+    sig: dict[int, object] = {}
+    for node in program.nodes:
+        if node.op is None:
+            sig[node.id] = inputs[node.id]
+        elif node.op is Op.REPEAT:
+            sig[node.id] = sig[node.inputs[0]]
+        else:
+            sig[node.id] = node.op.value, node.attrs, tuple(sig[i] for i in node.inputs)
+    return frozenset(s for s in sig.values() if isinstance(s, tuple))
+
+
 def default_types(program: Program) -> frozenset[Op]:
     """The operator types searched when the spec names none (see the module docstring)."""
     used = set(program_ops(program))
@@ -341,6 +358,7 @@ __all__ = [
     "catalog",
     "default_types",
     "keeps_scaled",
+    "program_op_signatures",
     "out_shape",
     "unsearched",
     "program_ops",

@@ -34,6 +34,7 @@ OMITTED_WHEN_FALSE = frozenset(
         "sub_stabilises_only",
         "exp_stabilised_only",
         "max_last_dim_only",
+        "own_predefined_only",
     }
 )
 OMITTED_WHEN_ONE = frozenset({"min_kernel_ops"})
@@ -53,6 +54,7 @@ SWITCHES = (
     "exp_stabilised_only",
     "loop_concats",
     "max_last_dim_only",
+    "own_predefined_only",
     "replicated_writes",
 )
 
@@ -154,6 +156,13 @@ class SearchSpec:
         Admit a block-level ``max`` only over its operand's last dim (a softmax row's). True narrows the space (it
         is no pruning rule: a maximum over a GQA block's query heads, or over splits saved along another dim, is
         no longer searched); see ``docs/search.md``.
+    own_predefined_only : bool
+        Admit a pre-defined operator only where the program applies it: the same operator and attributes on
+        the same operands, traced back to the inputs (the direct µGraph's kernels), which may then read a
+        ``scale``'s result as the program's operator does (``X − mean X``). True narrows the space (it is no
+        pruning rule: a pre-defined operator the program does not apply, e.g. ``X W`` before a normalisation,
+        is no longer searched); the limits derived for a program too large for one block graph set it. See
+        ``docs/search.md``.
     """
 
     program: Program = field(compare=False, hash=False, repr=False)
@@ -184,6 +193,7 @@ class SearchSpec:
     exp_stabilised_only: bool = False
     loop_concats: bool = True
     max_last_dim_only: bool = False
+    own_predefined_only: bool = False
     program_text: str = field(default="", init=False)
 
     def __post_init__(self) -> None:

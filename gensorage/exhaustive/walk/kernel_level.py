@@ -113,7 +113,9 @@ def completable(s: Walk, reads: tuple[int, ...], scaled_out: bool) -> bool:
         return True  # complete now, perhaps
     if left <= 0:
         return p == n
-    solo = max(0, scaled - (n - 1))  # scale results read, each by its own unary operator
+    # Scale results read, each by its own unary operator; none counted where the program's own binary operators
+    # may read one (own_predefined_only: ``X − mean X``), which only weakens the bound.
+    solo = 0 if spec.own_predefined_only else max(0, scaled - (n - 1))
     return solo <= left and p - n <= (left - solo) * (s.context.max_kernel_reads - 1)
 
 
@@ -128,6 +130,7 @@ def _predefined(s: Walk) -> Iterator[None]:
     if must is not None and len(ctx.output_shapes) != 1:
         return
     reads_ok = s.reads_checker()
+    own = ctx.own_ops
     for v in ctx.variants:
         if not s.allowed(v):
             continue
@@ -136,8 +139,14 @@ def _predefined(s: Walk) -> Iterator[None]:
         for ins in input_tuples(v, n, low):
             if must is not None and not must <= set(ins):
                 continue
+            if own is not None and _signature(s, v, ins) not in own:
+                continue  # own_predefined_only: the program applies no such operator (a restriction)
             scaled = any(st.scaled[i] for i in ins)
-            if scaled and not reads_scaled(v.op, [st.const[i] for i in ins if st.scaled[i]]):
+            if (
+                scaled
+                and own is None  # else the program's own operator reads it (X − mean X)
+                and not reads_scaled(v.op, [st.const[i] for i in ins if st.scaled[i]])
+            ):
                 continue
             if (s.spec.sub_stabilises_only or s.spec.exp_stabilised_only) and not _stable_sub_ok(s, v, ins):
                 continue
@@ -205,6 +214,22 @@ def _predefined(s: Walk) -> Iterator[None]:
             finally:
                 s.spend(v, -1)
                 st.pop_kernel(ins)
+
+
+def _signature(s: Walk, v: OpVariant, ins: tuple[int, ...]) -> object:
+    """``v`` on kernel tensors ``ins`` as :func:`~gensorage.exhaustive.opcatalog.program_op_signatures` writes
+    the program's operators (None where an operand is a graph-defined operator's result)."""
+    st = s.state
+
+    def operand(i: int) -> object:
+        if i < st.n_inputs:
+            return i
+        op = st.ops[st.ref[i].node - st.n_inputs]
+        if not isinstance(op, KernelOp):
+            return None
+        return op.op.value, op.attrs, tuple(operand(st.ref.index(r)) for r in op.inputs)
+
+    return v.op.value, v.attrs, tuple(operand(i) for i in ins)
 
 
 def _headers(s: Walk) -> Iterator[None]:

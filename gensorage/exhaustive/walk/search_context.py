@@ -24,6 +24,7 @@ from gensorage.exhaustive.opcatalog import (
     SELF_USELESS,
     OpVariant,
     catalog,
+    program_op_signatures,
     stable_softmax_only,
 )
 from gensorage.exhaustive.rules.last_reads import NOT_LIPSCHITZ, LastReads
@@ -87,6 +88,9 @@ class SearchContext:
         # The most kernel tensors one kernel operator reads (walk.kernel_level.completable).
         self.max_kernel_reads = max([v.arity for v in self.variants] + [spec.max_block_inputs])
         self.rules = self._rules()
+        # The operators the program applies (opcatalog.program_op_signatures), where the spec admits no other
+        # pre-defined one (walk.kernel_level); None: any.
+        self.own_ops = program_op_signatures(program) if spec.own_predefined_only else None
         # The last kernel's reads (rules.last_reads): exact for any equivalent µGraph, so with ``prune`` alone;
         # not where a block operator may be non-Lipschitz.
         lipschitz = not any(v.op in NOT_LIPSCHITZ for v in self.variants)

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from gensorage.exhaustive.opcatalog import program_op_signatures
 from gensorage.exhaustive.results import (
     Candidate,
     Resume,
@@ -31,8 +32,6 @@ from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.walk.search_context import SearchContext, process_context
 from gensorage.exhaustive.walk.subtree_memo import Memo, process_memo
 from gensorage.exhaustive.walk.walk import Hooks, Stopped, Walk
-from gensorage.opset import Op
-from gensorage.program import Program
 from gensorage.ugraph.ir import GraphDefinedOp, KernelOp, Ref
 
 # enumerate_tasks splits deeper until it has at least this many tasks, or reaches MAX_SPLIT_DEPTH. Few tasks,
@@ -47,14 +46,18 @@ def enumerate_tasks(spec: SearchSpec) -> list[Task]:
     """The search split into independent tasks, deterministically (same spec, same list, in every process).
 
     The tree is expanded one level at a time until there are at least ``TARGET_TASKS`` nodes at the split depth
-    or the depth reaches ``MAX_SPLIT_DEPTH``; each node there is a task covering its subtree, and each complete
+    or the depth reaches ``MAX_SPLIT_DEPTH`` (below the pre-defined operators every µGraph starts with, under
+    ``own_predefined_only``); each node there is a task covering its subtree, and each complete
     µGraph above it a task covering just itself. Together they cover the whole search exactly once. A node with
     more than ``1 / TARGET_TASKS`` of the next level's nodes is split one level further: subtrees are very
     uneven, and one task alone must not outlast the rest of the search.
     """
     paths: list[tuple[tuple[int, ...], bool]] = []
     context = SearchContext(spec)
-    for split in range(1, MAX_SPLIT_DEPTH + 1):
+    # With own_predefined_only the pre-defined operators a µGraph must start with form a chain of few nodes (the
+    # program's own operators): the split depth is counted below them, or the whole search is one task.
+    chain = spec.min_kernel_ops - 1 if spec.own_predefined_only and spec.graph_defined_last else 0
+    for split in range(1, MAX_SPLIT_DEPTH + chain + 1):
         paths = []
         Walk(spec, context).collect(0, split, [], paths)
         if sum(1 for _, sub in paths if sub) >= TARGET_TASKS:
@@ -158,12 +161,12 @@ def _classes(spec: SearchSpec, context: SearchContext, paths: list[tuple[int, ..
     graph the path opens) reads every input the program reads and has a loop, 1 if it does without a loop, 2 if
     it reads fewer or the path holds none; ``blocks``, that kernel's thread blocks at the path's node (the
     product of the grid sizes chosen so far; 1 without one); ``foreign``, whether a pre-defined operator before
-    that kernel is none the program applies (:func:`_program_ops`); ``bare``, whether the node holds pre-defined
+    that kernel is none the program applies (:func:`~gensorage.exhaustive.opcatalog.program_op_signatures`); ``bare``, whether the node holds pre-defined
     operators only (no graph-defined kernel, no block graph open). Which inputs a kernel tensor was computed
     from is the set of variables of its abstract expression."""
     w = Walk(spec, context)
     required = {spec.program.inputs[i].name for i in context.required_inputs}
-    own = _program_ops(spec.program)
+    own = program_op_signatures(spec.program)
     n_in = len(spec.program.inputs)
     index = {p: i for i, p in enumerate(paths)}
     out = [_Class(2, 1, False, False)] * len(paths)
@@ -208,23 +211,6 @@ def _classes(spec: SearchSpec, context: SearchContext, paths: list[tuple[int, ..
 
     down(())
     return out
-
-
-def _program_ops(program: Program) -> frozenset[object]:
-    """The operators the program applies, each as its kind, attributes and operands (an input by its index),
-    the operands of a ``repeat`` standing for it: a graph-defined kernel replicates instead (a grid dim its
-    iterator does not map), as GQA's kernels read one ``K`` head for a group of query heads. A kernel's
-    pre-defined operator is the program's own if it is one of these (``transpose(K)`` in attention)."""
-    inputs = {t.id: i for i, t in enumerate(program.inputs)}
-    sig: dict[int, object] = {}
-    for node in program.nodes:
-        if node.op is None:
-            sig[node.id] = inputs[node.id]
-        elif node.op is Op.REPEAT:
-            sig[node.id] = sig[node.inputs[0]]
-        else:
-            sig[node.id] = node.op.value, node.attrs, tuple(sig[i] for i in node.inputs)
-    return frozenset(s for s in sig.values() if isinstance(s, tuple))
 
 
 def run_task(
@@ -274,7 +260,7 @@ def run_task(
             f"subtree {list(task.path)}"
         )
     w = Walk(spec, context, task)
-    w.reuse_subtrees = reuse_subtrees
+    w.reuse_subtrees = reuse_subtrees and w.reuse_subtrees
     if memo is not None:
         w.subtrees = memo
     w.hooks = Hooks(

@@ -118,7 +118,9 @@ class Walk:
         self.candidate_keys: list[str | None] = []
         self.hooks = Hooks()
         # Kernel-level subtrees already walked (this task's, or the process's: run_task(memo=...)); see subtree_memo.
-        self.reuse_subtrees = True
+        # Not with own_predefined_only: which pre-defined operators follow a node then depends on how its tensors
+        # were computed, which the memo's key does not say.
+        self.reuse_subtrees = not spec.own_predefined_only
         self.subtrees = Memo()
         self.recordings: list[Recording] = []
         self.at: list[int] = []  # the current node's path from the root
