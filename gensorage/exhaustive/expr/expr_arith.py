@@ -270,7 +270,7 @@ class ExprArith:
         m = maxima[0] if len(maxima) == 1 else ae.cat(*maxima)
         parts = []
         for (s, v), n in state.entries:
-            p = ae.exp(ae.add(s, m))  # online_exponent(s, n * keys) where one entry: m is that maximum
+            p = ae.exp(ae.add(s, m))  # with one entry: online_exponent(s, n * keys)
             parts.append(ae.sum(n * keys, p if v is None else ae.mul(p, v)))
         if state.values is None:
             shape = state.scores[:-1] + (1,)

@@ -21,6 +21,12 @@ has carries a factor one of the program's ``exp`` of that class carries. The sea
 ``exp`` (``silu``, ``gelu``) operator whose argument's factor is none of the program's for its class is pruned,
 which is exact for the µGraphs the expression filter keeps once it speaks about the constant-aware classes.
 
+The stabiliser laws move a maximum summand of an ``exp``'s argument out as a ``stab`` atom; with factors they
+keep the argument's (``exp(c·(x + max(k, y))) = exp(c·x)·stab_c(y)``), so the pairs (atom, factor) are an invariant
+too, and an ``exp`` whose ``stab(y)`` the program's ``exp`` give only other factors is pruned as well: a rescale
+``exp(m_i − M)`` of the unscaled scores' maxima where the program stabilises the scaled ones (``STAB_FACTORS``;
+docs/search.md, "Factors of stabilisers").
+
 Factors are tracked per tensor by :func:`const_of` (``1.0``: none; ``None``: mixed, never pruned). The
 canonical placement of ``scale`` (its result is read only by a non-linear unary operator, by a maximum when the
 factor is positive, or saved: :func:`~gensorage.exhaustive.opcatalog.reads_scaled`) decides where a factor is
@@ -151,8 +157,8 @@ class ExpConstants:
         allowed = self.allowed.get(cls)
         if allowed is not None and not any(same(arg, c) for c in allowed):
             return False
-        # An exp of a class the program has none of (a rescale exp(m_i − M) is only stab atoms): each of its
-        # stab atoms must carry a factor the program's exp give that atom.
+        # Each stab atom (all a rescale exp(m_i − M) is, a class the program has no exp of) must carry a factor
+        # the program's exp give that atom.
         for st in _stabs(cls) if STAB_FACTORS else ():
             got = self.stab_factors.get(st)
             if got is not None and not any(same(arg, c) for c in got):
