@@ -15,7 +15,7 @@ from test_rediscovery import (
     _stable_split_kv_and_combine,
 )
 
-from gensorage.exhaustive import SearchSpec, Task, enumerate_tasks, run_task
+from gensorage.exhaustive import SearchSpec, Task, TaskResult, enumerate_tasks, run_task
 from gensorage.exhaustive.walk.search_context import SearchContext
 from gensorage.exhaustive.walk.subtree_memo import Memo
 from gensorage.superopt import load_preset
@@ -113,8 +113,7 @@ def test_the_gqa_preset_reaches_flash_decoding() -> None:
     # as search_serial runs them: every task up to the first that returns stable FlashDecoding completes.
     # Before program_ops_first, Q's transpose's tasks ran first (one of them did not finish in 120 s); before
     # max_last_dim_only, FlashDecoding's own task did not finish in 500 s (maxima over the group's heads).
-    # 459 s on dev (load average 4.1 at the start, 2.3 at the end, 2026-11-27). Not the MQA preset yet: at h = 3
-    # the 142 tasks before FlashDecoding's finish in 11 s, but its own task did not in 1,790 s (CHANGELOG, issue 23).
+    # 459 s on dev (load average 4.1 at the start, 2.3 at the end, 2026-11-27); 24.6 s with the last-reads rule.
     spec = split_kv_preset_spec("gqa_incdec_split_kv")
     tasks = enumerate_tasks(spec)
     memo, context = Memo(), SearchContext(spec)
@@ -123,4 +122,38 @@ def test_the_gqa_preset_reaches_flash_decoding() -> None:
         assert res.complete
         if any(_stable_split_kv_and_combine(c.ugraph) for c in res.candidates):
             return
+    pytest.fail("no task returned FlashDecoding")
+
+
+@pytest.mark.slow
+def test_the_mqa_preset_reaches_flash_decoding() -> None:
+    # As the GQA one, but FlashDecoding's own task, (4, 22, 51), is stopped at its first candidate of
+    # FlashDecoding's structure (checked every 2 s): it walks FlashDecoding's split kernel's variants, each
+    # followed by its combines, and completes in 1,318 s alone at load ~1 (CHANGELOG), near the preset's budget;
+    # a search stopped by its budget returns its completed tasks' candidates only. Before the factors of
+    # stabilisers the task walked 216 variants of a split kernel saving the unscaled scores' maxima first, none
+    # completable, and found nothing in 1,700 s. 616 s on dev (load average 4.7 at the start, 5.2 at the end,
+    # 2026-11-28; the first candidate comes within 120 s of the task's start at load ~2).
+    spec = split_kv_preset_spec("mqa_incdec_split_kv")
+    memo, context = Memo(), SearchContext(spec)
+    found: list[bool] = []
+
+    def save(r: TaskResult) -> None:
+        found.append(any(_stable_split_kv_and_combine(c.ugraph) for c in r.candidates))
+
+    for task in enumerate_tasks(spec):
+        found.clear()
+        res = run_task(
+            spec,
+            task,
+            memo=memo,
+            context=context,
+            should_stop=lambda: any(found),
+            on_save=save,
+            save_every_s=2.0,
+        )
+        if any(_stable_split_kv_and_combine(c.ugraph) for c in res.candidates):
+            assert tuple(task.path) == (4, 22, 51)
+            return
+        assert res.complete, task.path
     pytest.fail("no task returned FlashDecoding")

@@ -270,7 +270,7 @@ class ExprArith:
         m = maxima[0] if len(maxima) == 1 else ae.cat(*maxima)
         parts = []
         for (s, v), n in state.entries:
-            p = ae.exp(ae.add(s, m))
+            p = ae.exp(ae.add(s, m))  # with one entry: online_exponent(s, n * keys)
             parts.append(ae.sum(n * keys, p if v is None else ae.mul(p, v)))
         if state.values is None:
             shape = state.scores[:-1] + (1,)
@@ -354,6 +354,12 @@ class ExprArith:
         return _from_pieces(shape, axis, pieces)
 
 
+def online_exponent(s: Term, keys: int) -> Term:
+    """The ``exp(s − max s)`` an online-softmax accumulator of scores ``s`` takes over ``keys`` keys in all (the
+    loop's iterations times the tile's keys), as :meth:`ExprArith.online_softmax_result` writes it."""
+    return ae.exp(ae.add(s, ae.max_r(keys, s)))
+
+
 def _axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ProgramError(f"axis {axis} out of range for a {ndim}-d value")
@@ -375,4 +381,4 @@ def _accumulated(entries: Sequence[tuple[AccumKind, Term, int]]) -> Term:
 EXPR = ExprArith()
 
 
-__all__ = ["EXPR", "ExprArith", "ExprValue", "Layout", "OnlineState"]
+__all__ = ["EXPR", "ExprArith", "ExprValue", "Layout", "OnlineState", "online_exponent"]

@@ -21,6 +21,12 @@ has carries a factor one of the program's ``exp`` of that class carries. The sea
 ``exp`` (``silu``, ``gelu``) operator whose argument's factor is none of the program's for its class is pruned,
 which is exact for the µGraphs the expression filter keeps once it speaks about the constant-aware classes.
 
+The stabiliser laws move a maximum summand of an ``exp``'s argument out as a ``stab`` atom; with factors they
+keep the argument's (``exp(c·(x + max(k, y))) = exp(c·x)·stab_c(y)``), so the pairs (atom, factor) are an invariant
+too, and an ``exp`` whose ``stab(y)`` the program's ``exp`` give only other factors is pruned as well: a rescale
+``exp(m_i − M)`` of the unscaled scores' maxima where the program stabilises the scaled ones (``STAB_FACTORS``;
+docs/search.md, "Factors of stabilisers").
+
 Factors are tracked per tensor by :func:`const_of` (``1.0``: none; ``None``: mixed, never pruned). The
 canonical placement of ``scale`` (its result is read only by a non-linear unary operator, by a maximum when the
 factor is positive, or saved: :func:`~gensorage.exhaustive.opcatalog.reads_scaled`) decides where a factor is
@@ -34,12 +40,15 @@ from collections.abc import Sequence
 from typing import assert_never
 
 from gensorage.exhaustive.expr.abstract_expr import Term, var
-from gensorage.exhaustive.expr.canon import Canon, Elem, TooBig
+from gensorage.exhaustive.expr.canon import Canon, Elem, TooBig, stabs_of
 from gensorage.exhaustive.expr.expr_arith import EXPR, ExprValue
 from gensorage.opset import Attrs, Op, apply, attr
 from gensorage.program import Program
 
 Const = float | None  # the factor a tensor carries: 1.0 none, None mixed (unknown)
+#: Whether a ``stab`` atom carries the factor of the ``exp`` that made it ("Factors of stabilisers" in
+#: docs/search.md); a switch for the law test.
+STAB_FACTORS = True
 #: Functions no constant moves through: the rule applies to their arguments.
 BARRIERS = frozenset({Op.EXP, Op.SILU, Op.GELU, Op.TANH, Op.LOG, Op.CLAMP})
 
@@ -99,6 +108,7 @@ class ExpConstants:
     def __init__(self, program: Program, canon: Canon) -> None:
         self.canon = canon
         allowed: dict[Elem, set[float] | None] = {}
+        stabs: dict[int, set[float] | None] = {}
         values: dict[int, ExprValue] = {}
         consts: dict[int, Const] = {}
         nodes = program.nodes
@@ -118,8 +128,17 @@ class ExpConstants:
                 got = allowed.setdefault(cls, set())
                 if got is not None:
                     allowed[cls] = None if ins[0] is None else got | {ins[0]}
+                for st in _stabs(cls):
+                    had = stabs.setdefault(st, set())
+                    if had is not None:
+                        stabs[st] = None if ins[0] is None else had | {ins[0]}
         self.allowed: dict[Elem, frozenset[float] | None] = {
             k: (None if v is None else frozenset(v)) for k, v in allowed.items()
+        }
+        #: The factors the program's ``exp`` give each ``stab`` atom (by the atom's uid): the factor of the
+        #: ``exp``'s argument, whose maxima the atom stands for.
+        self.stab_factors: dict[int, frozenset[float] | None] = {
+            k: (None if v is None else frozenset(v)) for k, v in stabs.items()
         }
         #: Classes whose argument must carry a factor other than 1 (a scale is needed to make them).
         self.factor_marks: frozenset[Elem] = frozenset(
@@ -132,10 +151,28 @@ class ExpConstants:
         if arg is None:
             return True
         try:
-            allowed = self.allowed.get(self.canon.nf(term))
+            cls = self.canon.nf(term)
         except TooBig:
             return True
-        return allowed is None or any(same(arg, c) for c in allowed)
+        allowed = self.allowed.get(cls)
+        if allowed is not None and not any(same(arg, c) for c in allowed):
+            return False
+        # Each stab atom (all a rescale exp(m_i − M) is, a class the program has no exp of) must carry a factor
+        # the program's exp give that atom.
+        for st in _stabs(cls) if STAB_FACTORS else ():
+            got = self.stab_factors.get(st)
+            if got is not None and not any(same(arg, c) for c in got):
+                return False
+        return True
 
 
-__all__ = ["BARRIERS", "Const", "ExpConstants", "carries_factor", "const_of", "same"]
+def _stabs(cls: Elem) -> tuple[int, ...]:
+    """The uids of the ``stab`` atoms an ``exp``'s normal form multiplies its ``exp`` atom by (none where the
+    normal form is no single monomial: a function other than ``exp``)."""
+    if len(cls.parts) != 1 or cls.parts[0][0] is not None or len(cls.parts[0][1]) != 1:
+        return ()
+    (((_, atoms), _),) = cls.parts[0][1]
+    return tuple(a.uid for a in stabs_of(atoms))
+
+
+__all__ = ["BARRIERS", "STAB_FACTORS", "Const", "ExpConstants", "carries_factor", "const_of", "same"]

@@ -12,7 +12,8 @@ budget for an input read again; at a tight bound, a concatenation (``pruned_expr
 an exact block graph (``pruned_expr``); shared memory (``pruned_memory``); the index-tie classes of a sum
 (``pruned_expr``). The expression of an online-softmax accumulator is the plain form's with the row's full
 maximum (``ExprArith.online_softmax_times``), so a µGraph using one is kept exactly when the same µGraph with
-the plain form would be; its index ties are left unknown (never pruned).
+the plain form would be; its index ties are left unknown (never pruned). The ``exp(s − max s)`` it takes is checked
+as an ``exp`` operator's (:mod:`gensorage.exhaustive.rules.constants`, ``pruned_expr``): the factor ``s`` carries.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from gensorage.dtypes import dtype_bytes
 from gensorage.errors import ProgramError
-from gensorage.exhaustive.expr.expr_arith import EXPR, ExprValue
+from gensorage.exhaustive.expr.expr_arith import EXPR, ExprValue, online_exponent
 from gensorage.exhaustive.expr.ties import Ties, loop_concat, loop_sum
 from gensorage.exhaustive.opcatalog import reads_scaled
 from gensorage.exhaustive.rules.constants import Const, const_of
@@ -133,6 +134,16 @@ def _push(s: Walk, b: BlockBuild, rec: AccumRec) -> Iterator[None]:
     assert x is not None and shape is not None
     value, out, prov = _value(b, rec, x, shape, forloop)
     if s.spec.prune and b.exact and not s.context.oracle.is_subexpr(value.term):
+        s.counters.pruned_expr += 1
+        return
+    constants = s.context.rules.constants
+    if (
+        s.spec.prune
+        and b.exact
+        and rec.kind in ("softmax_sum", "softmax_matmul")
+        and constants is not None
+        and not constants.admits(online_exponent(x.term, forloop * shape[-1]), b.const[j])
+    ):  # its exp(s − max s) is an exp operator's expression (rules.constants)
         s.counters.pruned_expr += 1
         return
     if b.smem + numel(out) * dtype_bytes(b.dtype[j]) > s.context.hw.shared_mem_per_block:
