@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 #: The placeholder of the kernel's name in a skeleton.
-_NAME = "kernel_skeleton_"
+SKELETON_NAME = "kernel_skeleton_"
 #: Skeletons kept (least recently used dropped first): a decoder layer has about a dozen.
 MAX_TEMPLATES = 4096
 _INT32_MAX = 2**31 - 1
@@ -82,7 +82,7 @@ def skeleton(text: str, name: str) -> tuple[str, list[int]]:
 # takes milliseconds for a long one.
 @functools.lru_cache(maxsize=512)
 def _skeleton(text: str, name: str) -> tuple[str, tuple[int, ...]]:
-    body = re.sub(rf"\b{re.escape(name)}\b", _NAME, text)
+    body = re.sub(rf"\b{re.escape(name)}\b", SKELETON_NAME, text)
     lines = body.splitlines(keepends=True)
     values: list[int] = []
     spans: list[tuple[int, int, int]] = []
@@ -102,7 +102,7 @@ def _skeleton(text: str, name: str) -> tuple[str, tuple[int, ...]]:
     body = "".join(lines)
     if values:
         params = ", ".join(f"c{i}_: T.int32" for i in range(len(values)))
-        body = body.replace(f"def {_NAME}(", f"def {_NAME}({params}, ", 1)
+        body = body.replace(f"def {SKELETON_NAME}(", f"def {SKELETON_NAME}({params}, ", 1)
     return body, tuple(values)
 
 
@@ -182,4 +182,4 @@ def _bind(template: Any, values: list[int], name: str) -> Any:
     return bound.with_attr("global_symbol", name)
 
 
-__all__ = ["MAX_TEMPLATES", "deferred_templates", "parse_text", "skeleton", "template_of"]
+__all__ = ["MAX_TEMPLATES", "SKELETON_NAME", "deferred_templates", "parse_text", "skeleton", "template_of"]

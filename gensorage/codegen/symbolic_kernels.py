@@ -67,7 +67,7 @@ from typing import Any
 from gensorage.codegen.generic_matmul import concrete
 from gensorage.codegen.kernel_text import Target
 from gensorage.codegen.module import Kernel, compile_kernels
-from gensorage.codegen.script_templates import _NAME, skeleton, template_of
+from gensorage.codegen.script_templates import SKELETON_NAME, skeleton, template_of
 from gensorage.hw.profile import HwProfile
 
 _CONSTANT_EXTENT = re.compile(r"T\.(?:unroll|vectorized)\(c(\d+)_\)")
@@ -427,7 +427,7 @@ def _cuda_skeleton(text: str, name: str) -> tuple[str, list[int]]:
     if not keep:
         return body, values
     new = {i: j for j, i in enumerate(i for i in range(len(values)) if i not in keep)}
-    head, sep, rest = body.partition(f"def {_NAME}(")
+    head, sep, rest = body.partition(f"def {SKELETON_NAME}(")
     rest = rest.split(", ", len(values))[-1]  # the old parameters dropped
     params = "".join(f"c{j}_: T.int32, " for j in range(len(new)))
 

@@ -218,18 +218,9 @@ def _predefined(s: Walk) -> Iterator[None]:
 
 def _signature(s: Walk, v: OpVariant, ins: tuple[int, ...]) -> object:
     """``v`` on kernel tensors ``ins`` as :func:`~gensorage.exhaustive.opcatalog.program_op_signatures` writes
-    the program's operators (None where an operand is a graph-defined operator's result)."""
+    the program's operators (see :meth:`~gensorage.exhaustive.walk.search_state.SearchState.op_signature`)."""
     st = s.state
-
-    def operand(i: int) -> object:
-        if i < st.n_inputs:
-            return i
-        op = st.ops[st.ref[i].node - st.n_inputs]
-        if not isinstance(op, KernelOp):
-            return None
-        return op.op.value, op.attrs, tuple(operand(st.ref.index(r)) for r in op.inputs)
-
-    return v.op.value, v.attrs, tuple(operand(i) for i in ins)
+    return v.op.value, v.attrs, tuple(st.op_signature(st.ref[i]) for i in ins)
 
 
 def _headers(s: Walk) -> Iterator[None]:

@@ -21,7 +21,7 @@ from gensorage.exhaustive.walk.rank import RankKey
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import Shape
 from gensorage.program import Program
-from gensorage.ugraph.ir import ACCUM_KINDS, AccumKind, KernelNode, Ref, TensorSpec
+from gensorage.ugraph.ir import ACCUM_KINDS, AccumKind, KernelNode, KernelOp, Ref, TensorSpec
 
 
 def free_after(b: BlockBuild, ins: tuple[int, ...]) -> int:
@@ -164,6 +164,17 @@ class SearchState:
     @property
     def n_inputs(self) -> int:
         return len(self.specs)
+
+    def op_signature(self, r: Ref) -> object:
+        """Kernel tensor ``r`` as :func:`~gensorage.exhaustive.opcatalog.program_op_signatures` writes the
+        program's operators: an input by its index, a pre-defined operator's result by its kind, attributes and
+        operands (None where an operand is a graph-defined operator's result)."""
+        if r.node < self.n_inputs:
+            return r.node
+        op = self.ops[r.node - self.n_inputs]
+        if not isinstance(op, KernelOp):
+            return None
+        return op.op.value, op.attrs, tuple(self.op_signature(i) for i in op.inputs)
 
     @property
     def last_key(self) -> RankKey | None:

@@ -32,7 +32,7 @@ from gensorage.exhaustive.spec import SearchSpec
 from gensorage.exhaustive.walk.search_context import SearchContext, process_context
 from gensorage.exhaustive.walk.subtree_memo import Memo, process_memo
 from gensorage.exhaustive.walk.walk import Hooks, Stopped, Walk
-from gensorage.ugraph.ir import GraphDefinedOp, KernelOp, Ref
+from gensorage.ugraph.ir import GraphDefinedOp, Ref
 
 # enumerate_tasks splits deeper until it has at least this many tasks, or reaches MAX_SPLIT_DEPTH. Few tasks,
 # because a task replays its path by generating the siblings before it at every level (a few milliseconds a task
@@ -171,18 +171,11 @@ def _classes(spec: SearchSpec, context: SearchContext, paths: list[tuple[int, ..
     index = {p: i for i, p in enumerate(paths)}
     out = [_Class(2, 1, False, False)] * len(paths)
 
-    def signature(r: Ref) -> object:
-        if r.node < n_in:
-            return r.node
-        op = w.state.ops[r.node - n_in]
-        assert isinstance(op, KernelOp)  # only those before the first graph-defined kernel are asked
-        return op.op.value, op.attrs, tuple(signature(i) for i in op.inputs)
-
     def klass() -> _Class:
         st = w.state
         k = next((i for i, op in enumerate(st.ops) if isinstance(op, GraphDefinedOp)), len(st.ops))
         foreign = any(
-            signature(Ref(n_in + j)) not in own for j in range(k)
+            st.op_signature(Ref(n_in + j)) not in own for j in range(k)
         )  # the pre-defined operators before the first graph-defined kernel
         first = st.ops[k] if k < len(st.ops) else None
         if isinstance(first, GraphDefinedOp):
