@@ -188,11 +188,15 @@ def test_the_symbolic_batched_schedule_is_right_at_every_length(
         assert np.linalg.norm(got - want) <= 8e-3 * np.linalg.norm(want) + 2 * rounding, t
 
 
+@pytest.mark.parametrize("outlier", [1.0, 300.0])
 @pytest.mark.parametrize("layout", ["nn", "nt"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_the_symbolic_matmul_schedule_is_right_at_every_row_count(layout: str, dtype: str) -> None:
+def test_the_symbolic_matmul_schedule_is_right_at_every_row_count(
+    layout: str, dtype: str, outlier: float
+) -> None:
     # The llvm twin of the same symbolic schedule (the same splits, row padding, guards and fragment layouts;
-    # each MMA tile by its scalar semantics), compiled once, against float64 at row counts that divide no tile.
+    # each MMA tile by its scalar semantics), compiled once, against float64 at row counts that divide no tile;
+    # ``outlier``: one activation channel that large, as LLaMA's massive activations (|x| ~ 300).
     import tvm
     from tvm import tirx
 
@@ -203,7 +207,9 @@ def test_the_symbolic_matmul_schedule_is_right_at_every_row_count(layout: str, d
     ex = tvm.compile(schedule_tensor_core(func, tiles, gpu=False).mod, target="llvm")
     rng = np.random.default_rng(0)
     for m in (1, 2, 3, 7, 13, 31, 64, 97, 128, 200, 257):
-        a = rng.standard_normal((m, k)).astype(numpy_dtype(dtype))
+        a = rng.standard_normal((m, k))
+        a[:, 5] *= outlier
+        a = a.astype(numpy_dtype(dtype))
         b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(numpy_dtype(dtype))
         want = a.astype(np.float64) @ b.astype(np.float64)
         stored_b = np.ascontiguousarray(b.T) if layout == "nt" else b
