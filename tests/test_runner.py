@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from collections import deque
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,11 @@ from checkpoint_rows import done_tasks
 
 from gensorage.errors import ConfigError, StoreError
 from gensorage.exhaustive import SearchCore, SearchInterrupted, SearchResult, run_search
-from gensorage.exhaustive.run.search_run import SearchRun
+from gensorage.exhaustive.run.checkpoint import CandidateRow, Checkpoint
+from gensorage.exhaustive.run.conversions import Outcome
+from gensorage.exhaustive.run.pieces import Part
+from gensorage.exhaustive.run.progress import ProgressReporter
+from gensorage.exhaustive.run.search_run import SearchRun, _Job
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -366,18 +371,80 @@ def test_kill_9_mid_task_keeps_the_last_save_point(tmp_path: Path, workers: int)
     assert summary(resumed) == summary(reference)
 
 
-def test_time_budget_stops_the_running_task_and_keeps_only_finished_ones(tmp_path: Path) -> None:
+def found_in_first_states(spec: ToySpec, task: int, walked: int) -> list[Any]:
+    """What the toy task ``task`` finds in its first ``walked`` states, as (time, task, state), ranked."""
+    start = task * spec.per_task
+    return [
+        (1e-6 * (1 + (h >> 8) % 500), task, i)
+        for i in range(start, start + walked)
+        if (h := _hash(spec.seed, i)) % 4 == 0
+    ]
+
+
+def ranked(r: SearchResult) -> list[Any]:
+    return [(c.predicted_time_s, c.found_in_task, c.equivalence["state"]) for c in r.candidates]
+
+
+@pytest.mark.parametrize("core", [TOY, TOY_RESUMABLE], ids=["redone", "resumable"])
+def test_time_budget_stops_the_running_task_and_returns_what_it_found(
+    tmp_path: Path, core: SearchCore
+) -> None:
+    # A budget shorter than one task: nothing is done, and the result holds the stopped task's candidates
+    # (a long task's finds are not lost to its budget); only a resumable core keeps them in the checkpoint.
     spec = ToySpec(n_tasks=3, per_task=40, sleep_s=0.05)  # 2 s per task
     t0 = time.monotonic()
     r = run_search(
-        spec, checkpoint=tmp_path / "t.sqlite", workers=1, core=TOY, progress=False, time_budget_s=0.5
+        spec, checkpoint=tmp_path / "t.sqlite", workers=1, core=core, progress=False, time_budget_s=0.5
     )
     took = time.monotonic() - t0
-    assert not r.complete and r.stopped_by == "time budget"
-    assert r.tasks_done == 0 and r.candidates == () and r.best is None
-    assert 0 < r.run_stats["states"] < 40  # task 0 was running and was stopped, not finished
+    assert not r.complete and r.stopped_by == "time budget" and r.tasks_done == 0
+    walked = r.run_stats["states"]
+    assert 0 < walked < 40  # task 0 was running and was stopped, not finished
+    found = sorted(found_in_first_states(spec, 0, walked))
+    assert found, "the toy's first states hold candidates (the seed is fixed)"
+    assert ranked(r) == found and r.best is not None
     assert took < 1.9
     assert done_tasks(tmp_path / "t.sqlite") == 0
+    with closing(sqlite3.connect(tmp_path / "t.sqlite")) as conn:
+        kept = conn.execute("SELECT COUNT(*) FROM candidates").fetchone()[0]
+    assert kept == (len(found) if core is TOY_RESUMABLE else 0)
+
+
+def test_a_budget_stopped_search_returns_done_and_stopped_tasks_candidates(tmp_path: Path) -> None:
+    # Two tasks done, the third stopped midway: the result is both; the resumed run completes to the reference.
+    spec = ToySpec(n_tasks=4, per_task=20, sleep_s=0.02, seed=5)  # 0.4 s per task
+    ckpt = tmp_path / "t.sqlite"
+    r = run_search(spec, checkpoint=ckpt, workers=1, core=TOY_RESUMABLE, progress=False, time_budget_s=1.0)
+    assert not r.complete and 1 <= r.tasks_done < 4
+    walked = r.run_stats["states"] - r.tasks_done * spec.per_task
+    found = [c for t in range(r.tasks_done) for c in found_in_first_states(spec, t, spec.per_task)]
+    found += found_in_first_states(spec, r.tasks_done, walked)
+    assert ranked(r) == sorted(found)
+    again = run_search(spec, checkpoint=ckpt, workers=1, core=TOY_RESUMABLE, progress=False)
+    assert again.complete and ranked(again) == expected(spec)[0]
+
+
+def test_a_split_task_stopped_by_the_budget_returns_its_pieces_candidates(tmp_path: Path) -> None:
+    # On a cluster a long task is split into pieces run apart; when the budget stops them the checkpoint keeps
+    # the split point only, and the result still holds what the finished and the stopped pieces found.
+    spec = ToySpec(n_tasks=2, per_task=10, seed=7)
+    tasks = toy_enumerate(spec)
+    ckpt = Checkpoint.open(
+        tmp_path / "t.sqlite",
+        spec_key=spec.key(),
+        spec_json=spec.to_json(),
+        tasks=[dataclasses.asdict(t) for t in tasks],
+    )
+    with ckpt:
+        run = SearchRun(TOY_RESUMABLE, spec, tasks, ckpt, ProgressReporter(enabled=False), 0.0, None, 60.0)
+        row = functools.partial(CandidateRow, 1, ugraph=ToyGraph(3).to_json(), found_in_task=1)
+        done_piece = Outcome(1, True, {}, [row(0, predicted_time_s=2e-6, equivalence={"state": 11})], 0.1)
+        stopped_piece = Outcome(1, False, {}, [row(0, predicted_time_s=1e-6, equivalence={"state": 15})], 0.1)
+        run.parts[1] = [Part(tasks[1], done=done_piece), Part(tasks[1])]
+        run._ended(_Job(1, run.parts[1][1], 0.0), stopped_piece, deque(), may_continue=False)
+        r = run.result()
+    assert not r.complete and r.tasks_done == 0
+    assert ranked(r) == [(1e-6, 1, 15), (2e-6, 1, 11)]
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -6,7 +6,8 @@ as soon as it completes. Because a task's result (candidates, logical counters; 
 ``results.WORK_COUNTERS``, which depend on the subtrees earlier tasks in the same process recorded) depends only
 on ``(spec, task)``, and the final answer is
 ``rank_candidates`` over the candidates of all done tasks taken in (task, position) order *as read back from
-the checkpoint*, the result is the same for 1 worker or N, and after any number of kills and resumes.
+the checkpoint*, the result is the same for 1 worker or N, and after any number of kills and resumes. A
+search stopped before every task was done also returns what its stopped tasks found so far.
 
 Stopping:
 
@@ -124,7 +125,8 @@ def run_search(
     Returns
     -------
     SearchResult
-        ``complete`` is False when the time budget stopped the search before every task was done.
+        ``complete`` is False when the time budget stopped the search before every task was done; its
+        candidates are then those of the done tasks and what the stopped ones had found (all verified).
 
     Raises
     ------

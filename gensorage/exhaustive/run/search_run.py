@@ -72,6 +72,9 @@ class SearchRun:
         default_factory=dict
     )  # what each running task continues
     parts: dict[int, list[Part]] = field(default_factory=dict)  # tasks running on an engine, in pieces
+    # Candidates of stopped tasks that the checkpoint does not hold: of a core that cannot resume, and of the
+    # pieces of a split task (the checkpoint keeps its split point). Verified like any; this run's result only.
+    unsaved: list[CandidateRow] = field(default_factory=list)
     splits: int = 0  # long jobs split on demand this run
     running: int = 0
     done: int = 0
@@ -273,6 +276,7 @@ class SearchRun:
         if len(parts) == 1:
             self.record(whole)
         else:  # a split task stopped: the checkpoint keeps its split point
+            self.unsaved.extend(whole.rows)
             self.run_stats = add_stats(self.run_stats, out.stats)
             self.discarded = add_stats(self.discarded, whole.stats)
 
@@ -287,6 +291,7 @@ class SearchRun:
         self.partial.pop(out.index, None)
         self.run_stats = add_stats(self.run_stats, out.stats)
         if not out.complete and (out.resume is None or self.core.resume_task is None):
+            self.unsaved.extend(out.rows)
             self.discarded = add_stats(self.discarded, out.stats)
             return
         stats, rows, elapsed = self._totals(out)
@@ -349,11 +354,20 @@ class SearchRun:
         )
 
     def result(self) -> SearchResult:
-        """The result as read back from the checkpoint (so a fresh run and a resumed one are identical)."""
+        """The result as read back from the checkpoint (so a fresh run and a resumed one are identical).
+
+        A search stopped before every task was done also returns what its stopped tasks had found (each
+        candidate is verified when found): a budget shorter than one long task then still returns that task's
+        candidates, and a resumed run that completes returns exactly the complete search's."""
         core = self.core
-        cands = [decode_candidate(core, r) for r in self.ckpt.candidates()]
-        ranked = tuple(core.rank_candidates(cands))
         done = self.ckpt.done_tasks()
+        rows = self.ckpt.candidates()
+        if len(done) < len(self.tasks):
+            pieces = [
+                r for parts in self.parts.values() for p in parts if p.done is not None for r in p.done.rows
+            ]
+            rows += self.ckpt.candidates("pending") + self.unsaved + pieces
+        ranked = tuple(core.rank_candidates([decode_candidate(core, r) for r in rows]))
         stats = functools.reduce(
             operator.add, (decode_stats(core, done[i].stats) for i in sorted(done)), core.stats_type()
         )
