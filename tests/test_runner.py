@@ -16,8 +16,8 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from collections import deque
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path

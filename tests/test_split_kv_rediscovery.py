@@ -130,7 +130,7 @@ def test_the_mqa_preset_reaches_flash_decoding() -> None:
     # As the GQA one, but FlashDecoding's own task, (4, 22, 51), is stopped at its first candidate of
     # FlashDecoding's structure (checked every 2 s): it walks FlashDecoding's split kernel's variants, each
     # followed by its combines, and completes in 1,318 s alone at load ~1 (CHANGELOG), near the preset's budget;
-    # a search stopped by its budget returns its completed tasks' candidates only. Before the factors of
+    # a search stopped by its budget returns what the stopped task found too. Before the factors of
     # stabilisers the task walked 216 variants of a split kernel saving the unscaled scores' maxima first, none
     # completable, and found nothing in 1,700 s. 616 s on dev (load average 4.7 at the start, 5.2 at the end,
     # 2026-11-28; the first candidate comes within 120 s of the task's start at load ~2).
