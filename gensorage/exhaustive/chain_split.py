@@ -1,4 +1,4 @@
-"""A program whose form the space does not hold, searched as its own pre-defined operators and a program of the rest.
+"""A program whose form the space lacks, searched as its own pre-defined operators and a program of the rest.
 
 LayerNorm's mean subtraction ``X − (Σ X)/n`` adds operands that carry different constant factors
 (:func:`mixing_nodes`), a form the space's placement of constants never generates (docs/search.md,
@@ -10,7 +10,7 @@ of its own (:attr:`ChainSplit.rest`), whose inputs are the chain's results and t
 a ``sub`` in the op set turns off, prune its search. Each of its candidates is joined behind the chain
 (:meth:`ChainSplit.splice`) and checked against the whole program (:func:`spliced_candidates`).
 
-A restriction (docs/search.md, "Limits derived from the program"): a custom kernel that reads ``X`` or the
+A restriction (docs/search.md, "Restrictions of the space", the sixth): a custom kernel that reads ``X`` or the
 chain's other tensors, computes a ``sub``, or equals the rest only where ``Σ C = 0`` is not searched.
 """
 
