@@ -13,7 +13,7 @@ from gensorage.exhaustive.results import Candidate
 from gensorage.exhaustive.walk.search_context import SearchContext
 from gensorage.opset import Op
 from gensorage.program import Program, parse_program
-from gensorage.superopt import superoptimize
+from gensorage.superopt import SuperoptResult, superoptimize
 from gensorage.ugraph import from_program
 from gensorage.ugraph.ir import GraphDefinedOp, KernelOp
 from gensorage.verify import equivalent
@@ -103,18 +103,23 @@ def test_a_chain_result_that_is_an_output_keeps_the_own_predefined_chain() -> No
 
 
 def test_full_mode_searches_the_rest_and_returns_whole_program_ugraphs(tmp_path: Path) -> None:
+    """Full mode on a LayerNorm of nine operators: the rest's search, its candidates µGraphs of the whole
+    program; a rerun resumes the rest's checkpoint and splices the same candidates."""
     p = layernorm()
-    r = superoptimize(
-        p,
-        mode="full",
-        workers=1,
-        store=tmp_path / "s.sqlite",
-        checkpoint=tmp_path / "c.sqlite",
-        progress=False,
-    )
+
+    def run() -> SuperoptResult:
+        return superoptimize(
+            p, mode="full", workers=1, use_store=False, checkpoint=tmp_path / "c.sqlite", progress=False
+        )
+
+    r = run()
     assert any("its own pre-defined sum, scale, sub" in n for n in r.notes)
     assert r.complete and r.search_stats is not None and r.search_stats["candidates"] > 0
     searched = [g for origin, g, _ in r.candidates if origin.startswith("search")]
     assert searched and r.equivalence
     for g in searched:
         assert [t.name for t in g.inputs] == ["X"] and equivalent(p, g, 1e-6)
+    again = run()
+    assert again.search_stats is not None
+    assert again.search_stats["tasks_resumed"] == again.search_stats["tasks_total"]
+    assert again.candidates == r.candidates and again.best == r.best
