@@ -1,6 +1,7 @@
 """``own_predefined_only``: pre-defined operators the program applies, which may read a scale's result as the
-program's do (``X − mean X``), and the limits derived for a program too large for one block graph (LayerNorm +
-matmul, ``tests/data/user_programs/layernorm_matmul.gsp``)."""
+program's do (``X − mean X``), and the limits derived for a program too large for one block graph whose chain of
+its own cannot be split off (LayerNorm + matmul, ``tests/data/user_programs/layernorm_matmul.gsp``, with its
+centred rows ``C`` an output too; without, ``tests/test_chain_split.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ LAYERNORM = Path(__file__).parent / "data" / "user_programs" / "layernorm_matmul
 
 
 def layernorm_matmul() -> Program:
-    return parse_program(LAYERNORM.read_text(), source=str(LAYERNORM))
+    """LayerNorm + matmul with its centred rows ``C = X − mean X`` an output as well: the chain's result is then
+    no input of a rest (``chain_split`` returns None), so the whole program is searched under the restriction."""
+    p = parse_program(LAYERNORM.read_text(), source=str(LAYERNORM))
+    p.output(p.tensor("C"))
+    return p
 
 
 def centred_squares(rows: int = 2, cols: int = 4) -> Program:

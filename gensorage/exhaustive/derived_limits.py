@@ -15,11 +15,14 @@ its space the other way round, and so does :func:`derive_limits`:
   a last one's. The custom kernel is then never alone (``min_kernel_ops = 2``): by the rule below it holds
   fewer operators than the program has, and a kernel alone would have to compute every one of them. A program
   of more than eight operators fits no such pair (seven block operators and one pre-defined one compute eight
-  once each); where its form is not in the space either (it adds or subtracts operands with different constant
-  factors, :func:`mixes_factors`), it gets ``n − 7`` pre-defined operators before the custom kernel (``min_kernel_ops =
-  max_kernel_ops = n − 6``), each one the program applies (``own_predefined_only``, a restriction: LayerNorm's
-  mean subtraction ``X − (Σ X)/n`` is then its own ``sum``, ``scale`` and ``sub``, a form the space's placement
-  of constants otherwise never generates).
+  once each). Where its form is not in the space either (it adds or subtracts operands with different constant
+  factors, :func:`mixes_factors`), the operators such an ``add`` or ``sub`` depends on are its own pre-defined
+  operators and the rest is searched as a program of its own over their results (:attr:`DerivedLimits.split`,
+  :mod:`~gensorage.exhaustive.chain_split`, a restriction: LayerNorm's mean subtraction ``X − (Σ X)/n`` is its
+  own ``sum``, ``scale`` and ``sub``, and the rest an RMSNorm + matmul over ``C = X − mean X``); the limits are
+  then the rest's. Where that split does not apply (a chain result is an output), it gets ``n − 7`` pre-defined
+  operators before the custom kernel (``min_kernel_ops = max_kernel_ops = n − 6``), each one the program applies
+  (``own_predefined_only``, a restriction, which lets a ``sub`` read a scale's result as the program's does).
 * **block operators from the program's op count**: a fused kernel computes each program operator once, so it
   needs about as many compute operators as the program has (partial sums of a split reduction are for-loop
   accumulators, which do not count). ``max_block_ops`` is the program's operator count, at least
@@ -49,9 +52,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gensorage.exhaustive.chain_split import ChainSplit, chain_split, mixing_nodes
 from gensorage.exhaustive.opcatalog import stable_softmax_only
-from gensorage.exhaustive.rules.constants import Const, const_of, same
-from gensorage.opset import Op
 from gensorage.program import Program
 
 #: Mirage's ``MAX_NUM_THREADBLOCK_GRAPH_OP`` (outputs not counted): the most block operators derived.
@@ -67,15 +69,27 @@ MAX_BLOCK_OUTPUTS = 2
 
 @dataclass(frozen=True, slots=True)
 class DerivedLimits:
-    """The limits :func:`derive_limits` chose (SearchSpec field -> value) and a line saying why."""
+    """The limits :func:`derive_limits` chose (SearchSpec field -> value) and a line saying why; with ``split``,
+    the search is of ``split.rest`` under ``limits``, its candidates joined behind ``split``'s chain
+    (:func:`~gensorage.exhaustive.chain_split.spliced_candidates`)."""
 
     limits: dict[str, Any]
     note: str
+    split: ChainSplit | None = None
 
 
 def derive_limits(program: Program) -> DerivedLimits:
     """SearchSpec limits for ``program`` (see the module docstring)."""
     n_ops = sum(1 for n in program.nodes if n.op is not None)
+    if n_ops > MAX_BLOCK_OPS + 1 and (split := chain_split(program)) is not None:
+        # Its form is outside the space and no pair fits it: its own chain, then the rest as a program of its own.
+        rest = derive_limits(split.rest)
+        chain = ", ".join(split.chain_ops)
+        note = (
+            f"search limits derived from the program ({n_ops} operators): its own pre-defined {chain}, then the "
+            f"rest searched as a program of its own over their results; for the rest, " + rest.note
+        )
+        return DerivedLimits(rest.limits, note, split)
     rank = max((len(n.shape) for n in program.nodes), default=1)
     limits: dict[str, Any] = {
         "max_kernel_ops": 1 if n_ops <= MAX_BLOCK_OPS else KERNEL_OPS,
@@ -120,21 +134,11 @@ def derive_limits(program: Program) -> DerivedLimits:
 
 def mixes_factors(program: Program) -> bool:
     """Whether an ``add`` or ``sub`` of ``program`` adds operands that carry different constant factors
-    (:func:`~gensorage.exhaustive.rules.constants.const_of`): ``X − (Σ X)/n``. The space's placement of
+    (:func:`~gensorage.exhaustive.chain_split.mixing_nodes`): ``X − (Σ X)/n``. The space's placement of
     constants never generates one (a scale's result is read by a non-linear unary operator or a maximum only,
     docs/search.md, "Restrictions of the space"); a stable softmax's ``c·S − max(c·S)`` carries ``c`` on both
     sides and is searched as ``c·(S − max S)``."""
-    factors: dict[int, Const] = {}
-    for node in program.nodes:
-        if node.op is None:
-            factors[node.id] = 1.0
-            continue
-        ins = [factors[i] for i in node.inputs]
-        a, b = (ins + [None])[:2]
-        if node.op in (Op.ADD, Op.SUB) and a is not None and b is not None and not same(a, b):
-            return True
-        factors[node.id] = const_of(node.op, node.attrs, ins)
-    return False
+    return bool(mixing_nodes(program))
 
 
 __all__ = [

@@ -337,6 +337,7 @@ class Run:
         hw_name: str,
         cluster: str | None = None,
     ) -> SuperoptResult:
+        from gensorage.exhaustive.chain_split import spliced_candidates
         from gensorage.exhaustive.derived_limits import derive_limits
         from gensorage.exhaustive.opcatalog import unsearched
         from gensorage.exhaustive.run.runner import SearchInterrupted, run_search
@@ -357,12 +358,14 @@ class Run:
             else (self.preset.time_budget_s if self.preset else None)
         )
         limits = dict(self.preset.search) if self.preset and self.preset.search else {}
+        split = None
         if not limits:  # no preset's limits: derived from the program, the way Mirage sizes its space
             derived = derive_limits(small)
-            limits = derived.limits
+            limits, split = derived.limits, derived.split
             self.notes.append(derived.note)
             self.say(derived.note)
-        spec = SearchSpec(program=small, hw=hw_name, seed=self.seed, delta=self.delta, **limits)
+        searched = small if split is None else split.rest
+        spec = SearchSpec(program=searched, hw=hw_name, seed=self.seed, delta=self.delta, **limits)
         if small is not self.program:
             where: object = small.params or {t.name: list(t.shape) for t in small.inputs}
             origin = (
@@ -382,6 +385,10 @@ class Run:
             )
         except SearchInterrupted as exc:
             sr, interrupted = exc.result, True
+        if split is not None:  # the rest's candidates behind the program's own chain, each checked whole
+            sr = dataclasses.replace(
+                sr, candidates=tuple(spliced_candidates(split, small, spec, sr.candidates))
+            )
         self._tick("search", t0)
         self.begin_choosing()
         found = [(c.ugraph, dict(c.equivalence)) for c in sr.candidates]

@@ -30,7 +30,9 @@ from gensorage.ugraph.ir import BlockGraph, GraphDefinedOp, KernelGraph
 from gensorage.ugraph.validate import validate
 
 if TYPE_CHECKING:
+    from gensorage.exhaustive.spec import SearchSpec
     from gensorage.exhaustive.walk.walk import Walk
+    from gensorage.program import Program
     from gensorage.verify import EquivalenceResult
 
 
@@ -83,6 +85,22 @@ def _summary(res: EquivalenceResult, stable: Any) -> dict[str, Any]:
         "rtol": stable.rtol,
     }
     return doc
+
+
+def checked(program: Program, g: KernelGraph, spec: SearchSpec) -> dict[str, Any] | None:
+    """The checks of a complete µGraph ``g`` against ``program`` as the walk makes them (the equivalence check,
+    then the float test, seeded from ``spec``'s seed and ``g``), summarised as a candidate's; None if either
+    rejects it. For a µGraph the walk did not make itself (:mod:`gensorage.exhaustive.chain_split`)."""
+    from gensorage.verify import equivalent, float_check
+
+    try:
+        res = equivalent(program, g, spec.delta, seed=_seed(spec.seed, g, "eq"), max_trials=spec.max_trials)
+    except GensorageError:
+        return None
+    if not res:
+        return None
+    stable = float_check(program, g, seed=_seed(spec.seed, g, "float"))
+    return _summary(res, stable) if stable else None
 
 
 def _with_block(g: KernelGraph, k: int, grid: tuple[int, ...], forloop: int) -> KernelGraph:
@@ -154,4 +172,4 @@ def finalize(s: Walk, g: KernelGraph, task_index: int) -> Candidate | None:
     )
 
 
-__all__ = ["finalize", "resize", "structure_key"]
+__all__ = ["checked", "finalize", "resize", "structure_key"]
