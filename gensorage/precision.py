@@ -25,6 +25,8 @@ of ``exp`` go the other way: a value that flows only into ``exp`` (the scores, `
 :mod:`gensorage.ugraph.exp_operands`) is stored in float32, since ``exp`` makes its absolute rounding error a
 relative one (a bfloat16 logit of 100 is off by up to 0.25). And a bfloat16 program's float32 intermediate that
 only matmuls read is stored in bfloat16 (:mod:`gensorage.ugraph.matmul_operands`): the matmul rounds it so anyway.
+Attention's ``(E·V) / Σ E`` (``E`` an exp's result) is stored in ``V``'s dtype, which holds a convex combination
+of its rows, and its numerator ``E·V`` in float32, as a sum (:mod:`gensorage.ugraph.convex_rows`).
 """
 
 from __future__ import annotations

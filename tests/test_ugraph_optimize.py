@@ -100,7 +100,7 @@ def test_depth_order_groups_independent_operators() -> None:
 # values only flow into exp are float32 (the precision policy).
 FOOTPRINTS = [
     ("flash_attention", 0, 448, 208),
-    ("flash_attention2", 1, 368, 192),
+    ("flash_attention2", 1, 336, 192),  # o / l in V's float16 (convex_rows), 32 bytes less
     ("flash_decoding", 0, 176, 96),
     ("flash_decoding", 1, 112, 80),
     ("flash_decoding_stable", 1, 160, 96),

@@ -21,6 +21,7 @@ from gensorage import opset
 from gensorage.errors import ProgramError, UGraphError
 from gensorage.opset import ELEMENTWISE, Op, Shape
 from gensorage.precision import DEFAULT_PRECISION, Producer, is_square, stored_dtype, value_range
+from gensorage.ugraph.convex_rows import NodeOf, convex_values, weighted_sum
 from gensorage.ugraph.exp_operands import ExpOperands, exp_operands
 from gensorage.ugraph.ir import (
     ACCUM_KINDS,
@@ -38,6 +39,8 @@ from gensorage.ugraph.ir import (
     ThreadGraph,
 )
 from gensorage.ugraph.matmul_operands import matmul_operands
+
+SIXTEEN_BIT = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,19 +135,23 @@ def _op_shape(
     precision: str = DEFAULT_PRECISION,
     bounded: bool = False,
     into_exp: bool = False,
+    within: str | None = None,
 ) -> TensorInfo:
     """``op``'s result on ``args`` (read through ``refs``): its shape, and dtypes under ``precision``
     (``bounded``: the structure proves it in [0, 1], so the program's dtype holds it; ``into_exp``: it flows
-    only into exp, so the float32 policy stores it in float32)."""
+    only into exp, so the float32 policy stores it in float32; ``within``: the stored dtype of a tensor whose
+    range holds it, :mod:`gensorage.ugraph.convex_rows`)."""
     try:
         shape = opset.infer_shape(op, [a.shape for a in args], attrs)
     except ProgramError as e:
         raise UGraphError(f"{where}: {e}") from None
     square = is_square(op, refs)
     program = _stored(op, [a.program_dtype for a in args], square, "storage", attrs)
-    if bounded:
+    if bounded or (within == program and within in SIXTEEN_BIT):
         return TensorInfo(shape, program)
     dtype = _stored(op, [a.dtype for a in args], square, precision, attrs)
+    if within == "float32" and precision == "float32":  # a weighted sum: as large as a sum (autocast's list)
+        dtype = stored_dtype(Op.SUM, [dtype], False, precision)
     if into_exp and precision == "float32":
         dtype = stored_dtype(Op.EXP, [dtype], False, precision)  # an exp operand: float32 at least
     return TensorInfo(shape, program).stored_as(dtype)
@@ -160,6 +167,17 @@ def _stored(op: Op, dtypes: Sequence[str], square: bool, precision: str, attrs: 
         sq = Op(name) is Op.MUL and len(args) == 2 and args[0] == args[1]
         values.append(stored_dtype(Op(name), [values[i] for i in args], sq, precision))
     return values[-1]
+
+
+def _within(
+    op: Op, refs: tuple[Ref, ...], node_of: NodeOf, infos: Sequence[tuple[TensorInfo, ...]], where: str
+) -> str | None:
+    """What :mod:`.convex_rows` says ``op``'s result fits: the stored dtype of the tensor whose range holds it,
+    ``"float32"`` for an unnormalised weighted sum, None where it says nothing."""
+    if weighted_sum(op, refs, node_of):
+        return "float32"
+    v = convex_values(op, refs, node_of, lambda r: len(resolve(r, infos, where).shape))
+    return resolve(v, infos, where).dtype if v is not None else None
 
 
 class _Ranges:
@@ -344,8 +362,11 @@ def block_shapes(
     graph_outputs = stored_as_outputs(g)
     me = len(g.inputs) + k
 
+    def block_node(r: Ref) -> object:
+        return block.nodes[r.node] if 0 <= r.node < len(block.nodes) else None
+
     def producer(r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
-        n = block.nodes[r.node] if 0 <= r.node < len(block.nodes) else None
+        n = block_node(r)
         return (n.op, n.inputs, n.attrs) if isinstance(n, BlockOp) else None
 
     ranges = _Ranges(producer)
@@ -369,7 +390,9 @@ def block_shapes(
                 ins = [resolve(r, infos, where) for r in node.inputs]
                 unit = ranges.of(Ref(j), node.op, node.inputs, node.attrs)
                 lead = (k, j, 0) in into.block
-                outs = (_op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead),)
+                within = _within(node.op, node.inputs, block_node, infos, where)
+                args_ = (node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead, within)
+                outs = (_op_shape(*args_),)
             case ThreadGraph():
                 ins = [resolve(r, infos, where) for r in node.inputs]
                 local = thread_shapes(node, ins, where, g.precision, into.thread_locals(k, j))
@@ -413,8 +436,11 @@ def infer(g: KernelGraph) -> GraphInfo:
         infos.append((TensorInfo(spec.shape, spec.dtype),))
     blocks: list[BlockInfo | None] = []
 
+    def kernel_node(r: Ref) -> object:
+        return g.ops[r.node - len(g.inputs)] if 0 <= r.node - len(g.inputs) < len(g.ops) else None
+
     def producer(r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
-        n = g.ops[r.node - len(g.inputs)] if 0 <= r.node - len(g.inputs) < len(g.ops) else None
+        n = kernel_node(r)
         return (n.op, n.inputs, n.attrs) if isinstance(n, KernelOp) else None
 
     ranges = _Ranges(producer)
@@ -428,7 +454,8 @@ def infer(g: KernelGraph) -> GraphInfo:
             # a kernel-level reshape is a view of its input (the runner aliases it), so it cannot cast: it keeps
             # its input's dtype even as an exp operand (a bfloat16 input's mask read as float32 was garbage)
             lead = Ref(len(infos)) in into.kernel and node.op is not Op.RESHAPE
-            out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead)
+            within = _within(node.op, node.inputs, kernel_node, infos, where)
+            out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead, within)
             if Ref(len(infos)) in graph_outputs:  # a program output keeps the program's dtype
                 out = out.stored_as(out.program_dtype)
             elif Ref(len(infos)) in narrow and node.op not in (Op.RESHAPE, Op.TRANSPOSE):  # views cannot cast
