@@ -98,15 +98,16 @@ def generic_kernel(
     entry = None
     tiles = tiles_of()
     if tiles is not None and not isinstance(tiles, TensorCoreTiles):
-        # wgmma's: the generic kernel is mma.sync (the length's own build takes the wgmma kernel back). A split-k
-        # choice stays per length: its two kernels and scratch could not replace one generic kernel there.
+        # wgmma's: the generic kernel is mma.sync (the length's own build takes the wgmma kernel back)
         from gensorage.construction.tensor_core import construct_tensor_core
 
         try:
             tiles = construct_tensor_core(ms.dims, hw, cast or dtypes[0], seed, layout=ms.layout)[0]
         except ScheduleError:
             tiles = None
-    if isinstance(tiles, TensorCoreTiles) and tiles.split_k == 1:
+    # A split-k tiling (2-D only) is generic with its split count: its partials' scratch has the rows padded to
+    # the block's, a parameter whose shape follows the rows (predefined_matmul._scratch).
+    if isinstance(tiles, TensorCoreTiles) and (tiles.split_k == 1 or not ms.batch):
         var = tirx.Var("rows", "int32")
         a, b, out = dtypes
         if ms.batch:
@@ -117,7 +118,7 @@ def generic_kernel(
             )
         else:
             sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
-            build = _matmul_build(sym, a, out, None, 1, tiles.block_m, b, cast, sym_epi)
+            build = _matmul_build(sym, a, out, None, tiles.split_k, tiles.block_m, b, cast, sym_epi)
         try:
             func = schedule_tensor_core(build(), tiles, gpu=True, convert=cast is not None).mod["main"]
             entry = (tiles, func)
