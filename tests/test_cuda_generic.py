@@ -102,7 +102,8 @@ def test_the_generic_kernel_at_a_length_is_the_emitters_kernel_there(make) -> No
 
 def test_a_variant_keeps_the_threads_and_passes_the_grid_and_shapes() -> None:
     d = Dispatcher(use_store=False)
-    e = d.kernels(rows(128), "cuda")
+    d.kernels(rows(128), "cuda")  # its own kernels; the generic variants in the background
+    e = d.kernels(rows(200), "cuda")
     ex = _generic(e)
     for kern in e.compiled.kernels("cuda"):
         variant, _ = ex.calls[kern.name]
@@ -115,6 +116,8 @@ def test_a_variant_keeps_the_threads_and_passes_the_grid_and_shapes() -> None:
 
 def test_the_length_s_own_kernels_replace_the_generic_ones() -> None:
     d = Dispatcher(use_store=False)  # tiered: the length's own kernels are built in the background
+    first = d.kernels(rows(128), "cuda")  # the first length serves its own kernels, the variants follow
+    assert not isinstance(first.compiled.executable("cuda"), BoundExecutable)
     e = d.kernels(rows(97), "cuda")
     ex = _generic(e)
     first = {k.name: ex[k.name] for k in e.compiled.kernels("cuda")}

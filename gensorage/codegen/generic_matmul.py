@@ -24,8 +24,10 @@ CUDA kernels with nvcc. The dims are found by position, never by value.
 
 The length's own build (in the background, :mod:`~gensorage.codegen.symbolic_kernels`) takes each generic matmul
 as the construction at that length gives it (``ScheduledKernel.own``: its tiles, wgmma included) where that is
-one kernel with the same parameters, else the generic one with the length's extents as constants
-(:func:`concrete`). A split-k choice (two kernels and a scratch) is not made generic: it stays per length.
+one kernel with the same parameters (or those and the generic kernel's split-k scratch, taken unused), else the
+generic one with the length's extents as constants (:func:`concrete`). A split-k choice (a 2-D matmul: two
+kernels and a scratch of float32 partials) is generic with the key's first split count; its scratch, a
+parameter the caller allocates at each length, has the rows padded to the block's.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ _MISSING = object()
 
 @contextlib.contextmanager
 def generic_matmuls(on: bool = True) -> Iterator[None]:
-    """Within it, CUDA tensor-core matmuls are lowered generic in their length-dependent extents (``on``)."""
+    """Within it, CUDA tensor-core matmuls are lowered generic in their length-dependent extents (``on``), and
+    row kernels generic in their rows (:mod:`gensorage.codegen.generic_rows`)."""
     token = _ACTIVE.set(on)
     try:
         yield
