@@ -157,7 +157,9 @@ def test_attention_s_matmuls_are_one_kernel_each_at_every_length() -> None:
         e = d.kernels(attention(t), "cuda")
         assert "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
         assert all(
-            k.rule.endswith("generic in the rows") for k in e.compiled.kernels("cuda") if k.name.endswith("_matmul")
+            k.rule.endswith("generic in the rows")
+            for k in e.compiled.kernels("cuda")
+            if k.name.endswith("_matmul")
         )
     assert d.stats.builds == 1
 

@@ -149,7 +149,8 @@ def test_a_split_k_projection_is_one_kernel_at_every_length_and_its_own_build_is
         assert mm.rule.endswith("generic in the rows") and mm.params[-1].role == "scratch"
         assert mm.params[-1].shape[1] >= t  # the partials' rows: the length's, padded to the block's
         funcs.append(mm.func)
-        own = _own(mm)  # the construction at this length: its own kernel, the scratch unused where it has none
+        # the construction at this length: its own kernel, the scratch unused where it has none
+        own = _own(mm)
         plain = Dispatcher(use_store=False, symbolic=False).kernels(layer(t), "cuda")
         (want,) = [k for k in plain.compiled.kernels("cuda") if k.name == mm.name]
         if want.params == mm.params:

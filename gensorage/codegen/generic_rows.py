@@ -225,7 +225,9 @@ def _bounds(line: str, dims: dict[str, dict[int, int]]) -> list[str] | None:
 
 def _index_list(line: str, start: int) -> list[str] | None:
     """The comma-separated top-level expressions from ``start`` up to the closing bracket."""
-    depth, items, cur = 0, [], []
+    depth = 0
+    items: list[str] = []
+    cur: list[str] = []
     for ch in line[start:]:
         if ch in "([":
             depth += 1

@@ -41,7 +41,9 @@ from :mod:`~gensorage.codegen.generic_rows` (the first length's rows a block, th
 where that does not apply, are compiled per length as written. Once the length is served, a background thread builds the
 length's own kernels (every literal a constant, a generic matmul as the construction there gives it) in one module and
 the length's :class:`BoundExecutable` serves them from then on (``generation`` counts the swaps; a prepared CUDA
-runner looks its functions up again, :func:`gensorage.torch.device.cuda_runner`).
+runner looks its functions up again, :func:`gensorage.torch.device.cuda_runner`). With tiers, a structure's first
+length is served by its own kernels (the dispatcher builds them) and its generic forms are compiled in the
+background (:meth:`SymbolicKernels.prepare`); a later length waits for them (:meth:`SymbolicKernels.wait_prepared`).
 
 Tiers (``tiered=True``): the variants a length misses are first built without LLVM's optimisation
 (:data:`~gensorage.codegen.module.QUICK_TARGET`: about half the build time; its matmuls and row kernels run up to
