@@ -13,9 +13,10 @@ import tvm_ffi
 
 from gensorage.codegen.cuda_build import build_cubin, cubin_unavailable_reason
 from gensorage.codegen.generic_matmul import concrete
-from gensorage.codegen.generic_rows import generic_text
-from gensorage.codegen.module import compile_ugraph
+from gensorage.codegen.generic_rows import CAPACITY, ROW, _at_capacity, _split_dims, emitter, generic_text
+from gensorage.codegen.module import _parse, compile_ugraph
 from gensorage.codegen.predefined import MAX_COOPERATIVE_ROWS
+from gensorage.codegen.scalar import FloatScalar
 from gensorage.codegen.wgmma import target_profile
 from gensorage.program import Program
 from gensorage.superopt.dispatch import Dispatcher
@@ -45,8 +46,16 @@ def layer(t: int, h: int = 1024, d: int = 128) -> Program:
     return p
 
 
+def scores(t: int, heads: int = 4) -> Program:
+    """A softmax over ``t`` keys for ``t`` queries (attention's): a row kernel whose rows' own length is the
+    length, so each block's tile is a whole row of keys."""
+    p = Program(name="scores")
+    p.output(p.softmax(p.input("S", (heads, t, t), "float32"), 2))
+    return p
+
+
 def _row_kernels(entry) -> list:  # type: ignore[no-untyped-def]
-    return [k for k in entry.compiled.kernels("cuda") if k.rule.endswith("generic in the rows")]
+    return [k for k in entry.compiled.kernels("cuda") if "generic in the rows" in k.rule]
 
 
 @pytest.mark.parametrize("make", [rotary, layer])
@@ -193,8 +202,26 @@ def test_the_symbolic_split_k_schedule_is_right_at_every_row_count(split: int) -
         assert np.linalg.norm(got - want) <= 8e-3 * np.linalg.norm(want) + 2 * rounding, m
 
 
+def test_the_small_decoder_layer_makes_no_compiler_call_at_new_lengths() -> None:
+    # The front end's decoder layer (bfloat16; its Programs as gensorage.torch captures them): norms, rotary
+    # products, projections, attention's matmuls and softmax, copies; after 128 tokens, new lengths (primes,
+    # larger, non-multiples of every block) compile nothing (below 64 tokens its copies of a key head's half
+    # have fewer than 1,024 elements, so fewer threads a block: other kernels, compiled once).
+    pytest.importorskip("torch")
+    from benchmarks.newlen_cuda import capture
+
+    lengths = [128, 200, 97, 257, 64, 509]
+    d = Dispatcher("h200")
+    for t, p in zip(lengths, capture(lengths), strict=True):
+        e = d.kernels(p, "cuda")
+        assert t == 128 or "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
+    assert d.stats.builds == 1 and d.stats.new_shapes == len(lengths) - 1
+    d.wait_rebuilds()
+    assert d._variants["cuda"].rebuild_errors == []
+
+
 @pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="nvcc not available")
-@pytest.mark.parametrize("make", [rotary, layer])
+@pytest.mark.parametrize("make", [rotary, layer, scores])
 def test_the_generic_row_and_split_k_kernels_compile_with_nvcc(make) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(use_store=False, tiered=False)
     e = d.kernels(make(128), "cuda")
@@ -202,3 +229,81 @@ def test_the_generic_row_and_split_k_kernels_compile_with_nvcc(make) -> None:  #
     built = d._variants["cuda"].last_build
     arch = target_profile(e.compiled.hw, [k.rule for k in e.compiled.kernels("cuda")]).arch
     assert build_cubin(str(built.mod.imports[0].inspect_source()), arch)
+
+
+def test_a_softmax_over_the_keys_makes_no_compiler_call_at_new_lengths() -> None:
+    d = Dispatcher(use_store=False)
+    d.kernels(scores(128), "cuda")
+    for t in NEW_LENGTHS:
+        e = d.kernels(scores(t), "cuda")
+        assert "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
+        (kern,) = _row_kernels(e)
+        assert kern.rule.endswith(f"rows of up to {CAPACITY}")
+    assert d.stats.builds == 1
+    d.wait_rebuilds()
+    assert d._variants["cuda"].rebuild_errors == []
+
+
+def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_key_beyond_skipped() -> None:
+    # Golden: bound at CAPACITY keys, the generic kernel is structurally the emitter's kernel for rows of CAPACITY
+    # keys (one row a block, element loads), the guards folded; every load, store and reduction step is guarded
+    # by the key count (a step at nr or beyond is an element-wise one: never reduced, never stored).
+    d = Dispatcher(use_store=False, tiered=False)
+    e = d.kernels(scores(128), "cuda")
+    (kern,) = _row_kernels(e)
+    k = kern.op_index
+    plan = e.compiled.plans[k]
+    emit = emitter(e.graph, k, e.compiled.info, plan, "cuda", FloatScalar("float32"), kern.name)
+    split = _split_dims(e.graph.ops[k], e.compiled.info, k)  # type: ignore[arg-type]
+    assert split is not None and split[0] == (1, 4)  # the first length's rows a block: 1 head, 4 queries
+    got = _at_capacity(emit, split[0], d.hw, 0)
+    assert got is not None
+    wide, grid, rows = got
+    assert grid == (4, 128) and rows == (1, 1)
+    lines = kern.script.splitlines()
+    touching = [i for i, ln in enumerate(lines) if re.search(r"\b(?:in0|out0)\[", ln)]
+    steps = [i for i, ln in enumerate(lines) if re.match(r"\s*acc\d\[0\] = .*acc\d\[0\].*\bs\d\[", ln)]
+    assert touching and len(steps) == 2  # the max's and the sum's accumulations from the row's tiles
+    for i in touching + steps:
+        assert re.match(r"\s*if .*< nr", lines[i - 1]), lines[i]
+    # the generic text without its guards and with its sizes written back is the emitter's at CAPACITY keys
+    plain = _parse(_without_guards(kern.script, {"n0": 4, "n1": 128, "nr": CAPACITY}), kern.name)
+    assert tvm_ffi.structural_equal(plain, _parse(wide.text.replace(wide.name, kern.name), kern.name))
+
+
+def _without_guards(script: str, sizes: dict[str, int]) -> str:
+    """A generic kernel's text with the bound guards it adds removed and its size variables given values."""
+    out: list[str] = []
+    lines = script.splitlines()
+    skip = False
+    for ln in lines:
+        if skip:
+            out.append(ln.replace("    ", "", 1))
+            skip = False
+        elif re.match(r"\s*if .*< n(?:\d|r)(?: and .*)?:$", ln):
+            skip = True
+        elif not re.match(r"\s*n(?:\d|r) = T\.int32\(\)$", ln):
+            out.append(ln)
+    text = "\n".join(out)
+    for name, value in sizes.items():
+        text = re.sub(rf'"{name}"|\b{name}\b', str(value), text)
+    return text
+
+
+def test_a_reduction_seeded_from_a_row_element_stays_per_length() -> None:
+    text = "\n".join(
+        [
+            "@T.prim_func",
+            f'def k(in0: T.Buffer((8, {CAPACITY}), "float32"), out0: T.Buffer((8, 1), "float32")):',
+            '    for bx in T.thread_binding(8, thread="blockIdx.x"):',
+            f'        s0 = T.alloc_buffer((1, {CAPACITY}), "float32", scope="shared")',
+            '        for tx in T.thread_binding(512, thread="threadIdx.x"):',
+            '            acc0 = T.alloc_buffer((1,), "float32", scope="local")',
+            "            acc0[0] = s0[0, tx]",
+        ]
+    )
+    dims = {"in0": {0: 0, 1: ROW}, "out0": {0: 0}}
+    assert generic_text(text, "k", (8,), (1,), dims, row=CAPACITY) is None
+    seeded = text.replace("acc0[0] = s0[0, tx]", "acc0[0] = T.max(acc0[0], s0[0, tx])")
+    out = generic_text(seeded, "k", (8,), (1,), dims, row=CAPACITY)
+    assert out is not None and "if tx < nr:" in out

@@ -22,21 +22,31 @@ no reduction mixes them into a row below ``n``. So every row below ``n`` gets wh
 computes for it. A guarded statement may not hold a barrier or a warp shuffle (they need every thread): a
 kernel with one is emitted per length, as before.
 
+Where the rows' own length is the length too (attention's softmax over the keys, :func:`_row_length`), a block's
+tile is a whole row, so the kernel is emitted for rows of :data:`CAPACITY` elements instead (:func:`_at_capacity`:
+one row a block, element loads) and is generic in the row's length ``nr`` as well: every load and store of an
+element at ``nr`` or beyond, and every step of a reduction's accumulation from the row's tile, is skipped
+(:func:`_accumulation_bounds`; a reduction seeded from an element is emitted per length). Such elements then take
+part in element-wise steps only, never reduced or stored, so each row is reduced over its own ``nr`` elements.
+
 The length's own build (in the background, :mod:`~gensorage.codegen.symbolic_kernels`) takes the emitter's
 kernel at that length (``Kernel.own``), so the steady state is the untiered one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from gensorage.codegen.kernel_text import graph_kernel_params
-from gensorage.codegen.ugraph_tir import emit_graph_defined
+from gensorage.codegen.ugraph_tir import emit_graph_defined, plan_threads
+from gensorage.errors import GensorageError
 from gensorage.opset import ELEMENTWISE, REDUCTIONS, attr
 from gensorage.ugraph.ir import Accumulator, BlockOp, GraphDefinedOp, InputIterator, OutputSaver, ThreadGraph
+from gensorage.ugraph.shapes import GraphInfo, TensorInfo, block_shapes
 
 if TYPE_CHECKING:
     from gensorage.codegen.kernel_text import KernelText, Target
@@ -45,8 +55,12 @@ if TYPE_CHECKING:
     from gensorage.construction.block_threads import ThreadChoice
     from gensorage.hw.profile import HwProfile
     from gensorage.ugraph.ir import KernelGraph
-    from gensorage.ugraph.shapes import GraphInfo
 
+#: Elements of a row whose own length is the sequence length (a softmax's keys) its generic kernel holds: one
+#: row a block, 512 threads; longer rows are emitted per length.
+CAPACITY = 4096
+#: The dim mark of a row's own length (``nr`` in the generic text; a grid dim ``g`` is ``n<g>``).
+ROW = -1
 #: Generic texts by key (None: the key's kernel is emitted per length).
 _TEXTS: dict[Hashable, tuple[str, str, int] | None] = {}
 _MAX_KEYS = 1024
@@ -55,16 +69,19 @@ _ACCESS = re.compile(r"\b((?:in|out)\d+)(\.ptr_to\(\[|\[)")
 _COLLECTIVE = re.compile(r"shuffle|storage_sync|T\.ptx\[\"cp\.async\.(?:commit|wait)")
 _BINDING_GRID = re.compile(r'T\.thread_binding\((\d+), thread="blockIdx\.([xyz])"\)')
 _SIGNATURE = re.compile(r"\b((?:in|out)\d+): T\.Buffer\(\(([^)]*)\)")
+_TILE = re.compile(r"(\w+) = T\.(?:decl_buffer|alloc_buffer)\(\(([^)]*)\)")
+_TILE_READ = re.compile(r"\b(s\d+)\[")
 
 
 def generic_kernel(
-    op: GraphDefinedOp, k: int, info: GraphInfo, key_extra: Hashable, emit: Callable[[], KernelText]
+    op: GraphDefinedOp, k: int, info: GraphInfo, emit: Callable[[], KernelText], hw: HwProfile, seed: int
 ) -> tuple[str, str, int] | None:
-    """The generic text of graph-defined op ``k`` (its PrimFunc named ``generic_rows_kernel``, :func:`renamed`
-    names it), its rule and threads a block, or None where the kernel is emitted per length. ``key_extra``:
-    what else the emitted code depends on (the arithmetic, the profile, the seed: with the tiles, the thread
-    plan); ``emit()`` emits it at
-    these shapes (called at a key's first length only)."""
+    """The generic text of graph-defined op ``k`` (its PrimFunc named ``generic_rows_kernel``), its rule and
+    threads a block, or None where the kernel is emitted per length. ``emit()`` emits it at these shapes (called
+    at a key's first length only); the key holds what else the code depends on: the arithmetic, the profile and
+    the seed (with the tiles, they fix the thread plan; a plan pinned by a caller of compile_ugraph is not a
+    dispatcher's, which builds without generic kernels). A kernel whose rows' own length is the length (a
+    softmax over the keys, :func:`_row_length`) is emitted for :data:`CAPACITY` keys (:func:`_at_capacity`)."""
     binfo = info.blocks[k]
     if binfo is None or not _rows_independent(op, info, k):
         return None
@@ -72,18 +89,80 @@ def generic_kernel(
     if split is None:
         return None
     rows, dims = split
+    row = _row_length(op, info, k, dims)
+    if row is not None:
+        for mine in dims.values():
+            mine[len(info.of(op.inputs[0]).shape) - 1] = ROW
     ins = tuple(
         (*_masked(info.of(r).shape, dims[f"in{i}"]), info.of(r).dtype) for i, r in enumerate(op.inputs)
     )
     outs = tuple((*_masked(t.shape, dims[f"out{s}"]), t.dtype) for s, t in enumerate(binfo.outputs))
-    key = (op.block.nodes, len(op.block.grid), ins, outs, key_extra)  # not the rows a block: the first's
+    scalar = emit.keywords["scalar"]  # type: ignore[attr-defined]
+    key = (op.block.nodes, len(op.block.grid), ins, outs, scalar.acc_dtype, hw, seed)  # not the rows a block
     if key not in _TEXTS:
-        kt = emit()
-        text = generic_text(kt.text, kt.name, op.block.grid, rows, dims)
+        got = _at_capacity(emit, rows, hw, seed) if row is not None else (emit(), op.block.grid, rows)
+        text = None if got is None else generic_text(got[0].text, got[0].name, got[1], got[2], dims, row)
         if len(_TEXTS) >= _MAX_KEYS:
             _TEXTS.clear()
-        _TEXTS[key] = None if text is None else (text, f"{kt.rule}; generic in the rows", kt.threads)
+        _TEXTS[key] = None
+        if got is not None and text is not None:
+            rule = f"{got[0].rule}; generic in the rows" + (f", rows of up to {CAPACITY}" if row else "")
+            _TEXTS[key] = (text, rule, got[0].threads)
+    if row is not None and row > CAPACITY:
+        return None
     return _TEXTS[key]
+
+
+def _row_length(op: GraphDefinedOp, info: GraphInfo, k: int, dims: dict[str, dict[int, int]]) -> int | None:
+    """The rows' own length where it is the sequence length: every tensor of the kernel has one rank, every
+    reduction reduces the last dim, keeping it, and the last dims are one size, that of a dim the grid splits
+    (at this length; a row that only happens to be as long is made generic too: slower, as exact). Else None."""
+    binfo = info.blocks[k]
+    assert binfo is not None
+    shapes = [info.of(r).shape for r in op.inputs] + [t.shape for t in binfo.outputs]
+    rank = len(shapes[0])
+    reductions = [n for n in op.block.nodes if isinstance(n, BlockOp) and n.op in REDUCTIONS]
+    if not reductions or any(len(x) != rank for x in shapes) or len({x[-1] for x in shapes}) != 1:
+        return None
+    for n in reductions:
+        if int(attr(n.attrs, "dim")) % rank != rank - 1 or not attr(n.attrs, "keepdim", False):
+            return None
+    split = {
+        shapes[i][d] for i, name in enumerate([f"in{j}" for j in range(len(op.inputs))]) for d in dims[name]
+    }
+    return shapes[0][-1] if shapes[0][-1] in split else None
+
+
+def _at_capacity(
+    emit: Callable[[], KernelText], rows: tuple[int, ...], hw: HwProfile, seed: int
+) -> tuple[KernelText, tuple[int, ...], tuple[int, ...]] | None:
+    """``emit``'s kernel for rows of :data:`CAPACITY` elements, one row a block, loading element by element (no
+    16-byte copy crosses a row's end), with its grid and rows a block; None where it does not emit."""
+    g, k, info, plan = emit.args  # type: ignore[attr-defined]
+    op = g.ops[k]
+    grid = tuple(n * r if r else n for n, r in zip(op.block.grid, rows, strict=True))  # one row a block
+    block = dataclasses.replace(op.block, grid=grid)
+    args = [info.of(r) for r in op.inputs]
+    wide = tuple(TensorInfo((*a.shape[:-1], CAPACITY), a.dtype, a.program) for a in args)
+    try:
+        binfo = block_shapes(g, k, block, wide)
+        old = info.nodes[len(g.inputs) + k]
+        outs = tuple(TensorInfo(t.shape, o.dtype, o.program) for t, o in zip(binfo.outputs, old, strict=True))
+        nodes = list(info.nodes)
+        for r, a in zip(op.inputs, wide, strict=True):
+            nodes[r.node] = tuple(a if j == r.out else x for j, x in enumerate(nodes[r.node]))
+        nodes[len(g.inputs) + k] = outs
+        blocks = list(info.blocks)
+        blocks[k] = dataclasses.replace(binfo, outputs=outs)
+        ops = list(g.ops)
+        ops[k] = dataclasses.replace(op, block=block)
+        g2, info2 = dataclasses.replace(g, ops=tuple(ops)), GraphInfo(tuple(nodes), tuple(blocks))
+        choice = dataclasses.replace(plan_threads(g2, k, info2, hw, seed), runs=False)
+        kw = emit.keywords  # type: ignore[attr-defined]
+        kt = emit_graph_defined(g2, k, info2, choice, target="cuda", scalar=kw["scalar"], name=kw["name"])
+    except GensorageError:
+        return None
+    return kt, grid, tuple(1 if r else 0 for r in rows)
 
 
 def _rows_independent(op: GraphDefinedOp, info: GraphInfo, k: int) -> bool:
@@ -151,20 +230,37 @@ def _masked(shape: tuple[int, ...], dims: dict[int, int]) -> tuple[Any, ...]:
     return tuple(None if d in dims else n for d, n in enumerate(shape))
 
 
+def _var(g: int) -> str:
+    return "nr" if g == ROW else f"n{g}"
+
+
 def generic_text(
-    text: str, name: str, grid: tuple[int, ...], rows: tuple[int, ...], dims: dict[str, dict[int, int]]
+    text: str,
+    name: str,
+    grid: tuple[int, ...],
+    rows: tuple[int, ...],
+    dims: dict[str, dict[int, int]],
+    row: int | None = None,
 ) -> str | None:
     """The emitted kernel ``text`` made generic (module docstring): split dims ``n<g>`` in the signature, the
     grid from them, every statement that touches a tensor's row guarded by its bound; None where a guarded
-    statement is not a plain one (a barrier, a warp shuffle, a binding, a compound statement's head)."""
+    statement is not a plain one (a barrier, a warp shuffle, a binding, a compound statement's head). With
+    ``row`` (the text emitted for rows of :data:`CAPACITY` elements, dims marked :data:`ROW`), the rows' own
+    length is ``nr`` too: every access to an element at ``nr`` or beyond is skipped, and every reduction's
+    accumulation from a row's tile (``acc[0] = op(acc[0], tile[..])``) skips those elements."""
     lines = re.sub(rf"\b{re.escape(name)}\b", _NAME, text).splitlines()
-    declared: set[int] = set()
+    declared: dict[int, None] = {}
+    wide = set()  # on-chip tiles of whole rows (their last dim the capacity)
+    if row is not None:
+        wide = {
+            m.group(1) for m in _TILE.finditer(text) if m.group(2).split(",")[-1].strip() == str(CAPACITY)
+        }
 
     def signature(m: re.Match[str]) -> str:
         param, shape = m.group(1), [s.strip() for s in m.group(2).split(",") if s.strip()]
         for d, g in dims.get(param, {}).items():
-            shape[d] = f"n{g}" if g in declared else f'"n{g}"'
-            declared.add(g)
+            shape[d] = _var(g) if g in declared else f'"{_var(g)}"'
+            declared[g] = None
         return f"{param}: T.Buffer(({', '.join(shape)}{',' if len(shape) == 1 else ''})"
 
     out: list[str] = []
@@ -172,7 +268,7 @@ def generic_text(
     for line in lines:
         if line.startswith("def "):
             out.append(_SIGNATURE.sub(signature, line))
-            out.extend(f"    n{g} = T.int32()" for g in sorted(declared))
+            out.extend(f"    {_var(g)} = T.int32()" for g in declared)
             continue
         grid_line = _BINDING_GRID.search(line)
         if grid_line is not None:
@@ -190,6 +286,10 @@ def generic_text(
         bounds = _bounds(line, dims)
         if bounds is None:
             return None
+        if wide and not bounds:
+            bounds = _accumulation_bounds(line, wide)
+            if bounds is None:
+                return None
         if bounds:
             stripped = line.lstrip()
             if _COLLECTIVE.search(line) or re.match(r"(for|if|with|while)\b|\w+ = ", stripped):
@@ -198,9 +298,32 @@ def generic_text(
             out += [f"{indent}if {' and '.join(bounds)}:", f"{indent}    {stripped}"]
             continue
         out.append(line)
-    if not declared or bound != {g for g, r in enumerate(rows) if r}:  # a grid dim of 1 block has no loop
+    split = {g for g, r in enumerate(rows) if r}
+    if not declared or bound != split or set(declared) - {ROW} != split:  # a grid dim of 1 block has no loop
         return None
     return "\n".join(out)
+
+
+def _accumulation_bounds(line: str, wide: set[str]) -> list[str] | None:
+    """For a statement reading a whole row's tile: the bound of its element where it accumulates into a register
+    (``acc[0] = op(acc[0], tile[.., i])``: ``i < nr``), none where it does not accumulate (an element-wise
+    step: its value at ``nr`` or beyond is never reduced or stored); None where it reads such a tile to set a
+    register otherwise (a reduction seeded from an element)."""
+    reads = [m for m in _TILE_READ.finditer(line) if m.group(1) in wide]
+    if not reads:
+        return []
+    target = re.match(r"\s*(\w+)\[0\] = (.*)$", line)
+    if target is None or not target.group(1).startswith("acc"):
+        return []
+    if f"{target.group(1)}[0]" not in target.group(2):
+        return None
+    conds = []
+    for m in reads:
+        index = _index_list(line, m.end())
+        if index is None:
+            return None
+        conds.append(f"{index[-1]} < nr")
+    return conds
 
 
 def _bounds(line: str, dims: dict[str, dict[int, int]]) -> list[str] | None:
@@ -217,7 +340,7 @@ def _bounds(line: str, dims: dict[str, dict[int, int]]) -> list[str] | None:
         for d, g in split.items():
             if d >= len(index):
                 return None
-            cond = f"{index[d]} < n{g}"
+            cond = f"{index[d]} < {_var(g)}"
             if cond not in conds:
                 conds.append(cond)
     return conds
@@ -264,9 +387,7 @@ def row_kernel(emit: Callable[[], KernelText], hw: HwProfile, seed: int) -> Kern
     op = g.ops[k]
     if target != "cuda" or scalar.field or not generic_matmul.active() or not isinstance(op, GraphDefinedOp):
         return None
-    # the thread plan follows from the key's tiles, the profile and the seed (a plan pinned by a caller of
-    # compile_ugraph is not a dispatcher's: it builds without generic kernels)
-    got = generic_kernel(op, k, info, (scalar.acc_dtype, hw, seed), emit)
+    got = generic_kernel(op, k, info, emit, hw, seed)
     if got is None:
         return None
     text, rule, threads = got
