@@ -133,8 +133,9 @@ class Dispatcher:
     tiered : bool
         Build the variants a shape misses without LLVM's optimisation first and at the full level in the
         background (default; with ``symbolic`` only), rather than at the full level before serving the shape.
-        On CUDA: build each shape's own kernels in the background to replace the generic variants (default),
-        rather than keep serving the generic ones.
+        On CUDA: build each shape's own kernels in the background to replace the generic variants, and serve a
+        structure's first shape from its own kernels while its generic variants are built in the background
+        (default), rather than serve every shape from the generic variants, built in the foreground.
     """
 
     def __init__(
