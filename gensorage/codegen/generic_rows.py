@@ -393,8 +393,12 @@ def row_kernel(emit: Callable[[], KernelText], hw: HwProfile, seed: int) -> Kern
     text, rule, threads = got
     script = re.sub(rf"\b{_NAME}\b", name, text)
     params = tuple(graph_kernel_params(g, k, info, scalar))
+    try:
+        func = _parsed(script, name)
+    except GensorageError:  # a generic text the parser or the barrier check refuses: emitted per length
+        return None
     own = functools.partial(_own, emit)
-    return Kernel(name, k, _parsed(script, name), script, params, None, threads, rule, own=own)
+    return Kernel(name, k, func, script, params, None, threads, rule, own=own)
 
 
 @functools.lru_cache(maxsize=256)

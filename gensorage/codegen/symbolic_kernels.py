@@ -225,6 +225,7 @@ class SymbolicKernels:
         for thread in list(self._preparing):
             thread.join()
         with self._lock:
+            self._preparing = [t for t in self._preparing if t.is_alive()]
             pending, self._prepared = self._prepared, []
         for lower in pending:
             self._prepare(lower)
