@@ -9,7 +9,8 @@ dispatcher's ready time and parts (``lower``: the µGraph to TIR, construction a
 and of the CUDA compiler. The last runs inside ``tvm.compile`` only where TVM has a CUDA runtime (a GPU
 machine: NVRTC, one call for the module); without one TVM keeps the source, and ``--nvcc`` times nvcc on each
 build's source instead (``nvcc_s``: the same shape of cost, not the device's time): for a tree with CUDA
-compiled variants, the source of the variants that length compiled (none: 0 s), else the whole module. Also per
+compiled variants, the source of the variants that length compiled (none: 0 s), else the whole module (a
+structure's first length: its own kernels, the generic variants being built in the background). Also per
 length: ``builds`` (``tvm.compile`` calls before the length was served: on a GPU, CUDA compiler calls),
 ``missed`` (the kernels no compiled variant covered) and ``rebuild_wait_s`` (the background build of the
 length's own kernels, waited for after the row's timings).
@@ -140,7 +141,7 @@ def worker(
             arch = target_profile(entry.compiled.hw, [k.rule for k in kernels]).arch
             built = variants.last_build if variants is not None else None
             t1 = time.perf_counter()
-            if variants is None:
+            if variants is None or (built is None and d.stats.builds > builds):  # the shape's own module
                 build_cubin(entry.compiled.cuda_source(), arch)
             elif built is not None:  # the variants this length compiled, nothing else
                 build_cubin(str(built.mod.imports[0].inspect_source()), arch)

@@ -19,9 +19,9 @@ from gensorage.codegen.block_mma import ROW_BYTES, MmaEmitter, fused_thread_grap
 from gensorage.codegen.block_reduce import ReduceEmitter
 from gensorage.codegen.element_maps import Cyclic, ElementMap, Fragments, RowFragments, Tiled
 from gensorage.codegen.gpu_limits import MAX_GRID
-from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target
+from gensorage.codegen.kernel_text import TARGETS, KernelParam, KernelText, Target, graph_kernel_params
 from gensorage.codegen.online_mma import OnlineMmaEmitter, online_mma_tilings, online_sums, row_slot_coords
-from gensorage.codegen.scalar import FIELD_PARAMS, Scalar, Val
+from gensorage.codegen.scalar import Scalar, Val
 from gensorage.codegen.tir_text import (
     Ix,
     Writer,
@@ -489,26 +489,7 @@ class BlockEmitter:
     # ------------------------------------------------------------------ whole kernel
 
     def params(self) -> list[KernelParam]:
-        ps: list[KernelParam] = []
-        for i, ref in enumerate(self.op.inputs):
-            t = self.info.of(ref)
-            ps.append(
-                KernelParam(f"in{i}", "input", ref, self.sc.buf_shape(t.shape), self.sc.buf_dtype(t.dtype))
-            )
-        node_id = len(self.g.inputs) + self.k
-        for s, t in enumerate(self.binfo.outputs):
-            ps.append(
-                KernelParam(
-                    f"out{s}",
-                    "output",
-                    Ref(node_id, s),
-                    self.sc.buf_shape(t.shape),
-                    self.sc.buf_dtype(t.dtype),
-                )
-            )
-        if self.sc.field:
-            ps.append(KernelParam("F", "field", None, (FIELD_PARAMS,), "int64"))
-        return ps
+        return graph_kernel_params(self.g, self.k, self.info, self.sc)
 
     def body(self) -> None:
         allocate(self)

@@ -24,8 +24,10 @@ CUDA kernels with nvcc. The dims are found by position, never by value.
 
 The length's own build (in the background, :mod:`~gensorage.codegen.symbolic_kernels`) takes each generic matmul
 as the construction at that length gives it (``ScheduledKernel.own``: its tiles, wgmma included) where that is
-one kernel with the same parameters, else the generic one with the length's extents as constants
-(:func:`concrete`). A split-k choice (two kernels and a scratch) is not made generic: it stays per length.
+one kernel with the same parameters (or those and the generic kernel's split-k scratch, taken unused), else the
+generic one with the length's extents as constants (:func:`concrete`). A split-k choice (a 2-D matmul: two
+kernels and a scratch of float32 partials) is generic with the key's first split count; its scratch, a
+parameter the caller allocates at each length, has the rows padded to the block's.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ _MISSING = object()
 
 @contextlib.contextmanager
 def generic_matmuls(on: bool = True) -> Iterator[None]:
-    """Within it, CUDA tensor-core matmuls are lowered generic in their length-dependent extents (``on``)."""
+    """Within it, CUDA tensor-core matmuls are lowered generic in their length-dependent extents (``on``), and
+    row kernels generic in their rows (:mod:`gensorage.codegen.generic_rows`)."""
     token = _ACTIVE.set(on)
     try:
         yield
@@ -98,15 +101,16 @@ def generic_kernel(
     entry = None
     tiles = tiles_of()
     if tiles is not None and not isinstance(tiles, TensorCoreTiles):
-        # wgmma's: the generic kernel is mma.sync (the length's own build takes the wgmma kernel back). A split-k
-        # choice stays per length: its two kernels and scratch could not replace one generic kernel there.
+        # wgmma's: the generic kernel is mma.sync (the length's own build takes the wgmma kernel back)
         from gensorage.construction.tensor_core import construct_tensor_core
 
         try:
             tiles = construct_tensor_core(ms.dims, hw, cast or dtypes[0], seed, layout=ms.layout)[0]
         except ScheduleError:
             tiles = None
-    if isinstance(tiles, TensorCoreTiles) and tiles.split_k == 1:
+    # A split-k tiling (2-D only) is generic with its split count: its partials' scratch has the rows padded to
+    # the block's, a parameter whose shape follows the rows (predefined_matmul._scratch).
+    if isinstance(tiles, TensorCoreTiles) and (tiles.split_k == 1 or not ms.batch):
         var = tirx.Var("rows", "int32")
         a, b, out = dtypes
         if ms.batch:
@@ -117,7 +121,7 @@ def generic_kernel(
             )
         else:
             sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
-            build = _matmul_build(sym, a, out, None, 1, tiles.block_m, b, cast, sym_epi)
+            build = _matmul_build(sym, a, out, None, tiles.split_k, tiles.block_m, b, cast, sym_epi)
         try:
             func = schedule_tensor_core(build(), tiles, gpu=True, convert=cast is not None).mod["main"]
             entry = (tiles, func)

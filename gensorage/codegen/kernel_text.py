@@ -4,9 +4,14 @@ launch shape."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gensorage.ugraph.ir import Ref
+
+if TYPE_CHECKING:
+    from gensorage.codegen.scalar import Scalar
+    from gensorage.ugraph.ir import KernelGraph
+    from gensorage.ugraph.shapes import GraphInfo
 
 Target = Literal["cuda", "llvm"]
 TARGETS: tuple[Target, ...] = ("cuda", "llvm")
@@ -43,7 +48,33 @@ class KernelText:
     shared_bytes: int = 0
 
 
-__all__ = ["TARGETS", "KernelParam", "KernelText", "Target"]
+def graph_kernel_params(g: KernelGraph, k: int, info: GraphInfo, scalar: Scalar) -> list[KernelParam]:
+    """A graph-defined kernel's parameters: its inputs ``in<i>``, its outputs ``out<s>`` (the block graph's
+    savers, in order) and, in field mode, the field parameters."""
+    from gensorage.codegen.scalar import FIELD_PARAMS
+
+    op = g.ops[k]
+    binfo = info.blocks[k]
+    assert binfo is not None
+    ps = [
+        KernelParam(
+            f"in{i}", "input", r, scalar.buf_shape(info.of(r).shape), scalar.buf_dtype(info.of(r).dtype)
+        )
+        for i, r in enumerate(op.inputs)
+    ]
+    node_id = len(g.inputs) + k
+    for s, t in enumerate(binfo.outputs):
+        ps.append(
+            KernelParam(
+                f"out{s}", "output", Ref(node_id, s), scalar.buf_shape(t.shape), scalar.buf_dtype(t.dtype)
+            )
+        )
+    if scalar.field:
+        ps.append(KernelParam("F", "field", None, (FIELD_PARAMS,), "int64"))
+    return ps
+
+
+__all__ = ["TARGETS", "KernelParam", "KernelText", "Target", "graph_kernel_params"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from gensorage.codegen import generic_rows
 from gensorage.codegen.barriers import divergent_barriers, has_explicit_barriers, honour_explicit_barriers
 from gensorage.codegen.kernel_text import ScheduledKernel
 from gensorage.codegen.operand_views import graph_views
@@ -34,7 +35,6 @@ from gensorage.codegen.ugraph_tir import (
     KernelText,
     Target,
     compute_dtype,
-    emit_graph_defined,
     plan_threads,
 )
 from gensorage.construction.block_threads import ThreadChoice
@@ -105,9 +105,9 @@ def lower_ugraph(
     kernels: list[Kernel] = []
     for k, op in enumerate(g.ops):
         name = _kernel_name(g, k)
-        if isinstance(op, GraphDefinedOp):
-            kt = emit_graph_defined(g, k, info, plans[k], target=target, scalar=scalar, name=name)
-            kernels.append(_from_text(kt))
+        if isinstance(op, GraphDefinedOp):  # on CUDA, a row kernel may be one for every length (generic_rows)
+            emit = generic_rows.emitter(g, k, info, plans[k], target, scalar, name)
+            kernels.append(generic_rows.row_kernel(emit, hw, seed) or _from_text(emit()))
             continue
         assert isinstance(op, KernelOp)
         for item in emit_predefined(g, k, info, hw, target=target, scalar=scalar, name=name, seed=seed):

@@ -36,6 +36,7 @@ from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo
 
 if TYPE_CHECKING:
+    from gensorage.codegen.tensor_core import TensorCoreTiles
     from gensorage.markov.schedule import Schedule
 
 
@@ -227,8 +228,10 @@ def _split_k_func(
 
     _, m, n, kdim = ms.dims
     kc = kdim // split_k
-    mp = -(-m // rows_to) * rows_to
-    if mp != m:  # rows padded in A's own layout (a transposed A pads its columns)
+    mp = -(-m // rows_to) * rows_to if isinstance(m, int) else (m + rows_to - 1) // rows_to * rows_to
+    # rows padded in A's own layout (a transposed A pads its columns); rows that are a variable (the generic
+    # kernel, codegen.generic_matmul) are padded at every value: the guard is in the code at every length
+    if not isinstance(m, int) or mp != m:
         zero = tirx.const(0, a.dtype)
         a = te.compute(
             _at(ms.ta, mp, kdim),
@@ -360,7 +363,7 @@ def tensor_core_kernels(
         if fixed is not None:  # the rows a variable, the tiles of the key's first length
             rule = f"{RULE} construct on matmul {list(ms.dims)}: {fixed[0].describe()}; generic in the rows"
             f = fixed[1].with_attr("global_symbol", name)
-            params = ops.params(None)
+            params = ops.params(None) + _scratch(ops, fixed[0], None)
             own = functools.partial(_own_kernel, g, k, info, hw, scalar, name, seed, params)
             return [ScheduledKernel(name, k, f, params, fixed[0].threads, rule, None, own)]
     got = construct()
@@ -391,14 +394,20 @@ def tensor_core_kernels(
         except ScheduleError as exc:
             raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} (matmul): {exc}") from exc
         kname = name if m is None else f"{name}_c{c}"
-        params = ops.params(m)
-        if tiles.split_k > 1:  # the partials: float32 (int64 residues in field mode), written then added
-            rows = -(-ops.out.shape[0] // tiles.block_m) * tiles.block_m
-            shape = (tiles.split_k, rows, ops.out.shape[1])
-            params += (KernelParam("P", "scratch", None, shape, "int64" if m is not None else "float32"),)
+        params = ops.params(m) + _scratch(ops, tiles, m)
         f = sch.mod["main"].with_attr("global_symbol", kname)
         kernels.append(ScheduledKernel(kname, k, f, params, tiles.threads, rule, None if m is None else c))
     return kernels
+
+
+def _scratch(ops: _Operands, tiles: TensorCoreTiles, modulus: int | None) -> tuple[KernelParam, ...]:
+    """Split-k's partials (float32, int64 residues in field mode), written then added: a parameter the caller
+    allocates at these shapes (its rows padded to the block's); none without split-k."""
+    if tiles.split_k == 1:
+        return ()
+    rows = -(-ops.out.shape[0] // tiles.block_m) * tiles.block_m
+    shape = (tiles.split_k, rows, ops.out.shape[1])
+    return (KernelParam("P", "scratch", None, shape, "int64" if modulus is not None else "float32"),)
 
 
 def _own_kernel(
@@ -412,12 +421,26 @@ def _own_kernel(
     params: tuple[KernelParam, ...],
 ) -> tuple[Any, str] | None:
     """The PrimFunc and rule of matmul ``k``'s CUDA kernel as its construction at these shapes gives it (not the
-    generic one), where that is one kernel with ``params`` (a split-k tiling has two, and a scratch)."""
+    generic one), where that is one kernel with ``params``, or with ``params`` but the generic kernel's split-k
+    scratch (taken as a parameter it does not use: the caller allocates it for the generic kernel)."""
     with generic_matmul.generic_matmuls(False):
         kernels = tensor_core_kernels(g, k, info, hw, "cuda", scalar, name, seed)
-    if len(kernels) != 1 or kernels[0].params != params:
+    if len(kernels) != 1:
         return None
-    return kernels[0].func, kernels[0].rule
+    (kern,) = kernels
+    if kern.params == params:
+        return kern.func, kern.rule
+    if params[-1].role == "scratch" and kern.params == params[:-1]:
+        return _unused_param(kern.func, params[-1]), kern.rule + "; the generic kernel's scratch unused"
+    return None
+
+
+def _unused_param(func: Any, param: KernelParam) -> Any:
+    """``func`` with one more buffer parameter, ``param``, that its body does not read."""
+    from tvm import tirx
+
+    buf = tirx.decl_buffer(param.shape, param.dtype, param.name)
+    return tirx.PrimFunc([*func.params, buf], func.body, func.ret_type, func.attrs)
 
 
 def _wgmma_kernels(

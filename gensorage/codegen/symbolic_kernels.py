@@ -36,11 +36,14 @@ divisors too: speed is secondary in this tier) is a parameter, passed at the cal
 every template is (structurally equal to the emitter's kernel at its first values; the tests check the variant a
 length calls, bound at that length's values, against the emitter's kernel there, at 1, primes and lengths no
 tile divides). Matmuls come from :mod:`~gensorage.codegen.generic_matmul` (the rows, or attention's rows,
-columns and reduction, TIR variables: the same PrimFunc at every length, its variant the same) or, where that
-does not apply, are compiled per length as written. Once the length is served, a background thread builds the
+columns and reduction, TIR variables: the same PrimFunc at every length, its variant the same) and row kernels
+from :mod:`~gensorage.codegen.generic_rows` (the first length's rows a block, the rows TIR variables) or,
+where that does not apply, are compiled per length as written. Once the length is served, a background thread builds the
 length's own kernels (every literal a constant, a generic matmul as the construction there gives it) in one module and
 the length's :class:`BoundExecutable` serves them from then on (``generation`` counts the swaps; a prepared CUDA
-runner looks its functions up again, :func:`gensorage.torch.device.cuda_runner`).
+runner looks its functions up again, :func:`gensorage.torch.device.cuda_runner`). With tiers, a structure's first
+length is served by its own kernels (the dispatcher builds them) and its generic forms are compiled in the
+background (:meth:`SymbolicKernels.prepare`); a later length waits for them (:meth:`SymbolicKernels.wait_prepared`).
 
 Tiers (``tiered=True``): the variants a length misses are first built without LLVM's optimisation
 (:data:`~gensorage.codegen.module.QUICK_TARGET`: about half the build time; its matmuls and row kernels run up to
@@ -187,6 +190,8 @@ class SymbolicKernels:
         self._threads: list[threading.Thread] = []
         self._pending: list[tuple[list[Kernel], list[_Variant]]] = []  # first-tier builds not rebuilt yet
         self._exact_pending: list[tuple[list[Kernel], BoundExecutable]] = []  # CUDA lengths served generic
+        self._prepared: list[Callable[[], list[Kernel]]] = []  # CUDA: generic kernels to build, not started
+        self._preparing: list[threading.Thread] = []
         self._listeners: list[Callable[[], None]] = []
 
     def on_rebuild(self, listener: Callable[[], None]) -> None:
@@ -199,6 +204,31 @@ class SymbolicKernels:
         for thread in list(self._threads):
             thread.join(timeout)
         self._threads = [t for t in self._threads if t.is_alive()]
+        self._preparing = [t for t in self._preparing if t.is_alive()]
+
+    def prepare(self, lower: Callable[[], list[Kernel]]) -> None:
+        """CUDA: build the variants of ``lower()``'s kernels (a structure's first shape, lowered generic) in the
+        background (:meth:`start_rebuilds` starts it); until it is done, :meth:`executable` and :meth:`wait_prepared` wait for it. Its
+        build is not counted in ``builds`` (the caller built that shape's own kernels)."""
+        with self._lock:
+            self._prepared.append(lower)
+
+    def _prepare(self, lower: Callable[[], list[Kernel]]) -> None:
+        try:
+            self._executable(lower(), serve=False)
+        except Exception as exc:  # the next shape builds what it lacks
+            self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
+
+    def wait_prepared(self) -> None:
+        """Wait for the prepared builds in flight; run those not started yet (a later shape's lowering must see
+        the generic forms the first shape's fixed: its matmuls' tiles, its row kernels' rows a block)."""
+        for thread in list(self._preparing):
+            thread.join()
+        with self._lock:
+            self._preparing = [t for t in self._preparing if t.is_alive()]
+            pending, self._prepared = self._prepared, []
+        for lower in pending:
+            self._prepare(lower)
 
     def executable(self, kernels: Sequence[Kernel]) -> BoundExecutable:
         """The kernels' functions: from the variants that cover them, after one build of those that none does
@@ -209,6 +239,10 @@ class SymbolicKernels:
         ScheduleError
             The build of the missing variants failed (:func:`~gensorage.codegen.module.compile_kernels`).
         """
+        self.wait_prepared()
+        return self._executable(kernels)
+
+    def _executable(self, kernels: Sequence[Kernel], serve: bool = True) -> BoundExecutable:
         with self._lock:
             calls: dict[str, tuple[_Variant, tuple[int, ...]]] = {}
             missing: list[tuple[Kernel, str, _Variant]] = []
@@ -226,19 +260,23 @@ class SymbolicKernels:
                     missing.append((renamed, body, variant))
                 calls[kern.name] = (variant, values)
             new = {id(v) for _, _, v in missing}
-            self.missed = [k.name for k in kernels if id(calls[k.name][0]) in new]
+            if serve:
+                self.missed = [k.name for k in kernels if id(calls[k.name][0]) in new]
             if missing:
-                self._build(missing)
+                self._build(missing, serve)
         exact = functools.partial(self._exact_build, list(kernels)) if self.target == "cuda" else None
         bound = BoundExecutable(calls, exact)
+        if not serve:
+            return bound
         if self.tiered and self.target == "cuda":  # a generic first tier: the length's own kernels follow
             self._exact_pending.append((list(kernels), bound))
         elif missing and self.tiered:
             self._pending.append(([k for k, _, _ in missing], [v for _, _, v in missing]))
         return bound
 
-    def _build(self, missing: list[tuple[Kernel, str, _Variant]]) -> None:
-        """One build of the ``missing`` variants (at the first tier when tiered); on failure none is kept."""
+    def _build(self, missing: list[tuple[Kernel, str, _Variant]], serve: bool = True) -> None:
+        """One build of the ``missing`` variants (at the first tier when tiered); on failure none is kept.
+        ``serve``: for a shape being served (counted in ``builds``, its ``last_build``), else prepared ahead."""
         try:
             kernels = [k for k, _, _ in missing]
             if self.target == "cuda":  # one variant per code (llvm builds share theirs by default)
@@ -250,9 +288,10 @@ class SymbolicKernels:
                 if variant in self._skeletons[body].variants:
                     self._skeletons[body].variants.remove(variant)
             raise
-        self.builds += 1
-        self.compiled += len(missing)
-        self.last_build = ex
+        if serve:
+            self.builds += 1
+            self.compiled += len(missing)
+            self.last_build = ex
         for _, _, variant in missing:
             variant.executable = ex
             variant.quick = self.tiered
@@ -264,6 +303,12 @@ class SymbolicKernels:
         with self._lock:
             pending, self._pending = self._pending, []
             exact, self._exact_pending = self._exact_pending, []
+            prepared, self._prepared = self._prepared, []
+        for lower in prepared:
+            thread = threading.Thread(target=self._prepare, args=(lower,), name="gensorage-generic")
+            self._threads.append(thread)
+            self._preparing.append(thread)
+            thread.start()
         for kernels, bound in exact:
             thread = threading.Thread(target=self._exact, args=(kernels, bound), name="gensorage-rebuild")
             self._threads.append(thread)

@@ -29,8 +29,9 @@ rebuilds (a benchmark does before it times the steady state).
 
 The CUDA kernels come from compiled variants too, generic from the first shape on (every length-dependent
 literal a parameter, tensor-core matmuls lowered with their length-dependent extents as TIR variables,
-:mod:`gensorage.codegen.generic_matmul`), so a new shape whose kernels keep their skeletons makes no compiler
-call; the shape's own kernels are built in the background and replace them.
+:mod:`gensorage.codegen.generic_matmul`, row kernels with the first shape's rows a block and the rows TIR
+variables, :mod:`gensorage.codegen.generic_rows`), so a new shape whose kernels keep their skeletons makes no
+compiler call; the shape's own kernels are built in the background and replace them.
 
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
@@ -132,8 +133,9 @@ class Dispatcher:
     tiered : bool
         Build the variants a shape misses without LLVM's optimisation first and at the full level in the
         background (default; with ``symbolic`` only), rather than at the full level before serving the shape.
-        On CUDA: build each shape's own kernels in the background to replace the generic variants (default),
-        rather than keep serving the generic ones.
+        On CUDA: build each shape's own kernels in the background to replace the generic variants, and serve a
+        structure's first shape from its own kernels while its generic variants are built in the background
+        (default), rather than serve every shape from the generic variants, built in the foreground.
     """
 
     def __init__(
@@ -228,7 +230,7 @@ class Dispatcher:
         symbolic = self._symbolic(target)
         if known is None:
             compiled, runner, builds = _build_kernels(
-                graph, self.hw, self.seed, timings, target, symbolic, notes
+                graph, self.hw, self.seed, timings, target, symbolic, notes, first=True
             )
         else:  # constructions start from the nearest shape built before (gensorage.construction.warm_starts);
             # a new skeleton's template waits until the skeleton recurs (script_templates.deferred_templates)
@@ -351,15 +353,25 @@ def _build_kernels(
     target: Target,
     symbolic: SymbolicKernels | None = None,
     notes: list[str] | None = None,
+    first: bool = False,
 ) -> tuple[CompiledUGraph, KernelRunner | None, int]:
     """The ``target`` kernels of ``graph`` (the other target is not lowered), for llvm their prepared runner,
     and how many builds that took (0 or 1); ``timings`` gets the time of the lowering to TIR and of the build
     (TVM's compile and the code generation). With ``symbolic``, the kernels come from its compiled variants
-    (:mod:`gensorage.codegen.symbolic_kernels`: built only for those it lacks)."""
+    (:mod:`gensorage.codegen.symbolic_kernels`: built only for those it lacks). On CUDA with tiered variants,
+    a structure's ``first`` shape builds its own kernels (the generic forms cost more to lower and compile, and
+    run slower), and ``symbolic`` lowers and compiles the generic ones in the background."""
     from gensorage.codegen.module import compile_kernels, compile_ugraph
     from gensorage.codegen.runner import KernelRunner
 
     t0 = time.perf_counter()
+    ahead = target == "cuda" and symbolic is not None and symbolic.tiered and first
+    if ahead:
+        assert symbolic is not None
+        symbolic.prepare(lambda: _generic_cuda_kernels(graph, hw, seed))
+        symbolic = None  # this shape's own kernels, as without variants
+    elif symbolic is not None and target == "cuda":
+        symbolic.wait_prepared()  # the generic forms a first shape fixes, before this shape is lowered
     # compiled variants on CUDA: matmuls whose rows are the length get one kernel for every length
     with generic_matmuls() if target == "cuda" and symbolic is not None else contextlib.nullcontext():
         compiled = compile_ugraph(graph, hw, target, seed=seed)
@@ -369,6 +381,8 @@ def _build_kernels(
     if symbolic is not None:
         builds = _from_variants(compiled, symbolic, target, notes if notes is not None else [])
     if target == "cuda":
+        if ahead and notes is not None:
+            notes.append("first shape: its own kernels; the generic variants are built in the background")
         if symbolic is None:
             # kernels of the same code (k and v projections, gate and up) compiled once: the CUDA compiler's
             # call on the whole module is most of a new length's build on a GPU (compile_kernels)
@@ -385,6 +399,14 @@ def _build_kernels(
         runner = None
     timings["build"] = time.perf_counter() - t1
     return compiled, runner, builds
+
+
+def _generic_cuda_kernels(graph: KernelGraph, hw: HwProfile, seed: int) -> list[Any]:
+    """``graph``'s CUDA kernels in their generic forms (the compiled variants' first sight)."""
+    from gensorage.codegen.module import compile_ugraph
+
+    with generic_matmuls():
+        return compile_ugraph(graph, hw, "cuda", seed=seed).kernels("cuda")
 
 
 def _from_variants(

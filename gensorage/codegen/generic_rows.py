@@ -1,0 +1,419 @@
+"""A CUDA row kernel emitted once with its rows a variable: one kernel for every length.
+
+A graph-defined kernel whose blocks hold whole rows (row fusion's normalisations, softmaxes, rotary products,
+:mod:`gensorage.ugraph.optimize.fuse_rows`) is re-instantiated at each new sequence length with the grid that
+divides the length best, so its rows per block, its thread plan and so its code change with the length
+(4 rows a block at 128 tokens, 5 at 200, 1 at 97), and each new length compiled it anew. Within
+:func:`~gensorage.codegen.generic_matmul.generic_matmuls` (the dispatcher's CUDA builds), such a kernel is
+instead emitted once per key, at the key's first length, and made generic (:func:`generic_text`): every data
+dim a grid dim splits becomes a TIR variable (bound from the tensors' shapes at the call), the grid is
+computed from it (``(n + R - 1) // R`` blocks of the first length's ``R`` rows), and every statement that
+reads or writes a row of a tensor is guarded by that row's bound. The key is everything the emitted code
+depends on but those sizes and the grid: the block graph, the tiles, the other dims, the dtypes, the thread
+plan. At every later length of the same key the same PrimFunc is used: no emission, no compiler call.
+
+Exactness: the kernel applies only where its rows are independent (:func:`_rows_independent`: no loop, no
+accumulator, element-wise block ops and reductions over a dim no grid dim splits), so an output row depends
+on the same row of the inputs alone. At ``n`` rows the generic kernel is, statement for statement, the
+emitter's kernel for the same block graph with ``R`` rows a block over ``n`` rounded up to a multiple of ``R``
+(the tests check this structurally at lengths ``R`` divides), except that a row at ``n`` or beyond is neither
+read nor written: such rows of the last block compute from whatever shared memory holds and are dropped, and
+no reduction mixes them into a row below ``n``. So every row below ``n`` gets what the emitter's kernel
+computes for it. A guarded statement may not hold a barrier or a warp shuffle (they need every thread): a
+kernel with one is emitted per length, as before.
+
+Where the rows' own length is the length too (attention's softmax over the keys, :func:`_row_length`), a block's
+tile is a whole row, so the kernel is emitted for rows of :data:`CAPACITY` elements instead (:func:`_at_capacity`:
+one row a block, element loads) and is generic in the row's length ``nr`` as well: every load and store of an
+element at ``nr`` or beyond, and every step of a reduction's accumulation from the row's tile, is skipped
+(:func:`_accumulation_bounds`; a reduction seeded from an element is emitted per length). Such elements then take
+part in element-wise steps only, never reduced or stored, so each row is reduced over its own ``nr`` elements.
+
+The length's own build (in the background, :mod:`~gensorage.codegen.symbolic_kernels`) takes the emitter's
+kernel at that length (``Kernel.own``), so the steady state is the untiered one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
+
+from gensorage.codegen.kernel_text import graph_kernel_params
+from gensorage.codegen.ugraph_tir import emit_graph_defined, plan_threads
+from gensorage.errors import GensorageError
+from gensorage.opset import ELEMENTWISE, REDUCTIONS, attr
+from gensorage.ugraph.ir import Accumulator, BlockOp, GraphDefinedOp, InputIterator, OutputSaver, ThreadGraph
+from gensorage.ugraph.shapes import GraphInfo, TensorInfo, block_shapes
+
+if TYPE_CHECKING:
+    from gensorage.codegen.kernel_text import KernelText, Target
+    from gensorage.codegen.module import Kernel
+    from gensorage.codegen.scalar import Scalar
+    from gensorage.construction.block_threads import ThreadChoice
+    from gensorage.hw.profile import HwProfile
+    from gensorage.ugraph.ir import KernelGraph
+
+#: Elements of a row whose own length is the sequence length (a softmax's keys) its generic kernel holds: one
+#: row a block, 512 threads; longer rows are emitted per length.
+CAPACITY = 4096
+#: The dim mark of a row's own length (``nr`` in the generic text; a grid dim ``g`` is ``n<g>``).
+ROW = -1
+#: Generic texts by key (None: the key's kernel is emitted per length).
+_TEXTS: dict[Hashable, tuple[str, str, int] | None] = {}
+_MAX_KEYS = 1024
+_NAME = "generic_rows_kernel"
+_ACCESS = re.compile(r"\b((?:in|out)\d+)(\.ptr_to\(\[|\[)")
+_COLLECTIVE = re.compile(r"shuffle|storage_sync|T\.ptx\[\"cp\.async\.(?:commit|wait)")
+_BINDING_GRID = re.compile(r'T\.thread_binding\((\d+), thread="blockIdx\.([xyz])"\)')
+_SIGNATURE = re.compile(r"\b((?:in|out)\d+): T\.Buffer\(\(([^)]*)\)")
+_TILE = re.compile(r"(\w+) = T\.(?:decl_buffer|alloc_buffer)\(\(([^)]*)\)")
+_TILE_READ = re.compile(r"\b(s\d+)\[")
+
+
+def generic_kernel(
+    op: GraphDefinedOp, k: int, info: GraphInfo, emit: Callable[[], KernelText], hw: HwProfile, seed: int
+) -> tuple[str, str, int] | None:
+    """The generic text of graph-defined op ``k`` (its PrimFunc named ``generic_rows_kernel``), its rule and
+    threads a block, or None where the kernel is emitted per length. ``emit()`` emits it at these shapes (called
+    at a key's first length only); the key holds what else the code depends on: the arithmetic, the profile and
+    the seed (with the tiles, they fix the thread plan; a plan pinned by a caller of compile_ugraph is not a
+    dispatcher's, which builds without generic kernels). A kernel whose rows' own length is the length (a
+    softmax over the keys, :func:`_row_length`) is emitted for :data:`CAPACITY` keys (:func:`_at_capacity`)."""
+    binfo = info.blocks[k]
+    if binfo is None or not _rows_independent(op, info, k):
+        return None
+    split = _split_dims(op, info, k)
+    if split is None:
+        return None
+    rows, dims = split
+    row = _row_length(op, info, k, dims)
+    if row is not None:
+        for mine in dims.values():
+            mine[len(info.of(op.inputs[0]).shape) - 1] = ROW
+    ins = tuple(
+        (*_masked(info.of(r).shape, dims[f"in{i}"]), info.of(r).dtype) for i, r in enumerate(op.inputs)
+    )
+    outs = tuple((*_masked(t.shape, dims[f"out{s}"]), t.dtype) for s, t in enumerate(binfo.outputs))
+    scalar = emit.keywords["scalar"]  # type: ignore[attr-defined]
+    key = (op.block.nodes, len(op.block.grid), ins, outs, scalar.acc_dtype, hw, seed)  # not the rows a block
+    if key not in _TEXTS:
+        got = _at_capacity(emit, rows, hw, seed) if row is not None else (emit(), op.block.grid, rows)
+        text = None if got is None else generic_text(got[0].text, got[0].name, got[1], got[2], dims, row)
+        if len(_TEXTS) >= _MAX_KEYS:
+            _TEXTS.clear()
+        _TEXTS[key] = None
+        if got is not None and text is not None:
+            rule = f"{got[0].rule}; generic in the rows" + (f", rows of up to {CAPACITY}" if row else "")
+            _TEXTS[key] = (text, rule, got[0].threads)
+    if row is not None and row > CAPACITY:
+        return None
+    return _TEXTS[key]
+
+
+def _row_length(op: GraphDefinedOp, info: GraphInfo, k: int, dims: dict[str, dict[int, int]]) -> int | None:
+    """The rows' own length where it is the sequence length: every tensor of the kernel has one rank, every
+    reduction reduces the last dim, keeping it, and the last dims are one size, that of a dim the grid splits
+    (at this length; a row that only happens to be as long is made generic too: slower, as exact). Else None."""
+    binfo = info.blocks[k]
+    assert binfo is not None
+    shapes = [info.of(r).shape for r in op.inputs] + [t.shape for t in binfo.outputs]
+    rank = len(shapes[0])
+    reductions = [n for n in op.block.nodes if isinstance(n, BlockOp) and n.op in REDUCTIONS]
+    if not reductions or any(len(x) != rank for x in shapes) or len({x[-1] for x in shapes}) != 1:
+        return None
+    for n in reductions:
+        if int(attr(n.attrs, "dim")) % rank != rank - 1 or not attr(n.attrs, "keepdim", False):
+            return None
+    split = {
+        shapes[i][d] for i, name in enumerate([f"in{j}" for j in range(len(op.inputs))]) for d in dims[name]
+    }
+    return shapes[0][-1] if shapes[0][-1] in split else None
+
+
+def _at_capacity(
+    emit: Callable[[], KernelText], rows: tuple[int, ...], hw: HwProfile, seed: int
+) -> tuple[KernelText, tuple[int, ...], tuple[int, ...]] | None:
+    """``emit``'s kernel for rows of :data:`CAPACITY` elements, one row a block, loading element by element (no
+    16-byte copy crosses a row's end), with its grid and rows a block; None where it does not emit."""
+    g, k, info, plan = emit.args  # type: ignore[attr-defined]
+    op = g.ops[k]
+    grid = tuple(n * r if r else n for n, r in zip(op.block.grid, rows, strict=True))  # one row a block
+    block = dataclasses.replace(op.block, grid=grid)
+    args = [info.of(r) for r in op.inputs]
+    wide = tuple(TensorInfo((*a.shape[:-1], CAPACITY), a.dtype, a.program) for a in args)
+    try:
+        binfo = block_shapes(g, k, block, wide)
+        old = info.nodes[len(g.inputs) + k]
+        outs = tuple(TensorInfo(t.shape, o.dtype, o.program) for t, o in zip(binfo.outputs, old, strict=True))
+        nodes = list(info.nodes)
+        for r, a in zip(op.inputs, wide, strict=True):
+            nodes[r.node] = tuple(a if j == r.out else x for j, x in enumerate(nodes[r.node]))
+        nodes[len(g.inputs) + k] = outs
+        blocks = list(info.blocks)
+        blocks[k] = dataclasses.replace(binfo, outputs=outs)
+        ops = list(g.ops)
+        ops[k] = dataclasses.replace(op, block=block)
+        g2, info2 = dataclasses.replace(g, ops=tuple(ops)), GraphInfo(tuple(nodes), tuple(blocks))
+        choice = dataclasses.replace(plan_threads(g2, k, info2, hw, seed), runs=False)
+        kw = emit.keywords  # type: ignore[attr-defined]
+        kt = emit_graph_defined(g2, k, info2, choice, target="cuda", scalar=kw["scalar"], name=kw["name"])
+    except GensorageError:
+        return None
+    return kt, grid, tuple(1 if r else 0 for r in rows)
+
+
+def _rows_independent(op: GraphDefinedOp, info: GraphInfo, k: int) -> bool:
+    """Whether every output row of the kernel depends on the same row of its inputs alone: no loop, no
+    accumulator, block ops element-wise or reductions over a dim no grid dim splits (rows right-aligned)."""
+    block = op.block
+    if block.forloop != 1:
+        return False
+    split: set[int] = set()  # the dims the grid splits, counted from the last (tiles broadcast right-aligned)
+    for n in block.nodes:
+        if isinstance(n, InputIterator):
+            if n.fmap is not None:
+                return False
+            rank = len(info.of(op.inputs[n.input]).shape)
+            split |= {d - rank for d in n.imap if d is not None}  # at some length the grid may split it
+        elif isinstance(n, Accumulator):
+            return False
+    binfo = info.blocks[k]
+    assert binfo is not None
+    for n in block.nodes:
+        if isinstance(n, BlockOp):
+            if n.op in REDUCTIONS:
+                rank = len(binfo.nodes[n.inputs[0].node][n.inputs[0].out].shape)
+                if int(attr(n.attrs, "dim")) % rank - rank in split:
+                    return False
+            elif n.op not in ELEMENTWISE:
+                return False
+        elif not isinstance(n, InputIterator | ThreadGraph | OutputSaver):
+            return False
+    return True
+
+
+def _split_dims(
+    op: GraphDefinedOp, info: GraphInfo, k: int
+) -> tuple[tuple[int, ...], dict[str, dict[int, int]]] | None:
+    """Rows a block along each grid dim (0: a dim that stays a constant) and, per parameter, its data dims
+    each split grid dim splits (dim -> grid dim); None where a split dim is a tensor's last (its 16-byte
+    copies could cross the bound) or the grid dim's data sizes disagree."""
+    binfo = info.blocks[k]
+    assert binfo is not None
+    grid = op.block.grid
+    sizes: dict[int, int] = {}
+    dims: dict[str, dict[int, int]] = {}
+    savers = [n for n in op.block.nodes if isinstance(n, OutputSaver)]
+    iters = [n for n in op.block.nodes if isinstance(n, InputIterator)]
+    tensors = [(f"in{n.input}", info.of(op.inputs[n.input]).shape, n.imap) for n in iters]
+    tensors += [
+        (f"out{s}", t.shape, n.omap) for s, (n, t) in enumerate(zip(savers, binfo.outputs, strict=True))
+    ]
+    for name, shape, imap in tensors:
+        mine = dims.setdefault(name, {})
+        for g, d in enumerate(imap):
+            if d is None:
+                continue
+            if d == len(shape) - 1 or sizes.setdefault(g, shape[d]) != shape[d] or shape[d] % grid[g]:
+                return None
+            mine[d] = g
+    for i in range(len(op.inputs)):
+        dims.setdefault(f"in{i}", {})
+    rows = tuple(sizes[g] // grid[g] if g in sizes else 0 for g in range(len(grid)))
+    return rows, dims
+
+
+def _masked(shape: tuple[int, ...], dims: dict[int, int]) -> tuple[Any, ...]:
+    return tuple(None if d in dims else n for d, n in enumerate(shape))
+
+
+def _var(g: int) -> str:
+    return "nr" if g == ROW else f"n{g}"
+
+
+def generic_text(
+    text: str,
+    name: str,
+    grid: tuple[int, ...],
+    rows: tuple[int, ...],
+    dims: dict[str, dict[int, int]],
+    row: int | None = None,
+) -> str | None:
+    """The emitted kernel ``text`` made generic (module docstring): split dims ``n<g>`` in the signature, the
+    grid from them, every statement that touches a tensor's row guarded by its bound; None where a guarded
+    statement is not a plain one (a barrier, a warp shuffle, a binding, a compound statement's head). With
+    ``row`` (the text emitted for rows of :data:`CAPACITY` elements, dims marked :data:`ROW`), the rows' own
+    length is ``nr`` too: every access to an element at ``nr`` or beyond is skipped, and every reduction's
+    accumulation from a row's tile (``acc[0] = op(acc[0], tile[..])``) skips those elements."""
+    lines = re.sub(rf"\b{re.escape(name)}\b", _NAME, text).splitlines()
+    declared: dict[int, None] = {}
+    wide = set()  # on-chip tiles of whole rows (their last dim the capacity)
+    if row is not None:
+        wide = {
+            m.group(1) for m in _TILE.finditer(text) if m.group(2).split(",")[-1].strip() == str(CAPACITY)
+        }
+
+    def signature(m: re.Match[str]) -> str:
+        param, shape = m.group(1), [s.strip() for s in m.group(2).split(",") if s.strip()]
+        for d, g in dims.get(param, {}).items():
+            shape[d] = _var(g) if g in declared else f'"{_var(g)}"'
+            declared[g] = None
+        return f"{param}: T.Buffer(({', '.join(shape)}{',' if len(shape) == 1 else ''})"
+
+    out: list[str] = []
+    bound: set[int] = set()  # the grid dims bound to blockIdx
+    for line in lines:
+        if line.startswith("def "):
+            out.append(_SIGNATURE.sub(signature, line))
+            out.extend(f"    {_var(g)} = T.int32()" for g in declared)
+            continue
+        grid_line = _BINDING_GRID.search(line)
+        if grid_line is not None:
+            g = "xyz".index(grid_line.group(2))
+            if int(grid_line.group(1)) != grid[g]:
+                return None
+            bound.add(g)
+            if rows[g]:
+                extent = f"n{g}" if rows[g] == 1 else f"(n{g} + {rows[g] - 1}) // {rows[g]}"
+                line = line.replace(
+                    grid_line.group(0), f'T.thread_binding({extent}, thread="blockIdx.{grid_line.group(2)}")'
+                )
+            out.append(line)
+            continue
+        bounds = _bounds(line, dims)
+        if bounds is None:
+            return None
+        if wide and not bounds:
+            bounds = _accumulation_bounds(line, wide)
+            if bounds is None:
+                return None
+        if bounds:
+            stripped = line.lstrip()
+            if _COLLECTIVE.search(line) or re.match(r"(for|if|with|while)\b|\w+ = ", stripped):
+                return None
+            indent = line[: len(line) - len(stripped)]
+            out += [f"{indent}if {' and '.join(bounds)}:", f"{indent}    {stripped}"]
+            continue
+        out.append(line)
+    split = {g for g, r in enumerate(rows) if r}
+    if not declared or bound != split or set(declared) - {ROW} != split:  # a grid dim of 1 block has no loop
+        return None
+    return "\n".join(out)
+
+
+def _accumulation_bounds(line: str, wide: set[str]) -> list[str] | None:
+    """For a statement reading a whole row's tile: the bound of its element where it accumulates into a register
+    (``acc[0] = op(acc[0], tile[.., i])``: ``i < nr``), none where it does not accumulate (an element-wise
+    step: its value at ``nr`` or beyond is never reduced or stored); None where it reads such a tile to set a
+    register otherwise (a reduction seeded from an element)."""
+    reads = [m for m in _TILE_READ.finditer(line) if m.group(1) in wide]
+    if not reads:
+        return []
+    target = re.match(r"\s*(\w+)\[0\] = (.*)$", line)
+    if target is None or not target.group(1).startswith("acc"):
+        return []
+    if f"{target.group(1)}[0]" not in target.group(2):
+        return None
+    conds = []
+    for m in reads:
+        index = _index_list(line, m.end())
+        if index is None:
+            return None
+        conds.append(f"{index[-1]} < nr")
+    return conds
+
+
+def _bounds(line: str, dims: dict[str, dict[int, int]]) -> list[str] | None:
+    """The conditions ``index < n<g>`` of every split dim a tensor access on ``line`` indexes (None: an
+    index that could not be read)."""
+    conds: list[str] = []
+    for m in _ACCESS.finditer(line):
+        split = dims.get(m.group(1), {})
+        if not split:
+            continue
+        index = _index_list(line, m.end())
+        if index is None:
+            return None
+        for d, g in split.items():
+            if d >= len(index):
+                return None
+            cond = f"{index[d]} < {_var(g)}"
+            if cond not in conds:
+                conds.append(cond)
+    return conds
+
+
+def _index_list(line: str, start: int) -> list[str] | None:
+    """The comma-separated top-level expressions from ``start`` up to the closing bracket."""
+    depth = 0
+    items: list[str] = []
+    cur: list[str] = []
+    for ch in line[start:]:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            if depth == 0:
+                items.append("".join(cur).strip())
+                return [f"({s})" if not re.fullmatch(r"\w+", s) else s for s in items]
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    return None
+
+
+def emitter(
+    g: KernelGraph, k: int, info: GraphInfo, plan: ThreadChoice, target: Target, scalar: Scalar, name: str
+) -> Callable[[], KernelText]:
+    """``emit()``: graph-defined op ``k``'s kernel at these shapes, as :func:`emit_graph_defined` writes it."""
+    return functools.partial(emit_graph_defined, g, k, info, plan, target=target, scalar=scalar, name=name)
+
+
+def row_kernel(emit: Callable[[], KernelText], hw: HwProfile, seed: int) -> Kernel | None:
+    """The CUDA kernel of :func:`emitter`'s op generic in its rows (:func:`generic_kernel`) within
+    :func:`~gensorage.codegen.generic_matmul.generic_matmuls`, under ``emit``'s name, with its parameters at
+    these shapes and its own kernel here (``Kernel.own``) emitted on demand; None where it is emitted per
+    length (by ``emit()``), on llvm and in field mode."""
+    from gensorage.codegen import generic_matmul
+    from gensorage.codegen.module import Kernel
+
+    g, k, info, _ = emit.args  # type: ignore[attr-defined]
+    target, scalar, name = (emit.keywords[n] for n in ("target", "scalar", "name"))  # type: ignore[attr-defined]
+    op = g.ops[k]
+    if target != "cuda" or scalar.field or not generic_matmul.active() or not isinstance(op, GraphDefinedOp):
+        return None
+    got = generic_kernel(op, k, info, emit, hw, seed)
+    if got is None:
+        return None
+    text, rule, threads = got
+    script = re.sub(rf"\b{_NAME}\b", name, text)
+    params = tuple(graph_kernel_params(g, k, info, scalar))
+    try:
+        func = _parsed(script, name)
+    except GensorageError:  # a generic text the parser or the barrier check refuses: emitted per length
+        return None
+    own = functools.partial(_own, emit)
+    return Kernel(name, k, func, script, params, None, threads, rule, own=own)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(script: str, name: str) -> Any:
+    from gensorage.codegen.module import _parse
+
+    return _parse(script, name)
+
+
+def _own(emit: Callable[[], KernelText]) -> tuple[Any, str]:
+    """The emitter's own kernel at these shapes (its PrimFunc and rule)."""
+    from gensorage.codegen.module import _parse
+
+    kt = emit()
+    return _parse(kt.text, kt.name), kt.rule
+
+
+__all__ = ["emitter", "generic_kernel", "generic_text", "row_kernel"]
