@@ -38,29 +38,39 @@ class Compiled:
         self._dynamo_error, self._counters = TorchDynamoException, counters
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        breaks = self._counters["graph_break"]  # dynamo's count of each graph break reason, process-wide
-        before = dict(breaks)
+        # dynamo's counts of each graph break reason, and of each reason it could not capture at all (a frame it
+        # skipped: a graph break inside a loop), process-wide
+        breaks, skips = self._counters["graph_break"], self._counters["unimplemented"]
+        before, skipped = dict(breaks), dict(skips)
         try:
             return self._compiled(*args, **kwargs)
         except self._dynamo_error as exc:  # capture or compilation failed: torch runs the model as written
-            self.report.add(
-                f"torch.compile failed, eager torch runs the model from now on: {first_line(exc)}"
-            )
-            self._compiled = self._fn
-            return self._call_eager(*args, **kwargs)
+            skipped = skips  # the failure's own line says so
+            return self._eager_after(exc, args, kwargs)
         except Exception as exc:  # the model's own error, raised as eager torch raises it
             self.report.add(f"the model raised {type(exc).__name__}: {first_line(exc)}")
             raise
         finally:
             if breaks != before:
                 self.report.graph_breaks([why for why, n in breaks.items() if n != before.get(why)])
+            if skips is not skipped and skips != skipped:
+                self.report.not_captured([why for why, n in skips.items() if n > skipped.get(why, 0)])
 
-    def _call_eager(self, *args: Any, **kwargs: Any) -> Any:
+    def _eager_after(self, failure: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call in eager torch after torch.compile failed on it. Where eager torch raises too, the call's
+        input was at fault (shapes a matmul rejects, an empty sequence a reshape cannot infer): the model's
+        error is raised as eager raises it, and the next call is compiled again. Otherwise torch.compile cannot
+        capture the model, and eager torch runs it from then on."""
         try:
-            return self._fn(*args, **kwargs)
+            out = self._fn(*args, **kwargs)
         except Exception as exc:
             self.report.add(f"the model raised {type(exc).__name__}: {first_line(exc)}")
-            raise
+            raise exc from None  # eager's error alone, not chained to dynamo's pages about it
+        self.report.add(
+            f"torch.compile failed, eager torch runs the model from now on: {first_line(failure)}"
+        )
+        self._compiled = self._fn
+        return out
 
     def explain(self) -> str:
         """Which ops ran in gensorage and which in torch, and why (one line per decision)."""
