@@ -1,0 +1,258 @@
+"""Architectures and uses the other front-end tests do not reach: Phi's partial rotary with attention and MLP in
+parallel off one LayerNorm, Qwen3's per-head q/k RMSNorm with SDPA's own GQA (``enable_gqa``), a top-k mixture
+of experts by gather, token ids through an embedding, dropout in training mode, ``torch.inference_mode`` and an
+empty sequence.
+
+Each compares with eager torch (in 16 bits, with the model in float64) and checks from the report what ran where.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from test_torch_frontend import assert_close, gensorage_subgraphs, rope, rotate_half  # noqa: E402
+from test_torch_new_models import RMSNorm32, _all_in_gensorage  # noqa: E402
+from torch import nn  # noqa: E402
+
+import gensorage.torch as gtorch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENSORAGE_HOME", str(tmp_path / "home"))
+
+
+def _activations(shape: tuple[int, ...], seed: int, outlier: int) -> torch.Tensor:
+    """N(0, 1) activations with one channel at |x| ~ 300 (LLaMA's massive activations)."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    x[..., outlier] *= 300.0
+    return x
+
+
+class PhiBlock(nn.Module):
+    """Phi-2 / GPT-J: one LayerNorm feeds attention and the MLP in parallel; RoPE on the first ``rot`` dims of
+    each head, the rest passed through; a causal mask built by ``full(-inf).triu(1)``."""
+
+    def __init__(self, hidden: int = 32, heads: int = 2, rot: int = 4) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.rot = heads, hidden // heads, rot
+        self.ln = nn.LayerNorm(hidden)
+        self.qkv, self.dense = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.fc1, self.fc2 = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.ln(x)
+        q, k, v = self.qkv(h).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        r = self.rot
+        q = torch.cat((q[..., :r] * cos + rotate_half(q[..., :r]) * sin, q[..., r:]), dim=-1)
+        k = torch.cat((k[..., :r] * cos + rotate_half(k[..., :r]) * sin, k[..., r:]), dim=-1)
+        mask = torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
+        s = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + mask
+        attn = self.dense((torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(b, t, d))
+        return x + attn + self.fc2(F.gelu(self.fc1(h), approximate="tanh"))
+
+
+def test_phi_partial_rotary_parallel_block_in_float16() -> None:
+    """Rotary slices of 4 of a head's 16 dims, cat with the 12 others; an outlier channel at |x| ~ 300. Only
+    the mask's construction stays in torch."""
+    dtype = torch.float16
+    torch.manual_seed(30)
+    model = PhiBlock().eval()
+    exact = copy.deepcopy(model).double()
+    model.to(dtype)
+    x, (cos, sin) = _activations((1, 7, 32), seed=31, outlier=3), rope(7, 4, torch.float64)
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        got = compiled(*(a.to(dtype) for a in (x, cos, sin)))
+        want = exact(x.double(), cos, sin)
+    assert got.dtype == dtype
+    assert_close(got, want, 2e-2)
+    report = compiled.explain()
+    for op in ("aten.full.default", "aten.triu.default"):
+        assert f"{op}: no gensorage lowering" in report, report
+    assert len(gensorage_subgraphs(report)) == 1 and "stays in torch" not in report, report
+
+
+class QKNormAttention(nn.Module):
+    """Qwen3 / OLMo-2: RMSNorm over each head's dims on q and k before RoPE; SDPA repeats the kv heads itself."""
+
+    def __init__(self, hidden: int = 48, heads: int = 4, kv_heads: int = 2, head_dim: int = 16) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.kv = nn.Linear(hidden, 2 * kv_heads * head_dim, bias=False)
+        self.o = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.qn, self.kn = RMSNorm32(head_dim), RMSNorm32(head_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.qn(self.q(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2, self.kv_heads, self.head_dim).unbind(2)
+        k, v = self.kn(k).transpose(1, 2), v.transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(a.transpose(1, 2).reshape(b, t, -1))
+
+
+def test_qk_norm_with_sdpas_own_gqa_in_bfloat16() -> None:
+    """q scaled ×8 (logits up to ~40 before the norm evens them) and an outlier input channel: everything in one
+    gensorage subgraph, within 2e-2 of float64."""
+    dtype = torch.bfloat16
+    torch.manual_seed(32)
+    model = QKNormAttention().eval()
+    with torch.no_grad():
+        model.q.weight.mul_(8.0)
+    exact = copy.deepcopy(model).double()
+    model.to(dtype)
+    x, (cos, sin) = _activations((2, 7, 48), seed=33, outlier=5), rope(7, 16, torch.float64)
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        got = compiled(*(a.to(dtype) for a in (x, cos, sin)))
+        want = exact(x.double(), cos, sin)
+    assert got.dtype == dtype
+    assert_close(got, want, 2e-2)
+    report = compiled.explain()
+    _all_in_gensorage(report)
+    assert len(gensorage_subgraphs(report)) == 1, report
+
+
+class TopKExperts(nn.Module):
+    """A Mixtral-style mixture of experts without a loop: the router's top-k picks each token's experts, whose
+    SwiGLU weights are gathered by index and applied by einsum, weighted by the renormalised router weights."""
+
+    def __init__(self, hidden: int = 32, ffn: int = 48, experts: int = 4, k: int = 2) -> None:
+        super().__init__()
+        self.k = k
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.w1 = nn.Parameter(torch.randn(experts, ffn, hidden) / hidden**0.5)
+        self.w3 = nn.Parameter(torch.randn(experts, ffn, hidden) / hidden**0.5)
+        self.w2 = nn.Parameter(torch.randn(experts, hidden, ffn) / ffn**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        xf = x.reshape(-1, d)
+        weights, picked = torch.topk(torch.softmax(self.router(xf), dim=-1), self.k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        w1, w3, w2 = self.w1[picked], self.w3[picked], self.w2[picked]  # [tokens, k, ...]
+        h = F.silu(torch.einsum("nd,nkfd->nkf", xf, w1)) * torch.einsum("nd,nkfd->nkf", xf, w3)
+        y = torch.einsum("nkf,nkdf->nkd", h, w2)
+        return (y * weights[..., None]).sum(1).view(b, t, d)
+
+
+def test_top_k_experts_route_in_torch_and_compute_in_gensorage() -> None:
+    """The router's softmax and the experts' SwiGLU run in gensorage; ``topk`` (which experts: data) and the
+    gathers by its int64 indices stay in torch, each with its reason."""
+    torch.manual_seed(34)
+    model = TopKExperts().eval()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(35))
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x), 1e-3)
+    report = compiled.explain()
+    for reason in (
+        "aten.topk.default: no gensorage lowering",
+        "aten.index.Tensor: no gensorage lowering",
+        "dtype torch.int64 (gensorage takes float32, float16, bfloat16)",
+    ):
+        assert reason in report, report
+    assert len(gensorage_subgraphs(report)) == 2 and "stays in torch" not in report, report
+
+
+class Mlp(nn.Module):
+    def __init__(self, d: int = 32, p: float = 0.0) -> None:
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(d), nn.Linear(d, 64), nn.Linear(64, d)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(F.silu(self.up(self.norm(x)))))
+
+
+def test_token_ids_through_an_embedding() -> None:
+    """int64 ids: the lookup stays in torch (its table is float, its indices are not), the block after it runs
+    in gensorage."""
+    torch.manual_seed(36)
+    model = nn.Sequential(nn.Embedding(50, 32), Mlp()).eval()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(37))
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(ids), model(ids), 1e-3)
+    report = compiled.explain()
+    assert "aten.embedding.default: no gensorage lowering" in report, report
+    assert len(gensorage_subgraphs(report)) == 1 and "stays in torch" not in report, report
+
+
+def test_dropout_in_training_mode_then_eval() -> None:
+    """``train()`` with p = 0.5: dropout stays in torch and draws from torch's generator as eager does (the same
+    seed drops the same units); ``eval()`` is another graph (dynamo guards ``training``) with no dropout."""
+    torch.manual_seed(38)
+    model = Mlp(p=0.5).train()
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(39))
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        torch.manual_seed(40)
+        got = compiled(x)
+        torch.manual_seed(40)
+        assert_close(got, model(x), 1e-3)
+        assert not torch.allclose(compiled(x), got)  # a new draw
+        model.eval()
+        assert_close(compiled(x), model(x), 1e-3)
+    report = compiled.explain()
+    assert "aten.native_dropout.default: no gensorage lowering" in report, report
+    assert len(gensorage_subgraphs(report)) == 3, report  # around the dropout, then the eval graph's one
+
+
+def test_inference_mode_and_no_grad() -> None:
+    """Under ``torch.inference_mode`` (inference tensors in, out) as under ``no_grad``: gensorage's kernels."""
+    torch.manual_seed(41)
+    model = Mlp().eval()
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(42))
+    compiled = gtorch.compile(model)
+    with torch.inference_mode():
+        got = compiled(x)
+        assert got.is_inference()
+    assert_close(got, model(x), 1e-3)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x), 1e-3)
+    report = compiled.explain()
+    assert len(gensorage_subgraphs(report)) == 2 and "stays in torch" not in report, report
+
+
+class CausalAttention(nn.Module):
+    def __init__(self, hidden: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.o = nn.Linear(hidden, 3 * hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.o(a.transpose(1, 2).reshape(b, t, d))
+
+
+def test_an_empty_sequence_stays_in_torch_and_the_next_length_does_not() -> None:
+    """Length 0 gives eager's empty output, its ops in torch ("an empty dim"; what SDPA decomposes to at length 0
+    may still make a small subgraph, checked like any); lengths 1 and 5 run wholly in gensorage."""
+    torch.manual_seed(43)
+    model = CausalAttention().eval()
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        for t in (0, 1, 5):
+            x = torch.randn(2, t, 32, generator=torch.Generator().manual_seed(44 + t))
+            got, want = compiled(x), model(x)
+            assert got.shape == want.shape
+            if t:
+                assert_close(got, want, 1e-3)
+    report = compiled.explain()
+    assert "shape [2, 0, 32] (an empty dim)" in report, report
+    for graph in (2, 3):  # lengths 1 and 5
+        assert f"graph {graph}: 18 of 18 ops in gensorage subgraphs" in report, report
+    assert "stays in torch" not in report, report
