@@ -253,6 +253,8 @@ def test_an_empty_sequence_stays_in_torch_and_the_next_length_does_not() -> None
                 assert_close(got, want, 1e-3)
     report = compiled.explain()
     assert "shape [2, 0, 32] (an empty dim)" in report, report
-    for graph in (2, 3):  # lengths 1 and 5
-        assert f"graph {graph}: 18 of 18 ops in gensorage subgraphs" in report, report
+    for graph in (2, 3):  # lengths 1 and 5: every op in gensorage
+        (line,) = [ln for ln in report.splitlines() if ln.startswith(f"graph {graph}: ")]
+        taken, _, total = line.split(": ")[1].split(" ops")[0].partition(" of ")
+        assert taken == total, report
     assert "stays in torch" not in report, report
