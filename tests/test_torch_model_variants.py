@@ -1,7 +1,7 @@
 """Architectures and uses the other front-end tests do not reach: Phi's partial rotary with attention and MLP in
 parallel off one LayerNorm, Qwen3's per-head q/k RMSNorm with SDPA's own GQA (``enable_gqa``), a top-k mixture
-of experts by gather, token ids through an embedding, dropout in training mode, ``torch.inference_mode`` and an
-empty sequence.
+of experts by gather and a dense one by ``torch.stack``, token ids through an embedding, dropout in training
+mode, ``torch.inference_mode`` and an empty sequence.
 
 Each compares with eager torch (in 16 bits, with the model in float64) and checks from the report what ran where.
 """
@@ -163,6 +163,55 @@ def test_top_k_experts_route_in_torch_and_compute_in_gensorage() -> None:
     ):
         assert reason in report, report
     assert len(gensorage_subgraphs(report)) == 2 and "stays in torch" not in report, report
+
+
+class SoftExperts(nn.Module):
+    """Every expert on every token, stacked and weighted by the router's softmax (a dense mixture)."""
+
+    def __init__(self, hidden: int = 32, ffn: int = 48, experts: int = 3) -> None:
+        super().__init__()
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(hidden, ffn), nn.SiLU(), nn.Linear(ffn, hidden)) for _ in range(experts)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(self.router(x), dim=-1)
+        return (torch.stack([e(x) for e in self.experts], dim=-2) * weights[..., None]).sum(-2)
+
+
+def test_stacked_experts_run_in_one_subgraph() -> None:
+    """``torch.stack`` lowers (a dim of 1 per part, then a concat): the router, the experts and their weighted
+    sum are one gensorage subgraph (the stack split it in two, its own op in torch)."""
+    torch.manual_seed(45)
+    model = SoftExperts().eval()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(46))
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x), 1e-3)
+    report = compiled.explain()
+    _all_in_gensorage(report)
+    assert len(gensorage_subgraphs(report)) == 1, report
+
+
+def test_stack_along_each_dim() -> None:
+    """First, last and middle dims, one part, and 0-d parts (a ``(1,)`` tensor in a Program)."""
+
+    def stacks(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.stack((a, b)) * 2,
+            torch.stack((a, b, a), dim=-1).exp(),
+            torch.stack((a,), 1) + 1,
+            torch.stack((a.sum(), b.mean())) * 3,
+        )
+
+    a, b = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(47)).unbind()
+    compiled = gtorch.compile(stacks)
+    with torch.no_grad():
+        for got, want in zip(compiled(a, b), stacks(a, b), strict=True):
+            assert got.shape == want.shape
+            assert_close(got, want, 1e-6)
+    _all_in_gensorage(compiled.explain())
 
 
 class Mlp(nn.Module):

@@ -152,6 +152,17 @@ def cat(lw: Lowering, node: fx.Node) -> Value:
     return parts[0] if len(parts) == 1 else lw.p.concat(parts, dim)  # type: ignore[arg-type]
 
 
+def stack(lw: Lowering, node: fx.Node) -> Value:
+    """``torch.stack(parts, dim)``: each part reshaped to the result's shape with a 1 at ``dim`` (a 0-d part is
+    ``(1,)`` in a Program, so its own shape cannot say where), then concatenated along ``dim``."""
+    parts = [lw.tensor(x) for x in _args(node)[0]]  # type: ignore[union-attr]
+    out = lw.shape(node)
+    d = (_args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim", 0)) % len(out)  # type: ignore[operator]
+    one = out[:d] + (1,) + out[d + 1 :]
+    ones = [x if x.shape == one else lw.p.reshape(x, one) for x in parts]
+    return ones[0] if len(ones) == 1 else lw.p.concat(ones, d)
+
+
 __all__ = [
     "Parts",
     "cat",
@@ -163,6 +174,7 @@ __all__ = [
     "select",
     "slice_",
     "split",
+    "stack",
     "transpose",
     "unbind",
 ]

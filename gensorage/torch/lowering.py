@@ -44,6 +44,7 @@ from gensorage.torch.layout import (
     select,
     slice_,
     split,
+    stack,
     transpose,
     unbind,
 )
@@ -566,6 +567,7 @@ RULES: dict[str, Rule] = {
     "aten.expand.default": expand,
     "aten.repeat_interleave.self_int": repeat_interleave,
     "aten.cat.default": cat,
+    "aten.stack.default": stack,
     "aten.slice.Tensor": slice_,
     "aten.select.int": select,
     "aten.split.Tensor": split,
@@ -574,13 +576,9 @@ RULES: dict[str, Rule] = {
     **{name: stays_in_torch(why) for name, why in IN_TORCH.items()},
 }
 
+_MOVES = (reshape, identity, transpose, permute, expand, _getitem, cat, stack, slice_, select, split, unbind)
 #: Rules that only move or rename elements (a cast to or from float32 is no op in a Program): a subgraph made of
 #: these alone is left to torch (no kernel to gain).
-LAYOUT_RULES = frozenset(
-    n
-    for n, r in RULES.items()
-    if r
-    in (reshape, identity, transpose, permute, expand, _getitem, cat, slice_, select, split, unbind, _to_copy)
-)
+LAYOUT_RULES = frozenset(n for n, r in RULES.items() if r in (*_MOVES, _to_copy))
 
 __all__ = ["DTYPES", "LAYOUT_RULES", "RULES", "Extra", "Lowering", "Parts", "Recip", "program_shape"]
