@@ -1,7 +1,7 @@
 """Architectures and uses the other front-end tests do not reach: Phi's partial rotary with attention and MLP in
-parallel off one LayerNorm, Qwen3's per-head q/k RMSNorm with SDPA's own GQA (``enable_gqa``), a top-k mixture
-of experts by gather and a dense one by ``torch.stack``, token ids through an embedding, dropout in training
-mode, ``torch.inference_mode`` and an empty sequence.
+parallel off one LayerNorm, GPT-J's interleaved rotary (step-2 slices), Qwen3's per-head q/k RMSNorm with SDPA's
+own GQA (``enable_gqa``), a top-k mixture of experts by gather and a dense one by ``torch.stack``, token ids
+through an embedding, dropout in training mode, ``torch.inference_mode`` and an empty sequence.
 
 Each compares with eager torch (in 16 bits, with the model in float64) and checks from the report what ran where.
 """
@@ -78,6 +78,44 @@ def test_phi_partial_rotary_parallel_block_in_float16() -> None:
     for op in ("aten.full.default", "aten.triu.default"):
         assert f"{op}: no gensorage lowering" in report, report
     assert len(gensorage_subgraphs(report)) == 1 and "stays in torch" not in report, report
+
+
+class GPTJAttention(nn.Module):
+    """GPT-J's interleaved rotary: ``rotate_every_two`` pairs dims (0, 1), (2, 3), ... by step-2 slices,
+    ``stack`` and ``flatten``; cos and sin repeat each angle twice."""
+
+    def __init__(self, hidden: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.qkv, self.o = nn.Linear(hidden, 3 * hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+
+        def rotate_every_two(z: torch.Tensor) -> torch.Tensor:
+            return torch.stack((-z[..., 1::2], z[..., ::2]), dim=-1).flatten(-2)
+
+        q, k = q * cos + rotate_every_two(q) * sin, k * cos + rotate_every_two(k) * sin
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.o(a.transpose(1, 2).reshape(b, t, d))
+
+
+def test_gptj_interleaved_rotary_by_step_2_slices() -> None:
+    """The step-2 slices lower (a window reshaped to pairs, one column of them), so does the stack: the block is
+    one gensorage subgraph (the slices and stacks were 8 ops in torch between three)."""
+    torch.manual_seed(48)
+    model = GPTJAttention().eval()
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(49))
+    inv = 1.0 / 10000 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    angles = torch.outer(torch.arange(6, dtype=torch.float64), inv).repeat_interleave(2, dim=-1)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(x, cos, sin), model(x, cos, sin), 1e-3)
+    report = compiled.explain()
+    _all_in_gensorage(report)
+    assert len(gensorage_subgraphs(report)) == 1, report
 
 
 class QKNormAttention(nn.Module):
