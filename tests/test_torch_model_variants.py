@@ -13,14 +13,20 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from test_torch_frontend import assert_close, gensorage_subgraphs, rope, rotate_half  # noqa: E402
 from test_torch_new_models import RMSNorm32, _all_in_gensorage  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 import gensorage.torch as gtorch  # noqa: E402
+from gensorage.baselines.torch_eager import TorchArith  # noqa: E402
+from gensorage.errors import UnsupportedOpError  # noqa: E402
+from gensorage.torch.subgraph import lower  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -116,6 +122,33 @@ def test_gptj_interleaved_rotary_by_step_2_slices() -> None:
     report = compiled.explain()
     _all_in_gensorage(report)
     assert len(gensorage_subgraphs(report)) == 1, report
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    dim=st.integers(0, 2),
+    start=st.none() | st.integers(-9, 9),
+    end=st.none() | st.integers(-9, 12),
+    step=st.integers(1, 5),
+)
+def test_a_strided_slice_lowers_to_its_elements_or_says_why(
+    dim: int, start: int | None, end: int | None, step: int
+) -> None:
+    """Any slice of a 3 × 8 × 6 tensor of distinct values: its Program picks exactly torch's elements, or the
+    lowering refuses it with a reason (no window of m × k elements fits, or nothing is picked)."""
+    index = [slice(None)] * 3
+    index[dim] = slice(start, end, step)
+    gm = make_fx(lambda x: (x[tuple(index)] * 2,))(torch.zeros(3, 8, 6))
+    x = torch.arange(3 * 8 * 6, dtype=torch.float64).reshape(3, 8, 6)
+    try:
+        lowered = lower(gm, "strided")
+    except UnsupportedOpError as exc:
+        n = x.shape[dim]
+        picked = range(*slice(start, end, step).indices(n))
+        assert not picked or picked.start + len(picked) * step > n, exc  # refused only where no window fits
+        return
+    (got,) = lowered.program.evaluate(TorchArith(torch), [x])
+    assert torch.equal(got, x[tuple(index)] * 2)
 
 
 class QKNormAttention(nn.Module):
