@@ -12,6 +12,7 @@ import copy
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ from test_torch_new_models import RMSNorm32, _all_in_gensorage  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
+import gensorage  # noqa: E402
 import gensorage.torch as gtorch  # noqa: E402
 from gensorage.baselines.torch_eager import TorchArith  # noqa: E402
 from gensorage.errors import UnsupportedOpError  # noqa: E402
@@ -283,6 +285,19 @@ def test_stack_along_each_dim() -> None:
             assert got.shape == want.shape
             assert_close(got, want, 1e-6)
     _all_in_gensorage(compiled.explain())
+
+
+def test_a_concat_of_many_parts_builds() -> None:
+    """A concat's kernel picks each element's part by halves: 120 parts (the strided-slice sweep made one of 174)
+    nested one ``if`` per part past Python's 100 levels of indentation, and its TVMScript did not parse."""
+    parts = 120
+    p = gensorage.Program(name="many_parts")
+    xs = [p.input(f"x{i}", (2, 1), "float32") for i in range(parts)]
+    p.output(p.exp(p.concat(xs, 1)))
+    res = gensorage.superoptimize(p, hw="h100", mode="fast", use_store=False, progress=False)
+    arrays = [np.full((2, 1), i / parts, dtype=np.float32) for i in range(parts)]
+    (got,) = res.run(*arrays, target="cpu")
+    np.testing.assert_allclose(got, np.exp(np.concatenate(arrays, axis=1)), rtol=1e-6)
 
 
 class Mlp(nn.Module):
