@@ -1,7 +1,8 @@
 """Architectures and uses the other front-end tests do not reach: Phi's partial rotary with attention and MLP in
 parallel off one LayerNorm, GPT-J's interleaved rotary (step-2 slices), Qwen3's per-head q/k RMSNorm with SDPA's
 own GQA (``enable_gqa``), a top-k mixture of experts by gather and a dense one by ``torch.stack``, token ids
-through an embedding, dropout in training mode, ``torch.inference_mode`` and an empty sequence.
+through an embedding, BatchNorm and GroupNorm after a convolution, dropout in training mode,
+``torch.inference_mode`` and an empty sequence.
 
 Each compares with eager torch (in 16 bits, with the model in float64) and checks from the report what ran where.
 """
@@ -298,6 +299,50 @@ def test_a_concat_of_many_parts_builds() -> None:
     arrays = [np.full((2, 1), i / parts, dtype=np.float32) for i in range(parts)]
     (got,) = res.run(*arrays, target="cpu")
     np.testing.assert_allclose(got, np.exp(np.concatenate(arrays, axis=1)), rtol=1e-6)
+
+
+def _conv_stem() -> nn.Module:
+    stem = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.GroupNorm(2, 8), nn.Flatten(2)
+    )
+    with torch.no_grad():  # running statistics as after training, not the initial 0 and 1
+        stem[1].running_mean.uniform_(-1.0, 1.0)
+        stem[1].running_var.uniform_(0.5, 2.0)
+    return stem
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_in_eval_and_group_norm_after_a_conv(dtype: torch.dtype) -> None:
+    """The convolution stays in torch; BatchNorm with its running statistics, ReLU and GroupNorm are one
+    gensorage subgraph (both norms stayed in torch)."""
+    torch.manual_seed(50)
+    model = _conv_stem().eval()
+    exact = copy.deepcopy(model).double()
+    model.to(dtype)
+    x = 3.0 * torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(51))
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        got = compiled(x.to(dtype))
+        want = exact(x.double())
+    assert got.dtype == dtype
+    assert_close(got, want, 1e-3 if dtype == torch.float32 else 2e-2)
+    report = compiled.explain()
+    assert "graph 1: 6 of 7 ops in gensorage subgraphs" in report, report
+    assert "aten.convolution.default: no gensorage lowering" in report, report
+    assert len(gensorage_subgraphs(report)) == 1 and "stays in torch" not in report, report
+
+
+def test_batch_norm_in_training_stays_in_torch() -> None:
+    """In training BatchNorm normalises by the batch and updates its running statistics: torch's op, as eager."""
+    torch.manual_seed(52)
+    model, twin = _conv_stem().train(), _conv_stem().train()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(53))
+    compiled = gtorch.compile(model)
+    with torch.no_grad():
+        assert_close(compiled(x), twin(x), 1e-3)
+    assert torch.allclose(model[1].running_mean, twin[1].running_mean)
+    assert "aten._native_batch_norm_legit_functional.default: no gensorage lowering" in compiled.explain()
 
 
 class Mlp(nn.Module):

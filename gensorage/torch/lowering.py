@@ -28,6 +28,7 @@ import torch.fx as fx
 from gensorage.errors import ProgramError, UnsupportedOpError
 from gensorage.program import Program, Tensor
 from gensorage.torch.activations import CLAMP_ARGS, abs_, clamp, gelu, log_softmax, sigmoid
+from gensorage.torch.channel_norms import CHANNEL_NORMS, batch_norm_eval, group_norm
 from gensorage.torch.fx_args import node_args as _args
 from gensorage.torch.fx_args import node_kwargs as _kw
 from gensorage.torch.fx_args import reduced_dims
@@ -505,6 +506,7 @@ MULTI_OUTPUT = frozenset(
         *SPLITS,
         *(n for n in SDPA_ARGS if n != "aten.scaled_dot_product_attention.default"),
         "aten.native_layer_norm.default",
+        *CHANNEL_NORMS,
     }
 )
 
@@ -544,6 +546,7 @@ RULES: dict[str, Rule] = {
     "aten.linalg_vector_norm.default": vector_norm,
     "aten._softmax.default": _softmax,
     "aten.native_layer_norm.default": _layer_norm,
+    **dict(zip(CHANNEL_NORMS, (batch_norm_eval, group_norm), strict=True)),
     "aten.softmax.int": _softmax,
     "aten.mm.default": _matmul,
     "aten.bmm.default": _matmul,
