@@ -345,6 +345,25 @@ def test_batch_norm_in_training_stays_in_torch() -> None:
     assert "aten._native_batch_norm_legit_functional.default: no gensorage lowering" in compiled.explain()
 
 
+def test_an_input_returned_as_a_copy_leaves_the_rest_in_gensorage() -> None:
+    """``x.clone()`` among the outputs is a Program output that is its input unchanged, which no Program has: the
+    whole subgraph stayed in torch for it. Now the clone alone does, and stays a copy (not ``x`` itself)."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.softmax(x @ w, dim=-1), x.clone()
+
+    g = torch.Generator().manual_seed(54)
+    x, w = torch.randn(4, 16, generator=g), torch.randn(16, 8, generator=g)
+    compiled = gtorch.compile(f)
+    with torch.no_grad():
+        probs, copied = compiled(x, w)
+    assert_close(probs, f(x, w)[0], 1e-3)
+    assert torch.equal(copied, x) and copied.data_ptr() != x.data_ptr()
+    report = compiled.explain()
+    assert "an input passed on unchanged (torch's copy of it)  [clone]" in report, report
+    assert len(gensorage_subgraphs(report)) == 1 and "stays in torch" not in report, report
+
+
 class Mlp(nn.Module):
     def __init__(self, d: int = 32, p: float = 0.0) -> None:
         super().__init__()

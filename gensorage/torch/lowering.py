@@ -564,6 +564,7 @@ RULES: dict[str, Rule] = {
     "aten.clone.default": identity,
     "aten._to_copy.default": _to_copy,
     "aten.alias.default": identity,
+    "aten.detach.default": identity,  # a training graph saves values for backward through it
     "aten.t.default": transpose,
     "aten.transpose.int": transpose,
     "aten.permute.default": permute,
