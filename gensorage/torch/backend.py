@@ -86,9 +86,11 @@ def partition(gm: fx.GraphModule, options: Options, report: Report) -> fx.GraphM
         nodes = sorted(part.nodes, key=order.__getitem__)
         if all(_target_name(n) in LAYOUT_RULES for n in nodes):
             continue
-        for n in unchanged_outputs(nodes):  # each reads only the partition's inputs: it runs in torch before
-            reasons[n] = "an input passed on unchanged (torch's copy of it)"
-            nodes.remove(n)
+        # each reads only the partition's inputs, so it runs in torch before it; one it read inside may now leave
+        while unchanged := unchanged_outputs(nodes):
+            for n in unchanged:
+                reasons[n] = "an input passed on unchanged (torch's copy of it)"
+                nodes.remove(n)
         if any(_target_name(n) not in LAYOUT_RULES for n in nodes):
             parts.append(dict.fromkeys(nodes))
     taken = {n for part in parts for n in part}
