@@ -1,8 +1,8 @@
 """Bad input to ``gensorage.torch.compile``: each case gets torch's answer (or torch's own exception) and one line
 in the report saying why, never a wrong answer.
 
-Unsupported dtypes, a data-dependent shape (``nonzero``, boolean-mask indexing), a model that raises, a failure
-inside torch.compile, TVM errors and wrong kernel outputs.
+Unsupported dtypes, a data-dependent shape (``nonzero``, boolean-mask indexing; inside a loop), a model that raises,
+a call eager torch rejects too, a failure inside torch.compile, TVM errors and wrong kernel outputs.
 """
 
 from __future__ import annotations
@@ -110,6 +110,52 @@ def test_a_shape_error_is_torchs_own() -> None:
         compiled(x, w.t())
     assert type(got.value) is type(eager.value)
     assert "the model raised RuntimeError" in compiled.explain()
+
+
+def test_a_call_eager_rejects_leaves_the_model_compiled() -> None:
+    """A call whose input eager torch rejects too (shapes a matmul cannot multiply) raises torch's error, and
+    the next call at a new shape still compiles and runs in gensorage: the failure was the input's, not the
+    capture's (one such call turned gensorage off for the model's life)."""
+    compiled = gtorch.compile(_softmax_product)
+    x, w = _draw(11)
+    with torch.no_grad():
+        assert_close(compiled(x, w), _softmax_product(x, w), 1e-3)
+        with pytest.raises(RuntimeError) as raised:
+            compiled(x, w.t())
+        x5 = torch.cat((x, x[:1]))  # a new shape: captured and compiled again
+        assert_close(compiled(x5, w), _softmax_product(x5, w), 1e-3)
+    assert raised.value.__suppress_context__  # eager's error, not chained to dynamo's about it
+    report = compiled.explain()
+    assert "the model raised RuntimeError: mat1 and mat2 shapes cannot be multiplied" in report, report
+    assert "torch.compile failed" not in report and len(gensorage_subgraphs(report)) == 2, report
+    _one_line_reasons(report)
+
+
+def test_a_graph_break_in_a_loop_is_reported() -> None:
+    """Experts picked per token by ``torch.where`` in a loop (Mixtral's routing as HF writes it): a
+    data-dependent shape inside a loop makes dynamo skip the whole function, so no graph reaches gensorage.
+    The answer is eager's and the report says why (it was empty)."""
+
+    def routed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        pick = torch.softmax(x @ w, dim=-1).argmax(-1)
+        out = torch.zeros_like(x)
+        for e in range(w.shape[1]):
+            rows = torch.where(pick == e)[0]
+            out = out.index_add(0, rows, x.index_select(0, rows) * (e + 1))
+        return out
+
+    compiled = gtorch.compile(routed)
+    with torch.no_grad():
+        for seed in (12, 13):
+            x, w = _draw(seed)
+            assert torch.equal(compiled(x, w), routed(x, w))
+    report = compiled.explain()
+    assert report.startswith(
+        "not captured, runs in torch: Dynamic shape operator: Operator `aten.nonzero.default`'s output shape "
+        "depends on input Tensor data; then graph break in loop: "
+    ), report
+    assert len(report.splitlines()) == 1, report  # said once: the second call runs the skipped code as it is
+    _one_line_reasons(report)
 
 
 def test_a_failing_backend_leaves_the_graph_in_torch(monkeypatch: pytest.MonkeyPatch) -> None:

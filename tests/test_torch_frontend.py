@@ -232,17 +232,19 @@ def test_unsupported_pieces_stay_in_torch() -> None:
 
 
 def test_slices_lower_and_a_strided_one_stays_in_torch() -> None:
-    """Negative and oversized bounds slice as torch does; a step-2 slice stays in torch with its reason."""
+    """Negative and oversized bounds slice as torch does, and so do steps whose window fits (``1::2`` of 8:
+    GPT-J's rotary; ``2::3``); ``::3`` of 8 (3 rows of 3 do not fit) stays in torch with its reason."""
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat((-x[..., -3:100], x[:, 1:3]), dim=-1).exp() + x[..., ::2].sum(-1, keepdim=True)
+        y = torch.cat((-x[..., -3:100], x[:, 1:3], x[:, 1::2], x[:, 2::3]), dim=-1).exp()
+        return y + x[..., ::3].sum(-1, keepdim=True)
 
     x = 2.0 * torch.randn(3, 8, generator=torch.Generator().manual_seed(8))
     compiled = gtorch.compile(f)
     with torch.no_grad():
         assert_close(compiled(x), f(x), 1e-3)
     report = compiled.explain()
-    assert "slice needs int bounds and step 1, got 0::2" in report, report
+    assert "no window of 3 x 3 elements holds the slice 0::3 of 8" in report, report
     assert gensorage_subgraphs(report), report
 
 

@@ -482,18 +482,21 @@ def _concat_element(w: Writer, op: KernelOp, ins: list[Any], idx: list[Ix], load
     dim = int(attr(op.attrs, "dim")) % len(ins[0].shape)
     starts = [sum(t.shape[dim] for t in ins[:i]) for i in range(len(ins))]
 
-    def part(i: int) -> None:
-        src = list(idx)
-        src[dim] = Ix(tuple(idx[dim].terms), idx[dim].const - starts[i])
-        if i == len(ins) - 1:
-            store(load(i, src))
+    def parts(lo: int, hi: int) -> None:
+        """The element from parts ``lo`` to ``hi − 1``, by halves: a chain of one ``if`` per part nested past
+        Python's 100 levels of indentation at ~95 parts (the TVMScript did not parse)."""
+        if hi - lo == 1:
+            src = list(idx)
+            src[dim] = Ix(tuple(idx[dim].terms), idx[dim].const - starts[lo])
+            store(load(lo, src))
             return
-        with w.block(f"if {idx[dim]} < {starts[i] + ins[i].shape[dim]}:"):
-            store(load(i, src))
+        mid = (lo + hi) // 2
+        with w.block(f"if {idx[dim]} < {starts[mid]}:"):
+            parts(lo, mid)
         with w.block("else:"):
-            part(i + 1)
+            parts(mid, hi)
 
-    part(0)
+    parts(0, len(ins))
 
 
 # ------------------------------------------------------------------------------------------- entry point

@@ -36,31 +36,61 @@ class Compiled:
         from torch._dynamo.utils import counters
 
         self._dynamo_error, self._counters = TorchDynamoException, counters
+        self._seen: tuple[int, dict[str, int], dict[str, int]] = (-1, {}, {})
+
+    def _dynamo_counts(self, frames: dict[str, int]) -> tuple[int, dict[str, int], dict[str, int]]:
+        """How many frames dynamo has begun to convert, and copies of its counts of each graph break reason and
+        of each reason it could not capture at all (a frame it skipped: a graph break inside a loop), all
+        process-wide. Copied by dict's own method: Counter's runs in Python."""
+        return (
+            frames["total"],
+            dict.copy(self._counters["graph_break"]),
+            dict.copy(self._counters["unimplemented"]),
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        breaks = self._counters["graph_break"]  # dynamo's count of each graph break reason, process-wide
-        before = dict(breaks)
+        # dynamo counts only while it converts a frame (a cache miss: a new shape, a first call), so a call that
+        # finds the frame count unchanged since the counts were copied copies nothing
+        frames = self._counters["frames"]
+        if frames["total"] != self._seen[0]:
+            self._seen = self._dynamo_counts(frames)
+        failed = False
         try:
             return self._compiled(*args, **kwargs)
         except self._dynamo_error as exc:  # capture or compilation failed: torch runs the model as written
-            self.report.add(
-                f"torch.compile failed, eager torch runs the model from now on: {first_line(exc)}"
-            )
-            self._compiled = self._fn
-            return self._call_eager(*args, **kwargs)
+            failed = True  # its own line says so
+            return self._eager_after(exc, args, kwargs)
         except Exception as exc:  # the model's own error, raised as eager torch raises it
             self.report.add(f"the model raised {type(exc).__name__}: {first_line(exc)}")
             raise
         finally:
-            if breaks != before:
-                self.report.graph_breaks([why for why, n in breaks.items() if n != before.get(why)])
+            if frames["total"] != self._seen[0]:
+                self._report_dynamo(frames, failed)
 
-    def _call_eager(self, *args: Any, **kwargs: Any) -> Any:
+    def _report_dynamo(self, frames: dict[str, int], failed: bool) -> None:
+        """The graph breaks this call's capture made, and what it could not capture (unless it failed)."""
+        _, breaks, skips = self._seen
+        self._seen = now = self._dynamo_counts(frames)
+        if new := [why for why, n in now[1].items() if n > breaks.get(why, 0)]:
+            self.report.graph_breaks(new)
+        if not failed and (new := [why for why, n in now[2].items() if n > skips.get(why, 0)]):
+            self.report.not_captured(new)
+
+    def _eager_after(self, failure: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call in eager torch after torch.compile failed on it. Where eager torch raises too, the call's
+        input was at fault (shapes a matmul rejects, an empty sequence a reshape cannot infer): the model's
+        error is raised as eager raises it, and the next call is compiled again. Otherwise torch.compile cannot
+        capture the model, and eager torch runs it from then on."""
         try:
-            return self._fn(*args, **kwargs)
+            out = self._fn(*args, **kwargs)
         except Exception as exc:
             self.report.add(f"the model raised {type(exc).__name__}: {first_line(exc)}")
-            raise
+            raise exc from None  # eager's error alone, not chained to dynamo's pages about it
+        self.report.add(
+            f"torch.compile failed, eager torch runs the model from now on: {first_line(failure)}"
+        )
+        self._compiled = self._fn
+        return out
 
     def explain(self) -> str:
         """Which ops ran in gensorage and which in torch, and why (one line per decision)."""

@@ -22,7 +22,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from gensorage.errors import UnsupportedOpError
-from gensorage.program import Program
+from gensorage.program import Program, Tensor
 from gensorage.torch.lowering import LAYOUT_RULES, Lowering, _target_name
 from gensorage.torch.per_shape import PerShape, has_symbolic_shapes
 from gensorage.torch.report import Report, first_line
@@ -48,20 +48,55 @@ class _Supported(OperatorSupportBase):
         return node.op == "call_function" and self.reasons.get(node) is None
 
 
+def unchanged_outputs(nodes: Sequence[fx.Node]) -> list[fx.Node]:
+    """The nodes of a partition (in graph order) whose value leaves it as one of its inputs unchanged
+    (``x.clone()`` returned, or saved for backward as a ``detach``): a Program cannot output its own input, and
+    the whole subgraph stayed in torch for it. None found where the partition does not lower as a whole (its
+    subgraph then says why)."""
+    inside = set(nodes)
+    if not any(_target_name(n) in LAYOUT_RULES and any(u not in inside for u in n.users) for n in nodes):
+        return []  # only a layout rule passes a value on unchanged: none leaves, nothing to lower (~1-5 ms)
+    lw = Lowering(Program(name="probe"))
+    lw.boundary = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in inside))
+    found = []
+    try:
+        for a in lw.boundary:
+            lw.value(a)
+        for n in nodes:
+            value = lw.lower(n)
+            if (
+                isinstance(value, Tensor)
+                and lw.p.nodes[value.id].is_input
+                and any(u not in inside for u in n.users)
+            ):
+                found.append(n)
+    except UnsupportedOpError:
+        return []
+    return found
+
+
 def partition(gm: fx.GraphModule, options: Options, report: Report) -> fx.GraphModule:
     """``gm`` with its supported subgraphs replaced by :class:`GensorageSubgraph` modules."""
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     reasons = {n: why_unsupported(n) for n in calls}
     proposed = CapabilityBasedPartitioner(gm, _Supported(reasons), allows_single_node_partition=True)
-    parts = [
-        part.nodes
-        for part in proposed.propose_partitions()
-        if any(_target_name(n) not in LAYOUT_RULES for n in part.nodes)
-    ]
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    parts = []
+    for part in proposed.propose_partitions():
+        nodes = sorted(part.nodes, key=order.__getitem__)
+        if all(_target_name(n) in LAYOUT_RULES for n in nodes):
+            continue
+        # each reads only the partition's inputs, so it runs in torch before it; one it read inside may now leave
+        while unchanged := unchanged_outputs(nodes):
+            for n in unchanged:
+                reasons[n] = "an input passed on unchanged (torch's copy of it)"
+                nodes.remove(n)
+        if any(_target_name(n) not in LAYOUT_RULES for n in nodes):
+            parts.append(dict.fromkeys(nodes))
     taken = {n for part in parts for n in part}
     torch_reasons = {n.name: reasons[n] or "layout only, no computation" for n in calls if n not in taken}
     report.graph(len(calls), len(taken), torch_reasons)  # type: ignore[arg-type]
-    fused = fuse_by_partitions(gm, [dict(p) for p in parts], prefix=PREFIX, always_return_tuple=True)
+    fused = fuse_by_partitions(gm, parts, prefix=PREFIX, always_return_tuple=True)
     first = report.graphs
     for name, sub in list(fused.named_children()):
         if name.startswith(PREFIX) and isinstance(sub, fx.GraphModule):
@@ -217,5 +252,6 @@ __all__ = [
     "make_backend",
     "partition",
     "runtime_wrapper_marks",
+    "unchanged_outputs",
     "why_unsupported",
 ]

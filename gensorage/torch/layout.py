@@ -6,7 +6,6 @@ They move or rename elements and compute nothing; a subgraph of these alone stay
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,20 +83,37 @@ def repeat_interleave(lw: Lowering, node: fx.Node) -> Value:
 
 
 def slice_(lw: Lowering, node: fx.Node) -> Value:
-    """``x[..., start:end]`` along ``dim`` (step 1; a window covering the whole dim is ``x`` itself)."""
+    """``x[..., start:end:step]`` along ``dim`` (a window covering the whole dim is ``x`` itself; a step > 1:
+    :func:`_strided`)."""
     x = lw.tensor(_args(node)[0])
     names = ("dim", "start", "end", "step")
     given = {**dict(zip(names, _args(node)[1:], strict=False)), **_kw(node)}
     dim, start, end, step = given.get("dim", 0), given.get("start"), given.get("end"), given.get("step", 1)
-    if step != 1 or not all(v is None or type(v) is int for v in (dim, start, end)):
-        # ``x[::2]`` reaches the graph with end 2**63 - 1: shown as Python writes it, an open end
-        shown = "" if type(end) is int and end >= sys.maxsize else end
-        raise UnsupportedOpError(
-            f"{node.name}: slice needs int bounds and step 1, got {start}:{shown}:{step}"
-        )
+    if not all(v is None or type(v) is int for v in (dim, start, end, step)):
+        raise UnsupportedOpError(f"{node.name}: slice needs int bounds and step, got {start}:{end}:{step}")
     d = dim % x.ndim  # type: ignore[operator]
-    lo, hi, _ = slice(start, end).indices(x.shape[d])
+    lo, hi, k = slice(start, end, step).indices(x.shape[d])
+    if k != 1:
+        return _strided(lw, node, x, d, range(lo, hi, k))
     return x if (lo, hi) == (0, x.shape[d]) else lw.p.slice(x, d, lo, hi)
+
+
+def _strided(lw: Lowering, node: fx.Node, x: Tensor, d: int, picked: range) -> Tensor:
+    """Every ``k``-th element along ``d`` (GPT-J's rotary reads ``x[..., ::2]`` and ``x[..., 1::2]``): a window
+    of ``m · k`` elements reshaped to ``m`` rows of ``k``, the column of the picked ones sliced out, reshaped back.
+    The window starts at most ``k − 1`` before the first picked element, and must fit in the dim (``x[::3]`` of 8
+    elements stays in torch: 3 rows of 3 do not fit)."""
+    n, m, k = x.shape[d], len(picked), picked.step
+    if m == 1:
+        return _window(lw, x, d, picked.start, picked.start + 1)
+    first = min(picked.start, n - m * k)
+    if not m or first < max(0, picked.start - k + 1):
+        raise UnsupportedOpError(
+            f"{node.name}: no window of {m} x {k} elements holds the slice {picked.start}::{k} of {n}"
+        )
+    col, rows = picked.start - first, _window(lw, x, d, first, first + m * k)
+    grid = lw.p.reshape(rows, x.shape[:d] + (m, k) + x.shape[d + 1 :])
+    return lw.p.reshape(lw.p.slice(grid, d + 1, col, col + 1), x.shape[:d] + (m,) + x.shape[d + 1 :])
 
 
 def split(lw: Lowering, node: fx.Node) -> Value:
@@ -152,6 +168,17 @@ def cat(lw: Lowering, node: fx.Node) -> Value:
     return parts[0] if len(parts) == 1 else lw.p.concat(parts, dim)  # type: ignore[arg-type]
 
 
+def stack(lw: Lowering, node: fx.Node) -> Value:
+    """``torch.stack(parts, dim)``: each part reshaped to the result's shape with a 1 at ``dim`` (a 0-d part is
+    ``(1,)`` in a Program, so its own shape cannot say where), then concatenated along ``dim``."""
+    parts = [lw.tensor(x) for x in _args(node)[0]]  # type: ignore[union-attr]
+    out = lw.shape(node)
+    d = (_args(node)[1] if len(_args(node)) > 1 else _kw(node).get("dim", 0)) % len(out)  # type: ignore[operator]
+    one = out[:d] + (1,) + out[d + 1 :]
+    ones = [x if x.shape == one else lw.p.reshape(x, one) for x in parts]
+    return ones[0] if len(ones) == 1 else lw.p.concat(ones, d)
+
+
 __all__ = [
     "Parts",
     "cat",
@@ -163,6 +190,7 @@ __all__ = [
     "select",
     "slice_",
     "split",
+    "stack",
     "transpose",
     "unbind",
 ]

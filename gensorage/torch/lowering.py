@@ -28,6 +28,7 @@ import torch.fx as fx
 from gensorage.errors import ProgramError, UnsupportedOpError
 from gensorage.program import Program, Tensor
 from gensorage.torch.activations import CLAMP_ARGS, abs_, clamp, gelu, log_softmax, sigmoid
+from gensorage.torch.channel_norms import CHANNEL_NORMS, batch_norm_eval, group_norm
 from gensorage.torch.fx_args import node_args as _args
 from gensorage.torch.fx_args import node_kwargs as _kw
 from gensorage.torch.fx_args import reduced_dims
@@ -44,6 +45,7 @@ from gensorage.torch.layout import (
     select,
     slice_,
     split,
+    stack,
     transpose,
     unbind,
 )
@@ -504,6 +506,7 @@ MULTI_OUTPUT = frozenset(
         *SPLITS,
         *(n for n in SDPA_ARGS if n != "aten.scaled_dot_product_attention.default"),
         "aten.native_layer_norm.default",
+        *CHANNEL_NORMS,
     }
 )
 
@@ -543,6 +546,7 @@ RULES: dict[str, Rule] = {
     "aten.linalg_vector_norm.default": vector_norm,
     "aten._softmax.default": _softmax,
     "aten.native_layer_norm.default": _layer_norm,
+    **dict(zip(CHANNEL_NORMS, (batch_norm_eval, group_norm), strict=True)),
     "aten.softmax.int": _softmax,
     "aten.mm.default": _matmul,
     "aten.bmm.default": _matmul,
@@ -560,12 +564,14 @@ RULES: dict[str, Rule] = {
     "aten.clone.default": identity,
     "aten._to_copy.default": _to_copy,
     "aten.alias.default": identity,
+    "aten.detach.default": identity,  # a training graph saves values for backward through it
     "aten.t.default": transpose,
     "aten.transpose.int": transpose,
     "aten.permute.default": permute,
     "aten.expand.default": expand,
     "aten.repeat_interleave.self_int": repeat_interleave,
     "aten.cat.default": cat,
+    "aten.stack.default": stack,
     "aten.slice.Tensor": slice_,
     "aten.select.int": select,
     "aten.split.Tensor": split,
@@ -574,13 +580,9 @@ RULES: dict[str, Rule] = {
     **{name: stays_in_torch(why) for name, why in IN_TORCH.items()},
 }
 
+_MOVES = (reshape, identity, transpose, permute, expand, _getitem, cat, stack, slice_, select, split, unbind)
 #: Rules that only move or rename elements (a cast to or from float32 is no op in a Program): a subgraph made of
 #: these alone is left to torch (no kernel to gain).
-LAYOUT_RULES = frozenset(
-    n
-    for n, r in RULES.items()
-    if r
-    in (reshape, identity, transpose, permute, expand, _getitem, cat, slice_, select, split, unbind, _to_copy)
-)
+LAYOUT_RULES = frozenset(n for n, r in RULES.items() if r in (*_MOVES, _to_copy))
 
 __all__ = ["DTYPES", "LAYOUT_RULES", "RULES", "Extra", "Lowering", "Parts", "Recip", "program_shape"]
