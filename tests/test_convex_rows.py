@@ -1,4 +1,5 @@
-"""Attention's output ``(E·V) / Σ E`` (``E ≥ 0``) is stored in ``V``'s dtype (gensorage.ugraph.convex_rows).
+"""Attention's output ``(E·V) / Σ E`` (``E ≥ 0``) is stored in ``V``'s dtype (gensorage.ugraph.convex_rows), and
+a row-fused softmax's probabilities in the program's dtype (range proofs through a block's thread graphs).
 
 Each row is a convex combination of ``V``'s rows, so ``V``'s dtype holds it, and the o-projection that reads it
 multiplies 16-bit operands: in float16 that keeps the weight's 11 significant bits where a float32 operand made the
@@ -21,7 +22,8 @@ from gensorage.opset import Op
 from gensorage.program import Program
 from gensorage.ugraph import from_program
 from gensorage.ugraph.examples import flash_attention2
-from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
+from gensorage.ugraph.ir import GraphDefinedOp, KernelGraph, KernelOp, Ref
+from gensorage.ugraph.optimize.fuse_rows import fuse_rows
 from gensorage.ugraph.shapes import infer
 
 HW = load_profile("h100")
@@ -102,3 +104,19 @@ def test_float16_attention_then_projection_against_float64(logit: float, v_scale
     got = llvm_build().run(*xs, target="cpu")[0].astype(np.float64)
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1.2e-3
+
+
+def test_a_row_fused_softmax_stores_its_probabilities_in_the_program_dtype() -> None:
+    # Row fusion puts exp(S − max S) in one thread graph, its block sum between, the division in the next: the
+    # range proof runs through the block's operators, so P (in [0, 1]) stays float16 and P·V, then the
+    # projection, multiply float16 operands (P was float32: each matmul multiplied in bfloat16).
+    p = Program("softmax_pv_proj")
+    s = p.input("S", (2, 8, 16), "float16")
+    v = p.input("V", (2, 16, 16), "float16")
+    w = p.input("W", (16, 24), "float16")
+    p.output(p.matmul(p.matmul(p.softmax(s, dim=2), v), w))
+    g = fuse_rows(from_program(p), HW)
+    info = infer(g)
+    (fused,) = [k for k, op in enumerate(g.ops) if isinstance(op, GraphDefinedOp)]
+    assert [o.dtype for o in info.blocks[fused].outputs] == ["float16"]  # type: ignore[union-attr]
+    assert [info.nodes[len(g.inputs) + k][0].dtype for k in range(fused + 1, len(g.ops))] == ["float16"] * 2

@@ -14,8 +14,10 @@ node (``%n``, its index in ``inputs + ops``), the block node (``#j``) and the th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import ChainMap
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gensorage import opset
 from gensorage.errors import ProgramError, UGraphError
@@ -181,11 +183,12 @@ def _within(
 
 
 class _Ranges:
-    """What the structure proves of each value's range at one level (:func:`gensorage.precision.value_range`)."""
+    """What the structure proves of each value's range at one level (:func:`gensorage.precision.value_range`);
+    ``known``: what is already proved (a thread graph sees its block's)."""
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Producer, known: MutableMapping[Any, str] | None = None) -> None:
         self.producer = producer
-        self.known: dict[Ref, str] = {}
+        self.known: MutableMapping[Any, str] = {} if known is None else known
 
     def of(self, at: Ref, op: Op, refs: Sequence[Ref], attrs: opset.Attrs) -> bool:
         """Record ``at``'s range; whether it is in [0, 1]."""
@@ -233,28 +236,44 @@ def thread_shapes(
     where: str,
     precision: str = DEFAULT_PRECISION,
     into_exp: frozenset[int] = frozenset(),
+    block: tuple[_Ranges, Sequence[Ref], dict[int, str]] | None = None,
 ) -> tuple[TensorInfo, ...]:
     """Tiles of a thread graph's local values (inputs then ops); its ops must be elementwise (``into_exp``: the
-    local values that flow only into exp)."""
+    local values that flow only into exp). ``block``: the enclosing block's ranges, the block values the inputs
+    are, and a dict that receives the outputs' proved ranges by output index: a range proof may then run through
+    the block's operators (a row-fused softmax: ``exp(S − max S)`` in one thread graph, its block sum, the
+    division in the next)."""
     if not tg.ops:
         raise UGraphError(f"{where}: a thread graph needs at least one op")
     if not tg.outputs:
         raise UGraphError(f"{where}: a thread graph needs at least one output")
     local: list[tuple[TensorInfo, ...]] = [(a,) for a in args]
+    outer, outer_refs, out_ranges = block if block is not None else (None, (), {})
 
-    def producer(r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
-        n = r.node - len(args)
-        return (tg.ops[n].op, tg.ops[n].inputs, tg.ops[n].attrs) if 0 <= n < len(tg.ops) else None
+    def canon(r: Ref) -> Any:
+        """A local value as the block's ranges know it: an input as its block value, an op by ("thread", n)."""
+        if outer is None:
+            return r
+        return outer_refs[r.node] if r.node < len(args) else ("thread", r.node)
 
-    ranges = _Ranges(producer)
+    def producer(c: Any) -> tuple[Op, tuple[Any, ...], opset.Attrs] | None:
+        n = (c[1] if isinstance(c, tuple) else c.node if outer is None else -1) - len(args)
+        if 0 <= n < len(tg.ops):
+            return tg.ops[n].op, tuple(canon(r) for r in tg.ops[n].inputs), tg.ops[n].attrs
+        return outer.producer(c) if outer is not None and not isinstance(c, tuple) else None
+
+    ranges = _Ranges(producer, ChainMap({}, outer.known) if outer is not None else None)
     for i, top in enumerate(tg.ops):
         here = f"{where}, thread op {i} ({top.op.value})"
         if top.op not in ELEMENTWISE:
             raise UGraphError(f"{here}: only elementwise ops may run in a thread graph")
         ins = [resolve(r, local, here) for r in top.inputs]
-        unit = ranges.of(Ref(len(local)), top.op, top.inputs, top.attrs)
+        unit = ranges.of(canon(Ref(len(local))), top.op, tuple(canon(r) for r in top.inputs), top.attrs)
         lead = len(local) in into_exp
         local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision, unit, lead),))
+    for o, r in enumerate(tg.outputs):
+        if (found := ranges.known.get(canon(r))) is not None:
+            out_ranges[o] = found
     for r in tg.outputs:
         resolve(r, local, f"{where}, thread output")
         if r.node < len(args):
@@ -395,7 +414,10 @@ def block_shapes(
                 outs = (_op_shape(*args_),)
             case ThreadGraph():
                 ins = [resolve(r, infos, where) for r in node.inputs]
-                local = thread_shapes(node, ins, where, g.precision, into.thread_locals(k, j))
+                proved: dict[int, str] = {}
+                block_ranges = (ranges, node.inputs, proved)
+                local = thread_shapes(node, ins, where, g.precision, into.thread_locals(k, j), block_ranges)
+                ranges.known.update({Ref(j, o): found for o, found in proved.items()})
                 outs = tuple(local[r.node] for r in node.outputs)
             case Accumulator() if node.kind in ONLINE_SOFTMAX_KINDS:
                 ins = [resolve(r, infos, where) for r in node.reads]
