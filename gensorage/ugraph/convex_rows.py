@@ -46,7 +46,7 @@ def convex_values(op: Op, refs: tuple[Ref, ...], node_of: NodeOf, rank_of: RankO
     if den.inputs != (e,) or not isinstance(source, BlockOp | KernelOp) or source.op is not Op.EXP:
         return None
     dim, last = opset.attr(den.attrs, "dim"), rank_of(e) - 1
-    keep, group = opset.attr(den.attrs, "keepdim", False), opset.attr(den.attrs, "group")
+    keep, group = opset.attr(den.attrs, "keepdim", True), opset.attr(den.attrs, "group")
     return v if dim in (last, -1) and keep and group is None else None
 
 
