@@ -20,7 +20,8 @@ Program outputs keep the program's dtype under both policies: the operator that 
 
 Under ``"float32"`` a value the graph's structure bounds to [0, 1] is stored in the program's dtype even when its
 operator is on the list (:func:`value_range`): a stable softmax's ``exp(x − max(x))`` and its probabilities
-``e / Σ e``. float16 holds those safely, and the matmul that reads them keeps its 16-bit operands. The operands
+``e / Σ e``; likewise a norm's normalised value ``x / sqrt(c·Σ x² + ε)``, at most ``1/√c`` (``√n``) in
+magnitude. float16 holds those safely, and the matmul that reads them keeps its 16-bit operands. The operands
 of ``exp`` go the other way: a value that flows only into ``exp`` (the scores, ``S − max S``, the maxima; see
 :mod:`gensorage.ugraph.exp_operands`) is stored in float32, since ``exp`` makes its absolute rounding error a
 relative one (a bfloat16 logit of 100 is off by up to 0.25). And a bfloat16 program's float32 intermediate that
@@ -84,17 +85,22 @@ def stored_dtype(op: Op, dtypes: Sequence[str], square: bool, precision: str) ->
 #: What a reference's producer is (its operator, the references it reads, its attributes), None for a value that
 #: is not an operator's result at this level (an input, an iterator, a thread graph's output).
 Producer = Callable[[Any], "tuple[Op, tuple[Any, ...], Attrs] | None"]
-NONPOSITIVE, UNIT = "nonpositive", "unit"
+NONPOSITIVE, UNIT, NORMALISED = "nonpositive", "unit", "normalised"
+# float16's largest finite value: a normalised value's bound must stay below it (bfloat16's is larger).
+FLOAT16_MAX = 65504.0
 
 
 def value_range(
     op: Op, refs: Sequence[Any], attrs: Attrs, producer: Producer, ranges: Mapping[Any, str]
 ) -> str | None:
-    """What the structure proves of ``op``'s result: ``"nonpositive"``, ``"unit"`` (in [0, 1]) or None.
+    """What the structure proves of ``op``'s result: ``"nonpositive"``, ``"unit"`` (in [0, 1]),
+    ``"normalised"`` (a norm's ``x / rms(x)``, within float16's range) or None.
 
     ``ranges`` holds what was proved of earlier references. The rules: ``x − max(x)`` (max along a dim, kept) is
     non-positive, and so is a non-negative multiple of it; exp of a non-positive value is in (0, 1]; ``e / Σ e``
-    of a non-negative ``e`` in [0, 1] is in [0, 1] (each term is at most the sum).
+    of a non-negative ``e`` in [0, 1] is in [0, 1] (each term is at most the sum); ``x / sqrt(c·Σ x² + ε)``
+    (sums kept, ``c > 0``, ``ε ≥ 0``) is at most ``1/√c`` in magnitude (``x_i²`` is one of the sum's terms), so
+    RMSNorm's and LayerNorm's normalised value (``c = 1/n``: ``√n``) is within float16's range.
     """
     match op:
         case Op.SUB:
@@ -111,14 +117,36 @@ def value_range(
             s = producer(refs[1])
             if ranges.get(refs[0]) == UNIT and s is not None and s[0] is Op.SUM and s[1] == (refs[0],):
                 return UNIT if attr(s[2], "keepdim", True) and attr(s[2], "group") is None else None
+            return NORMALISED if _normalises(refs, producer) else None
         case _:
             return None
     return None
 
 
+def _normalises(refs: Sequence[Any], producer: Producer) -> bool:
+    """Whether ``refs[0] / refs[1]`` is ``x / sqrt(c·Σ x² + ε)`` with a bound ``1/√c`` below float16's largest."""
+    root = producer(refs[1])
+    inner = producer(root[1][0]) if root is not None and root[0] is Op.SQRT else None
+    if inner is not None and inner[0] is Op.ADD_SCALAR and float(attr(inner[2], "value")) >= 0:
+        inner = producer(inner[1][0])
+    if inner is None or inner[0] is not Op.SCALE or not float(attr(inner[2], "factor")) > FLOAT16_MAX**-2:
+        return False
+    sums, node = 0, producer(inner[1][0])
+    while (
+        node is not None
+        and node[0] is Op.SUM
+        and attr(node[2], "keepdim", True)
+        and attr(node[2], "group") is None
+    ):
+        sums, node = sums + 1, producer(node[1][0])
+    return sums > 0 and node is not None and is_square(node[0], node[1]) and node[1][0] == refs[0]
+
+
 __all__ = [
     "DEFAULT_PRECISION",
+    "FLOAT16_MAX",
     "NONPOSITIVE",
+    "NORMALISED",
     "UNIT",
     "Producer",
     "FLOAT32_OPS",

@@ -19,12 +19,14 @@ H200 = load_profile("h200")
 
 
 def _norm_projection(dtype: str, *, summed: bool = False, reshaped: bool = False) -> tuple[Program, int]:
-    """``rms_norm(x) @ W.T`` (optionally through a reshape, or with a sum reading the normalised x too), and the
-    program node of the normalised x."""
+    """``(x·g / rms(x)) @ W.T`` (optionally through a reshape, or with a sum reading the normalised x too), and the
+    program node of the normalised x: with the gain inside the division it is bounded by √96·|g| only, so the
+    policy keeps it float32 (a bare ``rms_norm(x)`` is bounded by √96 and stored in the program's dtype)."""
     p = Program()
     x = p.input("x", (64, 96), dtype)
     w = p.input("w", (80, 96), dtype)
-    xn = p.rms_norm(x)
+    g = p.input("g", (96,), dtype)
+    xn = p.div(p.mul(x, g), p.sqrt(p.add_scalar(p.scale(p.sum(p.mul(x, x), 1), 1 / 96), 1e-6)))
     if summed:
         p.output(p.sum(xn, 1))
     a = p.reshape(p.reshape(xn, (8, 8, 96)), (64, 96)) if reshaped else xn

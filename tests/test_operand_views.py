@@ -299,12 +299,15 @@ def test_both_cost_models_price_what_is_emitted() -> None:
 
 
 def test_a_float32_activation_times_a_transposed_16_bit_weight() -> None:
-    # The precision policy keeps a float16 program's normalised activation in float32: the matmul converts both
-    # operands to bfloat16 on their way to shared memory, the weight still read in place. (A bfloat16 program
-    # stores it in bfloat16: tests/test_matmul_operands.py.)
+    # The precision policy keeps a float16 program's normalised activation with its gain inside the division
+    # (bounded by √100·|g| only) in float32: the matmul converts both operands to bfloat16 on their way to shared
+    # memory, the weight still read in place. (A bfloat16 program stores it in bfloat16:
+    # tests/test_matmul_operands.py; a bare rms_norm(x), bounded by √100, is stored in float16.)
     p = Program()
     x, w = p.input("x", (40, 100), "float16"), p.input("w", (72, 100), "float16")
-    p.output(p.matmul(p.rms_norm(x), p.transpose(w, 0, 1)))
+    g = p.input("g", (100,), "float16")
+    xn = p.div(p.mul(x, g), p.sqrt(p.add_scalar(p.scale(p.sum(p.mul(x, x), 1), 1 / 100), 1e-6)))
+    p.output(p.matmul(xn, p.transpose(w, 0, 1)))
     g = from_program(p)
     info = validate(g)
     (mm,) = [op for op in g.ops if isinstance(op, KernelOp) and op.op is Op.MATMUL]

@@ -109,12 +109,15 @@ def test_the_construction_puts_mixed_operands_on_cp_async_wgmma_never_tma() -> N
 
 
 def _normed_matmul(dtype: str, m: int, n: int, k: int, transposed: bool) -> Program:
-    """``rms_norm(x) @ W`` (or ``@ W.T``): the precision policy keeps the normalised x in float32, since a sum
-    reads it too (read by matmuls alone, a bfloat16 program would store it in bfloat16: matmul_operands)."""
+    """``(x·g / rms(x)) @ W`` (or ``@ W.T``): the gain inside the division is bounded by √k·|g| only, so the
+    precision policy keeps the normalised x in float32 (a bare ``rms_norm(x)``, bounded by √k, is stored in the
+    program's dtype), and a sum reads it too (read by matmuls alone, a bfloat16 program would store it in
+    bfloat16: matmul_operands)."""
     p = Program()
     x = p.input("x", (m, k), dtype)
     w = p.input("w", (n, k) if transposed else (k, n), dtype)
-    xn = p.rms_norm(x)
+    g = p.input("g", (k,), dtype)
+    xn = p.div(p.mul(x, g), p.sqrt(p.add_scalar(p.scale(p.sum(p.mul(x, x), 1), 1 / k), 1e-6)))
     total = p.sum(xn, 1)
     p.output(p.matmul(xn, p.transpose(w, 0, 1) if transposed else w))
     p.output(total)

@@ -14,15 +14,23 @@ node (``%n``, its index in ``inputs + ops``), the block node (``#j``) and the th
 
 from __future__ import annotations
 
-from collections import ChainMap
-from collections.abc import MutableMapping, Sequence
+import functools
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gensorage import opset
 from gensorage.errors import ProgramError, UGraphError
 from gensorage.opset import ELEMENTWISE, Op, Shape
-from gensorage.precision import DEFAULT_PRECISION, Producer, is_square, stored_dtype, value_range
+from gensorage.precision import (
+    DEFAULT_PRECISION,
+    NORMALISED,
+    UNIT,
+    Producer,
+    is_square,
+    stored_dtype,
+    value_range,
+)
 from gensorage.ugraph.convex_rows import NodeOf, convex_values, weighted_sum
 from gensorage.ugraph.exp_operands import ExpOperands, exp_operands
 from gensorage.ugraph.ir import (
@@ -195,7 +203,7 @@ class _Ranges:
         found = value_range(op, refs, attrs, self.producer, self.known)
         if found is not None:
             self.known[at] = found
-        return found == "unit"
+        return found in (UNIT, NORMALISED)
 
 
 def _check_dim(dim: object, ndim: int, what: str, where: str) -> int:
@@ -236,44 +244,32 @@ def thread_shapes(
     where: str,
     precision: str = DEFAULT_PRECISION,
     into_exp: frozenset[int] = frozenset(),
-    block: tuple[_Ranges, Sequence[Ref], dict[int, str]] | None = None,
+    block: tuple[_Ranges, Callable[[Ref], Any]] | None = None,
 ) -> tuple[TensorInfo, ...]:
     """Tiles of a thread graph's local values (inputs then ops); its ops must be elementwise (``into_exp``: the
-    local values that flow only into exp). ``block``: the enclosing block's ranges, the block values the inputs
-    are, and a dict that receives the outputs' proved ranges by output index: a range proof may then run through
-    the block's operators (a row-fused softmax: ``exp(S − max S)`` in one thread graph, its block sum, the
-    division in the next)."""
+    local values that flow only into exp). ``block``: the enclosing block's ranges (whose producer knows every
+    thread graph's values) and the key each local value has there, so a range proof runs through the block's
+    operators (a row-fused softmax: ``exp(S − max S)`` in one thread graph, its block sum, the division in the
+    next; a row-fused norm's squares, sum and division) and the outputs' proofs reach the block."""
     if not tg.ops:
         raise UGraphError(f"{where}: a thread graph needs at least one op")
     if not tg.outputs:
         raise UGraphError(f"{where}: a thread graph needs at least one output")
     local: list[tuple[TensorInfo, ...]] = [(a,) for a in args]
-    outer, outer_refs, out_ranges = block if block is not None else (None, (), {})
 
-    def canon(r: Ref) -> Any:
-        """A local value as the block's ranges know it: an input as its block value, an op by ("thread", n)."""
-        if outer is None:
-            return r
-        return outer_refs[r.node] if r.node < len(args) else ("thread", r.node)
+    def producer(r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
+        n = r.node - len(args)
+        return (tg.ops[n].op, tg.ops[n].inputs, tg.ops[n].attrs) if 0 <= n < len(tg.ops) else None
 
-    def producer(c: Any) -> tuple[Op, tuple[Any, ...], opset.Attrs] | None:
-        n = (c[1] if isinstance(c, tuple) else c.node if outer is None else -1) - len(args)
-        if 0 <= n < len(tg.ops):
-            return tg.ops[n].op, tuple(canon(r) for r in tg.ops[n].inputs), tg.ops[n].attrs
-        return outer.producer(c) if outer is not None and not isinstance(c, tuple) else None
-
-    ranges = _Ranges(producer, ChainMap({}, outer.known) if outer is not None else None)
+    ranges, key = block if block is not None else (_Ranges(producer), lambda r: r)
     for i, top in enumerate(tg.ops):
         here = f"{where}, thread op {i} ({top.op.value})"
         if top.op not in ELEMENTWISE:
             raise UGraphError(f"{here}: only elementwise ops may run in a thread graph")
         ins = [resolve(r, local, here) for r in top.inputs]
-        unit = ranges.of(canon(Ref(len(local))), top.op, tuple(canon(r) for r in top.inputs), top.attrs)
+        unit = ranges.of(key(Ref(len(local))), top.op, tuple(key(r) for r in top.inputs), top.attrs)
         lead = len(local) in into_exp
         local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision, unit, lead),))
-    for o, r in enumerate(tg.outputs):
-        if (found := ranges.known.get(canon(r))) is not None:
-            out_ranges[o] = found
     for r in tg.outputs:
         resolve(r, local, f"{where}, thread output")
         if r.node < len(args):
@@ -384,9 +380,31 @@ def block_shapes(
     def block_node(r: Ref) -> object:
         return block.nodes[r.node] if 0 <= r.node < len(block.nodes) else None
 
-    def producer(r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
-        n = block_node(r)
-        return (n.op, n.inputs, n.attrs) if isinstance(n, BlockOp) else None
+    def thread_key(j: int, r: Ref) -> Any:
+        """Thread graph ``j``'s local value as the block's ranges know it: an input as its block value, an output
+        as the graph's output, another op's result as ("thread", j, node)."""
+        tg = block.nodes[j]
+        assert isinstance(tg, ThreadGraph)
+        if r.node < len(tg.inputs):
+            return tg.inputs[r.node]
+        return Ref(j, tg.outputs.index(r)) if r in tg.outputs else ("thread", j, r.node)
+
+    def producer(c: Any) -> tuple[Op, tuple[Any, ...], opset.Attrs] | None:
+        n = c if isinstance(c, tuple) else block_node(c)
+        if isinstance(n, BlockOp):
+            return n.op, n.inputs, n.attrs
+        if isinstance(n, ThreadGraph) and 0 <= c.out < len(n.outputs):
+            j, local = c.node, n.outputs[c.out].node
+        elif isinstance(n, tuple):
+            _, j, local = n
+        else:
+            return None
+        tg = block.nodes[j]
+        assert isinstance(tg, ThreadGraph)
+        if local < len(tg.inputs):
+            return producer(tg.inputs[local])
+        top = tg.ops[local - len(tg.inputs)]
+        return top.op, tuple(thread_key(j, r) for r in top.inputs), top.attrs
 
     ranges = _Ranges(producer)
     for j, node in enumerate(block.nodes):
@@ -414,10 +432,8 @@ def block_shapes(
                 outs = (_op_shape(*args_),)
             case ThreadGraph():
                 ins = [resolve(r, infos, where) for r in node.inputs]
-                proved: dict[int, str] = {}
-                block_ranges = (ranges, node.inputs, proved)
-                local = thread_shapes(node, ins, where, g.precision, into.thread_locals(k, j), block_ranges)
-                ranges.known.update({Ref(j, o): found for o, found in proved.items()})
+                keyed = (ranges, functools.partial(thread_key, j))
+                local = thread_shapes(node, ins, where, g.precision, into.thread_locals(k, j), keyed)
                 outs = tuple(local[r.node] for r in node.outputs)
             case Accumulator() if node.kind in ONLINE_SOFTMAX_KINDS:
                 ins = [resolve(r, infos, where) for r in node.reads]
