@@ -15,7 +15,7 @@ node (``%n``, its index in ``inputs + ops``), the block node (``#j``) and the th
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,11 +192,11 @@ def _within(
 
 class _Ranges:
     """What the structure proves of each value's range at one level (:func:`gensorage.precision.value_range`);
-    ``known``: what is already proved (a thread graph sees its block's)."""
+    a block's also holds its thread graphs' values (:func:`thread_shapes`)."""
 
-    def __init__(self, producer: Producer, known: MutableMapping[Any, str] | None = None) -> None:
+    def __init__(self, producer: Producer) -> None:
         self.producer = producer
-        self.known: MutableMapping[Any, str] = {} if known is None else known
+        self.known: dict[Any, str] = {}
 
     def of(self, at: Ref, op: Op, refs: Sequence[Ref], attrs: opset.Attrs) -> bool:
         """Record ``at``'s range; whether it is in [0, 1]."""
