@@ -21,7 +21,9 @@ Program outputs keep the program's dtype under both policies: the operator that 
 Under ``"float32"`` a value the graph's structure bounds to [0, 1] is stored in the program's dtype even when its
 operator is on the list (:func:`value_range`): a stable softmax's ``exp(x − max(x))`` and its probabilities
 ``e / Σ e``; likewise a norm's normalised value ``x / sqrt(c·Σ x² + ε)``, at most ``1/√c`` (``√n``) in
-magnitude. float16 holds those safely, and the matmul that reads them keeps its 16-bit operands. The operands
+magnitude. float16 holds those safely, and the matmul that reads them keeps its 16-bit operands. A value at
+most one operand in magnitude (``x / (c + e)``, ``c ≥ 1``, ``e ≥ 0``: GELU's tanh form) is stored in that
+operand's dtype, and ``a / (a + b)`` of two values in [0, 1] (a sigmoid) in the program's. The operands
 of ``exp`` go the other way: a value that flows only into ``exp`` (the scores, ``S − max S``, the maxima; see
 :mod:`gensorage.ugraph.exp_operands`) is stored in float32, since ``exp`` makes its absolute rounding error a
 relative one (a bfloat16 logit of 100 is off by up to 0.25). And a bfloat16 program's float32 intermediate that
@@ -85,7 +87,8 @@ def stored_dtype(op: Op, dtypes: Sequence[str], square: bool, precision: str) ->
 #: What a reference's producer is (its operator, the references it reads, its attributes), None for a value that
 #: is not an operator's result at this level (an input, an iterator, a thread graph's output).
 Producer = Callable[[Any], "tuple[Op, tuple[Any, ...], Attrs] | None"]
-NONPOSITIVE, UNIT, NORMALISED = "nonpositive", "unit", "normalised"
+NONPOSITIVE, NONNEGATIVE, UNIT, NORMALISED = "nonpositive", "nonnegative", "unit", "normalised"
+AT_LEAST_ONE, SHRINKS = "at_least_one", "shrinks"
 # float16's largest finite value: a normalised value's bound must stay below it (bfloat16's is larger).
 FLOAT16_MAX = 65504.0
 
@@ -93,34 +96,60 @@ FLOAT16_MAX = 65504.0
 def value_range(
     op: Op, refs: Sequence[Any], attrs: Attrs, producer: Producer, ranges: Mapping[Any, str]
 ) -> str | None:
-    """What the structure proves of ``op``'s result: ``"nonpositive"``, ``"unit"`` (in [0, 1]),
-    ``"normalised"`` (a norm's ``x / rms(x)``, within float16's range) or None.
+    """What the structure proves of ``op``'s result: ``"nonpositive"``, ``"nonnegative"``, ``"unit"`` (in
+    [0, 1]), ``"normalised"`` (a norm's ``x / rms(x)``, within float16's range), ``"at_least_one"``, ``"shrinks"``
+    (at most ``refs[0]`` in magnitude, element by element) or None.
 
     ``ranges`` holds what was proved of earlier references. The rules: ``x − max(x)`` (max along a dim, kept) is
-    non-positive, and so is a non-negative multiple of it; exp of a non-positive value is in (0, 1]; ``e / Σ e``
-    of a non-negative ``e`` in [0, 1] is in [0, 1] (each term is at most the sum); ``x / sqrt(c·Σ x² + ε)``
-    (sums kept, ``c > 0``, ``ε ≥ 0``) is at most ``1/√c`` in magnitude (``x_i²`` is one of the sum's terms), so
-    RMSNorm's and LayerNorm's normalised value (``c = 1/n``: ``√n``) is within float16's range.
+    non-positive; ``relu`` and ``exp`` are non-negative; a scale keeps a sign or flips it by its factor's; exp of a
+    non-positive value is in (0, 1]; ``e / Σ e`` of a non-negative ``e`` in [0, 1] is in [0, 1] (each term is at
+    most the sum), and so is ``a / (a + b)`` of two values in [0, 1] (a sigmoid as the torch front end lowers it);
+    ``x / sqrt(c·Σ x² + ε)`` (sums kept, ``c > 0``, ``ε ≥ 0``) is at most ``1/√c`` in magnitude (``x_i²`` is one
+    of the sum's terms), so RMSNorm's and LayerNorm's normalised value (``c = 1/n``: ``√n``) is within float16's
+    range; a non-negative value plus a constant ``c ≥ 1`` is at least 1, and ``x`` divided by such a value shrinks
+    ``x`` (GELU's tanh form ``x / (1 + exp(−2u))``: its result fits wherever ``x`` does).
     """
     match op:
         case Op.SUB:
             m = producer(refs[1])
             if m is not None and m[0] is Op.MAX and m[1] == (refs[0],) and attr(m[2], "keepdim", False):
                 return NONPOSITIVE
+        case Op.RELU:
+            return NONNEGATIVE
         case Op.SCALE:
-            if ranges.get(refs[0]) == NONPOSITIVE and float(attr(attrs, "factor")) >= 0:
-                return NONPOSITIVE
+            return _scaled(ranges.get(refs[0]), float(attr(attrs, "factor")))
         case Op.EXP:
-            if ranges.get(refs[0]) == NONPOSITIVE:
-                return UNIT
+            return UNIT if ranges.get(refs[0]) == NONPOSITIVE else NONNEGATIVE
+        case Op.ADD_SCALAR:
+            if ranges.get(refs[0]) in (NONNEGATIVE, UNIT) and float(attr(attrs, "value")) >= 1:
+                return AT_LEAST_ONE
         case Op.DIV:
-            s = producer(refs[1])
-            if ranges.get(refs[0]) == UNIT and s is not None and s[0] is Op.SUM and s[1] == (refs[0],):
-                return UNIT if attr(s[2], "keepdim", True) and attr(s[2], "group") is None else None
-            return NORMALISED if _normalises(refs, producer) else None
+            return _divided(refs, producer, ranges)
         case _:
             return None
     return None
+
+
+def _scaled(found: str | None, factor: float) -> str | None:
+    """The sign a scale by ``factor`` leaves of a value of range ``found`` (a value in [0, 1] is non-negative)."""
+    sign = {NONPOSITIVE: -1, NONNEGATIVE: 1, UNIT: 1}.get(found or "")
+    if sign is None:
+        return None
+    if factor == 0:  # zero is non-positive, and exp(0) is 1
+        return NONPOSITIVE
+    return NONNEGATIVE if sign * factor > 0 else NONPOSITIVE
+
+
+def _divided(refs: Sequence[Any], producer: Producer, ranges: Mapping[Any, str]) -> str | None:
+    """:func:`value_range` of ``refs[0] / refs[1]``."""
+    s = producer(refs[1])
+    if ranges.get(refs[0]) == UNIT and s is not None and s[0] is Op.SUM and s[1] == (refs[0],):
+        return UNIT if attr(s[2], "keepdim", True) and attr(s[2], "group") is None else None
+    if s is not None and s[0] is Op.ADD and refs[0] in s[1] and all(ranges.get(r) == UNIT for r in s[1]):
+        return UNIT
+    if ranges.get(refs[1]) == AT_LEAST_ONE:
+        return SHRINKS
+    return NORMALISED if _normalises(refs, producer) else None
 
 
 def _normalises(refs: Sequence[Any], producer: Producer) -> bool:
@@ -143,6 +172,9 @@ def _normalises(refs: Sequence[Any], producer: Producer) -> bool:
 
 
 __all__ = [
+    "AT_LEAST_ONE",
+    "NONNEGATIVE",
+    "SHRINKS",
     "DEFAULT_PRECISION",
     "FLOAT16_MAX",
     "NONPOSITIVE",

@@ -25,6 +25,7 @@ from gensorage.opset import ELEMENTWISE, Op, Shape
 from gensorage.precision import (
     DEFAULT_PRECISION,
     NORMALISED,
+    SHRINKS,
     UNIT,
     Producer,
     is_square,
@@ -168,22 +169,45 @@ def _op_shape(
 
 
 def _stored(op: Op, dtypes: Sequence[str], square: bool, precision: str, attrs: opset.Attrs) -> str:
-    """:func:`stored_dtype` of ``op``; a matmul's epilogue steps each as its own op would store (the last one's)."""
+    """:func:`stored_dtype` of ``op``; a matmul's epilogue steps each as its own op would store (the last one's),
+    with the range proofs a chain of separate ops would get (GELU's tanh form shrinks its operand: it fits the
+    product's dtype)."""
     steps = opset.epilogue(attrs) if op is Op.MATMUL else ()
     if not steps:
         return stored_dtype(op, dtypes, square, precision)
     values = [stored_dtype(op, dtypes[:2], False, precision), *dtypes[2:]]
-    for name, args, _ in steps:
+    first = len(values)
+
+    def producer(i: int) -> tuple[Op, tuple[int, ...], opset.Attrs] | None:
+        name, args, step_attrs = steps[i - first] if i >= first else (None, (), ())
+        return (Op(name), args, step_attrs) if name is not None else None
+
+    ranges = _Ranges(producer)
+    for name, args, step_attrs in steps:
         sq = Op(name) is Op.MUL and len(args) == 2 and args[0] == args[1]
-        values.append(stored_dtype(Op(name), [values[i] for i in args], sq, precision))
+        dtype = stored_dtype(Op(name), [values[i] for i in args], sq, precision)
+        bounded = ranges.of(len(values), Op(name), args, step_attrs)
+        if precision != "storage" and ranges.shrinks(len(values)):
+            dtype = values[args[0]]
+        elif precision != "storage" and bounded and values[0] in SIXTEEN_BIT:
+            dtype = values[0]  # the product's 16-bit dtype holds a value in [0, 1] or a normalised one
+        values.append(dtype)
     return values[-1]
 
 
 def _within(
-    op: Op, refs: tuple[Ref, ...], node_of: NodeOf, infos: Sequence[tuple[TensorInfo, ...]], where: str
+    op: Op,
+    refs: tuple[Ref, ...],
+    node_of: NodeOf,
+    infos: Sequence[tuple[TensorInfo, ...]],
+    where: str,
+    shrinks: bool = False,
 ) -> str | None:
     """What :mod:`.convex_rows` says ``op``'s result fits: the stored dtype of the tensor whose range holds it,
-    ``"float32"`` for an unnormalised weighted sum, None where it says nothing."""
+    ``"float32"`` for an unnormalised weighted sum, None where it says nothing; ``shrinks``: the result is at most
+    its first operand in magnitude (:data:`gensorage.precision.SHRINKS`), which its dtype holds."""
+    if shrinks:
+        return resolve(refs[0], infos, where).dtype
     if weighted_sum(op, refs, node_of):
         return "float32"
     v = convex_values(op, refs, node_of, lambda r: len(resolve(r, infos, where).shape))
@@ -198,12 +222,16 @@ class _Ranges:
         self.producer = producer
         self.known: dict[Any, str] = {}
 
-    def of(self, at: Ref, op: Op, refs: Sequence[Ref], attrs: opset.Attrs) -> bool:
-        """Record ``at``'s range; whether it is in [0, 1]."""
+    def of(self, at: Any, op: Op, refs: Sequence[Any], attrs: opset.Attrs) -> bool:
+        """Record ``at``'s range; whether the program's dtype holds it (in [0, 1], or a norm's normalised value)."""
         found = value_range(op, refs, attrs, self.producer, self.known)
         if found is not None:
             self.known[at] = found
         return found in (UNIT, NORMALISED)
+
+    def shrinks(self, at: Any) -> bool:
+        """Whether ``at``'s value is at most its operator's first operand in magnitude, element by element."""
+        return self.known.get(at) == SHRINKS
 
 
 def _check_dim(dim: object, ndim: int, what: str, where: str) -> int:
@@ -267,9 +295,11 @@ def thread_shapes(
         if top.op not in ELEMENTWISE:
             raise UGraphError(f"{here}: only elementwise ops may run in a thread graph")
         ins = [resolve(r, local, here) for r in top.inputs]
-        unit = ranges.of(key(Ref(len(local))), top.op, tuple(key(r) for r in top.inputs), top.attrs)
+        at = key(Ref(len(local)))
+        unit = ranges.of(at, top.op, tuple(key(r) for r in top.inputs), top.attrs)
         lead = len(local) in into_exp
-        local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision, unit, lead),))
+        within = ins[0].dtype if ranges.shrinks(at) else None
+        local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision, unit, lead, within),))
     for r in tg.outputs:
         resolve(r, local, f"{where}, thread output")
         if r.node < len(args):
@@ -427,7 +457,7 @@ def block_shapes(
                 ins = [resolve(r, infos, where) for r in node.inputs]
                 unit = ranges.of(Ref(j), node.op, node.inputs, node.attrs)
                 lead = (k, j, 0) in into.block
-                within = _within(node.op, node.inputs, block_node, infos, where)
+                within = _within(node.op, node.inputs, block_node, infos, where, ranges.shrinks(Ref(j)))
                 args_ = (node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead, within)
                 outs = (_op_shape(*args_),)
             case ThreadGraph():
@@ -492,7 +522,7 @@ def infer(g: KernelGraph) -> GraphInfo:
             # a kernel-level reshape is a view of its input (the runner aliases it), so it cannot cast: it keeps
             # its input's dtype even as an exp operand (a bfloat16 input's mask read as float32 was garbage)
             lead = Ref(len(infos)) in into.kernel and node.op is not Op.RESHAPE
-            within = _within(node.op, node.inputs, kernel_node, infos, where)
+            within = _within(node.op, node.inputs, kernel_node, infos, where, ranges.shrinks(Ref(len(infos))))
             out = _op_shape(node.op, ins, node.attrs, where, node.inputs, g.precision, unit, lead, within)
             if Ref(len(infos)) in graph_outputs:  # a program output keeps the program's dtype
                 out = out.stored_as(out.program_dtype)
