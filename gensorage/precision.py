@@ -105,8 +105,8 @@ def value_range(
     non-positive value is in (0, 1]; ``e / Σ e`` of a non-negative ``e`` in [0, 1] is in [0, 1] (each term is at
     most the sum), and so is ``a / (a + b)`` of two values in [0, 1] (a sigmoid as the torch front end lowers it);
     ``x / sqrt(c·Σ x² + ε)`` (sums kept, ``c > 0``, ``ε ≥ 0``) is at most ``1/√c`` in magnitude (``x_i²`` is one
-    of the sum's terms), so RMSNorm's and LayerNorm's normalised value (``c = 1/n``: ``√n``) is within float16's
-    range; a non-negative value plus a constant ``c ≥ 1`` is at least 1, and ``x`` divided by such a value shrinks
+    of the sum's terms), so RMSNorm's and LayerNorm's normalised value (``c = 1/n``: ``√n``) and an L2 norm's
+    (``c = 1``: 1) are within float16's range; a non-negative value plus a constant ``c ≥ 1`` is at least 1, and ``x`` divided by such a value shrinks
     ``x`` (GELU's tanh form ``x / (1 + exp(−2u))``: its result fits wherever ``x`` does).
     """
     match op:
@@ -158,9 +158,11 @@ def _normalises(refs: Sequence[Any], producer: Producer) -> bool:
     inner = producer(root[1][0]) if root is not None and root[0] is Op.SQRT else None
     if inner is not None and inner[0] is Op.ADD_SCALAR and float(attr(inner[2], "value")) >= 0:
         inner = producer(inner[1][0])
-    if inner is None or inner[0] is not Op.SCALE or not float(attr(inner[2], "factor")) > FLOAT16_MAX**-2:
-        return False
-    sums, node = 0, producer(inner[1][0])
+    if inner is not None and inner[0] is Op.SCALE:  # c = the factor; without a scale, c = 1 (an L2 norm)
+        if not float(attr(inner[2], "factor")) > FLOAT16_MAX**-2:
+            return False
+        inner = producer(inner[1][0])
+    sums, node = 0, inner
     while (
         node is not None
         and node[0] is Op.SUM

@@ -53,6 +53,11 @@ def test_rms_norm_and_layer_norm_outputs_are_stored_in_the_program_dtype() -> No
     y = p.div(c, p.sqrt(p.add_scalar(p.scale(p.sum(p.mul(c, c), dim=1), 1 / 64), 1e-5)))
     p.output(p.matmul(y, p.input("W", (64, 32), "float16")))
     assert stored(from_program(p))[-2:] == ["float16", "float16"]
+    # an L2 norm (nTrans): x / sqrt(Σ x²), c = 1, at most 1
+    p = Program("l2_proj")
+    x = p.input("X", (8, 64), "float16")
+    p.output(p.matmul(p.div(x, p.sqrt(p.sum(p.mul(x, x), dim=1))), p.input("W", (64, 32), "float16")))
+    assert stored(from_program(p))[-2:] == ["float16", "float16"]
 
 
 def test_what_the_bound_does_not_cover_stays_float32() -> None:
