@@ -23,7 +23,7 @@ operator is on the list (:func:`value_range`): a stable softmax's ``exp(x − ma
 ``e / Σ e``; likewise a norm's normalised value ``x / sqrt(c·Σ x² + ε)``, at most ``1/√c`` (``√n``) in
 magnitude. float16 holds those safely, and the matmul that reads them keeps its 16-bit operands. A value at
 most one operand in magnitude (``x / (c + e)``, ``c ≥ 1``, ``e ≥ 0``: GELU's tanh form) is stored in that
-operand's dtype, and ``a / (a + b)`` of two values in [0, 1] (a sigmoid) in the program's. The operands
+operand's dtype, and ``a / (a + b)`` of two non-negative values (a sigmoid) in the program's. The operands
 of ``exp`` go the other way: a value that flows only into ``exp`` (the scores, ``S − max S``, the maxima; see
 :mod:`gensorage.ugraph.exp_operands`) is stored in float32, since ``exp`` makes its absolute rounding error a
 relative one (a bfloat16 logit of 100 is off by up to 0.25). And a bfloat16 program's float32 intermediate that
@@ -103,7 +103,7 @@ def value_range(
     ``ranges`` holds what was proved of earlier references. The rules: ``x − max(x)`` (max along a dim, kept) is
     non-positive; ``relu`` and ``exp`` are non-negative; a scale keeps a sign or flips it by its factor's; exp of a
     non-positive value is in (0, 1]; ``e / Σ e`` of a non-negative ``e`` in [0, 1] is in [0, 1] (each term is at
-    most the sum), and so is ``a / (a + b)`` of two values in [0, 1] (a sigmoid as the torch front end lowers it);
+    most the sum), and so is ``a / (a + b)`` of two non-negative values (a sigmoid as the torch front end lowers it);
     ``x / sqrt(c·Σ x² + ε)`` (sums kept, ``c > 0``, ``ε ≥ 0``) is at most ``1/√c`` in magnitude (``x_i²`` is one
     of the sum's terms), so RMSNorm's and LayerNorm's normalised value (``c = 1/n``: ``√n``) and an L2 norm's
     (``c = 1``: 1) are within float16's range; a non-negative value plus a constant ``c ≥ 1`` is at least 1, and ``x`` divided by such a value shrinks
@@ -145,7 +145,12 @@ def _divided(refs: Sequence[Any], producer: Producer, ranges: Mapping[Any, str])
     s = producer(refs[1])
     if ranges.get(refs[0]) == UNIT and s is not None and s[0] is Op.SUM and s[1] == (refs[0],):
         return UNIT if attr(s[2], "keepdim", True) and attr(s[2], "group") is None else None
-    if s is not None and s[0] is Op.ADD and refs[0] in s[1] and all(ranges.get(r) == UNIT for r in s[1]):
+    if (
+        s is not None
+        and s[0] is Op.ADD
+        and refs[0] in s[1]
+        and all(ranges.get(r) in (NONNEGATIVE, UNIT) for r in s[1])
+    ):
         return UNIT
     if ranges.get(refs[1]) == AT_LEAST_ONE:
         return SHRINKS
