@@ -453,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="fit the converting copies' constant only (convert_flight_bytes; the others as the profile has them)",
     )
+    ap.add_argument("--out", type=Path, help="also write the report here, with the machine, date and commit")
     ap.add_argument(
         "--save-candidates",
         nargs="+",
@@ -472,6 +473,13 @@ def main(argv: list[str] | None = None) -> int:
         result["calibration"] = values
         result["calibrated"] = report(cases, fitted)
     print(json.dumps(result, indent=1))
+    if args.out:
+        from benchmarks.common import machine_info, write_json
+
+        machine = machine_info()
+        head = {"benchmark": "calibrate_ugraph" + (" --no-fit" if args.no_fit else "")}
+        head |= {"machine": machine, "date": machine["date"], "commit": machine["git_commit"]}
+        write_json(args.out, head | {"results": [p.name for p in args.results]} | result)
     return 0
 
 
