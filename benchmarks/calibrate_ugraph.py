@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.common import machine_info, write_json
 
         machine = machine_info()
-        head = {"benchmark": "calibrate_ugraph" + (" --no-fit" if args.no_fit else "")}
+        head: dict[str, Any] = {"benchmark": "calibrate_ugraph" + (" --no-fit" if args.no_fit else "")}
         head |= {"machine": machine, "date": machine["date"], "commit": machine["git_commit"]}
         write_json(args.out, head | {"results": [p.name for p in args.results]} | result)
     return 0
