@@ -2,12 +2,16 @@
 predicts every measured program (direct µGraphs and fused ones, each on its own device's profile).
 
 Reads GPU-suite results (``benchmarks/results/gpu_suite-*.json``): every program case that passed its check is
-rebuilt as it was bundled (:func:`benchmarks.gpu_prepare.load_program` / ``load_ugraph`` under the case's
-precision) and priced by :func:`gensorage.ugraph.cost.kernel_costs` on the profile the bundle was prepared for;
+rebuilt as it was bundled (:func:`rebuild`: a fused µGraph, a program's direct or row-fused µGraph, full mode's
+search candidates from :data:`CANDIDATES`, under the case's precision, its tensors in the dtypes the run stored
+them in: :func:`as_measured`) and priced by :func:`gensorage.ugraph.cost.kernel_costs` on the profile the bundle
+was prepared for;
 a case whose kernels ran their block matmuls on CUDA cores (no "on tensor cores" in its rules: runs before
 tensor-core block graphs) is priced that way. A grid search over the profile's ``block_*`` calibration
 constants (:class:`gensorage.hw.profile.Calibration`; the GEMM ones stay), after ``predefined_dram_fraction``
-on the direct µGraphs (mean |log error|: their element-wise kernels), minimises the largest |log(predicted /
+on the direct µGraphs (mean |log error|: their element-wise kernels) and ``convert_flight_bytes`` on those with
+a converting matmul (fewest misordered pairs of one program, :func:`misordered`; alone with
+``--no-block-fit``), minimises the largest |log(predicted /
 measured)| over the fused kernels of every file, then the mean (one set of constants for every profile given:
 with a handful of kernels and four constants, the worst case keeps one kernel from being sacrificed to the
 others)::

@@ -1,8 +1,9 @@
-"""The µGraph cost model against the device: the measured order of a program's fused and direct µGraphs.
+"""The µGraph cost model against the device: the measured order of a program's µGraphs.
 
-The orderings are data: the committed H200 run (``benchmarks/results/``) measured each fused µGraph of
-``benchmarks.gpu_prepare.DIRECT_OF`` and the direct µGraph of its program; full mode picks the one the model
-predicts faster, so the model must order every measured pair as the device did.
+The orderings are data: the committed H200 runs (``benchmarks/results/``) measured each fused µGraph of
+``benchmarks.gpu_prepare.DIRECT_OF`` and the direct µGraph of its program, each program's row-fused and direct
+µGraphs, and full mode's candidates of four prefill attention programs; full mode picks the one the model
+predicts fastest, so the model must order every measured pair as the device did.
 """
 
 from __future__ import annotations
