@@ -105,6 +105,7 @@ def _predefined_cost(
     got = _tensor_core_matmul(hw, node, ins, out, layout)
     if got is not None:  # the kernel the code generator emits, priced by the model that constructed it
         tiles, mma = got
+        from gensorage.codegen.wgmma import WgmmaTiles
         from gensorage.construction.tensor_core import epilogue_s
 
         # An epilogue's extra operands and steps, priced by the construction's model (no launch, no round
@@ -113,7 +114,11 @@ def _predefined_cost(
         extra = epilogue_s(sum(tensor_bytes(t) for t in ins[2:]), _numel(out.shape), steps, hw)
         # The construction's model counts 16-bit operands and product; the kernel moves them in their dtypes
         # (a float32 product, as attention's scores are, is twice the bytes), no faster than DRAM streams them.
-        time = max(mma.total_s + extra, LAUNCH_OVERHEAD_S + stream_s(hw, read, tensor_bytes(out)))
+        # A wgmma kernel with an epilogue stores each accumulator element on its own (codegen/wgmma.py; without
+        # one, a lane's two adjacent columns in one store): each store fills half of every 32-byte sector it
+        # touches, so its writes stream at half the rate.
+        halves = 2 if steps and isinstance(tiles, WgmmaTiles) else 1
+        time = max(mma.total_s + extra, LAUNCH_OVERHEAD_S + stream_s(hw, read, halves * tensor_bytes(out)))
         time += _converting_copies_s(hw, tiles, ins, out, mma.waves)
         return KernelCost(node.op.value, time, moved, moved, work, 0, mma.blocks, mma.waves)
     compute = work / _peak(hw, out.dtype, False)
