@@ -7,12 +7,15 @@ generator emits, priced by :mod:`gensorage.ugraph.block_cost` (threads, occupanc
 barriers, tensor-core MMAs at the emitted warp layout, element-wise work; the epilogue). DRAM sees each input once
 when all the operator's inputs fit in half of L2, otherwise once per wave that needs it (replicas running in the
 same wave hit in L2), at most once per replica; plus the outputs. time = launch overhead + max(the waves' time,
-DRAM bytes / DRAM bandwidth); infinite for a kernel the generator refuses (a grid beyond CUDA's limits, a
-non-float tensor), so that it is never chosen.
+the DRAM reads and writes streamed: :func:`stream_s`); infinite for a kernel the generator refuses (a grid beyond
+CUDA's limits, a non-float tensor), so that it is never chosen.
 
 *Pre-defined* (a library kernel): a roofline, launch overhead + max(bytes moved / (DRAM bandwidth x
 ``predefined_dram_fraction``), FLOPs / peak); a pre-defined 16-bit matmul is the tensor-core kernel
-:mod:`gensorage.construction.tensor_core` constructs, priced by that construction's model; ``reshape`` is a view
+:mod:`gensorage.construction.tensor_core` constructs, priced by that construction's model, at least its bytes in
+their dtypes streamed (:func:`stream_s`; an epilogue's wgmma kernel writes at half the rate, one element a
+store), plus the wait of a converting kernel's synchronous copies (a float32 operand); a matmul of a few rows
+is the cooperative matrix-vector kernel, priced as its stream; ``reshape`` is a view
 of a contiguous tensor (no kernel, no time), and so is a transpose its matmuls read in place
 (:mod:`gensorage.codegen.operand_views`): those matmuls are priced in the layout they read (the weight of
 ``x @ W.T`` read once, by the kernel that multiplies).
@@ -161,8 +164,9 @@ def _converting_copies_s(
     float32 operand with a 16-bit one) spends waiting for its copies: they are not asynchronous
     (:func:`gensorage.codegen.tensor_core.schedule_tensor_core`), so every reduction step of a block waits for
     its tiles, a loaded DRAM round trip (``wgmma_latency_cycles``) per ``convert_flight_bytes`` that one thread
-    converts in that step (the other operand's copies stay ``cp.async``: 4 or 16 bytes are copies it takes);
-    the construction's model prices the kernel as if all its copies were in flight."""
+    converts in that step: every operand not stored in the MMA dtype (with a float32 one the MMA runs in
+    bfloat16, so a float16 operand beside it converts too). The construction's model prices the kernel as if
+    all its copies were in flight."""
     from gensorage.codegen.tensor_core import mma_dtype
 
     a, b = ins[:2]
