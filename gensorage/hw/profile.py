@@ -48,7 +48,12 @@ class Calibration:
     loop costs besides its phases (the prefetch's guard, commit and wait, the stage arithmetic);
     ``block_max_stages``: the most shared-memory stages the construction gives a loop's ``cp.async`` tiles
     (:mod:`gensorage.construction.pipeline_stages`). Pre-defined element-wise kernels (one output element per thread):
-    ``predefined_dram_fraction`` of the DRAM bandwidth.
+    ``predefined_dram_fraction`` of the DRAM bandwidth. ``read_fraction`` and ``write_fraction``: the fractions of
+    the DRAM bandwidth a kernel streams its reads and its writes at (HBM turns its bus around between them, so
+    a copy, half of each, reaches less than a read-only stream): the µGraph cost model's floor for the bytes a
+    graph-defined or tensor-core kernel moves (:mod:`gensorage.ugraph.cost`); ``convert_flight_bytes``: the
+    operand bytes one thread keeps in flight in a tensor-core matmul's converting copies (a float32 operand
+    converted to the MMA dtype on its way to shared memory: not asynchronous; 0: not priced).
 
     The defaults are not measurements: they stand for GPUs no run has calibrated yet (every profile but
     h100 and h200, whose ``[calibration]`` tables name the runs they were fitted on).
@@ -68,6 +73,9 @@ class Calibration:
     block_stage_cycles: float = 32.0
     block_max_stages: float = 3.0
     predefined_dram_fraction: float = 1.0
+    read_fraction: float = 1.0
+    write_fraction: float = 1.0
+    convert_flight_bytes: float = 0.0
     wgmma_fraction: float = 0.0
     wgmma_latency_cycles: float = 2000.0
     tma_wgmma_fraction: float = 0.0
@@ -91,6 +99,9 @@ CALIBRATION_KEYS: tuple[str, ...] = (
     "block_stage_cycles",
     "block_max_stages",
     "predefined_dram_fraction",
+    "read_fraction",
+    "write_fraction",
+    "convert_flight_bytes",
     "wgmma_fraction",
     "wgmma_latency_cycles",
     "tma_wgmma_fraction",

@@ -21,6 +21,7 @@ matmul's phase and the accumulators kept in registers are the kernel's own. Time
     sum), plus one round trip before the loop (the fill); the stages' bytes count in the shared footprint
     (occupancy);
   - *barriers*: one after each depth level of the body, one before the online-softmax phases, one at the end,
+    those the memory plan needs between phases of one level (:mod:`gensorage.ugraph.level_fences`),
     ``block_barrier_cycles`` each;
   - *tensor-core matmuls* at the emitted warp layout: per 16-wide k chunk a warp loads its fragments element by
     element from shared memory (``8 warp_m + 4 warp_n`` loads, one wavefront each) and issues ``warp_m warp_n``
@@ -62,6 +63,7 @@ from gensorage.ugraph.ir import (
     Ref,
     ThreadGraph,
 )
+from gensorage.ugraph.level_fences import level_fences
 from gensorage.ugraph.optimize.phase_order import depths
 from gensorage.ugraph.optimize.views import is_view
 from gensorage.ugraph.shapes import BlockInfo, GraphInfo
@@ -496,7 +498,9 @@ def _build_plan(
     # A barrier after each depth level of the body (the next reads it), before the online-softmax phases (they
     # read the body's tiles and write registers only), and at the end of the iteration (the next overwrites
     # the tiles).
-    body += Work(barriers=len(body_levels) + int(online > 0) + int(looped))
+    body += Work(
+        barriers=len(body_levels) + int(online > 0) + int(looped) + level_fences(e, staged, stages, mma)
+    )
     # Epilogue: the flush and the outputs' element-wise stores (one DRAM round trip), after a barrier.
     out_elems = sum(math.prod(t.shape) for t in binfo.outputs) // math.prod(block.grid)
     once += _elementwise(hw, nt, out_elems, 2, 1, 0) + Work(

@@ -7,12 +7,15 @@ generator emits, priced by :mod:`gensorage.ugraph.block_cost` (threads, occupanc
 barriers, tensor-core MMAs at the emitted warp layout, element-wise work; the epilogue). DRAM sees each input once
 when all the operator's inputs fit in half of L2, otherwise once per wave that needs it (replicas running in the
 same wave hit in L2), at most once per replica; plus the outputs. time = launch overhead + max(the waves' time,
-DRAM bytes / DRAM bandwidth); infinite for a kernel the generator refuses (a grid beyond CUDA's limits, a
-non-float tensor), so that it is never chosen.
+the DRAM reads and writes streamed: :func:`stream_s`); infinite for a kernel the generator refuses (a grid beyond
+CUDA's limits, a non-float tensor), so that it is never chosen.
 
 *Pre-defined* (a library kernel): a roofline, launch overhead + max(bytes moved / (DRAM bandwidth x
 ``predefined_dram_fraction``), FLOPs / peak); a pre-defined 16-bit matmul is the tensor-core kernel
-:mod:`gensorage.construction.tensor_core` constructs, priced by that construction's model; ``reshape`` is a view
+:mod:`gensorage.construction.tensor_core` constructs, priced by that construction's model, at least its bytes in
+their dtypes streamed (:func:`stream_s`; an epilogue's wgmma kernel writes at half the rate, one element a
+store), plus the wait of a converting kernel's synchronous copies (a float32 operand); a matmul of a few rows
+is the cooperative matrix-vector kernel, priced as its stream; ``reshape`` is a view
 of a contiguous tensor (no kernel, no time), and so is a transpose its matmuls read in place
 (:mod:`gensorage.codegen.operand_views`): those matmuls are priced in the layout they read (the weight of
 ``x @ W.T`` read once, by the kernel that multiplies).
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from gensorage import opset
 from gensorage.codegen.operand_views import graph_views, layout_name, matmul_operands
+from gensorage.dtypes import dtype_bytes
 from gensorage.errors import UnsupportedOpError
 from gensorage.hw.profile import HwProfile
 from gensorage.markov.cost_model import LAUNCH_OVERHEAD_S
@@ -66,6 +70,14 @@ class KernelCost:
     waves: int
 
 
+def stream_s(hw: HwProfile, read: int, written: int) -> float:
+    """The least time a kernel takes to read ``read`` and write ``written`` bytes of DRAM: each at the share of
+    the DRAM bandwidth a stream of it reaches (``read_fraction``, ``write_fraction``), one after the other (the
+    bus carries one direction at a time)."""
+    bw, cal = hw.level("dram").bandwidth_Bps, hw.calibration
+    return read / (bw * cal.read_fraction) + written / (bw * cal.write_fraction)
+
+
 def _numel(shape: Shape) -> int:
     return math.prod(shape)
 
@@ -88,20 +100,47 @@ def _predefined_cost(
     moved = read + tensor_bytes(out)
     work = opset.flops(node.op, [t.shape for t in ins], out.shape)
     work += len(opset.epilogue(node.attrs)) * _numel(out.shape)  # a matmul's epilogue: one op per step
-    mma = _tensor_core_matmul(hw, node, ins, out, layout)
-    if mma is not None:  # the kernel the code generator emits, priced by the model that constructed it
+    if _matvec(node, ins, out):  # the cooperative kernel: B streamed in contiguous runs by the block's lanes
+        time = LAUNCH_OVERHEAD_S + max(
+            stream_s(hw, read, tensor_bytes(out)), work / _peak(hw, out.dtype, False)
+        )
+        return KernelCost(node.op.value, time, moved, moved, work, 0, 0, 0)
+    got = _tensor_core_matmul(hw, node, ins, out, layout)
+    if got is not None:  # the kernel the code generator emits, priced by the model that constructed it
+        tiles, mma = got
+        from gensorage.codegen.wgmma import WgmmaTiles
         from gensorage.construction.tensor_core import epilogue_s
 
         # An epilogue's extra operands and steps, priced by the construction's model (no launch, no round
         # trip of the product: what the fusion saves).
         steps = len(opset.epilogue(node.attrs))
         extra = epilogue_s(sum(tensor_bytes(t) for t in ins[2:]), _numel(out.shape), steps, hw)
-        return KernelCost(node.op.value, mma.total_s + extra, moved, moved, work, 0, mma.blocks, mma.waves)
+        # The construction's model counts 16-bit operands and product; the kernel moves them in their dtypes
+        # (a float32 product, as attention's scores are, is twice the bytes), no faster than DRAM streams them.
+        # A wgmma kernel with an epilogue stores each accumulator element on its own (codegen/wgmma.py; without
+        # one, a lane's two adjacent columns in one store): each store fills half of every 32-byte sector it
+        # touches, so its writes stream at half the rate.
+        halves = 2 if steps and isinstance(tiles, WgmmaTiles) else 1
+        time = max(mma.total_s + extra, LAUNCH_OVERHEAD_S + stream_s(hw, read, halves * tensor_bytes(out)))
+        time += _converting_copies_s(hw, tiles, ins, out, mma.waves)
+        return KernelCost(node.op.value, time, moved, moved, work, 0, mma.blocks, mma.waves)
     compute = work / _peak(hw, out.dtype, False)
     # One output element per thread (the generator's fallback) reaches a fraction of the DRAM bandwidth.
     dram_bps = hw.level("dram").bandwidth_Bps * hw.calibration.predefined_dram_fraction
     time = LAUNCH_OVERHEAD_S + max(moved / dram_bps, compute)
     return KernelCost(node.op.value, time, moved, moved, work, 0, 0, 0)
+
+
+def _matvec(node: KernelOp, ins: list[TensorInfo], out: TensorInfo) -> bool:
+    """Whether the generator emits this pre-defined matmul as its cooperative matrix-vector product (a few rows,
+    a long inner dim: :func:`gensorage.codegen.predefined.emit_predefined`)."""
+    from gensorage.codegen.predefined import MAX_COOPERATIVE_ROWS, MIN_COOPERATIVE_INNER
+
+    return (
+        node.op is Op.MATMUL
+        and out.shape[-2] <= MAX_COOPERATIVE_ROWS
+        and ins[0].shape[-1] >= MIN_COOPERATIVE_INNER
+    )
 
 
 def _tensor_core_matmul(
@@ -115,8 +154,33 @@ def _tensor_core_matmul(
     if node.op is not Op.MATMUL:
         return None
     a, b = ins[:2]
-    got = construct_predefined_matmul(a.shape, b.shape, out.shape, a.dtype, b.dtype, hw, 0, layout)
-    return None if got is None else got[1]
+    return construct_predefined_matmul(a.shape, b.shape, out.shape, a.dtype, b.dtype, hw, 0, layout)
+
+
+def _converting_copies_s(
+    hw: HwProfile, tiles: Any, ins: list[TensorInfo], out: TensorInfo, waves: int
+) -> float:
+    """What a tensor-core matmul with an operand converted to the MMA dtype on its way to shared memory (a
+    float32 operand with a 16-bit one) spends waiting for its copies: they are not asynchronous
+    (:func:`gensorage.codegen.tensor_core.schedule_tensor_core`), so every reduction step of a block waits for
+    its tiles, a loaded DRAM round trip (``wgmma_latency_cycles``) per ``convert_flight_bytes`` that one thread
+    converts in that step: every operand not stored in the MMA dtype (with a float32 one the MMA runs in
+    bfloat16, so a float16 operand beside it converts too). The construction's model prices the kernel as if
+    all its copies were in flight."""
+    from gensorage.codegen.tensor_core import mma_dtype
+
+    a, b = ins[:2]
+    mma = mma_dtype(a.dtype, b.dtype)
+    if mma is None or a.dtype == b.dtype == mma or hw.calibration.convert_flight_bytes <= 0:
+        return 0.0
+    k = a.shape[-1] // getattr(tiles, "split_k", 1)  # split-k: each block reduces its share of k
+    steps = -(-k // tiles.block_k)
+    a_bytes, b_bytes = (dtype_bytes(t.dtype) if t.dtype != mma else 0 for t in (a, b))
+    # Rows and columns past the matrix are not loaded: a block moves only the rows it has.
+    rows, cols = min(tiles.block_m, out.shape[-2]), min(tiles.block_n, out.shape[-1])
+    step_bytes = tiles.block_k * (rows * a_bytes + cols * b_bytes)
+    trips = step_bytes / tiles.threads / hw.calibration.convert_flight_bytes
+    return waves * steps * trips * hw.calibration.wgmma_latency_cycles / hw.clock_hz
 
 
 def _block_cost(
@@ -143,8 +207,9 @@ def _block_cost(
     out_bytes = sum(tensor_bytes(t) for t in binfo.outputs)
     l2_bytes = (plan.load_bytes * block.forloop + plan.hoisted_bytes) * blocks + out_bytes
     iterators = [n for n in block.nodes if isinstance(n, InputIterator)]
-    dram = _dram_input_bytes(hw, block.grid, iterators, ins, waves) + out_bytes
-    time = LAUNCH_OVERHEAD_S + max(cycles / hw.clock_hz, dram / hw.level("dram").bandwidth_Bps)
+    read = _dram_input_bytes(hw, block.grid, iterators, ins, waves)
+    dram = read + out_bytes
+    time = LAUNCH_OVERHEAD_S + max(cycles / hw.clock_hz, stream_s(hw, read, out_bytes))
     return KernelCost(
         "graph-defined", time, dram, l2_bytes, _block_flops(block, binfo) * blocks, 0, blocks, waves
     )
