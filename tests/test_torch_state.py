@@ -275,3 +275,19 @@ def test_outputs_that_alias_each_other_still_do(entry: str) -> None:
         assert [o.stride() for o in got] == [o.stride() for o in want]
     text = report()
     assert ": gensorage: " in text and "a view of another output" in text, text
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_hooks_added_after_compiling_with_dynamo_guarding_them(entry: str) -> None:
+    """torch.compile does not guard submodules' hooks by default (``skip_nnmodule_hook_guards``, with any
+    backend: a hook added after the first call is not run). With it off, as the docs say to set it, a hook added
+    or removed later recompiles the graph and gensorage runs the new one."""
+
+    def hook(model: nn.Module) -> None:
+        model.up.register_forward_pre_hook(lambda module, args: (args[0] + 1.0,))
+
+    def unhook(model: nn.Module) -> None:
+        model.up._forward_pre_hooks.clear()
+
+    with torch.no_grad(), torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+        _run_twins(_Mlp, [(None, _x()), (hook, _x()), (unhook, _x())], entry)
