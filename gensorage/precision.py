@@ -98,9 +98,10 @@ def value_range(
 
     ``ranges`` holds what was proved of earlier references. The rules: ``x − max(x)`` (max along a dim, kept) is
     non-positive, and so is a non-negative multiple of it; exp of a non-positive value is in (0, 1]; ``e / Σ e``
-    of a non-negative ``e`` in [0, 1] is in [0, 1] (each term is at most the sum); ``x / sqrt(c·Σ x² + ε)``
-    (sums kept, ``c > 0``, ``ε ≥ 0``) is at most ``1/√c`` in magnitude (``x_i²`` is one of the sum's terms), so
-    RMSNorm's and LayerNorm's normalised value (``c = 1/n``: ``√n``) is within float16's range.
+    of a non-negative ``e`` in [0, 1] is in [0, 1] (each term is at most the sum), and so is ``a / (a + b)`` of
+    two exps (the torch front end's sigmoid, every exp non-negative); ``x / sqrt(c·Σ x² + ε)`` (sums kept,
+    ``c > 0``, ``ε ≥ 0``) is at most ``1/√c`` in magnitude (``x_i²`` is one of the sum's terms), so RMSNorm's
+    and LayerNorm's normalised value (``c = 1/n``: ``√n``) is within float16's range.
     """
     match op:
         case Op.SUB:
@@ -117,10 +118,20 @@ def value_range(
             s = producer(refs[1])
             if ranges.get(refs[0]) == UNIT and s is not None and s[0] is Op.SUM and s[1] == (refs[0],):
                 return UNIT if attr(s[2], "keepdim", True) and attr(s[2], "group") is None else None
+            if _share_of_exps(refs, producer):
+                return UNIT
             return NORMALISED if _normalises(refs, producer) else None
         case _:
             return None
     return None
+
+
+def _share_of_exps(refs: Sequence[Any], producer: Producer) -> bool:
+    """Whether ``refs[0] / refs[1]`` is ``a / (a + b)`` with ``a`` and ``b`` exps' results (a sigmoid's form)."""
+    total = producer(refs[1])
+    if total is None or total[0] is not Op.ADD or refs[0] not in total[1]:
+        return False
+    return all((term := producer(r)) is not None and term[0] is Op.EXP for r in total[1])
 
 
 def _normalises(refs: Sequence[Any], producer: Producer) -> bool:
