@@ -1,4 +1,5 @@
-"""Values each row of which is a convex combination of a tensor's rows: attention's ``(E·V) / Σ E``, ``E ≥ 0``.
+"""Values each row of which is a convex combination of a tensor's rows: attention's ``(E·V) / Σ E``, ``E ≥ 0``;
+and values each element of which lies between 0 and a tensor's: ``x / (e + c)``, ``e ≥ 0``, ``c ≥ 1``.
 
 Under the ``"float32"`` policy a division is stored in float32 (autocast's list, :mod:`gensorage.precision`).
 Where the division is ``(E·V) / Σ E`` with the sum over ``E``'s last dim (the matmul's reduction) and ``E``
@@ -18,10 +19,12 @@ of a float16 ``E`` (a stable softmax's, in (0, 1]) by a float16 ``V`` in float16
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from gensorage import opset
 from gensorage.opset import Op
+from gensorage.precision import Producer
 from gensorage.ugraph.ir import Accumulator, BlockOp, KernelOp, Ref
 
 #: The node a reference's value comes from (None: an input, an iterator), and the rank of a reference's value.
@@ -50,10 +53,22 @@ def convex_values(op: Op, refs: tuple[Ref, ...], node_of: NodeOf, rank_of: RankO
     return v if dim in (last, -1) and keep and group is None else None
 
 
+def damped_values(op: Op, refs: Sequence[Any], producer: Producer) -> Any | None:
+    """``x`` when ``op`` on ``refs`` is ``x / (e + c)`` with ``e`` an ``exp``'s result and ``c ≥ 1`` (GELU's tanh
+    form as the torch front end writes it, ``x · sigmoid(2u)``): the divisor is at least 1, so each element lies
+    between 0 and ``x``'s, and the dtype ``x`` is stored in holds it. Else None. ``producer`` as
+    :func:`gensorage.precision.value_range` takes it (any level's references)."""
+    den = producer(refs[1]) if op is Op.DIV and len(refs) == 2 else None
+    if den is None or den[0] is not Op.ADD_SCALAR or not float(opset.attr(den[2], "value")) >= 1.0:
+        return None
+    source = producer(den[1][0])
+    return refs[0] if source is not None and source[0] is Op.EXP else None
+
+
 def weighted_sum(op: Op, refs: tuple[Ref, ...], node_of: NodeOf) -> bool:
     """Whether ``op`` on ``refs`` is ``E·V`` with ``E`` an ``exp``'s result: an unnormalised sum of ``V``'s rows."""
     source = node_of(refs[0]) if op is Op.MATMUL and refs else None
     return isinstance(source, BlockOp | KernelOp) and source.op is Op.EXP
 
 
-__all__ = ["convex_values", "weighted_sum"]
+__all__ = ["convex_values", "damped_values", "weighted_sum"]

@@ -31,7 +31,7 @@ from gensorage.precision import (
     stored_dtype,
     value_range,
 )
-from gensorage.ugraph.convex_rows import NodeOf, convex_values, weighted_sum
+from gensorage.ugraph.convex_rows import NodeOf, convex_values, damped_values, weighted_sum
 from gensorage.ugraph.exp_operands import ExpOperands, exp_operands
 from gensorage.ugraph.ir import (
     ACCUM_KINDS,
@@ -187,7 +187,14 @@ def _within(
     if weighted_sum(op, refs, node_of):
         return "float32"
     v = convex_values(op, refs, node_of, lambda r: len(resolve(r, infos, where).shape))
+    v = damped_values(op, refs, functools.partial(_produced, node_of)) if v is None else v
     return resolve(v, infos, where).dtype if v is not None else None
+
+
+def _produced(node_of: NodeOf, r: Ref) -> tuple[Op, tuple[Ref, ...], opset.Attrs] | None:
+    """The operator, operands and attributes ``r``'s value comes from (None: not an operator's result)."""
+    node = node_of(r)
+    return (node.op, node.inputs, node.attrs) if isinstance(node, BlockOp | KernelOp) else None
 
 
 class _Ranges:
@@ -267,9 +274,13 @@ def thread_shapes(
         if top.op not in ELEMENTWISE:
             raise UGraphError(f"{here}: only elementwise ops may run in a thread graph")
         ins = [resolve(r, local, here) for r in top.inputs]
-        unit = ranges.of(key(Ref(len(local))), top.op, tuple(key(r) for r in top.inputs), top.attrs)
+        keyed = tuple(key(r) for r in top.inputs)
+        unit = ranges.of(key(Ref(len(local))), top.op, keyed, top.attrs)
         lead = len(local) in into_exp
-        local.append((_op_shape(top.op, ins, top.attrs, here, top.inputs, precision, unit, lead),))
+        damped = damped_values(top.op, keyed, ranges.producer) is not None  # within its numerator's range
+        within = resolve(top.inputs[0], local, here).dtype if damped else None
+        args_ = (top.op, ins, top.attrs, here, top.inputs, precision, unit, lead, within)
+        local.append((_op_shape(*args_),))
     for r in tg.outputs:
         resolve(r, local, f"{where}, thread output")
         if r.node < len(args):
