@@ -341,7 +341,7 @@ def _loop_axes(sch: Any, main: Any, tilings: Sequence[AxisTiling]) -> list[AxisT
             if tiling in lst:
                 lst.remove(tiling)
         out[pos] = tiling
-    if any(t is None for t in out) or len({t.name for t in out if t in tilings}) != len(tilings):
+    if any(t is None for t in out) or len({t.name for t in out if t and t in tilings}) != len(tilings):
         raise ScheduleError("main block loops do not map one-to-one onto the workload axes")
     return [t for t in out if t is not None]
 
