@@ -2,7 +2,8 @@
 in the report saying why, never a wrong answer.
 
 Unsupported dtypes, a data-dependent shape (``nonzero``, boolean-mask indexing; inside a loop), a model that raises,
-a call eager torch rejects too, a failure inside torch.compile, TVM errors and wrong kernel outputs.
+a call eager torch rejects too, a tensor subclass input, a failure inside torch.compile, TVM errors and wrong kernel
+outputs.
 """
 
 from __future__ import annotations
@@ -128,6 +129,25 @@ def test_a_call_eager_rejects_leaves_the_model_compiled() -> None:
     report = compiled.explain()
     assert "the model raised RuntimeError: mat1 and mat2 shapes cannot be multiplied" in report, report
     assert "torch.compile failed" not in report and len(gensorage_subgraphs(report)) == 2, report
+    _one_line_reasons(report)
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass eager torch runs as a tensor (no ``__torch_function__`` of its own)."""
+
+
+def test_a_tensor_subclass_input_runs_in_eager_and_plain_ones_stay_compiled() -> None:
+    """torch.compile's capture fails on a subclass input that eager torch takes (its dispatch declines the fake
+    tensors; inductor's too): that call gets eager's answer with the reason, and plain inputs still compile."""
+    compiled = gtorch.compile(_softmax_product)
+    x, w = _draw(12)
+    with torch.no_grad():
+        got = compiled(x.as_subclass(_Marked), w)
+        assert type(got) is _Marked and torch.equal(got, _softmax_product(x.as_subclass(_Marked), w))
+        assert_close(compiled(x, w), _softmax_product(x, w), 1e-3)
+    report = compiled.explain()
+    assert "a _Marked input, which torch.compile could not take (TypeError: " in report, report
+    assert "eager torch runs this call" in report and len(gensorage_subgraphs(report)) == 1, report
     _one_line_reasons(report)
 
 

@@ -331,16 +331,17 @@ def _loop_axes(sch: Any, main: Any, tilings: Sequence[AxisTiling]) -> list[AxisT
         if tiling is None or tiling.kind != kind:
             # Names differ (e.g. a user PrimFunc): fall back to the next axis of the same kind, in order.
             tiling = next((t for t in remaining[kind] if t.kind == kind), None)
-        ext = (
-            iv.dom.extent
-        )  # a variable where the caller built the workload symbolic in it (predefined_matmul)
+        # a variable where the caller built the workload symbolic in it (predefined_matmul)
+        ext = iv.dom.extent
         if tiling is None or tiling.extent != (int(ext) if isinstance(ext, tirx.IntImm) else tiling.extent):
-            raise ScheduleError(f"iterator {iv.var.name} (extent {ext}) matches no workload axis")
+            if not (isinstance(ext, tirx.IntImm) and int(ext) == 1):
+                raise ScheduleError(f"iterator {iv.var.name} (extent {ext}) matches no workload axis")
+            tiling = AxisTiling(iv.var.name, 1, kind, 1, 1, 1)  # a batch of one a gemm workload leaves out
         for lst in remaining.values():
             if tiling in lst:
                 lst.remove(tiling)
         out[pos] = tiling
-    if any(t is None for t in out) or len({t.name for t in out if t}) != len(tilings):
+    if any(t is None for t in out) or len({t.name for t in out if t and t in tilings}) != len(tilings):
         raise ScheduleError("main block loops do not map one-to-one onto the workload axes")
     return [t for t in out if t is not None]
 

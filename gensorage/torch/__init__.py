@@ -61,6 +61,12 @@ class Compiled:
             failed = True  # its own line says so
             return self._eager_after(exc, args, kwargs)
         except Exception as exc:  # the model's own error, raised as eager torch raises it
+            if subclass := _subclass_input(args, kwargs):  # unless torch.compile cannot take the input
+                self.report.add(
+                    f"a {subclass} input, which torch.compile could not take "
+                    f"({type(exc).__name__}: {first_line(exc)}): eager torch runs this call"
+                )
+                return self._fn(*args, **kwargs)
             self.report.add(f"the model raised {type(exc).__name__}: {first_line(exc)}")
             raise
         finally:
@@ -95,6 +101,19 @@ class Compiled:
     def explain(self) -> str:
         """Which ops ran in gensorage and which in torch, and why (one line per decision)."""
         return str(self.report.text())
+
+
+def _subclass_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The type name of the first tensor argument of a tensor subclass (torch.compile's capture fails on one
+    that eager torch runs: its ``__torch_dispatch__`` declines the fake tensors), None when all are plain."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    plain = (torch.Tensor, torch.nn.Parameter)
+    leaves = tree_leaves((args, kwargs))
+    return next(
+        (type(a).__name__ for a in leaves if isinstance(a, torch.Tensor) and type(a) not in plain), None
+    )
 
 
 def compile(

@@ -9,6 +9,7 @@ Subgraphs of layout ops only (views, transposes) stay in torch: they compute not
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -75,10 +76,45 @@ def unchanged_outputs(nodes: Sequence[fx.Node]) -> list[fx.Node]:
     return found
 
 
+def _view_base(node: fx.Node) -> fx.Node | None:
+    """The value ``node``'s result is a view of in eager torch (its schema's returns alias an argument, a part of
+    a ``split`` through ``getitem``), None when it is a new tensor."""
+    if node.op != "call_function":
+        return None
+    if node.target is operator.getitem:
+        source = node.args[0]
+        return _view_base(source) and source if isinstance(source, fx.Node) else None
+    schema = getattr(node.target, "_schema", None)
+    alias = schema.returns[0].alias_info if schema is not None and schema.returns else None
+    base = node.args[0] if node.args else None
+    return base if alias is not None and not alias.is_write and isinstance(base, fx.Node) else None
+
+
+def aliased_outputs(gm: fx.GraphModule) -> list[fx.Node]:
+    """The views by which ``gm``'s outputs alias one another (``y`` and ``y.t()`` returned, or two slices of one
+    value): in eager torch a write to one shows in the other, where a kernel's output would be a new tensor.
+    With grad mode off AOTAutograd leaves such aliases to the compiled graph, so these views stay in torch,
+    taken from their base. Views of the graph's inputs are left out: AOTAutograd makes those from the inputs."""
+    (results,) = next(iter(gm.graph.find_nodes(op="output"))).args
+    outputs: dict[fx.Node, list[fx.Node]] = {}  # each base: the outputs that are it or a view of it
+    views: dict[fx.Node, list[fx.Node]] = {}  # and the views between them
+    for out in dict.fromkeys(r for r in results if isinstance(r, fx.Node)):
+        node, chain = out, []
+        while (base := _view_base(node)) is not None:
+            chain.append(node)
+            node = base
+        outputs.setdefault(node, []).append(out)
+        views.setdefault(node, []).extend(chain)
+    shared = [b for b, outs in outputs.items() if len(outs) > 1 and b.op != "placeholder"]
+    return list(dict.fromkeys(v for b in shared for v in views[b]))
+
+
 def partition(gm: fx.GraphModule, options: Options, report: Report) -> fx.GraphModule:
     """``gm`` with its supported subgraphs replaced by :class:`GensorageSubgraph` modules."""
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     reasons = {n: why_unsupported(n) for n in calls}
+    for n in aliased_outputs(gm):
+        reasons[n] = "an output that is a view of another output (they share memory, as in eager torch)"
     proposed = CapabilityBasedPartitioner(gm, _Supported(reasons), allows_single_node_partition=True)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     parts = []
@@ -248,6 +284,7 @@ def gensorage_backend(
 
 __all__ = [
     "PREFIX",
+    "aliased_outputs",
     "gensorage_backend",
     "make_backend",
     "partition",
