@@ -6,8 +6,16 @@ direct µGraph, of the direct µGraph after epilogue then row fusion (option ``"
 whose µGraph equals another's is no option) with their checks, and what ``superoptimize(mode="full")`` chooses
 when its search adds nothing: limits under which no µGraph of these programs exists (one kernel op of at most two
 block ops), no store, no GPU, so the choice is the cost model's among the direct µGraph and the rule-made options,
-each verified and lowered as full mode does. Writes ``benchmarks/results/fused_choices-<date>.json`` (or
-``--out``) with the machine, commit and load. Usage: ``python -m benchmarks.fused_choices [--hw h200 h100]``
+each verified and lowered as full mode does.
+
+Then, against the committed GPU runs that measured a program's three forms (cases ``program_X`` (epilogue and
+row fusion), ``program_X_rows`` (row fusion alone) and ``program_X_perop`` (direct)), each rebuilt as it was
+measured (:func:`benchmarks.calibrate_ugraph.measured_programs`): the model's price of each, the measured
+median, the form the model ranks first (ties in the order direct, fused, without epilogues, as
+:func:`gensorage.superopt.choice.rank` breaks them), the one it ranks first without the option
+``"fused without epilogues"`` (before it existed), and the fastest measured. Writes
+``benchmarks/results/fused_choices-<date>.json`` (or ``--out``) with the machine, commit and load.
+Usage: ``python -m benchmarks.fused_choices [--hw h200 h100]``
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import RESULTS_DIR as RESULTS  # noqa: E402
 from benchmarks.common import machine_info, progress, result_path, write_json  # noqa: E402
 from gensorage.hw import load_profile  # noqa: E402
 from gensorage.precision import DEFAULT_PRECISION  # noqa: E402
@@ -30,7 +39,7 @@ from gensorage.program import list_configs, load_config  # noqa: E402
 from gensorage.superopt import superoptimize  # noqa: E402
 from gensorage.superopt.choice import cost_fn  # noqa: E402
 from gensorage.superopt.presets import preset_from_dict  # noqa: E402
-from gensorage.superopt.row_fusion import FUSED_ORIGINS, fuse_rows  # noqa: E402
+from gensorage.superopt.row_fusion import FUSED, FUSED_ORIGINS, FUSED_ROWS, fuse_rows  # noqa: E402
 from gensorage.ugraph import from_program  # noqa: E402
 
 NAME = "fused_choices"
@@ -88,6 +97,47 @@ def choices(name: str, hw_name: str, budget_s: float) -> dict[str, Any]:
     }
 
 
+#: The committed runs with the three forms of a program measured side by side (H200, session 11).
+MEASURED = [
+    RESULTS / f"gpu_suite-h200-session11{part}-2026-11-27.json" for part in ("", "-attention", "-narrowed")
+]
+#: A measured case's suffix -> the option it ran.
+FORMS = {"_perop": "direct", "": FUSED, "_rows": FUSED_ROWS}
+
+
+def measured_choices(paths: list[Path]) -> list[dict[str, Any]]:
+    """Per program with all three forms measured in one run: predicted (as measured) and measured times."""
+    from benchmarks.calibrate_ugraph import measured_programs, predict
+
+    cases = {(m.source, m.name): m for m in measured_programs(paths)}
+    out = []
+    for source, name in sorted(cases):
+        forms = {o: cases.get((source, name + suffix)) for suffix, o in FORMS.items()}
+        if name.endswith(tuple(s for s in FORMS if s)) or any(m is None for m in forms.values()):
+            continue
+        ms = {o: m for o, m in forms.items() if m is not None}
+        hw = load_profile(next(iter(ms.values())).hw)
+        predicted = {o: predict(m, hw) for o, m in ms.items()}
+        measured = {o: m.measured_s for o, m in ms.items()}
+        chosen = min(predicted, key=lambda o: predicted[o])  # dict order: FORMS', rank's tie order
+        before = min((o for o in predicted if o != FUSED_ROWS), key=lambda o: predicted[o])
+        out.append(
+            {
+                "case": name,
+                "source": source,
+                "hw": hw.name,
+                "predicted_us": {o: round(t * 1e6, 1) for o, t in predicted.items()},
+                "measured_us": {o: round(t * 1e6, 1) for o, t in measured.items()},
+                "model_choice": chosen,
+                "fastest_measured": min(measured, key=lambda o: measured[o]),
+                "choice_over_fastest": round(measured[chosen] / min(measured.values()), 3),
+                "choice_without_the_option": before,
+                "that_over_fastest": round(measured[before] / min(measured.values()), 3),
+            }
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hw", nargs="*", default=["h200", "h100"])
@@ -108,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_after": os.getloadavg(),
         "precision": DEFAULT_PRECISION,
         "runs": runs,
+        "measured": measured_choices(MEASURED),
     }
     out = args.out or result_path(NAME)
     write_json(out, data)
