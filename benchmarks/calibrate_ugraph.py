@@ -44,6 +44,7 @@ from gensorage.construction.block_threads import ThreadChoice  # noqa: E402
 from gensorage.hw import load_profile  # noqa: E402
 from gensorage.hw.profile import HwProfile  # noqa: E402
 from gensorage.precision import DEFAULT_PRECISION  # noqa: E402
+from gensorage.superopt.row_fusion import FUSED, FUSED_ROWS  # noqa: E402
 from gensorage.ugraph import KernelGraph  # noqa: E402
 from gensorage.ugraph.shapes import GraphInfo  # noqa: E402
 
@@ -302,9 +303,10 @@ def _form(case: dict[str, Any], row_fused: set[str]) -> tuple[str, str | None]:
     the bundled fused µGraph of that name, else the direct µGraph)."""
     name = _ROW_THREADS.sub("", case["name"])
     cand = case.get("candidate")
-    if cand:  # full mode's candidates: "_direct", "_fused" (the row-fused direct µGraph), "_c<rank>"
+    # full mode's candidates: "_direct", "_fused" and "_rows" (the row-fused direct µGraphs), "_c<rank>"
+    if cand:
         origin = cand["origin"]
-        form = "row-fused" if origin == "fused" else origin
+        form = {FUSED: "row-fused", FUSED_ROWS: "rows"}.get(origin, origin)
         return cand["program"], form
     if name in row_fused:
         return name.removeprefix("program_"), "row-fused"

@@ -33,6 +33,7 @@ def candidate_cases(
     """The bundled cases of program ``name``'s full-mode candidates (see the module docstring)."""
     from benchmarks import gpu_prepare
     from gensorage import superoptimize
+    from gensorage.superopt.row_fusion import FUSED_ORIGINS, FUSED_ROWS
 
     program = gpu_prepare.load_program(name)
     res = superoptimize(
@@ -52,11 +53,11 @@ def candidate_cases(
         # The top N that the generator builds (a candidate it cannot build is skipped for the next), and
         # full mode's choice and the direct µGraph wherever they rank.
         hopeless = predicted > MAX_SLOWDOWN * direct_s  # seconds of device time for nothing
-        baseline = origin in ("direct", "fused")  # one kernel per op, and its row-fused form
+        baseline = origin == "direct" or origin in FUSED_ORIGINS  # one kernel per op, and its row-fused forms
         wanted = (not baseline and searched < top and not hopeless) or baseline or origin == res.origin
         if not wanted:
             continue
-        label = origin if baseline else f"c{rank}"
+        label = ("rows" if origin == FUSED_ROWS else origin) if baseline else f"c{rank}"  # a file name
         try:
             case = gpu_prepare.program_case(f"{name}_{label}", program, hw, out, precision, g)
         except Exception as exc:  # one candidate the generator cannot build: the others still go, and its

@@ -241,3 +241,23 @@ def test_a_new_shape_whose_row_fusion_forms_other_kernels_takes_the_direct_graph
     e = d.kernels(two_rows(16, 1 << 18))
     assert e.reused and d.stats.direct_fallbacks == 1 and any("other kernels" in n for n in e.notes)
     assert e.num_kernels == len(two_rows(16, 1 << 18).nodes) - 2  # one per op: the direct µGraph
+
+
+def test_the_option_without_epilogues_is_carried_to_a_new_length_by_its_own_rule(tmp_path: Path) -> None:
+    """A structure whose first shape took row fusion without epilogue fusion (gqa_prefill on the h200, where the
+    model prices QKᵀ without its scale as an epilogue faster) gets the same rule at a new length, not the one
+    that fuses epilogues first; too large to check there, with the kernels its first shape's check witnessed."""
+    from gensorage.program import load_config
+    from gensorage.superopt.row_fusion import FUSED_ROWS, fused_direct, kernel_kinds
+
+    def gqa(n: int) -> Program:
+        return load_config("gqa_prefill", {"s": 512, "n": n, "d": 128, "kv": 1, "g": 2})
+
+    d = Dispatcher(hw="h200", store=tmp_path / "s.sqlite", use_store=False)
+    first = d.kernels(gqa(1024))
+    assert first.origin == FUSED_ROWS and first.equivalence.method == "search shapes"
+    e = d.kernels(gqa(1536))
+    assert e.reused and e.origin == FUSED_ROWS and e.equivalence and d.stats.direct_fallbacks == 0
+    rows = fused_direct(gqa(1536), d.precision, d.hw, epilogues=False)
+    assert e.graph == rows and e.graph != fused_direct(gqa(1536), d.precision, d.hw)
+    assert kernel_kinds(e.graph) == kernel_kinds(first.graph)

@@ -18,7 +18,7 @@ from gensorage.hw import load_profile
 from gensorage.superopt import superoptimize
 from gensorage.superopt.choice import cost_fn, elements
 from gensorage.superopt.presets import DEFAULT_VERIFY_MAX_ELEMENTS
-from gensorage.superopt.row_fusion import FUSED, fused_direct
+from gensorage.superopt.row_fusion import FUSED, FUSED_ORIGINS, fused_direct
 from gensorage.superopt.search_shapes import derive_search_shapes
 from gensorage.torch import subgraph
 from gensorage.ugraph import from_program
@@ -94,4 +94,7 @@ def test_llama3_8b_layer_gets_the_row_fused_option(tokens: int) -> None:
     cost = cost_fn(hw)
     assert cost(fused) < cost(from_program(p, "storage"))
     res = superoptimize(p, hw=hw, mode="fast", use_store=False, progress=False, precision="storage")
-    assert res.origin == FUSED and res.equivalence and res.equivalence.method == "search shapes"
+    # the rule-made form the model prices fastest: at 512 tokens row fusion alone (attention's QKᵀ without its
+    # scale as an epilogue), at 128 epilogue then row fusion
+    assert res.origin in FUSED_ORIGINS and res.origin == res.candidates[0][0]
+    assert res.equivalence and res.equivalence.method == "search shapes"

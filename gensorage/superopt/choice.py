@@ -48,7 +48,7 @@ class Option:
 
     graph: KernelGraph
     predicted_time_s: float
-    origin: str  # "direct", "search #i", "stored #i"
+    origin: str  # "direct", "fused", "fused without epilogues" (.row_fusion), "search #i", "stored #i"
     search_graph: KernelGraph | None = None  # the same structure at the search / stored shapes
     search_report: dict[str, Any] | None = None
     measured_s: float | None = None

@@ -300,13 +300,15 @@ class Dispatcher:
         from gensorage.codegen.kernel_fit import launch_problem
         from gensorage.superopt.choice import cost_fn, elements
         from gensorage.superopt.reshape_structure import reinstantiate
-        from gensorage.superopt.row_fusion import FUSED, fused_direct, kernel_kinds
+        from gensorage.superopt.row_fusion import FUSED_ORIGINS, fused_direct, kernel_kinds
         from gensorage.verify.equivalent import equivalent
 
         t0 = time.perf_counter()
         try:
-            if known.origin == FUSED:  # row fusion is a rule: applied afresh at these shapes
-                graph = fused_direct(p, self.precision, self.hw) or direct
+            if (
+                known.origin in FUSED_ORIGINS
+            ):  # row fusion is a rule: the same one applied afresh at these shapes
+                graph = fused_direct(p, self.precision, self.hw, FUSED_ORIGINS[known.origin]) or direct
             else:
                 with warm_starts():
                     graph = reinstantiate(
@@ -322,7 +324,7 @@ class Dispatcher:
         if why is not None:
             return self._direct(direct, f"the chosen µGraph does not launch at these shapes: {why}", notes)
         if elements(p) > DEFAULT_VERIFY_MAX_ELEMENTS:
-            if known.origin == FUSED and kernel_kinds(graph) != kernel_kinds(known.graph):
+            if known.origin in FUSED_ORIGINS and kernel_kinds(graph) != kernel_kinds(known.graph):
                 # the check at the first shape witnessed other kernels (rows that no longer fit a block)
                 why = "row fusion forms other kernels here than at the checked shape, too large to check here"
                 return self._direct(direct, why, notes)

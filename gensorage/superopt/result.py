@@ -231,7 +231,9 @@ class SuperoptResult:
         if self.from_store:
             lines.append(f"  re-used the stored structure found at {self.search_params}")
         if self.fallback_reason:
-            kind = "direct µGraph (row-fused)" if self.origin == "fused" else "direct µGraph"
+            from gensorage.superopt.row_fusion import FUSED_ORIGINS  # not at the top: it imports this module
+
+            kind = "direct µGraph (row-fused)" if self.origin in FUSED_ORIGINS else "direct µGraph"
             lines.append(f"  {kind} used: {self.fallback_reason}")
         if not self.complete:
             lines.append(f"  search incomplete (stopped by {self.stopped_by})")

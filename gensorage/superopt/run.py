@@ -20,7 +20,7 @@ from gensorage.superopt.gpu import gpu_name, gpu_unavailable_reason, measure_ugr
 from gensorage.superopt.presets import DEFAULT_TOP_K, DEFAULT_VERIFY_MAX_ELEMENTS, Preset
 from gensorage.superopt.reshape_structure import reinstantiate, structure_signature
 from gensorage.superopt.result import SuperoptInterrupted, SuperoptResult, Verification
-from gensorage.superopt.row_fusion import FUSED, check_fused_candidate, fused_candidate, fused_option
+from gensorage.superopt.row_fusion import FUSED_ORIGINS, check_fused_candidate, fused_candidate, fused_options
 from gensorage.superopt.size_map import ReshapeFailed
 from gensorage.superopt.sources import ProgramSource, search_program
 from gensorage.superopt.structure_store import StructureRecord, StructureStore
@@ -78,13 +78,13 @@ class Run:
         return Option(g, self.cost(g), "direct")
 
     def baseline(self) -> list[Option]:
-        """The direct µGraph, and the fused direct µGraph where row fusion applies (:mod:`.row_fusion`)."""
+        """The direct µGraph, and the fused direct µGraphs where row fusion applies (:mod:`.row_fusion`)."""
         t0 = time.perf_counter()
-        fused = fused_option(
+        fused = fused_options(
             self.program, self.precision, self.hw, self.cost, self.delta, self.seed, self.preset
         )
         self._tick("fuse", t0)
-        return [self.direct()] + ([fused] if fused is not None else [])
+        return [self.direct(), *fused]
 
     def _tick(self, phase: str, t0: float) -> None:
         self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t0
@@ -113,7 +113,7 @@ class Run:
         same = at.key() == self.program.key()
         options: list[Option] = []
         seen: set[str] = set()
-        fused: set[str] = set()  # origins whose row groups were fused
+        fused: dict[str, bool] = {}  # origins whose row groups were fused: whether after epilogue fusion
         failed = 0
         for i, (g, report) in enumerate(graphs):
             sig = structure_signature(g)
@@ -130,9 +130,12 @@ class Run:
                 # The search works under the default policy; the graph's ops do not depend on it.
                 new = dataclasses.replace(new, precision=self.precision)
                 opt = Option(new, self.cost(new), f"{label} #{i}", g, report)
-                options.append(fused_candidate(opt, self.hw, self.cost))  # its pre-defined ops fused
+                # its pre-defined ops fused by the rule the model prices fastest (the first on ties)
+                forms = {e: fused_candidate(opt, self.hw, self.cost, e) for e in FUSED_ORIGINS.values()}
+                epilogues = min(forms, key=lambda e: forms[e].predicted_time_s)
+                options.append(forms[epilogues])
                 if options[-1] is not opt:
-                    fused.add(opt.origin)
+                    fused[opt.origin] = epilogues
             except (ReshapeFailed, GensorageError) as exc:
                 failed += 1
                 if failed <= 3:
@@ -146,7 +149,9 @@ class Run:
             return kept  # each is checked at these shapes
         t0 = time.perf_counter()
         kept = [
-            check_fused_candidate(o, at, self.hw, self.delta, self.seed) if o.origin in fused else o
+            check_fused_candidate(o, at, self.hw, self.delta, self.seed, fused[o.origin])
+            if o.origin in fused
+            else o
             for o in kept
         ]
         self._tick("fuse", t0)
@@ -185,7 +190,8 @@ class Run:
         ):  # the direct µGraphs are timed too: a candidate the model overrates must not beat them
             top = ranked[:PROFILE_TOP]
             selection = self.profile_on_gpu(
-                top + [o for o in ranked if o.origin in ("direct", FUSED) and o not in top]
+                top
+                + [o for o in ranked if (o.origin == "direct" or o.origin in FUSED_ORIGINS) and o not in top]
             )
             ranked = rank(options)
         elif len(options) > 1 and measure:
