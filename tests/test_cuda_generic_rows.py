@@ -213,12 +213,12 @@ def test_the_symbolic_split_k_schedule_is_right_at_every_row_count(split: int) -
 def test_the_small_decoder_layer_makes_no_compiler_call_at_new_lengths() -> None:
     # The front end's decoder layer (bfloat16; its Programs as gensorage.torch captures them): norms, rotary
     # products, projections, attention's matmuls and softmax, copies; after 128 tokens, new lengths (primes,
-    # larger, non-multiples of every block) compile nothing (below 64 tokens its copies of a key head's half
-    # have fewer than 1,024 elements, so fewer threads a block: other kernels, compiled once).
+    # larger, non-multiples of every block, and below 64 tokens, where its copies of a key head's half have
+    # fewer than 1,024 elements) compile nothing.
     pytest.importorskip("torch")
     from benchmarks.newlen_cuda import capture
 
-    lengths = [128, 200, 97, 257, 64, 509]
+    lengths = [128, 200, 97, 257, 64, 509, 31, 3, 2]
     d = Dispatcher("h200")
     for t, p in zip(lengths, capture(lengths), strict=True):
         e = d.kernels(p, "cuda")
