@@ -20,6 +20,7 @@ from gensorage.codegen.generic_rows import (
     _at_capacity,
     _split_dims,
     emitter,
+    generic_kernel,
     generic_text,
 )
 from gensorage.codegen.module import _parse, compile_ugraph
@@ -258,10 +259,13 @@ def test_a_softmax_over_the_keys_makes_no_compiler_call_at_new_lengths() -> None
     assert d._variants["cuda"].rebuild_errors == []
 
 
-def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_key_beyond_skipped() -> None:
-    # Golden: bound at CAPACITY keys, the generic kernel is structurally the emitter's kernel for rows of CAPACITY
-    # keys (one row a block, element loads), the guards folded; every load, store and reduction step is guarded
-    # by the key count (a step at nr or beyond is an element-wise one: never reduced, never stored).
+@pytest.mark.parametrize("cap", CAPACITIES)
+def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_key_beyond_skipped(
+    cap: int,
+) -> None:
+    # Golden: bound at its capacity of keys, the generic kernel is structurally the emitter's kernel for rows of
+    # that many keys (one row a block, element loads), the guards folded; every load, store and reduction step is
+    # guarded by the key count (a step at nr or beyond is an element-wise one: never reduced, never stored).
     d = Dispatcher(use_store=False, tiered=False)
     e = d.kernels(scores(128), "cuda")
     (kern,) = _row_kernels(e)
@@ -270,21 +274,27 @@ def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_
     emit = emitter(e.graph, k, e.compiled.info, plan, "cuda", FloatScalar("float32"), kern.name)
     split = _split_dims(e.graph.ops[k], e.compiled.info, k)  # type: ignore[arg-type]
     assert split is not None and split[0] == (1, 4)  # the first length's rows a block: 1 head, 4 queries
-    got = _at_capacity(emit, split[0], d.hw, 0)
+    got = _at_capacity(emit, split[0], d.hw, 0, cap)
     assert got is not None
     wide, grid, rows = got
     assert grid == (4, 128) and rows == (1, 1)
-    lines = kern.script.splitlines()
+    script = kern.script
+    if cap != CAPACITY:  # the form a first length lowers beside the one it uses (generic_rows.wider)
+        other = generic_kernel(e.graph.ops[k], k, e.compiled.info, emit, d.hw, 0, cap)  # type: ignore[arg-type]
+        assert other is not None and other[1].endswith(f"rows of up to {cap}")
+        script = re.sub(r"\bgeneric_rows_kernel\b", kern.name, other[0])
+    lines = script.splitlines()
     touching = [i for i, ln in enumerate(lines) if re.search(r"\b(?:in0|out0)\[", ln)]
     steps = [i for i, ln in enumerate(lines) if re.match(r"\s*acc\d\[0\] = .*acc\d\[0\].*\bs\d\[", ln)]
     assert touching and len(steps) == 2  # the max's and the sum's accumulations from the row's tiles
     for i in touching + steps:
         assert re.match(r"\s*if .*< nr", lines[i - 1]), lines[i]
-    # each loop over a row's elements runs the steps that hold one below nr (8 of 512 at CAPACITY keys)
+    # each loop over a row's elements runs the steps that hold one below nr (8 of 512 at 4,096 keys)
     loops = [ln.strip() for ln in lines if re.match(r"\s*for \w+ in range\(T\.min", ln)]
-    assert len(loops) == 5 and all(ln.endswith("in range(T.min(8, (nr + 511) // 512)):") for ln in loops)
-    # the generic text without its guards and with its sizes written back is the emitter's at CAPACITY keys
-    plain = _parse(_without_guards(kern.script, {"n0": 4, "n1": 128, "nr": CAPACITY}), kern.name)
+    bound = f"in range(T.min({cap // 512}, (nr + 511) // 512)):"
+    assert len(loops) == 5 and all(ln.endswith(bound) for ln in loops)
+    # the generic text without its guards and with its sizes written back is the emitter's at the capacity
+    plain = _parse(_without_guards(script, {"n0": 4, "n1": 128, "nr": cap}), kern.name)
     want = _parse(wide.text.replace(wide.name, kern.name), kern.name)
     assert tvm_ffi.structural_equal(_simplified(plain, kern.name), _simplified(want, kern.name))
 
