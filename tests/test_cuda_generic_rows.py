@@ -398,3 +398,17 @@ def test_a_loop_over_a_row_stops_at_its_keys_only_where_the_steps_beyond_write_n
     other = ["f0 = e0 * 512 + tx", "s0[0, f0] = in0[bx, f0] * T.float32(e0)"]
     out = generic_text(_loop_text(other), "k", (8,), (1,), dims, row=CAPACITY)
     assert out is not None and bounded not in out
+
+
+def test_a_capacity_whose_tiles_do_not_fit_a_block_s_shared_memory_is_not_used() -> None:
+    # The RTX 4090 allows 99 KiB a block: two float32 tiles of 16,384 keys (132 KiB) do not fit, so a row of
+    # 5,000 keys is emitted at its length (its own tiles: 40 KiB), not run in a form that could not launch.
+    d = Dispatcher("rtx4090", use_store=False)
+    d.kernels(scores(128, 1), "cuda")
+    e = d.kernels(scores(200, 1), "cuda")
+    (kern,) = _row_kernels(e)
+    assert kern.rule.endswith(f"rows of up to {CAPACITY}") and d.stats.builds == 1
+    e = d.kernels(scores(5000, 1), "cuda")
+    assert not _row_kernels(e) and d.stats.builds == 2
+    d.wait_rebuilds()
+    assert d._variants["cuda"].rebuild_errors == []

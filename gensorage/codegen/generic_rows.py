@@ -82,7 +82,6 @@ _BINDING_GRID = re.compile(r'T\.thread_binding\((\d+), thread="blockIdx\.([xyz])
 _SIGNATURE = re.compile(r"\b((?:in|out)\d+): T\.Buffer\(\(([^)]*)\)")
 _TILE = re.compile(r"(\w+) = T\.(?:decl_buffer|alloc_buffer)\(\(([^)]*)\)")
 _TILE_READ = re.compile(r"\b(s\d+)\[")
-_SHARED = re.compile(r'T\.alloc_buffer\(\((\d+),\), "(\w+)", scope="shared(?:\.dyn)?"\)')
 _LOOP = re.compile(r"(\s*)for (\w+) in range\((\d+)\):$")
 _THREADS = re.compile(r'T\.thread_binding\((\d+), thread="threadIdx\.x"\)')
 _ASSIGN = re.compile(r"\s*(\w+)(?:\[.*?\])? = ")
@@ -140,7 +139,7 @@ def generic_kernel(
     )  # not the rows a block
     if key not in _TEXTS:
         got = _at_capacity(emit, rows, hw, seed, cap) if cap is not None else (emit(), op.block.grid, rows)
-        if got is not None and cap is not None and _shared_bytes(got[0].text) > hw.shared_mem_per_block:
+        if got is not None and cap is not None and got[0].shared_bytes > hw.shared_mem_per_block:
             got = None  # a whole row's tiles do not fit a block's shared memory at this capacity
         text = None if got is None else generic_text(got[0].text, got[0].name, got[1], got[2], dims, cap)
         if len(_TEXTS) >= _MAX_KEYS:
@@ -150,13 +149,6 @@ def generic_kernel(
             rule = f"{got[0].rule}; generic in the rows" + (f", rows of up to {cap}" if cap else "")
             _TEXTS[key] = (text, rule, got[0].threads)
     return _TEXTS[key]
-
-
-def _shared_bytes(text: str) -> int:
-    """The shared memory an emitted kernel allocates, in bytes."""
-    from gensorage.dtypes import dtype_bytes
-
-    return sum(int(m.group(1)) * dtype_bytes(m.group(2)) for m in _SHARED.finditer(text))
 
 
 def _row_length(op: GraphDefinedOp, info: GraphInfo, k: int, dims: dict[str, dict[int, int]]) -> int | None:
