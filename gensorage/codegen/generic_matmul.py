@@ -204,7 +204,7 @@ def generic_matvec(
     mine = kern.params[:-1] if scratch is not None else kern.params
     if [_passed(p) for p in mine] != [_passed(p) for p in matvec.params]:  # called with the same arrays
         return None
-    return dataclasses.replace(kern, own=functools.partial(_matvec_own, matvec, scratch))
+    return dataclasses.replace(kern, own=functools.partial(own_text, matvec, scratch))
 
 
 def _passed(p: KernelParam) -> tuple[Any, ...]:
@@ -212,14 +212,16 @@ def _passed(p: KernelParam) -> tuple[Any, ...]:
     return p.role, p.ref, p.shape, p.dtype
 
 
-def _matvec_own(matvec: KernelText, scratch: KernelParam | None) -> tuple[Any, str]:
+def own_text(kt: KernelText, scratch: KernelParam | None = None) -> tuple[Any, str]:
+    """``Kernel.own`` of a generic kernel whose own kernel at this length is the emitted text ``kt``: its PrimFunc
+    and rule (with ``scratch``, the generic kernel's split-k scratch, as a parameter it does not use)."""
     from gensorage.codegen.module import _parse
     from gensorage.codegen.predefined_matmul import _unused_param
 
-    func = _parse(matvec.text, matvec.name)
+    func = _parse(kt.text, kt.name)
     if scratch is None:
-        return func, matvec.rule
-    return _unused_param(func, scratch), matvec.rule + "; the generic kernel's scratch unused"
+        return func, kt.rule
+    return _unused_param(func, scratch), kt.rule + "; the generic kernel's scratch unused"
 
 
-__all__ = ["active", "concrete", "generic_kernel", "generic_matmuls", "generic_matvec"]
+__all__ = ["active", "concrete", "generic_kernel", "generic_matmuls", "generic_matvec", "own_text"]

@@ -127,16 +127,8 @@ def generic_kernel(
     )
     outs = tuple((*_masked(t.shape, dims[f"out{s}"]), t.dtype) for s, t in enumerate(binfo.outputs))
     scalar = emit.keywords["scalar"]  # type: ignore[attr-defined]
-    key = (
-        op.block.nodes,
-        len(op.block.grid),
-        ins,
-        outs,
-        scalar.acc_dtype,
-        hw,
-        seed,
-        cap,
-    )  # not the rows a block
+    # not the rows a block; the capacity (None: a row of fixed length)
+    key = (op.block.nodes, len(op.block.grid), ins, outs, scalar.acc_dtype, hw, seed, cap)
     if key not in _TEXTS:
         got = _at_capacity(emit, rows, hw, seed, cap) if cap is not None else (emit(), op.block.grid, rows)
         if got is not None and cap is not None and got[0].shared_bytes > hw.shared_mem_per_block:

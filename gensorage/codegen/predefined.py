@@ -557,14 +557,8 @@ def emit_predefined(
         # skips the threads past its elements), so every length runs the code of one compiled kernel; the
         # length's own build takes the emitter's kernel back (Kernel.own).
         wide = _simple(g, k, info, hw, target, scalar, name, threads=full)
-        return [dataclasses.replace(wide, own=functools.partial(_text_own, kt))]
+        return [dataclasses.replace(wide, own=functools.partial(generic_matmul.own_text, kt))]
     return [kt]
-
-
-def _text_own(kt: KernelText) -> tuple[Any, str]:
-    from gensorage.codegen.module import _parse
-
-    return _parse(kt.text, kt.name), kt.rule
 
 
 __all__ = ["emit_predefined", "is_alias"]
