@@ -412,3 +412,42 @@ def test_a_capacity_whose_tiles_do_not_fit_a_block_s_shared_memory_is_not_used()
     assert not _row_kernels(e) and d.stats.builds == 2
     d.wait_rebuilds()
     assert d._variants["cuda"].rebuild_errors == []
+
+
+def decode(t: int, heads: int = 4) -> Program:
+    """A decode step's softmax: one query over ``t`` keys (no grid dim is as long as the row)."""
+    p = Program(name="decode")
+    p.output(p.softmax(p.input("S", (heads, 1, t), "float32"), 2))
+    return p
+
+
+def test_a_decode_step_s_softmax_makes_no_compiler_call_at_new_context_lengths() -> None:
+    # The row (the keys) is as long as no dim the grid splits: the first length keeps its own row's form, and a
+    # length whose row differs takes the capacity's, lowered and compiled with the first length's generic forms.
+    d = Dispatcher(use_store=False)
+    d.kernels(decode(128), "cuda")
+    for t in (200, 97, 1000, 5000, 16384, 7):
+        e = d.kernels(decode(t), "cuda")
+        assert "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
+        (kern,) = _row_kernels(e)
+        cap = min(c for c in CAPACITIES if c >= t)
+        assert kern.rule.endswith(f"rows of up to {cap}"), (t, kern.rule)
+        # golden: without its guards and with the capacity for nr, the emitter's kernel for rows of cap keys
+        k = kern.op_index
+        plan = e.compiled.plans[k]
+        emit = emitter(e.graph, k, e.compiled.info, plan, "cuda", FloatScalar("float32"), kern.name)
+        split = _split_dims(e.graph.ops[k], e.compiled.info, k)  # type: ignore[arg-type]
+        assert split is not None
+        got = _at_capacity(emit, split[0], d.hw, 0, cap)
+        assert got is not None
+        sizes = {"n0": 4, "n1": 1, "nr": cap}
+        plain = _parse(_without_guards(kern.script, sizes), kern.name)
+        want = _parse(got[0].text, kern.name)
+        assert tvm_ffi.structural_equal(_simplified(plain, kern.name), _simplified(want, kern.name)), t
+    assert d.stats.builds == 1
+    # a norm's row (its hidden dim) does not follow the length: it keeps its own row's form at every length
+    for t in (128, 200, 97):
+        e = d.kernels(layer(t), "cuda")
+        assert not any("rows of up to" in k.rule for k in e.compiled.kernels("cuda")), t
+    d.wait_rebuilds()
+    assert d._variants["cuda"].rebuild_errors == []

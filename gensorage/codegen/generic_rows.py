@@ -72,6 +72,8 @@ CAPACITY = 4096
 CAPACITIES = (CAPACITY, 4 * CAPACITY)
 #: The dim mark of a row's own length (``nr`` in the generic text; a grid dim ``g`` is ``n<g>``).
 ROW = -1
+#: The first length's row of a kernel reducing whole rows no split dim is as long as (by key, the row left out).
+_FIRST_ROWS: dict[Hashable, int] = {}
 #: Generic texts by key (None: the key's kernel is emitted per length).
 _TEXTS: dict[Hashable, tuple[str, str, int] | None] = {}
 _MAX_KEYS = 1024
@@ -115,6 +117,19 @@ def generic_kernel(
         return None
     rows, dims = split
     row = _row_length(op, info, k, dims)
+    last = _reduced_row(op, info, k) if row is None else None
+    if last is not None:
+        # A whole row reduced, as long as no split dim (a decode step's keys, or a norm's hidden dim): the form
+        # of its first length's row, until a length whose row differs takes the capacity's (module docstring).
+        rank = len(info.of(op.inputs[0]).shape)
+        tensors = [(info.of(r), dims[f"in{i}"]) for i, r in enumerate(op.inputs)]
+        tensors += [(t, dims[f"out{s}"]) for s, t in enumerate(binfo.outputs)]
+        masked = tuple((*_masked(t.shape, {**mine, rank - 1: ROW}), t.dtype) for t, mine in tensors)
+        first = _FIRST_ROWS.setdefault((op.block.nodes, len(op.block.grid), masked, hw, seed), last)
+        if len(_FIRST_ROWS) >= _MAX_KEYS:
+            _FIRST_ROWS.clear()
+        if capacity is not None or first != last:
+            row = last
     cap = None
     if row is not None:
         cap = capacity or next((c for c in CAPACITIES if c >= row), None)
@@ -144,9 +159,19 @@ def generic_kernel(
 
 
 def _row_length(op: GraphDefinedOp, info: GraphInfo, k: int, dims: dict[str, dict[int, int]]) -> int | None:
-    """The rows' own length where it is the sequence length: every tensor of the kernel has one rank, every
-    reduction reduces the last dim, keeping it, and the last dims are one size, that of a dim the grid splits
-    (at this length; a row that only happens to be as long is made generic too: slower, as exact). Else None."""
+    """The rows' own length where it is the sequence length: a whole row reduced (:func:`_reduced_row`) as long
+    as a dim the grid splits (at this length; a row that only happens to be as long is made generic too:
+    slower, as exact). Else None."""
+    last = _reduced_row(op, info, k)
+    if last is None:
+        return None
+    split = {info.of(r).shape[d] for i, r in enumerate(op.inputs) for d in dims[f"in{i}"]}
+    return last if last in split else None
+
+
+def _reduced_row(op: GraphDefinedOp, info: GraphInfo, k: int) -> int | None:
+    """The rows' length where a block reduces whole rows: every tensor of the kernel has one rank, every
+    reduction reduces the last dim, keeping it, and the last dims are one size. Else None."""
     binfo = info.blocks[k]
     assert binfo is not None
     shapes = [info.of(r).shape for r in op.inputs] + [t.shape for t in binfo.outputs]
@@ -157,10 +182,7 @@ def _row_length(op: GraphDefinedOp, info: GraphInfo, k: int, dims: dict[str, dic
     for n in reductions:
         if int(attr(n.attrs, "dim")) % rank != rank - 1 or not attr(n.attrs, "keepdim", False):
             return None
-    split = {
-        shapes[i][d] for i, name in enumerate([f"in{j}" for j in range(len(op.inputs))]) for d in dims[name]
-    }
-    return shapes[0][-1] if shapes[0][-1] in split else None
+    return shapes[0][-1]
 
 
 def _at_capacity(
@@ -466,12 +488,15 @@ def row_kernel(
     if got is None:
         return None
     wider_ones, mine = _WIDER.get(), re.search(r"rows of up to (\d+)$", got[1])
-    if wider_ones is not None and capacity is None and mine is not None:
+    if wider_ones is not None and capacity is None:
         for cap in CAPACITIES:
-            other = generic_kernel(op, k, info, emit, hw, seed, cap) if cap != int(mine.group(1)) else None
-            wide = None if other is None else _kernel(emit, other, f"{name}_rows{cap}")
-            if wide is not None:
-                wider_ones.append(wide)
+            if mine is not None and cap == int(mine.group(1)):
+                continue
+            other = generic_kernel(op, k, info, emit, hw, seed, cap)
+            if other is not None and other[1].endswith(f"rows of up to {cap}"):  # a row it may take later
+                wide = _kernel(emit, other, f"{name}_rows{cap}")
+                if wide is not None:
+                    wider_ones.append(wide)
     return _kernel(emit, got, name)
 
 
