@@ -33,7 +33,9 @@ elements then take part in element-wise steps only, never reduced or stored, so 
 (:func:`_row_loops`): a step past it would have touched only such elements, so the work follows the keys (at 128
 keys one step of 512 threads, not the capacity's 8). A structure's first length lowers its softmax at every
 capacity (:func:`wider`), so a later length of up to 16,384 keys finds its kernel compiled; a longer row is
-emitted per length.
+emitted per length. A row reduced whole that no split dim is as long as (:func:`_reduced_row`: a decode step's
+keys, or a norm's hidden dim; one length cannot tell them apart) keeps its first length's row form, its
+capacity forms lowered beside it, and a later length whose row differs from the first's takes a capacity form.
 
 The length's own build (in the background, :mod:`~gensorage.codegen.symbolic_kernels`) takes the emitter's
 kernel at that length (``Kernel.own``), so the steady state is the untiered one.
