@@ -21,8 +21,12 @@ with this tree's, ``--repeats`` times each: paired under the same load. ``uptime
 ``--no-variants`` runs this tree's dispatcher without compiled variants (every length's whole module built, as
 before the CUDA first tier): a baseline on a machine without another checkout.
 
-Usage: ``python -m benchmarks.newlen_cuda [--lengths 128 200 300] [--against /work/main] [--repeats 2] [--nvcc]
-[--no-variants] [--out FILE]``
+``--config softmax`` runs attention's softmax alone (one head, float32) instead of a layer: lengths past
+4,096 keys without a layer's check at that length; ``--config decode`` a decode step's softmax (8 heads, one
+query over the keys).
+
+Usage: ``python -m benchmarks.newlen_cuda [--lengths 128 200 300] [--config small|llama3_8b|softmax|decode]
+[--against /work/main] [--repeats 2] [--nvcc] [--no-variants] [--out FILE]``
 """
 
 from __future__ import annotations
@@ -67,7 +71,19 @@ def _timed(totals: dict[str, float], step: str, fn: Callable[..., Any]) -> Calla
 
 def capture(lengths: list[int], config: str = "small") -> list[Any]:
     """The layer's Program at each length (``gensorage.torch.compile``'s capture; its subgraph stays in torch);
-    ``config``: its widths (``benchmarks.torch_decoder.CONFIGS``)."""
+    ``config``: its widths (``benchmarks.torch_decoder.CONFIGS``), or ``softmax``: attention's softmax alone
+    (one head, float32, as many queries as keys), for lengths past the first tier's 4,096 keys, or ``decode``:
+    a decode step's (8 heads, float32, one query over the keys)."""
+    if config in ("softmax", "decode"):
+        from gensorage.program import Program
+
+        def softmax(t: int) -> Any:
+            p = Program(name="scores")
+            shape = (1, t, t) if config == "softmax" else (8, 1, t)
+            p.output(p.softmax(p.input("S", shape, "float32"), 2))
+            return p
+
+        return [softmax(t) for t in lengths]
     import torch
     import torch._dynamo
     from test_torch_frontend import DecoderLayer, rope
@@ -242,7 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", nargs="+", type=int, default=[128, 200, 300])
     ap.add_argument("--hw", default="h200")
-    ap.add_argument("--config", default="small", help="the layer's widths (torch_decoder.CONFIGS)")
+    ap.add_argument(
+        "--config",
+        default="small",
+        help="the layer's widths (torch_decoder.CONFIGS), softmax or decode (see capture)",
+    )
     ap.add_argument("--against", type=Path, default=None, help="an older checkout, run alternately")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)

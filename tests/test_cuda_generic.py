@@ -243,3 +243,91 @@ def test_the_length_s_own_build_has_the_construction_s_matmul_there() -> None:
     assert tvm_ffi.structural_equal(own.func, want.func)
     d.wait_rebuilds()
     assert d._variants["cuda"].rebuild_errors == []
+
+
+def matvec(t: int, h: int = 1024, d: int = 64) -> Program:
+    """A projection over ``t`` tokens with 1,024 terms: at 4 tokens or fewer a matrix-vector product."""
+    p = Program(name="matvec")
+    p.output(p.matmul(p.input("X", (t, h), "bfloat16"), p.input("W", (h, d), "bfloat16")))
+    return p
+
+
+def test_copies_of_fewer_elements_than_a_block_make_no_compiler_call() -> None:
+    # 2 heads of 16: 32 elements a token, so 2, 3, 7 and 13 tokens copy fewer than 1,024 elements (fewer threads
+    # a block at their own lengths); the generic copy keeps a whole block, its guard skipping the threads past
+    # the elements, and the length's own build takes the emitter's kernel back.
+    d = Dispatcher(use_store=False)
+    d.kernels(copies(128, 2, 16), "cuda")
+    for t in (13, 2, 7, 3, 64):
+        e = d.kernels(copies(t, 2, 16), "cuda")
+        assert "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
+        small = [k for k in e.compiled.kernels("cuda") if k.own is not None]
+        assert all(k.threads == 1024 for k in e.compiled.kernels("cuda"))
+        assert len(small) == (7 if t < 16 else 0), (t, [k.name for k in small])  # at most 64·t elements each
+        for kern in small:
+            func, rule = kern.own()
+            assert rule.startswith(f"fallback (pre-defined {kern.rule.split()[2]}")
+            threads = re.search(r'T\.thread_binding\((\d+), thread="threadIdx', func.script())
+            assert threads is not None and int(threads.group(1)) < 1024
+    assert d.stats.builds == 1
+    d.wait_rebuilds()
+    assert d._variants["cuda"].rebuild_errors == []
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 13, 31])
+def test_a_copy_with_a_whole_block_computes_what_the_emitter_s_copy_does(t: int) -> None:
+    # The llvm twin of each copy's text (its blocks a parallel loop, its threads a serial one) with a whole
+    # block of 1,024 threads against the emitter's own at this length: bitwise equal outputs.
+    import tvm
+
+    from gensorage.codegen.module import _parse
+    from gensorage.codegen.predefined import _simple
+    from gensorage.codegen.scalar import FloatScalar
+
+    d = Dispatcher(use_store=False, symbolic=False)
+    e = d.kernels(copies(t, 2, 16), "llvm")
+    g, info = e.graph, e.compiled.info
+    rng = np.random.default_rng(t)
+    checked = 0
+    for kern in e.compiled.kernels("llvm"):
+        if "one output element each" not in kern.rule:
+            continue
+        k = kern.op_index
+        own = _simple(g, k, info, d.hw, "llvm", FloatScalar("float32"), kern.name)
+        wide = _simple(g, k, info, d.hw, "llvm", FloatScalar("float32"), kern.name, threads=1024)
+        if own.threads == 1024:  # 1,024 elements or more: the same kernel
+            continue
+        assert wide.threads == 1024
+        ins = [rng.standard_normal(p.shape).astype("float32") for p in own.params if p.role == "input"]
+        outs = []
+        for kt in (own, wide):
+            ex = tvm.compile(_parse(kt.text, kt.name), target="llvm")
+            out = tvm.runtime.empty(own.params[-1].shape, "float32", tvm.cpu())
+            ex(*[tvm.runtime.tensor(a) for a in ins], out)
+            outs.append(out.numpy())
+        assert np.array_equal(outs[0], outs[1]), (t, kern.name)
+        checked += 1
+    assert checked >= 5
+
+
+def test_a_projection_of_few_rows_runs_the_generic_matmul_and_its_own_build_is_the_matrix_vector_product() -> (
+    None
+):
+    d = Dispatcher(use_store=False)
+    first = d.kernels(matvec(128), "cuda")
+    assert d.stats.builds == 1 and not any("cooperative" in k.rule for k in first.compiled.kernels("cuda"))
+    for t in (2, 4, 1, 3):
+        e = d.kernels(matvec(t), "cuda")
+        assert "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
+        (mm,) = e.compiled.kernels("cuda")
+        assert mm.rule.endswith("generic in the rows")
+        plain = Dispatcher(use_store=False, symbolic=False).kernels(matvec(t), "cuda")
+        (want,) = plain.compiled.kernels("cuda")
+        assert want.rule.startswith("cooperative matrix-vector product")
+        func, rule = mm.own()  # the matrix-vector product, the generic split-k kernel's scratch unused
+        assert mm.params[-1].role == "scratch" and len(func.params) == len(want.func.params) + 1
+        assert rule == want.rule + "; the generic kernel's scratch unused"
+        assert tvm_ffi.structural_equal(func.body, want.func.body, map_free_vars=True)
+    assert d.stats.builds == 1
+    d.wait_rebuilds()
+    assert d._variants["cuda"].rebuild_errors == []

@@ -13,7 +13,16 @@ import tvm_ffi
 
 from gensorage.codegen.cuda_build import build_cubin, cubin_unavailable_reason
 from gensorage.codegen.generic_matmul import concrete
-from gensorage.codegen.generic_rows import CAPACITY, ROW, _at_capacity, _split_dims, emitter, generic_text
+from gensorage.codegen.generic_rows import (
+    CAPACITIES,
+    CAPACITY,
+    ROW,
+    _at_capacity,
+    _split_dims,
+    emitter,
+    generic_kernel,
+    generic_text,
+)
 from gensorage.codegen.module import _parse, compile_ugraph
 from gensorage.codegen.predefined import MAX_COOPERATIVE_ROWS
 from gensorage.codegen.scalar import FloatScalar
@@ -205,12 +214,12 @@ def test_the_symbolic_split_k_schedule_is_right_at_every_row_count(split: int) -
 def test_the_small_decoder_layer_makes_no_compiler_call_at_new_lengths() -> None:
     # The front end's decoder layer (bfloat16; its Programs as gensorage.torch captures them): norms, rotary
     # products, projections, attention's matmuls and softmax, copies; after 128 tokens, new lengths (primes,
-    # larger, non-multiples of every block) compile nothing (below 64 tokens its copies of a key head's half
-    # have fewer than 1,024 elements, so fewer threads a block: other kernels, compiled once).
+    # larger, non-multiples of every block, and below 64 tokens, where its copies of a key head's half have
+    # fewer than 1,024 elements) compile nothing.
     pytest.importorskip("torch")
     from benchmarks.newlen_cuda import capture
 
-    lengths = [128, 200, 97, 257, 64, 509]
+    lengths = [128, 200, 97, 257, 64, 509, 31, 3, 2]
     d = Dispatcher("h200")
     for t, p in zip(lengths, capture(lengths), strict=True):
         e = d.kernels(p, "cuda")
@@ -250,10 +259,13 @@ def test_a_softmax_over_the_keys_makes_no_compiler_call_at_new_lengths() -> None
     assert d._variants["cuda"].rebuild_errors == []
 
 
-def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_key_beyond_skipped() -> None:
-    # Golden: bound at CAPACITY keys, the generic kernel is structurally the emitter's kernel for rows of CAPACITY
-    # keys (one row a block, element loads), the guards folded; every load, store and reduction step is guarded
-    # by the key count (a step at nr or beyond is an element-wise one: never reduced, never stored).
+@pytest.mark.parametrize("cap", CAPACITIES)
+def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_key_beyond_skipped(
+    cap: int,
+) -> None:
+    # Golden: bound at its capacity of keys, the generic kernel is structurally the emitter's kernel for rows of
+    # that many keys (one row a block, element loads), the guards folded; every load, store and reduction step is
+    # guarded by the key count (a step at nr or beyond is an element-wise one: never reduced, never stored).
     d = Dispatcher(use_store=False, tiered=False)
     e = d.kernels(scores(128), "cuda")
     (kern,) = _row_kernels(e)
@@ -262,19 +274,29 @@ def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_
     emit = emitter(e.graph, k, e.compiled.info, plan, "cuda", FloatScalar("float32"), kern.name)
     split = _split_dims(e.graph.ops[k], e.compiled.info, k)  # type: ignore[arg-type]
     assert split is not None and split[0] == (1, 4)  # the first length's rows a block: 1 head, 4 queries
-    got = _at_capacity(emit, split[0], d.hw, 0)
+    got = _at_capacity(emit, split[0], d.hw, 0, cap)
     assert got is not None
     wide, grid, rows = got
     assert grid == (4, 128) and rows == (1, 1)
-    lines = kern.script.splitlines()
+    script = kern.script
+    if cap != CAPACITY:  # the form a first length lowers beside the one it uses (generic_rows.wider)
+        other = generic_kernel(e.graph.ops[k], k, e.compiled.info, emit, d.hw, 0, cap)  # type: ignore[arg-type]
+        assert other is not None and other[1].endswith(f"rows of up to {cap}")
+        script = re.sub(r"\bgeneric_rows_kernel\b", kern.name, other[0])
+    lines = script.splitlines()
     touching = [i for i, ln in enumerate(lines) if re.search(r"\b(?:in0|out0)\[", ln)]
     steps = [i for i, ln in enumerate(lines) if re.match(r"\s*acc\d\[0\] = .*acc\d\[0\].*\bs\d\[", ln)]
     assert touching and len(steps) == 2  # the max's and the sum's accumulations from the row's tiles
     for i in touching + steps:
         assert re.match(r"\s*if .*< nr", lines[i - 1]), lines[i]
-    # the generic text without its guards and with its sizes written back is the emitter's at CAPACITY keys
-    plain = _parse(_without_guards(kern.script, {"n0": 4, "n1": 128, "nr": CAPACITY}), kern.name)
-    assert tvm_ffi.structural_equal(plain, _parse(wide.text.replace(wide.name, kern.name), kern.name))
+    # each loop over a row's elements runs the steps that hold one below nr (8 of 512 at 4,096 keys)
+    loops = [ln.strip() for ln in lines if re.match(r"\s*for \w+ in range\(T\.min", ln)]
+    bound = f"in range(T.min({cap // 512}, (nr + 511) // 512)):"
+    assert len(loops) == 5 and all(ln.endswith(bound) for ln in loops)
+    # the generic text without its guards and with its sizes written back is the emitter's at the capacity
+    plain = _parse(_without_guards(script, {"n0": 4, "n1": 128, "nr": cap}), kern.name)
+    want = _parse(wide.text.replace(wide.name, kern.name), kern.name)
+    assert tvm_ffi.structural_equal(_simplified(plain, kern.name), _simplified(want, kern.name))
 
 
 def _without_guards(script: str, sizes: dict[str, int]) -> str:
@@ -313,3 +335,119 @@ def test_a_reduction_seeded_from_a_row_element_stays_per_length() -> None:
     seeded = text.replace("acc0[0] = s0[0, tx]", "acc0[0] = T.max(acc0[0], s0[0, tx])")
     out = generic_text(seeded, "k", (8,), (1,), dims, row=CAPACITY)
     assert out is not None and "if tx < nr:" in out
+
+
+def test_a_softmax_over_more_keys_than_the_first_capacity_makes_no_compiler_call() -> None:
+    # Decode steps at long contexts: rows of 4,097 to 16,384 keys run the form for rows of up to 16,384, lowered
+    # and compiled with the first length's generic forms (no compiler call at those lengths); a row longer than
+    # every capacity is emitted at its length.
+    d = Dispatcher(use_store=False)
+    d.kernels(scores(128, 1), "cuda")
+    for t in (5000, 4097, 16384, 4099, 4096, 9001):
+        e = d.kernels(scores(t, 1), "cuda")
+        assert "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
+        (kern,) = _row_kernels(e)
+        cap = min(c for c in CAPACITIES if c >= t)
+        assert kern.rule.endswith(f"rows of up to {cap}"), kern.rule
+        steps = cap // kern.threads
+        assert f"in range(T.min({steps}, (nr + {kern.threads - 1}) // {kern.threads})):" in kern.script
+    assert d.stats.builds == 1
+    e = d.kernels(scores(CAPACITIES[-1] + 1, 1), "cuda")
+    assert d.stats.builds == 2 and not _row_kernels(e)
+    d.wait_rebuilds()
+    variants = d._variants["cuda"]
+    assert variants.rebuild_errors == []
+    if (
+        cubin_unavailable_reason() is None
+    ):  # the first length's generic module, every capacity in it, via nvcc
+        (generic,) = {
+            id(v.executable): v.executable
+            for s in variants._skeletons.values()
+            for v in s.variants
+            if "_rows" in v.executable.mod.imports[0].inspect_source()
+        }.values()
+        source = str(generic.mod.imports[0].inspect_source())
+        assert f"kernel0_graph_rows{CAPACITIES[-1]}" in source
+        assert build_cubin(source, "sm_90a")
+
+
+def _loop_text(body: list[str]) -> str:
+    head = [
+        "@T.prim_func",
+        f'def k(in0: T.Buffer((8, {CAPACITY}), "float32"), out0: T.Buffer((8, {CAPACITY}), "float32")):',
+        '    for bx in T.thread_binding(8, thread="blockIdx.x"):',
+        f'        s0 = T.alloc_buffer((1, {CAPACITY}), "float32", scope="shared")',
+        '        s1 = T.alloc_buffer((1, 8), "float32", scope="shared")',
+        '        for tx in T.thread_binding(512, thread="threadIdx.x"):',
+        "            for e0 in range(8):",
+    ]
+    return "\n".join(head + [f"                {ln}" for ln in body])
+
+
+def test_a_loop_over_a_row_stops_at_its_keys_only_where_the_steps_beyond_write_nothing_read() -> None:
+    dims = {"in0": {0: 0, 1: ROW}, "out0": {0: 0, 1: ROW}}
+    bounded = "for e0 in range(T.min(8, (nr + 511) // 512)):"
+    plain = ["f0 = e0 * 512 + tx", "s0[0, f0] = in0[bx, f0]", "out0[bx, f0] = s0[0, f0]"]
+    out = generic_text(_loop_text(plain), "k", (8,), (1,), dims, row=CAPACITY)
+    assert out is not None and bounded in out and "if bx < n0 and f0 < nr:" in out
+    # a step writing a tile that is not a whole row's (read by every later step) keeps every step
+    narrow = [*plain, "s1[0, tx % 8] = s0[0, f0]"]
+    out = generic_text(_loop_text(narrow), "k", (8,), (1,), dims, row=CAPACITY)
+    assert out is not None and bounded not in out and "for e0 in range(8):" in out
+    # the loop variable used otherwise than as an element's index keeps every step
+    other = ["f0 = e0 * 512 + tx", "s0[0, f0] = in0[bx, f0] * T.float32(e0)"]
+    out = generic_text(_loop_text(other), "k", (8,), (1,), dims, row=CAPACITY)
+    assert out is not None and bounded not in out
+
+
+def test_a_capacity_whose_tiles_do_not_fit_a_block_s_shared_memory_is_not_used() -> None:
+    # The RTX 4090 allows 99 KiB a block: two float32 tiles of 16,384 keys (132 KiB) do not fit, so a row of
+    # 5,000 keys is emitted at its length (its own tiles: 40 KiB), not run in a form that could not launch.
+    d = Dispatcher("rtx4090", use_store=False)
+    d.kernels(scores(128, 1), "cuda")
+    e = d.kernels(scores(200, 1), "cuda")
+    (kern,) = _row_kernels(e)
+    assert kern.rule.endswith(f"rows of up to {CAPACITY}") and d.stats.builds == 1
+    e = d.kernels(scores(5000, 1), "cuda")
+    assert not _row_kernels(e) and d.stats.builds == 2
+    d.wait_rebuilds()
+    assert d._variants["cuda"].rebuild_errors == []
+
+
+def decode(t: int, heads: int = 4) -> Program:
+    """A decode step's softmax: one query over ``t`` keys (no grid dim is as long as the row)."""
+    p = Program(name="decode")
+    p.output(p.softmax(p.input("S", (heads, 1, t), "float32"), 2))
+    return p
+
+
+def test_a_decode_step_s_softmax_makes_no_compiler_call_at_new_context_lengths() -> None:
+    # The row (the keys) is as long as no dim the grid splits: the first length keeps its own row's form, and a
+    # length whose row differs takes the capacity's, lowered and compiled with the first length's generic forms.
+    d = Dispatcher(use_store=False)
+    d.kernels(decode(128), "cuda")
+    for t in (200, 97, 1000, 5000, 16384, 7):
+        e = d.kernels(decode(t), "cuda")
+        assert "no build: every kernel from compiled variants" in e.notes, (t, e.notes)
+        (kern,) = _row_kernels(e)
+        cap = min(c for c in CAPACITIES if c >= t)
+        assert kern.rule.endswith(f"rows of up to {cap}"), (t, kern.rule)
+        # golden: without its guards and with the capacity for nr, the emitter's kernel for rows of cap keys
+        k = kern.op_index
+        plan = e.compiled.plans[k]
+        emit = emitter(e.graph, k, e.compiled.info, plan, "cuda", FloatScalar("float32"), kern.name)
+        split = _split_dims(e.graph.ops[k], e.compiled.info, k)  # type: ignore[arg-type]
+        assert split is not None
+        got = _at_capacity(emit, split[0], d.hw, 0, cap)
+        assert got is not None
+        sizes = {"n0": 4, "n1": 1, "nr": cap}
+        plain = _parse(_without_guards(kern.script, sizes), kern.name)
+        want = _parse(got[0].text, kern.name)
+        assert tvm_ffi.structural_equal(_simplified(plain, kern.name), _simplified(want, kern.name)), t
+    assert d.stats.builds == 1
+    # a norm's row (its hidden dim) does not follow the length: it keeps its own row's form at every length
+    for t in (128, 200, 97):
+        e = d.kernels(layer(t), "cuda")
+        assert not any("rows of up to" in k.rule for k in e.compiled.kernels("cuda")), t
+    d.wait_rebuilds()
+    assert d._variants["cuda"].rebuild_errors == []

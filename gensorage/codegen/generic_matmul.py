@@ -27,7 +27,9 @@ as the construction at that length gives it (``ScheduledKernel.own``: its tiles,
 one kernel with the same parameters (or those and the generic kernel's split-k scratch, taken unused), else the
 generic one with the length's extents as constants (:func:`concrete`). A split-k choice (a 2-D matmul: two
 kernels and a scratch of float32 partials) is generic with the key's first split count; its scratch, a
-parameter the caller allocates at each length, has the rows padded to the block's.
+parameter the caller allocates at each length, has the rows padded to the block's. A projection of so few rows
+that its kernel at its length is the cooperative matrix-vector product runs the key's generic matmul too
+(:func:`generic_matvec`), its own build taking the matrix-vector kernel back.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -42,10 +45,14 @@ from gensorage.errors import ScheduleError
 
 if TYPE_CHECKING:
     from gensorage.codegen.epilogue_expr import KernelEpilogue
+    from gensorage.codegen.kernel_text import KernelParam, KernelText, ScheduledKernel, Target
     from gensorage.codegen.module import Kernel
     from gensorage.codegen.predefined_matmul import _MatmulShape
+    from gensorage.codegen.scalar import Scalar
     from gensorage.codegen.tensor_core import TensorCoreTiles
     from gensorage.hw.profile import HwProfile
+    from gensorage.ugraph.ir import KernelGraph
+    from gensorage.ugraph.shapes import GraphInfo
 
 _ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("generic_matmuls", default=False)
 #: Symbolic schedules by key: (tiles, PrimFunc), or None where the key keeps the construction per length.
@@ -169,4 +176,52 @@ def concrete(kern: Kernel) -> Kernel:
     return kern if func is kern.func else dataclasses.replace(kern, func=func, script=func.script())
 
 
-__all__ = ["active", "concrete", "generic_kernel", "generic_matmuls"]
+def generic_matvec(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    target: Target,
+    scalar: Scalar,
+    name: str,
+    seed: int,
+    matvec: KernelText,
+) -> ScheduledKernel | None:
+    """Within :func:`generic_matmuls` on CUDA, matmul ``k`` of few rows, whose kernel at this length is the
+    matrix-vector product ``matvec`` (:func:`~gensorage.codegen.predefined._cooperative_matvec`), as its key's
+    generic matmul (the rows a variable: the kernel every other length runs), with ``matvec`` as its own kernel
+    (``own``: the length's own build) where their parameters agree (the generic kernel's split-k scratch taken
+    unused); None elsewhere (the product is then compiled at its length)."""
+    from gensorage.codegen.predefined_matmul import tensor_core_kernels
+
+    if target != "cuda" or not active():
+        return None
+    kernels = tensor_core_kernels(g, k, info, hw, target, scalar, name, seed)
+    if len(kernels) != 1 or not kernels[0].rule.endswith("generic in the rows"):
+        return None
+    (kern,) = kernels
+    scratch = kern.params[-1] if kern.params[-1].role == "scratch" else None
+    mine = kern.params[:-1] if scratch is not None else kern.params
+    if [_passed(p) for p in mine] != [_passed(p) for p in matvec.params]:  # called with the same arrays
+        return None
+    return dataclasses.replace(kern, own=functools.partial(own_text, matvec, scratch))
+
+
+def _passed(p: KernelParam) -> tuple[Any, ...]:
+    """What a kernel is passed for its parameter ``p`` (not its name)."""
+    return p.role, p.ref, p.shape, p.dtype
+
+
+def own_text(kt: KernelText, scratch: KernelParam | None = None) -> tuple[Any, str]:
+    """``Kernel.own`` of a generic kernel whose own kernel at this length is the emitted text ``kt``: its PrimFunc
+    and rule (with ``scratch``, the generic kernel's split-k scratch, as a parameter it does not use)."""
+    from gensorage.codegen.module import _parse
+    from gensorage.codegen.predefined_matmul import _unused_param
+
+    func = _parse(kt.text, kt.name)
+    if scratch is None:
+        return func, kt.rule
+    return _unused_param(func, scratch), kt.rule + "; the generic kernel's scratch unused"
+
+
+__all__ = ["active", "concrete", "generic_kernel", "generic_matmuls", "generic_matvec", "own_text"]

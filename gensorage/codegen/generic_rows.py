@@ -23,11 +23,19 @@ computes for it. A guarded statement may not hold a barrier or a warp shuffle (t
 kernel with one is emitted per length, as before.
 
 Where the rows' own length is the length too (attention's softmax over the keys, :func:`_row_length`), a block's
-tile is a whole row, so the kernel is emitted for rows of :data:`CAPACITY` elements instead (:func:`_at_capacity`:
-one row a block, element loads) and is generic in the row's length ``nr`` as well: every load and store of an
-element at ``nr`` or beyond, and every step of a reduction's accumulation from the row's tile, is skipped
-(:func:`_accumulation_bounds`; a reduction seeded from an element is emitted per length). Such elements then take
-part in element-wise steps only, never reduced or stored, so each row is reduced over its own ``nr`` elements.
+tile is a whole row, so the kernel is emitted for rows of a *capacity* of elements instead (:func:`_at_capacity`:
+one row a block, element loads; :data:`CAPACITIES`, 4,096 and 16,384 keys, each where its tiles fit a block's
+shared memory; a row takes the smallest that holds it) and is generic in the row's length ``nr`` as well: every
+load and store of an element at ``nr`` or beyond, and every step of a reduction's accumulation from the row's
+tile, is skipped (:func:`_accumulation_bounds`; a reduction seeded from an element is emitted per length). Such
+elements then take part in element-wise steps only, never reduced or stored, so each row is reduced over its own
+``nr`` elements. And the loops over a row's elements stop after the last step that holds one below ``nr``
+(:func:`_row_loops`): a step past it would have touched only such elements, so the work follows the keys (at 128
+keys one step of 512 threads, not the capacity's 8). A structure's first length lowers its softmax at every
+capacity (:func:`wider`), so a later length of up to 16,384 keys finds its kernel compiled; a longer row is
+emitted per length. A row reduced whole that no split dim is as long as (:func:`_reduced_row`: a decode step's
+keys, or a norm's hidden dim; one length cannot tell them apart) keeps its first length's row form, its
+capacity forms lowered beside it, and a later length whose row differs from the first's takes a capacity form.
 
 The length's own build (in the background, :mod:`~gensorage.codegen.symbolic_kernels`) takes the emitter's
 kernel at that length (``Kernel.own``), so the steady state is the untiered one.
@@ -35,10 +43,12 @@ kernel at that length (``Kernel.own``), so the steady state is the untiered one.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import re
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gensorage.codegen.kernel_text import graph_kernel_params
@@ -56,11 +66,16 @@ if TYPE_CHECKING:
     from gensorage.hw.profile import HwProfile
     from gensorage.ugraph.ir import KernelGraph
 
-#: Elements of a row whose own length is the sequence length (a softmax's keys) its generic kernel holds: one
-#: row a block, 512 threads; longer rows are emitted per length.
+#: Elements of a row whose own length is the sequence length (a softmax's keys) its first generic kernel holds:
+#: one row a block, 512 threads.
 CAPACITY = 4096
+#: The rows' lengths such kernels are compiled for (each where its tiles fit a block's shared memory); a row is
+#: served by the smallest that holds it, and a longer row is emitted per length.
+CAPACITIES = (CAPACITY, 4 * CAPACITY)
 #: The dim mark of a row's own length (``nr`` in the generic text; a grid dim ``g`` is ``n<g>``).
 ROW = -1
+#: The first length's row of a kernel reducing whole rows no split dim is as long as (by key, the row left out).
+_FIRST_ROWS: dict[Hashable, int] = {}
 #: Generic texts by key (None: the key's kernel is emitted per length).
 _TEXTS: dict[Hashable, tuple[str, str, int] | None] = {}
 _MAX_KEYS = 1024
@@ -71,17 +86,31 @@ _BINDING_GRID = re.compile(r'T\.thread_binding\((\d+), thread="blockIdx\.([xyz])
 _SIGNATURE = re.compile(r"\b((?:in|out)\d+): T\.Buffer\(\(([^)]*)\)")
 _TILE = re.compile(r"(\w+) = T\.(?:decl_buffer|alloc_buffer)\(\(([^)]*)\)")
 _TILE_READ = re.compile(r"\b(s\d+)\[")
+_LOOP = re.compile(r"(\s*)for (\w+) in range\((\d+)\):$")
+_THREADS = re.compile(r'T\.thread_binding\((\d+), thread="threadIdx\.x"\)')
+_ASSIGN = re.compile(r"\s*(\w+)(?:\[.*?\])? = ")
+#: The row kernels of other capacities lowered beside the ones a length uses (see :func:`wider`).
+_WIDER: contextvars.ContextVar[list[Kernel] | None] = contextvars.ContextVar(
+    "generic_rows_wider", default=None
+)
 
 
 def generic_kernel(
-    op: GraphDefinedOp, k: int, info: GraphInfo, emit: Callable[[], KernelText], hw: HwProfile, seed: int
+    op: GraphDefinedOp,
+    k: int,
+    info: GraphInfo,
+    emit: Callable[[], KernelText],
+    hw: HwProfile,
+    seed: int,
+    capacity: int | None = None,
 ) -> tuple[str, str, int] | None:
     """The generic text of graph-defined op ``k`` (its PrimFunc named ``generic_rows_kernel``), its rule and
     threads a block, or None where the kernel is emitted per length. ``emit()`` emits it at these shapes (called
     at a key's first length only); the key holds what else the code depends on: the arithmetic, the profile and
     the seed (with the tiles, they fix the thread plan; a plan pinned by a caller of compile_ugraph is not a
     dispatcher's, which builds without generic kernels). A kernel whose rows' own length is the length (a
-    softmax over the keys, :func:`_row_length`) is emitted for :data:`CAPACITY` keys (:func:`_at_capacity`)."""
+    softmax over the keys, :func:`_row_length`) is emitted for rows of ``capacity`` elements (default: the
+    smallest of :data:`CAPACITIES` that holds the row, :func:`_at_capacity`); None where they do not fit."""
     binfo = info.blocks[k]
     if binfo is None or not _rows_independent(op, info, k):
         return None
@@ -90,7 +119,24 @@ def generic_kernel(
         return None
     rows, dims = split
     row = _row_length(op, info, k, dims)
+    last = _reduced_row(op, info, k) if row is None else None
+    if last is not None:
+        # A whole row reduced, as long as no split dim (a decode step's keys, or a norm's hidden dim): the form
+        # of its first length's row, until a length whose row differs takes the capacity's (module docstring).
+        rank = len(info.of(op.inputs[0]).shape)
+        tensors = [(info.of(r), dims[f"in{i}"]) for i, r in enumerate(op.inputs)]
+        tensors += [(t, dims[f"out{s}"]) for s, t in enumerate(binfo.outputs)]
+        masked = tuple((*_masked(t.shape, {**mine, rank - 1: ROW}), t.dtype) for t, mine in tensors)
+        first = _FIRST_ROWS.setdefault((op.block.nodes, len(op.block.grid), masked, hw, seed), last)
+        if len(_FIRST_ROWS) >= _MAX_KEYS:
+            _FIRST_ROWS.clear()
+        if capacity is not None or first != last:
+            row = last
+    cap = None
     if row is not None:
+        cap = capacity or next((c for c in CAPACITIES if c >= row), None)
+        if cap is None or cap < row:
+            return None
         for mine in dims.values():
             mine[len(info.of(op.inputs[0]).shape) - 1] = ROW
     ins = tuple(
@@ -98,25 +144,36 @@ def generic_kernel(
     )
     outs = tuple((*_masked(t.shape, dims[f"out{s}"]), t.dtype) for s, t in enumerate(binfo.outputs))
     scalar = emit.keywords["scalar"]  # type: ignore[attr-defined]
-    key = (op.block.nodes, len(op.block.grid), ins, outs, scalar.acc_dtype, hw, seed)  # not the rows a block
+    # not the rows a block; the capacity (None: a row of fixed length)
+    key = (op.block.nodes, len(op.block.grid), ins, outs, scalar.acc_dtype, hw, seed, cap)
     if key not in _TEXTS:
-        got = _at_capacity(emit, rows, hw, seed) if row is not None else (emit(), op.block.grid, rows)
-        text = None if got is None else generic_text(got[0].text, got[0].name, got[1], got[2], dims, row)
+        got = _at_capacity(emit, rows, hw, seed, cap) if cap is not None else (emit(), op.block.grid, rows)
+        if got is not None and cap is not None and got[0].shared_bytes > hw.shared_mem_per_block:
+            got = None  # a whole row's tiles do not fit a block's shared memory at this capacity
+        text = None if got is None else generic_text(got[0].text, got[0].name, got[1], got[2], dims, cap)
         if len(_TEXTS) >= _MAX_KEYS:
             _TEXTS.clear()
         _TEXTS[key] = None
         if got is not None and text is not None:
-            rule = f"{got[0].rule}; generic in the rows" + (f", rows of up to {CAPACITY}" if row else "")
+            rule = f"{got[0].rule}; generic in the rows" + (f", rows of up to {cap}" if cap else "")
             _TEXTS[key] = (text, rule, got[0].threads)
-    if row is not None and row > CAPACITY:
-        return None
     return _TEXTS[key]
 
 
 def _row_length(op: GraphDefinedOp, info: GraphInfo, k: int, dims: dict[str, dict[int, int]]) -> int | None:
-    """The rows' own length where it is the sequence length: every tensor of the kernel has one rank, every
-    reduction reduces the last dim, keeping it, and the last dims are one size, that of a dim the grid splits
-    (at this length; a row that only happens to be as long is made generic too: slower, as exact). Else None."""
+    """The rows' own length where it is the sequence length: a whole row reduced (:func:`_reduced_row`) as long
+    as a dim the grid splits (at this length; a row that only happens to be as long is made generic too:
+    slower, as exact). Else None."""
+    last = _reduced_row(op, info, k)
+    if last is None:
+        return None
+    split = {info.of(r).shape[d] for i, r in enumerate(op.inputs) for d in dims[f"in{i}"]}
+    return last if last in split else None
+
+
+def _reduced_row(op: GraphDefinedOp, info: GraphInfo, k: int) -> int | None:
+    """The rows' length where a block reduces whole rows: every tensor of the kernel has one rank, every
+    reduction reduces the last dim, keeping it, and the last dims are one size. Else None."""
     binfo = info.blocks[k]
     assert binfo is not None
     shapes = [info.of(r).shape for r in op.inputs] + [t.shape for t in binfo.outputs]
@@ -127,23 +184,20 @@ def _row_length(op: GraphDefinedOp, info: GraphInfo, k: int, dims: dict[str, dic
     for n in reductions:
         if int(attr(n.attrs, "dim")) % rank != rank - 1 or not attr(n.attrs, "keepdim", False):
             return None
-    split = {
-        shapes[i][d] for i, name in enumerate([f"in{j}" for j in range(len(op.inputs))]) for d in dims[name]
-    }
-    return shapes[0][-1] if shapes[0][-1] in split else None
+    return shapes[0][-1]
 
 
 def _at_capacity(
-    emit: Callable[[], KernelText], rows: tuple[int, ...], hw: HwProfile, seed: int
+    emit: Callable[[], KernelText], rows: tuple[int, ...], hw: HwProfile, seed: int, capacity: int = CAPACITY
 ) -> tuple[KernelText, tuple[int, ...], tuple[int, ...]] | None:
-    """``emit``'s kernel for rows of :data:`CAPACITY` elements, one row a block, loading element by element (no
+    """``emit``'s kernel for rows of ``capacity`` elements, one row a block, loading element by element (no
     16-byte copy crosses a row's end), with its grid and rows a block; None where it does not emit."""
     g, k, info, plan = emit.args  # type: ignore[attr-defined]
     op = g.ops[k]
     grid = tuple(n * r if r else n for n, r in zip(op.block.grid, rows, strict=True))  # one row a block
     block = dataclasses.replace(op.block, grid=grid)
     args = [info.of(r) for r in op.inputs]
-    wide = tuple(TensorInfo((*a.shape[:-1], CAPACITY), a.dtype, a.program) for a in args)
+    wide = tuple(TensorInfo((*a.shape[:-1], capacity), a.dtype, a.program) for a in args)
     try:
         binfo = block_shapes(g, k, block, wide)
         old = info.nodes[len(g.inputs) + k]
@@ -245,16 +299,15 @@ def generic_text(
     """The emitted kernel ``text`` made generic (module docstring): split dims ``n<g>`` in the signature, the
     grid from them, every statement that touches a tensor's row guarded by its bound; None where a guarded
     statement is not a plain one (a barrier, a warp shuffle, a binding, a compound statement's head). With
-    ``row`` (the text emitted for rows of :data:`CAPACITY` elements, dims marked :data:`ROW`), the rows' own
-    length is ``nr`` too: every access to an element at ``nr`` or beyond is skipped, and every reduction's
-    accumulation from a row's tile (``acc[0] = op(acc[0], tile[..])``) skips those elements."""
+    ``row`` (the text emitted for rows of ``row`` elements, dims marked :data:`ROW`), the rows' own length is
+    ``nr`` too: every access to an element at ``nr`` or beyond is skipped, every reduction's accumulation from a
+    row's tile (``acc[0] = op(acc[0], tile[..])``) skips those elements, and a loop over a row's elements stops
+    after its last step holding one below ``nr`` (:func:`_row_loops`)."""
     lines = re.sub(rf"\b{re.escape(name)}\b", _NAME, text).splitlines()
     declared: dict[int, None] = {}
     wide = set()  # on-chip tiles of whole rows (their last dim the capacity)
     if row is not None:
-        wide = {
-            m.group(1) for m in _TILE.finditer(text) if m.group(2).split(",")[-1].strip() == str(CAPACITY)
-        }
+        wide = {m.group(1) for m in _TILE.finditer(text) if m.group(2).split(",")[-1].strip() == str(row)}
 
     def signature(m: re.Match[str]) -> str:
         param, shape = m.group(1), [s.strip() for s in m.group(2).split(",") if s.strip()]
@@ -301,7 +354,51 @@ def generic_text(
     split = {g for g, r in enumerate(rows) if r}
     if not declared or bound != split or set(declared) - {ROW} != split:  # a grid dim of 1 block has no loop
         return None
+    if wide and row is not None:
+        threads = _THREADS.search(text)
+        if threads is None:
+            return None
+        out = _row_loops(out, wide, int(threads.group(1)), row)
     return "\n".join(out)
+
+
+def _row_loops(lines: list[str], wide: set[str], threads: int, row: int) -> list[str]:
+    """``lines`` with each loop over a whole row's elements bounded by ``nr``: a loop ``for v in range(K)`` with
+    ``K·threads = row`` whose body indexes elements as ``v * threads + tx`` alone and assigns only whole rows'
+    tiles, registers it allocates, or under a guard (``if ... < nr``, :func:`generic_text`) runs
+    ``min(K, ceil(nr / threads))`` steps. A step it no longer runs holds only elements at ``nr`` or beyond:
+    its guarded statements did nothing, and what it wrote (those elements of a tile, its own registers) is read
+    only by such statements of other loops, so what reaches an output is unchanged."""
+    out = list(lines)
+    for i, line in enumerate(lines):
+        m = _LOOP.match(line)
+        if m is None or int(m.group(3)) * threads != row:
+            continue
+        indent, var = len(m.group(1)), m.group(2)
+        body = []
+        for ln in lines[i + 1 :]:
+            if ln.strip() and len(ln) - len(ln.lstrip()) <= indent:
+                break
+            body.append(ln)
+        element = rf"{var} \* {threads} \+ tx"
+        text = "\n".join(body)
+        uses = len(re.findall(rf"\b{var}\b", text))
+        if not uses or uses != len(
+            re.findall(rf"(?<=[\[(,=] ){element}(?=[\]),\n]|$)|(?<=[\[(]){element}", text)
+        ):
+            continue  # the loop variable used otherwise than as an element's index
+        local = {a.group(1) for ln in body if (a := _ASSIGN.match(ln)) and "alloc_buffer(" in ln}
+        guarded, plain = False, True
+        for ln in body:
+            a = _ASSIGN.match(ln)
+            index = re.fullmatch(rf"\s*\w+ = {element}", ln) is not None  # the element's index, named
+            if a is not None and not (guarded or index or a.group(1) in wide | local):
+                plain = False
+            guarded = re.match(r"\s*if .*< nr\b.*:$", ln) is not None
+        if plain:
+            steps = f"T.min({m.group(3)}, (nr + {threads - 1}) // {threads})"
+            out[i] = f"{m.group(1)}for {var} in range({steps}):"
+    return out
 
 
 def _accumulation_bounds(line: str, wide: set[str]) -> list[str] | None:
@@ -374,31 +471,64 @@ def emitter(
     return functools.partial(emit_graph_defined, g, k, info, plan, target=target, scalar=scalar, name=name)
 
 
-def row_kernel(emit: Callable[[], KernelText], hw: HwProfile, seed: int) -> Kernel | None:
-    """The CUDA kernel of :func:`emitter`'s op generic in its rows (:func:`generic_kernel`) within
-    :func:`~gensorage.codegen.generic_matmul.generic_matmuls`, under ``emit``'s name, with its parameters at
-    these shapes and its own kernel here (``Kernel.own``) emitted on demand; None where it is emitted per
-    length (by ``emit()``), on llvm and in field mode."""
+def row_kernel(
+    emit: Callable[[], KernelText], hw: HwProfile, seed: int, capacity: int | None = None
+) -> Kernel | None:
+    """The CUDA kernel of :func:`emitter`'s op generic in its rows (:func:`generic_kernel`, rows of ``capacity``
+    elements where their own length is the length) within :func:`~gensorage.codegen.generic_matmul.generic_matmuls`,
+    under ``emit``'s name, with its parameters at these shapes and its own kernel here (``Kernel.own``) emitted on
+    demand; None where it is emitted per length (by ``emit()``), on llvm and in field mode. Within :func:`wider`,
+    such a kernel's forms at the other :data:`CAPACITIES` are lowered too (named ``<name>_rows<capacity>``)."""
     from gensorage.codegen import generic_matmul
-    from gensorage.codegen.module import Kernel
 
     g, k, info, _ = emit.args  # type: ignore[attr-defined]
     target, scalar, name = (emit.keywords[n] for n in ("target", "scalar", "name"))  # type: ignore[attr-defined]
     op = g.ops[k]
     if target != "cuda" or scalar.field or not generic_matmul.active() or not isinstance(op, GraphDefinedOp):
         return None
-    got = generic_kernel(op, k, info, emit, hw, seed)
+    got = generic_kernel(op, k, info, emit, hw, seed, capacity)
     if got is None:
         return None
+    wider_ones, mine = _WIDER.get(), re.search(r"rows of up to (\d+)$", got[1])
+    if wider_ones is not None and capacity is None:
+        for cap in CAPACITIES:
+            if mine is not None and cap == int(mine.group(1)):
+                continue
+            other = generic_kernel(op, k, info, emit, hw, seed, cap)
+            if other is not None and other[1].endswith(f"rows of up to {cap}"):  # a row it may take later
+                wide = _kernel(emit, other, f"{name}_rows{cap}")
+                if wide is not None:
+                    wider_ones.append(wide)
+    return _kernel(emit, got, name)
+
+
+def _kernel(emit: Callable[[], KernelText], got: tuple[str, str, int], name: str) -> Kernel | None:
+    """The Kernel of generic text ``got`` (text, rule, threads) named ``name``; None where it does not parse."""
+    from gensorage.codegen.module import Kernel
+
+    g, k, info, _ = emit.args  # type: ignore[attr-defined]
     text, rule, threads = got
     script = re.sub(rf"\b{_NAME}\b", name, text)
-    params = tuple(graph_kernel_params(g, k, info, scalar))
+    params = tuple(graph_kernel_params(g, k, info, emit.keywords["scalar"]))  # type: ignore[attr-defined]
     try:
         func = _parsed(script, name)
     except GensorageError:  # a generic text the parser or the barrier check refuses: emitted per length
         return None
     own = functools.partial(_own, emit)
     return Kernel(name, k, func, script, params, None, threads, rule, own=own)
+
+
+@contextlib.contextmanager
+def wider() -> Iterator[list[Kernel]]:
+    """Within it, :func:`row_kernel` lowers a kernel whose rows' own length is the length at each of
+    :data:`CAPACITIES` (the list yielded gets those the lengths at hand do not use), so that a later length
+    served by another capacity finds its kernel compiled (:func:`gensorage.superopt.dispatch`'s first shape)."""
+    found: list[Kernel] = []
+    token = _WIDER.set(found)
+    try:
+        yield found
+    finally:
+        _WIDER.reset(token)
 
 
 @functools.lru_cache(maxsize=256)
@@ -416,4 +546,4 @@ def _own(emit: Callable[[], KernelText]) -> tuple[Any, str]:
     return _parse(kt.text, kt.name), kt.rule
 
 
-__all__ = ["emitter", "generic_kernel", "generic_text", "row_kernel"]
+__all__ = ["emitter", "generic_kernel", "generic_text", "row_kernel", "wider"]

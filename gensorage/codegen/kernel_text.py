@@ -46,6 +46,8 @@ class KernelText:
     threads: int
     rule: str
     shared_bytes: int = 0
+    # a generic kernel's (a copy with a whole block's threads): () -> the emitter's own (func, rule) here
+    own: Any = None
 
 
 def graph_kernel_params(g: KernelGraph, k: int, info: GraphInfo, scalar: Scalar) -> list[KernelParam]:

@@ -119,9 +119,8 @@ def lower_ugraph(
 
 
 def _from_text(kt: KernelText) -> Kernel:
-    return Kernel(
-        kt.name, kt.op_index, _parse(kt.text, kt.name), kt.text, kt.params, kt.grid, kt.threads, kt.rule
-    )
+    func = _parse(kt.text, kt.name)
+    return Kernel(kt.name, kt.op_index, func, kt.text, kt.params, kt.grid, kt.threads, kt.rule, own=kt.own)
 
 
 def _from_scheduled(sk: ScheduledKernel) -> Kernel:

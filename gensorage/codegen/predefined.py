@@ -13,11 +13,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
+from gensorage.codegen import generic_matmul
+from gensorage.codegen.generic_matmul import generic_matvec
 from gensorage.codegen.gpu_limits import MAX_GRID
 from gensorage.codegen.kernel_text import KernelParam, KernelText, ScheduledKernel, Target
 from gensorage.codegen.operand_views import graph_views, matmul_operands
@@ -41,6 +45,7 @@ from gensorage.ugraph.shapes import GraphInfo
 
 # Every thread of an elementwise kernel handles one element; blocks go along x.
 _MAX_BLOCKS_X = MAX_GRID[0]
+_SIMPLE = ", one output element each"
 
 
 def is_alias(op: KernelOp) -> bool:
@@ -52,14 +57,22 @@ def is_alias(op: KernelOp) -> bool:
 
 
 def _simple(
-    g: KernelGraph, k: int, info: GraphInfo, hw: HwProfile, target: Target, scalar: Scalar, name: str
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    target: Target,
+    scalar: Scalar,
+    name: str,
+    threads: int | None = None,
 ) -> KernelText:
-    """One thread per output element: ``out[unravel(bx * threads + tx)] = f(inputs)``."""
+    """One thread per output element: ``out[unravel(bx * threads + tx)] = f(inputs)`` (``threads``: a block's,
+    default one per element up to the block limit)."""
     op = g.ops[k]
     assert isinstance(op, KernelOp)
     out = info.nodes[len(g.inputs) + k][0]
     n = math.prod(out.shape)
-    nt = fallback_threads(n, hw)
+    nt = threads or fallback_threads(n, hw)
     blocks = -(-n // nt)
     if blocks > _MAX_BLOCKS_X:
         raise UnsupportedOpError(f"kernel op %{len(g.inputs) + k} ({op.op.value}) needs {blocks} blocks")
@@ -79,7 +92,7 @@ def _simple(
             _element(w, op, [info.of(r) for r in op.inputs], out, idx, scalar, views)
     params, text = _function(g, k, info, scalar, name, w)
     why = "no construction schedule fits" if op.op is Op.MATMUL else f"pre-defined {op.op.value}"
-    rule = f"fallback ({why}): {nt} threads, one output element each"
+    rule = f"fallback ({why}): {nt} threads{_SIMPLE}"
     return KernelText(name, k, text, tuple(params), (blocks,), nt, rule)
 
 
@@ -529,16 +542,23 @@ def emit_predefined(
             raise UnsupportedOpError("the finite-field twin runs on the CPU only (target 'llvm')")
         matvec = _cooperative_matvec(g, k, info, hw, target, scalar, name)
         if matvec is not None:
-            return [matvec]
+            return [generic_matvec(g, k, info, hw, target, scalar, name, seed, matvec) or matvec]
         scheduled = tensor_core_kernels(g, k, info, hw, target, scalar, name, seed) or matmul_kernels(
             g, k, info, hw, target, scalar, name, seed
         )
         if scheduled:
             return list(scheduled)
-    return [
-        _cooperative_sum(g, k, info, hw, target, scalar, name)
-        or _simple(g, k, info, hw, target, scalar, name)
-    ]
+    kt = _cooperative_sum(g, k, info, hw, target, scalar, name) or _simple(
+        g, k, info, hw, target, scalar, name
+    )
+    full = fallback_threads(hw.max_threads_per_block, hw)
+    if target == "cuda" and generic_matmul.active() and kt.rule.endswith(_SIMPLE) and kt.threads < full:
+        # The CUDA first tier: a copy of fewer elements than a block's threads gets a whole block (its guard
+        # skips the threads past its elements), so every length runs the code of one compiled kernel; the
+        # length's own build takes the emitter's kernel back (Kernel.own).
+        wide = _simple(g, k, info, hw, target, scalar, name, threads=full)
+        return [dataclasses.replace(wide, own=functools.partial(generic_matmul.own_text, kt))]
+    return [kt]
 
 
 __all__ = ["emit_predefined", "is_alias"]

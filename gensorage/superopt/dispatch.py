@@ -404,11 +404,14 @@ def _build_kernels(
 
 
 def _generic_cuda_kernels(graph: KernelGraph, hw: HwProfile, seed: int) -> list[Any]:
-    """``graph``'s CUDA kernels in their generic forms (the compiled variants' first sight)."""
+    """``graph``'s CUDA kernels in their generic forms (the compiled variants' first sight), with a softmax over
+    the keys' forms for rows of the other capacities (a later length's keys may need a longer row)."""
+    from gensorage.codegen.generic_rows import wider
     from gensorage.codegen.module import compile_ugraph
 
-    with generic_matmuls():
-        return compile_ugraph(graph, hw, "cuda", seed=seed).kernels("cuda")
+    with generic_matmuls(), wider() as capacities:
+        kernels = compile_ugraph(graph, hw, "cuda", seed=seed).kernels("cuda")
+    return [*kernels, *capacities]
 
 
 def _from_variants(
