@@ -47,9 +47,10 @@ def test_compiled_variants_are_right_at_every_length(t: int, scale: float, seed:
 
 
 def test_new_lengths_in_a_bucket_build_nothing() -> None:
-    # The first length builds every kernel as written; the second builds each kernel again with the literals
-    # that changed left as parameters; later lengths of the same skeletons call those, with no build.
-    d = Dispatcher(use_store=False)
+    # Untiered: the first length builds every kernel as written; the second builds each kernel again with the
+    # literals that changed left as parameters; later lengths of the same skeletons call those, with no build.
+    # (Tiered, the kernels are generic at first sight: tests/test_llvm_generic.py.)
+    d = Dispatcher(use_store=False, tiered=False)
     for t in (8, 12):
         d.kernels(rms_rows(t))
     assert d.stats.builds == 2
@@ -76,7 +77,7 @@ def test_a_failed_build_of_variants_keeps_none_and_the_kernels_are_built_as_writ
 ) -> None:
     from gensorage.codegen import symbolic_kernels
 
-    d = Dispatcher(use_store=False)
+    d = Dispatcher(use_store=False, tiered=False)  # the second length builds widened variants
     d.kernels(rms_rows(8))
     real = symbolic_kernels.compile_kernels
 

@@ -1,5 +1,6 @@
 """Tiered builds of compiled variants (gensorage.codegen.symbolic_kernels): a new length is served by kernels
-built without LLVM's optimisation, rebuilt at the full level in the background and swapped into the runners."""
+generic at first sight and built without LLVM's optimisation, rebuilt at the full level in the background, and
+the length's own kernels built in the background, each swapped into the runners."""
 
 from __future__ import annotations
 
@@ -23,22 +24,26 @@ def _variants(d: Dispatcher) -> list[Any]:
 
 def test_the_first_tier_is_right_and_its_rebuild_is_swapped_into_the_runner() -> None:
     d = Dispatcher(use_store=False)
-    d.kernels(gqa_rows(8))
+    first = d.kernels(gqa_rows(8))
     d.wait_rebuilds()
     variants = d._variants["llvm"]
-    assert variants.rebuilds == 1 and not any(v.quick for v in _variants(d))
-    with variants._rebuild_lock:  # hold the rebuild back: the new length runs on its first tier
+    # the first tier's build rebuilt at the full level, and the length's own kernels swapped in
+    assert variants.rebuilds == 2 and not any(v.quick for v in _variants(d))
+    assert first.compiled.executable("llvm").generation == 1
+    with variants._rebuild_lock:  # hold the rebuilds back: the new length runs on its first tier
         e = d.kernels(gqa_rows(33))
         quick = [v for v in _variants(d) if v.quick]
         assert quick and any("first tier" in n for n in e.notes), e.notes
-        first_tier = [v.function for v in quick]  # held: their ids stay theirs
-        assert {id(f) for f in first_tier} <= _functions(e)
+        first_tier = [
+            getattr(fn, "func", fn) for fn, _ in e.runner._plan_calls
+        ]  # held: their ids stay theirs
+        assert {id(v.function) for v in quick} <= _functions(e)
         check_float64(e, gqa_rows(33), seed=33, scale=3.0)
     d.wait_rebuilds()
-    assert variants.rebuilds == 2 and not variants.rebuild_errors
+    assert variants.rebuilds == 4 and not variants.rebuild_errors
     assert not any(v.quick for v in quick)
+    assert e.compiled.executable("llvm").generation == 1  # the length's own kernels
     served = _functions(e)
-    assert {id(v.function) for v in quick} <= served, "the rebuilt functions are not in the runner"
     assert not {id(f) for f in first_tier} & served, "the runner still calls a first-tier function"
     check_float64(e, gqa_rows(33), seed=34, scale=3.0)
     assert d.stats.builds == 2  # the rebuilds are not counted as builds
@@ -60,18 +65,18 @@ def test_a_failed_rebuild_keeps_the_first_tier(monkeypatch: pytest.MonkeyPatch) 
 
     real = symbolic_kernels.compile_kernels
 
-    def full_fails(*args: Any, quick: bool = False) -> Any:
-        if not quick:
+    def full_fails(*args: Any, quick: bool = False, **kwargs: Any) -> Any:
+        if not quick:  # the rebuild at the full level and the length's own build
             raise ScheduleError("llvm build of the µGraph kernels failed: injected")
-        return real(*args, quick=quick)
+        return real(*args, quick=quick, **kwargs)
 
     monkeypatch.setattr(symbolic_kernels, "compile_kernels", full_fails)
     d = Dispatcher(use_store=False)
     e = d.kernels(gqa_rows(12))
     d.wait_rebuilds()
     variants = d._variants["llvm"]
-    assert variants.rebuilds == 0 and "injected" in variants.rebuild_errors[0]
-    assert all(v.quick for v in _variants(d))
+    assert variants.rebuilds == 0 and all("injected" in err for err in variants.rebuild_errors)
+    assert all(v.quick for v in _variants(d)) and e.compiled.executable("llvm").generation == 0
     check_float64(e, gqa_rows(12), seed=12, scale=3.0)
 
 
@@ -87,9 +92,10 @@ def test_lengths_requested_while_rebuilds_run_end_on_the_full_level() -> None:
         check_float64(entries[t], gqa_rows(t), seed=t, scale=3.0)
     d.wait_rebuilds()
     variants = d._variants["llvm"]
-    assert first_tier and variants.rebuilds == variants.builds and not variants.rebuild_errors
+    assert first_tier and not variants.rebuild_errors
     assert not any(v.quick for v in _variants(d))
     for t, e in entries.items():
+        assert e.compiled.executable("llvm").generation == 1, f"length {t} lacks its own kernels"
         assert not _functions(e) & {id(f) for f in first_tier}, (
             f"length {t} still calls a first-tier function"
         )

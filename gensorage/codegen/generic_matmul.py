@@ -84,10 +84,11 @@ def generic_kernel(
     hw: HwProfile,
     seed: int,
     tiles_of: Any,
+    target: Target = "cuda",
 ) -> tuple[TensorCoreTiles, Any] | None:
     """The tiles and the PrimFunc (rows a variable) of the float matmul ``ms`` (``dtypes``: A, B, out), or None
     where it keeps the construction per length; ``tiles_of()`` gives the construction's tiles at this length
-    (called at a key's first length only)."""
+    (called at a key's first length only); on llvm, the twin of the same schedule (no tensorization)."""
     from tvm import tirx
 
     from gensorage.codegen.matmul_rows import _epi_with_rows, _with_rows
@@ -99,9 +100,9 @@ def generic_kernel(
     if any(len(shape) > 2 for shape, _ in extra):
         return None
     if ms.batch:  # attention's: the rows, the columns and the reduction all variables (any may be the length)
-        key: Hashable = (_with_dims(ms, 0, 0, 0), dtypes, cast, _epi_with_dims(epi, 0, 0), hw, seed)
+        key: Hashable = (_with_dims(ms, 0, 0, 0), dtypes, cast, _epi_with_dims(epi, 0, 0), hw, seed, target)
     else:  # a projection's: the rows (the weight's dims stay constants)
-        key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed)
+        key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed, target)
     entry = _KERNELS.get(key, _MISSING)
     if entry is not _MISSING:
         return entry  # type: ignore[return-value]
@@ -120,17 +121,18 @@ def generic_kernel(
     if isinstance(tiles, TensorCoreTiles) and (tiles.split_k == 1 or not ms.batch):
         var = tirx.Var("rows", "int32")
         a, b, out = dtypes
+        llvm = target == "llvm"  # the llvm twin casts by bits, as tensor_core_kernels' llvm kernels do
         if ms.batch:
             cols = tirx.Var("cols", "int32")
             sym = _with_dims(ms, var, cols, tirx.Var("depth", "int32"))
             build = _matmul_build(
-                sym, a, out, None, 1, tiles.block_m, b, cast, _epi_with_dims(epi, var, cols)
+                sym, a, out, None, 1, tiles.block_m, b, cast, _epi_with_dims(epi, var, cols), llvm
             )
         else:
             sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
-            build = _matmul_build(sym, a, out, None, tiles.split_k, tiles.block_m, b, cast, sym_epi)
+            build = _matmul_build(sym, a, out, None, tiles.split_k, tiles.block_m, b, cast, sym_epi, llvm)
         try:
-            func = schedule_tensor_core(build(), tiles, gpu=True, convert=cast is not None).mod["main"]
+            func = schedule_tensor_core(build(), tiles, gpu=not llvm, convert=cast is not None).mod["main"]
             entry = (tiles, func)
         except (ScheduleError, TypeError, ValueError, RuntimeError):  # a step needs the rows' value
             entry = None

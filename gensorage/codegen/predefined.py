@@ -65,9 +65,11 @@ def _simple(
     scalar: Scalar,
     name: str,
     threads: int | None = None,
+    guard: bool = False,
 ) -> KernelText:
     """One thread per output element: ``out[unravel(bx * threads + tx)] = f(inputs)`` (``threads``: a block's,
-    default one per element up to the block limit)."""
+    default one per element up to the block limit; ``guard``: the bounds guard even where the grid covers the
+    elements exactly, as on a GPU)."""
     op = g.ops[k]
     assert isinstance(op, KernelOp)
     out = info.nodes[len(g.inputs) + k][0]
@@ -86,7 +88,7 @@ def _simple(
         # multiple of the block): one kernel text at every length, so a new length binds the template of the
         # first one (script_templates) instead of parsing a guarded form. One compare per thread of a
         # memory-bound kernel.
-        with w.block(f"if f < {n}:") if gpu or blocks * nt > n else nullcontext():
+        with w.block(f"if f < {n}:") if gpu or guard or blocks * nt > n else nullcontext():
             idx = unravel(Ix.var("f"), out.shape)
             views = _matmul_at(g, k, info) if op.op is Op.MATMUL else (False, False)
             _element(w, op, [info.of(r) for r in op.inputs], out, idx, scalar, views)
@@ -558,6 +560,12 @@ def emit_predefined(
         # length's own build takes the emitter's kernel back (Kernel.own).
         wide = _simple(g, k, info, hw, target, scalar, name, threads=full)
         return [dataclasses.replace(wide, own=functools.partial(generic_matmul.own_text, kt))]
+    if target == "llvm" and generic_matmul.active() and kt.rule.endswith(_SIMPLE):
+        # llvm's first tier: the guard at every length, as on a GPU (one text, one compiled variant, whether
+        # the grid covers the elements exactly or not); the length's own build takes the emitter's kernel back.
+        guarded = _simple(g, k, info, hw, target, scalar, name, guard=True)
+        if guarded.text != kt.text:
+            return [dataclasses.replace(guarded, own=functools.partial(generic_matmul.own_text, kt))]
     return [kt]
 
 

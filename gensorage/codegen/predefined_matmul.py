@@ -350,7 +350,7 @@ def tensor_core_kernels(
         return construct_predefined_matmul(ms.a, ms.b, ms.out, ops.a.dtype, ops.b.dtype, hw, seed, ms.layout)
 
     if (
-        target == "cuda"
+        target in ("cuda", "llvm")  # llvm: the twin of the same schedule (the compiled variants' first tier)
         and mma is not None
         and generic_matmul.active()
         and not isinstance(scalar, FieldScalar)
@@ -358,13 +358,13 @@ def tensor_core_kernels(
         cast = None if mma == ops.a.dtype == ops.b.dtype else mma
         dtypes = (ops.a.dtype, ops.b.dtype, ops.out.dtype)
         fixed = generic_matmul.generic_kernel(
-            ms, dtypes, cast, ops.epilogue, hw, seed, lambda: (construct() or (None,))[0]
+            ms, dtypes, cast, ops.epilogue, hw, seed, lambda: (construct() or (None,))[0], target
         )
         if fixed is not None:  # the rows a variable, the tiles of the key's first length
             rule = f"{RULE} construct on matmul {list(ms.dims)}: {fixed[0].describe()}; generic in the rows"
             f = fixed[1].with_attr("global_symbol", name)
             params = ops.params(None) + _scratch(ops, fixed[0], None)
-            own = functools.partial(_own_kernel, g, k, info, hw, scalar, name, seed, params)
+            own = functools.partial(_own_kernel, g, k, info, hw, scalar, name, seed, params, target)
             return [ScheduledKernel(name, k, f, params, fixed[0].threads, rule, None, own)]
     got = construct()
     if mma is None or got is None:
@@ -419,12 +419,13 @@ def _own_kernel(
     name: str,
     seed: int,
     params: tuple[KernelParam, ...],
+    target: Target = "cuda",
 ) -> tuple[Any, str] | None:
-    """The PrimFunc and rule of matmul ``k``'s CUDA kernel as its construction at these shapes gives it (not the
+    """The PrimFunc and rule of matmul ``k``'s ``target`` kernel as its construction at these shapes gives it (not the
     generic one), where that is one kernel with ``params``, or with ``params`` but the generic kernel's split-k
     scratch (taken as a parameter it does not use: the caller allocates it for the generic kernel)."""
     with generic_matmul.generic_matmuls(False):
-        kernels = tensor_core_kernels(g, k, info, hw, "cuda", scalar, name, seed)
+        kernels = tensor_core_kernels(g, k, info, hw, target, scalar, name, seed)
     if len(kernels) != 1:
         return None
     (kern,) = kernels

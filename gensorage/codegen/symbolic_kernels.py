@@ -28,7 +28,7 @@ built per length, as before.
 
 CUDA (``target="cuda"``) takes the first tier further: a kernel is compiled *generic* at first sight, so that
 every later length whose kernels have the same skeletons makes no compiler call (on a GPU the CUDA compiler's
-call is most of a new length's build). A text kernel's generic skeleton (:func:`_cuda_skeleton`) keeps as
+call is most of a new length's build). A text kernel's generic skeleton (:func:`_generic_skeleton`) keeps as
 constants only what the CUDA code needs constant or what does not follow the length (:func:`_cuda_constants`:
 a block's threads and the tests of the thread index, on-chip buffers' shapes and subscripts, intrinsics'
 arguments, unrolled and vectorised extents); every other literal (grid extents, tensor shapes, bounds, offsets,
@@ -248,13 +248,18 @@ class SymbolicKernels:
             missing: list[tuple[Kernel, str, _Variant]] = []
             self.last_build = None
             for kern in kernels if self.target == "cuda" else map(_block_free, kernels):
-                generic = self.target == "cuda" and kern.grid is not None
-                body, raw = (_cuda_skeleton if generic else skeleton)(kern.script, kern.name)
+                # generic at first sight: CUDA's text kernels; with tiers, every llvm kernel (module docstring)
+                generic = kern.grid is not None and (self.target == "cuda" or self.tiered)
+                body, raw = (
+                    _generic_skeleton(kern.script, kern.name, self.target)
+                    if generic
+                    else skeleton(kern.script, kern.name)
+                )
                 values = tuple(raw)
                 known = self._skeletons.setdefault(body, _Skeleton(values))
                 variant = next((v for v in known.variants if v.matches(values)), None)
                 if variant is None:
-                    variant, func = self._new_variant(kern, body, values, known)
+                    variant, func = self._new_variant(kern, body, values, known, generic)
                     script = kern.script.replace(kern.name, variant.symbol)
                     renamed = dataclasses.replace(kern, name=variant.symbol, func=func, script=script)
                     missing.append((renamed, body, variant))
@@ -264,13 +269,19 @@ class SymbolicKernels:
                 self.missed = [k.name for k in kernels if id(calls[k.name][0]) in new]
             if missing:
                 self._build(missing, serve)
-        exact = functools.partial(self._exact_build, list(kernels)) if self.target == "cuda" else None
+        # a generic first tier (CUDA's; llvm's where a variant takes literals or a kernel is a generic form, Kernel.own):
+        # the length's own kernels follow
+        generic = self.target == "cuda" or (
+            self.tiered
+            and (any(v.dynamic for v, _ in calls.values()) or any(k.own is not None for k in kernels))
+        )
+        exact = functools.partial(self._exact_build, list(kernels)) if generic else None
         bound = BoundExecutable(calls, exact)
         if not serve:
             return bound
-        if self.tiered and self.target == "cuda":  # a generic first tier: the length's own kernels follow
+        if self.tiered and generic:
             self._exact_pending.append((list(kernels), bound))
-        elif missing and self.tiered:
+        if self.tiered and missing and self.target == "llvm":
             self._pending.append(([k for k, _, _ in missing], [v for _, _, v in missing]))
         return bound
 
@@ -359,14 +370,16 @@ class SymbolicKernels:
         return compile_kernels(list(map(_own, kernels)), self.target, self.hw, share_same=True)
 
     def _new_variant(
-        self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton
+        self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton, generic: bool
     ) -> tuple[_Variant, Any]:
         """A variant covering ``values`` and its PrimFunc (kept in ``known`` while there is room)."""
         # Named after the kernel: under names that sort otherwise in the module (``sym<n>_kernel<k>``) the same
         # PrimFuncs compiled to slower code (a matmul's body inlined into its wrapper, 1.5x its time).
         symbol = f"{kern.name}_v{next(self._symbols)}"
-        if self.target == "cuda":  # generic at first sight; scheduled kernels exact (module docstring)
-            dynamic = list(range(len(values))) if kern.grid is not None else []
+        if generic:  # every literal of a generic skeleton (module docstring)
+            dynamic = list(range(len(values)))
+        elif self.target == "cuda":  # scheduled kernels exact
+            dynamic = []
         else:
             dynamic = sorted(_widened(known, values) - _constant_extents(body, kern.grid is None))
         template = template_of(body, list(values), kern.name, kern.func) if dynamic else None
@@ -463,12 +476,13 @@ def _own(kern: Kernel) -> Kernel:
     return dataclasses.replace(kern, func=func, script=func.script(), rule=rule, own=None)
 
 
-def _cuda_skeleton(text: str, name: str) -> tuple[str, list[int]]:
-    """A CUDA text kernel's generic skeleton: :func:`~gensorage.codegen.script_templates.skeleton`'s, with the
-    literals :func:`_cuda_constants` keeps written back in place (part of the skeleton, so a kernel matches a
-    variant only where they are equal) and the others, renumbered, its parameters."""
+def _generic_skeleton(text: str, name: str, target: Target) -> tuple[str, list[int]]:
+    """A kernel's generic skeleton: :func:`~gensorage.codegen.script_templates.skeleton`'s, with the literals
+    ``target`` needs constant (:func:`_cuda_constants`, :func:`_llvm_constants`) written back in place (part of
+    the skeleton, so a kernel matches a variant only where they are equal) and the others, renumbered, its
+    parameters."""
     body, values = skeleton(text, name)
-    keep = _cuda_constants(body)
+    keep = _cuda_constants(body) if target == "cuda" else _llvm_constants(body)
     if not keep:
         return body, values
     new = {i: j for j, i in enumerate(i for i in range(len(values)) if i not in keep)}
@@ -481,6 +495,17 @@ def _cuda_skeleton(text: str, name: str) -> tuple[str, list[int]]:
         return str(values[i]) if i in keep else f"c{new[i]}_"
 
     return head + sep + params + _LITERAL.sub(put, rest), [v for i, v in enumerate(values) if i not in keep]
+
+
+def _llvm_constants(body: str) -> set[int]:
+    """Literal positions of an llvm kernel's skeleton kept constant in its generic variant: unrolled and
+    vectorised loops' extents (TVM needs them) and allocations' shapes (a matmul's tiles: buffers sized at
+    compile time). Every other literal (shapes, bounds, offsets, divisors: speed is secondary in this tier, the
+    length's own kernels follow) is a parameter."""
+    keep = {int(m) for m in _CONSTANT_EXTENT.findall(body)}
+    for shape in _ALLOCATION.findall(body):
+        keep |= {int(m) for m in _LITERAL.findall(shape)}
+    return keep
 
 
 def _widened(known: _Skeleton, values: tuple[int, ...]) -> set[int]:

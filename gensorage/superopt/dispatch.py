@@ -374,8 +374,10 @@ def _build_kernels(
         symbolic = None  # this shape's own kernels, as without variants
     elif symbolic is not None and target == "cuda":
         symbolic.wait_prepared()  # the generic forms a first shape fixes, before this shape is lowered
-    # compiled variants on CUDA: matmuls whose rows are the length get one kernel for every length
-    with generic_matmuls() if target == "cuda" and symbolic is not None else contextlib.nullcontext():
+    # compiled variants on CUDA and llvm's first tier: matmuls whose rows are the length get one kernel for
+    # every length (on llvm the twin of CUDA's schedule; each length's own kernels follow in the background)
+    generic = symbolic is not None and (target == "cuda" or symbolic.tiered)
+    with generic_matmuls() if generic else contextlib.nullcontext():
         compiled = compile_ugraph(graph, hw, target, seed=seed)
     t1 = time.perf_counter()
     timings["lower"] = t1 - t0
