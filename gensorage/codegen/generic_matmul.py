@@ -1,4 +1,5 @@
-"""A CUDA tensor-core matmul scheduled once with its row count a variable: one kernel for every length.
+"""A CUDA tensor-core matmul scheduled once with its row count a variable: one kernel for every length (on llvm,
+the twin of the same schedule: the tiered llvm first tier, :mod:`~gensorage.codegen.symbolic_kernels`).
 
 A layer's projections (``x @ W`` with the tokens as rows) are lowered again at each new sequence length, and
 both their construction's tiles and TVM's simplification of the schedule at that length (a bounds guard that

@@ -562,10 +562,10 @@ def emit_predefined(
         return [dataclasses.replace(wide, own=functools.partial(generic_matmul.own_text, kt))]
     if target == "llvm" and generic_matmul.active() and kt.rule.endswith(_SIMPLE):
         # llvm's first tier: the guard at every length, as on a GPU (one text, one compiled variant, whether
-        # the grid covers the elements exactly or not); the length's own build takes the emitter's kernel back.
+        # the grid covers the elements exactly or not), compiled generic (Kernel.own marks the generic forms);
+        # the length's own build takes the emitter's kernel back.
         guarded = _simple(g, k, info, hw, target, scalar, name, guard=True)
-        if guarded.text != kt.text:
-            return [dataclasses.replace(guarded, own=functools.partial(generic_matmul.own_text, kt))]
+        return [dataclasses.replace(guarded, own=functools.partial(generic_matmul.own_text, kt))]
     return [kt]
 
 

@@ -54,6 +54,20 @@ the new functions in (:meth:`SymbolicKernels.wait_rebuilds` waits for it), telli
 tiers compile the same TIR (the same operations; the tests check both against float64); TVM's compile releases the
 GIL, so the rebuild runs beside the caller. A rebuild that fails leaves the first tier's functions (correct,
 slower).
+
+With tiers, the llvm first tier is generic at first sight too, as CUDA's: a one-thread-per-element kernel
+(copies, element-wise ops) keeps its bounds guard at every length (:func:`gensorage.codegen.predefined.
+emit_predefined`) and its generic skeleton keeps as constants only the literals :func:`_llvm_constants` names
+(unrolled and vectorised extents, allocations' shapes), and a matmul on tensor-core tiles is the llvm twin of
+CUDA's generic matmul (its rows a TIR variable, the same PrimFunc at every length;
+:mod:`~gensorage.codegen.generic_matmul`); both are marked by ``Kernel.own``. A later length whose kernels keep
+their skeletons makes no build. The first length builds its variants at the first tier (the quick
+build, rebuilt at the full level), and every length served by a generic form gets its own kernels built in the
+background and swapped in (:meth:`BoundExecutable.use_exact`; the dispatcher relinks its runners), so its steady
+state is the untiered one. Row kernels stay widened variants on llvm: their code changes with the length (rows a
+block), :mod:`~gensorage.codegen.generic_rows` rewrites CUDA's thread bindings, and TVM's passes took up to 0.5 s
+on one with every literal a parameter. Untiered (``tiered=False``), llvm variants are widened as
+described first.
 """
 
 from __future__ import annotations
@@ -130,8 +144,8 @@ class BoundExecutable:
         self, calls: dict[str, tuple[_Variant, tuple[int, ...]]], exact: Callable[[], Any] | None = None
     ) -> None:
         self._calls = calls
-        self._build_exact = exact  # CUDA: builds the length's own kernels
-        self._exact: Any = None  # CUDA: the length's own kernels, built in the background (``generation`` 1)
+        self._build_exact = exact  # a generic first tier's: builds the length's own kernels
+        self._exact: Any = None  # the length's own kernels, built in the background (``generation`` 1)
         self.generation = 0  # bumped when the functions change: a prepared runner looks them up again
 
     def __getitem__(self, name: str) -> Any:
@@ -248,8 +262,12 @@ class SymbolicKernels:
             missing: list[tuple[Kernel, str, _Variant]] = []
             self.last_build = None
             for kern in kernels if self.target == "cuda" else map(_block_free, kernels):
-                # generic at first sight: CUDA's text kernels; with tiers, every llvm kernel (module docstring)
-                generic = kern.grid is not None and (self.target == "cuda" or self.tiered)
+                # generic at first sight: CUDA's text kernels; with tiers, llvm's copies and element-wise ones
+                # (their generic forms, Kernel.own: row kernels change their code with the length anyway, and
+                # TVM's passes took up to 0.5 s on one with every literal a parameter; module docstring)
+                generic = kern.grid is not None and (
+                    self.target == "cuda" or (self.tiered and kern.own is not None)
+                )
                 body, raw = (
                     _generic_skeleton(kern.script, kern.name, self.target)
                     if generic
@@ -350,7 +368,7 @@ class SymbolicKernels:
                 listener()
 
     def _exact(self, kernels: list[Kernel], bound: BoundExecutable) -> None:
-        """CUDA: build one length's kernels as the emitter wrote them (constant divisors and extents) and serve
+        """Build one length's kernels as the emitter wrote them (constant divisors and extents) and serve
         them from ``bound`` instead of the generic variants; then tell the listeners."""
         with self._rebuild_lock:
             try:
@@ -365,7 +383,7 @@ class SymbolicKernels:
                 listener()
 
     def _exact_build(self, kernels: list[Kernel]) -> Any:
-        """CUDA: one length's kernels as the emitter wrote them, in one module (kernels of one code once), each
+        """One length's kernels as the emitter wrote them, in one module (kernels of one code once), each
         generic matmul as :func:`_own` gives it."""
         return compile_kernels(list(map(_own, kernels)), self.target, self.hw, share_same=True)
 
