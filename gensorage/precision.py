@@ -106,8 +106,9 @@ def value_range(
     most the sum), and so is ``a / (a + b)`` of two non-negative values (a sigmoid as the torch front end lowers it);
     ``x / sqrt(c·Σ x² + ε)`` (sums kept, ``c > 0``, ``ε ≥ 0``) is at most ``1/√c`` in magnitude (``x_i²`` is one
     of the sum's terms), so RMSNorm's and LayerNorm's normalised value (``c = 1/n``: ``√n``) and an L2 norm's
-    (``c = 1``: 1) are within float16's range; a non-negative value plus a constant ``c ≥ 1`` is at least 1, and ``x`` divided by such a value shrinks
-    ``x`` (GELU's tanh form ``x / (1 + exp(−2u))``: its result fits wherever ``x`` does).
+    (``c = 1``: 1, also with the root clamped from below and repeated, as ``F.normalize`` lowers it) are within
+    float16's range; a non-negative value plus a constant ``c ≥ 1`` is at least 1, and ``x`` divided by such a
+    value shrinks ``x`` (GELU's tanh form ``x / (1 + exp(−2u))``: its result fits wherever ``x`` does).
     """
     match op:
         case Op.SUB:
@@ -158,8 +159,14 @@ def _divided(refs: Sequence[Any], producer: Producer, ranges: Mapping[Any, str])
 
 
 def _normalises(refs: Sequence[Any], producer: Producer) -> bool:
-    """Whether ``refs[0] / refs[1]`` is ``x / sqrt(c·Σ x² + ε)`` with a bound ``1/√c`` below float16's largest."""
+    """Whether ``refs[0] / refs[1]`` is ``x / sqrt(c·Σ x² + ε)`` with a bound ``1/√c`` below float16's largest.
+    The root may be clamped from below and repeated (``F.normalize``'s ``clamp_min(ε)`` and ``expand_as``): a lower
+    clamp only raises it, and a repeat that broadcasts against ``x`` copies its kept dims."""
     root = producer(refs[1])
+    while root is not None and (
+        root[0] is Op.REPEAT or (root[0] is Op.CLAMP and attr(root[2], "max") is None)
+    ):
+        root = producer(root[1][0])
     inner = producer(root[1][0]) if root is not None and root[0] is Op.SQRT else None
     if inner is not None and inner[0] is Op.ADD_SCALAR and float(attr(inner[2], "value")) >= 0:
         inner = producer(inner[1][0])

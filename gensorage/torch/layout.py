@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from gensorage.errors import UnsupportedOpError
+from gensorage.opset import Op, attr
 from gensorage.program import Tensor
 from gensorage.torch.fx_args import node_args as _args
 from gensorage.torch.fx_args import node_kwargs as _kw
@@ -71,6 +72,23 @@ def expand(lw: Lowering, node: fx.Node) -> Value:
         if have != want:
             x = lw.p.repeat(x, d, want)
     return x
+
+
+def broadcast_source(lw: Lowering, t: Tensor, other: Tensor) -> Tensor:
+    """``t`` with the repeats :func:`expand` made of its size-1 dims undone where broadcasting against ``other``
+    gives the same values (``x / norm.expand_as(x)``, as ``F.normalize`` writes it): the divisor then stays in the
+    row kernel that computed it, and its range proof sees the norm (gensorage.precision, "normalised")."""
+    want = torch.broadcast_shapes(t.shape, other.shape)
+    node = lw.p.nodes[t.id]
+    while node.op is Op.REPEAT:
+        src = lw.p.tensor(node.inputs[0])
+        if (
+            src.shape[int(attr(node.attrs, "dim"))] != 1
+            or torch.broadcast_shapes(src.shape, other.shape) != want
+        ):
+            break
+        t, node = src, lw.p.nodes[src.id]
+    return t
 
 
 def repeat_interleave(lw: Lowering, node: fx.Node) -> Value:
@@ -181,6 +199,7 @@ def stack(lw: Lowering, node: fx.Node) -> Value:
 
 __all__ = [
     "Parts",
+    "broadcast_source",
     "cat",
     "expand",
     "identity",

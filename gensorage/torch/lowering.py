@@ -36,6 +36,7 @@ from gensorage.torch.fx_args import scalar_arg as _scalar
 from gensorage.torch.kept_in_torch import IN_TORCH, stays_in_torch
 from gensorage.torch.layout import (
     Parts,
+    broadcast_source,
     cat,
     expand,
     identity,
@@ -269,7 +270,8 @@ def _div(lw: Lowering, node: fx.Node, a: Any, b: Any) -> Value:
         if _scalar(node, a) != 1.0:
             raise UnsupportedOpError(f"{node.name}: a scalar other than 1 divided by a tensor")
         return Recip(vb)
-    return lw.p.div(lw.tensor(a), vb)
+    x = lw.tensor(a)
+    return lw.p.div(x, broadcast_source(lw, vb, x))
 
 
 def _mul(lw: Lowering, node: fx.Node, a: Any, b: Any) -> Value:
