@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -142,6 +143,15 @@ def test_float16_rms_norm_then_projection_against_float64(peak: float, scale: fl
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-3
 
 
+def errors_against_float64(compiled: Any, eager: Any, exact: Any, x: Any) -> tuple[float, float]:
+    """Relative errors of ``compiled(x)`` and ``eager(x)`` against ``exact`` (the model in float64) on ``x``."""
+    import torch
+
+    with torch.no_grad():
+        want = exact(x.double())
+        return tuple(float((f(x).double() - want).norm() / want.norm()) for f in (compiled, eager))  # type: ignore[return-value]
+
+
 def test_a_torch_rms_norm_head_in_float16_is_as_accurate_as_eager(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -171,13 +181,7 @@ def test_a_torch_rms_norm_head_in_float16_is_as_accurate_as_eager(
     model.half()
     x = torch.randn(4, 7, 40, generator=torch.Generator().manual_seed(4))
     x[..., 5] *= 300
-
-    def error(got: torch.Tensor, want: torch.Tensor) -> float:  # type: ignore[name-defined]
-        return float((got.double() - want).norm() / want.norm())
-
-    with torch.no_grad():
-        want = exact(x.double())
-        ours, eager = error(gtorch.compile(model)(x.half()), want), error(model(x.half()), want)
+    ours, eager = errors_against_float64(gtorch.compile(model), model, exact, x.half())
     assert ours < 1.5 * eager, (ours, eager)
 
 
@@ -207,12 +211,5 @@ def test_a_torch_f_normalize_then_linear_in_float16_is_as_accurate_as_eager(
     exact = copy.deepcopy(model).double()
     x = torch.randn(9, 16, dtype=torch.float64)
     x[..., 3] *= 20
-    x = x.half()
-
-    def error(got: torch.Tensor, want: torch.Tensor) -> float:  # type: ignore[name-defined]
-        return float((got.double() - want).norm() / want.norm())
-
-    with torch.no_grad():
-        want = exact(x.double())
-        ours, eager = error(gtorch.compile(model)(x), want), error(model(x), want)
+    ours, eager = errors_against_float64(gtorch.compile(model), model, exact, x.half())
     assert ours < 1.5 * eager, (ours, eager)
