@@ -215,11 +215,11 @@ def test_the_small_decoder_layer_makes_no_compiler_call_at_new_lengths() -> None
     # The front end's decoder layer (bfloat16; its Programs as gensorage.torch captures them): norms, rotary
     # products, projections, attention's matmuls and softmax, copies; after 128 tokens, new lengths (primes,
     # larger, non-multiples of every block, and below 64 tokens, where its copies of a key head's half have
-    # fewer than 1,024 elements) compile nothing.
+    # fewer than 1,024 elements, and one token: a prefill of one, gensorage.folds) compile nothing.
     pytest.importorskip("torch")
     from benchmarks.newlen_cuda import capture
 
-    lengths = [128, 200, 97, 257, 64, 509, 31, 3, 2]
+    lengths = [128, 200, 97, 257, 64, 509, 31, 3, 2, 1]
     d = Dispatcher("h200")
     for t, p in zip(lengths, capture(lengths), strict=True):
         e = d.kernels(p, "cuda")
@@ -233,6 +233,8 @@ def test_the_small_decoder_layer_makes_no_compiler_call_at_new_lengths() -> None
             id(v.executable): v.executable for s in variants._skeletons.values() for v in s.variants
         }.values()
         assert build_cubin(str(generic.mod.imports[0].inspect_source()), "sm_90a")
+        # and one token's own kernels, built in the background (row kernels with a grid dim of extent 1)
+        assert build_cubin(str(e.compiled.executable("cuda").mod.imports[0].inspect_source()), "sm_90a")
 
 
 @pytest.mark.skipif(cubin_unavailable_reason() is not None, reason="nvcc not available")

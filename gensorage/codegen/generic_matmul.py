@@ -43,6 +43,7 @@ from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gensorage.errors import ScheduleError
+from gensorage.folds import decide, same_folds
 
 if TYPE_CHECKING:
     from gensorage.codegen.epilogue_expr import KernelEpilogue
@@ -101,7 +102,12 @@ def generic_kernel(
     if any(len(shape) > 2 for shape, _ in extra):
         return None
     if ms.batch:  # attention's: the rows, the columns and the reduction all variables (any may be the length)
-        key: Hashable = (_with_dims(ms, 0, 0, 0), dtypes, cast, _epi_with_dims(epi, 0, 0), hw, seed, target)
+        # which extra dims are the output's: those of the first length seen, where exact here (gensorage.folds:
+        # at one token a mask's dims of 1 are otherwise taken as broadcast)
+        shapes = tuple((len(shape), dt) for shape, dt in extra)
+        what = (_with_dims(ms, 0, 0, 0), dtypes, cast, epi and epi.steps, shapes, hw, seed, target)
+        outs = same_folds(("extra dims", what), lambda: _extra_dims(epi, ms.out[-2:]))
+        key: Hashable = (*what, outs)
     else:  # a projection's: the rows (the weight's dims stay constants)
         key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed, target)
     entry = _KERNELS.get(key, _MISSING)
@@ -127,7 +133,7 @@ def generic_kernel(
             cols = tirx.Var("cols", "int32")
             sym = _with_dims(ms, var, cols, tirx.Var("depth", "int32"))
             build = _matmul_build(
-                sym, a, out, None, 1, tiles.block_m, b, cast, _epi_with_dims(epi, var, cols), llvm
+                sym, a, out, None, 1, tiles.block_m, b, cast, _epi_with_dims(epi, var, cols, outs), llvm
             )
         else:
             sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
@@ -149,16 +155,35 @@ def _with_dims(ms: _MatmulShape, m: Any, n: Any, k: Any) -> _MatmulShape:
     return dataclasses.replace(ms, a=a, b=b, out=out)
 
 
-def _epi_with_dims(epi: KernelEpilogue | None, rows: Any, cols: Any) -> KernelEpilogue | None:
+def _extra_dims(epi: KernelEpilogue | None, out: tuple[int, int]) -> tuple[tuple[bool, ...], ...]:
+    """Per extra operand of ``epi`` (at most 2 dims, broadcast against the output's last two, ``out``), per dim:
+    whether it is the output's (not 1: broadcasting makes it so; 1 where the output's is 1 too: either reads
+    index 0, so a recorded choice decides, :mod:`gensorage.folds`)."""
+    if epi is None:
+        return ()
+
+    def mine(d: int, o: int) -> bool:
+        return decide(("out",) if d != 1 else ("broadcast", "out") if o == 1 else ("broadcast",)) == "out"
+
+    return tuple(
+        tuple(mine(d, o) for d, o in zip(shape, out[2 - len(shape) :], strict=True)) for shape, _ in epi.extra
+    )
+
+
+def _epi_with_dims(
+    epi: KernelEpilogue | None, rows: Any, cols: Any, outs: tuple[tuple[bool, ...], ...]
+) -> KernelEpilogue | None:
     """``epi`` with its extra operands' dims (at most 2, broadcast against the output's last two) replaced by
-    ``rows`` and ``cols`` where they are not 1 (broadcasting makes such a dim the output's)."""
+    ``rows`` and ``cols`` where they are the output's (``outs``, :func:`_extra_dims`)."""
     if epi is None:
         return None
 
-    def dims(shape: tuple[int, ...]) -> tuple[Any, ...]:
-        return tuple(d if d == 1 else v for d, v in zip(shape, (rows, cols)[2 - len(shape) :], strict=True))
+    def dims(shape: tuple[int, ...], mine: tuple[bool, ...]) -> tuple[Any, ...]:
+        vs = (rows, cols)[2 - len(shape) :]
+        return tuple(v if m else d for d, v, m in zip(shape, vs, mine, strict=True))
 
-    return dataclasses.replace(epi, extra=tuple((dims(shape), dt) for shape, dt in epi.extra))
+    extra = tuple((dims(shape, mine), dt) for (shape, dt), mine in zip(epi.extra, outs, strict=True))
+    return dataclasses.replace(epi, extra=extra)
 
 
 def concrete(kern: Kernel) -> Kernel:

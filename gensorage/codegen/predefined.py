@@ -38,6 +38,7 @@ from gensorage.codegen.tir_text import (
 )
 from gensorage.construction import fallback_threads
 from gensorage.errors import UnsupportedOpError
+from gensorage.folds import same_folds
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import BINARY_ELEMENTWISE, REDUCTIONS, UNARY_ELEMENTWISE, Op, attr, epilogue, transposed
 from gensorage.ugraph.ir import KernelGraph, KernelOp, Ref
@@ -423,7 +424,7 @@ def _element(
             w.line(f"{sc.at('out0', c, index_text(idx))} = {e}")
 
     if op.op in BINARY_ELEMENTWISE or op.op in UNARY_ELEMENTWISE:
-        args = [load(i, broadcast_index(idx, t.shape)) for i, t in enumerate(ins)]
+        args = [load(i, broadcast_index(idx, t.shape, out.shape)) for i, t in enumerate(ins)]
         store(sc.op(w, op.op, op.attrs, args))
     elif op.op in REDUCTIONS:
         _sum_element(w, op, ins[0].shape, idx, sc, load, store)
@@ -554,11 +555,23 @@ def emit_predefined(
         g, k, info, hw, target, scalar, name
     )
     full = fallback_threads(hw.max_threads_per_block, hw)
-    if target == "cuda" and generic_matmul.active() and kt.rule.endswith(_SIMPLE) and kt.threads < full:
+    if target == "cuda" and generic_matmul.active() and kt.rule.endswith(_SIMPLE):
         # The CUDA first tier: a copy of fewer elements than a block's threads gets a whole block (its guard
-        # skips the threads past its elements), so every length runs the code of one compiled kernel; the
+        # skips the threads past its elements), and its index folds are its first length's (folds.same_folds:
+        # a dim of 1 at one token keeps its terms), so every length runs the code of one compiled kernel; the
         # length's own build takes the emitter's kernel back (Kernel.own).
-        wide = _simple(g, k, info, hw, target, scalar, name, threads=full)
+        ranks = tuple((len(info.of(r).shape), info.of(r).dtype) for r in op.inputs)
+        key = (
+            name,
+            op.op,
+            op.attrs,
+            ranks,
+            scalar.buf_dtype(info.nodes[len(g.inputs) + k][0].dtype),
+            hw.name,
+        )
+        wide = same_folds(key, lambda: _simple(g, k, info, hw, target, scalar, name, threads=full))
+        if wide.text == kt.text:
+            return [kt]
         return [dataclasses.replace(wide, own=functools.partial(generic_matmul.own_text, kt))]
     if target == "llvm" and generic_matmul.active() and kt.rule.endswith(_SIMPLE):
         # llvm's first tier: the guard at every length, as on a GPU (one text, one compiled variant, whether

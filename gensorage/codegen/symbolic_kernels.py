@@ -77,7 +77,7 @@ import functools
 import itertools
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,6 +207,8 @@ class SymbolicKernels:
         self._prepared: list[Callable[[], list[Kernel]]] = []  # CUDA: generic kernels to build, not started
         self._preparing: list[threading.Thread] = []
         self._listeners: list[Callable[[], None]] = []
+        #: CUDA copies' index folds at their first sight, replayed at later lengths (gensorage.folds)
+        self.folds: dict[Hashable, tuple[str, ...]] = {}
 
     def on_rebuild(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` (from the rebuilding thread) after each swap of rebuilt functions."""

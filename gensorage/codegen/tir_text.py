@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from gensorage.folds import TERM, decide
 from gensorage.opset import reshape_groups
 
 
@@ -54,21 +55,25 @@ class Ix:
 
     def floordiv(self, k: int, bound: int | None = None) -> Ix:
         """``self // k``; ``bound`` (exclusive upper bound of ``self``) lets ``x // k`` fold to 0."""
-        if k == 1:
-            return self
         if self.is_const:
             return Ix((), self.const // k)
-        if bound is not None and bound <= k:
+        below = bound is not None and bound <= k
+        how = decide((*(("same",) if k == 1 else ()), *(("zero",) if below else ()), TERM))
+        if how == "same":
+            return self
+        if how == "zero":
             return Ix()
         return Ix(((f"{self._paren()} // {k}", 1),))
 
     def mod(self, k: int, bound: int | None = None) -> Ix:
         """``self % k``; ``bound`` (exclusive upper bound of ``self``) lets ``x % k`` fold to ``x``."""
-        if k == 1:
-            return Ix()
         if self.is_const:
             return Ix((), self.const % k)
-        if bound is not None and bound <= k:
+        below = bound is not None and bound <= k
+        how = decide((*(("zero",) if k == 1 else ()), *(("same",) if below else ()), TERM))
+        if how == "zero":
+            return Ix()
+        if how == "same":
             return self
         return Ix(((f"{self._paren()} % {k}", 1),))
 
@@ -139,10 +144,19 @@ def reshape_index(idx: Sequence[Ix], src: Sequence[int], dst: Sequence[int]) -> 
     return out
 
 
-def broadcast_index(idx: Sequence[Ix], src: Sequence[int]) -> list[Ix]:
-    """Index into ``src`` (numpy-broadcast, right-aligned, to the shape ``idx`` indexes) of element ``idx``."""
+def broadcast_index(idx: Sequence[Ix], src: Sequence[int], out: Sequence[int] | None = None) -> list[Ix]:
+    """Index into ``src`` (numpy-broadcast, right-aligned, to the shape ``idx`` indexes, ``out`` where given) of
+    element ``idx``."""
     lead = len(idx) - len(src)
-    return [Ix() if n == 1 else idx[lead + d] for d, n in enumerate(src)]
+
+    def at(d: int, n: int) -> Ix:
+        if n != 1:
+            how = decide(("index",))
+        else:  # a dim of 1 in both: index 0 either way
+            how = decide(("broadcast", "index") if out is not None and out[lead + d] == 1 else ("broadcast",))
+        return Ix() if how == "broadcast" else idx[lead + d]
+
+    return [at(d, n) for d, n in enumerate(src)]
 
 
 def summed_index(idx: Sequence[Ix], dim: int, at: Ix, count: int, full: bool, keep: bool) -> list[Ix]:

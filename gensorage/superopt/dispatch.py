@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ from gensorage.codegen.script_templates import deferred_templates
 from gensorage.codegen.ugraph_tir import Target
 from gensorage.construction import warm_starts
 from gensorage.errors import GensorageError, ScheduleError, UnsupportedOpError
+from gensorage.folds import same_folds, scope
 from gensorage.precision import DEFAULT_PRECISION
 from gensorage.program import Program
 from gensorage.superopt.presets import (
@@ -174,6 +176,7 @@ class Dispatcher:
         self.stats = DispatchStats()
         self._shapes: dict[tuple[str, Target], ShapeKernels] = {}
         self._structures: dict[str, _Structure] = {}
+        self._row_folds: dict[Hashable, tuple[str, ...]] = {}  # row fusion's choices at first shapes (_fused)
 
     def kernels(self, program: Program, target: Target = "llvm") -> ShapeKernels:
         """The built kernels of ``program`` at its shapes for ``target`` (cached by its key and the target).
@@ -302,7 +305,7 @@ class Dispatcher:
         from gensorage.codegen.kernel_fit import launch_problem
         from gensorage.superopt.choice import cost_fn, elements
         from gensorage.superopt.reshape_structure import reinstantiate
-        from gensorage.superopt.row_fusion import FUSED_ORIGINS, fused_direct, kernel_kinds
+        from gensorage.superopt.row_fusion import FUSED_ORIGINS, kernel_kinds
         from gensorage.verify.equivalent import equivalent
 
         t0 = time.perf_counter()
@@ -310,7 +313,7 @@ class Dispatcher:
             if (
                 known.origin in FUSED_ORIGINS
             ):  # row fusion is a rule: the same one applied afresh at these shapes
-                graph = fused_direct(p, self.precision, self.hw, FUSED_ORIGINS[known.origin]) or direct
+                graph = self._fused(known, p, FUSED_ORIGINS[known.origin], target) or direct
             else:
                 with warm_starts():
                     graph = reinstantiate(
@@ -343,6 +346,20 @@ class Dispatcher:
             return self._direct(direct, f"the re-instantiated µGraph does not verify ({report})", notes)
         return graph, Verification(True, "equivalence check", report=report)
 
+    def _fused(self, known: _Structure, p: Program, epilogues: bool, target: Target) -> KernelGraph | None:
+        """Row fusion's rule at ``p``; for CUDA kernels with the grid dims and row maps of the structure's first
+        shape where they are exact here (:mod:`gensorage.folds`: at one token a length dim of 1 is otherwise no
+        grid dim, so the row kernels' generic forms of the first shape would not match)."""
+        from gensorage.superopt.row_fusion import fused_direct
+
+        if target != "cuda" or not self.symbolic:
+            return fused_direct(p, self.precision, self.hw, epilogues)
+        key = (known.program.structure_key(), epilogues)
+        with scope(self._row_folds):
+            if key not in self._row_folds:  # the rule's choices at the first shape (it is deterministic)
+                same_folds(key, lambda: fused_direct(known.program, self.precision, self.hw, epilogues))
+            return same_folds(key, lambda: fused_direct(p, self.precision, self.hw, epilogues))
+
     def _direct(self, direct: KernelGraph, why: str, notes: list[str]) -> tuple[KernelGraph, Verification]:
         self.stats.direct_fallbacks += 1
         notes.append(why)
@@ -372,14 +389,17 @@ def _build_kernels(
     ahead = target == "cuda" and symbolic is not None and symbolic.tiered and first
     if ahead:
         assert symbolic is not None
-        symbolic.prepare(lambda: _generic_cuda_kernels(graph, hw, seed))
+        store = symbolic.folds
+        symbolic.prepare(lambda: _generic_cuda_kernels(graph, hw, seed, store))
         symbolic = None  # this shape's own kernels, as without variants
     elif symbolic is not None and target == "cuda":
         symbolic.wait_prepared()  # the generic forms a first shape fixes, before this shape is lowered
     # compiled variants on CUDA and llvm's first tier: matmuls whose rows are the length get one kernel for
     # every length (on llvm the twin of CUDA's schedule; each length's own kernels follow in the background)
     generic = symbolic is not None and (target == "cuda" or symbolic.tiered)
-    with generic_matmuls() if generic else contextlib.nullcontext():
+    # on CUDA a copy's index folds are its first length's (gensorage.folds: at one token too)
+    folds = scope(symbolic.folds) if symbolic is not None and target == "cuda" else contextlib.nullcontext()
+    with generic_matmuls() if generic else contextlib.nullcontext(), folds:
         compiled = compile_ugraph(graph, hw, target, seed=seed)
     t1 = time.perf_counter()
     timings["lower"] = t1 - t0
@@ -407,13 +427,16 @@ def _build_kernels(
     return compiled, runner, builds
 
 
-def _generic_cuda_kernels(graph: KernelGraph, hw: HwProfile, seed: int) -> list[Any]:
-    """``graph``'s CUDA kernels in their generic forms (the compiled variants' first sight), with a softmax over
-    the keys' forms for rows of the other capacities (a later length's keys may need a longer row)."""
+def _generic_cuda_kernels(
+    graph: KernelGraph, hw: HwProfile, seed: int, folds: dict[Hashable, tuple[str, ...]]
+) -> list[Any]:
+    """``graph``'s CUDA kernels in their generic forms (the compiled variants' first sight; its copies' index
+    folds recorded in ``folds``), with a softmax over the keys' forms for rows of the other capacities (a later
+    length's keys may need a longer row)."""
     from gensorage.codegen.generic_rows import wider
     from gensorage.codegen.module import compile_ugraph
 
-    with generic_matmuls(), wider() as capacities:
+    with generic_matmuls(), wider() as capacities, scope(folds):
         kernels = compile_ugraph(graph, hw, "cuda", seed=seed).kernels("cuda")
     return [*kernels, *capacities]
 

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gensorage.errors import UGraphError
+from gensorage.folds import decide
 from gensorage.hw.profile import HwProfile
 from gensorage.opset import ELEMENTWISE, REDUCTIONS, Shape, attr
 from gensorage.ugraph.ir import (
@@ -218,7 +219,10 @@ def _imap(shape: Shape, rank: int, grid_dims: Sequence[int], sizes: Sequence[int
     out: list[int | None] = []
     for dd in grid_dims:
         xd = dd - (rank - len(shape))
-        out.append(xd if xd >= 0 and shape[xd] == sizes[dd] > 1 else None)
+        along = xd >= 0 and shape[xd] == sizes[dd]
+        # a dim of 1 in both reads its one row either way (folds: another length's choice where replayed)
+        exact = ("map",) if along and sizes[dd] > 1 else ("none", "map") if along else ("none",)
+        out.append(xd if decide(exact) == "map" else None)
     return tuple(out)
 
 
@@ -236,7 +240,10 @@ def fused_kernel(g: KernelGraph, info: GraphInfo, group: Group) -> GraphDefinedO
         return None
     lasts = {info.nodes[n][0].shape[-1] for n in saved}
     blocks = _blocks(sizes, row_dim, split_row=not reduction and lasts == {sizes[-1]})
-    grid_dims = [d for d, b in enumerate(blocks) if b > 1]
+    # a dim of one block may be a grid dim of extent 1 (folds: another length's choice where replayed)
+    grid_dims = [
+        d for d, b in enumerate(blocks) if decide(("grid",) if b > 1 else ("whole", "grid")) == "grid"
+    ]
     if len(grid_dims) > 3:
         return None
     ext: list[Ref] = []

@@ -1,0 +1,110 @@
+"""A copy's index folds, recorded at its first length and replayed at later ones (the CUDA first tier).
+
+:class:`~gensorage.codegen.tir_text.Ix` folds index arithmetic by value: ``x // 1`` is ``x``, ``x % 1`` is 0,
+``x // k`` is 0 and ``x % k`` is ``x`` where ``x < k``, and :func:`~gensorage.codegen.tir_text.broadcast_index`
+reads index 0 along a dim of 1. At one token a length dim is 1, so a copy's text loses terms (``(f // 16) % 1``
+becomes ``0``) and no compiled variant of a longer length matches it. Within :func:`scope` (the dispatcher's
+CUDA lowerings, with a store per dispatcher), :func:`same_folds` records the fold decisions of a copy's generic
+emission at its first sight and replays them at later lengths, so the copy's text keeps its first length's
+structure and differs in literals only (the generic variant's parameters).
+
+Exact: a replayed decision is taken only where it is exact at these values. Not folding is always exact (``x //
+1`` is ``x``, ``x % 1`` is 0, ``x // k`` is 0 and ``x % k`` is ``x`` for ``0 <= x < k``); a recorded fold is
+taken only where the value rule folds here too; index ``i`` instead of 0 along a broadcast dim only where the
+output's dim is 1 too (so ``i`` is 0). Anything else (another decision, another sequence of decisions) stops the
+replay and the copy is emitted as without it (:class:`Mismatch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Hashable, Iterator
+from typing import TypeVar
+
+_T = TypeVar("_T")
+
+#: Each fold decision and the one that writes the term unfolded (always exact).
+TERM = "term"
+#: Records kept per store; beyond, a store is cleared (a copy then records afresh: never wrong).
+_MAX_KEYS = 4096
+
+
+class Mismatch(Exception):
+    """A recorded decision that is not exact here, or another sequence of decisions: replay stops."""
+
+
+class _Folds:
+    def __init__(self, replay: tuple[str, ...] | None) -> None:
+        self.taken: list[str] = []
+        self._replay = replay
+
+    def decide(self, exact: tuple[str, ...]) -> str:
+        """The decision to take among the ``exact`` ones here (the first: the value rule's): recorded, or the
+        recorded one."""
+        if self._replay is None:
+            self.taken.append(exact[0])
+            return exact[0]
+        at = len(self.taken)
+        if at >= len(self._replay):
+            raise Mismatch("more decisions than recorded")
+        want = self._replay[at]
+        if want not in exact:
+            raise Mismatch(f"decision {at}: recorded {want}, exact here {exact}")
+        self.taken.append(want)
+        return want
+
+    def finish(self) -> None:
+        if self._replay is not None and len(self.taken) != len(self._replay):
+            raise Mismatch("fewer decisions than recorded")
+
+
+_ACTIVE: contextvars.ContextVar[_Folds | None] = contextvars.ContextVar("gensorage_folds", default=None)
+_STORE: contextvars.ContextVar[dict[Hashable, tuple[str, ...]] | None] = contextvars.ContextVar(
+    "gensorage_fold_store", default=None
+)
+
+
+def decide(exact: tuple[str, ...]) -> str:
+    """The decision at a fold point among the ``exact`` ones there (the first where no emission is recorded or
+    replayed: the value rule's)."""
+    folds = _ACTIVE.get()
+    return exact[0] if folds is None else folds.decide(exact)
+
+
+@contextlib.contextmanager
+def scope(store: dict[Hashable, tuple[str, ...]]) -> Iterator[None]:
+    """:func:`same_folds` records into and replays from ``store`` (one per dispatcher and target)."""
+    token = _STORE.set(store)
+    try:
+        yield
+    finally:
+        _STORE.reset(token)
+
+
+def same_folds(key: Hashable, emit: Callable[[], _T]) -> _T:
+    """``emit()`` with the fold decisions recorded under ``key`` at its first sight in the :func:`scope`'s
+    store and replayed at later ones (emitted as without a record where the replay is not exact here); outside
+    a scope, ``emit()``."""
+    store = _STORE.get()
+    if store is None:
+        return emit()
+    recorded = store.get(key)
+    folds = _Folds(recorded)
+    token = _ACTIVE.set(folds)
+    try:
+        try:
+            out = emit()
+            folds.finish()
+        finally:
+            _ACTIVE.reset(token)
+    except Mismatch:
+        return emit()
+    if recorded is None:
+        if len(store) >= _MAX_KEYS:
+            store.clear()
+        store[key] = tuple(folds.taken)
+    return out
+
+
+__all__ = ["TERM", "Mismatch", "decide", "same_folds", "scope"]
