@@ -15,6 +15,7 @@ from test_cuda_generic import attention, copies, rows
 from test_cuda_generic_rows import rotary, scores
 
 from gensorage.codegen.generic_matmul import generic_matmuls
+from gensorage.codegen.generic_rows import emitter
 from gensorage.codegen.module import _parse, compile_ugraph
 from gensorage.codegen.predefined import _simple
 from gensorage.codegen.scalar import FloatScalar
@@ -40,6 +41,16 @@ def masked(t: int, heads: int = 4, d: int = 16) -> Program:
     return p
 
 
+def gated(t: int, h: int = 4096) -> Program:
+    """An MLP's gate over ``t`` tokens (``silu(a) · b``): a row kernel whose rows (of more elements than a block's
+    tile) the grid splits too, so it is emitted per length as text (generic_rows does not apply), its grid dim
+    over the tokens of extent 1 at one token."""
+    p = Program(name="gated")
+    a, b = p.input("A", (t, h), "float32"), p.input("B", (t, h), "float32")
+    p.output(p.mul(p.silu(a), b))
+    return p
+
+
 def test_a_replayed_decision_is_taken_only_where_it_is_exact() -> None:
     f = Ix.var("f")
     store: dict = {}  # type: ignore[type-arg]
@@ -61,7 +72,7 @@ def test_a_replayed_decision_is_taken_only_where_it_is_exact() -> None:
     assert str(f.floordiv(16, 16).mod(1, 1)) == "0" and broadcast_index([f, f], [1, 4], [1, 4]) == [Ix(), f]
 
 
-@pytest.mark.parametrize("make", [rows, copies, rotary, scores, attention, masked])
+@pytest.mark.parametrize("make", [rows, copies, rotary, scores, attention, masked, gated])
 def test_one_token_after_the_first_length_makes_no_compiler_call(make) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(use_store=False)
     d.kernels(make(128), "cuda")
@@ -194,3 +205,40 @@ def test_a_decode_step_after_a_one_token_prefill_makes_no_compiler_call() -> Non
     assert d.stats.builds == 1
     d.wait_rebuilds()
     assert d._variants["cuda"].rebuild_errors == []
+
+
+def test_a_row_kernel_emitted_per_length_has_its_first_length_s_code_at_one_token_and_computes_the_same() -> (
+    None
+):
+    # The gate's row kernel (no generic row form: the grid splits its rows' last dim) at one token, emitted with
+    # the folds of 128 tokens (its token grid dim of one block keeps its index): the first length's code, and
+    # its llvm twin computes bitwise what the emitter's own kernel at one token does.
+    d = Dispatcher(use_store=False)
+    first = d.kernels(gated(128), "cuda")
+    one = d.kernels(gated(1), "cuda")
+    assert NO_BUILD in one.notes, one.notes
+    (kern,) = one.compiled.kernels("cuda")
+    assert "generic in the rows" not in kern.rule and kern.own is not None
+    assert (
+        skeleton(kern.own()[0].script(), kern.name)[0] != skeleton(kern.script, kern.name)[0]
+    )  # folded there
+    sc, name, k = FloatScalar("float32"), kern.name, kern.op_index
+    store: dict = {}  # type: ignore[type-arg]
+    with scope(store):
+        texts = [
+            same_folds(name, emitter(e.graph, k, e.compiled.info, e.compiled.plans[k], "llvm", sc, name)).text
+            for e in (first, one)
+        ]
+    own = emitter(one.graph, k, one.compiled.info, one.compiled.plans[k], "llvm", sc, name)().text
+    assert skeleton(texts[1], name)[0] == skeleton(texts[0], name)[0] != skeleton(own, name)[0]
+    rng = np.random.default_rng(4)
+    ins = [rng.standard_normal((1, 4096)).astype("float32") for _ in range(2)]
+    outs = []
+    for text in (own, texts[1]):
+        ex = tvm.compile(_parse(text, name), target="llvm")
+        out = tvm.runtime.empty((1, 4096), "float32", tvm.cpu())
+        ex(*[tvm.runtime.tensor(a) for a in ins], out)
+        outs.append(out.numpy())
+    assert np.array_equal(outs[0], outs[1])
+    a, b = (x.astype(np.float64) for x in ins)
+    assert np.allclose(outs[0], a / (1 + np.exp(-a)) * b, rtol=1e-5, atol=1e-5)

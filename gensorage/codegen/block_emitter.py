@@ -38,6 +38,7 @@ from gensorage.codegen.tir_text import (
 from gensorage.construction.block_threads import MatmulTiling, ThreadChoice
 from gensorage.dtypes import dtype_bytes
 from gensorage.errors import UnsupportedOpError
+from gensorage.folds import decide
 from gensorage.opset import BINARY_ELEMENTWISE, REDUCTIONS, UNARY_ELEMENTWISE, Op, attr
 from gensorage.ugraph.ir import (
     Accumulator,
@@ -89,6 +90,11 @@ class BlockEmitter:
             raise UnsupportedOpError(f"unknown code generation target {target!r} (expected 'cuda' or 'llvm')")
         self.g, self.k, self.op, self.binfo = g, k, op, binfo
         self.block = op.block
+        # grid dims with a block index: those of 2 blocks or more (gensorage.folds: one of one block keeps its
+        # index, 0, where another length's emission of this kernel did)
+        self.split = tuple(
+            decide(("split",) if n > 1 else ("whole", "split")) == "split" for n in op.block.grid
+        )
         self.nodes = op.block.nodes
         self.info = info
         self.choice = choice
@@ -325,7 +331,7 @@ class BlockEmitter:
         tile = self.tile(node.input).shape
         out = list(idx)
         for g, d in enumerate(node.omap):
-            if self.block.grid[g] > 1:
+            if self.split[g]:
                 out[d] = idx[d] + Ix.var(GRID_VARS[g]) * tile[d]
         self.store(f"out{s}", index_text(out), v, self.sc.buf_dtype(self.binfo.outputs[s].dtype))
 
@@ -567,7 +573,7 @@ class BlockEmitter:
 
     @contextmanager
     def grid(self) -> Iterator[None]:
-        dims = [(g, n) for g, n in enumerate(self.block.grid) if g == 0 or n > 1]
+        dims = [(g, n) for g, n in enumerate(self.block.grid) if g == 0 or self.split[g]]
         with nest(self.w, [self._grid_header(g, n, first=i == 0) for i, (g, n) in enumerate(dims)]):
             yield
 

@@ -69,7 +69,7 @@ class LoadEmitter:
         shape = e.info.of(e.op.inputs[node.input]).shape
         ext, off = list(shape), [Ix() for _ in shape]
         for g, d in enumerate(node.imap):
-            if d is not None and e.block.grid[g] > 1:
+            if d is not None and e.split[g]:
                 ext[d] //= e.block.grid[g]
                 off[d] = off[d] + Ix.var(GRID_VARS[g]) * ext[d]
         if node.fmap is not None:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from gensorage.codegen.kernel_text import graph_kernel_params
 from gensorage.codegen.ugraph_tir import emit_graph_defined, plan_threads
 from gensorage.errors import GensorageError
+from gensorage.folds import same_folds
 from gensorage.opset import ELEMENTWISE, REDUCTIONS, attr
 from gensorage.ugraph.ir import Accumulator, BlockOp, GraphDefinedOp, InputIterator, OutputSaver, ThreadGraph
 from gensorage.ugraph.shapes import GraphInfo, TensorInfo, block_shapes
@@ -502,6 +503,21 @@ def row_kernel(
     return _kernel(emit, got, name)
 
 
+def as_first(emit: Callable[[], KernelText]) -> KernelText:
+    """``emit()`` (a graph-defined kernel emitted per length); within the CUDA first tier with the index folds of
+    its first length (:mod:`gensorage.folds`: a grid dim of extent 1 at one token keeps its terms, so the text
+    has the first length's code), its own kernel here (``Kernel.own``) the emitter's."""
+    from gensorage.codegen import generic_matmul
+
+    g, k, _, _ = emit.args  # type: ignore[attr-defined]
+    target, scalar, name = (emit.keywords[n] for n in ("target", "scalar", "name"))  # type: ignore[attr-defined]
+    op = g.ops[k]
+    if target != "cuda" or scalar.field or not generic_matmul.active() or not isinstance(op, GraphDefinedOp):
+        return emit()
+    kt = same_folds(("graph", name, op.block.nodes, len(op.block.grid)), emit)
+    return dataclasses.replace(kt, own=functools.partial(_own, emit))
+
+
 def _kernel(emit: Callable[[], KernelText], got: tuple[str, str, int], name: str) -> Kernel | None:
     """The Kernel of generic text ``got`` (text, rule, threads) named ``name``; None where it does not parse."""
     from gensorage.codegen.module import Kernel
@@ -546,4 +562,4 @@ def _own(emit: Callable[[], KernelText]) -> tuple[Any, str]:
     return _parse(kt.text, kt.name), kt.rule
 
 
-__all__ = ["emitter", "generic_kernel", "generic_text", "row_kernel", "wider"]
+__all__ = ["as_first", "emitter", "generic_kernel", "generic_text", "row_kernel", "wider"]

@@ -107,7 +107,7 @@ def lower_ugraph(
         name = _kernel_name(g, k)
         if isinstance(op, GraphDefinedOp):  # on CUDA, a row kernel may be one for every length (generic_rows)
             emit = generic_rows.emitter(g, k, info, plans[k], target, scalar, name)
-            kernels.append(generic_rows.row_kernel(emit, hw, seed) or _from_text(emit()))
+            kernels.append(generic_rows.row_kernel(emit, hw, seed) or _from_text(generic_rows.as_first(emit)))
             continue
         assert isinstance(op, KernelOp)
         for item in emit_predefined(g, k, info, hw, target=target, scalar=scalar, name=name, seed=seed):
