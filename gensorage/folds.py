@@ -1,18 +1,25 @@
-"""A copy's index folds, recorded at its first length and replayed at later ones (the CUDA first tier).
+"""Choices made by value at one length, recorded at a kernel's first length and replayed at later ones (the CUDA
+first tier at one token).
 
-:class:`~gensorage.codegen.tir_text.Ix` folds index arithmetic by value: ``x // 1`` is ``x``, ``x % 1`` is 0,
-``x // k`` is 0 and ``x % k`` is ``x`` where ``x < k``, and :func:`~gensorage.codegen.tir_text.broadcast_index`
-reads index 0 along a dim of 1. At one token a length dim is 1, so a copy's text loses terms (``(f // 16) % 1``
-becomes ``0``) and no compiled variant of a longer length matches it. Within :func:`scope` (the dispatcher's
-CUDA lowerings, with a store per dispatcher), :func:`same_folds` records the fold decisions of a copy's generic
-emission at its first sight and replays them at later lengths, so the copy's text keeps its first length's
-structure and differs in literals only (the generic variant's parameters).
+Where a dim is 1, several choices are exact and the code makes one by value: :class:`~gensorage.codegen.tir_text.
+Ix` folds index arithmetic (``x // 1`` is ``x``, ``x % 1`` is 0, ``x // k`` is 0 and ``x % k`` is ``x`` where
+``x < k``), :func:`~gensorage.codegen.tir_text.broadcast_index` reads index 0 along a dim of 1, a graph-defined
+kernel's emitter gives a grid dim of one block no block index, row fusion (:mod:`gensorage.ugraph.optimize.
+fuse_rows`) makes no grid dim of a dim of one block and maps no tensor dim of 1 onto a grid dim, and a batched
+matmul's epilogue takes an extra operand's dims of 1 for broadcast ones (:mod:`gensorage.codegen.
+generic_matmul`). At one token a length dim is 1, so every such choice differs from a longer length's, the code
+differs in structure (``(f // 16) % n`` becomes ``0``, a norm's grid over the tokens disappears) and no compiled
+variant of the first length matches. Each choice is a :func:`decide` point. Within :func:`scope` (the
+dispatcher's CUDA lowerings, with a store per dispatcher), :func:`same_folds` records the decisions of an
+emission at its key's first sight and replays them at later ones, so the code keeps its first length's
+structure and differs in literals or shapes only (the generic variant's parameters and variables).
 
-Exact: a replayed decision is taken only where it is exact at these values. Not folding is always exact (``x //
-1`` is ``x``, ``x % 1`` is 0, ``x // k`` is 0 and ``x % k`` is ``x`` for ``0 <= x < k``); a recorded fold is
-taken only where the value rule folds here too; index ``i`` instead of 0 along a broadcast dim only where the
-output's dim is 1 too (so ``i`` is 0). Anything else (another decision, another sequence of decisions) stops the
-replay and the copy is emitted as without it (:class:`Mismatch`).
+Exact: a replayed decision is taken only where it is among the exact ones at these values (each point lists
+them). Not folding always is (``x // 1`` is ``x``, ``x % 1`` is 0, ``x // k`` is 0 and ``x % k`` is ``x`` for
+``0 <= x < k``); a recorded fold only where its condition holds here; an index ``i`` instead of 0 along a dim
+of 1 only where the indexed output's dim is 1 too (so ``i`` is 0); a grid dim of one block always (its index is
+0). Anything else (another decision, another sequence of decisions) stops the replay and the code is made as
+without it (:class:`Mismatch`).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import TypeVar
 
 _T = TypeVar("_T")
 
-#: Each fold decision and the one that writes the term unfolded (always exact).
+#: The decision that writes a term unfolded (exact wherever a fold is).
 TERM = "term"
 #: Records kept per store; beyond, a store is cleared (a copy then records afresh: never wrong).
 _MAX_KEYS = 4096

@@ -33,7 +33,9 @@ The CUDA kernels come from compiled variants too, generic from the first shape o
 literal a parameter, tensor-core matmuls lowered with their length-dependent extents as TIR variables,
 :mod:`gensorage.codegen.generic_matmul`, row kernels with the first shape's rows a block and the rows TIR
 variables, :mod:`gensorage.codegen.generic_rows`), so a new shape whose kernels keep their skeletons makes no
-compiler call; the shape's own kernels are built in the background and replace them.
+compiler call; the shape's own kernels are built in the background and replace them. One token too: the choices
+the lowering and row fusion make by value where a dim is 1 are the first shape's where exact
+(:mod:`gensorage.folds`), so its kernels keep their skeletons.
 
 Counters (:class:`DispatchStats`) say what each request cost: a hit, a new shape of a known structure, or a new
 structure.
