@@ -45,6 +45,7 @@ class _Folds:
     def __init__(self, replay: tuple[str, ...] | None) -> None:
         self.taken: list[str] = []
         self._replay = replay
+        self.replayed = False  # a replayed decision that is not the value rule's
 
     def decide(self, exact: tuple[str, ...]) -> str:
         """The decision to take among the ``exact`` ones here (the first: the value rule's): recorded, or the
@@ -58,6 +59,7 @@ class _Folds:
         want = self._replay[at]
         if want not in exact:
             raise Mismatch(f"decision {at}: recorded {want}, exact here {exact}")
+        self.replayed |= want != exact[0]
         self.taken.append(want)
         return want
 
@@ -89,11 +91,14 @@ def scope(store: dict[Hashable, tuple[str, ...]]) -> Iterator[None]:
         _STORE.reset(token)
 
 
-def same_folds(key: Hashable, emit: Callable[[], _T]) -> _T:
-    """``emit()`` with the fold decisions recorded under ``key`` at its first sight in the :func:`scope`'s
-    store and replayed at later ones (emitted as without a record where the replay is not exact here); outside
-    a scope, ``emit()``."""
+def same_folds(key: Hashable, emit: Callable[[], _T], replayed: list[bool] | None = None) -> _T:
+    """``emit()`` with the decisions recorded under ``key`` at its first sight in the :func:`scope`'s store and
+    replayed at later ones (made as without a record where the replay is not exact here); outside a scope,
+    ``emit()``. ``replayed`` gets whether a replayed decision differs from the value rule's (else ``emit()``
+    made what it makes without a record)."""
     store = _STORE.get()
+    if replayed is not None:
+        replayed.append(False)
     if store is None:
         return emit()
     recorded = store.get(key)
@@ -107,6 +112,8 @@ def same_folds(key: Hashable, emit: Callable[[], _T]) -> _T:
             _ACTIVE.reset(token)
     except Mismatch:
         return emit()
+    if replayed is not None:
+        replayed[-1] = folds.replayed
     if recorded is None:
         if len(store) >= _MAX_KEYS:
             store.clear()

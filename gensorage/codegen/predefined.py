@@ -551,28 +551,23 @@ def emit_predefined(
         )
         if scheduled:
             return list(scheduled)
-    kt = _cooperative_sum(g, k, info, hw, target, scalar, name) or _simple(
-        g, k, info, hw, target, scalar, name
-    )
+    kt = _cooperative_sum(g, k, info, hw, target, scalar, name)
     full = fallback_threads(hw.max_threads_per_block, hw)
-    if target == "cuda" and generic_matmul.active() and kt.rule.endswith(_SIMPLE):
+    if kt is None and target == "cuda" and generic_matmul.active():
         # The CUDA first tier: a copy of fewer elements than a block's threads gets a whole block (its guard
         # skips the threads past its elements), and its index folds are its first length's (folds.same_folds:
         # a dim of 1 at one token keeps its terms), so every length runs the code of one compiled kernel; the
-        # length's own build takes the emitter's kernel back (Kernel.own).
+        # length's own build takes the emitter's kernel back (Kernel.own, emitted then).
+        out = info.nodes[len(g.inputs) + k][0]
         ranks = tuple((len(info.of(r).shape), info.of(r).dtype) for r in op.inputs)
-        key = (
-            name,
-            op.op,
-            op.attrs,
-            ranks,
-            scalar.buf_dtype(info.nodes[len(g.inputs) + k][0].dtype),
-            hw.name,
-        )
-        wide = same_folds(key, lambda: _simple(g, k, info, hw, target, scalar, name, threads=full))
-        if wide.text == kt.text:
-            return [kt]
-        return [dataclasses.replace(wide, own=functools.partial(generic_matmul.own_text, kt))]
+        key = (name, op.op, op.attrs, ranks, scalar.buf_dtype(out.dtype), hw.name)
+        replayed: list[bool] = []
+        wide = same_folds(key, lambda: _simple(g, k, info, hw, target, scalar, name, threads=full), replayed)
+        if not replayed[0] and fallback_threads(math.prod(out.shape), hw) == full:
+            return [wide]  # the emitter's own kernel
+        args = (g, k, info, hw, target, scalar, name)
+        return [dataclasses.replace(wide, own=lambda: generic_matmul.own_text(_simple(*args)))]
+    kt = kt or _simple(g, k, info, hw, target, scalar, name)
     if target == "llvm" and generic_matmul.active() and kt.rule.endswith(_SIMPLE):
         # llvm's first tier: the guard at every length, as on a GPU (one text, one compiled variant, whether
         # the grid covers the elements exactly or not), compiled generic (Kernel.own marks the generic forms);
