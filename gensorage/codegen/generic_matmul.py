@@ -155,7 +155,7 @@ def _with_dims(ms: _MatmulShape, m: Any, n: Any, k: Any) -> _MatmulShape:
     return dataclasses.replace(ms, a=a, b=b, out=out)
 
 
-def _extra_dims(epi: KernelEpilogue | None, out: tuple[int, int]) -> tuple[tuple[bool, ...], ...]:
+def _extra_dims(epi: KernelEpilogue | None, out: tuple[int, ...]) -> tuple[tuple[bool, ...], ...]:
     """Per extra operand of ``epi`` (at most 2 dims, broadcast against the output's last two, ``out``), per dim:
     whether it is the output's (not 1: broadcasting makes it so; 1 where the output's is 1 too: either reads
     index 0, so a recorded choice decides, :mod:`gensorage.folds`)."""
