@@ -549,8 +549,12 @@ def wider() -> Iterator[list[Kernel]]:
 @functools.lru_cache(maxsize=256)
 def _parsed(script: str, name: str) -> Any:
     from gensorage.codegen.module import _parse
+    from gensorage.codegen.script_templates import deferred_templates
 
-    return _parse(script, name)
+    # one text at every length: a template of its literals would never be used (it cost a first llvm length
+    # of the small layer about 0.5 s of its lowering)
+    with deferred_templates():
+        return _parse(script, name)
 
 
 def _own(emit: Callable[[], KernelText]) -> tuple[Any, str]:
