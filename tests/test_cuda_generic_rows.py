@@ -16,6 +16,7 @@ from gensorage.codegen.generic_matmul import concrete
 from gensorage.codegen.generic_rows import (
     CAPACITIES,
     CAPACITY,
+    LLVM_ROW_THREADS,
     ROW,
     _at_capacity,
     _split_dims,
@@ -311,9 +312,11 @@ def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_
     assert touching and len(steps) == 2  # the max's and the sum's accumulations from the row's tiles
     for i in touching + steps:
         assert re.match(r"\s*if .*< nr", lines[i - 1]), lines[i]
-    # each loop over a row's elements runs the steps that hold one below nr (8 of 512 at 4,096 keys)
+    # each loop over a row's elements runs the steps that hold one below nr (8 of 512 at 4,096 keys; on llvm
+    # 128 steps of a warp's 32 threads)
+    threads = 512 if target == "cuda" else LLVM_ROW_THREADS
     loops = [ln.strip() for ln in lines if re.match(r"\s*for \w+ in range\(T\.min", ln)]
-    bound = f"in range(T.min({cap // 512}, (nr + 511) // 512)):"
+    bound = f"in range(T.min({cap // threads}, (nr + {threads - 1}) // {threads})):"
     assert len(loops) == 5 and all(ln.endswith(bound) for ln in loops)
     # the generic text without its guards and with its sizes written back is the emitter's at the capacity
     plain = _parse(_without_guards(script, {"n0": 4, "n1": 128, "nr": cap}), kern.name)

@@ -76,6 +76,10 @@ CAPACITY = 4096
 #: The rows' lengths such kernels are compiled for (each where its tiles fit a block's shared memory); a row is
 #: served by the smallest that holds it, and a longer row is emitted per length.
 CAPACITIES = (CAPACITY, 4 * CAPACITY)
+#: Threads of an llvm capacity form (one warp): on llvm the threads are a serial loop at every step, and each
+#: reduction a tree over all of them, so a row of 200 keys at 512 threads took 3 times its own kernel's time, at
+#: 32 as long or less (the steps over a row's elements, :func:`_row_loops`, follow the keys).
+LLVM_ROW_THREADS = 32
 #: The dim mark of a row's own length (``nr`` in the generic text; a grid dim ``g`` is ``n<g>``).
 ROW = -1
 #: The first length's row of a kernel reducing whole rows no split dim is as long as (by key, the row left out).
@@ -219,8 +223,10 @@ def _at_capacity(
         ops = list(g.ops)
         ops[k] = dataclasses.replace(op, block=block)
         g2, info2 = dataclasses.replace(g, ops=tuple(ops)), GraphInfo(tuple(nodes), tuple(blocks))
-        choice = dataclasses.replace(plan_threads(g2, k, info2, hw, seed), runs=False)
         kw = emit.keywords  # type: ignore[attr-defined]
+        choice = dataclasses.replace(plan_threads(g2, k, info2, hw, seed), runs=False)
+        if kw["target"] == "llvm":
+            choice = dataclasses.replace(choice, threads=min(choice.threads, LLVM_ROW_THREADS))
         kt = emit_graph_defined(
             g2, k, info2, choice, target=kw["target"], scalar=kw["scalar"], name=kw["name"]
         )
