@@ -16,6 +16,7 @@ from gensorage.codegen.generic_matmul import concrete
 from gensorage.codegen.generic_rows import (
     CAPACITIES,
     CAPACITY,
+    LLVM_ROW_THREADS,
     ROW,
     _at_capacity,
     _split_dims,
@@ -23,6 +24,7 @@ from gensorage.codegen.generic_rows import (
     generic_kernel,
     generic_text,
 )
+from gensorage.codegen.kernel_text import Target
 from gensorage.codegen.module import _parse, compile_ugraph
 from gensorage.codegen.predefined import MAX_COOPERATIVE_ROWS
 from gensorage.codegen.scalar import FloatScalar
@@ -63,8 +65,13 @@ def scores(t: int, heads: int = 4) -> Program:
     return p
 
 
-def _row_kernels(entry) -> list:  # type: ignore[no-untyped-def]
-    return [k for k in entry.compiled.kernels("cuda") if "generic in the rows" in k.rule]
+def _row_kernels(entry, target: Target = "cuda") -> list:  # type: ignore[no-untyped-def]
+    return [k for k in entry.compiled.kernels(target) if "generic in the rows" in k.rule]
+
+
+def _generic_rows(target: Target) -> Dispatcher:
+    """A dispatcher whose ``target`` kernels have generic row forms (on llvm, its first tier's)."""
+    return Dispatcher(use_store=False, tiered=target == "llvm")
 
 
 @pytest.mark.parametrize("make", [rotary, layer])
@@ -95,47 +102,62 @@ def _forced(graph: KernelGraph, k: int, grid: tuple[int, ...]) -> KernelGraph:
     return dataclasses.replace(graph, ops=tuple(ops))
 
 
-def _simplified(func, name: str):  # type: ignore[no-untyped-def]
+def _simplified(func, name: str, target: Target = "cuda"):  # type: ignore[no-untyped-def]
     import tvm
 
-    with tvm.target.Target("cuda"):
+    with tvm.target.Target(target):
         mod = tvm.tirx.transform.StmtSimplify()(tvm.IRModule({name: func.with_attr("global_symbol", name)}))
     return mod[name]
 
 
-def test_the_generic_row_kernel_is_the_emitter_s_kernel_with_the_first_length_s_rows() -> None:
+@pytest.mark.parametrize("target", ["cuda", "llvm"])
+def test_the_generic_row_kernel_is_the_emitter_s_kernel_with_the_first_length_s_rows(target: Target) -> None:
     # Golden: at lengths the first length's rows a block divide, the generic kernel bound there (guards and all)
     # is structurally the emitter's kernel for the same block graph with those rows a block.
-    d = Dispatcher(use_store=False, tiered=False)
-    first = d.kernels(rotary(128), "cuda")
-    (kern,) = _row_kernels(first)
+    d = _generic_rows(target)
+    first = d.kernels(rotary(128), target)
+    (kern,) = _row_kernels(first, target)
     grid = first.graph.ops[kern.op_index].block.grid  # type: ignore[union-attr]
     rows = 128 // grid[1]
     assert rows > 1
     others = 0  # lengths whose µGraph has other rows a block (the generic kernel keeps the first's)
     for t in (256, 512, 96, 384):
-        e = d.kernels(rotary(t), "cuda")
-        (got,) = _row_kernels(e)
+        e = d.kernels(rotary(t), target)
+        (got,) = _row_kernels(e, target)
         others += e.graph.ops[kern.op_index].block.grid != (grid[0], t // rows)  # type: ignore[union-attr]
         forced = _forced(e.graph, kern.op_index, (grid[0], t // rows))
-        (want,) = [k for k in compile_ugraph(forced, d.hw, "cuda").kernels("cuda") if k.name == got.name]
-        a, b = _simplified(concrete(got).func, got.name), _simplified(want.func, got.name)
+        (want,) = [k for k in compile_ugraph(forced, d.hw, target).kernels(target) if k.name == got.name]
+        a, b = _simplified(concrete(got).func, got.name, target), _simplified(want.func, got.name, target)
         assert tvm_ffi.structural_equal(a, b), t
     assert others
+    d.wait_rebuilds()
 
 
-def test_every_row_a_generic_kernel_touches_is_guarded_by_its_bound() -> None:
-    d = Dispatcher(use_store=False, tiered=False)
-    (kern,) = _row_kernels(d.kernels(rotary(128), "cuda"))
+@pytest.mark.parametrize(
+    "target, heads, tokens",
+    [
+        (
+            "cuda",
+            'T.thread_binding(n0, thread="blockIdx.x")',
+            'T.thread_binding((n1 + 3) // 4, thread="blockIdx.y")',
+        ),
+        ("llvm", "for bx in T.parallel(n0):", "for by in T.serial((n1 + 3) // 4):"),
+    ],
+)
+def test_every_row_a_generic_kernel_touches_is_guarded_by_its_bound(
+    target: Target, heads: str, tokens: str
+) -> None:
+    d = _generic_rows(target)
+    (kern,) = _row_kernels(d.kernels(rotary(128), target), target)
     lines = kern.script.splitlines()
     # the heads' grid dim (1 head a block) and the tokens' (the first length's 4 rows a block) from the shapes
-    assert 'T.thread_binding(n0, thread="blockIdx.x")' in kern.script
-    assert 'T.thread_binding((n1 + 3) // 4, thread="blockIdx.y")' in kern.script
+    assert heads in kern.script and tokens in kern.script
     touching = [i for i, ln in enumerate(lines) if re.search(r"\b(?:in\d|out\d)(?:\.ptr_to\(\[|\[)", ln)]
     assert touching
     for i in touching:
         assert re.match(r"\s*if .*< n1", lines[i - 1]), lines[i]  # the row's bound, on the line before
         assert "shuffle" not in lines[i] and "storage_sync" not in lines[i]
+    d.wait_rebuilds()
 
 
 def test_a_guarded_statement_with_a_warp_shuffle_stays_per_length() -> None:
@@ -261,19 +283,20 @@ def test_a_softmax_over_the_keys_makes_no_compiler_call_at_new_lengths() -> None
     assert d._variants["cuda"].rebuild_errors == []
 
 
+@pytest.mark.parametrize("target", ["cuda", "llvm"])
 @pytest.mark.parametrize("cap", CAPACITIES)
 def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_key_beyond_skipped(
-    cap: int,
+    cap: int, target: Target
 ) -> None:
     # Golden: bound at its capacity of keys, the generic kernel is structurally the emitter's kernel for rows of
     # that many keys (one row a block, element loads), the guards folded; every load, store and reduction step is
     # guarded by the key count (a step at nr or beyond is an element-wise one: never reduced, never stored).
-    d = Dispatcher(use_store=False, tiered=False)
-    e = d.kernels(scores(128), "cuda")
-    (kern,) = _row_kernels(e)
+    d = _generic_rows(target)
+    e = d.kernels(scores(128), target)
+    (kern,) = _row_kernels(e, target)
     k = kern.op_index
     plan = e.compiled.plans[k]
-    emit = emitter(e.graph, k, e.compiled.info, plan, "cuda", FloatScalar("float32"), kern.name)
+    emit = emitter(e.graph, k, e.compiled.info, plan, target, FloatScalar("float32"), kern.name)
     split = _split_dims(e.graph.ops[k], e.compiled.info, k)  # type: ignore[arg-type]
     assert split is not None and split[0] == (1, 4)  # the first length's rows a block: 1 head, 4 queries
     got = _at_capacity(emit, split[0], d.hw, 0, cap)
@@ -291,14 +314,19 @@ def test_the_generic_softmax_is_the_emitter_s_kernel_at_its_capacity_with_every_
     assert touching and len(steps) == 2  # the max's and the sum's accumulations from the row's tiles
     for i in touching + steps:
         assert re.match(r"\s*if .*< nr", lines[i - 1]), lines[i]
-    # each loop over a row's elements runs the steps that hold one below nr (8 of 512 at 4,096 keys)
+    # each loop over a row's elements runs the steps that hold one below nr (8 of 512 at 4,096 keys; on llvm
+    # 128 steps of a warp's 32 threads)
+    threads = 512 if target == "cuda" else LLVM_ROW_THREADS
     loops = [ln.strip() for ln in lines if re.match(r"\s*for \w+ in range\(T\.min", ln)]
-    bound = f"in range(T.min({cap // 512}, (nr + 511) // 512)):"
+    bound = f"in range(T.min({cap // threads}, (nr + {threads - 1}) // {threads})):"
     assert len(loops) == 5 and all(ln.endswith(bound) for ln in loops)
     # the generic text without its guards and with its sizes written back is the emitter's at the capacity
     plain = _parse(_without_guards(script, {"n0": 4, "n1": 128, "nr": cap}), kern.name)
     want = _parse(wide.text.replace(wide.name, kern.name), kern.name)
-    assert tvm_ffi.structural_equal(_simplified(plain, kern.name), _simplified(want, kern.name))
+    assert tvm_ffi.structural_equal(
+        _simplified(plain, kern.name, target), _simplified(want, kern.name, target)
+    )
+    d.wait_rebuilds()
 
 
 def _without_guards(script: str, sizes: dict[str, int]) -> str:

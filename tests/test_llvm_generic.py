@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tvm_ffi
 from test_cuda_generic import attention, copies, projection
+from test_cuda_generic_rows import rotary, scores
 from test_symbolic_kernels import check_float64
 
 from gensorage.codegen.script_templates import _bind
@@ -41,7 +42,7 @@ def _check_bf16(entry: Any, p: Program, seed: int) -> None:
         assert np.linalg.norm(g - w) <= 2e-2 * np.linalg.norm(w) + 1e-6, (p.inputs[0].shape, seed)
 
 
-@pytest.mark.parametrize("make", [copies, attention])
+@pytest.mark.parametrize("make", [copies, attention, rotary, scores])
 def test_new_lengths_make_no_build(make) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(use_store=False)
     d.kernels(make(64))
@@ -60,7 +61,9 @@ def test_a_projection_s_matmul_is_one_variant_at_every_length() -> None:
     for t in (64, *NEW_LENGTHS):
         e = d.kernels(projection(t))
         ex = _bound(e)
-        (mm,) = [k for k in e.compiled.kernels("llvm") if "generic in the rows" in k.rule]
+        (mm,) = [
+            k for k in e.compiled.kernels("llvm") if "generic in the rows" in k.rule and "matmul" in k.name
+        ]
         seen.add(ex.variant_of(mm.name)[0])
     assert len(seen) == 1, seen
     d.wait_rebuilds()
@@ -83,7 +86,7 @@ def test_the_variant_at_a_length_is_the_emitters_kernel_there(make) -> None:  # 
     d.wait_rebuilds()
 
 
-@pytest.mark.parametrize("make", [copies, projection, attention])
+@pytest.mark.parametrize("make", [copies, projection, attention, rotary, scores])
 def test_the_first_tier_and_the_length_s_own_kernels_are_right(make) -> None:  # type: ignore[no-untyped-def]
     # float64 at 1, primes and lengths beyond the first: first on the generic variants (the background builds
     # held back), then on the length's own kernels swapped in.

@@ -1,4 +1,4 @@
-"""A CUDA row kernel emitted once with its rows a variable: one kernel for every length.
+"""A row kernel emitted once with its rows a variable: one kernel for every length (CUDA, and llvm's first tier).
 
 A graph-defined kernel whose blocks hold whole rows (row fusion's normalisations, softmaxes, rotary products,
 :mod:`gensorage.ugraph.optimize.fuse_rows`) is re-instantiated at each new sequence length with the grid that
@@ -39,6 +39,10 @@ capacity forms lowered beside it, and a later length whose row differs from the 
 
 The length's own build (in the background, :mod:`~gensorage.codegen.symbolic_kernels`) takes the emitter's
 kernel at that length (``Kernel.own``), so the steady state is the untiered one.
+
+On llvm (the dispatcher's tiered builds) the same rewriting applies to the llvm emitter's text, whose blocks are
+loops (``for by in T.serial(40)``, the first grid dim ``T.parallel``) and whose threads a serial loop per step:
+the loops over the blocks take the grid's extents, the rest is as on CUDA (no barrier or shuffle there).
 """
 
 from __future__ import annotations
@@ -73,6 +77,10 @@ CAPACITY = 4096
 #: The rows' lengths such kernels are compiled for (each where its tiles fit a block's shared memory); a row is
 #: served by the smallest that holds it, and a longer row is emitted per length.
 CAPACITIES = (CAPACITY, 4 * CAPACITY)
+#: Threads of an llvm capacity form (one warp): on llvm the threads are a serial loop at every step, and each
+#: reduction a tree over all of them, so a row of 200 keys at 512 threads took 3 times its own kernel's time, at
+#: 32 as long or less (the steps over a row's elements, :func:`_row_loops`, follow the keys).
+LLVM_ROW_THREADS = 32
 #: The dim mark of a row's own length (``nr`` in the generic text; a grid dim ``g`` is ``n<g>``).
 ROW = -1
 #: The first length's row of a kernel reducing whole rows no split dim is as long as (by key, the row left out).
@@ -83,12 +91,15 @@ _MAX_KEYS = 1024
 _NAME = "generic_rows_kernel"
 _ACCESS = re.compile(r"\b((?:in|out)\d+)(\.ptr_to\(\[|\[)")
 _COLLECTIVE = re.compile(r"shuffle|storage_sync|T\.ptx\[\"cp\.async\.(?:commit|wait)")
-_BINDING_GRID = re.compile(r'T\.thread_binding\((\d+), thread="blockIdx\.([xyz])"\)')
+#: A grid dim's binding: CUDA's blockIdx, llvm's loop over the blocks (``for by in T.serial(40)``).
+_BINDING_GRID = re.compile(
+    r'T\.thread_binding\((\d+), thread="blockIdx\.([xyz])"\)|\bfor b([xyz]) in (T\.(?:parallel|serial))\((\d+)\)'
+)
 _SIGNATURE = re.compile(r"\b((?:in|out)\d+): T\.Buffer\(\(([^)]*)\)")
 _TILE = re.compile(r"(\w+) = T\.(?:decl_buffer|alloc_buffer)\(\(([^)]*)\)")
 _TILE_READ = re.compile(r"\b(s\d+)\[")
 _LOOP = re.compile(r"(\s*)for (\w+) in range\((\d+)\):$")
-_THREADS = re.compile(r'T\.thread_binding\((\d+), thread="threadIdx\.x"\)')
+_THREADS = re.compile(r'T\.thread_binding\((\d+), thread="threadIdx\.x"\)|\bfor tx in T\.serial\((\d+)\)')
 _ASSIGN = re.compile(r"\s*(\w+)(?:\[.*?\])? = ")
 #: The row kernels of other capacities lowered beside the ones a length uses (see :func:`wider`).
 _WIDER: contextvars.ContextVar[list[Kernel] | None] = contextvars.ContextVar(
@@ -128,7 +139,8 @@ def generic_kernel(
         tensors = [(info.of(r), dims[f"in{i}"]) for i, r in enumerate(op.inputs)]
         tensors += [(t, dims[f"out{s}"]) for s, t in enumerate(binfo.outputs)]
         masked = tuple((*_masked(t.shape, {**mine, rank - 1: ROW}), t.dtype) for t, mine in tensors)
-        first = _FIRST_ROWS.setdefault((op.block.nodes, len(op.block.grid), masked, hw, seed), last)
+        target = emit.keywords["target"]  # type: ignore[attr-defined]
+        first = _FIRST_ROWS.setdefault((op.block.nodes, len(op.block.grid), masked, hw, seed, target), last)
         if len(_FIRST_ROWS) >= _MAX_KEYS:
             _FIRST_ROWS.clear()
         if capacity is not None or first != last:
@@ -144,9 +156,9 @@ def generic_kernel(
         (*_masked(info.of(r).shape, dims[f"in{i}"]), info.of(r).dtype) for i, r in enumerate(op.inputs)
     )
     outs = tuple((*_masked(t.shape, dims[f"out{s}"]), t.dtype) for s, t in enumerate(binfo.outputs))
-    scalar = emit.keywords["scalar"]  # type: ignore[attr-defined]
-    # not the rows a block; the capacity (None: a row of fixed length)
-    key = (op.block.nodes, len(op.block.grid), ins, outs, scalar.acc_dtype, hw, seed, cap)
+    scalar, target = (emit.keywords[n] for n in ("scalar", "target"))  # type: ignore[attr-defined]
+    # not the rows a block; the capacity (None: a row of fixed length); the target (CUDA's and llvm's texts differ)
+    key = (op.block.nodes, len(op.block.grid), ins, outs, scalar.acc_dtype, hw, seed, cap, target)
     if key not in _TEXTS:
         got = _at_capacity(emit, rows, hw, seed, cap) if cap is not None else (emit(), op.block.grid, rows)
         if got is not None and cap is not None and got[0].shared_bytes > hw.shared_mem_per_block:
@@ -212,9 +224,13 @@ def _at_capacity(
         ops = list(g.ops)
         ops[k] = dataclasses.replace(op, block=block)
         g2, info2 = dataclasses.replace(g, ops=tuple(ops)), GraphInfo(tuple(nodes), tuple(blocks))
-        choice = dataclasses.replace(plan_threads(g2, k, info2, hw, seed), runs=False)
         kw = emit.keywords  # type: ignore[attr-defined]
-        kt = emit_graph_defined(g2, k, info2, choice, target="cuda", scalar=kw["scalar"], name=kw["name"])
+        choice = dataclasses.replace(plan_threads(g2, k, info2, hw, seed), runs=False)
+        if kw["target"] == "llvm":
+            choice = dataclasses.replace(choice, threads=min(choice.threads, LLVM_ROW_THREADS))
+        kt = emit_graph_defined(
+            g2, k, info2, choice, target=kw["target"], scalar=kw["scalar"], name=kw["name"]
+        )
     except GensorageError:
         return None
     return kt, grid, tuple(1 if r else 0 for r in rows)
@@ -326,15 +342,20 @@ def generic_text(
             continue
         grid_line = _BINDING_GRID.search(line)
         if grid_line is not None:
-            g = "xyz".index(grid_line.group(2))
-            if int(grid_line.group(1)) != grid[g]:
+            cuda = grid_line.group(1) is not None
+            axis, blocks = grid_line.group(2, 1) if cuda else grid_line.group(3, 5)
+            g = "xyz".index(axis)
+            if int(blocks) != grid[g]:
                 return None
             bound.add(g)
             if rows[g]:
                 extent = f"n{g}" if rows[g] == 1 else f"(n{g} + {rows[g] - 1}) // {rows[g]}"
-                line = line.replace(
-                    grid_line.group(0), f'T.thread_binding({extent}, thread="blockIdx.{grid_line.group(2)}")'
+                binding = (
+                    f'T.thread_binding({extent}, thread="blockIdx.{axis}")'
+                    if cuda
+                    else f"for b{axis} in {grid_line.group(4)}({extent})"
                 )
+                line = line.replace(grid_line.group(0), binding)
             out.append(line)
             continue
         bounds = _bounds(line, dims)
@@ -359,7 +380,7 @@ def generic_text(
         threads = _THREADS.search(text)
         if threads is None:
             return None
-        out = _row_loops(out, wide, int(threads.group(1)), row)
+        out = _row_loops(out, wide, int(threads.group(1) or threads.group(2)), row)
     return "\n".join(out)
 
 
@@ -475,17 +496,17 @@ def emitter(
 def row_kernel(
     emit: Callable[[], KernelText], hw: HwProfile, seed: int, capacity: int | None = None
 ) -> Kernel | None:
-    """The CUDA kernel of :func:`emitter`'s op generic in its rows (:func:`generic_kernel`, rows of ``capacity``
+    """The kernel of :func:`emitter`'s op generic in its rows (:func:`generic_kernel`, rows of ``capacity``
     elements where their own length is the length) within :func:`~gensorage.codegen.generic_matmul.generic_matmuls`,
     under ``emit``'s name, with its parameters at these shapes and its own kernel here (``Kernel.own``) emitted on
-    demand; None where it is emitted per length (by ``emit()``), on llvm and in field mode. Within :func:`wider`,
+    demand; None where it is emitted per length (by ``emit()``) and in field mode. Within :func:`wider`,
     such a kernel's forms at the other :data:`CAPACITIES` are lowered too (named ``<name>_rows<capacity>``)."""
     from gensorage.codegen import generic_matmul
 
     g, k, info, _ = emit.args  # type: ignore[attr-defined]
-    target, scalar, name = (emit.keywords[n] for n in ("target", "scalar", "name"))  # type: ignore[attr-defined]
+    scalar, name = (emit.keywords[n] for n in ("scalar", "name"))  # type: ignore[attr-defined]
     op = g.ops[k]
-    if target != "cuda" or scalar.field or not generic_matmul.active() or not isinstance(op, GraphDefinedOp):
+    if scalar.field or not generic_matmul.active() or not isinstance(op, GraphDefinedOp):
         return None
     got = generic_kernel(op, k, info, emit, hw, seed, capacity)
     if got is None:
@@ -550,8 +571,12 @@ def wider() -> Iterator[list[Kernel]]:
 @functools.lru_cache(maxsize=256)
 def _parsed(script: str, name: str) -> Any:
     from gensorage.codegen.module import _parse
+    from gensorage.codegen.script_templates import deferred_templates
 
-    return _parse(script, name)
+    # one text at every length: a template of its literals would never be used (it cost a first llvm length
+    # of the small layer about 0.5 s of its lowering)
+    with deferred_templates():
+        return _parse(script, name)
 
 
 def _own(emit: Callable[[], KernelText]) -> tuple[Any, str]:

@@ -105,7 +105,7 @@ def lower_ugraph(
     kernels: list[Kernel] = []
     for k, op in enumerate(g.ops):
         name = _kernel_name(g, k)
-        if isinstance(op, GraphDefinedOp):  # on CUDA, a row kernel may be one for every length (generic_rows)
+        if isinstance(op, GraphDefinedOp):  # a row kernel may be one for every length (generic_rows)
             emit = generic_rows.emitter(g, k, info, plans[k], target, scalar, name)
             kernels.append(generic_rows.row_kernel(emit, hw, seed) or _from_text(generic_rows.as_first(emit)))
             continue

@@ -64,10 +64,11 @@ CUDA's generic matmul (its rows a TIR variable, the same PrimFunc at every lengt
 their skeletons makes no build. The first length builds its variants at the first tier (the quick
 build, rebuilt at the full level), and every length served by a generic form gets its own kernels built in the
 background and swapped in (:meth:`BoundExecutable.use_exact`; the dispatcher relinks its runners), so its steady
-state is the untiered one. Row kernels stay widened variants on llvm: their code changes with the length (rows a
-block), :mod:`~gensorage.codegen.generic_rows` rewrites CUDA's thread bindings, and TVM's passes took up to 0.5 s
-on one with every literal a parameter. Untiered (``tiered=False``), llvm variants are widened as
-described first.
+state is the untiered one. Row kernels come from :mod:`~gensorage.codegen.generic_rows` on llvm too (the first
+length's rows a block, the rows TIR variables, the blocks' loops over them; a softmax over the keys at a capacity):
+the same text at every length, so the same variant with no parameter (a generic skeleton's literals as
+parameters would cost TVM's passes up to 0.5 s on one, and none of them changes). Untiered (``tiered=False``),
+llvm variants are widened as described first.
 """
 
 from __future__ import annotations
@@ -265,8 +266,7 @@ class SymbolicKernels:
             self.last_build = None
             for kern in kernels if self.target == "cuda" else map(_block_free, kernels):
                 # generic at first sight: CUDA's text kernels; with tiers, llvm's copies and element-wise ones
-                # (their generic forms, Kernel.own: row kernels change their code with the length anyway, and
-                # TVM's passes took up to 0.5 s on one with every literal a parameter; module docstring)
+                # (their generic forms, Kernel.own; generic row kernels have no grid: one text at every length)
                 generic = kern.grid is not None and (
                     self.target == "cuda" or (self.tiered and kern.own is not None)
                 )
@@ -426,18 +426,24 @@ def _block_free(kern: Kernel) -> Kernel:
     return _lowered(kern.name, kern.script, kern)
 
 
-@functools.lru_cache(maxsize=1024)
-def _lowered_func(name: str, script: str, func: Any) -> tuple[Any, str]:
-    import tvm
-
-    with tvm.target.Target("llvm"):
-        mod = tvm.ir.transform.Sequential(_block_lowering())(tvm.IRModule({name: func}))
-    return mod[name], mod[name].script()
+#: Block-lowered PrimFuncs and their text by kernel name and script. Keyed by the script, not the PrimFunc (a
+#: PrimFunc hashes by identity): a scheduled kernel's script is its PrimFunc printed, and a generic matmul, the
+#: same text at every length but a new PrimFunc at each, was lowered anew at each (0.03-0.05 s a kernel).
+_LOWERED: dict[tuple[str, str], tuple[Any, str]] = {}
 
 
 def _lowered(name: str, script: str, kern: Kernel) -> Kernel:
-    func, text = _lowered_func(name, script, kern.func)
-    return dataclasses.replace(kern, func=func, script=text)
+    got = _LOWERED.get((name, script))
+    if got is None:
+        import tvm
+
+        with tvm.target.Target("llvm"):
+            mod = tvm.ir.transform.Sequential(_block_lowering())(tvm.IRModule({name: kern.func}))
+        got = mod[name], mod[name].script()
+        if len(_LOWERED) >= 1024:
+            _LOWERED.clear()
+        _LOWERED[name, script] = got
+    return dataclasses.replace(kern, func=got[0], script=got[1])
 
 
 def _block_lowering() -> list[Any]:

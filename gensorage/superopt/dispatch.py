@@ -26,8 +26,8 @@ which serves the shape in about half the build time, and rebuilt at the full lev
 rebuilt functions replace the first tier's in every prepared runner that calls them (:meth:`Dispatcher.relink`),
 so a shape's steady state runs the fully optimised kernels. :meth:`Dispatcher.wait_rebuilds` waits for the
 rebuilds (a benchmark does before it times the steady state). With tiers the llvm variants are generic at first
-sight, as the CUDA ones below (text kernels' literals parameters, tensor-core matmuls' rows TIR variables), and a
-shape's own kernels are built in the background and replace them.
+sight, as the CUDA ones below (text kernels' literals parameters, tensor-core matmuls' and row kernels' rows TIR
+variables), and a shape's own kernels are built in the background and replace them.
 
 The CUDA kernels come from compiled variants too, generic from the first shape on (every length-dependent
 literal a parameter, tensor-core matmuls lowered with their length-dependent extents as TIR variables,
