@@ -21,6 +21,7 @@ from torch import nn  # noqa: E402
 import gensorage.torch as gtorch  # noqa: E402
 from gensorage.codegen import symbolic_kernels  # noqa: E402
 from gensorage.codegen.background import BackgroundBuilds  # noqa: E402
+from gensorage.errors import ScheduleError  # noqa: E402
 from gensorage.superopt.dispatch import Dispatcher  # noqa: E402
 from gensorage.torch import subgraph  # noqa: E402
 
@@ -196,3 +197,29 @@ def test_exit_waits_for_the_build_in_flight_only(end: str, code: int) -> None:
     assert took < 10, took
     tracebacks = done.stderr.count("Traceback")
     assert tracebacks == (1 if code == 1 else 0), done.stderr
+
+
+def test_failing_background_builds_keep_the_first_tier_and_log_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every background build fails at two lengths: the first-tier kernels serve both, right, and one warning
+    line says so (not one per failure, and no traceback)."""
+    import logging
+
+    real = symbolic_kernels.compile_kernels
+
+    def full_fails(*args: Any, quick: bool = False, **kwargs: Any) -> Any:
+        if not quick:
+            raise ScheduleError("llvm build failed: injected")
+        return real(*args, quick=quick, **kwargs)
+
+    monkeypatch.setattr(symbolic_kernels, "compile_kernels", full_fails)
+    d = Dispatcher(use_store=False)
+    with caplog.at_level(logging.WARNING, logger="gensorage.codegen"):
+        for t in (12, 33):
+            entry = d.kernels(gqa_rows(t))
+            d.wait_rebuilds()
+            check_float64(entry, gqa_rows(t), seed=t, scale=3.0)
+    assert len(d._variants["llvm"].rebuild_errors) >= 2
+    records = [r for r in caplog.records if r.name == "gensorage.codegen"]
+    assert len(records) == 1 and "injected" in records[0].getMessage() and records[0].exc_info is None

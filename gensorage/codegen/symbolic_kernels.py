@@ -75,6 +75,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import re
 import threading
 import weakref
@@ -101,8 +102,13 @@ _CUDA_CONSTANT_LINE = re.compile(
     r"threadIdx|vthread|alloc|decl_buffer|T\.ptx|shuffle|T\.unroll|T\.vectorized|T\.tvm_|T\.call_|^\s*if tx\b"
 )
 
+log = logging.getLogger("gensorage.codegen")
+
 #: Held by a variant's first look-up of its function and by a rebuild's swap of rebuilt functions.
 _SWAP = threading.Lock()
+
+#: Failures of background builds kept in ``SymbolicKernels.rebuild_errors`` (a server's every length may fail).
+MAX_ERRORS = 64
 
 #: Variants kept per skeleton: beyond, a kernel of that skeleton is built per length (never wrong, only slower).
 MAX_VARIANTS = 8
@@ -234,7 +240,7 @@ class SymbolicKernels:
         try:
             self._executable(lower(), serve=False)
         except Exception as exc:  # the next shape builds what it lacks
-            self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
+            self._failed(exc)
 
     def wait_prepared(self) -> None:
         """Wait for the prepared builds in flight; run those not started yet (a later shape's lowering must see
@@ -358,7 +364,7 @@ class SymbolicKernels:
                 ex = compile_kernels(kernels, self.target, self.hw)
                 functions = [ex[v.symbol] for v in variants]
             except Exception as exc:  # the first tier's functions stay: correct, slower
-                self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
+                self._failed(exc)
                 return
             with self._lock, _SWAP:
                 for variant, function in zip(variants, functions, strict=True):
@@ -382,13 +388,25 @@ class SymbolicKernels:
             try:
                 ex = self._exact_build(kernels)
             except Exception as exc:  # the generic variants stay: correct, slower
-                self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
+                self._failed(exc)
                 return
             with self._lock, _SWAP:
                 bound.use_exact(ex)
                 self.rebuilds += 1
             for listener in list(self._listeners):
                 listener()
+
+    def _failed(self, exc: Exception) -> None:
+        """A background build failed (its kernels keep the tier they have: correct, slower): the first failure
+        is logged, one line; each is kept in ``rebuild_errors`` (the first :data:`MAX_ERRORS`)."""
+        if not self.rebuild_errors:
+            log.warning(
+                "a background kernel build failed, the first-tier kernels stay: %s: %s",
+                type(exc).__name__,
+                exc,
+            )
+        if len(self.rebuild_errors) < MAX_ERRORS:
+            self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
 
     def _exact_build(self, kernels: list[Kernel]) -> Any:
         """One length's kernels as the emitter wrote them, in one module (kernels of one code once), each
