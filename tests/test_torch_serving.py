@@ -223,3 +223,31 @@ def test_failing_background_builds_keep_the_first_tier_and_log_once(
     assert len(d._variants["llvm"].rebuild_errors) >= 2
     records = [r for r in caplog.records if r.name == "gensorage.codegen"]
     assert len(records) == 1 and "injected" in records[0].getMessage() and records[0].exc_info is None
+
+
+@pytest.mark.slow
+def test_stress_decoder_layer_six_threads_forty_lengths() -> None:
+    """The small decoder layer served by six threads, lengths 1..40 twice in a shuffled order: every answer
+    within 1e-3 of eager, no call over its timeout, a single background worker."""
+    import random
+
+    from test_torch_frontend import DecoderLayer, layer_inputs
+
+    torch.manual_seed(0)
+    layer = DecoderLayer().eval()
+    compiled = gtorch.compile(layer)
+    lengths = [*range(1, 41), *range(1, 41)]
+    random.Random(0).shuffle(lengths)
+    workers: set[int] = set()
+
+    def call(t: int) -> bool:
+        args = layer_inputs(t, torch.float32, seed=t)
+        with torch.no_grad():
+            ok = _close(compiled(*args), layer(*args))
+        workers.add(len(_workers()))
+        return ok
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(call, t) for t in lengths]
+        assert all(f.result(timeout=600) for f in futures)
+    assert max(workers) <= 1
