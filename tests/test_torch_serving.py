@@ -251,3 +251,35 @@ def test_stress_decoder_layer_six_threads_forty_lengths() -> None:
         futures = [pool.submit(call, t) for t in lengths]
         assert all(f.result(timeout=600) for f in futures)
     assert max(workers) <= 1
+
+
+def test_a_call_while_another_thread_traces_waits_for_the_trace() -> None:
+    """FX marks a trace in a module global, and dynamo refuses a compiled function called meanwhile in any
+    thread ("Detected that you are using FX to symbolically trace a dynamo-optimized function"): a server's
+    thread calling while another captures a new length. The call waits for dynamo's compile lock, which the
+    traces hold, and runs compiled. Simulated: a thread holds the lock with the flag set for half a second."""
+    import torch.fx._symbolic_trace as fx_trace
+    from torch._dynamo.convert_frame import compile_lock
+
+    torch.manual_seed(4)
+    model = Gated().eval()
+    compiled = gtorch.compile(model)
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        compiled(x)  # captured and checked
+    tracing, done = threading.Event(), threading.Event()
+
+    def trace() -> None:
+        with compile_lock:
+            fx_trace._is_fx_tracing_flag = True
+            tracing.set()
+            time.sleep(0.5)
+            fx_trace._is_fx_tracing_flag = False
+        done.set()
+
+    threading.Thread(target=trace).start()
+    assert tracing.wait(10)
+    with torch.no_grad():
+        got = compiled(x)
+    assert done.is_set() and _close(got, model(x))
+    assert "the model raised" not in compiled.explain(), compiled.explain()
