@@ -202,8 +202,8 @@ def test_exit_waits_for_the_build_in_flight_only(end: str, code: int) -> None:
 def test_failing_background_builds_keep_the_first_tier_and_log_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Every background build fails at two lengths: the first-tier kernels serve both, right, and one warning
-    line says so (not one per failure, and no traceback)."""
+    """Both background builds of a length fail: its first-tier kernels serve it, right, and one warning line
+    says so (not one per failure, and no traceback)."""
     import logging
 
     real = symbolic_kernels.compile_kernels
@@ -216,11 +216,10 @@ def test_failing_background_builds_keep_the_first_tier_and_log_once(
     monkeypatch.setattr(symbolic_kernels, "compile_kernels", full_fails)
     d = Dispatcher(use_store=False)
     with caplog.at_level(logging.WARNING, logger="gensorage.codegen"):
-        for t in (12, 33):
-            entry = d.kernels(gqa_rows(t))
-            d.wait_rebuilds()
-            check_float64(entry, gqa_rows(t), seed=t, scale=3.0)
-    assert len(d._variants["llvm"].rebuild_errors) >= 2
+        entry = d.kernels(gqa_rows(12))
+        d.wait_rebuilds()
+    check_float64(entry, gqa_rows(12), seed=12, scale=3.0)
+    assert len(d._variants["llvm"].rebuild_errors) == 2  # the rebuild at the full level, the length's own
     records = [r for r in caplog.records if r.name == "gensorage.codegen"]
     assert len(records) == 1 and "injected" in records[0].getMessage() and records[0].exc_info is None
 
