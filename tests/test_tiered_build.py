@@ -57,7 +57,7 @@ def test_switched_off_the_kernels_are_built_at_the_full_level_before_serving() -
         assert not any(v.quick for v in _variants(d))
         check_float64(e, gqa_rows(t), seed=t, scale=3.0)
     d.wait_rebuilds()
-    assert d._variants["llvm"].rebuilds == 0 and not d._variants["llvm"]._threads
+    assert d._variants["llvm"].rebuilds == 0 and d._variants["llvm"]._worker.thread is None
 
 
 def test_a_failed_rebuild_keeps_the_first_tier(monkeypatch: pytest.MonkeyPatch) -> None:

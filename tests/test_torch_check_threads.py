@@ -37,3 +37,18 @@ def test_a_large_subgraph_keeps_the_threads() -> None:
     small = (torch.ones(subgraph.SMALL_REFERENCE_ELEMENTS),)
     with subgraph.check_threads(small):
         assert torch.get_num_threads() == 1
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_overlapping_checks_of_two_threads_restore_the_setting() -> None:
+    """Two threads' checks that overlap (the first ends while the second runs): the process keeps its setting.
+    Each restoring the count it found left it at one thread (the second found the first's 1)."""
+    args = (torch.ones(8, 64),)
+    first, second = subgraph.check_threads(args), subgraph.check_threads(args)
+    first.__enter__()
+    second.__enter__()
+    assert torch.get_num_threads() == 1
+    first.__exit__(None, None, None)
+    assert torch.get_num_threads() == 1  # the second check still runs
+    second.__exit__(None, None, None)
+    assert torch.get_num_threads() == 2

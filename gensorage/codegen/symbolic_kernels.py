@@ -76,12 +76,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import re
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gensorage.codegen.background import BackgroundBuilds
 from gensorage.codegen.generic_matmul import concrete
 from gensorage.codegen.kernel_text import Target
 from gensorage.codegen.module import Kernel, compile_kernels
@@ -100,8 +103,13 @@ _CUDA_CONSTANT_LINE = re.compile(
     r"threadIdx|vthread|alloc|decl_buffer|T\.ptx|shuffle|T\.unroll|T\.vectorized|T\.tvm_|T\.call_|^\s*if tx\b"
 )
 
+log = logging.getLogger("gensorage.codegen")
+
 #: Held by a variant's first look-up of its function and by a rebuild's swap of rebuilt functions.
 _SWAP = threading.Lock()
+
+#: Failures of background builds kept in ``SymbolicKernels.rebuild_errors`` (a server's every length may fail).
+MAX_ERRORS = 64
 
 #: Variants kept per skeleton: beyond, a kernel of that skeleton is built per length (never wrong, only slower).
 MAX_VARIANTS = 8
@@ -196,13 +204,14 @@ class SymbolicKernels:
         self.compiled = 0
         self.rebuilds = 0
         self.rebuild_errors: list[str] = []
+        self.dropped = 0  # rebuilds of lengths dropped from the caches before their turn
         self.missed: list[str] = []  # the kernels no variant covered at the last call of executable()
         self.last_build: Any = None  # that call's build (the module of the variants it compiled), if any
         self._skeletons: dict[str, _Skeleton] = {}
         self._symbols = itertools.count()
         self._lock = threading.Lock()  # dispatchers of several threads; a build runs inside it
         self._rebuild_lock = threading.Lock()  # one background rebuild at a time (they share the cores)
-        self._threads: list[threading.Thread] = []
+        self._worker = BackgroundBuilds("gensorage-rebuild")  # the rebuilds, one thread (codegen.background)
         self._pending: list[tuple[list[Kernel], list[_Variant]]] = []  # first-tier builds not rebuilt yet
         self._exact_pending: list[tuple[list[Kernel], BoundExecutable]] = []  # CUDA lengths served generic
         self._prepared: list[Callable[[], list[Kernel]]] = []  # CUDA: generic kernels to build, not started
@@ -218,10 +227,10 @@ class SymbolicKernels:
     def wait_rebuilds(self, timeout: float | None = None) -> None:
         """Start the pending rebuilds and wait for them (each up to ``timeout`` seconds)."""
         self.start_rebuilds()
-        for thread in list(self._threads):
+        for thread in list(self._preparing):
             thread.join(timeout)
-        self._threads = [t for t in self._threads if t.is_alive()]
         self._preparing = [t for t in self._preparing if t.is_alive()]
+        self._worker.join(timeout)
 
     def prepare(self, lower: Callable[[], list[Kernel]]) -> None:
         """CUDA: build the variants of ``lower()``'s kernels (a structure's first shape, lowered generic) in the
@@ -234,7 +243,7 @@ class SymbolicKernels:
         try:
             self._executable(lower(), serve=False)
         except Exception as exc:  # the next shape builds what it lacks
-            self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
+            self._failed(exc)
 
     def wait_prepared(self) -> None:
         """Wait for the prepared builds in flight; run those not started yet (a later shape's lowering must see
@@ -264,31 +273,39 @@ class SymbolicKernels:
             calls: dict[str, tuple[_Variant, tuple[int, ...]]] = {}
             missing: list[tuple[Kernel, str, _Variant]] = []
             self.last_build = None
-            for kern in kernels if self.target == "cuda" else map(_block_free, kernels):
-                # generic at first sight: CUDA's text kernels; with tiers, llvm's copies and element-wise ones
-                # (their generic forms, Kernel.own; generic row kernels have no grid: one text at every length)
-                generic = kern.grid is not None and (
-                    self.target == "cuda" or (self.tiered and kern.own is not None)
-                )
-                body, raw = (
-                    _generic_skeleton(kern.script, kern.name, self.target)
-                    if generic
-                    else skeleton(kern.script, kern.name)
-                )
-                values = tuple(raw)
-                known = self._skeletons.setdefault(body, _Skeleton(values))
-                variant = next((v for v in known.variants if v.matches(values)), None)
-                if variant is None:
-                    variant, func = self._new_variant(kern, body, values, known, generic)
-                    script = kern.script.replace(kern.name, variant.symbol)
-                    renamed = dataclasses.replace(kern, name=variant.symbol, func=func, script=script)
-                    missing.append((renamed, body, variant))
-                calls[kern.name] = (variant, values)
-            new = {id(v) for _, _, v in missing}
-            if serve:
-                self.missed = [k.name for k in kernels if id(calls[k.name][0]) in new]
-            if missing:
-                self._build(missing, serve)
+            bodies: list[str] = []
+            try:
+                for kern in kernels if self.target == "cuda" else map(_block_free, kernels):
+                    # generic at first sight: CUDA's text kernels; with tiers, llvm's copies and element-wise ones
+                    # (their generic forms, Kernel.own; generic row kernels have no grid: one text at every length)
+                    generic = kern.grid is not None and (
+                        self.target == "cuda" or (self.tiered and kern.own is not None)
+                    )
+                    body, raw = (
+                        _generic_skeleton(kern.script, kern.name, self.target)
+                        if generic
+                        else skeleton(kern.script, kern.name)
+                    )
+                    values = tuple(raw)
+                    bodies.append(body)
+                    known = self._skeletons.setdefault(body, _Skeleton(values))
+                    variant = next((v for v in known.variants if v.matches(values)), None)
+                    if variant is None:
+                        variant, func = self._new_variant(kern, body, values, known, generic)
+                        script = kern.script.replace(kern.name, variant.symbol)
+                        renamed = dataclasses.replace(kern, name=variant.symbol, func=func, script=script)
+                        missing.append((renamed, body, variant))
+                    calls[kern.name] = (variant, values)
+                new = {id(v) for _, _, v in missing}
+                if serve:
+                    self.missed = [k.name for k in kernels if id(calls[k.name][0]) in new]
+                if missing:
+                    self._build(missing, serve)
+            except BaseException:  # an error or Ctrl-C before the build: no variant left without functions
+                for body in bodies:
+                    variants = self._skeletons[body].variants
+                    variants[:] = [v for v in variants if v.executable is not None]
+                raise
         # a generic first tier (CUDA's; llvm's where a variant takes literals or a kernel is a generic form, Kernel.own):
         # the length's own kernels follow
         generic = self.target == "cuda" or (
@@ -306,19 +323,13 @@ class SymbolicKernels:
         return bound
 
     def _build(self, missing: list[tuple[Kernel, str, _Variant]], serve: bool = True) -> None:
-        """One build of the ``missing`` variants (at the first tier when tiered); on failure none is kept.
+        """One build of the ``missing`` variants (at the first tier when tiered; on failure the caller drops them).
         ``serve``: for a shape being served (counted in ``builds``, its ``last_build``), else prepared ahead."""
-        try:
-            kernels = [k for k, _, _ in missing]
-            if self.target == "cuda":  # one variant per code (llvm builds share theirs by default)
-                ex = compile_kernels(kernels, self.target, self.hw, share_same=True)
-            else:
-                ex = compile_kernels(kernels, self.target, self.hw, quick=self.tiered)
-        except Exception:
-            for _, body, variant in missing:
-                if variant in self._skeletons[body].variants:
-                    self._skeletons[body].variants.remove(variant)
-            raise
+        kernels = [k for k, _, _ in missing]
+        if self.target == "cuda":  # one variant per code (llvm builds share theirs by default)
+            ex = compile_kernels(kernels, self.target, self.hw, share_same=True)
+        else:
+            ex = compile_kernels(kernels, self.target, self.hw, quick=self.tiered)
         if serve:
             self.builds += 1
             self.compiled += len(missing)
@@ -337,20 +348,15 @@ class SymbolicKernels:
             prepared, self._prepared = self._prepared, []
         for lower in prepared:
             thread = threading.Thread(target=self._prepare, args=(lower,), name="gensorage-generic")
-            self._threads.append(thread)
             self._preparing.append(thread)
             thread.start()
-        for kernels, bound in exact:
-            thread = threading.Thread(target=self._exact, args=(kernels, bound), name="gensorage-rebuild")
-            self._threads.append(thread)
-            thread.start()
-        for kernels, variants in pending:
-            # Not a daemon: an interpreter that exits waits for the rebuild rather than killing it inside LLVM.
-            thread = threading.Thread(
-                target=self._rebuild, args=(kernels, variants), name="gensorage-rebuild"
-            )
-            self._threads.append(thread)
-            thread.start()
+        # one worker runs them in order; a length dropped from its caches meanwhile is not built (weakref)
+        self._worker.submit(
+            [
+                *(functools.partial(self._exact, kernels, weakref.ref(bound)) for kernels, bound in exact),
+                *(functools.partial(self._rebuild, kernels, variants) for kernels, variants in pending),
+            ]
+        )
 
     def _rebuild(self, kernels: list[Kernel], variants: list[_Variant]) -> None:
         """Build ``variants`` at the full level, look their functions up (LLVM's JIT runs here, not at a call)
@@ -360,7 +366,7 @@ class SymbolicKernels:
                 ex = compile_kernels(kernels, self.target, self.hw)
                 functions = [ex[v.symbol] for v in variants]
             except Exception as exc:  # the first tier's functions stay: correct, slower
-                self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
+                self._failed(exc)
                 return
             with self._lock, _SWAP:
                 for variant, function in zip(variants, functions, strict=True):
@@ -369,20 +375,40 @@ class SymbolicKernels:
             for listener in list(self._listeners):
                 listener()
 
-    def _exact(self, kernels: list[Kernel], bound: BoundExecutable) -> None:
+    def _exact(self, kernels: list[Kernel], ref: weakref.ref[BoundExecutable]) -> None:
         """Build one length's kernels as the emitter wrote them (constant divisors and extents) and serve
-        them from ``bound`` instead of the generic variants; then tell the listeners."""
+        them from its executable instead of the generic variants; then tell the listeners. Nothing when the
+        executable is gone (its length no longer cached: nobody would call them)."""
+        if ref() is None:
+            self.dropped += 1
+            return
         with self._rebuild_lock:
+            bound = ref()
+            if bound is None:
+                self.dropped += 1
+                return
             try:
                 ex = self._exact_build(kernels)
             except Exception as exc:  # the generic variants stay: correct, slower
-                self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
+                self._failed(exc)
                 return
             with self._lock, _SWAP:
                 bound.use_exact(ex)
                 self.rebuilds += 1
             for listener in list(self._listeners):
                 listener()
+
+    def _failed(self, exc: Exception) -> None:
+        """A background build failed (its kernels keep the tier they have: correct, slower): the first failure
+        is logged, one line; each is kept in ``rebuild_errors`` (the first :data:`MAX_ERRORS`)."""
+        if not self.rebuild_errors:
+            log.warning(
+                "a background kernel build failed, the first-tier kernels stay: %s: %s",
+                type(exc).__name__,
+                exc,
+            )
+        if len(self.rebuild_errors) < MAX_ERRORS:
+            self.rebuild_errors.append(f"{type(exc).__name__}: {exc}")
 
     def _exact_build(self, kernels: list[Kernel]) -> Any:
         """One length's kernels as the emitter wrote them, in one module (kernels of one code once), each

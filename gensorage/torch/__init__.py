@@ -22,6 +22,10 @@ MODES = ("fast", "full")
 RECOMPILE_LIMIT = 4096
 
 
+#: The start of dynamo's refusal of a compiled function called while FX traces (in any thread: a global flag).
+_TRACED_ELSEWHERE = "Detected that you are using FX to symbolically trace a dynamo-optimized function"
+
+
 class Compiled:
     """The compiled model: call it like the module (or function) it wraps; :meth:`explain` says what ran where."""
 
@@ -60,18 +64,43 @@ class Compiled:
         except self._dynamo_error as exc:  # capture or compilation failed: torch runs the model as written
             failed = True  # its own line says so
             return self._eager_after(exc, args, kwargs)
+        except RuntimeError as exc:
+            if not str(exc).startswith(_TRACED_ELSEWHERE):
+                return self._raised(exc, args, kwargs)
+            return self._after_trace(args, kwargs)
         except Exception as exc:  # the model's own error, raised as eager torch raises it
-            if subclass := _subclass_input(args, kwargs):  # unless torch.compile cannot take the input
-                self.report.add(
-                    f"a {subclass} input, which torch.compile could not take "
-                    f"({type(exc).__name__}: {first_line(exc)}): eager torch runs this call"
-                )
-                return self._fn(*args, **kwargs)
-            self.report.add(f"the model raised {type(exc).__name__}: {first_line(exc)}")
-            raise
+            return self._raised(exc, args, kwargs)
         finally:
             if frames["total"] != self._seen[0]:
                 self._report_dynamo(frames, failed)
+
+    def _raised(self, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The model's own error, raised as eager torch raises it, unless torch.compile cannot take the input."""
+        if subclass := _subclass_input(args, kwargs):
+            self.report.add(
+                f"a {subclass} input, which torch.compile could not take "
+                f"({type(exc).__name__}: {first_line(exc)}): eager torch runs this call"
+            )
+            return self._fn(*args, **kwargs)
+        self.report.add(f"the model raised {type(exc).__name__}: {first_line(exc)}")
+        raise exc
+
+    def _after_trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call again once no thread traces. FX marks a trace in a module global, so a compiled model
+        called while another thread captures a graph (dynamo's capture, AOTAutograd's trace, a specialisation
+        of :class:`~gensorage.torch.per_shape.PerShape`) is refused by dynamo as if it were traced. Those traces
+        hold dynamo's compile lock: taken and released, the trace is over and the call runs as compiled (in eager
+        torch if a new trace refuses it again)."""
+        from torch._dynamo.convert_frame import compile_lock
+
+        with compile_lock:
+            pass
+        try:
+            return self._compiled(*args, **kwargs)
+        except RuntimeError as exc:
+            if not str(exc).startswith(_TRACED_ELSEWHERE):
+                return self._raised(exc, args, kwargs)
+            return self._fn(*args, **kwargs)
 
     def _report_dynamo(self, frames: dict[str, int], failed: bool) -> None:
         """The graph breaks this call's capture made, and what it could not capture (unless it failed)."""

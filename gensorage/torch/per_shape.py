@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dynamo.convert_frame import compile_lock
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from gensorage.torch.report import Report, first_line
@@ -120,7 +121,11 @@ class PerShape:
     def _specialise(self, args: Sequence[Any]) -> Callable[..., Any]:
         shapes = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
         try:
-            static = make_fx(self.gm, tracing_mode="fake")(*args)
+            # FX's tracer marks a trace in a module global (``is_fx_symbolic_tracing``), restored after it: two
+            # traces of two threads overlapping could leave it set for good. Dynamo's own traces hold its
+            # compile lock; this one does too.
+            with compile_lock:
+                static = make_fx(self.gm, tracing_mode="fake")(*args)
         except Exception as exc:  # torch could not specialise it: the symbolic graph runs in torch, right
             self.report.add(f"graph with symbolic shapes runs in torch at {shapes}: {first_line(exc)}")
             return self.gm

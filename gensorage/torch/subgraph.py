@@ -16,6 +16,7 @@ shape of a program seen at another shape (a new sequence length) reuses the µGr
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -213,6 +214,18 @@ class GensorageSubgraph(torch.nn.Module):
         )
 
 
+@dataclass(slots=True)
+class _OneThread:
+    """The checks holding torch at one intra-op thread, and the count to restore when the last one ends."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    checks: int = 0
+    restore: int = 1
+
+
+_ONE_THREAD = _OneThread()
+
+
 @contextmanager
 def check_threads(args: tuple[torch.Tensor, ...]) -> Iterator[None]:
     """One intra-op thread for torch's work in the check of a small subgraph on the CPU (its reference run, the
@@ -220,17 +233,27 @@ def check_threads(args: tuple[torch.Tensor, ...]) -> Iterator[None]:
     microseconds each, and with several threads every op is a fork and join of OpenMP's team, which waits for
     any thread another process holds off its core: on the 2-core dev machine with the cores busy, the small
     decoder layer's 75 ops took ~117 ms with 2 threads and 0.35 ms with one. The setting is the process's: torch
-    work of other threads meanwhile also runs on one thread (the same results, only slower)."""
-    threads = torch.get_num_threads()
+    work of other threads meanwhile also runs on one thread (the same results, only slower). Checks in several
+    threads at once share it: the first saves the count, the last restores it (each restoring its own would
+    leave the process at one thread when two overlap)."""
     small = sum(a.numel() for a in args if isinstance(a, torch.Tensor)) <= SMALL_REFERENCE_ELEMENTS
-    if threads == 1 or not small or any(a.device.type != "cpu" for a in args if isinstance(a, torch.Tensor)):
+    if not small or any(a.device.type != "cpu" for a in args if isinstance(a, torch.Tensor)):
         yield
         return
-    torch.set_num_threads(1)
+    one = _ONE_THREAD
+    with one.lock:
+        if one.checks == 0:
+            one.restore = torch.get_num_threads()
+            if one.restore != 1:
+                torch.set_num_threads(1)
+        one.checks += 1
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        with one.lock:
+            one.checks -= 1
+            if one.checks == 0 and one.restore != 1:
+                torch.set_num_threads(one.restore)
 
 
 _DISPATCHERS: dict[tuple[Options, tuple[int, int] | None], Dispatcher] = {}
