@@ -736,6 +736,8 @@ f = 16
 max_kernel_ops = 2
 max_block_ops = 4
 """
+# Without the guard the search runs in the script's process, no pool: a one-kernel search shows that as well.
+_PRESET_IN_PROCESS = _PRESET.replace("max_kernel_ops = 2", "max_kernel_ops = 1")
 
 
 @pytest.mark.parametrize("guarded", [False, True])
@@ -746,7 +748,7 @@ def test_a_script_with_or_without_the_main_guard_runs_full_mode_with_workers(
     # recursive-spawn traceback); the search then runs in the script's process, with a one-line note why.
     script = tmp_path / "user_script.py"
     script.write_text(_SCRIPT.format(call='if __name__ == "__main__":\n    main()' if guarded else "main()"))
-    (tmp_path / "p.toml").write_text(_PRESET)
+    (tmp_path / "p.toml").write_text(_PRESET if guarded else _PRESET_IN_PROCESS)
     proc = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "p.toml"), str(tmp_path / "c.sqlite")],
         capture_output=True,
