@@ -198,6 +198,8 @@ def test_ctrl_c_exits_130_keeps_the_checkpoint_and_resume_completes(
         assert out == ""
     done, total = done_tasks(ck)
     assert 1 <= done < total == n_tasks(prog, **LONGER_TASKS)
+    if as_json:  # the resume is the same with either output; checked once
+        return
     assert main(["search", str(prog), *LONGER, "--checkpoint", str(ck), "--json"]) == 0
     resumed = json.loads(capsys.readouterr().out)
     assert main(["search", str(prog), *LONGER, "--checkpoint", str(tmp_path / "fresh.sqlite"), "--json"]) == 0

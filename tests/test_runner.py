@@ -740,7 +740,9 @@ max_block_ops = 4
 _PRESET_IN_PROCESS = _PRESET.replace("max_kernel_ops = 2", "max_kernel_ops = 1")
 
 
-@pytest.mark.parametrize("guarded", [False, True])
+# The guarded run starts the pool for a two-kernel search (33 s idle): in the slow run; the pool's stop and
+# resume are in the default run (test_parallel_first, test_cluster), the guard's detection below.
+@pytest.mark.parametrize("guarded", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_script_with_or_without_the_main_guard_runs_full_mode_with_workers(
     guarded: bool, tmp_path: Path
 ) -> None:
