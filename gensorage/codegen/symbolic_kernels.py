@@ -84,6 +84,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gensorage.codegen import library
 from gensorage.codegen.background import BackgroundBuilds
 from gensorage.codegen.generic_matmul import concrete
 from gensorage.codegen.kernel_text import Target
@@ -413,7 +414,9 @@ class SymbolicKernels:
     def _exact_build(self, kernels: list[Kernel]) -> Any:
         """One length's kernels as the emitter wrote them, in one module (kernels of one code once), each
         generic matmul as :func:`_own` gives it."""
-        return compile_kernels(list(map(_own, kernels)), self.target, self.hw, share_same=True)
+        ex = compile_kernels(list(map(_own, kernels)), self.target, self.hw, share_same=True)
+        # kept for the length's lifetime: from a shared library, not LLVM's JIT (~5 MB a length; codegen.library)
+        return library.as_library(ex) if self.target == "llvm" and library.EXACT_AS_LIBRARY else ex
 
     def _new_variant(
         self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton, generic: bool
