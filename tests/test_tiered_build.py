@@ -133,7 +133,7 @@ def _heap_used() -> int:
     return int(info.uordblks + info.hblkhd)
 
 
-def test_a_length_s_own_kernels_are_served_from_a_loaded_library_and_keep_no_llvm_heap(
+def test_background_builds_are_served_from_a_loaded_library_and_keep_no_llvm_heap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     d = Dispatcher(use_store=False)
@@ -143,12 +143,14 @@ def test_a_length_s_own_kernels_are_served_from_a_loaded_library_and_keep_no_llv
     assert bound.generation == 1
     exact = bound._exact
     assert getattr(exact, "_ex", exact).kind == "library"  # not the build's JIT module
+    # the variants' rebuilds at the full level too (kept for the process's lifetime)
+    assert {getattr(v.executable, "_ex", v.executable).kind for v in _variants(d)} == {"library"}
     check_float64(e, gqa_rows(8), seed=8, scale=3.0)
     # what one more build of the length's kernels keeps while it is held, its functions looked up
     variants, kernels = d._variants["llvm"], e.compiled.kernels("llvm")
     kept: dict[bool, float] = {}
     for as_library in (False, True):
-        monkeypatch.setattr(library, "EXACT_AS_LIBRARY", as_library)
+        monkeypatch.setattr(library, "AS_LIBRARY", as_library)
         before = _heap_used()
         held = [variants._exact_build(kernels) for _ in range(2)]
         for ex in held:

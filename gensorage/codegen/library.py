@@ -27,10 +27,16 @@ from gensorage.codegen.module import _Renamed
 
 log = logging.getLogger("gensorage.codegen")
 
-#: Serve each length's own llvm kernels from a loaded shared library (False: from LLVM's JIT, ~5 MB a length).
-EXACT_AS_LIBRARY = True
+#: Serve the llvm kernels of background builds (kept for the process's lifetime) from a loaded shared library
+#: (False: from LLVM's JIT, about 1.5 MB a module of a few kernels kept beside the code).
+AS_LIBRARY = True
 
 _failed: list[str] = []  # the first link failure, logged once
+
+
+def served(executable: Any, target: str) -> Any:
+    """A background build's ``executable`` as it is kept: :func:`as_library` on llvm where :data:`AS_LIBRARY`."""
+    return as_library(executable) if target == "llvm" and AS_LIBRARY else executable
 
 
 def as_library(executable: Any) -> Any:
@@ -58,4 +64,4 @@ def as_library(executable: Any) -> Any:
     return _Renamed(library, names) if names is not None else library
 
 
-__all__ = ["EXACT_AS_LIBRARY", "as_library"]
+__all__ = ["AS_LIBRARY", "as_library", "served"]
