@@ -3,7 +3,7 @@
 The small decoder layer of the front end's tests (``tests/test_torch_frontend.py: DecoderLayer``) through
 ``gensorage.torch.compile`` on CPU tensors, called at lengths 1..N in a shuffled order, ``--rounds`` times (the
 later rounds only meet lengths seen before). Every ``--every`` calls it records the process's resident memory
-(VmRSS, after ``malloc_trim``), the shapes in the dispatcher's cache, the threads alive, the background builds
+(VmRSS, after ``malloc_trim``) and glibc's heap in use, the shapes in the dispatcher's cache, the threads alive, the background builds
 queued and done, and the wall time of that call. Before and after, the time of a repeated call at one length
 (200 calls, after the background builds are done): dynamo checks its guards over one cache entry per length.
 Records ``os.getloadavg()`` at each sample: the dev machine is shared.
@@ -31,6 +31,7 @@ from test_torch_frontend import DecoderLayer, layer_inputs  # noqa: E402
 
 import gensorage.torch as gtorch  # noqa: E402
 from benchmarks.common import machine_info, progress, result_path, write_json  # noqa: E402
+from gensorage.codegen import library  # noqa: E402
 from gensorage.torch import subgraph  # noqa: E402
 
 
@@ -42,11 +43,28 @@ def rss_mb() -> float:
     return kb / 1024
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]
+
+
+def heap_used_mb() -> float:
+    """glibc's heap in use (``mallinfo2``: every arena's allocated bytes, without the free chunks that a
+    fragmented heap cannot hand back): native memory that live objects hold."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**20
+
+
 def state() -> dict[str, Any]:
     dispatchers = list(subgraph._DISPATCHERS.values())
     variants = [v for d in dispatchers for v in d._variants.values()]
     return {
         "rss_mb": round(rss_mb(), 1),
+        "heap_used_mb": round(heap_used_mb(), 1),
         "shapes": sum(len(d) for d in dispatchers),
         "threads": threading.active_count(),
         "queued": sum(v._worker.queued for v in variants),
@@ -80,11 +98,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--every", type=int, default=30)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--jit", action="store_true", help="each length's own kernels from LLVM's JIT (codegen.library)"
+    )
     a = ap.parse_args()
+    library.AS_LIBRARY = not a.jit
     torch.manual_seed(0)
     layer = DecoderLayer().eval()
     compiled = gtorch.compile(layer)
     out: dict[str, Any] = {"machine": machine_info(), "lengths": a.lengths, "rounds": a.rounds, "samples": []}
+    out["as_library"] = library.AS_LIBRARY
     repeated_us(compiled, 7)
     wait_builds(600)
     out["repeated_us_one_length"] = repeated_us(compiled, 7)

@@ -84,6 +84,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gensorage.codegen import library
 from gensorage.codegen.background import BackgroundBuilds
 from gensorage.codegen.generic_matmul import concrete
 from gensorage.codegen.kernel_text import Target
@@ -363,7 +364,7 @@ class SymbolicKernels:
         and swap them in; then tell the listeners."""
         with self._rebuild_lock:
             try:
-                ex = compile_kernels(kernels, self.target, self.hw)
+                ex = library.served(compile_kernels(kernels, self.target, self.hw), self.target)
                 functions = [ex[v.symbol] for v in variants]
             except Exception as exc:  # the first tier's functions stay: correct, slower
                 self._failed(exc)
@@ -413,7 +414,10 @@ class SymbolicKernels:
     def _exact_build(self, kernels: list[Kernel]) -> Any:
         """One length's kernels as the emitter wrote them, in one module (kernels of one code once), each
         generic matmul as :func:`_own` gives it."""
-        return compile_kernels(list(map(_own, kernels)), self.target, self.hw, share_same=True)
+        # kept for the length's lifetime: from a shared library, not LLVM's JIT (~5 MB a length; codegen.library)
+        return library.served(
+            compile_kernels(list(map(_own, kernels)), self.target, self.hw, share_same=True), self.target
+        )
 
     def _new_variant(
         self, kern: Kernel, body: str, values: tuple[int, ...], known: _Skeleton, generic: bool
