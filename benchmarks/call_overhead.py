@@ -40,7 +40,8 @@ and the call's median with the collector enabled over a shorter run.
 
 The kernels run on one thread (``TVM_NUM_THREADS=1``, set before TVM loads): a multi-threaded kernel's time on a
 shared machine varies by milliseconds. Writes ``benchmarks/results/call_overhead-<date>.json`` (or ``--out``).
-Usage: ``python -m benchmarks.call_overhead [--calls 2000] [--modes static dynamic] [--out FILE]``
+Usage: ``python -m benchmarks.call_overhead [--calls 2000] [--modes static dynamic] [--lengths-seen 1 10 50 200]
+[--out FILE]``
 """
 
 from __future__ import annotations
