@@ -363,11 +363,17 @@ def _grow(
 
 
 def run_model(
-    kind: str, sizes: tuple[int, ...], calls: int, dynamo_dynamic: bool, seen: tuple[int, ...] = ()
+    kind: str,
+    sizes: tuple[int, ...],
+    calls: int,
+    dynamo_dynamic: bool,
+    seen: tuple[int, ...] = (),
+    save: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> dict[str, Any]:
     """The small decoder layer of the front end's tests at prefill lengths (``kind="prefill"``) or its KV-cache
     decode step at cache lengths (``"decode"``), every size in order in one compiled model. With ``seen``
-    (``--lengths-seen``), the first size alone, measured again after each count of distinct lengths called."""
+    (``--lengths-seen``), the first size alone, measured again after each count of distinct lengths called;
+    ``save`` gets the rows so far after each (a long run's rows survive its timeout)."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -418,7 +424,10 @@ def run_model(
                 f"(by round p10 {d['by_round']['p10']:.1f}, p90 {d['by_round']['p90']:.1f}), "
                 f"eager's {row['eager_reference']['overhead_us']['median']:.1f} µs, kernels {row['levels_us']['kernels']['median']:.0f} µs"
             )
+            row["load_average"] = os.getloadavg()
             rows.append(row)
+            if save is not None:
+                save(rows)
     return {"model": kind, "dynamo_dynamic": dynamo_dynamic, "shapes": rows}
 
 
@@ -466,13 +475,20 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # eager's kernels on one thread, as the gensorage kernels run
+    out = args.out or result_path(NAME)
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        write_json(out, {"benchmark": NAME, "machine": machine_info(), "partial": True, "rows": rows})
+
     results = [
         run_model(kind, tuple(sizes), args.calls, mode == "dynamic")
         for mode in args.modes
         for kind, sizes in (("prefill", args.prefill), ("decode", args.decode))
         if sizes and not args.lengths_seen
     ] + [
-        run_model("prefill", tuple(args.prefill[:1]), args.calls, mode == "dynamic", tuple(args.lengths_seen))
+        run_model(
+            "prefill", tuple(args.prefill[:1]), args.calls, mode == "dynamic", tuple(args.lengths_seen), save
+        )
         for mode in args.modes
         if args.lengths_seen
     ]
@@ -489,7 +505,6 @@ def main(argv: list[str] | None = None) -> int:
         "goal_overhead_us": 50,
         "results": results,
     }
-    out = args.out or result_path(NAME)
     write_json(out, data)
     progress(f"wrote {out}")
     return 0
