@@ -40,7 +40,8 @@ and the call's median with the collector enabled over a shorter run.
 
 The kernels run on one thread (``TVM_NUM_THREADS=1``, set before TVM loads): a multi-threaded kernel's time on a
 shared machine varies by milliseconds. Writes ``benchmarks/results/call_overhead-<date>.json`` (or ``--out``).
-Usage: ``python -m benchmarks.call_overhead [--calls 2000] [--modes static dynamic] [--out FILE]``
+Usage: ``python -m benchmarks.call_overhead [--calls 2000] [--modes static dynamic] [--lengths-seen 1 10 50 200]
+[--out FILE]``
 """
 
 from __future__ import annotations
@@ -329,9 +330,50 @@ def _compile(model: Any, dynamo_dynamic: bool) -> Any:
     return torch.compile(model, backend="gensorage")
 
 
-def run_model(kind: str, sizes: tuple[int, ...], calls: int, dynamo_dynamic: bool) -> dict[str, Any]:
+def cache_entries(model: Any, compiled: Any) -> dict[str, int]:
+    """Dynamo's cache entries for ``model``'s ``forward`` (one per captured graph and guard set) and the
+    static graphs of ``compiled``'s per-shape graphs (symbolic captures only)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from gensorage.torch import per_shape
+
+    code = type(model).forward.__code__
+    specialised = sum(len(g.graphs) for g in gc.get_objects() if type(g) is per_shape.PerShape)
+    return {"dynamo_cache_entries": len(_debug_get_cache_entry_list(code)), "per_shape_graphs": specialised}
+
+
+def _grow(
+    compiled: Any, reference: Any, make: Any, measured: int, seen: int, done: list[int]
+) -> float | None:
+    """Call ``compiled`` (and the dynamo reference) at new lengths until ``seen`` distinct lengths, the measured
+    one among them, were called: lengths 1, 2, ... skipping ``measured``. The last new length's first call's
+    time in seconds (None when no length was added)."""
+    import torch
+
+    first = None
+    while len(done) < seen:
+        t = len(done) + 1 + (len(done) + 1 >= measured)  # 1, 2, ... with the measured length left out
+        args = make(t, torch.float32, seed=t)
+        t0 = time.perf_counter()
+        compiled(*args)
+        first = time.perf_counter() - t0
+        reference(*args)
+        done.append(t)
+    return first
+
+
+def run_model(
+    kind: str,
+    sizes: tuple[int, ...],
+    calls: int,
+    dynamo_dynamic: bool,
+    seen: tuple[int, ...] = (),
+    save: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> dict[str, Any]:
     """The small decoder layer of the front end's tests at prefill lengths (``kind="prefill"``) or its KV-cache
-    decode step at cache lengths (``"decode"``), every size in order in one compiled model."""
+    decode step at cache lengths (``"decode"``), every size in order in one compiled model. With ``seen``
+    (``--lengths-seen``), the first size alone, measured again after each count of distinct lengths called;
+    ``save`` gets the rows so far after each (a long run's rows survive its timeout)."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -339,13 +381,18 @@ def run_model(kind: str, sizes: tuple[int, ...], calls: int, dynamo_dynamic: boo
     from test_torch_frontend import DecoderLayer, layer_inputs
 
     torch.manual_seed(0)
+    if seen:  # dynamo's caches are per code object: the entries of the mode before would count here
+        torch._dynamo.reset()
     model = (DecoderLayer() if kind == "prefill" else DecodeStep()).eval()
     make = layer_inputs if kind == "prefill" else decode_inputs
     compiled = _compile(model, dynamo_dynamic)
     reference = torch.compile(model, backend="eager", dynamic=None if dynamo_dynamic else False)
     rows = []
+    done: list[int] = []  # the lengths called before, other than the measured one
+    checkpoints = seen or (0,) * len(sizes)
     with torch.no_grad():
-        for v in sizes:
+        for v, n in zip(sizes * len(checkpoints) if seen else sizes, checkpoints, strict=False):
+            new_first = _grow(compiled, reference, make, v, n - 1, done)
             args = make(v, torch.float32, seed=v)
             t0 = time.perf_counter()
             got = compiled(*args)
@@ -359,7 +406,11 @@ def run_model(kind: str, sizes: tuple[int, ...], calls: int, dynamo_dynamic: boo
             reference(*args)  # captured at this shape
             _wait_rebuilds()
             levels, info = _levels(compiled, model, reference, args)
-            row = {"size": v, "first_call_s": first, "rel_err": err, **info, **time_levels(levels, calls)}
+            row = {"size": v, "first_call_s": first, "rel_err": err, **info}
+            if seen:
+                row |= {"lengths_seen": len(done) + 1, "new_length_first_call_s": new_first}
+                row |= cache_entries(model, compiled)
+            row |= time_levels(levels, calls)
             kernels_us, ops = eager_kernels_us(model, args, max(calls // 10, 20))
             eager = row["levels_us"]["eager"]
             row["eager_reference"] = {
@@ -369,11 +420,14 @@ def run_model(kind: str, sizes: tuple[int, ...], calls: int, dynamo_dynamic: boo
             }
             d = row["differences_us"]["overhead"]
             progress(
-                f"{kind} @ {v}: overhead {d['of_medians']:.1f} µs "
+                f"{kind} @ {v} after {len(done) + 1} lengths: overhead {d['of_medians']:.1f} µs "
                 f"(by round p10 {d['by_round']['p10']:.1f}, p90 {d['by_round']['p90']:.1f}), "
                 f"eager's {row['eager_reference']['overhead_us']['median']:.1f} µs, kernels {row['levels_us']['kernels']['median']:.0f} µs"
             )
+            row["load_average"] = os.getloadavg()
             rows.append(row)
+            if save is not None:
+                save(rows)
     return {"model": kind, "dynamo_dynamic": dynamo_dynamic, "shapes": rows}
 
 
@@ -401,18 +455,42 @@ def main(argv: list[str] | None = None) -> int:
         default=["static", "dynamic"],
         help='static: gensorage.torch.compile; dynamic: torch.compile(model, backend="gensorage")',
     )
+    ap.add_argument(
+        "--lengths-seen",
+        nargs="*",
+        type=int,
+        default=[],
+        help="measure the first prefill length after this many distinct lengths were called (e.g. 1 10 50 200)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if (
+        args.lengths_seen
+        and sorted(args.lengths_seen) != args.lengths_seen
+        or min(args.lengths_seen, default=1) < 1
+    ):
+        ap.error("--lengths-seen takes increasing counts of at least 1")
     t0 = time.perf_counter()
     load_before = os.getloadavg()
     import torch
 
     torch.set_num_threads(1)  # eager's kernels on one thread, as the gensorage kernels run
+    out = args.out or result_path(NAME)
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        write_json(out, {"benchmark": NAME, "machine": machine_info(), "partial": True, "rows": rows})
+
     results = [
         run_model(kind, tuple(sizes), args.calls, mode == "dynamic")
         for mode in args.modes
         for kind, sizes in (("prefill", args.prefill), ("decode", args.decode))
-        if sizes
+        if sizes and not args.lengths_seen
+    ] + [
+        run_model(
+            "prefill", tuple(args.prefill[:1]), args.calls, mode == "dynamic", tuple(args.lengths_seen), save
+        )
+        for mode in args.modes
+        if args.lengths_seen
     ]
     data = {
         "benchmark": NAME,
@@ -427,7 +505,6 @@ def main(argv: list[str] | None = None) -> int:
         "goal_overhead_us": 50,
         "results": results,
     }
-    out = args.out or result_path(NAME)
     write_json(out, data)
     progress(f"wrote {out}")
     return 0
