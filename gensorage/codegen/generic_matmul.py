@@ -51,14 +51,14 @@ if TYPE_CHECKING:
     from gensorage.codegen.module import Kernel
     from gensorage.codegen.predefined_matmul import _MatmulShape
     from gensorage.codegen.scalar import Scalar
-    from gensorage.codegen.tensor_core import TensorCoreTiles
     from gensorage.hw.profile import HwProfile
     from gensorage.ugraph.ir import KernelGraph
     from gensorage.ugraph.shapes import GraphInfo
 
 _ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("generic_matmuls", default=False)
-#: Symbolic schedules by key: (tiles, PrimFunc), or None where the key keeps the construction per length.
-_KERNELS: dict[Hashable, tuple[TensorCoreTiles, Any] | None] = {}
+#: Symbolic schedules by key: (tiles, PrimFunc; a cuda-core key's tiles: (workload, schedule)), or None where the key
+#: keeps the construction per length.
+_KERNELS: dict[Hashable, tuple[Any, Any] | None] = {}
 _MAX_KEYS = 1024
 _MISSING = object()
 
@@ -87,10 +87,14 @@ def generic_kernel(
     seed: int,
     tiles_of: Any,
     target: Target = "cuda",
-) -> tuple[TensorCoreTiles, Any] | None:
+    cuda_core: bool = False,
+) -> tuple[Any, Any] | None:
     """The tiles and the PrimFunc (rows a variable) of the float matmul ``ms`` (``dtypes``: A, B, out), or None
     where it keeps the construction per length; ``tiles_of()`` gives the construction's tiles at this length
-    (called at a key's first length only); on llvm, the twin of the same schedule (no tensorization)."""
+    (called at a key's first length only); on llvm, the twin of the same schedule (no tensorization).
+    ``cuda_core``: a matmul of no MMA dtype (float32), whose tiles are the construction tuner's schedule
+    (:class:`~gensorage.markov.schedule.Schedule`), lowered as at one length (a 2-D one only); its entry's tiles
+    are the key's first workload and that schedule."""
     from tvm import tirx
 
     from gensorage.codegen.matmul_rows import _epi_with_rows, _with_rows
@@ -109,12 +113,15 @@ def generic_kernel(
         outs = same_folds(("extra dims", what), lambda: _extra_dims(epi, ms.out[-2:]))
         key: Hashable = (*what, outs)
     else:  # a projection's: the rows (the weight's dims stay constants)
-        key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed, target)
+        key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed, target, cuda_core)
     entry = _KERNELS.get(key, _MISSING)
     if entry is not _MISSING:
         return entry  # type: ignore[return-value]
     entry = None
     tiles = tiles_of()
+    if tiles is not None and not isinstance(tiles, TensorCoreTiles) and cuda_core:
+        entry = _cuda_core_kernel(ms, dtypes, epi, rows, tiles, target) if not ms.batch else None
+        tiles = None
     if tiles is not None and not isinstance(tiles, TensorCoreTiles):
         # wgmma's: the generic kernel is mma.sync (the length's own build takes the wgmma kernel back)
         from gensorage.construction.tensor_core import construct_tensor_core
@@ -147,6 +154,34 @@ def generic_kernel(
         _KERNELS.clear()
     _KERNELS[key] = entry
     return entry
+
+
+def _cuda_core_kernel(
+    ms: _MatmulShape,
+    dtypes: tuple[str, str, str],
+    epi: KernelEpilogue | None,
+    rows: int,
+    schedule: Any,
+    target: Target,
+) -> tuple[Any, Any] | None:
+    """The workload at ``rows`` with ``schedule`` (the construction tuner's there; its outermost tiles are that
+    workload's extents) and the PrimFunc of the 2-D matmul ``ms`` lowered with it, its rows a variable; None
+    where a step needs the rows' value."""
+    from tvm import tirx
+
+    from gensorage.codegen.lower_schedule import lower
+    from gensorage.codegen.matmul_rows import _epi_with_rows, _with_rows
+    from gensorage.codegen.predefined_matmul import _matmul_build
+    from gensorage.construction import matmul_workload
+
+    var = tirx.Var("rows", "int32")
+    a, b, out = dtypes
+    build = _matmul_build(_with_rows(ms, var), a, out, None, b_dtype=b, epi=_epi_with_rows(epi, rows, var))
+    wl = matmul_workload(*ms.dims, a)
+    try:  # no GPU limits here: they read extents as numbers (checked on concrete() at each length)
+        return (wl, schedule), lower(dataclasses.replace(wl, build=build), schedule, target)["main"]
+    except (ScheduleError, TypeError, ValueError, RuntimeError):
+        return None
 
 
 def _with_dims(ms: _MatmulShape, m: Any, n: Any, k: Any) -> _MatmulShape:
@@ -244,12 +279,58 @@ def own_text(kt: KernelText, scratch: KernelParam | None = None) -> tuple[Any, s
     """``Kernel.own`` of a generic kernel whose own kernel at this length is the emitted text ``kt``: its PrimFunc
     and rule (with ``scratch``, the generic kernel's split-k scratch, as a parameter it does not use)."""
     from gensorage.codegen.module import _parse
-    from gensorage.codegen.predefined_matmul import _unused_param
 
     func = _parse(kt.text, kt.name)
     if scratch is None:
         return func, kt.rule
-    return _unused_param(func, scratch), kt.rule + "; the generic kernel's scratch unused"
+    return unused_param(func, scratch), kt.rule + "; the generic kernel's scratch unused"
 
 
-__all__ = ["active", "concrete", "generic_kernel", "generic_matmuls", "generic_matvec", "own_text"]
+def own_kernel(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    scalar: Scalar,
+    name: str,
+    seed: int,
+    params: tuple[KernelParam, ...],
+    target: Target = "cuda",
+    kernels_of: Any = None,
+) -> tuple[Any, str] | None:
+    """The PrimFunc and rule of matmul ``k``'s ``target`` kernel as its construction at these shapes gives it (not the
+    generic one), where that is one kernel with ``params``, or with ``params`` but the generic kernel's split-k
+    scratch (taken as a parameter it does not use: the caller allocates it for the generic kernel).
+    ``kernels_of``: the lowering (:func:`~gensorage.codegen.predefined_matmul.tensor_core_kernels` unless given: ``matmul_kernels``)."""
+    from gensorage.codegen.predefined_matmul import tensor_core_kernels
+
+    with generic_matmuls(False):
+        kernels = (kernels_of or tensor_core_kernels)(g, k, info, hw, target, scalar, name, seed)
+    if len(kernels) != 1:
+        return None
+    (kern,) = kernels
+    if kern.params == params:
+        return kern.func, kern.rule
+    if params[-1].role == "scratch" and kern.params == params[:-1]:
+        return unused_param(kern.func, params[-1]), kern.rule + "; the generic kernel's scratch unused"
+    return None
+
+
+def unused_param(func: Any, param: KernelParam) -> Any:
+    """``func`` with one more buffer parameter, ``param``, that its body does not read."""
+    from tvm import tirx
+
+    buf = tirx.decl_buffer(param.shape, param.dtype, param.name)
+    return tirx.PrimFunc([*func.params, buf], func.body, func.ret_type, func.attrs)
+
+
+__all__ = [
+    "active",
+    "concrete",
+    "generic_kernel",
+    "generic_matmuls",
+    "generic_matvec",
+    "own_kernel",
+    "own_text",
+    "unused_param",
+]
