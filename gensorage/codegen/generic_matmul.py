@@ -93,8 +93,8 @@ def generic_kernel(
     where it keeps the construction per length; ``tiles_of()`` gives the construction's tiles at this length
     (called at a key's first length only); on llvm, the twin of the same schedule (no tensorization).
     ``cuda_core``: a matmul of no MMA dtype (float32), whose tiles are the construction tuner's schedule
-    (:class:`~gensorage.markov.schedule.Schedule`), lowered as at one length (a 2-D one only); its entry's tiles
-    are the key's first workload and that schedule."""
+    (:class:`~gensorage.markov.schedule.Schedule`), lowered with the same variables; its entry's tiles are the
+    key's first workload and that schedule."""
     from tvm import tirx
 
     from gensorage.codegen.matmul_rows import _epi_with_rows, _with_rows
@@ -109,7 +109,7 @@ def generic_kernel(
         # which extra dims are the output's: those of the first length seen, where exact here (gensorage.folds:
         # at one token a mask's dims of 1 are otherwise taken as broadcast)
         shapes = tuple((len(shape), dt) for shape, dt in extra)
-        what = (_with_dims(ms, 0, 0, 0), dtypes, cast, epi and epi.steps, shapes, hw, seed, target)
+        what = (_with_dims(ms, 0, 0, 0), dtypes, cast, epi and epi.steps, shapes, hw, seed, target, cuda_core)
         outs = same_folds(("extra dims", what), lambda: _extra_dims(epi, ms.out[-2:]))
         key: Hashable = (*what, outs)
     else:  # a projection's: the rows (the weight's dims stay constants)
@@ -117,10 +117,20 @@ def generic_kernel(
     entry = _KERNELS.get(key, _MISSING)
     if entry is not _MISSING:
         return entry  # type: ignore[return-value]
-    entry = None
+    var = tirx.Var("rows", "int32")
+    if ms.batch:
+        cols = tirx.Var("cols", "int32")
+        sym, sym_epi = (
+            _with_dims(ms, var, cols, tirx.Var("depth", "int32")),
+            _epi_with_dims(epi, var, cols, outs),
+        )
+    else:
+        sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
+    a, b, out = dtypes
     tiles = tiles_of()
-    if tiles is not None and not isinstance(tiles, TensorCoreTiles) and cuda_core:
-        entry = _cuda_core_kernel(ms, dtypes, epi, rows, tiles, target) if not ms.batch else None
+    entry = None
+    if cuda_core:
+        entry = None if tiles is None else _cuda_core_kernel(ms, sym, dtypes, sym_epi, tiles, target)
         tiles = None
     if tiles is not None and not isinstance(tiles, TensorCoreTiles):
         # wgmma's: the generic kernel is mma.sync (the length's own build takes the wgmma kernel back)
@@ -133,18 +143,8 @@ def generic_kernel(
     # A split-k tiling (2-D only) is generic with its split count: its partials' scratch has the rows padded to
     # the block's, a parameter whose shape follows the rows (predefined_matmul._scratch).
     if isinstance(tiles, TensorCoreTiles) and (tiles.split_k == 1 or not ms.batch):
-        var = tirx.Var("rows", "int32")
-        a, b, out = dtypes
         llvm = target == "llvm"  # the llvm twin casts by bits, as tensor_core_kernels' llvm kernels do
-        if ms.batch:
-            cols = tirx.Var("cols", "int32")
-            sym = _with_dims(ms, var, cols, tirx.Var("depth", "int32"))
-            build = _matmul_build(
-                sym, a, out, None, 1, tiles.block_m, b, cast, _epi_with_dims(epi, var, cols, outs), llvm
-            )
-        else:
-            sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
-            build = _matmul_build(sym, a, out, None, tiles.split_k, tiles.block_m, b, cast, sym_epi, llvm)
+        build = _matmul_build(sym, a, out, None, tiles.split_k, tiles.block_m, b, cast, sym_epi, llvm)
         try:
             func = schedule_tensor_core(build(), tiles, gpu=not llvm, convert=cast is not None).mod["main"]
             entry = (tiles, func)
@@ -158,27 +158,23 @@ def generic_kernel(
 
 def _cuda_core_kernel(
     ms: _MatmulShape,
+    sym: _MatmulShape,
     dtypes: tuple[str, str, str],
-    epi: KernelEpilogue | None,
-    rows: int,
+    sym_epi: KernelEpilogue | None,
     schedule: Any,
     target: Target,
 ) -> tuple[Any, Any] | None:
-    """The workload at ``rows`` with ``schedule`` (the construction tuner's there; its outermost tiles are that
-    workload's extents) and the PrimFunc of the 2-D matmul ``ms`` lowered with it, its rows a variable; None
-    where a step needs the rows' value."""
-    from tvm import tirx
-
+    """The workload of ``ms`` with ``schedule`` (the construction tuner's there; its outermost tiles are that
+    workload's extents) and the PrimFunc of ``sym`` (``ms`` with its length-dependent extents variables,
+    ``sym_epi`` its epilogue) lowered with it; None where a step needs a variable's value."""
     from gensorage.codegen.lower_schedule import lower
-    from gensorage.codegen.matmul_rows import _epi_with_rows, _with_rows
     from gensorage.codegen.predefined_matmul import _matmul_build
     from gensorage.construction import matmul_workload
 
-    var = tirx.Var("rows", "int32")
     a, b, out = dtypes
-    build = _matmul_build(_with_rows(ms, var), a, out, None, b_dtype=b, epi=_epi_with_rows(epi, rows, var))
     wl = matmul_workload(*ms.dims, a)
-    try:  # no GPU limits here: they read extents as numbers (checked on concrete() at each length)
+    build = _matmul_build(sym, a, out, None, b_dtype=b, epi=sym_epi)
+    try:  # no GPU limits here: they read extents as numbers (Kernel checks them on concrete() at each length)
         return (wl, schedule), lower(dataclasses.replace(wl, build=build), schedule, target)["main"]
     except (ScheduleError, TypeError, ValueError, RuntimeError):
         return None
