@@ -251,11 +251,13 @@ def generic_matvec(
     generic matmul (the rows a variable: the kernel every other length runs), with ``matvec`` as its own kernel
     (``own``: the length's own build) where their parameters agree (the generic kernel's split-k scratch taken
     unused); None elsewhere (the product is then compiled at its length)."""
-    from gensorage.codegen.predefined_matmul import tensor_core_kernels
+    from gensorage.codegen.predefined_matmul import matmul_kernels, tensor_core_kernels
 
     if target != "cuda" or not active():
         return None
-    kernels = tensor_core_kernels(g, k, info, hw, target, scalar, name, seed)
+    kernels = tensor_core_kernels(g, k, info, hw, target, scalar, name, seed) or matmul_kernels(
+        g, k, info, hw, target, scalar, name, seed
+    )
     if len(kernels) != 1 or not kernels[0].rule.endswith("generic in the rows"):
         return None
     (kern,) = kernels
