@@ -31,6 +31,15 @@ kernels and a scratch of float32 partials) is generic with the key's first split
 parameter the caller allocates at each length, has the rows padded to the block's. A projection of so few rows
 that its kernel at its length is the cooperative matrix-vector product runs the key's generic matmul too
 (:func:`generic_matvec`), its own build taking the matrix-vector kernel back.
+
+A float32 matmul (no MMA dtype: CUDA cores, or llvm's first tier) is generic the same way (``cuda_core``: one
+key, cache and own build, a switch rather than a copy): its tiles are the construction tuner's schedule at the
+key's first length, lowered (:func:`~gensorage.codegen.lower_schedule.lower`) with the same variables. Exactness
+is the same argument: the schedule's splits of a variable extent keep their bounds predicates at every value, so
+every length computes the matmul with the first length's tiles and reduction order (the tests: the llvm kernel
+against float64 at 1, 2, primes and lengths past the first, a projection and attention's two matmuls). The
+length's own build constructs within :func:`~gensorage.construction.warm_starts`, as the dispatcher's lowering
+does (a background thread does not inherit it; the cold construction's projections ran up to 4 times slower).
 """
 
 from __future__ import annotations
