@@ -30,12 +30,16 @@ def test_new_lengths_specialise_the_projections_to_the_scheduled_text(
     gensorage, within 1e-4 of the layer in float64 (the answer of a second call: the first is torch's while the
     kernels are checked)."""
     from gensorage.codegen.predefined_matmul import _scheduled
+    from gensorage.hw import load_profile
+    from gensorage.superopt.dispatch import Dispatcher
 
     _scheduled.cache_clear()  # lengths another test scheduled would not come here
     monkeypatch.setattr(matmul_rows, "ENABLED", True)
     monkeypatch.setattr(matmul_rows, "CHECK", True)
     monkeypatch.setattr(matmul_rows, "_SYMBOLIC", {})
-    monkeypatch.setattr(subgraph, "_DISPATCHERS", {})
+    # untiered: the tiered llvm first tier runs the generic matmul (gensorage.codegen.generic_matmul) instead
+    untiered = Dispatcher(load_profile(subgraph.Options().hw), tiered=False)
+    monkeypatch.setattr(subgraph, "_DISPATCHERS", {(subgraph.Options(), None): untiered})
     used = []
     specialised = matmul_rows.specialised
 

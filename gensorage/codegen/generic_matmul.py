@@ -31,6 +31,15 @@ kernels and a scratch of float32 partials) is generic with the key's first split
 parameter the caller allocates at each length, has the rows padded to the block's. A projection of so few rows
 that its kernel at its length is the cooperative matrix-vector product runs the key's generic matmul too
 (:func:`generic_matvec`), its own build taking the matrix-vector kernel back.
+
+A float32 matmul (no MMA dtype: CUDA cores, or llvm's first tier) is generic the same way (``cuda_core``: one
+key, cache and own build, a switch rather than a copy): its tiles are the construction tuner's schedule at the
+key's first length, lowered (:func:`~gensorage.codegen.lower_schedule.lower`) with the same variables. Exactness
+is the same argument: the schedule's splits of a variable extent keep their bounds predicates at every value, so
+every length computes the matmul with the first length's tiles and reduction order (the tests: the llvm kernel
+against float64 at 1, 2, primes and lengths past the first, a projection and attention's two matmuls). The
+length's own build constructs within :func:`~gensorage.construction.warm_starts`, as the dispatcher's lowering
+does (a background thread does not inherit it; the cold construction's projections ran up to 4 times slower).
 """
 
 from __future__ import annotations
@@ -51,14 +60,14 @@ if TYPE_CHECKING:
     from gensorage.codegen.module import Kernel
     from gensorage.codegen.predefined_matmul import _MatmulShape
     from gensorage.codegen.scalar import Scalar
-    from gensorage.codegen.tensor_core import TensorCoreTiles
     from gensorage.hw.profile import HwProfile
     from gensorage.ugraph.ir import KernelGraph
     from gensorage.ugraph.shapes import GraphInfo
 
 _ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("generic_matmuls", default=False)
-#: Symbolic schedules by key: (tiles, PrimFunc), or None where the key keeps the construction per length.
-_KERNELS: dict[Hashable, tuple[TensorCoreTiles, Any] | None] = {}
+#: Symbolic schedules by key: (tiles, PrimFunc; a cuda-core key's tiles: (workload, schedule)), or None where the key
+#: keeps the construction per length.
+_KERNELS: dict[Hashable, tuple[Any, Any] | None] = {}
 _MAX_KEYS = 1024
 _MISSING = object()
 
@@ -87,10 +96,14 @@ def generic_kernel(
     seed: int,
     tiles_of: Any,
     target: Target = "cuda",
-) -> tuple[TensorCoreTiles, Any] | None:
+    cuda_core: bool = False,
+) -> tuple[Any, Any] | None:
     """The tiles and the PrimFunc (rows a variable) of the float matmul ``ms`` (``dtypes``: A, B, out), or None
     where it keeps the construction per length; ``tiles_of()`` gives the construction's tiles at this length
-    (called at a key's first length only); on llvm, the twin of the same schedule (no tensorization)."""
+    (called at a key's first length only); on llvm, the twin of the same schedule (no tensorization).
+    ``cuda_core``: a matmul of no MMA dtype (float32), whose tiles are the construction tuner's schedule
+    (:class:`~gensorage.markov.schedule.Schedule`), lowered with the same variables; its entry's tiles are the
+    key's first workload and that schedule."""
     from tvm import tirx
 
     from gensorage.codegen.matmul_rows import _epi_with_rows, _with_rows
@@ -105,16 +118,29 @@ def generic_kernel(
         # which extra dims are the output's: those of the first length seen, where exact here (gensorage.folds:
         # at one token a mask's dims of 1 are otherwise taken as broadcast)
         shapes = tuple((len(shape), dt) for shape, dt in extra)
-        what = (_with_dims(ms, 0, 0, 0), dtypes, cast, epi and epi.steps, shapes, hw, seed, target)
+        what = (_with_dims(ms, 0, 0, 0), dtypes, cast, epi and epi.steps, shapes, hw, seed, target, cuda_core)
         outs = same_folds(("extra dims", what), lambda: _extra_dims(epi, ms.out[-2:]))
         key: Hashable = (*what, outs)
     else:  # a projection's: the rows (the weight's dims stay constants)
-        key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed, target)
+        key = (_with_rows(ms, 0), dtypes, cast, _epi_with_rows(epi, rows, 0), hw, seed, target, cuda_core)
     entry = _KERNELS.get(key, _MISSING)
     if entry is not _MISSING:
         return entry  # type: ignore[return-value]
-    entry = None
+    var = tirx.Var("rows", "int32")
+    if ms.batch:
+        cols = tirx.Var("cols", "int32")
+        sym, sym_epi = (
+            _with_dims(ms, var, cols, tirx.Var("depth", "int32")),
+            _epi_with_dims(epi, var, cols, outs),
+        )
+    else:
+        sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
+    a, b, out = dtypes
     tiles = tiles_of()
+    entry = None
+    if cuda_core:
+        entry = None if tiles is None else _cuda_core_kernel(ms, sym, dtypes, sym_epi, tiles, target)
+        tiles = None
     if tiles is not None and not isinstance(tiles, TensorCoreTiles):
         # wgmma's: the generic kernel is mma.sync (the length's own build takes the wgmma kernel back)
         from gensorage.construction.tensor_core import construct_tensor_core
@@ -126,18 +152,8 @@ def generic_kernel(
     # A split-k tiling (2-D only) is generic with its split count: its partials' scratch has the rows padded to
     # the block's, a parameter whose shape follows the rows (predefined_matmul._scratch).
     if isinstance(tiles, TensorCoreTiles) and (tiles.split_k == 1 or not ms.batch):
-        var = tirx.Var("rows", "int32")
-        a, b, out = dtypes
         llvm = target == "llvm"  # the llvm twin casts by bits, as tensor_core_kernels' llvm kernels do
-        if ms.batch:
-            cols = tirx.Var("cols", "int32")
-            sym = _with_dims(ms, var, cols, tirx.Var("depth", "int32"))
-            build = _matmul_build(
-                sym, a, out, None, 1, tiles.block_m, b, cast, _epi_with_dims(epi, var, cols, outs), llvm
-            )
-        else:
-            sym, sym_epi = _with_rows(ms, var), _epi_with_rows(epi, rows, var)
-            build = _matmul_build(sym, a, out, None, tiles.split_k, tiles.block_m, b, cast, sym_epi, llvm)
+        build = _matmul_build(sym, a, out, None, tiles.split_k, tiles.block_m, b, cast, sym_epi, llvm)
         try:
             func = schedule_tensor_core(build(), tiles, gpu=not llvm, convert=cast is not None).mod["main"]
             entry = (tiles, func)
@@ -147,6 +163,30 @@ def generic_kernel(
         _KERNELS.clear()
     _KERNELS[key] = entry
     return entry
+
+
+def _cuda_core_kernel(
+    ms: _MatmulShape,
+    sym: _MatmulShape,
+    dtypes: tuple[str, str, str],
+    sym_epi: KernelEpilogue | None,
+    schedule: Any,
+    target: Target,
+) -> tuple[Any, Any] | None:
+    """The workload of ``ms`` with ``schedule`` (the construction tuner's there; its outermost tiles are that
+    workload's extents) and the PrimFunc of ``sym`` (``ms`` with its length-dependent extents variables,
+    ``sym_epi`` its epilogue) lowered with it; None where a step needs a variable's value."""
+    from gensorage.codegen.lower_schedule import lower
+    from gensorage.codegen.predefined_matmul import _matmul_build
+    from gensorage.construction import matmul_workload
+
+    a, b, out = dtypes
+    wl = matmul_workload(*ms.dims, a)
+    build = _matmul_build(sym, a, out, None, b_dtype=b, epi=sym_epi)
+    try:  # no GPU limits here: they read extents as numbers (Kernel checks them on concrete() at each length)
+        return (wl, schedule), lower(dataclasses.replace(wl, build=build), schedule, target)["main"]
+    except (ScheduleError, TypeError, ValueError, RuntimeError):
+        return None
 
 
 def _with_dims(ms: _MatmulShape, m: Any, n: Any, k: Any) -> _MatmulShape:
@@ -220,11 +260,13 @@ def generic_matvec(
     generic matmul (the rows a variable: the kernel every other length runs), with ``matvec`` as its own kernel
     (``own``: the length's own build) where their parameters agree (the generic kernel's split-k scratch taken
     unused); None elsewhere (the product is then compiled at its length)."""
-    from gensorage.codegen.predefined_matmul import tensor_core_kernels
+    from gensorage.codegen.predefined_matmul import matmul_kernels, tensor_core_kernels
 
     if target != "cuda" or not active():
         return None
-    kernels = tensor_core_kernels(g, k, info, hw, target, scalar, name, seed)
+    kernels = tensor_core_kernels(g, k, info, hw, target, scalar, name, seed) or matmul_kernels(
+        g, k, info, hw, target, scalar, name, seed
+    )
     if len(kernels) != 1 or not kernels[0].rule.endswith("generic in the rows"):
         return None
     (kern,) = kernels
@@ -244,12 +286,61 @@ def own_text(kt: KernelText, scratch: KernelParam | None = None) -> tuple[Any, s
     """``Kernel.own`` of a generic kernel whose own kernel at this length is the emitted text ``kt``: its PrimFunc
     and rule (with ``scratch``, the generic kernel's split-k scratch, as a parameter it does not use)."""
     from gensorage.codegen.module import _parse
-    from gensorage.codegen.predefined_matmul import _unused_param
 
     func = _parse(kt.text, kt.name)
     if scratch is None:
         return func, kt.rule
-    return _unused_param(func, scratch), kt.rule + "; the generic kernel's scratch unused"
+    return unused_param(func, scratch), kt.rule + "; the generic kernel's scratch unused"
 
 
-__all__ = ["active", "concrete", "generic_kernel", "generic_matmuls", "generic_matvec", "own_text"]
+def own_kernel(
+    g: KernelGraph,
+    k: int,
+    info: GraphInfo,
+    hw: HwProfile,
+    scalar: Scalar,
+    name: str,
+    seed: int,
+    params: tuple[KernelParam, ...],
+    target: Target = "cuda",
+    kernels_of: Any = None,
+) -> tuple[Any, str] | None:
+    """The PrimFunc and rule of matmul ``k``'s ``target`` kernel as its construction at these shapes gives it (not the
+    generic one), where that is one kernel with ``params``, or with ``params`` but the generic kernel's split-k
+    scratch (taken as a parameter it does not use: the caller allocates it for the generic kernel).
+    ``kernels_of``: the lowering (:func:`~gensorage.codegen.predefined_matmul.tensor_core_kernels` unless given: ``matmul_kernels``)."""
+    from gensorage.codegen.predefined_matmul import tensor_core_kernels
+    from gensorage.construction import warm_starts
+
+    # warm starts: the construction the dispatcher's lowering of a length makes (superopt.dispatch), which a
+    # background thread does not inherit; the cold one differed (4x slower float32 projections at 100 tokens)
+    with generic_matmuls(False), warm_starts():
+        kernels = (kernels_of or tensor_core_kernels)(g, k, info, hw, target, scalar, name, seed)
+    if len(kernels) != 1:
+        return None
+    (kern,) = kernels
+    if kern.params == params:
+        return kern.func, kern.rule
+    if params[-1].role == "scratch" and kern.params == params[:-1]:
+        return unused_param(kern.func, params[-1]), kern.rule + "; the generic kernel's scratch unused"
+    return None
+
+
+def unused_param(func: Any, param: KernelParam) -> Any:
+    """``func`` with one more buffer parameter, ``param``, that its body does not read."""
+    from tvm import tirx
+
+    buf = tirx.decl_buffer(param.shape, param.dtype, param.name)
+    return tirx.PrimFunc([*func.params, buf], func.body, func.ret_type, func.attrs)
+
+
+__all__ = [
+    "active",
+    "concrete",
+    "generic_kernel",
+    "generic_matmuls",
+    "generic_matvec",
+    "own_kernel",
+    "own_text",
+    "unused_param",
+]

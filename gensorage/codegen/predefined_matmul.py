@@ -364,7 +364,9 @@ def tensor_core_kernels(
             rule = f"{RULE} construct on matmul {list(ms.dims)}: {fixed[0].describe()}; generic in the rows"
             f = fixed[1].with_attr("global_symbol", name)
             params = ops.params(None) + _scratch(ops, fixed[0], None)
-            own = functools.partial(_own_kernel, g, k, info, hw, scalar, name, seed, params, target)
+            own = functools.partial(
+                generic_matmul.own_kernel, g, k, info, hw, scalar, name, seed, params, target
+            )
             return [ScheduledKernel(name, k, f, params, fixed[0].threads, rule, None, own)]
     got = construct()
     if mma is None or got is None:
@@ -408,40 +410,6 @@ def _scratch(ops: _Operands, tiles: TensorCoreTiles, modulus: int | None) -> tup
     rows = -(-ops.out.shape[0] // tiles.block_m) * tiles.block_m
     shape = (tiles.split_k, rows, ops.out.shape[1])
     return (KernelParam("P", "scratch", None, shape, "int64" if modulus is not None else "float32"),)
-
-
-def _own_kernel(
-    g: KernelGraph,
-    k: int,
-    info: GraphInfo,
-    hw: HwProfile,
-    scalar: Scalar,
-    name: str,
-    seed: int,
-    params: tuple[KernelParam, ...],
-    target: Target = "cuda",
-) -> tuple[Any, str] | None:
-    """The PrimFunc and rule of matmul ``k``'s ``target`` kernel as its construction at these shapes gives it (not the
-    generic one), where that is one kernel with ``params``, or with ``params`` but the generic kernel's split-k
-    scratch (taken as a parameter it does not use: the caller allocates it for the generic kernel)."""
-    with generic_matmul.generic_matmuls(False):
-        kernels = tensor_core_kernels(g, k, info, hw, target, scalar, name, seed)
-    if len(kernels) != 1:
-        return None
-    (kern,) = kernels
-    if kern.params == params:
-        return kern.func, kern.rule
-    if params[-1].role == "scratch" and kern.params == params[:-1]:
-        return _unused_param(kern.func, params[-1]), kern.rule + "; the generic kernel's scratch unused"
-    return None
-
-
-def _unused_param(func: Any, param: KernelParam) -> Any:
-    """``func`` with one more buffer parameter, ``param``, that its body does not read."""
-    from tvm import tirx
-
-    buf = tirx.decl_buffer(param.shape, param.dtype, param.name)
-    return tirx.PrimFunc([*func.params, buf], func.body, func.ret_type, func.attrs)
 
 
 def _wgmma_kernels(
@@ -533,14 +501,41 @@ def matmul_kernels(
     ops = _operands(g, k, info)
     ms = ops.shape
     base = matmul_workload(*ms.dims, ops.a.dtype)
-    try:
-        schedule = construct_schedule(base, hw, seed)
-    except ScheduleError:
+
+    def construct() -> Schedule | None:
+        try:
+            return construct_schedule(base, hw, seed)
+        except ScheduleError:
+            return None
+
+    def rule_of(schedule: Schedule, wl: Any = base) -> str:
+        return (
+            f"markov construct on {wl.key()}: T0={list(schedule.tiles[0])}, T1={list(schedule.tiles[1])}, "
+            f"vthreads={list(schedule.vthreads)}"
+        )
+
+    if target in ("cuda", "llvm") and generic_matmul.active() and not isinstance(scalar, FieldScalar):
+        # the float32 projections as the tensor-core ones: the rows a variable, the key's first schedule
+        dtypes = (ops.a.dtype, ops.b.dtype, ops.out.dtype)
+        fixed = generic_matmul.generic_kernel(
+            ms, dtypes, None, ops.epilogue, hw, seed, construct, target, True
+        )
+        if fixed is not None:
+            params = ops.params(None)
+            f = fixed[1].with_attr("global_symbol", name)
+            own = functools.partial(
+                generic_matmul.own_kernel, g, k, info, hw, scalar, name, seed, params, target, matmul_kernels
+            )
+            wl, schedule = fixed[
+                0
+            ]  # the key's first workload (the schedule's outermost tiles are its extents)
+            threads = threads_per_block(wl, schedule)
+            rule = f"{rule_of(schedule, wl)}; generic in the rows"
+            return [ScheduledKernel(name, k, f, params, threads, rule, None, own)]
+    schedule = construct()
+    if schedule is None:
         return []  # no schedule fits: the caller emits the one-thread-per-element kernel
-    rule = (
-        f"markov construct on {base.key()}: T0={list(schedule.tiles[0])}, T1={list(schedule.tiles[1])}, "
-        f"vthreads={list(schedule.vthreads)}"
-    )
+    rule = rule_of(schedule)
     threads = threads_per_block(base, schedule)
     kernels = []
     for c, m in enumerate(_moduli(scalar)):
