@@ -64,6 +64,23 @@ def attention(t: int, heads: int = 4, d: int = 16) -> Program:
     return p
 
 
+def run_copies_on_llvm(texts, rng: np.random.Generator) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+    """Each float32 copy kernel text of ``texts`` (same parameters) built on llvm and run on one random draw."""
+    import tvm
+
+    from gensorage.codegen.module import _parse
+
+    first = texts[0]
+    ins = [rng.standard_normal(p.shape).astype("float32") for p in first.params if p.role == "input"]
+    outs = []
+    for kt in texts:
+        ex = tvm.compile(_parse(kt.text, kt.name), target="llvm")
+        out = tvm.runtime.empty(first.params[-1].shape, "float32", tvm.cpu())
+        ex(*[tvm.runtime.tensor(a) for a in ins], out)
+        outs.append(out.numpy())
+    return outs
+
+
 def _generic(entry) -> BoundExecutable:  # type: ignore[no-untyped-def]
     ex = entry.compiled.executable("cuda")
     assert isinstance(ex, BoundExecutable)
@@ -278,9 +295,7 @@ def test_copies_of_fewer_elements_than_a_block_make_no_compiler_call() -> None:
 def test_a_copy_with_a_whole_block_computes_what_the_emitter_s_copy_does(t: int) -> None:
     # The llvm twin of each copy's text (its blocks a parallel loop, its threads a serial one) with a whole
     # block of 1,024 threads against the emitter's own at this length: bitwise equal outputs.
-    import tvm
 
-    from gensorage.codegen.module import _parse
     from gensorage.codegen.predefined import _simple
     from gensorage.codegen.scalar import FloatScalar
 
@@ -298,13 +313,7 @@ def test_a_copy_with_a_whole_block_computes_what_the_emitter_s_copy_does(t: int)
         if own.threads == 1024:  # 1,024 elements or more: the same kernel
             continue
         assert wide.threads == 1024
-        ins = [rng.standard_normal(p.shape).astype("float32") for p in own.params if p.role == "input"]
-        outs = []
-        for kt in (own, wide):
-            ex = tvm.compile(_parse(kt.text, kt.name), target="llvm")
-            out = tvm.runtime.empty(own.params[-1].shape, "float32", tvm.cpu())
-            ex(*[tvm.runtime.tensor(a) for a in ins], out)
-            outs.append(out.numpy())
+        outs = run_copies_on_llvm((own, wide), rng)
         assert np.array_equal(outs[0], outs[1]), (t, kern.name)
         checked += 1
     assert checked >= 5

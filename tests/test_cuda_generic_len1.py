@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from test_cuda_generic import attention, copies, rows
+from test_cuda_generic import attention, copies, rows, run_copies_on_llvm
 from test_cuda_generic_rows import rotary, scores
 
 from gensorage.codegen.generic_matmul import generic_matmuls
@@ -111,13 +111,7 @@ def test_a_copy_with_its_first_length_s_folds_computes_what_the_emitter_s_copy_d
         assert skeleton(mine.text, name)[0] == skeleton(wide.text, name)[0], name  # the first length's code
         own = _simple(one.graph, kern.op_index, one.compiled.info, plain.hw, "llvm", sc, name)
         replayed += skeleton(own.text, name)[0] != skeleton(wide.text, name)[0]
-        ins = [rng.standard_normal(p.shape).astype("float32") for p in own.params if p.role == "input"]
-        outs = []
-        for kt in (own, mine):
-            ex = tvm.compile(_parse(kt.text, kt.name), target="llvm")
-            out = tvm.runtime.empty(own.params[-1].shape, "float32", tvm.cpu())
-            ex(*[tvm.runtime.tensor(a) for a in ins], out)
-            outs.append(out.numpy())
+        outs = run_copies_on_llvm((own, mine), rng)
         assert np.array_equal(outs[0], outs[1]), name
     assert replayed >= 3  # copies whose own code at one token differs (folded), now the first length's
 

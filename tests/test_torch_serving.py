@@ -119,20 +119,25 @@ def test_two_compiled_models_in_two_threads() -> None:
         assert all(f.result(timeout=240) for f in [pool.submit(serve, i) for i in range(2)])
 
 
+def _interrupt_the_first_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (a KeyboardInterrupt) from the next compile in the main thread, where SIGINT lands."""
+    real = symbolic_kernels.compile_kernels
+    presses = [KeyboardInterrupt()]
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        if presses and threading.current_thread() is threading.main_thread():
+            raise presses.pop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(symbolic_kernels, "compile_kernels", interrupted)
+
+
 def test_an_interrupted_build_leaves_no_variant_without_its_functions(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Ctrl-C inside the first build of a length (KeyboardInterrupt from the compile): the variants it had
     listed are dropped, so the next request builds them again instead of calling a variant with no functions."""
-    real = symbolic_kernels.compile_kernels
-    presses = [KeyboardInterrupt()]
-
-    def interrupted(*args: Any, **kwargs: Any) -> Any:
-        if presses and threading.current_thread() is threading.main_thread():  # where SIGINT lands
-            raise presses.pop()
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(symbolic_kernels, "compile_kernels", interrupted)
+    _interrupt_the_first_compile(monkeypatch)
     d = Dispatcher(use_store=False)
     with pytest.raises(KeyboardInterrupt):
         d.kernels(gqa_rows(8))
@@ -146,15 +151,7 @@ def test_an_interrupted_build_leaves_no_variant_without_its_functions(
 def test_ctrl_c_during_a_first_call_and_the_next_call_runs_in_gensorage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = symbolic_kernels.compile_kernels
-    presses = [KeyboardInterrupt()]
-
-    def interrupted(*args: Any, **kwargs: Any) -> Any:
-        if presses and threading.current_thread() is threading.main_thread():  # where SIGINT lands
-            raise presses.pop()
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(symbolic_kernels, "compile_kernels", interrupted)
+    _interrupt_the_first_compile(monkeypatch)
     monkeypatch.setattr(subgraph, "_DISPATCHERS", {})  # kernels built afresh: no other test's variants
     torch.manual_seed(2)
     model = Gated().eval()
