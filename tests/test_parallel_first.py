@@ -76,6 +76,8 @@ def test_looped_fusing_tasks_are_split_and_their_siblings_ordered_by_blocks() ->
     assert [p for p, _ in want] != sorted(p for p, _ in want)
 
 
+# A complete search twice (9 s idle): the slow run; the ordered tasks' stop and resume stay default.
+@pytest.mark.slow
 def test_a_complete_search_finds_the_same_candidates() -> None:
     spec = _softmax_spec()
     plain, ordered = search_serial(spec), search_serial(dataclasses.replace(spec, parallel_first=True))

@@ -77,6 +77,8 @@ def _below_kt_and_qk(spec: SearchSpec) -> tuple[int, ...]:
     return _guided_path(spec, lambda w: _kernel_ops(w) == want[:1], lambda w: _kernel_ops(w) == want)
 
 
+# The rule's ablation (a whole search run twice, 13 s idle): the slow run; the rule's own checks stay default.
+@pytest.mark.slow
 def test_switching_the_rule_off_finds_the_same_candidates_in_more_states(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
