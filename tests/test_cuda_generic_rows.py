@@ -69,6 +69,16 @@ def _row_kernels(entry, target: Target = "cuda") -> list:  # type: ignore[no-unt
     return [k for k in entry.compiled.kernels(target) if "generic in the rows" in k.rule]
 
 
+@pytest.fixture(autouse=True)
+def _first_sight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test meets its structures first: the generic texts and first rows are process-wide by structure, so
+    a structure another file saw first at another length would keep that length's rows a block here."""
+    from gensorage.codegen import generic_rows
+
+    monkeypatch.setattr(generic_rows, "_FIRST_ROWS", {})
+    monkeypatch.setattr(generic_rows, "_TEXTS", {})
+
+
 def _generic_rows(target: Target) -> Dispatcher:
     """A dispatcher whose ``target`` kernels have generic row forms (on llvm, its first tier's)."""
     return Dispatcher(use_store=False, tiered=target == "llvm")
